@@ -1,9 +1,50 @@
-//! kestrel-pipeline: the pipelined decode state machine (work in progress).
+//! kestrel-pipeline: Kestrel's pipelined decode state machine, proven without a device.
+//!
+//! The CPU bookkeeping of step t (wait for the device-to-host copy, commit
+//! tokens, stop checks, masks, planning step t+1) runs while the device
+//! computes step t+1. This crate holds that logic and nothing else: no
+//! device, no I/O, no async. Runtimes plug in through [`Executor`]; skills
+//! (per-request state, masks) through [`SequenceSkill`].
+//!
+//! - [`PipelineState`]: slots, FIFO `batch_queue`, one `launch_handle`,
+//!   two-phase completion (invariants I2, I6).
+//! - [`EngineLoop`]: the unified loop of the design doc (section 4.6) with
+//!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
+//!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
+//!   the engine-fatal fault model.
+//! - [`testing`]: a deterministic simulated executor and skills.
+//!
+//! ```
+//! use kestrel_pipeline::testing::{SimExecutor, SimSkill, SimConfig, SimParams};
+//! use kestrel_pipeline::{EngineLoop, LoopConfig, Request, Tick};
+//!
+//! let exec = SimExecutor::new(SimConfig::default());
+//! let mut engine = EngineLoop::new(exec, LoopConfig::default()).unwrap();
+//! let (skill, log) = SimSkill::new(None, None);
+//! engine
+//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SimParams { seed: 7 }, skill: Box::new(skill) })
+//!     .unwrap();
+//! assert_eq!(engine.run_until_idle(), Tick::Idle);
+//! assert_eq!(log.lock().unwrap().tokens.len(), 8);
+//! ```
 #![forbid(unsafe_code)]
 
+pub mod engine_loop;
+pub mod executor;
+pub mod scheduler;
+mod sequence;
 pub mod skill;
+pub mod state;
+pub mod testing;
 
 /// A vocabulary index.
 pub type TokenId = u32;
+/// A caller-chosen request identifier, unique among live requests.
+pub type RequestId = u64;
 
+pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
+pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+pub use scheduler::{PipelineStats, StepPlan};
+pub use sequence::{Request, MAX_INFLIGHT_REFS};
 pub use skill::{CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
+pub use state::{LaunchHandle, PendingCommit, PipelineState, StateError, StepKind};

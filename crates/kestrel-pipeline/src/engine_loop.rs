@@ -1,0 +1,464 @@
+//! `EngineLoop`: the unified scheduler loop of section 4.6, one iteration per
+//! [`EngineLoop::run_once`], generic over an [`Executor`].
+//!
+//! The caller (an engine thread) submits requests and aborts between
+//! iterations and blocks on its own channel when the loop reports
+//! [`Tick::Idle`]. Two modes share every transition: `Blocking` (depth 1:
+//! launch, finalize, wait, commit) and `Pipelined` (depth 2: the forward of
+//! step t+1 runs while step t commits). Two prefill policies: `Drain` (the
+//! seed's I5: prefill only when drained) and `RideAlong` (Photon: a prefill
+//! is a `kind=prefill` launch into a free slot). Any fault after dispatch is
+//! engine-fatal: every request is resolved with an error, all KV released.
+
+use crate::executor::{ExecError, Executor};
+use crate::scheduler::{max_len_of, Fatal, PipelineStats, Scheduler, StepPlan};
+use crate::sequence::Request;
+use crate::state::{PipelineState, StateError, StepKind};
+use crate::RequestId;
+
+/// Launch/commit overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PipelineMode {
+    /// Depth 1: every step is launched, sampled, waited on and committed
+    /// before the next is planned.
+    Blocking,
+    /// Depth 2: the next forward is launched before the previous step commits.
+    Pipelined,
+}
+
+/// When new sequences are prefilled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefillPolicy {
+    /// Drain the pipeline, then prefill synchronously (design doc I5).
+    Drain,
+    /// Launch a prefill into a free slot while the other slot's step commits.
+    RideAlong,
+}
+
+/// Loop configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopConfig {
+    pub mode: PipelineMode,
+    pub prefill_policy: PrefillPolicy,
+    /// KV rows in use at most (zombies count), capped by the executor's rows.
+    pub max_batch_size: usize,
+    /// Requests waiting for admission at most; more are refused.
+    pub max_waiting: usize,
+    /// Context length: prompt + generated tokens at most.
+    pub max_seq_len: usize,
+    /// Check I2/I4/I6 and capacity after every iteration (panics on violation).
+    pub debug_checks: bool,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        Self {
+            mode: PipelineMode::Pipelined,
+            prefill_policy: PrefillPolicy::RideAlong,
+            max_batch_size: 32,
+            max_waiting: 1024,
+            max_seq_len: 8192,
+            debug_checks: cfg!(debug_assertions),
+        }
+    }
+}
+
+/// What one iteration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tick {
+    /// Work was launched, sampled or committed; call again.
+    Progress,
+    /// Nothing to do until a request arrives.
+    Idle,
+    /// Drained and paused; call `resume` to continue.
+    Paused,
+    /// An engine-fatal fault happened; every request was resolved with an error.
+    Unhealthy,
+}
+
+/// Why a request was refused at submission.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("max_new_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("prompt of {prompt_len} tokens leaves no room in a context of {max_seq_len} tokens")]
+    PromptTooLong { prompt_len: usize, max_seq_len: usize },
+    #[error("request needs {needed} KV tokens, more than the cache can ever hold")]
+    NeverFits { needed: usize },
+    #[error("waiting queue is full ({limit} requests)")]
+    QueueFull { limit: usize },
+    #[error("request id {0} is already in use")]
+    DuplicateId(RequestId),
+    #[error("engine is unhealthy: {0}")]
+    Unhealthy(String),
+}
+
+/// The engine loop. Owns the executor, the pipeline state and the scheduler.
+pub struct EngineLoop<E: Executor> {
+    exec: E,
+    config: LoopConfig,
+    state: PipelineState,
+    sched: Scheduler<E::Params>,
+    plan: StepPlan,
+    pause_requested: bool,
+    paused: bool,
+    unhealthy: Option<String>,
+    last_was_prefill: bool,
+}
+
+impl<E: Executor> std::fmt::Debug for EngineLoop<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineLoop")
+            .field("config", &self.config)
+            .field("state", &self.state)
+            .field("waiting", &self.sched.waiting.len())
+            .field("running", &self.sched.running.len())
+            .field("unhealthy", &self.unhealthy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Executor> EngineLoop<E> {
+    pub fn new(exec: E, config: LoopConfig) -> Result<Self, StateError> {
+        let slots = match config.mode {
+            PipelineMode::Blocking => 1,
+            PipelineMode::Pipelined => exec.num_slots(),
+        };
+        let state = PipelineState::new(slots)?;
+        let sched = Scheduler::new(exec.num_slots().max(1), exec.vocab_size());
+        Ok(Self {
+            exec,
+            config,
+            state,
+            sched,
+            plan: StepPlan::default(),
+            pause_requested: false,
+            paused: false,
+            unhealthy: None,
+            last_was_prefill: false,
+        })
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.exec
+    }
+
+    pub fn executor_mut(&mut self) -> &mut E {
+        &mut self.exec
+    }
+
+    pub fn config(&self) -> &LoopConfig {
+        &self.config
+    }
+
+    pub fn state(&self) -> &PipelineState {
+        &self.state
+    }
+
+    pub fn stats(&self) -> PipelineStats {
+        self.sched.stats
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.sched.waiting.len()
+    }
+
+    /// Running (admitted, not finalized) sequences.
+    pub fn num_running(&self) -> usize {
+        self.sched.running.len()
+    }
+
+    /// Admitted sequences still holding KV, zombies included.
+    pub fn num_admitted(&self) -> usize {
+        self.sched.num_admitted()
+    }
+
+    /// No request waiting, running or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.sched.waiting.is_empty() && self.sched.num_admitted() == 0 && self.state.is_drained()
+    }
+
+    pub fn unhealthy(&self) -> Option<&str> {
+        self.unhealthy.as_deref()
+    }
+
+    fn max_rows(&self) -> usize {
+        self.config.max_batch_size.min(self.exec.max_rows())
+    }
+
+    /// Validate and enqueue a request. On error the request is dropped
+    /// unresolved: the caller answers the client itself.
+    pub fn submit(&mut self, req: Request<E::Params>) -> Result<(), SubmitError> {
+        if let Some(why) = &self.unhealthy {
+            return Err(SubmitError::Unhealthy(why.clone()));
+        }
+        if req.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if req.max_new_tokens == 0 {
+            return Err(SubmitError::ZeroMaxTokens);
+        }
+        if req.prompt.len() >= self.config.max_seq_len {
+            return Err(SubmitError::PromptTooLong { prompt_len: req.prompt.len(), max_seq_len: self.config.max_seq_len });
+        }
+        let needed = max_len_of(&req, self.config.max_seq_len);
+        if !self.exec.could_ever_fit(needed) {
+            return Err(SubmitError::NeverFits { needed });
+        }
+        if self.sched.contains(req.id) {
+            return Err(SubmitError::DuplicateId(req.id));
+        }
+        if self.sched.waiting.len() >= self.config.max_waiting {
+            return Err(SubmitError::QueueFull { limit: self.config.max_waiting });
+        }
+        self.sched.enqueue(req);
+        Ok(())
+    }
+
+    /// Cancel a request. Returns false when the id is unknown (already done).
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        self.sched.abort(&mut self.exec, id)
+    }
+
+    /// Ask the loop to drain and pause at the next iteration (section 4.5a).
+    pub fn request_pause(&mut self) {
+        self.pause_requested = true;
+    }
+
+    pub fn resume(&mut self) {
+        self.pause_requested = false;
+        self.paused = false;
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// One iteration of the unified loop.
+    pub fn run_once(&mut self) -> Tick {
+        if self.unhealthy.is_some() {
+            return Tick::Unhealthy;
+        }
+        let result = if self.pause_requested {
+            self.drain().map(|()| {
+                self.paused = true;
+                Tick::Paused
+            })
+        } else {
+            match self.config.mode {
+                PipelineMode::Blocking => self.blocking_iteration(),
+                PipelineMode::Pipelined => self.pipelined_iteration(),
+            }
+        };
+        let tick = match result {
+            Ok(t) => t,
+            Err(Fatal(why)) => {
+                self.fail_all(&why);
+                Tick::Unhealthy
+            }
+        };
+        if self.config.debug_checks {
+            if let Err(e) = self.check_invariants() {
+                panic!("pipeline invariant violated: {e}");
+            }
+        }
+        tick
+    }
+
+    /// Run until idle, paused or unhealthy.
+    pub fn run_until_idle(&mut self) -> Tick {
+        loop {
+            match self.run_once() {
+                Tick::Progress => continue,
+                t => return t,
+            }
+        }
+    }
+
+    /// Engine-fatal path (section 4.8): resolve everything, release all KV.
+    pub fn fail_all(&mut self, why: &str) {
+        self.sched.fail_all(why);
+        self.state.clear();
+        self.exec.release_all();
+        self.unhealthy = Some(why.to_string());
+    }
+
+    fn prefill_wanted(&self) -> bool {
+        match self.sched.waiting.front() {
+            None => false,
+            Some(req) => {
+                self.exec.num_allocated() < self.max_rows()
+                    && self.exec.can_reserve(&req.prompt, max_len_of(req, self.config.max_seq_len))
+            }
+        }
+    }
+
+    fn blocking_iteration(&mut self) -> Result<Tick, Fatal> {
+        if self.prefill_wanted() {
+            self.prefill_sync()?;
+            return Ok(Tick::Progress);
+        }
+        if self.launch_decode(0)? {
+            self.finalize_launch()?;
+            self.commit_oldest()?;
+            return Ok(Tick::Progress);
+        }
+        Ok(Tick::Idle)
+    }
+
+    fn pipelined_iteration(&mut self) -> Result<Tick, Fatal> {
+        if self.prefill_wanted() {
+            match self.config.prefill_policy {
+                PrefillPolicy::Drain => {
+                    self.drain()?;
+                    self.prefill_sync()?;
+                    return Ok(Tick::Progress);
+                }
+                PrefillPolicy::RideAlong => {
+                    // Alternate with decode so neither starves: a waiting
+                    // prefill starts within two decode completions.
+                    let decode_waiting = self.last_was_prefill && self.has_decode_work();
+                    if let (Some(slot), false) = (self.state.free_slot_id(), decode_waiting) {
+                        if self.launch_prefill(slot)? {
+                            self.finalize_launch()?;
+                            return Ok(Tick::Progress);
+                        }
+                    }
+                }
+            }
+        }
+        if self.state.launch_handle().is_none() {
+            match self.state.free_slot_id() {
+                None => {
+                    // Both slots busy: complete the oldest step to free one.
+                    self.commit_oldest()?;
+                    return Ok(Tick::Progress);
+                }
+                Some(slot) => {
+                    self.launch_decode(slot)?;
+                }
+            }
+        }
+        if let Some(h) = self.state.launch_handle().copied() {
+            if self.sched.needs_mask(h.slot) {
+                // Commit-before-finalize: the mask for t+1 needs step t consumed.
+                self.commit_oldest()?;
+            }
+            self.finalize_launch()?;
+            return Ok(Tick::Progress);
+        }
+        if self.commit_oldest()? {
+            return Ok(Tick::Progress);
+        }
+        Ok(Tick::Idle)
+    }
+
+    fn has_decode_work(&self) -> bool {
+        self.sched.any_dispatchable()
+    }
+
+    /// Launch the oldest waiting request's prefill into `slot`.
+    fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
+        let Some(handle) = self.sched.launch_prefill(&mut self.exec, slot, self.config.max_seq_len)? else {
+            return Ok(false);
+        };
+        self.state.on_launch(handle).map_err(state_fault)?;
+        self.last_was_prefill = true;
+        Ok(true)
+    }
+
+    /// Seed rule: prefill, sample, wait and commit synchronously on slot 0
+    /// of a drained pipeline.
+    fn prefill_sync(&mut self) -> Result<(), Fatal> {
+        debug_assert!(self.state.is_drained());
+        let slot = self.state.free_slot_id().ok_or_else(|| Fatal("no free slot for prefill".into()))?;
+        if self.launch_prefill(slot)? {
+            self.finalize_launch()?;
+            self.commit_oldest()?;
+        }
+        Ok(())
+    }
+
+    /// Plan and launch a decode forward into `slot`. False when no sequence
+    /// can be dispatched.
+    fn launch_decode(&mut self, slot: usize) -> Result<bool, Fatal> {
+        let max_rows = self.max_rows();
+        self.sched.schedule_decode_step(&mut self.plan, max_rows);
+        if self.plan.is_empty() {
+            return Ok(false);
+        }
+        match self.sched.launch_decode(&mut self.exec, &self.plan, slot) {
+            Ok(handle) => {
+                self.state.on_launch(handle).map_err(state_fault)?;
+                self.last_was_prefill = false;
+                Ok(true)
+            }
+            Err(ExecError::PreDispatch(e)) => {
+                let plan = std::mem::take(&mut self.plan);
+                self.sched.fail_plan(&mut self.exec, &plan, &e.to_string());
+                self.plan = plan;
+                Ok(false)
+            }
+            Err(ExecError::Fatal(e)) => Err(Fatal(e.to_string())),
+        }
+    }
+
+    /// Sample the launched forward (with masks when needed) and queue it.
+    fn finalize_launch(&mut self) -> Result<(), Fatal> {
+        let Some(h) = self.state.launch_handle().copied() else { return Ok(()) };
+        let pending = self.sched.finalize_sampling(&mut self.exec, h)?;
+        self.state.on_pending_commit(pending).map_err(state_fault)
+    }
+
+    /// Commit the oldest sampled step (two-phase). False when none.
+    fn commit_oldest(&mut self) -> Result<bool, Fatal> {
+        let Some(step) = self.state.pop_oldest().map_err(state_fault)? else { return Ok(false) };
+        self.sched.commit_step(&mut self.exec, step)?;
+        self.state.on_step_completed().map_err(state_fault)?;
+        Ok(true)
+    }
+
+    /// Drain order of sections 4.5a / 4.6: commit sampled steps first, then
+    /// finalize (with masks from the updated state) and commit a pending forward.
+    fn drain(&mut self) -> Result<(), Fatal> {
+        while self.commit_oldest()? {}
+        if self.state.launch_handle().is_some() {
+            self.finalize_launch()?;
+            while self.commit_oldest()? {}
+        }
+        Ok(())
+    }
+
+    /// Check I2 (FIFO), I4 (refs equal membership), I6 (slot busy until
+    /// commit) and capacity against the executor. For tests and debug builds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.state.check()?;
+        let mut slots = Vec::with_capacity(self.state.num_slots());
+        slots.extend(self.state.queued().map(|c| c.slot));
+        slots.extend(self.state.launch_handle().map(|h| h.slot));
+        slots.extend(self.state.committing().map(|c| c.slot));
+        self.sched.check(&slots)?;
+        if self.unhealthy.is_none() && self.exec.num_allocated() != self.sched.num_admitted() {
+            return Err(format!(
+                "executor holds {} KV rows but {} sequences are admitted",
+                self.exec.num_allocated(),
+                self.sched.num_admitted()
+            ));
+        }
+        if self.sched.num_admitted() > self.max_rows() {
+            return Err(format!("{} rows allocated over the limit {}", self.sched.num_admitted(), self.max_rows()));
+        }
+        Ok(())
+    }
+
+    /// Which kind of step each in-flight slot holds (for observers and tests).
+    pub fn in_flight_kinds(&self) -> impl Iterator<Item = StepKind> + '_ {
+        self.state.queued().map(|c| c.kind).chain(self.state.launch_handle().map(|h| h.kind))
+    }
+}
+
+fn state_fault(e: StateError) -> Fatal {
+    Fatal(format!("pipeline state machine: {e}"))
+}

@@ -1,0 +1,132 @@
+//! The executor trait: what a runtime (CPU threads, CUDA streams, or the
+//! simulated device in [`crate::testing`]) must provide for the engine loop.
+//!
+//! Every call but [`Executor::wait_step`] returns without waiting for the
+//! device. A runtime owns two (or more) slots; the loop guarantees a slot is
+//! never launched into before its previous step was committed (I6), and that
+//! steps are waited on in launch order (I2).
+
+use crate::{RequestId, TokenId};
+
+/// Index of a ping-pong slot (`0..num_slots`).
+pub type SlotId = usize;
+
+/// One new sequence in a prefill launch.
+#[derive(Debug)]
+pub struct PrefillInput<'a, P> {
+    pub id: RequestId,
+    pub prompt: &'a [TokenId],
+    /// Sampling parameters, opaque to the pipeline.
+    pub params: &'a P,
+    /// Tokens the sequence may hold in total (prompt + generated); the
+    /// runtime reserves KV for it at admission.
+    pub max_len: usize,
+}
+
+/// Masks for the rows of one step, in member order.
+#[derive(Debug, Clone, Copy)]
+pub struct MaskBatch<'a> {
+    /// `u32` words per row (`vocab_size.div_ceil(32)`).
+    pub words_per_row: usize,
+    /// `rows * words_per_row` words; rows with `constrained[i] == false` are unspecified.
+    pub words: &'a [u32],
+    /// Whether row `i` is masked.
+    pub constrained: &'a [bool],
+}
+
+impl MaskBatch<'_> {
+    /// The mask of row `i`, or `None` when the row is unconstrained.
+    pub fn row(&self, i: usize) -> Option<&[u32]> {
+        self.constrained[i].then(|| &self.words[i * self.words_per_row..(i + 1) * self.words_per_row])
+    }
+}
+
+/// Host copies of one step's sampled outputs, row `i` for member `i`.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutputs<'a> {
+    pub tokens: &'a [TokenId],
+    /// Log-probability of each sampled token, if the runtime computed them.
+    pub logprobs: Option<&'a [f32]>,
+    /// `rows * top_n` alternatives, best first per row.
+    pub top_logprobs: &'a [(TokenId, f32)],
+    pub top_n: usize,
+}
+
+impl<'a> StepOutputs<'a> {
+    pub fn top(&self, row: usize) -> &'a [(TokenId, f32)] {
+        if self.top_n == 0 {
+            return &[];
+        }
+        &self.top_logprobs[row * self.top_n..(row + 1) * self.top_n]
+    }
+}
+
+/// An executor failure, classified by whether device work had started.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError<E: std::error::Error + 'static> {
+    /// Nothing reached the device; the executor's state is as before the
+    /// call. Only this step's requests fail; the engine keeps serving.
+    #[error("step rejected before dispatch: {0}")]
+    PreDispatch(#[source] E),
+    /// Device work may be in flight or corrupt: engine-fatal (section 4.8).
+    #[error("device fault: {0}")]
+    Fatal(#[source] E),
+}
+
+/// The device side of the pipeline.
+pub trait Executor {
+    /// Per-request sampling parameters, carried opaquely from submit to prefill.
+    type Params;
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Number of ping-pong slots (2 for pipelined decoding).
+    fn num_slots(&self) -> usize {
+        2
+    }
+
+    fn vocab_size(&self) -> usize;
+
+    /// KV rows the runtime can hold at once (excluding any reserved row).
+    fn max_rows(&self) -> usize;
+
+    /// KV rows allocated now, zombies included. The scheduler's capacity truth.
+    fn num_allocated(&self) -> usize;
+
+    /// Whether a new sequence with this prompt, growing to `max_len` tokens,
+    /// could be given KV now (a free row and enough pages).
+    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool;
+
+    /// Whether a sequence of `max_len` tokens could ever fit in an empty cache.
+    fn could_ever_fit(&self, max_len: usize) -> bool;
+
+    /// Allocate KV for each new sequence and launch its prefill forward on
+    /// `slot`. Sampling is launched separately by [`Executor::finalize_sampling`].
+    fn launch_prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, Self::Params>],
+    ) -> Result<(), ExecError<Self::Error>>;
+
+    /// Launch one decode forward on `slot` for `rows` (request ids, in row
+    /// order). Each row's input token is the one its previous step sampled,
+    /// already on the device.
+    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<Self::Error>>;
+
+    /// Launch sampling (with the masks, if any) for the forward on `slot`,
+    /// record the step-done event and start the deferred copy to host.
+    fn finalize_sampling(
+        &mut self,
+        slot: SlotId,
+        masks: Option<&MaskBatch<'_>>,
+    ) -> Result<(), ExecError<Self::Error>>;
+
+    /// Block until the copy of `slot`'s step is on the host and return it.
+    /// Every error here is engine-fatal.
+    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, Self::Error>;
+
+    /// Free the KV of a sequence no in-flight step references any more.
+    fn release(&mut self, id: RequestId);
+
+    /// Free everything (engine-fatal path); the runtime must synchronize first.
+    fn release_all(&mut self);
+}

@@ -1,0 +1,461 @@
+//! `Scheduler`: waiting queue, running sequences, the pure decode selector,
+//! and the launch/finalize/commit operations that mutate sequence state.
+//!
+//! Mutation happens only where work is launched or committed: launch
+//! increments `inflight_refs`, commit decrements it, consumes tokens into
+//! skills, finalizes and releases. `schedule_decode_step` reads only.
+//! Steady-state steps do not allocate: plans, row lists and masks reuse buffers.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId};
+use crate::sequence::{Request, Sequence};
+use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
+use crate::state::{LaunchHandle, PendingCommit, StepKind};
+use crate::{FinishReason, RequestId};
+
+/// Handle to an admitted sequence inside the scheduler.
+pub type SeqIdx = u32;
+
+/// The sequences chosen for one decode step (a pure selection).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StepPlan {
+    pub sequences: Vec<SeqIdx>,
+}
+
+impl StepPlan {
+    pub fn is_empty(&self) -> bool {
+        self.sequences.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.sequences.len()
+    }
+}
+
+/// Counters for benchmarks and metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineStats {
+    pub prefill_steps: u64,
+    pub decode_steps: u64,
+    /// Decode rows launched (sum of batch sizes).
+    pub decode_rows: u64,
+    pub committed_tokens: u64,
+    /// Rows committed for sequences already finalized (outputs discarded).
+    pub zombie_rows: u64,
+    pub finished: u64,
+    pub failed: u64,
+    /// Steps whose sampling waited for a mask.
+    pub masked_steps: u64,
+}
+
+/// A fault the loop must turn into engine-fatal handling.
+#[derive(Debug)]
+pub(crate) struct Fatal(pub String);
+
+enum Location {
+    Waiting,
+    Admitted(SeqIdx),
+}
+
+pub(crate) struct Scheduler<P> {
+    seqs: Vec<Option<Sequence>>,
+    free_idx: Vec<SeqIdx>,
+    by_id: HashMap<RequestId, Location>,
+    pub waiting: VecDeque<Request<P>>,
+    /// Admitted, not finalized, in admission order.
+    pub running: Vec<SeqIdx>,
+    /// Members of the step held by each slot (the PendingCommit's sequences).
+    slot_rows: Vec<Vec<SeqIdx>>,
+    row_ids: Vec<RequestId>,
+    to_release: Vec<SeqIdx>,
+    mask_words: Vec<u32>,
+    mask_flags: Vec<bool>,
+    words_per_row: usize,
+    vocab_size: usize,
+    pub stats: PipelineStats,
+    next_step: u64,
+}
+
+impl<P> Scheduler<P> {
+    pub fn new(num_slots: usize, vocab_size: usize) -> Self {
+        Self {
+            seqs: Vec::new(),
+            free_idx: Vec::new(),
+            by_id: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            slot_rows: vec![Vec::new(); num_slots],
+            row_ids: Vec::new(),
+            to_release: Vec::new(),
+            mask_words: Vec::new(),
+            mask_flags: Vec::new(),
+            words_per_row: TokenMask::words_for(vocab_size),
+            vocab_size,
+            stats: PipelineStats::default(),
+            next_step: 0,
+        }
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    pub fn enqueue(&mut self, req: Request<P>) {
+        self.by_id.insert(req.id, Location::Waiting);
+        self.waiting.push_back(req);
+    }
+
+    /// Sequences admitted and not yet released (zombies included).
+    pub fn num_admitted(&self) -> usize {
+        self.seqs.len() - self.free_idx.len()
+    }
+
+    fn seq(&self, idx: SeqIdx) -> &Sequence {
+        self.seqs[idx as usize].as_ref().expect("live sequence index")
+    }
+
+    fn seq_mut(&mut self, idx: SeqIdx) -> &mut Sequence {
+        self.seqs[idx as usize].as_mut().expect("live sequence index")
+    }
+
+    /// Pure selector: the running sequences that may join the next decode
+    /// step (`can_dispatch`), in admission order. Never mutates.
+    pub fn schedule_decode_step(&self, plan: &mut StepPlan, max_rows: usize) {
+        plan.sequences.clear();
+        plan.sequences.extend(self.running.iter().copied().filter(|&i| self.seq(i).can_dispatch()).take(max_rows));
+    }
+
+    /// Whether `schedule_decode_step` would select anything.
+    pub fn any_dispatchable(&self) -> bool {
+        self.running.iter().any(|&i| self.seq(i).can_dispatch())
+    }
+
+    fn next_step(&mut self) -> u64 {
+        let s = self.next_step;
+        self.next_step += 1;
+        s
+    }
+
+    /// Launch a decode forward for `plan` into `slot`; increments refs on success.
+    pub fn launch_decode<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        plan: &StepPlan,
+        slot: SlotId,
+    ) -> Result<LaunchHandle, ExecError<E::Error>> {
+        self.row_ids.clear();
+        for &i in &plan.sequences {
+            let id = self.seq(i).id;
+            self.row_ids.push(id);
+        }
+        exec.launch_decode(slot, &self.row_ids)?;
+        let rows = &mut self.slot_rows[slot];
+        rows.clear();
+        rows.extend_from_slice(&plan.sequences);
+        for &i in &plan.sequences {
+            self.seq_mut(i).inflight_refs += 1;
+        }
+        self.stats.decode_steps += 1;
+        self.stats.decode_rows += plan.sequences.len() as u64;
+        Ok(LaunchHandle { kind: StepKind::Decode, slot, step: self.next_step() })
+    }
+
+    /// Admit the oldest waiting request: launch its prefill into `slot`.
+    /// On a pre-dispatch error the request fails alone (no KV was taken).
+    pub fn launch_prefill<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        slot: SlotId,
+        max_seq_len: usize,
+    ) -> Result<Option<LaunchHandle>, Fatal> {
+        let Some(mut req) = self.waiting.pop_front() else { return Ok(None) };
+        let max_len = max_len_of(&req, max_seq_len);
+        let input = PrefillInput { id: req.id, prompt: &req.prompt, params: &req.params, max_len };
+        match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
+            Ok(()) => {}
+            Err(ExecError::PreDispatch(e)) => {
+                self.by_id.remove(&req.id);
+                req.skill.finish(Outcome::Failed(FailureKind::StepFailed, e.to_string()));
+                self.stats.failed += 1;
+                return Ok(None);
+            }
+            Err(ExecError::Fatal(e)) => {
+                // The request is still ours: put it back so fail_all resolves it.
+                self.waiting.push_front(req);
+                return Err(Fatal(e.to_string()));
+            }
+        }
+        let seq = Sequence {
+            id: req.id,
+            prompt_len: req.prompt.len(),
+            committed: 0,
+            inflight_refs: 1,
+            finalized: false,
+            max_new_tokens: req.max_new_tokens,
+            max_len,
+            skill: req.skill,
+        };
+        let idx = match self.free_idx.pop() {
+            Some(i) => {
+                self.seqs[i as usize] = Some(seq);
+                i
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                (self.seqs.len() - 1) as SeqIdx
+            }
+        };
+        self.by_id.insert(req.id, Location::Admitted(idx));
+        self.running.push(idx);
+        let rows = &mut self.slot_rows[slot];
+        rows.clear();
+        rows.push(idx);
+        self.stats.prefill_steps += 1;
+        Ok(Some(LaunchHandle { kind: StepKind::Prefill, slot, step: self.next_step() }))
+    }
+
+    /// Fail a decode plan whose launch was rejected before dispatch.
+    pub fn fail_plan<E: Executor<Params = P>>(&mut self, exec: &mut E, plan: &StepPlan, why: &str) {
+        for &i in &plan.sequences {
+            self.finalize(i, Outcome::Failed(FailureKind::StepFailed, why.to_string()));
+            self.release_if_done(exec, i);
+        }
+    }
+
+    /// `plan_needs_mask`: any non-finalized member of `slot`'s step is constrained.
+    pub fn needs_mask(&self, slot: SlotId) -> bool {
+        self.slot_rows[slot].iter().any(|&i| self.seq(i).needs_mask())
+    }
+
+    /// `compute_mask` then `finalize_sampling`: finalized rows are unconstrained.
+    pub fn finalize_sampling<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        handle: LaunchHandle,
+    ) -> Result<PendingCommit, Fatal> {
+        let masked = self.build_masks(handle.slot);
+        let result = if masked {
+            self.stats.masked_steps += 1;
+            let batch = MaskBatch {
+                words_per_row: self.words_per_row,
+                words: &self.mask_words,
+                constrained: &self.mask_flags,
+            };
+            exec.finalize_sampling(handle.slot, Some(&batch))
+        } else {
+            exec.finalize_sampling(handle.slot, None)
+        };
+        // After a forward was dispatched every sampling error is device-side: fatal.
+        result.map_err(|e| Fatal(e.to_string()))?;
+        Ok(PendingCommit { kind: handle.kind, slot: handle.slot, step: handle.step })
+    }
+
+    fn build_masks(&mut self, slot: SlotId) -> bool {
+        let rows = std::mem::take(&mut self.slot_rows[slot]);
+        self.mask_flags.clear();
+        let mut any = false;
+        for &i in &rows {
+            let c = self.seq(i).needs_mask();
+            any |= c;
+            self.mask_flags.push(c);
+        }
+        if any {
+            let wpr = self.words_per_row;
+            let need = rows.len() * wpr;
+            if self.mask_words.len() < need {
+                self.mask_words.resize(need, 0);
+            }
+            let vocab = self.vocab_size;
+            for (r, &i) in rows.iter().enumerate() {
+                if self.mask_flags[r] {
+                    let words = &mut self.mask_words[r * wpr..(r + 1) * wpr];
+                    let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
+                    let mut mask = TokenMask::new(words, vocab);
+                    mask.clear();
+                    seq.skill.fill_mask(&mut mask);
+                }
+            }
+        }
+        self.slot_rows[slot] = rows;
+        any
+    }
+
+    /// `commit_step`: wait for the step's copy, consume tokens, finalize and
+    /// release. Owns the only `wait` (callers never wait directly).
+    pub fn commit_step<E: Executor<Params = P>>(&mut self, exec: &mut E, step: PendingCommit) -> Result<(), Fatal> {
+        let rows = std::mem::take(&mut self.slot_rows[step.slot]);
+        let outs = match exec.wait_step(step.slot) {
+            Ok(o) => o,
+            Err(e) => {
+                self.slot_rows[step.slot] = rows;
+                return Err(Fatal(e.to_string()));
+            }
+        };
+        if outs.tokens.len() != rows.len() {
+            let msg = format!("step {} returned {} rows for {} sequences", step.step, outs.tokens.len(), rows.len());
+            self.slot_rows[step.slot] = rows;
+            return Err(Fatal(msg));
+        }
+        self.to_release.clear();
+        for (r, &i) in rows.iter().enumerate() {
+            let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
+            seq.inflight_refs -= 1;
+            if seq.finalized {
+                self.stats.zombie_rows += 1;
+            } else {
+                seq.committed += 1;
+                self.stats.committed_tokens += 1;
+                let token = CommittedToken {
+                    token: outs.tokens[r],
+                    logprob: outs.logprobs.map(|l| l[r]),
+                    top_logprobs: outs.top(r),
+                };
+                let reason = match seq.skill.consume(&token) {
+                    Verdict::Stop(reason) => Some(reason),
+                    Verdict::Continue => seq.at_length_cap().then_some(FinishReason::Length),
+                };
+                if let Some(reason) = reason {
+                    seq.finalized = true;
+                    seq.skill.finish(Outcome::Finished(reason));
+                    self.stats.finished += 1;
+                    self.running.retain(|&x| x != i);
+                }
+            }
+            let seq = self.seq(i);
+            if seq.finalized && seq.inflight_refs == 0 {
+                self.to_release.push(i);
+            }
+        }
+        self.slot_rows[step.slot] = rows;
+        let mut release = std::mem::take(&mut self.to_release);
+        for &i in &release {
+            self.release_if_done(exec, i);
+        }
+        release.clear();
+        self.to_release = release;
+        Ok(())
+    }
+
+    /// Mark finalized and resolve the request (once); keeps the KV row.
+    fn finalize(&mut self, idx: SeqIdx, outcome: Outcome) {
+        let seq = self.seq_mut(idx);
+        if seq.finalized {
+            return;
+        }
+        seq.finalized = true;
+        let failed = matches!(outcome, Outcome::Failed(..));
+        seq.skill.finish(outcome);
+        if failed {
+            self.stats.failed += 1;
+        } else {
+            self.stats.finished += 1;
+        }
+        self.running.retain(|&x| x != idx);
+    }
+
+    /// Release a finalized sequence's KV once no step references it.
+    fn release_if_done<E: Executor<Params = P>>(&mut self, exec: &mut E, idx: SeqIdx) {
+        let seq = self.seq(idx);
+        if !(seq.finalized && seq.inflight_refs == 0) {
+            return;
+        }
+        let id = seq.id;
+        exec.release(id);
+        self.seqs[idx as usize] = None;
+        self.free_idx.push(idx);
+        self.by_id.remove(&id);
+    }
+
+    /// Cancel a request: waiting ones resolve now; admitted ones finalize now
+    /// and release once no in-flight step references them. Unknown: false.
+    pub fn abort<E: Executor<Params = P>>(&mut self, exec: &mut E, id: RequestId) -> bool {
+        match self.by_id.get(&id) {
+            None => false,
+            Some(Location::Waiting) => {
+                if let Some(pos) = self.waiting.iter().position(|r| r.id == id) {
+                    let mut req = self.waiting.remove(pos).expect("position is in range");
+                    req.skill.finish(Outcome::Finished(FinishReason::Abort));
+                    self.stats.finished += 1;
+                }
+                self.by_id.remove(&id);
+                true
+            }
+            Some(&Location::Admitted(idx)) => {
+                self.finalize(idx, Outcome::Finished(FinishReason::Abort));
+                self.release_if_done(exec, idx);
+                true
+            }
+        }
+    }
+
+    /// Engine-fatal: resolve every accepted request with an error and forget
+    /// all state. The caller releases the executor's KV.
+    pub fn fail_all(&mut self, why: &str) {
+        for slot in self.seqs.iter_mut() {
+            if let Some(seq) = slot {
+                if !seq.finalized {
+                    seq.finalized = true;
+                    seq.skill.finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+                    self.stats.failed += 1;
+                }
+            }
+            *slot = None;
+        }
+        for mut req in self.waiting.drain(..) {
+            req.skill.finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+            self.stats.failed += 1;
+        }
+        self.seqs.clear();
+        self.free_idx.clear();
+        self.by_id.clear();
+        self.running.clear();
+        for rows in &mut self.slot_rows {
+            rows.clear();
+        }
+    }
+
+    /// I4 and membership checks against the in-flight steps' slots.
+    pub fn check(&self, inflight_slots: &[SlotId]) -> Result<(), String> {
+        let mut counts = vec![0u8; self.seqs.len()];
+        for &slot in inflight_slots {
+            for &i in &self.slot_rows[slot] {
+                counts[i as usize] += 1;
+            }
+        }
+        for (i, s) in self.seqs.iter().enumerate() {
+            match s {
+                Some(seq) => {
+                    if seq.inflight_refs != counts[i] {
+                        return Err(format!(
+                            "request {}: inflight_refs {} but in {} in-flight steps",
+                            seq.id, seq.inflight_refs, counts[i]
+                        ));
+                    }
+                    if seq.inflight_refs > crate::sequence::MAX_INFLIGHT_REFS {
+                        return Err(format!("request {}: inflight_refs {}", seq.id, seq.inflight_refs));
+                    }
+                    if seq.finalized == self.running.contains(&(i as SeqIdx)) {
+                        return Err(format!("request {}: finalized={} vs running membership", seq.id, seq.finalized));
+                    }
+                    if seq.committed > seq.max_new_tokens {
+                        return Err(format!("request {}: {} tokens committed past max {}", seq.id, seq.committed, seq.max_new_tokens));
+                    }
+                    if seq.finalized && seq.inflight_refs == 0 {
+                        return Err(format!("request {}: finalized and unreferenced but not released", seq.id));
+                    }
+                }
+                None => {
+                    if counts[i] != 0 {
+                        return Err(format!("released sequence {i} is still in an in-flight step"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Total token cap of a request: prompt + max_new_tokens, within the context.
+pub(crate) fn max_len_of<P>(req: &Request<P>, max_seq_len: usize) -> usize {
+    (req.prompt.len() + req.max_new_tokens as usize).min(max_seq_len)
+}

@@ -1,0 +1,398 @@
+//! A deterministic simulated device and skills, for tests, benches and demos.
+//!
+//! [`SimExecutor`] behaves like a runtime with two slots: a sampled token is
+//! a pure function of (request seed, position, mask), so blocking and
+//! pipelined runs must emit identical streams. It checks the runtime-side
+//! invariants itself (I6: a slot's host buffer is never overwritten before
+//! commit; decode inputs come from the previous step's sampling) and records
+//! violations instead of trusting the loop. Faults can be injected per call.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
+use crate::{RequestId, TokenId};
+
+/// The end-of-sequence token of the simulated vocabulary.
+pub const SIM_EOS: TokenId = 0;
+
+/// Per-request sampling parameters of the simulated device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimParams {
+    pub seed: u64,
+}
+
+/// Shape and fault plan of a [`SimExecutor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    pub vocab_size: usize,
+    pub max_rows: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// Decode launches (0-based count) that fail before dispatch.
+    pub fail_decode_launch: HashSet<u64>,
+    /// Prefill launches that fail before dispatch.
+    pub fail_prefill_launch: HashSet<u64>,
+    /// `wait_step` calls that report a device fault.
+    pub fail_wait: HashSet<u64>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 64,
+            max_rows: 64,
+            num_pages: 4096,
+            page_size: 16,
+            fail_decode_launch: HashSet::new(),
+            fail_prefill_launch: HashSet::new(),
+            fail_wait: HashSet::new(),
+        }
+    }
+}
+
+/// A simulated device fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error("injected fault at {0}")]
+    Injected(&'static str),
+    #[error("out of KV: {0}")]
+    OutOfKv(&'static str),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+#[derive(Debug)]
+struct SimSeq {
+    seed: u64,
+    /// Positions whose KV is written (the "GPU length").
+    gpu_len: usize,
+    /// The last sampled token, still "on the device": the next decode input.
+    device_token: Option<TokenId>,
+    pages: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum SlotPhase {
+    #[default]
+    Free,
+    Launched,
+    Sampled,
+}
+
+#[derive(Debug, Default)]
+struct SimSlot {
+    phase: SlotPhase,
+    rows: Vec<RequestId>,
+    /// Position of the token each row will sample.
+    positions: Vec<usize>,
+    host_tokens: Vec<TokenId>,
+    host_logprobs: Vec<f32>,
+}
+
+/// The simulated device. See the module docs.
+#[derive(Debug)]
+pub struct SimExecutor {
+    config: SimConfig,
+    seqs: HashMap<RequestId, SimSeq>,
+    slots: Vec<SimSlot>,
+    used_pages: usize,
+    decode_launches: u64,
+    prefill_launches: u64,
+    waits: u64,
+    /// Runtime-side invariant violations seen (should stay empty).
+    pub violations: Vec<String>,
+    /// Order of device operations, for timeline tests: (kind, slot).
+    pub trace: Vec<(&'static str, SlotId)>,
+}
+
+impl SimExecutor {
+    pub fn new(config: SimConfig) -> Self {
+        Self {
+            config,
+            seqs: HashMap::new(),
+            slots: (0..2).map(|_| SimSlot::default()).collect(),
+            used_pages: 0,
+            decode_launches: 0,
+            prefill_launches: 0,
+            waits: 0,
+            violations: Vec::new(),
+            trace: Vec::new(),
+        }
+    }
+
+    pub fn used_pages(&self) -> usize {
+        self.used_pages
+    }
+
+    fn pages_for(&self, len: usize) -> usize {
+        len.div_ceil(self.config.page_size)
+    }
+
+    fn begin_launch(&mut self, slot: SlotId) -> Result<(), SimError> {
+        let s = &self.slots[slot];
+        if s.phase != SlotPhase::Free {
+            let v = format!("launch into slot {slot} in phase {:?} (I6)", s.phase);
+            self.violations.push(v.clone());
+            return Err(SimError::Protocol(v));
+        }
+        Ok(())
+    }
+}
+
+/// The simulated sampler: a pure function of (seed, position, mask).
+pub fn sim_sample(seed: u64, position: usize, vocab: usize, mask: Option<&[u32]>) -> TokenId {
+    let h = mix(seed ^ (position as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    match mask {
+        None => (h % vocab as u64) as TokenId,
+        Some(words) => {
+            let allowed: u64 = (0..vocab).filter(|&t| words[t / 32] & (1 << (t % 32)) != 0).count() as u64;
+            if allowed == 0 {
+                return SIM_EOS;
+            }
+            let k = h % allowed;
+            (0..vocab).filter(|&t| words[t / 32] & (1 << (t % 32)) != 0).nth(k as usize).unwrap_or(0) as TokenId
+        }
+    }
+}
+
+/// splitmix64 finalizer.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Executor for SimExecutor {
+    type Params = SimParams;
+    type Error = SimError;
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_rows(&self) -> usize {
+        self.config.max_rows
+    }
+
+    fn num_allocated(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn can_reserve(&self, _prompt: &[TokenId], max_len: usize) -> bool {
+        self.seqs.len() < self.config.max_rows && self.used_pages + self.pages_for(max_len) <= self.config.num_pages
+    }
+
+    fn could_ever_fit(&self, max_len: usize) -> bool {
+        self.pages_for(max_len) <= self.config.num_pages
+    }
+
+    fn launch_prefill(&mut self, slot: SlotId, seqs: &[PrefillInput<'_, SimParams>]) -> Result<(), ExecError<SimError>> {
+        let n = self.prefill_launches;
+        self.prefill_launches += 1;
+        if self.config.fail_prefill_launch.contains(&n) {
+            return Err(ExecError::PreDispatch(SimError::Injected("prefill launch")));
+        }
+        let pages: usize = seqs.iter().map(|s| self.pages_for(s.max_len)).sum();
+        if self.seqs.len() + seqs.len() > self.config.max_rows || self.used_pages + pages > self.config.num_pages {
+            return Err(ExecError::PreDispatch(SimError::OutOfKv("prefill")));
+        }
+        self.begin_launch(slot).map_err(ExecError::Fatal)?;
+        let page_size = self.config.page_size;
+        let s = &mut self.slots[slot];
+        s.rows.clear();
+        s.positions.clear();
+        for input in seqs {
+            let prev = self.seqs.insert(
+                input.id,
+                SimSeq {
+                    seed: input.params.seed,
+                    gpu_len: input.prompt.len(),
+                    device_token: None,
+                    pages: input.max_len.div_ceil(page_size),
+                },
+            );
+            if prev.is_some() {
+                self.violations.push(format!("request {} prefilled twice", input.id));
+            }
+            s.rows.push(input.id);
+            s.positions.push(input.prompt.len());
+        }
+        self.used_pages += pages;
+        s.phase = SlotPhase::Launched;
+        self.trace.push(("prefill", slot));
+        Ok(())
+    }
+
+    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<SimError>> {
+        let n = self.decode_launches;
+        self.decode_launches += 1;
+        if self.config.fail_decode_launch.contains(&n) {
+            return Err(ExecError::PreDispatch(SimError::Injected("decode launch")));
+        }
+        self.begin_launch(slot).map_err(ExecError::Fatal)?;
+        let s = &mut self.slots[slot];
+        s.rows.clear();
+        s.positions.clear();
+        for &id in rows {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                self.violations.push(format!("decode of unknown request {id}"));
+                return Err(ExecError::Fatal(SimError::Protocol(format!("unknown request {id}"))));
+            };
+            if seq.device_token.is_none() {
+                self.violations.push(format!("request {id}: decode before its previous token was sampled"));
+            }
+            // The input token (at position gpu_len) gets its KV written now.
+            seq.gpu_len += 1;
+            if seq.gpu_len > seq.pages * self.config.page_size {
+                self.violations.push(format!("request {id}: KV write past its reserved pages"));
+            }
+            seq.device_token = None;
+            s.rows.push(id);
+            s.positions.push(seq.gpu_len);
+        }
+        s.phase = SlotPhase::Launched;
+        self.trace.push(("decode", slot));
+        Ok(())
+    }
+
+    fn finalize_sampling(&mut self, slot: SlotId, masks: Option<&MaskBatch<'_>>) -> Result<(), ExecError<SimError>> {
+        let vocab = self.config.vocab_size;
+        let s = &mut self.slots[slot];
+        if s.phase != SlotPhase::Launched {
+            let v = format!("sampling slot {slot} in phase {:?}", s.phase);
+            self.violations.push(v.clone());
+            return Err(ExecError::Fatal(SimError::Protocol(v)));
+        }
+        s.host_tokens.clear();
+        s.host_logprobs.clear();
+        for (r, (&id, &pos)) in s.rows.iter().zip(&s.positions).enumerate() {
+            let seq = self.seqs.get_mut(&id).expect("rows were validated at launch");
+            let mask = masks.and_then(|m| m.row(r));
+            let t = sim_sample(seq.seed, pos, vocab, mask);
+            seq.device_token = Some(t);
+            s.host_tokens.push(t);
+            s.host_logprobs.push(-(t as f32) / 64.0);
+        }
+        s.phase = SlotPhase::Sampled;
+        self.trace.push(("sample", slot));
+        Ok(())
+    }
+
+    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, SimError> {
+        let n = self.waits;
+        self.waits += 1;
+        if self.config.fail_wait.contains(&n) {
+            return Err(SimError::Injected("wait"));
+        }
+        let s = &mut self.slots[slot];
+        if s.phase != SlotPhase::Sampled {
+            let v = format!("wait on slot {slot} in phase {:?}", s.phase);
+            self.violations.push(v.clone());
+            return Err(SimError::Protocol(v));
+        }
+        s.phase = SlotPhase::Free;
+        self.trace.push(("commit", slot));
+        let s = &self.slots[slot];
+        Ok(StepOutputs { tokens: &s.host_tokens, logprobs: Some(&s.host_logprobs), top_logprobs: &[], top_n: 0 })
+    }
+
+    fn release(&mut self, id: RequestId) {
+        match self.seqs.remove(&id) {
+            Some(seq) => self.used_pages -= seq.pages,
+            None => self.violations.push(format!("release of unknown request {id}")),
+        }
+        for s in &self.slots {
+            if s.phase != SlotPhase::Free && s.rows.contains(&id) {
+                self.violations.push(format!("request {id} released while an in-flight step uses it"));
+            }
+        }
+    }
+
+    fn release_all(&mut self) {
+        self.seqs.clear();
+        self.used_pages = 0;
+        for s in &mut self.slots {
+            s.phase = SlotPhase::Free;
+        }
+    }
+}
+
+/// What a [`SimSkill`] saw.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct SimLog {
+    pub tokens: Vec<TokenId>,
+    pub outcome: Option<Outcome>,
+    pub finish_calls: u32,
+    pub violations: Vec<String>,
+}
+
+/// A skill that stops at [`SIM_EOS`] or after `stop_after` tokens, and, when
+/// constrained, admits a pseudo-random subset of tokens depending on what it
+/// has consumed (so a stale mask is detected).
+#[derive(Debug)]
+pub struct SimSkill {
+    stop_after: Option<u32>,
+    constraint: Option<u64>,
+    state: u64,
+    log: Arc<Mutex<SimLog>>,
+}
+
+impl SimSkill {
+    pub fn new(stop_after: Option<u32>, constraint: Option<u64>) -> (Self, Arc<Mutex<SimLog>>) {
+        let log = Arc::new(Mutex::new(SimLog::default()));
+        (Self { stop_after, constraint, state: constraint.unwrap_or(0), log: log.clone() }, log)
+    }
+
+    fn allowed(&self, token: TokenId) -> bool {
+        match self.constraint {
+            None => true,
+            // Always allow a few tokens; EOS only sometimes.
+            Some(_) => token != SIM_EOS && (mix(self.state ^ u64::from(token)) % 4 == 0 || token % 16 == 1),
+        }
+    }
+}
+
+impl SequenceSkill for SimSkill {
+    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
+        let mut log = self.log.lock().expect("sim log lock");
+        if log.finish_calls > 0 {
+            log.violations.push(format!("token {} consumed after finish", token.token));
+        }
+        if !self.allowed(token.token) {
+            log.violations.push(format!("token {} outside the mask for state {:#x}", token.token, self.state));
+        }
+        log.tokens.push(token.token);
+        self.state = mix(self.state ^ u64::from(token.token));
+        if token.token == SIM_EOS {
+            return Verdict::Stop(FinishReason::Eos);
+        }
+        if self.stop_after.is_some_and(|n| log.tokens.len() as u32 >= n) {
+            return Verdict::Stop(FinishReason::Stop);
+        }
+        Verdict::Continue
+    }
+
+    fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
+        for t in 0..mask.vocab_size() as TokenId {
+            if self.allowed(t) {
+                mask.allow(t);
+            }
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        let mut log = self.log.lock().expect("sim log lock");
+        log.finish_calls += 1;
+        if log.finish_calls > 1 {
+            log.violations.push(format!("finish called again with {outcome:?}"));
+        }
+        log.outcome = Some(outcome);
+    }
+}
