@@ -3,9 +3,38 @@
 //! Config, weights in their on-disk (possibly quantized) block layout, GGUF and
 //! safetensors loading, the tokenizer and the chat template. Runtimes
 //! (`kestrel-cpu`, `kestrel-cuda`) consume [`ModelWeights`] and do the math.
+//!
+//! ```no_run
+//! use kestrel_model::{default_model_path, load, ChatMessage};
+//!
+//! # fn main() -> Result<(), kestrel_model::ModelError> {
+//! // Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) into the cache on first use.
+//! let model = load(&default_model_path()?)?;
+//! assert_eq!(model.weights.config.num_layers, 30);
+//! let prompt = model.chat_template.render(&[ChatMessage::user("Hi!")], true)?;
+//! let ids = model.encode(&prompt)?;
+//! let mut row = vec![0f32; model.weights.config.hidden_size];
+//! model.weights.token_embd.dequantize_row(ids[0] as usize, &mut row);
+//! # Ok(()) }
+//! ```
 
+pub mod chat;
 pub mod config;
+pub mod error;
+pub mod fetch;
+pub mod gguf;
+pub mod load;
+pub mod quant;
+mod safetensors_load;
+pub mod synthetic;
+pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{ModelConfig, RopeStyle};
+pub use error::ModelError;
+pub use fetch::{default_model_path, default_model_path_with_progress, FetchStage};
+pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
+pub use load::{load, LoadedModel};
+pub use synthetic::synthetic_weights;
 pub use weights::{Bytes, DType, LayerWeights, Matrix, ModelWeights};

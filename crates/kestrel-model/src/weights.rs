@@ -71,6 +71,37 @@ impl std::fmt::Debug for Bytes {
     }
 }
 
+impl Bytes {
+    /// A sub-window `[start, start + len)`. Free for mapped bytes; owned bytes
+    /// are copied (only small test fixtures are owned).
+    ///
+    /// Panics if the window is out of bounds (callers check sizes first).
+    pub fn slice(&self, start: usize, len: usize) -> Bytes {
+        match self {
+            Bytes::Mapped { map, offset, len: l } => {
+                assert!(start + len <= *l, "Bytes::slice out of bounds");
+                Bytes::Mapped {
+                    map: Arc::clone(map),
+                    offset: offset + start,
+                    len,
+                }
+            }
+            Bytes::Owned(b) => Bytes::Owned(b[start..start + len].into()),
+        }
+    }
+
+    /// Whether the bytes are a window of a memory map (no copy was made).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, Bytes::Mapped { .. })
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Self {
+        Bytes::Owned(v.into())
+    }
+}
+
 impl Deref for Bytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -1,0 +1,370 @@
+//! `load(path)`: a `.gguf` file or an HF directory becomes a [`LoadedModel`]
+//! (weights + tokenizer + chat template + special ids), with every tensor's
+//! shape checked against the config. GGUF weights stay in the memory map
+//! (no copy of quantized data); only norms and biases are decoded to `f32`.
+
+use std::path::Path;
+
+use tokenizers::Tokenizer;
+
+use crate::config::{ModelConfig, RopeStyle};
+use crate::{ChatTemplate, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
+
+/// A model ready for a runtime: weights plus everything text-side.
+#[derive(Clone)]
+pub struct LoadedModel {
+    pub weights: ModelWeights,
+    pub tokenizer: Tokenizer,
+    pub chat_template: ChatTemplate,
+    /// The model's BOS token, if it has one.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation (EOS, end-of-turn), deduplicated.
+    pub eos_token_ids: Vec<u32>,
+    /// Whether raw (non-chat) prompts should start with BOS
+    /// (`tokenizer.ggml.add_bos_token`, or what the HF tokenizer would add).
+    pub add_bos_token: bool,
+    /// Human-readable name (`general.name`, or the file/directory name).
+    pub name: String,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    // The tokenizer's own Debug prints the whole vocabulary.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("name", &self.name)
+            .field("config", &self.weights.config)
+            .field("vocab", &self.tokenizer.get_vocab_size(true))
+            .field("bos_token_id", &self.bos_token_id)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .field("add_bos_token", &self.add_bos_token)
+            .field("chat_template_is_fallback", &self.chat_template.is_fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// Encodes `text` as-is (no BOS added); special tokens in the text are recognized.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        crate::tokenizer::encode(&self.tokenizer, text)
+    }
+
+    /// Encodes a raw prompt, prepending BOS when the model wants one and the
+    /// text does not already start with it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let mut ids = self.encode(text)?;
+        if let (true, Some(bos)) = (self.add_bos_token, self.bos_token_id) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Decodes ids to text (special tokens kept).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        crate::tokenizer::decode(&self.tokenizer, ids)
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_token_ids.contains(&id)
+    }
+}
+
+/// Loads a `.gguf` file or an HF model directory (`config.json`,
+/// `*.safetensors`, `tokenizer.json`, optional `tokenizer_config.json`).
+pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
+    let started = std::time::Instant::now();
+    let model = if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ModelError::UnknownModelFormat { path: path.into() });
+        }
+        crate::safetensors_load::load_hf_dir(path)?
+    } else if path.is_file() {
+        load_gguf(path)?
+    } else {
+        return Err(ModelError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
+    };
+    tracing::info!(
+        name = %model.name,
+        layers = model.weights.config.num_layers,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    Ok(model)
+}
+
+/// Checks a matrix against its expected `[rows, cols]`.
+pub(crate) fn check_matrix(m: Matrix, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+    if (m.rows, m.cols) != (rows, cols) {
+        return Err(ModelError::ShapeMismatch {
+            tensor: name.into(),
+            expected: vec![rows, cols],
+            found: vec![m.rows, m.cols],
+        });
+    }
+    if cols % m.dtype.block_elems() != 0 {
+        return Err(ModelError::BadBlockAlignment {
+            tensor: name.into(),
+            dtype: m.dtype,
+            cols,
+        });
+    }
+    Ok(m)
+}
+
+/// Checks a vector's length.
+pub(crate) fn check_vector(v: Vec<f32>, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    if v.len() != len {
+        return Err(ModelError::ShapeMismatch {
+            tensor: name.into(),
+            expected: vec![len],
+            found: vec![v.len()],
+        });
+    }
+    Ok(v)
+}
+
+/// Resolves the decoder config from `{arch}.*` GGUF metadata.
+pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
+    let arch = g.get_str("general.architecture")?.to_string();
+    let (rope_style, qkv_bias) = match arch.as_str() {
+        // llama.cpp's converter permuted Q/K rows for "norm" (adjacent-pair) RoPE.
+        "llama" => (RopeStyle::Interleaved, false),
+        // Qwen2 is converted unpermuted and run with NEOX (half-split) RoPE.
+        "qwen2" => (RopeStyle::HalfSplit, true),
+        _ => {
+            return Err(ModelError::UnsupportedArchitecture {
+                architecture: arch,
+                supported: "llama, qwen2",
+            })
+        }
+    };
+    let k = |s: &str| format!("{arch}.{s}");
+    let hidden = g.get_usize(&k("embedding_length"))?;
+    let num_heads = g.get_usize(&k("attention.head_count"))?;
+    let num_kv_heads = match g.get(&k("attention.head_count_kv")) {
+        Some(_) => g.get_usize(&k("attention.head_count_kv"))?,
+        None => num_heads,
+    };
+    if num_heads == 0 {
+        return Err(ModelError::invalid("attention.head_count is 0"));
+    }
+    let head_dim = match g.get(&k("attention.key_length")) {
+        Some(_) => g.get_usize(&k("attention.key_length"))?,
+        None => hidden / num_heads,
+    };
+    if let Some(rot) = g.get(&k("rope.dimension_count")).and_then(|v| v.as_u64()) {
+        if rot as usize != head_dim {
+            return Err(ModelError::invalid(format!(
+                "partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim}) are not supported"
+            )));
+        }
+    }
+    if g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()).is_some_and(|t| t != "none") {
+        tracing::warn!("GGUF declares RoPE scaling; Kestrel ignores it (fine for short contexts)");
+    }
+    let vocab_size = match g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
+        Some(tokens) => tokens.len(),
+        None => g.get_usize(&k("vocab_size"))?,
+    };
+    let config = ModelConfig {
+        architecture: arch.clone(),
+        vocab_size,
+        hidden_size: hidden,
+        intermediate_size: g.get_usize(&k("feed_forward_length"))?,
+        num_layers: g.get_usize(&k("block_count"))?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rope_theta: g.get(&k("rope.freq_base")).and_then(|v| v.as_f32()).unwrap_or(10_000.0),
+        rope_style,
+        rms_norm_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
+        max_position_embeddings: g.get_usize(&k("context_length"))?,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        qkv_bias,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Builds [`ModelWeights`] from a parsed GGUF, validating every shape.
+pub fn weights_from_gguf(g: &GgufFile) -> Result<ModelWeights, ModelError> {
+    let c = config_from_gguf(g)?;
+    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let mat = |name: &str, rows, cols| check_matrix(g.matrix(name)?, name, rows, cols);
+    let vec = |name: &str, len| check_vector(g.vector_f32(name)?, name, len);
+    let bias = |name: String, len| -> Result<Option<Vec<f32>>, ModelError> {
+        match (c.qkv_bias, g.tensor(&name).is_some()) {
+            (_, true) => Ok(Some(vec(&name, len)?)),
+            (true, false) => Err(ModelError::MissingTensor { tensor: name }),
+            (false, false) => Ok(None),
+        }
+    };
+    let token_embd = mat("token_embd.weight", c.vocab_size, h)?;
+    let layers = (0..c.num_layers)
+        .map(|i| {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            Ok(LayerWeights {
+                attn_norm: vec(&n("attn_norm.weight"), h)?,
+                wq: mat(&n("attn_q.weight"), q, h)?,
+                wk: mat(&n("attn_k.weight"), kv, h)?,
+                wv: mat(&n("attn_v.weight"), kv, h)?,
+                wo: mat(&n("attn_output.weight"), h, q)?,
+                bq: bias(n("attn_q.bias"), q)?,
+                bk: bias(n("attn_k.bias"), kv)?,
+                bv: bias(n("attn_v.bias"), kv)?,
+                ffn_norm: vec(&n("ffn_norm.weight"), h)?,
+                w_gate: mat(&n("ffn_gate.weight"), ff, h)?,
+                w_up: mat(&n("ffn_up.weight"), ff, h)?,
+                w_down: mat(&n("ffn_down.weight"), h, ff)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    let output_norm = vec("output_norm.weight", h)?;
+    let lm_head = if c.tie_word_embeddings {
+        token_embd.clone()
+    } else {
+        mat("output.weight", c.vocab_size, h)?
+    };
+    Ok(ModelWeights {
+        config: c,
+        token_embd,
+        layers,
+        output_norm,
+        lm_head,
+    })
+}
+
+fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
+    let g = GgufFile::open(path)?;
+    let weights = weights_from_gguf(&g)?;
+    let tokenizer = crate::tokenizer::tokenizer_from_gguf(&g)?;
+    let tokens = g.get_string_array("tokenizer.ggml.tokens")?;
+    let id = |key: &str| -> Option<u32> {
+        let v = g.get(key)?.as_u64()?;
+        u32::try_from(v).ok().filter(|&i| (i as usize) < tokens.len())
+    };
+    let token_text = |i: Option<u32>| i.map(|i| tokens[i as usize].to_string()).unwrap_or_default();
+    let bos_token_id = id("tokenizer.ggml.bos_token_id");
+    let mut eos_token_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(i) = id(key).filter(|i| !eos_token_ids.contains(i)) {
+            eos_token_ids.push(i);
+        }
+    }
+    let chat_template = ChatTemplate::from_optional(
+        g.get("tokenizer.chat_template").and_then(|v| v.as_str()),
+        &token_text(bos_token_id),
+        &token_text(eos_token_ids.first().copied()),
+    )?;
+    let name = match g.get("general.name").and_then(|v| v.as_str()) {
+        Some(n) => n.to_string(),
+        None => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+    };
+    Ok(LoadedModel {
+        weights,
+        tokenizer,
+        chat_template,
+        bos_token_id,
+        eos_token_ids,
+        add_bos_token: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::write_gguf;
+    use crate::{synthetic_weights, DType, GgufValue};
+
+    /// Writes synthetic weights out as a llama GGUF (no tokenizer).
+    fn synthetic_gguf(c: &ModelConfig, dtype: DType, drop: Option<&str>) -> GgufFile {
+        let w = synthetic_weights(c, dtype, 5);
+        let m = |name: String, m: &Matrix| (name, vec![m.cols as u64, m.rows as u64], m.dtype, m.data.to_vec());
+        let v = |name: String, v: &[f32]| {
+            (name, vec![v.len() as u64], DType::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+        };
+        let mut tensors = vec![m("token_embd.weight".into(), &w.token_embd), v("output_norm.weight".into(), &w.output_norm)];
+        if !c.tie_word_embeddings {
+            tensors.push(m("output.weight".into(), &w.lm_head));
+        }
+        for (i, l) in w.layers.iter().enumerate() {
+            tensors.push(v(format!("blk.{i}.attn_norm.weight"), &l.attn_norm));
+            tensors.push(v(format!("blk.{i}.ffn_norm.weight"), &l.ffn_norm));
+            for (n, mm) in [
+                ("attn_q", &l.wq),
+                ("attn_k", &l.wk),
+                ("attn_v", &l.wv),
+                ("attn_output", &l.wo),
+                ("ffn_gate", &l.w_gate),
+                ("ffn_up", &l.w_up),
+                ("ffn_down", &l.w_down),
+            ] {
+                tensors.push(m(format!("blk.{i}.{n}.weight"), mm));
+            }
+        }
+        tensors.retain(|t| Some(t.0.as_str()) != drop);
+        let tref: Vec<_> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        let u = |x: usize| GgufValue::U32(x as u32);
+        let bytes = write_gguf(
+            &[
+                ("general.architecture", GgufValue::String("llama".into())),
+                ("llama.vocab_size", u(c.vocab_size)),
+                ("llama.embedding_length", u(c.hidden_size)),
+                ("llama.feed_forward_length", u(c.intermediate_size)),
+                ("llama.block_count", u(c.num_layers)),
+                ("llama.attention.head_count", u(c.num_heads)),
+                ("llama.attention.head_count_kv", u(c.num_kv_heads)),
+                ("llama.rope.freq_base", GgufValue::F32(c.rope_theta)),
+                ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(c.rms_norm_eps)),
+                ("llama.context_length", u(c.max_position_embeddings)),
+                ("llama.rope.dimension_count", u(c.head_dim)),
+            ],
+            &tref,
+        );
+        GgufFile::parse(bytes.into(), "synthetic.gguf".into()).unwrap()
+    }
+
+    #[test]
+    fn synthetic_gguf_round_trips() {
+        let c = ModelConfig::tiny();
+        let g = synthetic_gguf(&c, DType::Q4K, None);
+        assert_eq!(config_from_gguf(&g).unwrap(), c);
+        let w = weights_from_gguf(&g).unwrap();
+        let orig = synthetic_weights(&c, DType::Q4K, 5);
+        assert_eq!(&*w.layers[1].w_down.data, &*orig.layers[1].w_down.data);
+        assert_eq!(w.layers[1].ffn_norm, orig.layers[1].ffn_norm);
+    }
+
+    #[test]
+    fn tied_when_output_missing() {
+        let mut c = ModelConfig::tiny();
+        c.tie_word_embeddings = true;
+        let w = weights_from_gguf(&synthetic_gguf(&c, DType::Q8_0, None)).unwrap();
+        assert!(w.config.tie_word_embeddings);
+        assert_eq!(w.lm_head.data.as_ptr(), w.token_embd.data.as_ptr());
+    }
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let g = synthetic_gguf(&ModelConfig::tiny(), DType::F32, Some("blk.1.ffn_up.weight"));
+        match weights_from_gguf(&g) {
+            Err(ModelError::MissingTensor { tensor }) => assert_eq!(tensor, "blk.1.ffn_up.weight"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_shape_is_named() {
+        let mut c = ModelConfig::tiny();
+        c.intermediate_size = 256; // the file says 512
+        let g = synthetic_gguf(&ModelConfig::tiny(), DType::F32, None);
+        let err = check_matrix(g.matrix("blk.0.ffn_up.weight").unwrap(), "blk.0.ffn_up.weight", c.intermediate_size, 256);
+        assert!(matches!(err, Err(ModelError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.ffn_up.weight"));
+    }
+}

@@ -1,0 +1,1 @@
+//! HF directory loading tests.
