@@ -1,0 +1,80 @@
+//! The page table's typed error, [`KvError`].
+//!
+//! Every variant carries the numbers a caller needs to act on it (how many
+//! pages were needed and how many were available, which row was unknown), so
+//! no message string has to be parsed. The sequence layer's errors, named after
+//! the schedulable-sequence design, live in [`crate::sequence`] and chain a
+//! `KvError` as their `#[source]` where a page-table call caused them.
+
+use crate::{PageId, RowId};
+
+/// Everything the page table can refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// A [`crate::PageTableConfig`] field is out of range.
+    #[error("invalid page-table config: {field} = {value} ({requirement})")]
+    InvalidConfig {
+        /// The offending field.
+        field: &'static str,
+        /// The value it had.
+        value: usize,
+        /// What it must satisfy.
+        requirement: &'static str,
+    },
+    /// Every usable row (all but the reserved row 0) is allocated.
+    #[error("no free row: all {usable_rows} usable rows are allocated")]
+    NoFreeRow {
+        /// `max_rows - 1`: the rows a caller can ever hold at once.
+        usable_rows: usize,
+    },
+    /// The pool cannot supply the pages a request needs, even after evicting
+    /// every unreferenced cached page. Nothing was allocated.
+    #[error("out of KV pages: needed {needed}, available {available} (free + evictable)")]
+    OutOfPages {
+        /// Pages the request needed beyond what the row already holds.
+        needed: usize,
+        /// Free plus evictable cached pages at the time of the request.
+        available: usize,
+    },
+    /// The row is reserved (row 0), out of range, or not allocated.
+    #[error("unknown row {0}: reserved, out of range or not allocated")]
+    UnknownRow(RowId),
+    /// [`crate::PageTable::write_indices`] was asked for more tokens than the
+    /// row has pages for.
+    #[error("row {row}: kv_len {kv_len} exceeds the {reserved_tokens} tokens its pages hold")]
+    KvLenExceedsReserved {
+        /// The row.
+        row: RowId,
+        /// The requested KV length.
+        kv_len: usize,
+        /// `pages(row).len() * page_size`.
+        reserved_tokens: usize,
+    },
+    /// Shrinking a row would cut into pages published to the prefix cache (or
+    /// shared with other rows), whose contents must stay immutable.
+    #[error("row {row}: cannot shrink to {len} tokens, its first {published_tokens} are published")]
+    ShrinkBelowPublished {
+        /// The row.
+        row: RowId,
+        /// The requested length.
+        len: usize,
+        /// Tokens covered by the row's published pages.
+        published_tokens: usize,
+    },
+    /// A page-index buffer entry does not fit the `u32` a paged-attention
+    /// kernel consumes.
+    #[error("page-index buffer overflow: {value} does not fit in u32")]
+    IndexOverflow {
+        /// The value that did not fit.
+        value: usize,
+    },
+    /// Internal consistency check failed (only from
+    /// [`crate::PageTable::check_invariants`]); always a bug in this crate.
+    #[error("page-table invariant violated at page {page:?}: {what}")]
+    InvariantViolated {
+        /// The page involved, if one.
+        page: Option<PageId>,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
