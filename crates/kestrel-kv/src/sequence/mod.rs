@@ -129,7 +129,8 @@ impl SchedulableSequence {
     }
 
     /// Where prefill ends: the prompt length before the first token is generated, every
-    /// token but the dangling one afterwards (the recompute range after a preemption).
+    /// token but the dangling one afterwards (the recompute range after a preemption, or
+    /// the tokens added by [`append_tokens`](Self::append_tokens)).
     pub fn prefill_end(&self) -> usize {
         if self.generated_tokens() == 0 {
             self.num_input_tokens
@@ -138,9 +139,15 @@ impl SchedulableSequence {
         }
     }
 
-    /// Whether the prefill range has KV.
+    /// Whether the prompt has KV (decode may start once the tail is 1).
     pub fn is_prefill_complete(&self) -> bool {
-        self.kv_position >= self.prefill_end()
+        self.kv_position >= self.num_input_tokens
+    }
+
+    /// Whether `schedule_prefill` has work: the prefill range (prompt, or recompute after a
+    /// preemption, or tokens added by [`append_tokens`](Self::append_tokens)) lacks KV.
+    pub fn needs_prefill(&self) -> bool {
+        self.kv_position < self.prefill_end()
     }
 
     /// Whether the output budget is spent.
@@ -209,7 +216,7 @@ impl SchedulableSequence {
         if !self.is_prefill_complete() {
             return Err(ScheduleError::PrefillNotComplete {
                 position: self.kv_position,
-                prefill_end: self.prefill_end(),
+                num_input_tokens: self.num_input_tokens,
             });
         }
         if self.is_complete() {
@@ -224,10 +231,10 @@ impl SchedulableSequence {
                 actual: self.tail_tokens(),
             });
         }
-        // kv_position >= prefill_end >= 1 implies a row: release() resets kv_position.
+        // kv_position >= num_input_tokens >= 1 implies a row: release() resets kv_position.
         row.ok_or(ScheduleError::PrefillNotComplete {
             position: self.kv_position,
-            prefill_end: self.prefill_end(),
+            num_input_tokens: self.num_input_tokens,
         })
     }
 
@@ -448,8 +455,8 @@ impl SchedulableSequence {
         let before = self.kv_position;
         self.kv_position += accepted.len();
         let block_completed = self.kv_position / ps > before / ps;
-        self.publish(table, row);
         self.tokens.extend_from_slice(accepted);
+        self.publish(table, row);
         // Keeps the pages of every token, the dangling one included.
         let blocks_released = table.shrink(row, self.tokens.len()).map_err(table_err)?;
         self.state = SequenceState::Idle;
@@ -459,6 +466,29 @@ impl SchedulableSequence {
             blocks_released,
         });
         Ok(DecodeOutcome::new(block_completed, self.is_complete()))
+    }
+
+    // ----- forced tokens -----------------------------------------------------------------
+
+    /// Appends tokens decided without the model (forced or jump-forward tokens) as
+    /// generated output without KV. The tail grows, so decode is refused
+    /// ([`ScheduleError::WrongDanglingCount`]) until `schedule_prefill` chunks have computed
+    /// KV for all but the last of them.
+    ///
+    /// # Errors
+    /// [`ApplyError::WrongState`] unless idle; [`ApplyError::AppendExceedsRemaining`].
+    pub fn append_tokens(&mut self, tokens: &[u32]) -> Result<(), ApplyError> {
+        self.require_idle_for_apply()?;
+        let remaining = self.remaining_tokens();
+        if tokens.len() > remaining {
+            return Err(ApplyError::AppendExceedsRemaining {
+                requested: tokens.len(),
+                remaining,
+            });
+        }
+        self.tokens.extend_from_slice(tokens);
+        self.history.push(SequenceEvent::TokensAppended { count: tokens.len() });
+        Ok(())
     }
 
     // ----- revert, trim, preemption ----------------------------------------------------

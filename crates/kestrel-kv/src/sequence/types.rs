@@ -125,6 +125,11 @@ pub enum SequenceEvent {
         /// Pages released LIFO.
         blocks_released: usize,
     },
+    /// `append_tokens` added `count` tokens without KV.
+    TokensAppended {
+        /// Tokens appended.
+        count: usize,
+    },
     /// `drop_unassigned` released pages that held no computed KV.
     UnassignedDropped {
         /// Pages released.
@@ -151,15 +156,16 @@ pub enum ScheduleError {
         /// The current state.
         state: SequenceState,
     },
-    /// Decode or speculative decode before the prefill (or recompute) range is done.
-    #[error("prefill not complete: KV at {position} of {prefill_end}")]
+    /// Decode or speculative decode before the prompt has KV.
+    #[error("prefill not complete: KV at {position} of {num_input_tokens} prompt tokens")]
     PrefillNotComplete {
         /// `kv_position`.
         position: usize,
-        /// Where prefill ends (see [`super::SchedulableSequence::prefill_end`]).
-        prefill_end: usize,
+        /// Prompt length.
+        num_input_tokens: usize,
     },
-    /// `schedule_prefill` after all input has KV.
+    /// `schedule_prefill` when the prefill range (see
+    /// [`super::SchedulableSequence::prefill_end`]) already has KV.
     #[error("prefill already complete: KV at {position} of {prefill_end}")]
     PrefillComplete {
         /// `kv_position`.
@@ -192,7 +198,8 @@ pub enum ScheduleError {
         /// The budget.
         max_output: usize,
     },
-    /// Decode and speculative decode need exactly one token without KV.
+    /// Decode and speculative decode need exactly one token without KV; more means a
+    /// recompute or appended tokens still need `schedule_prefill`.
     #[error("expected {expected} dangling token(s), found {actual}")]
     WrongDanglingCount {
         /// Always 1.
@@ -251,6 +258,14 @@ pub enum ApplyError {
         accepted: usize,
         /// Tokens scheduled.
         scheduled: usize,
+    },
+    /// `append_tokens` beyond the output budget.
+    #[error("append of {requested} tokens exceeds the {remaining} remaining in the budget")]
+    AppendExceedsRemaining {
+        /// Tokens passed.
+        requested: usize,
+        /// Budget left.
+        remaining: usize,
     },
     /// `reacquire` on a sequence that holds a row.
     #[error("sequence already holds row {row}")]
