@@ -134,7 +134,7 @@ pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, ModelError> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::write_gguf;
     use crate::GgufValue;
@@ -143,7 +143,7 @@ mod tests {
         GgufValue::Array(v.iter().map(|s| GgufValue::String(s.to_string())).collect())
     }
 
-    fn tiny_gguf(pre: &str) -> GgufFile {
+    pub(crate) fn tiny_gguf(pre: &str) -> GgufFile {
         // Byte-level alphabet for "hello world 12" plus a few merges.
         let tokens = [
             "<|endoftext|>", "<|im_start|>", "<|im_end|>", "h", "e", "l", "o", "Ġ", "w", "r", "d", "1", "2", "he",
