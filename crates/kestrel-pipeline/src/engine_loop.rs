@@ -84,7 +84,10 @@ pub enum SubmitError {
     #[error("max_new_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("prompt of {prompt_len} tokens leaves no room in a context of {max_seq_len} tokens")]
-    PromptTooLong { prompt_len: usize, max_seq_len: usize },
+    PromptTooLong {
+        prompt_len: usize,
+        max_seq_len: usize,
+    },
     #[error("request needs {needed} KV tokens, more than the cache can ever hold")]
     NeverFits { needed: usize },
     #[error("waiting queue is full ({limit} requests)")]
@@ -201,7 +204,10 @@ impl<E: Executor> EngineLoop<E> {
             return Err(SubmitError::ZeroMaxTokens);
         }
         if req.prompt.len() >= self.config.max_seq_len {
-            return Err(SubmitError::PromptTooLong { prompt_len: req.prompt.len(), max_seq_len: self.config.max_seq_len });
+            return Err(SubmitError::PromptTooLong {
+                prompt_len: req.prompt.len(),
+                max_seq_len: self.config.max_seq_len,
+            });
         }
         let needed = max_len_of(&req, self.config.max_seq_len);
         if !self.exec.could_ever_fit(needed) {
@@ -211,7 +217,9 @@ impl<E: Executor> EngineLoop<E> {
             return Err(SubmitError::DuplicateId(req.id));
         }
         if self.sched.waiting.len() >= self.config.max_waiting {
-            return Err(SubmitError::QueueFull { limit: self.config.max_waiting });
+            return Err(SubmitError::QueueFull {
+                limit: self.config.max_waiting,
+            });
         }
         self.sched.enqueue(req);
         Ok(())
@@ -290,7 +298,9 @@ impl<E: Executor> EngineLoop<E> {
             None => false,
             Some(req) => {
                 self.exec.num_allocated() < self.max_rows()
-                    && self.exec.can_reserve(&req.prompt, max_len_of(req, self.config.max_seq_len))
+                    && self
+                        .exec
+                        .can_reserve(&req.prompt, max_len_of(req, self.config.max_seq_len))
             }
         }
     }
@@ -300,12 +310,15 @@ impl<E: Executor> EngineLoop<E> {
             self.prefill_sync()?;
             return Ok(Tick::Progress);
         }
-        if self.launch_decode(0)? {
-            self.finalize_launch()?;
-            self.commit_oldest()?;
-            return Ok(Tick::Progress);
+        match self.launch_decode(0)? {
+            Launch::Launched => {
+                self.finalize_launch()?;
+                self.commit_oldest()?;
+                Ok(Tick::Progress)
+            }
+            Launch::Failed => Ok(Tick::Progress),
+            Launch::Nothing => Ok(Tick::Idle),
         }
-        Ok(Tick::Idle)
     }
 
     fn pipelined_iteration(&mut self) -> Result<Tick, Fatal> {
@@ -321,10 +334,12 @@ impl<E: Executor> EngineLoop<E> {
                     // prefill starts within two decode completions.
                     let decode_waiting = self.last_was_prefill && self.has_decode_work();
                     if let (Some(slot), false) = (self.state.free_slot_id(), decode_waiting) {
+                        // A prefill rejected before dispatch failed its
+                        // request alone: progress either way.
                         if self.launch_prefill(slot)? {
                             self.finalize_launch()?;
-                            return Ok(Tick::Progress);
                         }
+                        return Ok(Tick::Progress);
                     }
                 }
             }
@@ -337,7 +352,9 @@ impl<E: Executor> EngineLoop<E> {
                     return Ok(Tick::Progress);
                 }
                 Some(slot) => {
-                    self.launch_decode(slot)?;
+                    if self.launch_decode(slot)? == Launch::Failed {
+                        return Ok(Tick::Progress);
+                    }
                 }
             }
         }
@@ -361,7 +378,10 @@ impl<E: Executor> EngineLoop<E> {
 
     /// Launch the oldest waiting request's prefill into `slot`.
     fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
-        let Some(handle) = self.sched.launch_prefill(&mut self.exec, slot, self.config.max_seq_len)? else {
+        let Some(handle) =
+            self.sched
+                .launch_prefill(&mut self.exec, slot, self.config.max_seq_len)?
+        else {
             return Ok(false);
         };
         self.state.on_launch(handle).map_err(state_fault)?;
@@ -373,7 +393,10 @@ impl<E: Executor> EngineLoop<E> {
     /// of a drained pipeline.
     fn prefill_sync(&mut self) -> Result<(), Fatal> {
         debug_assert!(self.state.is_drained());
-        let slot = self.state.free_slot_id().ok_or_else(|| Fatal("no free slot for prefill".into()))?;
+        let slot = self
+            .state
+            .free_slot_id()
+            .ok_or_else(|| Fatal("no free slot for prefill".into()))?;
         if self.launch_prefill(slot)? {
             self.finalize_launch()?;
             self.commit_oldest()?;
@@ -381,25 +404,24 @@ impl<E: Executor> EngineLoop<E> {
         Ok(())
     }
 
-    /// Plan and launch a decode forward into `slot`. False when no sequence
-    /// can be dispatched.
-    fn launch_decode(&mut self, slot: usize) -> Result<bool, Fatal> {
+    /// Plan and launch a decode forward into `slot`.
+    fn launch_decode(&mut self, slot: usize) -> Result<Launch, Fatal> {
         let max_rows = self.max_rows();
         self.sched.schedule_decode_step(&mut self.plan, max_rows);
         if self.plan.is_empty() {
-            return Ok(false);
+            return Ok(Launch::Nothing);
         }
         match self.sched.launch_decode(&mut self.exec, &self.plan, slot) {
             Ok(handle) => {
                 self.state.on_launch(handle).map_err(state_fault)?;
                 self.last_was_prefill = false;
-                Ok(true)
+                Ok(Launch::Launched)
             }
             Err(ExecError::PreDispatch(e)) => {
                 let plan = std::mem::take(&mut self.plan);
                 self.sched.fail_plan(&mut self.exec, &plan, &e.to_string());
                 self.plan = plan;
-                Ok(false)
+                Ok(Launch::Failed)
             }
             Err(ExecError::Fatal(e)) => Err(Fatal(e.to_string())),
         }
@@ -407,14 +429,18 @@ impl<E: Executor> EngineLoop<E> {
 
     /// Sample the launched forward (with masks when needed) and queue it.
     fn finalize_launch(&mut self) -> Result<(), Fatal> {
-        let Some(h) = self.state.launch_handle().copied() else { return Ok(()) };
+        let Some(h) = self.state.launch_handle().copied() else {
+            return Ok(());
+        };
         let pending = self.sched.finalize_sampling(&mut self.exec, h)?;
         self.state.on_pending_commit(pending).map_err(state_fault)
     }
 
     /// Commit the oldest sampled step (two-phase). False when none.
     fn commit_oldest(&mut self) -> Result<bool, Fatal> {
-        let Some(step) = self.state.pop_oldest().map_err(state_fault)? else { return Ok(false) };
+        let Some(step) = self.state.pop_oldest().map_err(state_fault)? else {
+            return Ok(false);
+        };
         self.sched.commit_step(&mut self.exec, step)?;
         self.state.on_step_completed().map_err(state_fault)?;
         Ok(true)
@@ -448,17 +474,77 @@ impl<E: Executor> EngineLoop<E> {
             ));
         }
         if self.sched.num_admitted() > self.max_rows() {
-            return Err(format!("{} rows allocated over the limit {}", self.sched.num_admitted(), self.max_rows()));
+            return Err(format!(
+                "{} rows allocated over the limit {}",
+                self.sched.num_admitted(),
+                self.max_rows()
+            ));
         }
         Ok(())
     }
 
     /// Which kind of step each in-flight slot holds (for observers and tests).
     pub fn in_flight_kinds(&self) -> impl Iterator<Item = StepKind> + '_ {
-        self.state.queued().map(|c| c.kind).chain(self.state.launch_handle().map(|h| h.kind))
+        self.state
+            .queued()
+            .map(|c| c.kind)
+            .chain(self.state.launch_handle().map(|h| h.kind))
     }
+}
+
+/// Result of trying to launch a decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    Launched,
+    /// No sequence could be dispatched.
+    Nothing,
+    /// Rejected before dispatch; its requests failed, others may now proceed.
+    Failed,
 }
 
 fn state_fault(e: StateError) -> Fatal {
     Fatal(format!("pipeline state machine: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{SimConfig, SimExecutor, SimParams, SimSkill};
+
+    /// `schedule_decode_step` is a pure selector: calling it changes nothing,
+    /// and refcounts move only at launch and commit.
+    #[test]
+    fn schedule_decode_step_is_pure() {
+        let mut e = EngineLoop::new(
+            SimExecutor::new(SimConfig::default()),
+            LoopConfig::default(),
+        )
+        .unwrap();
+        for id in 0..3 {
+            let (skill, _) = SimSkill::new(None, None);
+            let req = Request {
+                id,
+                prompt: vec![3; 5],
+                max_new_tokens: 40,
+                params: SimParams { seed: id },
+                skill: Box::new(skill),
+            };
+            e.submit(req).unwrap();
+        }
+        for _ in 0..7 {
+            e.run_once();
+        }
+        let before = e.sched.snapshot();
+        assert!(
+            before.iter().any(|s| s.1 > 0),
+            "some sequence should be in flight"
+        );
+        let mut p1 = StepPlan::default();
+        let mut p2 = StepPlan::default();
+        e.sched.schedule_decode_step(&mut p1, 8);
+        e.sched.schedule_decode_step(&mut p2, 8);
+        assert_eq!(p1, p2);
+        assert_eq!(e.sched.snapshot(), before);
+        e.run_until_idle();
+    }
 }

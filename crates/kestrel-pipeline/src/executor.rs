@@ -37,7 +37,8 @@ pub struct MaskBatch<'a> {
 impl MaskBatch<'_> {
     /// The mask of row `i`, or `None` when the row is unconstrained.
     pub fn row(&self, i: usize) -> Option<&[u32]> {
-        self.constrained[i].then(|| &self.words[i * self.words_per_row..(i + 1) * self.words_per_row])
+        self.constrained[i]
+            .then(|| &self.words[i * self.words_per_row..(i + 1) * self.words_per_row])
     }
 }
 
@@ -110,7 +111,11 @@ pub trait Executor {
     /// Launch one decode forward on `slot` for `rows` (request ids, in row
     /// order). Each row's input token is the one its previous step sampled,
     /// already on the device.
-    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<Self::Error>>;
+    fn launch_decode(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+    ) -> Result<(), ExecError<Self::Error>>;
 
     /// Launch sampling (with the masks, if any) for the forward on `slot`,
     /// record the step-done event and start the deferred copy to host.

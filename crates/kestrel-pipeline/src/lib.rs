@@ -46,5 +46,7 @@ pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, Submi
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
 pub use scheduler::{PipelineStats, StepPlan};
 pub use sequence::{Request, MAX_INFLIGHT_REFS};
-pub use skill::{CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
+pub use skill::{
+    CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
+};
 pub use state::{LaunchHandle, PendingCommit, PipelineState, StateError, StepKind};

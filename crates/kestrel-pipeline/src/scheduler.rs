@@ -111,18 +111,28 @@ impl<P> Scheduler<P> {
     }
 
     fn seq(&self, idx: SeqIdx) -> &Sequence {
-        self.seqs[idx as usize].as_ref().expect("live sequence index")
+        self.seqs[idx as usize]
+            .as_ref()
+            .expect("live sequence index")
     }
 
     fn seq_mut(&mut self, idx: SeqIdx) -> &mut Sequence {
-        self.seqs[idx as usize].as_mut().expect("live sequence index")
+        self.seqs[idx as usize]
+            .as_mut()
+            .expect("live sequence index")
     }
 
     /// Pure selector: the running sequences that may join the next decode
     /// step (`can_dispatch`), in admission order. Never mutates.
     pub fn schedule_decode_step(&self, plan: &mut StepPlan, max_rows: usize) {
         plan.sequences.clear();
-        plan.sequences.extend(self.running.iter().copied().filter(|&i| self.seq(i).can_dispatch()).take(max_rows));
+        plan.sequences.extend(
+            self.running
+                .iter()
+                .copied()
+                .filter(|&i| self.seq(i).can_dispatch())
+                .take(max_rows),
+        );
     }
 
     /// Whether `schedule_decode_step` would select anything.
@@ -157,7 +167,11 @@ impl<P> Scheduler<P> {
         }
         self.stats.decode_steps += 1;
         self.stats.decode_rows += plan.sequences.len() as u64;
-        Ok(LaunchHandle { kind: StepKind::Decode, slot, step: self.next_step() })
+        Ok(LaunchHandle {
+            kind: StepKind::Decode,
+            slot,
+            step: self.next_step(),
+        })
     }
 
     /// Admit the oldest waiting request: launch its prefill into `slot`.
@@ -168,14 +182,22 @@ impl<P> Scheduler<P> {
         slot: SlotId,
         max_seq_len: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
-        let Some(mut req) = self.waiting.pop_front() else { return Ok(None) };
+        let Some(mut req) = self.waiting.pop_front() else {
+            return Ok(None);
+        };
         let max_len = max_len_of(&req, max_seq_len);
-        let input = PrefillInput { id: req.id, prompt: &req.prompt, params: &req.params, max_len };
+        let input = PrefillInput {
+            id: req.id,
+            prompt: &req.prompt,
+            params: &req.params,
+            max_len,
+        };
         match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
             Ok(()) => {}
             Err(ExecError::PreDispatch(e)) => {
                 self.by_id.remove(&req.id);
-                req.skill.finish(Outcome::Failed(FailureKind::StepFailed, e.to_string()));
+                req.skill
+                    .finish(Outcome::Failed(FailureKind::StepFailed, e.to_string()));
                 self.stats.failed += 1;
                 return Ok(None);
             }
@@ -211,7 +233,11 @@ impl<P> Scheduler<P> {
         rows.clear();
         rows.push(idx);
         self.stats.prefill_steps += 1;
-        Ok(Some(LaunchHandle { kind: StepKind::Prefill, slot, step: self.next_step() }))
+        Ok(Some(LaunchHandle {
+            kind: StepKind::Prefill,
+            slot,
+            step: self.next_step(),
+        }))
     }
 
     /// Fail a decode plan whose launch was rejected before dispatch.
@@ -224,7 +250,9 @@ impl<P> Scheduler<P> {
 
     /// `plan_needs_mask`: any non-finalized member of `slot`'s step is constrained.
     pub fn needs_mask(&self, slot: SlotId) -> bool {
-        self.slot_rows[slot].iter().any(|&i| self.seq(i).needs_mask())
+        self.slot_rows[slot]
+            .iter()
+            .any(|&i| self.seq(i).needs_mask())
     }
 
     /// `compute_mask` then `finalize_sampling`: finalized rows are unconstrained.
@@ -247,7 +275,11 @@ impl<P> Scheduler<P> {
         };
         // After a forward was dispatched every sampling error is device-side: fatal.
         result.map_err(|e| Fatal(e.to_string()))?;
-        Ok(PendingCommit { kind: handle.kind, slot: handle.slot, step: handle.step })
+        Ok(PendingCommit {
+            kind: handle.kind,
+            slot: handle.slot,
+            step: handle.step,
+        })
     }
 
     fn build_masks(&mut self, slot: SlotId) -> bool {
@@ -282,7 +314,11 @@ impl<P> Scheduler<P> {
 
     /// `commit_step`: wait for the step's copy, consume tokens, finalize and
     /// release. Owns the only `wait` (callers never wait directly).
-    pub fn commit_step<E: Executor<Params = P>>(&mut self, exec: &mut E, step: PendingCommit) -> Result<(), Fatal> {
+    pub fn commit_step<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        step: PendingCommit,
+    ) -> Result<(), Fatal> {
         let rows = std::mem::take(&mut self.slot_rows[step.slot]);
         let outs = match exec.wait_step(step.slot) {
             Ok(o) => o,
@@ -292,7 +328,12 @@ impl<P> Scheduler<P> {
             }
         };
         if outs.tokens.len() != rows.len() {
-            let msg = format!("step {} returned {} rows for {} sequences", step.step, outs.tokens.len(), rows.len());
+            let msg = format!(
+                "step {} returned {} rows for {} sequences",
+                step.step,
+                outs.tokens.len(),
+                rows.len()
+            );
             self.slot_rows[step.slot] = rows;
             return Err(Fatal(msg));
         }
@@ -395,14 +436,16 @@ impl<P> Scheduler<P> {
             if let Some(seq) = slot {
                 if !seq.finalized {
                     seq.finalized = true;
-                    seq.skill.finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+                    seq.skill
+                        .finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
                     self.stats.failed += 1;
                 }
             }
             *slot = None;
         }
         for mut req in self.waiting.drain(..) {
-            req.skill.finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+            req.skill
+                .finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
             self.stats.failed += 1;
         }
         self.seqs.clear();
@@ -432,26 +475,52 @@ impl<P> Scheduler<P> {
                         ));
                     }
                     if seq.inflight_refs > crate::sequence::MAX_INFLIGHT_REFS {
-                        return Err(format!("request {}: inflight_refs {}", seq.id, seq.inflight_refs));
+                        return Err(format!(
+                            "request {}: inflight_refs {}",
+                            seq.id, seq.inflight_refs
+                        ));
                     }
                     if seq.finalized == self.running.contains(&(i as SeqIdx)) {
-                        return Err(format!("request {}: finalized={} vs running membership", seq.id, seq.finalized));
+                        return Err(format!(
+                            "request {}: finalized={} vs running membership",
+                            seq.id, seq.finalized
+                        ));
                     }
                     if seq.committed > seq.max_new_tokens {
-                        return Err(format!("request {}: {} tokens committed past max {}", seq.id, seq.committed, seq.max_new_tokens));
+                        return Err(format!(
+                            "request {}: {} tokens committed past max {}",
+                            seq.id, seq.committed, seq.max_new_tokens
+                        ));
                     }
                     if seq.finalized && seq.inflight_refs == 0 {
-                        return Err(format!("request {}: finalized and unreferenced but not released", seq.id));
+                        return Err(format!(
+                            "request {}: finalized and unreferenced but not released",
+                            seq.id
+                        ));
                     }
                 }
                 None => {
                     if counts[i] != 0 {
-                        return Err(format!("released sequence {i} is still in an in-flight step"));
+                        return Err(format!(
+                            "released sequence {i} is still in an in-flight step"
+                        ));
                     }
                 }
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<P> Scheduler<P> {
+    /// (id, inflight_refs, finalized, committed) of every admitted sequence.
+    pub fn snapshot(&self) -> Vec<(RequestId, u8, bool, u32)> {
+        self.seqs
+            .iter()
+            .flatten()
+            .map(|s| (s.id, s.inflight_refs, s.finalized, s.committed))
+            .collect()
     }
 }
 

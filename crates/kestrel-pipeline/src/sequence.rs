@@ -63,7 +63,8 @@ impl Sequence {
 
     /// Whether the committed state reached a length cap.
     pub fn at_length_cap(&self) -> bool {
-        self.committed >= self.max_new_tokens || self.prompt_len + self.committed as usize >= self.max_len
+        self.committed >= self.max_new_tokens
+            || self.prompt_len + self.committed as usize >= self.max_len
     }
 
     /// The next step must be sampled from a mask (finalized rows never are).

@@ -55,9 +55,15 @@ impl<'a> TokenMask<'a> {
 
     /// Wraps `words` (at least [`TokenMask::words_for`]`(vocab_size)` long).
     pub fn new(words: &'a mut [u32], vocab_size: usize) -> Self {
-        assert!(words.len() >= Self::words_for(vocab_size), "mask buffer too short");
+        assert!(
+            words.len() >= Self::words_for(vocab_size),
+            "mask buffer too short"
+        );
         let n = Self::words_for(vocab_size);
-        Self { words: &mut words[..n], vocab_size }
+        Self {
+            words: &mut words[..n],
+            vocab_size,
+        }
     }
 
     pub fn vocab_size(&self) -> usize {

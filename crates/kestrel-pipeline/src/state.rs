@@ -118,7 +118,9 @@ impl PipelineState {
 
     /// Steps launched and not yet completed (including one being committed).
     pub fn in_flight(&self) -> usize {
-        self.batch_queue.len() + usize::from(self.launch_handle.is_some()) + usize::from(self.committing.is_some())
+        self.batch_queue.len()
+            + usize::from(self.launch_handle.is_some())
+            + usize::from(self.committing.is_some())
     }
 
     /// Nothing launched, queued or committing.
@@ -144,10 +146,16 @@ impl PipelineState {
     pub fn on_pending_commit(&mut self, step: PendingCommit) -> Result<(), StateError> {
         let h = self.launch_handle.ok_or(StateError::NoLaunch)?;
         if h.slot != step.slot {
-            return Err(StateError::SlotMismatch { expected: h.slot, got: step.slot });
+            return Err(StateError::SlotMismatch {
+                expected: h.slot,
+                got: step.slot,
+            });
         }
         if h.step != step.step {
-            return Err(StateError::StepMismatch { expected: h.step, got: step.step });
+            return Err(StateError::StepMismatch {
+                expected: h.step,
+                got: step.step,
+            });
         }
         self.launch_handle = None;
         self.batch_queue.push_front(step);
@@ -185,7 +193,11 @@ impl PipelineState {
     /// description of the first violation.
     pub fn check(&self) -> Result<(), String> {
         if self.in_flight() > self.num_slots {
-            return Err(format!("{} steps in flight with {} slots", self.in_flight(), self.num_slots));
+            return Err(format!(
+                "{} steps in flight with {} slots",
+                self.in_flight(),
+                self.num_slots
+            ));
         }
         let mut bits = 0u32;
         let mut steps = Vec::with_capacity(self.num_slots);
@@ -203,7 +215,10 @@ impl PipelineState {
             steps.push(step);
         }
         if bits != self.busy {
-            return Err(format!("busy mask {:b} but records use {:b}", self.busy, bits));
+            return Err(format!(
+                "busy mask {:b} but records use {:b}",
+                self.busy, bits
+            ));
         }
         if steps.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!("steps out of FIFO order: {steps:?}"));
@@ -213,7 +228,10 @@ impl PipelineState {
 
     fn check_slot(&self, slot: SlotId) -> Result<(), StateError> {
         if slot >= self.num_slots {
-            return Err(StateError::NoSuchSlot { slot, num_slots: self.num_slots });
+            return Err(StateError::NoSuchSlot {
+                slot,
+                num_slots: self.num_slots,
+            });
         }
         Ok(())
     }
@@ -232,10 +250,18 @@ mod tests {
     use super::*;
 
     fn launch(slot: SlotId, step: u64) -> LaunchHandle {
-        LaunchHandle { kind: StepKind::Decode, slot, step }
+        LaunchHandle {
+            kind: StepKind::Decode,
+            slot,
+            step,
+        }
     }
     fn pending(slot: SlotId, step: u64) -> PendingCommit {
-        PendingCommit { kind: StepKind::Decode, slot, step }
+        PendingCommit {
+            kind: StepKind::Decode,
+            slot,
+            step,
+        }
     }
 
     #[test]
@@ -262,20 +288,47 @@ mod tests {
     #[test]
     fn illegal_transitions_are_typed_errors() {
         let mut p = PipelineState::new(2).unwrap();
-        assert_eq!(p.on_pending_commit(pending(0, 0)), Err(StateError::NoLaunch));
+        assert_eq!(
+            p.on_pending_commit(pending(0, 0)),
+            Err(StateError::NoLaunch)
+        );
         assert_eq!(p.on_step_completed(), Err(StateError::NotCommitting));
-        assert_eq!(p.on_launch(launch(2, 0)), Err(StateError::NoSuchSlot { slot: 2, num_slots: 2 }));
+        assert_eq!(
+            p.on_launch(launch(2, 0)),
+            Err(StateError::NoSuchSlot {
+                slot: 2,
+                num_slots: 2
+            })
+        );
         p.on_launch(launch(0, 0)).unwrap();
-        assert_eq!(p.on_launch(launch(1, 1)), Err(StateError::LaunchInFlight(0)));
-        assert_eq!(p.on_pending_commit(pending(1, 0)), Err(StateError::SlotMismatch { expected: 0, got: 1 }));
-        assert_eq!(p.on_pending_commit(pending(0, 7)), Err(StateError::StepMismatch { expected: 0, got: 7 }));
+        assert_eq!(
+            p.on_launch(launch(1, 1)),
+            Err(StateError::LaunchInFlight(0))
+        );
+        assert_eq!(
+            p.on_pending_commit(pending(1, 0)),
+            Err(StateError::SlotMismatch {
+                expected: 0,
+                got: 1
+            })
+        );
+        assert_eq!(
+            p.on_pending_commit(pending(0, 7)),
+            Err(StateError::StepMismatch {
+                expected: 0,
+                got: 7
+            })
+        );
         p.on_pending_commit(pending(0, 0)).unwrap();
         assert_eq!(p.on_launch(launch(0, 1)), Err(StateError::SlotBusy(0)));
         p.pop_oldest().unwrap();
         assert_eq!(p.pop_oldest(), Err(StateError::CommitInProgress(0)));
         p.on_step_completed().unwrap();
         assert_eq!(p.on_step_completed(), Err(StateError::NotCommitting));
-        assert_eq!(PipelineState::new(0).unwrap_err(), StateError::BadSlotCount(0));
+        assert_eq!(
+            PipelineState::new(0).unwrap_err(),
+            StateError::BadSlotCount(0)
+        );
         assert!(p.is_drained());
     }
 

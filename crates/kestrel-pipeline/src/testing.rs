@@ -36,6 +36,8 @@ pub struct SimConfig {
     pub fail_prefill_launch: HashSet<u64>,
     /// `wait_step` calls that report a device fault.
     pub fail_wait: HashSet<u64>,
+    /// Record every device operation in [`SimExecutor::trace`].
+    pub trace: bool,
 }
 
 impl Default for SimConfig {
@@ -48,6 +50,7 @@ impl Default for SimConfig {
             fail_decode_launch: HashSet::new(),
             fail_prefill_launch: HashSet::new(),
             fail_wait: HashSet::new(),
+            trace: true,
         }
     }
 }
@@ -126,6 +129,12 @@ impl SimExecutor {
         self.used_pages
     }
 
+    fn record(&mut self, what: &'static str, slot: SlotId) {
+        if self.config.trace {
+            self.trace.push((what, slot));
+        }
+    }
+
     fn pages_for(&self, len: usize) -> usize {
         len.div_ceil(self.config.page_size)
     }
@@ -147,12 +156,17 @@ pub fn sim_sample(seed: u64, position: usize, vocab: usize, mask: Option<&[u32]>
     match mask {
         None => (h % vocab as u64) as TokenId,
         Some(words) => {
-            let allowed: u64 = (0..vocab).filter(|&t| words[t / 32] & (1 << (t % 32)) != 0).count() as u64;
+            let allowed: u64 = (0..vocab)
+                .filter(|&t| words[t / 32] & (1 << (t % 32)) != 0)
+                .count() as u64;
             if allowed == 0 {
                 return SIM_EOS;
             }
             let k = h % allowed;
-            (0..vocab).filter(|&t| words[t / 32] & (1 << (t % 32)) != 0).nth(k as usize).unwrap_or(0) as TokenId
+            (0..vocab)
+                .filter(|&t| words[t / 32] & (1 << (t % 32)) != 0)
+                .nth(k as usize)
+                .unwrap_or(0) as TokenId
         }
     }
 }
@@ -182,21 +196,28 @@ impl Executor for SimExecutor {
     }
 
     fn can_reserve(&self, _prompt: &[TokenId], max_len: usize) -> bool {
-        self.seqs.len() < self.config.max_rows && self.used_pages + self.pages_for(max_len) <= self.config.num_pages
+        self.seqs.len() < self.config.max_rows
+            && self.used_pages + self.pages_for(max_len) <= self.config.num_pages
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
         self.pages_for(max_len) <= self.config.num_pages
     }
 
-    fn launch_prefill(&mut self, slot: SlotId, seqs: &[PrefillInput<'_, SimParams>]) -> Result<(), ExecError<SimError>> {
+    fn launch_prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, SimParams>],
+    ) -> Result<(), ExecError<SimError>> {
         let n = self.prefill_launches;
         self.prefill_launches += 1;
         if self.config.fail_prefill_launch.contains(&n) {
             return Err(ExecError::PreDispatch(SimError::Injected("prefill launch")));
         }
         let pages: usize = seqs.iter().map(|s| self.pages_for(s.max_len)).sum();
-        if self.seqs.len() + seqs.len() > self.config.max_rows || self.used_pages + pages > self.config.num_pages {
+        if self.seqs.len() + seqs.len() > self.config.max_rows
+            || self.used_pages + pages > self.config.num_pages
+        {
             return Err(ExecError::PreDispatch(SimError::OutOfKv("prefill")));
         }
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
@@ -215,18 +236,23 @@ impl Executor for SimExecutor {
                 },
             );
             if prev.is_some() {
-                self.violations.push(format!("request {} prefilled twice", input.id));
+                self.violations
+                    .push(format!("request {} prefilled twice", input.id));
             }
             s.rows.push(input.id);
             s.positions.push(input.prompt.len());
         }
         self.used_pages += pages;
         s.phase = SlotPhase::Launched;
-        self.trace.push(("prefill", slot));
+        self.record("prefill", slot);
         Ok(())
     }
 
-    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<SimError>> {
+    fn launch_decode(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+    ) -> Result<(), ExecError<SimError>> {
         let n = self.decode_launches;
         self.decode_launches += 1;
         if self.config.fail_decode_launch.contains(&n) {
@@ -238,27 +264,37 @@ impl Executor for SimExecutor {
         s.positions.clear();
         for &id in rows {
             let Some(seq) = self.seqs.get_mut(&id) else {
-                self.violations.push(format!("decode of unknown request {id}"));
-                return Err(ExecError::Fatal(SimError::Protocol(format!("unknown request {id}"))));
+                self.violations
+                    .push(format!("decode of unknown request {id}"));
+                return Err(ExecError::Fatal(SimError::Protocol(format!(
+                    "unknown request {id}"
+                ))));
             };
             if seq.device_token.is_none() {
-                self.violations.push(format!("request {id}: decode before its previous token was sampled"));
+                self.violations.push(format!(
+                    "request {id}: decode before its previous token was sampled"
+                ));
             }
             // The input token (at position gpu_len) gets its KV written now.
             seq.gpu_len += 1;
             if seq.gpu_len > seq.pages * self.config.page_size {
-                self.violations.push(format!("request {id}: KV write past its reserved pages"));
+                self.violations
+                    .push(format!("request {id}: KV write past its reserved pages"));
             }
             seq.device_token = None;
             s.rows.push(id);
             s.positions.push(seq.gpu_len);
         }
         s.phase = SlotPhase::Launched;
-        self.trace.push(("decode", slot));
+        self.record("decode", slot);
         Ok(())
     }
 
-    fn finalize_sampling(&mut self, slot: SlotId, masks: Option<&MaskBatch<'_>>) -> Result<(), ExecError<SimError>> {
+    fn finalize_sampling(
+        &mut self,
+        slot: SlotId,
+        masks: Option<&MaskBatch<'_>>,
+    ) -> Result<(), ExecError<SimError>> {
         let vocab = self.config.vocab_size;
         let s = &mut self.slots[slot];
         if s.phase != SlotPhase::Launched {
@@ -269,7 +305,10 @@ impl Executor for SimExecutor {
         s.host_tokens.clear();
         s.host_logprobs.clear();
         for (r, (&id, &pos)) in s.rows.iter().zip(&s.positions).enumerate() {
-            let seq = self.seqs.get_mut(&id).expect("rows were validated at launch");
+            let seq = self
+                .seqs
+                .get_mut(&id)
+                .expect("rows were validated at launch");
             let mask = masks.and_then(|m| m.row(r));
             let t = sim_sample(seq.seed, pos, vocab, mask);
             seq.device_token = Some(t);
@@ -277,7 +316,7 @@ impl Executor for SimExecutor {
             s.host_logprobs.push(-(t as f32) / 64.0);
         }
         s.phase = SlotPhase::Sampled;
-        self.trace.push(("sample", slot));
+        self.record("sample", slot);
         Ok(())
     }
 
@@ -294,19 +333,28 @@ impl Executor for SimExecutor {
             return Err(SimError::Protocol(v));
         }
         s.phase = SlotPhase::Free;
-        self.trace.push(("commit", slot));
+        self.record("commit", slot);
         let s = &self.slots[slot];
-        Ok(StepOutputs { tokens: &s.host_tokens, logprobs: Some(&s.host_logprobs), top_logprobs: &[], top_n: 0 })
+        Ok(StepOutputs {
+            tokens: &s.host_tokens,
+            logprobs: Some(&s.host_logprobs),
+            top_logprobs: &[],
+            top_n: 0,
+        })
     }
 
     fn release(&mut self, id: RequestId) {
         match self.seqs.remove(&id) {
             Some(seq) => self.used_pages -= seq.pages,
-            None => self.violations.push(format!("release of unknown request {id}")),
+            None => self
+                .violations
+                .push(format!("release of unknown request {id}")),
         }
         for s in &self.slots {
             if s.phase != SlotPhase::Free && s.rows.contains(&id) {
-                self.violations.push(format!("request {id} released while an in-flight step uses it"));
+                self.violations.push(format!(
+                    "request {id} released while an in-flight step uses it"
+                ));
             }
         }
     }
@@ -343,14 +391,24 @@ pub struct SimSkill {
 impl SimSkill {
     pub fn new(stop_after: Option<u32>, constraint: Option<u64>) -> (Self, Arc<Mutex<SimLog>>) {
         let log = Arc::new(Mutex::new(SimLog::default()));
-        (Self { stop_after, constraint, state: constraint.unwrap_or(0), log: log.clone() }, log)
+        (
+            Self {
+                stop_after,
+                constraint,
+                state: constraint.unwrap_or(0),
+                log: log.clone(),
+            },
+            log,
+        )
     }
 
     fn allowed(&self, token: TokenId) -> bool {
         match self.constraint {
             None => true,
             // Always allow a few tokens; EOS only sometimes.
-            Some(_) => token != SIM_EOS && (mix(self.state ^ u64::from(token)) % 4 == 0 || token % 16 == 1),
+            Some(_) => {
+                token != SIM_EOS && (mix(self.state ^ u64::from(token)).is_multiple_of(4) || token % 16 == 1)
+            }
         }
     }
 }
@@ -359,17 +417,24 @@ impl SequenceSkill for SimSkill {
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
         let mut log = self.log.lock().expect("sim log lock");
         if log.finish_calls > 0 {
-            log.violations.push(format!("token {} consumed after finish", token.token));
+            log.violations
+                .push(format!("token {} consumed after finish", token.token));
         }
         if !self.allowed(token.token) {
-            log.violations.push(format!("token {} outside the mask for state {:#x}", token.token, self.state));
+            log.violations.push(format!(
+                "token {} outside the mask for state {:#x}",
+                token.token, self.state
+            ));
         }
         log.tokens.push(token.token);
         self.state = mix(self.state ^ u64::from(token.token));
         if token.token == SIM_EOS {
             return Verdict::Stop(FinishReason::Eos);
         }
-        if self.stop_after.is_some_and(|n| log.tokens.len() as u32 >= n) {
+        if self
+            .stop_after
+            .is_some_and(|n| log.tokens.len() as u32 >= n)
+        {
             return Verdict::Stop(FinishReason::Stop);
         }
         Verdict::Continue
@@ -391,7 +456,8 @@ impl SequenceSkill for SimSkill {
         let mut log = self.log.lock().expect("sim log lock");
         log.finish_calls += 1;
         if log.finish_calls > 1 {
-            log.violations.push(format!("finish called again with {outcome:?}"));
+            log.violations
+                .push(format!("finish called again with {outcome:?}"));
         }
         log.outcome = Some(outcome);
     }

@@ -1,0 +1,218 @@
+//! Scenario runner shared by the pipeline's integration tests: drives an
+//! `EngineLoop` over a `SimExecutor` with timed arrivals, aborts, pauses and
+//! faults, checking every invariant after every iteration.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimLog, SimParams, SimSkill};
+use kestrel_pipeline::{
+    EngineLoop, Executor, LoopConfig, PipelineMode, PrefillPolicy, Request, Tick,
+};
+
+#[derive(Debug, Clone)]
+pub struct ReqSpec {
+    pub arrive_at: usize,
+    pub prompt_len: usize,
+    pub max_new: u32,
+    pub seed: u64,
+    pub stop_after: Option<u32>,
+    pub constrained: bool,
+    pub abort_at: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub reqs: Vec<ReqSpec>,
+    pub max_batch: usize,
+    pub num_pages: usize,
+    pub max_seq_len: usize,
+    pub pause_at: Option<usize>,
+    pub fail_decode_launch: HashSet<u64>,
+    pub fail_prefill_launch: HashSet<u64>,
+    pub fail_wait: HashSet<u64>,
+}
+
+#[derive(Debug)]
+pub struct RunResult {
+    pub logs: BTreeMap<u64, SimLog>,
+    pub rejected: BTreeMap<u64, String>,
+    pub unhealthy: bool,
+    pub max_in_flight: usize,
+    pub stats: kestrel_pipeline::PipelineStats,
+}
+
+pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResult {
+    let exec = SimExecutor::new(SimConfig {
+        vocab_size: 64,
+        max_rows: 64,
+        num_pages: sc.num_pages,
+        page_size: 4,
+        fail_decode_launch: sc.fail_decode_launch.clone(),
+        fail_prefill_launch: sc.fail_prefill_launch.clone(),
+        fail_wait: sc.fail_wait.clone(),
+        trace: false,
+    });
+    let config = LoopConfig {
+        mode,
+        prefill_policy: policy,
+        max_batch_size: sc.max_batch,
+        max_waiting: 1 << 20,
+        max_seq_len: sc.max_seq_len,
+        debug_checks: false,
+    };
+    let mut engine = EngineLoop::new(exec, config).expect("valid config");
+    let mut logs: BTreeMap<u64, Arc<Mutex<SimLog>>> = BTreeMap::new();
+    let mut rejected = BTreeMap::new();
+    let mut submitted = 0usize;
+    let mut order: Vec<usize> = (0..sc.reqs.len()).collect();
+    order.sort_by_key(|&i| sc.reqs[i].arrive_at);
+    let mut clock = 0usize;
+    let mut max_in_flight = 0;
+    let mut paused_once = false;
+    for _guard in 0..200_000 {
+        // Arrivals due now (when idle, time jumps to the next arrival).
+        while submitted < order.len() && sc.reqs[order[submitted]].arrive_at <= clock {
+            let i = order[submitted];
+            let spec = &sc.reqs[i];
+            let (skill, log) = SimSkill::new(
+                spec.stop_after,
+                spec.constrained.then_some(spec.seed ^ 0xabc),
+            );
+            let req = Request {
+                id: i as u64,
+                prompt: (0..spec.prompt_len as u32).map(|t| t % 60 + 1).collect(),
+                max_new_tokens: spec.max_new,
+                params: SimParams { seed: spec.seed },
+                skill: Box::new(skill),
+            };
+            match engine.submit(req) {
+                Ok(()) => {
+                    logs.insert(i as u64, log);
+                }
+                Err(e) => {
+                    rejected.insert(i as u64, e.to_string());
+                }
+            }
+            submitted += 1;
+        }
+        for (i, spec) in sc.reqs.iter().enumerate() {
+            if spec.abort_at == Some(clock) {
+                engine.abort(i as u64);
+            }
+        }
+        if sc.pause_at == Some(clock) && !paused_once {
+            paused_once = true;
+            engine.request_pause();
+            let t = engine.run_once();
+            if t == Tick::Paused {
+                assert!(engine.state().is_drained(), "paused with steps in flight");
+                assert_eq!(engine.run_once(), Tick::Paused);
+                engine.resume();
+            }
+        }
+        let tick = engine.run_once();
+        max_in_flight = max_in_flight.max(engine.state().in_flight());
+        if let Err(e) = engine.check_invariants() {
+            panic!("invariant violated at clock {clock}: {e}");
+        }
+        assert!(
+            engine.executor().violations.is_empty(),
+            "device violations: {:?}",
+            engine.executor().violations
+        );
+        clock += 1;
+        match tick {
+            Tick::Progress => {}
+            Tick::Paused => panic!("paused without a pause request"),
+            Tick::Unhealthy => {
+                assert_eq!(
+                    engine.executor().num_allocated(),
+                    0,
+                    "KV left allocated after engine-fatal"
+                );
+                // Later arrivals are refused.
+                while submitted < order.len() {
+                    rejected.insert(order[submitted] as u64, "unhealthy".into());
+                    submitted += 1;
+                }
+                return finish(logs, rejected, true, max_in_flight, engine.stats());
+            }
+            Tick::Idle => {
+                if submitted == order.len() {
+                    assert!(
+                        engine.is_idle(),
+                        "idle tick with work left: {engine:?} alloc={} pages={}",
+                        engine.executor().num_allocated(),
+                        engine.executor().used_pages()
+                    );
+                    assert_eq!(
+                        engine.executor().num_allocated(),
+                        0,
+                        "rows left allocated when idle"
+                    );
+                    assert_eq!(
+                        engine.executor().used_pages(),
+                        0,
+                        "pages left allocated when idle"
+                    );
+                    return finish(logs, rejected, false, max_in_flight, engine.stats());
+                }
+                clock = clock.max(sc.reqs[order[submitted]].arrive_at);
+            }
+        }
+    }
+    panic!("engine did not finish: hung? {engine:?}");
+}
+
+fn finish(
+    logs: BTreeMap<u64, Arc<Mutex<SimLog>>>,
+    rejected: BTreeMap<u64, String>,
+    unhealthy: bool,
+    max_in_flight: usize,
+    stats: kestrel_pipeline::PipelineStats,
+) -> RunResult {
+    let logs = logs
+        .into_iter()
+        .map(|(k, v)| (k, v.lock().unwrap().clone()))
+        .collect();
+    RunResult {
+        logs,
+        rejected,
+        unhealthy,
+        max_in_flight,
+        stats,
+    }
+}
+
+/// Per-request checks that hold in every run.
+pub fn check_requests(sc: &Scenario, r: &RunResult) {
+    for (id, log) in &r.logs {
+        let spec = &sc.reqs[*id as usize];
+        assert!(
+            log.violations.is_empty(),
+            "request {id}: {:?}",
+            log.violations
+        );
+        assert_eq!(
+            log.finish_calls, 1,
+            "request {id} resolved {} times",
+            log.finish_calls
+        );
+        assert!(
+            log.tokens.len() <= spec.max_new as usize,
+            "request {id} emitted past max_new_tokens"
+        );
+        assert!(
+            spec.prompt_len + log.tokens.len() <= sc.max_seq_len,
+            "request {id} exceeded the context"
+        );
+    }
+    assert_eq!(
+        r.logs.len() + r.rejected.len(),
+        sc.reqs.len(),
+        "every request answered"
+    );
+}
