@@ -1,0 +1,49 @@
+//! The crate's one error type. Every fallible public entry point returns
+//! [`CpuError`]; variants carry the numbers that were wrong so a caller can
+//! report them without re-deriving anything.
+
+use kestrel_model::DType;
+
+/// Errors of the CPU runtime's compute layer.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// A weight matrix uses an encoding these kernels do not implement.
+    #[error("weight `{name}` has dtype {dtype:?}, which the CPU kernels do not support")]
+    UnsupportedDType { name: String, dtype: DType },
+
+    /// A weight or buffer has a shape that disagrees with the model config.
+    #[error("`{name}`: expected {expected}, got {got}")]
+    Shape {
+        name: String,
+        expected: String,
+        got: String,
+    },
+
+    /// A batch is larger than the [`crate::Scratch`] it was given was sized for.
+    #[error("batch of {rows} rows exceeds scratch capacity of {capacity} rows")]
+    ScratchTooSmall { rows: usize, capacity: usize },
+
+    /// A sequence is longer than the scratch's attention buffers allow.
+    #[error("sequence length {len} exceeds scratch max_context {max_context}")]
+    ContextTooLong { len: usize, max_context: usize },
+
+    /// The page-table indices handed in are inconsistent.
+    #[error("invalid paged indices: {reason}")]
+    BadIndices { reason: String },
+
+    /// A token id is outside the vocabulary.
+    #[error("token id {token} out of range for vocab of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+
+    /// The output logits buffer has the wrong length.
+    #[error("logits buffer has {got} floats, need {expected}")]
+    LogitsLen { expected: usize, got: usize },
+
+    /// The KV store's geometry does not match the model.
+    #[error("KV store geometry mismatch: {reason}")]
+    KvGeometry { reason: String },
+
+    /// Building the worker thread pool failed.
+    #[error("building the thread pool failed")]
+    ThreadPool(#[source] rayon::ThreadPoolBuildError),
+}

@@ -1,0 +1,293 @@
+//! Threaded, batch-invariant `Y = X W^T` over encoded weight rows.
+//!
+//! `X` is `n x cols` f32 (one activation row per token), `W` is `rows x cols`
+//! in any supported [`DType`], `Y` is `n x rows`. Work is split across threads
+//! only over weight rows; each output element is one canonical dot product
+//! (`scalar.rs`), so a token's outputs are bit-identical for any `n`, any
+//! thread count and any [`Isa`]. Cost: weights are streamed once per call per
+//! 64-token column block; each 32-element block is dequantized once per
+//! weight row per tile of activation rows.
+
+use kestrel_model::{DType, Matrix};
+use rayon::prelude::*;
+
+use super::scalar::{self, block_bytes, LANES};
+use super::Isa;
+use crate::CpuError;
+
+/// Activation rows processed against one L1-resident weight tile.
+const COL_BLOCK: usize = 64;
+
+/// A borrowed, validated weight matrix.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> MatRef<'a> {
+    /// Validate `m` for the kernels: supported dtype, whole blocks for
+    /// quantized dtypes, and enough bytes.
+    pub fn new(name: &str, m: &'a Matrix) -> Result<Self, CpuError> {
+        Self::from_parts(name, m.dtype, m.rows, m.cols, &m.data)
+    }
+
+    /// As [`MatRef::new`] from raw parts.
+    pub fn from_parts(name: &str, dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, CpuError> {
+        if matches!(dtype, DType::Q4K | DType::Q6K) {
+            return Err(CpuError::UnsupportedDType { name: name.to_owned(), dtype });
+        }
+        if dtype.block_elems() > 1 && cols % dtype.block_elems() != 0 {
+            return Err(CpuError::Shape {
+                name: name.to_owned(),
+                expected: format!("cols a multiple of {}", dtype.block_elems()),
+                got: cols.to_string(),
+            });
+        }
+        let row_bytes = cols / dtype.block_elems() * dtype.block_bytes();
+        if data.len() < rows * row_bytes {
+            return Err(CpuError::Shape {
+                name: name.to_owned(),
+                expected: format!("{} bytes for {rows}x{cols} {dtype:?}", rows * row_bytes),
+                got: format!("{} bytes", data.len()),
+            });
+        }
+        Ok(MatRef { dtype, rows, cols, row_bytes, data })
+    }
+
+    /// Encoded bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Bytes the kernels stream per full pass.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+}
+
+/// One matrix of a [`matmul_group`] and its output (`n x w.rows`).
+#[derive(Debug)]
+pub struct MatmulJob<'a> {
+    pub w: MatRef<'a>,
+    pub y: &'a mut [f32],
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct weight rows) through it and
+// the owning `&mut [f32]` outlives the parallel region (see `matmul_group`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no element is read or written by two tasks.
+unsafe impl Sync for OutPtr {}
+
+/// `y = x w^T` for one matrix. See [`matmul_group`].
+pub fn matmul(pool: Option<&rayon::ThreadPool>, isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_group(pool, isa, x, n, &mut [MatmulJob { w, y }]);
+}
+
+/// `job.y = x job.w^T` for several matrices sharing the input `x`
+/// (`n x cols`), in one parallel region (e.g. Q, K and V).
+///
+/// # Panics
+/// If a matrix's `cols` differs from `x.len() / n` or a `y` is not `n x rows`.
+pub fn matmul_group(pool: Option<&rayon::ThreadPool>, isa: Isa, x: &[f32], n: usize, jobs: &mut [MatmulJob<'_>]) {
+    if n == 0 || jobs.is_empty() {
+        return;
+    }
+    let cols = jobs[0].w.cols;
+    assert_eq!(x.len(), n * cols, "x must be n x cols");
+    let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    let mut total_rows = 0;
+    for j in jobs.iter() {
+        assert_eq!(j.w.cols, cols, "all matrices of a group share cols");
+        assert_eq!(j.y.len(), n * j.w.rows, "y must be n x rows");
+        total_rows += j.w.rows;
+    }
+    let threads = pool.map_or(1, |p| p.current_num_threads()).max(1);
+    // ~8 tasks per thread for balance, rows a multiple of 4, at least 16.
+    let chunk = (total_rows.div_ceil(threads * 8).div_ceil(16) * 16).clamp(16, 1024);
+    let ntasks: usize = jobs.iter().map(|j| j.w.rows.div_ceil(chunk)).sum();
+    let ptrs: [Option<(MatRef<'_>, OutPtr)>; 8] = {
+        assert!(jobs.len() <= 8, "at most 8 matrices per group");
+        let mut a = [None; 8];
+        for (slot, j) in a.iter_mut().zip(jobs.iter_mut()) {
+            *slot = Some((j.w, OutPtr(j.y.as_mut_ptr())));
+        }
+        a
+    };
+    let run = |t: usize| {
+        let mut t = t;
+        for (w, y) in ptrs.iter().flatten() {
+            let nt = w.rows.div_ceil(chunk);
+            if t < nt {
+                let r0 = t * chunk;
+                let r1 = (r0 + chunk).min(w.rows);
+                // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
+                // mutably for the whole call; task `t` writes only rows r0..r1.
+                unsafe { rows_task(isa, *w, x, n, r0, r1, *y) };
+                return;
+            }
+            t -= nt;
+        }
+    };
+    match pool {
+        Some(p) if threads > 1 && ntasks > 1 => p.install(|| (0..ntasks).into_par_iter().for_each(run)),
+        _ => (0..ntasks).for_each(run),
+    }
+}
+
+/// Compute output rows `r0..r1` for all `n` activation rows.
+///
+/// # Safety
+/// `y.0` must point at an `n x w.rows` f32 buffer that no other thread
+/// accesses at rows `r0..r1`.
+unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1: usize, y: OutPtr) {
+    let (rt, ct) = match isa {
+        Isa::Avx512 => (4, 4),
+        Isa::Avx2 => (2, 2),
+        Isa::Scalar => (1, 1),
+    };
+    let mut cb = 0;
+    while cb < n {
+        let ce = (cb + COL_BLOCK).min(n);
+        let mut r = r0;
+        while r < r1 {
+            let rn = if r1 - r >= rt { rt } else { 1 };
+            let mut c = cb;
+            while c < ce {
+                let cn = if ce - c >= ct { ct } else { 1 };
+                // SAFETY: forwarded from this fn's contract; the tile covers
+                // rows r..r+rn < r1 and columns c..c+cn < n.
+                unsafe { tile(isa, w, x, r, rn, c, cn, y) };
+                c += cn;
+            }
+            r += rn;
+        }
+        cb = ce;
+    }
+}
+
+/// Finish one element from its lanes (dense tail, canonical reduction) and store it.
+///
+/// # Safety
+/// `y.0 + c * rows + r` must be in bounds and owned by the caller.
+#[inline]
+unsafe fn finish(w: &MatRef<'_>, x: &[f32], r: usize, c: usize, lanes: &mut [f32; LANES], done: usize, y: OutPtr) {
+    let xr = &x[c * w.cols..(c + 1) * w.cols];
+    scalar::dense_tail(w.dtype, w.row(r), xr, done, lanes);
+    // SAFETY: in bounds by the caller's contract.
+    unsafe { *y.0.add(c * w.rows + r) = scalar::reduce16(lanes) };
+}
+
+macro_rules! simd_tile {
+    ($kernel:ident, $isa_rt:literal, $isa_ct:literal, $w:expr, $x:expr, $r:expr, $rn:expr, $c:expr, $cn:expr, $y:expr) => {{
+        let w = $w;
+        let nblocks = w.cols / 32;
+        let args = x86::TileArgs {
+            // SAFETY: row `$r` exists (r < rows), so the offset is in bounds.
+            w: unsafe { w.data.as_ptr().add($r * w.row_bytes) },
+            row_bytes: w.row_bytes,
+            // SAFETY: activation row `$c` exists (c < n).
+            x: unsafe { $x.as_ptr().add($c * w.cols) },
+            x_stride: w.cols,
+            nblocks,
+        };
+        macro_rules! go {
+            ($B:ty) => {
+                match ($rn, $cn) {
+                    ($isa_rt, $isa_ct) => {
+                        let mut out = [[[0f32; LANES]; $isa_ct]; $isa_rt];
+                        // SAFETY: the tile's rows/columns are in bounds (see
+                        // `rows_task`) and `Isa::is_supported` was checked.
+                        unsafe { x86::$kernel::<$B, $isa_rt, $isa_ct>(args, &mut out) };
+                        for (i, o) in out.iter_mut().enumerate() {
+                            for (j, lanes) in o.iter_mut().enumerate() {
+                                // SAFETY: element (r+i, c+j) belongs to this task.
+                                unsafe { finish(&w, $x, $r + i, $c + j, lanes, nblocks * 32, $y) };
+                            }
+                        }
+                    }
+                    ($isa_rt, 1) => {
+                        let mut out = [[[0f32; LANES]; 1]; $isa_rt];
+                        // SAFETY: as above.
+                        unsafe { x86::$kernel::<$B, $isa_rt, 1>(args, &mut out) };
+                        for (i, o) in out.iter_mut().enumerate() {
+                            // SAFETY: element (r+i, c) belongs to this task.
+                            unsafe { finish(&w, $x, $r + i, $c, &mut o[0], nblocks * 32, $y) };
+                        }
+                    }
+                    (1, $isa_ct) => {
+                        let mut out = [[[0f32; LANES]; $isa_ct]; 1];
+                        // SAFETY: as above.
+                        unsafe { x86::$kernel::<$B, 1, $isa_ct>(args, &mut out) };
+                        for (j, lanes) in out[0].iter_mut().enumerate() {
+                            // SAFETY: element (r, c+j) belongs to this task.
+                            unsafe { finish(&w, $x, $r, $c + j, lanes, nblocks * 32, $y) };
+                        }
+                    }
+                    _ => {
+                        let mut out = [[[0f32; LANES]; 1]; 1];
+                        // SAFETY: as above.
+                        unsafe { x86::$kernel::<$B, 1, 1>(args, &mut out) };
+                        // SAFETY: element (r, c) belongs to this task.
+                        unsafe { finish(&w, $x, $r, $c, &mut out[0][0], nblocks * 32, $y) };
+                    }
+                }
+            };
+        }
+        match w.dtype {
+            DType::F32 => go!(x86::F32B),
+            DType::F16 => go!(x86::F16B),
+            DType::BF16 => go!(x86::Bf16B),
+            DType::Q8_0 => go!(x86::Q8_0B),
+            DType::Q4_0 => go!(x86::Q4_0B),
+            DType::Q4_1 => go!(x86::Q4_1B),
+            DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef"),
+        }
+    }};
+}
+
+/// One `rn x cn` tile at weight row `r`, activation row `c`.
+///
+/// # Safety
+/// As [`rows_task`], for the tile's elements.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(isa: Isa, w: MatRef<'_>, x: &[f32], r: usize, rn: usize, c: usize, cn: usize, y: OutPtr) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => simd_tile!(tile512, 4, 4, w, x, r, rn, c, cn, y),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => simd_tile!(tile256, 2, 2, w, x, r, rn, c, cn, y),
+        _ => {
+            for i in 0..rn {
+                for j in 0..cn {
+                    let v = scalar::dot(w.dtype, w.row(r + i), &x[(c + j) * w.cols..(c + j + 1) * w.cols]);
+                    // SAFETY: element (r+i, c+j) belongs to this task.
+                    unsafe { *y.0.add((c + j) * w.rows + r + i) = v };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+
+/// Reference: canonical dot of row `r` with activation row `x` (for tests and
+/// the embedding-free paths). Identical to the tiled kernels' result.
+pub fn dot_row(w: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
+    scalar::dot(w.dtype, w.row(r), x)
+}
+
+/// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
+pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {
+    scalar::dequant_row(w.dtype, w.row(r), out);
+}
+
+#[allow(dead_code)]
+const _: () = assert!(block_bytes(DType::F32) == 128);

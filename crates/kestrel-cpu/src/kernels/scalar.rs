@@ -1,0 +1,145 @@
+//! Portable scalar kernels: the *definition* of each dot product's result.
+//!
+//! Canonical order: a row is consumed in 16-element chunks; element `16c + l`
+//! is fused-multiply-added into lane `l` (chunks in order), then the 16 lanes
+//! are summed by the fixed tree `l + (l+8)`, `+ (l+4)`, `+ (l+2)`, `+ (l+1)`.
+//! Dequantization is exact per element (see [`dequant_block`]). The SIMD
+//! kernels in `x86.rs` follow the same operations lane for lane.
+
+use half::{bf16, f16};
+use kestrel_model::DType;
+
+/// Lanes of the canonical accumulator.
+pub(crate) const LANES: usize = 16;
+/// Elements per quantization block (and per dense "block" of the kernels).
+pub(crate) const BLOCK: usize = 32;
+
+#[inline]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Bytes per 32-element block of `dtype` (dense dtypes: 32 elements).
+pub(crate) const fn block_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 128,
+        DType::F16 | DType::BF16 => 64,
+        other => other.block_bytes(),
+    }
+}
+
+/// Element `i` (0..32 within the block starting at `b`) of a dense row, or a
+/// full block of a quantized one. Canonical dequantization:
+/// Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q4_1 `q * d + m` (two roundings).
+pub(crate) fn dequant_block(dtype: DType, b: &[u8], out: &mut [f32; BLOCK]) {
+    match dtype {
+        DType::F32 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+            }
+        }
+        DType::F16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f16_at(b, 2 * i);
+            }
+        }
+        DType::BF16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = bf16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32();
+            }
+        }
+        DType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (b[2 + i] as i8) as f32 * d;
+            }
+        }
+        DType::Q4_0 => {
+            let d = f16_at(b, 0);
+            for i in 0..16 {
+                let q = b[2 + i];
+                out[i] = ((q & 0x0F) as i32 - 8) as f32 * d;
+                out[i + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+        DType::Q4_1 => {
+            let d = f16_at(b, 0);
+            let m = f16_at(b, 2);
+            for i in 0..16 {
+                let q = b[4 + i];
+                out[i] = (q & 0x0F) as f32 * d + m;
+                out[i + 16] = (q >> 4) as f32 * d + m;
+            }
+        }
+        DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef::new"),
+    }
+}
+
+/// One dense element `i` of a row (for tails that are not a whole block).
+pub(crate) fn dense_elem(dtype: DType, row: &[u8], i: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]]),
+        DType::F16 => f16_at(row, 2 * i),
+        DType::BF16 => bf16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32(),
+        _ => unreachable!("quantized rows are whole blocks"),
+    }
+}
+
+/// Dequantize a whole row (`out.len()` = cols) in canonical values.
+pub(crate) fn dequant_row(dtype: DType, row: &[u8], out: &mut [f32]) {
+    let nfull = out.len() / BLOCK;
+    let bb = block_bytes(dtype);
+    let mut buf = [0f32; BLOCK];
+    for blk in 0..nfull {
+        dequant_block(dtype, &row[blk * bb..(blk + 1) * bb], &mut buf);
+        out[blk * BLOCK..(blk + 1) * BLOCK].copy_from_slice(&buf);
+    }
+    for i in nfull * BLOCK..out.len() {
+        out[i] = dense_elem(dtype, row, i);
+    }
+}
+
+/// Accumulate the elements `from..x.len()` of a dense row into `acc`, in the
+/// canonical order (element `from + j` goes to lane `j % 16`).
+#[inline]
+pub(crate) fn dense_tail(dtype: DType, row: &[u8], x: &[f32], from: usize, acc: &mut [f32; LANES]) {
+    for i in from..x.len() {
+        let l = (i - from) % LANES;
+        acc[l] = dense_elem(dtype, row, i).mul_add(x[i], acc[l]);
+    }
+}
+
+/// The canonical 16-lane reduction tree.
+#[inline]
+pub(crate) fn reduce16(a: &[f32; LANES]) -> f32 {
+    let mut s8 = [0f32; 8];
+    for l in 0..8 {
+        s8[l] = a[l] + a[l + 8];
+    }
+    let mut s4 = [0f32; 4];
+    for l in 0..4 {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
+}
+
+/// Canonical dot product of one encoded row with `x` (`x.len()` = cols).
+pub(crate) fn dot(dtype: DType, row: &[u8], x: &[f32]) -> f32 {
+    let nfull = x.len() / BLOCK;
+    let bb = block_bytes(dtype);
+    let mut acc = [0f32; LANES];
+    let mut w = [0f32; BLOCK];
+    for blk in 0..nfull {
+        dequant_block(dtype, &row[blk * bb..(blk + 1) * bb], &mut w);
+        let xb = &x[blk * BLOCK..(blk + 1) * BLOCK];
+        for l in 0..LANES {
+            acc[l] = w[l].mul_add(xb[l], acc[l]);
+        }
+        for l in 0..LANES {
+            acc[l] = w[LANES + l].mul_add(xb[LANES + l], acc[l]);
+        }
+    }
+    dense_tail(dtype, row, x, nfull * BLOCK, &mut acc);
+    reduce16(&acc)
+}

@@ -1,0 +1,299 @@
+//! x86-64 SIMD tiles of the canonical dot product (see `scalar.rs`).
+//!
+//! A tile multiplies `R` weight rows by `NB` activation rows over whole
+//! 32-element blocks, dequantizing each block once into registers and reusing
+//! it for all `NB` activations. Lane `l` of each accumulator receives exactly
+//! the fused multiply-adds the scalar definition gives lane `l`, so results
+//! are bit-identical to `scalar::dot` whatever `R`, `NB` or the ISA.
+
+use std::arch::x86_64::*;
+
+use super::scalar::LANES;
+
+/// One 32-element block encoding, dequantized into registers.
+pub(crate) trait Block {
+    /// Bytes per 32-element block.
+    const BYTES: usize;
+    /// Elements 0..16 and 16..32 of the block at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
+    /// AVX-512F/BW, AVX2, FMA and F16C.
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512);
+    /// Elements 0..8, 8..16, 16..24, 24..32 of the block at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
+    /// AVX2, FMA and F16C.
+    unsafe fn dq256(p: *const u8) -> [__m256; 4];
+}
+
+#[derive(Debug)]
+pub(crate) struct F32B;
+#[derive(Debug)]
+pub(crate) struct F16B;
+#[derive(Debug)]
+pub(crate) struct Bf16B;
+#[derive(Debug)]
+pub(crate) struct Q8_0B;
+#[derive(Debug)]
+pub(crate) struct Q4_0B;
+#[derive(Debug)]
+pub(crate) struct Q4_1B;
+
+/// The f16 scale at `p` as f32, and the one at `p + 2` (lanes 0 and 1).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales(p: *const u8) -> __m128 {
+    // SAFETY: the caller guarantees `p` is valid for the block's bytes, which
+    // start with at least 2 bytes of scale; reading 4 is within every block
+    // of a quantized dtype (Q8_0/Q4_0 blocks are 34/18 bytes).
+    unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned())) }
+}
+
+impl Block for F32B {
+    const BYTES: usize = 128;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 128 readable bytes at `p` (trait contract).
+        unsafe { (_mm512_loadu_ps(p as *const f32), _mm512_loadu_ps(p.add(64) as *const f32)) }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        let f = p as *const f32;
+        // SAFETY: 128 readable bytes at `p` (trait contract).
+        unsafe { [_mm256_loadu_ps(f), _mm256_loadu_ps(f.add(8)), _mm256_loadu_ps(f.add(16)), _mm256_loadu_ps(f.add(24))] }
+    }
+}
+
+impl Block for F16B {
+    const BYTES: usize = 64;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 64 readable bytes at `p` (trait contract); f16 -> f32 is exact.
+        unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i)),
+            )
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: 64 readable bytes at `p` (trait contract).
+        unsafe {
+            let l = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o) as *const __m128i));
+            [l(0), l(16), l(32), l(48)]
+        }
+    }
+}
+
+impl Block for Bf16B {
+    const BYTES: usize = 64;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 64 readable bytes at `p` (trait contract); bf16 -> f32 is a shift.
+        unsafe {
+            let l = |o: usize| {
+                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(o) as *const __m256i));
+                _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+            };
+            (l(0), l(32))
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: 64 readable bytes at `p` (trait contract).
+        unsafe {
+            let l = |o: usize| {
+                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(o) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+            };
+            [l(0), l(16), l(32), l(48)]
+        }
+    }
+}
+
+impl Block for Q8_0B {
+    const BYTES: usize = 34;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 34 readable bytes at `p` (trait contract): scale + 32 quants.
+        unsafe {
+            let d = _mm512_broadcastss_ps(scales(p));
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i)));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(18) as *const __m128i)));
+            (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: 34 readable bytes at `p` (trait contract).
+        unsafe {
+            let d = _mm256_broadcastss_ps(scales(p));
+            let a = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let b = _mm_loadu_si128(p.add(18) as *const __m128i);
+            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
+        }
+    }
+}
+
+impl Block for Q4_0B {
+    const BYTES: usize = 18;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 18 readable bytes at `p` (trait contract): scale + 16 nibble bytes.
+        unsafe {
+            let d = _mm512_broadcastss_ps(scales(p));
+            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let eight = _mm_set1_epi8(8);
+            let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
+            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+            let c = |v: __m128i| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
+            (c(lo), c(hi))
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: 18 readable bytes at `p` (trait contract).
+        unsafe {
+            let d = _mm256_broadcastss_ps(scales(p));
+            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let eight = _mm_set1_epi8(8);
+            let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
+            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            [c(lo), c(_mm_srli_si128(lo, 8)), c(hi), c(_mm_srli_si128(hi, 8))]
+        }
+    }
+}
+
+impl Block for Q4_1B {
+    const BYTES: usize = 20;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 20 readable bytes at `p` (trait contract): d, m + 16 nibble bytes.
+        unsafe {
+            let dm = scales(p);
+            let d = _mm512_broadcastss_ps(dm);
+            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+            let q = _mm_loadu_si128(p.add(4) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(q, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+            // Unfused `q * d + m`, as the scalar definition.
+            let c = |v: __m128i| _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), d), m);
+            (c(lo), c(hi))
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: 20 readable bytes at `p` (trait contract).
+        unsafe {
+            let dm = scales(p);
+            let d = _mm256_broadcastss_ps(dm);
+            let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            let q = _mm_loadu_si128(p.add(4) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(q, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+            let c = |v: __m128i| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d), m);
+            [c(lo), c(_mm_srli_si128(lo, 8)), c(hi), c(_mm_srli_si128(hi, 8))]
+        }
+    }
+}
+
+/// Pointers and strides of one tile.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TileArgs {
+    /// First weight row of the tile.
+    pub w: *const u8,
+    /// Bytes between consecutive weight rows.
+    pub row_bytes: usize,
+    /// First activation row of the tile.
+    pub x: *const f32,
+    /// Floats between consecutive activation rows (= cols).
+    pub x_stride: usize,
+    /// Whole 32-element blocks to process.
+    pub nblocks: usize,
+}
+
+/// `R x NB` tile with AVX-512; writes each element's 16 canonical lanes.
+///
+/// # Safety
+/// `a.w` must be valid for `R` rows of `a.nblocks` blocks of `B`, `a.x` for
+/// `NB` rows of `a.nblocks * 32` floats; the CPU must support AVX-512F/BW,
+/// AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut [[[f32; LANES]; NB]; R]) {
+    let mut acc = [[_mm512_setzero_ps(); NB]; R];
+    for blk in 0..a.nblocks {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
+            let (wl, wh) = unsafe { B::dq512(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
+            for (c, acc_rc) in acc_r.iter_mut().enumerate() {
+                // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
+                unsafe {
+                    let xp = a.x.add(c * a.x_stride + blk * 32);
+                    *acc_rc = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xp), *acc_rc);
+                    *acc_rc = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xp.add(16)), *acc_rc);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for c in 0..NB {
+            // SAFETY: `out[r][c]` is 16 contiguous f32s.
+            unsafe { _mm512_storeu_ps(out[r][c].as_mut_ptr(), acc[r][c]) };
+        }
+    }
+}
+
+/// `R x NB` tile with AVX2 (two 8-lane halves per canonical accumulator).
+///
+/// # Safety
+/// As [`tile512`], with AVX2, FMA and F16C required.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut [[[f32; LANES]; NB]; R]) {
+    let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
+    for blk in 0..a.nblocks {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
+            let w = unsafe { B::dq256(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
+            for (c, acc_rc) in acc_r.iter_mut().enumerate() {
+                // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
+                unsafe {
+                    let xp = a.x.add(c * a.x_stride + blk * 32);
+                    acc_rc[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xp), acc_rc[0]);
+                    acc_rc[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xp.add(8)), acc_rc[1]);
+                    acc_rc[0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xp.add(16)), acc_rc[0]);
+                    acc_rc[1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xp.add(24)), acc_rc[1]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for c in 0..NB {
+            // SAFETY: `out[r][c]` is 16 contiguous f32s.
+            unsafe {
+                _mm256_storeu_ps(out[r][c].as_mut_ptr(), acc[r][c][0]);
+                _mm256_storeu_ps(out[r][c].as_mut_ptr().add(8), acc[r][c][1]);
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! kestrel-cpu: the CPU runtime's compute layer.
+//!
+//! Batch-invariant SIMD kernels ([`kernels`]), the Llama forward pass over a
+//! paged KV cache ([`CpuModel`], [`KvStore`], [`Scratch`]) and sampling
+//! ([`sampler`]). **Invariant:** a row's results never depend on the other rows
+//! of its batch: every dot product reduces along K in one canonical order
+//! (see [`kernels::matmul`]), whatever the batch size, thread count or ISA.
+
+pub mod error;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod sampler;
+pub mod scratch;
+pub mod synth;
+
+pub use error::CpuError;
+pub use kernels::Isa;
+
+
+
+

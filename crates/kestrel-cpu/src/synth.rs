@@ -1,0 +1,158 @@
+//! Synthetic weights for tests and benchmarks: a small deterministic RNG,
+//! ggml-style quantizers from f32, and random [`ModelWeights`] of any shape.
+//! Not used by the forward pass; costs nothing unless called.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use kestrel_model::{Bytes, DType, LayerWeights, Matrix, ModelConfig, ModelWeights, RopeStyle};
+
+/// splitmix64: tiny, fast, good enough for test data.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[-1, 1)`.
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// `n` uniform values scaled by `scale`.
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+}
+
+fn push_f16(out: &mut Vec<u8>, v: f32) {
+    out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// Encode a row-major `rows x cols` f32 matrix as `dtype` (quantized dtypes
+/// need `cols % 32 == 0`).
+pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
+    assert_eq!(data.len(), rows * cols);
+    let mut out = Vec::with_capacity(rows * cols / dtype.block_elems() * dtype.block_bytes());
+    match dtype {
+        DType::F32 => data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F16 => data.iter().for_each(|&v| push_f16(&mut out, v)),
+        DType::BF16 => data
+            .iter()
+            .for_each(|&v| out.extend_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes())),
+        DType::Q8_0 => {
+            for b in data.chunks_exact(32) {
+                let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+                push_f16(&mut out, d);
+                out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+        }
+        DType::Q4_0 => {
+            for b in data.chunks_exact(32) {
+                let max = b.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let d = max / -8.0;
+                let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+                push_f16(&mut out, d);
+                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+            }
+        }
+        DType::Q4_1 => {
+            for b in data.chunks_exact(32) {
+                let min = b.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+                let max = b.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+                let d = (max - min) / 15.0;
+                let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+                push_f16(&mut out, d);
+                push_f16(&mut out, min);
+                let q = |v: f32| (((v - min) * id).round() as i32).clamp(0, 15) as u8;
+                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+            }
+        }
+        DType::Q4K | DType::Q6K => panic!("synth does not encode {dtype:?}"),
+    }
+    Matrix { dtype, rows, cols, data: Bytes::Owned(Arc::from(out)) }
+}
+
+/// A random matrix with entries uniform in `[-scale, scale)`, encoded as `dtype`.
+pub fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, scale: f32) -> Matrix {
+    let v = rng.vec(rows * cols, scale);
+    encode(dtype, rows, cols, &v)
+}
+
+/// A Llama config of the given shape (SmolLM2-like defaults elsewhere).
+#[allow(clippy::too_many_arguments)]
+pub fn config(
+    vocab: usize,
+    hidden: usize,
+    ffn: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    rope_style: RopeStyle,
+) -> ModelConfig {
+    ModelConfig {
+        architecture: "llama".into(),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: ffn,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: hidden / heads,
+        rope_theta: 100_000.0,
+        rope_style,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 8192,
+        tie_word_embeddings: true,
+        qkv_bias: false,
+    }
+}
+
+/// SmolLM2-135M's shape.
+pub fn smollm2_config() -> ModelConfig {
+    config(49152, 576, 1536, 30, 9, 3, RopeStyle::Interleaved)
+}
+
+/// Random weights for `cfg`: matrices as `dtype`, embeddings as `embd_dtype`
+/// (tied: `lm_head` shares the embedding bytes), norms near 1, biases when
+/// `cfg.qkv_bias`.
+pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u64) -> ModelWeights {
+    let mut rng = Rng(seed);
+    let h = cfg.hidden_size;
+    let qd = cfg.num_heads * cfg.head_dim;
+    let kvd = cfg.num_kv_heads * cfg.head_dim;
+    let f = cfg.intermediate_size;
+    let ws = 1.0 / (h as f32).sqrt() * 1.7;
+    let norm = |rng: &mut Rng, n: usize| (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect::<Vec<f32>>();
+    let layers = (0..cfg.num_layers)
+        .map(|_| LayerWeights {
+            attn_norm: norm(&mut rng, h),
+            wq: random_matrix(&mut rng, dtype, qd, h, ws),
+            wk: random_matrix(&mut rng, dtype, kvd, h, ws),
+            wv: random_matrix(&mut rng, dtype, kvd, h, ws),
+            wo: random_matrix(&mut rng, dtype, h, qd, 1.0 / (qd as f32).sqrt()),
+            bq: cfg.qkv_bias.then(|| rng.vec(qd, 0.1)),
+            bk: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
+            bv: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
+            ffn_norm: norm(&mut rng, h),
+            w_gate: random_matrix(&mut rng, dtype, f, h, ws),
+            w_up: random_matrix(&mut rng, dtype, f, h, ws),
+            w_down: random_matrix(&mut rng, dtype, h, f, 1.0 / (f as f32).sqrt()),
+        })
+        .collect();
+    let token_embd = random_matrix(&mut rng, embd_dtype, cfg.vocab_size, h, 1.0);
+    ModelWeights {
+        config: cfg.clone(),
+        lm_head: token_embd.clone(),
+        token_embd,
+        layers,
+        output_norm: norm(&mut rng, h),
+    }
+}
