@@ -43,7 +43,10 @@ fn bench_steps(c: &mut Criterion) {
                     id,
                     prompt: vec![1; 4],
                     max_new_tokens: 1 << 30,
-                    params: SimParams { seed: id },
+                    params: SimParams {
+                        seed: id,
+                        ..Default::default()
+                    },
                     skill: Box::new(Endless),
                 };
                 engine.submit(req).unwrap();

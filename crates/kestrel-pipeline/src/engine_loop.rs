@@ -526,7 +526,10 @@ mod tests {
                 id,
                 prompt: vec![3; 5],
                 max_new_tokens: 40,
-                params: SimParams { seed: id },
+                params: SimParams {
+                    seed: id,
+                    ..Default::default()
+                },
                 skill: Box::new(skill),
             };
             e.submit(req).unwrap();

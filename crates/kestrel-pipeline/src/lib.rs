@@ -15,14 +15,14 @@
 //! - [`testing`]: a deterministic simulated executor and skills.
 //!
 //! ```
-//! use kestrel_pipeline::testing::{SimExecutor, SimSkill, SimConfig, SimParams};
-//! use kestrel_pipeline::{EngineLoop, LoopConfig, Request, Tick};
+//! use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimSkill};
+//! use kestrel_pipeline::{EngineLoop, LoopConfig, Request, SamplingParams, Tick};
 //!
 //! let exec = SimExecutor::new(SimConfig::default());
 //! let mut engine = EngineLoop::new(exec, LoopConfig::default()).unwrap();
 //! let (skill, log) = SimSkill::new(None, None);
 //! engine
-//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SimParams { seed: 7 }, skill: Box::new(skill) })
+//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SamplingParams { seed: 7, ..Default::default() }, skill: Box::new(skill) })
 //!     .unwrap();
 //! assert_eq!(engine.run_until_idle(), Tick::Idle);
 //! assert_eq!(log.lock().unwrap().tokens.len(), 8);
@@ -31,6 +31,7 @@
 
 pub mod engine_loop;
 pub mod executor;
+pub mod sampling;
 pub mod scheduler;
 mod sequence;
 pub mod skill;
@@ -44,6 +45,7 @@ pub type RequestId = u64;
 
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+pub use sampling::SamplingParams;
 pub use scheduler::{PipelineStats, StepPlan};
 pub use sequence::{Request, MAX_INFLIGHT_REFS};
 pub use skill::{

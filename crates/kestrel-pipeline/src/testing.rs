@@ -17,11 +17,8 @@ use crate::{RequestId, TokenId};
 /// The end-of-sequence token of the simulated vocabulary.
 pub const SIM_EOS: TokenId = 0;
 
-/// Per-request sampling parameters of the simulated device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SimParams {
-    pub seed: u64,
-}
+/// The simulated device reads only `seed` of the standard parameters.
+pub type SimParams = crate::SamplingParams;
 
 /// Shape and fault plan of a [`SimExecutor`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,7 +404,8 @@ impl SimSkill {
             None => true,
             // Always allow a few tokens; EOS only sometimes.
             Some(_) => {
-                token != SIM_EOS && (mix(self.state ^ u64::from(token)).is_multiple_of(4) || token % 16 == 1)
+                token != SIM_EOS
+                    && (mix(self.state ^ u64::from(token)).is_multiple_of(4) || token % 16 == 1)
             }
         }
     }

@@ -53,7 +53,10 @@ fn steady_state_steps_do_not_allocate() {
                     id,
                     prompt: vec![7; 3],
                     max_new_tokens: 10_000,
-                    params: SimParams { seed: id * 7919 },
+                    params: SimParams {
+                        seed: id * 7919,
+                        ..Default::default()
+                    },
                     skill: Box::new(skill),
                 };
                 e.submit(req).unwrap();

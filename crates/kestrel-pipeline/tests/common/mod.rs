@@ -85,7 +85,10 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
                 id: i as u64,
                 prompt: (0..spec.prompt_len as u32).map(|t| t % 60 + 1).collect(),
                 max_new_tokens: spec.max_new,
-                params: SimParams { seed: spec.seed },
+                params: SimParams {
+                    seed: spec.seed,
+                    ..Default::default()
+                },
                 skill: Box::new(skill),
             };
             match engine.submit(req) {
