@@ -32,7 +32,10 @@ fn submit(
         id,
         prompt: vec![5; 4],
         max_new_tokens: max_new,
-        params: SimParams { seed },
+        params: SimParams {
+            seed,
+            ..Default::default()
+        },
         skill: Box::new(skill),
     };
     e.submit(req).unwrap();
