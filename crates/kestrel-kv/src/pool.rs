@@ -12,7 +12,7 @@ use crate::PageId;
 const NIL: PageId = PageId::MAX;
 
 /// Per-page bookkeeping, kept together for cache locality.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PageMeta {
     /// Rows referencing the page.
     refcount: u32,
@@ -47,7 +47,7 @@ pub struct Allocated {
 /// The pool knows *that* a page is published, not under which hash; the
 /// prefix index ([`crate::prefix`]) owns the hashes and is told about evictions
 /// through [`Allocated::evicted`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockPool {
     meta: Vec<PageMeta>,
     /// Pages with refcount 0 and nothing published; popped LIFO.

@@ -63,7 +63,7 @@ impl Hasher for PassThroughHasher {
 type HashIndex = HashMap<u64, PageId, BuildHasherDefault<PassThroughHasher>>;
 
 /// Published pages by chain hash, with each page's tokens kept for verification.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixIndex {
     page_size: usize,
     map: HashIndex,

@@ -67,7 +67,7 @@ impl PagedIndices {
 }
 
 /// One batch row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Row {
     in_use: bool,
     pages: Vec<PageId>,
@@ -92,7 +92,7 @@ impl Row {
 ///
 /// The runtimes own the memory: page `p` lives at token offset `p * page_size` in their
 /// KV buffers. This type only decides which `p`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageTable {
     cfg: PageTableConfig,
     rows: Vec<Row>,

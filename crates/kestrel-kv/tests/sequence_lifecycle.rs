@@ -324,3 +324,20 @@ fn reacquire_without_capacity_holds_nothing() {
     assert_eq!(s.history().last(), Some(&SequenceEvent::Reacquired { prefix_matched: 0, success: false }));
     t.check_invariants().unwrap();
 }
+
+#[test]
+fn revert_after_eviction_restores_the_sequence_and_the_counts() {
+    let mut t = table(3, 4);
+    let mut a = prefilled(&mut t, 8, 1); // publishes 2 pages
+    a.release(&mut t).unwrap();
+    assert_eq!((t.free_pages(), t.cached_pages()), (2, 2));
+    let mut b = SchedulableSequence::new((50..62).collect(), 4).unwrap();
+    let before = b.clone();
+    b.schedule_prefill(12, &mut t).unwrap(); // 3 pages: 2 free + 1 evicted
+    assert_eq!(t.cached_pages(), 1);
+    b.revert_schedule(&mut t).unwrap();
+    assert_eq!((b.kv_position(), b.row(), b.state()), (before.kv_position(), None, SequenceState::Idle));
+    // The evicted entry is gone for good; the pages are all back.
+    assert_eq!((t.free_pages(), t.cached_pages(), t.used_pages()), (3, 1, 0));
+    t.check_invariants().unwrap();
+}
