@@ -53,14 +53,19 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// A template from source; fails if it does not compile.
-    pub fn new(source: impl Into<String>, bos_token: impl Into<String>, eos_token: impl Into<String>) -> Result<Self, ModelError> {
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<Self, ModelError> {
         let t = ChatTemplate {
             source: source.into(),
             is_fallback: false,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         };
-        t.environment().map_err(|source| ModelError::ChatTemplate { source })?;
+        t.environment()
+            .map_err(|source| ModelError::ChatTemplate { source })?;
         Ok(t)
     }
 
@@ -75,7 +80,11 @@ impl ChatTemplate {
     }
 
     /// `source` if present (and compiling), else ChatML.
-    pub fn from_optional(source: Option<&str>, bos_token: &str, eos_token: &str) -> Result<Self, ModelError> {
+    pub fn from_optional(
+        source: Option<&str>,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Self, ModelError> {
         match source {
             Some(s) if !s.trim().is_empty() => Self::new(s, bos_token, eos_token),
             _ => Ok(ChatTemplate {
@@ -91,16 +100,23 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template("chat", &self.source)?;
         Ok(env)
     }
 
     /// Renders the conversation; with `add_generation_prompt` the result ends
     /// where the assistant's reply should begin.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ModelError> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
         let wrap = |source| ModelError::ChatTemplate { source };
         let env = self.environment().map_err(wrap)?;
         let tmpl = env.get_template("chat").map_err(wrap)?;
@@ -125,7 +141,10 @@ mod tests {
     #[test]
     fn smollm2_system_and_user() {
         let t = ChatTemplate::new(SMOLLM2_TEMPLATE, "<|im_start|>", "<|im_end|>").unwrap();
-        let msgs = [ChatMessage::system("Be brief."), ChatMessage::user("What is the capital of France?")];
+        let msgs = [
+            ChatMessage::system("Be brief."),
+            ChatMessage::user("What is the capital of France?"),
+        ];
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -151,9 +170,14 @@ mod tests {
         // raise_exception, pycompat methods, bos_token, trim/lstrip blocks.
         let src = "{{ bos_token }}{% for m in messages %}\n  {% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}\n[{{ m.role.upper() }}] {{ m.content.strip() }}\n{% endfor %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        assert_eq!(t.render(&[ChatMessage::user("  hi ")], false).unwrap(), "<s>[USER] hi\n");
+        assert_eq!(
+            t.render(&[ChatMessage::user("  hi ")], false).unwrap(),
+            "<s>[USER] hi\n"
+        );
         match t.render(&[ChatMessage::system("x")], false) {
-            Err(ModelError::ChatTemplate { source }) => assert!(source.to_string().contains("bad role system")),
+            Err(ModelError::ChatTemplate { source }) => {
+                assert!(source.to_string().contains("bad role system"))
+            }
             other => panic!("{other:?}"),
         }
         assert!(matches!(

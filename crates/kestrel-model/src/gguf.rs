@@ -13,8 +13,11 @@ use std::sync::Arc;
 
 use crate::{Bytes, DType, Matrix, ModelError};
 
-const GGUF_MAGIC: u32 = 0x4655_4747; // "GGUF" little-endian
-const DEFAULT_ALIGNMENT: u64 = 32;
+mod write;
+pub use write::write_gguf;
+
+pub(crate) const GGUF_MAGIC: u32 = 0x4655_4747; // "GGUF" little-endian
+pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// One metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,10 +154,45 @@ pub fn ggml_type_of(dtype: DType) -> u32 {
 /// ggml's name for a type id (for error messages).
 pub fn ggml_type_name(type_id: u32) -> &'static str {
     const NAMES: [&str; 40] = [
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4",
-        "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
         "MXFP4",
     ];
     NAMES.get(type_id as usize).copied().unwrap_or("unknown")
@@ -233,7 +271,10 @@ impl GgufFile {
             let name = r.string("tensor name")?;
             let n_dims = r.u32("tensor dims")?;
             if n_dims == 0 || n_dims > 4 {
-                return Err(malformed(&path, format!("tensor `{name}` has {n_dims} dims")));
+                return Err(malformed(
+                    &path,
+                    format!("tensor `{name}` has {n_dims} dims"),
+                ));
             }
             let dims = (0..n_dims)
                 .map(|_| r.u64("tensor dim"))
@@ -241,7 +282,10 @@ impl GgufFile {
             let ggml_type = r.u32("tensor type")?;
             let offset = r.u64("tensor offset")?;
             if offset % alignment != 0 {
-                return Err(malformed(&path, format!("tensor `{name}` offset {offset} is not {alignment}-aligned")));
+                return Err(malformed(
+                    &path,
+                    format!("tensor `{name}` offset {offset} is not {alignment}-aligned"),
+                ));
             }
             if index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(malformed(&path, format!("duplicate tensor `{name}`")));
@@ -257,11 +301,21 @@ impl GgufFile {
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_len = data.len() as u64;
         for t in &tensors {
-            let Some(dtype) = dtype_from_ggml(t.ggml_type) else { continue };
+            let Some(dtype) = dtype_from_ggml(t.ggml_type) else {
+                continue;
+            };
             let size = tensor_nbytes(t, dtype).ok_or_else(|| {
-                malformed(&path, format!("tensor `{}` dims {:?} do not fit {dtype:?} blocks", t.name, t.dims))
+                malformed(
+                    &path,
+                    format!(
+                        "tensor `{}` dims {:?} do not fit {dtype:?} blocks",
+                        t.name, t.dims
+                    ),
+                )
             })?;
-            let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(size));
+            let end = data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(size));
             if end.is_none_or(|e| e > file_len) {
                 return Err(ModelError::Truncated {
                     path,
@@ -288,11 +342,14 @@ impl GgufFile {
     }
 
     fn require(&self, key: &str) -> Result<&GgufValue, ModelError> {
-        self.get(key).ok_or_else(|| ModelError::MissingMetadata { key: key.into() })
+        self.get(key)
+            .ok_or_else(|| ModelError::MissingMetadata { key: key.into() })
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64, ModelError> {
-        self.require(key)?.as_u64().ok_or_else(|| type_err(key, "unsigned integer"))
+        self.require(key)?
+            .as_u64()
+            .ok_or_else(|| type_err(key, "unsigned integer"))
     }
 
     pub fn get_usize(&self, key: &str) -> Result<usize, ModelError> {
@@ -300,15 +357,21 @@ impl GgufFile {
     }
 
     pub fn get_f32(&self, key: &str) -> Result<f32, ModelError> {
-        self.require(key)?.as_f32().ok_or_else(|| type_err(key, "float"))
+        self.require(key)?
+            .as_f32()
+            .ok_or_else(|| type_err(key, "float"))
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str, ModelError> {
-        self.require(key)?.as_str().ok_or_else(|| type_err(key, "string"))
+        self.require(key)?
+            .as_str()
+            .ok_or_else(|| type_err(key, "string"))
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[GgufValue], ModelError> {
-        self.require(key)?.as_array().ok_or_else(|| type_err(key, "array"))
+        self.require(key)?
+            .as_array()
+            .ok_or_else(|| type_err(key, "array"))
     }
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
@@ -325,7 +388,9 @@ impl GgufFile {
 
     /// The raw bytes of a tensor (a window of the map, no copy).
     pub fn tensor_bytes(&self, name: &str) -> Result<(&GgufTensorInfo, DType, Bytes), ModelError> {
-        let t = self.tensor(name).ok_or_else(|| ModelError::MissingTensor { tensor: name.into() })?;
+        let t = self.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+            tensor: name.into(),
+        })?;
         let dtype = t.dtype()?;
         // Size and bounds were checked in `parse` for every supported type.
         let size = tensor_nbytes(t, dtype).unwrap_or(0);
@@ -378,8 +443,12 @@ fn tensor_nbytes(t: &GgufTensorInfo, dtype: DType) -> Option<u64> {
     if cols % be != 0 {
         return None;
     }
-    let rows = t.dims[1..].iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
-    (cols / be).checked_mul(dtype.block_bytes() as u64)?.checked_mul(rows)
+    let rows = t.dims[1..]
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))?;
+    (cols / be)
+        .checked_mul(dtype.block_bytes() as u64)?
+        .checked_mul(rows)
 }
 
 fn malformed(path: &Path, reason: String) -> ModelError {
@@ -490,81 +559,6 @@ impl Reader<'_> {
     }
 }
 
-/// Serializes a GGUF v3 image (used by tests and fixture builders).
-///
-/// `tensors` are `(name, dims in ggml order, dtype, encoded bytes)`.
-pub fn write_gguf(metadata: &[(&str, GgufValue)], tensors: &[(&str, Vec<u64>, DType, Vec<u8>)]) -> Vec<u8> {
-    fn put_str(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    fn type_id(v: &GgufValue) -> u32 {
-        match v {
-            GgufValue::U8(_) => 0,
-            GgufValue::I8(_) => 1,
-            GgufValue::U16(_) => 2,
-            GgufValue::I16(_) => 3,
-            GgufValue::U32(_) => 4,
-            GgufValue::I32(_) => 5,
-            GgufValue::F32(_) => 6,
-            GgufValue::Bool(_) => 7,
-            GgufValue::String(_) => 8,
-            GgufValue::Array(_) => 9,
-            GgufValue::U64(_) => 10,
-            GgufValue::I64(_) => 11,
-            GgufValue::F64(_) => 12,
-        }
-    }
-    fn put_val(out: &mut Vec<u8>, v: &GgufValue) {
-        match v {
-            GgufValue::U8(x) => out.push(*x),
-            GgufValue::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::Bool(x) => out.push(u8::from(*x)),
-            GgufValue::String(s) => put_str(out, s),
-            GgufValue::Array(items) => {
-                let elem = items.first().map_or(4, type_id);
-                out.extend_from_slice(&elem.to_le_bytes());
-                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-                items.iter().for_each(|i| put_val(out, i));
-            }
-            GgufValue::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-            GgufValue::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        }
-    }
-    let align = DEFAULT_ALIGNMENT as usize;
-    let mut out = Vec::new();
-    out.extend_from_slice(&GGUF_MAGIC.to_le_bytes());
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
-    for (k, v) in metadata {
-        put_str(&mut out, k);
-        out.extend_from_slice(&type_id(v).to_le_bytes());
-        put_val(&mut out, v);
-    }
-    let mut offset = 0usize;
-    for (name, dims, dtype, bytes) in tensors {
-        put_str(&mut out, name);
-        out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-        dims.iter().for_each(|d| out.extend_from_slice(&d.to_le_bytes()));
-        out.extend_from_slice(&ggml_type_of(*dtype).to_le_bytes());
-        out.extend_from_slice(&(offset as u64).to_le_bytes());
-        offset += bytes.len().div_ceil(align) * align;
-    }
-    out.resize(out.len().div_ceil(align) * align, 0);
-    for (_, _, _, bytes) in tensors {
-        out.extend_from_slice(bytes);
-        out.resize(out.len().div_ceil(align) * align, 0);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,7 +568,10 @@ mod tests {
     }
 
     fn sample() -> Vec<u8> {
-        let f32s: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         write_gguf(
             &[
                 ("general.architecture", GgufValue::String("llama".into())),
@@ -583,13 +580,25 @@ mod tests {
                 ("x.i64", GgufValue::I64(-3)),
                 ("x.f64", GgufValue::F64(2.5)),
                 ("x.b", GgufValue::Bool(true)),
-                ("x.arr", GgufValue::Array(vec![GgufValue::String("a".into()), GgufValue::String("b".into())])),
+                (
+                    "x.arr",
+                    GgufValue::Array(vec![
+                        GgufValue::String("a".into()),
+                        GgufValue::String("b".into()),
+                    ]),
+                ),
                 (
                     "x.nested",
-                    GgufValue::Array(vec![GgufValue::Array(vec![GgufValue::U8(1), GgufValue::U8(2)])]),
+                    GgufValue::Array(vec![GgufValue::Array(vec![
+                        GgufValue::U8(1),
+                        GgufValue::U8(2),
+                    ])]),
                 ),
             ],
-            &[("w", vec![3, 2], DType::F32, f32s), ("n", vec![2], DType::F32, vec![0; 8])],
+            &[
+                ("w", vec![3, 2], DType::F32, f32s),
+                ("n", vec![2], DType::F32, vec![0; 8]),
+            ],
         )
     }
 
@@ -604,14 +613,29 @@ mod tests {
         assert_eq!(g.get_f32("x.f64").unwrap(), 2.5);
         assert_eq!(g.get("x.b").unwrap().as_bool(), Some(true));
         assert_eq!(g.get_string_array("x.arr").unwrap(), vec!["a", "b"]);
-        assert_eq!(g.get_array("x.nested").unwrap()[0].as_array().unwrap().len(), 2);
+        assert_eq!(
+            g.get_array("x.nested").unwrap()[0]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
         let m = g.matrix("w").unwrap();
         assert_eq!((m.rows, m.cols), (2, 3));
         assert_eq!(m.to_f32(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         assert_eq!(g.vector_f32("n").unwrap(), vec![0.0, 0.0]);
-        assert!(matches!(g.get_str("llama.block_count"), Err(ModelError::MetadataType { .. })));
-        assert!(matches!(g.get_u64("nope"), Err(ModelError::MissingMetadata { .. })));
-        assert!(matches!(g.matrix("nope"), Err(ModelError::MissingTensor { .. })));
+        assert!(matches!(
+            g.get_str("llama.block_count"),
+            Err(ModelError::MetadataType { .. })
+        ));
+        assert!(matches!(
+            g.get_u64("nope"),
+            Err(ModelError::MissingMetadata { .. })
+        ));
+        assert!(matches!(
+            g.matrix("nope"),
+            Err(ModelError::MissingTensor { .. })
+        ));
     }
 
     #[test]
@@ -621,7 +645,10 @@ mod tests {
         assert!(matches!(parse(b), Err(ModelError::BadMagic { .. })));
         let mut b = sample();
         b[4] = 1;
-        assert!(matches!(parse(b), Err(ModelError::UnsupportedGgufVersion { version: 1, .. })));
+        assert!(matches!(
+            parse(b),
+            Err(ModelError::UnsupportedGgufVersion { version: 1, .. })
+        ));
     }
 
     #[test]
@@ -633,7 +660,10 @@ mod tests {
         for cut in 0..end {
             let r = parse(b[..cut].to_vec());
             assert!(
-                matches!(r, Err(ModelError::Truncated { .. }) | Err(ModelError::MalformedGguf { .. })),
+                matches!(
+                    r,
+                    Err(ModelError::Truncated { .. }) | Err(ModelError::MalformedGguf { .. })
+                ),
                 "cut at {cut}: {r:?}"
             );
         }
@@ -644,17 +674,25 @@ mod tests {
         let mut b = write_gguf(&[("k", GgufValue::U32(1))], &[]);
         // magic(4) version(4) n_tensors(8) n_kv(8) keylen(8) "k"(1) -> type at 33
         b[33] = 99;
-        assert!(matches!(parse(b), Err(ModelError::UnknownValueType { type_id: 99, .. })));
+        assert!(matches!(
+            parse(b),
+            Err(ModelError::UnknownValueType { type_id: 99, .. })
+        ));
     }
 
     #[test]
     fn unsupported_tensor_type_names_tensor() {
-        let mut b = write_gguf(&[], &[("blk.0.attn_q.weight", vec![32, 1], DType::Q4_0, vec![0; 18])]);
+        let mut b = write_gguf(
+            &[],
+            &[("blk.0.attn_q.weight", vec![32, 1], DType::Q4_0, vec![0; 18])],
+        );
         // header 24 + name(8 + 19) + ndims 4 + dims 16 -> type at 71
         b[71] = 6; // Q5_0
         let g = parse(b).unwrap();
         match g.matrix("blk.0.attn_q.weight") {
-            Err(ModelError::UnsupportedTensorType { tensor, type_name, .. }) => {
+            Err(ModelError::UnsupportedTensorType {
+                tensor, type_name, ..
+            }) => {
                 assert_eq!(tensor, "blk.0.attn_q.weight");
                 assert_eq!(type_name, "Q5_0");
             }
@@ -666,7 +704,10 @@ mod tests {
     fn custom_alignment_is_honoured() {
         // Re-layout with alignment 64 by hand: one F32 tensor.
         let data: Vec<u8> = (0..4u32).flat_map(|x| (x as f32).to_le_bytes()).collect();
-        let mut b = write_gguf(&[("general.alignment", GgufValue::U32(64))], &[("t", vec![4], DType::F32, data.clone())]);
+        let mut b = write_gguf(
+            &[("general.alignment", GgufValue::U32(64))],
+            &[("t", vec![4], DType::F32, data.clone())],
+        );
         // write_gguf aligns to 32; move the data to the next 64 boundary.
         let data_start = b.len() - 32;
         let aligned = data_start.div_ceil(64) * 64;

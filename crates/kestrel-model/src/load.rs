@@ -98,7 +98,12 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
 }
 
 /// Checks a matrix against its expected `[rows, cols]`.
-pub(crate) fn check_matrix(m: Matrix, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+pub(crate) fn check_matrix(
+    m: Matrix,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Matrix, ModelError> {
     if (m.rows, m.cols) != (rows, cols) {
         return Err(ModelError::ShapeMismatch {
             tensor: name.into(),
@@ -164,7 +169,10 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             )));
         }
     }
-    if g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()).is_some_and(|t| t != "none") {
+    if g.get(&k("rope.scaling.type"))
+        .and_then(|v| v.as_str())
+        .is_some_and(|t| t != "none")
+    {
         tracing::warn!("GGUF declares RoPE scaling; Kestrel ignores it (fine for short contexts)");
     }
     let vocab_size = match g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
@@ -180,7 +188,10 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         num_heads,
         num_kv_heads,
         head_dim,
-        rope_theta: g.get(&k("rope.freq_base")).and_then(|v| v.as_f32()).unwrap_or(10_000.0),
+        rope_theta: g
+            .get(&k("rope.freq_base"))
+            .and_then(|v| v.as_f32())
+            .unwrap_or(10_000.0),
         rope_style,
         rms_norm_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
         max_position_embeddings: g.get_usize(&k("context_length"))?,
@@ -246,12 +257,21 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let tokens = g.get_string_array("tokenizer.ggml.tokens")?;
     let id = |key: &str| -> Option<u32> {
         let v = g.get(key)?.as_u64()?;
-        u32::try_from(v).ok().filter(|&i| (i as usize) < tokens.len())
+        u32::try_from(v)
+            .ok()
+            .filter(|&i| (i as usize) < tokens.len())
     };
-    let token_text = |i: Option<u32>| i.map(|i| tokens[i as usize].to_string()).unwrap_or_default();
+    let token_text = |i: Option<u32>| {
+        i.map(|i| tokens[i as usize].to_string())
+            .unwrap_or_default()
+    };
     let bos_token_id = id("tokenizer.ggml.bos_token_id");
     let mut eos_token_ids = Vec::new();
-    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
         if let Some(i) = id(key).filter(|i| !eos_token_ids.contains(i)) {
             eos_token_ids.push(i);
         }
@@ -263,7 +283,10 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     )?;
     let name = match g.get("general.name").and_then(|v| v.as_str()) {
         Some(n) => n.to_string(),
-        None => path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
     };
     Ok(LoadedModel {
         weights,
@@ -271,7 +294,10 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         chat_template,
         bos_token_id,
         eos_token_ids,
-        add_bos_token: g.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        add_bos_token: g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
         name,
     })
 }
@@ -285,11 +311,26 @@ mod tests {
     /// Writes synthetic weights out as a llama GGUF (no tokenizer).
     fn synthetic_gguf(c: &ModelConfig, dtype: DType, drop: Option<&str>) -> GgufFile {
         let w = synthetic_weights(c, dtype, 5);
-        let m = |name: String, m: &Matrix| (name, vec![m.cols as u64, m.rows as u64], m.dtype, m.data.to_vec());
-        let v = |name: String, v: &[f32]| {
-            (name, vec![v.len() as u64], DType::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
+        let m = |name: String, m: &Matrix| {
+            (
+                name,
+                vec![m.cols as u64, m.rows as u64],
+                m.dtype,
+                m.data.to_vec(),
+            )
         };
-        let mut tensors = vec![m("token_embd.weight".into(), &w.token_embd), v("output_norm.weight".into(), &w.output_norm)];
+        let v = |name: String, v: &[f32]| {
+            (
+                name,
+                vec![v.len() as u64],
+                DType::F32,
+                v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+            )
+        };
+        let mut tensors = vec![
+            m("token_embd.weight".into(), &w.token_embd),
+            v("output_norm.weight".into(), &w.output_norm),
+        ];
         if !c.tie_word_embeddings {
             tensors.push(m("output.weight".into(), &w.lm_head));
         }
@@ -309,7 +350,10 @@ mod tests {
             }
         }
         tensors.retain(|t| Some(t.0.as_str()) != drop);
-        let tref: Vec<_> = tensors.iter().map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone())).collect();
+        let tref: Vec<_> = tensors
+            .iter()
+            .map(|(n, d, t, b)| (n.as_str(), d.clone(), *t, b.clone()))
+            .collect();
         let u = |x: usize| GgufValue::U32(x as u32);
         let bytes = write_gguf(
             &[
@@ -321,7 +365,10 @@ mod tests {
                 ("llama.attention.head_count", u(c.num_heads)),
                 ("llama.attention.head_count_kv", u(c.num_kv_heads)),
                 ("llama.rope.freq_base", GgufValue::F32(c.rope_theta)),
-                ("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(c.rms_norm_eps)),
+                (
+                    "llama.attention.layer_norm_rms_epsilon",
+                    GgufValue::F32(c.rms_norm_eps),
+                ),
                 ("llama.context_length", u(c.max_position_embeddings)),
                 ("llama.rope.dimension_count", u(c.head_dim)),
             ],
@@ -352,7 +399,11 @@ mod tests {
 
     #[test]
     fn missing_tensor_is_named() {
-        let g = synthetic_gguf(&ModelConfig::tiny(), DType::F32, Some("blk.1.ffn_up.weight"));
+        let g = synthetic_gguf(
+            &ModelConfig::tiny(),
+            DType::F32,
+            Some("blk.1.ffn_up.weight"),
+        );
         match weights_from_gguf(&g) {
             Err(ModelError::MissingTensor { tensor }) => assert_eq!(tensor, "blk.1.ffn_up.weight"),
             other => panic!("{other:?}"),
@@ -364,7 +415,14 @@ mod tests {
         let mut c = ModelConfig::tiny();
         c.intermediate_size = 256; // the file says 512
         let g = synthetic_gguf(&ModelConfig::tiny(), DType::F32, None);
-        let err = check_matrix(g.matrix("blk.0.ffn_up.weight").unwrap(), "blk.0.ffn_up.weight", c.intermediate_size, 256);
-        assert!(matches!(err, Err(ModelError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.ffn_up.weight"));
+        let err = check_matrix(
+            g.matrix("blk.0.ffn_up.weight").unwrap(),
+            "blk.0.ffn_up.weight",
+            c.intermediate_size,
+            256,
+        );
+        assert!(
+            matches!(err, Err(ModelError::ShapeMismatch { ref tensor, .. }) if tensor == "blk.0.ffn_up.weight")
+        );
     }
 }

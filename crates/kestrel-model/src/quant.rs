@@ -22,7 +22,11 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
     let be = dtype.block_elems();
     let bb = dtype.block_bytes();
-    assert!(out.len() % be == 0, "{} elements is not a whole number of {dtype:?} blocks", out.len());
+    assert!(
+        out.len() % be == 0,
+        "{} elements is not a whole number of {dtype:?} blocks",
+        out.len()
+    );
     for (blk, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
         match dtype {
             DType::F32 => y[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
@@ -59,7 +63,10 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -108,7 +115,11 @@ fn dequantize_q6_k(blk: &[u8], y: &mut [f32]) {
 /// Encodes `src` (a multiple of the block size) in `dtype`'s layout, appending to `out`.
 pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
     let be = dtype.block_elems();
-    assert!(src.len() % be == 0, "{} elements is not a whole number of {dtype:?} blocks", src.len());
+    assert!(
+        src.len() % be == 0,
+        "{} elements is not a whole number of {dtype:?} blocks",
+        src.len()
+    );
     for x in src.chunks_exact(be) {
         match dtype {
             DType::F32 => out.extend_from_slice(&x[0].to_le_bytes()),
@@ -123,7 +134,9 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
             }
             DType::Q4_0 => {
                 // The signed value of largest magnitude maps to -8.
-                let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                let max = x
+                    .iter()
+                    .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
@@ -131,7 +144,9 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
             }
             DType::Q4_1 => {
-                let (min, max) = x.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let (min, max) = x
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
                 let d = (max - min) / 15.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
@@ -160,7 +175,13 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
     let d16 = f16::from_f32(d);
     let dmin16 = f16::from_f32(dmin);
     let (d, dmin) = (d16.to_f32(), dmin16.to_f32());
-    let q6 = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let q6 = |v: f32, unit: f32| {
+        if unit > 0.0 {
+            (v / unit).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        }
+    };
     let sc: Vec<u8> = scale.iter().map(|&s| q6(s, d)).collect();
     let mn: Vec<u8> = minv.iter().map(|&m| q6(m, dmin)).collect();
     let mut scales = [0u8; 12];
@@ -174,7 +195,11 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
         let step = d * f32::from(sc[s]);
         let m = dmin * f32::from(mn[s]);
         for (l, &v) in sub.iter().enumerate() {
-            let q = if step > 0.0 { ((v + m) / step).round().clamp(0.0, 15.0) as u8 } else { 0 };
+            let q = if step > 0.0 {
+                ((v + m) / step).round().clamp(0.0, 15.0) as u8
+            } else {
+                0
+            };
             // Sub-block 2c goes to the low nibbles of chunk c, 2c+1 to the high.
             qs[32 * (s / 2) + l] |= if s % 2 == 0 { q } else { q << 4 };
         }
@@ -187,18 +212,31 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
 
 fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
     // Per 16-element sub-block: x ~ d * sc * q, q in -32..=31, sc an i8.
-    let sub_scale: Vec<f32> = x.chunks_exact(16).map(|s| s.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0).collect();
+    let sub_scale: Vec<f32> = x
+        .chunks_exact(16)
+        .map(|s| s.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0)
+        .collect();
     let d = sub_scale.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
     let d16 = f16::from_f32(d);
     let d = d16.to_f32();
     let sc: Vec<i8> = sub_scale
         .iter()
-        .map(|&s| if d > 0.0 { (s / d).round().clamp(-128.0, 127.0) as i8 } else { 0 })
+        .map(|&s| {
+            if d > 0.0 {
+                (s / d).round().clamp(-128.0, 127.0) as i8
+            } else {
+                0
+            }
+        })
         .collect();
     let mut q = [0u8; QK_K];
     for (e, &v) in x.iter().enumerate() {
         let step = d * f32::from(sc[e / 16]);
-        let qi = if step != 0.0 { (v / step).round().clamp(-32.0, 31.0) as i32 } else { 0 };
+        let qi = if step != 0.0 {
+            (v / step).round().clamp(-32.0, 31.0) as i32
+        } else {
+            0
+        };
         q[e] = (qi + 32) as u8;
     }
     let mut ql = [0u8; 128];
@@ -244,7 +282,10 @@ impl Matrix {
     /// the block size.
     pub fn quantize(dtype: DType, rows: usize, cols: usize, values: &[f32]) -> Matrix {
         assert_eq!(values.len(), rows * cols, "Matrix::quantize: value count");
-        assert!(cols % dtype.block_elems() == 0, "{cols} columns do not tile {dtype:?} blocks");
+        assert!(
+            cols % dtype.block_elems() == 0,
+            "{cols} columns do not tile {dtype:?} blocks"
+        );
         let mut data = Vec::with_capacity(rows * cols / dtype.block_elems() * dtype.block_bytes());
         quantize(dtype, values, &mut data);
         Matrix {
@@ -309,7 +350,7 @@ mod tests {
         let mut b = Vec::new();
         b.extend_from_slice(&h(1.0)); // d
         b.extend_from_slice(&h(0.5)); // dmin
-        // sub-block scales 1..=8 and mins 10..=17 (6-bit), packed per get_scale_min_k4.
+                                      // sub-block scales 1..=8 and mins 10..=17 (6-bit), packed per get_scale_min_k4.
         let sc: Vec<u8> = (1..=8).collect();
         let mn: Vec<u8> = (10..=17).collect();
         let mut s = [0u8; 12];
@@ -324,7 +365,10 @@ mod tests {
         for sub in 0..8 {
             let q = if sub % 2 == 0 { 1.0 } else { 3.0 };
             let want = f32::from(sc[sub]) * q - 0.5 * f32::from(mn[sub]);
-            assert!(y[sub * 32..sub * 32 + 32].iter().all(|&v| v == want), "sub-block {sub}");
+            assert!(
+                y[sub * 32..sub * 32 + 32].iter().all(|&v| v == want),
+                "sub-block {sub}"
+            );
         }
     }
 
@@ -338,7 +382,8 @@ mod tests {
                 let (q1, q2, q3, q4) = (q(0), q(1), q(2), q(3));
                 b[64 * n + l] = (q1 & 15) | ((q3 & 15) << 4);
                 b[64 * n + l + 32] = (q2 & 15) | ((q4 & 15) << 4);
-                b[128 + 32 * n + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+                b[128 + 32 * n + l] =
+                    (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
             }
         }
         for j in 0..16 {
@@ -365,7 +410,11 @@ mod tests {
         let sum: f64 = y.iter().map(|&v| f64::from(v)).sum();
         assert!((sum - Q4K_SUM).abs() < 1e-3, "q4_K sum {sum}");
         for &(i, v) in Q4K_PICKS {
-            assert!((y[i] - v).abs() < 1e-5, "q4_K[{i}] = {} want {v}", y[i]);
+            assert!(
+                (f64::from(y[i]) - v).abs() < 1e-5,
+                "q4_K[{i}] = {} want {v}",
+                y[i]
+            );
         }
         let mut q6k: Vec<u8> = (0..210).map(|i| ((i * 37 + 11) % 256) as u8).collect();
         q6k[208..210].copy_from_slice(&h(0.01));
@@ -373,22 +422,28 @@ mod tests {
         let sum: f64 = y.iter().map(|&v| f64::from(v)).sum();
         assert!((sum - Q6K_SUM).abs() < 1e-3, "q6_K sum {sum}");
         for &(i, v) in Q6K_PICKS {
-            assert!((y[i] - v).abs() < 1e-5, "q6_K[{i}] = {} want {v}", y[i]);
+            assert!(
+                (f64::from(y[i]) - v).abs() < 1e-5,
+                "q6_K[{i}] = {} want {v}",
+                y[i]
+            );
         }
     }
 
     #[rustfmt::skip]
     const Q4K_SUM: f64 = 417.76922607421875;
     #[rustfmt::skip]
-    const Q4K_PICKS: &[(usize, f32)] = &[(0, 2.3905105590820312), (1, -1.0202178955078125), (17, -1.0202178955078125), (31, 0.840179443359375), (32, -0.280059814453125), (63, 0.040008544921875), (64, 3.2907028198242188), (100, 0.440093994140625), (127, 0.3000640869140625), (128, 4.050865173339844), (150, 3.2706985473632812), (191, 0.0), (192, 5.051078796386719), (230, -0.64013671875), (255, -0.040008544921875)];
+    const Q4K_PICKS: &[(usize, f64)] = &[(0, 2.3905105590820312), (1, -1.0202178955078125), (17, -1.0202178955078125), (31, 0.840179443359375), (32, -0.280059814453125), (63, 0.040008544921875), (64, 3.2907028198242188), (100, 0.440093994140625), (127, 0.3000640869140625), (128, 4.050865173339844), (150, 3.2706985473632812), (191, 0.0), (192, 5.051078796386719), (230, -0.64013671875), (255, -0.040008544921875)];
     #[rustfmt::skip]
     const Q6K_SUM: f64 = 46.129852294921875;
     #[rustfmt::skip]
-    const Q6K_PICKS: &[(usize, f32)] = &[(0, -14.313056945800781), (1, 16.963623046875), (17, 5.12109375), (31, -0.960205078125), (32, 2.3104934692382812), (63, -5.801239013671875), (64, -30.406494140625), (100, 25.235389709472656), (127, 15.003204345703125), (128, -3.5107498168945312), (150, -1.68035888671875), (191, -9.802093505859375), (192, -4.841033935546875), (230, 9.402008056640625), (255, -0.600128173828125)];
+    const Q6K_PICKS: &[(usize, f64)] = &[(0, -14.313056945800781), (1, 16.963623046875), (17, 5.12109375), (31, -0.960205078125), (32, 2.3104934692382812), (63, -5.801239013671875), (64, -30.406494140625), (100, 25.235389709472656), (127, 15.003204345703125), (128, -3.5107498168945312), (150, -1.68035888671875), (191, -9.802093505859375), (192, -4.841033935546875), (230, 9.402008056640625), (255, -0.600128173828125)];
 
     #[test]
     fn quantize_round_trips_within_block_error() {
-        let x: Vec<f32> = (0..512).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let x: Vec<f32> = (0..512)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
         for (dtype, tol) in [
             (DType::F32, 0.0),
             (DType::F16, 1e-3),
@@ -402,7 +457,10 @@ mod tests {
             let m = Matrix::quantize(dtype, 2, 256, &x);
             assert_eq!(m.data.len(), 2 * m.row_bytes(), "{dtype:?}");
             let y = m.to_f32();
-            let err = x.iter().zip(&y).fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+            let err = x
+                .iter()
+                .zip(&y)
+                .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
             assert!(err <= tol, "{dtype:?}: max error {err}");
         }
     }

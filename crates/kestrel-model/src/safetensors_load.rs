@@ -71,7 +71,9 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         num_layers: hf.num_hidden_layers,
         num_heads: hf.num_attention_heads,
         num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf.head_dim.unwrap_or(hf.hidden_size / hf.num_attention_heads),
+        head_dim: hf
+            .head_dim
+            .unwrap_or(hf.hidden_size / hf.num_attention_heads),
         rope_theta: hf.rope_theta.unwrap_or(10_000.0),
         rope_style: RopeStyle::HalfSplit,
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
@@ -98,11 +100,14 @@ impl TensorStore {
             // SAFETY: read-only map of a checkpoint Kestrel never writes; as
             // with any mmap loader, concurrent truncation by another process
             // is outside our control.
-            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?);
-            let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|source| ModelError::Safetensors {
-                path: path.clone(),
-                source,
-            })?;
+            let map = Arc::new(
+                unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?,
+            );
+            let (header_len, meta) =
+                SafeTensors::read_metadata(&map).map_err(|source| ModelError::Safetensors {
+                    path: path.clone(),
+                    source,
+                })?;
             let base = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let (start, end) = info.data_offsets;
@@ -122,10 +127,12 @@ impl TensorStore {
     }
 
     fn raw(&self, name: &str) -> Result<Matrix, ModelError> {
-        let (dtype, shape, bytes) = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor { tensor: name.into() })?;
+        let (dtype, shape, bytes) =
+            self.tensors
+                .get(name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    tensor: name.into(),
+                })?;
         let dtype = match dtype {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
@@ -266,7 +273,11 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 /// Token ids given as a number or a list of numbers.
 fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
         Some(Value::Array(a)) => a.iter().flat_map(|x| ids(Some(x))).collect(),
         _ => Vec::new(),
     }
@@ -292,9 +303,17 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
 
     let tokenizer = crate::tokenizer::tokenizer_from_file(&dir.join("tokenizer.json"))?;
     let tc_path = dir.join("tokenizer_config.json");
-    let tc: Value = if tc_path.is_file() { read_json(&tc_path)? } else { Value::Null };
+    let tc: Value = if tc_path.is_file() {
+        read_json(&tc_path)?
+    } else {
+        Value::Null
+    };
     let gen_path = dir.join("generation_config.json");
-    let generation: Value = if gen_path.is_file() { read_json(&gen_path)? } else { Value::Null };
+    let generation: Value = if gen_path.is_file() {
+        read_json(&gen_path)?
+    } else {
+        Value::Null
+    };
 
     let bos_text = token_string(tc.get("bos_token"));
     let eos_text = token_string(tc.get("eos_token"));
@@ -332,7 +351,10 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
             _ => false,
         },
     };
-    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     Ok(LoadedModel {
         weights,
         tokenizer,

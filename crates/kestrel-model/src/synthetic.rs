@@ -50,7 +50,12 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
         (0..n).map(|_| center + rng.symmetric() * spread).collect()
     };
 
-    let (h, q, kv, ff) = (config.hidden_size, config.q_dim(), config.kv_dim(), config.intermediate_size);
+    let (h, q, kv, ff) = (
+        config.hidden_size,
+        config.q_dim(),
+        config.kv_dim(),
+        config.intermediate_size,
+    );
     let token_embd = matrix(&mut next_rng(), config.vocab_size, h, std);
     let layers = (0..config.num_layers)
         .map(|_| {
@@ -86,6 +91,16 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
     }
 }
 
+impl ModelConfig {
+    /// [`ModelConfig::smollm2_135m`] cut to `layers` layers (fast tests with real shapes).
+    pub fn smollm2_135m_layers(layers: usize) -> Self {
+        ModelConfig {
+            num_layers: layers,
+            ..ModelConfig::smollm2_135m()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,13 +120,25 @@ mod tests {
     fn shapes_and_dtypes() {
         let mut c = ModelConfig::tiny();
         c.qkv_bias = true;
-        for dtype in [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4K, DType::Q6K] {
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4K,
+            DType::Q6K,
+        ] {
             let w = synthetic_weights(&c, dtype, 1);
             let l = &w.layers[0];
             assert_eq!((l.wq.rows, l.wq.cols), (c.q_dim(), c.hidden_size));
             assert_eq!((l.wk.rows, l.wv.rows), (c.kv_dim(), c.kv_dim()));
             assert_eq!((l.wo.rows, l.wo.cols), (c.hidden_size, c.q_dim()));
-            assert_eq!((l.w_down.rows, l.w_down.cols), (c.hidden_size, c.intermediate_size));
+            assert_eq!(
+                (l.w_down.rows, l.w_down.cols),
+                (c.hidden_size, c.intermediate_size)
+            );
             assert_eq!(l.w_gate.dtype, dtype);
             assert_eq!(l.w_gate.data.len(), l.w_gate.rows * l.w_gate.row_bytes());
             assert_eq!(l.bq.as_ref().map(Vec::len), Some(c.q_dim()));
@@ -126,15 +153,5 @@ mod tests {
     fn tied_embeddings_share_bytes() {
         let w = synthetic_weights(&ModelConfig::smollm2_135m_layers(1), DType::Q8_0, 3);
         assert_eq!(w.lm_head.data.as_ptr(), w.token_embd.data.as_ptr());
-    }
-}
-
-impl ModelConfig {
-    /// [`ModelConfig::smollm2_135m`] cut to `layers` layers (fast tests with real shapes).
-    pub fn smollm2_135m_layers(layers: usize) -> Self {
-        ModelConfig {
-            num_layers: layers,
-            ..ModelConfig::smollm2_135m()
-        }
     }
 }

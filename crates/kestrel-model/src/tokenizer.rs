@@ -85,7 +85,11 @@ pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i as u32))
+        .collect();
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()
@@ -102,14 +106,19 @@ pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
     tk.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
     tk.with_decoder(Some(ByteLevelDecoder::default()));
 
-    if let Some(types) = gguf.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+    if let Some(types) = gguf
+        .get("tokenizer.ggml.token_type")
+        .and_then(|v| v.as_array())
+    {
         let mut special = Vec::new();
         let mut added = Vec::new();
         for (i, t) in types.iter().enumerate() {
             let Some(tok) = tokens.get(i) else { break };
             match t.as_i64() {
                 Some(TOKEN_TYPE_CONTROL) => special.push(AddedToken::from(tok.to_string(), true)),
-                Some(TOKEN_TYPE_USER_DEFINED) => added.push(AddedToken::from(tok.to_string(), false)),
+                Some(TOKEN_TYPE_USER_DEFINED) => {
+                    added.push(AddedToken::from(tok.to_string(), false))
+                }
                 _ => {}
             }
         }
@@ -130,7 +139,9 @@ pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, ModelError>
 
 /// Decodes ids back to text, keeping special tokens.
 pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, ModelError> {
-    tokenizer.decode(ids, false).map_err(|source| ModelError::Tokenizer { source })
+    tokenizer
+        .decode(ids, false)
+        .map_err(|source| ModelError::Tokenizer { source })
 }
 
 #[cfg(test)]
@@ -146,8 +157,29 @@ pub(crate) mod tests {
     pub(crate) fn tiny_gguf(pre: &str) -> GgufFile {
         // Byte-level alphabet for "hello world 12" plus a few merges.
         let tokens = [
-            "<|endoftext|>", "<|im_start|>", "<|im_end|>", "h", "e", "l", "o", "Ġ", "w", "r", "d", "1", "2", "he",
-            "ll", "llo", "hello", "Ġw", "or", "Ġwor", "Ġworld", "12", "Ċ",
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "h",
+            "e",
+            "l",
+            "o",
+            "Ġ",
+            "w",
+            "r",
+            "d",
+            "1",
+            "2",
+            "he",
+            "ll",
+            "llo",
+            "hello",
+            "Ġw",
+            "or",
+            "Ġwor",
+            "Ġworld",
+            "12",
+            "Ċ",
         ];
         let merges = ["h e", "l l", "ll o", "he llo", "Ġ w", "o r", "Ġw or", "1 2"];
         let mut types = vec![GgufValue::I32(1); tokens.len()];
@@ -173,7 +205,10 @@ pub(crate) mod tests {
         let ids = encode(&tk, "<|im_start|>hello world<|im_end|>").unwrap();
         // "world" has no "ld" merge: Ġwor + l + d.
         assert_eq!(ids, vec![1, 16, 19, 5, 10, 2]);
-        assert_eq!(decode(&tk, &ids).unwrap(), "<|im_start|>hello world<|im_end|>");
+        assert_eq!(
+            decode(&tk, &ids).unwrap(),
+            "<|im_start|>hello world<|im_end|>"
+        );
     }
 
     #[test]

@@ -65,7 +65,9 @@ pub enum Bytes {
 impl std::fmt::Debug for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Bytes::Mapped { offset, len, .. } => write!(f, "Bytes::Mapped({len} bytes at {offset})"),
+            Bytes::Mapped { offset, len, .. } => {
+                write!(f, "Bytes::Mapped({len} bytes at {offset})")
+            }
             Bytes::Owned(b) => write!(f, "Bytes::Owned({} bytes)", b.len()),
         }
     }
@@ -78,7 +80,11 @@ impl Bytes {
     /// Panics if the window is out of bounds (callers check sizes first).
     pub fn slice(&self, start: usize, len: usize) -> Bytes {
         match self {
-            Bytes::Mapped { map, offset, len: l } => {
+            Bytes::Mapped {
+                map,
+                offset,
+                len: l,
+            } => {
                 assert!(start + len <= *l, "Bytes::slice out of bounds");
                 Bytes::Mapped {
                     map: Arc::clone(map),

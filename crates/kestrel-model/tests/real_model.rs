@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use kestrel_model::{default_model_path, load, ChatMessage, DType, GgufFile, LoadedModel, RopeStyle};
+use kestrel_model::{
+    default_model_path, load, ChatMessage, DType, GgufFile, LoadedModel, RopeStyle,
+};
 use serde_json::Value;
 
 fn model() -> &'static LoadedModel {
@@ -24,14 +26,19 @@ fn model() -> &'static LoadedModel {
 fn golden() -> &'static Value {
     static GOLDEN: OnceLock<Value> = OnceLock::new();
     GOLDEN.get_or_init(|| {
-        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-135m-q4_1.json");
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/golden/smollm2-135m-q4_1.json");
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         serde_json::from_str(&text).expect("golden JSON")
     })
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 #[test]
@@ -40,7 +47,14 @@ fn default_model_config_and_layout() {
     let c = &m.weights.config;
     assert_eq!(c.architecture, "llama");
     assert_eq!(
-        (c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim),
+        (
+            c.num_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
         (30, 576, 1536, 9, 3, 64)
     );
     assert_eq!(c.rope_theta, 100_000.0);
@@ -54,8 +68,15 @@ fn default_model_config_and_layout() {
     let w = &m.weights;
     assert_eq!(w.token_embd.dtype, DType::Q8_0);
     assert_eq!((w.token_embd.rows, w.token_embd.cols), (49152, 576));
-    assert!(w.token_embd.data.is_mapped(), "weights must stay in the mmap");
-    assert_eq!(w.lm_head.data.as_ptr(), w.token_embd.data.as_ptr(), "tied lm_head shares bytes");
+    assert!(
+        w.token_embd.data.is_mapped(),
+        "weights must stay in the mmap"
+    );
+    assert_eq!(
+        w.lm_head.data.as_ptr(),
+        w.token_embd.data.as_ptr(),
+        "tied lm_head shares bytes"
+    );
     assert_eq!(w.layers.len(), 30);
     for l in &w.layers {
         for mat in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
@@ -113,11 +134,18 @@ fn dequantized_rows_match_reference() {
         mat.dequantize_row(row, &mut out);
         for (i, want) in check["first8"].as_array().unwrap().iter().enumerate() {
             let want = want.as_f64().unwrap() as f32;
-            assert!((out[i] - want).abs() < 1e-5, "{name}[{row}][{i}] = {} want {want}", out[i]);
+            assert!(
+                (out[i] - want).abs() < 1e-5,
+                "{name}[{row}][{i}] = {} want {want}",
+                out[i]
+            );
         }
         let sum: f64 = out.iter().map(|&v| f64::from(v)).sum();
         let want = check["row_sum"].as_f64().unwrap();
-        assert!((sum - want).abs() < 1e-3, "{name}[{row}] sum {sum} want {want}");
+        assert!(
+            (sum - want).abs() < 1e-3,
+            "{name}[{row}] sum {sum} want {want}"
+        );
     }
 }
 
@@ -164,10 +192,18 @@ fn tokenizer_matches_golden_ids() {
     }
     for p in g["prompts"].as_array().unwrap() {
         let text = p["text"].as_str().unwrap();
-        assert_eq!(m.encode(text).unwrap(), ids(&p["prompt_ids"]), "prompt {}", p["name"]);
+        assert_eq!(
+            m.encode(text).unwrap(),
+            ids(&p["prompt_ids"]),
+            "prompt {}",
+            p["name"]
+        );
         // The reference's greedy continuation must also round-trip through our decoder.
         let greedy = ids(&p["greedy_ids"]);
-        assert_eq!(m.decode(&greedy).unwrap(), p["greedy_text"].as_str().unwrap());
+        assert_eq!(
+            m.decode(&greedy).unwrap(),
+            p["greedy_text"].as_str().unwrap()
+        );
     }
 }
 
@@ -184,10 +220,21 @@ fn chat_template_matches_reference_render() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|msg| ChatMessage::new(msg["role"].as_str().unwrap(), msg["content"].as_str().unwrap()))
+        .map(|msg| {
+            ChatMessage::new(
+                msg["role"].as_str().unwrap(),
+                msg["content"].as_str().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(m.chat_template.render(&messages, true).unwrap(), p["text"].as_str().unwrap());
-    let user_only = m.chat_template.render(&[ChatMessage::user("What is the capital of France?")], true).unwrap();
+    assert_eq!(
+        m.chat_template.render(&messages, true).unwrap(),
+        p["text"].as_str().unwrap()
+    );
+    let user_only = m
+        .chat_template
+        .render(&[ChatMessage::user("What is the capital of France?")], true)
+        .unwrap();
     assert_eq!(
         user_only,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"

@@ -39,7 +39,11 @@ fn entry(name: String, m: &Matrix, dtype: DType, one_d: bool) -> Entry {
         DType::F16 => Dtype::F16,
         _ => Dtype::BF16,
     };
-    let shape = if one_d { vec![m.cols] } else { vec![m.rows, m.cols] };
+    let shape = if one_d {
+        vec![m.cols]
+    } else {
+        vec![m.rows, m.cols]
+    };
     (name, st, shape, re.data.to_vec())
 }
 
@@ -53,11 +57,21 @@ fn hf_tensors(c: &ModelConfig) -> Vec<Entry> {
     let w = synthetic_weights(c, DType::F32, 9);
     let dt = [DType::F16, DType::BF16, DType::F32];
     let mut t = vec![
-        entry("model.embed_tokens.weight".into(), &w.token_embd, DType::BF16, false),
+        entry(
+            "model.embed_tokens.weight".into(),
+            &w.token_embd,
+            DType::BF16,
+            false,
+        ),
         vector("model.norm.weight".into(), &w.output_norm),
     ];
     if !c.tie_word_embeddings {
-        t.push(entry("lm_head.weight".into(), &w.lm_head, DType::F16, false));
+        t.push(entry(
+            "lm_head.weight".into(),
+            &w.lm_head,
+            DType::F16,
+            false,
+        ));
     }
     for (i, l) in w.layers.iter().enumerate() {
         let p = |s: &str| format!("model.layers.{i}.{s}");
@@ -123,7 +137,8 @@ fn write_dir(dir: &Path, c: &ModelConfig, model_type: &str, tensors: &[Entry], s
         let index = json!({ "metadata": {}, "weight_map": map });
         std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     }
-    let tk = crate::tokenizer::tokenizer_from_gguf(&crate::tokenizer::tests::tiny_gguf("smollm")).unwrap();
+    let tk = crate::tokenizer::tokenizer_from_gguf(&crate::tokenizer::tests::tiny_gguf("smollm"))
+        .unwrap();
     tk.save(dir.join("tokenizer.json"), false).unwrap();
     let tc = json!({
         "bos_token": "<|im_start|>",
@@ -150,7 +165,10 @@ fn llama_single_file() {
     let m = load(&dir.0).unwrap();
     assert_eq!(m.weights.config, c);
     let l = &m.weights.layers[1];
-    assert_eq!((l.wq.dtype, l.wk.dtype, l.wv.dtype), (DType::F16, DType::BF16, DType::F32));
+    assert_eq!(
+        (l.wq.dtype, l.wk.dtype, l.wv.dtype),
+        (DType::F16, DType::BF16, DType::F32)
+    );
     assert!(l.wq.data.is_mapped() && m.weights.token_embd.data.is_mapped());
     // Values survive the F16 round trip.
     let orig = synthetic_weights(&c, DType::F32, 9);
@@ -159,7 +177,10 @@ fn llama_single_file() {
     assert_eq!(m.bos_token_id, Some(1));
     assert_eq!(m.eos_token_ids, vec![2, 0]);
     assert_eq!(m.encode("<|im_start|>hello").unwrap(), vec![1, 16]);
-    let out = m.chat_template.render(&[crate::ChatMessage::user("hi")], false).unwrap();
+    let out = m
+        .chat_template
+        .render(&[crate::ChatMessage::user("hi")], false)
+        .unwrap();
     assert_eq!(out, "[user]hi<|im_end|>");
 }
 
@@ -173,8 +194,14 @@ fn qwen2_sharded_tied_with_bias() {
     write_dir(&dir.0, &c, "qwen2", &hf_tensors(&c), 3);
     let m = load(&dir.0).unwrap();
     assert_eq!(m.weights.config, c);
-    assert_eq!(m.weights.layers[0].bk.as_ref().map(Vec::len), Some(c.kv_dim()));
-    assert_eq!(m.weights.lm_head.data.as_ptr(), m.weights.token_embd.data.as_ptr());
+    assert_eq!(
+        m.weights.layers[0].bk.as_ref().map(Vec::len),
+        Some(c.kv_dim())
+    );
+    assert_eq!(
+        m.weights.lm_head.data.as_ptr(),
+        m.weights.token_embd.data.as_ptr()
+    );
 }
 
 #[test]
@@ -182,11 +209,18 @@ fn wrong_shape_names_tensor() {
     let dir = TempDir::new("shape");
     let c = tiny(23);
     let mut tensors = hf_tensors(&c);
-    let bad = tensors.iter_mut().find(|t| t.0 == "model.layers.1.mlp.up_proj.weight").unwrap();
+    let bad = tensors
+        .iter_mut()
+        .find(|t| t.0 == "model.layers.1.mlp.up_proj.weight")
+        .unwrap();
     bad.2 = vec![c.intermediate_size / 2, c.hidden_size * 2];
     write_dir(&dir.0, &c, "llama", &tensors, 1);
     match load(&dir.0) {
-        Err(ModelError::ShapeMismatch { tensor, expected, found }) => {
+        Err(ModelError::ShapeMismatch {
+            tensor,
+            expected,
+            found,
+        }) => {
             assert_eq!(tensor, "model.layers.1.mlp.up_proj.weight");
             assert_eq!(expected, vec![512, 256]);
             assert_eq!(found, vec![256, 512]);
@@ -202,9 +236,17 @@ fn missing_tensor_and_bad_arch() {
     let mut tensors = hf_tensors(&c);
     tensors.retain(|t| t.0 != "model.layers.0.self_attn.k_proj.weight");
     write_dir(&dir.0, &c, "llama", &tensors, 1);
-    assert!(matches!(load(&dir.0), Err(ModelError::MissingTensor { tensor }) if tensor == "model.layers.0.self_attn.k_proj.weight"));
+    assert!(
+        matches!(load(&dir.0), Err(ModelError::MissingTensor { tensor }) if tensor == "model.layers.0.self_attn.k_proj.weight")
+    );
     write_dir(&dir.0, &c, "gpt_neox", &hf_tensors(&c), 1);
-    assert!(matches!(load(&dir.0), Err(ModelError::UnsupportedArchitecture { .. })));
+    assert!(matches!(
+        load(&dir.0),
+        Err(ModelError::UnsupportedArchitecture { .. })
+    ));
     let empty = TempDir::new("empty");
-    assert!(matches!(load(&empty.0), Err(ModelError::UnknownModelFormat { .. })));
+    assert!(matches!(
+        load(&empty.0),
+        Err(ModelError::UnknownModelFormat { .. })
+    ));
 }
