@@ -1,0 +1,32 @@
+//! kestrel-skills: the per-request skills the pipeline drives.
+//!
+//! A [`Skill`] consumes each committed token, decides when its request is
+//! done, may restrict the next token with a bitmask, streams text deltas and
+//! builds the final [`SkillResult`]. Kinds ([`SkillSpec`]): free text with
+//! stop strings / stop ids / EOS, and JSON-schema, regex, choice and Lark
+//! grammar outputs constrained with llguidance. Per-model state lives in a
+//! shared [`SkillContext`]. **Architecture invariant:** no model, runtime or
+//! scheduler code here; the only contract is `kestrel_pipeline::SequenceSkill`.
+#![forbid(unsafe_code)]
+
+mod batch;
+mod context;
+mod detok;
+mod error;
+mod output;
+mod skill;
+mod spec;
+mod stop;
+pub mod testing;
+mod vocab;
+
+pub use batch::fill_batch_masks;
+pub use context::{
+    ChatMessage, ChatMlTemplate, ChatTemplate, Prompt, SkillContext, SkillContextConfig,
+};
+pub use detok::Utf8Decoder;
+pub use error::{BoxedCause, SkillError};
+pub use output::{StreamDelta, TokenLogprob};
+pub use skill::{Skill, SkillPhase, SkillResult};
+pub use spec::{SkillKind, SkillOptions, SkillSpec};
+pub use stop::StopStrings;

@@ -1,0 +1,329 @@
+//! [`Skill`]: one request's per-sequence state, driven by the pipeline through
+//! [`SequenceSkill`].
+//!
+//! Lifecycle: `Running` -> (`consume` returns `Stop`) `Stopped` -> (`finish`)
+//! `Finished`; `finish` may also come straight from `Running` (length, abort,
+//! failure). Only a `Running` constrained skill is constrained: a stopped or
+//! finished skill (a zombie row) reports unconstrained and fills an all-ones
+//! mask without touching the grammar. Per step: `consume` is O(token bytes)
+//! plus llguidance's token commit; `fill_mask` is one llguidance mask
+//! computation plus a copy of `vocab/32` words.
+
+use std::sync::Arc;
+
+use kestrel_pipeline::{
+    CommittedToken, FinishReason, Outcome, SequenceSkill, TokenId, TokenMask, Verdict,
+};
+use llguidance::Matcher;
+
+use crate::context::SkillContext;
+use crate::error::SkillError;
+use crate::output::{OutputBuffer, StreamDelta, TokenLogprob};
+use crate::spec::{compile, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules};
+use crate::stop::StopStrings;
+
+/// Where a skill is in its lifecycle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SkillPhase {
+    /// Consuming tokens.
+    Running,
+    /// `consume` returned `Stop(reason)`; waiting for `finish`.
+    Stopped(FinishReason),
+    /// `finish` was called.
+    Finished(Outcome),
+}
+
+/// The final output of a request, available once [`SequenceSkill::finish`] ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkillResult {
+    /// The output text: special tokens, EOS and a matched stop string excluded.
+    /// Equal to the concatenation of every [`StreamDelta::text`].
+    pub text: String,
+    /// Every committed token, including a final EOS or stop token.
+    pub token_ids: Vec<TokenId>,
+    /// How the request ended.
+    pub outcome: Outcome,
+    /// The parsed value, for a JSON skill whose output parses.
+    pub json: Option<serde_json::Value>,
+    /// Per-token log-probabilities, when requested.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Why a constrained output is not a complete sentence of its language
+    /// (EOS before the end, or a grammar engine error), if it is not.
+    pub constraint_error: Option<String>,
+}
+
+impl SkillResult {
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        match self.outcome {
+            Outcome::Finished(r) => Some(r),
+            Outcome::Failed(..) => None,
+        }
+    }
+}
+
+enum Rules {
+    Text(TextRules),
+    Constrained(Box<Matcher>),
+}
+
+/// A request's skill: text generation or a grammar-constrained output.
+pub struct Skill {
+    ctx: Arc<SkillContext>,
+    kind: SkillKind,
+    options: SkillOptions,
+    rules: Rules,
+    out: OutputBuffer,
+    phase: SkillPhase,
+    constraint_error: Option<String>,
+}
+
+impl std::fmt::Debug for Skill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Skill")
+            .field("kind", &self.kind)
+            .field("phase", &self.phase)
+            .field("tokens", &self.out.tokens.len())
+            .field("constraint_error", &self.constraint_error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Skill {
+    /// Validates `spec` (compiling any grammar) and builds the skill. Call at
+    /// submission, before reserving KV: every [`SkillError`] surfaces here.
+    pub fn new(
+        ctx: &Arc<SkillContext>,
+        spec: &SkillSpec,
+        options: SkillOptions,
+    ) -> Result<Self, SkillError> {
+        let (rules, stops) = match compile(ctx, spec)? {
+            Compiled::Text(t) => {
+                let stops = StopStrings::new(t.stop.clone());
+                (Rules::Text(t), stops)
+            }
+            Compiled::Constrained(m) => (Rules::Constrained(m), StopStrings::default()),
+        };
+        Ok(Self {
+            ctx: Arc::clone(ctx),
+            kind: spec.kind(),
+            options,
+            rules,
+            out: OutputBuffer::new(stops),
+            phase: SkillPhase::Running,
+            constraint_error: None,
+        })
+    }
+
+    pub fn kind(&self) -> SkillKind {
+        self.kind
+    }
+
+    pub fn options(&self) -> SkillOptions {
+        self.options
+    }
+
+    pub fn phase(&self) -> &SkillPhase {
+        &self.phase
+    }
+
+    /// The text committed so far (including text still held back from streaming).
+    pub fn text(&self) -> &str {
+        &self.out.text
+    }
+
+    pub fn token_ids(&self) -> &[TokenId] {
+        &self.out.tokens
+    }
+
+    /// Newly committed output that is safe to stream, or `None` if nothing
+    /// changed since the last call. After `finish`, the remainder.
+    pub fn take_delta(&mut self) -> Option<StreamDelta> {
+        self.out.take_delta()
+    }
+
+    /// The final result; `None` until `finish` was called.
+    pub fn result(&self) -> Option<SkillResult> {
+        let SkillPhase::Finished(outcome) = &self.phase else {
+            return None;
+        };
+        Some(SkillResult {
+            text: self.out.text.clone(),
+            token_ids: self.out.tokens.clone(),
+            outcome: outcome.clone(),
+            json: self.parse_json(),
+            logprobs: self.options.logprobs.then(|| self.out.logprobs.clone()),
+            constraint_error: self.constraint_error.clone(),
+        })
+    }
+
+    /// Like [`Skill::result`], without copying the output.
+    pub fn into_result(self) -> Option<SkillResult> {
+        let SkillPhase::Finished(outcome) = &self.phase else {
+            return None;
+        };
+        let outcome = outcome.clone();
+        let json = self.parse_json();
+        Some(SkillResult {
+            text: self.out.text,
+            token_ids: self.out.tokens,
+            outcome,
+            json,
+            logprobs: self.options.logprobs.then_some(self.out.logprobs),
+            constraint_error: self.constraint_error,
+        })
+    }
+
+    fn parse_json(&self) -> Option<serde_json::Value> {
+        if self.kind != SkillKind::Json || self.constraint_error.is_some() {
+            return None;
+        }
+        serde_json::from_str(&self.out.text).ok()
+    }
+
+    fn stop(&mut self, reason: FinishReason) -> Verdict {
+        self.out.seal();
+        self.phase = SkillPhase::Stopped(reason);
+        Verdict::Stop(reason)
+    }
+
+    fn logprob_entry(&self, token: &CommittedToken<'_>) -> Option<TokenLogprob> {
+        self.options.logprobs.then(|| {
+            let n = self.options.top_logprobs.min(token.top_logprobs.len());
+            TokenLogprob {
+                token: token.token,
+                logprob: token.logprob,
+                top: token.top_logprobs[..n].to_vec(),
+            }
+        })
+    }
+
+    /// Appends the token's text unless it is a control token.
+    fn push_text(&mut self, token: TokenId) -> bool {
+        if self.ctx.is_special(token) {
+            return false;
+        }
+        self.out.push_text(self.ctx.token_bytes(token))
+    }
+
+    fn consume_text(&mut self, token: TokenId) -> Verdict {
+        let Rules::Text(rules) = &self.rules else {
+            unreachable!("text rules")
+        };
+        if !rules.ignore_eos && self.ctx.is_eos(token) {
+            return self.stop(FinishReason::Eos);
+        }
+        if rules.stop_token_ids.contains(&token) {
+            return self.stop(FinishReason::Stop);
+        }
+        if self.push_text(token) {
+            return self.stop(FinishReason::Stop);
+        }
+        Verdict::Continue
+    }
+
+    fn consume_constrained(&mut self, token: TokenId) -> Verdict {
+        if self.constraint_error.is_some() {
+            // fill_mask hit an engine error and allowed only EOS.
+            return self.stop(FinishReason::Stop);
+        }
+        let is_eos = self.ctx.is_eos(token);
+        if !is_eos {
+            // The token is committed: its text is part of the output either way.
+            self.push_text(token);
+        }
+        let Rules::Constrained(matcher) = &mut self.rules else {
+            unreachable!("constrained rules")
+        };
+        if is_eos {
+            let accepting = matcher.is_stopped() || matcher.is_accepting().unwrap_or(false);
+            if !accepting {
+                self.constraint_error =
+                    Some("end of sequence before the output was complete".into());
+                return self.stop(FinishReason::Eos);
+            }
+            return self.stop(FinishReason::Stop);
+        }
+        if let Err(e) = matcher.consume_token(token) {
+            self.constraint_error = Some(e.to_string());
+            return self.stop(FinishReason::Stop);
+        }
+        if matcher.is_stopped() {
+            // The grammar accepted and no further token can extend it.
+            return self.stop(FinishReason::Stop);
+        }
+        Verdict::Continue
+    }
+
+    fn allow_only_eos(&self, mask: &mut TokenMask<'_>) {
+        mask.clear();
+        for &eos in self.ctx.eos_token_ids() {
+            mask.allow(eos);
+        }
+    }
+}
+
+impl SequenceSkill for Skill {
+    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
+        match self.phase {
+            SkillPhase::Running => {}
+            SkillPhase::Stopped(reason) => {
+                debug_assert!(false, "consume after Stop");
+                return Verdict::Stop(reason);
+            }
+            SkillPhase::Finished(_) => {
+                debug_assert!(false, "consume after finish");
+                return Verdict::Stop(FinishReason::Abort);
+            }
+        }
+        let lp = self.logprob_entry(token);
+        self.out.record_token(token.token, lp);
+        match self.rules {
+            Rules::Text(_) => self.consume_text(token.token),
+            Rules::Constrained(_) => self.consume_constrained(token.token),
+        }
+    }
+
+    fn is_constrained(&self) -> bool {
+        self.phase == SkillPhase::Running && matches!(self.rules, Rules::Constrained(_))
+    }
+
+    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
+        if !self.is_constrained() {
+            // Zombie rule: a finalized sequence is sampled unconstrained.
+            mask.allow_all();
+            return;
+        }
+        if self.constraint_error.is_some() {
+            self.allow_only_eos(mask);
+            return;
+        }
+        let Rules::Constrained(matcher) = &mut self.rules else {
+            return;
+        };
+        match matcher.compute_mask_or_eos() {
+            Ok(vob) => {
+                let src = vob.as_slice();
+                let dst = mask.words_mut();
+                let n = src.len().min(dst.len());
+                dst[..n].copy_from_slice(&src[..n]);
+                dst[n..].fill(0);
+            }
+            Err(e) => {
+                // Finish rather than panic: only EOS may follow, and the next
+                // consume ends the request with the error recorded.
+                tracing::warn!(error = %e, "constraint engine failed computing a mask");
+                self.constraint_error = Some(e.to_string());
+                self.allow_only_eos(mask);
+            }
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        debug_assert!(
+            !matches!(self.phase, SkillPhase::Finished(_)),
+            "finish called twice"
+        );
+        self.out.seal();
+        self.phase = SkillPhase::Finished(outcome);
+    }
+}
