@@ -180,6 +180,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // {% break %} / {% continue %} (HF enables jinja2.ext.loopcontrols).
+        let first_only = ChatTemplate::new(
+            "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let two = [ChatMessage::user("a"), ChatMessage::assistant("b")];
+        assert_eq!(first_only.render(&two, false).unwrap(), "a");
         assert!(matches!(
             ChatTemplate::new("{% for %}", "", ""),
             Err(ModelError::ChatTemplate { .. })
