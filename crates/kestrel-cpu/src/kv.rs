@@ -1,1 +1,103 @@
-//! placeholder
+//! Host memory for the paged KV cache.
+//!
+//! Per layer one K and one V array laid out `[num_pages][page_size]
+//! [num_kv_heads][head_dim]` in f32 (one token's heads are contiguous). f32
+//! keeps attention exact against an f32 reference; at SmolLM2's shape a token
+//! costs `2 * layers * kv_heads * head_dim * 4` = 46 KiB. Which pages belong to
+//! which sequence is the page table's business (`kestrel-kv`); this store only
+//! reads and writes the pages it is told.
+
+use crate::CpuError;
+
+/// Geometry of a [`KvStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvStoreConfig {
+    pub num_layers: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The KV cache's storage. See the module docs for the layout.
+#[derive(Debug)]
+pub struct KvStore {
+    cfg: KvStoreConfig,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvStore {
+    /// Allocate (zeroed) storage for `cfg`.
+    pub fn new(cfg: KvStoreConfig) -> Result<Self, CpuError> {
+        if cfg.page_size == 0 || cfg.num_pages == 0 || cfg.num_kv_heads == 0 || cfg.head_dim == 0 {
+            return Err(CpuError::KvGeometry { reason: format!("zero-sized dimension in {cfg:?}") });
+        }
+        let per_layer = cfg.num_pages * cfg.page_size * cfg.num_kv_heads * cfg.head_dim;
+        Ok(KvStore {
+            cfg,
+            k: (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect(),
+            v: (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect(),
+        })
+    }
+
+    /// Storage for `model`'s layers and heads.
+    pub fn for_model(model: &kestrel_model::ModelConfig, num_pages: usize, page_size: usize) -> Result<Self, CpuError> {
+        Self::new(KvStoreConfig {
+            num_layers: model.num_layers,
+            num_pages,
+            page_size,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+        })
+    }
+
+    pub fn config(&self) -> KvStoreConfig {
+        self.cfg
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.cfg.page_size
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.cfg.num_pages
+    }
+
+    /// Bytes of host memory held.
+    pub fn bytes(&self) -> usize {
+        2 * self.cfg.num_layers * self.page_floats() * self.cfg.num_pages * 4
+    }
+
+    /// Floats per page per layer per K or V.
+    pub fn page_floats(&self) -> usize {
+        self.cfg.page_size * self.cfg.num_kv_heads * self.cfg.head_dim
+    }
+
+    /// Layer `l`'s K and V arrays.
+    pub fn layer(&self, l: usize) -> (&[f32], &[f32]) {
+        (&self.k[l], &self.v[l])
+    }
+
+    /// Layer `l`'s K and V arrays, mutable.
+    pub fn layer_mut(&mut self, l: usize) -> (&mut [f32], &mut [f32]) {
+        (&mut self.k[l], &mut self.v[l])
+    }
+
+    /// Copy the first `len` slots of page `src` to page `dst` in every layer
+    /// (copy-on-write of a shared, partially filled prefix page).
+    pub fn copy_page(&mut self, src: u32, dst: u32, len: usize) -> Result<(), CpuError> {
+        let (src, dst) = (src as usize, dst as usize);
+        if src >= self.cfg.num_pages || dst >= self.cfg.num_pages || len > self.cfg.page_size {
+            return Err(CpuError::KvGeometry {
+                reason: format!("copy_page({src} -> {dst}, {len}) outside {} pages of {}", self.cfg.num_pages, self.cfg.page_size),
+            });
+        }
+        let pf = self.page_floats();
+        let n = len * self.cfg.num_kv_heads * self.cfg.head_dim;
+        for arr in self.k.iter_mut().chain(self.v.iter_mut()) {
+            arr.copy_within(src * pf..src * pf + n, dst * pf);
+        }
+        Ok(())
+    }
+}

@@ -14,6 +14,11 @@ pub mod sampler;
 pub mod scratch;
 pub mod synth;
 
+pub use kv::{KvStore, KvStoreConfig};
+pub use model::{CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch};
+pub use sampler::{sample, PenaltyState, SampledToken, SamplingParams, TopLogprobs};
+pub use scratch::Scratch;
+
 pub use error::CpuError;
 pub use kernels::Isa;
 

@@ -1,1 +1,486 @@
-//! placeholder
+//! The Llama-family forward pass over a paged KV cache.
+//!
+//! [`CpuModel`] holds immutable, validated weights and a worker pool; every
+//! per-request state (KV pages, activations) is passed in. Decode and prefill
+//! share one row-wise pass: embed, then per layer RMSNorm -> QKV (one parallel
+//! region) -> RoPE -> KV write -> paged attention -> O -> RMSNorm -> gate/up
+//! -> SiLU-mul -> down, then the LM head on the rows whose logits are wanted.
+//! Every step is per-row or a canonical-order matmul, so a row's logits do not
+//! depend on its batch (see `kernels::matmul`).
+
+use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights};
+use rayon::prelude::*;
+
+use crate::kernels::attention::{attend_group, PagedSeq};
+use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatRef, MatmulJob};
+use crate::kernels::ops;
+use crate::kernels::Isa;
+use crate::{CpuError, KvStore, Scratch};
+
+/// Options of [`CpuModel::new`].
+#[derive(Debug, Clone)]
+pub struct CpuModelOptions {
+    /// Worker threads of the model's pool (0 = available parallelism).
+    pub threads: usize,
+    /// Kernel ISA; `None` = best detected ([`Isa::detect`]). All give identical bits.
+    pub isa: Option<Isa>,
+}
+
+impl Default for CpuModelOptions {
+    fn default() -> Self {
+        CpuModelOptions { threads: 0, isa: None }
+    }
+}
+
+/// One decode step: one new token per row (row `i` is sequence `i` of the
+/// indices). `kv_last_page_len` already counts the new token, so each
+/// sequence's extent is `positions[i] + 1`.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeBatch<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub kv_indptr: &'a [u32],
+    pub kv_indices: &'a [u32],
+    pub kv_last_page_len: &'a [u32],
+}
+
+/// Prefill chunks of one or more sequences. Sequence `s` contributes tokens
+/// `tokens[qo_indptr[s]..qo_indptr[s+1]]` at positions `start_pos[s]..`; its
+/// pages (indices as in [`DecodeBatch`]) cover `start_pos[s] + n_s` positions,
+/// the first `start_pos[s]` of which already hold KV (earlier chunks or a
+/// prefix-cache hit).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillBatch<'a> {
+    pub tokens: &'a [u32],
+    pub qo_indptr: &'a [u32],
+    pub start_pos: &'a [u32],
+    pub kv_indptr: &'a [u32],
+    pub kv_indices: &'a [u32],
+    pub kv_last_page_len: &'a [u32],
+}
+
+/// Which rows of a prefill get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsMode {
+    /// One row per sequence: its last token (`out_logits` = `n_seqs * vocab`).
+    LastPerSequence,
+    /// Every token (`out_logits` = `tokens.len() * vocab`).
+    All,
+}
+
+/// Validated weights plus the worker pool. Immutable during inference.
+#[derive(Debug)]
+pub struct CpuModel {
+    cfg: ModelConfig,
+    w: ModelWeights,
+    pool: rayon::ThreadPool,
+    threads: usize,
+    isa: Isa,
+}
+
+/// The sequences of one forward call, validated.
+struct Seqs<'a> {
+    indptr: &'a [u32],
+    indices: &'a [u32],
+    last: &'a [u32],
+}
+
+impl Seqs<'_> {
+    fn pages(&self, s: usize) -> &[u32] {
+        &self.indices[self.indptr[s] as usize..self.indptr[s + 1] as usize]
+    }
+}
+
+/// A shared output pointer for tasks writing disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: used only in `attention`, where each task writes a distinct
+// (row, kv-group) range of the buffer, which outlives the parallel region.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn check_matrix(name: &str, m: &Matrix, rows: usize, cols: usize) -> Result<(), CpuError> {
+    if m.rows != rows || m.cols != cols {
+        return Err(CpuError::Shape {
+            name: name.to_owned(),
+            expected: format!("{rows}x{cols}"),
+            got: format!("{}x{}", m.rows, m.cols),
+        });
+    }
+    MatRef::new(name, m).map(|_| ())
+}
+
+fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Result<(), CpuError> {
+    match v {
+        Some(v) if v.len() != len => Err(CpuError::Shape {
+            name: name.to_owned(),
+            expected: format!("{len} floats"),
+            got: v.len().to_string(),
+        }),
+        None if needed => Err(CpuError::Shape { name: name.to_owned(), expected: format!("{len} floats"), got: "none".into() }),
+        _ => Ok(()),
+    }
+}
+
+/// A view of a validated matrix (validated once in [`CpuModel::new`]).
+fn mat(m: &Matrix) -> MatRef<'_> {
+    MatRef { dtype: m.dtype, rows: m.rows, cols: m.cols, row_bytes: m.row_bytes(), data: &m.data }
+}
+
+impl CpuModel {
+    /// Validate `weights` against their config and start the worker pool.
+    /// Weights are used in place (no repacking): the kernels read ggml blocks
+    /// directly, so resident memory is the weights' own bytes.
+    pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
+        let c = weights.config.clone();
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let qd = c.num_heads * c.head_dim;
+        let kvd = c.num_kv_heads * c.head_dim;
+        if c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim % 2 != 0 {
+            return Err(CpuError::Shape {
+                name: "config heads".into(),
+                expected: "num_heads a multiple of num_kv_heads, even head_dim".into(),
+                got: format!("{} heads, {} kv heads, head_dim {}", c.num_heads, c.num_kv_heads, c.head_dim),
+            });
+        }
+        check_matrix("token_embd", &weights.token_embd, c.vocab_size, h)?;
+        check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?;
+        check_vec("output_norm", Some(&weights.output_norm), h, true)?;
+        if weights.layers.len() != c.num_layers {
+            return Err(CpuError::Shape {
+                name: "layers".into(),
+                expected: c.num_layers.to_string(),
+                got: weights.layers.len().to_string(),
+            });
+        }
+        for (i, l) in weights.layers.iter().enumerate() {
+            let n = |s: &str| format!("layers.{i}.{s}");
+            check_matrix(&n("wq"), &l.wq, qd, h)?;
+            check_matrix(&n("wk"), &l.wk, kvd, h)?;
+            check_matrix(&n("wv"), &l.wv, kvd, h)?;
+            check_matrix(&n("wo"), &l.wo, h, qd)?;
+            check_matrix(&n("w_gate"), &l.w_gate, f, h)?;
+            check_matrix(&n("w_up"), &l.w_up, f, h)?;
+            check_matrix(&n("w_down"), &l.w_down, h, f)?;
+            check_vec(&n("attn_norm"), Some(&l.attn_norm), h, true)?;
+            check_vec(&n("ffn_norm"), Some(&l.ffn_norm), h, true)?;
+            check_vec(&n("bq"), l.bq.as_ref(), qd, c.qkv_bias)?;
+            check_vec(&n("bk"), l.bk.as_ref(), kvd, c.qkv_bias)?;
+            check_vec(&n("bv"), l.bv.as_ref(), kvd, c.qkv_bias)?;
+        }
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kestrel-cpu-{i}"))
+            .build()
+            .map_err(CpuError::ThreadPool)?;
+        let isa = opts.isa.filter(|i| i.is_supported()).unwrap_or_else(Isa::detect);
+        tracing::info!(threads, ?isa, weight_bytes = Self::weight_bytes_of(&weights), "kestrel-cpu model ready");
+        Ok(CpuModel { cfg: c, w: weights, pool, threads, isa })
+    }
+
+    fn weight_bytes_of(w: &ModelWeights) -> usize {
+        let mut b = w.token_embd.data.len() + 4 * w.output_norm.len();
+        if !w.config.tie_word_embeddings {
+            b += w.lm_head.data.len();
+        }
+        for l in &w.layers {
+            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.data.len()).sum::<usize>();
+            b += 4 * (l.attn_norm.len() + l.ffn_norm.len());
+        }
+        b
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The kernel ISA in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Bytes of weights held (mapped or owned); tied embeddings counted once.
+    pub fn weight_bytes(&self) -> usize {
+        Self::weight_bytes_of(&self.w)
+    }
+
+    /// Bytes of weights streamed per decode step (all layers + LM head).
+    pub fn bytes_per_token(&self) -> usize {
+        let mut b = self.w.lm_head.data.len();
+        for l in &self.w.layers {
+            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.data.len()).sum::<usize>();
+        }
+        b
+    }
+
+    /// One decode step for `batch.tokens.len()` sequences; writes
+    /// `rows * vocab` logits.
+    pub fn forward_decode(
+        &self,
+        batch: DecodeBatch<'_>,
+        kv: &mut KvStore,
+        out_logits: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), CpuError> {
+        let n = batch.tokens.len();
+        if batch.positions.len() != n {
+            return Err(bad(format!("{} positions for {n} tokens", batch.positions.len())));
+        }
+        let seqs = self.check_seqs(n, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, kv)?;
+        self.check_rows(n, scratch)?;
+        for (i, &p) in batch.positions.iter().enumerate() {
+            let ext = self.extent(&seqs, i, kv);
+            if p as usize + 1 != ext {
+                return Err(bad(format!("row {i}: position {p} but its pages hold {ext} positions")));
+            }
+            scratch.row_seq[i] = i as u32;
+            scratch.row_pos[i] = p;
+            scratch.logit_rows[i] = i as u32;
+        }
+        self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch)
+    }
+
+    /// Prefill chunks (see [`PrefillBatch`]); writes logits per `mode`.
+    pub fn forward_prefill(
+        &self,
+        batch: PrefillBatch<'_>,
+        kv: &mut KvStore,
+        out_logits: &mut [f32],
+        mode: LogitsMode,
+        scratch: &mut Scratch,
+    ) -> Result<(), CpuError> {
+        let n = batch.tokens.len();
+        let ns = batch.start_pos.len();
+        if batch.qo_indptr.len() != ns + 1 || batch.qo_indptr[0] != 0 || batch.qo_indptr[ns] as usize != n {
+            return Err(bad(format!("qo_indptr {:?} does not split {n} tokens into {ns} sequences", batch.qo_indptr)));
+        }
+        let seqs = self.check_seqs(ns, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, kv)?;
+        self.check_rows(n, scratch)?;
+        let mut nlogits = 0;
+        for s in 0..ns {
+            let (a, b) = (batch.qo_indptr[s] as usize, batch.qo_indptr[s + 1] as usize);
+            if b <= a {
+                return Err(bad(format!("sequence {s} has no tokens")));
+            }
+            let ext = self.extent(&seqs, s, kv);
+            if batch.start_pos[s] as usize + (b - a) != ext {
+                return Err(bad(format!("sequence {s}: start {} + {} tokens but its pages hold {ext}", batch.start_pos[s], b - a)));
+            }
+            for i in a..b {
+                scratch.row_seq[i] = s as u32;
+                scratch.row_pos[i] = batch.start_pos[s] + (i - a) as u32;
+                if mode == LogitsMode::All {
+                    scratch.logit_rows[nlogits] = i as u32;
+                    nlogits += 1;
+                }
+            }
+            if mode == LogitsMode::LastPerSequence {
+                scratch.logit_rows[nlogits] = (b - 1) as u32;
+                nlogits += 1;
+            }
+        }
+        self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch)
+    }
+
+    fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {
+        if n > scratch.max_rows {
+            return Err(CpuError::ScratchTooSmall { rows: n, capacity: scratch.max_rows });
+        }
+        if scratch.scores.len() < self.threads * scratch.max_context {
+            return Err(bad("scratch was built for a model with fewer threads".into()));
+        }
+        Ok(())
+    }
+
+    fn extent(&self, seqs: &Seqs<'_>, s: usize, kv: &KvStore) -> usize {
+        let np = seqs.pages(s).len();
+        (np - 1) * kv.page_size() + seqs.last[s] as usize
+    }
+
+    fn check_seqs<'a>(&self, ns: usize, indptr: &'a [u32], indices: &'a [u32], last: &'a [u32], kv: &KvStore) -> Result<Seqs<'a>, CpuError> {
+        let kc = kv.config();
+        if kc.num_layers != self.cfg.num_layers || kc.num_kv_heads != self.cfg.num_kv_heads || kc.head_dim != self.cfg.head_dim {
+            return Err(CpuError::KvGeometry { reason: format!("{kc:?} does not fit the model") });
+        }
+        if indptr.len() != ns + 1 || last.len() != ns || indptr[0] != 0 || indptr[ns] as usize > indices.len() {
+            return Err(bad(format!("kv_indptr {} / kv_last_page_len {} / kv_indices {} for {ns} sequences", indptr.len(), last.len(), indices.len())));
+        }
+        for s in 0..ns {
+            if indptr[s + 1] <= indptr[s] {
+                return Err(bad(format!("sequence {s} has no pages")));
+            }
+            if last[s] == 0 || last[s] as usize > kc.page_size {
+                return Err(bad(format!("sequence {s}: last page length {} not in 1..={}", last[s], kc.page_size)));
+            }
+        }
+        if let Some(p) = indices[..indptr[ns] as usize].iter().find(|&&p| p as usize >= kc.num_pages) {
+            return Err(bad(format!("page {p} out of {} pages", kc.num_pages)));
+        }
+        Ok(Seqs { indptr, indices, last })
+    }
+
+    /// The shared pass over `tokens.len()` rows whose sequence/position are in
+    /// `scratch.row_seq/row_pos`; logits for rows `scratch.logit_rows[..nlogits]`.
+    fn forward_rows(
+        &self,
+        tokens: &[u32],
+        seqs: &Seqs<'_>,
+        nlogits: usize,
+        kv: &mut KvStore,
+        out_logits: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), CpuError> {
+        let c = &self.cfg;
+        let n = tokens.len();
+        let (h, f, hd) = (c.hidden_size, c.intermediate_size, c.head_dim);
+        let qd = c.num_heads * hd;
+        let kvd = c.num_kv_heads * hd;
+        if out_logits.len() != nlogits * c.vocab_size {
+            return Err(CpuError::LogitsLen { expected: nlogits * c.vocab_size, got: out_logits.len() });
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(CpuError::TokenOutOfRange { token: t, vocab: c.vocab_size });
+        }
+        if let Some(&p) = scratch.row_pos[..n].iter().find(|&&p| p as usize >= scratch.max_context) {
+            return Err(CpuError::ContextTooLong { len: p as usize + 1, max_context: scratch.max_context });
+        }
+        let pool = Some(&self.pool);
+        let isa = self.isa;
+        let embd = mat(&self.w.token_embd);
+        for (i, &t) in tokens.iter().enumerate() {
+            dequant_row(&embd, t as usize, &mut scratch.x[i * h..(i + 1) * h]);
+            ops::rope_table(scratch.row_pos[i], hd, c.rope_theta, &mut scratch.rope[i * hd..(i + 1) * hd]);
+        }
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            let s = &mut *scratch;
+            let (x, xn) = (&mut s.x[..n * h], &mut s.xn[..n * h]);
+            for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
+                ops::rms_norm(xr, &lw.attn_norm, c.rms_norm_eps, or);
+            }
+            let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]);
+            matmul_group(
+                pool,
+                isa,
+                xn,
+                n,
+                &mut [MatmulJob { w: mat(&lw.wq), y: q }, MatmulJob { w: mat(&lw.wk), y: k }, MatmulJob { w: mat(&lw.wv), y: v }],
+            );
+            for (buf, bias, d) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
+                if let Some(b) = bias {
+                    buf.chunks_exact_mut(d).for_each(|r| ops::add_assign(r, b));
+                }
+            }
+            let ps = kv.page_size();
+            let (kl, vl) = kv.layer_mut(l);
+            for i in 0..n {
+                let t = &s.rope[i * hd..(i + 1) * hd];
+                ops::rope(&mut q[i * qd..(i + 1) * qd], hd, t, c.rope_style);
+                ops::rope(&mut k[i * kvd..(i + 1) * kvd], hd, t, c.rope_style);
+                let pos = s.row_pos[i] as usize;
+                let page = seqs.pages(s.row_seq[i] as usize)[pos / ps] as usize;
+                let off = (page * ps + pos % ps) * kvd;
+                kl[off..off + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                vl[off..off + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            }
+            self.attention(l, n, seqs, kv, s);
+            let s = &mut *scratch;
+            matmul(pool, isa, mat(&lw.wo), &s.attn[..n * qd], n, &mut s.tmp[..n * h]);
+            ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
+            let (x, xn) = (&s.x[..n * h], &mut s.xn[..n * h]);
+            for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
+                ops::rms_norm(xr, &lw.ffn_norm, c.rms_norm_eps, or);
+            }
+            let (gate, up) = (&mut s.gate[..n * f], &mut s.up[..n * f]);
+            matmul_group(pool, isa, xn, n, &mut [MatmulJob { w: mat(&lw.w_gate), y: gate }, MatmulJob { w: mat(&lw.w_up), y: up }]);
+            self.silu_mul(gate, up, f);
+            matmul(pool, isa, mat(&lw.w_down), &s.gate[..n * f], n, &mut s.tmp[..n * h]);
+            ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
+        }
+        let s = &mut *scratch;
+        for j in 0..nlogits {
+            let i = s.logit_rows[j] as usize;
+            let (x, xn) = (&s.x[i * h..(i + 1) * h], &mut s.xn[j * h..(j + 1) * h]);
+            ops::rms_norm(x, &self.w.output_norm, c.rms_norm_eps, xn);
+        }
+        matmul(pool, isa, mat(&self.w.lm_head), &s.xn[..nlogits * h], nlogits, out_logits);
+        Ok(())
+    }
+
+    /// `gate = silu(gate) * up`, rows in parallel when there are several.
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32], f: usize) {
+        let rows = gate.len() / f;
+        let body = |(g, u): (&mut [f32], &[f32])| {
+            for (gv, uv) in g.iter_mut().zip(u) {
+                *gv = *gv / (1.0 + ops::exp(-*gv)) * uv;
+            }
+        };
+        if rows >= 4 && self.threads > 1 {
+            self.pool.install(|| gate.par_chunks_mut(f).zip(up.par_chunks(f)).for_each(body));
+        } else {
+            gate.chunks_mut(f).zip(up.chunks(f)).for_each(body);
+        }
+    }
+
+    /// Paged attention of layer `l` for all `n` rows into `s.attn`. Tasks
+    /// are (row, kv head) pairs, dealt round-robin to a fixed number of
+    /// workers, each with its own score row.
+    fn attention(&self, l: usize, n: usize, seqs: &Seqs<'_>, kv: &KvStore, s: &mut Scratch) {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        let qd = c.num_heads * hd;
+        let group = c.num_heads / c.num_kv_heads;
+        let nkv = c.num_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (kl, vl) = kv.layer(l);
+        let ntasks = n * nkv;
+        let workers = self.threads.min(ntasks).max(1);
+        let out = OutPtr(s.attn.as_mut_ptr());
+        let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
+        let mc = s.max_context;
+        let work = |(w, scores): (usize, &mut [f32])| {
+            let mut t = w;
+            while t < ntasks {
+                let (i, g) = (t / nkv, t % nkv);
+                let seq = PagedSeq { pages: seqs.pages(row_seq[i] as usize), page_size: kv.page_size(), num_kv_heads: nkv, head_dim: hd };
+                let o = i * qd + g * group * hd;
+                // SAFETY: task (i, g) alone writes floats o..o + group*hd of
+                // `s.attn` (rows and groups are disjoint), which is at least
+                // n*qd long and is not otherwise borrowed during this region.
+                let out_slice = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
+                attend_group(&q[o..o + group * hd], kl, vl, seq, g, row_pos[i] as usize + 1, scale, scores, out_slice);
+                t += workers;
+            }
+        };
+        let scores = &mut s.scores[..workers * mc];
+        if workers > 1 {
+            self.pool.install(|| scores.par_chunks_mut(mc).enumerate().for_each(work));
+        } else {
+            work((0, scores));
+        }
+    }
+}
+
+fn bad(reason: String) -> CpuError {
+    CpuError::BadIndices { reason }
+}
+
+/// Dtypes the kernels accept.
+pub const SUPPORTED_DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];

@@ -1,1 +1,256 @@
-//! placeholder
+//! Token sampling: mask -> penalties -> temperature -> top-k -> top-p ->
+//! min-p -> draw, with logprobs of the final distribution.
+//!
+//! Randomness is counter-based: the uniform draw for a step is a hash of
+//! `(seed, position)`, so a request's output never depends on what else was
+//! in its batch. Cost per step: O(vocab) passes (mask, max, exp-sum) plus
+//! partial selection; a full sort happens only on the candidate set kept by
+//! top-k/top-p. [`PenaltyState`] holds the sequence's token counts and the
+//! candidate buffer, allocated once per sequence: steps allocate nothing.
+
+use crate::kernels::ops::exp;
+
+/// Most `top_logprobs` a [`SampledToken`] carries.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Per-request sampling settings (OpenAI/vLLM semantics).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy argmax (ties to the lowest id).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: u32,
+    /// Keep the smallest most-likely set with mass >= `top_p`; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens with `p < min_p * p_max`; 0 = off.
+    pub min_p: f32,
+    /// HF/CTRL penalty on every token seen: positive logits divided, negative multiplied; 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtract `frequency_penalty * count` from each seen token.
+    pub frequency_penalty: f32,
+    /// Subtract `presence_penalty` from each seen token.
+    pub presence_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+}
+
+/// Up to [`MAX_TOP_LOGPROBS`] `(token, logprob)` pairs, most likely first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopLogprobs {
+    len: usize,
+    items: [(u32, f32); MAX_TOP_LOGPROBS],
+}
+
+impl TopLogprobs {
+    fn new() -> Self {
+        TopLogprobs { len: 0, items: [(0, 0.0); MAX_TOP_LOGPROBS] }
+    }
+    pub fn as_slice(&self) -> &[(u32, f32)] {
+        &self.items[..self.len]
+    }
+}
+
+/// The outcome of one [`sample`] call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledToken {
+    pub token: u32,
+    /// Log-probability of `token` under the final distribution (after all
+    /// filters; for greedy, the masked and penalized softmax at temperature 1).
+    pub logprob: f32,
+    /// The most likely tokens of that same distribution.
+    pub top: TopLogprobs,
+}
+
+/// A sequence's token counts (for penalties) and reusable sampler buffers.
+#[derive(Debug, Clone)]
+pub struct PenaltyState {
+    counts: Vec<u32>,
+    seen: Vec<u32>,
+    cand: Vec<(f32, u32)>,
+}
+
+impl PenaltyState {
+    /// Empty state for a vocabulary of `vocab` tokens (one allocation).
+    pub fn new(vocab: usize) -> Self {
+        PenaltyState { counts: vec![0; vocab], seen: Vec::new(), cand: Vec::with_capacity(vocab) }
+    }
+
+    /// Count `token` as part of the sequence (call once per token that the
+    /// penalties should see: generated tokens, and the prompt if wanted).
+    pub fn record(&mut self, token: u32) {
+        let c = &mut self.counts[token as usize];
+        if *c == 0 {
+            self.seen.push(token);
+        }
+        *c += 1;
+    }
+
+    /// How often `token` was recorded.
+    pub fn count(&self, token: u32) -> u32 {
+        self.counts[token as usize]
+    }
+
+    /// Forget all counts, keeping the buffers.
+    pub fn clear(&mut self) {
+        for &t in &self.seen {
+            self.counts[t as usize] = 0;
+        }
+        self.seen.clear();
+    }
+}
+
+/// Counter-based uniform in `[0, 1)` for `(seed, position)` (splitmix64).
+pub fn uniform(seed: u64, position: u32) -> f64 {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let h = mix(seed ^ mix(position as u64 ^ 0xD1B5_4A32_D192_ED03));
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Is `token` allowed by `mask` (bit `t % 32` of word `t / 32`)?
+#[inline]
+pub fn allowed(mask: &[u32], token: usize) -> bool {
+    mask.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
+}
+
+/// Descending by logit, ascending by id: a total, deterministic order.
+#[inline]
+fn desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// Sample one token from `logits` (one row, modified in place: the mask and
+/// penalties are applied to it). `position` keys the random draw.
+/// Returns `None` only when the mask allows no token.
+pub fn sample(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    mask: Option<&[u32]>,
+    state: &mut PenaltyState,
+    position: u32,
+    top_logprobs: usize,
+) -> Option<SampledToken> {
+    let vocab = logits.len();
+    if let Some(m) = mask {
+        for (t, l) in logits.iter_mut().enumerate() {
+            if !allowed(m, t) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let (rp, fp, pp) = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty);
+    if rp != 1.0 || fp != 0.0 || pp != 0.0 {
+        for &t in &state.seen {
+            let (l, c) = (&mut logits[t as usize], state.counts[t as usize]);
+            if rp != 1.0 {
+                *l = if *l > 0.0 { *l / rp } else { *l * rp };
+            }
+            *l -= fp * c as f32 + pp;
+        }
+    }
+    let greedy = params.temperature <= 0.0;
+    let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature };
+    // Candidates in id order, temperature applied.
+    let cand = &mut state.cand;
+    cand.clear();
+    cand.extend(logits.iter().enumerate().filter(|(_, l)| **l > f32::NEG_INFINITY).map(|(t, &l)| (l * inv_t, t as u32)));
+    if cand.is_empty() {
+        return None;
+    }
+    let k = params.top_k as usize;
+    if !greedy && k > 0 && k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, desc);
+        cand.truncate(k);
+    }
+    let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.0));
+    if !greedy && params.top_p < 1.0 {
+        let z: f64 = cand.iter().map(|c| exp(c.0 - max) as f64).sum();
+        let target = params.top_p as f64 * z;
+        // Sort a growing prefix until it holds `top_p` of the mass.
+        let mut m = 64.min(cand.len());
+        loop {
+            if m < cand.len() {
+                cand.select_nth_unstable_by(m - 1, desc);
+            }
+            cand[..m].sort_unstable_by(desc);
+            let mut acc = 0f64;
+            let cut = cand[..m].iter().position(|c| {
+                acc += exp(c.0 - max) as f64;
+                acc >= target
+            });
+            if let Some(i) = cut {
+                cand.truncate(i + 1);
+                break;
+            }
+            if m == cand.len() {
+                break;
+            }
+            m = (m * 8).min(cand.len());
+        }
+    }
+    if !greedy && params.min_p > 0.0 {
+        let floor = max + params.min_p.ln();
+        cand.retain(|c| c.0 >= floor);
+    }
+    // Final distribution over `cand`: logprob = l - max - ln z.
+    let z: f64 = cand.iter().map(|c| exp(c.0 - max) as f64).sum();
+    let lz = max + z.ln() as f32;
+    let token = if greedy {
+        cand.iter().fold(cand[0], |b, c| if desc(c, &b).is_lt() { *c } else { b }).1
+    } else {
+        // Walk in id order so the draw does not depend on selection internals.
+        if cand.len() < vocab {
+            cand.sort_unstable_by_key(|c| c.1);
+        }
+        let u = uniform(params.seed, position) * z;
+        let mut acc = 0f64;
+        let mut pick = cand[cand.len() - 1].1;
+        for c in cand.iter() {
+            acc += exp(c.0 - max) as f64;
+            if acc > u {
+                pick = c.1;
+                break;
+            }
+        }
+        pick
+    };
+    let logprob = logits[token as usize] * inv_t - lz;
+    let mut top = TopLogprobs::new();
+    let n = top_logprobs.min(MAX_TOP_LOGPROBS).min(cand.len());
+    if n > 0 {
+        if n < cand.len() {
+            cand.select_nth_unstable_by(n - 1, desc);
+        }
+        cand[..n].sort_unstable_by(desc);
+        for (slot, c) in top.items.iter_mut().zip(&cand[..n]) {
+            *slot = (c.1, c.0 - lz);
+        }
+        top.len = n;
+    }
+    Some(SampledToken { token, logprob, top })
+}

@@ -1,1 +1,163 @@
-//! placeholder
+//! Elementwise and per-row kernels: RMSNorm, RoPE (both pairings), SiLU-mul,
+//! a vectorizable `exp`, and residual adds. All are per-row and run in a fixed
+//! order, so they are batch-invariant by construction. Written as plain
+//! lane-array loops that LLVM vectorizes for the build's target CPU.
+
+use kestrel_model::RopeStyle;
+
+/// `out = x / sqrt(mean(x^2) + eps) * w` for one row. The sum of squares uses
+/// 8 lanes then a fixed tree, independent of batch.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len();
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = c[l].mul_add(c[l], acc[l]);
+        }
+    }
+    for (l, v) in rem.iter().enumerate() {
+        acc[l] = v.mul_add(*v, acc[l]);
+    }
+    let s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    let inv = 1.0 / (s / n as f32 + eps).sqrt();
+    for i in 0..n {
+        out[i] = x[i] * inv * w[i];
+    }
+}
+
+/// cos/sin of `pos * theta^(-2i/head_dim)` for `i < head_dim/2`, computed in
+/// f64 and rounded once, stored as `[cos_0..cos_{d/2}, sin_0..sin_{d/2}]`.
+pub fn rope_table(pos: u32, head_dim: usize, theta: f32, out: &mut [f32]) {
+    let half = head_dim / 2;
+    for i in 0..half {
+        let freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+        let ang = pos as f64 * freq;
+        out[i] = ang.cos() as f32;
+        out[half + i] = ang.sin() as f32;
+    }
+}
+
+/// Rotate every head of `x` (`heads * head_dim`) in place with a table from
+/// [`rope_table`].
+pub fn rope(x: &mut [f32], head_dim: usize, table: &[f32], style: RopeStyle) {
+    let half = head_dim / 2;
+    let (cos, sin) = table.split_at(half);
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = match style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::HalfSplit => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
+/// `e^x` to ~2 ulp (Cephes `expf` polynomial), vectorizable; 0 below -87.3,
+/// saturating at 88.7.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let xc = x.clamp(-87.3, 88.7);
+    let n = (xc * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 5.000_000_1e-1);
+    let y = (p * r).mul_add(r, r) + 1.0;
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+/// `out[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + e^-g)`.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+/// `x += y`.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += *b;
+    }
+}
+
+/// Dot product in 8 lanes with a fixed final tree (attention scores).
+#[inline]
+pub fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let ra = ca.remainder();
+    let cb = b.chunks_exact(8);
+    let rb = cb.remainder();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// `y += a * x`.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (o, v) in y.iter_mut().zip(x) {
+        *o = a.mul_add(*v, *o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        let mut x = -90.0f32;
+        while x < 88.0 {
+            let e = (x as f64).exp();
+            let g = exp(x) as f64;
+            if e > 1e-37 {
+                assert!(((g - e) / e).abs() < 3e-7, "exp({x}) = {g}, want {e}");
+            }
+            x += 0.0137;
+        }
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn rope_styles_pair_the_documented_dimensions() {
+        let mut t = vec![0f32; 4];
+        rope_table(3, 8, 10000.0, &mut t);
+        let base: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
+        let mut a = base.clone();
+        rope(&mut a, 8, &t, RopeStyle::Interleaved);
+        let mut b = base.clone();
+        rope(&mut b, 8, &t, RopeStyle::HalfSplit);
+        let (c0, s0) = (3f32.cos(), 3f32.sin());
+        assert!((a[0] - (1.0 * c0 - 2.0 * s0)).abs() < 1e-6);
+        assert!((a[1] - (1.0 * s0 + 2.0 * c0)).abs() < 1e-6);
+        assert!((b[0] - (1.0 * c0 - 5.0 * s0)).abs() < 1e-6);
+        assert!((b[4] - (1.0 * s0 + 5.0 * c0)).abs() < 1e-6);
+        // Norm of each rotated pair is preserved.
+        let n: f32 = base.iter().map(|v| v * v).sum();
+        assert!((a.iter().map(|v| v * v).sum::<f32>() - n).abs() < 1e-3);
+    }
+}
