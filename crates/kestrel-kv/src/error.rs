@@ -52,7 +52,9 @@ pub enum KvError {
     },
     /// Shrinking a row would cut into pages published to the prefix cache (or
     /// shared with other rows), whose contents must stay immutable.
-    #[error("row {row}: cannot shrink to {len} tokens, its first {published_tokens} are published")]
+    #[error(
+        "row {row}: cannot shrink to {len} tokens, its first {published_tokens} are published"
+    )]
     ShrinkBelowPublished {
         /// The row.
         row: RowId,

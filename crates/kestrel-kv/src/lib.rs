@@ -83,7 +83,9 @@ mod table;
 
 pub use error::KvError;
 pub use pool::BlockPool;
-pub use sequence::{ApplyError, DecodeOutcome, ScheduleError, SchedulableSequence, SequenceEvent, SequenceState};
+pub use sequence::{
+    ApplyError, DecodeOutcome, SchedulableSequence, ScheduleError, SequenceEvent, SequenceState,
+};
 pub use table::{PageTable, PageTableConfig, PagedIndices};
 
 /// Index of a KV page in the pool.

@@ -244,7 +244,10 @@ mod tests {
         let pages: Vec<_> = (0..3).map(|_| pool.alloc().unwrap().page).collect();
         assert_eq!(pages, [0, 1, 2]);
         assert_eq!(pool.alloc(), None);
-        assert_eq!((pool.free_count(), pool.used_count(), pool.cached_count()), (0, 3, 0));
+        assert_eq!(
+            (pool.free_count(), pool.used_count(), pool.cached_count()),
+            (0, 3, 0)
+        );
     }
 
     #[test]
@@ -257,10 +260,25 @@ mod tests {
         pool.release(b);
         pool.release(a);
         assert_eq!(pool.lru_iter().collect::<Vec<_>>(), [b, a]);
-        assert_eq!((pool.free_count(), pool.used_count(), pool.cached_count()), (1, 0, 2));
+        assert_eq!(
+            (pool.free_count(), pool.used_count(), pool.cached_count()),
+            (1, 0, 2)
+        );
         // The free page goes first, then eviction in LRU order.
-        assert_eq!(pool.alloc().unwrap(), Allocated { page: 2, evicted: false });
-        assert_eq!(pool.alloc().unwrap(), Allocated { page: b, evicted: true });
+        assert_eq!(
+            pool.alloc().unwrap(),
+            Allocated {
+                page: 2,
+                evicted: false
+            }
+        );
+        assert_eq!(
+            pool.alloc().unwrap(),
+            Allocated {
+                page: b,
+                evicted: true
+            }
+        );
         assert!(!pool.is_published(b));
         // A hit on a cached page takes it off the LRU list.
         pool.retain(a);

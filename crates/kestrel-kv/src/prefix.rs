@@ -109,11 +109,9 @@ impl PrefixIndex {
     pub fn lookup(&self, parent: u64, page_tokens: &[u32]) -> (u64, Option<PageId>) {
         debug_assert_eq!(page_tokens.len(), self.page_size);
         let hash = chain_hash(parent, page_tokens);
-        let hit = self
-            .map
-            .get(&hash)
-            .copied()
-            .filter(|&page| self.parent_hash[page as usize] == parent && self.page_tokens(page) == page_tokens);
+        let hit = self.map.get(&hash).copied().filter(|&page| {
+            self.parent_hash[page as usize] == parent && self.page_tokens(page) == page_tokens
+        });
         (hash, hit)
     }
 
@@ -129,7 +127,8 @@ impl PrefixIndex {
                 let p = page as usize;
                 self.page_hash[p] = hash;
                 self.parent_hash[p] = parent;
-                self.tokens[p * self.page_size..(p + 1) * self.page_size].copy_from_slice(page_tokens);
+                self.tokens[p * self.page_size..(p + 1) * self.page_size]
+                    .copy_from_slice(page_tokens);
                 true
             }
         }
@@ -138,7 +137,11 @@ impl PrefixIndex {
     /// Unfiles an evicted page.
     pub fn remove(&mut self, page: PageId) {
         let removed = self.map.remove(&self.page_hash[page as usize]);
-        debug_assert_eq!(removed, Some(page), "evicted page {page} was not filed under its hash");
+        debug_assert_eq!(
+            removed,
+            Some(page),
+            "evicted page {page} was not filed under its hash"
+        );
     }
 
     /// The page filed under `page`'s recorded hash, if it is `page` itself.

@@ -118,12 +118,31 @@ impl PageTable {
     pub fn new(cfg: PageTableConfig) -> Result<Self, KvError> {
         let limit = u32::MAX as usize;
         let checks = [
-            ("max_rows", cfg.max_rows, (2..=limit).contains(&cfg.max_rows), "2..=u32::MAX; row 0 is reserved"),
-            ("num_pages", cfg.num_pages, (1..limit).contains(&cfg.num_pages), "1..u32::MAX"),
-            ("page_size", cfg.page_size, (1..=limit).contains(&cfg.page_size), "1..=u32::MAX"),
+            (
+                "max_rows",
+                cfg.max_rows,
+                (2..=limit).contains(&cfg.max_rows),
+                "2..=u32::MAX; row 0 is reserved",
+            ),
+            (
+                "num_pages",
+                cfg.num_pages,
+                (1..limit).contains(&cfg.num_pages),
+                "1..u32::MAX",
+            ),
+            (
+                "page_size",
+                cfg.page_size,
+                (1..=limit).contains(&cfg.page_size),
+                "1..=u32::MAX",
+            ),
         ];
         if let Some(&(field, value, _, requirement)) = checks.iter().find(|c| !c.2) {
-            return Err(KvError::InvalidConfig { field, value, requirement });
+            return Err(KvError::InvalidConfig {
+                field,
+                value,
+                requirement,
+            });
         }
         Ok(Self {
             cfg,
@@ -306,7 +325,10 @@ impl PageTable {
     /// O(new full pages). A page whose content another row already published stays
     /// private. No-op with prefix caching off or for an unknown row.
     pub fn register_prefix(&mut self, row: RowId, tokens: &[u32]) {
-        debug_assert!(self.is_allocated(row), "register_prefix on unknown row {row}");
+        debug_assert!(
+            self.is_allocated(row),
+            "register_prefix on unknown row {row}"
+        );
         let ps = self.cfg.page_size;
         let (Some(prefix), Some(r)) = (&mut self.prefix, self.rows.get_mut(row as usize)) else {
             return;
@@ -442,7 +464,11 @@ impl PageTable {
     /// # Errors
     /// [`KvError::UnknownRow`]; [`KvError::KvLenExceedsReserved`] when a row has too few
     /// pages for its `kv_len`; [`KvError::IndexOverflow`] past `u32::MAX` indices.
-    pub fn write_indices(&self, rows: &[(RowId, usize)], out: &mut PagedIndices) -> Result<(), KvError> {
+    pub fn write_indices(
+        &self,
+        rows: &[(RowId, usize)],
+        out: &mut PagedIndices,
+    ) -> Result<(), KvError> {
         let ps = self.cfg.page_size;
         out.clear();
         out.kv_indptr.push(0);
@@ -456,12 +482,17 @@ impl PageTable {
                     reserved_tokens,
                 });
             }
-            out.kv_indices.extend_from_slice(&r.pages[..pages_for(kv_len, ps)]);
+            out.kv_indices
+                .extend_from_slice(&r.pages[..pages_for(kv_len, ps)]);
             let end = out.kv_indices.len();
             out.kv_indptr
                 .push(u32::try_from(end).map_err(|_| KvError::IndexOverflow { value: end })?);
             // page_size <= u32::MAX (validated), so the remainder fits.
-            let last = if kv_len == 0 { 0 } else { (kv_len - 1) % ps + 1 };
+            let last = if kv_len == 0 {
+                0
+            } else {
+                (kv_len - 1) % ps + 1
+            };
             out.kv_last_page_len.push(last as u32);
         }
         Ok(())
@@ -497,25 +528,39 @@ impl PageTable {
                 refs[p as usize] += 1;
             }
         }
-        if in_use_rows != self.num_allocated || in_use_rows + self.free_rows.len() != self.usable_rows() {
+        if in_use_rows != self.num_allocated
+            || in_use_rows + self.free_rows.len() != self.usable_rows()
+        {
             return bad(None, "num_allocated disagrees with the rows in use");
         }
         let mut seen = vec![false; n];
         for &p in self.pool.free_pages() {
-            if std::mem::replace(&mut seen[p as usize], true) || refs[p as usize] != 0 || self.pool.is_published(p) {
+            if std::mem::replace(&mut seen[p as usize], true)
+                || refs[p as usize] != 0
+                || self.pool.is_published(p)
+            {
                 return bad(Some(p), "free page is duplicated, referenced or published");
             }
         }
         for p in self.pool.lru_iter() {
-            if std::mem::replace(&mut seen[p as usize], true) || refs[p as usize] != 0 || !self.pool.is_published(p) {
-                return bad(Some(p), "cached page is duplicated, referenced or unpublished");
+            if std::mem::replace(&mut seen[p as usize], true)
+                || refs[p as usize] != 0
+                || !self.pool.is_published(p)
+            {
+                return bad(
+                    Some(p),
+                    "cached page is duplicated, referenced or unpublished",
+                );
             }
         }
         let mut used = 0;
         for (p, &count) in refs.iter().enumerate() {
             let page = p as PageId;
             if self.pool.refcount(page) != count {
-                return bad(Some(page), "refcount differs from the rows listing the page");
+                return bad(
+                    Some(page),
+                    "refcount differs from the rows listing the page",
+                );
             }
             if count > 0 {
                 used += 1;
@@ -530,7 +575,9 @@ impl PageTable {
                 return bad(Some(page), "published flag disagrees with the prefix index");
             }
         }
-        let published = (0..n as PageId).filter(|&p| self.pool.is_published(p)).count();
+        let published = (0..n as PageId)
+            .filter(|&p| self.pool.is_published(p))
+            .count();
         if self.prefix.as_ref().map_or(0, PrefixIndex::len) != published {
             return bad(None, "prefix index files pages that are not published");
         }
@@ -560,14 +607,21 @@ mod tests {
 
     #[test]
     fn config_is_validated() {
-        let ok = PageTableConfig { max_rows: 2, num_pages: 1, page_size: 1, enable_prefix_cache: false };
+        let ok = PageTableConfig {
+            max_rows: 2,
+            num_pages: 1,
+            page_size: 1,
+            enable_prefix_cache: false,
+        };
         assert!(PageTable::new(ok).is_ok());
         for (cfg, field) in [
             (PageTableConfig { max_rows: 1, ..ok }, "max_rows"),
             (PageTableConfig { num_pages: 0, ..ok }, "num_pages"),
             (PageTableConfig { page_size: 0, ..ok }, "page_size"),
         ] {
-            assert!(matches!(PageTable::new(cfg), Err(KvError::InvalidConfig { field: f, .. }) if f == field));
+            assert!(
+                matches!(PageTable::new(cfg), Err(KvError::InvalidConfig { field: f, .. }) if f == field)
+            );
         }
     }
 
@@ -594,7 +648,13 @@ mod tests {
         t.reserve(r, 5).unwrap(); // never shrinks
         assert_eq!(t.pages(r).len(), 3);
         assert!(t.can_grow(r, 16) && !t.can_grow(r, 17));
-        assert_eq!(t.reserve(r, 17), Err(KvError::OutOfPages { needed: 2, available: 1 }));
+        assert_eq!(
+            t.reserve(r, 17),
+            Err(KvError::OutOfPages {
+                needed: 2,
+                available: 1
+            })
+        );
         assert_eq!(t.pages(r).len(), 3);
         assert!(t.can_reserve(4) && !t.can_reserve(5));
         t.check_invariants().unwrap();
@@ -619,7 +679,10 @@ mod tests {
         t.check_invariants().unwrap();
         t.erase(a).unwrap();
         t.erase(b).unwrap();
-        assert_eq!((t.free_pages(), t.used_pages(), t.cached_pages()), (2, 0, 2));
+        assert_eq!(
+            (t.free_pages(), t.used_pages(), t.cached_pages()),
+            (2, 0, 2)
+        );
         // Eviction only when the free list is empty; the deeper page goes first.
         let c = t.allocate().unwrap();
         t.reserve(c, 6).unwrap();
@@ -638,7 +701,14 @@ mod tests {
         let r = t.allocate().unwrap();
         t.reserve(r, 8).unwrap();
         t.register_prefix(r, &[1, 2, 3]);
-        assert_eq!(t.shrink(r, 1), Err(KvError::ShrinkBelowPublished { row: r, len: 1, published_tokens: 2 }));
+        assert_eq!(
+            t.shrink(r, 1),
+            Err(KvError::ShrinkBelowPublished {
+                row: r,
+                len: 1,
+                published_tokens: 2
+            })
+        );
         assert_eq!(t.shrink(r, 3), Ok(2));
         assert_eq!(t.pages(r), [0, 1]);
         t.check_invariants().unwrap();
@@ -652,14 +722,22 @@ mod tests {
         t.reserve(a, 9).unwrap();
         t.reserve(b, 4).unwrap();
         let mut out = PagedIndices::default();
-        t.write_indices(&[(a, 9), (b, 4), (b, 0)], &mut out).unwrap();
+        t.write_indices(&[(a, 9), (b, 4), (b, 0)], &mut out)
+            .unwrap();
         assert_eq!(out.kv_indptr, [0, 3, 4, 4]);
         assert_eq!(out.kv_indices, [0, 1, 2, 3]);
         assert_eq!(out.kv_last_page_len, [1, 4, 0]);
         assert_eq!(
             t.write_indices(&[(b, 5)], &mut out),
-            Err(KvError::KvLenExceedsReserved { row: b, kv_len: 5, reserved_tokens: 4 })
+            Err(KvError::KvLenExceedsReserved {
+                row: b,
+                kv_len: 5,
+                reserved_tokens: 4
+            })
         );
-        assert_eq!(t.write_indices(&[(3, 1)], &mut out), Err(KvError::UnknownRow(3)));
+        assert_eq!(
+            t.write_indices(&[(3, 1)], &mut out),
+            Err(KvError::UnknownRow(3))
+        );
     }
 }

@@ -48,7 +48,11 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let i = 0..SEQS;
-    let kind = prop_oneof![(0..9usize).prop_map(Kind::Prefill), Just(Kind::Decode), (0..6usize).prop_map(Kind::Speculative)];
+    let kind = prop_oneof![
+        (0..9usize).prop_map(Kind::Prefill),
+        Just(Kind::Decode),
+        (0..6usize).prop_map(Kind::Speculative)
+    ];
     prop_oneof![
         1 => i.clone().prop_map(Op::Match),
         2 => (i.clone(), 0..10usize).prop_map(|(s, n)| Op::SchedulePrefill(s, n)),
@@ -105,7 +109,15 @@ impl Harness {
     fn fresh(&mut self, i: usize) -> SchedulableSequence {
         self.next += 1;
         let len = 3 + (self.next as usize * 7) % 14;
-        let prompt = (0..len).map(|p| if p < 4 * (i % 3 + 1) { p as u32 } else { self.next * 100 + p as u32 }).collect();
+        let prompt = (0..len)
+            .map(|p| {
+                if p < 4 * (i % 3 + 1) {
+                    p as u32
+                } else {
+                    self.next * 100 + p as u32
+                }
+            })
+            .collect();
         SchedulableSequence::new(prompt, 1 + (self.next as usize) % 9).unwrap()
     }
 
@@ -120,8 +132,15 @@ impl Harness {
         for (k, &tok) in tokens.iter().enumerate() {
             let pos = from + k;
             let page = self.table.pages(row)[pos / PS];
-            assert_eq!(self.table.refcount(page), 1, "kernel write into shared page");
-            assert!(pos / PS >= self.table.sealed_pages(row), "kernel write into a sealed page");
+            assert_eq!(
+                self.table.refcount(page),
+                1,
+                "kernel write into shared page"
+            );
+            assert!(
+                pos / PS >= self.table.sealed_pages(row),
+                "kernel write into a sealed page"
+            );
             self.kv[page as usize * PS + pos % PS] = tok;
         }
     }
@@ -157,8 +176,14 @@ impl Harness {
                 }
                 return;
             }
-            Op::Match(i) | Op::SchedulePrefill(i, _) | Op::ApplyPrefill(i, _) | Op::ScheduleDecode(i) => i,
-            Op::ApplyDecode(i) | Op::ScheduleSpeculative(i, _) | Op::ApplySpeculative(i, _) | Op::Revert(i) => i,
+            Op::Match(i)
+            | Op::SchedulePrefill(i, _)
+            | Op::ApplyPrefill(i, _)
+            | Op::ScheduleDecode(i) => i,
+            Op::ApplyDecode(i)
+            | Op::ScheduleSpeculative(i, _)
+            | Op::ApplySpeculative(i, _)
+            | Op::Revert(i) => i,
             Op::Bounce(i, _) | Op::Append(i, _) | Op::DropUnassigned(i) | Op::Release(i) => i,
             Op::Reacquire(i) | Op::Step(i) => i,
         };
@@ -175,7 +200,11 @@ impl Harness {
                 assert_eq!(*s, before, "refused {op:?} changed the sequence");
                 assert_eq!(self.table, table_before, "refused {op:?} changed the table");
             }
-            Ok(events) => assert_eq!(&s.history()[before.history().len()..], events.as_slice(), "{op:?}"),
+            Ok(events) => assert_eq!(
+                &s.history()[before.history().len()..],
+                events.as_slice(),
+                "{op:?}"
+            ),
         }
         match s.state() {
             SequenceState::Idle => self.scheduled_pages[i] = None,
@@ -191,19 +220,27 @@ impl Harness {
         let s = &self.seqs[i];
         match s.state() {
             SequenceState::PrefillScheduled { num_tokens, .. } => {
-                let wants = s.kv_position() + num_tokens >= s.prefill_end() && s.generated_tokens() == 0 && s.max_output_tokens() > 0;
+                let wants = s.kv_position() + num_tokens >= s.prefill_end()
+                    && s.generated_tokens() == 0
+                    && s.max_output_tokens() > 0;
                 Op::ApplyPrefill(i, wants)
             }
             SequenceState::DecodeScheduled { .. } => Op::ApplyDecode(i),
-            SequenceState::SpeculativeScheduled { num_tokens, .. } => Op::ApplySpeculative(i, num_tokens.div_ceil(2)),
+            SequenceState::SpeculativeScheduled { num_tokens, .. } => {
+                Op::ApplySpeculative(i, num_tokens.div_ceil(2))
+            }
             SequenceState::Idle if s.is_complete() && s.tail_tokens() <= 1 => {
                 self.seqs[i].release(&mut self.table).unwrap();
                 self.seqs[i] = self.fresh(i);
                 Op::Match(i)
             }
-            SequenceState::Idle if s.row().is_none() && s.generated_tokens() > 0 => Op::Reacquire(i),
+            SequenceState::Idle if s.row().is_none() && s.generated_tokens() > 0 => {
+                Op::Reacquire(i)
+            }
             SequenceState::Idle if s.row().is_none() => Op::Match(i),
-            SequenceState::Idle if s.needs_prefill() => Op::SchedulePrefill(i, (s.prefill_end() - s.kv_position()).min(6)),
+            SequenceState::Idle if s.needs_prefill() => {
+                Op::SchedulePrefill(i, (s.prefill_end() - s.kv_position()).min(6))
+            }
             SequenceState::Idle if s.kv_position() % 3 == 0 => Op::ScheduleSpeculative(i, 3),
             SequenceState::Idle => Op::ScheduleDecode(i),
         }
@@ -224,7 +261,10 @@ impl Harness {
             Op::SchedulePrefill(_, n) => {
                 let blocks_allocated = s.pages_needed_for(kv + n, t);
                 self.seqs[i].schedule_prefill(n, t).map_err(drop)?;
-                Ok(vec![SequenceEvent::PrefillScheduled { num_tokens: n, blocks_allocated }])
+                Ok(vec![SequenceEvent::PrefillScheduled {
+                    num_tokens: n,
+                    blocks_allocated,
+                }])
             }
             Op::ApplyPrefill(_, with_token) => {
                 if let SequenceState::PrefillScheduled { num_tokens, .. } = s.state() {
@@ -235,9 +275,16 @@ impl Harness {
                 let (t, s) = (&mut self.table, &mut self.seqs[i]);
                 let sealed = s.row().map_or(0, |r| t.sealed_pages(r));
                 s.apply_prefill(token, t).map_err(drop)?;
-                let SequenceEvent::PrefillApplied { num_tokens, .. } = *s.history().last().unwrap() else { panic!() };
+                let SequenceEvent::PrefillApplied { num_tokens, .. } = *s.history().last().unwrap()
+                else {
+                    panic!()
+                };
                 let blocks_registered = s.kv_position() / PS - sealed;
-                Ok(vec![SequenceEvent::PrefillApplied { num_tokens, blocks_registered, token_emitted: with_token }])
+                Ok(vec![SequenceEvent::PrefillApplied {
+                    num_tokens,
+                    blocks_registered,
+                    token_emitted: with_token,
+                }])
             }
             Op::ScheduleDecode(_) => {
                 let blocks_allocated = s.pages_needed_for(kv + 1, t);
@@ -250,14 +297,22 @@ impl Harness {
                     self.write(i, kv, &dangling);
                 }
                 let token = self.token();
-                self.seqs[i].apply_decode(token, &mut self.table).map_err(drop)?;
-                Ok(vec![SequenceEvent::DecodeApplied { token, block_completed: (kv + 1) % PS == 0 }])
+                self.seqs[i]
+                    .apply_decode(token, &mut self.table)
+                    .map_err(drop)?;
+                Ok(vec![SequenceEvent::DecodeApplied {
+                    token,
+                    block_completed: (kv + 1) % PS == 0,
+                }])
             }
             Op::ScheduleSpeculative(_, k) => {
                 let num_tokens = k.min(s.remaining_tokens());
                 let blocks_allocated = s.pages_needed_for(kv + 1 + num_tokens, t);
                 self.seqs[i].schedule_speculative(k, t).map_err(drop)?;
-                Ok(vec![SequenceEvent::SpeculativeScheduled { num_tokens, blocks_allocated }])
+                Ok(vec![SequenceEvent::SpeculativeScheduled {
+                    num_tokens,
+                    blocks_allocated,
+                }])
             }
             Op::ApplySpeculative(_, m) => {
                 let accepted: Vec<u32> = (0..m).map(|_| self.token()).collect();
@@ -277,14 +332,22 @@ impl Harness {
                 let (t, s) = (&mut self.table, &mut self.seqs[i]);
                 s.apply_speculative(&accepted, t).map_err(drop)?;
                 let blocks_released = held - t.pages_for(s.total_tokens());
-                Ok(vec![SequenceEvent::SpeculativeApplied { accepted: m, scheduled, blocks_released }])
+                Ok(vec![SequenceEvent::SpeculativeApplied {
+                    accepted: m,
+                    scheduled,
+                    blocks_released,
+                }])
             }
             Op::Revert(_) => {
                 let pages = self.scheduled_pages[i].clone();
                 let blocks_released = match s.state() {
-                    SequenceState::PrefillScheduled { blocks_allocated, .. }
+                    SequenceState::PrefillScheduled {
+                        blocks_allocated, ..
+                    }
                     | SequenceState::DecodeScheduled { blocks_allocated }
-                    | SequenceState::SpeculativeScheduled { blocks_allocated, .. } => blocks_allocated,
+                    | SequenceState::SpeculativeScheduled {
+                        blocks_allocated, ..
+                    } => blocks_allocated,
                     SequenceState::Idle => 0,
                 };
                 let (t, s) = (&mut self.table, &mut self.seqs[i]);
@@ -303,9 +366,15 @@ impl Harness {
                 Ok(vec![SequenceEvent::TokensAppended { count: n }])
             }
             Op::DropUnassigned(_) => {
-                let count = self.seqs[i].drop_unassigned(&mut self.table).map_err(drop)?;
+                let count = self.seqs[i]
+                    .drop_unassigned(&mut self.table)
+                    .map_err(drop)?;
                 assert_eq!(count, held.saturating_sub(kv.div_ceil(PS)));
-                Ok(if count > 0 { vec![SequenceEvent::UnassignedDropped { count }] } else { vec![] })
+                Ok(if count > 0 {
+                    vec![SequenceEvent::UnassignedDropped { count }]
+                } else {
+                    vec![]
+                })
             }
             Op::Release(_) => {
                 self.seqs[i].release(t).map_err(drop)?;
@@ -313,10 +382,17 @@ impl Harness {
             }
             Op::Reacquire(_) => {
                 let row_free = t.num_allocated() < ROWS - 1;
-                let prefix_matched = if row_free { t.peek_prefix(s.tokens()) / PS } else { 0 };
+                let prefix_matched = if row_free {
+                    t.peek_prefix(s.tokens()) / PS
+                } else {
+                    0
+                };
                 let success = self.seqs[i].reacquire(t).map_err(drop)?;
                 assert!(row_free || !success);
-                Ok(vec![SequenceEvent::Reacquired { prefix_matched, success }])
+                Ok(vec![SequenceEvent::Reacquired {
+                    prefix_matched,
+                    success,
+                }])
             }
             Op::Step(_) | Op::ReleaseAll | Op::Squeeze => unreachable!("resolved by apply"),
         }
@@ -325,39 +401,50 @@ impl Harness {
     fn bounce(&mut self, i: usize, kind: Kind) -> Result<Vec<SequenceEvent>, ()> {
         let (seq0, table0) = (self.seqs[i].clone(), self.table.clone());
         let (t, s) = (&mut self.table, &mut self.seqs[i]);
-        let scheduled = match kind {
+        match kind {
             Kind::Prefill(n) => s.schedule_prefill(n, t).map_err(drop)?,
             Kind::Decode => s.schedule_decode(t).map_err(drop)?,
             Kind::Speculative(k) => s.schedule_speculative(k, t).map_err(drop)?,
-        };
-        let _ = scheduled;
+        }
         let evicted = t.cached_pages() < table0.cached_pages();
         let sched_event = s.history().last().unwrap().clone();
         let blocks_released = match s.state() {
-            SequenceState::PrefillScheduled { blocks_allocated, .. }
+            SequenceState::PrefillScheduled {
+                blocks_allocated, ..
+            }
             | SequenceState::DecodeScheduled { blocks_allocated }
-            | SequenceState::SpeculativeScheduled { blocks_allocated, .. } => blocks_allocated,
+            | SequenceState::SpeculativeScheduled {
+                blocks_allocated, ..
+            } => blocks_allocated,
             SequenceState::Idle => panic!("scheduled sequence is idle"),
         };
         s.revert_schedule(t).unwrap();
-        let view = |s: &SchedulableSequence| (s.tokens().to_vec(), s.kv_position(), s.state(), s.row());
+        let view =
+            |s: &SchedulableSequence| (s.tokens().to_vec(), s.kv_position(), s.state(), s.row());
         assert_eq!(view(s), view(&seq0), "revert did not restore the sequence");
         if evicted {
             // Evicted cache entries are not resurrected; everything else is restored.
             assert_eq!(t.used_pages(), table0.used_pages());
-            assert_eq!(t.free_pages() + t.cached_pages(), table0.free_pages() + table0.cached_pages());
+            assert_eq!(
+                t.free_pages() + t.cached_pages(),
+                table0.free_pages() + table0.cached_pages()
+            );
             assert_eq!(t.num_allocated(), table0.num_allocated());
         } else {
             assert_eq!(*t, table0, "revert did not restore the table exactly");
         }
-        Ok(vec![sched_event, SequenceEvent::ScheduleReverted { blocks_released }])
+        Ok(vec![
+            sched_event,
+            SequenceEvent::ScheduleReverted { blocks_released },
+        ])
     }
 
     fn check(&self) {
         let t = &self.table;
         t.check_invariants().unwrap();
         assert_eq!(t.free_pages() + t.used_pages() + t.cached_pages(), PAGES);
-        let holding = self.seqs.iter().filter(|s| s.row().is_some()).count() + usize::from(self.scratch.is_some());
+        let holding = self.seqs.iter().filter(|s| s.row().is_some()).count()
+            + usize::from(self.scratch.is_some());
         assert_eq!(t.num_allocated(), holding, "num_allocated != rows in use");
         for s in &self.seqs {
             assert!(s.kv_position() <= s.total_tokens());
@@ -368,7 +455,10 @@ impl Harness {
             let pages = t.pages(row);
             assert!(pages.len() >= t.pages_for(s.kv_position()));
             if s.state() == SequenceState::Idle {
-                assert!(pages.len() <= t.pages_for(s.total_tokens()), "idle row holds surplus pages");
+                assert!(
+                    pages.len() <= t.pages_for(s.total_tokens()),
+                    "idle row holds surplus pages"
+                );
             }
             for (pos, &tok) in s.tokens()[..s.kv_position()].iter().enumerate() {
                 let slot = pages[pos / PS] as usize * PS + pos % PS;
@@ -379,7 +469,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     #[test]
     fn sequences_match_model(ops in prop::collection::vec(op(), 1..120)) {

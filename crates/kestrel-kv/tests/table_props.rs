@@ -19,12 +19,23 @@ const ROWS: usize = 5;
 #[derive(Debug, Clone)]
 enum Op {
     /// Admit `prompt(family, len)`: allocate with prefix, reserve, "prefill", publish.
-    Admit { family: usize, len: usize },
+    Admit {
+        family: usize,
+        len: usize,
+    },
     /// Decode `extra` tokens on the `idx`-th live row.
-    Grow { idx: usize, extra: usize },
+    Grow {
+        idx: usize,
+        extra: usize,
+    },
     /// Drop the `idx`-th live row's last `cut` tokens (a rejected speculation).
-    Shrink { idx: usize, cut: usize },
-    Erase { idx: usize },
+    Shrink {
+        idx: usize,
+        cut: usize,
+    },
+    Erase {
+        idx: usize,
+    },
     /// Take every available page in a scratch row, then give them back: evicts the cache.
     Pressure,
     ReleaseAll,
@@ -46,7 +57,13 @@ fn op() -> impl Strategy<Value = Op> {
 /// Prompts of different families share their first `4 * family` tokens.
 fn prompt(family: usize, len: usize) -> Vec<u32> {
     (0..len)
-        .map(|i| if i < 4 * family { i as u32 } else { (family * 1000 + i) as u32 })
+        .map(|i| {
+            if i < 4 * family {
+                i as u32
+            } else {
+                (family * 1000 + i) as u32
+            }
+        })
         .collect()
 }
 
@@ -84,7 +101,11 @@ impl Model {
     fn write(&mut self, row: RowId, tokens: &[u32], from: usize) {
         for (pos, &tok) in tokens.iter().enumerate().skip(from) {
             let page = self.table.pages(row)[pos / PS];
-            assert_eq!(self.table.refcount(page), 1, "KV written into shared page {page}");
+            assert_eq!(
+                self.table.refcount(page),
+                1,
+                "KV written into shared page {page}"
+            );
             let slot = self.slot(row, pos);
             self.kv[slot] = Some(tok);
         }
@@ -103,15 +124,27 @@ impl Model {
                 let (row, hit) = match self.table.allocate_with_prefix(&p) {
                     Ok(x) => x,
                     Err(e) => {
-                        assert_eq!(e, KvError::NoFreeRow { usable_rows: ROWS - 1 });
+                        assert_eq!(
+                            e,
+                            KvError::NoFreeRow {
+                                usable_rows: ROWS - 1
+                            }
+                        );
                         assert!(!can);
                         return;
                     }
                 };
                 assert_eq!(hit, peek);
-                assert!(hit % PS == 0 && hit < len, "hit {hit} for a {len}-token prompt");
-                for pos in 0..hit {
-                    assert_eq!(self.kv[self.slot(row, pos)], Some(p[pos]), "prefix hit reads wrong KV");
+                assert!(
+                    hit % PS == 0 && hit < len,
+                    "hit {hit} for a {len}-token prompt"
+                );
+                for (pos, &tok) in p[..hit].iter().enumerate() {
+                    assert_eq!(
+                        self.kv[self.slot(row, pos)],
+                        Some(tok),
+                        "prefix hit reads wrong KV"
+                    );
                 }
                 let available = self.table.available_pages();
                 match self.table.reserve(row, len) {
@@ -161,7 +194,14 @@ impl Model {
                     }
                     Err(e) => {
                         assert!(new_len < sealed);
-                        assert_eq!(e, KvError::ShrinkBelowPublished { row, len: new_len, published_tokens: sealed });
+                        assert_eq!(
+                            e,
+                            KvError::ShrinkBelowPublished {
+                                row,
+                                len: new_len,
+                                published_tokens: sealed
+                            }
+                        );
                     }
                 }
             }
@@ -172,7 +212,9 @@ impl Model {
                 assert_eq!(self.table.erase(row), Err(KvError::UnknownRow(row)));
             }
             Op::Pressure => {
-                let Ok(row) = self.table.allocate() else { return };
+                let Ok(row) = self.table.allocate() else {
+                    return;
+                };
                 let all = self.table.available_pages();
                 self.table.reserve(row, all * PS).unwrap();
                 assert_eq!((self.table.free_pages(), self.table.cached_pages()), (0, 0));
@@ -191,8 +233,14 @@ impl Model {
                 assert_eq!(out.kv_indptr.len(), batch.len() + 1);
                 for (i, &(row, len)) in batch.iter().enumerate() {
                     let (a, b) = (out.kv_indptr[i] as usize, out.kv_indptr[i + 1] as usize);
-                    assert_eq!(&out.kv_indices[a..b], &self.table.pages(row)[..len.div_ceil(PS)]);
-                    assert_eq!(out.kv_last_page_len[i] as usize, if len == 0 { 0 } else { (len - 1) % PS + 1 });
+                    assert_eq!(
+                        &out.kv_indices[a..b],
+                        &self.table.pages(row)[..len.div_ceil(PS)]
+                    );
+                    assert_eq!(
+                        out.kv_last_page_len[i] as usize,
+                        if len == 0 { 0 } else { (len - 1) % PS + 1 }
+                    );
                 }
             }
         }
@@ -208,14 +256,18 @@ impl Model {
             assert!(t.is_allocated(row));
             assert_eq!(t.pages(row).len(), tokens.len().div_ceil(PS));
             for (pos, &tok) in tokens.iter().enumerate() {
-                assert_eq!(self.kv[self.slot(row, pos)], Some(tok), "row {row} lost its KV at {pos}");
+                assert_eq!(
+                    self.kv[self.slot(row, pos)],
+                    Some(tok),
+                    "row {row} lost its KV at {pos}"
+                );
             }
         }
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
     #[test]
     fn page_table_matches_model(ops in prop::collection::vec(op(), 1..80)) {

@@ -46,7 +46,9 @@ pub struct SchedulableSequence {
 
 fn alloc_failed(source: KvError) -> ScheduleError {
     match source {
-        KvError::NoFreeRow { .. } | KvError::OutOfPages { .. } => ScheduleError::AllocationFailed { source },
+        KvError::NoFreeRow { .. } | KvError::OutOfPages { .. } => {
+            ScheduleError::AllocationFailed { source }
+        }
         source => ScheduleError::Table { source },
     }
 }
@@ -110,7 +112,8 @@ impl SchedulableSequence {
 
     /// Output tokens still allowed.
     pub fn remaining_tokens(&self) -> usize {
-        self.max_output_tokens.saturating_sub(self.generated_tokens())
+        self.max_output_tokens
+            .saturating_sub(self.generated_tokens())
     }
 
     /// Prompt plus generated tokens.
@@ -170,9 +173,13 @@ impl SchedulableSequence {
     pub fn scheduled_kv_len(&self) -> Option<usize> {
         match self.state {
             SequenceState::Idle => None,
-            SequenceState::PrefillScheduled { num_tokens, .. } => Some(self.kv_position + num_tokens),
+            SequenceState::PrefillScheduled { num_tokens, .. } => {
+                Some(self.kv_position + num_tokens)
+            }
             SequenceState::DecodeScheduled { .. } => Some(self.kv_position + 1),
-            SequenceState::SpeculativeScheduled { num_tokens, .. } => Some(self.kv_position + 1 + num_tokens),
+            SequenceState::SpeculativeScheduled { num_tokens, .. } => {
+                Some(self.kv_position + 1 + num_tokens)
+            }
         }
     }
 
@@ -180,7 +187,11 @@ impl SchedulableSequence {
     /// scheduler's capacity checks (compare with [`PageTable::available_pages`]). A sequence
     /// without a row also needs a free row.
     pub fn pages_needed_for(&self, kv_len: usize, table: &PageTable) -> usize {
-        let held = self.live_row(table).ok().flatten().map_or(0, |row| table.pages(row).len());
+        let held = self
+            .live_row(table)
+            .ok()
+            .flatten()
+            .map_or(0, |row| table.pages(row).len());
         table.pages_for(kv_len).saturating_sub(held)
     }
 
@@ -204,7 +215,10 @@ impl SchedulableSequence {
     fn require_idle_for_apply(&self) -> Result<(), ApplyError> {
         match self.state {
             SequenceState::Idle => Ok(()),
-            actual => Err(ApplyError::WrongState { expected: "Idle", actual }),
+            actual => Err(ApplyError::WrongState {
+                expected: "Idle",
+                actual,
+            }),
         }
     }
 
@@ -212,7 +226,9 @@ impl SchedulableSequence {
     /// order; returns the row.
     fn require_decodable(&self, table: &PageTable) -> Result<RowId, ScheduleError> {
         self.require_idle()?;
-        let row = self.live_row(table).map_err(|row| ScheduleError::StaleLease { row })?;
+        let row = self
+            .live_row(table)
+            .map_err(|row| ScheduleError::StaleLease { row })?;
         if !self.is_prefill_complete() {
             return Err(ScheduleError::PrefillNotComplete {
                 position: self.kv_position,
@@ -277,11 +293,17 @@ impl SchedulableSequence {
         if let Some(Lease { row, .. }) = self.lease {
             return Err(ScheduleError::RowAlreadyHeld { row });
         }
-        let (row, hit) = table.allocate_with_prefix(&self.tokens).map_err(alloc_failed)?;
-        self.lease = Some(Lease { row, epoch: table.epoch() });
+        let (row, hit) = table
+            .allocate_with_prefix(&self.tokens)
+            .map_err(alloc_failed)?;
+        self.lease = Some(Lease {
+            row,
+            epoch: table.epoch(),
+        });
         self.kv_position = hit;
         let blocks_matched = hit / table.page_size();
-        self.history.push(SequenceEvent::PrefixMatched { blocks_matched });
+        self.history
+            .push(SequenceEvent::PrefixMatched { blocks_matched });
         Ok(blocks_matched)
     }
 
@@ -294,12 +316,21 @@ impl SchedulableSequence {
     /// [`ScheduleError::NotIdle`], [`ScheduleError::PrefillComplete`],
     /// [`ScheduleError::PrefillOverrun`], [`ScheduleError::AllocationFailed`],
     /// [`ScheduleError::StaleLease`].
-    pub fn schedule_prefill(&mut self, num_tokens: usize, table: &mut PageTable) -> Result<(), ScheduleError> {
+    pub fn schedule_prefill(
+        &mut self,
+        num_tokens: usize,
+        table: &mut PageTable,
+    ) -> Result<(), ScheduleError> {
         self.require_idle()?;
-        let held = self.live_row(table).map_err(|row| ScheduleError::StaleLease { row })?;
+        let held = self
+            .live_row(table)
+            .map_err(|row| ScheduleError::StaleLease { row })?;
         let (position, prefill_end) = (self.kv_position, self.prefill_end());
         if position >= prefill_end {
-            return Err(ScheduleError::PrefillComplete { position, prefill_end });
+            return Err(ScheduleError::PrefillComplete {
+                position,
+                prefill_end,
+            });
         }
         if position + num_tokens > prefill_end {
             return Err(ScheduleError::PrefillOverrun {
@@ -321,7 +352,10 @@ impl SchedulableSequence {
                 return Err(alloc_failed(e));
             }
         };
-        self.lease = Some(Lease { row, epoch: table.epoch() });
+        self.lease = Some(Lease {
+            row,
+            epoch: table.epoch(),
+        });
         self.state = SequenceState::PrefillScheduled {
             num_tokens,
             blocks_allocated,
@@ -341,7 +375,11 @@ impl SchedulableSequence {
     /// # Errors
     /// [`ApplyError::WrongState`], [`ApplyError::TokenOnNonFinalChunk`],
     /// [`ApplyError::MissingTokenOnFinalChunk`], [`ApplyError::StaleLease`].
-    pub fn apply_prefill(&mut self, token: Option<u32>, table: &mut PageTable) -> Result<(), ApplyError> {
+    pub fn apply_prefill(
+        &mut self,
+        token: Option<u32>,
+        table: &mut PageTable,
+    ) -> Result<(), ApplyError> {
         let SequenceState::PrefillScheduled { num_tokens, .. } = self.state else {
             return Err(ApplyError::WrongState {
                 expected: "PrefillScheduled",
@@ -379,9 +417,11 @@ impl SchedulableSequence {
     /// [`ScheduleError::AllocationFailed`], [`ScheduleError::StaleLease`].
     pub fn schedule_decode(&mut self, table: &mut PageTable) -> Result<(), ScheduleError> {
         let row = self.require_decodable(table)?;
-        let blocks_allocated = Self::grow(table, row, self.kv_position + 1).map_err(alloc_failed)?;
+        let blocks_allocated =
+            Self::grow(table, row, self.kv_position + 1).map_err(alloc_failed)?;
         self.state = SequenceState::DecodeScheduled { blocks_allocated };
-        self.history.push(SequenceEvent::DecodeScheduled { blocks_allocated });
+        self.history
+            .push(SequenceEvent::DecodeScheduled { blocks_allocated });
         Ok(())
     }
 
@@ -390,7 +430,11 @@ impl SchedulableSequence {
     ///
     /// # Errors
     /// [`ApplyError::WrongState`], [`ApplyError::StaleLease`].
-    pub fn apply_decode(&mut self, token: u32, table: &mut PageTable) -> Result<DecodeOutcome, ApplyError> {
+    pub fn apply_decode(
+        &mut self,
+        token: u32,
+        table: &mut PageTable,
+    ) -> Result<DecodeOutcome, ApplyError> {
         let SequenceState::DecodeScheduled { .. } = self.state else {
             return Err(ApplyError::WrongState {
                 expected: "DecodeScheduled",
@@ -403,7 +447,10 @@ impl SchedulableSequence {
         self.publish(table, row);
         self.tokens.push(token);
         self.state = SequenceState::Idle;
-        self.history.push(SequenceEvent::DecodeApplied { token, block_completed });
+        self.history.push(SequenceEvent::DecodeApplied {
+            token,
+            block_completed,
+        });
         Ok(DecodeOutcome::new(block_completed, self.is_complete()))
     }
 
@@ -415,10 +462,15 @@ impl SchedulableSequence {
     ///
     /// # Errors
     /// As [`schedule_decode`](Self::schedule_decode).
-    pub fn schedule_speculative(&mut self, num_draft_tokens: usize, table: &mut PageTable) -> Result<(), ScheduleError> {
+    pub fn schedule_speculative(
+        &mut self,
+        num_draft_tokens: usize,
+        table: &mut PageTable,
+    ) -> Result<(), ScheduleError> {
         let row = self.require_decodable(table)?;
         let num_tokens = num_draft_tokens.min(self.remaining_tokens());
-        let blocks_allocated = Self::grow(table, row, self.kv_position + 1 + num_tokens).map_err(alloc_failed)?;
+        let blocks_allocated =
+            Self::grow(table, row, self.kv_position + 1 + num_tokens).map_err(alloc_failed)?;
         self.state = SequenceState::SpeculativeScheduled {
             num_tokens,
             blocks_allocated,
@@ -437,7 +489,11 @@ impl SchedulableSequence {
     /// # Errors
     /// [`ApplyError::WrongState`], [`ApplyError::AcceptedExceedsScheduled`],
     /// [`ApplyError::StaleLease`].
-    pub fn apply_speculative(&mut self, accepted: &[u32], table: &mut PageTable) -> Result<DecodeOutcome, ApplyError> {
+    pub fn apply_speculative(
+        &mut self,
+        accepted: &[u32],
+        table: &mut PageTable,
+    ) -> Result<DecodeOutcome, ApplyError> {
         let SequenceState::SpeculativeScheduled { num_tokens, .. } = self.state else {
             return Err(ApplyError::WrongState {
                 expected: "SpeculativeScheduled",
@@ -487,7 +543,9 @@ impl SchedulableSequence {
             });
         }
         self.tokens.extend_from_slice(tokens);
-        self.history.push(SequenceEvent::TokensAppended { count: tokens.len() });
+        self.history.push(SequenceEvent::TokensAppended {
+            count: tokens.len(),
+        });
         Ok(())
     }
 
@@ -507,7 +565,9 @@ impl SchedulableSequence {
                 ..
             } => (blocks_allocated, row_acquired),
             SequenceState::DecodeScheduled { blocks_allocated }
-            | SequenceState::SpeculativeScheduled { blocks_allocated, .. } => (blocks_allocated, false),
+            | SequenceState::SpeculativeScheduled {
+                blocks_allocated, ..
+            } => (blocks_allocated, false),
             SequenceState::Idle => {
                 return Err(ApplyError::WrongState {
                     expected: "a scheduled state",
@@ -517,7 +577,9 @@ impl SchedulableSequence {
         };
         let row = self.applied_row(table)?;
         let keep = table.pages(row).len() - blocks_allocated;
-        table.shrink(row, keep * table.page_size()).map_err(table_err)?;
+        table
+            .shrink(row, keep * table.page_size())
+            .map_err(table_err)?;
         if row_acquired {
             table.erase(row).map_err(table_err)?;
             self.lease = None;
@@ -543,7 +605,8 @@ impl SchedulableSequence {
         };
         let count = table.shrink(row, self.kv_position).map_err(table_err)?;
         if count > 0 {
-            self.history.push(SequenceEvent::UnassignedDropped { count });
+            self.history
+                .push(SequenceEvent::UnassignedDropped { count });
         }
         Ok(count)
     }
@@ -581,7 +644,10 @@ impl SchedulableSequence {
         if let Ok((row, hit)) = table.allocate_with_prefix(&self.tokens) {
             prefix_matched = hit / table.page_size();
             if table.reserve(row, self.prefill_end()).is_ok() {
-                self.lease = Some(Lease { row, epoch: table.epoch() });
+                self.lease = Some(Lease {
+                    row,
+                    epoch: table.epoch(),
+                });
                 self.kv_position = hit;
                 success = true;
             } else {
