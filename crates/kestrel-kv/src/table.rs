@@ -249,20 +249,25 @@ impl PageTable {
     /// Tokens of `prompt` that [`allocate_with_prefix`](Self::allocate_with_prefix) would
     /// reuse now, without taking anything. O(hit pages).
     pub fn peek_prefix(&self, prompt: &[u32]) -> usize {
+        self.walk_prefix(prompt).0 * self.cfg.page_size
+    }
+
+    /// `(hit pages, hit pages now cached rather than in use)` for `prompt`.
+    fn walk_prefix(&self, prompt: &[u32]) -> (usize, usize) {
         let Some(prefix) = &self.prefix else {
-            return 0;
+            return (0, 0);
         };
-        let ps = self.cfg.page_size;
-        let mut chain = ROOT_HASH;
-        let mut hits = 0;
-        for page_tokens in prompt[..prompt.len().saturating_sub(1)].chunks_exact(ps) {
-            let (hash, Some(_)) = prefix.lookup(chain, page_tokens) else {
+        let (mut chain, mut hits, mut cached) = (ROOT_HASH, 0, 0);
+        for page_tokens in prompt[..prompt.len().saturating_sub(1)].chunks_exact(self.cfg.page_size)
+        {
+            let (hash, Some(page)) = prefix.lookup(chain, page_tokens) else {
                 break;
             };
             chain = hash;
             hits += 1;
+            cached += usize::from(self.pool.refcount(page) == 0);
         }
-        hits * ps
+        (hits, cached)
     }
 
     /// Pages `row` would have to gain to hold `target_len` tokens. O(1).
@@ -317,6 +322,22 @@ impl PageTable {
     /// the real need, so a `true` here is never wrong.
     pub fn can_reserve(&self, target_len: usize) -> bool {
         !self.free_rows.is_empty() && self.pages_for(target_len) <= self.pool.available()
+    }
+
+    /// [`can_reserve`](Self::can_reserve) counting the cached prefix of `prompt`: hit pages
+    /// need no allocation, but a cached hit stops being evictable once shared. Exact for
+    /// `allocate_with_prefix(prompt)` then `reserve(row, target_len)`. O(prompt tokens).
+    pub fn can_reserve_prompt(&self, prompt: &[u32], target_len: usize) -> bool {
+        if self.free_rows.is_empty() {
+            return false;
+        }
+        let (hits, cached_hits) = self.walk_prefix(prompt);
+        self.pages_for(target_len).saturating_sub(hits) <= self.pool.available() - cached_hits
+    }
+
+    /// Whether `target_len` tokens could ever fit, in an empty table. O(1).
+    pub fn could_ever_fit(&self, target_len: usize) -> bool {
+        self.pages_for(target_len) <= self.cfg.num_pages
     }
 
     /// After prefill (or any step), publishes the row's full pages covering `tokens` (the

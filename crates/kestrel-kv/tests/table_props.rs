@@ -120,6 +120,8 @@ impl Model {
             Op::Admit { family, len } => {
                 let p = prompt(family, len);
                 let can = self.table.can_reserve(len);
+                let can_prompt = self.table.can_reserve_prompt(&p, len);
+                assert!(can_prompt || !can, "prefix hits can only lower the need");
                 let peek = self.table.peek_prefix(&p);
                 let (row, hit) = match self.table.allocate_with_prefix(&p) {
                     Ok(x) => x,
@@ -130,7 +132,7 @@ impl Model {
                                 usable_rows: ROWS - 1
                             }
                         );
-                        assert!(!can);
+                        assert!(!can && !can_prompt);
                         return;
                     }
                 };
@@ -152,11 +154,12 @@ impl Model {
                     Err(e) => {
                         let needed = len.div_ceil(PS) - hit / PS;
                         assert_eq!(e, KvError::OutOfPages { needed, available });
-                        assert!(!can);
+                        assert!(!can && !can_prompt, "can_reserve_prompt must be exact");
                         self.table.erase(row).unwrap();
                         return;
                     }
                 }
+                assert!(can_prompt, "can_reserve_prompt must be exact");
                 assert_eq!(self.table.pages(row).len(), len.div_ceil(PS));
                 self.write(row, &p, hit);
                 self.table.register_prefix(row, &p);
