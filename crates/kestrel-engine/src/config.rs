@@ -1,0 +1,105 @@
+//! Engine configuration ([`EngineConfig`]) and start-up progress events.
+//!
+//! Raw knobs as the CLI/server gives them; [`crate::Engine::start`] resolves
+//! them once into a `LoopConfig` and a runtime config (the model's context
+//! length fills `max_seq_len: None`).
+
+use std::path::PathBuf;
+
+use kestrel_pipeline::{PipelineMode, PrefillPolicy};
+
+/// Where the model comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ModelSource {
+    /// The default model (SmolLM2-135M-Instruct Q4_1), fetched into the cache on first use.
+    #[default]
+    Default,
+    /// A `.gguf` file or an HF model directory.
+    Path(PathBuf),
+}
+
+/// Which runtime executes the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// `kestrel-cpu`.
+    #[default]
+    Cpu,
+    /// `kestrel-cuda` (not part of this build: [`crate::EngineError::BackendUnavailable`]).
+    Cuda,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Engine configuration. See [`EngineConfig::default`] for the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub model: ModelSource,
+    pub backend: Backend,
+    /// Compute threads of the CPU runtime.
+    pub threads: usize,
+    /// Sequences decoded together at most.
+    pub max_batch_size: usize,
+    /// KV cache pages.
+    pub kv_pages: usize,
+    /// Tokens per KV page.
+    pub page_size: usize,
+    /// Requests waiting for admission at most; more fail with `QueueFull`.
+    pub max_waiting: usize,
+    /// Context length (prompt + generated); `None` means the model's.
+    pub max_seq_len: Option<usize>,
+    pub mode: PipelineMode,
+    pub prefill_policy: PrefillPolicy,
+    pub enable_prefix_cache: bool,
+}
+
+impl Default for EngineConfig {
+    /// Default model on the CPU, one thread per core, 32 rows, pages for
+    /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
+    /// context, pipelined with ride-along prefill, prefix cache on.
+    fn default() -> Self {
+        let page_size = 16;
+        Self {
+            model: ModelSource::Default,
+            backend: Backend::Cpu,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_batch_size: 32,
+            kv_pages: 32 * 2048 / page_size,
+            page_size,
+            max_waiting: 256,
+            max_seq_len: None,
+            mode: PipelineMode::Pipelined,
+            prefill_policy: PrefillPolicy::RideAlong,
+            enable_prefix_cache: true,
+        }
+    }
+}
+
+/// What [`crate::Engine::start`] is doing, for a CLI spinner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadEvent {
+    /// Fetching or verifying the default model.
+    Fetch(kestrel_model::FetchStage),
+    /// Reading the model file.
+    Loading { path: PathBuf },
+    /// The model is loaded.
+    Loaded { name: String, seconds: f64 },
+    /// Building the token trie and grammar compiler.
+    PreparingSkills,
+    /// Constructing the runtime on the engine thread.
+    StartingRuntime { backend: Backend },
+    /// Serving.
+    Ready,
+}

@@ -1,0 +1,569 @@
+//! [`Engine`]: the cloneable async handle. It validates requests on the
+//! caller's thread and talks to the engine thread ([`crate::worker`]) only
+//! through commands; [`GenerationStream`] is one request's event stream.
+//!
+//! Shared state is read-only model info plus atomics (metrics, health,
+//! queue accounting); the engine itself is owned by its thread, never
+//! behind a lock.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use kestrel_pipeline::{EngineLoop, LoopConfig, PipelineMode, Request};
+use kestrel_skills::{Skill, SkillError, SkillOptions, SkillSpec};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::config::{Backend, EngineConfig, LoadEvent, ModelSource};
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::model::{Health, ModelContext, ModelInfo, Runtime};
+use crate::request::{
+    seed_for_request_id, validate_sampling, Constraint, GenerateRequest, GenerateResponse,
+    StreamEvent,
+};
+use crate::skill::{StreamingSkill, StreamingSkillParts};
+use crate::worker::{Command, Submission, Worker};
+
+/// State shared by every handle and the engine thread (atomics and
+/// write-once cells only).
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub metrics: Arc<Metrics>,
+    /// Set once on an engine-fatal fault (or a panic of the engine thread).
+    pub fatal: OnceLock<String>,
+    pub shutting_down: AtomicBool,
+    pub exited: AtomicBool,
+    /// Submissions sent but not yet handled by the engine thread.
+    pub in_transit: AtomicUsize,
+    next_id: AtomicU64,
+    loop_config: LoopConfig,
+    backend: String,
+}
+
+/// A handle to a running engine. Cheap to clone; every clone talks to the
+/// same engine thread.
+#[derive(Clone)]
+pub struct Engine {
+    commands: Sender<Command>,
+    done_tx: Sender<u64>,
+    model: ModelContext,
+    shared: Arc<Shared>,
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("model", &self.model)
+            .field("backend", &self.shared.backend)
+            .field("loop_config", &self.shared.loop_config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Fetches/loads the model, builds the skill context, and starts the
+    /// engine thread, which constructs the runtime itself (so device state
+    /// is created by the thread that owns it). Blocks until serving.
+    pub fn start(
+        config: EngineConfig,
+        progress: impl Fn(LoadEvent) + Send + 'static,
+    ) -> Result<Engine, EngineError> {
+        let path = match &config.model {
+            ModelSource::Default => kestrel_model::default_model_path_with_progress(&mut |s| {
+                progress(LoadEvent::Fetch(s))
+            })
+            .map_err(EngineError::ModelLoad)?,
+            ModelSource::Path(p) => p.clone(),
+        };
+        progress(LoadEvent::Loading { path: path.clone() });
+        let started = Instant::now();
+        let loaded = kestrel_model::load(&path).map_err(EngineError::ModelLoad)?;
+        progress(LoadEvent::Loaded {
+            name: loaded.name.clone(),
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        progress(LoadEvent::PreparingSkills);
+        let model = ModelContext::from_loaded(&loaded)?;
+        let loop_config = LoopConfig {
+            mode: config.mode,
+            prefill_policy: config.prefill_policy,
+            max_batch_size: config.max_batch_size,
+            max_waiting: config.max_waiting,
+            max_seq_len: config.max_seq_len.unwrap_or(model.context_length()),
+            debug_checks: cfg!(debug_assertions),
+        };
+        validate_engine_config(&config, &loop_config)?;
+        progress(LoadEvent::StartingRuntime {
+            backend: config.backend,
+        });
+        let engine = match config.backend {
+            Backend::Cpu => crate::backend::start_cpu(model, loop_config, &config, loaded.weights)?,
+            Backend::Cuda => {
+                return Err(EngineError::BackendUnavailable(
+                    "the CUDA backend is not part of this build".into(),
+                ))
+            }
+        };
+        progress(LoadEvent::Ready);
+        Ok(engine)
+    }
+
+    /// Starts the engine thread with a runtime built by `make` on that
+    /// thread (tests use `SimExecutor`; CUDA plugs in here).
+    pub fn start_with_runtime<R: Runtime>(
+        model: ModelContext,
+        loop_config: LoopConfig,
+        make: impl FnOnce() -> Result<R, EngineError> + Send + 'static,
+    ) -> Result<Engine, EngineError> {
+        Self::spawn(model, loop_config, "custom".into(), make)
+    }
+
+    pub(crate) fn spawn<R: Runtime>(
+        model: ModelContext,
+        loop_config: LoopConfig,
+        backend: String,
+        make: impl FnOnce() -> Result<R, EngineError> + Send + 'static,
+    ) -> Result<Engine, EngineError> {
+        if loop_config.max_seq_len < 2 || loop_config.max_batch_size == 0 {
+            return Err(EngineError::invalid(
+                "loop_config",
+                "max_seq_len must be >= 2 and max_batch_size >= 1",
+            ));
+        }
+        let shared = Arc::new(Shared {
+            metrics: Arc::new(Metrics::new()),
+            fatal: OnceLock::new(),
+            shutting_down: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
+            in_transit: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+            loop_config,
+            backend,
+        });
+        let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), EngineError>>(1);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("kestrel-engine".into())
+            .spawn(move || {
+                let lp = make().and_then(|rt| {
+                    EngineLoop::new(rt, loop_config).map_err(|e| {
+                        EngineError::BackendUnavailable(format!("pipeline setup: {e}"))
+                    })
+                });
+                match lp {
+                    Err(e) => {
+                        thread_shared.exited.store(true, SeqCst);
+                        let _ = ready_tx.send(Err(e));
+                    }
+                    Ok(lp) => {
+                        let _ = ready_tx.send(Ok(()));
+                        Worker::new(lp, cmd_rx, done_rx, thread_shared).run();
+                    }
+                }
+            })
+            .map_err(|e| EngineError::Unavailable(format!("cannot spawn the engine thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(EngineError::Unavailable(
+                    "the engine thread died while starting".into(),
+                ));
+            }
+        }
+        Ok(Engine {
+            commands: cmd_tx,
+            done_tx,
+            model,
+            shared,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+
+    /// Runs a request to completion.
+    pub async fn generate(&self, req: GenerateRequest) -> Result<GenerateResponse, EngineError> {
+        let mut stream = self.stream(req)?;
+        loop {
+            match stream.next_event().await {
+                Some(Ok(StreamEvent::Done(resp))) => return Ok(resp),
+                Some(Ok(StreamEvent::Delta { .. })) => {}
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(EngineError::Unavailable(
+                        "the request ended without a result".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Validates and queues a request; its events arrive on the returned
+    /// stream. Errors detectable before queueing (arguments, constraint,
+    /// context, a full queue, health) are returned here, at once; a request
+    /// refused later by the engine thread yields one `Err` item. Dropping
+    /// the stream before `Done` aborts the request.
+    pub fn stream(&self, req: GenerateRequest) -> Result<GenerationStream, EngineError> {
+        self.check_serving()?;
+        let submitted = Instant::now();
+        let valid = self.validate(req)?;
+        let limit = self.shared.loop_config.max_waiting;
+        // Reserve a queue place; the engine thread releases it on receipt.
+        let in_transit = self.shared.in_transit.fetch_add(1, SeqCst) + 1;
+        let waiting = self.shared.metrics.waiting.get() as usize;
+        if waiting + in_transit > limit {
+            self.shared.in_transit.fetch_sub(1, SeqCst);
+            self.shared.metrics.rejected.fetch_add(1, SeqCst);
+            return Err(EngineError::QueueFull { limit });
+        }
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let skill = StreamingSkill::new(
+            valid.skill,
+            StreamingSkillParts {
+                request_id: valid.request_id.clone(),
+                pipeline_id: valid.pipeline_id,
+                model: self.model.clone(),
+                events: events.clone(),
+                done: self.done_tx.clone(),
+                metrics: Arc::clone(&self.shared.metrics),
+                prompt_tokens: valid.prompt.len() as u32,
+                submitted,
+            },
+        );
+        let sub = Submission {
+            request_id: valid.request_id.clone(),
+            request: Request {
+                id: valid.pipeline_id,
+                prompt: valid.prompt,
+                max_new_tokens: valid.max_new_tokens,
+                params: valid.sampling,
+                skill: Box::new(skill),
+            },
+            events,
+        };
+        if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
+            self.shared.in_transit.fetch_sub(1, SeqCst);
+            return Err(EngineError::Unavailable("the engine thread has stopped".into()));
+        }
+        Ok(GenerationStream {
+            request_id: valid.request_id,
+            pipeline_id: valid.pipeline_id,
+            rx,
+            commands: self.commands.clone(),
+            finished: false,
+        })
+    }
+
+    /// Asks the engine to abort `request_id`. Returns whether the command was
+    /// delivered to a running engine; the request (if still live) then ends
+    /// with `FinishReason::Abort` on its stream. Unknown ids are ignored.
+    pub fn abort(&self, request_id: &str) -> bool {
+        !self.shared.exited.load(SeqCst)
+            && self
+                .commands
+                .send(Command::Abort {
+                    request_id: request_id.to_string(),
+                })
+                .is_ok()
+    }
+
+    /// Tokenizes on the caller's thread (the tokenizer is shared, read-only).
+    pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
+        self.model.tokenize(text, add_special_tokens)
+    }
+
+    pub fn detokenize(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
+        self.model.detokenize(ids, skip_special_tokens)
+    }
+
+    /// The shared model context (tokenizer, template).
+    pub fn model(&self) -> &ModelContext {
+        &self.model
+    }
+
+    /// Model facts plus live KV and queue gauges (as of the last loop iteration).
+    pub fn model_info(&self) -> ModelInfo {
+        let m = &self.shared.metrics;
+        let lc = &self.shared.loop_config;
+        ModelInfo {
+            name: self.model.name().to_string(),
+            architecture: self.model.architecture().to_string(),
+            vocab_size: self.model.vocab_size(),
+            context_length: lc.max_seq_len,
+            eos_token_ids: self.model.eos_token_ids().to_vec(),
+            backend: self.shared.backend.clone(),
+            mode: lc.mode,
+            max_batch_size: lc.max_batch_size,
+            kv_pages_total: m.kv_total.get() as usize,
+            kv_pages_used: m.kv_used.get() as usize,
+            kv_pages_free: m.kv_free.get() as usize,
+            num_admitted: m.admitted.get() as usize,
+            num_running: m.running.get() as usize,
+            num_waiting: m.waiting.get() as usize,
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        if let Some(why) = self.shared.fatal.get() {
+            return Health::NotServing(why.clone());
+        }
+        if self.shared.shutting_down.load(SeqCst) {
+            return Health::NotServing("shutting down".into());
+        }
+        if self.shared.exited.load(SeqCst) {
+            return Health::NotServing("the engine thread has stopped".into());
+        }
+        Health::Serving
+    }
+
+    /// Prometheus text exposition of the engine's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish until `deadline`
+    /// from now, aborts the rest (they end with `FinishReason::Abort`),
+    /// then joins the engine thread. Idempotent.
+    pub async fn shutdown(&self, deadline: Duration) {
+        self.shared.shutting_down.store(true, SeqCst);
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let sent = self
+            .commands
+            .send(Command::Shutdown {
+                deadline: Instant::now() + deadline,
+                reply,
+            })
+            .is_ok();
+        if sent {
+            // An error means the thread exited without replying (it is gone either way).
+            let _ = done.await;
+        }
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            // The thread replied as its last act: this join does not wait on work.
+            let _ = h.join();
+        }
+    }
+
+    fn check_serving(&self) -> Result<(), EngineError> {
+        if let Some(why) = self.shared.fatal.get() {
+            return Err(EngineError::Unavailable(why.clone()));
+        }
+        if self.shared.shutting_down.load(SeqCst) {
+            return Err(EngineError::ShuttingDown);
+        }
+        if self.shared.exited.load(SeqCst) {
+            return Err(EngineError::Unavailable("the engine thread has stopped".into()));
+        }
+        Ok(())
+    }
+
+    /// The edge: raw request -> validated submission, on the caller's thread.
+    fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        if req.max_new_tokens == 0 {
+            return Err(EngineError::invalid("max_new_tokens", "must be at least 1"));
+        }
+        validate_sampling(&req.sampling)?;
+        let prompt = self.model.encode_prompt(&req.input)?;
+        if prompt.is_empty() {
+            return Err(EngineError::invalid("input", "the prompt is empty"));
+        }
+        let limit = self.shared.loop_config.max_seq_len;
+        if prompt.len() + req.max_new_tokens as usize > limit {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_new_tokens: req.max_new_tokens as usize,
+                limit,
+            });
+        }
+        let pipeline_id = self.shared.next_id.fetch_add(1, SeqCst);
+        let request_id = match req.request_id {
+            Some(id) if id.is_empty() || id.len() > 256 => {
+                return Err(EngineError::invalid(
+                    "request_id",
+                    "must be 1 to 256 bytes long",
+                ))
+            }
+            Some(id) => id,
+            None => format!("req-{pipeline_id}"),
+        };
+        let spec = match req.constraint {
+            None => SkillSpec::Text {
+                stop: req.stop,
+                stop_token_ids: req.stop_token_ids,
+                ignore_eos: req.ignore_eos,
+            },
+            Some(c) => {
+                if !req.stop.is_empty() || !req.stop_token_ids.is_empty() || req.ignore_eos {
+                    return Err(EngineError::invalid(
+                        "constraint",
+                        "stop, stop_token_ids and ignore_eos apply to unconstrained text only",
+                    ));
+                }
+                match c {
+                    Constraint::JsonSchema(schema) => SkillSpec::Json { schema },
+                    Constraint::Regex(r) => SkillSpec::Regex(r),
+                    Constraint::Choice(c) => SkillSpec::Choice(c),
+                    Constraint::Grammar(g) => SkillSpec::Grammar(g),
+                }
+            }
+        };
+        let options = SkillOptions {
+            logprobs: req.sampling.logprobs || req.sampling.top_logprobs > 0,
+            top_logprobs: req.sampling.top_logprobs as usize,
+        };
+        let skill = Skill::new(self.model.skills(), &spec, options).map_err(skill_error)?;
+        let mut sampling = req.sampling;
+        if sampling.seed == 0 {
+            sampling.seed = seed_for_request_id(&request_id);
+        }
+        Ok(ValidRequest {
+            request_id,
+            pipeline_id,
+            prompt,
+            max_new_tokens: req.max_new_tokens,
+            sampling,
+            skill,
+        })
+    }
+}
+
+/// A request after [`Engine::validate`].
+struct ValidRequest {
+    request_id: String,
+    pipeline_id: u64,
+    prompt: Vec<u32>,
+    max_new_tokens: u32,
+    sampling: kestrel_pipeline::SamplingParams,
+    skill: Skill,
+}
+
+fn skill_error(e: SkillError) -> EngineError {
+    let field = match &e {
+        SkillError::EmptyStopString { .. } => "stop",
+        SkillError::StopTokenOutOfRange { .. } => "stop_token_ids",
+        _ => "constraint",
+    };
+    EngineError::invalid(field, e.to_string())
+}
+
+fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), EngineError> {
+    let check = |ok: bool, field, msg: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::invalid(field, msg.to_string()))
+        }
+    };
+    check(c.threads >= 1, "threads", "must be at least 1")?;
+    check(c.max_batch_size >= 1, "max_batch_size", "must be at least 1")?;
+    check(c.page_size >= 1, "page_size", "must be at least 1")?;
+    check(c.kv_pages >= 1, "kv_pages", "must be at least 1")?;
+    check(c.max_waiting >= 1, "max_waiting", "must be at least 1")?;
+    check(lc.max_seq_len >= 2, "max_seq_len", "must be at least 2")?;
+    Ok(())
+}
+
+/// One request's events: `Delta`s, then exactly one `Done` or `Err`, then
+/// the end. Dropping it before the end aborts the request (the pipeline
+/// finalizes it and frees its KV once no in-flight step references it).
+pub struct GenerationStream {
+    request_id: String,
+    pipeline_id: u64,
+    rx: UnboundedReceiver<Result<StreamEvent, EngineError>>,
+    commands: Sender<Command>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for GenerationStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenerationStream")
+            .field("request_id", &self.request_id)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GenerationStream {
+    /// The request id (given or assigned).
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The next event, without a `StreamExt` dependency.
+    pub async fn next_event(&mut self) -> Option<Result<StreamEvent, EngineError>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *self).poll_event(cx)).await
+    }
+
+    /// Aborts the request now (same as dropping the stream, but the stream
+    /// still delivers the final `Done` with `FinishReason::Abort`).
+    pub fn abort(&self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::AbortPipeline(self.pipeline_id));
+        }
+    }
+
+    fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<StreamEvent, EngineError>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(item)) => {
+                if matches!(item, Ok(StreamEvent::Done(_)) | Err(_)) {
+                    self.finished = true;
+                }
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(None) => {
+                // Every sender is gone without a terminal event: the engine
+                // thread stopped. Report it once instead of ending silently.
+                self.finished = true;
+                Poll::Ready(Some(Err(EngineError::Unavailable(
+                    "the engine stopped before the request finished".into(),
+                ))))
+            }
+        }
+    }
+}
+
+impl futures_core::Stream for GenerationStream {
+    type Item = Result<StreamEvent, EngineError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_event(cx)
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::AbortPipeline(self.pipeline_id));
+        }
+    }
+}
+
+/// The pipeline mode as a metric/log label.
+pub fn mode_name(mode: PipelineMode) -> &'static str {
+    match mode {
+        PipelineMode::Blocking => "blocking",
+        PipelineMode::Pipelined => "pipelined",
+    }
+}

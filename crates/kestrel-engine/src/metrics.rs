@@ -1,0 +1,259 @@
+//! Engine metrics: lock-free counters, gauges and fixed-bucket histograms,
+//! rendered as Prometheus text exposition (format 0.0.4) by hand.
+//!
+//! Written by the engine thread (gauges after every loop iteration, request
+//! histograms from the streaming skill), read by any thread. Every update is
+//! one or two relaxed atomic ops; rendering allocates one `String`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::request::FinishReason;
+
+/// Latency buckets in seconds (1 ms .. 60 s).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Step-scale buckets in seconds (10 us .. 1 s).
+const STEP_BUCKETS: &[f64] = &[
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    1.0,
+];
+
+/// A cumulative histogram with fixed bucket bounds.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    /// Per-bucket (non-cumulative) counts; the last is `+Inf`.
+    counts: Vec<AtomicU64>,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: std::time::Duration) {
+        let secs = d.as_secs_f64();
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_nanos
+            .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (i, b) in self.bounds.iter().enumerate() {
+            cum += self.counts[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        cum += self.counts[self.bounds.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+    }
+}
+
+/// A gauge holding an `f64` or integer value.
+#[derive(Debug, Default)]
+pub(crate) struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+const REASONS: [FinishReason; 5] = [
+    FinishReason::Stop,
+    FinishReason::Length,
+    FinishReason::Eos,
+    FinishReason::Abort,
+    FinishReason::Error,
+];
+
+fn reason_index(r: FinishReason) -> usize {
+    match r {
+        FinishReason::Stop => 0,
+        FinishReason::Length => 1,
+        FinishReason::Eos => 2,
+        FinishReason::Abort => 3,
+        FinishReason::Error => 4,
+    }
+}
+
+/// Everything the engine reports. Shared by the handle and the engine thread.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub e2e: Histogram,
+    pub queue_time: Histogram,
+    /// Wall time of one `run_once` that made progress.
+    pub step_period: Histogram,
+    /// Host time between two busy `run_once` calls (command handling,
+    /// publishing): an approximation of device idle between forwards, since
+    /// runtimes do not report device timestamps.
+    pub device_gap: Histogram,
+    pub tokens_generated: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    finished: [AtomicU64; 5],
+    pub rejected: AtomicU64,
+    /// Nanoseconds the engine thread spent blocked waiting for commands.
+    pub idle_nanos: AtomicU64,
+    pub waiting: Gauge,
+    pub running: Gauge,
+    pub admitted: Gauge,
+    pub kv_total: Gauge,
+    pub kv_used: Gauge,
+    pub kv_free: Gauge,
+    pub kv_cached: Gauge,
+    pub prefix_hit_tokens: Gauge,
+    pub kv_prompt_tokens: Gauge,
+    pub healthy: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self {
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            inter_token: Histogram::new(LATENCY_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+            queue_time: Histogram::new(LATENCY_BUCKETS),
+            step_period: Histogram::new(STEP_BUCKETS),
+            device_gap: Histogram::new(STEP_BUCKETS),
+            tokens_generated: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            finished: Default::default(),
+            rejected: AtomicU64::new(0),
+            idle_nanos: AtomicU64::new(0),
+            waiting: Gauge::default(),
+            running: Gauge::default(),
+            admitted: Gauge::default(),
+            kv_total: Gauge::default(),
+            kv_used: Gauge::default(),
+            kv_free: Gauge::default(),
+            kv_cached: Gauge::default(),
+            prefix_hit_tokens: Gauge::default(),
+            kv_prompt_tokens: Gauge::default(),
+            healthy: Gauge(AtomicU64::new(1)),
+        }
+    }
+
+    pub fn request_finished(&self, r: FinishReason) {
+        self.finished[reason_index(r)].fetch_add(1, Relaxed);
+    }
+
+    pub fn finished_count(&self, r: FinishReason) -> u64 {
+        self.finished[reason_index(r)].load(Relaxed)
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        self.ttft.render(
+            &mut out,
+            "kestrel_time_to_first_token_seconds",
+            "Submission to first committed token.",
+        );
+        self.inter_token.render(
+            &mut out,
+            "kestrel_inter_token_latency_seconds",
+            "Time between consecutive committed tokens of a request.",
+        );
+        self.e2e.render(
+            &mut out,
+            "kestrel_request_duration_seconds",
+            "Submission to finish (end-to-end latency).",
+        );
+        self.queue_time.render(
+            &mut out,
+            "kestrel_request_queue_seconds",
+            "Submission to admission (prefill launch).",
+        );
+        self.step_period.render(
+            &mut out,
+            "kestrel_step_period_seconds",
+            "Wall time of one engine-loop iteration that made progress.",
+        );
+        self.device_gap.render(
+            &mut out,
+            "kestrel_device_idle_between_steps_seconds",
+            "Host time between busy loop iterations (approximates device idle between forwards).",
+        );
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            &mut out,
+            "kestrel_generated_tokens_total",
+            "Tokens committed to requests.",
+            self.tokens_generated.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "kestrel_prompt_tokens_total",
+            "Prompt tokens of accepted requests.",
+            self.prompt_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "kestrel_requests_rejected_total",
+            "Requests refused at submission.",
+            self.rejected.load(Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kestrel_requests_finished_total Requests finished, by reason.\n# TYPE kestrel_requests_finished_total counter"
+        );
+        for r in REASONS {
+            let _ = writeln!(
+                out,
+                "kestrel_requests_finished_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.finished_count(r)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP kestrel_engine_idle_seconds_total Time the engine thread waited for work.\n# TYPE kestrel_engine_idle_seconds_total counter\nkestrel_engine_idle_seconds_total {}",
+            self.idle_nanos.load(Relaxed) as f64 / 1e9
+        );
+        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        gauge(&mut out, "kestrel_queue_depth", "Requests waiting for admission.", self.waiting.get() as f64);
+        gauge(&mut out, "kestrel_running_sequences", "Admitted, unfinished sequences.", self.running.get() as f64);
+        gauge(&mut out, "kestrel_admitted_sequences", "Sequences holding KV (zombies included).", self.admitted.get() as f64);
+        gauge(&mut out, "kestrel_kv_pages_total", "KV cache pages.", self.kv_total.get() as f64);
+        gauge(&mut out, "kestrel_kv_pages_used", "KV cache pages in use.", self.kv_used.get() as f64);
+        gauge(&mut out, "kestrel_kv_pages_free", "KV cache pages free.", self.kv_free.get() as f64);
+        gauge(&mut out, "kestrel_kv_pages_cached", "KV pages held only by the prefix cache.", self.kv_cached.get() as f64);
+        gauge(&mut out, "kestrel_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens.", self.prefix_hit_rate());
+        gauge(&mut out, "kestrel_healthy", "1 while serving.", self.healthy.get() as f64);
+        out
+    }
+
+    pub fn prefix_hit_rate(&self) -> f64 {
+        let prompt = self.kv_prompt_tokens.get();
+        if prompt == 0 {
+            0.0
+        } else {
+            self.prefix_hit_tokens.get() as f64 / prompt as f64
+        }
+    }
+}

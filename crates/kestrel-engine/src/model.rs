@@ -1,0 +1,244 @@
+//! [`ModelContext`]: the read-only, per-model state every caller shares
+//! (tokenizer, chat template, special ids, the skills' token trie), plus the
+//! [`Runtime`] contract and the info/health types.
+//!
+//! Immutable after construction and cheap to clone (`Arc`s), so tokenizing,
+//! template rendering and grammar compilation run on the caller's thread
+//! and never stall the engine loop.
+
+use std::sync::Arc;
+
+use kestrel_pipeline::{Executor, PipelineMode, SamplingParams};
+use kestrel_skills::{SkillContext, SkillContextConfig};
+use tokenizers::Tokenizer;
+
+use crate::error::EngineError;
+use crate::request::Prompt;
+
+/// KV cache occupancy as a runtime reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvStats {
+    pub total_pages: usize,
+    pub used_pages: usize,
+    pub free_pages: usize,
+    /// Pages held only by the prefix cache (reusable).
+    pub cached_pages: usize,
+    /// Prompt tokens served from the prefix cache, cumulative.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens prefilled or hit, cumulative.
+    pub prompt_tokens: u64,
+}
+
+/// What the engine needs from a runtime beyond the pipeline's [`Executor`].
+pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
+    fn kv_stats(&self) -> KvStats;
+}
+
+/// Inputs to [`ModelContext::new`].
+pub struct ModelContextConfig {
+    pub name: String,
+    pub architecture: String,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Rows of the model's logits (at least the tokenizer's vocabulary).
+    pub vocab_size: usize,
+    /// The model's context length.
+    pub context_length: usize,
+    /// Non-empty; the first is the primary EOS.
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    /// Prepend BOS to raw text prompts.
+    pub add_bos_token: bool,
+    /// `None`: chat prompts are rejected.
+    pub chat_template: Option<kestrel_model::ChatTemplate>,
+}
+
+impl std::fmt::Debug for ModelContextConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelContextConfig")
+            .field("name", &self.name)
+            .field("architecture", &self.architecture)
+            .field("vocab_size", &self.vocab_size)
+            .field("context_length", &self.context_length)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    name: String,
+    architecture: String,
+    tokenizer: Arc<Tokenizer>,
+    vocab_size: usize,
+    context_length: usize,
+    eos_token_ids: Vec<u32>,
+    bos_token_id: Option<u32>,
+    add_bos_token: bool,
+    chat_template: Option<kestrel_model::ChatTemplate>,
+    skills: Arc<SkillContext>,
+}
+
+/// Shared read-only model state. Clone is an `Arc` bump.
+#[derive(Clone)]
+pub struct ModelContext {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ModelContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelContext")
+            .field("name", &self.inner.name)
+            .field("vocab_size", &self.inner.vocab_size)
+            .field("context_length", &self.inner.context_length)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelContext {
+    /// Builds the skills' token trie and grammar compiler (expensive: once per model).
+    pub fn new(config: ModelContextConfig) -> Result<Self, EngineError> {
+        let skills = SkillContext::new(SkillContextConfig {
+            tokenizer: Arc::clone(&config.tokenizer),
+            eos_token_ids: config.eos_token_ids.clone(),
+            vocab_size: Some(config.vocab_size),
+            chat_template: None,
+        })
+        .map_err(EngineError::SkillSetup)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name: config.name,
+                architecture: config.architecture,
+                tokenizer: config.tokenizer,
+                vocab_size: config.vocab_size,
+                context_length: config.context_length,
+                eos_token_ids: config.eos_token_ids,
+                bos_token_id: config.bos_token_id,
+                add_bos_token: config.add_bos_token,
+                chat_template: config.chat_template,
+                skills,
+            }),
+        })
+    }
+
+    /// The text side of a loaded model.
+    pub fn from_loaded(model: &kestrel_model::LoadedModel) -> Result<Self, EngineError> {
+        let cfg = &model.weights.config;
+        Self::new(ModelContextConfig {
+            name: model.name.clone(),
+            architecture: cfg.architecture.clone(),
+            tokenizer: Arc::new(model.tokenizer.clone()),
+            vocab_size: cfg.vocab_size.max(model.tokenizer.get_vocab_size(true)),
+            context_length: cfg.max_position_embeddings,
+            eos_token_ids: model.eos_token_ids.clone(),
+            bos_token_id: model.bos_token_id,
+            add_bos_token: model.add_bos_token,
+            chat_template: Some(model.chat_template.clone()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    pub fn architecture(&self) -> &str {
+        &self.inner.architecture
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.vocab_size
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.inner.context_length
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.inner.eos_token_ids
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.inner.tokenizer
+    }
+
+    pub(crate) fn skills(&self) -> &Arc<SkillContext> {
+        &self.inner.skills
+    }
+
+    /// Text of one token for logprob reports (lossy; empty for control tokens).
+    pub(crate) fn token_text(&self, token: u32) -> String {
+        if self.inner.skills.is_special(token) {
+            return String::new();
+        }
+        String::from_utf8_lossy(self.inner.skills.token_bytes(token)).into_owned()
+    }
+
+    /// Tokenizes `text`; with `add_special_tokens`, BOS is prepended when the
+    /// model wants one (and the tokenizer's post-processor runs).
+    pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
+        let enc = self
+            .inner
+            .tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| EngineError::invalid("text", format!("tokenizer failed: {e}")))?;
+        let mut ids = enc.get_ids().to_vec();
+        if add_special_tokens {
+            if let (true, Some(bos)) = (self.inner.add_bos_token, self.inner.bos_token_id) {
+                if ids.first() != Some(&bos) {
+                    ids.insert(0, bos);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn detokenize(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
+        self.inner
+            .tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| EngineError::invalid("token_ids", format!("tokenizer failed: {e}")))
+    }
+
+    /// Renders (chat) and tokenizes a prompt.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        match prompt {
+            Prompt::Text(text) => self.tokenize(text, true),
+            Prompt::Chat(messages) => {
+                let template = self.inner.chat_template.as_ref().ok_or_else(|| {
+                    EngineError::invalid("input", "this model has no chat template")
+                })?;
+                let rendered = template
+                    .render(messages, true)
+                    .map_err(|e| EngineError::invalid("input", format!("chat template: {e}")))?;
+                // The template writes BOS itself when the model wants it.
+                self.tokenize(&rendered, false)
+            }
+        }
+    }
+}
+
+/// Model and engine facts for `ModelInfo` RPCs; KV fields are live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub name: String,
+    pub architecture: String,
+    pub vocab_size: usize,
+    /// Context length the engine serves (the configured `max_seq_len` or the model's).
+    pub context_length: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub backend: String,
+    pub mode: PipelineMode,
+    pub max_batch_size: usize,
+    pub kv_pages_total: usize,
+    pub kv_pages_used: usize,
+    pub kv_pages_free: usize,
+    /// Requests holding KV now (zombies included), from the last loop iteration.
+    pub num_admitted: usize,
+    pub num_running: usize,
+    pub num_waiting: usize,
+}
+
+/// Serving state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Serving,
+    NotServing(String),
+}

@@ -1,0 +1,229 @@
+//! [`StreamingSkill`]: the `SequenceSkill` the engine hands the pipeline. It
+//! wraps a `kestrel_skills::Skill` (all request semantics: EOS, stop
+//! strings, constraints, UTF-8-safe deltas) and forwards its output to the
+//! client's channel.
+//!
+//! Runs on the engine thread inside `run_once`: per token it is the inner
+//! skill's work plus one unbounded, never-blocking channel send and a few
+//! atomics. `finish` sends exactly one terminal item (`Done` or an error).
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kestrel_pipeline::{CommittedToken, FailureKind, Outcome, SequenceSkill, TokenMask, Verdict};
+use kestrel_skills::Skill;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::model::ModelContext;
+use crate::request::{FinishReason, GenerateResponse, StreamEvent, Timings, TokenLogprob, Usage};
+
+/// The client's end of a request: events flow here until the terminal one.
+pub(crate) type EventSender = UnboundedSender<Result<StreamEvent, EngineError>>;
+
+/// The wrapper skill; see the module docs.
+pub(crate) struct StreamingSkill {
+    inner: Skill,
+    request_id: String,
+    pipeline_id: u64,
+    model: ModelContext,
+    events: EventSender,
+    /// Tells the engine thread the request is resolved (to forget its id).
+    done: std::sync::mpsc::Sender<u64>,
+    metrics: Arc<Metrics>,
+    prompt_tokens: u32,
+    submitted: Instant,
+    /// First scheduler query: the sequence was admitted (prefill launched).
+    admitted: Cell<Option<Instant>>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    span: tracing::Span,
+}
+
+impl std::fmt::Debug for StreamingSkill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamingSkill")
+            .field("request_id", &self.request_id)
+            .field("pipeline_id", &self.pipeline_id)
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything a [`StreamingSkill`] needs besides the inner skill.
+pub(crate) struct StreamingSkillParts {
+    pub request_id: String,
+    pub pipeline_id: u64,
+    pub model: ModelContext,
+    pub events: EventSender,
+    pub done: std::sync::mpsc::Sender<u64>,
+    pub metrics: Arc<Metrics>,
+    pub prompt_tokens: u32,
+    pub submitted: Instant,
+}
+
+impl StreamingSkill {
+    pub fn new(inner: Skill, p: StreamingSkillParts) -> Self {
+        let span = tracing::info_span!("request", id = %p.request_id, pid = p.pipeline_id);
+        Self {
+            inner,
+            request_id: p.request_id,
+            pipeline_id: p.pipeline_id,
+            model: p.model,
+            events: p.events,
+            done: p.done,
+            metrics: p.metrics,
+            prompt_tokens: p.prompt_tokens,
+            submitted: p.submitted,
+            admitted: Cell::new(None),
+            first_token: None,
+            last_token: None,
+            span,
+        }
+    }
+
+    fn mark_admitted(&self) {
+        if self.admitted.get().is_none() {
+            self.admitted.set(Some(Instant::now()));
+        }
+    }
+
+    fn convert_logprobs(&self, lps: Vec<kestrel_skills::TokenLogprob>) -> Vec<TokenLogprob> {
+        lps.into_iter()
+            .map(|lp| TokenLogprob {
+                token_id: lp.token,
+                text: self.model.token_text(lp.token),
+                logprob: lp.logprob.unwrap_or(f32::NAN),
+                top: lp
+                    .top
+                    .into_iter()
+                    .map(|(t, l)| (t, self.model.token_text(t), l))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn send_delta(&mut self) {
+        if let Some(d) = self.inner.take_delta() {
+            let logprobs = self.convert_logprobs(d.logprobs);
+            // A closed channel means the client went away; its drop sent an abort.
+            let _ = self.events.send(Ok(StreamEvent::Delta {
+                text: d.text,
+                token_ids: d.token_ids,
+                logprobs,
+            }));
+        }
+    }
+
+    fn respond(&mut self, reason: FinishReason, now: Instant) -> GenerateResponse {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let result = self.inner.result();
+        let (text, token_ids, json, logprobs) = match result {
+            Some(r) => (
+                r.text,
+                r.token_ids,
+                r.json,
+                self.convert_logprobs(r.logprobs.unwrap_or_default()),
+            ),
+            None => (String::new(), Vec::new(), None, Vec::new()),
+        };
+        let admitted = self.admitted.get().unwrap_or(now);
+        let completion = token_ids.len() as u32;
+        let tokens_per_s = match (self.first_token, self.last_token) {
+            (Some(a), Some(b)) if completion > 1 && b > a => {
+                f64::from(completion - 1) / (b - a).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        GenerateResponse {
+            request_id: self.request_id.clone(),
+            text,
+            token_ids,
+            finish_reason: reason,
+            usage: Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: completion,
+                cached_prompt_tokens: 0,
+            },
+            timings: Timings {
+                queue_ms: ms(admitted.saturating_duration_since(self.submitted)),
+                ttft_ms: self
+                    .first_token
+                    .map_or(0.0, |t| ms(t.saturating_duration_since(self.submitted))),
+                total_ms: ms(now.saturating_duration_since(self.submitted)),
+                tokens_per_s,
+            },
+            logprobs,
+            json,
+        }
+    }
+}
+
+impl SequenceSkill for StreamingSkill {
+    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
+        self.mark_admitted();
+        let now = Instant::now();
+        match self.last_token {
+            None => {
+                self.first_token = Some(now);
+                self.metrics.ttft.observe(now - self.submitted);
+            }
+            Some(prev) => self.metrics.inter_token.observe(now - prev),
+        }
+        self.last_token = Some(now);
+        self.metrics
+            .tokens_generated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let verdict = self.inner.consume(token);
+        self.send_delta();
+        verdict
+    }
+
+    fn is_constrained(&self) -> bool {
+        self.mark_admitted();
+        self.inner.is_constrained()
+    }
+
+    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
+        self.inner.fill_mask(mask);
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        let now = Instant::now();
+        self.inner.finish(outcome.clone());
+        self.send_delta();
+        self.metrics.e2e.observe(now - self.submitted);
+        if let Some(a) = self.admitted.get() {
+            self.metrics.queue_time.observe(a - self.submitted);
+        }
+        let _enter = self.span.clone().entered();
+        let terminal = match outcome {
+            Outcome::Finished(r) => {
+                let reason = FinishReason::from_pipeline(r);
+                self.metrics.request_finished(reason);
+                let resp = self.respond(reason, now);
+                tracing::debug!(
+                    reason = reason.as_str(),
+                    tokens = resp.usage.completion_tokens,
+                    total_ms = resp.timings.total_ms,
+                    "request finished"
+                );
+                Ok(StreamEvent::Done(resp))
+            }
+            Outcome::Failed(kind, why) => {
+                self.metrics.request_finished(FinishReason::Error);
+                tracing::warn!(?kind, %why, "request failed");
+                Err(match kind {
+                    FailureKind::EngineFatal => EngineError::Unavailable(why),
+                    FailureKind::StepFailed | FailureKind::Rejected => {
+                        EngineError::RequestFailed(why)
+                    }
+                })
+            }
+        };
+        let _ = self.events.send(terminal);
+        let _ = self.done.send(self.pipeline_id);
+    }
+}

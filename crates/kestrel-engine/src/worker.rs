@@ -1,0 +1,337 @@
+//! The engine thread: the one owner of `EngineLoop<R>` (and so of the
+//! runtime and all KV). Handlers reach it only through [`Command`]s.
+//!
+//! Loop: drain commands without blocking, run one pipeline iteration,
+//! publish gauges; block on the channel only when the loop is idle, paused
+//! or unhealthy. Nothing here waits on a client: replies go through
+//! unbounded or oneshot channels. After an engine-fatal fault the thread
+//! keeps answering commands (with `Unavailable`) until shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kestrel_pipeline::{EngineLoop, Request, SamplingParams, SubmitError, Tick};
+
+use crate::engine::Shared;
+use crate::error::EngineError;
+use crate::model::Runtime;
+use crate::skill::EventSender;
+
+/// A request validated on the caller's thread, ready for `EngineLoop::submit`.
+pub(crate) struct Submission {
+    pub request_id: String,
+    pub request: Request<SamplingParams>,
+    /// The client's channel, for errors raised before the skill owns it.
+    pub events: EventSender,
+}
+
+/// What handlers ask of the engine thread.
+pub(crate) enum Command {
+    Submit(Box<Submission>),
+    /// Abort by the caller's request id.
+    Abort { request_id: String },
+    /// Abort by pipeline id (a dropped stream).
+    AbortPipeline(u64),
+    /// Stop accepting work; finish or cancel in-flight requests by `deadline`, then exit.
+    Shutdown {
+        deadline: Instant,
+        reply: tokio::sync::oneshot::Sender<()>,
+    },
+}
+
+pub(crate) struct Worker<R: Runtime> {
+    lp: EngineLoop<R>,
+    commands: Receiver<Command>,
+    done_rx: Receiver<u64>,
+    /// Live requests: caller id -> pipeline id, and back.
+    live: HashMap<String, u64>,
+    by_pipeline: HashMap<u64, String>,
+    shared: Arc<Shared>,
+    shutdown_deadline: Option<Instant>,
+    deadline_aborted: bool,
+    shutdown_replies: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Marks the thread as gone (and unhealthy on a panic) however it exits.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = self.0.fatal.set("the engine thread panicked".into());
+            self.0.metrics.healthy.set(0);
+        }
+        self.0.exited.store(true, SeqCst);
+    }
+}
+
+impl<R: Runtime> Worker<R> {
+    pub fn new(
+        lp: EngineLoop<R>,
+        commands: Receiver<Command>,
+        done_rx: Receiver<u64>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            lp,
+            commands,
+            done_rx,
+            live: HashMap::new(),
+            by_pipeline: HashMap::new(),
+            shared,
+            shutdown_deadline: None,
+            deadline_aborted: false,
+            shutdown_replies: Vec::new(),
+        }
+    }
+
+    pub fn run(mut self) {
+        let _guard = ExitGuard(Arc::clone(&self.shared));
+        self.publish();
+        let mut last_busy_end: Option<Instant> = None;
+        loop {
+            if !self.drain_commands() {
+                break;
+            }
+            self.reap_done();
+            if self.shutdown_deadline.is_some() {
+                self.enforce_deadline();
+                if self.lp.is_idle() || self.lp.unhealthy().is_some() {
+                    break;
+                }
+            }
+            if self.lp.unhealthy().is_some() {
+                if !self.block_for_command() {
+                    break;
+                }
+                continue;
+            }
+            let start = Instant::now();
+            if let Some(end) = last_busy_end {
+                self.shared.metrics.device_gap.observe(start - end);
+            }
+            let tick = self.lp.run_once();
+            let end = Instant::now();
+            self.reap_done();
+            self.publish();
+            match tick {
+                Tick::Progress => {
+                    self.shared.metrics.step_period.observe(end - start);
+                    last_busy_end = Some(end);
+                }
+                Tick::Idle | Tick::Paused => {
+                    last_busy_end = None;
+                    if self.shutdown_deadline.is_some() && self.lp.is_idle() {
+                        break;
+                    }
+                    if !self.block_for_command() {
+                        break;
+                    }
+                }
+                Tick::Unhealthy => {
+                    last_busy_end = None;
+                    let why = self.lp.unhealthy().unwrap_or("engine fault").to_string();
+                    tracing::error!(%why, "engine-fatal fault: every request failed, not serving");
+                    let _ = self.shared.fatal.set(why);
+                    self.shared.metrics.healthy.set(0);
+                    self.live.clear();
+                    self.by_pipeline.clear();
+                }
+            }
+        }
+        self.finish_shutdown();
+    }
+
+    /// Handle every queued command. False when every sender is gone.
+    fn drain_commands(&mut self) -> bool {
+        loop {
+            match self.commands.try_recv() {
+                Ok(cmd) => self.handle(cmd),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => {
+                    // No handle and no stream left: nobody can see the results.
+                    self.begin_shutdown(Instant::now());
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Block until a command arrives (or the shutdown deadline). False when
+    /// every sender is gone.
+    fn block_for_command(&mut self) -> bool {
+        let start = Instant::now();
+        let got = match self.shutdown_deadline {
+            None => self.commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(d) => self
+                .commands
+                .recv_timeout(d.saturating_duration_since(start).max(Duration::from_millis(1))),
+        };
+        let waited = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.shared.metrics.idle_nanos.fetch_add(waited, Relaxed);
+        match got {
+            Ok(cmd) => {
+                self.handle(cmd);
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => false,
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(sub) => self.submit(*sub),
+            Command::Abort { request_id } => {
+                if let Some(&pid) = self.live.get(&request_id) {
+                    self.lp.abort(pid);
+                }
+            }
+            Command::AbortPipeline(pid) => {
+                self.lp.abort(pid);
+            }
+            Command::Shutdown { deadline, reply } => {
+                self.shutdown_replies.push(reply);
+                self.begin_shutdown(deadline);
+            }
+        }
+        self.reap_done();
+    }
+
+    fn submit(&mut self, sub: Submission) {
+        self.shared.in_transit.fetch_sub(1, SeqCst);
+        let Submission {
+            request_id,
+            request,
+            events,
+        } = sub;
+        let prompt_tokens = request.prompt.len();
+        let max_new_tokens = request.max_new_tokens as usize;
+        let pid = request.id;
+        let refused = if self.shutdown_deadline.is_some() {
+            Some(EngineError::ShuttingDown)
+        } else if let Some(why) = self.lp.unhealthy() {
+            Some(EngineError::Unavailable(why.to_string()))
+        } else if self.live.contains_key(&request_id) {
+            Some(EngineError::invalid(
+                "request_id",
+                format!("request id {request_id:?} is already in use"),
+            ))
+        } else {
+            match self.lp.submit(request) {
+                Ok(()) => None,
+                Err(e) => Some(self.map_submit_error(e, prompt_tokens, max_new_tokens)),
+            }
+        };
+        match refused {
+            None => {
+                self.shared
+                    .metrics
+                    .prompt_tokens
+                    .fetch_add(prompt_tokens as u64, Relaxed);
+                self.live.insert(request_id.clone(), pid);
+                self.by_pipeline.insert(pid, request_id);
+            }
+            Some(err) => {
+                tracing::debug!(id = %request_id, error = %err, "request refused");
+                self.shared.metrics.rejected.fetch_add(1, Relaxed);
+                let _ = events.send(Err(err));
+            }
+        }
+        self.shared
+            .metrics
+            .waiting
+            .set(self.lp.num_waiting() as u64);
+    }
+
+    fn map_submit_error(&self, e: SubmitError, prompt_tokens: usize, max_new_tokens: usize) -> EngineError {
+        match e {
+            SubmitError::QueueFull { limit } => EngineError::QueueFull { limit },
+            SubmitError::PromptTooLong { max_seq_len, .. } => EngineError::ContextOverflow {
+                prompt_tokens,
+                max_new_tokens,
+                limit: max_seq_len,
+            },
+            // The KV cache is smaller than this request's budget.
+            SubmitError::NeverFits { needed } => EngineError::ContextOverflow {
+                prompt_tokens,
+                max_new_tokens,
+                limit: needed.saturating_sub(1).min(self.lp.config().max_seq_len),
+            },
+            SubmitError::EmptyPrompt => EngineError::invalid("input", "the prompt is empty"),
+            SubmitError::ZeroMaxTokens => {
+                EngineError::invalid("max_new_tokens", "must be at least 1")
+            }
+            SubmitError::DuplicateId(id) => {
+                EngineError::invalid("request_id", format!("internal id {id} in use"))
+            }
+            SubmitError::Unhealthy(why) => EngineError::Unavailable(why),
+        }
+    }
+
+    /// Forget ids of requests whose skill finished.
+    fn reap_done(&mut self) {
+        while let Ok(pid) = self.done_rx.try_recv() {
+            if let Some(id) = self.by_pipeline.remove(&pid) {
+                self.live.remove(&id);
+            }
+        }
+    }
+
+    fn begin_shutdown(&mut self, deadline: Instant) {
+        self.shared.shutting_down.store(true, SeqCst);
+        self.shutdown_deadline = Some(match self.shutdown_deadline {
+            Some(d) => d.min(deadline),
+            None => deadline,
+        });
+    }
+
+    /// Past the shutdown deadline: abort everything still live (once).
+    fn enforce_deadline(&mut self) {
+        let Some(d) = self.shutdown_deadline else { return };
+        if self.deadline_aborted || Instant::now() < d {
+            return;
+        }
+        self.deadline_aborted = true;
+        let pids: Vec<u64> = self.by_pipeline.keys().copied().collect();
+        tracing::info!(requests = pids.len(), "shutdown deadline passed: aborting");
+        for pid in pids {
+            self.lp.abort(pid);
+        }
+    }
+
+    fn finish_shutdown(&mut self) {
+        if self.lp.unhealthy().is_none() && !self.lp.is_idle() {
+            // Every sender is gone: cancel what is left and drain it.
+            for pid in self.by_pipeline.keys().copied().collect::<Vec<_>>() {
+                self.lp.abort(pid);
+            }
+            self.lp.run_until_idle();
+        }
+        self.reap_done();
+        self.publish();
+        self.shared.metrics.healthy.set(0);
+        self.shared.exited.store(true, SeqCst);
+        for reply in self.shutdown_replies.drain(..) {
+            let _ = reply.send(());
+        }
+        tracing::info!("engine thread stopped");
+    }
+
+    fn publish(&self) {
+        let m = &self.shared.metrics;
+        m.waiting.set(self.lp.num_waiting() as u64);
+        m.running.set(self.lp.num_running() as u64);
+        m.admitted.set(self.lp.num_admitted() as u64);
+        let kv = self.lp.executor().kv_stats();
+        m.kv_total.set(kv.total_pages as u64);
+        m.kv_used.set(kv.used_pages as u64);
+        m.kv_free.set(kv.free_pages as u64);
+        m.kv_cached.set(kv.cached_pages as u64);
+        m.prefix_hit_tokens.set(kv.prefix_hit_tokens);
+        m.kv_prompt_tokens.set(kv.prompt_tokens);
+    }
+}
