@@ -1,1 +1,33 @@
-fn main() {}
+//! Matmul kernel benches at SmolLM2-135M shapes: Q4_1 GEMV/GEMM
+//! (FFN up 1536x576 and down 576x1536) and the Q8_0 LM head 49152x576, at
+//! batch 1, 8 and 32, on the crate's worker-pool configuration.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kestrel_cpu::kernels::{matmul, MatRef};
+use kestrel_cpu::synth::{random_matrix, Rng};
+use kestrel_cpu::Isa;
+use kestrel_model::DType;
+
+fn bench(c: &mut Criterion) {
+    let threads = std::env::var("KESTREL_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let mut rng = Rng(1);
+    let shapes = [("q4_1_up_1536x576", DType::Q4_1, 1536, 576), ("q4_1_down_576x1536", DType::Q4_1, 576, 1536), ("q8_0_lm_head_49152x576", DType::Q8_0, 49152, 576)];
+    let mut g = c.benchmark_group("matmul");
+    for (name, dt, rows, cols) in shapes {
+        let m = random_matrix(&mut rng, dt, rows, cols, 0.1);
+        let w = MatRef::new(name, &m).unwrap();
+        for n in [1usize, 8, 32] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut y = vec![0f32; n * rows];
+            g.throughput(Throughput::Bytes(w.bytes() as u64));
+            g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
+                b.iter(|| matmul(Some(&pool), Isa::detect(), w, &x, n, &mut y))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
