@@ -123,8 +123,8 @@ pub fn small_tokenizer() -> Tokenizer {
 /// walks, has the full size.
 pub fn synthetic_tokenizer(vocab_size: usize) -> Tokenizer {
     let base = 256 + MERGES.len() + 3;
-    // Generate a margin: pieces equal to fixture merges are skipped.
-    let want = vocab_size.saturating_sub(base) + 64;
+    // Generate a margin: pieces already in the vocabulary are skipped.
+    let want = vocab_size.saturating_sub(base) + 4096;
     let letters: Vec<char> = ('a'..='z').chain('A'..='Z').collect();
     let mut pieces = Vec::with_capacity(want);
     let punct = [
@@ -160,6 +160,11 @@ pub fn synthetic_tokenizer(vocab_size: usize) -> Tokenizer {
     }
     let json = tokenizer_json(&pieces, vocab_size).to_string();
     let tok: Tokenizer = json.parse().expect("synthetic tokenizer json is valid");
+    assert_eq!(
+        tok.get_vocab_size(true),
+        vocab_size,
+        "synthetic vocabulary size"
+    );
     tok
 }
 

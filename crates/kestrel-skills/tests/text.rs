@@ -33,7 +33,10 @@ fn eos_ends_with_eos_and_is_not_text() {
     let (r, deltas) = run(&mut s, &toks, |_| true);
     assert_eq!(r.text, "hello world");
     assert_eq!(r.finish_reason(), Some(FinishReason::Eos));
-    assert_eq!(r.token_ids, [&encode(&ctx, "hello world")[..], &[IM_END]].concat());
+    assert_eq!(
+        r.token_ids,
+        [&encode(&ctx, "hello world")[..], &[IM_END]].concat()
+    );
     assert_eq!(concat(&deltas), r.text);
     assert_eq!(r.json, None);
 }
@@ -42,7 +45,14 @@ fn eos_ends_with_eos_and_is_not_text() {
 fn ignore_eos_and_stop_token_ids() {
     let ctx = ctx();
     let mut s = skill(&ctx, text_spec(&[], &[ENDOFTEXT], true));
-    let toks = [bytes("ab"), vec![IM_END], bytes("c"), vec![ENDOFTEXT], bytes("zz")].concat();
+    let toks = [
+        bytes("ab"),
+        vec![IM_END],
+        bytes("c"),
+        vec![ENDOFTEXT],
+        bytes("zz"),
+    ]
+    .concat();
     let (r, _) = run(&mut s, &toks, |_| true);
     // EOS is ignored (and, being special, not text); the stop id ends the request.
     assert_eq!(r.text, "abc");
@@ -145,14 +155,25 @@ fn dangling_partial_char_becomes_replacement_at_the_end() {
 #[test]
 fn logprobs_are_carried_to_deltas_and_result() {
     let ctx = ctx();
-    let opts = SkillOptions { logprobs: true, top_logprobs: 1 };
+    let opts = SkillOptions {
+        logprobs: true,
+        top_logprobs: 1,
+    };
     let mut s = Skill::new(&ctx, &SkillSpec::text(), opts).unwrap();
     let top = [(b'a' as TokenId, -0.1f32), (b'b' as TokenId, -2.0)];
-    s.consume(&CommittedToken { token: b'a' as TokenId, logprob: Some(-0.1), top_logprobs: &top });
+    s.consume(&CommittedToken {
+        token: b'a' as TokenId,
+        logprob: Some(-0.1),
+        top_logprobs: &top,
+    });
     let d = s.take_delta().unwrap();
     assert_eq!(d.logprobs.len(), 1);
     assert_eq!(d.logprobs[0].top, vec![(b'a' as TokenId, -0.1)]);
-    s.consume(&CommittedToken { token: IM_END, logprob: Some(-0.5), top_logprobs: &[] });
+    s.consume(&CommittedToken {
+        token: IM_END,
+        logprob: Some(-0.5),
+        top_logprobs: &[],
+    });
     s.finish(Outcome::Finished(FinishReason::Eos));
     let r = s.into_result().unwrap();
     let lps = r.logprobs.unwrap();
@@ -164,14 +185,22 @@ fn logprobs_are_carried_to_deltas_and_result() {
 fn logprobs_off_by_default() {
     let ctx = ctx();
     let mut s = skill(&ctx, SkillSpec::text());
-    s.consume(&CommittedToken { token: 1, logprob: Some(-1.0), top_logprobs: &[] });
+    s.consume(&CommittedToken {
+        token: 1,
+        logprob: Some(-1.0),
+        top_logprobs: &[],
+    });
     s.finish(Outcome::Finished(FinishReason::Length));
     assert!(s.result().unwrap().logprobs.is_none());
 }
 
 /// Reference semantics: decode every non-special token before the first EOS
 /// lossily, cut at the first stop string.
-fn reference(ctx: &kestrel_skills::SkillContext, toks: &[TokenId], stops: &[String]) -> (String, FinishReason) {
+fn reference(
+    ctx: &kestrel_skills::SkillContext,
+    toks: &[TokenId],
+    stops: &[String],
+) -> (String, FinishReason) {
     let end = toks.iter().position(|&t| t == IM_END);
     let body = &toks[..end.unwrap_or(toks.len())];
     let raw: Vec<u8> = body

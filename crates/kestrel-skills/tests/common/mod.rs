@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use kestrel_pipeline::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenId, TokenMask, Verdict};
+use kestrel_pipeline::{
+    CommittedToken, FinishReason, Outcome, SequenceSkill, TokenId, TokenMask, Verdict,
+};
 use kestrel_skills::{Skill, SkillContext, SkillOptions, SkillResult, SkillSpec, StreamDelta};
 
 pub fn ctx() -> Arc<SkillContext> {
@@ -16,12 +18,20 @@ pub fn skill(ctx: &Arc<SkillContext>, spec: SkillSpec) -> Skill {
 }
 
 pub fn commit(skill: &mut Skill, token: TokenId) -> Verdict {
-    skill.consume(&CommittedToken { token, logprob: None, top_logprobs: &[] })
+    skill.consume(&CommittedToken {
+        token,
+        logprob: None,
+        top_logprobs: &[],
+    })
 }
 
 /// Feeds `tokens` until the skill stops, taking deltas after every step (or
 /// only when `take[i]` is true), then finishes. Returns the result and deltas.
-pub fn run(skill: &mut Skill, tokens: &[TokenId], take: impl Fn(usize) -> bool) -> (SkillResult, Vec<StreamDelta>) {
+pub fn run(
+    skill: &mut Skill,
+    tokens: &[TokenId],
+    take: impl Fn(usize) -> bool,
+) -> (SkillResult, Vec<StreamDelta>) {
     let mut deltas = Vec::new();
     let mut reason = FinishReason::Length;
     for (i, &t) in tokens.iter().enumerate() {
@@ -36,7 +46,10 @@ pub fn run(skill: &mut Skill, tokens: &[TokenId], take: impl Fn(usize) -> bool) 
     }
     skill.finish(Outcome::Finished(reason));
     deltas.extend(skill.take_delta());
-    assert!(skill.take_delta().is_none(), "nothing left after the final delta");
+    assert!(
+        skill.take_delta().is_none(),
+        "nothing left after the final delta"
+    );
     (skill.result().expect("finished"), deltas)
 }
 
@@ -52,7 +65,9 @@ pub fn mask_of(skill: &mut Skill, vocab: usize) -> Vec<u32> {
 }
 
 pub fn allowed(words: &[u32], vocab: usize) -> Vec<TokenId> {
-    (0..vocab as TokenId).filter(|&t| words[t as usize / 32] >> (t % 32) & 1 == 1).collect()
+    (0..vocab as TokenId)
+        .filter(|&t| words[t as usize / 32] >> (t % 32) & 1 == 1)
+        .collect()
 }
 
 pub fn encode(ctx: &SkillContext, s: &str) -> Vec<TokenId> {
