@@ -255,7 +255,7 @@ impl CpuModel {
             scratch.row_pos[i] = p;
             scratch.logit_rows[i] = i as u32;
         }
-        self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch)
+        self.pool.install(|| self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch))
     }
 
     /// Prefill chunks (see [`PrefillBatch`]); writes logits per `mode`.
@@ -297,7 +297,9 @@ impl CpuModel {
                 nlogits += 1;
             }
         }
-        self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch)
+        // Run the whole pass on a pool worker: nested parallel regions then
+        // fork/join inside the pool instead of injecting from outside.
+        self.pool.install(|| self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch))
     }
 
     fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {
@@ -451,7 +453,9 @@ impl CpuModel {
         let scale = 1.0 / (hd as f32).sqrt();
         let (kl, vl) = kv.layer(l);
         let ntasks = n * nkv;
-        let workers = self.threads.min(ntasks).max(1);
+        // Below ~16k key visits a fork/join costs more than it saves.
+        let visits: usize = row_pos_sum(&s.row_pos[..n]) * group * nkv;
+        let workers = if visits < 16 * 1024 { 1 } else { self.threads.min(ntasks).max(1) };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
         let mc = s.max_context;
@@ -476,6 +480,10 @@ impl CpuModel {
             work((0, scores));
         }
     }
+}
+
+fn row_pos_sum(pos: &[u32]) -> usize {
+    pos.iter().map(|&p| p as usize + 1).sum()
 }
 
 fn bad(reason: String) -> CpuError {

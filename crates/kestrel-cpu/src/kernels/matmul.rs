@@ -152,24 +152,83 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
         Isa::Avx2 => (2, 2),
         Isa::Scalar => (1, 1),
     };
+    // With many activation rows, dequantize each weight-row tile once into an
+    // L1-resident f32 buffer and run the dense kernel on it: same canonical
+    // values and FMA order (bit-identical), dequant cost amortized over the
+    // whole column block instead of each `ct`-column tile.
+    let buffered = isa != Isa::Scalar && w.dtype != DType::F32 && w.cols % 32 == 0 && n >= BUFFERED_MIN_COLS;
     let mut cb = 0;
     while cb < n {
         let ce = (cb + COL_BLOCK).min(n);
         let mut r = r0;
         while r < r1 {
             let rn = if r1 - r >= rt { rt } else { 1 };
-            let mut c = cb;
-            while c < ce {
-                let cn = if ce - c >= ct { ct } else { 1 };
-                // SAFETY: forwarded from this fn's contract; the tile covers
-                // rows r..r+rn < r1 and columns c..c+cn < n.
-                unsafe { tile(isa, w, x, r, rn, c, cn, y) };
-                c += cn;
+            // SAFETY: row `r` exists, so the offset is within `w.data`.
+            let direct = Src { ptr: unsafe { w.data.as_ptr().add(r * w.row_bytes) }, row_bytes: w.row_bytes, dtype: w.dtype };
+            let run = |src: Src| {
+                let mut c = cb;
+                while c < ce {
+                    let cn = if ce - c >= ct { ct } else { 1 };
+                    // SAFETY: forwarded from this fn's contract; the tile covers
+                    // rows r..r+rn < r1 and columns c..c+cn < n; `src` holds rn rows.
+                    unsafe { tile(isa, w, src, x, r, rn, c, cn, y) };
+                    c += cn;
+                }
+            };
+            if buffered {
+                WBUF.with(|b| {
+                    let mut b = b.borrow_mut();
+                    if b.len() < rn * w.cols {
+                        b.resize(rn * w.cols, 0.0);
+                    }
+                    for i in 0..rn {
+                        dequant_row_simd(isa, &w, r + i, &mut b[i * w.cols..(i + 1) * w.cols]);
+                    }
+                    run(Src { ptr: b.as_ptr() as *const u8, row_bytes: w.cols * 4, dtype: DType::F32 });
+                });
+            } else {
+                run(direct);
             }
             r += rn;
         }
         cb = ce;
     }
+}
+
+/// Activation rows from which [`rows_task`] dequantizes into a buffer.
+const BUFFERED_MIN_COLS: usize = 8;
+
+thread_local! {
+    /// Per-thread dequantized weight tile (grows once to `rows * cols`).
+    static WBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Canonical dequantization of row `r` with SIMD (identical values to `scalar::dequant_row`).
+fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && w.cols % 32 == 0 {
+        assert!(out.len() >= w.cols);
+        let row = w.row(r);
+        macro_rules! go {
+            ($B:ty) => {
+                // SAFETY: `row` holds cols/32 blocks of `$B` and `out` at least
+                // `cols` floats; `isa` was checked supported by the caller.
+                unsafe { x86::dequant_row::<$B>(isa == Isa::Avx512, row.as_ptr(), w.cols / 32, out.as_mut_ptr()) }
+            };
+        }
+        match w.dtype {
+            DType::F32 => go!(x86::F32B),
+            DType::F16 => go!(x86::F16B),
+            DType::BF16 => go!(x86::Bf16B),
+            DType::Q8_0 => go!(x86::Q8_0B),
+            DType::Q4_0 => go!(x86::Q4_0B),
+            DType::Q4_1 => go!(x86::Q4_1B),
+            DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef"),
+        }
+        return;
+    }
+    let _ = isa;
+    scalar::dequant_row(w.dtype, w.row(r), &mut out[..w.cols]);
 }
 
 /// Finish one element from its lanes (dense tail, canonical reduction) and store it.
@@ -185,13 +244,13 @@ unsafe fn finish(w: &MatRef<'_>, x: &[f32], r: usize, c: usize, lanes: &mut [f32
 }
 
 macro_rules! simd_tile {
-    ($kernel:ident, $isa_rt:literal, $isa_ct:literal, $w:expr, $x:expr, $r:expr, $rn:expr, $c:expr, $cn:expr, $y:expr) => {{
+    ($kernel:ident, $isa_rt:literal, $isa_ct:literal, $w:expr, $src:expr, $x:expr, $r:expr, $rn:expr, $c:expr, $cn:expr, $y:expr) => {{
         let w = $w;
+        let src: Src = $src;
         let nblocks = w.cols / 32;
         let args = x86::TileArgs {
-            // SAFETY: row `$r` exists (r < rows), so the offset is in bounds.
-            w: unsafe { w.data.as_ptr().add($r * w.row_bytes) },
-            row_bytes: w.row_bytes,
+            w: src.ptr,
+            row_bytes: src.row_bytes,
             // SAFETY: activation row `$c` exists (c < n).
             x: unsafe { $x.as_ptr().add($c * w.cols) },
             x_stride: w.cols,
@@ -240,7 +299,7 @@ macro_rules! simd_tile {
                 }
             };
         }
-        match w.dtype {
+        match src.dtype {
             DType::F32 => go!(x86::F32B),
             DType::F16 => go!(x86::F16B),
             DType::BF16 => go!(x86::Bf16B),
@@ -252,17 +311,28 @@ macro_rules! simd_tile {
     }};
 }
 
-/// One `rn x cn` tile at weight row `r`, activation row `c`.
+/// Where a tile kernel reads its weight rows: the encoded matrix, or a
+/// buffer of canonically dequantized f32 rows.
+#[derive(Clone, Copy)]
+struct Src {
+    ptr: *const u8,
+    row_bytes: usize,
+    dtype: DType,
+}
+
+/// One `rn x cn` tile at weight row `r`, activation row `c`, reading the
+/// weight rows from `src` (pointing at row `r`).
 ///
 /// # Safety
-/// As [`rows_task`], for the tile's elements.
+/// As [`rows_task`], for the tile's elements; `src` must hold `rn` rows.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile(isa: Isa, w: MatRef<'_>, x: &[f32], r: usize, rn: usize, c: usize, cn: usize, y: OutPtr) {
+unsafe fn tile(isa: Isa, w: MatRef<'_>, src: Src, x: &[f32], r: usize, rn: usize, c: usize, cn: usize, y: OutPtr) {
+    let _ = src;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => simd_tile!(tile512, 4, 4, w, x, r, rn, c, cn, y),
+        Isa::Avx512 => simd_tile!(tile512, 4, 4, w, src, x, r, rn, c, cn, y),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => simd_tile!(tile256, 2, 2, w, x, r, rn, c, cn, y),
+        Isa::Avx2 => simd_tile!(tile256, 2, 2, w, src, x, r, rn, c, cn, y),
         _ => {
             for i in 0..rn {
                 for j in 0..cn {

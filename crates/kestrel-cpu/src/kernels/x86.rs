@@ -297,3 +297,43 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileA
         }
     }
 }
+
+/// Dequantize `nblocks` blocks of `B` at `src` into `out` (canonical values).
+///
+/// # Safety
+/// `src` valid for `nblocks * B::BYTES` bytes, `out` for `nblocks * 32` f32s;
+/// the CPU must support AVX-512F/BW (when `avx512`) or AVX2, FMA and F16C.
+pub(crate) unsafe fn dequant_row<B: Block>(avx512: bool, src: *const u8, nblocks: usize, out: *mut f32) {
+    if avx512 {
+        // SAFETY: forwarded contract.
+        unsafe { dequant_row512::<B>(src, nblocks, out) }
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { dequant_row256::<B>(src, nblocks, out) }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
+    for blk in 0..nblocks {
+        // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
+        unsafe {
+            let (lo, hi) = B::dq512(src.add(blk * B::BYTES));
+            _mm512_storeu_ps(out.add(blk * 32), lo);
+            _mm512_storeu_ps(out.add(blk * 32 + 16), hi);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequant_row256<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
+    for blk in 0..nblocks {
+        // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
+        unsafe {
+            let v = B::dq256(src.add(blk * B::BYTES));
+            for (i, x) in v.iter().enumerate() {
+                _mm256_storeu_ps(out.add(blk * 32 + 8 * i), *x);
+            }
+        }
+    }
+}
