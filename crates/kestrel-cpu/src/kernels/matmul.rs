@@ -256,46 +256,34 @@ macro_rules! simd_tile {
             x_stride: w.cols,
             nblocks,
         };
+        let want_lanes = w.cols % 32 != 0;
+        macro_rules! run {
+            ($B:ty, $R:literal, $C:literal) => {{
+                let mut out = x86::TileOut::<$R, $C>::new(want_lanes);
+                // SAFETY: the tile's rows/columns are in bounds (see
+                // `rows_task`) and `Isa::is_supported` was checked.
+                unsafe { x86::$kernel::<$B, $R, $C>(args, &mut out) };
+                for i in 0..$R {
+                    for j in 0..$C {
+                        if want_lanes {
+                            // SAFETY: element (r+i, c+j) belongs to this task.
+                            unsafe { finish(&w, $x, $r + i, $c + j, &mut out.lanes[i][j], nblocks * 32, $y) };
+                        } else {
+                            // SAFETY: element (r+i, c+j) belongs to this task
+                            // and lies inside the n x rows output.
+                            unsafe { *$y.0.add(($c + j) * w.rows + $r + i) = out.sums[i][j] };
+                        }
+                    }
+                }
+            }};
+        }
         macro_rules! go {
             ($B:ty) => {
                 match ($rn, $cn) {
-                    ($isa_rt, $isa_ct) => {
-                        let mut out = [[[0f32; LANES]; $isa_ct]; $isa_rt];
-                        // SAFETY: the tile's rows/columns are in bounds (see
-                        // `rows_task`) and `Isa::is_supported` was checked.
-                        unsafe { x86::$kernel::<$B, $isa_rt, $isa_ct>(args, &mut out) };
-                        for (i, o) in out.iter_mut().enumerate() {
-                            for (j, lanes) in o.iter_mut().enumerate() {
-                                // SAFETY: element (r+i, c+j) belongs to this task.
-                                unsafe { finish(&w, $x, $r + i, $c + j, lanes, nblocks * 32, $y) };
-                            }
-                        }
-                    }
-                    ($isa_rt, 1) => {
-                        let mut out = [[[0f32; LANES]; 1]; $isa_rt];
-                        // SAFETY: as above.
-                        unsafe { x86::$kernel::<$B, $isa_rt, 1>(args, &mut out) };
-                        for (i, o) in out.iter_mut().enumerate() {
-                            // SAFETY: element (r+i, c) belongs to this task.
-                            unsafe { finish(&w, $x, $r + i, $c, &mut o[0], nblocks * 32, $y) };
-                        }
-                    }
-                    (1, $isa_ct) => {
-                        let mut out = [[[0f32; LANES]; $isa_ct]; 1];
-                        // SAFETY: as above.
-                        unsafe { x86::$kernel::<$B, 1, $isa_ct>(args, &mut out) };
-                        for (j, lanes) in out[0].iter_mut().enumerate() {
-                            // SAFETY: element (r, c+j) belongs to this task.
-                            unsafe { finish(&w, $x, $r, $c + j, lanes, nblocks * 32, $y) };
-                        }
-                    }
-                    _ => {
-                        let mut out = [[[0f32; LANES]; 1]; 1];
-                        // SAFETY: as above.
-                        unsafe { x86::$kernel::<$B, 1, 1>(args, &mut out) };
-                        // SAFETY: element (r, c) belongs to this task.
-                        unsafe { finish(&w, $x, $r, $c, &mut out[0][0], nblocks * 32, $y) };
-                    }
+                    ($isa_rt, $isa_ct) => run!($B, $isa_rt, $isa_ct),
+                    ($isa_rt, 1) => run!($B, $isa_rt, 1),
+                    (1, $isa_ct) => run!($B, 1, $isa_ct),
+                    _ => run!($B, 1, 1),
                 }
             };
         }

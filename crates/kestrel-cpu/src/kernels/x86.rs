@@ -240,7 +240,7 @@ pub(crate) struct TileArgs {
 /// `NB` rows of `a.nblocks * 32` floats; the CPU must support AVX-512F/BW,
 /// AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut [[[f32; LANES]; NB]; R]) {
+pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut TileOut<R, NB>) {
     let mut acc = [[_mm512_setzero_ps(); NB]; R];
     for blk in 0..a.nblocks {
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -258,10 +258,50 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileA
     }
     for r in 0..R {
         for c in 0..NB {
-            // SAFETY: `out[r][c]` is 16 contiguous f32s.
-            unsafe { _mm512_storeu_ps(out[r][c].as_mut_ptr(), acc[r][c]) };
+            if out.want_lanes {
+                // SAFETY: `lanes[r][c]` is 16 contiguous f32s.
+                unsafe { _mm512_storeu_ps(out.lanes[r][c].as_mut_ptr(), acc[r][c]) };
+            } else {
+                // SAFETY: AVX-512 is enabled for this function.
+                out.sums[r][c] = unsafe { reduce512(acc[r][c]) };
+            }
         }
     }
+}
+
+/// Output of a tile: the canonical sums, or (for dense rows with a tail
+/// still to add) the 16 lanes of each element.
+#[derive(Debug)]
+pub(crate) struct TileOut<const R: usize, const NB: usize> {
+    pub want_lanes: bool,
+    pub lanes: [[[f32; LANES]; NB]; R],
+    pub sums: [[f32; NB]; R],
+}
+
+impl<const R: usize, const NB: usize> TileOut<R, NB> {
+    pub fn new(want_lanes: bool) -> Self {
+        TileOut { want_lanes, lanes: [[[0.0; LANES]; NB]; R], sums: [[0.0; NB]; R] }
+    }
+}
+
+/// The canonical 16-lane tree (`scalar::reduce16`) on 8-lane halves.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce_halves(lo: __m256, hi: __m256) -> f32 {
+    let s8 = _mm256_add_ps(lo, hi); // l + (l+8)
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); // + (l+4)
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // + (l+2)
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) // + (l+1)
+}
+
+/// The canonical 16-lane tree on one 512-bit accumulator.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce512(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    // SAFETY: AVX2 is implied by this function's features.
+    unsafe { reduce_halves(lo, hi) }
 }
 
 /// `R x NB` tile with AVX2 (two 8-lane halves per canonical accumulator).
@@ -269,7 +309,7 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileA
 /// # Safety
 /// As [`tile512`], with AVX2, FMA and F16C required.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut [[[f32; LANES]; NB]; R]) {
+pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut TileOut<R, NB>) {
     let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
     for blk in 0..a.nblocks {
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -289,10 +329,15 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileA
     }
     for r in 0..R {
         for c in 0..NB {
-            // SAFETY: `out[r][c]` is 16 contiguous f32s.
-            unsafe {
-                _mm256_storeu_ps(out[r][c].as_mut_ptr(), acc[r][c][0]);
-                _mm256_storeu_ps(out[r][c].as_mut_ptr().add(8), acc[r][c][1]);
+            if out.want_lanes {
+                // SAFETY: `lanes[r][c]` is 16 contiguous f32s.
+                unsafe {
+                    _mm256_storeu_ps(out.lanes[r][c].as_mut_ptr(), acc[r][c][0]);
+                    _mm256_storeu_ps(out.lanes[r][c].as_mut_ptr().add(8), acc[r][c][1]);
+                }
+            } else {
+                // SAFETY: AVX2 is enabled for this function.
+                out.sums[r][c] = unsafe { reduce_halves(acc[r][c][0], acc[r][c][1]) };
             }
         }
     }
