@@ -10,6 +10,7 @@ pub mod error;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod runtime;
 pub mod sampler;
 pub mod scratch;
 pub mod synth;
@@ -21,7 +22,3 @@ pub use scratch::Scratch;
 
 pub use error::CpuError;
 pub use kernels::Isa;
-
-
-
-

@@ -1,0 +1,523 @@
+//! The CPU runtime: what the pipeline's [`Executor`] drives on a machine
+//! without a GPU, shaped like the CUDA design so the pipeline is real here too.
+//!
+//! The scheduler thread owns this struct: the KV page table, per-slot
+//! `DecodeSlot` metadata and `RenderBuffer` host buffers. A compute stream
+//! thread runs forwards and sampling in order; a copy stream thread moves
+//! each step's outputs to its slot's host buffer. Launch and finalize only
+//! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
+
+mod sampling;
+mod slot;
+mod stream;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use kestrel_kv::{KvError, PageTable, PageTableConfig, RowId};
+use kestrel_model::ModelWeights;
+use kestrel_pipeline::{
+    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
+    TokenId,
+};
+
+use self::slot::{Outputs, PrefillRow, SlotKind, SlotMeta};
+use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
+use crate::model::CpuModelOptions;
+use crate::{CpuError, CpuModel, KvStore, Scratch};
+
+pub use self::sampling::{sample_row, PenaltyState, Sampled};
+
+/// Configuration of a [`CpuRuntime`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuRuntimeConfig {
+    /// Matmul worker threads (0 = available parallelism).
+    pub threads: usize,
+    /// Sequences holding KV at once.
+    pub max_rows: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// Longest sequence (prompt + generated).
+    pub max_seq_len: usize,
+    pub enable_prefix_cache: bool,
+    /// Prompt tokens per prefill forward call.
+    pub prefill_chunk: usize,
+}
+
+impl Default for CpuRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            max_rows: 32,
+            num_pages: 2048,
+            page_size: 16,
+            max_seq_len: 8192,
+            enable_prefix_cache: true,
+            prefill_chunk: 256,
+        }
+    }
+}
+
+/// KV occupancy and prefix-cache effect, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvStats {
+    pub total_pages: usize,
+    pub used_pages: usize,
+    pub free_pages: usize,
+    pub cached_pages: usize,
+    /// Prompt tokens served from the prefix cache since start.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens admitted since start.
+    pub prompt_tokens: u64,
+}
+
+/// Errors of the CPU runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Compute(#[from] CpuError),
+    #[error("KV cache: {0}")]
+    Kv(#[from] KvError),
+    #[error("request {0} is not known to the runtime")]
+    UnknownRequest(RequestId),
+    #[error("compute fault at step {step}: {message}")]
+    Fault { step: u64, message: String },
+    #[error("the compute or copy stream stopped")]
+    StreamLost,
+    #[error("waited on slot {slot} but the oldest step in flight is on slot {expected:?}")]
+    OutOfOrder {
+        slot: SlotId,
+        expected: Option<SlotId>,
+    },
+    #[error("slot {0} is still in use")]
+    SlotBusy(SlotId),
+    #[error("invalid runtime config: {0}")]
+    Config(String),
+}
+
+/// A sequence's KV on the scheduler side.
+#[derive(Debug)]
+struct SeqKv {
+    row: RowId,
+    /// Positions whose KV is written once every launched step has run.
+    len: usize,
+    /// Kept until the prefill commits, then published to the prefix cache.
+    prompt: Option<Vec<TokenId>>,
+}
+
+const NUM_SLOTS: usize = 2;
+
+/// The CPU runtime. See the module docs.
+pub struct CpuRuntime {
+    cfg: CpuRuntimeConfig,
+    vocab: usize,
+    table: PageTable,
+    seqs: HashMap<RequestId, SeqKv>,
+    work: Option<Sender<Work>>,
+    done: Receiver<Done>,
+    /// Per slot, when idle: the DecodeSlot metadata, mask buffer and RenderBuffer host buffer.
+    metas: Vec<Option<Box<SlotMeta>>>,
+    masks: Vec<Option<Box<MaskBuf>>>,
+    render: Vec<Option<Box<Outputs>>>,
+    /// Slots launched and not yet waited on, oldest first (I2 check).
+    in_flight: VecDeque<SlotId>,
+    /// The slot whose forward is launched but not yet sampled.
+    launched: Option<SlotId>,
+    step: u64,
+    stats: KvStats,
+    threads: Vec<JoinHandle<()>>,
+    rows_buf: Vec<(RowId, usize)>,
+    weight_bytes: usize,
+}
+
+impl std::fmt::Debug for CpuRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuRuntime")
+            .field("cfg", &self.cfg)
+            .field("seqs", &self.seqs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CpuRuntime {
+    /// Build the model, the KV store and start the compute and copy streams.
+    pub fn new(weights: ModelWeights, cfg: CpuRuntimeConfig) -> Result<Self, RuntimeError> {
+        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.prefill_chunk == 0 {
+            return Err(RuntimeError::Config(format!(
+                "zero-sized dimension in {cfg:?}"
+            )));
+        }
+        let model_cfg = weights.config.clone();
+        let model = Arc::new(CpuModel::new(
+            weights,
+            CpuModelOptions {
+                threads: cfg.threads,
+                isa: None,
+            },
+        )?);
+        let weight_bytes = model.weight_bytes();
+        let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
+        let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.prefill_chunk), max_context);
+        let table = PageTable::new(PageTableConfig {
+            max_rows: cfg.max_rows + 1,
+            num_pages: cfg.num_pages,
+            page_size: cfg.page_size,
+            enable_prefix_cache: cfg.enable_prefix_cache,
+        })?;
+        let (work_tx, work_rx) = channel();
+        let (copy_tx, copy_rx) = channel();
+        let (back_tx, back_rx) = channel();
+        let (done_tx, done_rx) = channel();
+        let compute = ComputeStream::new(
+            model,
+            kv,
+            scratch,
+            cfg.prefill_chunk,
+            cfg.max_rows,
+            NUM_SLOTS,
+        );
+        let spawn = |name: &str| std::thread::Builder::new().name(name.to_string());
+        let threads = vec![
+            spawn("kestrel-compute")
+                .spawn(move || compute.run(work_rx, copy_tx, back_rx))
+                .map_err(|e| RuntimeError::Config(format!("spawning the compute stream: {e}")))?,
+            spawn("kestrel-copy")
+                .spawn(move || run_copy_stream(copy_rx, back_tx, done_tx))
+                .map_err(|e| RuntimeError::Config(format!("spawning the copy stream: {e}")))?,
+        ];
+        Ok(Self {
+            cfg,
+            vocab: model_cfg.vocab_size,
+            table,
+            seqs: HashMap::new(),
+            work: Some(work_tx),
+            done: done_rx,
+            metas: (0..NUM_SLOTS)
+                .map(|_| Some(Box::new(SlotMeta::new())))
+                .collect(),
+            masks: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
+            render: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
+            in_flight: VecDeque::with_capacity(NUM_SLOTS),
+            launched: None,
+            step: 0,
+            stats: KvStats {
+                total_pages: cfg.num_pages,
+                ..KvStats::default()
+            },
+            threads,
+            rows_buf: Vec::new(),
+            weight_bytes,
+        })
+    }
+
+    pub fn config(&self) -> &CpuRuntimeConfig {
+        &self.cfg
+    }
+
+    /// Bytes of weights the forward reads per step.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    pub fn kv_stats(&self) -> KvStats {
+        KvStats {
+            used_pages: self.table.used_pages(),
+            free_pages: self.table.free_pages(),
+            cached_pages: self.table.cached_pages(),
+            ..self.stats
+        }
+    }
+
+    fn send(&self, w: Work) -> Result<(), RuntimeError> {
+        self.work
+            .as_ref()
+            .ok_or(RuntimeError::StreamLost)?
+            .send(w)
+            .map_err(|_| RuntimeError::StreamLost)
+    }
+
+    /// Block until the compute stream has executed everything enqueued.
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        let (tx, rx) = channel();
+        self.send(Work::Sync(tx))?;
+        rx.recv().map_err(|_| RuntimeError::StreamLost)
+    }
+
+    /// Take an idle slot's metadata buffer for a new launch.
+    fn take_meta(&mut self, slot: SlotId) -> Result<Box<SlotMeta>, RuntimeError> {
+        let meta = self
+            .metas
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or(RuntimeError::SlotBusy(slot))?;
+        Ok(meta)
+    }
+
+    fn dispatch(
+        &mut self,
+        slot: SlotId,
+        meta: Box<SlotMeta>,
+    ) -> Result<(), ExecError<RuntimeError>> {
+        self.send(Work::Forward { slot, meta })
+            .map_err(ExecError::Fatal)?;
+        self.launched = Some(slot);
+        self.in_flight.push_back(slot);
+        self.step += 1;
+        Ok(())
+    }
+
+    fn admit(
+        &mut self,
+        input: &PrefillInput<'_, SamplingParams>,
+    ) -> Result<(RowId, usize), KvError> {
+        let (row, hit) = if self.cfg.enable_prefix_cache {
+            self.table.allocate_with_prefix(input.prompt)?
+        } else {
+            (self.table.allocate()?, 0)
+        };
+        if let Err(e) = self.table.reserve(row, input.max_len) {
+            let _ = self.table.erase(row);
+            return Err(e);
+        }
+        Ok((row, hit))
+    }
+}
+
+impl Executor for CpuRuntime {
+    type Params = SamplingParams;
+    type Error = RuntimeError;
+
+    fn num_slots(&self) -> usize {
+        NUM_SLOTS
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn max_rows(&self) -> usize {
+        self.cfg.max_rows
+    }
+
+    fn num_allocated(&self) -> usize {
+        self.table.num_allocated()
+    }
+
+    fn can_reserve(&self, _prompt: &[TokenId], max_len: usize) -> bool {
+        self.table.can_reserve(max_len)
+    }
+
+    fn could_ever_fit(&self, max_len: usize) -> bool {
+        max_len <= self.cfg.max_seq_len && self.table.pages_for(max_len) <= self.cfg.num_pages
+    }
+
+    fn launch_prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, SamplingParams>],
+    ) -> Result<(), ExecError<RuntimeError>> {
+        let mut meta = self.take_meta(slot).map_err(ExecError::PreDispatch)?;
+        meta.reset(SlotKind::Prefill, self.step);
+        meta.token_indptr.push(0);
+        self.rows_buf.clear();
+        for input in seqs {
+            let (row, hit) = match self.admit(input) {
+                Ok(x) => x,
+                Err(e) => {
+                    // Undo this launch's admissions: nothing was dispatched.
+                    for &(row, _) in &self.rows_buf {
+                        let _ = self.table.erase(row);
+                    }
+                    for input in seqs {
+                        self.seqs.remove(&input.id);
+                    }
+                    self.metas[slot] = Some(meta);
+                    return Err(ExecError::PreDispatch(e.into()));
+                }
+            };
+            let len = input.prompt.len();
+            self.stats.prompt_tokens += len as u64;
+            self.stats.prefix_hit_tokens += hit as u64;
+            self.rows_buf.push((row, len));
+            meta.rows.push(row);
+            meta.ids.push(input.id);
+            meta.tokens.extend_from_slice(input.prompt);
+            meta.token_indptr.push(meta.tokens.len() as u32);
+            meta.prefill.push(PrefillRow {
+                params: *input.params,
+                start_pos: hit as u32,
+                prompt_len: len as u32,
+            });
+            self.seqs.insert(
+                input.id,
+                SeqKv {
+                    row,
+                    len,
+                    prompt: Some(input.prompt.to_vec()),
+                },
+            );
+        }
+        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut meta.indices) {
+            self.metas[slot] = Some(meta);
+            return Err(ExecError::Fatal(e.into()));
+        }
+        self.dispatch(slot, meta)
+    }
+
+    fn launch_decode(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+    ) -> Result<(), ExecError<RuntimeError>> {
+        let mut meta = self.take_meta(slot).map_err(ExecError::PreDispatch)?;
+        meta.reset(SlotKind::Decode, self.step);
+        self.rows_buf.clear();
+        for &id in rows {
+            let Some(seq) = self.seqs.get(&id) else {
+                self.metas[slot] = Some(meta);
+                return Err(ExecError::PreDispatch(RuntimeError::UnknownRequest(id)));
+            };
+            self.rows_buf.push((seq.row, seq.len + 1));
+        }
+        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut meta.indices) {
+            self.metas[slot] = Some(meta);
+            return Err(ExecError::PreDispatch(e.into()));
+        }
+        // Past this point the step is committed to: advance GPU lengths.
+        for &id in rows {
+            let seq = self.seqs.get_mut(&id).expect("checked above");
+            meta.rows.push(seq.row);
+            meta.ids.push(id);
+            meta.positions.push(seq.len as u32);
+            seq.len += 1;
+        }
+        self.dispatch(slot, meta)
+    }
+
+    fn finalize_sampling(
+        &mut self,
+        slot: SlotId,
+        masks: Option<&MaskBatch<'_>>,
+    ) -> Result<(), ExecError<RuntimeError>> {
+        if self.launched != Some(slot) {
+            return Err(ExecError::Fatal(RuntimeError::OutOfOrder {
+                slot,
+                expected: self.launched,
+            }));
+        }
+        let mut mask = self.masks[slot]
+            .take()
+            .ok_or(ExecError::Fatal(RuntimeError::SlotBusy(slot)))?;
+        let host = self.render[slot]
+            .take()
+            .ok_or(ExecError::Fatal(RuntimeError::SlotBusy(slot)))?;
+        mask.rows.clear();
+        mask.words.clear();
+        mask.any = false;
+        if let Some(m) = masks {
+            // The "H2D copy" of the mask, ordered before sampling on the compute stream.
+            mask.any = true;
+            mask.words_per_row = m.words_per_row;
+            mask.words.extend_from_slice(m.words);
+            mask.rows.extend_from_slice(m.constrained);
+        }
+        self.launched = None;
+        self.send(Work::Sample { slot, host, mask })
+            .map_err(ExecError::Fatal)
+    }
+
+    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, RuntimeError> {
+        let expected = self.in_flight.front().copied();
+        if expected != Some(slot) {
+            return Err(RuntimeError::OutOfOrder { slot, expected });
+        }
+        let done = self.done.recv().map_err(|_| RuntimeError::StreamLost)?;
+        if done.slot != slot {
+            return Err(RuntimeError::OutOfOrder {
+                slot: done.slot,
+                expected: Some(slot),
+            });
+        }
+        self.in_flight.pop_front();
+        let Done {
+            meta,
+            host,
+            mask,
+            error,
+            ..
+        } = done;
+        if let Some(message) = error {
+            return Err(RuntimeError::Fault {
+                step: meta.step,
+                message,
+            });
+        }
+        if meta.kind == SlotKind::Prefill {
+            // The prompt's KV is now written: publish its full pages.
+            for id in &meta.ids {
+                if let Some(seq) = self.seqs.get_mut(id) {
+                    if let Some(prompt) = seq.prompt.take() {
+                        self.table.register_prefix(seq.row, &prompt);
+                    }
+                }
+            }
+        }
+        self.metas[slot] = Some(meta);
+        self.masks[slot] = Some(mask);
+        let host = self.render[slot].insert(host);
+        Ok(StepOutputs {
+            tokens: &host.tokens,
+            logprobs: Some(&host.logprobs),
+            top_logprobs: &host.top,
+            top_n: host.top_n,
+        })
+    }
+
+    fn release(&mut self, id: RequestId) {
+        if let Some(seq) = self.seqs.remove(&id) {
+            if let Err(e) = self.table.erase(seq.row) {
+                tracing::error!(request = id, error = %e, "erasing a KV row failed");
+            }
+        }
+    }
+
+    fn release_all(&mut self) {
+        // Synchronize first: no stream may still touch a slot or a page.
+        if let Err(e) = self.synchronize() {
+            tracing::error!(error = %e, "synchronize before release_all failed");
+        }
+        // Sampled steps still deliver their buffers; a launched but unsampled
+        // forward never will, so its slot gets fresh buffers.
+        let sampled = self.in_flight.len() - usize::from(self.launched.is_some());
+        for _ in 0..sampled {
+            if let Ok(done) = self.done.recv_timeout(std::time::Duration::from_secs(5)) {
+                let slot = done.slot;
+                self.metas[slot] = Some(done.meta);
+                self.masks[slot] = Some(done.mask);
+                self.render[slot] = Some(done.host);
+            }
+        }
+        self.in_flight.clear();
+        for slot in 0..NUM_SLOTS {
+            self.metas[slot].get_or_insert_with(|| Box::new(SlotMeta::new()));
+            self.masks[slot].get_or_insert_with(Box::default);
+            self.render[slot].get_or_insert_with(Box::default);
+        }
+        self.launched = None;
+        self.seqs.clear();
+        self.table.release_all();
+    }
+}
+
+impl Drop for CpuRuntime {
+    fn drop(&mut self) {
+        // Closing the work queue stops the compute stream, which closes the copy stream.
+        self.work = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

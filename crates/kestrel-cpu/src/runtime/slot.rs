@@ -1,0 +1,97 @@
+//! Per-slot buffers: the `DecodeSlot`'s metadata (row tokens' positions,
+//! paged-attention indices, the mask copied in before sampling) and the
+//! `RenderBuffer`'s host outputs.
+//!
+//! Buffers move between threads by ownership (scheduler -> compute stream ->
+//! copy stream -> scheduler), so a slot's host buffer cannot be written while
+//! the scheduler still reads it (I6): the type system enforces it. Capacity
+//! is kept across steps: a steady-state step allocates nothing.
+
+use kestrel_kv::PagedIndices;
+use kestrel_pipeline::{RequestId, SamplingParams, TokenId};
+
+/// What a slot's forward computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotKind {
+    Prefill,
+    Decode,
+}
+
+/// One new sequence of a prefill step (its prompt rides in `SlotMeta::tokens`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrefillRow {
+    pub params: SamplingParams,
+    /// Prompt tokens already in KV (prefix-cache hit).
+    pub start_pos: u32,
+    pub prompt_len: u32,
+}
+
+/// The `DecodeSlot`'s metadata for one step, planned on the scheduler thread.
+#[derive(Debug)]
+pub(crate) struct SlotMeta {
+    pub kind: SlotKind,
+    pub step: u64,
+    /// KV row of each batch row.
+    pub rows: Vec<u32>,
+    /// Request id of each batch row (for diagnostics).
+    pub ids: Vec<RequestId>,
+    /// Position of each row's input token (decode) or unused (prefill).
+    pub positions: Vec<u32>,
+    /// Prefill: every prompt token of every row (full prompts, for penalties).
+    pub tokens: Vec<TokenId>,
+    /// Prefill: offsets of each row's prompt in `tokens`.
+    pub token_indptr: Vec<u32>,
+    pub prefill: Vec<PrefillRow>,
+    pub indices: PagedIndices,
+}
+
+impl SlotMeta {
+    pub fn new() -> Self {
+        Self {
+            kind: SlotKind::Decode,
+            step: 0,
+            rows: Vec::new(),
+            ids: Vec::new(),
+            positions: Vec::new(),
+            tokens: Vec::new(),
+            token_indptr: Vec::new(),
+            prefill: Vec::new(),
+            indices: PagedIndices::default(),
+        }
+    }
+
+    pub fn reset(&mut self, kind: SlotKind, step: u64) {
+        self.kind = kind;
+        self.step = step;
+        self.rows.clear();
+        self.ids.clear();
+        self.positions.clear();
+        self.tokens.clear();
+        self.token_indptr.clear();
+        self.prefill.clear();
+    }
+}
+
+/// Sampled outputs of one step, in row order: on the "device" side
+/// (`DeviceOutputs`, written by sampling) and in the `RenderBuffer` (host copy).
+#[derive(Debug, Default)]
+pub(crate) struct Outputs {
+    pub step: u64,
+    pub tokens: Vec<TokenId>,
+    pub logprobs: Vec<f32>,
+    pub top: Vec<(TokenId, f32)>,
+    pub top_n: usize,
+}
+
+impl Outputs {
+    pub fn copy_from(&mut self, src: &Outputs) {
+        self.step = src.step;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&src.tokens);
+        self.logprobs.clear();
+        self.logprobs.extend_from_slice(&src.logprobs);
+        self.top.clear();
+        self.top.extend_from_slice(&src.top);
+        self.top_n = src.top_n;
+    }
+}

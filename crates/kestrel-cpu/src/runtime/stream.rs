@@ -1,0 +1,301 @@
+//! The CPU "device": a compute stream and a copy stream, each a dedicated
+//! thread executing its queue strictly in order (I1: one compute stream is
+//! shared by both slots, so KV writes and input tokens stay ordered).
+//!
+//! The compute stream runs forwards and sampling, and keeps each sequence's
+//! next input token on its side (it never travels through the scheduler).
+//! After sampling step t it hands the step's device outputs to the copy
+//! stream; that hand-off is the step-done event, anchored to exactly step t
+//! (I3). The copy stream copies them into the slot's `RenderBuffer` host
+//! buffer and signals the scheduler.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+
+use kestrel_pipeline::{SamplingParams, TokenId};
+
+use super::sampling::{sample_row, PenaltyState};
+use super::slot::{Outputs, SlotKind, SlotMeta};
+use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
+use crate::{CpuModel, KvStore, Scratch};
+
+/// Work for the compute stream, executed in order.
+pub(crate) enum Work {
+    /// Run the forward described by `meta` into `slot`'s logits.
+    Forward { slot: usize, meta: Box<SlotMeta> },
+    /// Sample `slot`'s logits (with the slot's mask) and start the copy into `host`.
+    Sample {
+        slot: usize,
+        host: Box<Outputs>,
+        mask: Box<MaskBuf>,
+    },
+    /// Reply once everything before it has executed (stream synchronize).
+    Sync(Sender<()>),
+}
+
+/// Mask words for one step, copied from the scheduler before sampling.
+#[derive(Debug, Default)]
+pub(crate) struct MaskBuf {
+    pub words_per_row: usize,
+    pub words: Vec<u32>,
+    pub rows: Vec<bool>,
+    pub any: bool,
+}
+
+/// A completed step, delivered by the copy stream to the scheduler.
+pub(crate) struct Done {
+    pub slot: usize,
+    pub meta: Box<SlotMeta>,
+    pub host: Box<Outputs>,
+    pub mask: Box<MaskBuf>,
+    /// A compute fault surfaced at this step (engine-fatal).
+    pub error: Option<String>,
+}
+
+/// A step's device outputs on their way to the host.
+pub(crate) struct CopyJob {
+    done: Done,
+    dev: Box<Outputs>,
+}
+
+/// Per-KV-row state that lives on the device side.
+#[derive(Debug, Default)]
+struct DeviceRow {
+    params: SamplingParams,
+    /// The last sampled token: the next decode step's input.
+    pending: TokenId,
+    penalties: PenaltyState,
+}
+
+/// Everything the compute stream owns.
+pub(crate) struct ComputeStream {
+    pub model: Arc<CpuModel>,
+    pub kv: KvStore,
+    pub scratch: Scratch,
+    /// Prefill chunk length (tokens per forward call).
+    pub chunk: usize,
+    /// Per slot: the DecodeSlot's logits buffer.
+    pub logits: Vec<Vec<f32>>,
+    /// Per slot: the metadata of the forward in flight.
+    pub metas: Vec<Option<Box<SlotMeta>>>,
+    /// Per slot: device output buffers (lent to the copy stream while copying).
+    pub dev_out: Vec<Option<Box<Outputs>>>,
+    /// Per slot: a compute fault to report at this step's commit.
+    pub faults: Vec<Option<String>>,
+    rows: Vec<DeviceRow>,
+    tokens: Vec<TokenId>,
+    chunk_indptr: Vec<u32>,
+    chunk_last: Vec<u32>,
+}
+
+impl ComputeStream {
+    pub fn new(
+        model: Arc<CpuModel>,
+        kv: KvStore,
+        scratch: Scratch,
+        chunk: usize,
+        max_rows: usize,
+        num_slots: usize,
+    ) -> Self {
+        let vocab = model.config().vocab_size;
+        let max_batch = max_rows.max(1);
+        Self {
+            model,
+            kv,
+            scratch,
+            chunk,
+            logits: (0..num_slots)
+                .map(|_| vec![0.0; max_batch * vocab])
+                .collect(),
+            metas: (0..num_slots).map(|_| None).collect(),
+            dev_out: (0..num_slots).map(|_| Some(Box::default())).collect(),
+            faults: vec![None; num_slots],
+            rows: (0..max_rows + 1).map(|_| DeviceRow::default()).collect(),
+            tokens: Vec::with_capacity(max_batch),
+            chunk_indptr: Vec::with_capacity(2),
+            chunk_last: Vec::with_capacity(1),
+        }
+    }
+
+    /// The compute thread's loop: execute work in order until the queue closes.
+    pub fn run(
+        mut self,
+        work: Receiver<Work>,
+        copy: Sender<CopyJob>,
+        returned: Receiver<(usize, Box<Outputs>)>,
+    ) {
+        while let Ok(w) = work.recv() {
+            match w {
+                Work::Forward { slot, meta } => {
+                    if let Err(e) = self.forward(slot, &meta) {
+                        self.faults[slot] = Some(e);
+                    }
+                    self.metas[slot] = Some(meta);
+                }
+                Work::Sample { slot, host, mask } => {
+                    // Wait for the copy stream to give back this slot's device
+                    // buffer (a stream waiting on an event).
+                    while self.dev_out[slot].is_none() {
+                        match returned.recv() {
+                            Ok((s, buf)) => self.dev_out[s] = Some(buf),
+                            Err(_) => return,
+                        }
+                    }
+                    let meta = match self.metas[slot].take() {
+                        Some(m) => m,
+                        None => {
+                            tracing::error!(slot, "sampling without a forward");
+                            return;
+                        }
+                    };
+                    let mut dev = self.dev_out[slot].take().expect("checked above");
+                    let error = match self.faults[slot].take() {
+                        Some(e) => Some(e),
+                        None => {
+                            self.sample(slot, &meta, &mask, &mut dev);
+                            None
+                        }
+                    };
+                    let job = CopyJob {
+                        done: Done {
+                            slot,
+                            meta,
+                            host,
+                            mask,
+                            error,
+                        },
+                        dev,
+                    };
+                    if copy.send(job).is_err() {
+                        return;
+                    }
+                }
+                Work::Sync(reply) => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+    }
+
+    fn forward(&mut self, slot: usize, meta: &SlotMeta) -> Result<(), String> {
+        let vocab = self.model.config().vocab_size;
+        match meta.kind {
+            SlotKind::Decode => {
+                let n = meta.rows.len();
+                self.tokens.clear();
+                self.tokens
+                    .extend(meta.rows.iter().map(|&r| self.rows[r as usize].pending));
+                let batch = DecodeBatch {
+                    tokens: &self.tokens,
+                    positions: &meta.positions,
+                    kv_indptr: &meta.indices.kv_indptr,
+                    kv_indices: &meta.indices.kv_indices,
+                    kv_last_page_len: &meta.indices.kv_last_page_len,
+                };
+                let out = &mut self.logits[slot][..n * vocab];
+                self.model
+                    .forward_decode(batch, &mut self.kv, out, &mut self.scratch)
+                    .map_err(|e| e.to_string())
+            }
+            SlotKind::Prefill => {
+                let page_size = self.kv.page_size();
+                for (r, p) in meta.prefill.iter().enumerate() {
+                    let row = meta.rows[r] as usize;
+                    let prompt = &meta.tokens
+                        [meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
+                    let dr = &mut self.rows[row];
+                    dr.params = p.params;
+                    dr.penalties.reset(prompt);
+                    let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
+                        ..meta.indices.kv_indptr[r + 1] as usize];
+                    let mut start = p.start_pos as usize;
+                    let len = p.prompt_len as usize;
+                    while start < len {
+                        let end = (start + self.chunk).min(len);
+                        let npages = end.div_ceil(page_size);
+                        self.chunk_indptr.clear();
+                        self.chunk_indptr.extend([0, npages as u32]);
+                        self.chunk_last.clear();
+                        self.chunk_last
+                            .push((end - (npages - 1) * page_size) as u32);
+                        let start_pos = [start as u32];
+                        let qo = [0, (end - start) as u32];
+                        let batch = PrefillBatch {
+                            tokens: &prompt[start..end],
+                            qo_indptr: &qo,
+                            start_pos: &start_pos,
+                            kv_indptr: &self.chunk_indptr,
+                            kv_indices: &pages[..npages],
+                            kv_last_page_len: &self.chunk_last,
+                        };
+                        let out = &mut self.logits[slot][r * vocab..(r + 1) * vocab];
+                        self.model
+                            .forward_prefill(
+                                batch,
+                                &mut self.kv,
+                                out,
+                                LogitsMode::LastPerSequence,
+                                &mut self.scratch,
+                            )
+                            .map_err(|e| e.to_string())?;
+                        start = end;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn sample(&mut self, slot: usize, meta: &SlotMeta, mask: &MaskBuf, dev: &mut Outputs) {
+        let vocab = self.model.config().vocab_size;
+        let top_n = meta
+            .rows
+            .iter()
+            .map(|&r| self.rows[r as usize].params.top_logprobs as usize)
+            .max()
+            .unwrap_or(0);
+        dev.step = meta.step;
+        dev.tokens.clear();
+        dev.logprobs.clear();
+        dev.top.clear();
+        dev.top_n = top_n;
+        for (i, &row) in meta.rows.iter().enumerate() {
+            let position = match meta.kind {
+                SlotKind::Decode => meta.positions[i] + 1,
+                SlotKind::Prefill => meta.prefill[i].prompt_len,
+            };
+            let words = (mask.any && mask.rows[i])
+                .then(|| &mask.words[i * mask.words_per_row..(i + 1) * mask.words_per_row]);
+            let logits = &mut self.logits[slot][i * vocab..(i + 1) * vocab];
+            let dr = &mut self.rows[row as usize];
+            let s = sample_row(
+                logits,
+                &dr.params,
+                words,
+                &mut dr.penalties,
+                position,
+                top_n,
+                &mut dev.top,
+            );
+            dr.pending = s.token;
+            dr.penalties.observe(s.token);
+            dev.tokens.push(s.token);
+            dev.logprobs.push(s.logprob);
+        }
+    }
+}
+
+/// The copy stream's loop: copy each finished step into its RenderBuffer
+/// host buffer, give the device buffer back, and signal the scheduler.
+pub(crate) fn run_copy_stream(
+    jobs: Receiver<CopyJob>,
+    give_back: Sender<(usize, Box<Outputs>)>,
+    done: Sender<Done>,
+) {
+    while let Ok(CopyJob { done: mut msg, dev }) = jobs.recv() {
+        msg.host.copy_from(&dev);
+        if give_back.send((msg.slot, dev)).is_err() || done.send(msg).is_err() {
+            return;
+        }
+    }
+}
