@@ -1,0 +1,495 @@
+//! End-to-end tests of the engine thread and its async API, on the
+//! pipeline's simulated executor (optionally slowed per step) and the
+//! skills' small byte-level BPE tokenizer. Every await has a timeout: a
+//! hang fails the test instead of stalling CI.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kestrel_engine::{
+    Constraint, Engine, EngineError, FinishReason, GenerateRequest, Health, KvStats, LoopConfig,
+    ModelContext, ModelContextConfig, PipelineMode, PrefillPolicy, Runtime, StreamEvent,
+};
+use kestrel_pipeline::testing::{SimConfig, SimExecutor};
+use kestrel_pipeline::{ExecError, Executor, MaskBatch, PrefillInput, RequestId, SlotId, StepOutputs, TokenId};
+use kestrel_skills::testing::{small_tokenizer, IM_END};
+
+/// Logits rows of the simulated model (the tokenizer has fewer tokens; the
+/// rest are padding the skills treat as control tokens).
+const VOCAB: usize = 288;
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `SimExecutor` with an optional sleep in every `wait_step`, so requests
+/// take real time and queueing/abort/shutdown races can be provoked.
+#[derive(Debug)]
+struct TestRuntime {
+    inner: SimExecutor,
+    step_delay: Duration,
+    num_pages: usize,
+}
+
+impl Executor for TestRuntime {
+    type Params = kestrel_pipeline::SamplingParams;
+    type Error = <SimExecutor as Executor>::Error;
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_rows(&self) -> usize {
+        self.inner.max_rows()
+    }
+    fn num_allocated(&self) -> usize {
+        self.inner.num_allocated()
+    }
+    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
+        self.inner.can_reserve(prompt, max_len)
+    }
+    fn could_ever_fit(&self, max_len: usize) -> bool {
+        self.inner.could_ever_fit(max_len)
+    }
+    fn launch_prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, Self::Params>],
+    ) -> Result<(), ExecError<Self::Error>> {
+        self.inner.launch_prefill(slot, seqs)
+    }
+    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<Self::Error>> {
+        self.inner.launch_decode(slot, rows)
+    }
+    fn finalize_sampling(
+        &mut self,
+        slot: SlotId,
+        masks: Option<&MaskBatch<'_>>,
+    ) -> Result<(), ExecError<Self::Error>> {
+        self.inner.finalize_sampling(slot, masks)
+    }
+    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, Self::Error> {
+        if !self.step_delay.is_zero() {
+            std::thread::sleep(self.step_delay);
+        }
+        self.inner.wait_step(slot)
+    }
+    fn release(&mut self, id: RequestId) {
+        self.inner.release(id);
+    }
+    fn release_all(&mut self) {
+        self.inner.release_all();
+    }
+}
+
+impl Runtime for TestRuntime {
+    fn kv_stats(&self) -> KvStats {
+        let used = self.inner.used_pages();
+        KvStats {
+            total_pages: self.num_pages,
+            used_pages: used,
+            free_pages: self.num_pages - used,
+            ..KvStats::default()
+        }
+    }
+}
+
+fn model() -> ModelContext {
+    ModelContext::new(ModelContextConfig {
+        name: "sim".into(),
+        architecture: "sim".into(),
+        tokenizer: Arc::new(small_tokenizer()),
+        vocab_size: VOCAB,
+        context_length: 512,
+        eos_token_ids: vec![IM_END],
+        bos_token_id: None,
+        add_bos_token: false,
+        chat_template: Some(kestrel_model::ChatTemplate::chatml()),
+    })
+    .expect("model context")
+}
+
+struct Setup {
+    sim: SimConfig,
+    loop_config: LoopConfig,
+    step_delay: Duration,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            sim: SimConfig {
+                vocab_size: VOCAB,
+                trace: false,
+                ..SimConfig::default()
+            },
+            loop_config: LoopConfig {
+                mode: PipelineMode::Pipelined,
+                prefill_policy: PrefillPolicy::RideAlong,
+                max_batch_size: 32,
+                max_waiting: 256,
+                max_seq_len: 512,
+                debug_checks: true,
+            },
+            step_delay: Duration::ZERO,
+        }
+    }
+}
+
+fn start(setup: Setup) -> Engine {
+    let Setup { sim, loop_config, step_delay } = setup;
+    Engine::start_with_runtime(model(), loop_config, move || {
+        let num_pages = sim.num_pages;
+        Ok(TestRuntime { inner: SimExecutor::new(sim), step_delay, num_pages })
+    })
+    .expect("engine starts")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn timed<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(TIMEOUT, f).await.expect("timed out: the engine hung")
+}
+
+/// Poll until `cond` holds (the engine publishes gauges after each iteration).
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < TIMEOUT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn long_text(n: u32) -> GenerateRequest {
+    GenerateRequest { ignore_eos: true, ..GenerateRequest::text("hello world", n) }
+}
+
+#[test]
+fn generate_end_to_end() {
+    let engine = start(Setup::default());
+    rt().block_on(async {
+        let resp = timed(engine.generate(long_text(16))).await.unwrap();
+        assert_eq!(resp.finish_reason, FinishReason::Length);
+        assert_eq!(resp.token_ids.len(), 16);
+        assert_eq!(resp.usage.completion_tokens, 16);
+        assert_eq!(resp.usage.prompt_tokens, 2, "hello + Ġworld");
+        assert!(resp.request_id.starts_with("req-"));
+        assert!(resp.timings.total_ms >= resp.timings.ttft_ms);
+        assert!(resp.timings.ttft_ms >= resp.timings.queue_ms);
+
+        // Chat goes through the template; seeds derive from the request id.
+        let chat = GenerateRequest {
+            request_id: Some("chat-1".into()),
+            ignore_eos: true,
+            ..GenerateRequest::chat(vec![kestrel_engine::ChatMessage::user("hi")], 8)
+        };
+        let a = timed(engine.generate(chat.clone())).await.unwrap();
+        let b = timed(engine.generate(chat)).await.unwrap();
+        assert_eq!(a.request_id, "chat-1");
+        assert_eq!(a.token_ids, b.token_ids, "same id, same derived seed, same output");
+        assert!(a.usage.prompt_tokens > 5);
+
+        assert_eq!(engine.health(), Health::Serving);
+        let ids = engine.tokenize("hello world", false).unwrap();
+        assert_eq!(engine.detokenize(&ids, false).unwrap(), "hello world");
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn stream_deltas_concatenate_to_final_text() {
+    let engine = start(Setup::default());
+    rt().block_on(async {
+        for seed in 1..=8u64 {
+            let mut req = long_text(40);
+            req.sampling.seed = seed;
+            req.sampling.logprobs = true;
+            let mut stream = engine.stream(req).unwrap();
+            let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), 0usize);
+            let resp = loop {
+                match timed(stream.next_event()).await.expect("stream ends with Done") {
+                    Ok(StreamEvent::Delta { text: t, token_ids, logprobs }) => {
+                        text.push_str(&t);
+                        ids.extend(token_ids);
+                        lps += logprobs.len();
+                    }
+                    Ok(StreamEvent::Done(resp)) => break resp,
+                    Err(e) => panic!("stream failed: {e}"),
+                }
+            };
+            assert!(stream.next_event().await.is_none(), "nothing after Done");
+            assert_eq!(text, resp.text);
+            assert_eq!(ids, resp.token_ids);
+            assert_eq!(lps, resp.logprobs.len());
+            assert_eq!(resp.logprobs.len(), resp.token_ids.len());
+        }
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn thirty_two_concurrent_streams_complete() {
+    let engine = start(Setup::default());
+    rt().block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..32u32 {
+            let engine = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut req = long_text(20 + i);
+                req.request_id = Some(format!("c{i}"));
+                let mut s = engine.stream(req).unwrap();
+                let mut text = String::new();
+                loop {
+                    match s.next_event().await.unwrap().unwrap() {
+                        StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                        StreamEvent::Done(r) => {
+                            assert_eq!(r.text, text);
+                            return (r.request_id, r.token_ids.len());
+                        }
+                    }
+                }
+            }));
+        }
+        let mut seen = HashSet::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let (id, n) = timed(t).await.unwrap();
+            assert_eq!(n, 20 + i);
+            assert!(seen.insert(id));
+        }
+        eventually("KV released", || engine.model_info().num_admitted == 0).await;
+        assert_eq!(engine.model_info().kv_pages_used, 0);
+        let text = engine.metrics_text();
+        assert!(text.contains("kestrel_requests_finished_total{reason=\"length\"} 32"), "{text}");
+        assert!(text.contains("kestrel_time_to_first_token_seconds_count 32"), "{text}");
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn full_queue_fails_at_once() {
+    let mut setup = Setup::default();
+    setup.loop_config.max_batch_size = 1;
+    setup.loop_config.max_waiting = 2;
+    setup.step_delay = Duration::from_millis(2);
+    let engine = start(setup);
+    rt().block_on(async {
+        let mut accepted = Vec::new();
+        let mut refused = 0;
+        for _ in 0..8 {
+            let t = std::time::Instant::now();
+            match engine.stream(long_text(30)) {
+                Ok(s) => accepted.push(s),
+                Err(EngineError::QueueFull { limit }) => {
+                    assert_eq!(limit, 2);
+                    assert!(t.elapsed() < Duration::from_millis(50), "QueueFull must not block");
+                    refused += 1;
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        assert!(refused >= 5, "at most 1 running + 2 waiting (+ one in transit) accepted; refused {refused}");
+        for mut s in accepted {
+            loop {
+                match timed(s.next_event()).await.unwrap() {
+                    Ok(StreamEvent::Done(r)) => {
+                        assert_eq!(r.finish_reason, FinishReason::Length);
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(EngineError::QueueFull { .. }) => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        assert!(engine.metrics_text().contains("kestrel_requests_rejected_total"));
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn dropping_a_stream_aborts_and_releases_kv() {
+    let mut setup = Setup::default();
+    setup.step_delay = Duration::from_millis(1);
+    let engine = start(setup);
+    rt().block_on(async {
+        let mut s = engine.stream(long_text(400)).unwrap();
+        let mut got = 0;
+        while got < 3 {
+            if let Ok(StreamEvent::Delta { token_ids, .. }) = timed(s.next_event()).await.unwrap() {
+                got += token_ids.len();
+            }
+        }
+        assert_eq!(engine.model_info().num_admitted, 1);
+        drop(s);
+        eventually("the aborted request to release its KV", || {
+            let info = engine.model_info();
+            info.num_admitted == 0 && info.kv_pages_used == 0
+        })
+        .await;
+        eventually("abort counted", || {
+            engine.metrics_text().contains("kestrel_requests_finished_total{reason=\"abort\"} 1")
+        })
+        .await;
+
+        // Abort by id: the stream still gets Done(Abort).
+        let mut req = long_text(400);
+        req.request_id = Some("victim".into());
+        let mut s = engine.stream(req).unwrap();
+        assert!(matches!(timed(s.next_event()).await, Some(Ok(StreamEvent::Delta { .. }))));
+        assert!(engine.abort("victim"));
+        let resp = loop {
+            if let Ok(StreamEvent::Done(r)) = timed(s.next_event()).await.unwrap() {
+                break r;
+            }
+        };
+        assert_eq!(resp.finish_reason, FinishReason::Abort);
+        assert!(resp.token_ids.len() < 400);
+        eventually("KV released", || engine.model_info().num_admitted == 0).await;
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn invalid_requests_are_rejected_before_queueing() {
+    let engine = start(Setup::default());
+    let field = |r: Result<kestrel_engine::GenerationStream, EngineError>| match r {
+        Err(EngineError::InvalidArgument { field, .. }) => field,
+        Err(e) => panic!("expected InvalidArgument, got {e}"),
+        Ok(_) => panic!("expected InvalidArgument, got a stream"),
+    };
+    let with = |c: Constraint| GenerateRequest { constraint: Some(c), ..GenerateRequest::text("hi", 8) };
+    assert_eq!(field(engine.stream(with(Constraint::Regex("a(b".into())))), "constraint");
+    assert_eq!(field(engine.stream(with(Constraint::Grammar("start: foo".into())))), "constraint");
+    assert_eq!(
+        field(engine.stream(with(Constraint::JsonSchema(serde_json::json!({"type": "no-such-type"}))))),
+        "constraint"
+    );
+    assert_eq!(field(engine.stream(with(Constraint::Choice(vec![])))), "constraint");
+    let mut r = GenerateRequest::text("hi", 8);
+    r.stop = vec![String::new()];
+    assert_eq!(field(engine.stream(r)), "stop");
+    let mut r = GenerateRequest::text("hi", 8);
+    r.sampling.top_p = 0.0;
+    assert_eq!(field(engine.stream(r)), "top_p");
+    let mut r = GenerateRequest::text("hi", 8);
+    r.sampling.temperature = f32::NAN;
+    assert_eq!(field(engine.stream(r)), "temperature");
+    assert_eq!(field(engine.stream(GenerateRequest::text("hi", 0))), "max_new_tokens");
+    assert_eq!(field(engine.stream(GenerateRequest::text("", 4))), "input");
+    match engine.stream(GenerateRequest::text("hi", 511)) {
+        Err(EngineError::ContextOverflow { prompt_tokens: 2, max_new_tokens: 511, limit: 512 }) => {}
+        other => panic!("expected ContextOverflow, got {other:?}"),
+    }
+    let info = engine.model_info();
+    assert_eq!((info.num_waiting, info.num_admitted), (0, 0));
+    rt().block_on(engine.shutdown(Duration::from_secs(1)));
+}
+
+#[test]
+fn constrained_outputs_follow_their_constraint() {
+    let engine = start(Setup::default());
+    rt().block_on(async {
+        for seed in 1..=6u64 {
+            let mut req = GenerateRequest {
+                constraint: Some(Constraint::Choice(vec!["yes".into(), "no".into(), "hello".into()])),
+                ..GenerateRequest::text("answer", 16)
+            };
+            req.sampling.seed = seed;
+            let resp = timed(engine.generate(req)).await.unwrap();
+            assert!(["yes", "no", "hello"].contains(&resp.text.as_str()), "{:?}", resp.text);
+            assert_eq!(resp.finish_reason, FinishReason::Stop);
+        }
+        let req = GenerateRequest {
+            constraint: Some(Constraint::Regex("[0-9]{3}".into())),
+            ..GenerateRequest::text("digits", 16)
+        };
+        let resp = timed(engine.generate(req)).await.unwrap();
+        assert_eq!(resp.text.len(), 3);
+        assert!(resp.text.bytes().all(|b| b.is_ascii_digit()), "{:?}", resp.text);
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn engine_fatal_fails_everything_and_stops_serving() {
+    let mut setup = Setup::default();
+    setup.sim.fail_wait = [6u64].into_iter().collect();
+    setup.step_delay = Duration::from_millis(1);
+    let engine = start(setup);
+    rt().block_on(async {
+        let streams: Vec<_> = (0..6).map(|_| engine.stream(long_text(200)).unwrap()).collect();
+        for mut s in streams {
+            let err = loop {
+                match timed(s.next_event()).await.expect("a terminal item") {
+                    Ok(StreamEvent::Delta { .. }) => {}
+                    Ok(StreamEvent::Done(r)) => panic!("request finished despite the fault: {r:?}"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
+        }
+        eventually("health NotServing", || matches!(engine.health(), Health::NotServing(_))).await;
+        assert!(matches!(engine.stream(long_text(4)), Err(EngineError::Unavailable(_))));
+        assert!(matches!(timed(engine.generate(long_text(4))).await, Err(EngineError::Unavailable(_))));
+        assert!(engine.metrics_text().contains("kestrel_healthy 0"));
+        assert_eq!(engine.model_info().kv_pages_used, 0);
+        timed(engine.shutdown(Duration::from_secs(1))).await;
+    });
+}
+
+#[test]
+fn shutdown_cancels_in_flight_work_at_the_deadline() {
+    let mut setup = Setup::default();
+    setup.step_delay = Duration::from_millis(2);
+    let engine = start(setup);
+    rt().block_on(async {
+        // A short request finishes within the deadline; long ones are aborted.
+        let short = engine.stream(long_text(3)).unwrap();
+        let long: Vec<_> = (0..4).map(|_| engine.stream(long_text(500)).unwrap()).collect();
+        let t = std::time::Instant::now();
+        timed(engine.shutdown(Duration::from_millis(100))).await;
+        assert!(t.elapsed() < Duration::from_secs(3), "shutdown took {:?}", t.elapsed());
+        let last = |mut s: kestrel_engine::GenerationStream| async move {
+            let mut last = None;
+            while let Some(item) = s.next_event().await {
+                last = Some(item);
+            }
+            last.expect("a terminal item")
+        };
+        match timed(last(short)).await {
+            Ok(StreamEvent::Done(r)) => assert_eq!(r.finish_reason, FinishReason::Length),
+            other => panic!("{other:?}"),
+        }
+        for s in long {
+            match timed(last(s)).await {
+                Ok(StreamEvent::Done(r)) => assert_eq!(r.finish_reason, FinishReason::Abort),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(engine.stream(long_text(4)), Err(EngineError::ShuttingDown)));
+        assert!(matches!(engine.health(), Health::NotServing(_)));
+        // Idempotent.
+        timed(engine.shutdown(Duration::from_millis(10))).await;
+    });
+}
+
+#[test]
+fn blocking_mode_and_drain_policy_serve_too() {
+    for (mode, policy) in [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain),
+    ] {
+        let mut setup = Setup::default();
+        setup.loop_config.mode = mode;
+        setup.loop_config.prefill_policy = policy;
+        let engine = start(setup);
+        rt().block_on(async {
+            let a = timed(engine.generate(long_text(12))).await.unwrap();
+            assert_eq!(a.token_ids.len(), 12);
+            engine.shutdown(Duration::from_secs(1)).await;
+        });
+    }
+}
