@@ -6,32 +6,55 @@
 use std::time::Instant;
 
 use kestrel_cpu::synth::{random_model, smollm2_config};
-use kestrel_cpu::{CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch};
+use kestrel_cpu::{
+    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
+};
 use kestrel_model::DType;
 
 /// CPU nanoseconds used by all threads of this process so far (Linux).
 fn cpu_ns() -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
     dir.filter_map(|e| e.ok())
         .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .sum()
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let threads = args.first().copied().unwrap_or(2);
     let steps = args.get(1).copied().unwrap_or(20);
     let cfg = smollm2_config();
-    let model = CpuModel::new(random_model(&cfg, DType::Q4_1, DType::Q8_0, 7), CpuModelOptions { threads, isa: None }).unwrap();
-    println!("threads {threads}, isa {:?}, weights streamed per step {} MiB", model.isa(), model.bytes_per_token() >> 20);
+    let model = CpuModel::new(
+        random_model(&cfg, DType::Q4_1, DType::Q8_0, 7),
+        CpuModelOptions { threads, isa: None },
+    )
+    .unwrap();
+    println!(
+        "threads {threads}, isa {:?}, weights streamed per step {} MiB",
+        model.isa(),
+        model.bytes_per_token() >> 20
+    );
     const PAGE: usize = 16;
     const CTX: usize = 128;
     let pps = CTX / PAGE;
     let mut kv = KvStore::for_model(&cfg, 32 * pps + 8, PAGE).unwrap();
     let mut scratch = Scratch::new(&model, 128, 1024);
     let vocab = cfg.vocab_size;
-    for batch in [1usize, 8, 32] {
+    let only = args.get(2).copied();
+    for batch in [1usize, 8, 32]
+        .into_iter()
+        .filter(|b| only.is_none_or(|o| o == *b))
+    {
         let mut indices = vec![];
         let mut indptr = vec![0u32];
         for s in 0..batch {
@@ -43,7 +66,13 @@ fn main() {
         let positions = vec![(CTX - 1) as u32; batch];
         let mut out = vec![0f32; batch * vocab];
         let mut step = |kv: &mut KvStore, scratch: &mut Scratch| {
-            let db = DecodeBatch { tokens: &tokens, positions: &positions, kv_indptr: &indptr, kv_indices: &indices, kv_last_page_len: &last };
+            let db = DecodeBatch {
+                tokens: &tokens,
+                positions: &positions,
+                kv_indptr: &indptr,
+                kv_indices: &indices,
+                kv_last_page_len: &last,
+            };
             model.forward_decode(db, kv, &mut out, scratch).unwrap();
         };
         step(&mut kv, &mut scratch);
@@ -65,6 +94,9 @@ fn main() {
             cpu * 1e3
         );
     }
+    if only.is_some() {
+        return;
+    }
     let n = 128;
     let toks: Vec<u32> = (0..n as u32).map(|i| (i * 91) % vocab as u32).collect();
     let idx: Vec<u32> = (0..(n / PAGE) as u32).collect();
@@ -74,11 +106,32 @@ fn main() {
     let reps = steps.div_ceil(4).max(2);
     for _ in 0..reps {
         let t = Instant::now();
-        let pb = PrefillBatch { tokens: &toks, qo_indptr: &[0, n as u32], start_pos: &[0], kv_indptr: &[0, (n / PAGE) as u32], kv_indices: &idx, kv_last_page_len: &[PAGE as u32] };
-        model.forward_prefill(pb, &mut kv, &mut out, LogitsMode::LastPerSequence, &mut scratch).unwrap();
+        let pb = PrefillBatch {
+            tokens: &toks,
+            qo_indptr: &[0, n as u32],
+            start_pos: &[0],
+            kv_indptr: &[0, (n / PAGE) as u32],
+            kv_indices: &idx,
+            kv_last_page_len: &[PAGE as u32],
+        };
+        model
+            .forward_prefill(
+                pb,
+                &mut kv,
+                &mut out,
+                LogitsMode::LastPerSequence,
+                &mut scratch,
+            )
+            .unwrap();
         best = best.min(t.elapsed().as_secs_f64());
     }
     let wall = t0.elapsed().as_secs_f64() / reps as f64;
     let cpu = (cpu_ns() - c0) as f64 * 1e-9 / reps as f64;
-    println!("prefill {n}: wall {:7.1} ms -> {:7.1} tok/s (best {:7.1}); cpu {:7.1} ms", wall * 1e3, n as f64 / wall, n as f64 / best, cpu * 1e3);
+    println!(
+        "prefill {n}: wall {:7.1} ms -> {:7.1} tok/s (best {:7.1}); cpu {:7.1} ms",
+        wall * 1e3,
+        n as f64 / wall,
+        n as f64 / best,
+        cpu * 1e3
+    );
 }

@@ -8,6 +8,8 @@
 //! Every step is per-row or a canonical-order matmul, so a row's logits do not
 //! depend on its batch (see `kernels::matmul`).
 
+#![allow(clippy::manual_is_multiple_of)] // MSRV 1.85
+
 use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights};
 use rayon::prelude::*;
 
@@ -18,18 +20,12 @@ use crate::kernels::Isa;
 use crate::{CpuError, KvStore, Scratch};
 
 /// Options of [`CpuModel::new`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CpuModelOptions {
     /// Worker threads of the model's pool (0 = available parallelism).
     pub threads: usize,
     /// Kernel ISA; `None` = best detected ([`Isa::detect`]). All give identical bits.
     pub isa: Option<Isa>,
-}
-
-impl Default for CpuModelOptions {
-    fn default() -> Self {
-        CpuModelOptions { threads: 0, isa: None }
-    }
 }
 
 /// One decode step: one new token per row (row `i` is sequence `i` of the
@@ -125,14 +121,24 @@ fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Resu
             expected: format!("{len} floats"),
             got: v.len().to_string(),
         }),
-        None if needed => Err(CpuError::Shape { name: name.to_owned(), expected: format!("{len} floats"), got: "none".into() }),
+        None if needed => Err(CpuError::Shape {
+            name: name.to_owned(),
+            expected: format!("{len} floats"),
+            got: "none".into(),
+        }),
         _ => Ok(()),
     }
 }
 
 /// A view of a validated matrix (validated once in [`CpuModel::new`]).
 fn mat(m: &Matrix) -> MatRef<'_> {
-    MatRef { dtype: m.dtype, rows: m.rows, cols: m.cols, row_bytes: m.row_bytes(), data: &m.data }
+    MatRef {
+        dtype: m.dtype,
+        rows: m.rows,
+        cols: m.cols,
+        row_bytes: m.row_bytes(),
+        data: &m.data,
+    }
 }
 
 impl CpuModel {
@@ -148,7 +154,10 @@ impl CpuModel {
             return Err(CpuError::Shape {
                 name: "config heads".into(),
                 expected: "num_heads a multiple of num_kv_heads, even head_dim".into(),
-                got: format!("{} heads, {} kv heads, head_dim {}", c.num_heads, c.num_kv_heads, c.head_dim),
+                got: format!(
+                    "{} heads, {} kv heads, head_dim {}",
+                    c.num_heads, c.num_kv_heads, c.head_dim
+                ),
             });
         }
         check_matrix("token_embd", &weights.token_embd, c.vocab_size, h)?;
@@ -186,9 +195,23 @@ impl CpuModel {
             .thread_name(|i| format!("kestrel-cpu-{i}"))
             .build()
             .map_err(CpuError::ThreadPool)?;
-        let isa = opts.isa.filter(|i| i.is_supported()).unwrap_or_else(Isa::detect);
-        tracing::info!(threads, ?isa, weight_bytes = Self::weight_bytes_of(&weights), "kestrel-cpu model ready");
-        Ok(CpuModel { cfg: c, w: weights, pool, threads, isa })
+        let isa = opts
+            .isa
+            .filter(|i| i.is_supported())
+            .unwrap_or_else(Isa::detect);
+        tracing::info!(
+            threads,
+            ?isa,
+            weight_bytes = Self::weight_bytes_of(&weights),
+            "kestrel-cpu model ready"
+        );
+        Ok(CpuModel {
+            cfg: c,
+            w: weights,
+            pool,
+            threads,
+            isa,
+        })
     }
 
     fn weight_bytes_of(w: &ModelWeights) -> usize {
@@ -197,7 +220,10 @@ impl CpuModel {
             b += w.lm_head.data.len();
         }
         for l in &w.layers {
-            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.data.len()).sum::<usize>();
+            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| m.data.len())
+                .sum::<usize>();
             b += 4 * (l.attn_norm.len() + l.ffn_norm.len());
         }
         b
@@ -226,7 +252,10 @@ impl CpuModel {
     pub fn bytes_per_token(&self) -> usize {
         let mut b = self.w.lm_head.data.len();
         for l in &self.w.layers {
-            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].iter().map(|m| m.data.len()).sum::<usize>();
+            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|m| m.data.len())
+                .sum::<usize>();
         }
         b
     }
@@ -242,20 +271,32 @@ impl CpuModel {
     ) -> Result<(), CpuError> {
         let n = batch.tokens.len();
         if batch.positions.len() != n {
-            return Err(bad(format!("{} positions for {n} tokens", batch.positions.len())));
+            return Err(bad(format!(
+                "{} positions for {n} tokens",
+                batch.positions.len()
+            )));
         }
-        let seqs = self.check_seqs(n, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, kv)?;
+        let seqs = self.check_seqs(
+            n,
+            batch.kv_indptr,
+            batch.kv_indices,
+            batch.kv_last_page_len,
+            kv,
+        )?;
         self.check_rows(n, scratch)?;
         for (i, &p) in batch.positions.iter().enumerate() {
             let ext = self.extent(&seqs, i, kv);
             if p as usize + 1 != ext {
-                return Err(bad(format!("row {i}: position {p} but its pages hold {ext} positions")));
+                return Err(bad(format!(
+                    "row {i}: position {p} but its pages hold {ext} positions"
+                )));
             }
             scratch.row_seq[i] = i as u32;
             scratch.row_pos[i] = p;
             scratch.logit_rows[i] = i as u32;
         }
-        self.pool.install(|| self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch))
+        self.pool
+            .install(|| self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch))
     }
 
     /// Prefill chunks (see [`PrefillBatch`]); writes logits per `mode`.
@@ -269,10 +310,22 @@ impl CpuModel {
     ) -> Result<(), CpuError> {
         let n = batch.tokens.len();
         let ns = batch.start_pos.len();
-        if batch.qo_indptr.len() != ns + 1 || batch.qo_indptr[0] != 0 || batch.qo_indptr[ns] as usize != n {
-            return Err(bad(format!("qo_indptr {:?} does not split {n} tokens into {ns} sequences", batch.qo_indptr)));
+        if batch.qo_indptr.len() != ns + 1
+            || batch.qo_indptr[0] != 0
+            || batch.qo_indptr[ns] as usize != n
+        {
+            return Err(bad(format!(
+                "qo_indptr {:?} does not split {n} tokens into {ns} sequences",
+                batch.qo_indptr
+            )));
         }
-        let seqs = self.check_seqs(ns, batch.kv_indptr, batch.kv_indices, batch.kv_last_page_len, kv)?;
+        let seqs = self.check_seqs(
+            ns,
+            batch.kv_indptr,
+            batch.kv_indices,
+            batch.kv_last_page_len,
+            kv,
+        )?;
         self.check_rows(n, scratch)?;
         let mut nlogits = 0;
         for s in 0..ns {
@@ -282,7 +335,11 @@ impl CpuModel {
             }
             let ext = self.extent(&seqs, s, kv);
             if batch.start_pos[s] as usize + (b - a) != ext {
-                return Err(bad(format!("sequence {s}: start {} + {} tokens but its pages hold {ext}", batch.start_pos[s], b - a)));
+                return Err(bad(format!(
+                    "sequence {s}: start {} + {} tokens but its pages hold {ext}",
+                    batch.start_pos[s],
+                    b - a
+                )));
             }
             for i in a..b {
                 scratch.row_seq[i] = s as u32;
@@ -299,15 +356,21 @@ impl CpuModel {
         }
         // Run the whole pass on a pool worker: nested parallel regions then
         // fork/join inside the pool instead of injecting from outside.
-        self.pool.install(|| self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch))
+        self.pool
+            .install(|| self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch))
     }
 
     fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {
         if n > scratch.max_rows {
-            return Err(CpuError::ScratchTooSmall { rows: n, capacity: scratch.max_rows });
+            return Err(CpuError::ScratchTooSmall {
+                rows: n,
+                capacity: scratch.max_rows,
+            });
         }
         if scratch.scores.len() < self.threads * scratch.max_context {
-            return Err(bad("scratch was built for a model with fewer threads".into()));
+            return Err(bad(
+                "scratch was built for a model with fewer threads".into()
+            ));
         }
         Ok(())
     }
@@ -317,26 +380,57 @@ impl CpuModel {
         (np - 1) * kv.page_size() + seqs.last[s] as usize
     }
 
-    fn check_seqs<'a>(&self, ns: usize, indptr: &'a [u32], indices: &'a [u32], last: &'a [u32], kv: &KvStore) -> Result<Seqs<'a>, CpuError> {
+    fn check_seqs<'a>(
+        &self,
+        ns: usize,
+        indptr: &'a [u32],
+        indices: &'a [u32],
+        last: &'a [u32],
+        kv: &KvStore,
+    ) -> Result<Seqs<'a>, CpuError> {
         let kc = kv.config();
-        if kc.num_layers != self.cfg.num_layers || kc.num_kv_heads != self.cfg.num_kv_heads || kc.head_dim != self.cfg.head_dim {
-            return Err(CpuError::KvGeometry { reason: format!("{kc:?} does not fit the model") });
+        if kc.num_layers != self.cfg.num_layers
+            || kc.num_kv_heads != self.cfg.num_kv_heads
+            || kc.head_dim != self.cfg.head_dim
+        {
+            return Err(CpuError::KvGeometry {
+                reason: format!("{kc:?} does not fit the model"),
+            });
         }
-        if indptr.len() != ns + 1 || last.len() != ns || indptr[0] != 0 || indptr[ns] as usize > indices.len() {
-            return Err(bad(format!("kv_indptr {} / kv_last_page_len {} / kv_indices {} for {ns} sequences", indptr.len(), last.len(), indices.len())));
+        if indptr.len() != ns + 1
+            || last.len() != ns
+            || indptr[0] != 0
+            || indptr[ns] as usize > indices.len()
+        {
+            return Err(bad(format!(
+                "kv_indptr {} / kv_last_page_len {} / kv_indices {} for {ns} sequences",
+                indptr.len(),
+                last.len(),
+                indices.len()
+            )));
         }
         for s in 0..ns {
             if indptr[s + 1] <= indptr[s] {
                 return Err(bad(format!("sequence {s} has no pages")));
             }
             if last[s] == 0 || last[s] as usize > kc.page_size {
-                return Err(bad(format!("sequence {s}: last page length {} not in 1..={}", last[s], kc.page_size)));
+                return Err(bad(format!(
+                    "sequence {s}: last page length {} not in 1..={}",
+                    last[s], kc.page_size
+                )));
             }
         }
-        if let Some(p) = indices[..indptr[ns] as usize].iter().find(|&&p| p as usize >= kc.num_pages) {
+        if let Some(p) = indices[..indptr[ns] as usize]
+            .iter()
+            .find(|&&p| p as usize >= kc.num_pages)
+        {
             return Err(bad(format!("page {p} out of {} pages", kc.num_pages)));
         }
-        Ok(Seqs { indptr, indices, last })
+        Ok(Seqs {
+            indptr,
+            indices,
+            last,
+        })
     }
 
     /// The shared pass over `tokens.len()` rows whose sequence/position are in
@@ -356,20 +450,37 @@ impl CpuModel {
         let qd = c.num_heads * hd;
         let kvd = c.num_kv_heads * hd;
         if out_logits.len() != nlogits * c.vocab_size {
-            return Err(CpuError::LogitsLen { expected: nlogits * c.vocab_size, got: out_logits.len() });
+            return Err(CpuError::LogitsLen {
+                expected: nlogits * c.vocab_size,
+                got: out_logits.len(),
+            });
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(CpuError::TokenOutOfRange { token: t, vocab: c.vocab_size });
+            return Err(CpuError::TokenOutOfRange {
+                token: t,
+                vocab: c.vocab_size,
+            });
         }
-        if let Some(&p) = scratch.row_pos[..n].iter().find(|&&p| p as usize >= scratch.max_context) {
-            return Err(CpuError::ContextTooLong { len: p as usize + 1, max_context: scratch.max_context });
+        if let Some(&p) = scratch.row_pos[..n]
+            .iter()
+            .find(|&&p| p as usize >= scratch.max_context)
+        {
+            return Err(CpuError::ContextTooLong {
+                len: p as usize + 1,
+                max_context: scratch.max_context,
+            });
         }
         let pool = Some(&self.pool);
         let isa = self.isa;
         let embd = mat(&self.w.token_embd);
         for (i, &t) in tokens.iter().enumerate() {
             dequant_row(&embd, t as usize, &mut scratch.x[i * h..(i + 1) * h]);
-            ops::rope_table(scratch.row_pos[i], hd, c.rope_theta, &mut scratch.rope[i * hd..(i + 1) * hd]);
+            ops::rope_table(
+                scratch.row_pos[i],
+                hd,
+                c.rope_theta,
+                &mut scratch.rope[i * hd..(i + 1) * hd],
+            );
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
             let s = &mut *scratch;
@@ -383,9 +494,26 @@ impl CpuModel {
                 isa,
                 xn,
                 n,
-                &mut [MatmulJob { w: mat(&lw.wq), y: q }, MatmulJob { w: mat(&lw.wk), y: k }, MatmulJob { w: mat(&lw.wv), y: v }],
+                &mut [
+                    MatmulJob {
+                        w: mat(&lw.wq),
+                        y: q,
+                    },
+                    MatmulJob {
+                        w: mat(&lw.wk),
+                        y: k,
+                    },
+                    MatmulJob {
+                        w: mat(&lw.wv),
+                        y: v,
+                    },
+                ],
             );
-            for (buf, bias, d) in [(&mut *q, &lw.bq, qd), (&mut *k, &lw.bk, kvd), (&mut *v, &lw.bv, kvd)] {
+            for (buf, bias, d) in [
+                (&mut *q, &lw.bq, qd),
+                (&mut *k, &lw.bk, kvd),
+                (&mut *v, &lw.bv, kvd),
+            ] {
                 if let Some(b) = bias {
                     buf.chunks_exact_mut(d).for_each(|r| ops::add_assign(r, b));
                 }
@@ -404,16 +532,45 @@ impl CpuModel {
             }
             self.attention(l, n, seqs, kv, s);
             let s = &mut *scratch;
-            matmul(pool, isa, mat(&lw.wo), &s.attn[..n * qd], n, &mut s.tmp[..n * h]);
+            matmul(
+                pool,
+                isa,
+                mat(&lw.wo),
+                &s.attn[..n * qd],
+                n,
+                &mut s.tmp[..n * h],
+            );
             ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
             let (x, xn) = (&s.x[..n * h], &mut s.xn[..n * h]);
             for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
                 ops::rms_norm(xr, &lw.ffn_norm, c.rms_norm_eps, or);
             }
             let (gate, up) = (&mut s.gate[..n * f], &mut s.up[..n * f]);
-            matmul_group(pool, isa, xn, n, &mut [MatmulJob { w: mat(&lw.w_gate), y: gate }, MatmulJob { w: mat(&lw.w_up), y: up }]);
+            matmul_group(
+                pool,
+                isa,
+                xn,
+                n,
+                &mut [
+                    MatmulJob {
+                        w: mat(&lw.w_gate),
+                        y: gate,
+                    },
+                    MatmulJob {
+                        w: mat(&lw.w_up),
+                        y: up,
+                    },
+                ],
+            );
             self.silu_mul(gate, up, f);
-            matmul(pool, isa, mat(&lw.w_down), &s.gate[..n * f], n, &mut s.tmp[..n * h]);
+            matmul(
+                pool,
+                isa,
+                mat(&lw.w_down),
+                &s.gate[..n * f],
+                n,
+                &mut s.tmp[..n * h],
+            );
             ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
         }
         let s = &mut *scratch;
@@ -422,7 +579,14 @@ impl CpuModel {
             let (x, xn) = (&s.x[i * h..(i + 1) * h], &mut s.xn[j * h..(j + 1) * h]);
             ops::rms_norm(x, &self.w.output_norm, c.rms_norm_eps, xn);
         }
-        matmul(pool, isa, mat(&self.w.lm_head), &s.xn[..nlogits * h], nlogits, out_logits);
+        matmul(
+            pool,
+            isa,
+            mat(&self.w.lm_head),
+            &s.xn[..nlogits * h],
+            nlogits,
+            out_logits,
+        );
         Ok(())
     }
 
@@ -435,7 +599,8 @@ impl CpuModel {
             }
         };
         if rows >= 4 && self.threads > 1 {
-            self.pool.install(|| gate.par_chunks_mut(f).zip(up.par_chunks(f)).for_each(body));
+            self.pool
+                .install(|| gate.par_chunks_mut(f).zip(up.par_chunks(f)).for_each(body));
         } else {
             gate.chunks_mut(f).zip(up.chunks(f)).for_each(body);
         }
@@ -455,7 +620,11 @@ impl CpuModel {
         let ntasks = n * nkv;
         // Below ~16k key visits a fork/join costs more than it saves.
         let visits: usize = row_pos_sum(&s.row_pos[..n]) * group * nkv;
-        let workers = if visits < 16 * 1024 { 1 } else { self.threads.min(ntasks).max(1) };
+        let workers = if visits < 16 * 1024 {
+            1
+        } else {
+            self.threads.min(ntasks).max(1)
+        };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
         let mc = s.max_context;
@@ -463,19 +632,36 @@ impl CpuModel {
             let mut t = w;
             while t < ntasks {
                 let (i, g) = (t / nkv, t % nkv);
-                let seq = PagedSeq { pages: seqs.pages(row_seq[i] as usize), page_size: kv.page_size(), num_kv_heads: nkv, head_dim: hd };
+                let seq = PagedSeq {
+                    pages: seqs.pages(row_seq[i] as usize),
+                    page_size: kv.page_size(),
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                };
                 let o = i * qd + g * group * hd;
                 // SAFETY: task (i, g) alone writes floats o..o + group*hd of
                 // `s.attn` (rows and groups are disjoint), which is at least
                 // n*qd long and is not otherwise borrowed during this region.
-                let out_slice = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
-                attend_group(&q[o..o + group * hd], kl, vl, seq, g, row_pos[i] as usize + 1, scale, scores, out_slice);
+                let out_slice =
+                    unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
+                attend_group(
+                    &q[o..o + group * hd],
+                    kl,
+                    vl,
+                    seq,
+                    g,
+                    row_pos[i] as usize + 1,
+                    scale,
+                    scores,
+                    out_slice,
+                );
                 t += workers;
             }
         };
         let scores = &mut s.scores[..workers * mc];
         if workers > 1 {
-            self.pool.install(|| scores.par_chunks_mut(mc).enumerate().for_each(work));
+            self.pool
+                .install(|| scores.par_chunks_mut(mc).enumerate().for_each(work));
         } else {
             work((0, scores));
         }
@@ -491,4 +677,11 @@ fn bad(reason: String) -> CpuError {
 }
 
 /// Dtypes the kernels accept.
-pub const SUPPORTED_DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+pub const SUPPORTED_DTYPES: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];

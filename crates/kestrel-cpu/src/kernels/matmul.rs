@@ -36,9 +36,18 @@ impl<'a> MatRef<'a> {
     }
 
     /// As [`MatRef::new`] from raw parts.
-    pub fn from_parts(name: &str, dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, CpuError> {
+    pub fn from_parts(
+        name: &str,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, CpuError> {
         if matches!(dtype, DType::Q4K | DType::Q6K) {
-            return Err(CpuError::UnsupportedDType { name: name.to_owned(), dtype });
+            return Err(CpuError::UnsupportedDType {
+                name: name.to_owned(),
+                dtype,
+            });
         }
         if dtype.block_elems() > 1 && cols % dtype.block_elems() != 0 {
             return Err(CpuError::Shape {
@@ -55,7 +64,13 @@ impl<'a> MatRef<'a> {
                 got: format!("{} bytes", data.len()),
             });
         }
-        Ok(MatRef { dtype, rows, cols, row_bytes, data })
+        Ok(MatRef {
+            dtype,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
     }
 
     /// Encoded bytes of row `r`.
@@ -86,7 +101,14 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `y = x w^T` for one matrix. See [`matmul_group`].
-pub fn matmul(pool: Option<&rayon::ThreadPool>, isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+pub fn matmul(
+    pool: Option<&rayon::ThreadPool>,
+    isa: Isa,
+    w: MatRef<'_>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     matmul_group(pool, isa, x, n, &mut [MatmulJob { w, y }]);
 }
 
@@ -95,7 +117,13 @@ pub fn matmul(pool: Option<&rayon::ThreadPool>, isa: Isa, w: MatRef<'_>, x: &[f3
 ///
 /// # Panics
 /// If a matrix's `cols` differs from `x.len() / n` or a `y` is not `n x rows`.
-pub fn matmul_group(pool: Option<&rayon::ThreadPool>, isa: Isa, x: &[f32], n: usize, jobs: &mut [MatmulJob<'_>]) {
+pub fn matmul_group(
+    pool: Option<&rayon::ThreadPool>,
+    isa: Isa,
+    x: &[f32],
+    n: usize,
+    jobs: &mut [MatmulJob<'_>],
+) {
     if n == 0 || jobs.is_empty() {
         return;
     }
@@ -136,7 +164,9 @@ pub fn matmul_group(pool: Option<&rayon::ThreadPool>, isa: Isa, x: &[f32], n: us
         }
     };
     match pool {
-        Some(p) if threads > 1 && ntasks > 1 => p.install(|| (0..ntasks).into_par_iter().for_each(run)),
+        Some(p) if threads > 1 && ntasks > 1 => {
+            p.install(|| (0..ntasks).into_par_iter().for_each(run))
+        }
         _ => (0..ntasks).for_each(run),
     }
 }
@@ -156,7 +186,8 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
     // L1-resident f32 buffer and run the dense kernel on it: same canonical
     // values and FMA order (bit-identical), dequant cost amortized over the
     // whole column block instead of each `ct`-column tile.
-    let buffered = isa != Isa::Scalar && w.dtype != DType::F32 && w.cols % 32 == 0 && n >= BUFFERED_MIN_COLS;
+    let buffered =
+        isa != Isa::Scalar && w.dtype != DType::F32 && w.cols % 32 == 0 && n >= BUFFERED_MIN_COLS;
     let mut cb = 0;
     while cb < n {
         let ce = (cb + COL_BLOCK).min(n);
@@ -164,7 +195,11 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
         while r < r1 {
             let rn = if r1 - r >= rt { rt } else { 1 };
             // SAFETY: row `r` exists, so the offset is within `w.data`.
-            let direct = Src { ptr: unsafe { w.data.as_ptr().add(r * w.row_bytes) }, row_bytes: w.row_bytes, dtype: w.dtype };
+            let direct = Src {
+                ptr: unsafe { w.data.as_ptr().add(r * w.row_bytes) },
+                row_bytes: w.row_bytes,
+                dtype: w.dtype,
+            };
             let run = |src: Src| {
                 let mut c = cb;
                 while c < ce {
@@ -184,7 +219,11 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                     for i in 0..rn {
                         dequant_row_simd(isa, &w, r + i, &mut b[i * w.cols..(i + 1) * w.cols]);
                     }
-                    run(Src { ptr: b.as_ptr() as *const u8, row_bytes: w.cols * 4, dtype: DType::F32 });
+                    run(Src {
+                        ptr: b.as_ptr() as *const u8,
+                        row_bytes: w.cols * 4,
+                        dtype: DType::F32,
+                    });
                 });
             } else {
                 run(direct);
@@ -213,7 +252,14 @@ fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
             ($B:ty) => {
                 // SAFETY: `row` holds cols/32 blocks of `$B` and `out` at least
                 // `cols` floats; `isa` was checked supported by the caller.
-                unsafe { x86::dequant_row::<$B>(isa == Isa::Avx512, row.as_ptr(), w.cols / 32, out.as_mut_ptr()) }
+                unsafe {
+                    x86::dequant_row::<$B>(
+                        isa == Isa::Avx512,
+                        row.as_ptr(),
+                        w.cols / 32,
+                        out.as_mut_ptr(),
+                    )
+                }
             };
         }
         match w.dtype {
@@ -236,7 +282,15 @@ fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
 /// # Safety
 /// `y.0 + c * rows + r` must be in bounds and owned by the caller.
 #[inline]
-unsafe fn finish(w: &MatRef<'_>, x: &[f32], r: usize, c: usize, lanes: &mut [f32; LANES], done: usize, y: OutPtr) {
+unsafe fn finish(
+    w: &MatRef<'_>,
+    x: &[f32],
+    r: usize,
+    c: usize,
+    lanes: &mut [f32; LANES],
+    done: usize,
+    y: OutPtr,
+) {
     let xr = &x[c * w.cols..(c + 1) * w.cols];
     scalar::dense_tail(w.dtype, w.row(r), xr, done, lanes);
     // SAFETY: in bounds by the caller's contract.
@@ -267,7 +321,17 @@ macro_rules! simd_tile {
                     for j in 0..$C {
                         if want_lanes {
                             // SAFETY: element (r+i, c+j) belongs to this task.
-                            unsafe { finish(&w, $x, $r + i, $c + j, &mut out.lanes[i][j], nblocks * 32, $y) };
+                            unsafe {
+                                finish(
+                                    &w,
+                                    $x,
+                                    $r + i,
+                                    $c + j,
+                                    &mut out.lanes[i][j],
+                                    nblocks * 32,
+                                    $y,
+                                )
+                            };
                         } else {
                             // SAFETY: element (r+i, c+j) belongs to this task
                             // and lies inside the n x rows output.
@@ -314,7 +378,17 @@ struct Src {
 /// # Safety
 /// As [`rows_task`], for the tile's elements; `src` must hold `rn` rows.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile(isa: Isa, w: MatRef<'_>, src: Src, x: &[f32], r: usize, rn: usize, c: usize, cn: usize, y: OutPtr) {
+unsafe fn tile(
+    isa: Isa,
+    w: MatRef<'_>,
+    src: Src,
+    x: &[f32],
+    r: usize,
+    rn: usize,
+    c: usize,
+    cn: usize,
+    y: OutPtr,
+) {
     let _ = src;
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -324,7 +398,11 @@ unsafe fn tile(isa: Isa, w: MatRef<'_>, src: Src, x: &[f32], r: usize, rn: usize
         _ => {
             for i in 0..rn {
                 for j in 0..cn {
-                    let v = scalar::dot(w.dtype, w.row(r + i), &x[(c + j) * w.cols..(c + j + 1) * w.cols]);
+                    let v = scalar::dot(
+                        w.dtype,
+                        w.row(r + i),
+                        &x[(c + j) * w.cols..(c + j + 1) * w.cols],
+                    );
                     // SAFETY: element (r+i, c+j) belongs to this task.
                     unsafe { *y.0.add((c + j) * w.rows + r + i) = v };
                 }

@@ -60,6 +60,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, table: &[f32], style: RopeStyle) {
 /// `e^x` to ~2 ulp (Cephes `expf` polynomial), vectorizable; 0 below -87.3,
 /// saturating at 88.7.
 #[inline(always)]
+#[allow(clippy::excessive_precision)] // Cephes' constants, as published.
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
@@ -72,7 +73,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 5.000_000_1e-1_f32);
     let y = (p * r).mul_add(r, r) + 1.0;
     let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
     if x < -87.3 {

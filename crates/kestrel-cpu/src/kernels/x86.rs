@@ -6,6 +6,9 @@
 //! the fused multiply-adds the scalar definition gives lane `l`, so results
 //! are bit-identical to `scalar::dot` whatever `R`, `NB` or the ISA.
 
+// Const-generic tiles index `acc[r][c]` alongside other per-(r, c) arrays.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use super::scalar::LANES;
@@ -57,14 +60,26 @@ impl Block for F32B {
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
         // SAFETY: 128 readable bytes at `p` (trait contract).
-        unsafe { (_mm512_loadu_ps(p as *const f32), _mm512_loadu_ps(p.add(64) as *const f32)) }
+        unsafe {
+            (
+                _mm512_loadu_ps(p as *const f32),
+                _mm512_loadu_ps(p.add(64) as *const f32),
+            )
+        }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
         let f = p as *const f32;
         // SAFETY: 128 readable bytes at `p` (trait contract).
-        unsafe { [_mm256_loadu_ps(f), _mm256_loadu_ps(f.add(8)), _mm256_loadu_ps(f.add(16)), _mm256_loadu_ps(f.add(24))] }
+        unsafe {
+            [
+                _mm256_loadu_ps(f),
+                _mm256_loadu_ps(f.add(8)),
+                _mm256_loadu_ps(f.add(16)),
+                _mm256_loadu_ps(f.add(24)),
+            ]
+        }
     }
 }
 
@@ -128,8 +143,12 @@ impl Block for Q8_0B {
         // SAFETY: 34 readable bytes at `p` (trait contract): scale + 32 quants.
         unsafe {
             let d = _mm512_broadcastss_ps(scales(p));
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(2) as *const __m128i)));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(18) as *const __m128i)));
+            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.add(2) as *const __m128i
+            )));
+            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.add(18) as *const __m128i
+            )));
             (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
         }
     }
@@ -176,7 +195,12 @@ impl Block for Q4_0B {
             let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
             let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
             let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-            [c(lo), c(_mm_srli_si128(lo, 8)), c(hi), c(_mm_srli_si128(hi, 8))]
+            [
+                c(lo),
+                c(_mm_srli_si128(lo, 8)),
+                c(hi),
+                c(_mm_srli_si128(hi, 8)),
+            ]
         }
     }
 }
@@ -195,8 +219,8 @@ impl Block for Q4_1B {
             let mask = _mm_set1_epi8(0x0F);
             let lo = _mm_and_si128(q, mask);
             let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-            // Unfused `q * d + m`, as the scalar definition.
-            let c = |v: __m128i| _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), d), m);
+            // Fused `q * d + m`, as the scalar definition.
+            let c = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), d, m);
             (c(lo), c(hi))
         }
     }
@@ -212,8 +236,13 @@ impl Block for Q4_1B {
             let mask = _mm_set1_epi8(0x0F);
             let lo = _mm_and_si128(q, mask);
             let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-            let c = |v: __m128i| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d), m);
-            [c(lo), c(_mm_srli_si128(lo, 8)), c(hi), c(_mm_srli_si128(hi, 8))]
+            let c = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
+            [
+                c(lo),
+                c(_mm_srli_si128(lo, 8)),
+                c(hi),
+                c(_mm_srli_si128(hi, 8)),
+            ]
         }
     }
 }
@@ -240,7 +269,10 @@ pub(crate) struct TileArgs {
 /// `NB` rows of `a.nblocks * 32` floats; the CPU must support AVX-512F/BW,
 /// AVX2, FMA and F16C.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut TileOut<R, NB>) {
+pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
+    a: TileArgs,
+    out: &mut TileOut<R, NB>,
+) {
     let mut acc = [[_mm512_setzero_ps(); NB]; R];
     for blk in 0..a.nblocks {
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -280,7 +312,11 @@ pub(crate) struct TileOut<const R: usize, const NB: usize> {
 
 impl<const R: usize, const NB: usize> TileOut<R, NB> {
     pub fn new(want_lanes: bool) -> Self {
-        TileOut { want_lanes, lanes: [[[0.0; LANES]; NB]; R], sums: [[0.0; NB]; R] }
+        TileOut {
+            want_lanes,
+            lanes: [[[0.0; LANES]; NB]; R],
+            sums: [[0.0; NB]; R],
+        }
     }
 }
 
@@ -309,7 +345,10 @@ unsafe fn reduce512(v: __m512) -> f32 {
 /// # Safety
 /// As [`tile512`], with AVX2, FMA and F16C required.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileArgs, out: &mut TileOut<R, NB>) {
+pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
+    a: TileArgs,
+    out: &mut TileOut<R, NB>,
+) {
     let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
     for blk in 0..a.nblocks {
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -348,7 +387,12 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(a: TileA
 /// # Safety
 /// `src` valid for `nblocks * B::BYTES` bytes, `out` for `nblocks * 32` f32s;
 /// the CPU must support AVX-512F/BW (when `avx512`) or AVX2, FMA and F16C.
-pub(crate) unsafe fn dequant_row<B: Block>(avx512: bool, src: *const u8, nblocks: usize, out: *mut f32) {
+pub(crate) unsafe fn dequant_row<B: Block>(
+    avx512: bool,
+    src: *const u8,
+    nblocks: usize,
+    out: *mut f32,
+) {
     if avx512 {
         // SAFETY: forwarded contract.
         unsafe { dequant_row512::<B>(src, nblocks, out) }
