@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn rope_styles_pair_the_documented_dimensions() {
-        let mut t = vec![0f32; 4];
+        let mut t = vec![0f32; 8];
         rope_table(3, 8, 10000.0, &mut t);
         let base: Vec<f32> = (0..8).map(|i| i as f32 + 1.0).collect();
         let mut a = base.clone();
