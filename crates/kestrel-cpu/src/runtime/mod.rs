@@ -24,6 +24,7 @@ use kestrel_pipeline::{
 };
 
 use self::slot::{Outputs, PrefillRow, SlotKind, SlotMeta};
+pub use self::stream::StepTiming;
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
@@ -130,6 +131,8 @@ pub struct CpuRuntime {
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
+    /// Device-side timings of committed steps, when recording is on.
+    timings: Option<Vec<StepTiming>>,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -210,6 +213,7 @@ impl CpuRuntime {
             threads,
             rows_buf: Vec::new(),
             weight_bytes,
+            timings: None,
         })
     }
 
@@ -220,6 +224,19 @@ impl CpuRuntime {
     /// Bytes of weights the forward reads per step.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Start (or stop) recording per-step device timings (for benchmarks).
+    pub fn record_timings(&mut self, on: bool) {
+        self.timings = on.then(Vec::new);
+    }
+
+    /// Timings recorded since the last call, in commit order.
+    pub fn take_timings(&mut self) -> Vec<StepTiming> {
+        self.timings
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn kv_stats(&self) -> KvStats {
@@ -306,8 +323,12 @@ impl Executor for CpuRuntime {
         self.table.num_allocated()
     }
 
-    fn can_reserve(&self, _prompt: &[TokenId], max_len: usize) -> bool {
-        self.table.can_reserve(max_len)
+    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
+        if self.cfg.enable_prefix_cache {
+            self.table.can_reserve_prompt(prompt, max_len)
+        } else {
+            self.table.can_reserve(max_len)
+        }
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {

@@ -11,6 +11,7 @@
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kestrel_pipeline::{SamplingParams, TokenId};
 
@@ -50,6 +51,19 @@ pub(crate) struct Done {
     pub mask: Box<MaskBuf>,
     /// A compute fault surfaced at this step (engine-fatal).
     pub error: Option<String>,
+    pub timing: StepTiming,
+}
+
+/// When the compute stream ran a step's forward and sampling.
+#[derive(Debug, Clone, Copy)]
+pub struct StepTiming {
+    pub step: u64,
+    pub prefill: bool,
+    pub rows: usize,
+    pub forward_start: Instant,
+    pub forward_end: Instant,
+    pub sample_start: Instant,
+    pub sample_end: Instant,
 }
 
 /// A step's device outputs on their way to the host.
@@ -82,6 +96,8 @@ pub(crate) struct ComputeStream {
     pub dev_out: Vec<Option<Box<Outputs>>>,
     /// Per slot: a compute fault to report at this step's commit.
     pub faults: Vec<Option<String>>,
+    /// Per slot: forward start and end of the step in flight.
+    pub forward_times: Vec<(Instant, Instant)>,
     rows: Vec<DeviceRow>,
     tokens: Vec<TokenId>,
     chunk_indptr: Vec<u32>,
@@ -110,6 +126,7 @@ impl ComputeStream {
             metas: (0..num_slots).map(|_| None).collect(),
             dev_out: (0..num_slots).map(|_| Some(Box::default())).collect(),
             faults: vec![None; num_slots],
+            forward_times: vec![(Instant::now(), Instant::now()); num_slots],
             rows: (0..max_rows + 1).map(|_| DeviceRow::default()).collect(),
             tokens: Vec::with_capacity(max_batch),
             chunk_indptr: Vec::with_capacity(2),
@@ -127,9 +144,11 @@ impl ComputeStream {
         while let Ok(w) = work.recv() {
             match w {
                 Work::Forward { slot, meta } => {
+                    let t0 = Instant::now();
                     if let Err(e) = self.forward(slot, &meta) {
                         self.faults[slot] = Some(e);
                     }
+                    self.forward_times[slot] = (t0, Instant::now());
                     self.metas[slot] = Some(meta);
                 }
                 Work::Sample { slot, host, mask } => {
@@ -149,6 +168,7 @@ impl ComputeStream {
                         }
                     };
                     let mut dev = self.dev_out[slot].take().expect("checked above");
+                    let sample_start = Instant::now();
                     let error = match self.faults[slot].take() {
                         Some(e) => Some(e),
                         None => {
@@ -156,16 +176,25 @@ impl ComputeStream {
                             None
                         }
                     };
-                    let job = CopyJob {
-                        done: Done {
-                            slot,
-                            meta,
-                            host,
-                            mask,
-                            error,
-                        },
-                        dev,
+                    let (forward_start, forward_end) = self.forward_times[slot];
+                    let timing = StepTiming {
+                        step: meta.step,
+                        prefill: meta.kind == SlotKind::Prefill,
+                        rows: meta.rows.len(),
+                        forward_start,
+                        forward_end,
+                        sample_start,
+                        sample_end: Instant::now(),
                     };
+                    let done = Done {
+                        slot,
+                        meta,
+                        host,
+                        mask,
+                        error,
+                        timing,
+                    };
+                    let job = CopyJob { done, dev };
                     if copy.send(job).is_err() {
                         return;
                     }
