@@ -468,8 +468,12 @@ impl Executor for CpuRuntime {
             host,
             mask,
             error,
+            timing,
             ..
         } = done;
+        if let Some(t) = self.timings.as_mut() {
+            t.push(timing);
+        }
         if let Some(message) = error {
             return Err(RuntimeError::Fault {
                 step: meta.step,
