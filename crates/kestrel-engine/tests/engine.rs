@@ -311,9 +311,7 @@ fn full_queue_fails_at_once() {
 
 #[test]
 fn dropping_a_stream_aborts_and_releases_kv() {
-    let mut setup = Setup::default();
-    setup.step_delay = Duration::from_millis(1);
-    let engine = start(setup);
+    let engine = start(Setup { step_delay: Duration::from_millis(1), ..Setup::default() });
     rt().block_on(async {
         let mut s = engine.stream(long_text(400)).unwrap();
         let mut got = 0;
@@ -442,9 +440,7 @@ fn engine_fatal_fails_everything_and_stops_serving() {
 
 #[test]
 fn shutdown_cancels_in_flight_work_at_the_deadline() {
-    let mut setup = Setup::default();
-    setup.step_delay = Duration::from_millis(2);
-    let engine = start(setup);
+    let engine = start(Setup { step_delay: Duration::from_millis(2), ..Setup::default() });
     rt().block_on(async {
         // A short request finishes within the deadline; long ones are aborted.
         let short = engine.stream(long_text(3)).unwrap();
