@@ -5,17 +5,31 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::synth::{random_model, smollm2_config};
-use kestrel_cpu::{CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch};
+use kestrel_cpu::{
+    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
+};
 use kestrel_model::DType;
 
 const PAGE: usize = 16;
 const CTX: usize = 128;
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let threads = std::env::var("KESTREL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let cfg = smollm2_config();
-    let model = CpuModel::new(random_model(&cfg, DType::Q4_1, DType::Q8_0, 7), CpuModelOptions { threads, isa: None }).unwrap();
-    eprintln!("weights {} MiB, streamed per token {} MiB, isa {:?}", model.weight_bytes() >> 20, model.bytes_per_token() >> 20, model.isa());
+    let model = CpuModel::new(
+        random_model(&cfg, DType::Q4_1, DType::Q8_0, 7),
+        CpuModelOptions { threads, isa: None },
+    )
+    .unwrap();
+    eprintln!(
+        "weights {} MiB, streamed per token {} MiB, isa {:?}",
+        model.weight_bytes() >> 20,
+        model.bytes_per_token() >> 20,
+        model.isa()
+    );
     let pages_per_seq = CTX / PAGE;
     let mut kv = KvStore::for_model(&cfg, 32 * pages_per_seq + 8, PAGE).unwrap();
     let mut scratch = Scratch::new(&model, 128, 1024);
@@ -37,8 +51,16 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, _| {
             b.iter(|| {
-                let db = DecodeBatch { tokens: &tokens, positions: &positions, kv_indptr: &indptr, kv_indices: &indices, kv_last_page_len: &last };
-                model.forward_decode(db, &mut kv, &mut out, &mut scratch).unwrap();
+                let db = DecodeBatch {
+                    tokens: &tokens,
+                    positions: &positions,
+                    kv_indptr: &indptr,
+                    kv_indices: &indices,
+                    kv_last_page_len: &last,
+                };
+                model
+                    .forward_decode(db, &mut kv, &mut out, &mut scratch)
+                    .unwrap();
             })
         });
     }
@@ -60,7 +82,15 @@ fn bench(c: &mut Criterion) {
                 kv_indices: &indices,
                 kv_last_page_len: &[PAGE as u32],
             };
-            model.forward_prefill(pb, &mut kv, &mut out, LogitsMode::LastPerSequence, &mut scratch).unwrap();
+            model
+                .forward_prefill(
+                    pb,
+                    &mut kv,
+                    &mut out,
+                    LogitsMode::LastPerSequence,
+                    &mut scratch,
+                )
+                .unwrap();
         })
     });
     g.finish();

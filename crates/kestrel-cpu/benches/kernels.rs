@@ -9,10 +9,20 @@ use kestrel_cpu::Isa;
 use kestrel_model::DType;
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let threads = std::env::var("KESTREL_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     let mut rng = Rng(1);
-    let shapes = [("q4_1_up_1536x576", DType::Q4_1, 1536, 576), ("q4_1_down_576x1536", DType::Q4_1, 576, 1536), ("q8_0_lm_head_49152x576", DType::Q8_0, 49152, 576)];
+    let shapes = [
+        ("q4_1_up_1536x576", DType::Q4_1, 1536, 576),
+        ("q4_1_down_576x1536", DType::Q4_1, 576, 1536),
+        ("q8_0_lm_head_49152x576", DType::Q8_0, 49152, 576),
+    ];
     let mut g = c.benchmark_group("matmul");
     for (name, dt, rows, cols) in shapes {
         let m = random_matrix(&mut rng, dt, rows, cols, 0.1);

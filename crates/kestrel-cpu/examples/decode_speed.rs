@@ -1,7 +1,8 @@
 //! Decode/prefill throughput on SmolLM2-135M's shape (random Q4_1 weights),
 //! reporting wall time and the process's CPU time per step (summed from
 //! `/proc/self/task/*/schedstat`), which is steadier than wall time on a
-//! shared machine. `cargo run --release -p kestrel-cpu --example decode_speed [threads] [steps]`.
+//! shared machine. `cargo run --release -p kestrel-cpu --example decode_speed [threads] [steps] [batch]`
+//! (batch 0 = the prefill only).
 
 use std::time::Instant;
 
@@ -94,7 +95,7 @@ fn main() {
             cpu * 1e3
         );
     }
-    if only.is_some() {
+    if only.is_some_and(|o| o != 0) {
         return;
     }
     let n = 128;

@@ -31,7 +31,9 @@ impl KvStore {
     /// Allocate (zeroed) storage for `cfg`.
     pub fn new(cfg: KvStoreConfig) -> Result<Self, CpuError> {
         if cfg.page_size == 0 || cfg.num_pages == 0 || cfg.num_kv_heads == 0 || cfg.head_dim == 0 {
-            return Err(CpuError::KvGeometry { reason: format!("zero-sized dimension in {cfg:?}") });
+            return Err(CpuError::KvGeometry {
+                reason: format!("zero-sized dimension in {cfg:?}"),
+            });
         }
         let per_layer = cfg.num_pages * cfg.page_size * cfg.num_kv_heads * cfg.head_dim;
         Ok(KvStore {
@@ -42,7 +44,11 @@ impl KvStore {
     }
 
     /// Storage for `model`'s layers and heads.
-    pub fn for_model(model: &kestrel_model::ModelConfig, num_pages: usize, page_size: usize) -> Result<Self, CpuError> {
+    pub fn for_model(
+        model: &kestrel_model::ModelConfig,
+        num_pages: usize,
+        page_size: usize,
+    ) -> Result<Self, CpuError> {
         Self::new(KvStoreConfig {
             num_layers: model.num_layers,
             num_pages,
@@ -90,7 +96,10 @@ impl KvStore {
         let (src, dst) = (src as usize, dst as usize);
         if src >= self.cfg.num_pages || dst >= self.cfg.num_pages || len > self.cfg.page_size {
             return Err(CpuError::KvGeometry {
-                reason: format!("copy_page({src} -> {dst}, {len}) outside {} pages of {}", self.cfg.num_pages, self.cfg.page_size),
+                reason: format!(
+                    "copy_page({src} -> {dst}, {len}) outside {} pages of {}",
+                    self.cfg.num_pages, self.cfg.page_size
+                ),
             });
         }
         let pf = self.page_floats();

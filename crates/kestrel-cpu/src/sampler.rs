@@ -51,7 +51,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -64,7 +67,10 @@ pub struct TopLogprobs {
 
 impl TopLogprobs {
     fn new() -> Self {
-        TopLogprobs { len: 0, items: [(0, 0.0); MAX_TOP_LOGPROBS] }
+        TopLogprobs {
+            len: 0,
+            items: [(0, 0.0); MAX_TOP_LOGPROBS],
+        }
     }
     pub fn as_slice(&self) -> &[(u32, f32)] {
         &self.items[..self.len]
@@ -93,7 +99,11 @@ pub struct PenaltyState {
 impl PenaltyState {
     /// Empty state for a vocabulary of `vocab` tokens (one allocation).
     pub fn new(vocab: usize) -> Self {
-        PenaltyState { counts: vec![0; vocab], seen: Vec::new(), cand: Vec::with_capacity(vocab) }
+        PenaltyState {
+            counts: vec![0; vocab],
+            seen: Vec::new(),
+            cand: Vec::with_capacity(vocab),
+        }
     }
 
     /// Count `token` as part of the sequence (call once per token that the
@@ -135,7 +145,8 @@ pub fn uniform(seed: u64, position: u32) -> f64 {
 /// Is `token` allowed by `mask` (bit `t % 32` of word `t / 32`)?
 #[inline]
 pub fn allowed(mask: &[u32], token: usize) -> bool {
-    mask.get(token / 32).is_some_and(|w| w >> (token % 32) & 1 == 1)
+    mask.get(token / 32)
+        .is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
 /// Descending by logit, ascending by id: a total, deterministic order.
@@ -163,7 +174,11 @@ pub fn sample(
             }
         }
     }
-    let (rp, fp, pp) = (params.repetition_penalty, params.frequency_penalty, params.presence_penalty);
+    let (rp, fp, pp) = (
+        params.repetition_penalty,
+        params.frequency_penalty,
+        params.presence_penalty,
+    );
     if rp != 1.0 || fp != 0.0 || pp != 0.0 {
         for &t in &state.seen {
             let (l, c) = (&mut logits[t as usize], state.counts[t as usize]);
@@ -174,11 +189,21 @@ pub fn sample(
         }
     }
     let greedy = params.temperature <= 0.0;
-    let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature };
+    let inv_t = if greedy {
+        1.0
+    } else {
+        1.0 / params.temperature
+    };
     // Candidates in id order, temperature applied.
     let cand = &mut state.cand;
     cand.clear();
-    cand.extend(logits.iter().enumerate().filter(|(_, l)| **l > f32::NEG_INFINITY).map(|(t, &l)| (l * inv_t, t as u32)));
+    cand.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l > f32::NEG_INFINITY)
+            .map(|(t, &l)| (l * inv_t, t as u32)),
+    );
     if cand.is_empty() {
         return None;
     }
@@ -221,7 +246,9 @@ pub fn sample(
     let z: f64 = cand.iter().map(|c| exp(c.0 - max) as f64).sum();
     let lz = max + z.ln() as f32;
     let token = if greedy {
-        cand.iter().fold(cand[0], |b, c| if desc(c, &b).is_lt() { *c } else { b }).1
+        cand.iter()
+            .fold(cand[0], |b, c| if desc(c, &b).is_lt() { *c } else { b })
+            .1
     } else {
         // Walk in id order so the draw does not depend on selection internals.
         if cand.len() < vocab {
@@ -252,5 +279,9 @@ pub fn sample(
         }
         top.len = n;
     }
-    Some(SampledToken { token, logprob, top })
+    Some(SampledToken {
+        token,
+        logprob,
+        top,
+    })
 }

@@ -71,10 +71,22 @@ impl Scratch {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        let f = [&self.x, &self.xn, &self.q, &self.k, &self.v, &self.attn, &self.tmp, &self.gate, &self.up, &self.rope, &self.scores]
-            .iter()
-            .map(|v| v.len())
-            .sum::<usize>();
+        let f = [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.tmp,
+            &self.gate,
+            &self.up,
+            &self.rope,
+            &self.scores,
+        ]
+        .iter()
+        .map(|v| v.len())
+        .sum::<usize>();
         4 * (f + self.row_seq.len() + self.row_pos.len() + self.logit_rows.len())
     }
 }

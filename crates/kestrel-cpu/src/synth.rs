@@ -39,7 +39,9 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
     assert_eq!(data.len(), rows * cols);
     let mut out = Vec::with_capacity(rows * cols / dtype.block_elems() * dtype.block_bytes());
     match dtype {
-        DType::F32 => data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F32 => data
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
         DType::F16 => data.iter().for_each(|&v| push_f16(&mut out, v)),
         DType::BF16 => data
             .iter()
@@ -55,7 +57,9 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
         }
         DType::Q4_0 => {
             for b in data.chunks_exact(32) {
-                let max = b.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                let max = b
+                    .iter()
+                    .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
                 let d = max / -8.0;
                 let id = if d == 0.0 { 0.0 } else { 1.0 / d };
                 push_f16(&mut out, d);
@@ -77,7 +81,12 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
         }
         DType::Q4K | DType::Q6K => panic!("synth does not encode {dtype:?}"),
     }
-    Matrix { dtype, rows, cols, data: Bytes::Owned(Arc::from(out)) }
+    Matrix {
+        dtype,
+        rows,
+        cols,
+        data: Bytes::Owned(Arc::from(out)),
+    }
 }
 
 /// A random matrix with entries uniform in `[-scale, scale)`, encoded as `dtype`.
@@ -130,7 +139,11 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
     let kvd = cfg.num_kv_heads * cfg.head_dim;
     let f = cfg.intermediate_size;
     let ws = 1.0 / (h as f32).sqrt() * 1.7;
-    let norm = |rng: &mut Rng, n: usize| (0..n).map(|_| 1.0 + 0.1 * rng.uniform()).collect::<Vec<f32>>();
+    let norm = |rng: &mut Rng, n: usize| {
+        (0..n)
+            .map(|_| 1.0 + 0.1 * rng.uniform())
+            .collect::<Vec<f32>>()
+    };
     let layers = (0..cfg.num_layers)
         .map(|_| LayerWeights {
             attn_norm: norm(&mut rng, h),

@@ -7,15 +7,23 @@
 
 use std::path::PathBuf;
 
-use kestrel_cpu::{sample, CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PenaltyState, PrefillBatch, SamplingParams, Scratch};
+use kestrel_cpu::{
+    sample, CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PenaltyState,
+    PrefillBatch, SamplingParams, Scratch,
+};
 
 fn golden() -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-135m-q4_1.json");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-135m-q4_1.json");
     serde_json::from_str(&std::fs::read_to_string(&p).expect("golden file")).expect("golden json")
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -28,9 +36,18 @@ fn smollm2_matches_f32_reference() {
         }
     };
     let loaded = kestrel_model::load(&path).expect("load model");
-    let model = CpuModel::new(loaded.weights, CpuModelOptions { threads: 2, isa: None }).unwrap();
+    let model = CpuModel::new(
+        loaded.weights,
+        CpuModelOptions {
+            threads: 2,
+            isa: None,
+        },
+    )
+    .unwrap();
     let g = golden();
-    let atol = g["tolerance"]["logit_atol_f32_activations"].as_f64().unwrap() as f32;
+    let atol = g["tolerance"]["logit_atol_f32_activations"]
+        .as_f64()
+        .unwrap() as f32;
     let vocab = model.config().vocab_size;
     let page = 16;
     let mut kv = KvStore::for_model(model.config(), 64, page).unwrap();
@@ -53,18 +70,42 @@ fn smollm2_matches_f32_reference() {
             kv_indices: &pages,
             kv_last_page_len: &[((len - 1) % page + 1) as u32],
         };
-        model.forward_prefill(b, &mut kv, &mut logits, LogitsMode::LastPerSequence, &mut scratch).unwrap();
+        model
+            .forward_prefill(
+                b,
+                &mut kv,
+                &mut logits,
+                LogitsMode::LastPerSequence,
+                &mut scratch,
+            )
+            .unwrap();
         let mut st = PenaltyState::new(vocab);
         let mut got = vec![];
         for (step, s) in steps.iter().enumerate() {
             for t in s["top5"].as_array().unwrap() {
-                let (tok, want_l) = (t[0].as_u64().unwrap() as usize, t[2].as_f64().unwrap() as f32);
+                let (tok, want_l) = (
+                    t[0].as_u64().unwrap() as usize,
+                    t[2].as_f64().unwrap() as f32,
+                );
                 let d = (logits[tok] - want_l).abs();
                 worst = worst.max(d);
-                assert!(d <= atol, "{name} step {step} token {tok}: {} vs {want_l}", logits[tok]);
+                assert!(
+                    d <= atol,
+                    "{name} step {step} token {tok}: {} vs {want_l}",
+                    logits[tok]
+                );
             }
             let pos = (len + step) as u32;
-            let tok = sample(&mut logits, &SamplingParams::greedy(), None, &mut st, pos, 0).unwrap().token;
+            let tok = sample(
+                &mut logits,
+                &SamplingParams::greedy(),
+                None,
+                &mut st,
+                pos,
+                0,
+            )
+            .unwrap()
+            .token;
             got.push(tok);
             if step + 1 == steps.len() {
                 break;
@@ -77,7 +118,9 @@ fn smollm2_matches_f32_reference() {
                 kv_indices: &pages,
                 kv_last_page_len: &[((n - 1) % page + 1) as u32],
             };
-            model.forward_decode(b, &mut kv, &mut logits, &mut scratch).unwrap();
+            model
+                .forward_decode(b, &mut kv, &mut logits, &mut scratch)
+                .unwrap();
         }
         assert_eq!(got, want[..got.len()], "{name}: greedy ids");
     }

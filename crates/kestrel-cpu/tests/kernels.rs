@@ -7,14 +7,27 @@ use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::Isa;
 use kestrel_model::DType;
 
-const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const ALL: [DType; 6] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.is_supported()).collect()
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .collect()
 }
 
 fn pool(n: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap()
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -22,7 +35,14 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
     let p = pool(2);
     for dtype in ALL {
         let quant = dtype.block_elems() > 1;
-        for &(rows, cols, n) in &[(1, 32, 1), (7, 64, 3), (37, 96, 5), (130, 576, 9), (5, 45, 2), (9, 17, 6)] {
+        for &(rows, cols, n) in &[
+            (1, 32, 1),
+            (7, 64, 3),
+            (37, 96, 5),
+            (130, 576, 9),
+            (5, 45, 2),
+            (9, 17, 6),
+        ] {
             if quant && cols % 32 != 0 {
                 continue;
             }
@@ -35,7 +55,9 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
             for r in 0..rows {
                 kestrel_cpu::kernels::matmul::dequant_row(&w, r, &mut deq);
                 for c in 0..n {
-                    want[c * rows + r] = (0..cols).map(|i| deq[i] as f64 * x[c * cols + i] as f64).sum();
+                    want[c * rows + r] = (0..cols)
+                        .map(|i| deq[i] as f64 * x[c * cols + i] as f64)
+                        .sum();
                 }
             }
             let mut first: Option<Vec<f32>> = None;
@@ -43,11 +65,17 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
                 let mut y = vec![0f32; n * rows];
                 matmul(Some(&p), isa, w, &x, n, &mut y);
                 for (g, e) in y.iter().zip(&want) {
-                    assert!((*g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()), "{dtype:?} {isa:?} {rows}x{cols}: {g} vs {e}");
+                    assert!(
+                        (*g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "{dtype:?} {isa:?} {rows}x{cols}: {g} vs {e}"
+                    );
                 }
                 match &first {
                     None => first = Some(y),
-                    Some(f) => assert!(f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype:?} {isa:?} differs from scalar"),
+                    Some(f) => assert!(
+                        f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{dtype:?} {isa:?} differs from scalar"
+                    ),
                 }
             }
         }
@@ -68,7 +96,13 @@ fn matmul_is_batch_invariant() {
             let p = pool(threads);
             let mut y = vec![0f32; n * rows];
             matmul(Some(&p), Isa::detect(), w, &xs[..n * cols], n, &mut y);
-            assert!(alone.iter().zip(&y[..rows]).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype:?} n={n}");
+            assert!(
+                alone
+                    .iter()
+                    .zip(&y[..rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dtype:?} n={n}"
+            );
         }
     }
 }

@@ -8,7 +8,9 @@ mod common;
 
 use common::{indices, reference_logits, Pages};
 use kestrel_cpu::synth::{config, random_model, Rng};
-use kestrel_cpu::{CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch};
+use kestrel_cpu::{
+    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
+};
 use kestrel_model::{DType, ModelConfig, ModelWeights, RopeStyle};
 
 fn tiny(style: RopeStyle, heads: usize, kv_heads: usize) -> ModelConfig {
@@ -20,10 +22,22 @@ fn model(w: &ModelWeights, threads: usize) -> CpuModel {
 }
 
 /// Prefill `tokens` of one sequence (pages already grown) from `start`.
-fn prefill(m: &CpuModel, kv: &mut KvStore, s: &mut Scratch, pages: &[u32], start: usize, tokens: &[u32], mode: LogitsMode) -> Vec<f32> {
+fn prefill(
+    m: &CpuModel,
+    kv: &mut KvStore,
+    s: &mut Scratch,
+    pages: &[u32],
+    start: usize,
+    tokens: &[u32],
+    mode: LogitsMode,
+) -> Vec<f32> {
     let len = start + tokens.len();
     let (indptr, idx, last) = indices(&[(pages, len)], kv.page_size());
-    let rows = if mode == LogitsMode::All { tokens.len() } else { 1 };
+    let rows = if mode == LogitsMode::All {
+        tokens.len()
+    } else {
+        1
+    };
     let mut out = vec![0f32; rows * m.config().vocab_size];
     let b = PrefillBatch {
         tokens,
@@ -39,7 +53,9 @@ fn prefill(m: &CpuModel, kv: &mut KvStore, s: &mut Scratch, pages: &[u32], start
 
 fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
     let mut r = Rng(seed);
-    (0..n).map(|_| (r.next_u64() % vocab as u64) as u32).collect()
+    (0..n)
+        .map(|_| (r.next_u64() % vocab as u64) as u32)
+        .collect()
 }
 
 fn check_against_reference(w: &ModelWeights, tol: f64) {
@@ -56,7 +72,10 @@ fn check_against_reference(w: &ModelWeights, tol: f64) {
     for (p, row) in want.iter().enumerate() {
         for (t, e) in row.iter().enumerate() {
             let g = got[p * v + t] as f64;
-            assert!((g - e).abs() <= tol * (1.0 + e.abs()), "pos {p} token {t}: {g} vs {e}");
+            assert!(
+                (g - e).abs() <= tol * (1.0 + e.abs()),
+                "pos {p} token {t}: {g} vs {e}"
+            );
         }
     }
 }
@@ -73,7 +92,13 @@ fn matches_reference_both_rope_styles_and_head_layouts() {
 
 #[test]
 fn matches_reference_for_every_weight_dtype() {
-    for (dt, et) in [(DType::Q4_1, DType::Q8_0), (DType::Q4_0, DType::Q8_0), (DType::Q8_0, DType::F16), (DType::F16, DType::BF16), (DType::BF16, DType::Q4_1)] {
+    for (dt, et) in [
+        (DType::Q4_1, DType::Q8_0),
+        (DType::Q4_0, DType::Q8_0),
+        (DType::Q8_0, DType::F16),
+        (DType::F16, DType::BF16),
+        (DType::BF16, DType::Q4_1),
+    ] {
         let w = random_model(&tiny(RopeStyle::Interleaved, 4, 2), dt, et, 5);
         check_against_reference(&w, 2e-4);
     }
@@ -90,7 +115,12 @@ fn qkv_bias_matches_reference() {
 
 #[test]
 fn chunked_prefill_equals_one_shot_bitwise() {
-    let w = random_model(&tiny(RopeStyle::Interleaved, 4, 2), DType::Q4_1, DType::Q8_0, 21);
+    let w = random_model(
+        &tiny(RopeStyle::Interleaved, 4, 2),
+        DType::Q4_1,
+        DType::Q8_0,
+        21,
+    );
     let m = model(&w, 2);
     let toks = tokens(23, 8, 97);
     let mut s = Scratch::new(&m, 32, 64);
@@ -105,15 +135,31 @@ fn chunked_prefill_equals_one_shot_bitwise() {
     let mut chunked = vec![];
     for (a, b) in [(0, 5), (5, 6), (6, 15), (15, 23)] {
         p2.grow(&mut pl2, b);
-        chunked.extend(prefill(&m, &mut kv2, &mut s, &pl2, a, &toks[a..b], LogitsMode::All));
+        chunked.extend(prefill(
+            &m,
+            &mut kv2,
+            &mut s,
+            &pl2,
+            a,
+            &toks[a..b],
+            LogitsMode::All,
+        ));
     }
     assert_eq!(one.len(), chunked.len());
-    assert!(one.iter().zip(&chunked).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(one
+        .iter()
+        .zip(&chunked)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 #[test]
 fn decode_after_prefill_equals_longer_prefill_bitwise() {
-    let w = random_model(&tiny(RopeStyle::HalfSplit, 4, 1), DType::Q4_1, DType::Q8_0, 4);
+    let w = random_model(
+        &tiny(RopeStyle::HalfSplit, 4, 1),
+        DType::Q4_1,
+        DType::Q8_0,
+        4,
+    );
     let m = model(&w, 2);
     let toks = tokens(14, 2, 97);
     let mut s = Scratch::new(&m, 32, 64);
@@ -121,28 +167,58 @@ fn decode_after_prefill_equals_longer_prefill_bitwise() {
     let mut pages = Pages::new(32, 3, 5);
     let mut pl = vec![];
     pages.grow(&mut pl, 10);
-    prefill(&m, &mut kv, &mut s, &pl, 0, &toks[..10], LogitsMode::LastPerSequence);
+    prefill(
+        &m,
+        &mut kv,
+        &mut s,
+        &pl,
+        0,
+        &toks[..10],
+        LogitsMode::LastPerSequence,
+    );
     let mut last = vec![];
     for p in 10..14 {
         pages.grow(&mut pl, p + 1);
         let (indptr, idx, lp) = indices(&[(&pl, p + 1)], 3);
         let mut out = vec![0f32; 97];
-        let b = DecodeBatch { tokens: &toks[p..p + 1], positions: &[p as u32], kv_indptr: &indptr, kv_indices: &idx, kv_last_page_len: &lp };
+        let b = DecodeBatch {
+            tokens: &toks[p..p + 1],
+            positions: &[p as u32],
+            kv_indptr: &indptr,
+            kv_indices: &idx,
+            kv_last_page_len: &lp,
+        };
         m.forward_decode(b, &mut kv, &mut out, &mut s).unwrap();
         last = out;
     }
     let mut kv2 = KvStore::for_model(&w.config, 32, 3).unwrap();
     let mut pl2 = vec![];
     Pages::new(32, 3, 77).grow(&mut pl2, 14);
-    let full = prefill(&m, &mut kv2, &mut s, &pl2, 0, &toks, LogitsMode::LastPerSequence);
-    assert!(last.iter().zip(&full).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let full = prefill(
+        &m,
+        &mut kv2,
+        &mut s,
+        &pl2,
+        0,
+        &toks,
+        LogitsMode::LastPerSequence,
+    );
+    assert!(last
+        .iter()
+        .zip(&full)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 /// Decode one step of sequence 0 alone and inside batches with other
 /// sequences of different lengths; all must give the same bits.
 #[test]
 fn decode_is_batch_invariant() {
-    let w = random_model(&tiny(RopeStyle::Interleaved, 4, 2), DType::Q4_1, DType::Q8_0, 31);
+    let w = random_model(
+        &tiny(RopeStyle::Interleaved, 4, 2),
+        DType::Q4_1,
+        DType::Q8_0,
+        31,
+    );
     let v = 97;
     let mut reference: Option<Vec<f32>> = None;
     for (threads, batch) in [(1, 1), (2, 1), (2, 8), (2, 32), (1, 32), (3, 8)] {
@@ -158,28 +234,53 @@ fn decode_is_batch_invariant() {
             let toks = if i == 0 { tokens(10, 1, v) } else { toks };
             let mut pl = vec![];
             pages.grow(&mut pl, n);
-            prefill(&m, &mut kv, &mut s, &pl, 0, &toks[..n], LogitsMode::LastPerSequence);
+            prefill(
+                &m,
+                &mut kv,
+                &mut s,
+                &pl,
+                0,
+                &toks[..n],
+                LogitsMode::LastPerSequence,
+            );
             pages.grow(&mut pl, n + 1);
             seqs.push((pl, n, toks[n]));
         }
-        let ix: Vec<(&[u32], usize)> = seqs.iter().map(|(pl, n, _)| (pl.as_slice(), n + 1)).collect();
+        let ix: Vec<(&[u32], usize)> = seqs
+            .iter()
+            .map(|(pl, n, _)| (pl.as_slice(), n + 1))
+            .collect();
         let (indptr, idx, last) = indices(&ix, 4);
         let toks: Vec<u32> = seqs.iter().map(|s| s.2).collect();
         let pos: Vec<u32> = seqs.iter().map(|s| s.1 as u32).collect();
         let mut out = vec![0f32; batch * v];
-        let b = DecodeBatch { tokens: &toks, positions: &pos, kv_indptr: &indptr, kv_indices: &idx, kv_last_page_len: &last };
+        let b = DecodeBatch {
+            tokens: &toks,
+            positions: &pos,
+            kv_indptr: &indptr,
+            kv_indices: &idx,
+            kv_last_page_len: &last,
+        };
         m.forward_decode(b, &mut kv, &mut out, &mut s).unwrap();
         let row0 = out[..v].to_vec();
         match &reference {
             None => reference = Some(row0),
-            Some(r) => assert!(r.iter().zip(&row0).all(|(a, b)| a.to_bits() == b.to_bits()), "threads {threads} batch {batch}"),
+            Some(r) => assert!(
+                r.iter().zip(&row0).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "threads {threads} batch {batch}"
+            ),
         }
     }
 }
 
 #[test]
 fn batched_prefill_equals_separate_prefills() {
-    let w = random_model(&tiny(RopeStyle::Interleaved, 4, 2), DType::Q4_0, DType::Q8_0, 12);
+    let w = random_model(
+        &tiny(RopeStyle::Interleaved, 4, 2),
+        DType::Q4_0,
+        DType::Q8_0,
+        12,
+    );
     let m = model(&w, 2);
     let mut s = Scratch::new(&m, 32, 64);
     let (a, b) = (tokens(7, 1, 97), tokens(12, 2, 97));
@@ -193,30 +294,77 @@ fn batched_prefill_equals_separate_prefills() {
     let (indptr, idx, last) = indices(&[(&pa, 7), (&pb, 12)], 4);
     let all: Vec<u32> = a.iter().chain(&b).copied().collect();
     let mut out = vec![0f32; 2 * 97];
-    let batch = PrefillBatch { tokens: &all, qo_indptr: &[0, 7, 19], start_pos: &[0, 0], kv_indptr: &indptr, kv_indices: &idx, kv_last_page_len: &last };
-    m.forward_prefill(batch, &mut kv, &mut out, LogitsMode::LastPerSequence, &mut s).unwrap();
-    assert!(out[..97].iter().zip(&sa).all(|(x, y)| x.to_bits() == y.to_bits()));
-    assert!(out[97..].iter().zip(&sb).all(|(x, y)| x.to_bits() == y.to_bits()));
+    let batch = PrefillBatch {
+        tokens: &all,
+        qo_indptr: &[0, 7, 19],
+        start_pos: &[0, 0],
+        kv_indptr: &indptr,
+        kv_indices: &idx,
+        kv_last_page_len: &last,
+    };
+    m.forward_prefill(
+        batch,
+        &mut kv,
+        &mut out,
+        LogitsMode::LastPerSequence,
+        &mut s,
+    )
+    .unwrap();
+    assert!(out[..97]
+        .iter()
+        .zip(&sa)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(out[97..]
+        .iter()
+        .zip(&sb)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
 #[test]
 fn bad_inputs_are_rejected() {
-    let w = random_model(&tiny(RopeStyle::Interleaved, 4, 2), DType::F32, DType::F32, 1);
+    let w = random_model(
+        &tiny(RopeStyle::Interleaved, 4, 2),
+        DType::F32,
+        DType::F32,
+        1,
+    );
     let m = model(&w, 1);
     let mut s = Scratch::new(&m, 4, 16);
     let mut kv = KvStore::for_model(&w.config, 8, 4).unwrap();
     let mut out = vec![0f32; 97];
-    let mk = |pos: &'static [u32], last: &'static [u32], idx: &'static [u32]| DecodeBatch { tokens: &[1], positions: pos, kv_indptr: &[0, 1], kv_indices: idx, kv_last_page_len: last };
+    let mk = |pos: &'static [u32], last: &'static [u32], idx: &'static [u32]| DecodeBatch {
+        tokens: &[1],
+        positions: pos,
+        kv_indptr: &[0, 1],
+        kv_indices: idx,
+        kv_last_page_len: last,
+    };
     // Position disagrees with the pages' extent.
-    assert!(m.forward_decode(mk(&[3], &[2], &[0]), &mut kv, &mut out, &mut s).is_err());
+    assert!(m
+        .forward_decode(mk(&[3], &[2], &[0]), &mut kv, &mut out, &mut s)
+        .is_err());
     // Page out of range.
-    assert!(m.forward_decode(mk(&[0], &[1], &[8]), &mut kv, &mut out, &mut s).is_err());
+    assert!(m
+        .forward_decode(mk(&[0], &[1], &[8]), &mut kv, &mut out, &mut s)
+        .is_err());
     // Last page length 0.
-    assert!(m.forward_decode(mk(&[0], &[0], &[0]), &mut kv, &mut out, &mut s).is_err());
+    assert!(m
+        .forward_decode(mk(&[0], &[0], &[0]), &mut kv, &mut out, &mut s)
+        .is_err());
     // Wrong logits length.
-    assert!(m.forward_decode(mk(&[0], &[1], &[0]), &mut kv, &mut out[..5], &mut s).is_err());
+    assert!(m
+        .forward_decode(mk(&[0], &[1], &[0]), &mut kv, &mut out[..5], &mut s)
+        .is_err());
     // Token out of vocab.
-    let b = DecodeBatch { tokens: &[500], positions: &[0], kv_indptr: &[0, 1], kv_indices: &[0], kv_last_page_len: &[1] };
+    let b = DecodeBatch {
+        tokens: &[500],
+        positions: &[0],
+        kv_indptr: &[0, 1],
+        kv_indices: &[0],
+        kv_last_page_len: &[1],
+    };
     assert!(m.forward_decode(b, &mut kv, &mut out, &mut s).is_err());
-    assert!(m.forward_decode(mk(&[0], &[1], &[0]), &mut kv, &mut out, &mut s).is_ok());
+    assert!(m
+        .forward_decode(mk(&[0], &[1], &[0]), &mut kv, &mut out, &mut s)
+        .is_ok());
 }

@@ -12,7 +12,11 @@ fn logits(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn params(t: f32) -> SamplingParams {
-    SamplingParams { temperature: t, seed: 42, ..Default::default() }
+    SamplingParams {
+        temperature: t,
+        seed: 42,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -22,7 +26,15 @@ fn greedy_is_argmax_with_lowest_id_ties() {
     l[3] = 3.0;
     l[90] = 2.9;
     let mut st = PenaltyState::new(100);
-    let s = sample(&mut l.clone(), &SamplingParams::greedy(), None, &mut st, 0, 3).unwrap();
+    let s = sample(
+        &mut l.clone(),
+        &SamplingParams::greedy(),
+        None,
+        &mut st,
+        0,
+        3,
+    )
+    .unwrap();
     assert_eq!(s.token, 3);
     assert_eq!(s.top.as_slice()[0].0, 3);
     assert_eq!(s.top.as_slice()[1].0, 7);
@@ -39,14 +51,38 @@ fn mask_is_respected_and_empty_mask_gives_none() {
     }
     let mut st = PenaltyState::new(vocab);
     for pos in 0..200 {
-        let s = sample(&mut logits(vocab, pos as u64), &params(1.5), Some(&mask), &mut st, pos, 5).unwrap();
+        let s = sample(
+            &mut logits(vocab, pos as u64),
+            &params(1.5),
+            Some(&mask),
+            &mut st,
+            pos,
+            5,
+        )
+        .unwrap();
         assert!([5, 77, 640, 999].contains(&s.token));
         assert!(s.top.as_slice().len() <= 4);
     }
-    let g = sample(&mut logits(vocab, 1), &SamplingParams::greedy(), Some(&mask), &mut st, 0, 0).unwrap();
+    let g = sample(
+        &mut logits(vocab, 1),
+        &SamplingParams::greedy(),
+        Some(&mask),
+        &mut st,
+        0,
+        0,
+    )
+    .unwrap();
     assert!([5, 77, 640, 999].contains(&g.token));
     let none = vec![0u32; mask.len()];
-    assert!(sample(&mut logits(vocab, 1), &params(1.0), Some(&none), &mut st, 0, 0).is_none());
+    assert!(sample(
+        &mut logits(vocab, 1),
+        &params(1.0),
+        Some(&none),
+        &mut st,
+        0,
+        0
+    )
+    .is_none());
 }
 
 #[test]
@@ -55,15 +91,36 @@ fn same_seed_and_position_give_the_same_token() {
     let base = logits(vocab, 9);
     let mut a = PenaltyState::new(vocab);
     let mut b = PenaltyState::new(vocab);
-    let p = SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 50, seed: 1234, ..Default::default() };
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 50,
+        seed: 1234,
+        ..Default::default()
+    };
     let mut diff = 0;
     for pos in 0..50 {
         let x = sample(&mut base.clone(), &p, None, &mut a, pos, 0).unwrap();
         // Interleave unrelated work with the other state.
-        let _ = sample(&mut logits(vocab, pos as u64), &params(1.0), None, &mut b, pos + 7, 2);
+        let _ = sample(
+            &mut logits(vocab, pos as u64),
+            &params(1.0),
+            None,
+            &mut b,
+            pos + 7,
+            2,
+        );
         let y = sample(&mut base.clone(), &p, None, &mut b, pos, 0).unwrap();
         assert_eq!(x.token, y.token);
-        let z = sample(&mut base.clone(), &SamplingParams { seed: 99, ..p }, None, &mut b, pos, 0).unwrap();
+        let z = sample(
+            &mut base.clone(),
+            &SamplingParams { seed: 99, ..p },
+            None,
+            &mut b,
+            pos,
+            0,
+        )
+        .unwrap();
         diff += (z.token != x.token) as usize;
     }
     assert!(diff > 0, "different seeds should differ somewhere");
@@ -78,7 +135,13 @@ fn penalties_follow_their_definitions() {
     st.record(1);
     st.record(2);
     let l = [0.0f32, 2.0, -2.0, 1.0, 0.0, 0.0, 0.0, 0.0];
-    let p = SamplingParams { temperature: 0.0, repetition_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..Default::default() };
+    let p = SamplingParams {
+        temperature: 0.0,
+        repetition_penalty: 2.0,
+        frequency_penalty: 0.5,
+        presence_penalty: 0.25,
+        ..Default::default()
+    };
     let mut x = l;
     sample(&mut x, &p, None, &mut st, 0, 0).unwrap();
     assert_eq!(x[1], 2.0 / 2.0 - 0.5 * 2.0 - 0.25);

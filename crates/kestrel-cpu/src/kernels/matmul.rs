@@ -317,20 +317,16 @@ macro_rules! simd_tile {
                 // SAFETY: the tile's rows/columns are in bounds (see
                 // `rows_task`) and `Isa::is_supported` was checked.
                 unsafe { x86::$kernel::<$B, $R, $C>(args, &mut out) };
+                // SAFETY: with `want_lanes` the kernel wrote every element's
+                // lanes; without it the lanes are never read.
+                let lanes = want_lanes.then(|| unsafe { out.lanes.assume_init_mut() });
+                let mut lanes = lanes;
                 for i in 0..$R {
                     for j in 0..$C {
-                        if want_lanes {
+                        if let Some(lanes) = lanes.as_deref_mut() {
                             // SAFETY: element (r+i, c+j) belongs to this task.
                             unsafe {
-                                finish(
-                                    &w,
-                                    $x,
-                                    $r + i,
-                                    $c + j,
-                                    &mut out.lanes[i][j],
-                                    nblocks * 32,
-                                    $y,
-                                )
+                                finish(&w, $x, $r + i, $c + j, &mut lanes[i][j], nblocks * 32, $y)
                             };
                         } else {
                             // SAFETY: element (r+i, c+j) belongs to this task

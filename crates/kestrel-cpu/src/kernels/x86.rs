@@ -291,8 +291,8 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
     for r in 0..R {
         for c in 0..NB {
             if out.want_lanes {
-                // SAFETY: `lanes[r][c]` is 16 contiguous f32s.
-                unsafe { _mm512_storeu_ps(out.lanes[r][c].as_mut_ptr(), acc[r][c]) };
+                // SAFETY: `lane_ptr(r, c)` addresses 16 writable f32s.
+                unsafe { _mm512_storeu_ps(out.lane_ptr(r, c), acc[r][c]) };
             } else {
                 // SAFETY: AVX-512 is enabled for this function.
                 out.sums[r][c] = unsafe { reduce512(acc[r][c]) };
@@ -302,11 +302,12 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
 }
 
 /// Output of a tile: the canonical sums, or (for dense rows with a tail
-/// still to add) the 16 lanes of each element.
+/// still to add) the 16 lanes of each element. Lanes are left uninitialized
+/// unless wanted, so the common case pays no zeroing.
 #[derive(Debug)]
 pub(crate) struct TileOut<const R: usize, const NB: usize> {
     pub want_lanes: bool,
-    pub lanes: [[[f32; LANES]; NB]; R],
+    pub lanes: std::mem::MaybeUninit<[[[f32; LANES]; NB]; R]>,
     pub sums: [[f32; NB]; R],
 }
 
@@ -314,9 +315,16 @@ impl<const R: usize, const NB: usize> TileOut<R, NB> {
     pub fn new(want_lanes: bool) -> Self {
         TileOut {
             want_lanes,
-            lanes: [[[0.0; LANES]; NB]; R],
+            lanes: std::mem::MaybeUninit::uninit(),
             sums: [[0.0; NB]; R],
         }
+    }
+
+    /// Pointer to the 16 lanes of element `(r, c)`.
+    fn lane_ptr(&mut self, r: usize, c: usize) -> *mut f32 {
+        // SAFETY: `(r * NB + c) * LANES` is within the `R * NB * LANES` floats
+        // of the array (r < R, c < NB at every call site).
+        unsafe { (self.lanes.as_mut_ptr() as *mut f32).add((r * NB + c) * LANES) }
     }
 }
 
@@ -369,10 +377,10 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
     for r in 0..R {
         for c in 0..NB {
             if out.want_lanes {
-                // SAFETY: `lanes[r][c]` is 16 contiguous f32s.
+                // SAFETY: `lane_ptr(r, c)` addresses 16 writable f32s.
                 unsafe {
-                    _mm256_storeu_ps(out.lanes[r][c].as_mut_ptr(), acc[r][c][0]);
-                    _mm256_storeu_ps(out.lanes[r][c].as_mut_ptr().add(8), acc[r][c][1]);
+                    _mm256_storeu_ps(out.lane_ptr(r, c), acc[r][c][0]);
+                    _mm256_storeu_ps(out.lane_ptr(r, c).add(8), acc[r][c][1]);
                 }
             } else {
                 // SAFETY: AVX2 is enabled for this function.

@@ -19,7 +19,9 @@ fn deq(m: &Matrix) -> Vec<Vec<f64>> {
 }
 
 fn mv(w: &[Vec<f64>], x: &[f64]) -> Vec<f64> {
-    w.iter().map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum()).collect()
+    w.iter()
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
 }
 
 fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
@@ -80,7 +82,13 @@ pub fn reference_logits(w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let g = h / (nh / nkv);
                 let q = &qs[p][h * hd..(h + 1) * hd];
                 let s: Vec<f64> = (0..=p)
-                    .map(|j| q.iter().zip(&ks[j][g * hd..(g + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|j| {
+                        q.iter()
+                            .zip(&ks[j][g * hd..(g + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
@@ -96,12 +104,18 @@ pub fn reference_logits(w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
             let xn = rms(x, &l.ffn_norm, c.rms_norm_eps);
             let g = mv(&wg, &xn);
             let u = mv(&wu, &xn);
-            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let a: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
             let d = mv(&wd, &a);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
     }
-    xs.iter().map(|x| mv(&head, &rms(x, &w.output_norm, c.rms_norm_eps))).collect()
+    xs.iter()
+        .map(|x| mv(&head, &rms(x, &w.output_norm, c.rms_norm_eps)))
+        .collect()
 }
 
 /// Hands out pages in a shuffled order so sequences are non-contiguous.
