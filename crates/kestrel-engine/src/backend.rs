@@ -1,31 +1,70 @@
-//! Runtime construction per [`crate::Backend`].
+//! Runtime construction per [`crate::Backend`], and the [`Runtime`] impl of
+//! the CPU runtime.
 //!
-//! The CPU runtime (`kestrel_cpu::runtime::CpuRuntime`) has not landed in
-//! `kestrel-cpu` yet; until it does, [`start_cpu`] returns
-//! [`EngineError::BackendUnavailable`] and engines are built with
-//! [`crate::Engine::start_with_runtime`].
+//! The runtime is built by the engine thread itself (inside the closure
+//! handed to `Engine::spawn`), so its compute/copy threads and buffers are
+//! created by their owner. CUDA is not part of this build.
 
+use std::time::Instant;
+
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_pipeline::LoopConfig;
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::model::ModelContext;
+use crate::model::{KvStats, ModelContext, Runtime};
 use crate::Engine;
 
-/// Starts an engine on the CPU runtime (constructed on the engine thread).
+/// Starts an engine on the CPU runtime.
 pub(crate) fn start_cpu(
-    _model: ModelContext,
-    _loop_config: LoopConfig,
-    _config: &EngineConfig,
-    _weights: kestrel_model::ModelWeights,
+    model: ModelContext,
+    loop_config: LoopConfig,
+    config: &EngineConfig,
+    weights: kestrel_model::ModelWeights,
 ) -> Result<Engine, EngineError> {
-    Err(cpu_backend_unavailable())
+    let cfg = CpuRuntimeConfig {
+        threads: config.threads,
+        max_rows: config.max_batch_size,
+        num_pages: config.kv_pages,
+        page_size: config.page_size,
+        max_seq_len: loop_config.max_seq_len,
+        enable_prefix_cache: config.enable_prefix_cache,
+        ..CpuRuntimeConfig::default()
+    };
+    Engine::spawn(model, loop_config, "cpu".into(), move || {
+        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| {
+            // EngineError's variants are fixed for API users; keep the cause chain in the text.
+            let mut msg = format!("CPU runtime: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            EngineError::BackendUnavailable(msg)
+        })?;
+        rt.record_timings(true);
+        Ok(rt)
+    })
 }
 
-/// The error returned while `kestrel_cpu::runtime` is not available.
-pub fn cpu_backend_unavailable() -> EngineError {
-    EngineError::BackendUnavailable(
-        "the CPU runtime (kestrel_cpu::runtime::CpuRuntime) is not available in this build yet"
-            .into(),
-    )
+impl Runtime for CpuRuntime {
+    fn kv_stats(&self) -> KvStats {
+        let s = CpuRuntime::kv_stats(self);
+        KvStats {
+            total_pages: s.total_pages,
+            used_pages: s.used_pages,
+            free_pages: s.free_pages,
+            cached_pages: s.cached_pages,
+            prefix_hit_tokens: s.prefix_hit_tokens,
+            prompt_tokens: s.prompt_tokens,
+        }
+    }
+
+    fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
+        out.extend(
+            self.take_timings()
+                .into_iter()
+                .map(|t| (t.forward_start, t.sample_end)),
+        );
+    }
 }

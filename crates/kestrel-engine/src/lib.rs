@@ -31,7 +31,6 @@ mod request;
 mod skill;
 mod worker;
 
-pub use backend::cpu_backend_unavailable;
 pub use config::{Backend, EngineConfig, LoadEvent, ModelSource};
 pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::EngineError;

@@ -105,9 +105,9 @@ pub(crate) struct Metrics {
     pub queue_time: Histogram,
     /// Wall time of one `run_once` that made progress.
     pub step_period: Histogram,
-    /// Host time between two busy `run_once` calls (command handling,
-    /// publishing): an approximation of device idle between forwards, since
-    /// runtimes do not report device timestamps.
+    /// Device idle between consecutive forwards while busy: from the
+    /// runtime's own timestamps when it reports them (the CPU runtime does),
+    /// else approximated by host time between two busy `run_once` calls.
     pub device_gap: Histogram,
     pub tokens_generated: AtomicU64,
     pub prompt_tokens: AtomicU64,
@@ -193,7 +193,7 @@ impl Metrics {
         self.device_gap.render(
             &mut out,
             "kestrel_device_idle_between_steps_seconds",
-            "Host time between busy loop iterations (approximates device idle between forwards).",
+            "Device idle between consecutive forwards while busy (runtime timestamps, or host-side approximation).",
         );
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");

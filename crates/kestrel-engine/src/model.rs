@@ -32,6 +32,12 @@ pub struct KvStats {
 /// What the engine needs from a runtime beyond the pipeline's [`Executor`].
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     fn kv_stats(&self) -> KvStats;
+
+    /// Device busy intervals `(forward start, sampling end)` of steps
+    /// completed since the last call, oldest first. Runtimes that do not
+    /// measure leave `out` alone; the engine then approximates device idle
+    /// between forwards from host timestamps around `run_once`.
+    fn take_device_intervals(&mut self, _out: &mut Vec<(std::time::Instant, std::time::Instant)>) {}
 }
 
 /// Inputs to [`ModelContext::new`].

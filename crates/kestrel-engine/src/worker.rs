@@ -53,6 +53,11 @@ pub(crate) struct Worker<R: Runtime> {
     shutdown_deadline: Option<Instant>,
     deadline_aborted: bool,
     shutdown_replies: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Device busy intervals reported by the runtime (reused buffer).
+    intervals: Vec<(Instant, Instant)>,
+    /// The runtime reports device intervals: no host-side approximation.
+    device_measured: bool,
+    last_device_end: Option<Instant>,
 }
 
 /// Marks the thread as gone (and unhealthy on a panic) however it exits.
@@ -85,6 +90,9 @@ impl<R: Runtime> Worker<R> {
             shutdown_deadline: None,
             deadline_aborted: false,
             shutdown_replies: Vec::new(),
+            intervals: Vec::new(),
+            device_measured: false,
+            last_device_end: None,
         }
     }
 
@@ -110,11 +118,12 @@ impl<R: Runtime> Worker<R> {
                 continue;
             }
             let start = Instant::now();
-            if let Some(end) = last_busy_end {
+            if let (Some(end), false) = (last_busy_end, self.device_measured) {
                 self.shared.metrics.device_gap.observe(start - end);
             }
             let tick = self.lp.run_once();
             let end = Instant::now();
+            self.record_device_intervals();
             self.reap_done();
             self.publish();
             match tick {
@@ -124,6 +133,7 @@ impl<R: Runtime> Worker<R> {
                 }
                 Tick::Idle | Tick::Paused => {
                     last_busy_end = None;
+                    self.last_device_end = None;
                     if self.shutdown_deadline.is_some() && self.lp.is_idle() {
                         break;
                     }
@@ -319,6 +329,24 @@ impl<R: Runtime> Worker<R> {
             let _ = reply.send(());
         }
         tracing::info!("engine thread stopped");
+    }
+
+    /// Device idle between forwards, from the runtime's own timestamps.
+    fn record_device_intervals(&mut self) {
+        self.intervals.clear();
+        self.lp
+            .executor_mut()
+            .take_device_intervals(&mut self.intervals);
+        for &(start, end) in &self.intervals {
+            self.device_measured = true;
+            if let Some(prev) = self.last_device_end {
+                self.shared
+                    .metrics
+                    .device_gap
+                    .observe(start.saturating_duration_since(prev));
+            }
+            self.last_device_end = Some(end);
+        }
     }
 
     fn publish(&self) {

@@ -489,3 +489,63 @@ fn blocking_mode_and_drain_policy_serve_too() {
         });
     }
 }
+
+/// The real default model on the CPU runtime, when it is already in the
+/// cache (no network in tests): skipped with a message otherwise.
+#[test]
+fn real_model_on_cpu_runtime() {
+    let path = match kestrel_model::fetch::cache_dir() {
+        Ok(dir) => dir.join(kestrel_model::fetch::DEFAULT_GGUF_NAME),
+        Err(_) => {
+            eprintln!("SKIPPED real_model_on_cpu_runtime: no cache directory");
+            return;
+        }
+    };
+    if !path.is_file() {
+        eprintln!("SKIPPED real_model_on_cpu_runtime: {} not cached", path.display());
+        return;
+    }
+    let config = kestrel_engine::EngineConfig {
+        model: kestrel_engine::ModelSource::Path(path),
+        threads: 2,
+        max_batch_size: 4,
+        kv_pages: 256,
+        max_seq_len: Some(1024),
+        ..kestrel_engine::EngineConfig::default()
+    };
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&events);
+    let engine = Engine::start(config, move |e| sink.lock().unwrap().push(e)).expect("engine starts");
+    assert!(matches!(events.lock().unwrap().last(), Some(kestrel_engine::LoadEvent::Ready)));
+    let info = engine.model_info();
+    assert_eq!(info.backend, "cpu");
+    assert_eq!(info.kv_pages_total, 256);
+    rt().block_on(async {
+        let req = GenerateRequest::chat(
+            vec![kestrel_engine::ChatMessage::user("What is the capital of France?")],
+            24,
+        );
+        let mut stream = engine.stream(req.clone()).unwrap();
+        let mut text = String::new();
+        let resp = loop {
+            match timed(stream.next_event()).await.unwrap().unwrap() {
+                StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                StreamEvent::Done(r) => break r,
+            }
+        };
+        assert_eq!(text, resp.text);
+        assert!(!resp.token_ids.is_empty());
+        // Greedy is deterministic, alone or batched.
+        let again = timed(engine.generate(req)).await.unwrap();
+        assert_eq!(again.token_ids, resp.token_ids);
+        let choice = GenerateRequest {
+            constraint: Some(Constraint::Choice(vec!["Paris".into(), "London".into()])),
+            ..GenerateRequest::chat(vec![kestrel_engine::ChatMessage::user("Capital of France?")], 8)
+        };
+        let c = timed(engine.generate(choice)).await.unwrap();
+        assert!(c.text == "Paris" || c.text == "London", "{:?}", c.text);
+        eventually("KV released", || engine.model_info().num_admitted == 0).await;
+        assert!(engine.metrics_text().contains("kestrel_device_idle_between_steps_seconds_count"));
+        engine.shutdown(Duration::from_secs(5)).await;
+    });
+}
