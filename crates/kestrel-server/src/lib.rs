@@ -1,0 +1,191 @@
+//! kestrel-server: the `kestrel.v1.Kestrel` gRPC service (tonic), with the
+//! standard health and reflection services, a Prometheus `/metrics`
+//! responder, and the library half of the `kestrel` CLI.
+//!
+//! **Architecture invariant:** this is the only crate that knows protobuf.
+//! Generated types live in [`pb`]; [`convert`] turns them into validated
+//! `kestrel-engine` types by hand, and the engine never sees a proto type.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use kestrel_engine::{Engine, EngineConfig};
+//! let engine = Engine::start(EngineConfig::default(), |_| {})?;
+//! let addr = "127.0.0.1:0".parse()?;
+//! let server = kestrel_server::serve(engine, addr, std::future::pending()).await?;
+//! println!("serving on {}", server.local_addr());
+//! server.wait().await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod convert;
+pub mod metrics_http;
+pub mod service;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kestrel_engine::{Engine, Health};
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+pub use service::KestrelService;
+
+/// Code generated from `proto/kestrel/v1/kestrel.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("kestrel.v1");
+
+    /// The encoded `FileDescriptorSet` of `kestrel.proto` (for reflection).
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/kestrel_descriptor.bin"));
+}
+
+/// The tonic service for `engine`, ready for `Server::add_service`.
+pub fn service(engine: Engine) -> pb::kestrel_server::KestrelServer<KestrelService> {
+    pb::kestrel_server::KestrelServer::new(KestrelService::new(engine))
+}
+
+/// The full name of the Kestrel service, as health checks use it.
+pub const SERVICE_NAME: &str = "kestrel.v1.Kestrel";
+
+/// How often the health service re-reads `engine.health()`.
+const HEALTH_POLL: Duration = Duration::from_millis(500);
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reflection service could not be built from the descriptors.
+    #[error("cannot build the reflection service")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The HTTP/2 server failed.
+    #[error("the gRPC server failed")]
+    Transport(#[source] tonic::transport::Error),
+    /// The server task panicked or was cancelled.
+    #[error("the gRPC server task ended abnormally")]
+    Join(#[source] tokio::task::JoinError),
+}
+
+/// A server running on a background task.
+#[derive(Debug)]
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl RunningServer {
+    /// The bound address (the real port when serving on port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits until the server has shut down (after the shutdown signal
+    /// fired and in-flight RPCs finished).
+    pub async fn wait(self) -> Result<(), ServeError> {
+        self.task.await.map_err(ServeError::Join)?
+    }
+}
+
+/// Binds `addr` and serves Kestrel, `grpc.health.v1.Health` and server
+/// reflection (v1 and v1alpha) on a background task until `shutdown`
+/// completes. Returns once the socket is bound.
+pub async fn serve(
+    engine: Engine,
+    addr: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunningServer, ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(ServeError::Reflection)?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(ServeError::Reflection)?;
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    tokio::spawn(watch_health(engine.clone(), health_reporter, stop_rx.clone()));
+
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service(engine));
+    let task = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx))
+            .await
+            .map_err(ServeError::Transport)
+    });
+    tracing::info!(%local_addr, "gRPC server listening");
+    Ok(RunningServer { local_addr, task })
+}
+
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// Completes when `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Keeps the health service in step with `engine.health()` for both the
+/// overall ("") and the Kestrel service names, until `stop`.
+async fn watch_health(
+    engine: Engine,
+    reporter: tonic_health::server::HealthReporter,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last = None;
+    loop {
+        let status = if *stop.borrow() {
+            ServingStatus::NotServing
+        } else {
+            match engine.health() {
+                Health::Serving => ServingStatus::Serving,
+                Health::NotServing(why) => {
+                    if last != Some(ServingStatus::NotServing) {
+                        tracing::warn!(%why, "engine not serving");
+                    }
+                    ServingStatus::NotServing
+                }
+            }
+        };
+        if last != Some(status) {
+            for name in ["", SERVICE_NAME] {
+                reporter.set_service_status(name, status).await;
+            }
+            last = Some(status);
+        }
+        if *stop.borrow() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(HEALTH_POLL) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

