@@ -168,7 +168,9 @@ impl Engine {
                     }
                 }
             })
-            .map_err(|e| EngineError::Unavailable(format!("cannot spawn the engine thread: {e}")))?;
+            .map_err(|e| {
+                EngineError::Unavailable(format!("cannot spawn the engine thread: {e}"))
+            })?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -253,7 +255,9 @@ impl Engine {
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
             self.shared.in_transit.fetch_sub(1, SeqCst);
-            return Err(EngineError::Unavailable("the engine thread has stopped".into()));
+            return Err(EngineError::Unavailable(
+                "the engine thread has stopped".into(),
+            ));
         }
         Ok(GenerationStream {
             request_id: valid.request_id,
@@ -282,7 +286,11 @@ impl Engine {
         self.model.tokenize(text, add_special_tokens)
     }
 
-    pub fn detokenize(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
+    pub fn detokenize(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<String, EngineError> {
         self.model.detokenize(ids, skip_special_tokens)
     }
 
@@ -348,11 +356,7 @@ impl Engine {
             // An error means the thread exited without replying (it is gone either way).
             let _ = done.await;
         }
-        let handle = self
-            .thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             // The thread replied as its last act: this join does not wait on work.
             let _ = h.join();
@@ -367,7 +371,9 @@ impl Engine {
             return Err(EngineError::ShuttingDown);
         }
         if self.shared.exited.load(SeqCst) {
-            return Err(EngineError::Unavailable("the engine thread has stopped".into()));
+            return Err(EngineError::Unavailable(
+                "the engine thread has stopped".into(),
+            ));
         }
         Ok(())
     }
@@ -470,7 +476,11 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
         }
     };
     check(c.threads >= 1, "threads", "must be at least 1")?;
-    check(c.max_batch_size >= 1, "max_batch_size", "must be at least 1")?;
+    check(
+        c.max_batch_size >= 1,
+        "max_batch_size",
+        "must be at least 1",
+    )?;
     check(c.page_size >= 1, "page_size", "must be at least 1")?;
     check(c.kv_pages >= 1, "kv_pages", "must be at least 1")?;
     check(c.max_waiting >= 1, "max_waiting", "must be at least 1")?;

@@ -36,8 +36,8 @@ pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::EngineError;
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
 pub use request::{
-    seed_for_request_id, ChatMessage, Constraint, FinishReason, GenerateRequest,
-    GenerateResponse, Prompt, StreamEvent, Timings, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
+    seed_for_request_id, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
+    Prompt, StreamEvent, Timings, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
 };
 
 pub use kestrel_pipeline::{LoopConfig, PipelineMode, PrefillPolicy, SamplingParams};

@@ -196,7 +196,10 @@ impl Metrics {
             "Device idle between consecutive forwards while busy (runtime timestamps, or host-side approximation).",
         );
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         counter(
             &mut out,
@@ -236,15 +239,60 @@ impl Metrics {
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
-        gauge(&mut out, "kestrel_queue_depth", "Requests waiting for admission.", self.waiting.get() as f64);
-        gauge(&mut out, "kestrel_running_sequences", "Admitted, unfinished sequences.", self.running.get() as f64);
-        gauge(&mut out, "kestrel_admitted_sequences", "Sequences holding KV (zombies included).", self.admitted.get() as f64);
-        gauge(&mut out, "kestrel_kv_pages_total", "KV cache pages.", self.kv_total.get() as f64);
-        gauge(&mut out, "kestrel_kv_pages_used", "KV cache pages in use.", self.kv_used.get() as f64);
-        gauge(&mut out, "kestrel_kv_pages_free", "KV cache pages free.", self.kv_free.get() as f64);
-        gauge(&mut out, "kestrel_kv_pages_cached", "KV pages held only by the prefix cache.", self.kv_cached.get() as f64);
-        gauge(&mut out, "kestrel_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens.", self.prefix_hit_rate());
-        gauge(&mut out, "kestrel_healthy", "1 while serving.", self.healthy.get() as f64);
+        gauge(
+            &mut out,
+            "kestrel_queue_depth",
+            "Requests waiting for admission.",
+            self.waiting.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_running_sequences",
+            "Admitted, unfinished sequences.",
+            self.running.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_admitted_sequences",
+            "Sequences holding KV (zombies included).",
+            self.admitted.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_kv_pages_total",
+            "KV cache pages.",
+            self.kv_total.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_kv_pages_used",
+            "KV cache pages in use.",
+            self.kv_used.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_kv_pages_free",
+            "KV cache pages free.",
+            self.kv_free.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_kv_pages_cached",
+            "KV pages held only by the prefix cache.",
+            self.kv_cached.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_prefix_cache_hit_rate",
+            "Prompt tokens served from the prefix cache / prompt tokens.",
+            self.prefix_hit_rate(),
+        );
+        gauge(
+            &mut out,
+            "kestrel_healthy",
+            "1 while serving.",
+            self.healthy.get() as f64,
+        );
         out
     }
 
@@ -255,5 +303,39 @@ impl Metrics {
         } else {
             self.prefix_hit_tokens.get() as f64 / prompt as f64
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::new();
+        m.ttft.observe(Duration::from_millis(3));
+        m.ttft.observe(Duration::from_millis(30));
+        m.ttft.observe(Duration::from_secs(100));
+        m.request_finished(FinishReason::Eos);
+        let text = m.render();
+        assert!(
+            text.contains("kestrel_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("kestrel_time_to_first_token_seconds_bucket{le=\"0.05\"} 2"));
+        assert!(text.contains("kestrel_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+        assert!(text.contains("kestrel_time_to_first_token_seconds_count 3"));
+        assert!(text.contains("kestrel_requests_finished_total{reason=\"eos\"} 1"));
+        assert!(text.contains("# TYPE kestrel_kv_pages_used gauge"));
+    }
+
+    #[test]
+    fn hit_rate_is_zero_without_prompts() {
+        let m = Metrics::new();
+        assert_eq!(m.prefix_hit_rate(), 0.0);
+        m.kv_prompt_tokens.set(10);
+        m.prefix_hit_tokens.set(4);
+        assert!((m.prefix_hit_rate() - 0.4).abs() < 1e-9);
     }
 }

@@ -196,7 +196,11 @@ impl ModelContext {
         Ok(ids)
     }
 
-    pub fn detokenize(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
+    pub fn detokenize(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<String, EngineError> {
         self.inner
             .tokenizer
             .decode(ids, skip_special_tokens)

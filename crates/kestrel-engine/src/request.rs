@@ -190,7 +190,10 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 pub(crate) fn validate_sampling(s: &SamplingParams) -> Result<(), EngineError> {
     let bad = |field, message: String| Err(EngineError::invalid(field, message));
     if !s.temperature.is_finite() || s.temperature < 0.0 {
-        return bad("temperature", format!("must be finite and >= 0, got {}", s.temperature));
+        return bad(
+            "temperature",
+            format!("must be finite and >= 0, got {}", s.temperature),
+        );
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         return bad("top_p", format!("must be in (0, 1], got {}", s.top_p));
@@ -227,4 +230,56 @@ pub fn seed_for_request_id(request_id: &str) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_ranges_are_checked() {
+        assert!(validate_sampling(&SamplingParams::default()).is_ok());
+        let field = |s: SamplingParams| match validate_sampling(&s) {
+            Err(EngineError::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let d = SamplingParams::default();
+        assert_eq!(
+            field(SamplingParams {
+                temperature: -1.0,
+                ..d
+            }),
+            "temperature"
+        );
+        assert_eq!(field(SamplingParams { top_p: 1.5, ..d }), "top_p");
+        assert_eq!(field(SamplingParams { min_p: -0.1, ..d }), "min_p");
+        assert_eq!(
+            field(SamplingParams {
+                repetition_penalty: 0.0,
+                ..d
+            }),
+            "repetition_penalty"
+        );
+        assert_eq!(
+            field(SamplingParams {
+                frequency_penalty: f32::INFINITY,
+                ..d
+            }),
+            "frequency_penalty"
+        );
+        assert_eq!(
+            field(SamplingParams {
+                top_logprobs: MAX_TOP_LOGPROBS + 1,
+                ..d
+            }),
+            "top_logprobs"
+        );
+    }
+
+    #[test]
+    fn derived_seeds_are_stable_and_nonzero() {
+        assert_eq!(seed_for_request_id("abc"), seed_for_request_id("abc"));
+        assert_ne!(seed_for_request_id("abc"), seed_for_request_id("abd"));
+        assert_ne!(seed_for_request_id(""), 0);
+    }
 }

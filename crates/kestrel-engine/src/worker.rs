@@ -32,7 +32,9 @@ pub(crate) struct Submission {
 pub(crate) enum Command {
     Submit(Box<Submission>),
     /// Abort by the caller's request id.
-    Abort { request_id: String },
+    Abort {
+        request_id: String,
+    },
     /// Abort by pipeline id (a dropped stream).
     AbortPipeline(u64),
     /// Stop accepting work; finish or cancel in-flight requests by `deadline`, then exit.
@@ -175,10 +177,14 @@ impl<R: Runtime> Worker<R> {
     fn block_for_command(&mut self) -> bool {
         let start = Instant::now();
         let got = match self.shutdown_deadline {
-            None => self.commands.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(d) => self
+            None => self
                 .commands
-                .recv_timeout(d.saturating_duration_since(start).max(Duration::from_millis(1))),
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+            Some(d) => self.commands.recv_timeout(
+                d.saturating_duration_since(start)
+                    .max(Duration::from_millis(1)),
+            ),
         };
         let waited = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.shared.metrics.idle_nanos.fetch_add(waited, Relaxed);
@@ -257,7 +263,12 @@ impl<R: Runtime> Worker<R> {
             .set(self.lp.num_waiting() as u64);
     }
 
-    fn map_submit_error(&self, e: SubmitError, prompt_tokens: usize, max_new_tokens: usize) -> EngineError {
+    fn map_submit_error(
+        &self,
+        e: SubmitError,
+        prompt_tokens: usize,
+        max_new_tokens: usize,
+    ) -> EngineError {
         match e {
             SubmitError::QueueFull { limit } => EngineError::QueueFull { limit },
             SubmitError::PromptTooLong { max_seq_len, .. } => EngineError::ContextOverflow {
@@ -301,7 +312,9 @@ impl<R: Runtime> Worker<R> {
 
     /// Past the shutdown deadline: abort everything still live (once).
     fn enforce_deadline(&mut self) {
-        let Some(d) = self.shutdown_deadline else { return };
+        let Some(d) = self.shutdown_deadline else {
+            return;
+        };
         if self.deadline_aborted || Instant::now() < d {
             return;
         }

@@ -12,7 +12,9 @@ use kestrel_engine::{
     ModelContext, ModelContextConfig, PipelineMode, PrefillPolicy, Runtime, StreamEvent,
 };
 use kestrel_pipeline::testing::{SimConfig, SimExecutor};
-use kestrel_pipeline::{ExecError, Executor, MaskBatch, PrefillInput, RequestId, SlotId, StepOutputs, TokenId};
+use kestrel_pipeline::{
+    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SlotId, StepOutputs, TokenId,
+};
 use kestrel_skills::testing::{small_tokenizer, IM_END};
 
 /// Logits rows of the simulated model (the tokenizer has fewer tokens; the
@@ -55,7 +57,11 @@ impl Executor for TestRuntime {
     ) -> Result<(), ExecError<Self::Error>> {
         self.inner.launch_prefill(slot, seqs)
     }
-    fn launch_decode(&mut self, slot: SlotId, rows: &[RequestId]) -> Result<(), ExecError<Self::Error>> {
+    fn launch_decode(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+    ) -> Result<(), ExecError<Self::Error>> {
         self.inner.launch_decode(slot, rows)
     }
     fn finalize_sampling(
@@ -134,10 +140,18 @@ impl Default for Setup {
 }
 
 fn start(setup: Setup) -> Engine {
-    let Setup { sim, loop_config, step_delay } = setup;
+    let Setup {
+        sim,
+        loop_config,
+        step_delay,
+    } = setup;
     Engine::start_with_runtime(model(), loop_config, move || {
         let num_pages = sim.num_pages;
-        Ok(TestRuntime { inner: SimExecutor::new(sim), step_delay, num_pages })
+        Ok(TestRuntime {
+            inner: SimExecutor::new(sim),
+            step_delay,
+            num_pages,
+        })
     })
     .expect("engine starts")
 }
@@ -151,7 +165,9 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 async fn timed<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(TIMEOUT, f).await.expect("timed out: the engine hung")
+    tokio::time::timeout(TIMEOUT, f)
+        .await
+        .expect("timed out: the engine hung")
 }
 
 /// Poll until `cond` holds (the engine publishes gauges after each iteration).
@@ -164,7 +180,10 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 fn long_text(n: u32) -> GenerateRequest {
-    GenerateRequest { ignore_eos: true, ..GenerateRequest::text("hello world", n) }
+    GenerateRequest {
+        ignore_eos: true,
+        ..GenerateRequest::text("hello world", n)
+    }
 }
 
 #[test]
@@ -189,7 +208,10 @@ fn generate_end_to_end() {
         let a = timed(engine.generate(chat.clone())).await.unwrap();
         let b = timed(engine.generate(chat)).await.unwrap();
         assert_eq!(a.request_id, "chat-1");
-        assert_eq!(a.token_ids, b.token_ids, "same id, same derived seed, same output");
+        assert_eq!(
+            a.token_ids, b.token_ids,
+            "same id, same derived seed, same output"
+        );
         assert!(a.usage.prompt_tokens > 5);
 
         assert_eq!(engine.health(), Health::Serving);
@@ -210,8 +232,15 @@ fn stream_deltas_concatenate_to_final_text() {
             let mut stream = engine.stream(req).unwrap();
             let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), 0usize);
             let resp = loop {
-                match timed(stream.next_event()).await.expect("stream ends with Done") {
-                    Ok(StreamEvent::Delta { text: t, token_ids, logprobs }) => {
+                match timed(stream.next_event())
+                    .await
+                    .expect("stream ends with Done")
+                {
+                    Ok(StreamEvent::Delta {
+                        text: t,
+                        token_ids,
+                        logprobs,
+                    }) => {
                         text.push_str(&t);
                         ids.extend(token_ids);
                         lps += logprobs.len();
@@ -262,8 +291,14 @@ fn thirty_two_concurrent_streams_complete() {
         eventually("KV released", || engine.model_info().num_admitted == 0).await;
         assert_eq!(engine.model_info().kv_pages_used, 0);
         let text = engine.metrics_text();
-        assert!(text.contains("kestrel_requests_finished_total{reason=\"length\"} 32"), "{text}");
-        assert!(text.contains("kestrel_time_to_first_token_seconds_count 32"), "{text}");
+        assert!(
+            text.contains("kestrel_requests_finished_total{reason=\"length\"} 32"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kestrel_time_to_first_token_seconds_count 32"),
+            "{text}"
+        );
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
@@ -284,13 +319,19 @@ fn full_queue_fails_at_once() {
                 Ok(s) => accepted.push(s),
                 Err(EngineError::QueueFull { limit }) => {
                     assert_eq!(limit, 2);
-                    assert!(t.elapsed() < Duration::from_millis(50), "QueueFull must not block");
+                    assert!(
+                        t.elapsed() < Duration::from_millis(50),
+                        "QueueFull must not block"
+                    );
                     refused += 1;
                 }
                 Err(e) => panic!("unexpected error {e}"),
             }
         }
-        assert!(refused >= 5, "at most 1 running + 2 waiting (+ one in transit) accepted; refused {refused}");
+        assert!(
+            refused >= 5,
+            "at most 1 running + 2 waiting (+ one in transit) accepted; refused {refused}"
+        );
         for mut s in accepted {
             loop {
                 match timed(s.next_event()).await.unwrap() {
@@ -304,14 +345,19 @@ fn full_queue_fails_at_once() {
                 }
             }
         }
-        assert!(engine.metrics_text().contains("kestrel_requests_rejected_total"));
+        assert!(engine
+            .metrics_text()
+            .contains("kestrel_requests_rejected_total"));
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
 
 #[test]
 fn dropping_a_stream_aborts_and_releases_kv() {
-    let engine = start(Setup { step_delay: Duration::from_millis(1), ..Setup::default() });
+    let engine = start(Setup {
+        step_delay: Duration::from_millis(1),
+        ..Setup::default()
+    });
     rt().block_on(async {
         let mut s = engine.stream(long_text(400)).unwrap();
         let mut got = 0;
@@ -328,7 +374,9 @@ fn dropping_a_stream_aborts_and_releases_kv() {
         })
         .await;
         eventually("abort counted", || {
-            engine.metrics_text().contains("kestrel_requests_finished_total{reason=\"abort\"} 1")
+            engine
+                .metrics_text()
+                .contains("kestrel_requests_finished_total{reason=\"abort\"} 1")
         })
         .await;
 
@@ -336,7 +384,10 @@ fn dropping_a_stream_aborts_and_releases_kv() {
         let mut req = long_text(400);
         req.request_id = Some("victim".into());
         let mut s = engine.stream(req).unwrap();
-        assert!(matches!(timed(s.next_event()).await, Some(Ok(StreamEvent::Delta { .. }))));
+        assert!(matches!(
+            timed(s.next_event()).await,
+            Some(Ok(StreamEvent::Delta { .. }))
+        ));
         assert!(engine.abort("victim"));
         let resp = loop {
             if let Ok(StreamEvent::Done(r)) = timed(s.next_event()).await.unwrap() {
@@ -345,6 +396,21 @@ fn dropping_a_stream_aborts_and_releases_kv() {
         };
         assert_eq!(resp.finish_reason, FinishReason::Abort);
         assert!(resp.token_ids.len() < 400);
+        eventually("KV released", || engine.model_info().num_admitted == 0).await;
+
+        // A caller id may not be reused while its request is live.
+        let mut req = long_text(400);
+        req.request_id = Some("twice".into());
+        let first = engine.stream(req.clone()).unwrap();
+        let mut second = engine.stream(req).unwrap();
+        match timed(second.next_event()).await {
+            Some(Err(EngineError::InvalidArgument {
+                field: "request_id",
+                ..
+            })) => {}
+            other => panic!("expected a duplicate-id error, got {other:?}"),
+        }
+        drop(first);
         eventually("KV released", || engine.model_info().num_admitted == 0).await;
         engine.shutdown(Duration::from_secs(1)).await;
     });
@@ -358,14 +424,28 @@ fn invalid_requests_are_rejected_before_queueing() {
         Err(e) => panic!("expected InvalidArgument, got {e}"),
         Ok(_) => panic!("expected InvalidArgument, got a stream"),
     };
-    let with = |c: Constraint| GenerateRequest { constraint: Some(c), ..GenerateRequest::text("hi", 8) };
-    assert_eq!(field(engine.stream(with(Constraint::Regex("a(b".into())))), "constraint");
-    assert_eq!(field(engine.stream(with(Constraint::Grammar("start: foo".into())))), "constraint");
+    let with = |c: Constraint| GenerateRequest {
+        constraint: Some(c),
+        ..GenerateRequest::text("hi", 8)
+    };
     assert_eq!(
-        field(engine.stream(with(Constraint::JsonSchema(serde_json::json!({"type": "no-such-type"}))))),
+        field(engine.stream(with(Constraint::Regex("a(b".into())))),
         "constraint"
     );
-    assert_eq!(field(engine.stream(with(Constraint::Choice(vec![])))), "constraint");
+    assert_eq!(
+        field(engine.stream(with(Constraint::Grammar("start: foo".into())))),
+        "constraint"
+    );
+    assert_eq!(
+        field(engine.stream(with(Constraint::JsonSchema(
+            serde_json::json!({"type": "no-such-type"})
+        )))),
+        "constraint"
+    );
+    assert_eq!(
+        field(engine.stream(with(Constraint::Choice(vec![])))),
+        "constraint"
+    );
     let mut r = GenerateRequest::text("hi", 8);
     r.stop = vec![String::new()];
     assert_eq!(field(engine.stream(r)), "stop");
@@ -375,10 +455,17 @@ fn invalid_requests_are_rejected_before_queueing() {
     let mut r = GenerateRequest::text("hi", 8);
     r.sampling.temperature = f32::NAN;
     assert_eq!(field(engine.stream(r)), "temperature");
-    assert_eq!(field(engine.stream(GenerateRequest::text("hi", 0))), "max_new_tokens");
+    assert_eq!(
+        field(engine.stream(GenerateRequest::text("hi", 0))),
+        "max_new_tokens"
+    );
     assert_eq!(field(engine.stream(GenerateRequest::text("", 4))), "input");
     match engine.stream(GenerateRequest::text("hi", 511)) {
-        Err(EngineError::ContextOverflow { prompt_tokens: 2, max_new_tokens: 511, limit: 512 }) => {}
+        Err(EngineError::ContextOverflow {
+            prompt_tokens: 2,
+            max_new_tokens: 511,
+            limit: 512,
+        }) => {}
         other => panic!("expected ContextOverflow, got {other:?}"),
     }
     let info = engine.model_info();
@@ -392,12 +479,20 @@ fn constrained_outputs_follow_their_constraint() {
     rt().block_on(async {
         for seed in 1..=6u64 {
             let mut req = GenerateRequest {
-                constraint: Some(Constraint::Choice(vec!["yes".into(), "no".into(), "hello".into()])),
+                constraint: Some(Constraint::Choice(vec![
+                    "yes".into(),
+                    "no".into(),
+                    "hello".into(),
+                ])),
                 ..GenerateRequest::text("answer", 16)
             };
             req.sampling.seed = seed;
             let resp = timed(engine.generate(req)).await.unwrap();
-            assert!(["yes", "no", "hello"].contains(&resp.text.as_str()), "{:?}", resp.text);
+            assert!(
+                ["yes", "no", "hello"].contains(&resp.text.as_str()),
+                "{:?}",
+                resp.text
+            );
             assert_eq!(resp.finish_reason, FinishReason::Stop);
         }
         let req = GenerateRequest {
@@ -406,7 +501,11 @@ fn constrained_outputs_follow_their_constraint() {
         };
         let resp = timed(engine.generate(req)).await.unwrap();
         assert_eq!(resp.text.len(), 3);
-        assert!(resp.text.bytes().all(|b| b.is_ascii_digit()), "{:?}", resp.text);
+        assert!(
+            resp.text.bytes().all(|b| b.is_ascii_digit()),
+            "{:?}",
+            resp.text
+        );
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
@@ -418,7 +517,9 @@ fn engine_fatal_fails_everything_and_stops_serving() {
     setup.step_delay = Duration::from_millis(1);
     let engine = start(setup);
     rt().block_on(async {
-        let streams: Vec<_> = (0..6).map(|_| engine.stream(long_text(200)).unwrap()).collect();
+        let streams: Vec<_> = (0..6)
+            .map(|_| engine.stream(long_text(200)).unwrap())
+            .collect();
         for mut s in streams {
             let err = loop {
                 match timed(s.next_event()).await.expect("a terminal item") {
@@ -429,9 +530,18 @@ fn engine_fatal_fails_everything_and_stops_serving() {
             };
             assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
         }
-        eventually("health NotServing", || matches!(engine.health(), Health::NotServing(_))).await;
-        assert!(matches!(engine.stream(long_text(4)), Err(EngineError::Unavailable(_))));
-        assert!(matches!(timed(engine.generate(long_text(4))).await, Err(EngineError::Unavailable(_))));
+        eventually("health NotServing", || {
+            matches!(engine.health(), Health::NotServing(_))
+        })
+        .await;
+        assert!(matches!(
+            engine.stream(long_text(4)),
+            Err(EngineError::Unavailable(_))
+        ));
+        assert!(matches!(
+            timed(engine.generate(long_text(4))).await,
+            Err(EngineError::Unavailable(_))
+        ));
         assert!(engine.metrics_text().contains("kestrel_healthy 0"));
         assert_eq!(engine.model_info().kv_pages_used, 0);
         timed(engine.shutdown(Duration::from_secs(1))).await;
@@ -440,14 +550,23 @@ fn engine_fatal_fails_everything_and_stops_serving() {
 
 #[test]
 fn shutdown_cancels_in_flight_work_at_the_deadline() {
-    let engine = start(Setup { step_delay: Duration::from_millis(2), ..Setup::default() });
+    let engine = start(Setup {
+        step_delay: Duration::from_millis(2),
+        ..Setup::default()
+    });
     rt().block_on(async {
         // A short request finishes within the deadline; long ones are aborted.
         let short = engine.stream(long_text(3)).unwrap();
-        let long: Vec<_> = (0..4).map(|_| engine.stream(long_text(500)).unwrap()).collect();
+        let long: Vec<_> = (0..4)
+            .map(|_| engine.stream(long_text(500)).unwrap())
+            .collect();
         let t = std::time::Instant::now();
         timed(engine.shutdown(Duration::from_millis(100))).await;
-        assert!(t.elapsed() < Duration::from_secs(3), "shutdown took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "shutdown took {:?}",
+            t.elapsed()
+        );
         let last = |mut s: kestrel_engine::GenerationStream| async move {
             let mut last = None;
             while let Some(item) = s.next_event().await {
@@ -465,7 +584,10 @@ fn shutdown_cancels_in_flight_work_at_the_deadline() {
                 other => panic!("{other:?}"),
             }
         }
-        assert!(matches!(engine.stream(long_text(4)), Err(EngineError::ShuttingDown)));
+        assert!(matches!(
+            engine.stream(long_text(4)),
+            Err(EngineError::ShuttingDown)
+        ));
         assert!(matches!(engine.health(), Health::NotServing(_)));
         // Idempotent.
         timed(engine.shutdown(Duration::from_millis(10))).await;
@@ -502,7 +624,10 @@ fn real_model_on_cpu_runtime() {
         }
     };
     if !path.is_file() {
-        eprintln!("SKIPPED real_model_on_cpu_runtime: {} not cached", path.display());
+        eprintln!(
+            "SKIPPED real_model_on_cpu_runtime: {} not cached",
+            path.display()
+        );
         return;
     }
     let config = kestrel_engine::EngineConfig {
@@ -515,14 +640,20 @@ fn real_model_on_cpu_runtime() {
     };
     let events = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = Arc::clone(&events);
-    let engine = Engine::start(config, move |e| sink.lock().unwrap().push(e)).expect("engine starts");
-    assert!(matches!(events.lock().unwrap().last(), Some(kestrel_engine::LoadEvent::Ready)));
+    let engine =
+        Engine::start(config, move |e| sink.lock().unwrap().push(e)).expect("engine starts");
+    assert!(matches!(
+        events.lock().unwrap().last(),
+        Some(kestrel_engine::LoadEvent::Ready)
+    ));
     let info = engine.model_info();
     assert_eq!(info.backend, "cpu");
     assert_eq!(info.kv_pages_total, 256);
     rt().block_on(async {
         let req = GenerateRequest::chat(
-            vec![kestrel_engine::ChatMessage::user("What is the capital of France?")],
+            vec![kestrel_engine::ChatMessage::user(
+                "What is the capital of France?",
+            )],
             24,
         );
         let mut stream = engine.stream(req.clone()).unwrap();
@@ -540,12 +671,17 @@ fn real_model_on_cpu_runtime() {
         assert_eq!(again.token_ids, resp.token_ids);
         let choice = GenerateRequest {
             constraint: Some(Constraint::Choice(vec!["Paris".into(), "London".into()])),
-            ..GenerateRequest::chat(vec![kestrel_engine::ChatMessage::user("Capital of France?")], 8)
+            ..GenerateRequest::chat(
+                vec![kestrel_engine::ChatMessage::user("Capital of France?")],
+                8,
+            )
         };
         let c = timed(engine.generate(choice)).await.unwrap();
         assert!(c.text == "Paris" || c.text == "London", "{:?}", c.text);
         eventually("KV released", || engine.model_info().num_admitted == 0).await;
-        assert!(engine.metrics_text().contains("kestrel_device_idle_between_steps_seconds_count"));
+        assert!(engine
+            .metrics_text()
+            .contains("kestrel_device_idle_between_steps_seconds_count"));
         engine.shutdown(Duration::from_secs(5)).await;
     });
 }
