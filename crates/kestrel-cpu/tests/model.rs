@@ -368,3 +368,43 @@ fn bad_inputs_are_rejected() {
         .forward_decode(mk(&[0], &[1], &[0]), &mut kv, &mut out, &mut s)
         .is_ok());
 }
+
+/// A prefix-cache hit: sequence B shares A's first two full pages, gets a
+/// copy of A's partially filled third page, and prefills only its own tail
+/// from `start_pos` 10. Its logits equal a from-scratch prefill of B.
+#[test]
+fn prefix_hit_with_shared_and_copied_pages_equals_full_prefill() {
+    let w = random_model(
+        &tiny(RopeStyle::Interleaved, 4, 2),
+        DType::Q4_1,
+        DType::Q8_0,
+        8,
+    );
+    let m = model(&w, 2);
+    let mut s = Scratch::new(&m, 32, 64);
+    let mut kv = KvStore::for_model(&w.config, 32, 4).unwrap();
+    let a = tokens(10, 5, 97);
+    let mut b = a.clone();
+    b.extend(tokens(7, 6, 97));
+    let pa = vec![3u32, 9, 4];
+    prefill(&m, &mut kv, &mut s, &pa, 0, &a, LogitsMode::LastPerSequence);
+    kv.copy_page(4, 20, 2).unwrap();
+    let pb = vec![3u32, 9, 20, 11, 17];
+    let hit = prefill(&m, &mut kv, &mut s, &pb, 10, &b[10..], LogitsMode::All);
+    let mut kv2 = KvStore::for_model(&w.config, 32, 4).unwrap();
+    let full = prefill(
+        &m,
+        &mut kv2,
+        &mut s,
+        &[0, 1, 2, 5, 6],
+        0,
+        &b,
+        LogitsMode::All,
+    );
+    assert_eq!(hit.len(), 7 * 97);
+    assert!(hit
+        .iter()
+        .zip(&full[10 * 97..])
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(kv.copy_page(4, 32, 1).is_err());
+}
