@@ -262,6 +262,20 @@ pub(crate) struct TileArgs {
     pub nblocks: usize,
 }
 
+/// How many row tiles ahead [`tile512`] prefetches.
+const PREFETCH_TILES: usize = 4;
+
+/// How many rows ahead the row dequantizers prefetch.
+const PREFETCH_ROWS: usize = 8;
+
+/// Hint the line at `p` into cache. Never faults, whatever `p` is.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    // SAFETY: prefetch is a hint: it does not dereference architecturally and
+    // cannot fault, so any address (even past an allocation) is fine.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
+}
+
 /// `R x NB` tile with AVX-512; writes each element's 16 canonical lanes.
 ///
 /// # Safety
@@ -274,7 +288,13 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
     out: &mut TileOut<R, NB>,
 ) {
     let mut acc = [[_mm512_setzero_ps(); NB]; R];
+    // Rows of a tile are adjacent, so the next tile starts R rows on; touch it
+    // a few lines at a time while this one computes (decode is DRAM-bound).
+    let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
+    let step = R * B::BYTES;
     for blk in 0..a.nblocks {
+        prefetch(ahead.wrapping_add(blk * step));
+        prefetch(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
             let (wl, wh) = unsafe { B::dq512(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
@@ -358,7 +378,11 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
     out: &mut TileOut<R, NB>,
 ) {
     let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
+    let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
+    let step = R * B::BYTES;
     for blk in 0..a.nblocks {
+        prefetch(ahead.wrapping_add(blk * step));
+        prefetch(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
             let w = unsafe { B::dq256(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
@@ -412,7 +436,10 @@ pub(crate) unsafe fn dequant_row<B: Block>(
 
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
+    // Rows are dequantized in order: touch the row PREFETCH_ROWS ahead.
+    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::BYTES);
     for blk in 0..nblocks {
+        prefetch(ahead.wrapping_add(blk * B::BYTES));
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {
             let (lo, hi) = B::dq512(src.add(blk * B::BYTES));
@@ -424,7 +451,9 @@ unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequant_row256<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
+    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::BYTES);
     for blk in 0..nblocks {
+        prefetch(ahead.wrapping_add(blk * B::BYTES));
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {
             let v = B::dq256(src.add(blk * B::BYTES));
