@@ -101,8 +101,8 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         request: Request<pb::AbortRequest>,
     ) -> Result<Response<pb::AbortResponse>, Status> {
         let id = convert::abort_request(request.into_inner())?;
-        let found = self.engine.abort(&id);
-        Ok(Response::new(pb::AbortResponse { found }))
+        let accepted = self.engine.abort(&id);
+        Ok(Response::new(pb::AbortResponse { accepted }))
     }
 
     async fn tokenize(
