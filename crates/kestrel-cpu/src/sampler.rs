@@ -13,50 +13,8 @@ use crate::kernels::ops::exp;
 /// Most `top_logprobs` a [`SampledToken`] carries.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-/// Per-request sampling settings (OpenAI/vLLM semantics).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SamplingParams {
-    /// 0 = greedy argmax (ties to the lowest id).
-    pub temperature: f32,
-    /// Keep the `top_k` most likely tokens; 0 = off.
-    pub top_k: u32,
-    /// Keep the smallest most-likely set with mass >= `top_p`; 1 = off.
-    pub top_p: f32,
-    /// Drop tokens with `p < min_p * p_max`; 0 = off.
-    pub min_p: f32,
-    /// HF/CTRL penalty on every token seen: positive logits divided, negative multiplied; 1 = off.
-    pub repetition_penalty: f32,
-    /// Subtract `frequency_penalty * count` from each seen token.
-    pub frequency_penalty: f32,
-    /// Subtract `presence_penalty` from each seen token.
-    pub presence_penalty: f32,
-    pub seed: u64,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            seed: 0,
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Greedy decoding.
-    pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        }
-    }
-}
+/// Per-request sampling settings: the standard type every runtime shares.
+pub use kestrel_pipeline::SamplingParams;
 
 /// Up to [`MAX_TOP_LOGPROBS`] `(token, logprob)` pairs, most likely first.
 #[derive(Debug, Clone, Copy, PartialEq)]

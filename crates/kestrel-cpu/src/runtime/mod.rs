@@ -7,7 +7,6 @@
 //! each step's outputs to its slot's host buffer. Launch and finalize only
 //! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
 
-mod sampling;
 mod slot;
 mod stream;
 
@@ -28,8 +27,6 @@ pub use self::stream::StepTiming;
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
-
-pub use self::sampling::{sample_row, PenaltyState, Sampled};
 
 /// Configuration of a [`CpuRuntime`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use kestrel_pipeline::{SamplingParams, TokenId};
 
-use super::sampling::{sample_row, PenaltyState};
 use super::slot::{Outputs, SlotKind, SlotMeta};
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
+use crate::sampler::{sample, PenaltyState};
 use crate::{CpuModel, KvStore, Scratch};
 
 /// Work for the compute stream, executed in order.
@@ -73,7 +73,7 @@ pub(crate) struct CopyJob {
 }
 
 /// Per-KV-row state that lives on the device side.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct DeviceRow {
     params: SamplingParams,
     /// The last sampled token: the next decode step's input.
@@ -127,7 +127,13 @@ impl ComputeStream {
             dev_out: (0..num_slots).map(|_| Some(Box::default())).collect(),
             faults: vec![None; num_slots],
             forward_times: vec![(Instant::now(), Instant::now()); num_slots],
-            rows: (0..max_rows + 1).map(|_| DeviceRow::default()).collect(),
+            rows: (0..max_rows + 1)
+                .map(|_| DeviceRow {
+                    params: SamplingParams::default(),
+                    pending: 0,
+                    penalties: PenaltyState::new(vocab),
+                })
+                .collect(),
             tokens: Vec::with_capacity(max_batch),
             chunk_indptr: Vec::with_capacity(2),
             chunk_last: Vec::with_capacity(1),
@@ -234,7 +240,7 @@ impl ComputeStream {
                         [meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
                     let dr = &mut self.rows[row];
                     dr.params = p.params;
-                    dr.penalties.reset(prompt);
+                    dr.penalties.clear();
                     let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
                         ..meta.indices.kv_indptr[r + 1] as usize];
                     let mut start = p.start_pos as usize;
@@ -297,19 +303,34 @@ impl ComputeStream {
                 .then(|| &mask.words[i * mask.words_per_row..(i + 1) * mask.words_per_row]);
             let logits = &mut self.logits[slot][i * vocab..(i + 1) * vocab];
             let dr = &mut self.rows[row as usize];
-            let s = sample_row(
+            let (token, logprob) = match sample(
                 logits,
                 &dr.params,
                 words,
                 &mut dr.penalties,
                 position,
                 top_n,
-                &mut dev.top,
-            );
-            dr.pending = s.token;
-            dr.penalties.observe(s.token);
-            dev.tokens.push(s.token);
-            dev.logprobs.push(s.logprob);
+            ) {
+                Some(s) => {
+                    // Rows are `top_n` wide whatever each row asked for.
+                    let top = s.top.as_slice();
+                    dev.top.extend_from_slice(top);
+                    dev.top
+                        .extend((top.len()..top_n).map(|_| (0, f32::NEG_INFINITY)));
+                    (s.token, s.logprob)
+                }
+                None => {
+                    // A mask that allows nothing is a skill bug: emit token 0
+                    // with -inf; the skill rejects it and ends the request.
+                    tracing::warn!(step = meta.step, row = i, "mask allows no token");
+                    dev.top.extend((0..top_n).map(|_| (0, f32::NEG_INFINITY)));
+                    (0, f32::NEG_INFINITY)
+                }
+            };
+            dr.pending = token;
+            dr.penalties.record(token);
+            dev.tokens.push(token);
+            dev.logprobs.push(logprob);
         }
     }
 }
