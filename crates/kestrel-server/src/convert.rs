@@ -106,8 +106,7 @@ pub fn generate_request(req: pb::GenerateRequest, limits: &Limits) -> Result<Gen
     let stop_token_ids = stop_token_ids(req.stop_token_ids, limits)?;
     let request_id = request_id(req.request_id)?;
     let constraint = req.constraint.map(constraint).transpose()?;
-    if constraint.is_some() && (!stop.is_empty() || !stop_token_ids.is_empty() || req.ignore_eos)
-    {
+    if constraint.is_some() && (!stop.is_empty() || !stop_token_ids.is_empty() || req.ignore_eos) {
         return Err(ValidationError::new(
             "constraint",
             "cannot be combined with stop, stop_token_ids or ignore_eos",
@@ -166,12 +165,7 @@ fn prompt(input: Option<pb::generate_request::Input>) -> Result<Prompt> {
 
 /// `value` if it lies in the range, else an error naming the field and range.
 /// NaN lies in no range.
-fn check_range(
-    field: &str,
-    value: f32,
-    range: (f32, f32),
-    low_open: bool,
-) -> Result<f32> {
+fn check_range(field: &str, value: f32, range: (f32, f32), low_open: bool) -> Result<f32> {
     let (lo, hi) = range;
     let low_ok = if low_open { value > lo } else { value >= lo };
     if low_ok && value <= hi {
@@ -200,12 +194,7 @@ fn sampling(req: &pb::GenerateRequest) -> Result<SamplingParams> {
         None => d.min_p,
     };
     let repetition_penalty = match req.repetition_penalty {
-        Some(p) => check_range(
-            "repetition_penalty",
-            p,
-            (0.0, MAX_REPETITION_PENALTY),
-            true,
-        )?,
+        Some(p) => check_range("repetition_penalty", p, (0.0, MAX_REPETITION_PENALTY), true)?,
         None => d.repetition_penalty,
     };
     let frequency_penalty = match req.frequency_penalty {
@@ -219,7 +208,10 @@ fn sampling(req: &pb::GenerateRequest) -> Result<SamplingParams> {
     if req.top_logprobs > MAX_TOP_LOGPROBS {
         return Err(ValidationError::new(
             "top_logprobs",
-            format!("must be in [0, {MAX_TOP_LOGPROBS}], got {}", req.top_logprobs),
+            format!(
+                "must be in [0, {MAX_TOP_LOGPROBS}], got {}",
+                req.top_logprobs
+            ),
         ));
     }
     Ok(SamplingParams {
@@ -279,10 +271,7 @@ pub fn token_ids_in_vocab(field: &str, ids: &[u32], limits: &Limits) -> Result<(
         None => Ok(()),
         Some(i) => Err(ValidationError::new(
             format!("{field}[{i}]"),
-            format!(
-                "must be in [0, {}), got {}",
-                limits.vocab_size, ids[i]
-            ),
+            format!("must be in [0, {}), got {}", limits.vocab_size, ids[i]),
         )),
     }
 }
@@ -619,7 +608,11 @@ mod tests {
             "chat.messages[1].role",
             "must be one of system, user, assistant, tool, got \"wizard\"",
         );
-        rejects(chat(vec![("", "x")]), "chat.messages[0].role", "must be one of");
+        rejects(
+            chat(vec![("", "x")]),
+            "chat.messages[0].role",
+            "must be one of",
+        );
         let many = vec![("user", "x"); MAX_CHAT_MESSAGES + 1];
         rejects(chat(many), "chat.messages", "at most 1024");
     }
@@ -848,7 +841,9 @@ mod tests {
         )));
         assert_eq!(
             r.constraint,
-            Some(Constraint::JsonSchema(serde_json::json!({"type": "object"})))
+            Some(Constraint::JsonSchema(
+                serde_json::json!({"type": "object"})
+            ))
         );
         ok(constrained(PbConstraint::JsonSchema("true".into())));
         rejects(
@@ -942,7 +937,10 @@ mod tests {
     fn detokenize_ids_must_be_in_vocab() {
         assert!(token_ids_in_vocab("token_ids", &[0, 49151], &LIMITS).is_ok());
         let e = token_ids_in_vocab("token_ids", &[0, 49152], &LIMITS).unwrap_err();
-        assert_eq!(e.to_string(), "token_ids[1] must be in [0, 49152), got 49152");
+        assert_eq!(
+            e.to_string(),
+            "token_ids[1] must be in [0, 49152), got 49152"
+        );
     }
 
     #[test]
@@ -966,7 +964,10 @@ mod tests {
             ),
             (EngineError::Unavailable("x".into()), Code::Unavailable),
             (EngineError::ShuttingDown, Code::Unavailable),
-            (EngineError::BackendUnavailable("x".into()), Code::Unavailable),
+            (
+                EngineError::BackendUnavailable("x".into()),
+                Code::Unavailable,
+            ),
             (EngineError::RequestFailed("x".into()), Code::Internal),
         ];
         for (e, code) in cases {

@@ -110,9 +110,7 @@ pub async fn serve(
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
 
-    let reflection_v1 = reflection()
-        .build_v1()
-        .map_err(ServeError::Reflection)?;
+    let reflection_v1 = reflection().build_v1().map_err(ServeError::Reflection)?;
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .map_err(ServeError::Reflection)?;
@@ -123,7 +121,11 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    tokio::spawn(watch_health(engine.clone(), health_reporter, stop_rx.clone()));
+    tokio::spawn(watch_health(
+        engine.clone(),
+        health_reporter,
+        stop_rx.clone(),
+    ));
 
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let router = tonic::transport::Server::builder()

@@ -295,8 +295,7 @@ async fn main() -> anyhow::Result<()> {
 async fn start_engine(config: EngineConfig) -> anyhow::Result<Engine> {
     let bar = ProgressBar::new_spinner();
     bar.set_style(
-        ProgressStyle::with_template("{spinner:.cyan} {msg} [{elapsed}]")
-            .expect("static template"),
+        ProgressStyle::with_template("{spinner:.cyan} {msg} [{elapsed}]").expect("static template"),
     );
     bar.enable_steady_tick(Duration::from_millis(100));
     bar.set_message("starting the engine");
@@ -398,7 +397,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamGenerateResponse, tonic::Status>> + Send>>;
+type EventStream =
+    Pin<Box<dyn Stream<Item = Result<pb::StreamGenerateResponse, tonic::Status>> + Send>>;
 
 /// Where `generate` and `chat` send requests.
 enum Target {

@@ -128,7 +128,10 @@ mod tests {
     #[test]
     fn routes_by_request_line() {
         let r = |s: &str| route(s.as_bytes());
-        assert_eq!(r("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), Route::Metrics);
+        assert_eq!(
+            r("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Route::Metrics
+        );
         assert_eq!(r("GET /metrics?x=1 HTTP/1.0\r\n\r\n"), Route::Metrics);
         assert_eq!(r("POST /metrics HTTP/1.1\r\n\r\n"), Route::MethodNotAllowed);
         assert_eq!(r("GET / HTTP/1.1\r\n\r\n"), Route::NotFound);

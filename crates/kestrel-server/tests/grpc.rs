@@ -36,7 +36,11 @@ async fn unary_generate_returns_a_completion() {
 async fn stream_concatenates_to_the_unary_result() {
     let mut c = client(shared_server()).await;
     let req = text_request("Once upon a time", 12);
-    let unary = c.generate(req.clone()).await.expect("generate").into_inner();
+    let unary = c
+        .generate(req.clone())
+        .await
+        .expect("generate")
+        .into_inner();
     let streamed = collect_stream(&mut c, req).await.expect("stream");
     assert!(streamed.deltas >= 1);
     assert_eq!(streamed.text, streamed.done.text);
@@ -87,7 +91,9 @@ async fn concurrent_greedy_streams_match_solo_runs() {
             req.ignore_eos = true;
             tokio::spawn(async move {
                 let mut c = client(shared_server()).await;
-                collect_stream(&mut c, req).await.expect("concurrent stream")
+                collect_stream(&mut c, req)
+                    .await
+                    .expect("concurrent stream")
             })
         })
         .collect();
@@ -130,6 +136,9 @@ async fn abort_rpc_ends_a_running_stream() {
     assert!(done.token_ids.len() < 1000);
 }
 
+/// A change that makes a valid request invalid.
+type Edit = Box<dyn Fn(&mut pb::GenerateRequest)>;
+
 /// Applies `edit` to a valid request; both RPCs must answer
 /// INVALID_ARGUMENT with a message containing `needle`.
 async fn assert_invalid(edit: impl Fn(&mut pb::GenerateRequest), needle: &str) {
@@ -138,16 +147,24 @@ async fn assert_invalid(edit: impl Fn(&mut pb::GenerateRequest), needle: &str) {
     edit(&mut req);
     let e = c.generate(req.clone()).await.expect_err(needle);
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains(needle), "{:?} lacks {needle:?}", e.message());
+    assert!(
+        e.message().contains(needle),
+        "{:?} lacks {needle:?}",
+        e.message()
+    );
     let e = collect_stream(&mut c, req).await.expect_err(needle);
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains(needle), "{:?} lacks {needle:?}", e.message());
+    assert!(
+        e.message().contains(needle),
+        "{:?} lacks {needle:?}",
+        e.message()
+    );
 }
 
 #[tokio::test]
 async fn each_invalid_field_is_invalid_argument() {
     let max = shared_server().engine.model_info().context_length as u32 - 1;
-    let cases: Vec<(Box<dyn Fn(&mut pb::GenerateRequest)>, String)> = vec![
+    let cases: Vec<(Edit, String)> = vec![
         (Box::new(|r| r.input = None), "input must be set".into()),
         (
             Box::new(|r| r.input = Some(Input::Prompt(String::new()))),
@@ -169,7 +186,10 @@ async fn each_invalid_field_is_invalid_argument() {
             Box::new(|r| r.top_p = Some(0.0)),
             "top_p must be in (0, 1], got 0".into(),
         ),
-        (Box::new(|r| r.min_p = Some(2.0)), "min_p must be in [0, 1]".into()),
+        (
+            Box::new(|r| r.min_p = Some(2.0)),
+            "min_p must be in [0, 1]".into(),
+        ),
         (
             Box::new(|r| r.repetition_penalty = Some(0.0)),
             "repetition_penalty must be in (0, 10]".into(),
@@ -309,7 +329,10 @@ async fn tokenize_detokenize_round_trip_and_model_info() {
         .await
         .expect_err("out of vocab");
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().starts_with("token_ids[0] must be in [0,"), "{e:?}");
+    assert!(
+        e.message().starts_with("token_ids[0] must be in [0,"),
+        "{e:?}"
+    );
     let e = c
         .abort(pb::AbortRequest::default())
         .await
@@ -373,7 +396,11 @@ async fn reflection_lists_and_describes_the_service() {
         .await
         .expect("reflection")
         .into_inner();
-    let list = responses.message().await.expect("list").expect("a response");
+    let list = responses
+        .message()
+        .await
+        .expect("list")
+        .expect("a response");
     match list.message_response {
         Some(MessageResponse::ListServicesResponse(l)) => {
             let names: Vec<_> = l.service.iter().map(|s| s.name.as_str()).collect();
@@ -382,7 +409,11 @@ async fn reflection_lists_and_describes_the_service() {
         }
         other => panic!("{other:?}"),
     }
-    let file = responses.message().await.expect("file").expect("a response");
+    let file = responses
+        .message()
+        .await
+        .expect("file")
+        .expect("a response");
     match file.message_response {
         Some(MessageResponse::FileDescriptorResponse(f)) => {
             assert!(!f.file_descriptor_proto.is_empty())

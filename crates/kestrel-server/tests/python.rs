@@ -24,8 +24,8 @@ fn python_client() {
         return;
     }
     let server = common::start_server(kestrel_engine::EngineConfig::default());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/python/kestrel_client_test.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/kestrel_client_test.py");
     let out = Command::new(&python)
         .arg(&script)
         .arg(server.addr.to_string())
