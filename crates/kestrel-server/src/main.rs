@@ -198,7 +198,7 @@ struct SamplingArgs {
     #[arg(long, short = 'n')]
     max_new_tokens: Option<u32>,
     /// 0 = greedy [default: 0].
-    #[arg(long, short = 't')]
+    #[arg(long, short = 't', allow_negative_numbers = true)]
     temperature: Option<f32>,
     #[arg(long)]
     top_p: Option<f32>,
@@ -208,9 +208,9 @@ struct SamplingArgs {
     min_p: Option<f32>,
     #[arg(long)]
     repetition_penalty: Option<f32>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     frequency_penalty: Option<f32>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     presence_penalty: Option<f32>,
     #[arg(long)]
     seed: Option<u64>,
@@ -489,7 +489,10 @@ fn print_stats(done: &pb::GenerateResponse) {
     let timings = done.timings.unwrap_or_default();
     eprintln!(
         "[{}: {} prompt + {} generated tokens, ttft {:.0} ms, {:.1} tok/s]",
-        done.finish_reason().as_str_name(),
+        done.finish_reason()
+            .as_str_name()
+            .trim_start_matches("FINISH_REASON_")
+            .to_lowercase(),
         usage.prompt_tokens,
         usage.completion_tokens,
         timings.ttft_ms,
