@@ -17,6 +17,11 @@ fn python_client() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_deps {
+        // CI installs the client's requirements and insists on the run.
+        assert!(
+            std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
+            "KESTREL_REQUIRE_PYTHON is set but {python} cannot import grpc and grpc_tools"
+        );
         eprintln!(
             "SKIPPED python_client: {python} cannot import grpc and grpc_tools \
              (pip install -r tests/python/requirements.txt, or set KESTREL_PYTHON)"
