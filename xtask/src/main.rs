@@ -1,6 +1,28 @@
-//! `cargo xtask`: project automation that is longer than a test (benchmarks, model fetch).
+//! `cargo xtask`: project automation that is longer than a test.
+//!
+//! - `cargo xtask bench`: what pipelined decoding measurably buys on the real
+//!   engine core (see `bench/mod.rs` for what is measured and how).
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "Kestrel project automation")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Blocking vs pipelined decoding on the real engine: step tables, the
+    /// Photon cost model, latency percentiles, JSON/Markdown results and SVGs.
+    Bench(bench::BenchArgs),
+}
 
 fn main() -> anyhow::Result<()> {
-    let task = std::env::args().nth(1).unwrap_or_default();
-    anyhow::bail!("unknown xtask `{task}`; available: bench")
+    match Cli::parse().task {
+        Task::Bench(args) => bench::main(args),
+    }
 }

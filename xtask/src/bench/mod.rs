@@ -1,0 +1,442 @@
+//! `cargo xtask bench`: what pipelined decoding measurably buys, on the real
+//! engine core (`EngineLoop<CpuRuntime>`, the default model, real skills).
+//!
+//! For each workload (1/8/32 concurrent streams, text only and with a share
+//! of JSON-constrained requests) it runs Blocking, Pipelined+Drain and
+//! Pipelined+RideAlong in rotation within each repetition, so a noisy machine
+//! disturbs all three alike. It prints the Photon step table and cost-model
+//! table, writes `results.json`/`results.md` and two SVGs. Cost: minutes on 2
+//! cores (`--quick`: well under one).
+
+mod harness;
+mod peer;
+mod plots;
+mod report;
+mod stats;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_model::LoadedModel;
+use kestrel_pipeline::{EngineLoop, Executor as _, LoopConfig, Request, SamplingParams, Tick};
+use kestrel_skills::{Skill, SkillContext, SkillContextConfig, SkillOptions, SkillSpec};
+
+use self::harness::{BenchEngine, Instrumented, RunData};
+use self::stats::{ConfigResult, CostModelRow};
+use self::workload::{EngineConfig, LengthPlan, Mix, PromptSet, Workload};
+
+/// Compute backend of the engine under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+/// `cargo xtask bench` options.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Short smoke run: 1 and 4 streams, 16 tokens, one repetition.
+    #[arg(long)]
+    quick: bool,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+    /// Matmul threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Concurrent streams, one workload each (default 1,8,32; quick 1,4).
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<usize>>,
+    /// Requests each stream runs back to back (default: 4 for one stream, else 2).
+    #[arg(long)]
+    requests_per_stream: Option<usize>,
+    /// Shortest output, tokens (default 100; quick 16).
+    #[arg(long)]
+    min_tokens: Option<u32>,
+    /// Longest output, tokens (default 128; quick 16).
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// Repetitions of every configuration (default 2; quick 1).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Share of JSON-constrained requests in the "+JSON" workloads (0 drops them).
+    #[arg(long, default_value_t = 0.25)]
+    json_share: f64,
+    /// Results directory (default: results/bench-<UTC timestamp>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// GGUF model (default: the cached default model, fetched if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Also run a peer engine's benchmark on the same GGUF and threads:
+    /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`).
+    #[arg(long, num_args = 2, value_names = ["ENGINE", "DIR"])]
+    peer: Option<Vec<String>>,
+}
+
+/// Validated options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub quick: bool,
+    pub threads: usize,
+    pub workloads: Vec<Workload>,
+    pub plan: LengthPlan,
+    pub reps: usize,
+    pub out: PathBuf,
+    pub model: Option<PathBuf>,
+    pub peer: Option<PathBuf>,
+}
+
+impl Options {
+    fn from_args(a: &BenchArgs) -> anyhow::Result<Self> {
+        if a.backend == Backend::Cuda {
+            bail!(
+                "--backend cuda: Kestrel has no CUDA runtime yet (no kestrel-cuda crate in this \
+                 build); run with --backend cpu"
+            );
+        }
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = a.threads.unwrap_or(cores);
+        let streams =
+            a.streams
+                .clone()
+                .unwrap_or(if a.quick { vec![1, 4] } else { vec![1, 8, 32] });
+        if streams.is_empty() || streams.contains(&0) || streams.iter().any(|&s| s > 64) {
+            bail!("--streams must be between 1 and 64, got {streams:?}");
+        }
+        let (min_default, max_default) = if a.quick { (16, 16) } else { (100, 128) };
+        let plan = LengthPlan {
+            min_tokens: a.min_tokens.unwrap_or(min_default),
+            max_tokens: a.max_tokens.unwrap_or(max_default),
+            json_share: a.json_share,
+        };
+        if plan.min_tokens == 0 || plan.min_tokens > plan.max_tokens || plan.max_tokens > 512 {
+            bail!("need 1 <= --min-tokens <= --max-tokens <= 512");
+        }
+        if !(0.0..=1.0).contains(&plan.json_share) {
+            bail!("--json-share must be in 0..=1");
+        }
+        let mixes: &[Mix] = if plan.json_share > 0.0 {
+            &[Mix::Text, Mix::Json]
+        } else {
+            &[Mix::Text]
+        };
+        let mut workloads = Vec::new();
+        for &s in &streams {
+            for &mix in mixes {
+                workloads.push(Workload {
+                    streams: s,
+                    requests_per_stream: a.requests_per_stream.unwrap_or(if s == 1 && !a.quick {
+                        4
+                    } else {
+                        2
+                    }),
+                    mix,
+                });
+            }
+        }
+        let peer = match a.peer.as_deref() {
+            None => None,
+            Some([engine, dir]) if engine == "llama.cpp" => Some(PathBuf::from(dir)),
+            Some([engine, _]) => bail!("unknown peer `{engine}`; supported: llama.cpp"),
+            Some(_) => bail!("--peer takes ENGINE DIR"),
+        };
+        Ok(Self {
+            quick: a.quick,
+            threads,
+            workloads,
+            plan,
+            reps: a.reps.unwrap_or(if a.quick { 1 } else { 2 }).max(1),
+            out: a
+                .out
+                .clone()
+                .unwrap_or_else(|| workspace_root().join("results").join(bench_dir_name())),
+            model: a.model.clone(),
+            peer,
+        })
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// `bench-YYYYMMDD-HHMMSS` (UTC).
+fn bench_dir_name() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "bench-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Timings from a debug build would measure the compiler, not the engine:
+/// `cargo xtask` builds in the dev profile, so rebuild and rerun in release.
+fn reexec_in_release() -> anyhow::Result<()> {
+    eprintln!("cargo xtask bench: rebuilding in release (a debug build would time the compiler)");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .args(std::env::args_os().skip(1))
+        .current_dir(workspace_root())
+        .status()
+        .context("running cargo for the release build")?;
+    if !status.success() {
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    Ok(())
+}
+
+pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    let opts = Options::from_args(&args)?;
+    if cfg!(debug_assertions) && std::env::var_os("KESTREL_BENCH_ALLOW_DEBUG").is_none() {
+        return reexec_in_release();
+    }
+    let model_path = match &opts.model {
+        Some(p) => p.clone(),
+        None => kestrel_model::default_model_path().context("fetching the default model")?,
+    };
+    eprintln!("loading {}", model_path.display());
+    let model = kestrel_model::load(&model_path)
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    let ctx = SkillContext::new(SkillContextConfig {
+        tokenizer: Arc::new(model.tokenizer.clone()),
+        eos_token_ids: model.eos_token_ids.clone(),
+        vocab_size: Some(model.weights.config.vocab_size),
+        chat_template: None,
+    })
+    .context("building the skill context")?;
+    let prompts = PromptSet::new(&model, Arc::clone(&ctx))?;
+    let max_streams = opts.workloads.iter().map(|w| w.streams).max().unwrap_or(1);
+    let mut engines = EngineConfig::ALL
+        .iter()
+        .map(|&c| Ok((c, build_engine(&model, c, &opts, max_streams)?)))
+        .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine)>>>()?;
+    let weight_bytes = engines[0].1.executor().inner.weight_bytes();
+
+    // Warm-up: fault in weights, spin up thread pools; not recorded.
+    let warm = Workload {
+        streams: 2,
+        requests_per_stream: 1,
+        mix: Mix::Json,
+    };
+    let warm_plan = LengthPlan {
+        min_tokens: 8,
+        max_tokens: 8,
+        json_share: 0.5,
+    };
+    for (_, e) in &mut engines {
+        harness::run_workload(e, &prompts, &warm, &warm_plan, |_| {})?;
+    }
+
+    let total_runs = opts.workloads.len() * EngineConfig::ALL.len() * opts.reps;
+    let bar = ProgressBar::new(total_runs as u64).with_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs, {msg}",
+        )
+        .context("progress bar template")?,
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    // runs[workload][config] = one RunData per repetition.
+    let mut runs: Vec<Vec<Vec<RunData>>> = opts
+        .workloads
+        .iter()
+        .map(|_| EngineConfig::ALL.iter().map(|_| Vec::new()).collect())
+        .collect();
+    let mut summaries = Vec::new();
+    for rep in 0..opts.reps {
+        for (wi, w) in opts.workloads.iter().enumerate() {
+            // Rotate the order so no configuration always runs first.
+            for k in 0..engines.len() {
+                let ci = (k + rep + wi) % engines.len();
+                let (config, engine) = &mut engines[ci];
+                bar.set_message(format!(
+                    "{} | {} | rep {}",
+                    w.label(),
+                    config.short(),
+                    rep + 1
+                ));
+                let mut tokens = 0u64;
+                let data = harness::run_workload(engine, &prompts, w, &opts.plan, |n| {
+                    tokens += n;
+                })
+                .with_context(|| format!("{} on {}", config.label(), w.label()))?;
+                summaries.push(stats::RunSummary {
+                    workload: w.label(),
+                    config: *config,
+                    rep,
+                    wall_s: data.wall_s,
+                    tokens: tokens as usize,
+                    tokens_per_s: tokens as f64 / data.wall_s,
+                });
+                runs[wi][ci].push(data);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut results: Vec<ConfigResult> = Vec::new();
+    let mut model_rows: Vec<CostModelRow> = Vec::new();
+    for (wi, w) in opts.workloads.iter().enumerate() {
+        let all: Vec<&RunData> = runs[wi].iter().flatten().collect();
+        let row_cost = stats::marginal_row_cost(&all);
+        let per_config: Vec<ConfigResult> = EngineConfig::ALL
+            .iter()
+            .enumerate()
+            .map(|(ci, &c)| {
+                let reps: Vec<&RunData> = runs[wi][ci].iter().collect();
+                stats::summarize(w, c, &reps, row_cost)
+            })
+            .collect();
+        for pipe in &per_config[1..] {
+            model_rows.push(stats::cost_model(&per_config[0], pipe));
+        }
+        results.extend(per_config);
+    }
+
+    let peer = match &opts.peer {
+        None => None,
+        Some(dir) => {
+            eprintln!("running llama.cpp from {}", dir.display());
+            let ride = pipelined_engine(&mut engines);
+            let prefill = prefill_probe(ride, &ctx, 512)?;
+            let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
+            let mut streams = streams;
+            streams.dedup();
+            let gen = (opts.plan.min_tokens + opts.plan.max_tokens) as usize / 2;
+            let llama = peer::run_llama_cpp(
+                dir,
+                &model_path,
+                opts.threads,
+                &streams,
+                prompts.mean_text_prompt_len().round() as usize,
+                gen,
+            )?;
+            Some(report::PeerReport::new(llama, prefill, &results))
+        }
+    };
+
+    let meta = report::Meta::new(&opts, &model_path, weight_bytes);
+    let doc = report::Report {
+        meta,
+        runs: summaries,
+        results,
+        cost_model: model_rows,
+        peer,
+    };
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("creating {}", opts.out.display()))?;
+    let timeline = plots::timeline(&opts, &runs, &opts.out.join("timeline.svg"))?;
+    plots::throughput(&doc.results, &opts.out.join("throughput.svg"))?;
+    let md = report::markdown(&doc, timeline.as_deref());
+    std::fs::write(opts.out.join("results.md"), &md)?;
+    std::fs::write(
+        opts.out.join("results.json"),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    println!("{md}");
+    println!("wrote {}", opts.out.display());
+    Ok(())
+}
+
+fn build_engine(
+    model: &LoadedModel,
+    config: EngineConfig,
+    opts: &Options,
+    max_streams: usize,
+) -> anyhow::Result<BenchEngine> {
+    let max_seq_len = 1024;
+    let rt = CpuRuntime::new(
+        model.weights.clone(),
+        CpuRuntimeConfig {
+            threads: opts.threads,
+            max_rows: max_streams,
+            num_pages: max_streams * max_seq_len / 16 + 64,
+            page_size: 16,
+            max_seq_len,
+            ..CpuRuntimeConfig::default()
+        },
+    )
+    .context("starting the CPU runtime")?;
+    EngineLoop::new(
+        Instrumented::new(rt),
+        LoopConfig {
+            mode: config.mode(),
+            prefill_policy: config.prefill_policy(),
+            max_batch_size: max_streams,
+            max_waiting: 1024,
+            max_seq_len,
+            debug_checks: false,
+        },
+    )
+    .context("building the engine loop")
+}
+
+fn pipelined_engine(engines: &mut [(EngineConfig, BenchEngine)]) -> &mut BenchEngine {
+    let i = engines
+        .iter()
+        .position(|(c, _)| *c == EngineConfig::PipelinedRideAlong)
+        .unwrap_or(0);
+    &mut engines[i].1
+}
+
+/// Prompt-processing rate: median of three prefills of `len` fresh tokens
+/// (no prefix-cache hits), forward time only.
+fn prefill_probe(
+    engine: &mut BenchEngine,
+    ctx: &Arc<SkillContext>,
+    len: usize,
+) -> anyhow::Result<f64> {
+    let vocab = engine.executor().vocab_size();
+    let mut rates = Vec::new();
+    for salt in 0..3u64 {
+        let prompt: Vec<u32> = (0..len as u64)
+            .map(|i| ((i * 2_654_435_761 + salt * 97 + 1000) % (vocab as u64 - 1000)) as u32 + 500)
+            .collect();
+        let skill = Skill::new(ctx, &SkillSpec::text(), SkillOptions::default())?;
+        engine.executor_mut().inner.record_timings(true);
+        engine.submit(Request {
+            id: 9_000_000 + salt,
+            prompt,
+            max_new_tokens: 1,
+            params: SamplingParams::greedy(),
+            skill: Box::new(skill),
+        })?;
+        if engine.run_until_idle() != Tick::Idle {
+            bail!("prefill probe did not finish");
+        }
+        let t = engine.executor_mut().inner.take_timings();
+        engine.executor_mut().inner.record_timings(false);
+        let step = t
+            .iter()
+            .find(|s| s.prefill)
+            .context("no prefill step recorded")?;
+        let secs = (step.forward_end - step.forward_start).as_secs_f64();
+        rates.push(len as f64 / secs);
+    }
+    rates.sort_by(f64::total_cmp);
+    Ok(rates[1])
+}

@@ -1,0 +1,276 @@
+//! The bench's results document: what `results.json` holds and how
+//! `results.md` (also printed) renders it as the Photon tables.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::peer::LlamaCpp;
+use super::stats::{ConfigResult, CostModelRow, RunSummary};
+use super::workload::{EngineConfig, LengthPlan, Workload};
+use super::Options;
+
+pub const DEFINITIONS: &str = "\
+- **forward / sampling**: device-side (compute-stream thread) time of a decode step's forward and of its sampling.
+- **period**: from one decode forward's start to the next one's (steady state).
+- **device idle**: `forward_start[t+1] - sample_end[t]`, the gap on the compute stream: the bubble.
+- **sched busy**: scheduler-thread time inside `EngineLoop::run_once` minus the time it was blocked in \
+`Executor::wait_step` (waiting for the device), per committed step (prefill and decode).
+- **steady state**: decode steps after a run's first 3 whose batch holds at least 3/4 of the streams; \
+step columns are medians over them, pooled over repetitions.
+- **L**: mean generated tokens per request. **z**: device time spent on zombie rows over decode device time \
+(a zombie-only step costs its whole time; a zombie row in a live batch costs the marginal per-row forward \
+time, fitted over the workload's decode steps).
+- **predicted** = `T_block / T_pipe x (1 - z) - 1`; **observed** = pipelined / blocking tokens/s - 1 \
+(end to end: prefill and ramp-down included).
+- **TTFT**: submit to first committed token; **ITL**: between consecutive committed tokens of a request.";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Meta {
+    pub command: String,
+    pub commit: Option<String>,
+    pub unix_time: u64,
+    pub cores: usize,
+    pub threads: usize,
+    pub backend: &'static str,
+    pub model: String,
+    pub weight_bytes: usize,
+    pub quick: bool,
+    pub reps: usize,
+    pub plan: LengthPlan,
+    pub workloads: Vec<Workload>,
+    pub definitions: &'static str,
+}
+
+impl Meta {
+    pub fn new(opts: &Options, model: &Path, weight_bytes: usize) -> Self {
+        let commit = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .current_dir(super::workspace_root())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        Self {
+            command: format!("cargo xtask {}", args.join(" ")),
+            commit,
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            threads: opts.threads,
+            backend: "cpu",
+            model: model.display().to_string(),
+            weight_bytes,
+            quick: opts.quick,
+            reps: opts.reps,
+            plan: opts.plan,
+            workloads: opts.workloads.clone(),
+            definitions: DEFINITIONS,
+        }
+    }
+}
+
+/// One our-vs-llama.cpp comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerRow {
+    pub metric: String,
+    pub kestrel: f64,
+    pub llama_cpp: f64,
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerReport {
+    pub llama_cpp: LlamaCpp,
+    pub rows: Vec<PeerRow>,
+}
+
+impl PeerReport {
+    pub fn new(llama: LlamaCpp, our_pp512: f64, results: &[ConfigResult]) -> Self {
+        let ours = |streams: usize| {
+            results.iter().find(|r| {
+                r.streams == streams
+                    && r.config == EngineConfig::PipelinedRideAlong
+                    && !r.workload.contains("JSON")
+            })
+        };
+        let mut rows = Vec::new();
+        let mut push = |metric: String, k: f64, l: f64| {
+            rows.push(PeerRow {
+                metric,
+                kestrel: k,
+                llama_cpp: l,
+                ratio: if l > 0.0 { k / l } else { 0.0 },
+            })
+        };
+        for b in &llama.batched {
+            let Some(r) = ours(b.parallel) else { continue };
+            push(
+                format!("decode tokens/s, {} parallel (steady)", b.parallel),
+                r.steady_decode_tokens_per_s(),
+                b.speed_tg,
+            );
+            push(
+                format!("end-to-end (prompt+gen) tokens/s, {} parallel", b.parallel),
+                (r.prompt_tokens + r.tokens) as f64 / r.wall_s,
+                b.speed,
+            );
+        }
+        if let Some(pp) = llama.pp512_tokens_per_s {
+            push("prompt processing tokens/s (pp512)".into(), our_pp512, pp);
+        }
+        if let (Some(tg), Some(r)) = (llama.tg128_tokens_per_s, ours(1)) {
+            push(
+                "single-stream generation tokens/s (tg128)".into(),
+                r.steady_decode_tokens_per_s(),
+                tg,
+            );
+        }
+        Self {
+            llama_cpp: llama,
+            rows,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub meta: Meta,
+    pub runs: Vec<RunSummary>,
+    pub results: Vec<ConfigResult>,
+    pub cost_model: Vec<CostModelRow>,
+    pub peer: Option<PeerReport>,
+}
+
+fn pct(x: f64) -> String {
+    format!("{x:+.1}%")
+}
+
+/// The Markdown report (also what the bench prints).
+pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
+    let m = &doc.meta;
+    let mut s = String::new();
+    let _ = writeln!(s, "# Kestrel pipelining bench\n");
+    let _ = writeln!(
+        s,
+        "`{}` at {} on {} cores, {} matmul threads, {} backend; model `{}` ({:.1} MB of weights). \
+         Outputs {}..={} tokens (greedy, EOS ignored for text), {}% JSON-constrained in the +JSON \
+         workloads, {} repetition(s), configurations rotated within each.\n",
+        m.command,
+        m.commit.as_deref().unwrap_or("an unknown commit"),
+        m.cores,
+        m.threads,
+        m.backend,
+        Path::new(&m.model)
+            .file_name()
+            .map_or(m.model.clone(), |f| f.to_string_lossy().into_owned()),
+        m.weight_bytes as f64 / 1e6,
+        m.plan.min_tokens,
+        m.plan.max_tokens,
+        (m.plan.json_share * 100.0).round(),
+        m.reps,
+    );
+
+    let _ = writeln!(s, "## Per step (steady-state medians, ms)\n");
+    let _ = writeln!(
+        s,
+        "| workload | configuration | forward | sampling | period | device idle | sched busy |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    for r in &doc.results {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
+            r.workload,
+            r.config.short(),
+            r.forward_ms,
+            r.sampling_ms,
+            r.period_ms,
+            r.device_idle_ms,
+            r.sched_busy_ms
+        );
+    }
+
+    let _ = writeln!(s, "\n## Cost model: speedup = T_block / T_pipe x (1 - z)\n");
+    let _ = writeln!(
+        s,
+        "| workload | pipelined | blocking (ms) | pipelined (ms) | L | z | predicted | observed | why they differ |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---|");
+    for c in &doc.cost_model {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.2} | {:.2} | {:.0} | {:.2}% | {} | {} | {} |",
+            c.workload,
+            c.config.short(),
+            c.t_block_ms,
+            c.t_pipe_ms,
+            c.mean_len,
+            c.z * 100.0,
+            pct(c.predicted_pct),
+            pct(c.observed_pct),
+            c.note.as_deref().unwrap_or("agree within 3 points")
+        );
+    }
+
+    let _ = writeln!(s, "\n## Per run (pooled over repetitions)\n");
+    let _ = writeln!(
+        s,
+        "| workload | configuration | tokens/s | L | zombie rows | zombie-only steps | TTFT p50 / p99 (ms) | ITL p50 / p90 / p99 (ms) | device busy |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &doc.results {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.1} | {} | {} | {:.0} / {:.0} | {:.1} / {:.1} / {:.1} | {:.0}% |",
+            r.workload,
+            r.config.short(),
+            r.tokens_per_s,
+            r.mean_len,
+            r.zombie_rows,
+            r.zombie_only_steps,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.itl_ms.p50,
+            r.itl_ms.p90,
+            r.itl_ms.p99,
+            r.device_busy_share * 100.0
+        );
+    }
+
+    if let Some(p) = &doc.peer {
+        let _ = writeln!(s, "\n## Against llama.cpp (same GGUF, same threads)\n");
+        let _ = writeln!(s, "| metric | Kestrel | llama.cpp | Kestrel / llama.cpp |");
+        let _ = writeln!(s, "|---|---:|---:|---:|");
+        for r in &p.rows {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} | {:.1} | {:.2} |",
+                r.metric, r.kestrel, r.llama_cpp, r.ratio
+            );
+        }
+        let _ = writeln!(s, "\nllama.cpp commands:\n");
+        let _ = writeln!(s, "    {}", p.llama_cpp.batched_command);
+        if let Some(c) = &p.llama_cpp.bench_command {
+            let _ = writeln!(s, "    {c}");
+        }
+        let _ = writeln!(
+            s,
+            "\nKestrel decode is pipelined + ride-along on the text workload: batch rows / median \
+             steady period; end to end counts (prompt + generated) tokens over the wall, like \
+             llama-batched-bench's S. Kestrel's pp512 is the forward time of a 512-token prefill \
+             of fresh tokens."
+        );
+    }
+
+    let _ = writeln!(s, "\n## Pictures\n");
+    if let Some(c) = timeline_caption {
+        let _ = writeln!(s, "![timeline](timeline.svg)\n\n{c}\n");
+    }
+    let _ = writeln!(s, "![throughput](throughput.svg)\n");
+    let _ = writeln!(s, "## Definitions\n\n{DEFINITIONS}");
+    s
+}
