@@ -734,3 +734,109 @@ fn abort_races_leave_no_kv_behind() {
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
+
+/// Soak: thousands of mixed requests (plain, streamed, constrained, invalid,
+/// cancelled at random points, aborted by id) from many tasks at once. Every
+/// request is answered (a response, a typed error, or an abort), the engine
+/// keeps serving, and afterwards no KV row or page is left allocated.
+#[test]
+fn soak_mixed_requests_leave_nothing_behind() {
+    const REQUESTS: u64 = 3000;
+    let engine = start(Setup {
+        loop_config: LoopConfig {
+            max_waiting: 64,
+            debug_checks: false,
+            ..Setup::default().loop_config
+        },
+        ..Setup::default()
+    });
+    rt().block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..REQUESTS {
+            let engine = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                // A cheap deterministic mix per request.
+                let h = kestrel_pipeline::testing::mix(i);
+                let n = 1 + (h % 24) as u32;
+                let mut req = match h % 7 {
+                    0 => GenerateRequest {
+                        constraint: Some(Constraint::Choice(vec!["yes".into(), "no".into()])),
+                        ..GenerateRequest::text("answer", n.max(4))
+                    },
+                    1 => GenerateRequest::text("", n), // invalid: empty prompt
+                    2 => GenerateRequest {
+                        constraint: Some(Constraint::Regex("(unclosed".into())), // invalid
+                        ..GenerateRequest::text("x", n)
+                    },
+                    _ => GenerateRequest {
+                        ignore_eos: h % 2 == 0,
+                        ..GenerateRequest::text("hello world", n)
+                    },
+                };
+                req.sampling.temperature = if h % 3 == 0 { 0.0 } else { 0.7 };
+                req.sampling.seed = h | 1;
+                let cancel_after = (h >> 8) % 5 == 0;
+                if (h >> 16) % 2 == 0 {
+                    return match engine.generate(req).await {
+                        Ok(_) => "done",
+                        Err(EngineError::InvalidArgument { .. }) => "invalid",
+                        Err(EngineError::QueueFull { .. }) => "full",
+                        Err(e) => panic!("request {i}: unexpected error {e}"),
+                    };
+                }
+                let mut s = match engine.stream(req) {
+                    Ok(s) => s,
+                    Err(EngineError::InvalidArgument { .. }) => return "invalid",
+                    Err(EngineError::QueueFull { .. }) => return "full",
+                    Err(e) => panic!("request {i}: unexpected error {e}"),
+                };
+                if (h >> 24) % 11 == 0 {
+                    engine.abort(s.request_id());
+                }
+                let mut seen = 0;
+                loop {
+                    if cancel_after && seen >= ((h >> 32) % 4) as usize {
+                        return "dropped";
+                    }
+                    match s.next_event().await {
+                        Some(Ok(StreamEvent::Delta { .. })) => seen += 1,
+                        Some(Ok(StreamEvent::Done(r))) => {
+                            return if r.finish_reason == FinishReason::Abort {
+                                "aborted"
+                            } else {
+                                "done"
+                            };
+                        }
+                        Some(Err(EngineError::QueueFull { .. })) => return "full",
+                        Some(Err(e)) => panic!("request {i}: stream error {e}"),
+                        None => panic!("request {i}: stream ended without a final event"),
+                    }
+                }
+            }));
+        }
+        let mut tally = std::collections::BTreeMap::new();
+        for t in tasks {
+            *tally.entry(timed(t).await.unwrap()).or_insert(0u64) += 1;
+        }
+        assert_eq!(
+            tally.values().sum::<u64>(),
+            REQUESTS,
+            "every request answered: {tally:?}"
+        );
+        assert!(
+            tally.get("done").copied().unwrap_or(0) > REQUESTS / 3,
+            "{tally:?}"
+        );
+        assert!(
+            tally.contains_key("invalid") && tally.contains_key("dropped"),
+            "{tally:?}"
+        );
+        eventually("every KV row and page released", || {
+            let info = engine.model_info();
+            info.num_admitted == 0 && info.num_waiting == 0 && info.kv_pages_used == 0
+        })
+        .await;
+        assert_eq!(engine.health(), Health::Serving);
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+}

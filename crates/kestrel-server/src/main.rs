@@ -57,6 +57,11 @@ struct ServeArgs {
     /// On Ctrl-C, let in-flight requests finish for this many seconds, then abort them.
     #[arg(long, default_value_t = 10)]
     shutdown_grace_secs: u64,
+    /// Once serving, send this chat message to the server through its own
+    /// gRPC API (a real client over TCP) and stream the answer to stdout; the
+    /// server keeps serving afterwards. A smoke test of the whole stack.
+    #[arg(long, value_name = "PROMPT")]
+    first_request: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -367,6 +372,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "serving kestrel.v1.Kestrel on {} (Ctrl-C to stop)",
         server.local_addr()
     );
+    if let Some(prompt) = &args.first_request {
+        first_request(server.local_addr(), prompt).await?;
+    }
 
     tokio::signal::ctrl_c()
         .await
@@ -395,6 +403,33 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Ok(result) => result.context("the gRPC server failed"),
         Err(_) => bail!("the gRPC server did not stop within the grace period"),
     }
+}
+
+/// `serve --first-request`: ask the running server one chat question over
+/// gRPC, exactly as any client would, and print the streamed answer.
+async fn first_request(addr: std::net::SocketAddr, prompt: &str) -> anyhow::Result<()> {
+    let url = format!("http://{addr}");
+    let client = pb::kestrel_client::KestrelClient::connect(url.clone())
+        .await
+        .with_context(|| format!("cannot connect to {url}"))?;
+    let mut target = Target::Remote(client);
+    eprintln!("first request (StreamGenerate to {url}): {prompt}");
+    let req = pb::GenerateRequest {
+        input: Some(Input::Chat(pb::ChatMessages {
+            messages: vec![chat_message("user", prompt)],
+        })),
+        max_new_tokens: Some(64),
+        ..Default::default()
+    };
+    let stream = target
+        .stream(req)
+        .await
+        .map_err(|status| anyhow::anyhow!("{}: {}", status.code(), status.message()))?;
+    if let Outcome::Done(done) = print_stream(stream).await? {
+        print_stats(&done);
+    }
+    target.close().await;
+    Ok(())
 }
 
 type EventStream =

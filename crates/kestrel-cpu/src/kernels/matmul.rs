@@ -194,8 +194,8 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
         let mut r = r0;
         while r < r1 {
             let rn = if r1 - r >= rt { rt } else { 1 };
-            // SAFETY: row `r` exists, so the offset is within `w.data`.
             let direct = Src {
+                // SAFETY: `r < r1 <= w.rows`, so row `r` starts within `w.data`.
                 ptr: unsafe { w.data.as_ptr().add(r * w.row_bytes) },
                 row_bytes: w.row_bytes,
                 dtype: w.dtype,
