@@ -291,6 +291,18 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
                     tokens: tokens as usize,
                     tokens_per_s: tokens as f64 / data.wall_s,
                 });
+                if bar.is_hidden() {
+                    // No terminal (CI logs): one line per run instead of a bar.
+                    eprintln!(
+                        "[{}/{}] {} | {} | rep {}: {:.1} tokens/s",
+                        bar.position() + 1,
+                        total_runs,
+                        w.label(),
+                        config.short(),
+                        rep + 1,
+                        tokens as f64 / data.wall_s
+                    );
+                }
                 runs[wi][ci].push(data);
                 bar.inc(1);
             }

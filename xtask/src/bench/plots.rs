@@ -193,12 +193,18 @@ pub fn timeline(
         .draw()
         .map_err(plot_err)?;
     root.present().map_err(plot_err)?;
+    let idle = |l: &Lane| l.len_ms - l.device.iter().map(|d| d.1 - d.0).sum::<f64>();
     Ok(Some(format!(
         "{} consecutive steady decode steps of the {} workload (first repetition), blocking vs \
          pipelined with prefill riding along. Gaps in a device lane are the bubble; in the \
-         pipelined lanes the scheduler works while the next forward runs.",
-        WINDOW_STEPS,
-        w.label()
+         pipelined lanes the scheduler works while the next forward runs. Device idle in these \
+         windows: blocking {:.3} ms of {:.1} ms, pipelined {:.3} ms of {:.1} ms.",
+        b_len(wb),
+        w.label(),
+        idle(&lanes[0]),
+        lanes[0].len_ms,
+        idle(&lanes[1]),
+        lanes[1].len_ms,
     )))
 }
 

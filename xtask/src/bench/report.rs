@@ -22,6 +22,7 @@ step columns are medians over them, pooled over repetitions.
 - **L**: mean generated tokens per request. **z**: device time spent on zombie rows over decode device time \
 (a zombie-only step costs its whole time; a zombie row in a live batch costs the marginal per-row forward \
 time, fitted over the workload's decode steps).
+- **blocking bubble**: blocking device idle / blocking period: the most pipelining can hide.
 - **predicted** = `T_block / T_pipe x (1 - z) - 1`; **observed** = pipelined / blocking tokens/s - 1 \
 (end to end: prefill and ramp-down included).
 - **TTFT**: submit to first committed token; **ITL**: between consecutive committed tokens of a request.";
@@ -197,17 +198,18 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
     let _ = writeln!(s, "\n## Cost model: speedup = T_block / T_pipe x (1 - z)\n");
     let _ = writeln!(
         s,
-        "| workload | pipelined | blocking (ms) | pipelined (ms) | L | z | predicted | observed | why they differ |"
+        "| workload | pipelined | blocking (ms) | pipelined (ms) | blocking bubble | L | z | predicted | observed | why they differ |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for c in &doc.cost_model {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.2} | {:.2} | {:.0} | {:.2}% | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2}% | {:.0} | {:.2}% | {} | {} | {} |",
             c.workload,
             c.config.short(),
             c.t_block_ms,
             c.t_pipe_ms,
+            c.block_bubble * 100.0,
             c.mean_len,
             c.z * 100.0,
             pct(c.predicted_pct),

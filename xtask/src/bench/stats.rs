@@ -274,6 +274,8 @@ pub struct CostModelRow {
     pub config: EngineConfig,
     pub t_block_ms: f64,
     pub t_pipe_ms: f64,
+    /// Blocking device idle over blocking period: what there is to hide.
+    pub block_bubble: f64,
     pub mean_len: f64,
     pub z: f64,
     /// `T_block / T_pipe x (1 - z) - 1`, in percent.
@@ -348,6 +350,11 @@ pub fn cost_model(block: &ConfigResult, pipe: &ConfigResult) -> CostModelRow {
         config: pipe.config,
         t_block_ms: block.period_ms,
         t_pipe_ms: pipe.period_ms,
+        block_bubble: if block.period_ms > 0.0 {
+            block.device_idle_ms / block.period_ms
+        } else {
+            0.0
+        },
         mean_len: pipe.mean_len,
         z,
         predicted_pct,
