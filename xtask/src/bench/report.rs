@@ -14,7 +14,7 @@ use super::Options;
 pub const DEFINITIONS: &str = "\
 - **forward / sampling**: device-side (compute-stream thread) time of a decode step's forward and of its sampling.
 - **period**: from one decode forward's start to the next one's (steady state).
-- **device idle**: `forward_start[t+1] - sample_end[t]`, the gap on the compute stream: the bubble.
+- **device idle**: `forward_start[t+1] - sample_end[t]`, the gap on the compute stream: the bubble (median; **idle mean** keeps the rare long stalls).
 - **sched busy**: scheduler-thread time inside `EngineLoop::run_once` minus the time it was blocked in \
 `Executor::wait_step` (waiting for the device), per committed step (prefill and decode).
 - **steady state**: decode steps after a run's first 3 whose batch holds at least 3/4 of the streams; \
@@ -178,19 +178,20 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
     let _ = writeln!(s, "## Per step (steady-state medians, ms)\n");
     let _ = writeln!(
         s,
-        "| workload | configuration | forward | sampling | period | device idle | sched busy |"
+        "| workload | configuration | forward | sampling | period | device idle | idle mean | sched busy |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
     for r in &doc.results {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} |",
             r.workload,
             r.config.short(),
             r.forward_ms,
             r.sampling_ms,
             r.period_ms,
             r.device_idle_ms,
+            r.device_idle_mean_ms,
             r.sched_busy_ms
         );
     }

@@ -94,6 +94,9 @@ pub struct ConfigResult {
     pub sampling_ms: f64,
     pub period_ms: f64,
     pub device_idle_ms: f64,
+    /// Mean device idle between steady decode steps: includes the rare long
+    /// stalls (scheduler thread preempted on a shared machine) medians hide.
+    pub device_idle_mean_ms: f64,
     /// Mean scheduler busy time per committed step.
     pub sched_busy_ms: f64,
     /// Device busy (forward + sampling) over wall time.
@@ -256,6 +259,7 @@ pub fn summarize(
         sampling_ms: median(&samp),
         period_ms: median(&period),
         device_idle_ms: median(&idle),
+        device_idle_mean_ms: Dist::of_seconds(&idle).mean,
         sched_busy_ms: busy_sched * 1e3 / committed.max(1) as f64,
         device_busy_share: (dec_dev + pre_dev) / wall,
         decode_device_s: dec_dev,
@@ -339,6 +343,28 @@ pub fn cost_model(block: &ConfigResult, pipe: &ConfigResult) -> CostModelRow {
                  the bubble is not fully hidden",
                 pipe.period_ms,
                 pipe.forward_ms + pipe.sampling_ms
+            ));
+        }
+        let drift = pipe.forward_ms / block.forward_ms - 1.0;
+        if drift.abs() > 0.03 {
+            // The pipeline does not change the forward: a different forward
+            // time is the machine's load moving under the runs.
+            let bubble_only = (block.period_ms
+                / (block.period_ms - block.device_idle_ms + pipe.device_idle_ms)
+                * (1.0 - z)
+                - 1.0)
+                * 100.0;
+            why.push(format!(
+                "the forward itself differs by {:+.0}% (machine load, not the pipeline); \
+                 from the bubble alone the model predicts {bubble_only:+.2}%",
+                drift * 100.0
+            ));
+        }
+        if block.device_idle_mean_ms > 3.0 * block.device_idle_ms.max(0.01) {
+            why.push(format!(
+                "blocking idle is {:.2} ms on average vs {:.3} ms median: scheduler-thread \
+                 stalls (preemption on a shared machine) that pipelining hides",
+                block.device_idle_mean_ms, block.device_idle_ms
             ));
         }
         if why.is_empty() {

@@ -132,16 +132,21 @@ const TEXT_PROMPTS: [&str; 8] = [
 ];
 
 const JSON_PROMPT: &str = "Invent a fictional city. Reply in JSON with its name, \
-population, a list of landmarks and a long description.";
+population, a few landmarks and a short description.";
 
 fn city_schema() -> serde_json::Value {
     serde_json::json!({
         "type": "object",
         "properties": {
-            "name": {"type": "string"},
+            "name": {"type": "string", "maxLength": 24},
             "population": {"type": "integer"},
-            "landmarks": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 8},
-            "description": {"type": "string"}
+            "landmarks": {
+                "type": "array",
+                "items": {"type": "string", "maxLength": 24},
+                "minItems": 2,
+                "maxItems": 4
+            },
+            "description": {"type": "string", "maxLength": 160}
         },
         "required": ["name", "population", "landmarks", "description"],
         "additionalProperties": false
