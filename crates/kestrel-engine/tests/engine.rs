@@ -769,14 +769,14 @@ fn soak_mixed_requests_leave_nothing_behind() {
                         ..GenerateRequest::text("x", n)
                     },
                     _ => GenerateRequest {
-                        ignore_eos: h % 2 == 0,
+                        ignore_eos: h.is_multiple_of(2),
                         ..GenerateRequest::text("hello world", n)
                     },
                 };
-                req.sampling.temperature = if h % 3 == 0 { 0.0 } else { 0.7 };
+                req.sampling.temperature = if h.is_multiple_of(3) { 0.0 } else { 0.7 };
                 req.sampling.seed = h | 1;
-                let cancel_after = (h >> 8) % 5 == 0;
-                if (h >> 16) % 2 == 0 {
+                let cancel_after = (h >> 8).is_multiple_of(5);
+                if (h >> 16).is_multiple_of(2) {
                     return match engine.generate(req).await {
                         Ok(_) => "done",
                         Err(EngineError::InvalidArgument { .. }) => "invalid",
@@ -790,7 +790,7 @@ fn soak_mixed_requests_leave_nothing_behind() {
                     Err(EngineError::QueueFull { .. }) => return "full",
                     Err(e) => panic!("request {i}: unexpected error {e}"),
                 };
-                if (h >> 24) % 11 == 0 {
+                if (h >> 24).is_multiple_of(11) {
                     engine.abort(s.request_id());
                 }
                 let mut seen = 0;

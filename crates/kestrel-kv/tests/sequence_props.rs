@@ -241,7 +241,9 @@ impl Harness {
             SequenceState::Idle if s.needs_prefill() => {
                 Op::SchedulePrefill(i, (s.prefill_end() - s.kv_position()).min(6))
             }
-            SequenceState::Idle if s.kv_position() % 3 == 0 => Op::ScheduleSpeculative(i, 3),
+            SequenceState::Idle if s.kv_position().is_multiple_of(3) => {
+                Op::ScheduleSpeculative(i, 3)
+            }
             SequenceState::Idle => Op::ScheduleDecode(i),
         }
     }

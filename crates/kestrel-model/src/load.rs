@@ -111,7 +111,7 @@ pub(crate) fn check_matrix(
             found: vec![m.rows, m.cols],
         });
     }
-    if cols % m.dtype.block_elems() != 0 {
+    if !cols.is_multiple_of(m.dtype.block_elems()) {
         return Err(ModelError::BadBlockAlignment {
             tensor: name.into(),
             dtype: m.dtype,

@@ -23,7 +23,7 @@ pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
     let be = dtype.block_elems();
     let bb = dtype.block_bytes();
     assert!(
-        out.len() % be == 0,
+        out.len().is_multiple_of(be),
         "{} elements is not a whole number of {dtype:?} blocks",
         out.len()
     );
@@ -116,7 +116,7 @@ fn dequantize_q6_k(blk: &[u8], y: &mut [f32]) {
 pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
     let be = dtype.block_elems();
     assert!(
-        src.len() % be == 0,
+        src.len().is_multiple_of(be),
         "{} elements is not a whole number of {dtype:?} blocks",
         src.len()
     );
@@ -283,7 +283,7 @@ impl Matrix {
     pub fn quantize(dtype: DType, rows: usize, cols: usize, values: &[f32]) -> Matrix {
         assert_eq!(values.len(), rows * cols, "Matrix::quantize: value count");
         assert!(
-            cols % dtype.block_elems() == 0,
+            cols.is_multiple_of(dtype.block_elems()),
             "{cols} columns do not tile {dtype:?} blocks"
         );
         let mut data = Vec::with_capacity(rows * cols / dtype.block_elems() * dtype.block_bytes());

@@ -443,7 +443,7 @@ impl SchedulableSequence {
         };
         let row = self.applied_row(table)?;
         self.kv_position += 1;
-        let block_completed = self.kv_position % table.page_size() == 0;
+        let block_completed = self.kv_position.is_multiple_of(table.page_size());
         self.publish(table, row);
         self.tokens.push(token);
         self.state = SequenceState::Idle;
