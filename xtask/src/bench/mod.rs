@@ -193,16 +193,23 @@ fn bench_dir_name() -> String {
 }
 
 /// Timings from a debug build would measure the compiler, not the engine:
-/// `cargo xtask` builds in the dev profile, so rebuild and rerun in release.
-fn reexec_in_release() -> anyhow::Result<()> {
-    eprintln!("cargo xtask bench: rebuilding in release (a debug build would time the compiler)");
+/// `cargo xtask` builds in the dev profile, so rebuild and rerun optimized.
+/// A full run uses the release profile; `--quick` (a smoke run, e.g. in CI)
+/// reuses the `test` profile (opt-level 3), which `cargo test` has built.
+fn reexec_optimized(quick: bool) -> anyhow::Result<()> {
+    let profile: &[&str] = if quick { &["--profile", "test"] } else { &["--release"] };
+    eprintln!("cargo xtask bench: rebuilding optimized ({})", profile.join(" "));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["run", "--release", "--quiet", "--package", "xtask", "--"])
+        .arg("run")
+        .args(profile)
+        .args(["--quiet", "--package", "xtask", "--"])
         .args(std::env::args_os().skip(1))
+        // The test profile keeps debug assertions on: do not re-exec again.
+        .env("KESTREL_BENCH_ALLOW_DEBUG", "1")
         .current_dir(workspace_root())
         .status()
-        .context("running cargo for the release build")?;
+        .context("running cargo for the optimized build")?;
     if !status.success() {
         std::process::exit(status.code().unwrap_or(1));
     }
@@ -212,7 +219,7 @@ fn reexec_in_release() -> anyhow::Result<()> {
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     let opts = Options::from_args(&args)?;
     if cfg!(debug_assertions) && std::env::var_os("KESTREL_BENCH_ALLOW_DEBUG").is_none() {
-        return reexec_in_release();
+        return reexec_optimized(args.quick);
     }
     let model_path = match &opts.model {
         Some(p) => p.clone(),
