@@ -197,8 +197,15 @@ fn bench_dir_name() -> String {
 /// A full run uses the release profile; `--quick` (a smoke run, e.g. in CI)
 /// reuses the `test` profile (opt-level 3), which `cargo test` has built.
 fn reexec_optimized(quick: bool) -> anyhow::Result<()> {
-    let profile: &[&str] = if quick { &["--profile", "test"] } else { &["--release"] };
-    eprintln!("cargo xtask bench: rebuilding optimized ({})", profile.join(" "));
+    let profile: &[&str] = if quick {
+        &["--profile", "test"]
+    } else {
+        &["--release"]
+    };
+    eprintln!(
+        "cargo xtask bench: rebuilding optimized ({})",
+        profile.join(" ")
+    );
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = std::process::Command::new(cargo)
         .arg("run")
