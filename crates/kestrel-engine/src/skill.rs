@@ -37,6 +37,8 @@ pub(crate) struct StreamingSkill {
     submitted: Instant,
     /// First scheduler query: the sequence was admitted (prefill launched).
     admitted: Cell<Option<Instant>>,
+    /// Prompt tokens served from the prefix cache.
+    cached_prompt_tokens: u32,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     span: tracing::Span,
@@ -78,6 +80,7 @@ impl StreamingSkill {
             prompt_tokens: p.prompt_tokens,
             submitted: p.submitted,
             admitted: Cell::new(None),
+            cached_prompt_tokens: 0,
             first_token: None,
             last_token: None,
             span,
@@ -145,7 +148,7 @@ impl StreamingSkill {
             usage: Usage {
                 prompt_tokens: self.prompt_tokens,
                 completion_tokens: completion,
-                cached_prompt_tokens: 0,
+                cached_prompt_tokens: self.cached_prompt_tokens,
             },
             timings: Timings {
                 queue_ms: ms(admitted.saturating_duration_since(self.submitted)),
@@ -162,6 +165,11 @@ impl StreamingSkill {
 }
 
 impl SequenceSkill for StreamingSkill {
+    fn on_admitted(&mut self, cached_prompt_tokens: usize) {
+        self.mark_admitted();
+        self.cached_prompt_tokens = u32::try_from(cached_prompt_tokens).unwrap_or(u32::MAX);
+    }
+
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
         self.mark_admitted();
         let now = Instant::now();

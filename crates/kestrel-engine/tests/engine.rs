@@ -929,6 +929,15 @@ fn real_model_constrained_in_both_modes_alone_and_batched() {
             "{mode:?}: JSON request alone vs batched"
         );
         assert_eq!(
+            alone_json.usage.cached_prompt_tokens, 0,
+            "first sight of the prompt"
+        );
+        assert!(
+            batched[0].usage.cached_prompt_tokens >= 16,
+            "{mode:?}: the repeated prompt should hit the prefix cache: {:?}",
+            batched[0].usage
+        );
+        assert_eq!(
             batched[2].token_ids, alone_choice.token_ids,
             "{mode:?}: choice alone vs batched"
         );

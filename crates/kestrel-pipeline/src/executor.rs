@@ -108,6 +108,13 @@ pub trait Executor {
         seqs: &[PrefillInput<'_, Self::Params>],
     ) -> Result<(), ExecError<Self::Error>>;
 
+    /// Prompt tokens of an admitted sequence served from a prefix cache
+    /// (their prefill was skipped). Runtimes without one report 0.
+    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
+        let _ = id;
+        0
+    }
+
     /// Launch one decode forward on `slot` for `rows` (request ids, in row
     /// order). Each row's input token is the one its previous step sampled,
     /// already on the device.

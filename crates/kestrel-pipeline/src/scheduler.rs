@@ -207,6 +207,7 @@ impl<P> Scheduler<P> {
                 return Err(Fatal(e.to_string()));
             }
         }
+        req.skill.on_admitted(exec.cached_prompt_tokens(req.id));
         let seq = Sequence {
             id: req.id,
             prompt_len: req.prompt.len(),

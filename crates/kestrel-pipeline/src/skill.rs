@@ -136,6 +136,13 @@ pub enum FailureKind {
 /// A finalized sequence is never asked for a mask again (zombie rows are
 /// sampled unconstrained and their tokens discarded).
 pub trait SequenceSkill: Send {
+    /// The request was admitted: its prefill launched with KV reserved.
+    /// `cached_prompt_tokens` prompt tokens were served from the prefix cache.
+    /// Called once, before any `consume`.
+    fn on_admitted(&mut self, cached_prompt_tokens: usize) {
+        let _ = cached_prompt_tokens;
+    }
+
     /// Consume one committed token.
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict;
 

@@ -103,6 +103,8 @@ struct SeqKv {
     len: usize,
     /// Kept until the prefill commits, then published to the prefix cache.
     prompt: Option<Vec<TokenId>>,
+    /// Prompt tokens served from the prefix cache at admission.
+    cached: usize,
 }
 
 const NUM_SLOTS: usize = 2;
@@ -375,6 +377,7 @@ impl Executor for CpuRuntime {
                     row,
                     len,
                     prompt: Some(input.prompt.to_vec()),
+                    cached: hit,
                 },
             );
         }
@@ -383,6 +386,10 @@ impl Executor for CpuRuntime {
             return Err(ExecError::Fatal(e.into()));
         }
         self.dispatch(slot, meta)
+    }
+
+    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.cached)
     }
 
     fn launch_decode(
