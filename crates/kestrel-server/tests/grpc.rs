@@ -64,7 +64,7 @@ async fn chat_input_and_logprobs() {
 }
 
 #[tokio::test]
-async fn concurrent_greedy_streams_match_solo_runs() {
+async fn thirty_two_concurrent_greedy_streams_match_solo_runs() {
     let server = shared_server();
     let prompts = [
         "The quick brown fox",
@@ -77,9 +77,19 @@ async fn concurrent_greedy_streams_match_solo_runs() {
         "The three primary colours are",
         "SELECT * FROM",
     ];
+    // 32 distinct prompts: the bar is 32 concurrent streams.
+    let prompts: Vec<String> = (0..32)
+        .map(|i| {
+            format!(
+                "{} (take {})",
+                prompts[i % prompts.len()],
+                i / prompts.len()
+            )
+        })
+        .collect();
     let mut c = client(server).await;
     let mut solo = Vec::new();
-    for p in prompts {
+    for p in &prompts {
         let mut req = text_request(p, 10);
         req.ignore_eos = true;
         solo.push(c.generate(req).await.expect("solo").into_inner());
