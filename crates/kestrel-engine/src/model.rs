@@ -40,6 +40,33 @@ pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     fn take_device_intervals(&mut self, _out: &mut Vec<(std::time::Instant, std::time::Instant)>) {}
 }
 
+/// The pipeline's simulated device, for tests and demos of the engine.
+impl Runtime for kestrel_pipeline::testing::SimExecutor {
+    fn kv_stats(&self) -> KvStats {
+        let total = self.config().num_pages;
+        let used = self.used_pages();
+        KvStats {
+            total_pages: total,
+            used_pages: used,
+            free_pages: total - used,
+            ..KvStats::default()
+        }
+    }
+}
+
+/// A runtime with an observer around its waits is still that runtime.
+impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
+    for kestrel_pipeline::Observed<E, O>
+{
+    fn kv_stats(&self) -> KvStats {
+        self.inner.kv_stats()
+    }
+
+    fn take_device_intervals(&mut self, out: &mut Vec<(std::time::Instant, std::time::Instant)>) {
+        self.inner.take_device_intervals(out);
+    }
+}
+
 /// Inputs to [`ModelContext::new`].
 pub struct ModelContextConfig {
     pub name: String,

@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineError, FinishReason, GenerateRequest, Health, KvStats, LoopConfig,
-    ModelContext, ModelContextConfig, PipelineMode, PrefillPolicy, Runtime, StreamEvent,
+    Constraint, Engine, EngineError, FinishReason, GenerateRequest, Health, LoopConfig,
+    ModelContext, ModelContextConfig, PipelineMode, PrefillPolicy, StreamEvent,
 };
 use kestrel_pipeline::testing::{SimConfig, SimExecutor};
-use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SlotId, StepOutputs, TokenId,
-};
+use kestrel_pipeline::{Observed, SlotId, WaitObserver};
 use kestrel_skills::testing::{small_tokenizer, IM_END};
 
 /// Logits rows of the simulated model (the tokenizer has fewer tokens; the
@@ -22,80 +20,23 @@ use kestrel_skills::testing::{small_tokenizer, IM_END};
 const VOCAB: usize = 288;
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// `SimExecutor` with an optional sleep in every `wait_step`, so requests
-/// take real time and queueing/abort/shutdown races can be provoked.
+/// Sleeps before every `wait_step`, so requests take real time and
+/// queueing/abort/shutdown races can be provoked.
 #[derive(Debug)]
-struct TestRuntime {
-    inner: SimExecutor,
-    step_delay: Duration,
-    num_pages: usize,
+struct StepDelay {
+    delay: Duration,
 }
 
-impl Executor for TestRuntime {
-    type Params = kestrel_pipeline::SamplingParams;
-    type Error = <SimExecutor as Executor>::Error;
-
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn max_rows(&self) -> usize {
-        self.inner.max_rows()
-    }
-    fn num_allocated(&self) -> usize {
-        self.inner.num_allocated()
-    }
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.inner.can_reserve(prompt, max_len)
-    }
-    fn could_ever_fit(&self, max_len: usize) -> bool {
-        self.inner.could_ever_fit(max_len)
-    }
-    fn launch_prefill(
-        &mut self,
-        slot: SlotId,
-        seqs: &[PrefillInput<'_, Self::Params>],
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.launch_prefill(slot, seqs)
-    }
-    fn launch_decode(
-        &mut self,
-        slot: SlotId,
-        rows: &[RequestId],
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.launch_decode(slot, rows)
-    }
-    fn finalize_sampling(
-        &mut self,
-        slot: SlotId,
-        masks: Option<&MaskBatch<'_>>,
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.finalize_sampling(slot, masks)
-    }
-    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, Self::Error> {
-        if !self.step_delay.is_zero() {
-            std::thread::sleep(self.step_delay);
-        }
-        self.inner.wait_step(slot)
-    }
-    fn release(&mut self, id: RequestId) {
-        self.inner.release(id);
-    }
-    fn release_all(&mut self) {
-        self.inner.release_all();
-    }
-}
-
-impl Runtime for TestRuntime {
-    fn kv_stats(&self) -> KvStats {
-        let used = self.inner.used_pages();
-        KvStats {
-            total_pages: self.num_pages,
-            used_pages: used,
-            free_pages: self.num_pages - used,
-            ..KvStats::default()
+impl WaitObserver for StepDelay {
+    fn before_wait(&mut self, _slot: SlotId) {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
         }
     }
 }
+
+/// `SimExecutor` with an optional delay per step.
+type TestRuntime = Observed<SimExecutor, StepDelay>;
 
 fn model() -> ModelContext {
     ModelContext::new(ModelContextConfig {
@@ -146,11 +87,9 @@ fn start(setup: Setup) -> Engine {
         step_delay,
     } = setup;
     Engine::start_with_runtime(model(), loop_config, move || {
-        let num_pages = sim.num_pages;
         Ok(TestRuntime {
             inner: SimExecutor::new(sim),
-            step_delay,
-            num_pages,
+            observer: StepDelay { delay: step_delay },
         })
     })
     .expect("engine starts")

@@ -31,6 +31,7 @@
 
 pub mod engine_loop;
 pub mod executor;
+pub mod observed;
 pub mod sampling;
 pub mod scheduler;
 mod sequence;
@@ -45,6 +46,7 @@ pub type RequestId = u64;
 
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+pub use observed::{Observed, WaitObserver};
 pub use sampling::SamplingParams;
 pub use scheduler::{PipelineStats, StepPlan};
 pub use sequence::{Request, MAX_INFLIGHT_REFS};

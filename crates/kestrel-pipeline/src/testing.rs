@@ -126,6 +126,10 @@ impl SimExecutor {
         self.used_pages
     }
 
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
     fn record(&mut self, what: &'static str, slot: SlotId) {
         if self.config.trace {
             self.trace.push((what, slot));

@@ -15,90 +15,40 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use kestrel_cpu::runtime::CpuRuntime;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, ExecError, Executor, MaskBatch, Outcome, PrefillInput, Request,
-    RequestId, SamplingParams, SequenceSkill, SlotId, StepOutputs, Tick, TokenId, TokenMask,
-    Verdict,
+    CommittedToken, EngineLoop, Observed, Outcome, Request, SamplingParams, SequenceSkill, SlotId,
+    Tick, TokenMask, Verdict, WaitObserver,
 };
 
 use super::workload::{LengthPlan, PreparedRequest, PromptSet, Workload};
 
-/// An executor that times how long the scheduler thread waits for each step.
-#[derive(Debug)]
-pub struct Instrumented<E> {
-    pub inner: E,
-    /// `wait_step` intervals since the last [`Instrumented::take_waits`].
+/// Times how long the scheduler thread waits for each step (the observer
+/// of the pipeline's forwarding `Observed` executor).
+#[derive(Debug, Default)]
+pub struct WaitTimer {
+    started: Option<Instant>,
+    /// `wait_step` intervals since the last [`WaitTimer::take_waits`].
     waits: Vec<(Instant, Instant)>,
 }
 
-impl<E> Instrumented<E> {
-    pub fn new(inner: E) -> Self {
-        Self {
-            inner,
-            waits: Vec::with_capacity(4096),
-        }
-    }
-
+impl WaitTimer {
     pub fn take_waits(&mut self) -> Vec<(Instant, Instant)> {
         std::mem::replace(&mut self.waits, Vec::with_capacity(4096))
     }
 }
 
-impl<E: Executor> Executor for Instrumented<E> {
-    type Params = E::Params;
-    type Error = E::Error;
-
-    fn num_slots(&self) -> usize {
-        self.inner.num_slots()
+impl WaitObserver for WaitTimer {
+    fn before_wait(&mut self, _slot: SlotId) {
+        self.started = Some(Instant::now());
     }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn max_rows(&self) -> usize {
-        self.inner.max_rows()
-    }
-    fn num_allocated(&self) -> usize {
-        self.inner.num_allocated()
-    }
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.inner.can_reserve(prompt, max_len)
-    }
-    fn could_ever_fit(&self, max_len: usize) -> bool {
-        self.inner.could_ever_fit(max_len)
-    }
-    fn launch_prefill(
-        &mut self,
-        slot: SlotId,
-        seqs: &[PrefillInput<'_, Self::Params>],
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.launch_prefill(slot, seqs)
-    }
-    fn launch_decode(
-        &mut self,
-        slot: SlotId,
-        rows: &[RequestId],
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.launch_decode(slot, rows)
-    }
-    fn finalize_sampling(
-        &mut self,
-        slot: SlotId,
-        masks: Option<&MaskBatch<'_>>,
-    ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.finalize_sampling(slot, masks)
-    }
-    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, Self::Error> {
-        let start = Instant::now();
-        let out = self.inner.wait_step(slot);
-        self.waits.push((start, Instant::now()));
-        out
-    }
-    fn release(&mut self, id: RequestId) {
-        self.inner.release(id)
-    }
-    fn release_all(&mut self) {
-        self.inner.release_all()
+    fn after_wait(&mut self, _slot: SlotId) {
+        if let Some(start) = self.started.take() {
+            self.waits.push((start, Instant::now()));
+        }
     }
 }
+
+/// An executor whose `wait_step` calls are timed.
+pub type Instrumented<E> = Observed<E, WaitTimer>;
 
 /// The engine as the bench drives it.
 pub type BenchEngine = EngineLoop<Instrumented<CpuRuntime>>;
@@ -207,7 +157,7 @@ pub fn run_workload(
     let mut data = RunData::default();
     let (tx, rx): (Sender<RequestRecord>, Receiver<RequestRecord>) = channel();
     let exec = engine.executor_mut();
-    exec.take_waits();
+    exec.observer.take_waits();
     exec.inner.record_timings(true);
     let stats0 = engine.stats();
     let start = Instant::now();
@@ -314,6 +264,7 @@ pub fn run_workload(
     let exec = engine.executor_mut();
     exec.inner.record_timings(false);
     data.waits = exec
+        .observer
         .take_waits()
         .into_iter()
         .map(|(a, b)| (secs(a), secs(b)))

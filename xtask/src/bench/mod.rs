@@ -408,7 +408,10 @@ fn build_engine(
     )
     .context("starting the CPU runtime")?;
     EngineLoop::new(
-        Instrumented::new(rt),
+        Instrumented {
+            inner: rt,
+            observer: harness::WaitTimer::default(),
+        },
         LoopConfig {
             mode: config.mode(),
             prefill_policy: config.prefill_policy(),
