@@ -7,7 +7,6 @@
 //! skill's work plus one unbounded, never-blocking channel send and a few
 //! atomics. `finish` sends exactly one terminal item (`Done` or an error).
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,8 +34,8 @@ pub(crate) struct StreamingSkill {
     metrics: Arc<Metrics>,
     prompt_tokens: u32,
     submitted: Instant,
-    /// First scheduler query: the sequence was admitted (prefill launched).
-    admitted: Cell<Option<Instant>>,
+    /// When the pipeline admitted the sequence (`on_admitted`: prefill launched).
+    admitted: Option<Instant>,
     /// Prompt tokens served from the prefix cache.
     cached_prompt_tokens: u32,
     first_token: Option<Instant>,
@@ -79,17 +78,11 @@ impl StreamingSkill {
             metrics: p.metrics,
             prompt_tokens: p.prompt_tokens,
             submitted: p.submitted,
-            admitted: Cell::new(None),
+            admitted: None,
             cached_prompt_tokens: 0,
             first_token: None,
             last_token: None,
             span,
-        }
-    }
-
-    fn mark_admitted(&self) {
-        if self.admitted.get().is_none() {
-            self.admitted.set(Some(Instant::now()));
         }
     }
 
@@ -132,7 +125,7 @@ impl StreamingSkill {
             ),
             None => (String::new(), Vec::new(), None, Vec::new()),
         };
-        let admitted = self.admitted.get().unwrap_or(now);
+        let admitted = self.admitted.unwrap_or(now);
         let completion = token_ids.len() as u32;
         let tokens_per_s = match (self.first_token, self.last_token) {
             (Some(a), Some(b)) if completion > 1 && b > a => {
@@ -166,12 +159,11 @@ impl StreamingSkill {
 
 impl SequenceSkill for StreamingSkill {
     fn on_admitted(&mut self, cached_prompt_tokens: usize) {
-        self.mark_admitted();
+        self.admitted = Some(Instant::now());
         self.cached_prompt_tokens = u32::try_from(cached_prompt_tokens).unwrap_or(u32::MAX);
     }
 
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        self.mark_admitted();
         let now = Instant::now();
         match self.last_token {
             None => {
@@ -190,7 +182,6 @@ impl SequenceSkill for StreamingSkill {
     }
 
     fn is_constrained(&self) -> bool {
-        self.mark_admitted();
         self.inner.is_constrained()
     }
 
@@ -203,7 +194,7 @@ impl SequenceSkill for StreamingSkill {
         self.inner.finish(outcome.clone());
         self.send_delta();
         self.metrics.e2e.observe(now - self.submitted);
-        if let Some(a) = self.admitted.get() {
+        if let Some(a) = self.admitted {
             self.metrics.queue_time.observe(a - self.submitted);
         }
         let _enter = self.span.clone().entered();

