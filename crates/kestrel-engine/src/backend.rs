@@ -49,15 +49,7 @@ pub(crate) fn start_cpu(
 
 impl Runtime for CpuRuntime {
     fn kv_stats(&self) -> KvStats {
-        let s = CpuRuntime::kv_stats(self);
-        KvStats {
-            total_pages: s.total_pages,
-            used_pages: s.used_pages,
-            free_pages: s.free_pages,
-            cached_pages: s.cached_pages,
-            prefix_hit_tokens: s.prefix_hit_tokens,
-            prompt_tokens: s.prompt_tokens,
-        }
+        CpuRuntime::kv_stats(self)
     }
 
     fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {

@@ -15,19 +15,7 @@ use tokenizers::Tokenizer;
 use crate::error::EngineError;
 use crate::request::Prompt;
 
-/// KV cache occupancy as a runtime reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KvStats {
-    pub total_pages: usize,
-    pub used_pages: usize,
-    pub free_pages: usize,
-    /// Pages held only by the prefix cache (reusable).
-    pub cached_pages: usize,
-    /// Prompt tokens served from the prefix cache, cumulative.
-    pub prefix_hit_tokens: u64,
-    /// Prompt tokens prefilled or hit, cumulative.
-    pub prompt_tokens: u64,
-}
+pub use kestrel_kv::KvStats;
 
 /// What the engine needs from a runtime beyond the pipeline's [`Executor`].
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {

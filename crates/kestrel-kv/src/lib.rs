@@ -79,6 +79,7 @@ mod error;
 pub mod pool;
 pub mod prefix;
 pub mod sequence;
+mod stats;
 mod table;
 
 pub use error::KvError;
@@ -86,6 +87,7 @@ pub use pool::BlockPool;
 pub use sequence::{
     ApplyError, DecodeOutcome, SchedulableSequence, ScheduleError, SequenceEvent, SequenceState,
 };
+pub use stats::KvStats;
 pub use table::{PageTable, PageTableConfig, PagedIndices};
 
 /// Index of a KV page in the pool.

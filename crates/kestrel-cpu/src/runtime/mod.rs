@@ -15,6 +15,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+pub use kestrel_kv::KvStats;
 use kestrel_kv::{KvError, PageTable, PageTableConfig, RowId};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
@@ -56,19 +57,6 @@ impl Default for CpuRuntimeConfig {
             prefill_chunk: 256,
         }
     }
-}
-
-/// KV occupancy and prefix-cache effect, for metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KvStats {
-    pub total_pages: usize,
-    pub used_pages: usize,
-    pub free_pages: usize,
-    pub cached_pages: usize,
-    /// Prompt tokens served from the prefix cache since start.
-    pub prefix_hit_tokens: u64,
-    /// Prompt tokens admitted since start.
-    pub prompt_tokens: u64,
 }
 
 /// Errors of the CPU runtime.
