@@ -118,6 +118,18 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// After a storm: nothing admitted or waiting, no KV page used, still
+/// serving; then shut down.
+async fn drained_and_serving(engine: &Engine) {
+    eventually("every KV row and page released", || {
+        let info = engine.model_info();
+        info.num_admitted == 0 && info.num_waiting == 0 && info.kv_pages_used == 0
+    })
+    .await;
+    assert_eq!(engine.health(), Health::Serving);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 fn long_text(n: u32) -> GenerateRequest {
     GenerateRequest {
         ignore_eos: true,
@@ -652,13 +664,7 @@ fn abort_races_leave_no_kv_behind() {
             }
         }
         assert!(completed >= 8);
-        eventually("every KV row released", || {
-            let info = engine.model_info();
-            info.num_admitted == 0 && info.num_waiting == 0 && info.kv_pages_used == 0
-        })
-        .await;
-        assert_eq!(engine.health(), Health::Serving);
-        engine.shutdown(Duration::from_secs(1)).await;
+        drained_and_serving(&engine).await;
     });
 }
 
@@ -758,13 +764,7 @@ fn soak_mixed_requests_leave_nothing_behind() {
             tally.contains_key("invalid") && tally.contains_key("dropped"),
             "{tally:?}"
         );
-        eventually("every KV row and page released", || {
-            let info = engine.model_info();
-            info.num_admitted == 0 && info.num_waiting == 0 && info.kv_pages_used == 0
-        })
-        .await;
-        assert_eq!(engine.health(), Health::Serving);
-        engine.shutdown(Duration::from_secs(1)).await;
+        drained_and_serving(&engine).await;
     });
 }
 
