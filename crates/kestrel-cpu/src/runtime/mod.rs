@@ -89,8 +89,6 @@ struct SeqKv {
     row: RowId,
     /// Positions whose KV is written once every launched step has run.
     len: usize,
-    /// Kept until the prefill commits, then published to the prefix cache.
-    prompt: Option<Vec<TokenId>>,
     /// Prompt tokens served from the prefix cache at admission.
     cached: usize,
 }
@@ -364,7 +362,6 @@ impl Executor for CpuRuntime {
                 SeqKv {
                     row,
                     len,
-                    prompt: Some(input.prompt.to_vec()),
                     cached: hit,
                 },
             );
@@ -474,12 +471,11 @@ impl Executor for CpuRuntime {
         }
         if meta.kind == SlotKind::Prefill {
             // The prompt's KV is now written: publish its full pages.
-            for id in &meta.ids {
-                if let Some(seq) = self.seqs.get_mut(id) {
-                    if let Some(prompt) = seq.prompt.take() {
-                        self.table.register_prefix(seq.row, &prompt);
-                    }
-                }
+            // The slot's metadata still holds each row's prompt.
+            for (r, &row) in meta.rows.iter().enumerate() {
+                let prompt =
+                    &meta.tokens[meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
+                self.table.register_prefix(row, prompt);
             }
         }
         self.metas[slot] = Some(meta);
