@@ -218,7 +218,6 @@ impl<R: Runtime> Worker<R> {
     }
 
     fn submit(&mut self, sub: Submission) {
-        self.shared.in_transit.fetch_sub(1, SeqCst);
         let Submission {
             request_id,
             request,
@@ -261,6 +260,10 @@ impl<R: Runtime> Worker<R> {
             .metrics
             .waiting
             .set(self.lp.num_waiting() as u64);
+        // Release the caller's queue reservation only now that the waiting
+        // gauge counts the request: otherwise, for a moment, it is counted
+        // nowhere and a full queue admits one more.
+        self.shared.in_transit.fetch_sub(1, SeqCst);
     }
 
     fn map_submit_error(
