@@ -1,0 +1,97 @@
+//! The crate's one error type, [`CudaError`].
+//!
+//! Start-up failures (no driver, no device, no NVRTC, a kernel that does not
+//! compile, an unsupported model shape) are distinct variants so the engine
+//! can report them verbatim; every CUDA failure after dispatch surfaces as
+//! [`CudaError::Driver`] / [`CudaError::Cublas`] and the runtime classifies it
+//! as engine-fatal.
+
+use kestrel_pipeline::{RequestId, SlotId};
+
+/// Errors of the CUDA backend.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// A CUDA shared library (driver, NVRTC, cuBLAS) could not be loaded.
+    #[error(
+        "the CUDA {what} library is not available ({searched}); install it or point {hint} at it"
+    )]
+    LibraryMissing {
+        what: &'static str,
+        searched: String,
+        hint: &'static str,
+    },
+
+    /// A library named by an environment variable failed to load.
+    #[error("loading {path} (from {var})")]
+    LibraryLoad {
+        var: &'static str,
+        path: String,
+        #[source]
+        source: libloading::Error,
+    },
+
+    /// The driver loaded but reports no usable device.
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0:?}")]
+    Cublas(cudarc::cublas::result::CublasError),
+
+    /// NVRTC rejected a kernel source.
+    #[error("NVRTC could not compile {kernel} for {arch}: {log}")]
+    Compile {
+        kernel: &'static str,
+        arch: String,
+        log: String,
+    },
+
+    /// The PTX cache directory could not be read or written.
+    #[error("PTX cache at {path}")]
+    Cache {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The model's shape or dtypes are outside what the kernels implement.
+    #[error("unsupported model for the CUDA kernels: {0}")]
+    Unsupported(String),
+
+    /// The runtime configuration is inconsistent.
+    #[error("invalid CUDA runtime config: {0}")]
+    Config(String),
+
+    /// KV page-table bookkeeping failed.
+    #[error("KV cache: {0}")]
+    Kv(#[from] kestrel_kv::KvError),
+
+    /// A request id the runtime does not hold KV for.
+    #[error("request {0} is not known to the runtime")]
+    UnknownRequest(RequestId),
+
+    /// A batch larger than the runtime was built for.
+    #[error("batch of {rows} rows exceeds the runtime's capacity of {capacity}")]
+    BatchTooLarge { rows: usize, capacity: usize },
+
+    /// Steps were launched, sampled or waited on out of pipeline order.
+    #[error("slot {slot} used out of order (expected {expected:?})")]
+    OutOfOrder {
+        slot: SlotId,
+        expected: Option<SlotId>,
+    },
+
+    /// A slot was launched into while its previous step was not committed (I6).
+    #[error("slot {0} is still in use")]
+    SlotBusy(SlotId),
+}
+
+impl From<cudarc::cublas::result::CublasError> for CudaError {
+    fn from(e: cudarc::cublas::result::CublasError) -> Self {
+        CudaError::Cublas(e)
+    }
+}

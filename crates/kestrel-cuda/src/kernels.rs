@@ -1,0 +1,84 @@
+//! The kernel sources of `kernels/*.cu`, embedded in the binary.
+//!
+//! Each source is compiled by NVRTC as `common.cuh` followed by the file, so
+//! a deployed binary needs neither the source tree nor CUDA headers. The list
+//! below is the single registry of kernel files and their entry points; a test
+//! checks it against the directory so a new `.cu` file cannot be forgotten.
+
+/// Helpers prepended to every kernel source.
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// One `kernels/*.cu` file and the `extern "C"` entry points it defines.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// File name under `kernels/`.
+    pub file: &'static str,
+    pub source: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The text handed to NVRTC: the common helpers, then the file (with a
+    /// `#line` so compiler messages point into the right file).
+    pub fn full_source(&self) -> String {
+        format!(
+            "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
+            self.file, self.source
+        )
+    }
+}
+
+macro_rules! kernel {
+    ($file:literal, [$($f:literal),* $(,)?]) => {
+        KernelSource {
+            file: $file,
+            source: include_str!(concat!("../../../kernels/", $file)),
+            functions: &[$($f),*],
+        }
+    };
+}
+
+/// Every kernel file, in dependency-free order.
+pub const SOURCES: &[KernelSource] = &[
+    kernel!("embedding.cu", ["embed_gather"]),
+    kernel!("rmsnorm.cu", ["add_rms_norm"]),
+    kernel!("rope.cu", ["add_bias", "rope_qk"]),
+    kernel!("kv_append.cu", ["kv_append"]),
+    kernel!("attention.cu", ["paged_attention"]),
+    kernel!("swiglu.cu", ["swiglu"]),
+    kernel!("sample.cu", ["sample_rows", "reset_counts"]),
+];
+
+/// Threads per block of `sample_rows` (its scan buffer is sized for this).
+pub const SAMPLE_THREADS: u32 = 1024;
+/// Threads per block of `paged_attention` (at most 4 warps: shared-memory sizing).
+pub const ATTENTION_THREADS: u32 = 128;
+/// Largest head dimension `paged_attention` handles (8 values per lane).
+pub const MAX_HEAD_DIM: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cu_file_is_registered_and_every_entry_point_exists() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .expect("kernels/ exists")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cu"))
+            .collect();
+        on_disk.sort();
+        let mut registered: Vec<String> = SOURCES.iter().map(|k| k.file.to_owned()).collect();
+        registered.sort();
+        assert_eq!(on_disk, registered);
+        for k in SOURCES {
+            for f in k.functions {
+                let decl = format!("__global__ void {f}(");
+                assert!(k.source.contains(&decl), "{} lacks {f}", k.file);
+                assert!(k.source.contains("extern \"C\""), "{}", k.file);
+            }
+        }
+    }
+}

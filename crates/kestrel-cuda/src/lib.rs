@@ -1,0 +1,17 @@
+//! kestrel-cuda: the CUDA runtime of Kestrel.
+//!
+//! Kernels live in `kernels/*.cu` and are compiled at start by NVRTC for the
+//! device's architecture ([`compile`], PTX cached by hash); GEMMs go through
+//! cuBLAS with f16 inputs and f32 accumulation. Every CUDA library (driver,
+//! NVRTC, cuBLAS) is loaded at run time ([`libs`]): the crate builds and its
+//! host-side tests run on machines with no CUDA at all, and the runtime
+//! returns a typed [`CudaError`] (never a panic) when no driver or device is
+//! present.
+
+pub mod compile;
+pub mod error;
+pub mod kernels;
+pub mod libs;
+
+pub use compile::Arch;
+pub use error::CudaError;
