@@ -10,6 +10,8 @@
 
 pub mod compile;
 pub mod error;
+pub mod ffi;
+pub mod host;
 pub mod kernels;
 pub mod libs;
 

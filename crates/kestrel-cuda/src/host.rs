@@ -1,0 +1,494 @@
+//! Host-side planning, pure and unit-tested: CUDA-graph batch buckets and
+//! padding, the packing of a step's metadata into one `u32` buffer (copied
+//! to the device in one H2D), the RoPE table, and weight conversion to f16.
+//!
+//! Decode metadata has fixed offsets (by capacity) so captured graphs read
+//! stable addresses; padding rows of a bucket read the reserved KV row 0 and
+//! write their K/V into a trash page past the pool, so they can never touch a
+//! live sequence. Prefill metadata is sized per step (prefill is not graphed).
+
+use half::f16;
+use kestrel_kv::PagedIndices;
+use kestrel_model::Matrix;
+
+/// Batch sizes the decode forward is captured for: 1, 2, 4, 8, 16, then
+/// every multiple of 16, and `max_batch` itself.
+pub fn graph_buckets(max_batch: usize) -> Vec<usize> {
+    let mut b: Vec<usize> = [1, 2, 4, 8]
+        .into_iter()
+        .chain((1..).map(|k| 16 * k).take_while(|&s| s < max_batch))
+        .filter(|&s| s < max_batch)
+        .collect();
+    b.push(max_batch.max(1));
+    b.dedup();
+    b
+}
+
+/// The smallest bucket holding `n` rows, if any.
+pub fn choose_bucket(buckets: &[usize], n: usize) -> Option<usize> {
+    buckets.iter().copied().find(|&b| b >= n && n > 0)
+}
+
+/// Fixed offsets (in `u32` words) of a slot's decode metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeLayout {
+    /// Rows the layout holds (the largest bucket).
+    pub cap_rows: usize,
+    /// Page indices it holds (real pages plus one trash entry per padding row).
+    pub cap_pages: usize,
+}
+
+impl DecodeLayout {
+    pub fn rows(&self) -> usize {
+        0
+    }
+    pub fn positions(&self) -> usize {
+        self.cap_rows
+    }
+    pub fn row_seq(&self) -> usize {
+        2 * self.cap_rows
+    }
+    pub fn slot_mapping(&self) -> usize {
+        3 * self.cap_rows
+    }
+    pub fn sample_pos(&self) -> usize {
+        4 * self.cap_rows
+    }
+    pub fn kv_indptr(&self) -> usize {
+        5 * self.cap_rows
+    }
+    pub fn kv_indices(&self) -> usize {
+        6 * self.cap_rows + 1
+    }
+    pub fn total_words(&self) -> usize {
+        self.kv_indices() + self.cap_pages
+    }
+}
+
+/// Why a step could not be packed (a planning bug: the step is rejected
+/// before dispatch).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    #[error("{rows} rows do not fit bucket {bucket} / capacity {cap}")]
+    TooManyRows {
+        rows: usize,
+        bucket: usize,
+        cap: usize,
+    },
+    #[error("{pages} page indices exceed capacity {cap}")]
+    TooManyPages { pages: usize, cap: usize },
+    #[error("row {row}: position {pos} is not covered by its {pages} pages")]
+    PositionOutsidePages { row: usize, pos: u32, pages: usize },
+    #[error("indices describe {got} sequences, expected {expected}")]
+    IndicesMismatch { got: usize, expected: usize },
+}
+
+/// One decode row: its KV row and the position of its input token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeRow {
+    pub kv_row: u32,
+    pub pos: u32,
+}
+
+/// Pack a decode step of `rows.len()` rows, padded to `bucket`, into `out`
+/// (at `layout`'s offsets). `idx` holds each row's pages (already covering
+/// `pos + 1` tokens). Returns the number of words to copy to the device.
+pub fn pack_decode(
+    layout: &DecodeLayout,
+    rows: &[DecodeRow],
+    idx: &PagedIndices,
+    bucket: usize,
+    trash_page: u32,
+    page_size: usize,
+    out: &mut [u32],
+) -> Result<usize, PackError> {
+    let n = rows.len();
+    if n > bucket || bucket > layout.cap_rows || out.len() < layout.total_words() {
+        return Err(PackError::TooManyRows {
+            rows: n,
+            bucket,
+            cap: layout.cap_rows,
+        });
+    }
+    if idx.len() != n || idx.kv_indptr.len() != n + 1 {
+        return Err(PackError::IndicesMismatch {
+            got: idx.len(),
+            expected: n,
+        });
+    }
+    let real_pages = idx.kv_indptr[n] as usize;
+    let total_pages = real_pages + (bucket - n);
+    if total_pages > layout.cap_pages {
+        return Err(PackError::TooManyPages {
+            pages: total_pages,
+            cap: layout.cap_pages,
+        });
+    }
+    let ps = page_size as u32;
+    for (i, r) in rows.iter().enumerate() {
+        let (a, b) = (idx.kv_indptr[i] as usize, idx.kv_indptr[i + 1] as usize);
+        let page_no = (r.pos / ps) as usize;
+        if a + page_no >= b {
+            return Err(PackError::PositionOutsidePages {
+                row: i,
+                pos: r.pos,
+                pages: b - a,
+            });
+        }
+        out[layout.rows() + i] = r.kv_row;
+        out[layout.positions() + i] = r.pos;
+        out[layout.row_seq() + i] = i as u32;
+        out[layout.slot_mapping() + i] = idx.kv_indices[a + page_no] * ps + r.pos % ps;
+        out[layout.sample_pos() + i] = r.pos + 1;
+        out[layout.kv_indptr() + i] = idx.kv_indptr[i];
+    }
+    let ki = layout.kv_indices();
+    out[ki..ki + real_pages].copy_from_slice(&idx.kv_indices[..real_pages]);
+    for (j, i) in (n..bucket).enumerate() {
+        out[layout.rows() + i] = 0;
+        out[layout.positions() + i] = 0;
+        out[layout.row_seq() + i] = i as u32;
+        out[layout.slot_mapping() + i] = trash_page * ps;
+        out[layout.sample_pos() + i] = 0;
+        out[layout.kv_indptr() + i] = (real_pages + j) as u32;
+        out[ki + real_pages + j] = trash_page;
+    }
+    out[layout.kv_indptr() + bucket] = total_pages as u32;
+    Ok(ki + total_pages)
+}
+
+/// One sequence of a prefill step: tokens `start..prompt.len()` are computed
+/// (the first `start` are served from the prefix cache).
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillSeq<'a> {
+    pub kv_row: u32,
+    pub prompt: &'a [u32],
+    pub start: usize,
+}
+
+/// Offsets of a prefill step's metadata (sized per step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefillLayout {
+    /// Token rows computed.
+    pub tokens_n: usize,
+    pub seqs: usize,
+    pub pages: usize,
+}
+
+impl PrefillLayout {
+    pub fn tokens(&self) -> usize {
+        0
+    }
+    pub fn positions(&self) -> usize {
+        self.tokens_n
+    }
+    pub fn row_seq(&self) -> usize {
+        2 * self.tokens_n
+    }
+    pub fn slot_mapping(&self) -> usize {
+        3 * self.tokens_n
+    }
+    /// `i32` per token: the logits row it feeds, or -1.
+    pub fn out_row(&self) -> usize {
+        4 * self.tokens_n
+    }
+    pub fn kv_rows(&self) -> usize {
+        5 * self.tokens_n
+    }
+    pub fn sample_pos(&self) -> usize {
+        self.kv_rows() + self.seqs
+    }
+    pub fn kv_indptr(&self) -> usize {
+        self.sample_pos() + self.seqs
+    }
+    pub fn kv_indices(&self) -> usize {
+        self.kv_indptr() + self.seqs + 1
+    }
+    pub fn total_words(&self) -> usize {
+        self.kv_indices() + self.pages
+    }
+}
+
+/// Pack a prefill step into `out` (resized as needed). `idx` holds each
+/// sequence's pages covering its whole prompt.
+pub fn pack_prefill(
+    seqs: &[PrefillSeq<'_>],
+    idx: &PagedIndices,
+    page_size: usize,
+    out: &mut Vec<u32>,
+) -> Result<PrefillLayout, PackError> {
+    if idx.len() != seqs.len() {
+        return Err(PackError::IndicesMismatch {
+            got: idx.len(),
+            expected: seqs.len(),
+        });
+    }
+    let tokens_n: usize = seqs.iter().map(|s| s.prompt.len() - s.start).sum();
+    let pages = idx.kv_indptr[seqs.len()] as usize;
+    let l = PrefillLayout {
+        tokens_n,
+        seqs: seqs.len(),
+        pages,
+    };
+    out.clear();
+    out.resize(l.total_words(), 0);
+    let ps = page_size as u32;
+    let mut t = 0;
+    for (s, seq) in seqs.iter().enumerate() {
+        let a = idx.kv_indptr[s] as usize;
+        let b = idx.kv_indptr[s + 1] as usize;
+        for pos in seq.start..seq.prompt.len() {
+            let page_no = pos / page_size;
+            if a + page_no >= b {
+                return Err(PackError::PositionOutsidePages {
+                    row: s,
+                    pos: pos as u32,
+                    pages: b - a,
+                });
+            }
+            out[l.tokens() + t] = seq.prompt[pos];
+            out[l.positions() + t] = pos as u32;
+            out[l.row_seq() + t] = s as u32;
+            out[l.slot_mapping() + t] = idx.kv_indices[a + page_no] * ps + pos as u32 % ps;
+            out[l.out_row() + t] = if pos + 1 == seq.prompt.len() {
+                s as u32
+            } else {
+                -1i32 as u32
+            };
+            t += 1;
+        }
+        out[l.kv_rows() + s] = seq.kv_row;
+        out[l.sample_pos() + s] = seq.prompt.len() as u32;
+    }
+    let ip = l.kv_indptr();
+    out[ip..ip + seqs.len() + 1].copy_from_slice(&idx.kv_indptr[..seqs.len() + 1]);
+    let ki = l.kv_indices();
+    out[ki..ki + pages].copy_from_slice(&idx.kv_indices[..pages]);
+    Ok(l)
+}
+
+/// cos/sin table for positions `0..max_pos`, computed exactly as
+/// kestrel-cpu's `ops::rope_table` (f64, rounded once): row `p` is
+/// `[cos_0..cos_{d/2}, sin_0..sin_{d/2}]`.
+pub fn rope_table(max_pos: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut out = vec![0f32; max_pos * head_dim];
+    for (pos, row) in out.chunks_exact_mut(head_dim).enumerate() {
+        for i in 0..half {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let ang = pos as f64 * freq;
+            row[i] = ang.cos() as f32;
+            row[half + i] = ang.sin() as f32;
+        }
+    }
+    out
+}
+
+/// Matrices stacked by rows and converted to f16 (dequantized once at load
+/// with kestrel-model's decoders). `out` receives `sum(rows) * cols` values.
+pub fn stack_f16(mats: &[&Matrix], out: &mut Vec<f16>) {
+    let cols = mats.first().map_or(0, |m| m.cols);
+    let mut row = vec![0f32; cols];
+    out.clear();
+    out.reserve(mats.iter().map(|m| m.rows * cols).sum());
+    for m in mats {
+        debug_assert_eq!(m.cols, cols);
+        for r in 0..m.rows {
+            m.dequantize_row(r, &mut row);
+            out.extend(row.iter().map(|&v| f16::from_f32(v)));
+        }
+    }
+}
+
+/// Optional biases stacked like [`stack_f16`]'s matrices (zeros where absent).
+pub fn stack_bias(parts: &[(Option<&Vec<f32>>, usize)]) -> Vec<f32> {
+    parts
+        .iter()
+        .flat_map(|(b, n)| match b {
+            Some(v) => v.to_vec(),
+            None => vec![0.0; *n],
+        })
+        .collect()
+}
+
+/// Words of mask buffer for `rows` rows of `vocab` tokens: one flag per row,
+/// then `words_per_row` words per row.
+pub fn mask_words(rows: usize, vocab: usize) -> usize {
+    rows + rows * vocab.div_ceil(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_kv::{PageTable, PageTableConfig};
+
+    #[test]
+    fn buckets_cover_every_batch_size_with_bounded_padding() {
+        assert_eq!(graph_buckets(1), vec![1]);
+        assert_eq!(graph_buckets(8), vec![1, 2, 4, 8]);
+        assert_eq!(graph_buckets(32), vec![1, 2, 4, 8, 16, 32]);
+        assert_eq!(graph_buckets(40), vec![1, 2, 4, 8, 16, 32, 40]);
+        for max in 1..=80 {
+            let b = graph_buckets(max);
+            assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?}");
+            assert_eq!(*b.last().unwrap(), max);
+            for n in 1..=max {
+                let k = choose_bucket(&b, n).unwrap();
+                assert!(k >= n && k <= max);
+                assert!(k - n < 16.max(n), "bucket {k} for {n}");
+            }
+            assert_eq!(choose_bucket(&b, max + 1), None);
+            assert_eq!(choose_bucket(&b, 0), None);
+        }
+    }
+
+    fn table() -> PageTable {
+        PageTable::new(PageTableConfig {
+            max_rows: 8,
+            num_pages: 32,
+            page_size: 4,
+            enable_prefix_cache: false,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn decode_packing_pads_into_the_trash_page() {
+        let mut t = table();
+        let (r1, r2) = (t.allocate().unwrap(), t.allocate().unwrap());
+        t.reserve(r1, 6).unwrap();
+        t.reserve(r2, 9).unwrap();
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 6), (r2, 9)], &mut idx).unwrap();
+        let layout = DecodeLayout {
+            cap_rows: 4,
+            cap_pages: 16,
+        };
+        let mut out = vec![u32::MAX; layout.total_words()];
+        let rows = [
+            DecodeRow {
+                kv_row: r1 as u32,
+                pos: 5,
+            },
+            DecodeRow {
+                kv_row: r2 as u32,
+                pos: 8,
+            },
+        ];
+        let trash = 32;
+        let used = pack_decode(&layout, &rows, &idx, 4, trash, 4, &mut out).unwrap();
+        let real = idx.kv_indptr[2] as usize;
+        assert_eq!(used, layout.kv_indices() + real + 2);
+        let p1 = t.pages(r1);
+        let p2 = t.pages(r2);
+        assert_eq!(out[layout.slot_mapping()], p1[1] * 4 + 1);
+        assert_eq!(out[layout.slot_mapping() + 1], p2[2] * 4);
+        assert_eq!(
+            &out[layout.rows()..layout.rows() + 4],
+            &[r1 as u32, r2 as u32, 0, 0]
+        );
+        assert_eq!(
+            &out[layout.sample_pos()..layout.sample_pos() + 4],
+            &[6, 9, 0, 0]
+        );
+        assert_eq!(&out[layout.row_seq()..layout.row_seq() + 4], &[0, 1, 2, 3]);
+        // Padding rows: one trash page each, writing slot 0 of it.
+        assert_eq!(out[layout.slot_mapping() + 2], trash * 4);
+        let ip = layout.kv_indptr();
+        assert_eq!(out[ip + 2] as usize, real);
+        assert_eq!(out[ip + 4] as usize, real + 2);
+        let ki = layout.kv_indices();
+        assert_eq!(&out[ki + real..ki + real + 2], &[trash, trash]);
+        // Real pages are untouched and in order.
+        assert_eq!(&out[ki..ki + real], &idx.kv_indices[..real]);
+    }
+
+    #[test]
+    fn decode_packing_rejects_bad_plans() {
+        let layout = DecodeLayout {
+            cap_rows: 2,
+            cap_pages: 2,
+        };
+        let mut out = vec![0; layout.total_words()];
+        let mut idx = PagedIndices::default();
+        idx.kv_indptr.extend([0, 1]);
+        idx.kv_indices.push(3);
+        idx.kv_last_page_len.push(4);
+        let row = [DecodeRow { kv_row: 1, pos: 4 }];
+        assert!(matches!(
+            pack_decode(&layout, &row, &idx, 1, 9, 4, &mut out),
+            Err(PackError::PositionOutsidePages { .. })
+        ));
+        let row = [DecodeRow { kv_row: 1, pos: 3 }];
+        assert!(pack_decode(&layout, &row, &idx, 1, 9, 4, &mut out).is_ok());
+        assert!(matches!(
+            pack_decode(&layout, &row, &idx, 3, 9, 4, &mut out),
+            Err(PackError::TooManyRows { .. })
+        ));
+    }
+
+    #[test]
+    fn prefill_packing_maps_last_tokens_to_logit_rows() {
+        let mut t = table();
+        let (r1, r2) = (t.allocate().unwrap(), t.allocate().unwrap());
+        t.reserve(r1, 5).unwrap();
+        t.reserve(r2, 3).unwrap();
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 5), (r2, 3)], &mut idx).unwrap();
+        let p1 = [10, 11, 12, 13, 14];
+        let p2 = [20, 21, 22];
+        let seqs = [
+            PrefillSeq {
+                kv_row: r1 as u32,
+                prompt: &p1,
+                start: 4,
+            },
+            PrefillSeq {
+                kv_row: r2 as u32,
+                prompt: &p2,
+                start: 0,
+            },
+        ];
+        let mut out = Vec::new();
+        let l = pack_prefill(&seqs, &idx, 4, &mut out).unwrap();
+        assert_eq!(l.tokens_n, 4);
+        assert_eq!(&out[l.tokens()..l.tokens() + 4], &[14, 20, 21, 22]);
+        assert_eq!(&out[l.positions()..l.positions() + 4], &[4, 0, 1, 2]);
+        assert_eq!(&out[l.row_seq()..l.row_seq() + 4], &[0, 1, 1, 1]);
+        let m = u32::MAX;
+        assert_eq!(&out[l.out_row()..l.out_row() + 4], &[0, m, m, 1]);
+        assert_eq!(out[l.slot_mapping()], t.pages(r1)[1] * 4);
+        assert_eq!(out[l.slot_mapping() + 3], t.pages(r2)[0] * 4 + 2);
+        assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[5, 3]);
+        assert_eq!(out.len(), l.total_words());
+    }
+
+    #[test]
+    fn rope_table_matches_the_cpu_runtime_bit_for_bit() {
+        let (d, theta) = (64, 10000.0);
+        let t = rope_table(300, d, theta);
+        let mut cpu = vec![0f32; d];
+        for pos in [0usize, 1, 7, 255, 299] {
+            kestrel_cpu::kernels::ops::rope_table(pos as u32, d, theta, &mut cpu);
+            let gpu = &t[pos * d..(pos + 1) * d];
+            assert!(gpu
+                .iter()
+                .zip(&cpu)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+
+    #[test]
+    fn stacking_dequantizes_each_matrix_in_order() {
+        let a = Matrix::quantize(kestrel_model::DType::F32, 2, 32, &[1.0; 64]);
+        let b = Matrix::quantize(kestrel_model::DType::Q8_0, 1, 32, &[0.5; 32]);
+        let mut out = Vec::new();
+        stack_f16(&[&a, &b], &mut out);
+        assert_eq!(out.len(), 96);
+        assert_eq!(out[63], f16::from_f32(1.0));
+        assert!((out[64].to_f32() - 0.5).abs() < 1e-2);
+        let bias = stack_bias(&[(None, 2), (Some(&vec![3.0]), 1)]);
+        assert_eq!(bias, vec![0.0, 0.0, 3.0]);
+        assert_eq!(mask_words(2, 33), 2 + 4);
+    }
+}
