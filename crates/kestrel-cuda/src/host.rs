@@ -366,14 +366,8 @@ mod tests {
         };
         let mut out = vec![u32::MAX; layout.total_words()];
         let rows = [
-            DecodeRow {
-                kv_row: r1 as u32,
-                pos: 5,
-            },
-            DecodeRow {
-                kv_row: r2 as u32,
-                pos: 8,
-            },
+            DecodeRow { kv_row: r1, pos: 5 },
+            DecodeRow { kv_row: r2, pos: 8 },
         ];
         let trash = 32;
         let used = pack_decode(&layout, &rows, &idx, 4, trash, 4, &mut out).unwrap();
@@ -383,10 +377,7 @@ mod tests {
         let p2 = t.pages(r2);
         assert_eq!(out[layout.slot_mapping()], p1[1] * 4 + 1);
         assert_eq!(out[layout.slot_mapping() + 1], p2[2] * 4);
-        assert_eq!(
-            &out[layout.rows()..layout.rows() + 4],
-            &[r1 as u32, r2 as u32, 0, 0]
-        );
+        assert_eq!(&out[layout.rows()..layout.rows() + 4], &[r1, r2, 0, 0]);
         assert_eq!(
             &out[layout.sample_pos()..layout.sample_pos() + 4],
             &[6, 9, 0, 0]
@@ -439,12 +430,12 @@ mod tests {
         let p2 = [20, 21, 22];
         let seqs = [
             PrefillSeq {
-                kv_row: r1 as u32,
+                kv_row: r1,
                 prompt: &p1,
                 start: 4,
             },
             PrefillSeq {
-                kv_row: r2 as u32,
+                kv_row: r2,
                 prompt: &p2,
                 start: 0,
             },
