@@ -14,6 +14,8 @@ pub mod ffi;
 pub mod host;
 pub mod kernels;
 pub mod libs;
+pub mod runtime;
 
 pub use compile::Arch;
 pub use error::CudaError;
+pub use runtime::{CudaRuntime, CudaRuntimeConfig};

@@ -1,0 +1,462 @@
+//! The model on the device: f16 weights (dequantized once at load), the
+//! paged KV cache, the loaded kernels and cuBLAS, and the launch sequence of
+//! one forward (embed -> per layer: add+RMSNorm -> QKV GEMM -> bias -> RoPE
+//! -> KV append -> paged attention -> O GEMM -> add+RMSNorm -> gate|up GEMM
+//! -> SwiGLU -> down GEMM; final add+RMSNorm -> LM head) and of sampling.
+//!
+//! Every launch goes to the one compute stream (I1). Launches take raw
+//! addresses, so the same code runs eagerly and under CUDA-graph capture.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
+use half::f16;
+use kestrel_model::{ModelConfig, ModelWeights, RopeStyle};
+
+use super::mem::DevBuf;
+use crate::compile::CompiledKernel;
+use crate::host::{rope_table, stack_bias, stack_f16};
+use crate::kernels::{ATTENTION_THREADS, MAX_HEAD_DIM, SAMPLE_THREADS};
+use crate::CudaError;
+
+/// cuBLAS workspace, set explicitly so GEMMs can be captured in graphs.
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+struct Layer {
+    attn_norm: DevBuf,
+    ffn_norm: DevBuf,
+    wqkv: DevBuf,
+    bqkv: Option<DevBuf>,
+    wo: DevBuf,
+    w_gate_up: DevBuf,
+    w_down: DevBuf,
+}
+
+/// The loaded kernels, by entry point.
+pub(crate) struct Kernels {
+    _modules: Vec<Arc<CudaModule>>,
+    f: HashMap<&'static str, CudaFunction>,
+}
+
+impl Kernels {
+    pub fn load(ctx: &Arc<CudaContext>, compiled: &[CompiledKernel]) -> Result<Self, CudaError> {
+        let mut modules = Vec::new();
+        let mut f = HashMap::new();
+        for k in compiled {
+            let m = ctx.load_module(cudarc::nvrtc::Ptx::from_src(k.ptx.clone()))?;
+            for name in k.source.functions {
+                f.insert(*name, m.load_function(name)?);
+            }
+            modules.push(m);
+        }
+        Ok(Kernels {
+            _modules: modules,
+            f,
+        })
+    }
+
+    fn get(&self, name: &'static str) -> &CudaFunction {
+        // Every name used below is registered in `kernels::SOURCES`, and
+        // `load` loaded all of them (a missing one failed at start).
+        &self.f[name]
+    }
+}
+
+/// Raw addresses of one forward's inputs and scratch (see `slot::Workspace`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FwdArgs {
+    pub n: usize,
+    /// Token ids: `pending` indexed through `rows` (decode) or the prompt (prefill, `rows` = 0).
+    pub tokens: u64,
+    pub rows: u64,
+    pub positions: u64,
+    pub row_seq: u64,
+    pub slot_mapping: u64,
+    pub kv_indptr: u64,
+    pub kv_indices: u64,
+    /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
+    pub out_row: u64,
+    pub x: u64,
+    pub xn: u64,
+    pub qkv: u64,
+    pub attn: u64,
+    pub delta: u64,
+    pub gate_up: u64,
+    pub act: u64,
+    pub hidden_last: u64,
+}
+
+/// Raw addresses of one sampling launch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleArgs {
+    pub n: usize,
+    pub top_n: usize,
+    pub logits: u64,
+    pub mask_words: u64,
+    pub mask_flags: u64,
+    pub words_per_row: usize,
+    pub params: u64,
+    pub rows: u64,
+    pub positions: u64,
+    pub out_tokens: u64,
+    pub out_logprobs: u64,
+    pub out_top_ids: u64,
+    pub out_top_lps: u64,
+}
+
+/// Sizes of the device-side state [`DeviceModel::new`] allocates.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvGeometry {
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// KV rows including the reserved row 0.
+    pub kv_rows: usize,
+    /// Positions the RoPE table covers.
+    pub max_pos: usize,
+}
+
+/// Weights, KV cache, kernels and cuBLAS on one device.
+pub(crate) struct DeviceModel {
+    pub cfg: ModelConfig,
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    kernels: Kernels,
+    blas: CudaBlas,
+    _blas_ws: DevBuf,
+    embd: DevBuf,
+    lm_head: Option<DevBuf>,
+    output_norm: DevBuf,
+    layers: Vec<Layer>,
+    rope: DevBuf,
+    pub k_cache: DevBuf,
+    pub v_cache: DevBuf,
+    /// Generated-token counts per KV row (penalties), `[rows][vocab]`.
+    pub counts: DevBuf,
+    /// Each KV row's next input token (written by sampling).
+    pub pending: DevBuf,
+    pub page_size: usize,
+    /// The page past the pool that padding rows write to.
+    pub trash_page: u32,
+    pub weight_bytes: usize,
+}
+
+fn launch_cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl DeviceModel {
+    /// Check the shape, upload the weights as f16 and allocate the KV cache
+    /// (`num_pages + 1` pages: the last is the trash page) and row state.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        compiled: &[CompiledKernel],
+        w: &ModelWeights,
+        geo: KvGeometry,
+    ) -> Result<Self, CudaError> {
+        let KvGeometry {
+            num_pages,
+            page_size,
+            kv_rows,
+            max_pos,
+        } = geo;
+        let c = w.config.clone();
+        if c.num_kv_heads == 0
+            || !c.num_heads.is_multiple_of(c.num_kv_heads)
+            || !c.head_dim.is_multiple_of(2)
+            || c.head_dim > MAX_HEAD_DIM
+        {
+            return Err(CudaError::Unsupported(format!(
+                "{} heads / {} kv heads / head_dim {} (need GQA groups, even head_dim <= {MAX_HEAD_DIM})",
+                c.num_heads, c.num_kv_heads, c.head_dim
+            )));
+        }
+        if w.layers.len() != c.num_layers {
+            return Err(CudaError::Unsupported(format!(
+                "{} layers in the weights, {} in the config",
+                w.layers.len(),
+                c.num_layers
+            )));
+        }
+        let kernels = Kernels::load(ctx, compiled)?;
+        let blas = CudaBlas::new(Arc::clone(stream))?;
+        let blas_ws = DevBuf::new(ctx, CUBLAS_WORKSPACE)?;
+        // SAFETY: the handle is live and the workspace outlives it: both end
+        // up in `DeviceModel`, where `blas` is declared (so dropped) first.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                blas_ws.ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE,
+            )
+        }
+        .result()?;
+        let mut tmp: Vec<f16> = Vec::new();
+        let mut weight_bytes = 0usize;
+        let mut up16 = |mats: &[&kestrel_model::Matrix]| -> Result<DevBuf, CudaError> {
+            stack_f16(mats, &mut tmp);
+            weight_bytes += tmp.len() * 2;
+            Ok(DevBuf::from_slice(ctx, &tmp)?)
+        };
+        let embd = up16(&[&w.token_embd])?;
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(up16(&[&w.lm_head])?)
+        };
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for l in &w.layers {
+            let bqkv = if l.bq.is_some() || l.bk.is_some() || l.bv.is_some() {
+                Some(DevBuf::from_slice(
+                    ctx,
+                    &stack_bias(&[
+                        (l.bq.as_ref(), qd),
+                        (l.bk.as_ref(), kvd),
+                        (l.bv.as_ref(), kvd),
+                    ]),
+                )?)
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: DevBuf::from_slice(ctx, &l.attn_norm)?,
+                ffn_norm: DevBuf::from_slice(ctx, &l.ffn_norm)?,
+                wqkv: up16(&[&l.wq, &l.wk, &l.wv])?,
+                bqkv,
+                wo: up16(&[&l.wo])?,
+                w_gate_up: up16(&[&l.w_gate, &l.w_up])?,
+                w_down: up16(&[&l.w_down])?,
+            });
+        }
+        let output_norm = DevBuf::from_slice(ctx, &w.output_norm)?;
+        let rope = DevBuf::from_slice(ctx, &rope_table(max_pos, c.head_dim, c.rope_theta))?;
+        let kv_elems = c.num_layers * (num_pages + 1) * page_size * kvd;
+        let k_cache = DevBuf::new(ctx, kv_elems * 2)?;
+        let v_cache = DevBuf::new(ctx, kv_elems * 2)?;
+        let counts = DevBuf::from_slice(ctx, &vec![0u32; kv_rows * c.vocab_size])?;
+        let pending = DevBuf::from_slice(ctx, &vec![0u32; kv_rows])?;
+        Ok(DeviceModel {
+            cfg: c,
+            ctx: Arc::clone(ctx),
+            stream: Arc::clone(stream),
+            kernels,
+            blas,
+            _blas_ws: blas_ws,
+            embd,
+            lm_head,
+            output_norm,
+            layers,
+            rope,
+            k_cache,
+            v_cache,
+            counts,
+            pending,
+            page_size,
+            trash_page: num_pages as u32,
+            weight_bytes,
+        })
+    }
+
+    /// `y[n, out] (f32) = x[n, inp] (f16) * W[out, inp]^T (f16)`, f32 accumulation.
+    fn gemm(
+        &self,
+        y: u64,
+        x: u64,
+        w: u64,
+        n: usize,
+        out: usize,
+        inp: usize,
+    ) -> Result<(), CudaError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: `w` holds out*inp f16, `x` n*inp f16, `y` n*out f32 (the
+        // workspace is sized for the largest n); alpha/beta are host scalars
+        // read during the call (pointer mode host) and captured by value.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                n as i32,
+                inp as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                inp as i32,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                inp as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// Embedding through the final norm for `a.n` rows (no LM head).
+    pub fn forward_layers(&self, a: &FwdArgs) -> Result<(), CudaError> {
+        let c = &self.cfg;
+        let s = &self.stream;
+        let k = &self.kernels;
+        let (h, f, hd) = (c.hidden_size as i32, c.intermediate_size, c.head_dim);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let stride = (qd + 2 * kvd) as i32;
+        let n = a.n as i32;
+        let rows = a.n as u32;
+        let vocab = c.vocab_size as i32;
+        let null = 0u64;
+        let embd = self.embd.ptr;
+        let mut b = s.launch_builder(k.get("embed_gather"));
+        b.arg(&embd).arg(&a.tokens).arg(&a.rows).arg(&a.x);
+        b.arg(&h).arg(&vocab).arg(&n);
+        // SAFETY: argument types and order match `embed_gather`; every
+        // pointer addresses a live buffer sized for `n` rows.
+        unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+        let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
+        let interleaved = i32::from(c.rope_style == RopeStyle::Interleaved);
+        let (nq, nk, hd_i) = (c.num_heads as i32, c.num_kv_heads as i32, hd as i32);
+        let (k_off, v_off, kvd_i) = (qd as i32, (qd + kvd) as i32, kvd as i32);
+        let ps = self.page_size as i32;
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        for (l, lw) in self.layers.iter().enumerate() {
+            let delta = if l == 0 { null } else { a.delta };
+            self.add_rms_norm(a.x, delta, lw.attn_norm.ptr, a.xn, null, n)?;
+            self.gemm(a.qkv, a.xn, lw.wqkv.ptr, a.n, qd + 2 * kvd, c.hidden_size)?;
+            if let Some(bias) = &lw.bqkv {
+                let mut b = s.launch_builder(k.get("add_bias"));
+                let d = stride;
+                b.arg(&a.qkv).arg(&bias.ptr).arg(&stride).arg(&d).arg(&n);
+                // SAFETY: matches `add_bias`; the bias holds `stride` floats.
+                unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+            }
+            let mut b = s.launch_builder(k.get("rope_qk"));
+            b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd_i);
+            b.arg(&self.rope.ptr)
+                .arg(&a.positions)
+                .arg(&interleaved)
+                .arg(&n);
+            // SAFETY: matches `rope_qk`; the table covers every position the
+            // runtime admits (max_seq_len rows).
+            unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
+            let kc = self.k_cache.at::<f16>(l * layer_elems);
+            let vc = self.v_cache.at::<f16>(l * layer_elems);
+            let mut b = s.launch_builder(k.get("kv_append"));
+            b.arg(&a.qkv).arg(&stride).arg(&k_off).arg(&v_off);
+            b.arg(&kc).arg(&vc).arg(&a.slot_mapping).arg(&kvd_i).arg(&n);
+            // SAFETY: matches `kv_append`; slot_mapping entries are below
+            // (num_pages + 1) * page_size, the layer's extent.
+            unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
+            let mut b = s.launch_builder(k.get("paged_attention"));
+            b.arg(&a.qkv).arg(&stride).arg(&a.attn).arg(&kc).arg(&vc);
+            b.arg(&a.row_seq)
+                .arg(&a.positions)
+                .arg(&a.kv_indptr)
+                .arg(&a.kv_indices);
+            b.arg(&nq).arg(&nk).arg(&hd_i).arg(&ps).arg(&scale).arg(&n);
+            // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
+            // fit its shared arrays; indices come from the page table.
+            unsafe { b.launch(launch_cfg((c.num_heads as u32, rows), ATTENTION_THREADS)) }?;
+            self.gemm(a.delta, a.attn, lw.wo.ptr, a.n, c.hidden_size, qd)?;
+            self.add_rms_norm(a.x, a.delta, lw.ffn_norm.ptr, a.xn, null, n)?;
+            self.gemm(a.gate_up, a.xn, lw.w_gate_up.ptr, a.n, 2 * f, c.hidden_size)?;
+            let mut b = s.launch_builder(k.get("swiglu"));
+            let f_i = f as i32;
+            b.arg(&a.gate_up).arg(&a.act).arg(&f_i).arg(&n);
+            let blocks = ((a.n * f).div_ceil(256)).min(65535) as u32;
+            // SAFETY: matches `swiglu` (grid-stride loop over n*f).
+            unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+            self.gemm(a.delta, a.act, lw.w_down.ptr, a.n, c.hidden_size, f)?;
+        }
+        self.add_rms_norm(
+            a.x,
+            a.delta,
+            self.output_norm.ptr,
+            a.hidden_last,
+            a.out_row,
+            n,
+        )
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: u64,
+        delta: u64,
+        w: u64,
+        out: u64,
+        out_row: u64,
+        n: i32,
+    ) -> Result<(), CudaError> {
+        let h = self.cfg.hidden_size as i32;
+        let eps = self.cfg.rms_norm_eps;
+        let mut b = self.stream.launch_builder(self.kernels.get("add_rms_norm"));
+        b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&out_row);
+        b.arg(&h).arg(&eps).arg(&n);
+        // SAFETY: matches `add_rms_norm`; x/delta/out hold n rows of hidden.
+        unsafe { b.launch(launch_cfg((n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// `logits[n] = hidden_last[n] * lm_head^T`.
+    pub fn lm_head(&self, hidden_last: u64, logits: u64, n: usize) -> Result<(), CudaError> {
+        let w = self.lm_head.as_ref().unwrap_or(&self.embd).ptr;
+        self.gemm(
+            logits,
+            hidden_last,
+            w,
+            n,
+            self.cfg.vocab_size,
+            self.cfg.hidden_size,
+        )
+    }
+
+    /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).
+    pub fn reset_counts(&self, rows: u64, n: usize) -> Result<(), CudaError> {
+        let (vocab, n_i) = (self.cfg.vocab_size as i32, n as i32);
+        let mut b = self.stream.launch_builder(self.kernels.get("reset_counts"));
+        b.arg(&self.counts.ptr).arg(&rows).arg(&vocab).arg(&n_i);
+        // SAFETY: matches `reset_counts`; rows are KV rows < counts' rows.
+        unsafe { b.launch(launch_cfg((n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    /// Sample `a.n` rows (see `kernels/sample.cu`).
+    pub fn sample(&self, a: &SampleArgs) -> Result<(), CudaError> {
+        let vocab = self.cfg.vocab_size as i32;
+        let (wpr, top_n, n) = (a.words_per_row as i32, a.top_n as i32, a.n as i32);
+        let mut b = self.stream.launch_builder(self.kernels.get("sample_rows"));
+        b.arg(&a.logits)
+            .arg(&vocab)
+            .arg(&a.mask_words)
+            .arg(&a.mask_flags)
+            .arg(&wpr);
+        b.arg(&a.params).arg(&a.rows).arg(&a.positions);
+        b.arg(&self.counts.ptr).arg(&self.pending.ptr);
+        b.arg(&a.out_tokens)
+            .arg(&a.out_logprobs)
+            .arg(&a.out_top_ids)
+            .arg(&a.out_top_lps);
+        b.arg(&top_n).arg(&n);
+        // SAFETY: matches `sample_rows`; its block size is SAMPLE_THREADS
+        // (the scan buffer's size); outputs hold n rows (top_n wide).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), SAMPLE_THREADS)) }?;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        self.stream.synchronize()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,829 @@
+//! [`CudaRuntime`]: the pipeline's [`Executor`] on an NVIDIA GPU.
+//!
+//! Shaped like kestrel-cpu's runtime and the design doc: one compute stream
+//! for both slots (I1); two [`slot::DecodeSlot`]s; one copy stream filling
+//! each slot's [`slot::RenderBuffer`] after waiting on exactly that step's
+//! step-done event (I3); a slot's host buffers untouched until its commit
+//! (I6, enforced by `PipelineState` and checked here). Launch and finalize
+//! only enqueue; the scheduler thread blocks only in `wait_step`. The next
+//! input token stays on the device (`pending`, written by sampling). Any
+//! CUDA error after dispatch is [`ExecError::Fatal`].
+
+mod device;
+mod mem;
+mod slot;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use kestrel_kv::{KvError, KvStats, PageTable, PageTableConfig, PagedIndices, RowId};
+use kestrel_model::ModelWeights;
+use kestrel_pipeline::{
+    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
+    TokenId,
+};
+
+use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
+use self::slot::{DecodeSlot, Graph, RenderBuffer, SlotDims, SlotKind, StepState, MAX_TOP};
+use crate::compile::{compile_all, default_cache_dir, Arch};
+use crate::ffi::SampleParams;
+use crate::host::{
+    choose_bucket, graph_buckets, pack_decode, pack_prefill, DecodeLayout, DecodeRow, PrefillSeq,
+};
+use crate::{libs, CudaError};
+
+const NUM_SLOTS: usize = 2;
+
+/// Configuration of a [`CudaRuntime`] (mirrors `CpuRuntimeConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaRuntimeConfig {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Sequences holding KV at once (and the largest decode batch).
+    pub max_rows: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// Longest sequence (prompt + generated).
+    pub max_seq_len: usize,
+    pub enable_prefix_cache: bool,
+    /// Prompt tokens per prefill forward call.
+    pub prefill_chunk: usize,
+    /// Capture the decode forward in CUDA graphs (per slot, per bucket).
+    pub cuda_graphs: bool,
+    /// PTX cache directory (`None`: `<kestrel cache>/ptx`).
+    pub ptx_cache: Option<PathBuf>,
+}
+
+impl Default for CudaRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            max_rows: 32,
+            num_pages: 2048,
+            page_size: 16,
+            max_seq_len: 8192,
+            enable_prefix_cache: true,
+            prefill_chunk: 256,
+            cuda_graphs: true,
+            ptx_cache: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SeqKv {
+    row: RowId,
+    len: usize,
+    cached: usize,
+    params: SamplingParams,
+}
+
+/// The CUDA runtime. See the module docs.
+pub struct CudaRuntime {
+    cfg: CudaRuntimeConfig,
+    // Declared first so buffers below are dropped before the model's context users.
+    slots: Vec<DecodeSlot>,
+    render: Vec<RenderBuffer>,
+    dev: DeviceModel,
+    copy_stream: Arc<CudaStream>,
+    table: PageTable,
+    seqs: HashMap<RequestId, SeqKv>,
+    in_flight: VecDeque<SlotId>,
+    launched: Option<SlotId>,
+    step: u64,
+    stats: KvStats,
+    buckets: Vec<usize>,
+    rows_buf: Vec<(RowId, usize)>,
+    decode_rows: Vec<DecodeRow>,
+    idx: PagedIndices,
+    out_top: Vec<(TokenId, f32)>,
+    graph_bytes: usize,
+    device_name: String,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaRuntime")
+            .field("device", &self.device_name)
+            .field("cfg", &self.cfg)
+            .field("seqs", &self.seqs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Open the context of device `ordinal`, or say why not (never panics).
+fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
+    libs::driver_available()?;
+    result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e}")))?;
+    let count = CudaContext::device_count()
+        .map_err(|e| CudaError::NoDevice(format!("cuDeviceGetCount failed: {e}")))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(CudaError::NoDevice(format!(
+            "device {ordinal} requested, {count} present"
+        )));
+    }
+    Ok(CudaContext::new(ordinal)?)
+}
+
+fn fatal<E: Into<CudaError>>(e: E) -> ExecError<CudaError> {
+    ExecError::Fatal(e.into())
+}
+
+impl CudaRuntime {
+    /// Open the device, compile the kernels (PTX cache), upload the weights
+    /// (f16), allocate the KV cache and both slots, and capture the decode
+    /// graphs of both slots eagerly. Errors, never panics, without a driver.
+    pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
+        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.prefill_chunk == 0 {
+            return Err(CudaError::Config(format!(
+                "zero-sized dimension in {cfg:?}"
+            )));
+        }
+        let ctx = open_device(cfg.device)?;
+        libs::nvrtc_available()?;
+        libs::cublas_available()?;
+        // SAFETY: this runtime orders all device work itself (one compute
+        // stream, explicit step-done / copy-done events) and never hands
+        // cudarc slices to other streams, so cudarc's per-buffer event
+        // tracking is redundant; no buffer of this context exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let device_name = ctx.name()?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = Arch {
+            major: major as u32,
+            minor: minor as u32,
+        };
+        let cache = cfg.ptx_cache.clone().or_else(default_cache_dir);
+        let compiled = compile_all(arch, cache.as_deref())?;
+        let stream = ctx.new_stream()?;
+        let copy_stream = ctx.new_stream()?;
+        let mc = &weights.config;
+        let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        let dev = DeviceModel::new(
+            &ctx,
+            &stream,
+            &compiled,
+            &weights,
+            KvGeometry {
+                num_pages: cfg.num_pages,
+                page_size: cfg.page_size,
+                kv_rows: cfg.max_rows + 1,
+                max_pos: max_context,
+            },
+        )?;
+        let buckets = graph_buckets(cfg.max_rows);
+        let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
+        let dims = SlotDims {
+            fwd_rows: cfg.max_rows.max(cfg.prefill_chunk),
+            max_batch: cfg.max_rows,
+            hidden: mc.hidden_size,
+            qkv: mc.q_dim() + 2 * mc.kv_dim(),
+            q_dim: mc.q_dim(),
+            ffn: mc.intermediate_size,
+            vocab: mc.vocab_size,
+            layout: DecodeLayout {
+                cap_rows: cfg.max_rows,
+                // Shared prefix pages appear once per row that lists them.
+                cap_pages: cfg.max_rows * max_pages_per_seq + cfg.max_rows,
+            },
+        };
+        let slots = (0..NUM_SLOTS)
+            .map(|_| DecodeSlot::new(&ctx, &dims))
+            .collect::<Result<Vec<_>, _>>()?;
+        let render = (0..NUM_SLOTS)
+            .map(|_| RenderBuffer::new(&ctx, cfg.max_rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        let table = PageTable::new(PageTableConfig {
+            max_rows: cfg.max_rows + 1,
+            num_pages: cfg.num_pages,
+            page_size: cfg.page_size,
+            enable_prefix_cache: cfg.enable_prefix_cache,
+        })?;
+        tracing::info!(
+            device = %device_name,
+            arch = %arch.name(),
+            weight_bytes = dev.weight_bytes,
+            ptx_cached = compiled.iter().all(|k| k.cached),
+            "kestrel-cuda model ready"
+        );
+        let mut rt = CudaRuntime {
+            stats: KvStats {
+                total_pages: cfg.num_pages,
+                ..KvStats::default()
+            },
+            cfg,
+            slots,
+            render,
+            dev,
+            copy_stream,
+            table,
+            seqs: HashMap::new(),
+            in_flight: VecDeque::with_capacity(NUM_SLOTS),
+            launched: None,
+            step: 0,
+            buckets,
+            rows_buf: Vec::new(),
+            decode_rows: Vec::new(),
+            idx: PagedIndices::default(),
+            out_top: Vec::new(),
+            graph_bytes: 0,
+            device_name,
+        };
+        if rt.cfg.cuda_graphs {
+            rt.rebuild_graphs()?;
+        }
+        Ok(rt)
+    }
+
+    /// The device's name, as the driver reports it.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// Bytes of device memory the captured graphs of both slots took at start.
+    pub fn graph_bytes(&self) -> usize {
+        self.graph_bytes
+    }
+
+    /// Bytes of f16 weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.dev.weight_bytes
+    }
+
+    pub fn config(&self) -> &CudaRuntimeConfig {
+        &self.cfg
+    }
+
+    pub fn kv_stats(&self) -> KvStats {
+        KvStats {
+            used_pages: self.table.used_pages(),
+            free_pages: self.table.free_pages(),
+            cached_pages: self.table.cached_pages(),
+            ..self.stats
+        }
+    }
+
+    /// Block until both streams have executed everything enqueued.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.dev.sync()?;
+        self.copy_stream.synchronize()?;
+        Ok(())
+    }
+
+    fn fwd_args(&self, slot: SlotId, n: usize) -> FwdArgs {
+        let s = &self.slots[slot];
+        let l = &s.layout;
+        let m = &s.meta_dev;
+        FwdArgs {
+            n,
+            tokens: self.dev.pending.ptr,
+            rows: m.at::<u32>(l.rows()),
+            positions: m.at::<u32>(l.positions()),
+            row_seq: m.at::<u32>(l.row_seq()),
+            slot_mapping: m.at::<u32>(l.slot_mapping()),
+            kv_indptr: m.at::<u32>(l.kv_indptr()),
+            kv_indices: m.at::<u32>(l.kv_indices()),
+            out_row: 0,
+            x: s.ws.x.ptr,
+            xn: s.ws.xn.ptr,
+            qkv: s.ws.qkv.ptr,
+            attn: s.ws.attn.ptr,
+            delta: s.ws.delta.ptr,
+            gate_up: s.ws.gate_up.ptr,
+            act: s.ws.act.ptr,
+            hidden_last: s.hidden_last.ptr,
+        }
+    }
+
+    /// The decode forward of `bucket` rows on `slot`, eagerly.
+    fn decode_forward(&self, slot: SlotId, bucket: usize) -> Result<(), CudaError> {
+        let a = self.fwd_args(slot, bucket);
+        self.dev.forward_layers(&a)?;
+        let s = &self.slots[slot];
+        self.dev.lm_head(s.hidden_last.ptr, s.logits.ptr, bucket)
+    }
+
+    /// (Re)capture the decode forward of both slots for every bucket (at
+    /// start, and after a pause that invalidated them). Each bucket first
+    /// runs once eagerly on all-padding metadata (rows write only the trash
+    /// page), which also warms cuBLAS outside capture.
+    pub fn rebuild_graphs(&mut self) -> Result<(), CudaError> {
+        self.dev.ctx.bind_to_thread()?;
+        self.synchronize()?;
+        let (free_before, _) = self.dev.ctx.mem_get_info()?;
+        let buckets = self.buckets.clone();
+        for slot in 0..NUM_SLOTS {
+            self.slots[slot].graphs.clear();
+            for &b in &buckets {
+                let empty = PagedIndices {
+                    kv_indptr: vec![0],
+                    ..PagedIndices::default()
+                };
+                let s = &mut self.slots[slot];
+                let layout = s.layout;
+                let used = pack_decode(
+                    &layout,
+                    &[],
+                    &empty,
+                    b,
+                    self.dev.trash_page,
+                    self.dev.page_size,
+                    s.meta_host.as_mut_slice(),
+                )
+                .map_err(|e| CudaError::Config(e.to_string()))?;
+                // SAFETY: meta_dev holds total_words >= used words; the copy
+                // is synchronous, so the pinned source is free afterwards.
+                unsafe {
+                    result::memcpy_htod_sync(s.meta_dev.ptr, &s.meta_host.as_slice()[..used])
+                }?;
+                self.decode_forward(slot, b)?;
+                self.dev.sync()?;
+                self.dev
+                    .stream
+                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                let captured = self.decode_forward(slot, b);
+                let graph = self
+                    .dev
+                    .stream
+                    .end_capture(sys::CUgraphInstantiate_flags(0))?;
+                captured?;
+                let graph = graph.ok_or_else(|| {
+                    CudaError::Config(format!("capturing bucket {b} produced no graph"))
+                })?;
+                graph.upload()?;
+                self.slots[slot].graphs.insert(b, Graph(graph));
+            }
+        }
+        self.dev.sync()?;
+        let (free_after, _) = self.dev.ctx.mem_get_info()?;
+        self.graph_bytes = free_before.saturating_sub(free_after);
+        tracing::info!(
+            buckets = ?buckets,
+            graph_bytes = self.graph_bytes,
+            "captured decode graphs for both slots"
+        );
+        Ok(())
+    }
+
+    fn check_slot_free(&self, slot: SlotId) -> Result<(), CudaError> {
+        if slot >= NUM_SLOTS || self.slots[slot].state.is_some() {
+            return Err(CudaError::SlotBusy(slot));
+        }
+        Ok(())
+    }
+
+    fn admit(
+        &mut self,
+        input: &PrefillInput<'_, SamplingParams>,
+    ) -> Result<(RowId, usize), KvError> {
+        let (row, hit) = if self.cfg.enable_prefix_cache {
+            self.table.allocate_with_prefix(input.prompt)?
+        } else {
+            (self.table.allocate()?, 0)
+        };
+        if let Err(e) = self.table.reserve(row, input.max_len) {
+            let _ = self.table.erase(row);
+            return Err(e);
+        }
+        // Compute at least the last prompt token: its logits are sampled.
+        Ok((row, hit.min(input.prompt.len().saturating_sub(1))))
+    }
+
+    /// Copy `words` of the slot's pinned decode metadata and its params to the device.
+    fn upload_meta(&self, slot: SlotId, words: usize, rows: usize) -> Result<(), CudaError> {
+        let s = &self.slots[slot];
+        let st = self.dev.stream.cu_stream();
+        // SAFETY: the pinned sources stay untouched until this slot's commit
+        // (I6), after which these copies (earlier on the compute stream than
+        // the step-done event the commit waited for) have completed; the
+        // destinations hold at least as many bytes.
+        unsafe {
+            result::memcpy_htod_async(s.meta_dev.ptr, &s.meta_host.as_slice()[..words], st)?;
+            result::memcpy_htod_async(s.params_dev.ptr, &s.params_host.as_slice()[..rows], st)?;
+        }
+        Ok(())
+    }
+
+    fn top_n(&self, ids: &[RequestId]) -> usize {
+        ids.iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|s| s.params.top_logprobs as usize)
+            .max()
+            .unwrap_or(0)
+            .min(MAX_TOP)
+    }
+}
+
+impl Executor for CudaRuntime {
+    type Params = SamplingParams;
+    type Error = CudaError;
+
+    fn num_slots(&self) -> usize {
+        NUM_SLOTS
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.dev.cfg.vocab_size
+    }
+
+    fn max_rows(&self) -> usize {
+        self.cfg.max_rows
+    }
+
+    fn num_allocated(&self) -> usize {
+        self.table.num_allocated()
+    }
+
+    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
+        if self.cfg.enable_prefix_cache {
+            self.table.can_reserve_prompt(prompt, max_len)
+        } else {
+            self.table.can_reserve(max_len)
+        }
+    }
+
+    fn could_ever_fit(&self, max_len: usize) -> bool {
+        max_len <= self.cfg.max_seq_len && self.table.pages_for(max_len) <= self.cfg.num_pages
+    }
+
+    fn launch_prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, SamplingParams>],
+    ) -> Result<(), ExecError<CudaError>> {
+        self.check_slot_free(slot).map_err(ExecError::PreDispatch)?;
+        if seqs.len() > self.cfg.max_rows {
+            return Err(ExecError::PreDispatch(CudaError::BatchTooLarge {
+                rows: seqs.len(),
+                capacity: self.cfg.max_rows,
+            }));
+        }
+        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        self.rows_buf.clear();
+        let mut starts = Vec::with_capacity(seqs.len());
+        for input in seqs {
+            match self.admit(input) {
+                Ok((row, hit)) => {
+                    self.rows_buf.push((row, input.prompt.len()));
+                    starts.push(hit);
+                    self.stats.prompt_tokens += input.prompt.len() as u64;
+                    self.stats.prefix_hit_tokens += hit as u64;
+                    self.seqs.insert(
+                        input.id,
+                        SeqKv {
+                            row,
+                            len: input.prompt.len(),
+                            cached: hit,
+                            params: *input.params,
+                        },
+                    );
+                }
+                Err(e) => {
+                    for &(row, _) in &self.rows_buf {
+                        let _ = self.table.erase(row);
+                    }
+                    for input in seqs {
+                        self.seqs.remove(&input.id);
+                    }
+                    return Err(ExecError::PreDispatch(e.into()));
+                }
+            }
+        }
+        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut self.idx) {
+            return Err(ExecError::Fatal(e.into()));
+        }
+        let plan: Vec<PrefillSeq<'_>> = seqs
+            .iter()
+            .zip(&self.rows_buf)
+            .zip(&starts)
+            .map(|((input, &(row, _)), &start)| PrefillSeq {
+                kv_row: row,
+                prompt: input.prompt,
+                start,
+            })
+            .collect();
+        let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
+        let layout = pack_prefill(&plan, &self.idx, self.cfg.page_size, &mut words)
+            .map_err(|e| ExecError::Fatal(CudaError::Config(e.to_string())))?;
+        let ctx = Arc::clone(&self.dev.ctx);
+        let s = &mut self.slots[slot];
+        s.ensure_prefill_capacity(&ctx, words.len())
+            .map_err(fatal)?;
+        s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
+        for (p, input) in s.params_host.as_mut_slice().iter_mut().zip(seqs) {
+            *p = SampleParams::from(input.params);
+        }
+        s.prefill_words = words;
+        // Past this point device work is enqueued: every error is fatal.
+        let st = self.dev.stream.cu_stream();
+        let s = &self.slots[slot];
+        let m = &s.prefill_dev;
+        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
+        // until this step's commit; destinations were sized above).
+        unsafe {
+            result::memcpy_htod_async(
+                m.ptr,
+                &s.prefill_host.as_slice()[..layout.total_words()],
+                st,
+            )
+            .map_err(fatal)?;
+            result::memcpy_htod_async(
+                s.params_dev.ptr,
+                &s.params_host.as_slice()[..seqs.len()],
+                st,
+            )
+            .map_err(fatal)?;
+        }
+        self.dev
+            .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
+            .map_err(fatal)?;
+        let base = self.fwd_args(slot, 0);
+        let chunk = self.cfg.prefill_chunk;
+        let mut a = 0;
+        while a < layout.tokens_n {
+            let n = chunk.min(layout.tokens_n - a);
+            let args = FwdArgs {
+                n,
+                tokens: m.at::<u32>(layout.tokens() + a),
+                rows: 0,
+                positions: m.at::<u32>(layout.positions() + a),
+                row_seq: m.at::<u32>(layout.row_seq() + a),
+                slot_mapping: m.at::<u32>(layout.slot_mapping() + a),
+                kv_indptr: m.at::<u32>(layout.kv_indptr()),
+                kv_indices: m.at::<u32>(layout.kv_indices()),
+                out_row: m.at::<u32>(layout.out_row() + a),
+                ..base
+            };
+            self.dev.forward_layers(&args).map_err(fatal)?;
+            a += n;
+        }
+        self.dev
+            .lm_head(s.hidden_last.ptr, s.logits.ptr, seqs.len())
+            .map_err(fatal)?;
+        let state = StepState {
+            kind: SlotKind::Prefill,
+            n: seqs.len(),
+            top_n: 0,
+            rows_ptr: m.at::<u32>(layout.kv_rows()),
+            positions_ptr: m.at::<u32>(layout.sample_pos()),
+            prompts: seqs
+                .iter()
+                .zip(&self.rows_buf)
+                .map(|(i, &(row, _))| (row, i.prompt.to_vec()))
+                .collect(),
+            ids: seqs.iter().map(|i| i.id).collect(),
+        };
+        let top_n = self.top_n(&state.ids);
+        self.slots[slot].state = Some(StepState { top_n, ..state });
+        self.launched = Some(slot);
+        self.in_flight.push_back(slot);
+        self.step += 1;
+        Ok(())
+    }
+
+    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.cached)
+    }
+
+    fn launch_decode(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+    ) -> Result<(), ExecError<CudaError>> {
+        self.check_slot_free(slot).map_err(ExecError::PreDispatch)?;
+        let n = rows.len();
+        let bucket = choose_bucket(&self.buckets, n).ok_or(ExecError::PreDispatch(
+            CudaError::BatchTooLarge {
+                rows: n,
+                capacity: self.cfg.max_rows,
+            },
+        ))?;
+        self.rows_buf.clear();
+        self.decode_rows.clear();
+        for &id in rows {
+            let Some(seq) = self.seqs.get(&id) else {
+                return Err(ExecError::PreDispatch(CudaError::UnknownRequest(id)));
+            };
+            self.rows_buf.push((seq.row, seq.len + 1));
+            self.decode_rows.push(DecodeRow {
+                kv_row: seq.row,
+                pos: seq.len as u32,
+            });
+        }
+        self.table
+            .write_indices(&self.rows_buf, &mut self.idx)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        let (trash, ps) = (self.dev.trash_page, self.dev.page_size);
+        let s = &mut self.slots[slot];
+        let layout = s.layout;
+        let used = pack_decode(
+            &layout,
+            &self.decode_rows,
+            &self.idx,
+            bucket,
+            trash,
+            ps,
+            s.meta_host.as_mut_slice(),
+        )
+        .map_err(|e| ExecError::PreDispatch(CudaError::Config(e.to_string())))?;
+        for (p, id) in s.params_host.as_mut_slice().iter_mut().zip(rows) {
+            if let Some(seq) = self.seqs.get(id) {
+                *p = SampleParams::from(&seq.params);
+            }
+        }
+        // Past this point the step is committed to: advance lengths, dispatch.
+        for &id in rows {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.len += 1;
+            }
+        }
+        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        self.upload_meta(slot, used, n).map_err(ExecError::Fatal)?;
+        match self.slots[slot].graphs.get(&bucket) {
+            Some(g) => g.0.launch().map_err(fatal)?,
+            None => self
+                .decode_forward(slot, bucket)
+                .map_err(ExecError::Fatal)?,
+        }
+        let s = &self.slots[slot];
+        let state = StepState {
+            kind: SlotKind::Decode,
+            n,
+            top_n: self.top_n(rows),
+            rows_ptr: s.meta_dev.at::<u32>(layout.rows()),
+            positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
+            prompts: Vec::new(),
+            ids: rows.to_vec(),
+        };
+        self.slots[slot].state = Some(state);
+        self.launched = Some(slot);
+        self.in_flight.push_back(slot);
+        self.step += 1;
+        Ok(())
+    }
+
+    fn finalize_sampling(
+        &mut self,
+        slot: SlotId,
+        masks: Option<&MaskBatch<'_>>,
+    ) -> Result<(), ExecError<CudaError>> {
+        if self.launched != Some(slot) {
+            return Err(ExecError::Fatal(CudaError::OutOfOrder {
+                slot,
+                expected: self.launched,
+            }));
+        }
+        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        let vocab = self.dev.cfg.vocab_size;
+        let s = &mut self.slots[slot];
+        let Some(state) = s.state.as_ref() else {
+            return Err(ExecError::Fatal(CudaError::SlotBusy(slot)));
+        };
+        let (n, top_n) = (state.n, state.top_n);
+        let st = self.dev.stream.cu_stream();
+        // The mask goes H2D on the compute stream right before sampling.
+        let (mask_flags, mask_words, wpr) = match masks {
+            Some(m)
+                if m.words_per_row == vocab.div_ceil(32)
+                    && m.words.len() >= n * m.words_per_row =>
+            {
+                let host = s.mask_host.as_mut_slice();
+                for (f, &c) in host[..n].iter_mut().zip(m.constrained) {
+                    *f = u32::from(c);
+                }
+                let w = n * m.words_per_row;
+                host[n..n + w].copy_from_slice(&m.words[..w]);
+                // SAFETY: mask_host holds flags + words for max_batch rows;
+                // it is not rewritten before this slot's commit (I6).
+                unsafe { result::memcpy_htod_async(s.mask_dev.ptr, &host[..n + w], st) }
+                    .map_err(fatal)?;
+                (s.mask_dev.ptr, s.mask_dev.at::<u32>(n), m.words_per_row)
+            }
+            Some(m) => {
+                return Err(ExecError::Fatal(CudaError::Config(format!(
+                    "mask of {} words per row for a vocabulary of {vocab}",
+                    m.words_per_row
+                ))))
+            }
+            None => (0, 0, 0),
+        };
+        let a = SampleArgs {
+            n,
+            top_n,
+            logits: s.logits.ptr,
+            mask_words,
+            mask_flags,
+            words_per_row: wpr,
+            params: s.params_dev.ptr,
+            rows: state.rows_ptr,
+            positions: state.positions_ptr,
+            out_tokens: s.out_tokens.ptr,
+            out_logprobs: s.out_logprobs.ptr,
+            out_top_ids: s.out_top_ids.ptr,
+            out_top_lps: s.out_top_lps.ptr,
+        };
+        self.dev.sample(&a).map_err(fatal)?;
+        // Step-done: after this step's last GPU write (I3).
+        let s = &self.slots[slot];
+        s.step_done.record(&self.dev.stream).map_err(fatal)?;
+        self.copy_stream.wait(&s.step_done).map_err(fatal)?;
+        let r = &mut self.render[slot];
+        let cs = self.copy_stream.cu_stream();
+        // SAFETY: the copy stream waits on exactly this step's step-done
+        // event, so the staging buffers hold its outputs; the pinned
+        // destinations are this slot's and are read only after copy_done.
+        unsafe {
+            result::memcpy_dtoh_async(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr, cs)
+                .map_err(fatal)?;
+            result::memcpy_dtoh_async(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr, cs)
+                .map_err(fatal)?;
+            if top_n > 0 {
+                let k = n * top_n;
+                result::memcpy_dtoh_async(
+                    &mut r.top_ids.as_mut_slice()[..k],
+                    s.out_top_ids.ptr,
+                    cs,
+                )
+                .map_err(fatal)?;
+                result::memcpy_dtoh_async(
+                    &mut r.top_lps.as_mut_slice()[..k],
+                    s.out_top_lps.ptr,
+                    cs,
+                )
+                .map_err(fatal)?;
+            }
+        }
+        r.copy_done.record(&self.copy_stream).map_err(fatal)?;
+        self.launched = None;
+        Ok(())
+    }
+
+    fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, CudaError> {
+        let expected = self.in_flight.front().copied();
+        if expected != Some(slot) {
+            return Err(CudaError::OutOfOrder { slot, expected });
+        }
+        self.dev.ctx.bind_to_thread()?;
+        self.render[slot].copy_done.synchronize()?;
+        self.in_flight.pop_front();
+        let state = self.slots[slot]
+            .state
+            .take()
+            .ok_or(CudaError::SlotBusy(slot))?;
+        if state.kind == SlotKind::Prefill {
+            for (row, prompt) in &state.prompts {
+                self.table.register_prefix(*row, prompt);
+            }
+        }
+        let r = &self.render[slot];
+        let (n, top_n) = (state.n, state.top_n);
+        self.out_top.clear();
+        let ids = &r.top_ids.as_slice()[..n * top_n];
+        let lps = &r.top_lps.as_slice()[..n * top_n];
+        self.out_top
+            .extend(ids.iter().copied().zip(lps.iter().copied()));
+        Ok(StepOutputs {
+            tokens: &r.tokens.as_slice()[..n],
+            logprobs: Some(&r.logprobs.as_slice()[..n]),
+            top_logprobs: &self.out_top,
+            top_n,
+        })
+    }
+
+    fn release(&mut self, id: RequestId) {
+        if let Some(seq) = self.seqs.remove(&id) {
+            if let Err(e) = self.table.erase(seq.row) {
+                tracing::error!(request = id, error = %e, "erasing a KV row failed");
+            }
+        }
+    }
+
+    fn release_all(&mut self) {
+        // Synchronize first: no stream may still touch a slot or a page.
+        if let Err(e) = self
+            .dev
+            .ctx
+            .bind_to_thread()
+            .map_err(CudaError::from)
+            .and_then(|_| self.synchronize())
+        {
+            tracing::error!(error = %e, "synchronize before release_all failed");
+        }
+        for s in &mut self.slots {
+            s.state = None;
+        }
+        self.in_flight.clear();
+        self.launched = None;
+        self.seqs.clear();
+        self.table.release_all();
+    }
+}
+
+impl Drop for CudaRuntime {
+    fn drop(&mut self) {
+        let _ = self.dev.ctx.bind_to_thread();
+        let _ = self.synchronize();
+    }
+}

@@ -1,0 +1,185 @@
+//! The CUDA runtime against the CPU runtime.
+//!
+//! Without a GPU (every CI run): `CudaRuntime::new` returns a typed error,
+//! never a panic or an abort. With a GPU, opt in with `KESTREL_CUDA_TESTS=1`
+//! (see docs/cuda.md for the exact command): greedy tokens of synthetic
+//! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
+//! alone and batched, blocking and pipelined, with graphs on and off.
+
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
+use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
+use kestrel_pipeline::{Executor, PrefillInput, RequestId, SamplingParams, TokenId};
+
+fn gpu_tests_enabled(test: &str) -> bool {
+    let on = std::env::var_os("KESTREL_CUDA_TESTS").is_some_and(|v| v == "1");
+    if !on {
+        eprintln!("SKIPPED {test}: set KESTREL_CUDA_TESTS=1 on a machine with a GPU");
+    }
+    on
+}
+
+#[test]
+fn new_without_a_driver_is_a_typed_error() {
+    if libs::driver_available().is_ok() {
+        eprintln!("SKIPPED new_without_a_driver_is_a_typed_error: a CUDA driver is present");
+        return;
+    }
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 1);
+    let err = CudaRuntime::new(w, CudaRuntimeConfig::default()).expect_err("no driver here");
+    assert!(
+        matches!(err, CudaError::LibraryMissing { what: "driver", .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("driver") && msg.contains("libcuda"), "{msg}");
+}
+
+#[test]
+fn zero_sized_config_is_rejected_before_touching_cuda() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 1);
+    let cfg = CudaRuntimeConfig {
+        max_rows: 0,
+        ..CudaRuntimeConfig::default()
+    };
+    assert!(matches!(
+        CudaRuntime::new(w, cfg),
+        Err(CudaError::Config(_))
+    ));
+}
+
+/// Greedy tokens of `prompts` for `steps` decode steps, blocking (depth 1)
+/// or pipelined (step t+1 launched before step t is waited on).
+fn run<E: Executor<Params = SamplingParams>>(
+    e: &mut E,
+    prompts: &[Vec<TokenId>],
+    steps: usize,
+    pipelined: bool,
+) -> Vec<Vec<TokenId>>
+where
+    E::Error: std::fmt::Debug,
+{
+    let params = SamplingParams::greedy();
+    let ids: Vec<RequestId> = (1..=prompts.len() as RequestId).collect();
+    let inputs: Vec<PrefillInput<'_, SamplingParams>> = prompts
+        .iter()
+        .zip(&ids)
+        .map(|(p, &id)| PrefillInput {
+            id,
+            prompt: p,
+            params: &params,
+            max_len: p.len() + steps + 1,
+        })
+        .collect();
+    let mut out = vec![Vec::new(); prompts.len()];
+    e.launch_prefill(0, &inputs).unwrap();
+    e.finalize_sampling(0, None).unwrap();
+    let push = |o: &[TokenId], out: &mut Vec<Vec<TokenId>>| {
+        for (v, &t) in out.iter_mut().zip(o) {
+            v.push(t);
+        }
+    };
+    if pipelined {
+        e.launch_decode(1, &ids).unwrap();
+        e.finalize_sampling(1, None).unwrap();
+        push(e.wait_step(0).unwrap().tokens, &mut out);
+        let mut slot = 0;
+        for _ in 1..steps {
+            e.launch_decode(slot, &ids).unwrap();
+            e.finalize_sampling(slot, None).unwrap();
+            push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
+            slot = 1 - slot;
+        }
+        push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
+    } else {
+        push(e.wait_step(0).unwrap().tokens, &mut out);
+        for s in 0..steps {
+            let slot = (s + 1) % 2;
+            e.launch_decode(slot, &ids).unwrap();
+            e.finalize_sampling(slot, None).unwrap();
+            push(e.wait_step(slot).unwrap().tokens, &mut out);
+        }
+    }
+    for id in ids {
+        e.release(id);
+    }
+    out
+}
+
+fn prompts(vocab: u32) -> Vec<Vec<TokenId>> {
+    vec![
+        (1..20).map(|t| t * 7 % vocab).collect(),
+        (1..5).map(|t| t * 13 % vocab).collect(),
+        (1..40).map(|t| t * 3 % vocab).collect(),
+    ]
+}
+
+fn parity(w: ModelWeights, graphs: bool) {
+    let vocab = w.config.vocab_size as u32;
+    let mut cpu = CpuRuntime::new(
+        w.clone(),
+        CpuRuntimeConfig {
+            max_rows: 8,
+            num_pages: 256,
+            max_seq_len: 512,
+            ..CpuRuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    let mut gpu = CudaRuntime::new(
+        w,
+        CudaRuntimeConfig {
+            max_rows: 8,
+            num_pages: 256,
+            max_seq_len: 512,
+            cuda_graphs: graphs,
+            ..CudaRuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    eprintln!(
+        "device {}, graph bytes {}",
+        gpu.device_name(),
+        gpu.graph_bytes()
+    );
+    let ps = prompts(vocab);
+    let want = run(&mut cpu, &ps, 32, false);
+    for pipelined in [false, true] {
+        assert_eq!(
+            run(&mut gpu, &ps, 32, pipelined),
+            want,
+            "batched, pipelined={pipelined}"
+        );
+    }
+    for (i, p) in ps.iter().enumerate() {
+        assert_eq!(
+            run(&mut gpu, std::slice::from_ref(p), 32, true)[0],
+            want[i],
+            "alone {i}"
+        );
+    }
+}
+
+#[test]
+fn gpu_greedy_parity_tiny() {
+    if !gpu_tests_enabled("gpu_greedy_parity_tiny") {
+        return;
+    }
+    for graphs in [false, true] {
+        parity(
+            synthetic_weights(&ModelConfig::tiny(), DType::F32, 7),
+            graphs,
+        );
+    }
+}
+
+#[test]
+fn gpu_greedy_parity_smollm2_shape() {
+    if !gpu_tests_enabled("gpu_greedy_parity_smollm2_shape") {
+        return;
+    }
+    parity(
+        synthetic_weights(&ModelConfig::smollm2_135m_layers(4), DType::Q8_0, 11),
+        true,
+    );
+}
