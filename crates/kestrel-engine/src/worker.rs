@@ -77,11 +77,13 @@ impl Drop for ExitGuard {
 
 impl<R: Runtime> Worker<R> {
     pub fn new(
-        lp: EngineLoop<R>,
+        mut lp: EngineLoop<R>,
         commands: Receiver<Command>,
         done_rx: Receiver<u64>,
         shared: Arc<Shared>,
     ) -> Self {
+        // A step's constrained rows compute their masks concurrently.
+        lp.set_mask_filler(Box::new(kestrel_skills::ParallelMasks::default()));
         Self {
             lp,
             commands,

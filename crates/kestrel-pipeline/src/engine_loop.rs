@@ -144,6 +144,13 @@ impl<E: Executor> EngineLoop<E> {
         })
     }
 
+    /// Replace how masks are filled (default: [`crate::SequentialMasks`]),
+    /// e.g. with a thread pool so a batch's constrained rows compute their
+    /// masks in parallel under the forward.
+    pub fn set_mask_filler(&mut self, filler: Box<dyn crate::MaskFiller>) {
+        self.sched.filler = filler;
+    }
+
     pub fn executor(&self) -> &E {
         &self.exec
     }

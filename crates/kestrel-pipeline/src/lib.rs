@@ -12,6 +12,8 @@
 //!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
 //!   the engine-fatal fault model.
+//! - [`MaskFiller`]: how a step's masks are filled (sequentially by
+//!   default; in parallel with a thread-pool filler).
 //! - [`testing`]: a deterministic simulated executor and skills.
 //!
 //! ```
@@ -31,6 +33,7 @@
 
 pub mod engine_loop;
 pub mod executor;
+pub mod masks;
 pub mod observed;
 pub mod sampling;
 pub mod scheduler;
@@ -46,6 +49,7 @@ pub type RequestId = u64;
 
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
 pub use sampling::SamplingParams;
 pub use scheduler::{PipelineStats, StepPlan};

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId};
+use crate::masks::{recycle, MaskFiller, MaskRow, SequentialMasks};
 use crate::sequence::{Request, Sequence};
 use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
 use crate::state::{LaunchHandle, PendingCommit, StepKind};
@@ -70,6 +71,12 @@ pub(crate) struct Scheduler<P> {
     to_release: Vec<SeqIdx>,
     mask_words: Vec<u32>,
     mask_flags: Vec<bool>,
+    /// Step row of each sequence index while masks are built (`u32::MAX`: none).
+    mask_row_of: Vec<u32>,
+    /// Empty between steps; their allocations are reused by `build_masks`.
+    mask_chunks: Vec<Option<&'static mut [u32]>>,
+    mask_rows: Vec<MaskRow<'static>>,
+    pub filler: Box<dyn MaskFiller>,
     words_per_row: usize,
     vocab_size: usize,
     pub stats: PipelineStats,
@@ -89,6 +96,10 @@ impl<P> Scheduler<P> {
             to_release: Vec::new(),
             mask_words: Vec::new(),
             mask_flags: Vec::new(),
+            mask_row_of: Vec::new(),
+            mask_chunks: Vec::new(),
+            mask_rows: Vec::new(),
+            filler: Box::new(SequentialMasks),
             words_per_row: TokenMask::words_for(vocab_size),
             vocab_size,
             stats: PipelineStats::default(),
@@ -298,16 +309,35 @@ impl<P> Scheduler<P> {
             if self.mask_words.len() < need {
                 self.mask_words.resize(need, 0);
             }
-            let vocab = self.vocab_size;
+            // Pair each constrained sequence with its row's words. Sequences
+            // are visited in index order (one `iter_mut` gives disjoint
+            // `&mut`s); `mask_row_of` maps an index to its row.
+            self.mask_row_of.clear();
+            self.mask_row_of.resize(self.seqs.len(), u32::MAX);
             for (r, &i) in rows.iter().enumerate() {
                 if self.mask_flags[r] {
-                    let words = &mut self.mask_words[r * wpr..(r + 1) * wpr];
-                    let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
-                    let mut mask = TokenMask::new(words, vocab);
-                    mask.clear();
-                    seq.skill.fill_mask(&mut mask);
+                    self.mask_row_of[i as usize] = r as u32;
                 }
             }
+            let mut chunks: Vec<Option<&mut [u32]>> =
+                recycle(std::mem::take(&mut self.mask_chunks));
+            chunks.extend(self.mask_words[..need].chunks_mut(wpr).map(Some));
+            let mut jobs: Vec<MaskRow<'_>> = recycle(std::mem::take(&mut self.mask_rows));
+            for (seq, &r) in self.seqs.iter_mut().zip(&self.mask_row_of) {
+                if r == u32::MAX {
+                    continue;
+                }
+                let seq = seq.as_mut().expect("live sequence index");
+                let words = chunks[r as usize].take().expect("one row per sequence");
+                words.fill(0);
+                jobs.push(MaskRow {
+                    skill: &mut *seq.skill,
+                    words,
+                });
+            }
+            self.filler.fill(&mut jobs, self.vocab_size);
+            self.mask_rows = recycle(jobs);
+            self.mask_chunks = recycle(chunks);
         }
         self.slot_rows[slot] = rows;
         any

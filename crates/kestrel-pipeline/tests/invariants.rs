@@ -7,7 +7,8 @@ use kestrel_pipeline::testing::{
     sim_sample, SimConfig, SimExecutor, SimLog, SimParams, SimSkill, SIM_EOS,
 };
 use kestrel_pipeline::{
-    EngineLoop, FinishReason, LoopConfig, Outcome, PipelineMode, PrefillPolicy, Request, Tick,
+    EngineLoop, FinishReason, LoopConfig, MaskFiller, MaskRow, Outcome, PipelineMode,
+    PrefillPolicy, Request, Tick,
 };
 
 fn engine(mode: PipelineMode, policy: PrefillPolicy) -> EngineLoop<SimExecutor> {
@@ -319,4 +320,51 @@ fn submit_validation() {
         Err(SubmitError::QueueFull { limit: 1 })
     );
     assert_eq!(e.run_until_idle(), Tick::Idle);
+}
+
+/// Fills the two halves of a step's rows on two threads, and records the
+/// largest number of rows it was handed.
+struct TwoThreadMasks(Arc<Mutex<usize>>);
+
+impl MaskFiller for TwoThreadMasks {
+    fn fill(&mut self, rows: &mut [MaskRow<'_>], vocab_size: usize) {
+        let mut most = self.0.lock().unwrap();
+        *most = (*most).max(rows.len());
+        let (a, b) = rows.split_at_mut(rows.len() / 2);
+        std::thread::scope(|s| {
+            s.spawn(|| a.iter_mut().for_each(|r| r.fill(vocab_size)));
+            b.iter_mut().for_each(|r| r.fill(vocab_size));
+        });
+    }
+}
+
+/// Masks filled concurrently give the same tokens as the sequential
+/// default, and only constrained rows are handed to the filler.
+#[test]
+fn parallel_mask_filling_matches_sequential() {
+    let mut outputs = Vec::new();
+    for parallel in [false, true] {
+        let mut e = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong);
+        let most = Arc::new(Mutex::new(0));
+        if parallel {
+            e.set_mask_filler(Box::new(TwoThreadMasks(Arc::clone(&most))));
+        }
+        let logs: Vec<_> = (0..12u64)
+            .map(|id| submit(&mut e, id, 31 * id + 5, 40, id % 3 != 0))
+            .collect();
+        assert_eq!(e.run_until_idle(), Tick::Idle);
+        if parallel {
+            assert_eq!(
+                *most.lock().unwrap(),
+                8,
+                "the 8 constrained rows, none else"
+            );
+        }
+        outputs.push(
+            logs.iter()
+                .map(|l| l.lock().unwrap().tokens.clone())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(outputs[0], outputs[1]);
 }

@@ -1,5 +1,5 @@
 //! Mask computation per sequence per step for a JSON schema at SmolLM2's
-//! vocabulary size (49152), plus a 4-row batch and the text skill's per-token
+//! vocabulary size (49152), plus a 4-row batch (sequential and parallel fillers) and the text skill's per-token
 //! consume + stream cost.
 //!
 //! Vocabulary: set `KESTREL_SKILLS_TOKENIZER_JSON` to a `tokenizer.json` (e.g.
@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kestrel_pipeline::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenId, TokenMask};
+use kestrel_pipeline::{
+    CommittedToken, FinishReason, MaskFiller, MaskRow, Outcome, SequenceSkill, SequentialMasks,
+    TokenId, TokenMask,
+};
 use kestrel_skills::{
-    fill_batch_masks, testing, Skill, SkillContext, SkillContextConfig, SkillOptions, SkillSpec,
+    testing, ParallelMasks, Skill, SkillContext, SkillContextConfig, SkillOptions, SkillSpec,
 };
 use serde_json::json;
 use tokenizers::Tokenizer;
@@ -140,39 +143,55 @@ fn bench(c: &mut Criterion) {
         })
     });
 
-    // Four JSON rows filled together (rayon fan-out), per batch step.
-    c.bench_function(&format!("json_batch4_masks_per_step/{label}"), |b| {
-        let per_row = TokenMask::words_for(ctx.vocab_size());
-        let mut batch_words = vec![0u32; 4 * per_row];
-        let mut flags = [false; 4];
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let spec = SkillSpec::Json { schema: schema() };
-                let mut skills: Vec<Skill> = (0..4)
-                    .map(|_| Skill::new(&ctx, &spec, SkillOptions::default()).unwrap())
-                    .collect();
-                let mut steps = 0u32;
-                let mut elapsed = Duration::ZERO;
-                for &t in &toks {
-                    if !skills[0].is_constrained() {
-                        break;
-                    }
-                    let mut rows: Vec<&mut Skill> = skills.iter_mut().collect();
-                    let t0 = Instant::now();
-                    fill_batch_masks(&mut rows, ctx.vocab_size(), &mut batch_words, &mut flags);
-                    elapsed += t0.elapsed();
-                    steps += 1;
-                    for s in &mut skills {
-                        commit(s, t);
-                    }
-                }
-                total += elapsed / steps.max(1);
-            }
-            total
-        })
-    });
-
+    // Four and sixteen JSON rows of one step, filled by the pipeline's filler: one by
+    // one, and on rayon's pool (what the engine installs).
+    for rows in [4, 16] {
+        let fillers: [(&str, Box<dyn MaskFiller>); 3] = [
+            ("sequential", Box::new(SequentialMasks)),
+            ("parallel", Box::new(ParallelMasks::always())),
+            ("adaptive", Box::new(ParallelMasks::default())),
+        ];
+        for (name, mut filler) in fillers {
+            c.bench_function(
+                &format!("json_batch{rows}_masks_per_step/{name}/{label}"),
+                |b| {
+                    let per_row = TokenMask::words_for(ctx.vocab_size());
+                    let mut batch_words = vec![0u32; rows * per_row];
+                    b.iter_custom(|iters| {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            let spec = SkillSpec::Json { schema: schema() };
+                            let mut skills: Vec<Skill> = (0..rows)
+                                .map(|_| Skill::new(&ctx, &spec, SkillOptions::default()).unwrap())
+                                .collect();
+                            let mut steps = 0u32;
+                            let mut elapsed = Duration::ZERO;
+                            for &t in &toks {
+                                if !skills[0].is_constrained() {
+                                    break;
+                                }
+                                let mut rows: Vec<MaskRow<'_>> = skills
+                                    .iter_mut()
+                                    .zip(batch_words.chunks_mut(per_row))
+                                    .map(|(s, w)| MaskRow { skill: s, words: w })
+                                    .collect();
+                                let t0 = Instant::now();
+                                filler.fill(&mut rows, ctx.vocab_size());
+                                elapsed += t0.elapsed();
+                                drop(rows);
+                                steps += 1;
+                                for s in &mut skills {
+                                    commit(s, t);
+                                }
+                            }
+                            total += elapsed / steps.max(1);
+                        }
+                        total
+                    })
+                },
+            );
+        }
+    }
     // Text skill: consume + take_delta per token (streaming detokenization).
     c.bench_function(&format!("text_consume_and_delta_per_token/{label}"), |b| {
         let spec = SkillSpec::Text {

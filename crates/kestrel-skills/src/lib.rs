@@ -20,7 +20,7 @@ mod stop;
 pub mod testing;
 mod vocab;
 
-pub use batch::fill_batch_masks;
+pub use batch::{fill_batch_masks, ParallelMasks};
 pub use context::{
     ChatMessage, ChatMlTemplate, ChatTemplate, Prompt, SkillContext, SkillContextConfig,
 };

@@ -6,9 +6,13 @@
 mod common;
 
 use common::*;
-use kestrel_pipeline::{FinishReason, Outcome, SequenceSkill, TokenId, TokenMask, Verdict};
+use kestrel_pipeline::{
+    FinishReason, MaskFiller, MaskRow, Outcome, SequenceSkill, TokenId, TokenMask, Verdict,
+};
 use kestrel_skills::testing::IM_END;
-use kestrel_skills::{fill_batch_masks, Skill, SkillContext, SkillResult, SkillSpec};
+use kestrel_skills::{
+    fill_batch_masks, ParallelMasks, Skill, SkillContext, SkillResult, SkillSpec,
+};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -285,6 +289,36 @@ fn batch_masks_match_per_sequence_masks() {
     assert_eq!(row(1), &want_json[..]);
     assert_eq!(row(2), &want_rx[..]);
     assert_eq!(allowed(row(3), vocab).len(), vocab);
+}
+
+/// The pipeline's parallel filler hands each skill its own row: the masks
+/// equal those computed one by one.
+#[test]
+fn parallel_filler_matches_per_sequence_masks() {
+    let ctx = ctx();
+    let vocab = ctx.vocab_size();
+    let per_row = TokenMask::words_for(vocab);
+    let specs = [
+        SkillSpec::Json {
+            schema: person_schema(),
+        },
+        SkillSpec::Regex("[0-9]+".into()),
+        SkillSpec::Choice(vec!["yes".into(), "no".into()]),
+        SkillSpec::Regex("[a-z]+@[a-z]+".into()),
+    ];
+    let mut skills: Vec<Skill> = specs.iter().map(|s| skill(&ctx, s.clone())).collect();
+    let want: Vec<Vec<u32>> = skills.iter_mut().map(|s| mask_of(s, vocab)).collect();
+    let mut words = vec![0u32; skills.len() * per_row];
+    let mut rows: Vec<MaskRow<'_>> = skills
+        .iter_mut()
+        .zip(words.chunks_mut(per_row))
+        .map(|(s, w)| MaskRow { skill: s, words: w })
+        .collect();
+    ParallelMasks::always().fill(&mut rows, vocab);
+    drop(rows);
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(&words[i * per_row..(i + 1) * per_row], &want[..], "row {i}");
+    }
 }
 
 proptest! {

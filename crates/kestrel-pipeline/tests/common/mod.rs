@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimLog, SimParams, SimSkill};
 use kestrel_pipeline::{
-    EngineLoop, Executor, LoopConfig, PipelineMode, PrefillPolicy, Request, Tick,
+    EngineLoop, Executor, LoopConfig, MaskFiller, MaskRow, PipelineMode, PrefillPolicy, Request,
+    Tick,
 };
 
 #[derive(Debug, Clone)]
@@ -44,6 +45,17 @@ pub struct RunResult {
     pub stats: kestrel_pipeline::PipelineStats,
 }
 
+/// A [`MaskFiller`] that fills rows in reverse order.
+pub struct ReversedMasks;
+
+impl MaskFiller for ReversedMasks {
+    fn fill(&mut self, rows: &mut [MaskRow<'_>], vocab_size: usize) {
+        for row in rows.iter_mut().rev() {
+            row.fill(vocab_size);
+        }
+    }
+}
+
 pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResult {
     let exec = SimExecutor::new(SimConfig {
         vocab_size: 64,
@@ -64,6 +76,11 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
         debug_checks: false,
     };
     let mut engine = EngineLoop::new(exec, config).expect("valid config");
+    if policy == PrefillPolicy::RideAlong {
+        // Masks filled last row first: tokens must not depend on fill order
+        // (and a row paired with the wrong sequence's mask would show).
+        engine.set_mask_filler(Box::new(ReversedMasks));
+    }
     let mut logs: BTreeMap<u64, Arc<Mutex<SimLog>>> = BTreeMap::new();
     let mut rejected = BTreeMap::new();
     let mut submitted = 0usize;
