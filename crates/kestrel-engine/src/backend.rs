@@ -1,13 +1,16 @@
-//! Runtime construction per [`crate::Backend`], and the [`Runtime`] impl of
-//! the CPU runtime.
+//! Runtime construction per [`crate::Backend`], and the [`Runtime`] impls
+//! of the CPU and CUDA runtimes.
 //!
 //! The runtime is built by the engine thread itself (inside the closure
-//! handed to `Engine::spawn`), so its compute/copy threads and buffers are
-//! created by their owner. CUDA is not part of this build.
+//! handed to `Engine::spawn`), so its compute/copy threads (CPU) or its
+//! context, streams and buffers (CUDA) are created by their owner. Without
+//! a CUDA driver or device, `start_cuda` returns `BackendUnavailable` with
+//! kestrel-cuda's message.
 
 use std::time::Instant;
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_pipeline::LoopConfig;
 
 use crate::config::EngineConfig;
@@ -32,19 +35,48 @@ pub(crate) fn start_cpu(
         ..CpuRuntimeConfig::default()
     };
     Engine::spawn(model, loop_config, "cpu".into(), move || {
-        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| {
-            // EngineError's variants are fixed for API users; keep the cause chain in the text.
-            let mut msg = format!("CPU runtime: {e}");
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            EngineError::BackendUnavailable(msg)
-        })?;
+        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU runtime", &e))?;
         rt.record_timings(true);
         Ok(rt)
     })
+}
+
+/// EngineError's variants are fixed for API users; keep the cause chain in the text.
+fn unavailable(what: &str, e: &dyn std::error::Error) -> EngineError {
+    let mut msg = format!("{what}: {e}");
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    EngineError::BackendUnavailable(msg)
+}
+
+/// Starts an engine on the CUDA runtime (device 0). Fails with
+/// `BackendUnavailable` (never a panic) when no driver, device or NVRTC is present.
+pub(crate) fn start_cuda(
+    model: ModelContext,
+    loop_config: LoopConfig,
+    config: &EngineConfig,
+    weights: kestrel_model::ModelWeights,
+) -> Result<Engine, EngineError> {
+    let cfg = CudaRuntimeConfig {
+        max_rows: config.max_batch_size,
+        num_pages: config.kv_pages,
+        page_size: config.page_size,
+        max_seq_len: loop_config.max_seq_len,
+        enable_prefix_cache: config.enable_prefix_cache,
+        ..CudaRuntimeConfig::default()
+    };
+    Engine::spawn(model, loop_config, "cuda".into(), move || {
+        CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA runtime", &e))
+    })
+}
+
+impl Runtime for CudaRuntime {
+    fn kv_stats(&self) -> KvStats {
+        CudaRuntime::kv_stats(self)
+    }
 }
 
 impl Runtime for CpuRuntime {

@@ -24,7 +24,7 @@ pub enum Backend {
     /// `kestrel-cpu`.
     #[default]
     Cpu,
-    /// `kestrel-cuda` (not part of this build: [`crate::EngineError::BackendUnavailable`]).
+    /// `kestrel-cuda` ([`crate::EngineError::BackendUnavailable`] without a driver or device).
     Cuda,
 }
 

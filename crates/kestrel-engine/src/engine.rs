@@ -104,9 +104,7 @@ impl Engine {
         let engine = match config.backend {
             Backend::Cpu => crate::backend::start_cpu(model, loop_config, &config, loaded.weights)?,
             Backend::Cuda => {
-                return Err(EngineError::BackendUnavailable(
-                    "the CUDA backend is not part of this build".into(),
-                ))
+                crate::backend::start_cuda(model, loop_config, &config, loaded.weights)?
             }
         };
         progress(LoadEvent::Ready);

@@ -96,8 +96,9 @@ impl Options {
     fn from_args(a: &BenchArgs) -> anyhow::Result<Self> {
         if a.backend == Backend::Cuda {
             bail!(
-                "--backend cuda: Kestrel has no CUDA runtime yet (no kestrel-cuda crate in this \
-                 build); run with --backend cpu"
+                "--backend cuda: the bench harness drives CpuRuntime (its device timings come \
+                 from CpuRuntime::take_timings); kestrel-cuda's CudaRuntime is not wired into it \
+                 yet (see docs/cuda.md); run with --backend cpu"
             );
         }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
