@@ -10,7 +10,7 @@
 #define ATT_MAX_E 8      // head_dim <= 256
 #define ATT_MAX_WARPS 4  // blockDim.x <= 128
 
-extern "C" __global__ void paged_attention(const float* __restrict__ qkv, int stride,
+extern "C" __global__ void __launch_bounds__(ATT_MAX_WARPS * 32) paged_attention(const float* __restrict__ qkv, int stride,
                                            h16* __restrict__ out,
                                            const h16* __restrict__ k_cache,
                                            const h16* __restrict__ v_cache,

@@ -48,7 +48,8 @@ __device__ __forceinline__ u32 fkey(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-extern "C" __global__ void sample_rows(float* __restrict__ logits,
+// __launch_bounds__ caps registers so 1024-thread blocks always launch.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* __restrict__ logits,
                                        int vocab,
                                        const u32* __restrict__ mask_words,
                                        const u32* __restrict__ mask_flags,
