@@ -234,6 +234,12 @@ impl CpuModel {
     }
 
     /// Worker threads.
+    /// Attention score scratch one worker needs for `max_context` keys.
+    pub(crate) fn scores_per_worker(&self, max_context: usize) -> usize {
+        let c = &self.cfg;
+        crate::kernels::attention::scores_len(c.num_heads / c.num_kv_heads, max_context)
+    }
+
     pub fn threads(&self) -> usize {
         self.threads
     }
@@ -367,7 +373,7 @@ impl CpuModel {
                 capacity: scratch.max_rows,
             });
         }
-        if scratch.scores.len() < self.threads * scratch.max_context {
+        if scratch.scores.len() < self.threads * self.scores_per_worker(scratch.max_context) {
             return Err(bad(
                 "scratch was built for a model with fewer threads".into()
             ));
@@ -627,7 +633,7 @@ impl CpuModel {
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
-        let mc = s.max_context;
+        let mc = self.scores_per_worker(s.max_context);
         let work = |(w, scores): (usize, &mut [f32])| {
             let mut t = w;
             while t < ntasks {

@@ -41,6 +41,8 @@ pub struct SampledToken {
     pub token: u32,
     /// Log-probability of `token` under the final distribution (after all
     /// filters; for greedy, the masked and penalized softmax at temperature 1).
+    /// NaN for a greedy row that asked for no logprobs (`params.logprobs`
+    /// false and `top_logprobs` 0): its softmax is never computed.
     pub logprob: f32,
     /// The most likely tokens of that same distribution.
     pub top: TopLogprobs,
@@ -115,7 +117,8 @@ fn desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
 
 /// Sample one token from `logits` (one row, modified in place: the mask and
 /// penalties are applied to it). `position` keys the random draw.
-/// Returns `None` only when the mask allows no token.
+/// Returns `None` only when the mask allows no token. `top_logprobs`
+/// alternatives are returned (at most [`MAX_TOP_LOGPROBS`]).
 pub fn sample(
     logits: &mut [f32],
     params: &SamplingParams,
@@ -147,6 +150,21 @@ pub fn sample(
         }
     }
     let greedy = params.temperature <= 0.0;
+    if greedy && !params.logprobs && top_logprobs == 0 {
+        // Argmax only: one pass, no candidate list, no softmax. Same pick as
+        // below (largest logit, lowest id on ties; -inf and NaN excluded).
+        let mut best: Option<(f32, u32)> = None;
+        for (t, &l) in logits.iter().enumerate() {
+            if l > best.map_or(f32::NEG_INFINITY, |b| b.0) {
+                best = Some((l, t as u32));
+            }
+        }
+        return best.map(|(_, token)| SampledToken {
+            token,
+            logprob: f32::NAN,
+            top: TopLogprobs::new(),
+        });
+    }
     let inv_t = if greedy {
         1.0
     } else {

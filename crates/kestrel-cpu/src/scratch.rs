@@ -55,7 +55,7 @@ impl Scratch {
             row_seq: vec![0; r],
             row_pos: vec![0; r],
             logit_rows: vec![0; r],
-            scores: vec![0.0; model.threads() * max_context],
+            scores: vec![0.0; model.threads() * model.scores_per_worker(max_context)],
         }
     }
 

@@ -186,3 +186,38 @@ proptest! {
         }
     }
 }
+
+/// A greedy row that asks for no logprobs takes the argmax-only path: it
+/// picks the same token as the full path (ties to the lowest id, masked and
+/// -inf tokens excluded) and reports NaN instead of a logprob.
+#[test]
+fn greedy_fast_path_matches_the_full_path() {
+    let vocab = 3000usize;
+    let mut st = PenaltyState::new(vocab);
+    for seed in 0..200u64 {
+        let mut l = logits(vocab, seed);
+        // Quantize so ties happen, and knock some tokens out.
+        for (t, v) in l.iter_mut().enumerate() {
+            *v = (*v * 2.0).round();
+            if (t as u64 + seed).is_multiple_of(11) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+        let mut mask = vec![0u32; vocab.div_ceil(32)];
+        for t in (seed as usize % 7..vocab).step_by(3) {
+            mask[t / 32] |= 1 << (t % 32);
+        }
+        for m in [None, Some(&mask[..])] {
+            let fast = sample(&mut l.clone(), &SamplingParams::greedy(), m, &mut st, 0, 0).unwrap();
+            let full_params = SamplingParams {
+                logprobs: true,
+                ..SamplingParams::greedy()
+            };
+            let full = sample(&mut l.clone(), &full_params, m, &mut st, 0, 0).unwrap();
+            assert_eq!(fast.token, full.token, "seed {seed}");
+            assert!(fast.logprob.is_nan() && full.logprob <= 0.0);
+        }
+    }
+    let mut none = vec![f32::NEG_INFINITY; 8];
+    assert!(sample(&mut none, &SamplingParams::greedy(), None, &mut st, 0, 0).is_none());
+}

@@ -303,13 +303,16 @@ impl ComputeStream {
                 .then(|| &mask.words[i * mask.words_per_row..(i + 1) * mask.words_per_row]);
             let logits = &mut self.logits[slot][i * vocab..(i + 1) * vocab];
             let dr = &mut self.rows[row as usize];
+            // Each row computes only the alternatives it asked for (a greedy
+            // row that asked none skips the softmax); rows are padded below.
+            let want_top = (dr.params.top_logprobs as usize).min(top_n);
             let (token, logprob) = match sample(
                 logits,
                 &dr.params,
                 words,
                 &mut dr.penalties,
                 position,
-                top_n,
+                want_top,
             ) {
                 Some(s) => {
                     // Rows are `top_n` wide whatever each row asked for.
