@@ -112,18 +112,34 @@ pub fn attend_group(
         h0 += gn;
     }
 
-    // Softmax per head, in key order.
+    // Softmax per head: max, exp of (score - max) in place, and the sum
+    // of the weights in key order.
     for (sh, inv_h) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
-        let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut sum = 0f32;
-        for s in sh.iter_mut() {
-            *s = exp(*s - max);
-            sum += *s;
+        if simd {
+            // SAFETY: AVX2 and FMA were detected (`simd`).
+            unsafe { exp_shifted_avx2(sh) };
+        } else {
+            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            sh.iter_mut().for_each(|s| *s = exp(*s - max));
         }
+        let sum = sh.iter().fold(0f32, |acc, &s| acc + s);
         *inv_h = 1.0 / sum;
     }
 
     // Weighted sum of V rows, each row loaded once for the whole group.
+    if simd && hd % 16 == 0 {
+        for (h0, oh) in (0..group).step_by(4).zip(out.chunks_mut(4 * hd)) {
+            let gn = (group - h0).min(4);
+            let (p, inv) = (&scores[h0 * len..(h0 + gn) * len], &inv[h0..h0 + gn]);
+            match gn {
+                4 => pv::<4>(p, inv, v, seq, g, len, oh),
+                3 => pv::<3>(p, inv, v, seq, g, len, oh),
+                2 => pv::<2>(p, inv, v, seq, g, len, oh),
+                _ => pv::<1>(p, inv, v, seq, g, len, oh),
+            }
+        }
+        return;
+    }
     out[..group * hd].fill(0.0);
     seq.for_each_page(len, g, |j0, count, base| {
         for t in 0..count {
@@ -139,6 +155,169 @@ pub fn attend_group(
             *x *= inv_h;
         }
     }
+}
+
+/// `out[h] = inv[h] * sum_j p[h][j] * v_j` for `G` heads (`p` head-major,
+/// `len` per head), 16 output floats at a time held in registers across all
+/// keys: the same FMAs in the same key order as the [`axpy`] formulation.
+/// Caller: `head_dim % 16 == 0` and [`simd_supported`].
+#[allow(clippy::too_many_arguments)]
+fn pv<const G: usize>(
+    p: &[f32],
+    inv: &[f32],
+    v: &[f32],
+    seq: PagedSeq<'_>,
+    g: usize,
+    len: usize,
+    out: &mut [f32],
+) {
+    let hd = seq.head_dim;
+    let stride = seq.num_kv_heads * hd;
+    assert!(hd % 16 == 0 && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
+    let mut j0 = 0;
+    for &page in seq.pages {
+        if j0 >= len {
+            break;
+        }
+        let count = seq.page_size.min(len - j0);
+        let base = (page as usize * seq.page_size * seq.num_kv_heads + g) * hd;
+        assert!(
+            base + (count - 1) * stride + hd <= v.len(),
+            "page {page} out of the V array"
+        );
+        j0 += count;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: every page's rows were bounds-checked above, `p`, `inv` and
+    // `out` hold `G` heads (asserted), and the caller checked AVX2 and FMA.
+    unsafe {
+        pv_avx2::<G>(p, inv, v.as_ptr(), seq, g, len, out)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("simd_supported() is false off x86-64");
+}
+
+/// # Safety
+/// See [`pv`]: all V rows of `seq`'s pages below `len` must lie in `v`,
+/// and the CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pv_avx2<const G: usize>(
+    p: &[f32],
+    inv: &[f32],
+    v: *const f32,
+    seq: PagedSeq<'_>,
+    g: usize,
+    len: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = seq.head_dim;
+    let stride = seq.num_kv_heads * hd;
+    for d0 in (0..hd).step_by(16) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        let mut j0 = 0;
+        for &page in seq.pages {
+            if j0 >= len {
+                break;
+            }
+            let count = seq.page_size.min(len - j0);
+            let base = (page as usize * seq.page_size * seq.num_kv_heads + g) * hd + d0;
+            for t in 0..count {
+                // SAFETY: row `t` of this page lies in `v` (checked by `pv`).
+                let (v0, v1) = unsafe {
+                    let vp = v.add(base + t * stride);
+                    (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)))
+                };
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    let w = _mm256_set1_ps(p[h * len + j0 + t]);
+                    acc_h[0] = _mm256_fmadd_ps(w, v0, acc_h[0]);
+                    acc_h[1] = _mm256_fmadd_ps(w, v1, acc_h[1]);
+                }
+            }
+            j0 += count;
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            let s = _mm256_set1_ps(inv[h]);
+            let o = &mut out[h * hd + d0..h * hd + d0 + 16];
+            // SAFETY: `o` holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(acc_h[0], s));
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(acc_h[1], s));
+            }
+        }
+    }
+}
+
+/// `s = exp(s - max(s))` in place, returning the max: the same operations
+/// as [`exp`] on 8 lanes (bit-identical for finite scores).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_shifted_avx2(s: &mut [f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds 8 floats.
+        mv = _mm256_max_ps(mv, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), mv) };
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let maxv = _mm256_set1_ps(max);
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds 8 floats.
+        unsafe {
+            let x = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), maxv);
+            _mm256_storeu_ps(c.as_mut_ptr(), exp8(x));
+        }
+    }
+    for x in chunks.into_remainder() {
+        *x = exp(*x - max);
+    }
+    max
+}
+
+/// [`exp`] on 8 lanes, operation for operation.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use super::ops::exp_consts as k;
+    use std::arch::x86_64::*;
+    let xc = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(k::LO)),
+        _mm256_set1_ps(k::HI),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        xc,
+        _mm256_set1_ps(k::LOG2E),
+    ));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-k::LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-k::LN2_LO), r);
+    let mut p = _mm256_set1_ps(k::P[0]);
+    for &c in &k::P[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
+        _mm256_set1_ps(1.0),
+    );
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(k::LO));
+    _mm256_andnot_ps(under, e)
 }
 
 /// Whether [`dots2`]'s SIMD kernel can run here.
@@ -309,6 +488,24 @@ mod tests {
                     "group {group} hd {hd} page {page_size} len {len} g {g}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn simd_softmax_weights_equal_scalar_exp() {
+        if !simd_supported() {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..4000).map(|i| (i as f32 - 3000.0) * 0.037).collect();
+        xs.extend([-1e30, -200.0, -87.31, -87.29, 0.0, -0.0, 1e-30, 88.0]);
+        let max = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let want: Vec<f32> = xs.iter().map(|&x| exp(x - max)).collect();
+        let mut got = xs.clone();
+        // SAFETY: AVX2 and FMA were detected above.
+        let got_max = unsafe { exp_shifted_avx2(&mut got) };
+        assert_eq!(got_max, max);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "x = {}", xs[i]);
         }
     }
 }

@@ -57,26 +57,41 @@ pub fn rope(x: &mut [f32], head_dim: usize, table: &[f32], style: RopeStyle) {
     }
 }
 
+/// The constants of [`exp`], shared with its SIMD versions.
+#[allow(clippy::excessive_precision)] // Cephes' constants, as published.
+pub(crate) mod exp_consts {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// Clamp range: `e^x` is 0 below `LO` and saturates at `HI`.
+    pub const LO: f32 = -87.3;
+    pub const HI: f32 = 88.7;
+    /// Polynomial coefficients, highest degree first (Horner order).
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.000_000_1e-1,
+    ];
+}
+
 /// `e^x` to ~2 ulp (Cephes `expf` polynomial), vectorizable; 0 below -87.3,
 /// saturating at 88.7.
 #[inline(always)]
-#[allow(clippy::excessive_precision)] // Cephes' constants, as published.
 pub fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let xc = x.clamp(-87.3, 88.7);
-    let n = (xc * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
-    let mut p = 1.987_569_1e-4f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1_f32);
+    use exp_consts as k;
+    let xc = x.clamp(k::LO, k::HI);
+    let n = (xc * k::LOG2E).round_ties_even();
+    let r = n.mul_add(-k::LN2_LO, n.mul_add(-k::LN2_HI, xc));
+    let mut p = k::P[0];
+    for &c in &k::P[1..] {
+        p = p.mul_add(r, c);
+    }
     let y = (p * r).mul_add(r, r) + 1.0;
     let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
-    if x < -87.3 {
+    if x < k::LO {
         0.0
     } else {
         y * scale
