@@ -18,4 +18,5 @@ pub mod runtime;
 
 pub use compile::Arch;
 pub use error::CudaError;
+pub use runtime::timing::StepTiming;
 pub use runtime::{CudaRuntime, CudaRuntimeConfig};

@@ -4,7 +4,8 @@
 //! never a panic or an abort. With a GPU, opt in with `KESTREL_CUDA_TESTS=1`
 //! (see docs/cuda.md for the exact command): greedy tokens of synthetic
 //! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
-//! alone and batched, blocking and pipelined, with graphs on and off.
+//! alone and batched, blocking and pipelined, with graphs on and off; step
+//! timings from CUDA events are ordered host instants.
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
@@ -182,4 +183,76 @@ fn gpu_greedy_parity_smollm2_shape() {
         synthetic_weights(&ModelConfig::smollm2_135m_layers(4), DType::Q8_0, 11),
         true,
     );
+}
+
+/// CUDA-event step timings, converted to host instants: one per committed
+/// step, in commit order, each ordered within itself, steps not overlapping
+/// on the one compute stream, all inside the host's window around the run.
+#[test]
+fn gpu_step_timings_are_ordered_host_instants() {
+    if !gpu_tests_enabled("gpu_step_timings_are_ordered_host_instants") {
+        return;
+    }
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    let vocab = w.config.vocab_size as u32;
+    let mut gpu = CudaRuntime::new(
+        w,
+        CudaRuntimeConfig {
+            max_rows: 8,
+            num_pages: 256,
+            max_seq_len: 512,
+            ..CudaRuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(gpu.take_timings().is_empty(), "not recording yet");
+    gpu.record_timings(true).unwrap();
+    // The host instant of the clock's anchor is known to within half its
+    // round trip (at most 100 us); re-anchoring between two steps' conversions
+    // may shift them against each other by as much.
+    let outer = std::time::Duration::from_millis(1);
+    let anchor = std::time::Duration::from_micros(100);
+    for pipelined in [false, true] {
+        let before = std::time::Instant::now();
+        run(&mut gpu, &prompts(vocab), 16, pipelined);
+        let after = std::time::Instant::now();
+        let t = gpu.take_timings();
+        assert_eq!(
+            t.len(),
+            17,
+            "prefill + 16 decode steps, pipelined={pipelined}"
+        );
+        assert!(t[0].prefill && t[1..].iter().all(|s| !s.prefill));
+        assert!(t.iter().all(|s| s.rows == 3));
+        for s in &t {
+            assert!(
+                before - outer <= s.forward_start,
+                "{s:?} starts before the run"
+            );
+            assert!(s.forward_start <= s.forward_end, "{s:?}");
+            assert!(s.forward_end <= s.sample_start, "{s:?}");
+            assert!(s.sample_start <= s.sample_end, "{s:?}");
+            assert!(s.sample_end <= after + outer, "{s:?} ends after the run");
+        }
+        for p in t.windows(2) {
+            assert!(p[0].step < p[1].step);
+            assert!(
+                p[0].sample_end <= p[1].forward_start + anchor,
+                "{p:?} overlap"
+            );
+        }
+        let busy: f64 = t
+            .iter()
+            .map(|s| (s.sample_end - s.forward_start).as_secs_f64())
+            .sum();
+        eprintln!(
+            "pipelined={pipelined}: {} steps, device busy {:.3} ms of {:.3} ms",
+            t.len(),
+            busy * 1e3,
+            (after - before).as_secs_f64() * 1e3
+        );
+    }
+    gpu.record_timings(false).unwrap();
+    run(&mut gpu, &prompts(vocab), 2, true);
+    assert!(gpu.take_timings().is_empty(), "stopped recording");
 }

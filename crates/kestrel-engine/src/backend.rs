@@ -69,13 +69,25 @@ pub(crate) fn start_cuda(
         ..CudaRuntimeConfig::default()
     };
     Engine::spawn(model, loop_config, "cuda".into(), move || {
-        CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA runtime", &e))
+        let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA runtime", &e))?;
+        rt.record_timings(true)
+            .map_err(|e| unavailable("CUDA runtime timings", &e))?;
+        Ok(rt)
     })
 }
 
 impl Runtime for CudaRuntime {
     fn kv_stats(&self) -> KvStats {
         CudaRuntime::kv_stats(self)
+    }
+
+    /// From CUDA events on the compute stream (forward start to sampling end).
+    fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
+        out.extend(
+            self.take_timings()
+                .into_iter()
+                .map(|t| (t.forward_start, t.sample_end)),
+        );
     }
 }
 

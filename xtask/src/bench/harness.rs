@@ -1,11 +1,11 @@
-//! Drives the real engine core (`EngineLoop<CpuRuntime>`) through one
-//! workload and records what happened, step by step.
+//! Drives the real engine core (`EngineLoop<R>` for any [`BenchRuntime`])
+//! through one workload and records what happened, step by step.
 //!
 //! Two transparent wrappers do the recording without touching the engine:
 //! [`Instrumented`] forwards every `Executor` call and times `wait_step` (the
 //! scheduler thread blocked on the device), and [`Recording`] forwards every
 //! `SequenceSkill` call and timestamps each committed token. Device timings
-//! come from the runtime itself (`CpuRuntime::take_timings`).
+//! come from the runtime itself ([`BenchRuntime::take_timings`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,12 +13,12 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use kestrel_cpu::runtime::CpuRuntime;
 use kestrel_pipeline::{
     CommittedToken, EngineLoop, Observed, Outcome, Request, SamplingParams, SequenceSkill, SlotId,
     Tick, TokenMask, Verdict, WaitObserver,
 };
 
+use super::runtime::BenchRuntime;
 use super::workload::{LengthPlan, PreparedRequest, PromptSet, Workload};
 
 /// Times how long the scheduler thread waits for each step (the observer
@@ -51,7 +51,7 @@ impl WaitObserver for WaitTimer {
 pub type Instrumented<E> = Observed<E, WaitTimer>;
 
 /// The engine as the bench drives it.
-pub type BenchEngine = EngineLoop<Instrumented<CpuRuntime>>;
+pub type BenchEngine<R> = EngineLoop<Instrumented<R>>;
 
 /// What one request's recording wrapper reports when it finishes.
 #[derive(Debug)]
@@ -137,8 +137,8 @@ pub struct RunData {
 }
 
 /// Run `w` to completion on `engine` (which must be idle).
-pub fn run_workload(
-    engine: &mut BenchEngine,
+pub fn run_workload<R: BenchRuntime>(
+    engine: &mut BenchEngine<R>,
     prompts: &PromptSet,
     w: &Workload,
     plan: &LengthPlan,
@@ -158,12 +158,12 @@ pub fn run_workload(
     let (tx, rx): (Sender<RequestRecord>, Receiver<RequestRecord>) = channel();
     let exec = engine.executor_mut();
     exec.observer.take_waits();
-    exec.inner.record_timings(true);
+    exec.inner.record_timings(true)?;
     let stats0 = engine.stats();
     let start = Instant::now();
     let secs = |t: Instant| t.saturating_duration_since(start).as_secs_f64();
     let mut submit =
-        |engine: &mut BenchEngine, stream: usize, data: &mut RunData| -> anyhow::Result<bool> {
+        |engine: &mut BenchEngine<R>, stream: usize, data: &mut RunData| -> anyhow::Result<bool> {
             let Some(req) = per_stream[stream].pop_front() else {
                 return Ok(false);
             };
@@ -262,7 +262,7 @@ pub fn run_workload(
     // Let any zombie-only step still in flight commit so the engine is idle.
     while engine.run_once() == Tick::Progress {}
     let exec = engine.executor_mut();
-    exec.inner.record_timings(false);
+    exec.inner.record_timings(false)?;
     data.waits = exec
         .observer
         .take_waits()

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: what pipelined decoding measurably buys, on the real
-//! engine core (`EngineLoop<CpuRuntime>`, the default model, real skills).
+//! engine core (`EngineLoop<CpuRuntime>` or, with `--backend cuda`,
+//! `EngineLoop<CudaRuntime>`; the default model, real skills).
 //!
 //! For each workload (1/8/32 concurrent streams, text only and with a share
 //! of JSON-constrained requests) it runs Blocking, Pipelined+Drain and
@@ -12,6 +13,7 @@ mod harness;
 mod peer;
 mod plots;
 mod report;
+mod runtime;
 mod stats;
 mod workload;
 
@@ -22,11 +24,13 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{EngineLoop, Executor as _, LoopConfig, Request, SamplingParams, Tick};
 use kestrel_skills::{Skill, SkillContext, SkillContextConfig, SkillOptions, SkillSpec};
 
 use self::harness::{BenchEngine, Instrumented, RunData};
+use self::runtime::BenchRuntime;
 use self::stats::{ConfigResult, CostModelRow};
 use self::workload::{EngineConfig, LengthPlan, Mix, PromptSet, Workload};
 
@@ -83,6 +87,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub quick: bool,
+    pub backend: Backend,
     pub threads: usize,
     pub workloads: Vec<Workload>,
     pub plan: LengthPlan,
@@ -94,13 +99,6 @@ pub struct Options {
 
 impl Options {
     fn from_args(a: &BenchArgs) -> anyhow::Result<Self> {
-        if a.backend == Backend::Cuda {
-            bail!(
-                "--backend cuda: the bench harness drives CpuRuntime (its device timings come \
-                 from CpuRuntime::take_timings); kestrel-cuda's CudaRuntime is not wired into it \
-                 yet (see docs/cuda.md); run with --backend cpu"
-            );
-        }
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads = a.threads.unwrap_or(cores);
         let streams =
@@ -147,8 +145,12 @@ impl Options {
             Some([engine, _]) => bail!("unknown peer `{engine}`; supported: llama.cpp"),
             Some(_) => bail!("--peer takes ENGINE DIR"),
         };
+        if peer.is_some() && a.backend != Backend::Cpu {
+            bail!("--peer compares CPU engines on the same threads: use it with --backend cpu");
+        }
         Ok(Self {
             quick: a.quick,
+            backend: a.backend,
             threads,
             workloads,
             plan,
@@ -245,169 +247,234 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     .context("building the skill context")?;
     let prompts = PromptSet::new(&model, Arc::clone(&ctx))?;
     let max_streams = opts.workloads.iter().map(|w| w.streams).max().unwrap_or(1);
-    let mut engines = EngineConfig::ALL
-        .iter()
-        .map(|&c| Ok((c, build_engine(&model, c, &opts, max_streams)?)))
-        .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine)>>>()?;
-    let weight_bytes = engines[0].1.executor().inner.weight_bytes();
-
-    // Warm-up: fault in weights, spin up thread pools; not recorded.
-    let warm = Workload {
-        streams: 2,
-        requests_per_stream: 1,
-        mix: Mix::Json,
+    let bench = Bench {
+        opts: &opts,
+        model_path: &model_path,
+        ctx: &ctx,
+        prompts: &prompts,
     };
-    let warm_plan = LengthPlan {
-        min_tokens: 8,
-        max_tokens: 8,
-        json_share: 0.5,
-    };
-    for (_, e) in &mut engines {
-        harness::run_workload(e, &prompts, &warm, &warm_plan, |_| {})?;
+    match opts.backend {
+        Backend::Cpu => bench.run(|| cpu_runtime(&model, &opts, max_streams)),
+        Backend::Cuda => bench.run(|| cuda_runtime(&model, max_streams)),
     }
-
-    let total_runs = opts.workloads.len() * EngineConfig::ALL.len() * opts.reps;
-    let bar = ProgressBar::new(total_runs as u64).with_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs, {msg}",
-        )
-        .context("progress bar template")?,
-    );
-    bar.enable_steady_tick(Duration::from_millis(200));
-    // runs[workload][config] = one RunData per repetition.
-    let mut runs: Vec<Vec<Vec<RunData>>> = opts
-        .workloads
-        .iter()
-        .map(|_| EngineConfig::ALL.iter().map(|_| Vec::new()).collect())
-        .collect();
-    let mut summaries = Vec::new();
-    for rep in 0..opts.reps {
-        for (wi, w) in opts.workloads.iter().enumerate() {
-            // Rotate the order so no configuration always runs first.
-            for k in 0..engines.len() {
-                let ci = (k + rep + wi) % engines.len();
-                let (config, engine) = &mut engines[ci];
-                bar.set_message(format!(
-                    "{} | {} | rep {}",
-                    w.label(),
-                    config.short(),
-                    rep + 1
-                ));
-                let mut tokens = 0u64;
-                let data = harness::run_workload(engine, &prompts, w, &opts.plan, |n| {
-                    tokens += n;
-                })
-                .with_context(|| format!("{} on {}", config.label(), w.label()))?;
-                summaries.push(stats::RunSummary {
-                    workload: w.label(),
-                    config: *config,
-                    rep,
-                    wall_s: data.wall_s,
-                    tokens: tokens as usize,
-                    tokens_per_s: tokens as f64 / data.wall_s,
-                });
-                if bar.is_hidden() {
-                    // No terminal (CI logs): one line per run instead of a bar.
-                    eprintln!(
-                        "[{}/{}] {} | {} | rep {}: {:.1} tokens/s",
-                        bar.position() + 1,
-                        total_runs,
-                        w.label(),
-                        config.short(),
-                        rep + 1,
-                        tokens as f64 / data.wall_s
-                    );
-                }
-                runs[wi][ci].push(data);
-                bar.inc(1);
-            }
-        }
-    }
-    bar.finish_and_clear();
-
-    let mut results: Vec<ConfigResult> = Vec::new();
-    let mut model_rows: Vec<CostModelRow> = Vec::new();
-    for (wi, w) in opts.workloads.iter().enumerate() {
-        let all: Vec<&RunData> = runs[wi].iter().flatten().collect();
-        let row_cost = stats::marginal_row_cost(&all);
-        let per_config: Vec<ConfigResult> = EngineConfig::ALL
-            .iter()
-            .enumerate()
-            .map(|(ci, &c)| {
-                let reps: Vec<&RunData> = runs[wi][ci].iter().collect();
-                stats::summarize(w, c, &reps, row_cost)
-            })
-            .collect();
-        for pipe in &per_config[1..] {
-            model_rows.push(stats::cost_model(&per_config[0], pipe));
-        }
-        results.extend(per_config);
-    }
-
-    let peer = match &opts.peer {
-        None => None,
-        Some(dir) => {
-            eprintln!("running llama.cpp from {}", dir.display());
-            let ride = pipelined_engine(&mut engines);
-            let prefill = prefill_probe(ride, &ctx, 512)?;
-            let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
-            let mut streams = streams;
-            streams.dedup();
-            let gen = (opts.plan.min_tokens + opts.plan.max_tokens) as usize / 2;
-            let llama = peer::run_llama_cpp(
-                dir,
-                &model_path,
-                opts.threads,
-                &streams,
-                prompts.mean_text_prompt_len().round() as usize,
-                gen,
-            )?;
-            Some(report::PeerReport::new(llama, prefill, &results))
-        }
-    };
-
-    let meta = report::Meta::new(&opts, &model_path, weight_bytes);
-    let doc = report::Report {
-        meta,
-        runs: summaries,
-        results,
-        cost_model: model_rows,
-        peer,
-    };
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("creating {}", opts.out.display()))?;
-    let timeline = plots::timeline(&opts, &runs, &opts.out.join("timeline.svg"))?;
-    plots::throughput(&doc.results, &opts.out.join("throughput.svg"))?;
-    let md = report::markdown(&doc, timeline.as_deref());
-    std::fs::write(opts.out.join("results.md"), &md)?;
-    std::fs::write(
-        opts.out.join("results.json"),
-        serde_json::to_string_pretty(&doc)?,
-    )?;
-    println!("{md}");
-    println!("wrote {}", opts.out.display());
-    Ok(())
 }
 
-fn build_engine(
+/// What every configuration's run shares, whatever the runtime.
+struct Bench<'a> {
+    opts: &'a Options,
+    model_path: &'a Path,
+    ctx: &'a Arc<SkillContext>,
+    prompts: &'a PromptSet,
+}
+
+impl Bench<'_> {
+    /// Build one engine per configuration on runtimes from `make`, run every
+    /// workload in rotation, then report.
+    fn run<R: BenchRuntime>(
+        &self,
+        mut make: impl FnMut() -> anyhow::Result<R>,
+    ) -> anyhow::Result<()> {
+        let Bench {
+            opts,
+            model_path,
+            ctx,
+            prompts,
+        } = *self;
+        let max_streams = opts.workloads.iter().map(|w| w.streams).max().unwrap_or(1);
+        let mut engines = EngineConfig::ALL
+            .iter()
+            .map(|&c| Ok((c, build_engine(make()?, c, max_streams)?)))
+            .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
+        let weight_bytes = engines[0].1.executor().inner.weight_bytes();
+        let backend = engines[0].1.executor().inner.describe();
+
+        // Warm-up: fault in weights, spin up thread pools; not recorded.
+        let warm = Workload {
+            streams: 2,
+            requests_per_stream: 1,
+            mix: Mix::Json,
+        };
+        let warm_plan = LengthPlan {
+            min_tokens: 8,
+            max_tokens: 8,
+            json_share: 0.5,
+        };
+        for (_, e) in &mut engines {
+            harness::run_workload(e, prompts, &warm, &warm_plan, |_| {})?;
+        }
+
+        let total_runs = opts.workloads.len() * EngineConfig::ALL.len() * opts.reps;
+        let bar = ProgressBar::new(total_runs as u64).with_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} runs, {msg}",
+            )
+            .context("progress bar template")?,
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        // runs[workload][config] = one RunData per repetition.
+        let mut runs: Vec<Vec<Vec<RunData>>> = opts
+            .workloads
+            .iter()
+            .map(|_| EngineConfig::ALL.iter().map(|_| Vec::new()).collect())
+            .collect();
+        let mut summaries = Vec::new();
+        for rep in 0..opts.reps {
+            for (wi, w) in opts.workloads.iter().enumerate() {
+                // Rotate the order so no configuration always runs first.
+                for k in 0..engines.len() {
+                    let ci = (k + rep + wi) % engines.len();
+                    let (config, engine) = &mut engines[ci];
+                    bar.set_message(format!(
+                        "{} | {} | rep {}",
+                        w.label(),
+                        config.short(),
+                        rep + 1
+                    ));
+                    let mut tokens = 0u64;
+                    let data = harness::run_workload(engine, prompts, w, &opts.plan, |n| {
+                        tokens += n;
+                    })
+                    .with_context(|| format!("{} on {}", config.label(), w.label()))?;
+                    summaries.push(stats::RunSummary {
+                        workload: w.label(),
+                        config: *config,
+                        rep,
+                        wall_s: data.wall_s,
+                        tokens: tokens as usize,
+                        tokens_per_s: tokens as f64 / data.wall_s,
+                    });
+                    if bar.is_hidden() {
+                        // No terminal (CI logs): one line per run instead of a bar.
+                        eprintln!(
+                            "[{}/{}] {} | {} | rep {}: {:.1} tokens/s",
+                            bar.position() + 1,
+                            total_runs,
+                            w.label(),
+                            config.short(),
+                            rep + 1,
+                            tokens as f64 / data.wall_s
+                        );
+                    }
+                    runs[wi][ci].push(data);
+                    bar.inc(1);
+                }
+            }
+        }
+        bar.finish_and_clear();
+
+        let mut results: Vec<ConfigResult> = Vec::new();
+        let mut model_rows: Vec<CostModelRow> = Vec::new();
+        for (wi, w) in opts.workloads.iter().enumerate() {
+            let all: Vec<&RunData> = runs[wi].iter().flatten().collect();
+            let row_cost = stats::marginal_row_cost(&all);
+            let per_config: Vec<ConfigResult> = EngineConfig::ALL
+                .iter()
+                .enumerate()
+                .map(|(ci, &c)| {
+                    let reps: Vec<&RunData> = runs[wi][ci].iter().collect();
+                    stats::summarize(w, c, &reps, row_cost)
+                })
+                .collect();
+            for pipe in &per_config[1..] {
+                model_rows.push(stats::cost_model(&per_config[0], pipe));
+            }
+            results.extend(per_config);
+        }
+
+        let peer = match &opts.peer {
+            None => None,
+            Some(dir) => {
+                eprintln!("running llama.cpp from {}", dir.display());
+                let ride = pipelined_engine(&mut engines);
+                let prefill = prefill_probe(ride, ctx, 512)?;
+                let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
+                let mut streams = streams;
+                streams.dedup();
+                let gen = (opts.plan.min_tokens + opts.plan.max_tokens) as usize / 2;
+                let llama = peer::run_llama_cpp(
+                    dir,
+                    model_path,
+                    opts.threads,
+                    &streams,
+                    prompts.mean_text_prompt_len().round() as usize,
+                    gen,
+                )?;
+                Some(report::PeerReport::new(llama, prefill, &results))
+            }
+        };
+
+        let meta = report::Meta::new(opts, model_path, weight_bytes, backend);
+        let doc = report::Report {
+            meta,
+            runs: summaries,
+            results,
+            cost_model: model_rows,
+            peer,
+        };
+        std::fs::create_dir_all(&opts.out)
+            .with_context(|| format!("creating {}", opts.out.display()))?;
+        let timeline = plots::timeline(opts, &runs, &opts.out.join("timeline.svg"))?;
+        plots::throughput(&doc.results, &opts.out.join("throughput.svg"))?;
+        let md = report::markdown(&doc, timeline.as_deref());
+        std::fs::write(opts.out.join("results.md"), &md)?;
+        std::fs::write(
+            opts.out.join("results.json"),
+            serde_json::to_string_pretty(&doc)?,
+        )?;
+        println!("{md}");
+        println!("wrote {}", opts.out.display());
+        Ok(())
+    }
+}
+
+fn cpu_runtime(
     model: &LoadedModel,
-    config: EngineConfig,
     opts: &Options,
     max_streams: usize,
-) -> anyhow::Result<BenchEngine> {
-    let max_seq_len = 1024;
-    let rt = CpuRuntime::new(
+) -> anyhow::Result<CpuRuntime> {
+    CpuRuntime::new(
         model.weights.clone(),
         CpuRuntimeConfig {
             threads: opts.threads,
             max_rows: max_streams,
-            num_pages: max_streams * max_seq_len / 16 + 64,
-            page_size: 16,
-            max_seq_len,
+            num_pages: num_pages(max_streams),
+            page_size: PAGE_SIZE,
+            max_seq_len: MAX_SEQ_LEN,
             ..CpuRuntimeConfig::default()
         },
     )
-    .context("starting the CPU runtime")?;
+    .context("starting the CPU runtime")
+}
+
+/// Device 0, CUDA graphs on, the same KV geometry as the CPU runtime. Without
+/// a driver or device this is the runtime's own error, verbatim.
+fn cuda_runtime(model: &LoadedModel, max_streams: usize) -> anyhow::Result<CudaRuntime> {
+    CudaRuntime::new(
+        model.weights.clone(),
+        CudaRuntimeConfig {
+            max_rows: max_streams,
+            num_pages: num_pages(max_streams),
+            page_size: PAGE_SIZE,
+            max_seq_len: MAX_SEQ_LEN,
+            ..CudaRuntimeConfig::default()
+        },
+    )
+    .context("starting the CUDA runtime")
+}
+
+const MAX_SEQ_LEN: usize = 1024;
+const PAGE_SIZE: usize = 16;
+
+/// Every stream at full length at once, plus slack for prefix-cached pages.
+fn num_pages(max_streams: usize) -> usize {
+    max_streams * MAX_SEQ_LEN / PAGE_SIZE + 64
+}
+
+fn build_engine<R: BenchRuntime>(
+    rt: R,
+    config: EngineConfig,
+    max_streams: usize,
+) -> anyhow::Result<BenchEngine<R>> {
     EngineLoop::new(
         Instrumented {
             inner: rt,
@@ -418,14 +485,16 @@ fn build_engine(
             prefill_policy: config.prefill_policy(),
             max_batch_size: max_streams,
             max_waiting: 1024,
-            max_seq_len,
+            max_seq_len: MAX_SEQ_LEN,
             debug_checks: false,
         },
     )
     .context("building the engine loop")
 }
 
-fn pipelined_engine(engines: &mut [(EngineConfig, BenchEngine)]) -> &mut BenchEngine {
+fn pipelined_engine<R: BenchRuntime>(
+    engines: &mut [(EngineConfig, BenchEngine<R>)],
+) -> &mut BenchEngine<R> {
     let i = engines
         .iter()
         .position(|(c, _)| *c == EngineConfig::PipelinedRideAlong)
@@ -435,8 +504,8 @@ fn pipelined_engine(engines: &mut [(EngineConfig, BenchEngine)]) -> &mut BenchEn
 
 /// Prompt-processing rate: median of three prefills of `len` fresh tokens
 /// (no prefix-cache hits), forward time only.
-fn prefill_probe(
-    engine: &mut BenchEngine,
+fn prefill_probe<R: BenchRuntime>(
+    engine: &mut BenchEngine<R>,
     ctx: &Arc<SkillContext>,
     len: usize,
 ) -> anyhow::Result<f64> {
@@ -447,7 +516,7 @@ fn prefill_probe(
             .map(|i| ((i * 2_654_435_761 + salt * 97 + 1000) % (vocab as u64 - 1000)) as u32 + 500)
             .collect();
         let skill = Skill::new(ctx, &SkillSpec::text(), SkillOptions::default())?;
-        engine.executor_mut().inner.record_timings(true);
+        engine.executor_mut().inner.record_timings(true)?;
         engine.submit(Request {
             id: 9_000_000 + salt,
             prompt,
@@ -459,7 +528,7 @@ fn prefill_probe(
             bail!("prefill probe did not finish");
         }
         let t = engine.executor_mut().inner.take_timings();
-        engine.executor_mut().inner.record_timings(false);
+        engine.executor_mut().inner.record_timings(false)?;
         let step = t
             .iter()
             .find(|s| s.prefill)

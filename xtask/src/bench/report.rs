@@ -12,7 +12,7 @@ use super::workload::{EngineConfig, LengthPlan, Workload};
 use super::Options;
 
 pub const DEFINITIONS: &str = "\
-- **forward / sampling**: device-side (compute-stream thread) time of a decode step's forward and of its sampling.
+- **forward / sampling**: device-side time (CPU: the compute-stream thread's clock; CUDA: events on the compute stream) of a decode step's forward and of its sampling.
 - **period**: from one decode forward's start to the next one's (steady state).
 - **device idle**: `forward_start[t+1] - sample_end[t]`, the gap on the compute stream: the bubble (median; **idle mean** keeps the rare long stalls).
 - **sched busy**: scheduler-thread time inside `EngineLoop::run_once` minus the time it was blocked in \
@@ -34,7 +34,7 @@ pub struct Meta {
     pub unix_time: u64,
     pub cores: usize,
     pub threads: usize,
-    pub backend: &'static str,
+    pub backend: String,
     pub model: String,
     pub weight_bytes: usize,
     pub quick: bool,
@@ -45,7 +45,7 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn new(opts: &Options, model: &Path, weight_bytes: usize) -> Self {
+    pub fn new(opts: &Options, model: &Path, weight_bytes: usize, backend: String) -> Self {
         let commit = std::process::Command::new("git")
             .args(["rev-parse", "--short", "HEAD"])
             .current_dir(super::workspace_root())
@@ -62,7 +62,7 @@ impl Meta {
                 .map_or(0, |d| d.as_secs()),
             cores: std::thread::available_parallelism().map_or(1, usize::from),
             threads: opts.threads,
-            backend: "cpu",
+            backend,
             model: model.display().to_string(),
             weight_bytes,
             quick: opts.quick,

@@ -7,15 +7,19 @@
 //! (I6, enforced by `PipelineState` and checked here). Launch and finalize
 //! only enqueue; the scheduler thread blocks only in `wait_step`. The next
 //! input token stays on the device (`pending`, written by sampling). Any
-//! CUDA error after dispatch is [`ExecError::Fatal`].
+//! CUDA error after dispatch is [`ExecError::Fatal`]. On request
+//! ([`CudaRuntime::record_timings`]) each step's forward and sampling are
+//! timed with CUDA events ([`timing`]).
 
 mod device;
 mod mem;
 mod slot;
+pub mod timing;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use kestrel_kv::{KvError, KvStats, PageTable, PageTableConfig, PagedIndices, RowId};
@@ -27,6 +31,7 @@ use kestrel_pipeline::{
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
 use self::slot::{DecodeSlot, Graph, RenderBuffer, SlotDims, SlotKind, StepState, MAX_TOP};
+use self::timing::{DeviceClock, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
 use crate::ffi::SampleParams;
 use crate::host::{
@@ -101,6 +106,10 @@ pub struct CudaRuntime {
     out_top: Vec<(TokenId, f32)>,
     graph_bytes: usize,
     device_name: String,
+    /// Completed steps' timings while recording (`record_timings`).
+    timings: Option<Vec<StepTiming>>,
+    /// Created by the first `record_timings(true)`.
+    clock: Option<DeviceClock>,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -230,6 +239,8 @@ impl CudaRuntime {
             out_top: Vec::new(),
             graph_bytes: 0,
             device_name,
+            timings: None,
+            clock: None,
         };
         if rt.cfg.cuda_graphs {
             rt.rebuild_graphs()?;
@@ -254,6 +265,67 @@ impl CudaRuntime {
 
     pub fn config(&self) -> &CudaRuntimeConfig {
         &self.cfg
+    }
+
+    /// Start (or stop) recording per-step device timings (for the engine's
+    /// device-idle metric and benchmarks). Steps launched while recording
+    /// get four timing events on the compute stream; their timings are
+    /// available from [`CudaRuntime::take_timings`] once committed.
+    pub fn record_timings(&mut self, on: bool) -> Result<(), CudaError> {
+        if !on {
+            self.timings = None;
+            return Ok(());
+        }
+        self.dev.ctx.bind_to_thread()?;
+        match &mut self.clock {
+            Some(c) => c.anchor()?,
+            None => self.clock = Some(DeviceClock::new(&self.dev.ctx)?),
+        }
+        if self.timings.is_none() {
+            self.timings = Some(Vec::new());
+        }
+        Ok(())
+    }
+
+    /// Timings of the steps committed since the last call, in commit order
+    /// (empty when not recording).
+    pub fn take_timings(&mut self) -> Vec<StepTiming> {
+        self.timings
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Convert a waited step's events into host instants (all four have
+    /// completed: the step's copy, which waited on its step-done event, has).
+    fn step_timing(&self, slot: SlotId, state: &StepState) -> Result<StepTiming, CudaError> {
+        let clock = self.clock.as_ref().ok_or(CudaError::Config(
+            "timed step without a device clock".to_owned(),
+        ))?;
+        let ev = &self.slots[slot].timing;
+        Ok(StepTiming {
+            step: state.step,
+            prefill: state.kind == SlotKind::Prefill,
+            rows: state.n,
+            forward_start: clock.instant(&ev.forward_start)?,
+            forward_end: clock.instant(&ev.forward_end)?,
+            sample_start: clock.instant(&ev.sample_start)?,
+            sample_end: clock.instant(&ev.sample_end)?,
+        })
+    }
+
+    /// Record one of `slot`'s timing events on the compute stream when the
+    /// runtime records timings; returns whether it did.
+    fn mark(
+        &self,
+        slot: SlotId,
+        which: fn(&timing::StepEvents) -> &cudarc::driver::CudaEvent,
+    ) -> Result<bool, CudaError> {
+        if self.timings.is_none() {
+            return Ok(false);
+        }
+        which(&self.slots[slot].timing).record(&self.dev.stream)?;
+        Ok(true)
     }
 
     pub fn kv_stats(&self) -> KvStats {
@@ -517,6 +589,9 @@ impl Executor for CudaRuntime {
         }
         s.prefill_words = words;
         // Past this point device work is enqueued: every error is fatal.
+        let timed = self
+            .mark(slot, |e| &e.forward_start)
+            .map_err(ExecError::Fatal)?;
         let st = self.dev.stream.cu_stream();
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
@@ -562,6 +637,10 @@ impl Executor for CudaRuntime {
         self.dev
             .lm_head(s.hidden_last.ptr, s.logits.ptr, seqs.len())
             .map_err(fatal)?;
+        if timed {
+            self.mark(slot, |e| &e.forward_end)
+                .map_err(ExecError::Fatal)?;
+        }
         let state = StepState {
             kind: SlotKind::Prefill,
             n: seqs.len(),
@@ -574,6 +653,8 @@ impl Executor for CudaRuntime {
                 .map(|(i, &(row, _))| (row, i.prompt.to_vec()))
                 .collect(),
             ids: seqs.iter().map(|i| i.id).collect(),
+            step: self.step + 1,
+            timed,
         };
         let top_n = self.top_n(&state.ids);
         self.slots[slot].state = Some(StepState { top_n, ..state });
@@ -640,12 +721,19 @@ impl Executor for CudaRuntime {
             }
         }
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        let timed = self
+            .mark(slot, |e| &e.forward_start)
+            .map_err(ExecError::Fatal)?;
         self.upload_meta(slot, used, n).map_err(ExecError::Fatal)?;
         match self.slots[slot].graphs.get(&bucket) {
             Some(g) => g.0.launch().map_err(fatal)?,
             None => self
                 .decode_forward(slot, bucket)
                 .map_err(ExecError::Fatal)?,
+        }
+        if timed {
+            self.mark(slot, |e| &e.forward_end)
+                .map_err(ExecError::Fatal)?;
         }
         let s = &self.slots[slot];
         let state = StepState {
@@ -656,6 +744,8 @@ impl Executor for CudaRuntime {
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             prompts: Vec::new(),
             ids: rows.to_vec(),
+            step: self.step + 1,
+            timed,
         };
         self.slots[slot].state = Some(state);
         self.launched = Some(slot);
@@ -681,7 +771,13 @@ impl Executor for CudaRuntime {
         let Some(state) = s.state.as_ref() else {
             return Err(ExecError::Fatal(CudaError::SlotBusy(slot)));
         };
-        let (n, top_n) = (state.n, state.top_n);
+        let (n, top_n, timed) = (state.n, state.top_n, state.timed);
+        if timed {
+            s.timing
+                .sample_start
+                .record(&self.dev.stream)
+                .map_err(fatal)?;
+        }
         let st = self.dev.stream.cu_stream();
         // The mask goes H2D on the compute stream right before sampling.
         let (mask_flags, mask_words, wpr) = match masks {
@@ -725,8 +821,14 @@ impl Executor for CudaRuntime {
             out_top_lps: s.out_top_lps.ptr,
         };
         self.dev.sample(&a).map_err(fatal)?;
-        // Step-done: after this step's last GPU write (I3).
         let s = &self.slots[slot];
+        if timed {
+            s.timing
+                .sample_end
+                .record(&self.dev.stream)
+                .map_err(fatal)?;
+        }
+        // Step-done: after this step's last GPU write (I3).
         s.step_done.record(&self.dev.stream).map_err(fatal)?;
         self.copy_stream.wait(&s.step_done).map_err(fatal)?;
         let r = &mut self.render[slot];
@@ -775,6 +877,19 @@ impl Executor for CudaRuntime {
         if state.kind == SlotKind::Prefill {
             for (row, prompt) in &state.prompts {
                 self.table.register_prefix(*row, prompt);
+            }
+        }
+        if state.timed && self.timings.is_some() {
+            // A timing the driver cannot give is lost, not the step: a real
+            // device fault surfaces at the next launch or wait anyway.
+            match self.step_timing(slot, &state) {
+                Ok(t) => self.timings.get_or_insert_default().push(t),
+                Err(e) => tracing::warn!(error = %e, "dropping a step's device timing"),
+            }
+            if let Some(c) = self.clock.as_mut().filter(|c| c.stale(Instant::now())) {
+                if let Err(e) = c.anchor() {
+                    tracing::warn!(error = %e, "re-anchoring the device clock failed");
+                }
             }
         }
         let r = &self.render[slot];

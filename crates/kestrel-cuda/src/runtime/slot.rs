@@ -3,10 +3,10 @@
 //!
 //! A `DecodeSlot` owns its pinned metadata buffers (H2D sources), mask
 //! buffer, forward workspace, hidden/logits buffers, sampling staging
-//! buffers, its step-done event and its captured graphs (keyed by bucket):
-//! nothing is shared between the two slots except the compute stream (I1)
-//! and the model. A `RenderBuffer` owns page-locked host outputs and the
-//! copy-done event; its slot is not reused before commit (I6).
+//! buffers, its step-done and timing events and its captured graphs (keyed
+//! by bucket): nothing is shared between the two slots except the compute
+//! stream (I1) and the model. A `RenderBuffer` owns page-locked host outputs
+//! and the copy-done event; its slot is not reused before commit (I6).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ use kestrel_kv::RowId;
 use kestrel_pipeline::RequestId;
 
 use super::mem::{DevBuf, HostBuf};
+use super::timing::StepEvents;
 use crate::ffi::SampleParams;
 use crate::host::{mask_words, DecodeLayout};
 
@@ -75,6 +76,10 @@ pub(crate) struct StepState {
     /// Prefill: the rows admitted and their prompts (for prefix publication).
     pub prompts: Vec<(RowId, Vec<u32>)>,
     pub ids: Vec<RequestId>,
+    /// The runtime's step counter of this launch.
+    pub step: u64,
+    /// The slot's timing events were recorded for this step.
+    pub timed: bool,
 }
 
 pub(crate) struct DecodeSlot {
@@ -97,6 +102,8 @@ pub(crate) struct DecodeSlot {
     pub out_top_lps: DevBuf,
     pub graphs: HashMap<usize, Graph>,
     pub step_done: CudaEvent,
+    /// Recorded around the step only while the runtime records timings.
+    pub timing: StepEvents,
     pub state: Option<StepState>,
 }
 
@@ -134,6 +141,7 @@ impl DecodeSlot {
             out_top_lps: f32s(d.max_batch * MAX_TOP)?,
             graphs: HashMap::new(),
             step_done: ctx.new_event(None)?,
+            timing: StepEvents::new(ctx)?,
             state: None,
         })
     }
