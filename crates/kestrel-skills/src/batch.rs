@@ -22,8 +22,8 @@ use rayon::prelude::*;
 /// measured here), while most JSON masks take a few microseconds: a step of
 /// cheap rows never pays for the hand-off. An expensive step (a large
 /// grammar, lexer states built on first use) spills what is left to the
-/// pool after `spill_after`, the calling thread filling one more row itself,
-/// so its wall time approaches the longest row instead of the sum.
+/// pool after `spill_after`, halving the rows over `rayon::join` (no heap
+/// allocation), so its wall time approaches the longest row, not the sum.
 #[derive(Debug, Clone, Copy)]
 pub struct ParallelMasks {
     pub spill_after: Duration,
@@ -50,19 +50,25 @@ impl MaskFiller for ParallelMasks {
     fn fill(&mut self, rows: &mut [MaskRow<'_>], vocab_size: usize) {
         let start = Instant::now();
         let can_spill = rayon::current_num_threads() > 1;
-        let mut rest = rows;
-        while let Some((row, tail)) = rest.split_first_mut() {
-            if can_spill && !tail.is_empty() && start.elapsed() >= self.spill_after {
-                rayon::in_place_scope(|s| {
-                    for other in tail {
-                        s.spawn(move |_| other.fill(vocab_size));
-                    }
-                    row.fill(vocab_size);
-                });
+        for i in 0..rows.len() {
+            if can_spill && rows.len() - i >= 2 && start.elapsed() >= self.spill_after {
+                fill_split(&mut rows[i..], vocab_size);
                 return;
             }
-            row.fill(vocab_size);
-            rest = tail;
+            rows[i].fill(vocab_size);
+        }
+    }
+}
+
+/// Fill `rows` on rayon's pool by halving: `join`'s jobs live on the stack,
+/// so spilling allocates nothing.
+fn fill_split(rows: &mut [MaskRow<'_>], vocab_size: usize) {
+    match rows {
+        [] => {}
+        [row] => row.fill(vocab_size),
+        _ => {
+            let (a, b) = rows.split_at_mut(rows.len() / 2);
+            rayon::join(|| fill_split(a, vocab_size), || fill_split(b, vocab_size));
         }
     }
 }
