@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Runs the CUDA checks on a GPU machine without Rust, from the binaries that
+# scripts/gpu/pack.sh put in target-gpu/pack/bin.tar.xz (this file is copied
+# there and unpacks them to target-gpu/pack/bin/ first).
+# Run from the repository root:
+#
+#   target-gpu/pack/run.sh [STEP...]     (default: env unit nvrtc runtime engine generate bench)
+#
+# Steps: env (driver, toolkit, libraries), unit (kestrel-cuda host logic),
+# nvrtc (every kernel through the machine's NVRTC), runtime (CPU-vs-CUDA
+# greedy parity and CUDA-event timings, KESTREL_CUDA_TESTS=1), engine
+# (Backend::Cuda through Engine::start), generate (the real model, CPU vs
+# CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
+# bench-full (the full CUDA bench), sanitizer (compute-sanitizer memcheck on
+# the tiny parity test). generate and bench need the default model: either
+# already in $KESTREL_CACHE_DIR, or all of target-gpu/model/part.* (pack.sh
+# --model) joined here with `cat` and checked against target-gpu/model/SHA256.
+#
+# Each step logs to $OUT/logs/<step>.log (OUT defaults to target-gpu/out);
+# $OUT/summary.txt lists every step's exit status. The script exits non-zero
+# if any step failed, after running them all. Without a driver every GPU step
+# fails fast with the runtime's "CUDA driver library is not available" error.
+set -uo pipefail
+
+root=$PWD
+pack=$(cd "$(dirname "$0")" && pwd)
+bin=$pack/bin
+[ -d "$root/crates/kestrel-cuda" ] || {
+    echo "run.sh: run me from the repository root (no crates/kestrel-cuda under $root)" >&2
+    exit 2
+}
+OUT=${OUT:-$root/target-gpu/out}
+mkdir -p "$OUT/logs"
+summary=$OUT/summary.txt
+: >"$summary"
+
+# Unpack the binaries (xz, or Python's lzma where xz is missing).
+rm -rf "$bin"
+if command -v xz >/dev/null; then
+    xz -dc "$pack/bin.tar.xz" | tar -C "$pack" -xf -
+else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+        "$pack/bin.tar.xz" "$pack"
+fi || {
+    echo "run.sh: could not unpack $pack/bin.tar.xz" >&2
+    exit 2
+}
+
+# The CUDA runtime's environment. libcuda comes with the driver (on the loader
+# path); NVRTC and cuBLAS come from the toolkit, whose lib directory is added
+# to the loader path (libnvrtc opens its builtins by name) and named to the
+# runtime (KESTREL_CUDA_LIB_DIR preloads by absolute path).
+export KESTREL_CUDA_TESTS=1
+export KESTREL_REQUIRE_NVRTC=1
+export KESTREL_CACHE_DIR=${KESTREL_CACHE_DIR:-/tmp/kestrel-gpu-cache}
+export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
+mkdir -p "$KESTREL_CACHE_DIR"
+cuda_lib=
+for d in ${KESTREL_CUDA_LIB_DIR:-} ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 \
+    /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
+    /usr/local/cuda-13*/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+    if compgen -G "$d/libnvrtc.so.13*" >/dev/null; then
+        cuda_lib=$d
+        break
+    fi
+done
+if [ -n "$cuda_lib" ]; then
+    export KESTREL_CUDA_LIB_DIR=$cuda_lib
+    export LD_LIBRARY_PATH=$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export PATH=${cuda_lib:+$(dirname "$cuda_lib")/bin:}/usr/local/cuda/bin:$PATH
+
+model_name=SmolLM2-135M-Instruct.Q4_1.gguf
+model=$KESTREL_CACHE_DIR/$model_name
+
+# The default model, joined from the carried parts if needed; empty if absent.
+find_model() {
+    local parts=$root/target-gpu/model
+    if [ ! -f "$model" ] && compgen -G "$parts/part.*" >/dev/null; then
+        echo "joining $(cd "$parts" && echo part.*) into $model" >&2
+        cat "$parts"/part.* >"$model.tmp" && mv "$model.tmp" "$model"
+        if [ -f "$parts/SHA256" ]; then
+            (cd "$KESTREL_CACHE_DIR" && sha256sum -c "$parts/SHA256" >&2) || {
+                echo "the joined model does not match SHA256: a part is missing?" >&2
+                rm -f "$model"
+            }
+        fi
+    fi
+    [ -f "$model" ] && echo "$model"
+}
+
+failed=0
+# step NAME DIR CMD...: run CMD in DIR, log to $OUT/logs/NAME.log, record the status.
+step() {
+    local name=$1 dir=$2
+    shift 2
+    local log=$OUT/logs/$name.log start=$SECONDS
+    echo "== $name: $*" >"$log"
+    (cd "$dir" && "$@") >>"$log" 2>&1
+    local rc=$?
+    tail -n 25 "$log"
+    echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$summary"
+    [ "$rc" = 0 ] || failed=1
+}
+
+run_env() {
+    echo "date: $(date -u)"
+    echo "pack: $(head -n 4 "$pack/MANIFEST.txt" 2>/dev/null | tr '\n' ';')"
+    echo "KESTREL_CUDA_LIB_DIR=${KESTREL_CUDA_LIB_DIR:-<unset: no libnvrtc.so.13 found>}"
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    if ldconfig -p | grep -q 'libcuda\.so\.1'; then
+        echo "driver: $(ldconfig -p | grep -m1 'libcuda\.so\.1')"
+    else
+        echo "driver: libcuda.so.1 is not on the loader path: every CUDA step will fail with"
+        echo "        the runtime's 'the CUDA driver library is not available' error"
+    fi
+    nvidia-smi || echo "nvidia-smi: not available"
+    nvcc --version || echo "nvcc: not available"
+    ldconfig -p | grep -E 'libcuda\.|libnvrtc|libcublas' || echo "ldconfig: no CUDA libraries"
+    ls -l "${cuda_lib:-/nonexistent}" 2>/dev/null | grep -E 'nvrtc|cublas' || true
+    nproc
+    free -g
+}
+
+step_generate() {
+    local m
+    m=$(find_model) || {
+        echo "no model: carry target-gpu/model/part.* (pack.sh --model) or put $model_name in $KESTREL_CACHE_DIR"
+        return 1
+    }
+    local prompt="The capital of France is"
+    local args=(generate --model "$m" --max-new-tokens 48 --temperature 0 --stats)
+    "$bin/kestrel" "${args[@]}" --backend cpu "$prompt" >"$OUT/generate-cpu.txt" || return 1
+    "$bin/kestrel" "${args[@]}" --backend cuda "$prompt" >"$OUT/generate-cuda.txt" || return 1
+    echo "--- cpu:"
+    cat "$OUT/generate-cpu.txt"
+    echo "--- cuda:"
+    cat "$OUT/generate-cuda.txt"
+    if cmp -s "$OUT/generate-cpu.txt" "$OUT/generate-cuda.txt"; then
+        echo "greedy text: identical"
+    else
+        echo "greedy text: DIFFERS (f16 weights on the GPU; see docs/cuda.md on precision)"
+        return 1
+    fi
+}
+
+step_bench() {
+    local m
+    m=$(find_model) || {
+        echo "no model (see the generate step)"
+        return 1
+    }
+    "$bin/xtask" bench --backend cuda --model "$m" --out "$OUT/$1" "${@:2}"
+}
+
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime engine generate bench)
+for s in "${steps[@]}"; do
+    case $s in
+        env) step env "$root" run_env ;;
+        unit) step unit "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-unit" ;;
+        nvrtc) step nvrtc "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-nvrtc" --nocapture ;;
+        runtime)
+            step runtime "$root/crates/kestrel-cuda" \
+                "$bin/kestrel-cuda-runtime" --nocapture --test-threads=1
+            ;;
+        engine)
+            step engine "$root/crates/kestrel-engine" \
+                "$bin/kestrel-engine-cuda_backend" --nocapture
+            ;;
+        generate) step generate "$root" step_generate ;;
+        bench) step bench "$root" step_bench bench-quick --quick ;;
+        bench-full) step bench-full "$root" step_bench bench-full ;;
+        sanitizer)
+            step sanitizer "$root/crates/kestrel-cuda" compute-sanitizer --tool memcheck \
+                "$bin/kestrel-cuda-runtime" gpu_greedy_parity_tiny --nocapture
+            ;;
+        *)
+            echo "run.sh: unknown step $s" >&2
+            exit 2
+            ;;
+    esac
+done
+echo "== summary ($summary)"
+cat "$summary"
+exit "$failed"
