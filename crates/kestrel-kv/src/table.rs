@@ -246,6 +246,24 @@ impl PageTable {
         Ok((row, r.sealed * ps))
     }
 
+    /// Admits a new sequence: [`allocate_with_prefix`](Self::allocate_with_prefix), then
+    /// [`reserve`](Self::reserve) pages for `target_len` tokens; all or nothing (a failed
+    /// reservation gives the row and its shared prefix pages back). Exactly what
+    /// [`can_reserve_prompt`](Self::can_reserve_prompt) predicts. Returns
+    /// `(row, hit_tokens)`.
+    ///
+    /// # Errors
+    /// [`KvError::NoFreeRow`], or the reservation's error; nothing is taken then.
+    pub fn admit(&mut self, prompt: &[u32], target_len: usize) -> Result<(RowId, usize), KvError> {
+        let (row, hit) = self.allocate_with_prefix(prompt)?;
+        if let Err(e) = self.reserve(row, target_len) {
+            let erased = self.erase(row);
+            debug_assert!(erased.is_ok(), "the row was just allocated");
+            return Err(e);
+        }
+        Ok((row, hit))
+    }
+
     /// Tokens of `prompt` that [`allocate_with_prefix`](Self::allocate_with_prefix) would
     /// reuse now, without taking anything. O(hit pages).
     pub fn peek_prefix(&self, prompt: &[u32]) -> usize {
@@ -624,6 +642,31 @@ mod tests {
             enable_prefix_cache: true,
         })
         .unwrap()
+    }
+
+    /// `admit` is all or nothing and agrees with `can_reserve_prompt`, with
+    /// a prefix hit and when the reservation cannot be met.
+    #[test]
+    fn admit_is_all_or_nothing() {
+        let mut t = table(4, 6, 4);
+        let prompt: Vec<u32> = (0..9).collect();
+        let (a, hit) = t.admit(&prompt, 12).unwrap();
+        assert_eq!((hit, t.pages(a).len()), (0, 3));
+        t.register_prefix(a, &prompt);
+        // Two full pages are shared; the third prompt page and growth are new.
+        assert!(t.can_reserve_prompt(&prompt, 12));
+        let (b, hit) = t.admit(&prompt, 12).unwrap();
+        assert_eq!((hit, t.pages(b).len()), (8, 3));
+        assert_eq!(t.used_pages(), 4);
+        // Too long for what is left: nothing taken, shared refcounts restored.
+        let before = (t.num_allocated(), t.used_pages(), t.refcount(t.pages(a)[0]));
+        assert!(!t.can_reserve_prompt(&prompt, 40));
+        assert!(t.admit(&prompt, 40).is_err());
+        assert_eq!(
+            before,
+            (t.num_allocated(), t.used_pages(), t.refcount(t.pages(a)[0]))
+        );
+        t.check_invariants().unwrap();
     }
 
     #[test]

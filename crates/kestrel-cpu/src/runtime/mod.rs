@@ -270,22 +270,6 @@ impl CpuRuntime {
         self.step += 1;
         Ok(())
     }
-
-    fn admit(
-        &mut self,
-        input: &PrefillInput<'_, SamplingParams>,
-    ) -> Result<(RowId, usize), KvError> {
-        let (row, hit) = if self.cfg.enable_prefix_cache {
-            self.table.allocate_with_prefix(input.prompt)?
-        } else {
-            (self.table.allocate()?, 0)
-        };
-        if let Err(e) = self.table.reserve(row, input.max_len) {
-            let _ = self.table.erase(row);
-            return Err(e);
-        }
-        Ok((row, hit))
-    }
 }
 
 impl Executor for CpuRuntime {
@@ -309,15 +293,11 @@ impl Executor for CpuRuntime {
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        if self.cfg.enable_prefix_cache {
-            self.table.can_reserve_prompt(prompt, max_len)
-        } else {
-            self.table.can_reserve(max_len)
-        }
+        self.table.can_reserve_prompt(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.table.pages_for(max_len) <= self.cfg.num_pages
+        max_len <= self.cfg.max_seq_len && self.table.could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -330,7 +310,7 @@ impl Executor for CpuRuntime {
         meta.token_indptr.push(0);
         self.rows_buf.clear();
         for input in seqs {
-            let (row, hit) = match self.admit(input) {
+            let (row, hit) = match self.table.admit(input.prompt, input.max_len) {
                 Ok(x) => x,
                 Err(e) => {
                     // Undo this launch's admissions: nothing was dispatched.

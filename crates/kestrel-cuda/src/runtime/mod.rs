@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use kestrel_kv::{KvError, KvStats, PageTable, PageTableConfig, PagedIndices, RowId};
+use kestrel_kv::{KvStats, PageTable, PageTableConfig, PagedIndices, RowId};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
@@ -446,23 +446,6 @@ impl CudaRuntime {
         Ok(())
     }
 
-    fn admit(
-        &mut self,
-        input: &PrefillInput<'_, SamplingParams>,
-    ) -> Result<(RowId, usize), KvError> {
-        let (row, hit) = if self.cfg.enable_prefix_cache {
-            self.table.allocate_with_prefix(input.prompt)?
-        } else {
-            (self.table.allocate()?, 0)
-        };
-        if let Err(e) = self.table.reserve(row, input.max_len) {
-            let _ = self.table.erase(row);
-            return Err(e);
-        }
-        // Compute at least the last prompt token: its logits are sampled.
-        Ok((row, hit.min(input.prompt.len().saturating_sub(1))))
-    }
-
     /// Copy `words` of the slot's pinned decode metadata and its params to the device.
     fn upload_meta(&self, slot: SlotId, words: usize, rows: usize) -> Result<(), CudaError> {
         let s = &self.slots[slot];
@@ -509,15 +492,11 @@ impl Executor for CudaRuntime {
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        if self.cfg.enable_prefix_cache {
-            self.table.can_reserve_prompt(prompt, max_len)
-        } else {
-            self.table.can_reserve(max_len)
-        }
+        self.table.can_reserve_prompt(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.table.pages_for(max_len) <= self.cfg.num_pages
+        max_len <= self.cfg.max_seq_len && self.table.could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -536,7 +515,7 @@ impl Executor for CudaRuntime {
         self.rows_buf.clear();
         let mut starts = Vec::with_capacity(seqs.len());
         for input in seqs {
-            match self.admit(input) {
+            match self.table.admit(input.prompt, input.max_len) {
                 Ok((row, hit)) => {
                     self.rows_buf.push((row, input.prompt.len()));
                     starts.push(hit);
