@@ -96,6 +96,10 @@ impl Runtime for CpuRuntime {
         CpuRuntime::kv_stats(self)
     }
 
+    fn host_compute_threads(&self) -> usize {
+        self.compute_threads()
+    }
+
     fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
         out.extend(
             self.take_timings()

@@ -26,6 +26,13 @@ pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     /// measure leave `out` alone; the engine then approximates device idle
     /// between forwards from host timestamps around `run_once`.
     fn take_device_intervals(&mut self, _out: &mut Vec<(std::time::Instant, std::time::Instant)>) {}
+
+    /// Host cores this runtime keeps busy computing (a CPU runtime's matmul
+    /// threads; 0 for a GPU). The engine fills masks in parallel only on
+    /// cores left over.
+    fn host_compute_threads(&self) -> usize {
+        0
+    }
 }
 
 /// The pipeline's simulated device, for tests and demos of the engine.
@@ -52,6 +59,10 @@ impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
 
     fn take_device_intervals(&mut self, out: &mut Vec<(std::time::Instant, std::time::Instant)>) {
         self.inner.take_device_intervals(out);
+    }
+
+    fn host_compute_threads(&self) -> usize {
+        self.inner.host_compute_threads()
     }
 }
 

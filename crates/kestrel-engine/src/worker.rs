@@ -75,6 +75,16 @@ impl Drop for ExitGuard {
     }
 }
 
+/// Whether a step's masks should be filled on a thread pool: only with at
+/// least two cores beyond the runtime's compute threads and this thread. On
+/// a CPU runtime using every core, the pool would steal cycles from the
+/// forward the masks hide under, and its wake-ups cost more than a typical
+/// mask (see the `mask` bench of kestrel-skills).
+fn parallel_masks_pay(runtime_threads: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores >= runtime_threads + 3
+}
+
 impl<R: Runtime> Worker<R> {
     pub fn new(
         mut lp: EngineLoop<R>,
@@ -82,8 +92,9 @@ impl<R: Runtime> Worker<R> {
         done_rx: Receiver<u64>,
         shared: Arc<Shared>,
     ) -> Self {
-        // A step's constrained rows compute their masks concurrently.
-        lp.set_mask_filler(Box::new(kestrel_skills::ParallelMasks::default()));
+        if parallel_masks_pay(lp.executor().host_compute_threads()) {
+            lp.set_mask_filler(Box::new(kestrel_skills::ParallelMasks::default()));
+        }
         Self {
             lp,
             commands,

@@ -116,6 +116,7 @@ pub struct CpuRuntime {
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
+    compute_threads: usize,
     /// Device-side timings of committed steps, when recording is on.
     timings: Option<Vec<StepTiming>>,
 }
@@ -146,6 +147,7 @@ impl CpuRuntime {
             },
         )?);
         let weight_bytes = model.weight_bytes();
+        let compute_threads = model.threads();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
         let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.prefill_chunk), max_context);
@@ -198,6 +200,7 @@ impl CpuRuntime {
             threads,
             rows_buf: Vec::new(),
             weight_bytes,
+            compute_threads,
             timings: None,
         })
     }
@@ -209,6 +212,12 @@ impl CpuRuntime {
     /// Bytes of weights the forward reads per step.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Matmul worker threads the compute stream keeps busy (the config's
+    /// `threads`, resolved).
+    pub fn compute_threads(&self) -> usize {
+        self.compute_threads
     }
 
     /// Start (or stop) recording per-step device timings (for benchmarks).
