@@ -242,9 +242,19 @@ impl<E: Executor> EngineLoop<E> {
         self.pause_requested = true;
     }
 
+    /// Continue after [`request_pause`](Self::request_pause). If the loop had
+    /// drained and paused, the executor first rebuilds what the pause may
+    /// have invalidated ([`Executor::on_resume`]); a failure there is
+    /// engine-fatal.
     pub fn resume(&mut self) {
+        let was_paused = self.paused;
         self.pause_requested = false;
         self.paused = false;
+        if was_paused && self.unhealthy.is_none() {
+            if let Err(e) = self.exec.on_resume() {
+                self.fail_all(&format!("resuming the executor failed: {e}"));
+            }
+        }
     }
 
     pub fn is_paused(&self) -> bool {

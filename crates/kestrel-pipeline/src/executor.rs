@@ -141,4 +141,11 @@ pub trait Executor {
 
     /// Free everything (engine-fatal path); the runtime must synchronize first.
     fn release_all(&mut self);
+
+    /// The loop drained and paused (section 4.5a) and is resuming: nothing
+    /// is in flight. Rebuild what a pause may have invalidated (a CUDA
+    /// runtime recaptures its graphs here). An error is engine-fatal.
+    fn on_resume(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }

@@ -83,4 +83,7 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     fn release_all(&mut self) {
         self.inner.release_all();
     }
+    fn on_resume(&mut self) -> Result<(), Self::Error> {
+        self.inner.on_resume()
+    }
 }

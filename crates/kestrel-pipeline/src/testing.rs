@@ -101,6 +101,7 @@ pub struct SimExecutor {
     decode_launches: u64,
     prefill_launches: u64,
     waits: u64,
+    resumes: u64,
     /// Runtime-side invariant violations seen (should stay empty).
     pub violations: Vec<String>,
     /// Order of device operations, for timeline tests: (kind, slot).
@@ -117,9 +118,15 @@ impl SimExecutor {
             decode_launches: 0,
             prefill_launches: 0,
             waits: 0,
+            resumes: 0,
             violations: Vec::new(),
             trace: Vec::new(),
         }
+    }
+
+    /// How often the loop resumed this executor after a drained pause.
+    pub fn resumes(&self) -> u64 {
+        self.resumes
     }
 
     pub fn used_pages(&self) -> usize {
@@ -366,6 +373,17 @@ impl Executor for SimExecutor {
         for s in &mut self.slots {
             s.phase = SlotPhase::Free;
         }
+    }
+
+    fn on_resume(&mut self) -> Result<(), SimError> {
+        if let Some(i) = self.slots.iter().position(|s| s.phase != SlotPhase::Free) {
+            self.violations.push(format!(
+                "resumed with slot {i} in flight ({:?})",
+                self.slots[i].phase
+            ));
+        }
+        self.resumes += 1;
+        Ok(())
     }
 }
 

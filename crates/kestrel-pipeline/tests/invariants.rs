@@ -232,8 +232,19 @@ fn pause_drains_and_resume_continues() {
     assert_eq!(paused.run_once(), Tick::Paused);
     assert!(paused.state().is_drained());
     assert_eq!(paused.run_once(), Tick::Paused);
+    assert_eq!(paused.executor().resumes(), 0);
     paused.resume();
+    // The executor rebuilt its state once, with nothing in flight.
+    assert_eq!(paused.executor().resumes(), 1);
     paused.run_until_idle();
+    assert!(
+        paused.executor().violations.is_empty(),
+        "{:?}",
+        paused.executor().violations
+    );
+    // A resume without a completed pause has nothing to rebuild.
+    paused.resume();
+    assert_eq!(paused.executor().resumes(), 1);
 
     let mut plain = engine(PipelineMode::Blocking, PrefillPolicy::Drain);
     let reference = submit(&mut plain, 1, 77, 25, true);

@@ -913,6 +913,15 @@ impl Executor for CudaRuntime {
         self.seqs.clear();
         self.table.release_all();
     }
+
+    /// After a drained pause (weights or buffers may have changed), the
+    /// decode graphs are captured again (section 4.5a).
+    fn on_resume(&mut self) -> Result<(), CudaError> {
+        if self.cfg.cuda_graphs {
+            self.rebuild_graphs()?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for CudaRuntime {
