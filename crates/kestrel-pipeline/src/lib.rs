@@ -41,6 +41,7 @@ mod sequence;
 pub mod skill;
 pub mod state;
 pub mod testing;
+pub mod timing;
 
 /// A vocabulary index.
 pub type TokenId = u32;
@@ -58,3 +59,4 @@ pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };
 pub use state::{LaunchHandle, PendingCommit, PipelineState, StateError, StepKind};
+pub use timing::StepTiming;

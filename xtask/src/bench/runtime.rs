@@ -5,30 +5,17 @@
 //! means the same thing on either backend: the CPU's timings are its compute
 //! thread's clock, the GPU's are CUDA events converted to host instants.
 
-use std::time::Instant;
-
 use anyhow::Context as _;
 use kestrel_cpu::runtime::CpuRuntime;
 use kestrel_cuda::CudaRuntime;
-use kestrel_pipeline::{Executor, SamplingParams};
-
-/// When the device ran one step's forward and sampling.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceTiming {
-    pub prefill: bool,
-    pub rows: usize,
-    pub forward_start: Instant,
-    pub forward_end: Instant,
-    pub sample_start: Instant,
-    pub sample_end: Instant,
-}
+use kestrel_pipeline::{Executor, SamplingParams, StepTiming};
 
 /// A runtime the bench can drive and time.
 pub trait BenchRuntime: Executor<Params = SamplingParams> {
     /// Start or stop recording per-step device timings.
     fn record_timings(&mut self, on: bool) -> anyhow::Result<()>;
     /// Timings of the steps committed since the last call, in commit order.
-    fn take_timings(&mut self) -> Vec<DeviceTiming>;
+    fn take_timings(&mut self) -> Vec<StepTiming>;
     /// Bytes of weights the forward reads per step.
     fn weight_bytes(&self) -> usize;
     /// The backend as the report names it (`cpu`, `cuda (<device>)`).
@@ -41,18 +28,8 @@ impl BenchRuntime for CpuRuntime {
         Ok(())
     }
 
-    fn take_timings(&mut self) -> Vec<DeviceTiming> {
+    fn take_timings(&mut self) -> Vec<StepTiming> {
         CpuRuntime::take_timings(self)
-            .into_iter()
-            .map(|t| DeviceTiming {
-                prefill: t.prefill,
-                rows: t.rows,
-                forward_start: t.forward_start,
-                forward_end: t.forward_end,
-                sample_start: t.sample_start,
-                sample_end: t.sample_end,
-            })
-            .collect()
     }
 
     fn weight_bytes(&self) -> usize {
@@ -69,18 +46,8 @@ impl BenchRuntime for CudaRuntime {
         CudaRuntime::record_timings(self, on).context("CUDA event timings")
     }
 
-    fn take_timings(&mut self) -> Vec<DeviceTiming> {
+    fn take_timings(&mut self) -> Vec<StepTiming> {
         CudaRuntime::take_timings(self)
-            .into_iter()
-            .map(|t| DeviceTiming {
-                prefill: t.prefill,
-                rows: t.rows,
-                forward_start: t.forward_start,
-                forward_end: t.forward_end,
-                sample_start: t.sample_start,
-                sample_end: t.sample_end,
-            })
-            .collect()
     }
 
     fn weight_bytes(&self) -> usize {

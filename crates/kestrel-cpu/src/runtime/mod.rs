@@ -24,10 +24,10 @@ use kestrel_pipeline::{
 };
 
 use self::slot::{Outputs, PrefillRow, SlotKind, SlotMeta};
-pub use self::stream::StepTiming;
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
+pub use kestrel_pipeline::StepTiming;
 
 /// Configuration of a [`CpuRuntime`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kestrel_pipeline::{SamplingParams, TokenId};
+use kestrel_pipeline::{SamplingParams, StepTiming, TokenId};
 
 use super::slot::{Outputs, SlotKind, SlotMeta};
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
@@ -52,18 +52,6 @@ pub(crate) struct Done {
     /// A compute fault surfaced at this step (engine-fatal).
     pub error: Option<String>,
     pub timing: StepTiming,
-}
-
-/// When the compute stream ran a step's forward and sampling.
-#[derive(Debug, Clone, Copy)]
-pub struct StepTiming {
-    pub step: u64,
-    pub prefill: bool,
-    pub rows: usize,
-    pub forward_start: Instant,
-    pub forward_end: Instant,
-    pub sample_start: Instant,
-    pub sample_end: Instant,
 }
 
 /// A step's device outputs on their way to the host.

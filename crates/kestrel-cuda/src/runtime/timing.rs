@@ -13,22 +13,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError};
 
 use crate::CudaError;
-
-/// When the compute stream ran one step's forward and sampling (mirrors
-/// kestrel-cpu's `StepTiming`). `forward_end..sample_start` is the device
-/// waiting for the host to enqueue sampling (masks), if anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepTiming {
-    /// The runtime's step counter at launch (1-based, launch order).
-    pub step: u64,
-    pub prefill: bool,
-    /// Sequences in the step (decode rows before bucket padding).
-    pub rows: usize,
-    pub forward_start: Instant,
-    pub forward_end: Instant,
-    pub sample_start: Instant,
-    pub sample_end: Instant,
-}
+pub use kestrel_pipeline::StepTiming;
 
 fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, DriverError> {
     // CU_EVENT_DEFAULT: timing enabled (cudarc's default disables it).
