@@ -174,19 +174,10 @@ fn pv<const G: usize>(
     let hd = seq.head_dim;
     let stride = seq.num_kv_heads * hd;
     assert!(hd % 16 == 0 && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
-    let mut j0 = 0;
-    for &page in seq.pages {
-        if j0 >= len {
-            break;
-        }
-        let count = seq.page_size.min(len - j0);
-        let base = (page as usize * seq.page_size * seq.num_kv_heads + g) * hd;
-        assert!(
-            base + (count - 1) * stride + hd <= v.len(),
-            "page {page} out of the V array"
-        );
-        j0 += count;
-    }
+    seq.for_each_page(len, g, |j0, count, base| {
+        let end = base + (count - 1) * stride + hd;
+        assert!(end <= v.len(), "keys from {j0} lie outside the V array");
+    });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: every page's rows were bounds-checked above, `p`, `inv` and
     // `out` hold `G` heads (asserted), and the caller checked AVX2 and FMA.
