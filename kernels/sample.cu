@@ -48,6 +48,13 @@ __device__ __forceinline__ u32 fkey(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The upper midpoint of [lo, hi] for a "largest x with P(x)" bisection
+// (lo < hi). `lo + (hi - lo + 1) / 2` would wrap to `lo` when the range is
+// all of u32, and the loop would never end.
+__device__ __forceinline__ u32 upper_mid(u32 lo, u32 hi) {
+    return hi - (hi - lo) / 2;
+}
+
 // __launch_bounds__ caps registers so 1024-thread blocks always launch.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* __restrict__ logits,
                                        int vocab,
@@ -122,10 +129,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* 
     // 2. top-k: keep the k greatest in (value desc, id asc) order.
     if (!greedy && P.top_k > 0 && P.top_k < count) {
         u32 k = P.top_k;
-        // Largest key K with |{key >= K}| >= k.
-        u32 lo = 0, hi = 0xffffffffu;
+        // Largest key K with |{key >= K}| >= k (some finite key qualifies,
+        // as count >= k finite values exist, so K > fkey(-inf)).
+        u32 lo = fkey(KESTREL_NEG_INF) + 1, hi = 0xffffffffu;
         while (lo < hi) {
-            u32 mid = lo + (hi - lo + 1) / 2;
+            u32 mid = upper_mid(lo, hi);
             u32 c = 0;
             for (int t = tid; t < vocab; t += nt) c += fkey(v[t]) >= mid;
             c = block_sum_u32(c, shu);
@@ -167,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* 
         mlo = block_sum_f64(mlo, shd);
         if (mlo >= target) {
             while (lo < hi) {
-                u32 mid = lo + (hi - lo + 1) / 2;
+                u32 mid = upper_mid(lo, hi);
                 double m = 0.0;
                 for (int t = tid; t < vocab; t += nt)
                     if (fkey(v[t]) >= mid) m += (double)kexp(v[t] - mx);
