@@ -182,6 +182,11 @@ impl CudaRuntime {
                 max_pos: max_context,
             },
         )?;
+        // The uploads above are synchronous copies from pageable memory on the
+        // legacy stream, which may return before their last DMA lands; our
+        // streams are non-blocking (no implicit ordering with the legacy
+        // stream), so wait for the whole context before any kernel reads them.
+        ctx.synchronize()?;
         let buckets = graph_buckets(cfg.max_rows);
         let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
         let dims = SlotDims {
