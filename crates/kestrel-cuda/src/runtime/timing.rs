@@ -55,6 +55,9 @@ pub(crate) const ANCHOR_MAX_AGE: Duration = Duration::from_secs(1);
 pub(crate) struct DeviceClock {
     stream: Arc<CudaStream>,
     base: CudaEvent,
+    /// Where a new anchor is recorded; swapped with `base` only when the
+    /// anchor is accepted, so a rejected one leaves `base` and `host` paired.
+    probe: CudaEvent,
     host: Instant,
     /// Host time of the last successful anchor, `None` before the first.
     anchored: Option<Instant>,
@@ -65,6 +68,7 @@ impl DeviceClock {
         let mut clock = DeviceClock {
             stream: ctx.new_stream()?,
             base: timing_event(ctx)?,
+            probe: timing_event(ctx)?,
             host: Instant::now(),
             anchored: None,
         };
@@ -83,11 +87,12 @@ impl DeviceClock {
     /// anchor when the window is too wide to trust (unless there is none).
     pub fn anchor(&mut self) -> Result<(), CudaError> {
         let t0 = Instant::now();
-        self.base.record(&self.stream)?;
-        self.base.synchronize()?;
+        self.probe.record(&self.stream)?;
+        self.probe.synchronize()?;
         let t1 = Instant::now();
         let window = t1 - t0;
         if window <= MAX_ANCHOR_WINDOW || self.anchored.is_none() {
+            std::mem::swap(&mut self.base, &mut self.probe);
             self.host = t0 + window / 2;
             self.anchored = Some(t1);
         }
