@@ -767,7 +767,8 @@ impl Executor for CudaRuntime {
         let (mask_flags, mask_words, wpr) = match masks {
             Some(m)
                 if m.words_per_row == vocab.div_ceil(32)
-                    && m.words.len() >= n * m.words_per_row =>
+                    && m.words.len() >= n * m.words_per_row
+                    && m.constrained.len() >= n =>
             {
                 let host = s.mask_host.as_mut_slice();
                 for (f, &c) in host[..n].iter_mut().zip(m.constrained) {
@@ -783,8 +784,11 @@ impl Executor for CudaRuntime {
             }
             Some(m) => {
                 return Err(ExecError::Fatal(CudaError::Config(format!(
-                    "mask of {} words per row for a vocabulary of {vocab}",
-                    m.words_per_row
+                    "mask of {} words per row ({} words, {} row flags) for {n} rows \
+                     of a vocabulary of {vocab}",
+                    m.words_per_row,
+                    m.words.len(),
+                    m.constrained.len()
                 ))))
             }
             None => (0, 0, 0),
