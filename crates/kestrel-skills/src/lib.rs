@@ -5,7 +5,10 @@
 //! builds the final [`SkillResult`]. Kinds ([`SkillSpec`]): free text with
 //! stop strings / stop ids / EOS, and JSON-schema, regex, choice and Lark
 //! grammar outputs constrained with llguidance. Per-model state lives in a
-//! shared [`SkillContext`]. **Architecture invariant:** no model, runtime or
+//! shared [`SkillContext`]. [`ParallelMasks`] is the pipeline's
+//! `MaskFiller` that computes a step's masks on rayon's pool, and
+//! [`fill_batch_masks`] does the same for callers without the pipeline.
+//! **Architecture invariant:** no model, runtime or
 //! scheduler code here; the only contract is `kestrel_pipeline::SequenceSkill`.
 #![forbid(unsafe_code)]
 
