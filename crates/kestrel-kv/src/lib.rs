@@ -75,6 +75,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod book;
 mod error;
 pub mod pool;
 pub mod prefix;
@@ -82,6 +83,7 @@ pub mod sequence;
 mod stats;
 mod table;
 
+pub use book::{Admission, SeqBook, SeqEntry};
 pub use error::KvError;
 pub use pool::BlockPool;
 pub use sequence::{

@@ -10,13 +10,13 @@
 mod slot;
 mod stream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use kestrel_kv::KvStats;
-use kestrel_kv::{KvError, PageTable, PageTableConfig, RowId};
+use kestrel_kv::{Admission, KvError, PageTable, PageTableConfig, RowId, SeqBook};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
@@ -83,24 +83,14 @@ pub enum RuntimeError {
     Config(String),
 }
 
-/// A sequence's KV on the scheduler side.
-#[derive(Debug)]
-struct SeqKv {
-    row: RowId,
-    /// Positions whose KV is written once every launched step has run.
-    len: usize,
-    /// Prompt tokens served from the prefix cache at admission.
-    cached: usize,
-}
-
 const NUM_SLOTS: usize = 2;
 
 /// The CPU runtime. See the module docs.
 pub struct CpuRuntime {
     cfg: CpuRuntimeConfig,
     vocab: usize,
-    table: PageTable,
-    seqs: HashMap<RequestId, SeqKv>,
+    /// Page table and admitted sequences (no per-sequence extras here).
+    book: SeqBook<RequestId, ()>,
     work: Option<Sender<Work>>,
     done: Receiver<Done>,
     /// Per slot, when idle: the DecodeSlot metadata, mask buffer and RenderBuffer host buffer.
@@ -112,9 +102,9 @@ pub struct CpuRuntime {
     /// The slot whose forward is launched but not yet sampled.
     launched: Option<SlotId>,
     step: u64,
-    stats: KvStats,
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
+    ids_buf: Vec<RequestId>,
     weight_bytes: usize,
     compute_threads: usize,
     /// Device-side timings of committed steps, when recording is on.
@@ -125,7 +115,7 @@ impl std::fmt::Debug for CpuRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuRuntime")
             .field("cfg", &self.cfg)
-            .field("seqs", &self.seqs.len())
+            .field("seqs", &self.book.len())
             .finish_non_exhaustive()
     }
 }
@@ -181,8 +171,7 @@ impl CpuRuntime {
         Ok(Self {
             cfg,
             vocab: model_cfg.vocab_size,
-            table,
-            seqs: HashMap::new(),
+            book: SeqBook::new(table),
             work: Some(work_tx),
             done: done_rx,
             metas: (0..NUM_SLOTS)
@@ -193,12 +182,9 @@ impl CpuRuntime {
             in_flight: VecDeque::with_capacity(NUM_SLOTS),
             launched: None,
             step: 0,
-            stats: KvStats {
-                total_pages: cfg.num_pages,
-                ..KvStats::default()
-            },
             threads,
             rows_buf: Vec::new(),
+            ids_buf: Vec::new(),
             weight_bytes,
             compute_threads,
             timings: None,
@@ -234,12 +220,7 @@ impl CpuRuntime {
     }
 
     pub fn kv_stats(&self) -> KvStats {
-        KvStats {
-            used_pages: self.table.used_pages(),
-            free_pages: self.table.free_pages(),
-            cached_pages: self.table.cached_pages(),
-            ..self.stats
-        }
+        self.book.kv_stats()
     }
 
     fn send(&self, w: Work) -> Result<(), RuntimeError> {
@@ -298,15 +279,15 @@ impl Executor for CpuRuntime {
     }
 
     fn num_allocated(&self) -> usize {
-        self.table.num_allocated()
+        self.book.table().num_allocated()
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.table.can_reserve_prompt(prompt, max_len)
+        self.book.table().can_reserve_prompt(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.table.could_ever_fit(max_len)
+        max_len <= self.cfg.max_seq_len && self.book.table().could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -317,26 +298,21 @@ impl Executor for CpuRuntime {
         let mut meta = self.take_meta(slot).map_err(ExecError::PreDispatch)?;
         meta.reset(SlotKind::Prefill, self.step);
         meta.token_indptr.push(0);
-        self.rows_buf.clear();
-        for input in seqs {
-            let (row, hit) = match self.table.admit(input.prompt, input.max_len) {
-                Ok(x) => x,
-                Err(e) => {
-                    // Undo this launch's admissions: nothing was dispatched.
-                    for &(row, _) in &self.rows_buf {
-                        let _ = self.table.erase(row);
-                    }
-                    for input in seqs {
-                        self.seqs.remove(&input.id);
-                    }
-                    self.metas[slot] = Some(meta);
-                    return Err(ExecError::PreDispatch(e.into()));
-                }
-            };
-            let len = input.prompt.len();
-            self.stats.prompt_tokens += len as u64;
-            self.stats.prefix_hit_tokens += hit as u64;
-            self.rows_buf.push((row, len));
+        let admissions = seqs.iter().map(|input| Admission {
+            id: input.id,
+            prompt: input.prompt,
+            max_len: input.max_len,
+            meta: (),
+        });
+        if let Err(e) = self
+            .book
+            .admit_all(admissions, &mut self.rows_buf, &mut self.ids_buf)
+        {
+            self.metas[slot] = Some(meta);
+            return Err(ExecError::PreDispatch(e.into()));
+        }
+        for (input, &(row, len)) in seqs.iter().zip(&self.rows_buf) {
+            let hit = self.book.cached_prompt_tokens(input.id);
             meta.rows.push(row);
             meta.ids.push(input.id);
             meta.tokens.extend_from_slice(input.prompt);
@@ -346,16 +322,12 @@ impl Executor for CpuRuntime {
                 start_pos: hit as u32,
                 prompt_len: len as u32,
             });
-            self.seqs.insert(
-                input.id,
-                SeqKv {
-                    row,
-                    len,
-                    cached: hit,
-                },
-            );
         }
-        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut meta.indices) {
+        if let Err(e) = self
+            .book
+            .table()
+            .write_indices(&self.rows_buf, &mut meta.indices)
+        {
             self.metas[slot] = Some(meta);
             return Err(ExecError::Fatal(e.into()));
         }
@@ -363,7 +335,7 @@ impl Executor for CpuRuntime {
     }
 
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
-        self.seqs.get(&id).map_or(0, |s| s.cached)
+        self.book.cached_prompt_tokens(id)
     }
 
     fn launch_decode(
@@ -375,19 +347,23 @@ impl Executor for CpuRuntime {
         meta.reset(SlotKind::Decode, self.step);
         self.rows_buf.clear();
         for &id in rows {
-            let Some(seq) = self.seqs.get(&id) else {
+            let Some(seq) = self.book.get(id) else {
                 self.metas[slot] = Some(meta);
                 return Err(ExecError::PreDispatch(RuntimeError::UnknownRequest(id)));
             };
             self.rows_buf.push((seq.row, seq.len + 1));
         }
-        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut meta.indices) {
+        if let Err(e) = self
+            .book
+            .table()
+            .write_indices(&self.rows_buf, &mut meta.indices)
+        {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
         }
         // Past this point the step is committed to: advance GPU lengths.
         for &id in rows {
-            let seq = self.seqs.get_mut(&id).expect("checked above");
+            let seq = self.book.get_mut(id).expect("checked above");
             meta.rows.push(seq.row);
             meta.ids.push(id);
             meta.positions.push(seq.len as u32);
@@ -464,7 +440,7 @@ impl Executor for CpuRuntime {
             for (r, &row) in meta.rows.iter().enumerate() {
                 let prompt =
                     &meta.tokens[meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
-                self.table.register_prefix(row, prompt);
+                self.book.table_mut().register_prefix(row, prompt);
             }
         }
         self.metas[slot] = Some(meta);
@@ -479,10 +455,8 @@ impl Executor for CpuRuntime {
     }
 
     fn release(&mut self, id: RequestId) {
-        if let Some(seq) = self.seqs.remove(&id) {
-            if let Err(e) = self.table.erase(seq.row) {
-                tracing::error!(request = id, error = %e, "erasing a KV row failed");
-            }
+        if let Err(e) = self.book.release(id) {
+            tracing::error!(request = id, error = %e, "erasing a KV row failed");
         }
     }
 
@@ -509,8 +483,7 @@ impl Executor for CpuRuntime {
             self.render[slot].get_or_insert_with(Box::default);
         }
         self.launched = None;
-        self.seqs.clear();
-        self.table.release_all();
+        self.book.release_all();
     }
 }
 

@@ -16,13 +16,13 @@ mod mem;
 mod slot;
 pub mod timing;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use kestrel_kv::{KvStats, PageTable, PageTableConfig, PagedIndices, RowId};
+use kestrel_kv::{Admission, KvStats, PageTable, PageTableConfig, PagedIndices, RowId, SeqBook};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
@@ -77,14 +77,6 @@ impl Default for CudaRuntimeConfig {
     }
 }
 
-#[derive(Debug)]
-struct SeqKv {
-    row: RowId,
-    len: usize,
-    cached: usize,
-    params: SamplingParams,
-}
-
 /// The CUDA runtime. See the module docs.
 pub struct CudaRuntime {
     cfg: CudaRuntimeConfig,
@@ -93,14 +85,14 @@ pub struct CudaRuntime {
     render: Vec<RenderBuffer>,
     dev: DeviceModel,
     copy_stream: Arc<CudaStream>,
-    table: PageTable,
-    seqs: HashMap<RequestId, SeqKv>,
+    /// Page table and admitted sequences, each with its sampling parameters.
+    book: SeqBook<RequestId, SamplingParams>,
     in_flight: VecDeque<SlotId>,
     launched: Option<SlotId>,
     step: u64,
-    stats: KvStats,
     buckets: Vec<usize>,
     rows_buf: Vec<(RowId, usize)>,
+    ids_buf: Vec<RequestId>,
     decode_rows: Vec<DecodeRow>,
     idx: PagedIndices,
     out_top: Vec<(TokenId, f32)>,
@@ -117,7 +109,7 @@ impl std::fmt::Debug for CudaRuntime {
         f.debug_struct("CudaRuntime")
             .field("device", &self.device_name)
             .field("cfg", &self.cfg)
-            .field("seqs", &self.seqs.len())
+            .field("seqs", &self.book.len())
             .finish_non_exhaustive()
     }
 }
@@ -223,22 +215,18 @@ impl CudaRuntime {
             "kestrel-cuda model ready"
         );
         let mut rt = CudaRuntime {
-            stats: KvStats {
-                total_pages: cfg.num_pages,
-                ..KvStats::default()
-            },
             cfg,
             slots,
             render,
             dev,
             copy_stream,
-            table,
-            seqs: HashMap::new(),
+            book: SeqBook::new(table),
             in_flight: VecDeque::with_capacity(NUM_SLOTS),
             launched: None,
             step: 0,
             buckets,
             rows_buf: Vec::new(),
+            ids_buf: Vec::new(),
             decode_rows: Vec::new(),
             idx: PagedIndices::default(),
             out_top: Vec::new(),
@@ -334,12 +322,7 @@ impl CudaRuntime {
     }
 
     pub fn kv_stats(&self) -> KvStats {
-        KvStats {
-            used_pages: self.table.used_pages(),
-            free_pages: self.table.free_pages(),
-            cached_pages: self.table.cached_pages(),
-            ..self.stats
-        }
+        self.book.kv_stats()
     }
 
     /// Block until both streams have executed everything enqueued.
@@ -468,8 +451,8 @@ impl CudaRuntime {
 
     fn top_n(&self, ids: &[RequestId]) -> usize {
         ids.iter()
-            .filter_map(|id| self.seqs.get(id))
-            .map(|s| s.params.top_logprobs as usize)
+            .filter_map(|&id| self.book.get(id))
+            .map(|s| s.meta.top_logprobs as usize)
             .max()
             .unwrap_or(0)
             .min(MAX_TOP)
@@ -493,15 +476,15 @@ impl Executor for CudaRuntime {
     }
 
     fn num_allocated(&self) -> usize {
-        self.table.num_allocated()
+        self.book.table().num_allocated()
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.table.can_reserve_prompt(prompt, max_len)
+        self.book.table().can_reserve_prompt(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.table.could_ever_fit(max_len)
+        max_len <= self.cfg.max_seq_len && self.book.table().could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -517,37 +500,24 @@ impl Executor for CudaRuntime {
             }));
         }
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
-        self.rows_buf.clear();
-        let mut starts = Vec::with_capacity(seqs.len());
-        for input in seqs {
-            match self.table.admit(input.prompt, input.max_len) {
-                Ok((row, hit)) => {
-                    self.rows_buf.push((row, input.prompt.len()));
-                    starts.push(hit);
-                    self.stats.prompt_tokens += input.prompt.len() as u64;
-                    self.stats.prefix_hit_tokens += hit as u64;
-                    self.seqs.insert(
-                        input.id,
-                        SeqKv {
-                            row,
-                            len: input.prompt.len(),
-                            cached: hit,
-                            params: *input.params,
-                        },
-                    );
-                }
-                Err(e) => {
-                    for &(row, _) in &self.rows_buf {
-                        let _ = self.table.erase(row);
-                    }
-                    for input in seqs {
-                        self.seqs.remove(&input.id);
-                    }
-                    return Err(ExecError::PreDispatch(e.into()));
-                }
-            }
-        }
-        if let Err(e) = self.table.write_indices(&self.rows_buf, &mut self.idx) {
+        let admissions = seqs.iter().map(|input| Admission {
+            id: input.id,
+            prompt: input.prompt,
+            max_len: input.max_len,
+            meta: *input.params,
+        });
+        self.book
+            .admit_all(admissions, &mut self.rows_buf, &mut self.ids_buf)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        let starts: Vec<usize> = seqs
+            .iter()
+            .map(|input| self.book.cached_prompt_tokens(input.id))
+            .collect();
+        if let Err(e) = self
+            .book
+            .table()
+            .write_indices(&self.rows_buf, &mut self.idx)
+        {
             return Err(ExecError::Fatal(e.into()));
         }
         let plan: Vec<PrefillSeq<'_>> = seqs
@@ -649,7 +619,7 @@ impl Executor for CudaRuntime {
     }
 
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
-        self.seqs.get(&id).map_or(0, |s| s.cached)
+        self.book.cached_prompt_tokens(id)
     }
 
     fn launch_decode(
@@ -668,7 +638,7 @@ impl Executor for CudaRuntime {
         self.rows_buf.clear();
         self.decode_rows.clear();
         for &id in rows {
-            let Some(seq) = self.seqs.get(&id) else {
+            let Some(seq) = self.book.get(id) else {
                 return Err(ExecError::PreDispatch(CudaError::UnknownRequest(id)));
             };
             self.rows_buf.push((seq.row, seq.len + 1));
@@ -677,7 +647,8 @@ impl Executor for CudaRuntime {
                 pos: seq.len as u32,
             });
         }
-        self.table
+        self.book
+            .table()
             .write_indices(&self.rows_buf, &mut self.idx)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let (trash, ps) = (self.dev.trash_page, self.dev.page_size);
@@ -694,13 +665,13 @@ impl Executor for CudaRuntime {
         )
         .map_err(|e| ExecError::PreDispatch(CudaError::Config(e.to_string())))?;
         for (p, id) in s.params_host.as_mut_slice().iter_mut().zip(rows) {
-            if let Some(seq) = self.seqs.get(id) {
-                *p = SampleParams::from(&seq.params);
+            if let Some(seq) = self.book.get(*id) {
+                *p = SampleParams::from(&seq.meta);
             }
         }
         // Past this point the step is committed to: advance lengths, dispatch.
         for &id in rows {
-            if let Some(seq) = self.seqs.get_mut(&id) {
+            if let Some(seq) = self.book.get_mut(id) {
                 seq.len += 1;
             }
         }
@@ -864,7 +835,7 @@ impl Executor for CudaRuntime {
             .ok_or(CudaError::SlotBusy(slot))?;
         if state.kind == SlotKind::Prefill {
             for (row, prompt) in &state.prompts {
-                self.table.register_prefix(*row, prompt);
+                self.book.table_mut().register_prefix(*row, prompt);
             }
         }
         if state.timed && self.timings.is_some() {
@@ -896,10 +867,8 @@ impl Executor for CudaRuntime {
     }
 
     fn release(&mut self, id: RequestId) {
-        if let Some(seq) = self.seqs.remove(&id) {
-            if let Err(e) = self.table.erase(seq.row) {
-                tracing::error!(request = id, error = %e, "erasing a KV row failed");
-            }
+        if let Err(e) = self.book.release(id) {
+            tracing::error!(request = id, error = %e, "erasing a KV row failed");
         }
     }
 
@@ -919,8 +888,7 @@ impl Executor for CudaRuntime {
         }
         self.in_flight.clear();
         self.launched = None;
-        self.seqs.clear();
-        self.table.release_all();
+        self.book.release_all();
     }
 
     /// After a drained pause (weights or buffers may have changed), the

@@ -1,0 +1,242 @@
+//! [`SeqBook`]: the KV bookkeeping every runtime keeps for its admitted
+//! sequences: the [`PageTable`], each sequence's row, length and prefix-cache
+//! hit, and the cumulative [`KvStats`] counters. Admission of a prefill batch
+//! is all or nothing, so a rejected launch leaves no row or page behind.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use crate::{KvError, KvStats, PageTable, RowId};
+
+/// One admitted sequence. `meta` is whatever else the runtime keeps per
+/// sequence (e.g. its sampling parameters).
+#[derive(Debug, Clone)]
+pub struct SeqEntry<M> {
+    /// The sequence's page-table row.
+    pub row: RowId,
+    /// Positions whose KV is written once every launched step has run.
+    pub len: usize,
+    /// Prompt tokens served from the prefix cache at admission.
+    pub cached: usize,
+    /// The runtime's per-sequence data.
+    pub meta: M,
+}
+
+/// A sequence to admit: its id, prompt, total length to reserve for, and
+/// the runtime's per-sequence data.
+#[derive(Debug)]
+pub struct Admission<'a, K, M> {
+    /// The caller's id for the sequence.
+    pub id: K,
+    /// Its prompt tokens.
+    pub prompt: &'a [u32],
+    /// Tokens to reserve KV for (prompt + generated).
+    pub max_len: usize,
+    /// The runtime's per-sequence data.
+    pub meta: M,
+}
+
+/// The page table plus the sequences holding rows in it. See the module docs.
+#[derive(Debug)]
+pub struct SeqBook<K, M> {
+    table: PageTable,
+    seqs: HashMap<K, SeqEntry<M>>,
+    stats: KvStats,
+}
+
+impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
+    /// An empty book over `table`.
+    pub fn new(table: PageTable) -> Self {
+        let stats = KvStats {
+            total_pages: table.num_pages(),
+            ..KvStats::default()
+        };
+        SeqBook {
+            table,
+            seqs: HashMap::new(),
+            stats,
+        }
+    }
+
+    /// The page table (capacity questions, `write_indices`).
+    pub fn table(&self) -> &PageTable {
+        &self.table
+    }
+
+    /// The page table, e.g. to publish prefixes.
+    pub fn table_mut(&mut self) -> &mut PageTable {
+        &mut self.table
+    }
+
+    /// Admits every sequence ([`PageTable::admit`]: prefix hit + reservation)
+    /// or none: on the first failure the rows this call took are given back
+    /// and its sequences forgotten. On success `rows` holds `(row, prompt
+    /// length)` per sequence, in order (the shape `write_indices` takes).
+    ///
+    /// # Errors
+    /// The failing admission's [`KvError`].
+    pub fn admit_all<'a>(
+        &mut self,
+        seqs: impl IntoIterator<Item = Admission<'a, K, M>>,
+        rows: &mut Vec<(RowId, usize)>,
+        ids: &mut Vec<K>,
+    ) -> Result<(), KvError> {
+        rows.clear();
+        ids.clear();
+        let (mut prompt_tokens, mut hit_tokens) = (0, 0);
+        for s in seqs {
+            match self.table.admit(s.prompt, s.max_len) {
+                Ok((row, hit)) => {
+                    let len = s.prompt.len();
+                    rows.push((row, len));
+                    ids.push(s.id);
+                    prompt_tokens += len as u64;
+                    hit_tokens += hit as u64;
+                    let entry = SeqEntry {
+                        row,
+                        len,
+                        cached: hit,
+                        meta: s.meta,
+                    };
+                    self.seqs.insert(s.id, entry);
+                }
+                Err(e) => {
+                    for (&(row, _), id) in rows.iter().zip(ids.iter()) {
+                        let erased = self.table.erase(row);
+                        debug_assert!(erased.is_ok(), "row {row} was just admitted");
+                        self.seqs.remove(id);
+                    }
+                    rows.clear();
+                    ids.clear();
+                    return Err(e);
+                }
+            }
+        }
+        self.stats.prompt_tokens += prompt_tokens;
+        self.stats.prefix_hit_tokens += hit_tokens;
+        Ok(())
+    }
+
+    /// The admitted sequence `id`.
+    pub fn get(&self, id: K) -> Option<&SeqEntry<M>> {
+        self.seqs.get(&id)
+    }
+
+    /// The admitted sequence `id`, mutably (its length grows per step).
+    pub fn get_mut(&mut self, id: K) -> Option<&mut SeqEntry<M>> {
+        self.seqs.get_mut(&id)
+    }
+
+    /// Prompt tokens of `id` served from the prefix cache (0 if unknown).
+    pub fn cached_prompt_tokens(&self, id: K) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.cached)
+    }
+
+    /// Frees `id`'s row and pages; unknown ids are a no-op.
+    ///
+    /// # Errors
+    /// The page table's, should the row not be allocated (a bookkeeping bug).
+    pub fn release(&mut self, id: K) -> Result<(), KvError> {
+        match self.seqs.remove(&id) {
+            Some(seq) => self.table.erase(seq.row),
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets every sequence and frees every row.
+    pub fn release_all(&mut self) {
+        self.seqs.clear();
+        self.table.release_all();
+    }
+
+    /// Admitted sequences.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Whether no sequence is admitted.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Occupancy now plus the cumulative prompt and prefix-hit counters.
+    pub fn kv_stats(&self) -> KvStats {
+        KvStats {
+            used_pages: self.table.used_pages(),
+            free_pages: self.table.free_pages(),
+            cached_pages: self.table.cached_pages(),
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PageTableConfig;
+
+    fn book() -> SeqBook<u64, char> {
+        let table = PageTable::new(PageTableConfig {
+            max_rows: 4,
+            num_pages: 6,
+            page_size: 4,
+            enable_prefix_cache: true,
+        })
+        .unwrap();
+        SeqBook::new(table)
+    }
+
+    #[test]
+    fn admit_all_is_all_or_nothing() {
+        let mut b = book();
+        let (mut rows, mut ids) = (Vec::new(), Vec::new());
+        let p: Vec<u32> = (0..5).collect();
+        let ok = [
+            Admission {
+                id: 1,
+                prompt: &p,
+                max_len: 8,
+                meta: 'a',
+            },
+            Admission {
+                id: 2,
+                prompt: &p[..3],
+                max_len: 4,
+                meta: 'b',
+            },
+        ];
+        b.admit_all(ok, &mut rows, &mut ids).unwrap();
+        assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), [5, 3]);
+        assert_eq!((b.len(), b.get(2).unwrap().meta), (2, 'b'));
+        let before = b.kv_stats();
+        assert_eq!((before.prompt_tokens, before.used_pages), (8, 3));
+        // The second sequence cannot get 5 pages: the first is undone too.
+        let too_many = [
+            Admission {
+                id: 3,
+                prompt: &p,
+                max_len: 4,
+                meta: 'c',
+            },
+            Admission {
+                id: 4,
+                prompt: &p,
+                max_len: 20,
+                meta: 'd',
+            },
+        ];
+        assert!(b.admit_all(too_many, &mut rows, &mut ids).is_err());
+        assert!(rows.is_empty() && ids.is_empty());
+        assert!(b.get(3).is_none() && b.get(4).is_none());
+        assert_eq!(b.kv_stats(), before);
+        b.table().check_invariants().unwrap();
+        b.release(1).unwrap();
+        b.release(99).unwrap();
+        assert_eq!((b.len(), b.table().num_allocated()), (1, 1));
+        b.release_all();
+        assert_eq!(
+            (b.len(), b.table().num_allocated(), b.kv_stats().used_pages),
+            (0, 0, 0)
+        );
+    }
+}
