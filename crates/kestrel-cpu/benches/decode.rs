@@ -4,10 +4,8 @@
 //! 128-token prefill. tokens/s = batch / step time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kestrel_cpu::synth::{random_model, smollm2_config};
-use kestrel_cpu::{
-    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
-};
+use kestrel_cpu::synth::{random_model, smollm2_config, DecodeInputs, PrefillInputs};
+use kestrel_cpu::{CpuModel, CpuModelOptions, KvStore, LogitsMode, Scratch};
 use kestrel_model::DType;
 
 const PAGE: usize = 16;
@@ -37,29 +35,13 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode_step");
     g.sample_size(10);
     for batch in [1usize, 8, 32] {
-        // Interleave pages of the sequences so none is contiguous.
-        let mut indices = vec![];
-        let mut indptr = vec![0u32];
-        for s in 0..batch {
-            indices.extend((0..pages_per_seq).map(|p| (p * batch + s) as u32));
-            indptr.push(indices.len() as u32);
-        }
-        let last = vec![PAGE as u32; batch];
-        let tokens: Vec<u32> = (0..batch as u32).map(|i| 100 + i * 37).collect();
-        let positions = vec![(CTX - 1) as u32; batch];
+        let inputs = DecodeInputs::interleaved(batch, CTX, PAGE);
         let mut out = vec![0f32; batch * vocab];
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, _| {
             b.iter(|| {
-                let db = DecodeBatch {
-                    tokens: &tokens,
-                    positions: &positions,
-                    kv_indptr: &indptr,
-                    kv_indices: &indices,
-                    kv_last_page_len: &last,
-                };
                 model
-                    .forward_decode(db, &mut kv, &mut out, &mut scratch)
+                    .forward_decode(inputs.batch(), &mut kv, &mut out, &mut scratch)
                     .unwrap();
             })
         });
@@ -68,23 +50,14 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("prefill");
     g.sample_size(10);
     let n = 128;
-    let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 91) % vocab as u32).collect();
-    let indices: Vec<u32> = (0..(n / PAGE) as u32).collect();
+    let inputs = PrefillInputs::fresh(n, PAGE, vocab);
     let mut out = vec![0f32; vocab];
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function(BenchmarkId::from_parameter(n), |b| {
         b.iter(|| {
-            let pb = PrefillBatch {
-                tokens: &tokens,
-                qo_indptr: &[0, n as u32],
-                start_pos: &[0],
-                kv_indptr: &[0, (n / PAGE) as u32],
-                kv_indices: &indices,
-                kv_last_page_len: &[PAGE as u32],
-            };
             model
                 .forward_prefill(
-                    pb,
+                    inputs.batch(),
                     &mut kv,
                     &mut out,
                     LogitsMode::LastPerSequence,

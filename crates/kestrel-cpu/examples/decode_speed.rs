@@ -6,10 +6,8 @@
 
 use std::time::Instant;
 
-use kestrel_cpu::synth::{random_model, smollm2_config};
-use kestrel_cpu::{
-    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
-};
+use kestrel_cpu::synth::{random_model, smollm2_config, DecodeInputs, PrefillInputs};
+use kestrel_cpu::{CpuModel, CpuModelOptions, KvStore, LogitsMode, Scratch};
 use kestrel_model::DType;
 
 /// CPU nanoseconds used by all threads of this process so far (Linux).
@@ -56,25 +54,12 @@ fn main() {
         .into_iter()
         .filter(|b| only.is_none_or(|o| o == *b))
     {
-        let mut indices = vec![];
-        let mut indptr = vec![0u32];
-        for s in 0..batch {
-            indices.extend((0..pps).map(|p| (p * batch + s) as u32));
-            indptr.push(indices.len() as u32);
-        }
-        let last = vec![PAGE as u32; batch];
-        let tokens: Vec<u32> = (0..batch as u32).map(|i| 100 + i * 37).collect();
-        let positions = vec![(CTX - 1) as u32; batch];
+        let inputs = DecodeInputs::interleaved(batch, CTX, PAGE);
         let mut out = vec![0f32; batch * vocab];
         let mut step = |kv: &mut KvStore, scratch: &mut Scratch| {
-            let db = DecodeBatch {
-                tokens: &tokens,
-                positions: &positions,
-                kv_indptr: &indptr,
-                kv_indices: &indices,
-                kv_last_page_len: &last,
-            };
-            model.forward_decode(db, kv, &mut out, scratch).unwrap();
+            model
+                .forward_decode(inputs.batch(), kv, &mut out, scratch)
+                .unwrap();
         };
         step(&mut kv, &mut scratch);
         let (t0, c0) = (Instant::now(), cpu_ns());
@@ -99,25 +84,16 @@ fn main() {
         return;
     }
     let n = 128;
-    let toks: Vec<u32> = (0..n as u32).map(|i| (i * 91) % vocab as u32).collect();
-    let idx: Vec<u32> = (0..(n / PAGE) as u32).collect();
+    let inputs = PrefillInputs::fresh(n, PAGE, vocab);
     let mut out = vec![0f32; vocab];
     let mut best = f64::INFINITY;
     let (t0, c0) = (Instant::now(), cpu_ns());
     let reps = steps.div_ceil(4).max(2);
     for _ in 0..reps {
         let t = Instant::now();
-        let pb = PrefillBatch {
-            tokens: &toks,
-            qo_indptr: &[0, n as u32],
-            start_pos: &[0],
-            kv_indptr: &[0, (n / PAGE) as u32],
-            kv_indices: &idx,
-            kv_last_page_len: &[PAGE as u32],
-        };
         model
             .forward_prefill(
-                pb,
+                inputs.batch(),
                 &mut kv,
                 &mut out,
                 LogitsMode::LastPerSequence,

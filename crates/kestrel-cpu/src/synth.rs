@@ -169,3 +169,81 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
         output_norm: norm(&mut rng, h),
     }
 }
+
+/// Decode-step inputs for benchmarks: `batch` sequences each at position
+/// `ctx - 1`, their pages interleaved (sequence `s` owns pages
+/// `s, s + batch, s + 2 batch, ...`) so no sequence is contiguous.
+#[derive(Debug, Clone)]
+pub struct DecodeInputs {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub kv_indptr: Vec<u32>,
+    pub kv_indices: Vec<u32>,
+    pub kv_last_page_len: Vec<u32>,
+}
+
+impl DecodeInputs {
+    /// `ctx` must be a multiple of `page_size`; the KV store needs
+    /// `batch * ctx / page_size` pages.
+    pub fn interleaved(batch: usize, ctx: usize, page_size: usize) -> Self {
+        let pages = ctx / page_size;
+        let mut kv_indices = Vec::with_capacity(batch * pages);
+        let mut kv_indptr = vec![0u32];
+        for s in 0..batch {
+            kv_indices.extend((0..pages).map(|p| (p * batch + s) as u32));
+            kv_indptr.push(kv_indices.len() as u32);
+        }
+        DecodeInputs {
+            tokens: (0..batch as u32).map(|i| 100 + i * 37).collect(),
+            positions: vec![(ctx - 1) as u32; batch],
+            kv_indptr,
+            kv_indices,
+            kv_last_page_len: vec![page_size as u32; batch],
+        }
+    }
+
+    pub fn batch(&self) -> crate::DecodeBatch<'_> {
+        crate::DecodeBatch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            kv_indptr: &self.kv_indptr,
+            kv_indices: &self.kv_indices,
+            kv_last_page_len: &self.kv_last_page_len,
+        }
+    }
+}
+
+/// A fresh `n`-token prompt (one sequence from position 0, pages `0..`) for
+/// prefill benchmarks. `n` must be a multiple of `page_size`.
+#[derive(Debug, Clone)]
+pub struct PrefillInputs {
+    pub tokens: Vec<u32>,
+    qo_indptr: [u32; 2],
+    kv_indptr: [u32; 2],
+    kv_indices: Vec<u32>,
+    last: [u32; 1],
+}
+
+impl PrefillInputs {
+    pub fn fresh(n: usize, page_size: usize, vocab: usize) -> Self {
+        let pages = n / page_size;
+        PrefillInputs {
+            tokens: (0..n as u32).map(|i| (i * 91) % vocab as u32).collect(),
+            qo_indptr: [0, n as u32],
+            kv_indptr: [0, pages as u32],
+            kv_indices: (0..pages as u32).collect(),
+            last: [page_size as u32],
+        }
+    }
+
+    pub fn batch(&self) -> crate::PrefillBatch<'_> {
+        crate::PrefillBatch {
+            tokens: &self.tokens,
+            qo_indptr: &self.qo_indptr,
+            start_pos: &[0],
+            kv_indptr: &self.kv_indptr,
+            kv_indices: &self.kv_indices,
+            kv_last_page_len: &self.last,
+        }
+    }
+}
