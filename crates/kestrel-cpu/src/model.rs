@@ -651,6 +651,7 @@ impl CpuModel {
                 let out_slice =
                     unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
                 attend_group(
+                    self.isa,
                     &q[o..o + group * hd],
                     kl,
                     vl,

@@ -13,6 +13,7 @@
 //! alone would wait on its own accumulator chain.
 
 use super::ops::{axpy, dot8, exp};
+use super::Isa;
 
 /// Where one sequence's KV lives in one layer of a [`crate::KvStore`].
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +65,7 @@ pub fn scores_len(group: usize, len: usize) -> usize {
 /// `scores` needs [`scores_len`]`(group, len)` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group(
+    isa: Isa,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -80,7 +82,8 @@ pub fn attend_group(
     let (scores, inv) = scores[..scores_len(group, len)].split_at_mut(group * len);
 
     // Scores, head-major (`scores[h * len + j]`).
-    let simd = hd % 8 == 0 && simd_supported();
+    // Both SIMD ISAs include AVX2 + FMA, which is all these kernels use.
+    let simd = hd % 8 == 0 && isa != Isa::Scalar && isa.is_supported();
     let mut h0 = 0;
     while h0 < group {
         let gn = (group - h0).min(4);
@@ -160,7 +163,7 @@ pub fn attend_group(
 /// `out[h] = inv[h] * sum_j p[h][j] * v_j` for `G` heads (`p` head-major,
 /// `len` per head), 16 output floats at a time held in registers across all
 /// keys: the same FMAs in the same key order as the [`axpy`] formulation.
-/// Caller: `head_dim % 16 == 0` and [`simd_supported`].
+/// Caller: `head_dim % 16 == 0` and a SIMD `isa`.
 #[allow(clippy::too_many_arguments)]
 fn pv<const G: usize>(
     p: &[f32],
@@ -185,7 +188,7 @@ fn pv<const G: usize>(
         pv_avx2::<G>(p, inv, v.as_ptr(), seq, g, len, out)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("simd_supported() is false off x86-64");
+    unreachable!("no SIMD isa is supported off x86-64");
 }
 
 /// # Safety
@@ -311,22 +314,10 @@ fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     _mm256_andnot_ps(under, e)
 }
 
-/// Whether [`dots2`]'s SIMD kernel can run here.
-fn simd_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `G` query heads against two key rows `j` and `j + 1`:
 /// `sc[h * len + j] = dot8(q_h, k0) * scale` (and `k1` at `j + 1`), with
 /// [`dot8`]'s exact lane order and reduction tree; the `2G` accumulator
-/// chains run interleaved. Caller: `hd % 8 == 0` and [`simd_supported`].
+/// chains run interleaved. Caller: `hd % 8 == 0` and a SIMD `isa`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn dots2<const G: usize>(
@@ -353,7 +344,7 @@ fn dots2<const G: usize>(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (qs, k0, k1, sc, len, j, scale);
-        unreachable!("simd_supported() is false off x86-64");
+        unreachable!("no SIMD isa is supported off x86-64");
     }
 }
 
@@ -473,18 +464,20 @@ mod tests {
                 let want = reference(&q, &k, &v, seq, g, len, 0.125);
                 let mut scores = vec![0f32; scores_len(group, len)];
                 let mut out = vec![f32::NAN; group * hd];
-                attend_group(&q, &k, &v, seq, g, len, 0.125, &mut scores, &mut out);
-                assert_eq!(
-                    out, want,
-                    "group {group} hd {hd} page {page_size} len {len} g {g}"
-                );
+                for isa in [Isa::Scalar, Isa::detect()] {
+                    out.fill(f32::NAN);
+                    attend_group(isa, &q, &k, &v, seq, g, len, 0.125, &mut scores, &mut out);
+                    let at =
+                        format!("{isa:?} group {group} hd {hd} page {page_size} len {len} g {g}");
+                    assert_eq!(out, want, "{at}");
+                }
             }
         }
     }
 
     #[test]
     fn simd_softmax_weights_equal_scalar_exp() {
-        if !simd_supported() {
+        if Isa::detect() == Isa::Scalar {
             return;
         }
         let mut xs: Vec<f32> = (0..4000).map(|i| (i as f32 - 3000.0) * 0.037).collect();
