@@ -16,7 +16,9 @@ pub mod scratch;
 pub mod synth;
 
 pub use kv::{KvStore, KvStoreConfig};
-pub use model::{CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch};
+pub use model::{
+    CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch, SUPPORTED_DTYPES,
+};
 pub use sampler::{sample, PenaltyState, SampledToken, SamplingParams, TopLogprobs};
 pub use scratch::Scratch;
 

@@ -7,14 +7,8 @@ use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::Isa;
 use kestrel_model::DType;
 
-const ALL: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
+/// Every dtype the kernels accept.
+const ALL: [DType; 6] = kestrel_cpu::SUPPORTED_DTYPES;
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512]
