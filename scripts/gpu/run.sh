@@ -8,7 +8,7 @@
 #
 # Steps: env (driver, toolkit, libraries), unit (kestrel-cuda host logic),
 # nvrtc (every kernel through the machine's NVRTC), runtime (CPU-vs-CUDA
-# greedy parity and CUDA-event timings, KESTREL_CUDA_TESTS=1), engine
+# greedy parity and CUDA-event timings, the ignored GPU tests included), engine
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
 # CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
 # bench-full (the full CUDA bench), sanitizer (compute-sanitizer memcheck on
@@ -50,7 +50,6 @@ fi || {
 # path); NVRTC and cuBLAS come from the toolkit, whose lib directory is added
 # to the loader path (libnvrtc opens its builtins by name) and named to the
 # runtime (KESTREL_CUDA_LIB_DIR preloads by absolute path).
-export KESTREL_CUDA_TESTS=1
 export KESTREL_REQUIRE_NVRTC=1
 export KESTREL_CACHE_DIR=${KESTREL_CACHE_DIR:-/tmp/kestrel-gpu-cache}
 export RUST_BACKTRACE=${RUST_BACKTRACE:-1}
@@ -162,7 +161,7 @@ for s in "${steps[@]}"; do
         nvrtc) step nvrtc "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-nvrtc" --nocapture ;;
         runtime)
             step runtime "$root/crates/kestrel-cuda" \
-                "$bin/kestrel-cuda-runtime" --nocapture --test-threads=1
+                "$bin/kestrel-cuda-runtime" --include-ignored --nocapture --test-threads=1
             ;;
         engine)
             step engine "$root/crates/kestrel-engine" \
@@ -173,7 +172,7 @@ for s in "${steps[@]}"; do
         bench-full) step bench-full "$root" step_bench bench-full ;;
         sanitizer)
             step sanitizer "$root/crates/kestrel-cuda" compute-sanitizer --tool memcheck \
-                "$bin/kestrel-cuda-runtime" gpu_greedy_parity_tiny --nocapture
+                "$bin/kestrel-cuda-runtime" gpu_greedy_parity_tiny --include-ignored --nocapture
             ;;
         *)
             echo "run.sh: unknown step $s" >&2
