@@ -1,19 +1,19 @@
 //! Mask computation for a whole batch, fanned out across constrained rows.
 //!
 //! [`ParallelMasks`] is the pipeline's [`MaskFiller`] on rayon's pool: the
-//! engine installs it so a step's constrained rows compute their masks
-//! concurrently, under the forward. [`fill_batch_masks`] does the same for
-//! callers driving skills without the pipeline, into the layout
+//! engine installs it (on hosts with spare cores) so a slow step's
+//! constrained rows compute their masks concurrently, under the forward.
+//! [`fill_batch_masks`] runs the same filler for callers driving skills
+//! without the pipeline, into the layout
 //! `kestrel_pipeline::MaskBatch` wants: `rows * words_for(vocab)` contiguous
 //! words plus one `constrained` flag per row. Unconstrained rows (text
 //! skills, zombies) get an all-ones row there, so a runtime that ignores the
-//! flags still samples them correctly. No heap allocation is made here
-//! (llguidance itself allocates its result bitset per call).
+//! flags still samples them correctly. No heap allocation is made here for
+//! unconstrained rows; constrained ones take one row list per call
+//! (llguidance itself allocates its result bitset per mask).
 
 use kestrel_pipeline::{MaskFiller, MaskRow, SequenceSkill, TokenMask};
 use std::time::{Duration, Instant};
-
-use rayon::prelude::*;
 
 /// Fills a step's masks on the calling thread, spilling the remaining rows
 /// onto rayon's global pool once the step has taken longer than `spill_after`.
@@ -49,9 +49,13 @@ impl ParallelMasks {
 impl MaskFiller for ParallelMasks {
     fn fill(&mut self, rows: &mut [MaskRow<'_>], vocab_size: usize) {
         let start = Instant::now();
-        let can_spill = rayon::current_num_threads() > 1;
         for i in 0..rows.len() {
-            if can_spill && rows.len() - i >= 2 && start.elapsed() >= self.spill_after {
+            // The pool is consulted (and started, on first use) only once a
+            // step is slow enough to spill.
+            if rows.len() - i >= 2
+                && start.elapsed() >= self.spill_after
+                && rayon::current_num_threads() > 1
+            {
                 fill_split(&mut rows[i..], vocab_size);
                 return;
             }
@@ -78,14 +82,12 @@ fn fill_split(rows: &mut [MaskRow<'_>], vocab_size: usize) {
 ///
 /// # Panics
 /// If `words` or `constrained` is too short for `skills.len()` rows.
-pub fn fill_batch_masks<S>(
+pub fn fill_batch_masks<S: SequenceSkill>(
     skills: &mut [&mut S],
     vocab_size: usize,
     words: &mut [u32],
     constrained: &mut [bool],
-) where
-    S: SequenceSkill + ?Sized,
-{
+) {
     let per_row = TokenMask::words_for(vocab_size);
     let rows = skills.len();
     assert!(
@@ -96,32 +98,24 @@ pub fn fill_batch_masks<S>(
         constrained.len() >= rows,
         "constrained flags too short for {rows} rows"
     );
-    let words = &mut words[..rows * per_row];
-    let constrained = &mut constrained[..rows];
-    let mut n_constrained = 0;
-    for (flag, skill) in constrained.iter_mut().zip(skills.iter()) {
+    // Constrained rows go to the pipeline's filler (zeroed first, as the
+    // scheduler does); the others allow everything. No rows, no allocation.
+    let mut jobs = Vec::new();
+    for ((skill, row), flag) in skills
+        .iter_mut()
+        .zip(words.chunks_mut(per_row))
+        .zip(constrained.iter_mut())
+    {
         *flag = skill.is_constrained();
-        n_constrained += usize::from(*flag);
-    }
-    let fill = |((skill, row), &flag): ((&mut &mut S, &mut [u32]), &bool)| {
-        let mut mask = TokenMask::new(row, vocab_size);
-        if flag {
-            skill.fill_mask(&mut mask);
+        if *flag {
+            row.fill(0);
+            jobs.push(MaskRow {
+                skill: &mut **skill,
+                words: row,
+            });
         } else {
-            mask.allow_all();
+            TokenMask::new(row, vocab_size).allow_all();
         }
-    };
-    if n_constrained >= 2 {
-        skills
-            .par_iter_mut()
-            .zip(words.par_chunks_mut(per_row))
-            .zip(constrained.par_iter())
-            .for_each(fill);
-    } else {
-        skills
-            .iter_mut()
-            .zip(words.chunks_mut(per_row))
-            .zip(constrained.iter())
-            .for_each(fill);
     }
+    ParallelMasks::default().fill(&mut jobs, vocab_size);
 }
