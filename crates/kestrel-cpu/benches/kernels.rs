@@ -1,6 +1,6 @@
 //! Matmul kernel benches at SmolLM2-135M shapes: Q4_1 GEMV/GEMM
-//! (FFN up 1536x576 and down 576x1536) and the Q8_0 LM head 49152x576, at
-//! batch 1, 8 and 32, on the crate's worker-pool configuration.
+//! (FFN up 1536x576 and down 576x1536, and up as Q4_0) and the Q8_0 LM head 49152x576, at
+//! batch 1, 8 and 32, on a compute [`kestrel_cpu::Team`] of `KESTREL_THREADS` (2).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::kernels::{matmul, MatRef};
@@ -13,13 +13,11 @@ fn bench(c: &mut Criterion) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
+    let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(1);
     let shapes = [
         ("q4_1_up_1536x576", DType::Q4_1, 1536, 576),
+        ("q4_0_up_1536x576", DType::Q4_0, 1536, 576),
         ("q4_1_down_576x1536", DType::Q4_1, 576, 1536),
         ("q8_0_lm_head_49152x576", DType::Q8_0, 49152, 576),
     ];

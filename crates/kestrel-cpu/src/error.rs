@@ -43,7 +43,7 @@ pub enum CpuError {
     #[error("KV store geometry mismatch: {reason}")]
     KvGeometry { reason: String },
 
-    /// Building the worker thread pool failed.
-    #[error("building the thread pool failed")]
-    ThreadPool(#[source] rayon::ThreadPoolBuildError),
+    /// Starting the compute team's helper threads failed.
+    #[error("starting the compute threads failed")]
+    ThreadSpawn(#[source] std::io::Error),
 }

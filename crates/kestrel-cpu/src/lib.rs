@@ -14,6 +14,7 @@ pub mod runtime;
 pub mod sampler;
 pub mod scratch;
 pub mod synth;
+pub mod team;
 
 pub use kv::{KvStore, KvStoreConfig};
 pub use model::{
@@ -24,3 +25,4 @@ pub use scratch::Scratch;
 
 pub use error::CpuError;
 pub use kernels::Isa;
+pub use team::Team;

@@ -1,6 +1,6 @@
 //! The Llama-family forward pass over a paged KV cache.
 //!
-//! [`CpuModel`] holds immutable, validated weights and a worker pool; every
+//! [`CpuModel`] holds immutable, validated weights and a compute [`Team`]; every
 //! per-request state (KV pages, activations) is passed in. Decode and prefill
 //! share one row-wise pass: embed, then per layer RMSNorm -> QKV (one parallel
 //! region) -> RoPE -> KV write -> paged attention -> O -> RMSNorm -> gate/up
@@ -11,18 +11,19 @@
 #![allow(clippy::manual_is_multiple_of)] // MSRV 1.85
 
 use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights};
-use rayon::prelude::*;
 
 use crate::kernels::attention::{attend_group, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatRef, MatmulJob};
 use crate::kernels::ops;
 use crate::kernels::Isa;
+use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
 /// Options of [`CpuModel::new`].
 #[derive(Debug, Clone, Default)]
 pub struct CpuModelOptions {
-    /// Worker threads of the model's pool (0 = available parallelism).
+    /// Threads of the model's compute team, the calling thread included
+    /// (0 = available parallelism).
     pub threads: usize,
     /// Kernel ISA; `None` = best detected ([`Isa::detect`]). All give identical bits.
     pub isa: Option<Isa>,
@@ -64,12 +65,12 @@ pub enum LogitsMode {
     All,
 }
 
-/// Validated weights plus the worker pool. Immutable during inference.
+/// Validated weights plus the compute team. Immutable during inference.
 #[derive(Debug)]
 pub struct CpuModel {
     cfg: ModelConfig,
     w: ModelWeights,
-    pool: rayon::ThreadPool,
+    team: Team,
     threads: usize,
     isa: Isa,
 }
@@ -90,8 +91,8 @@ impl Seqs<'_> {
 /// A shared output pointer for tasks writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: used only in `attention`, where each task writes a distinct
-// (row, kv-group) range of the buffer, which outlives the parallel region.
+// SAFETY: used only by parallel regions (`attention`, `silu_mul`) whose
+// tasks each write a distinct range of the buffer, which outlives the region.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
@@ -142,7 +143,7 @@ fn mat(m: &Matrix) -> MatRef<'_> {
 }
 
 impl CpuModel {
-    /// Validate `weights` against their config and start the worker pool.
+    /// Validate `weights` against their config and start the compute team.
     /// Weights are used in place (no repacking): the kernels read ggml blocks
     /// directly, so resident memory is the weights' own bytes.
     pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
@@ -190,11 +191,7 @@ impl CpuModel {
         } else {
             opts.threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kestrel-cpu-{i}"))
-            .build()
-            .map_err(CpuError::ThreadPool)?;
+        let team = Team::new(threads, "kestrel-cpu").map_err(CpuError::ThreadSpawn)?;
         let isa = opts
             .isa
             .filter(|i| i.is_supported())
@@ -208,7 +205,7 @@ impl CpuModel {
         Ok(CpuModel {
             cfg: c,
             w: weights,
-            pool,
+            team,
             threads,
             isa,
         })
@@ -301,8 +298,7 @@ impl CpuModel {
             scratch.row_pos[i] = p;
             scratch.logit_rows[i] = i as u32;
         }
-        self.pool
-            .install(|| self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch))
+        self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch)
     }
 
     /// Prefill chunks (see [`PrefillBatch`]); writes logits per `mode`.
@@ -360,10 +356,7 @@ impl CpuModel {
                 nlogits += 1;
             }
         }
-        // Run the whole pass on a pool worker: nested parallel regions then
-        // fork/join inside the pool instead of injecting from outside.
-        self.pool
-            .install(|| self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch))
+        self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch)
     }
 
     fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {
@@ -476,7 +469,7 @@ impl CpuModel {
                 max_context: scratch.max_context,
             });
         }
-        let pool = Some(&self.pool);
+        let team = Some(&self.team);
         let isa = self.isa;
         let embd = mat(&self.w.token_embd);
         for (i, &t) in tokens.iter().enumerate() {
@@ -496,7 +489,7 @@ impl CpuModel {
             }
             let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]);
             matmul_group(
-                pool,
+                team,
                 isa,
                 xn,
                 n,
@@ -539,7 +532,7 @@ impl CpuModel {
             self.attention(l, n, seqs, kv, s);
             let s = &mut *scratch;
             matmul(
-                pool,
+                team,
                 isa,
                 mat(&lw.wo),
                 &s.attn[..n * qd],
@@ -553,7 +546,7 @@ impl CpuModel {
             }
             let (gate, up) = (&mut s.gate[..n * f], &mut s.up[..n * f]);
             matmul_group(
-                pool,
+                team,
                 isa,
                 xn,
                 n,
@@ -570,7 +563,7 @@ impl CpuModel {
             );
             self.silu_mul(gate, up, f);
             matmul(
-                pool,
+                team,
                 isa,
                 mat(&lw.w_down),
                 &s.gate[..n * f],
@@ -586,7 +579,7 @@ impl CpuModel {
             ops::rms_norm(x, &self.w.output_norm, c.rms_norm_eps, xn);
         }
         matmul(
-            pool,
+            team,
             isa,
             mat(&self.w.lm_head),
             &s.xn[..nlogits * h],
@@ -599,16 +592,23 @@ impl CpuModel {
     /// `gate = silu(gate) * up`, rows in parallel when there are several.
     fn silu_mul(&self, gate: &mut [f32], up: &[f32], f: usize) {
         let rows = gate.len() / f;
-        let body = |(g, u): (&mut [f32], &[f32])| {
+        let body = |g: &mut [f32], u: &[f32]| {
             for (gv, uv) in g.iter_mut().zip(u) {
                 *gv = *gv / (1.0 + ops::exp(-*gv)) * uv;
             }
         };
         if rows >= 4 && self.threads > 1 {
-            self.pool
-                .install(|| gate.par_chunks_mut(f).zip(up.par_chunks(f)).for_each(body));
+            let out = OutPtr(gate.as_mut_ptr());
+            self.team.for_each(rows, |r| {
+                // SAFETY: task `r` alone touches floats r*f..(r+1)*f of
+                // `gate`, which is borrowed mutably for the whole region.
+                let g = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * f), f) };
+                body(g, &up[r * f..(r + 1) * f]);
+            });
         } else {
-            gate.chunks_mut(f).zip(up.chunks(f)).for_each(body);
+            gate.chunks_mut(f)
+                .zip(up.chunks(f))
+                .for_each(|(g, u)| body(g, u));
         }
     }
 
@@ -624,9 +624,9 @@ impl CpuModel {
         let scale = 1.0 / (hd as f32).sqrt();
         let (kl, vl) = kv.layer(l);
         let ntasks = n * nkv;
-        // Below ~16k key visits a fork/join costs more than it saves.
+        // Below ~1k key visits (a few microseconds) splitting gains nothing.
         let visits: usize = row_pos_sum(&s.row_pos[..n]) * group * nkv;
-        let workers = if visits < 16 * 1024 {
+        let workers = if visits < 1024 {
             1
         } else {
             self.threads.min(ntasks).max(1)
@@ -634,7 +634,13 @@ impl CpuModel {
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
         let mc = self.scores_per_worker(s.max_context);
-        let work = |(w, scores): (usize, &mut [f32])| {
+        let scores_ptr = OutPtr(s.scores.as_mut_ptr());
+        assert!(s.scores.len() >= workers * mc, "checked by check_rows");
+        let work = |w: usize| {
+            // SAFETY: worker `w` alone uses floats w*mc..(w+1)*mc of
+            // `s.scores` (at least workers*mc long), borrowed mutably here.
+            let scores =
+                unsafe { std::slice::from_raw_parts_mut(scores_ptr.ptr().add(w * mc), mc) };
             let mut t = w;
             while t < ntasks {
                 let (i, g) = (t / nkv, t % nkv);
@@ -665,13 +671,7 @@ impl CpuModel {
                 t += workers;
             }
         };
-        let scores = &mut s.scores[..workers * mc];
-        if workers > 1 {
-            self.pool
-                .install(|| scores.par_chunks_mut(mc).enumerate().for_each(work));
-        } else {
-            work((0, scores));
-        }
+        self.team.for_each(workers, work);
     }
 }
 

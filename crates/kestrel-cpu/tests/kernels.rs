@@ -17,11 +17,8 @@ fn isas() -> Vec<Isa> {
         .collect()
 }
 
-fn pool(n: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build()
-        .unwrap()
+fn pool(n: usize) -> kestrel_cpu::Team {
+    kestrel_cpu::Team::new(n, "test").unwrap()
 }
 
 #[test]

@@ -9,10 +9,10 @@
 //! weight row per tile of activation rows.
 
 use kestrel_model::{DType, Matrix};
-use rayon::prelude::*;
 
 use super::scalar::{self, block_bytes, LANES};
 use super::Isa;
+use crate::team::Team;
 use crate::CpuError;
 
 /// Activation rows processed against one L1-resident weight tile.
@@ -101,15 +101,8 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `y = x w^T` for one matrix. See [`matmul_group`].
-pub fn matmul(
-    pool: Option<&rayon::ThreadPool>,
-    isa: Isa,
-    w: MatRef<'_>,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) {
-    matmul_group(pool, isa, x, n, &mut [MatmulJob { w, y }]);
+pub fn matmul(team: Option<&Team>, isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_group(team, isa, x, n, &mut [MatmulJob { w, y }]);
 }
 
 /// `job.y = x job.w^T` for several matrices sharing the input `x`
@@ -118,7 +111,7 @@ pub fn matmul(
 /// # Panics
 /// If a matrix's `cols` differs from `x.len() / n` or a `y` is not `n x rows`.
 pub fn matmul_group(
-    pool: Option<&rayon::ThreadPool>,
+    team: Option<&Team>,
     isa: Isa,
     x: &[f32],
     n: usize,
@@ -136,7 +129,7 @@ pub fn matmul_group(
         assert_eq!(j.y.len(), n * j.w.rows, "y must be n x rows");
         total_rows += j.w.rows;
     }
-    let threads = pool.map_or(1, |p| p.current_num_threads()).max(1);
+    let threads = team.map_or(1, Team::threads);
     // ~8 tasks per thread for balance, rows a multiple of 4, at least 16.
     let chunk = (total_rows.div_ceil(threads * 8).div_ceil(16) * 16).clamp(16, 1024);
     let ntasks: usize = jobs.iter().map(|j| j.w.rows.div_ceil(chunk)).sum();
@@ -163,10 +156,8 @@ pub fn matmul_group(
             t -= nt;
         }
     };
-    match pool {
-        Some(p) if threads > 1 && ntasks > 1 => {
-            p.install(|| (0..ntasks).into_par_iter().for_each(run))
-        }
+    match team {
+        Some(t) if threads > 1 => t.for_each(ntasks, run),
         _ => (0..ntasks).for_each(run),
     }
 }
