@@ -166,6 +166,34 @@ impl Block for Q8_0B {
     }
 }
 
+/// `[0.0, 1.0, .., 15.0]`: every value of a nibble.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+fn nibble_values() -> __m512 {
+    _mm512_setr_ps(
+        0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.,
+    )
+}
+
+/// Elements 0..16 (low nibbles) and 16..32 (high nibbles) of the 16 packed
+/// bytes at `q`, each mapped through the 16-entry `table`. One permute per
+/// 16 weights replaces masking, widening, converting and scaling them.
+///
+/// # Safety
+/// `q` must be valid for reading 16 bytes; the CPU must support AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn nibble_lookup(q: *const u8, table: __m512) -> (__m512, __m512) {
+    // SAFETY: 16 readable bytes at `q` (fn contract).
+    let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(q as *const __m128i) });
+    // vpermps reads only the low 4 bits of each index lane, so the low
+    // nibble needs no mask and the high one only a shift.
+    (
+        _mm512_permutexvar_ps(q, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table),
+    )
+}
+
 impl Block for Q4_0B {
     const BYTES: usize = 18;
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
@@ -174,13 +202,9 @@ impl Block for Q4_0B {
         // SAFETY: 18 readable bytes at `p` (trait contract): scale + 16 nibble bytes.
         unsafe {
             let d = _mm512_broadcastss_ps(scales(p));
-            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let eight = _mm_set1_epi8(8);
-            let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
-            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
-            let c = |v: __m128i| _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
-            (c(lo), c(hi))
+            // The block's 16 possible weights `(q - 8) * d`, looked up by nibble.
+            let table = _mm512_mul_ps(_mm512_sub_ps(nibble_values(), _mm512_set1_ps(8.0)), d);
+            nibble_lookup(p.add(2), table)
         }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -215,13 +239,10 @@ impl Block for Q4_1B {
             let dm = scales(p);
             let d = _mm512_broadcastss_ps(dm);
             let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-            let q = _mm_loadu_si128(p.add(4) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(q, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-            // Fused `q * d + m`, as the scalar definition.
-            let c = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), d, m);
-            (c(lo), c(hi))
+            // The block's 16 possible weights, each the fused `q * d + m` of
+            // the scalar definition, then looked up by nibble.
+            let table = _mm512_fmadd_ps(nibble_values(), d, m);
+            nibble_lookup(p.add(4), table)
         }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
