@@ -191,8 +191,8 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                 row_bytes: w.row_bytes,
                 dtype: w.dtype,
             };
-            let run = |src: Src| {
-                let mut c = cb;
+            let run = |src: Src, from: usize| {
+                let mut c = from;
                 while c < ce {
                     let cn = if ce - c >= ct { ct } else { 1 };
                     // SAFETY: forwarded from this fn's contract; the tile covers
@@ -210,19 +210,63 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                     for i in 0..rn {
                         dequant_row_simd(isa, &w, r + i, &mut b[i * w.cols..(i + 1) * w.cols]);
                     }
-                    run(Src {
+                    let src = Src {
                         ptr: b.as_ptr() as *const u8,
                         row_bytes: w.cols * 4,
                         dtype: DType::F32,
-                    });
+                    };
+                    // SAFETY: `src` holds the rn rows r.. dequantized; the
+                    // rest is this fn's contract.
+                    let swept = unsafe { sweep(isa, &w, src, x, r, rn, cb..ce, y) };
+                    run(src, cb + swept);
                 });
             } else {
-                run(direct);
+                run(direct, cb);
             }
             r += rn;
         }
         cb = ce;
     }
+}
+
+/// With AVX-512 and a full 4-row weight tile in dense f32 (`src`), run
+/// every whole 4x4 tile of activation rows `cols` in one kernel call that
+/// stores straight into `y`; returns how many activation rows it covered
+/// (the caller finishes the rest tile by tile, with identical results).
+///
+/// # Safety
+/// As [`tile`] for rows `r..r + rn` and activation rows `cols`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sweep(
+    isa: Isa,
+    w: &MatRef<'_>,
+    src: Src,
+    x: &[f32],
+    r: usize,
+    rn: usize,
+    cols: std::ops::Range<usize>,
+    y: OutPtr,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && rn == 4 && src.dtype == DType::F32 && w.cols % 32 == 0 {
+        let col_tiles = cols.len() / 4;
+        let args = x86::TileArgs {
+            w: src.ptr,
+            row_bytes: src.row_bytes,
+            // SAFETY: activation row `cols.start` exists (fn contract).
+            x: unsafe { x.as_ptr().add(cols.start * w.cols) },
+            x_stride: w.cols,
+            nblocks: w.cols / 32,
+        };
+        // SAFETY: `src` holds 4 rows of `cols` floats, activation rows
+        // cols.start .. + 4 * col_tiles exist, AVX-512 is supported (checked
+        // by `matmul_group`), and elements (r..r + 4, cols) of `y` belong to
+        // the calling task (fn contract).
+        unsafe { x86::rows4_sweep512(args, col_tiles, y.0.add(cols.start * w.rows + r), w.rows) };
+        return 4 * col_tiles;
+    }
+    let _ = (isa, w, src, x, r, rn, cols, y);
+    0
 }
 
 /// Activation rows from which [`rows_task`] dequantizes into a buffer.

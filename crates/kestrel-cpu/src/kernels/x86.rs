@@ -308,27 +308,8 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
     a: TileArgs,
     out: &mut TileOut<R, NB>,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); NB]; R];
-    // Rows of a tile are adjacent, so the next tile starts R rows on; touch it
-    // a few lines at a time while this one computes (decode is DRAM-bound).
-    let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-    let step = R * B::BYTES;
-    for blk in 0..a.nblocks {
-        prefetch(ahead.wrapping_add(blk * step));
-        prefetch(ahead.wrapping_add(blk * step + 64));
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
-            let (wl, wh) = unsafe { B::dq512(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
-            for (c, acc_rc) in acc_r.iter_mut().enumerate() {
-                // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
-                unsafe {
-                    let xp = a.x.add(c * a.x_stride + blk * 32);
-                    *acc_rc = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xp), *acc_rc);
-                    *acc_rc = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xp.add(16)), *acc_rc);
-                }
-            }
-        }
-    }
+    // SAFETY: forwarded contract.
+    let acc = unsafe { acc512::<B, R, NB>(a) };
     if R == 4 && NB == 4 && !out.want_lanes {
         // The full tile's 16 sums with one transposed reduction (15 adds
         // instead of 16 separate 4-level trees): same tree, same values.
@@ -358,6 +339,78 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
                 // SAFETY: AVX-512 is enabled for this function.
                 out.sums[r][c] = unsafe { reduce512(acc[r][c]) };
             }
+        }
+    }
+}
+
+/// The `R x NB` accumulators of a tile: lane `l` of `acc[r][c]` holds the
+/// canonical lane-`l` sum of weight row `r` with activation row `c`.
+///
+/// # Safety
+/// As [`tile512`].
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn acc512<B: Block, const R: usize, const NB: usize>(a: TileArgs) -> [[__m512; NB]; R] {
+    let mut acc = [[_mm512_setzero_ps(); NB]; R];
+    // Rows of a tile are adjacent, so the next tile starts R rows on; touch it
+    // a few lines at a time while this one computes (decode is DRAM-bound).
+    let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
+    let step = R * B::BYTES;
+    for blk in 0..a.nblocks {
+        prefetch(ahead.wrapping_add(blk * step));
+        prefetch(ahead.wrapping_add(blk * step + 64));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
+            let (wl, wh) = unsafe { B::dq512(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
+            for (c, acc_rc) in acc_r.iter_mut().enumerate() {
+                // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
+                unsafe {
+                    let xp = a.x.add(c * a.x_stride + blk * 32);
+                    *acc_rc = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xp), *acc_rc);
+                    *acc_rc = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xp.add(16)), *acc_rc);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Four dense f32 weight rows of `a.nblocks * 32` floats against `4 * col_tiles` activation rows: each 4x4 tile reduced
+/// with [`reduce512x16`] and stored straight into `y`, element `(r, c)` at
+/// `y[c * y_stride + r]`. Bit-identical to [`tile512`] on each tile; one
+/// call per weight tile instead of one per 4x4 tile, and four vector
+/// stores per tile instead of sixteen scalar ones.
+///
+/// # Safety
+/// `a` as for [`tile512`] with `R = 4`, for `NB = 4 * col_tiles` activation
+/// rows; `y` must be valid for writing every `(r, c)` element above.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) unsafe fn rows4_sweep512(a: TileArgs, col_tiles: usize, y: *mut f32, y_stride: usize) {
+    for t in 0..col_tiles {
+        let at = TileArgs {
+            // SAFETY: activation rows 4t..4t + 4 are in bounds (fn contract).
+            x: unsafe { a.x.add(4 * t * a.x_stride) },
+            ..a
+        };
+        // SAFETY: forwarded contract, for this tile's 4 activation rows.
+        let acc = unsafe { acc512::<F32B, 4, 4>(at) };
+        let mut v = [_mm512_setzero_ps(); 16];
+        for r in 0..4 {
+            for c in 0..4 {
+                v[4 * r + c] = acc[r][c];
+            }
+        }
+        // Lane 4c + r holds element (r, c): each quarter is one output row's
+        // 4 consecutive elements.
+        let sums = reduce512x16(&v);
+        // SAFETY: element (r, c) of this tile is at y[(4t + c) * y_stride + r],
+        // valid for writing (fn contract); each store covers r = 0..4.
+        unsafe {
+            let yp = y.add(4 * t * y_stride);
+            _mm_storeu_ps(yp, _mm512_extractf32x4_ps::<0>(sums));
+            _mm_storeu_ps(yp.add(y_stride), _mm512_extractf32x4_ps::<1>(sums));
+            _mm_storeu_ps(yp.add(2 * y_stride), _mm512_extractf32x4_ps::<2>(sums));
+            _mm_storeu_ps(yp.add(3 * y_stride), _mm512_extractf32x4_ps::<3>(sums));
         }
     }
 }
