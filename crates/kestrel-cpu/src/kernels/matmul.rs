@@ -130,9 +130,8 @@ pub fn matmul_group(
         total_rows += j.w.rows;
     }
     let threads = team.map_or(1, Team::threads);
-    // ~8 tasks per thread for balance, rows a multiple of 4, at least 16.
-    let chunk = (total_rows.div_ceil(threads * 8).div_ceil(16) * 16).clamp(16, 1024);
-    let ntasks: usize = jobs.iter().map(|j| j.w.rows.div_ceil(chunk)).sum();
+    let split = TaskSplit::new(total_rows, threads);
+    let ntasks = split.tasks();
     let ptrs: [Option<(MatRef<'_>, OutPtr)>; 8] = {
         assert!(jobs.len() <= 8, "at most 8 matrices per group");
         let mut a = [None; 8];
@@ -142,23 +141,65 @@ pub fn matmul_group(
         a
     };
     let run = |t: usize| {
-        let mut t = t;
+        // Task `t` covers rows v0..v1 of all the jobs' rows laid end to end.
+        let (v0, v1) = (split.start(t), split.start(t + 1));
+        let mut off = 0;
         for (w, y) in ptrs.iter().flatten() {
-            let nt = w.rows.div_ceil(chunk);
-            if t < nt {
-                let r0 = t * chunk;
-                let r1 = (r0 + chunk).min(w.rows);
+            let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
+            if r0 < r1 && r0 < w.rows {
                 // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
-                // mutably for the whole call; task `t` writes only rows r0..r1.
+                // mutably for the whole call; task `t` alone writes rows r0..r1
+                // (tasks cover disjoint row ranges).
                 unsafe { rows_task(isa, *w, x, n, r0, r1, *y) };
-                return;
             }
-            t -= nt;
+            off += w.rows;
         }
     };
     match team {
         Some(t) if threads > 1 => t.for_each(ntasks, run),
         _ => (0..ntasks).for_each(run),
+    }
+}
+
+/// How a region's weight rows are cut into tasks: a head of large tasks
+/// (about 4 per thread over three quarters of the rows), then a tail of
+/// 16-row ones, so that the last tasks claimed are short and no thread
+/// waits long for another at the region's end. Boundaries are multiples
+/// of 16 rows, so tiles stay whole.
+#[derive(Debug, Clone, Copy)]
+struct TaskSplit {
+    total: usize,
+    big: usize,
+    head_tasks: usize,
+}
+
+impl TaskSplit {
+    const SMALL: usize = 16;
+
+    fn new(total: usize, threads: usize) -> Self {
+        let big = (total.div_ceil(threads * 4).div_ceil(16) * 16).clamp(16, 1024);
+        TaskSplit {
+            total,
+            big,
+            head_tasks: total * 3 / 4 / big,
+        }
+    }
+
+    fn head_rows(&self) -> usize {
+        self.head_tasks * self.big
+    }
+
+    fn tasks(&self) -> usize {
+        self.head_tasks + (self.total - self.head_rows()).div_ceil(Self::SMALL)
+    }
+
+    /// First row of task `t` (`total` for `t == tasks()`).
+    fn start(&self, t: usize) -> usize {
+        if t <= self.head_tasks {
+            t * self.big
+        } else {
+            (self.head_rows() + (t - self.head_tasks) * Self::SMALL).min(self.total)
+        }
     }
 }
 
@@ -458,3 +499,29 @@ pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {
 
 #[allow(dead_code)]
 const _: () = assert!(block_bytes(DType::F32) == 128);
+
+#[cfg(test)]
+mod tests {
+    use super::TaskSplit;
+
+    #[test]
+    fn task_split_tiles_all_rows_in_order_with_a_short_tail() {
+        for total in [1, 15, 16, 17, 203, 576, 960, 3072, 49152] {
+            for threads in 1..=4 {
+                let s = TaskSplit::new(total, threads);
+                let n = s.tasks();
+                assert_eq!(s.start(0), 0);
+                assert_eq!(s.start(n), total, "total {total}, threads {threads}");
+                for t in 0..n {
+                    let (a, b) = (s.start(t), s.start(t + 1));
+                    assert!(a < b, "task {t} of {n} is empty ({total}, {threads})");
+                    assert_eq!(a % 16, 0, "task {t} starts off a 16-row boundary");
+                }
+                if total >= 64 * threads {
+                    let last = s.start(n) - s.start(n - 1);
+                    assert!(last <= TaskSplit::SMALL, "last task has {last} rows");
+                }
+            }
+        }
+    }
+}
