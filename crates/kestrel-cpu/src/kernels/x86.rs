@@ -311,20 +311,12 @@ pub(crate) unsafe fn tile512<B: Block, const R: usize, const NB: usize>(
     // SAFETY: forwarded contract.
     let acc = unsafe { acc512::<B, R, NB>(a) };
     if R == 4 && NB == 4 && !out.want_lanes {
-        // The full tile's 16 sums with one transposed reduction (15 adds
-        // instead of 16 separate 4-level trees): same tree, same values.
-        let mut v = [_mm512_setzero_ps(); 16];
-        for r in 0..R {
-            for c in 0..NB {
-                v[4 * r + c] = acc[r][c];
-            }
-        }
         let mut sums = [0f32; 16];
         // SAFETY: AVX-512 is enabled for this function; `sums` holds 16 floats.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), reduce512x16(&v)) };
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), sums4x4(&acc)) };
         for r in 0..R {
             for c in 0..NB {
-                // Lane 4c + r holds vector 4r + c (see `reduce512x16`).
+                // Lane 4c + r holds vector 4r + c (see `sums4x4`).
                 out.sums[r][c] = sums[4 * c + r];
             }
         }
@@ -394,15 +386,8 @@ pub(crate) unsafe fn rows4_sweep512(a: TileArgs, col_tiles: usize, y: *mut f32, 
         };
         // SAFETY: forwarded contract, for this tile's 4 activation rows.
         let acc = unsafe { acc512::<F32B, 4, 4>(at) };
-        let mut v = [_mm512_setzero_ps(); 16];
-        for r in 0..4 {
-            for c in 0..4 {
-                v[4 * r + c] = acc[r][c];
-            }
-        }
-        // Lane 4c + r holds element (r, c): each quarter is one output row's
-        // 4 consecutive elements.
-        let sums = reduce512x16(&v);
+        // Each 128-bit quarter is one activation row's 4 consecutive outputs.
+        let sums = sums4x4(&acc);
         // SAFETY: element (r, c) of this tile is at y[(4t + c) * y_stride + r],
         // valid for writing (fn contract); each store covers r = 0..4.
         unsafe {
@@ -413,6 +398,22 @@ pub(crate) unsafe fn rows4_sweep512(a: TileArgs, col_tiles: usize, y: *mut f32, 
             _mm_storeu_ps(yp.add(3 * y_stride), _mm512_extractf32x4_ps::<3>(sums));
         }
     }
+}
+
+/// The 16 sums of a full 4x4 tile with one transposed reduction (15 adds
+/// instead of 16 separate 4-level trees; same tree, same values): lane
+/// `4c + r` holds element `(r, c)`. `R` and `NB` must both be 4.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+fn sums4x4<const R: usize, const NB: usize>(acc: &[[__m512; NB]; R]) -> __m512 {
+    debug_assert!(R == 4 && NB == 4, "a {R}x{NB} tile");
+    let mut v = [_mm512_setzero_ps(); 16];
+    for r in 0..R {
+        for c in 0..NB {
+            v[4 * r + c] = acc[r][c];
+        }
+    }
+    reduce512x16(&v)
 }
 
 /// The canonical 16-lane tree (`scalar::reduce16`) of 16 vectors at once,
