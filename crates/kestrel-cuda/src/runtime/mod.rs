@@ -598,7 +598,8 @@ impl Executor for CudaRuntime {
         let state = StepState {
             kind: SlotKind::Prefill,
             n: seqs.len(),
-            top_n: 0,
+            // `admit_all` left the admitted ids in `ids_buf`.
+            top_n: self.top_n(&self.ids_buf),
             rows_ptr: m.at::<u32>(layout.kv_rows()),
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             prompts: seqs
@@ -606,12 +607,10 @@ impl Executor for CudaRuntime {
                 .zip(&self.rows_buf)
                 .map(|(i, &(row, _))| (row, i.prompt.to_vec()))
                 .collect(),
-            ids: seqs.iter().map(|i| i.id).collect(),
             step: self.step + 1,
             timed,
         };
-        let top_n = self.top_n(&state.ids);
-        self.slots[slot].state = Some(StepState { top_n, ..state });
+        self.slots[slot].state = Some(state);
         self.launched = Some(slot);
         self.in_flight.push_back(slot);
         self.step += 1;
@@ -698,7 +697,6 @@ impl Executor for CudaRuntime {
             rows_ptr: s.meta_dev.at::<u32>(layout.rows()),
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             prompts: Vec::new(),
-            ids: rows.to_vec(),
             step: self.step + 1,
             timed,
         };

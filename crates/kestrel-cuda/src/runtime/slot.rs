@@ -14,7 +14,6 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, DriverError};
 use half::f16;
 use kestrel_kv::RowId;
-use kestrel_pipeline::RequestId;
 
 use super::mem::{DevBuf, HostBuf};
 use super::timing::StepEvents;
@@ -75,7 +74,6 @@ pub(crate) struct StepState {
     pub positions_ptr: u64,
     /// Prefill: the rows admitted and their prompts (for prefix publication).
     pub prompts: Vec<(RowId, Vec<u32>)>,
-    pub ids: Vec<RequestId>,
     /// The runtime's step counter of this launch.
     pub step: u64,
     /// The slot's timing events were recorded for this step.
