@@ -50,14 +50,6 @@ pub enum CudaError {
         log: String,
     },
 
-    /// The PTX cache directory could not be read or written.
-    #[error("PTX cache at {path}")]
-    Cache {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),

@@ -90,4 +90,18 @@ mod tests {
             }
         }
     }
+
+    /// The launch sizes used here size shared arrays in the kernels: a drift
+    /// would overflow them or fail the launch on a GPU only.
+    #[test]
+    fn launch_constants_match_the_kernels_defines() {
+        let src = |file: &str| SOURCES.iter().find(|k| k.file == file).expect(file).source;
+        assert!(src("sample.cu").contains(&format!("#define SAMPLE_THREADS {SAMPLE_THREADS}\n")));
+        let att = src("attention.cu");
+        assert!(att.contains(&format!(
+            "#define ATT_MAX_WARPS {} ",
+            ATTENTION_THREADS / 32
+        )));
+        assert!(att.contains(&format!("#define ATT_MAX_E {} ", MAX_HEAD_DIM / 32)));
+    }
 }

@@ -5,8 +5,9 @@
 //!
 //! One "thread" does every block reduction here, so this checks the
 //! algorithm (which the GPU has never run) but not the kernel's reduction
-//! order; draws are compared where they do not land within rounding of a
-//! candidate boundary. Keep it in step with the kernel when either changes.
+//! order. Every case's token is compared exactly with the CPU's (a draw
+//! within rounding of a candidate boundary would fail it; none does at these
+//! seeds). Keep it in step with the kernel when either changes.
 
 use kestrel_cpu::kernels::ops::exp as kexp;
 use kestrel_cpu::sampler::{sample, uniform, PenaltyState, SamplingParams};

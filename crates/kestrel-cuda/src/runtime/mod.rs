@@ -636,7 +636,11 @@ impl Executor for CudaRuntime {
         ))?;
         self.rows_buf.clear();
         self.decode_rows.clear();
-        for &id in rows {
+        // One lookup per row: KV row and length, sampling parameters (the
+        // slot's pinned buffer is free: `check_slot_free`), top-n width.
+        let params = self.slots[slot].params_host.as_mut_slice();
+        let mut top_n = 0;
+        for (&id, p) in rows.iter().zip(params.iter_mut()) {
             let Some(seq) = self.book.get(id) else {
                 return Err(ExecError::PreDispatch(CudaError::UnknownRequest(id)));
             };
@@ -645,7 +649,10 @@ impl Executor for CudaRuntime {
                 kv_row: seq.row,
                 pos: seq.len as u32,
             });
+            *p = SampleParams::from(&seq.meta);
+            top_n = top_n.max(seq.meta.top_logprobs as usize);
         }
+        let top_n = top_n.min(MAX_TOP);
         self.book
             .table()
             .write_indices(&self.rows_buf, &mut self.idx)
@@ -663,11 +670,6 @@ impl Executor for CudaRuntime {
             s.meta_host.as_mut_slice(),
         )
         .map_err(|e| ExecError::PreDispatch(CudaError::Config(e.to_string())))?;
-        for (p, id) in s.params_host.as_mut_slice().iter_mut().zip(rows) {
-            if let Some(seq) = self.book.get(*id) {
-                *p = SampleParams::from(&seq.meta);
-            }
-        }
         // Past this point the step is committed to: advance lengths, dispatch.
         for &id in rows {
             if let Some(seq) = self.book.get_mut(id) {
@@ -693,7 +695,7 @@ impl Executor for CudaRuntime {
         let state = StepState {
             kind: SlotKind::Decode,
             n,
-            top_n: self.top_n(rows),
+            top_n,
             rows_ptr: s.meta_dev.at::<u32>(layout.rows()),
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             prompts: Vec::new(),
@@ -840,7 +842,11 @@ impl Executor for CudaRuntime {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
             match self.step_timing(slot, &state) {
-                Ok(t) => self.timings.get_or_insert_default().push(t),
+                Ok(t) => {
+                    if let Some(ts) = self.timings.as_mut() {
+                        ts.push(t);
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "dropping a step's device timing"),
             }
             if let Some(c) = self.clock.as_mut().filter(|c| c.stale(Instant::now())) {
