@@ -84,8 +84,7 @@ impl Runtime for CudaRuntime {
     /// From CUDA events on the compute stream (forward start to sampling end).
     fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
         out.extend(
-            self.take_timings()
-                .into_iter()
+            self.drain_timings()
                 .map(|t| (t.forward_start, t.sample_end)),
         );
     }
@@ -102,8 +101,7 @@ impl Runtime for CpuRuntime {
 
     fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
         out.extend(
-            self.take_timings()
-                .into_iter()
+            self.drain_timings()
                 .map(|t| (t.forward_start, t.sample_end)),
         );
     }

@@ -29,7 +29,7 @@ impl BenchRuntime for CpuRuntime {
     }
 
     fn take_timings(&mut self) -> Vec<StepTiming> {
-        CpuRuntime::take_timings(self)
+        CpuRuntime::drain_timings(self).collect()
     }
 
     fn weight_bytes(&self) -> usize {
@@ -47,7 +47,7 @@ impl BenchRuntime for CudaRuntime {
     }
 
     fn take_timings(&mut self) -> Vec<StepTiming> {
-        CudaRuntime::take_timings(self)
+        CudaRuntime::drain_timings(self).collect()
     }
 
     fn weight_bytes(&self) -> usize {

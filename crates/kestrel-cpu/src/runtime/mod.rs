@@ -212,11 +212,10 @@ impl CpuRuntime {
     }
 
     /// Timings recorded since the last call, in commit order.
-    pub fn take_timings(&mut self) -> Vec<StepTiming> {
-        self.timings
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+    pub fn drain_timings(&mut self) -> impl Iterator<Item = StepTiming> + '_ {
+        // Drained, not taken: the buffer keeps its capacity, so recording
+        // allocates nothing per step.
+        self.timings.iter_mut().flat_map(|t| t.drain(..))
     }
 
     pub fn kv_stats(&self) -> KvStats {

@@ -263,7 +263,7 @@ impl CudaRuntime {
     /// Start (or stop) recording per-step device timings (for the engine's
     /// device-idle metric and benchmarks). Steps launched while recording
     /// get four timing events on the compute stream; their timings are
-    /// available from [`CudaRuntime::take_timings`] once committed.
+    /// available from [`CudaRuntime::drain_timings`] once committed.
     pub fn record_timings(&mut self, on: bool) -> Result<(), CudaError> {
         if !on {
             self.timings = None;
@@ -282,11 +282,10 @@ impl CudaRuntime {
 
     /// Timings of the steps committed since the last call, in commit order
     /// (empty when not recording).
-    pub fn take_timings(&mut self) -> Vec<StepTiming> {
-        self.timings
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
+    pub fn drain_timings(&mut self) -> impl Iterator<Item = StepTiming> + '_ {
+        // Drained, not taken: the buffer keeps its capacity, so recording
+        // allocates nothing per step.
+        self.timings.iter_mut().flat_map(|t| t.drain(..))
     }
 
     /// Convert a waited step's events into host instants (all four have
