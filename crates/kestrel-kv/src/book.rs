@@ -42,6 +42,8 @@ pub struct SeqBook<K, M> {
     table: PageTable,
     seqs: HashMap<K, SeqEntry<M>>,
     stats: KvStats,
+    /// `admit_all`'s ids so far, to undo them (scratch, kept for its capacity).
+    admitted: Vec<K>,
 }
 
 impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
@@ -55,6 +57,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
             table,
             seqs: HashMap::new(),
             stats,
+            admitted: Vec::new(),
         }
     }
 
@@ -79,17 +82,16 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         &mut self,
         seqs: impl IntoIterator<Item = Admission<'a, K, M>>,
         rows: &mut Vec<(RowId, usize)>,
-        ids: &mut Vec<K>,
     ) -> Result<(), KvError> {
         rows.clear();
-        ids.clear();
+        self.admitted.clear();
         let (mut prompt_tokens, mut hit_tokens) = (0, 0);
         for s in seqs {
             match self.table.admit(s.prompt, s.max_len) {
                 Ok((row, hit)) => {
                     let len = s.prompt.len();
                     rows.push((row, len));
-                    ids.push(s.id);
+                    self.admitted.push(s.id);
                     prompt_tokens += len as u64;
                     hit_tokens += hit as u64;
                     let entry = SeqEntry {
@@ -101,13 +103,12 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
                     self.seqs.insert(s.id, entry);
                 }
                 Err(e) => {
-                    for (&(row, _), id) in rows.iter().zip(ids.iter()) {
+                    for (&(row, _), id) in rows.iter().zip(&self.admitted) {
                         let erased = self.table.erase(row);
                         debug_assert!(erased.is_ok(), "row {row} was just admitted");
                         self.seqs.remove(id);
                     }
                     rows.clear();
-                    ids.clear();
                     return Err(e);
                 }
             }
@@ -189,7 +190,7 @@ mod tests {
     #[test]
     fn admit_all_is_all_or_nothing() {
         let mut b = book();
-        let (mut rows, mut ids) = (Vec::new(), Vec::new());
+        let mut rows = Vec::new();
         let p: Vec<u32> = (0..5).collect();
         let ok = [
             Admission {
@@ -205,7 +206,7 @@ mod tests {
                 meta: 'b',
             },
         ];
-        b.admit_all(ok, &mut rows, &mut ids).unwrap();
+        b.admit_all(ok, &mut rows).unwrap();
         assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), [5, 3]);
         assert_eq!((b.len(), b.get(2).unwrap().meta), (2, 'b'));
         let before = b.kv_stats();
@@ -225,8 +226,8 @@ mod tests {
                 meta: 'd',
             },
         ];
-        assert!(b.admit_all(too_many, &mut rows, &mut ids).is_err());
-        assert!(rows.is_empty() && ids.is_empty());
+        assert!(b.admit_all(too_many, &mut rows).is_err());
+        assert!(rows.is_empty());
         assert!(b.get(3).is_none() && b.get(4).is_none());
         assert_eq!(b.kv_stats(), before);
         b.table().check_invariants().unwrap();

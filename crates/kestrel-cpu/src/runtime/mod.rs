@@ -104,7 +104,6 @@ pub struct CpuRuntime {
     step: u64,
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
-    ids_buf: Vec<RequestId>,
     weight_bytes: usize,
     compute_threads: usize,
     /// Device-side timings of committed steps, when recording is on.
@@ -184,7 +183,6 @@ impl CpuRuntime {
             step: 0,
             threads,
             rows_buf: Vec::new(),
-            ids_buf: Vec::new(),
             weight_bytes,
             compute_threads,
             timings: None,
@@ -303,10 +301,7 @@ impl Executor for CpuRuntime {
             max_len: input.max_len,
             meta: (),
         });
-        if let Err(e) = self
-            .book
-            .admit_all(admissions, &mut self.rows_buf, &mut self.ids_buf)
-        {
+        if let Err(e) = self.book.admit_all(admissions, &mut self.rows_buf) {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
         }

@@ -92,7 +92,6 @@ pub struct CudaRuntime {
     step: u64,
     buckets: Vec<usize>,
     rows_buf: Vec<(RowId, usize)>,
-    ids_buf: Vec<RequestId>,
     decode_rows: Vec<DecodeRow>,
     idx: PagedIndices,
     out_top: Vec<(TokenId, f32)>,
@@ -226,7 +225,6 @@ impl CudaRuntime {
             step: 0,
             buckets,
             rows_buf: Vec::new(),
-            ids_buf: Vec::new(),
             decode_rows: Vec::new(),
             idx: PagedIndices::default(),
             out_top: Vec::new(),
@@ -447,15 +445,6 @@ impl CudaRuntime {
         }
         Ok(())
     }
-
-    fn top_n(&self, ids: &[RequestId]) -> usize {
-        ids.iter()
-            .filter_map(|&id| self.book.get(id))
-            .map(|s| s.meta.top_logprobs as usize)
-            .max()
-            .unwrap_or(0)
-            .min(MAX_TOP)
-    }
 }
 
 impl Executor for CudaRuntime {
@@ -506,7 +495,7 @@ impl Executor for CudaRuntime {
             meta: *input.params,
         });
         self.book
-            .admit_all(admissions, &mut self.rows_buf, &mut self.ids_buf)
+            .admit_all(admissions, &mut self.rows_buf)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let starts: Vec<usize> = seqs
             .iter()
@@ -597,8 +586,12 @@ impl Executor for CudaRuntime {
         let state = StepState {
             kind: SlotKind::Prefill,
             n: seqs.len(),
-            // `admit_all` left the admitted ids in `ids_buf`.
-            top_n: self.top_n(&self.ids_buf),
+            top_n: seqs
+                .iter()
+                .map(|i| i.params.top_logprobs as usize)
+                .max()
+                .unwrap_or(0)
+                .min(MAX_TOP),
             rows_ptr: m.at::<u32>(layout.kv_rows()),
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             prompts: seqs
