@@ -87,6 +87,15 @@ fn mask_filling_allocations() {
         .zip(more.chunks_mut(per_row))
         .map(|(s, w)| MaskRow { skill: s, words: w })
         .collect();
+    // Two pool threads whatever the host, so the steps below do spill (the
+    // filler stays on the caller's thread when rayon has only one).
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build_global();
+    assert!(
+        rayon::current_num_threads() > 1,
+        "the spill path is measured"
+    );
     let mut filler = ParallelMasks::always();
     filler.fill(&mut rows, vocab);
     let (_, n) = count(|| {
