@@ -130,8 +130,15 @@ impl Shared {
     }
 
     fn drain(&self) {
+        let mut spins = 0u32;
         while self.active.load(SeqCst) != 0 {
             std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            // A helper preempted mid-task: give its core back rather than
+            // burn the rest of this time slice.
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            }
         }
     }
 }
@@ -283,7 +290,7 @@ fn helper(s: &Shared) {
     IN_REGION.with(|r| r.set(true));
     let mut seen = unpack(s.state.load(SeqCst)).0;
     loop {
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut spins = 0u32;
         loop {
             if s.shutdown.load(SeqCst) {
@@ -305,6 +312,9 @@ fn helper(s: &Shared) {
                     g = s.wake.wait(g).unwrap_or_else(PoisonError::into_inner);
                 }
                 s.sleepers.fetch_sub(1, SeqCst);
+                // Woken: spin a full period again (the waking region may
+                // already be over; the next one is likely close behind).
+                start = Instant::now();
             }
         }
         s.active.fetch_add(1, SeqCst);
