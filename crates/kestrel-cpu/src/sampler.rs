@@ -153,9 +153,11 @@ pub fn sample(
     if greedy && !params.logprobs && top_logprobs == 0 {
         // Argmax only: one pass, no candidate list, no softmax. Same pick as
         // below (largest logit, lowest id on ties; -inf and NaN excluded).
+        // `total_cmp` as the full path's `desc` (+0.0 above -0.0); the
+        // `> -inf` test excludes -inf and NaN, which `total_cmp` would rank.
         let mut best: Option<(f32, u32)> = None;
         for (t, &l) in logits.iter().enumerate() {
-            if l > best.map_or(f32::NEG_INFINITY, |b| b.0) {
+            if l > f32::NEG_INFINITY && best.is_none_or(|b| l.total_cmp(&b.0).is_gt()) {
                 best = Some((l, t as u32));
             }
         }

@@ -218,6 +218,23 @@ fn greedy_fast_path_matches_the_full_path() {
             assert!(fast.logprob.is_nan() && full.logprob <= 0.0);
         }
     }
+    // Signed zeros: the full path orders -0.0 below +0.0 (`total_cmp`).
+    let zeros = [-1.0, -0.0, 0.0, -0.0];
+    let fast = sample(
+        &mut zeros.to_vec(),
+        &SamplingParams::greedy(),
+        None,
+        &mut st,
+        0,
+        0,
+    );
+    let full_params = SamplingParams {
+        logprobs: true,
+        ..SamplingParams::greedy()
+    };
+    let full = sample(&mut zeros.to_vec(), &full_params, None, &mut st, 0, 0);
+    assert_eq!(full.map(|s| s.token), Some(2));
+    assert_eq!(fast.map(|s| s.token), Some(2));
     let mut none = vec![f32::NEG_INFINITY; 8];
     assert!(sample(&mut none, &SamplingParams::greedy(), None, &mut st, 0, 0).is_none());
 }
