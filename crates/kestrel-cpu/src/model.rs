@@ -71,7 +71,6 @@ pub struct CpuModel {
     cfg: ModelConfig,
     w: ModelWeights,
     team: Team,
-    threads: usize,
     isa: Isa,
 }
 
@@ -206,7 +205,6 @@ impl CpuModel {
             cfg: c,
             w: weights,
             team,
-            threads,
             isa,
         })
     }
@@ -230,15 +228,15 @@ impl CpuModel {
         &self.cfg
     }
 
-    /// Worker threads.
     /// Attention score scratch one worker needs for `max_context` keys.
     pub(crate) fn scores_per_worker(&self, max_context: usize) -> usize {
         let c = &self.cfg;
         crate::kernels::attention::scores_len(c.num_heads / c.num_kv_heads, max_context)
     }
 
+    /// Compute threads (the calling thread included).
     pub fn threads(&self) -> usize {
-        self.threads
+        self.team.threads()
     }
 
     /// The kernel ISA in use.
@@ -366,7 +364,7 @@ impl CpuModel {
                 capacity: scratch.max_rows,
             });
         }
-        if scratch.scores.len() < self.threads * self.scores_per_worker(scratch.max_context) {
+        if scratch.scores.len() < self.threads() * self.scores_per_worker(scratch.max_context) {
             return Err(bad(
                 "scratch was built for a model with fewer threads".into()
             ));
@@ -597,7 +595,7 @@ impl CpuModel {
                 *gv = *gv / (1.0 + ops::exp(-*gv)) * uv;
             }
         };
-        if rows >= 4 && self.threads > 1 {
+        if rows >= 4 {
             let out = OutPtr(gate.as_mut_ptr());
             self.team.for_each(rows, |r| {
                 // SAFETY: task `r` alone touches floats r*f..(r+1)*f of
@@ -629,7 +627,7 @@ impl CpuModel {
         let workers = if visits < 1024 {
             1
         } else {
-            self.threads.min(ntasks).max(1)
+            self.threads().min(ntasks).max(1)
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);

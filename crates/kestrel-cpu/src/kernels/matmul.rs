@@ -146,7 +146,7 @@ pub fn matmul_group(
         let mut off = 0;
         for (w, y) in ptrs.iter().flatten() {
             let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
-            if r0 < r1 && r0 < w.rows {
+            if r0 < r1 {
                 // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
                 // mutably for the whole call; task `t` alone writes rows r0..r1
                 // (tasks cover disjoint row ranges).
@@ -156,7 +156,7 @@ pub fn matmul_group(
         }
     };
     match team {
-        Some(t) if threads > 1 => t.for_each(ntasks, run),
+        Some(t) => t.for_each(ntasks, run),
         _ => (0..ntasks).for_each(run),
     }
 }
@@ -289,7 +289,11 @@ unsafe fn sweep(
     y: OutPtr,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rn == 4 && src.dtype == DType::F32 && w.cols % 32 == 0 {
+    if isa == Isa::Avx512 && rn == 4 {
+        debug_assert!(
+            src.dtype == DType::F32 && w.cols % 32 == 0,
+            "the buffered path's rows"
+        );
         let col_tiles = cols.len() / 4;
         let args = x86::TileArgs {
             w: src.ptr,
@@ -299,7 +303,7 @@ unsafe fn sweep(
             x_stride: w.cols,
             nblocks: w.cols / 32,
         };
-        // SAFETY: `src` holds 4 rows of `cols` floats, activation rows
+        // SAFETY: `src` holds 4 rows of `w.cols` floats, activation rows
         // cols.start .. + 4 * col_tiles exist, AVX-512 is supported (checked
         // by `matmul_group`), and elements (r..r + 4, cols) of `y` belong to
         // the calling task (fn contract).

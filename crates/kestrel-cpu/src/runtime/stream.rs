@@ -293,7 +293,7 @@ impl ComputeStream {
             let dr = &mut self.rows[row as usize];
             // Each row computes only the alternatives it asked for (a greedy
             // row that asked none skips the softmax); rows are padded below.
-            let want_top = (dr.params.top_logprobs as usize).min(top_n);
+            let want_top = dr.params.top_logprobs as usize;
             let (token, logprob) = match sample(
                 logits,
                 &dr.params,
