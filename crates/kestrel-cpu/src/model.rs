@@ -8,8 +8,6 @@
 //! Every step is per-row or a canonical-order matmul, so a row's logits do not
 //! depend on its batch (see `kernels::matmul`).
 
-#![allow(clippy::manual_is_multiple_of)] // MSRV 1.85
-
 use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights};
 
 use crate::kernels::attention::{attend_group, PagedSeq};
@@ -150,7 +148,10 @@ impl CpuModel {
         let (h, f) = (c.hidden_size, c.intermediate_size);
         let qd = c.num_heads * c.head_dim;
         let kvd = c.num_kv_heads * c.head_dim;
-        if c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim % 2 != 0 {
+        if c.num_kv_heads == 0
+            || !c.num_heads.is_multiple_of(c.num_kv_heads)
+            || !c.head_dim.is_multiple_of(2)
+        {
             return Err(CpuError::Shape {
                 name: "config heads".into(),
                 expected: "num_heads a multiple of num_kv_heads, even head_dim".into(),

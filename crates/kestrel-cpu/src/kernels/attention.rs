@@ -83,7 +83,7 @@ pub fn attend_group(
 
     // Scores, head-major (`scores[h * len + j]`).
     // Both SIMD ISAs include AVX2 + FMA, which is all these kernels use.
-    let simd = hd % 8 == 0 && isa != Isa::Scalar && isa.is_supported();
+    let simd = hd.is_multiple_of(8) && isa != Isa::Scalar && isa.is_supported();
     let mut h0 = 0;
     while h0 < group {
         let gn = (group - h0).min(4);
@@ -130,7 +130,7 @@ pub fn attend_group(
     }
 
     // Weighted sum of V rows, each row loaded once for the whole group.
-    if simd && hd % 16 == 0 {
+    if simd && hd.is_multiple_of(16) {
         for (h0, oh) in (0..group).step_by(4).zip(out.chunks_mut(4 * hd)) {
             let gn = (group - h0).min(4);
             let (p, inv) = (&scores[h0 * len..(h0 + gn) * len], &inv[h0..h0 + gn]);
@@ -176,7 +176,7 @@ fn pv<const G: usize>(
 ) {
     let hd = seq.head_dim;
     let stride = seq.num_kv_heads * hd;
-    assert!(hd % 16 == 0 && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
+    assert!(hd.is_multiple_of(16) && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
     seq.for_each_page(len, g, |j0, count, base| {
         let end = base + (count - 1) * stride + hd;
         assert!(end <= v.len(), "keys from {j0} lie outside the V array");
@@ -330,7 +330,7 @@ fn dots2<const G: usize>(
     scale: f32,
 ) {
     let hd = k0.len();
-    assert!(hd % 8 == 0 && k1.len() == hd && qs.len() >= G * hd);
+    assert!(hd.is_multiple_of(8) && k1.len() == hd && qs.len() >= G * hd);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `qs` holds `G` rows of `hd` floats and `k0`/`k1` `hd`

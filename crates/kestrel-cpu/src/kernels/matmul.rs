@@ -49,7 +49,7 @@ impl<'a> MatRef<'a> {
                 dtype,
             });
         }
-        if dtype.block_elems() > 1 && cols % dtype.block_elems() != 0 {
+        if dtype.block_elems() > 1 && !cols.is_multiple_of(dtype.block_elems()) {
             return Err(CpuError::Shape {
                 name: name.to_owned(),
                 expected: format!("cols a multiple of {}", dtype.block_elems()),
@@ -218,8 +218,10 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
     // L1-resident f32 buffer and run the dense kernel on it: same canonical
     // values and FMA order (bit-identical), dequant cost amortized over the
     // whole column block instead of each `ct`-column tile.
-    let buffered =
-        isa != Isa::Scalar && w.dtype != DType::F32 && w.cols % 32 == 0 && n >= BUFFERED_MIN_COLS;
+    let buffered = isa != Isa::Scalar
+        && w.dtype != DType::F32
+        && w.cols.is_multiple_of(32)
+        && n >= BUFFERED_MIN_COLS;
     let mut cb = 0;
     while cb < n {
         let ce = (cb + COL_BLOCK).min(n);
@@ -291,7 +293,7 @@ unsafe fn sweep(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && rn == 4 {
         debug_assert!(
-            src.dtype == DType::F32 && w.cols % 32 == 0,
+            src.dtype == DType::F32 && w.cols.is_multiple_of(32),
             "the buffered path's rows"
         );
         let col_tiles = cols.len() / 4;
@@ -325,7 +327,7 @@ thread_local! {
 /// Canonical dequantization of row `r` with SIMD (identical values to `scalar::dequant_row`).
 fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && w.cols % 32 == 0 {
+    if isa != Isa::Scalar && w.cols.is_multiple_of(32) {
         assert!(out.len() >= w.cols);
         let row = w.row(r);
         macro_rules! go {

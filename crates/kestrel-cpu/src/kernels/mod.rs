@@ -3,9 +3,6 @@
 //! exact floating-point result; the SIMD forms reproduce it bit for bit, so
 //! the choice of [`Isa`] never changes a logit.
 
-// `x % n == 0` over `is_multiple_of`: the workspace MSRV (1.85) predates it.
-#![allow(clippy::manual_is_multiple_of)]
-
 pub mod attention;
 pub mod matmul;
 pub mod ops;
