@@ -10,6 +10,7 @@
 use half::f16;
 use kestrel_kv::PagedIndices;
 use kestrel_model::Matrix;
+use kestrel_pipeline::TokenMask;
 
 /// Batch sizes the decode forward is captured for: 1, 2, 4, 8, 16, then
 /// every multiple of 16, and `max_batch` itself.
@@ -314,7 +315,7 @@ pub fn stack_bias(parts: &[(Option<&Vec<f32>>, usize)]) -> Vec<f32> {
 /// Words of mask buffer for `rows` rows of `vocab` tokens: one flag per row,
 /// then `words_per_row` words per row.
 pub fn mask_words(rows: usize, vocab: usize) -> usize {
-    rows + rows * vocab.div_ceil(32)
+    rows + rows * TokenMask::words_for(vocab)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use kestrel_kv::{Admission, KvStats, PageTable, PageTableConfig, PagedIndices, R
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
-    TokenId,
+    TokenId, TokenMask,
 };
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
@@ -729,7 +729,7 @@ impl Executor for CudaRuntime {
         // The mask goes H2D on the compute stream right before sampling.
         let (mask_flags, mask_words, wpr) = match masks {
             Some(m)
-                if m.words_per_row == vocab.div_ceil(32)
+                if m.words_per_row == TokenMask::words_for(vocab)
                     && m.words.len() >= n * m.words_per_row
                     && m.constrained.len() >= n =>
             {
