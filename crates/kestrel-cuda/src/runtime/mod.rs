@@ -445,6 +445,15 @@ impl CudaRuntime {
         }
         Ok(())
     }
+
+    /// Book a launched step: its state until commit, and the slot's place
+    /// in launch order.
+    fn record_launch(&mut self, slot: SlotId, state: StepState) {
+        self.slots[slot].state = Some(state);
+        self.launched = Some(slot);
+        self.in_flight.push_back(slot);
+        self.step += 1;
+    }
 }
 
 impl Executor for CudaRuntime {
@@ -602,10 +611,7 @@ impl Executor for CudaRuntime {
             step: self.step + 1,
             timed,
         };
-        self.slots[slot].state = Some(state);
-        self.launched = Some(slot);
-        self.in_flight.push_back(slot);
-        self.step += 1;
+        self.record_launch(slot, state);
         Ok(())
     }
 
@@ -694,10 +700,7 @@ impl Executor for CudaRuntime {
             step: self.step + 1,
             timed,
         };
-        self.slots[slot].state = Some(state);
-        self.launched = Some(slot);
-        self.in_flight.push_back(slot);
-        self.step += 1;
+        self.record_launch(slot, state);
         Ok(())
     }
 
