@@ -1,9 +1,10 @@
-//! Matmul kernel benches at SmolLM2-135M shapes: Q4_1 GEMV/GEMM
+//! Matmul kernel benches at SmolLM2-135M shapes, weights prepared as the
+//! model prepares them ([`kestrel_cpu::kernels::Weight`]): Q4_1 GEMV/GEMM
 //! (FFN up 1536x576 and down 576x1536, and up as Q4_0) and the Q8_0 LM head 49152x576, at
 //! batch 1, 8 and 32, on a compute [`kestrel_cpu::Team`] of `KESTREL_THREADS` (2).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kestrel_cpu::kernels::{matmul, MatRef};
+use kestrel_cpu::kernels::{matmul, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::Isa;
 use kestrel_model::DType;
@@ -24,7 +25,8 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("matmul");
     for (name, dt, rows, cols) in shapes {
         let m = random_matrix(&mut rng, dt, rows, cols, 0.1);
-        let w = MatRef::new(name, &m).unwrap();
+        let w = Weight::prepare(name, &m).unwrap();
+        let w = w.mat();
         for n in [1usize, 8, 32] {
             let x = rng.vec(n * cols, 1.0);
             let mut y = vec![0f32; n * rows];

@@ -8,12 +8,13 @@
 //! Every step is per-row or a canonical-order matmul, so a row's logits do not
 //! depend on its batch (see `kernels::matmul`).
 
-use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights};
+use kestrel_model::{DType, LayerWeights, Matrix, ModelConfig, ModelWeights};
 
 use crate::kernels::attention::{attend_group, PagedSeq};
-use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatRef, MatmulJob};
+use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
 use crate::kernels::Isa;
+use crate::kernels::Weight;
 use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
@@ -67,9 +68,44 @@ pub enum LogitsMode {
 #[derive(Debug)]
 pub struct CpuModel {
     cfg: ModelConfig,
-    w: ModelWeights,
+    token_embd: Weight,
+    /// A clone of `token_embd` (same bytes) when embeddings are tied.
+    lm_head: Weight,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer>,
     team: Team,
     isa: Isa,
+}
+
+/// One decoder layer, its matrices in the encodings the kernels read.
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Weight,
+    wk: Weight,
+    wv: Weight,
+    wo: Weight,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Weight,
+    w_up: Weight,
+    w_down: Weight,
+}
+
+impl Layer {
+    fn matrices(&self) -> [&Weight; 7] {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+    }
 }
 
 /// The sequences of one forward call, validated.
@@ -101,7 +137,8 @@ impl OutPtr {
     }
 }
 
-fn check_matrix(name: &str, m: &Matrix, rows: usize, cols: usize) -> Result<(), CpuError> {
+/// Check `m`'s shape and prepare it for the kernels.
+fn check_matrix(name: &str, m: &Matrix, rows: usize, cols: usize) -> Result<Weight, CpuError> {
     if m.rows != rows || m.cols != cols {
         return Err(CpuError::Shape {
             name: name.to_owned(),
@@ -109,7 +146,7 @@ fn check_matrix(name: &str, m: &Matrix, rows: usize, cols: usize) -> Result<(), 
             got: format!("{}x{}", m.rows, m.cols),
         });
     }
-    MatRef::new(name, m).map(|_| ())
+    Weight::prepare(name, m)
 }
 
 fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Result<(), CpuError> {
@@ -128,21 +165,12 @@ fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Resu
     }
 }
 
-/// A view of a validated matrix (validated once in [`CpuModel::new`]).
-fn mat(m: &Matrix) -> MatRef<'_> {
-    MatRef {
-        dtype: m.dtype,
-        rows: m.rows,
-        cols: m.cols,
-        row_bytes: m.row_bytes(),
-        data: &m.data,
-    }
-}
-
 impl CpuModel {
-    /// Validate `weights` against their config and start the compute team.
-    /// Weights are used in place (no repacking): the kernels read ggml blocks
-    /// directly, so resident memory is the weights' own bytes.
+    /// Validate `weights` against their config, prepare them for the
+    /// kernels and start the compute team. Q4_0/Q4_1 matrices are repacked
+    /// with f32 scales (owned copies, 11-20% larger: see
+    /// [`crate::kernels::weight`]); every other matrix is used in place, so a
+    /// memory-mapped GGUF's pages are shared, not copied.
     pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
         let c = weights.config.clone();
         let (h, f) = (c.hidden_size, c.intermediate_size);
@@ -161,8 +189,12 @@ impl CpuModel {
                 ),
             });
         }
-        check_matrix("token_embd", &weights.token_embd, c.vocab_size, h)?;
-        check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?;
+        let token_embd = check_matrix("token_embd", &weights.token_embd, c.vocab_size, h)?;
+        let lm_head = if c.tie_word_embeddings {
+            token_embd.clone()
+        } else {
+            check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?
+        };
         check_vec("output_norm", Some(&weights.output_norm), h, true)?;
         if weights.layers.len() != c.num_layers {
             return Err(CpuError::Shape {
@@ -171,20 +203,47 @@ impl CpuModel {
                 got: weights.layers.len().to_string(),
             });
         }
-        for (i, l) in weights.layers.iter().enumerate() {
+        let ModelWeights {
+            layers: stored,
+            output_norm,
+            ..
+        } = weights;
+        let mut layers = Vec::with_capacity(stored.len());
+        for (i, l) in stored.into_iter().enumerate() {
             let n = |s: &str| format!("layers.{i}.{s}");
-            check_matrix(&n("wq"), &l.wq, qd, h)?;
-            check_matrix(&n("wk"), &l.wk, kvd, h)?;
-            check_matrix(&n("wv"), &l.wv, kvd, h)?;
-            check_matrix(&n("wo"), &l.wo, h, qd)?;
-            check_matrix(&n("w_gate"), &l.w_gate, f, h)?;
-            check_matrix(&n("w_up"), &l.w_up, f, h)?;
-            check_matrix(&n("w_down"), &l.w_down, h, f)?;
             check_vec(&n("attn_norm"), Some(&l.attn_norm), h, true)?;
             check_vec(&n("ffn_norm"), Some(&l.ffn_norm), h, true)?;
             check_vec(&n("bq"), l.bq.as_ref(), qd, c.qkv_bias)?;
             check_vec(&n("bk"), l.bk.as_ref(), kvd, c.qkv_bias)?;
             check_vec(&n("bv"), l.bv.as_ref(), kvd, c.qkv_bias)?;
+            let LayerWeights {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                bq,
+                bk,
+                bv,
+                ffn_norm,
+                w_gate,
+                w_up,
+                w_down,
+            } = l;
+            layers.push(Layer {
+                wq: check_matrix(&n("wq"), &wq, qd, h)?,
+                wk: check_matrix(&n("wk"), &wk, kvd, h)?,
+                wv: check_matrix(&n("wv"), &wv, kvd, h)?,
+                wo: check_matrix(&n("wo"), &wo, h, qd)?,
+                w_gate: check_matrix(&n("w_gate"), &w_gate, f, h)?,
+                w_up: check_matrix(&n("w_up"), &w_up, f, h)?,
+                w_down: check_matrix(&n("w_down"), &w_down, h, f)?,
+                attn_norm,
+                ffn_norm,
+                bq,
+                bk,
+                bv,
+            });
         }
         let threads = if opts.threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -196,33 +255,22 @@ impl CpuModel {
             .isa
             .filter(|i| i.is_supported())
             .unwrap_or_else(Isa::detect);
+        let model = CpuModel {
+            cfg: c,
+            token_embd,
+            lm_head,
+            output_norm,
+            layers,
+            team,
+            isa,
+        };
         tracing::info!(
             threads,
             ?isa,
-            weight_bytes = Self::weight_bytes_of(&weights),
+            weight_bytes = model.weight_bytes(),
             "kestrel-cpu model ready"
         );
-        Ok(CpuModel {
-            cfg: c,
-            w: weights,
-            team,
-            isa,
-        })
-    }
-
-    fn weight_bytes_of(w: &ModelWeights) -> usize {
-        let mut b = w.token_embd.data.len() + 4 * w.output_norm.len();
-        if !w.config.tie_word_embeddings {
-            b += w.lm_head.data.len();
-        }
-        for l in &w.layers {
-            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|m| m.data.len())
-                .sum::<usize>();
-            b += 4 * (l.attn_norm.len() + l.ffn_norm.len());
-        }
-        b
+        Ok(model)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -245,21 +293,27 @@ impl CpuModel {
         self.isa
     }
 
-    /// Bytes of weights held (mapped or owned); tied embeddings counted once.
+    /// Bytes of weights held (mapped or owned, in the kernels' encodings);
+    /// tied embeddings counted once.
     pub fn weight_bytes(&self) -> usize {
-        Self::weight_bytes_of(&self.w)
+        let mut b = self.token_embd.bytes() + 4 * self.output_norm.len();
+        if !self.cfg.tie_word_embeddings {
+            b += self.lm_head.bytes();
+        }
+        for l in &self.layers {
+            b += 4 * (l.attn_norm.len() + l.ffn_norm.len());
+        }
+        b + self.layer_matrix_bytes()
     }
 
     /// Bytes of weights streamed per decode step (all layers + LM head).
     pub fn bytes_per_token(&self) -> usize {
-        let mut b = self.w.lm_head.data.len();
-        for l in &self.w.layers {
-            b += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .iter()
-                .map(|m| m.data.len())
-                .sum::<usize>();
-        }
-        b
+        self.lm_head.bytes() + self.layer_matrix_bytes()
+    }
+
+    fn layer_matrix_bytes(&self) -> usize {
+        let mats = self.layers.iter().flat_map(Layer::matrices);
+        mats.map(Weight::bytes).sum()
     }
 
     /// One decode step for `batch.tokens.len()` sequences; writes
@@ -470,7 +524,7 @@ impl CpuModel {
         }
         let team = Some(&self.team);
         let isa = self.isa;
-        let embd = mat(&self.w.token_embd);
+        let embd = self.token_embd.mat();
         for (i, &t) in tokens.iter().enumerate() {
             dequant_row(&embd, t as usize, &mut scratch.x[i * h..(i + 1) * h]);
             ops::rope_table(
@@ -480,7 +534,7 @@ impl CpuModel {
                 &mut scratch.rope[i * hd..(i + 1) * hd],
             );
         }
-        for (l, lw) in self.w.layers.iter().enumerate() {
+        for (l, lw) in self.layers.iter().enumerate() {
             let s = &mut *scratch;
             let (x, xn) = (&mut s.x[..n * h], &mut s.xn[..n * h]);
             for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
@@ -494,15 +548,15 @@ impl CpuModel {
                 n,
                 &mut [
                     MatmulJob {
-                        w: mat(&lw.wq),
+                        w: lw.wq.mat(),
                         y: q,
                     },
                     MatmulJob {
-                        w: mat(&lw.wk),
+                        w: lw.wk.mat(),
                         y: k,
                     },
                     MatmulJob {
-                        w: mat(&lw.wv),
+                        w: lw.wv.mat(),
                         y: v,
                     },
                 ],
@@ -533,7 +587,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
-                mat(&lw.wo),
+                lw.wo.mat(),
                 &s.attn[..n * qd],
                 n,
                 &mut s.tmp[..n * h],
@@ -551,11 +605,11 @@ impl CpuModel {
                 n,
                 &mut [
                     MatmulJob {
-                        w: mat(&lw.w_gate),
+                        w: lw.w_gate.mat(),
                         y: gate,
                     },
                     MatmulJob {
-                        w: mat(&lw.w_up),
+                        w: lw.w_up.mat(),
                         y: up,
                     },
                 ],
@@ -564,7 +618,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
-                mat(&lw.w_down),
+                lw.w_down.mat(),
                 &s.gate[..n * f],
                 n,
                 &mut s.tmp[..n * h],
@@ -575,12 +629,12 @@ impl CpuModel {
         for j in 0..nlogits {
             let i = s.logit_rows[j] as usize;
             let (x, xn) = (&s.x[i * h..(i + 1) * h], &mut s.xn[j * h..(j + 1) * h]);
-            ops::rms_norm(x, &self.w.output_norm, c.rms_norm_eps, xn);
+            ops::rms_norm(x, &self.output_norm, c.rms_norm_eps, xn);
         }
         matmul(
             team,
             isa,
-            mat(&self.w.lm_head),
+            self.lm_head.mat(),
             &s.xn[..nlogits * h],
             nlogits,
             out_logits,

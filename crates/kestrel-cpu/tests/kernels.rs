@@ -1,8 +1,9 @@
-//! Kernel tests: every dtype and ISA against the scalar definition (bit for
-//! bit) and against an f64 reference (tolerance), at odd sizes; batch
-//! invariance of the matmul across `n` and thread counts.
+//! Kernel tests: every dtype, as stored and as repacked for the kernels,
+//! and every ISA against the scalar definition (bit for bit) and against an
+//! f64 reference (tolerance), at odd sizes; batch invariance of the matmul
+//! across `n` and thread counts.
 
-use kestrel_cpu::kernels::{matmul, MatRef};
+use kestrel_cpu::kernels::{matmul, MatRef, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::Isa;
 use kestrel_model::DType;
@@ -39,6 +40,7 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
             }
             let mut rng = Rng(rows as u64 * 1000 + cols as u64);
             let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
+            let prepared = Weight::prepare("w", &m).unwrap();
             let w = MatRef::new("w", &m).unwrap();
             let x = rng.vec(n * cols, 1.0);
             let mut deq = vec![0f32; cols];
@@ -51,21 +53,27 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
                         .sum();
                 }
             }
+            // The repacked encoding must give the stored one's bits.
             let mut first: Option<Vec<f32>> = None;
-            for isa in isas() {
+            for (isa, w) in isas()
+                .into_iter()
+                .flat_map(|i| [(i, w), (i, prepared.mat())])
+            {
                 let mut y = vec![0f32; n * rows];
                 matmul(Some(&p), isa, w, &x, n, &mut y);
                 for (g, e) in y.iter().zip(&want) {
                     assert!(
                         (*g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                        "{dtype:?} {isa:?} {rows}x{cols}: {g} vs {e}"
+                        "{:?} {isa:?} {rows}x{cols}: {g} vs {e}",
+                        w.enc
                     );
                 }
                 match &first {
                     None => first = Some(y),
                     Some(f) => assert!(
                         f.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{dtype:?} {isa:?} differs from scalar"
+                        "{:?} {isa:?} differs from scalar {dtype:?}",
+                        w.enc
                     ),
                 }
             }
@@ -79,7 +87,8 @@ fn matmul_is_batch_invariant() {
         let (rows, cols) = (203, 160);
         let mut rng = Rng(7);
         let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
-        let w = MatRef::new("w", &m).unwrap();
+        let w = Weight::prepare("w", &m).unwrap();
+        let w = w.mat();
         let xs = rng.vec(70 * cols, 1.0);
         let mut alone = vec![0f32; rows];
         matmul(None, Isa::detect(), w, &xs[..cols], 1, &mut alone);

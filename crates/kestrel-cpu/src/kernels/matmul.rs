@@ -1,16 +1,17 @@
 //! Threaded, batch-invariant `Y = X W^T` over encoded weight rows.
 //!
 //! `X` is `n x cols` f32 (one activation row per token), `W` is `rows x cols`
-//! in any supported [`DType`], `Y` is `n x rows`. Work is split across threads
+//! in any [`Encoding`], `Y` is `n x rows`. Work is split across threads
 //! only over weight rows; each output element is one canonical dot product
 //! (`scalar.rs`), so a token's outputs are bit-identical for any `n`, any
 //! thread count and any [`Isa`]. Cost: weights are streamed once per call per
 //! 64-token column block; each 32-element block is dequantized once per
 //! weight row per tile of activation rows.
 
-use kestrel_model::{DType, Matrix};
+use kestrel_model::Matrix;
 
-use super::scalar::{self, block_bytes, LANES};
+use super::scalar::{self, LANES};
+use super::weight::Encoding;
 use super::Isa;
 use crate::team::Team;
 use crate::CpuError;
@@ -21,7 +22,7 @@ const COL_BLOCK: usize = 64;
 /// A borrowed, validated weight matrix.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
-    pub dtype: DType,
+    pub enc: Encoding,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
@@ -29,43 +30,42 @@ pub struct MatRef<'a> {
 }
 
 impl<'a> MatRef<'a> {
-    /// Validate `m` for the kernels: supported dtype, whole blocks for
+    /// Validate `m` for the kernels, as stored (see [`super::Weight`] for
+    /// the faster repacked form): supported dtype, whole blocks for
     /// quantized dtypes, and enough bytes.
     pub fn new(name: &str, m: &'a Matrix) -> Result<Self, CpuError> {
-        Self::from_parts(name, m.dtype, m.rows, m.cols, &m.data)
+        let enc = Encoding::of(m.dtype).ok_or_else(|| CpuError::UnsupportedDType {
+            name: name.to_owned(),
+            dtype: m.dtype,
+        })?;
+        Self::from_parts(name, enc, m.rows, m.cols, &m.data)
     }
 
     /// As [`MatRef::new`] from raw parts.
     pub fn from_parts(
         name: &str,
-        dtype: DType,
+        enc: Encoding,
         rows: usize,
         cols: usize,
         data: &'a [u8],
     ) -> Result<Self, CpuError> {
-        if matches!(dtype, DType::Q4K | DType::Q6K) {
-            return Err(CpuError::UnsupportedDType {
-                name: name.to_owned(),
-                dtype,
-            });
-        }
-        if dtype.block_elems() > 1 && !cols.is_multiple_of(dtype.block_elems()) {
+        if enc.is_quantized() && !cols.is_multiple_of(32) {
             return Err(CpuError::Shape {
                 name: name.to_owned(),
-                expected: format!("cols a multiple of {}", dtype.block_elems()),
+                expected: "cols a multiple of 32".into(),
                 got: cols.to_string(),
             });
         }
-        let row_bytes = cols / dtype.block_elems() * dtype.block_bytes();
+        let row_bytes = enc.row_bytes(cols);
         if data.len() < rows * row_bytes {
             return Err(CpuError::Shape {
                 name: name.to_owned(),
-                expected: format!("{} bytes for {rows}x{cols} {dtype:?}", rows * row_bytes),
+                expected: format!("{} bytes for {rows}x{cols} {enc:?}", rows * row_bytes),
                 got: format!("{} bytes", data.len()),
             });
         }
         Ok(MatRef {
-            dtype,
+            enc,
             rows,
             cols,
             row_bytes,
@@ -219,7 +219,7 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
     // values and FMA order (bit-identical), dequant cost amortized over the
     // whole column block instead of each `ct`-column tile.
     let buffered = isa != Isa::Scalar
-        && w.dtype != DType::F32
+        && w.enc != Encoding::F32
         && w.cols.is_multiple_of(32)
         && n >= BUFFERED_MIN_COLS;
     let mut cb = 0;
@@ -232,7 +232,7 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                 // SAFETY: `r < r1 <= w.rows`, so row `r` starts within `w.data`.
                 ptr: unsafe { w.data.as_ptr().add(r * w.row_bytes) },
                 row_bytes: w.row_bytes,
-                dtype: w.dtype,
+                enc: w.enc,
             };
             let run = |src: Src, from: usize| {
                 let mut c = from;
@@ -256,7 +256,7 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                     let src = Src {
                         ptr: b.as_ptr() as *const u8,
                         row_bytes: w.cols * 4,
-                        dtype: DType::F32,
+                        enc: Encoding::F32,
                     };
                     // SAFETY: `src` holds the rn rows r.. dequantized; the
                     // rest is this fn's contract.
@@ -293,7 +293,7 @@ unsafe fn sweep(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && rn == 4 {
         debug_assert!(
-            src.dtype == DType::F32 && w.cols.is_multiple_of(32),
+            src.enc == Encoding::F32 && w.cols.is_multiple_of(32),
             "the buffered path's rows"
         );
         let col_tiles = cols.len() / 4;
@@ -344,19 +344,20 @@ fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
                 }
             };
         }
-        match w.dtype {
-            DType::F32 => go!(x86::F32B),
-            DType::F16 => go!(x86::F16B),
-            DType::BF16 => go!(x86::Bf16B),
-            DType::Q8_0 => go!(x86::Q8_0B),
-            DType::Q4_0 => go!(x86::Q4_0B),
-            DType::Q4_1 => go!(x86::Q4_1B),
-            DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef"),
+        match w.enc {
+            Encoding::F32 => go!(x86::F32B),
+            Encoding::F16 => go!(x86::F16B),
+            Encoding::Bf16 => go!(x86::Bf16B),
+            Encoding::Q8_0 => go!(x86::Q8_0B),
+            Encoding::Q4_0 => go!(x86::Q4_0B),
+            Encoding::Q4_1 => go!(x86::Q4_1B),
+            Encoding::Q4_0F => go!(x86::Q4_0FB),
+            Encoding::Q4_1F => go!(x86::Q4_1FB),
         }
         return;
     }
     let _ = isa;
-    scalar::dequant_row(w.dtype, w.row(r), &mut out[..w.cols]);
+    scalar::dequant_row(w.enc, w.row(r), &mut out[..w.cols]);
 }
 
 /// Finish one element from its lanes (dense tail, canonical reduction) and store it.
@@ -374,7 +375,7 @@ unsafe fn finish(
     y: OutPtr,
 ) {
     let xr = &x[c * w.cols..(c + 1) * w.cols];
-    scalar::dense_tail(w.dtype, w.row(r), xr, done, lanes);
+    scalar::dense_tail(w.enc, w.row(r), xr, done, lanes);
     // SAFETY: in bounds by the caller's contract.
     unsafe { *y.0.add(c * w.rows + r) = scalar::reduce16(lanes) };
 }
@@ -429,14 +430,15 @@ macro_rules! simd_tile {
                 }
             };
         }
-        match src.dtype {
-            DType::F32 => go!(x86::F32B),
-            DType::F16 => go!(x86::F16B),
-            DType::BF16 => go!(x86::Bf16B),
-            DType::Q8_0 => go!(x86::Q8_0B),
-            DType::Q4_0 => go!(x86::Q4_0B),
-            DType::Q4_1 => go!(x86::Q4_1B),
-            DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef"),
+        match src.enc {
+            Encoding::F32 => go!(x86::F32B),
+            Encoding::F16 => go!(x86::F16B),
+            Encoding::Bf16 => go!(x86::Bf16B),
+            Encoding::Q8_0 => go!(x86::Q8_0B),
+            Encoding::Q4_0 => go!(x86::Q4_0B),
+            Encoding::Q4_1 => go!(x86::Q4_1B),
+            Encoding::Q4_0F => go!(x86::Q4_0FB),
+            Encoding::Q4_1F => go!(x86::Q4_1FB),
         }
     }};
 }
@@ -447,7 +449,7 @@ macro_rules! simd_tile {
 struct Src {
     ptr: *const u8,
     row_bytes: usize,
-    dtype: DType,
+    enc: Encoding,
 }
 
 /// One `rn x cn` tile at weight row `r`, activation row `c`, reading the
@@ -477,7 +479,7 @@ unsafe fn tile(
             for i in 0..rn {
                 for j in 0..cn {
                     let v = scalar::dot(
-                        w.dtype,
+                        w.enc,
                         w.row(r + i),
                         &x[(c + j) * w.cols..(c + j + 1) * w.cols],
                     );
@@ -495,16 +497,13 @@ use super::x86;
 /// Reference: canonical dot of row `r` with activation row `x` (for tests and
 /// the embedding-free paths). Identical to the tiled kernels' result.
 pub fn dot_row(w: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
-    scalar::dot(w.dtype, w.row(r), x)
+    scalar::dot(w.enc, w.row(r), x)
 }
 
 /// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
 pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {
-    scalar::dequant_row(w.dtype, w.row(r), out);
+    scalar::dequant_row(w.enc, w.row(r), out);
 }
-
-#[allow(dead_code)]
-const _: () = assert!(block_bytes(DType::F32) == 128);
 
 #[cfg(test)]
 mod tests {

@@ -7,12 +7,14 @@ pub mod attention;
 pub mod matmul;
 pub mod ops;
 pub(crate) mod scalar;
+pub mod weight;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 use std::sync::OnceLock;
 
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
+pub use weight::{Encoding, Weight};
 
 /// Which instruction set the matrix kernels use. All produce identical bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 
 #![allow(clippy::needless_range_loop)] // element index drives both lane and source offset
 
+use super::weight::Encoding;
 use half::{bf16, f16};
-use kestrel_model::DType;
 
 /// Lanes of the canonical accumulator.
 pub(crate) const LANES: usize = 16;
@@ -21,96 +21,99 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
-/// Bytes per 32-element block of `dtype` (dense dtypes: 32 elements).
-pub(crate) const fn block_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 => 128,
-        DType::F16 | DType::BF16 => 64,
-        other => other.block_bytes(),
-    }
+#[inline]
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-/// Element `i` (0..32 within the block starting at `b`) of a dense row, or a
-/// full block of a quantized one. Canonical dequantization:
+/// The 32 elements of the block starting at `b` (32 dense elements, or a
+/// quantized block). Canonical dequantization:
 /// Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q4_1 `fma(q, d, m)` (one rounding;
 /// the f32 reference's `q * d + m` differs by at most 1 ulp per weight).
-pub(crate) fn dequant_block(dtype: DType, b: &[u8], out: &mut [f32; BLOCK]) {
-    match dtype {
-        DType::F32 => {
+/// The f32-scale repackings give the same values as their GGUF blocks.
+pub(crate) fn dequant_block(enc: Encoding, b: &[u8], out: &mut [f32; BLOCK]) {
+    let q8_0 = |d: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
+        for (o, &q) in out.iter_mut().zip(qs) {
+            *o = (q as i8) as f32 * d;
+        }
+    };
+    let q4_0 = |d: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
+        for i in 0..16 {
+            let q = qs[i];
+            out[i] = ((q & 0x0F) as i32 - 8) as f32 * d;
+            out[i + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+        }
+    };
+    let q4_1 = |d: f32, m: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
+        for i in 0..16 {
+            let q = qs[i];
+            out[i] = ((q & 0x0F) as f32).mul_add(d, m);
+            out[i + 16] = ((q >> 4) as f32).mul_add(d, m);
+        }
+    };
+    match enc {
+        Encoding::F32 => {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+                *o = f32_at(b, 4 * i);
             }
         }
-        DType::F16 => {
+        Encoding::F16 => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = f16_at(b, 2 * i);
             }
         }
-        DType::BF16 => {
+        Encoding::Bf16 => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = bf16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32();
             }
         }
-        DType::Q8_0 => {
-            let d = f16_at(b, 0);
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = (b[2 + i] as i8) as f32 * d;
-            }
-        }
-        DType::Q4_0 => {
-            let d = f16_at(b, 0);
-            for i in 0..16 {
-                let q = b[2 + i];
-                out[i] = ((q & 0x0F) as i32 - 8) as f32 * d;
-                out[i + 16] = ((q >> 4) as i32 - 8) as f32 * d;
-            }
-        }
-        DType::Q4_1 => {
-            let d = f16_at(b, 0);
-            let m = f16_at(b, 2);
-            for i in 0..16 {
-                let q = b[4 + i];
-                out[i] = ((q & 0x0F) as f32).mul_add(d, m);
-                out[i + 16] = ((q >> 4) as f32).mul_add(d, m);
-            }
-        }
-        DType::Q4K | DType::Q6K => unreachable!("rejected by MatRef::new"),
+        Encoding::Q8_0 => q8_0(f16_at(b, 0), &b[2..34], out),
+        Encoding::Q4_0 => q4_0(f16_at(b, 0), &b[2..18], out),
+        Encoding::Q4_0F => q4_0(f32_at(b, 0), &b[4..20], out),
+        Encoding::Q4_1 => q4_1(f16_at(b, 0), f16_at(b, 2), &b[4..20], out),
+        Encoding::Q4_1F => q4_1(f32_at(b, 0), f32_at(b, 4), &b[8..24], out),
     }
 }
 
 /// One dense element `i` of a row (for tails that are not a whole block).
-pub(crate) fn dense_elem(dtype: DType, row: &[u8], i: usize) -> f32 {
-    match dtype {
-        DType::F32 => {
-            f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+pub(crate) fn dense_elem(enc: Encoding, row: &[u8], i: usize) -> f32 {
+    match enc {
+        Encoding::F32 => f32_at(row, 4 * i),
+        Encoding::F16 => f16_at(row, 2 * i),
+        Encoding::Bf16 => {
+            bf16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32()
         }
-        DType::F16 => f16_at(row, 2 * i),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])).to_f32(),
         _ => unreachable!("quantized rows are whole blocks"),
     }
 }
 
 /// Dequantize a whole row (`out.len()` = cols) in canonical values.
-pub(crate) fn dequant_row(dtype: DType, row: &[u8], out: &mut [f32]) {
+pub(crate) fn dequant_row(enc: Encoding, row: &[u8], out: &mut [f32]) {
     let nfull = out.len() / BLOCK;
-    let bb = block_bytes(dtype);
+    let bb = enc.block_bytes();
     let mut buf = [0f32; BLOCK];
     for blk in 0..nfull {
-        dequant_block(dtype, &row[blk * bb..(blk + 1) * bb], &mut buf);
+        dequant_block(enc, &row[blk * bb..(blk + 1) * bb], &mut buf);
         out[blk * BLOCK..(blk + 1) * BLOCK].copy_from_slice(&buf);
     }
     for i in nfull * BLOCK..out.len() {
-        out[i] = dense_elem(dtype, row, i);
+        out[i] = dense_elem(enc, row, i);
     }
 }
 
 /// Accumulate the elements `from..x.len()` of a dense row into `acc`, in the
 /// canonical order (element `from + j` goes to lane `j % 16`).
 #[inline]
-pub(crate) fn dense_tail(dtype: DType, row: &[u8], x: &[f32], from: usize, acc: &mut [f32; LANES]) {
+pub(crate) fn dense_tail(
+    enc: Encoding,
+    row: &[u8],
+    x: &[f32],
+    from: usize,
+    acc: &mut [f32; LANES],
+) {
     for i in from..x.len() {
         let l = (i - from) % LANES;
-        acc[l] = dense_elem(dtype, row, i).mul_add(x[i], acc[l]);
+        acc[l] = dense_elem(enc, row, i).mul_add(x[i], acc[l]);
     }
 }
 
@@ -130,13 +133,13 @@ pub(crate) fn reduce16(a: &[f32; LANES]) -> f32 {
 }
 
 /// Canonical dot product of one encoded row with `x` (`x.len()` = cols).
-pub(crate) fn dot(dtype: DType, row: &[u8], x: &[f32]) -> f32 {
+pub(crate) fn dot(enc: Encoding, row: &[u8], x: &[f32]) -> f32 {
     let nfull = x.len() / BLOCK;
-    let bb = block_bytes(dtype);
+    let bb = enc.block_bytes();
     let mut acc = [0f32; LANES];
     let mut w = [0f32; BLOCK];
     for blk in 0..nfull {
-        dequant_block(dtype, &row[blk * bb..(blk + 1) * bb], &mut w);
+        dequant_block(enc, &row[blk * bb..(blk + 1) * bb], &mut w);
         let xb = &x[blk * BLOCK..(blk + 1) * BLOCK];
         for l in 0..LANES {
             acc[l] = w[l].mul_add(xb[l], acc[l]);
@@ -145,6 +148,6 @@ pub(crate) fn dot(dtype: DType, row: &[u8], x: &[f32]) -> f32 {
             acc[l] = w[LANES + l].mul_add(xb[LANES + l], acc[l]);
         }
     }
-    dense_tail(dtype, row, x, nfull * BLOCK, &mut acc);
+    dense_tail(enc, row, x, nfull * BLOCK, &mut acc);
     reduce16(&acc)
 }

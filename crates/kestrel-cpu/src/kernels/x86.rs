@@ -43,6 +43,10 @@ pub(crate) struct Q8_0B;
 pub(crate) struct Q4_0B;
 #[derive(Debug)]
 pub(crate) struct Q4_1B;
+#[derive(Debug)]
+pub(crate) struct Q4_0FB;
+#[derive(Debug)]
+pub(crate) struct Q4_1FB;
 
 /// The f16 scale at `p` as f32, and the one at `p + 2` (lanes 0 and 1).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -135,34 +139,53 @@ impl Block for Bf16B {
     }
 }
 
+/// A Q8_0 block's 32 weights `q * d` from scale `d` and the 32 signed
+/// bytes at `qs` (AVX-512).
+///
+/// # Safety
+/// `qs` must be valid for reading 32 bytes; the CPU must support AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_512(d: __m512, qs: *const u8) -> (__m512, __m512) {
+    // SAFETY: 32 readable bytes at `qs` (fn contract).
+    unsafe {
+        let l = |o: usize| {
+            let q = _mm_loadu_si128(qs.add(o) as *const __m128i);
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
+        };
+        (l(0), l(16))
+    }
+}
+
+/// As [`q8_0_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
+///
+/// # Safety
+/// `qs` must be valid for reading 32 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_256(d: __m256, qs: *const u8) -> [__m256; 4] {
+    // SAFETY: 32 readable bytes at `qs` (fn contract).
+    unsafe {
+        let a = _mm_loadu_si128(qs as *const __m128i);
+        let b = _mm_loadu_si128(qs.add(16) as *const __m128i);
+        let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+        [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
+    }
+}
+
 impl Block for Q8_0B {
     const BYTES: usize = 34;
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 34 readable bytes at `p` (trait contract): scale + 32 quants.
-        unsafe {
-            let d = _mm512_broadcastss_ps(scales(p));
-            let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                p.add(2) as *const __m128i
-            )));
-            let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                p.add(18) as *const __m128i
-            )));
-            (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
-        }
+        // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 quants.
+        unsafe { q8_0_512(_mm512_broadcastss_ps(scales(p)), p.add(2)) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 34 readable bytes at `p` (trait contract).
-        unsafe {
-            let d = _mm256_broadcastss_ps(scales(p));
-            let a = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let b = _mm_loadu_si128(p.add(18) as *const __m128i);
-            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-            [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
-        }
+        // SAFETY: as above.
+        unsafe { q8_0_256(_mm256_broadcastss_ps(scales(p)), p.add(2)) }
     }
 }
 
@@ -194,38 +217,129 @@ unsafe fn nibble_lookup(q: *const u8, table: __m512) -> (__m512, __m512) {
     )
 }
 
+/// The f32 at `p` (a repacked block's scale) in every lane.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes; the CPU must support AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn splat512(p: *const u8) -> __m512 {
+    // SAFETY: 4 readable bytes at `p` (fn contract); a broadcast load.
+    _mm512_set1_ps(unsafe { (p as *const f32).read_unaligned() })
+}
+
+/// As [`splat512`], 8 lanes.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn splat256(p: *const u8) -> __m256 {
+    // SAFETY: 4 readable bytes at `p` (fn contract).
+    _mm256_set1_ps(unsafe { (p as *const f32).read_unaligned() })
+}
+
+/// A Q4_0 block's 32 weights `(q - 8) * d` from scale `d` and the 16
+/// nibble bytes at `qs` (AVX-512).
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_512(d: __m512, qs: *const u8) -> (__m512, __m512) {
+    // The block's 16 possible weights, looked up by nibble.
+    let table = _mm512_mul_ps(_mm512_sub_ps(nibble_values(), _mm512_set1_ps(8.0)), d);
+    // SAFETY: forwarded contract.
+    unsafe { nibble_lookup(qs, table) }
+}
+
+/// As [`q4_0_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_256(d: __m256, qs: *const u8) -> [__m256; 4] {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    let eight = _mm_set1_epi8(8);
+    let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
+    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+    let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+    [
+        c(lo),
+        c(_mm_srli_si128(lo, 8)),
+        c(hi),
+        c(_mm_srli_si128(hi, 8)),
+    ]
+}
+
+/// A Q4_1 block's 32 weights `fma(q, d, m)` from `d`, `m` and the 16
+/// nibble bytes at `qs` (AVX-512).
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_512(d: __m512, m: __m512, qs: *const u8) -> (__m512, __m512) {
+    // The block's 16 possible weights, each the fused `q * d + m` of the
+    // scalar definition, then looked up by nibble.
+    let table = _mm512_fmadd_ps(nibble_values(), d, m);
+    // SAFETY: forwarded contract.
+    unsafe { nibble_lookup(qs, table) }
+}
+
+/// As [`q4_1_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_256(d: __m256, m: __m256, qs: *const u8) -> [__m256; 4] {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    let c = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
+    [
+        c(lo),
+        c(_mm_srli_si128(lo, 8)),
+        c(hi),
+        c(_mm_srli_si128(hi, 8)),
+    ]
+}
+
 impl Block for Q4_0B {
     const BYTES: usize = 18;
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 18 readable bytes at `p` (trait contract): scale + 16 nibble bytes.
-        unsafe {
-            let d = _mm512_broadcastss_ps(scales(p));
-            // The block's 16 possible weights `(q - 8) * d`, looked up by nibble.
-            let table = _mm512_mul_ps(_mm512_sub_ps(nibble_values(), _mm512_set1_ps(8.0)), d);
-            nibble_lookup(p.add(2), table)
-        }
+        // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
+        unsafe { q4_0_512(_mm512_broadcastss_ps(scales(p)), p.add(2)) }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 18 readable bytes at `p` (trait contract).
-        unsafe {
-            let d = _mm256_broadcastss_ps(scales(p));
-            let q = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let eight = _mm_set1_epi8(8);
-            let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
-            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
-            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-            [
-                c(lo),
-                c(_mm_srli_si128(lo, 8)),
-                c(hi),
-                c(_mm_srli_si128(hi, 8)),
-            ]
-        }
+        // SAFETY: as above.
+        unsafe { q4_0_256(_mm256_broadcastss_ps(scales(p)), p.add(2)) }
+    }
+}
+
+impl Block for Q4_0FB {
+    const BYTES: usize = 20;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
+        unsafe { q4_0_512(splat512(p), p.add(4)) }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe { q4_0_256(splat256(p), p.add(4)) }
     }
 }
 
@@ -234,37 +348,42 @@ impl Block for Q4_1B {
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 20 readable bytes at `p` (trait contract): d, m + 16 nibble bytes.
+        // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
         unsafe {
             let dm = scales(p);
             let d = _mm512_broadcastss_ps(dm);
             let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-            // The block's 16 possible weights, each the fused `q * d + m` of
-            // the scalar definition, then looked up by nibble.
-            let table = _mm512_fmadd_ps(nibble_values(), d, m);
-            nibble_lookup(p.add(4), table)
+            q4_1_512(d, m, p.add(4))
         }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 20 readable bytes at `p` (trait contract).
+        // SAFETY: as above.
         unsafe {
             let dm = scales(p);
             let d = _mm256_broadcastss_ps(dm);
             let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            let q = _mm_loadu_si128(p.add(4) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let lo = _mm_and_si128(q, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-            let c = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
-            [
-                c(lo),
-                c(_mm_srli_si128(lo, 8)),
-                c(hi),
-                c(_mm_srli_si128(hi, 8)),
-            ]
+            q4_1_256(d, m, p.add(4))
         }
+    }
+}
+
+impl Block for Q4_1FB {
+    const BYTES: usize = 24;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m +
+        // 16 nibble bytes. Two broadcast loads replace a conversion and
+        // three shuffles of the f16 block.
+        unsafe { q4_1_512(splat512(p), splat512(p.add(4)), p.add(8)) }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe { q4_1_256(splat256(p), splat256(p.add(4)), p.add(8)) }
     }
 }
 
