@@ -222,10 +222,18 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
         && w.enc != Encoding::F32
         && w.cols.is_multiple_of(32)
         && n >= BUFFERED_MIN_COLS;
+    // One activation row (single-stream decode): whole 4-row tiles in one
+    // kernel call, the rest below.
+    let gemv_rows = if n == 1 {
+        // SAFETY: forwarded from this fn's contract, with n == 1.
+        unsafe { gemv_sweep(isa, &w, x, r0, r1, y) }
+    } else {
+        0
+    };
     let mut cb = 0;
     while cb < n {
         let ce = (cb + COL_BLOCK).min(n);
-        let mut r = r0;
+        let mut r = r0 + gemv_rows;
         while r < r1 {
             let rn = if r1 - r >= rt { rt } else { 1 };
             let direct = Src {
@@ -313,6 +321,57 @@ unsafe fn sweep(
         return 4 * col_tiles;
     }
     let _ = (isa, w, src, x, r, rn, cols, y);
+    0
+}
+
+/// With AVX-512 and one activation row, compute output rows `r0..` in
+/// whole 4-row tiles with one kernel call (instead of one dispatch per
+/// tile: ~50k per decode step); returns how many rows it covered (the
+/// caller finishes the rest tile by tile, with identical results).
+///
+/// # Safety
+/// As [`rows_task`] with `n == 1`.
+unsafe fn gemv_sweep(
+    isa: Isa,
+    w: &MatRef<'_>,
+    x: &[f32],
+    r0: usize,
+    r1: usize,
+    y: OutPtr,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && w.cols.is_multiple_of(32) {
+        let tiles = (r1 - r0) / 4;
+        let args = x86::TileArgs {
+            // SAFETY: `r0 < r1 <= w.rows`, so row `r0` starts within `w.data`.
+            w: unsafe { w.data.as_ptr().add(r0 * w.row_bytes) },
+            row_bytes: w.row_bytes,
+            x: x.as_ptr(),
+            x_stride: w.cols,
+            nblocks: w.cols / 32,
+        };
+        macro_rules! go {
+            ($B:ty) => {
+                // SAFETY: rows r0..r0 + 4 * tiles <= r1 exist and their
+                // outputs y[r0..] belong to the calling task (fn contract);
+                // `x` is one row of `cols` floats; AVX-512 was checked
+                // supported by `matmul_group`.
+                unsafe { x86::rows4_gemv512::<$B>(args, tiles, y.0.add(r0)) }
+            };
+        }
+        match w.enc {
+            Encoding::F32 => go!(x86::F32B),
+            Encoding::F16 => go!(x86::F16B),
+            Encoding::Bf16 => go!(x86::Bf16B),
+            Encoding::Q8_0 => go!(x86::Q8_0B),
+            Encoding::Q4_0 => go!(x86::Q4_0B),
+            Encoding::Q4_1 => go!(x86::Q4_1B),
+            Encoding::Q4_0F => go!(x86::Q4_0FB),
+            Encoding::Q4_1F => go!(x86::Q4_1FB),
+        }
+        return 4 * tiles;
+    }
+    let _ = (isa, w, x, r0, r1, y);
     0
 }
 

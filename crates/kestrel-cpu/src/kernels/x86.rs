@@ -486,6 +486,32 @@ unsafe fn acc512<B: Block, const R: usize, const NB: usize>(a: TileArgs) -> [[__
     acc
 }
 
+/// `4 * tiles` consecutive weight rows of `B` against the one activation
+/// row `a.x`: row `i`'s canonical sum goes to `y[i]`. Bit-identical to
+/// [`tile512`] with `R = 4, NB = 1` on each tile, in one call.
+///
+/// # Safety
+/// `a.w` must be valid for `4 * tiles` rows of `a.nblocks` blocks of `B`,
+/// `a.x` for `a.nblocks * 32` floats, `y` for writing `4 * tiles` floats;
+/// the CPU must support AVX-512F/BW, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) unsafe fn rows4_gemv512<B: Block>(a: TileArgs, tiles: usize, y: *mut f32) {
+    for t in 0..tiles {
+        let at = TileArgs {
+            // SAFETY: rows 4t..4t + 4 are in bounds (fn contract).
+            w: unsafe { a.w.add(4 * t * a.row_bytes) },
+            ..a
+        };
+        // SAFETY: forwarded contract, for this tile's 4 rows.
+        let acc = unsafe { acc512::<B, 4, 1>(at) };
+        for (i, acc_i) in acc.iter().enumerate() {
+            // SAFETY: output 4t + i is in bounds (fn contract); AVX-512 is
+            // enabled for this function.
+            unsafe { *y.add(4 * t + i) = reduce512(acc_i[0]) };
+        }
+    }
+}
+
 /// Four dense f32 weight rows of `a.nblocks * 32` floats against `4 * col_tiles` activation rows: each 4x4 tile reduced
 /// with [`reduce512x16`] and stored straight into `y`, element `(r, c)` at
 /// `y[c * y_stride + r]`. Bit-identical to [`tile512`] on each tile; one
