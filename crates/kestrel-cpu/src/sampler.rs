@@ -109,6 +109,88 @@ pub fn allowed(mask: &[u32], token: usize) -> bool {
         .is_some_and(|w| w >> (token % 32) & 1 == 1)
 }
 
+/// Set the logits of tokens `mask` forbids to -inf (tokens past the mask's
+/// words are forbidden too). Whole words of allowed tokens are skipped.
+fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let word = mask.get(w).copied().unwrap_or(0);
+        if word == u32::MAX {
+            continue;
+        }
+        for (b, l) in chunk.iter_mut().enumerate() {
+            if word >> b & 1 == 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// `l`'s rank in `f32::total_cmp` order as an i32 (+0.0 above -0.0), or
+/// `i32::MIN` (below every ranked value) for -inf and NaN, which sampling
+/// excludes.
+#[inline(always)]
+fn greedy_key(l: f32) -> i32 {
+    let b = l.to_bits() as i32;
+    let key = b ^ (((b >> 31) as u32) >> 1) as i32;
+    if l > f32::NEG_INFINITY {
+        key
+    } else {
+        i32::MIN
+    }
+}
+
+/// The largest [`greedy_key`] of `logits`, over 16 independent lanes so
+/// that the compiler vectorizes it.
+#[inline(always)]
+fn max_key(logits: &[f32]) -> i32 {
+    let mut acc = [i32::MIN; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, &l) in acc.iter_mut().zip(c) {
+            *a = (*a).max(greedy_key(l));
+        }
+    }
+    let tail = chunks.remainder().iter().map(|&l| greedy_key(l));
+    acc.into_iter().chain(tail).fold(i32::MIN, i32::max)
+}
+
+/// [`max_key`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_key_avx2(logits: &[f32]) -> i32 {
+    max_key(logits)
+}
+
+/// The id of the largest logit (`total_cmp` order, lowest id on ties,
+/// -inf and NaN excluded): the full path's greedy pick. Two branch-free
+/// passes over integer keys, which vectorize: a compare-and-branch chain
+/// costs about a nanosecond per logit, 40 us per 49k-token row (3 us now).
+fn greedy_argmax(logits: &[f32]) -> Option<u32> {
+    const CHUNK: usize = 64;
+    #[cfg(target_arch = "x86_64")]
+    let max = if crate::kernels::Isa::detect() != crate::kernels::Isa::Scalar {
+        // SAFETY: any ISA but Scalar implies AVX2 (see `Isa::is_supported`).
+        unsafe { max_key_avx2(logits) }
+    } else {
+        max_key(logits)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let max = max_key(logits);
+    if max == i32::MIN {
+        return None;
+    }
+    // The first chunk holding the max, then the position inside it.
+    let (c, chunk) = logits.chunks(CHUNK).enumerate().find(|(_, ch)| {
+        ch.iter()
+            .fold(false, |any, &l| any | (greedy_key(l) == max))
+    })?;
+    let i = chunk.iter().position(|&l| greedy_key(l) == max)?;
+    Some((c * CHUNK + i) as u32)
+}
+
 /// Descending by logit, ascending by id: a total, deterministic order.
 #[inline]
 fn desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
@@ -129,11 +211,7 @@ pub fn sample(
 ) -> Option<SampledToken> {
     let vocab = logits.len();
     if let Some(m) = mask {
-        for (t, l) in logits.iter_mut().enumerate() {
-            if !allowed(m, t) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        apply_mask(logits, m);
     }
     let (rp, fp, pp) = (
         params.repetition_penalty,
@@ -151,17 +229,8 @@ pub fn sample(
     }
     let greedy = params.temperature <= 0.0;
     if greedy && !params.logprobs && top_logprobs == 0 {
-        // Argmax only: one pass, no candidate list, no softmax. Same pick as
-        // below (largest logit, lowest id on ties; -inf and NaN excluded).
-        // `total_cmp` as the full path's `desc` (+0.0 above -0.0); the
-        // `> -inf` test excludes -inf and NaN, which `total_cmp` would rank.
-        let mut best: Option<(f32, u32)> = None;
-        for (t, &l) in logits.iter().enumerate() {
-            if l > f32::NEG_INFINITY && best.is_none_or(|b| l.total_cmp(&b.0).is_gt()) {
-                best = Some((l, t as u32));
-            }
-        }
-        return best.map(|(_, token)| SampledToken {
+        // Argmax only: no candidate list, no softmax.
+        return greedy_argmax(logits).map(|token| SampledToken {
             token,
             logprob: f32::NAN,
             top: TopLogprobs::new(),

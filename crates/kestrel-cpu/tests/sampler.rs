@@ -202,6 +202,9 @@ fn greedy_fast_path_matches_the_full_path() {
             if (t as u64 + seed).is_multiple_of(11) {
                 *v = f32::NEG_INFINITY;
             }
+            if (t as u64 + seed).is_multiple_of(13) {
+                *v = if t % 2 == 0 { f32::NAN } else { -f32::NAN };
+            }
         }
         let mut mask = vec![0u32; vocab.div_ceil(32)];
         for t in (seed as usize % 7..vocab).step_by(3) {
