@@ -16,6 +16,23 @@ use super::Isa;
 use crate::team::Team;
 use crate::CpuError;
 
+/// `$go!(B)` with `B` the x86 [`x86::Block`] type of encoding `$enc`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_block {
+    ($enc:expr, $go:ident) => {
+        match $enc {
+            Encoding::F32 => $go!(x86::F32B),
+            Encoding::F16 => $go!(x86::F16B),
+            Encoding::Bf16 => $go!(x86::Bf16B),
+            Encoding::Q8_0 => $go!(x86::Q8_0B),
+            Encoding::Q4_0 => $go!(x86::Q4_0B),
+            Encoding::Q4_1 => $go!(x86::Q4_1B),
+            Encoding::Q4_0F => $go!(x86::Q4_0FB),
+            Encoding::Q4_1F => $go!(x86::Q4_1FB),
+        }
+    };
+}
+
 /// Activation rows processed against one L1-resident weight tile.
 const COL_BLOCK: usize = 64;
 
@@ -359,16 +376,7 @@ unsafe fn gemv_sweep(
                 unsafe { x86::rows4_gemv512::<$B>(args, tiles, y.0.add(r0)) }
             };
         }
-        match w.enc {
-            Encoding::F32 => go!(x86::F32B),
-            Encoding::F16 => go!(x86::F16B),
-            Encoding::Bf16 => go!(x86::Bf16B),
-            Encoding::Q8_0 => go!(x86::Q8_0B),
-            Encoding::Q4_0 => go!(x86::Q4_0B),
-            Encoding::Q4_1 => go!(x86::Q4_1B),
-            Encoding::Q4_0F => go!(x86::Q4_0FB),
-            Encoding::Q4_1F => go!(x86::Q4_1FB),
-        }
+        for_block!(w.enc, go);
         return 4 * tiles;
     }
     let _ = (isa, w, x, r0, r1, y);
@@ -403,16 +411,7 @@ fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
                 }
             };
         }
-        match w.enc {
-            Encoding::F32 => go!(x86::F32B),
-            Encoding::F16 => go!(x86::F16B),
-            Encoding::Bf16 => go!(x86::Bf16B),
-            Encoding::Q8_0 => go!(x86::Q8_0B),
-            Encoding::Q4_0 => go!(x86::Q4_0B),
-            Encoding::Q4_1 => go!(x86::Q4_1B),
-            Encoding::Q4_0F => go!(x86::Q4_0FB),
-            Encoding::Q4_1F => go!(x86::Q4_1FB),
-        }
+        for_block!(w.enc, go);
         return;
     }
     let _ = isa;
@@ -489,16 +488,7 @@ macro_rules! simd_tile {
                 }
             };
         }
-        match src.enc {
-            Encoding::F32 => go!(x86::F32B),
-            Encoding::F16 => go!(x86::F16B),
-            Encoding::Bf16 => go!(x86::Bf16B),
-            Encoding::Q8_0 => go!(x86::Q8_0B),
-            Encoding::Q4_0 => go!(x86::Q4_0B),
-            Encoding::Q4_1 => go!(x86::Q4_1B),
-            Encoding::Q4_0F => go!(x86::Q4_0FB),
-            Encoding::Q4_1F => go!(x86::Q4_1FB),
-        }
+        for_block!(src.enc, go)
     }};
 }
 
