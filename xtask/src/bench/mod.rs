@@ -252,6 +252,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         model_path: &model_path,
         ctx: &ctx,
         prompts: &prompts,
+        max_streams,
     };
     match opts.backend {
         Backend::Cpu => bench.run(|| cpu_runtime(&model, &opts, max_streams)),
@@ -265,6 +266,8 @@ struct Bench<'a> {
     model_path: &'a Path,
     ctx: &'a Arc<SkillContext>,
     prompts: &'a PromptSet,
+    /// The most streams any workload runs (the runtimes' row capacity).
+    max_streams: usize,
 }
 
 impl Bench<'_> {
@@ -279,8 +282,8 @@ impl Bench<'_> {
             model_path,
             ctx,
             prompts,
+            max_streams,
         } = *self;
-        let max_streams = opts.workloads.iter().map(|w| w.streams).max().unwrap_or(1);
         let mut engines = EngineConfig::ALL
             .iter()
             .map(|&c| Ok((c, build_engine(make()?, c, max_streams)?)))

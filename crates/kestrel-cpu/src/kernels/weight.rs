@@ -36,18 +36,6 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    /// Every encoding the kernels implement.
-    pub const ALL: [Encoding; 8] = [
-        Encoding::F32,
-        Encoding::F16,
-        Encoding::Bf16,
-        Encoding::Q8_0,
-        Encoding::Q4_0,
-        Encoding::Q4_1,
-        Encoding::Q4_0F,
-        Encoding::Q4_1F,
-    ];
-
     /// The encoding of a stored GGUF/safetensors dtype, if the kernels read it.
     pub const fn of(dtype: DType) -> Option<Encoding> {
         Some(match dtype {
@@ -145,11 +133,6 @@ impl Weight {
     /// Bytes held (and streamed per full pass).
     pub fn bytes(&self) -> usize {
         self.enc.row_bytes(self.cols) * self.rows
-    }
-
-    /// Whether the bytes are the model file's own (no copy was made).
-    pub fn is_shared(&self) -> bool {
-        self.data.is_mapped()
     }
 }
 

@@ -139,53 +139,32 @@ impl Block for Bf16B {
     }
 }
 
-/// A Q8_0 block's 32 weights `q * d` from scale `d` and the 32 signed
-/// bytes at `qs` (AVX-512).
-///
-/// # Safety
-/// `qs` must be valid for reading 32 bytes; the CPU must support AVX-512F/BW.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn q8_0_512(d: __m512, qs: *const u8) -> (__m512, __m512) {
-    // SAFETY: 32 readable bytes at `qs` (fn contract).
-    unsafe {
-        let l = |o: usize| {
-            let q = _mm_loadu_si128(qs.add(o) as *const __m128i);
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
-        };
-        (l(0), l(16))
-    }
-}
-
-/// As [`q8_0_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
-///
-/// # Safety
-/// `qs` must be valid for reading 32 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q8_0_256(d: __m256, qs: *const u8) -> [__m256; 4] {
-    // SAFETY: 32 readable bytes at `qs` (fn contract).
-    unsafe {
-        let a = _mm_loadu_si128(qs as *const __m128i);
-        let b = _mm_loadu_si128(qs.add(16) as *const __m128i);
-        let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-        [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
-    }
-}
-
 impl Block for Q8_0B {
     const BYTES: usize = 34;
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
         // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 quants.
-        unsafe { q8_0_512(_mm512_broadcastss_ps(scales(p)), p.add(2)) }
+        unsafe {
+            let d = _mm512_broadcastss_ps(scales(p));
+            let l = |o: usize| {
+                let q = _mm_loadu_si128(p.add(o) as *const __m128i);
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
+            };
+            (l(2), l(18))
+        }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe { q8_0_256(_mm256_broadcastss_ps(scales(p)), p.add(2)) }
+        // SAFETY: 34 readable bytes at `p` (trait contract).
+        unsafe {
+            let d = _mm256_broadcastss_ps(scales(p));
+            let a = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let b = _mm_loadu_si128(p.add(18) as *const __m128i);
+            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
+        }
     }
 }
 
