@@ -1,9 +1,11 @@
 //! Host memory for the paged KV cache.
 //!
-//! Per layer one K and one V array laid out `[num_pages][page_size]
-//! [num_kv_heads][head_dim]` in f32 (one token's heads are contiguous). f32
-//! keeps attention exact against an f32 reference; at SmolLM2's shape a token
-//! costs `2 * layers * kv_heads * head_dim * 4` = 46 KiB. Which pages belong to
+//! Per layer one K and one V array laid out `[num_pages][num_kv_heads]
+//! [page_size][head_dim]` in f32: within a page, one kv head's positions are
+//! contiguous, so attention (one kv head at a time) streams each page as one
+//! block instead of a strided walk. f32 keeps attention exact against an f32
+//! reference; at SmolLM2's shape a token costs
+//! `2 * layers * kv_heads * head_dim * 4` = 46 KiB. Which pages belong to
 //! which sequence is the page table's business (`kestrel-kv`); this store only
 //! reads and writes the pages it is told.
 
@@ -17,6 +19,16 @@ pub struct KvStoreConfig {
     pub page_size: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+}
+
+impl KvStoreConfig {
+    /// Float offset of (`page`, slot `slot`, kv head `g`) in a layer's K or V
+    /// array; the head's `head_dim` floats start there, and the head's next
+    /// slots follow `head_dim` floats apart.
+    #[inline]
+    pub fn offset(&self, page: usize, slot: usize, g: usize) -> usize {
+        ((page * self.num_kv_heads + g) * self.page_size + slot) * self.head_dim
+    }
 }
 
 /// The KV cache's storage. See the module docs for the layout.
@@ -102,10 +114,12 @@ impl KvStore {
                 ),
             });
         }
-        let pf = self.page_floats();
-        let n = len * self.cfg.num_kv_heads * self.cfg.head_dim;
-        for arr in self.k.iter_mut().chain(self.v.iter_mut()) {
-            arr.copy_within(src * pf..src * pf + n, dst * pf);
+        let n = len * self.cfg.head_dim;
+        for g in 0..self.cfg.num_kv_heads {
+            let (from, to) = (self.cfg.offset(src, 0, g), self.cfg.offset(dst, 0, g));
+            for arr in self.k.iter_mut().chain(self.v.iter_mut()) {
+                arr.copy_within(from..from + n, to);
+            }
         }
         Ok(())
     }

@@ -570,7 +570,8 @@ impl CpuModel {
                     buf.chunks_exact_mut(d).for_each(|r| ops::add_assign(r, b));
                 }
             }
-            let ps = kv.page_size();
+            let geo = kv.config();
+            let ps = geo.page_size;
             let (kl, vl) = kv.layer_mut(l);
             for i in 0..n {
                 let t = &s.rope[i * hd..(i + 1) * hd];
@@ -578,9 +579,11 @@ impl CpuModel {
                 ops::rope(&mut k[i * kvd..(i + 1) * kvd], hd, t, c.rope_style);
                 let pos = s.row_pos[i] as usize;
                 let page = seqs.pages(s.row_seq[i] as usize)[pos / ps] as usize;
-                let off = (page * ps + pos % ps) * kvd;
-                kl[off..off + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
-                vl[off..off + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+                for g in 0..c.num_kv_heads {
+                    let (off, src) = (geo.offset(page, pos % ps, g), i * kvd + g * hd);
+                    kl[off..off + hd].copy_from_slice(&k[src..src + hd]);
+                    vl[off..off + hd].copy_from_slice(&v[src..src + hd]);
+                }
             }
             self.attention(l, n, seqs, kv, s);
             let s = &mut *scratch;

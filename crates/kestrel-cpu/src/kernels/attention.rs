@@ -11,6 +11,12 @@
 //! the page lookup (a division) out of the per-key loop, and several
 //! independent dot products per K row keep the FMA units busy where one dot
 //! alone would wait on its own accumulator chain.
+//!
+//! At many streams a decode step's KV is far larger than the caches, so the
+//! kernel is bound by memory: each page holds one kv head's rows as one
+//! contiguous block ([`crate::KvStore`]), the score pass hints the next K
+//! page and the current V page into L2, and the weighted sum reads each V
+//! page once (`cargo bench -p kestrel-cpu --bench attention`).
 
 use super::ops::{axpy, dot8, exp};
 use super::Isa;
@@ -26,31 +32,71 @@ pub struct PagedSeq<'a> {
 }
 
 impl PagedSeq<'_> {
-    /// Float offset of (position `j`, kv head `g`) in the layer's K or V array.
+    /// Float offset of (position `j`, kv head `g`) in the layer's K or V
+    /// array (layout `[page][kv head][slot][head_dim]`, see [`crate::KvStore`]).
     #[inline]
     pub fn offset(&self, j: usize, g: usize) -> usize {
         let page = self.pages[j / self.page_size] as usize;
-        ((page * self.page_size + j % self.page_size) * self.num_kv_heads + g) * self.head_dim
+        ((page * self.num_kv_heads + g) * self.page_size + j % self.page_size) * self.head_dim
     }
 
-    /// Calls `f(j0, count, offset)` for each page holding positions `0..len`:
-    /// positions `j0..j0 + count` of kv head `g`, the first at float
-    /// `offset`, the next ones `num_kv_heads * head_dim` floats apart.
+    /// Calls `f(j0, count, offset, next)` for each page holding positions
+    /// `0..len`: positions `j0..j0 + count` of kv head `g` are
+    /// `count * head_dim` contiguous floats from `offset`, and `next` is the
+    /// offset of the following page's block if positions remain there (for
+    /// prefetching).
     #[inline]
-    fn for_each_page(&self, len: usize, g: usize, mut f: impl FnMut(usize, usize, usize)) {
+    fn for_each_page(
+        &self,
+        len: usize,
+        g: usize,
+        mut f: impl FnMut(usize, usize, usize, Option<usize>),
+    ) {
+        let block =
+            |page: u32| (page as usize * self.num_kv_heads + g) * self.page_size * self.head_dim;
         let mut j0 = 0;
-        for &page in self.pages {
+        for (i, &page) in self.pages.iter().enumerate() {
             if j0 >= len {
                 break;
             }
             let count = self.page_size.min(len - j0);
-            let offset = (page as usize * self.page_size * self.num_kv_heads + g) * self.head_dim;
-            f(j0, count, offset);
+            let next = match self.pages.get(i + 1) {
+                Some(&p) if j0 + count < len => Some(block(p)),
+                _ => None,
+            };
+            f(j0, count, block(page), next);
             j0 += count;
         }
         debug_assert!(j0 >= len, "pages cover {j0} of {len} positions");
     }
 }
+
+/// Hint the `floats` floats from `p` (one K or V row) into L1 (`HINT` =
+/// [`TO_L1`]) or L2 ([`TO_L2`]). A no-op off x86-64; never faults, whatever
+/// `p` is.
+#[inline(always)]
+fn prefetch_row<const HINT: i32>(p: *const f32, floats: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..floats).step_by(16) {
+        // SAFETY: prefetch is a hint: it does not dereference
+        // architecturally and cannot fault, so any address is fine.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(i) as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, floats);
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{_MM_HINT_T0 as TO_L1, _MM_HINT_T1 as TO_L2};
+#[cfg(not(target_arch = "x86_64"))]
+const TO_L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const TO_L2: i32 = 0;
+
+/// Up to this many V bytes per kv head, the score pass pulls each V page into
+/// L2 as it goes, so the weighted sum finds V there (a quarter of a Zen 4
+/// core's L2; longer sequences rely on the sum's own one-page-ahead hints).
+const V_AHEAD_BYTES: usize = 256 << 10;
 
 /// Scratch floats [`attend_group`] needs for `len` keys and `group` heads
 /// (the scores, then one softmax normalizer per head).
@@ -78,34 +124,46 @@ pub fn attend_group(
 ) {
     let hd = seq.head_dim;
     let group = q.len() / hd;
-    let stride = seq.num_kv_heads * hd;
     let (scores, inv) = scores[..scores_len(group, len)].split_at_mut(group * len);
 
     // Scores, head-major (`scores[h * len + j]`).
     // Both SIMD ISAs include AVX2 + FMA, which is all these kernels use.
     let simd = hd.is_multiple_of(8) && isa != Isa::Scalar && isa.is_supported();
+    let v_ahead = len * hd * 4 <= V_AHEAD_BYTES;
     let mut h0 = 0;
     while h0 < group {
         let gn = (group - h0).min(4);
         let qs = &q[h0 * hd..(h0 + gn) * hd];
         let sc = &mut scores[h0 * len..(h0 + gn) * len];
-        seq.for_each_page(len, g, |j0, count, base| {
+        seq.for_each_page(len, g, |j0, count, base, next| {
             let mut t = 0;
+            // Into L2 ahead of need, two rows per pair of keys: the next
+            // page's K (a page is one contiguous block per kv head, but
+            // hardware prefetchers stop at its end) and, for the weighted
+            // sum, this page's V.
+            let k_next = next.filter(|_| h0 == 0).map(|n| k.as_ptr().wrapping_add(n));
+            let v_now = (h0 == 0 && v_ahead).then(|| v.as_ptr().wrapping_add(base));
             if simd {
                 while t + 2 <= count {
-                    let (o0, o1) = (base + t * stride, base + (t + 1) * stride);
-                    let (k0, k1) = (&k[o0..o0 + hd], &k[o1..o1 + hd]);
+                    if let Some(a) = k_next {
+                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 2 * hd);
+                    }
+                    if let Some(a) = v_now {
+                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 2 * hd);
+                    }
+                    let o = base + t * hd;
+                    let ks = &k[o..o + 2 * hd];
                     match gn {
-                        4 => dots2::<4>(qs, k0, k1, sc, len, j0 + t, scale),
-                        3 => dots2::<3>(qs, k0, k1, sc, len, j0 + t, scale),
-                        2 => dots2::<2>(qs, k0, k1, sc, len, j0 + t, scale),
-                        _ => dots2::<1>(qs, k0, k1, sc, len, j0 + t, scale),
+                        4 => dots2::<4>(qs, ks, sc, len, j0 + t, scale),
+                        3 => dots2::<3>(qs, ks, sc, len, j0 + t, scale),
+                        2 => dots2::<2>(qs, ks, sc, len, j0 + t, scale),
+                        _ => dots2::<1>(qs, ks, sc, len, j0 + t, scale),
                     }
                     t += 2;
                 }
             }
             for t in t..count {
-                let o = base + t * stride;
+                let o = base + t * hd;
                 let krow = &k[o..o + hd];
                 for h in 0..gn {
                     sc[h * len + j0 + t] = dot8(&qs[h * hd..(h + 1) * hd], krow) * scale;
@@ -144,9 +202,9 @@ pub fn attend_group(
         return;
     }
     out[..group * hd].fill(0.0);
-    seq.for_each_page(len, g, |j0, count, base| {
+    seq.for_each_page(len, g, |j0, count, base, _| {
         for t in 0..count {
-            let o = base + t * stride;
+            let o = base + t * hd;
             let vrow = &v[o..o + hd];
             for (h, oh) in out.chunks_exact_mut(hd).take(group).enumerate() {
                 axpy(scores[h * len + j0 + t], vrow, oh);
@@ -161,8 +219,10 @@ pub fn attend_group(
 }
 
 /// `out[h] = inv[h] * sum_j p[h][j] * v_j` for `G` heads (`p` head-major,
-/// `len` per head), 16 output floats at a time held in registers across all
-/// keys: the same FMAs in the same key order as the [`axpy`] formulation.
+/// `len` per head): page by page, 16 output floats at a time held in
+/// registers across the page's keys and parked in `out` between pages, so
+/// each V page is read from memory once: the same FMAs in the same key order
+/// as the [`axpy`] formulation.
 /// Caller: `head_dim % 16 == 0` and a SIMD `isa`.
 #[allow(clippy::too_many_arguments)]
 fn pv<const G: usize>(
@@ -175,10 +235,9 @@ fn pv<const G: usize>(
     out: &mut [f32],
 ) {
     let hd = seq.head_dim;
-    let stride = seq.num_kv_heads * hd;
     assert!(hd.is_multiple_of(16) && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
-    seq.for_each_page(len, g, |j0, count, base| {
-        let end = base + (count - 1) * stride + hd;
+    seq.for_each_page(len, g, |j0, count, base, _| {
+        let end = base + count * hd;
         assert!(end <= v.len(), "keys from {j0} lie outside the V array");
     });
     #[cfg(target_arch = "x86_64")]
@@ -207,20 +266,29 @@ unsafe fn pv_avx2<const G: usize>(
 ) {
     use std::arch::x86_64::*;
     let hd = seq.head_dim;
-    let stride = seq.num_kv_heads * hd;
-    for d0 in (0..hd).step_by(16) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; G];
-        let mut j0 = 0;
-        for &page in seq.pages {
-            if j0 >= len {
-                break;
+    let mut first = true;
+    seq.for_each_page(len, g, |j0, count, base, next| {
+        for d0 in (0..hd).step_by(16) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+            if !first {
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    let o = &out[h * hd + d0..h * hd + d0 + 16];
+                    // SAFETY: `o` holds 16 floats.
+                    *acc_h = unsafe {
+                        [
+                            _mm256_loadu_ps(o.as_ptr()),
+                            _mm256_loadu_ps(o.as_ptr().add(8)),
+                        ]
+                    };
+                }
             }
-            let count = seq.page_size.min(len - j0);
-            let base = (page as usize * seq.page_size * seq.num_kv_heads + g) * hd + d0;
             for t in 0..count {
+                if let (0, Some(n)) = (d0, next) {
+                    prefetch_row::<TO_L1>(v.wrapping_add(n + t * hd), hd);
+                }
                 // SAFETY: row `t` of this page lies in `v` (checked by `pv`).
                 let (v0, v1) = unsafe {
-                    let vp = v.add(base + t * stride);
+                    let vp = v.add(base + t * hd + d0);
                     (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)))
                 };
                 for (h, acc_h) in acc.iter_mut().enumerate() {
@@ -229,16 +297,27 @@ unsafe fn pv_avx2<const G: usize>(
                     acc_h[1] = _mm256_fmadd_ps(w, v1, acc_h[1]);
                 }
             }
-            j0 += count;
-        }
-        for (h, acc_h) in acc.iter().enumerate() {
-            let s = _mm256_set1_ps(inv[h]);
-            let o = &mut out[h * hd + d0..h * hd + d0 + 16];
-            // SAFETY: `o` holds 16 floats.
-            unsafe {
-                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(acc_h[0], s));
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(acc_h[1], s));
+            for (h, acc_h) in acc.iter().enumerate() {
+                let o = &mut out[h * hd + d0..h * hd + d0 + 16];
+                // SAFETY: `o` holds 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(o.as_mut_ptr(), acc_h[0]);
+                    _mm256_storeu_ps(o.as_mut_ptr().add(8), acc_h[1]);
+                }
             }
+        }
+        first = false;
+    });
+    for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
+        let s = _mm256_set1_ps(inv_h);
+        for o in oh.chunks_exact_mut(8) {
+            // SAFETY: `o` holds 8 floats.
+            unsafe {
+                _mm256_storeu_ps(
+                    o.as_mut_ptr(),
+                    _mm256_mul_ps(_mm256_loadu_ps(o.as_ptr()), s),
+                )
+            };
         }
     }
 }
@@ -314,28 +393,19 @@ fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     _mm256_andnot_ps(under, e)
 }
 
-/// `G` query heads against two key rows `j` and `j + 1`:
-/// `sc[h * len + j] = dot8(q_h, k0) * scale` (and `k1` at `j + 1`), with
-/// [`dot8`]'s exact lane order and reduction tree; the `2G` accumulator
-/// chains run interleaved. Caller: `hd % 8 == 0` and a SIMD `isa`.
-#[allow(clippy::too_many_arguments)]
+/// `G` query heads against the two key rows in `ks` (positions `j` and
+/// `j + 1`, contiguous): `sc[h * len + j] = dot8(q_h, k0) * scale` (and `k1`
+/// at `j + 1`), with [`dot8`]'s exact lane order and reduction tree; the `2G`
+/// accumulator chains run interleaved. Caller: `hd % 8 == 0` and a SIMD `isa`.
 #[inline]
-fn dots2<const G: usize>(
-    qs: &[f32],
-    k0: &[f32],
-    k1: &[f32],
-    sc: &mut [f32],
-    len: usize,
-    j: usize,
-    scale: f32,
-) {
-    let hd = k0.len();
-    assert!(hd.is_multiple_of(8) && k1.len() == hd && qs.len() >= G * hd);
+fn dots2<const G: usize>(qs: &[f32], ks: &[f32], sc: &mut [f32], len: usize, j: usize, scale: f32) {
+    let hd = ks.len() / 2;
+    assert!(hd.is_multiple_of(8) && ks.len() == 2 * hd && qs.len() >= G * hd);
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: `qs` holds `G` rows of `hd` floats and `k0`/`k1` `hd`
-        // floats each (asserted above); the caller checked AVX2 and FMA.
-        let (d0, d1) = unsafe { dots2_avx2::<G>(qs.as_ptr(), hd, k0.as_ptr(), k1.as_ptr()) };
+        // SAFETY: `qs` holds `G` rows of `hd` floats and `ks` two (asserted
+        // above); the caller checked AVX2 and FMA.
+        let (d0, d1) = unsafe { dots2_avx2::<G>(qs.as_ptr(), hd, ks.as_ptr()) };
         for h in 0..G {
             sc[h * len + j] = d0[h] * scale;
             sc[h * len + j + 1] = d1[h] * scale;
@@ -343,21 +413,20 @@ fn dots2<const G: usize>(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (qs, k0, k1, sc, len, j, scale);
+        let _ = (qs, ks, sc, len, j, scale);
         unreachable!("no SIMD isa is supported off x86-64");
     }
 }
 
 /// # Safety
-/// `qs` must be valid for `G * hd` floats, `k0` and `k1` for `hd` floats,
+/// `qs` must be valid for `G * hd` floats, `ks` for `2 * hd` floats,
 /// `hd % 8 == 0`, and the CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots2_avx2<const G: usize>(
     qs: *const f32,
     hd: usize,
-    k0: *const f32,
-    k1: *const f32,
+    ks: *const f32,
 ) -> ([f32; G], [f32; G]) {
     use std::arch::x86_64::*;
     let mut a0 = [_mm256_setzero_ps(); G];
@@ -365,8 +434,8 @@ unsafe fn dots2_avx2<const G: usize>(
     for c in (0..hd).step_by(8) {
         // SAFETY: `c + 8 <= hd` floats of each row are in bounds (fn contract).
         unsafe {
-            let kc0 = _mm256_loadu_ps(k0.add(c));
-            let kc1 = _mm256_loadu_ps(k1.add(c));
+            let kc0 = _mm256_loadu_ps(ks.add(c));
+            let kc1 = _mm256_loadu_ps(ks.add(hd + c));
             for h in 0..G {
                 let qc = _mm256_loadu_ps(qs.add(h * hd + c));
                 a0[h] = _mm256_fmadd_ps(qc, kc0, a0[h]);
@@ -445,6 +514,9 @@ mod tests {
             (7, 32, 2, 4, 9),
             (1, 24, 1, 8, 1),
             (2, 12, 2, 5, 23),
+            (2, 16, 2, 8, 30),
+            (5, 32, 1, 8, 19),
+            (1, 64, 2, 16, 50),
         ] {
             let pages: Vec<u32> = (0..len.div_ceil(page_size) as u32)
                 .rev()

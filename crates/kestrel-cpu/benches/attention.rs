@@ -1,0 +1,69 @@
+//! Paged decode attention at SmolLM2-135M's shape (9 query heads over 3 kv
+//! heads, head_dim 64, pages of 16): one decode row for each of 32
+//! sequences, every kv group, single-threaded, with each sequence's pages
+//! interleaved with the others' as a busy pool leaves them. Each iteration
+//! moves to the next of 8 layers' K/V arrays, so the KV cache is far larger
+//! than L3 and is read from memory as in a real decode step.
+//! `cargo bench -p kestrel-cpu --bench attention`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kestrel_cpu::kernels::attention::{attend_group, scores_len, PagedSeq};
+use kestrel_cpu::synth::Rng;
+use kestrel_cpu::Isa;
+
+fn bench(c: &mut Criterion) {
+    const SEQS: usize = 32;
+    const LAYERS: usize = 8;
+    const PAGE: usize = 16;
+    const NKV: usize = 3;
+    const GROUP: usize = 3;
+    const HD: usize = 64;
+    let mut rng = Rng(3);
+    let mut g = c.benchmark_group("attention");
+    for ctx in [128usize, 512] {
+        let pps = ctx.div_ceil(PAGE);
+        let floats = SEQS * pps * PAGE * NKV * HD;
+        let k: Vec<Vec<f32>> = (0..LAYERS).map(|_| rng.vec(floats, 1.0)).collect();
+        let v: Vec<Vec<f32>> = (0..LAYERS).map(|_| rng.vec(floats, 1.0)).collect();
+        let pages: Vec<Vec<u32>> = (0..SEQS)
+            .map(|s| (0..pps).map(|p| (p * SEQS + s) as u32).collect())
+            .collect();
+        let q = rng.vec(GROUP * HD, 4.0);
+        let mut scores = vec![0f32; scores_len(GROUP, ctx)];
+        let mut out = vec![0f32; GROUP * HD];
+        let mut layer = 0;
+        let isa = Isa::detect();
+        g.throughput(Throughput::Elements((SEQS * ctx) as u64));
+        g.bench_with_input(BenchmarkId::new("decode_32_seqs", ctx), &ctx, |b, &ctx| {
+            b.iter(|| {
+                layer = (layer + 1) % LAYERS;
+                for pages in &pages {
+                    let seq = PagedSeq {
+                        pages,
+                        page_size: PAGE,
+                        num_kv_heads: NKV,
+                        head_dim: HD,
+                    };
+                    for kg in 0..NKV {
+                        attend_group(
+                            isa,
+                            &q,
+                            &k[layer],
+                            &v[layer],
+                            seq,
+                            kg,
+                            ctx,
+                            0.125,
+                            &mut scores,
+                            &mut out,
+                        );
+                    }
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
