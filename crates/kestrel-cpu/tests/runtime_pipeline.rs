@@ -1,7 +1,8 @@
 //! The CPU runtime driven by the real pipeline loop: blocking and pipelined
 //! modes (both prefill policies) give identical tokens; a request gives the
 //! same tokens alone and in a batch; the real default model reproduces the
-//! f32 NumPy reference's greedy tokens through the whole stack.
+//! f32 NumPy reference's greedy tokens through the whole stack; step
+//! timings come back through the `Executor` trait, one per step, in order.
 
 use std::sync::{Arc, Mutex};
 
@@ -272,4 +273,82 @@ fn real_model_matches_reference_greedy_tokens() {
     for (p, out) in golden.prompts.iter().zip(&outs) {
         assert_eq!(out, &p.greedy_ids, "prompt {}", p.name);
     }
+}
+
+/// An observer that watches nothing: `Observed` must still hand the
+/// runtime's own step timings through.
+struct NoObserver;
+impl kestrel_pipeline::WaitObserver for NoObserver {}
+
+#[test]
+fn step_timings_cover_every_step_in_order_through_a_wrapper() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 4);
+    let rt = CpuRuntime::new(
+        w,
+        CpuRuntimeConfig {
+            threads: 2,
+            max_rows: 4,
+            num_pages: 64,
+            page_size: 16,
+            max_seq_len: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let observed = kestrel_pipeline::Observed {
+        inner: rt,
+        observer: NoObserver,
+    };
+    let config = LoopConfig {
+        mode: PipelineMode::Pipelined,
+        max_batch_size: 4,
+        max_seq_len: 256,
+        ..Default::default()
+    };
+    let mut engine = EngineLoop::new(observed, config).unwrap();
+    let submit = |engine: &mut EngineLoop<_>, id: u64| {
+        let out = Arc::new(Mutex::new((Vec::new(), None)));
+        engine
+            .submit(Request {
+                id,
+                prompt: (1..20).collect(),
+                max_new_tokens: 6,
+                params: SamplingParams::greedy(),
+                skill: Box::new(Record { eos: vec![], out }),
+            })
+            .unwrap();
+    };
+    let mut t = Vec::new();
+    engine.executor_mut().drain_timings(&mut t);
+    assert!(t.is_empty(), "nothing recorded before recording starts");
+
+    engine.executor_mut().record_timings(true).unwrap();
+    submit(&mut engine, 1);
+    assert_eq!(engine.run_until_idle(), Tick::Idle);
+    engine.executor_mut().drain_timings(&mut t);
+    // One prefill (it samples the first token), then one decode step per
+    // further token.
+    assert_eq!(t.len(), 6, "{t:?}");
+    assert!(t[0].prefill && t[1..].iter().all(|s| !s.prefill && s.rows == 1));
+    for s in &t {
+        assert!(s.forward_start <= s.forward_end, "{s:?}");
+        assert!(s.forward_end <= s.sample_start, "{s:?}");
+        assert!(s.sample_start <= s.sample_end, "{s:?}");
+    }
+    for p in t.windows(2) {
+        assert!(p[0].step < p[1].step, "{p:?} out of launch order");
+        assert!(
+            p[0].sample_end <= p[1].forward_start,
+            "{p:?} overlap on one stream"
+        );
+    }
+    t.clear();
+    engine.executor_mut().drain_timings(&mut t);
+    assert!(t.is_empty(), "drained steps are gone");
+
+    engine.executor_mut().record_timings(false).unwrap();
+    submit(&mut engine, 2);
+    assert_eq!(engine.run_until_idle(), Tick::Idle);
+    engine.executor_mut().drain_timings(&mut t);
+    assert!(t.is_empty(), "nothing recorded after recording stops");
 }

@@ -7,11 +7,9 @@
 //! a CUDA driver or device, `start_cuda` returns `BackendUnavailable` with
 //! kestrel-cuda's message.
 
-use std::time::Instant;
-
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
-use kestrel_pipeline::LoopConfig;
+use kestrel_pipeline::{Executor, LoopConfig};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -36,7 +34,8 @@ pub(crate) fn start_cpu(
     };
     Engine::spawn(model, loop_config, "cpu".into(), move || {
         let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU runtime", &e))?;
-        rt.record_timings(true);
+        rt.record_timings(true)
+            .map_err(|e| unavailable("CPU runtime timings", &e))?;
         Ok(rt)
     })
 }
@@ -80,14 +79,6 @@ impl Runtime for CudaRuntime {
     fn kv_stats(&self) -> KvStats {
         CudaRuntime::kv_stats(self)
     }
-
-    /// From CUDA events on the compute stream (forward start to sampling end).
-    fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
-        out.extend(
-            self.drain_timings()
-                .map(|t| (t.forward_start, t.sample_end)),
-        );
-    }
 }
 
 impl Runtime for CpuRuntime {
@@ -97,12 +88,5 @@ impl Runtime for CpuRuntime {
 
     fn host_compute_threads(&self) -> usize {
         self.compute_threads()
-    }
-
-    fn take_device_intervals(&mut self, out: &mut Vec<(Instant, Instant)>) {
-        out.extend(
-            self.drain_timings()
-                .map(|t| (t.forward_start, t.sample_end)),
-        );
     }
 }

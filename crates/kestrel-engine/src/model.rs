@@ -21,12 +21,6 @@ pub use kestrel_kv::KvStats;
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     fn kv_stats(&self) -> KvStats;
 
-    /// Device busy intervals `(forward start, sampling end)` of steps
-    /// completed since the last call, oldest first. Runtimes that do not
-    /// measure leave `out` alone; the engine then approximates device idle
-    /// between forwards from host timestamps around `run_once`.
-    fn take_device_intervals(&mut self, _out: &mut Vec<(std::time::Instant, std::time::Instant)>) {}
-
     /// Host cores this runtime keeps busy computing (a CPU runtime's matmul
     /// threads; 0 for a GPU). The engine fills masks in parallel only on
     /// cores left over.
@@ -55,10 +49,6 @@ impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
 {
     fn kv_stats(&self) -> KvStats {
         self.inner.kv_stats()
-    }
-
-    fn take_device_intervals(&mut self, out: &mut Vec<(std::time::Instant, std::time::Instant)>) {
-        self.inner.take_device_intervals(out);
     }
 
     fn host_compute_threads(&self) -> usize {

@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{EngineLoop, Request, SamplingParams, SubmitError, Tick};
+use kestrel_pipeline::{EngineLoop, Request, SamplingParams, StepTiming, SubmitError, Tick};
 
 use crate::engine::Shared;
 use crate::error::EngineError;
@@ -55,8 +55,8 @@ pub(crate) struct Worker<R: Runtime> {
     shutdown_deadline: Option<Instant>,
     deadline_aborted: bool,
     shutdown_replies: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// Device busy intervals reported by the runtime (reused buffer).
-    intervals: Vec<(Instant, Instant)>,
+    /// Step timings reported by the runtime (reused buffer).
+    timings: Vec<StepTiming>,
     /// The runtime reports device intervals: no host-side approximation.
     device_measured: bool,
     last_device_end: Option<Instant>,
@@ -105,7 +105,7 @@ impl<R: Runtime> Worker<R> {
             shutdown_deadline: None,
             deadline_aborted: false,
             shutdown_replies: Vec::new(),
-            intervals: Vec::new(),
+            timings: Vec::new(),
             device_measured: false,
             last_device_end: None,
         }
@@ -360,13 +360,15 @@ impl<R: Runtime> Worker<R> {
         tracing::info!("engine thread stopped");
     }
 
-    /// Device idle between forwards, from the runtime's own timestamps.
+    /// Device idle between forwards (sampling end to the next forward's
+    /// start), from the runtime's own timestamps. Runtimes that do not
+    /// measure report none; the engine then approximates device idle from
+    /// host timestamps around `run_once`.
     fn record_device_intervals(&mut self) {
-        self.intervals.clear();
-        self.lp
-            .executor_mut()
-            .take_device_intervals(&mut self.intervals);
-        for &(start, end) in &self.intervals {
+        self.timings.clear();
+        self.lp.executor_mut().drain_timings(&mut self.timings);
+        for t in &self.timings {
+            let (start, end) = (t.forward_start, t.sample_end);
             self.device_measured = true;
             if let Some(prev) = self.last_device_end {
                 self.shared

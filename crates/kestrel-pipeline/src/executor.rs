@@ -6,7 +6,7 @@
 //! never launched into before its previous step was committed (I6), and that
 //! steps are waited on in launch order (I2).
 
-use crate::{RequestId, TokenId};
+use crate::{RequestId, StepTiming, TokenId};
 
 /// Index of a ping-pong slot (`0..num_slots`).
 pub type SlotId = usize;
@@ -147,5 +147,20 @@ pub trait Executor {
     /// runtime recaptures its graphs here). An error is engine-fatal.
     fn on_resume(&mut self) -> Result<(), Self::Error> {
         Ok(())
+    }
+
+    /// Start (`true`) or stop recording when the device ran each step's
+    /// forward and sampling ([`StepTiming`]), for device-idle metrics and
+    /// benchmarks; read them with [`Executor::drain_timings`]. Runtimes that
+    /// cannot time their device record nothing (the default).
+    fn record_timings(&mut self, on: bool) -> Result<(), Self::Error> {
+        let _ = on;
+        Ok(())
+    }
+
+    /// Append to `out` the timings of the steps committed since the last
+    /// call, in commit order (nothing when not recording).
+    fn drain_timings(&mut self, out: &mut Vec<StepTiming>) {
+        let _ = out;
     }
 }

@@ -86,4 +86,10 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     fn on_resume(&mut self) -> Result<(), Self::Error> {
         self.inner.on_resume()
     }
+    fn record_timings(&mut self, on: bool) -> Result<(), Self::Error> {
+        self.inner.record_timings(on)
+    }
+    fn drain_timings(&mut self, out: &mut Vec<crate::StepTiming>) {
+        self.inner.drain_timings(out);
+    }
 }

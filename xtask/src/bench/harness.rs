@@ -5,7 +5,7 @@
 //! [`Instrumented`] forwards every `Executor` call and times `wait_step` (the
 //! scheduler thread blocked on the device), and [`Recording`] forwards every
 //! `SequenceSkill` call and timestamps each committed token. Device timings
-//! come from the runtime itself ([`BenchRuntime::take_timings`]).
+//! come from the runtime itself ([`kestrel_pipeline::Executor::drain_timings`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,7 +158,9 @@ pub fn run_workload<R: BenchRuntime>(
     let (tx, rx): (Sender<RequestRecord>, Receiver<RequestRecord>) = channel();
     let exec = engine.executor_mut();
     exec.observer.take_waits();
-    exec.inner.record_timings(true)?;
+    exec.inner
+        .record_timings(true)
+        .context("recording step timings")?;
     let stats0 = engine.stats();
     let start = Instant::now();
     let secs = |t: Instant| t.saturating_duration_since(start).as_secs_f64();
@@ -191,12 +193,14 @@ pub fn run_workload<R: BenchRuntime>(
     }
     let mut finished = 0;
     let mut zombies_seen = stats0.zombie_rows;
+    let mut timings = Vec::new();
     while finished < w.requests() {
         let t0 = Instant::now();
         let tick = engine.run_once();
         let t1 = Instant::now();
         data.ticks.push((secs(t0), secs(t1)));
-        let timings = engine.executor_mut().inner.take_timings();
+        timings.clear();
+        engine.executor_mut().inner.drain_timings(&mut timings);
         let zombies = engine.stats().zombie_rows;
         let mut new_zombies = (zombies - zombies_seen) as usize;
         zombies_seen = zombies;
@@ -262,7 +266,9 @@ pub fn run_workload<R: BenchRuntime>(
     // Let any zombie-only step still in flight commit so the engine is idle.
     while engine.run_once() == Tick::Progress {}
     let exec = engine.executor_mut();
-    exec.inner.record_timings(false)?;
+    exec.inner
+        .record_timings(false)
+        .context("recording step timings")?;
     data.waits = exec
         .observer
         .take_waits()

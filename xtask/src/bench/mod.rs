@@ -519,7 +519,11 @@ fn prefill_probe<R: BenchRuntime>(
             .map(|i| ((i * 2_654_435_761 + salt * 97 + 1000) % (vocab as u64 - 1000)) as u32 + 500)
             .collect();
         let skill = Skill::new(ctx, &SkillSpec::text(), SkillOptions::default())?;
-        engine.executor_mut().inner.record_timings(true)?;
+        engine
+            .executor_mut()
+            .inner
+            .record_timings(true)
+            .context("recording step timings")?;
         engine.submit(Request {
             id: 9_000_000 + salt,
             prompt,
@@ -530,8 +534,13 @@ fn prefill_probe<R: BenchRuntime>(
         if engine.run_until_idle() != Tick::Idle {
             bail!("prefill probe did not finish");
         }
-        let t = engine.executor_mut().inner.take_timings();
-        engine.executor_mut().inner.record_timings(false)?;
+        let mut t = Vec::new();
+        engine.executor_mut().inner.drain_timings(&mut t);
+        engine
+            .executor_mut()
+            .inner
+            .record_timings(false)
+            .context("recording step timings")?;
         let step = t
             .iter()
             .find(|s| s.prefill)

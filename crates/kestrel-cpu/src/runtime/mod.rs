@@ -204,18 +204,6 @@ impl CpuRuntime {
         self.compute_threads
     }
 
-    /// Start (or stop) recording per-step device timings (for benchmarks).
-    pub fn record_timings(&mut self, on: bool) {
-        self.timings = on.then(Vec::new);
-    }
-
-    /// Timings recorded since the last call, in commit order.
-    pub fn drain_timings(&mut self) -> impl Iterator<Item = StepTiming> + '_ {
-        // Drained, not taken: the buffer keeps its capacity, so recording
-        // allocates nothing per step.
-        self.timings.iter_mut().flat_map(|t| t.drain(..))
-    }
-
     pub fn kv_stats(&self) -> KvStats {
         self.book.kv_stats()
     }
@@ -478,6 +466,25 @@ impl Executor for CpuRuntime {
         }
         self.launched = None;
         self.book.release_all();
+    }
+
+    /// Timings come from the compute stream's clock around each step's
+    /// forward and sampling.
+    fn record_timings(&mut self, on: bool) -> Result<(), RuntimeError> {
+        match (on, &self.timings) {
+            (false, _) => self.timings = None,
+            (true, None) => self.timings = Some(Vec::new()),
+            (true, Some(_)) => {}
+        }
+        Ok(())
+    }
+
+    fn drain_timings(&mut self, out: &mut Vec<StepTiming>) {
+        // Drained, not taken: the buffer keeps its capacity, so recording
+        // allocates nothing per step.
+        if let Some(t) = &mut self.timings {
+            out.append(t);
+        }
     }
 }
 

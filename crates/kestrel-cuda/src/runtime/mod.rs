@@ -8,7 +8,7 @@
 //! only enqueue; the scheduler thread blocks only in `wait_step`. The next
 //! input token stays on the device (`pending`, written by sampling). Any
 //! CUDA error after dispatch is [`ExecError::Fatal`]. On request
-//! ([`CudaRuntime::record_timings`]) each step's forward and sampling are
+//! ([`Executor::record_timings`]) each step's forward and sampling are
 //! timed with CUDA events ([`timing`]).
 
 mod device;
@@ -256,34 +256,6 @@ impl CudaRuntime {
 
     pub fn config(&self) -> &CudaRuntimeConfig {
         &self.cfg
-    }
-
-    /// Start (or stop) recording per-step device timings (for the engine's
-    /// device-idle metric and benchmarks). Steps launched while recording
-    /// get four timing events on the compute stream; their timings are
-    /// available from [`CudaRuntime::drain_timings`] once committed.
-    pub fn record_timings(&mut self, on: bool) -> Result<(), CudaError> {
-        if !on {
-            self.timings = None;
-            return Ok(());
-        }
-        self.dev.ctx.bind_to_thread()?;
-        match &mut self.clock {
-            Some(c) => c.anchor()?,
-            None => self.clock = Some(DeviceClock::new(&self.dev.ctx)?),
-        }
-        if self.timings.is_none() {
-            self.timings = Some(Vec::new());
-        }
-        Ok(())
-    }
-
-    /// Timings of the steps committed since the last call, in commit order
-    /// (empty when not recording).
-    pub fn drain_timings(&mut self) -> impl Iterator<Item = StepTiming> + '_ {
-        // Drained, not taken: the buffer keeps its capacity, so recording
-        // allocates nothing per step.
-        self.timings.iter_mut().flat_map(|t| t.drain(..))
     }
 
     /// Convert a waited step's events into host instants (all four have
@@ -897,6 +869,32 @@ impl Executor for CudaRuntime {
             self.rebuild_graphs()?;
         }
         Ok(())
+    }
+
+    /// Steps launched while recording get four timing events on the compute
+    /// stream, converted to host instants once the step is committed.
+    fn record_timings(&mut self, on: bool) -> Result<(), CudaError> {
+        if !on {
+            self.timings = None;
+            return Ok(());
+        }
+        self.dev.ctx.bind_to_thread()?;
+        match &mut self.clock {
+            Some(c) => c.anchor()?,
+            None => self.clock = Some(DeviceClock::new(&self.dev.ctx)?),
+        }
+        if self.timings.is_none() {
+            self.timings = Some(Vec::new());
+        }
+        Ok(())
+    }
+
+    fn drain_timings(&mut self, out: &mut Vec<StepTiming>) {
+        // Drained, not taken: the buffer keeps its capacity, so recording
+        // allocates nothing per step.
+        if let Some(t) = &mut self.timings {
+            out.append(t);
+        }
     }
 }
 
