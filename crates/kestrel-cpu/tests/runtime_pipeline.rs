@@ -109,6 +109,22 @@ fn run(
         .collect()
 }
 
+/// A runtime for a few short sequences: 4 rows, 64 pages of 16, 256 tokens.
+fn small_runtime(weights: ModelWeights, threads: usize) -> CpuRuntime {
+    CpuRuntime::new(
+        weights,
+        CpuRuntimeConfig {
+            threads,
+            max_rows: 4,
+            num_pages: 64,
+            page_size: 16,
+            max_seq_len: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 fn tiny_jobs() -> Vec<Job> {
     (0..6u64)
         .map(|i| Job {
@@ -180,18 +196,7 @@ fn prefix_cache_hit_gives_same_tokens() {
         max_new: 10,
         params: SamplingParams::greedy(),
     };
-    let rt = CpuRuntime::new(
-        w.clone(),
-        CpuRuntimeConfig {
-            threads: 1,
-            max_rows: 4,
-            num_pages: 64,
-            page_size: 16,
-            max_seq_len: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let rt = small_runtime(w.clone(), 1);
     let mut engine = EngineLoop::new(
         rt,
         LoopConfig {
@@ -283,18 +288,7 @@ impl kestrel_pipeline::WaitObserver for NoObserver {}
 #[test]
 fn step_timings_cover_every_step_in_order_through_a_wrapper() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 4);
-    let rt = CpuRuntime::new(
-        w,
-        CpuRuntimeConfig {
-            threads: 2,
-            max_rows: 4,
-            num_pages: 64,
-            page_size: 16,
-            max_seq_len: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let rt = small_runtime(w, 2);
     let observed = kestrel_pipeline::Observed {
         inner: rt,
         observer: NoObserver,
