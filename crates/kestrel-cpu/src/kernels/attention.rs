@@ -235,6 +235,7 @@ fn pv<const G: usize>(
     out: &mut [f32],
 ) {
     let hd = seq.head_dim;
+    debug_assert!(len > 0, "`out` is written only from the first key on");
     assert!(hd.is_multiple_of(16) && p.len() >= G * len && inv.len() >= G && out.len() >= G * hd);
     seq.for_each_page(len, g, |j0, count, base, _| {
         let end = base + count * hd;
