@@ -685,7 +685,7 @@ impl CpuModel {
         let workers = if visits < 1024 {
             1
         } else {
-            self.threads().min(ntasks).max(1)
+            self.threads().min(ntasks)
         };
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);

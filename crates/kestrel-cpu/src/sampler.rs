@@ -102,13 +102,6 @@ pub fn uniform(seed: u64, position: u32) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Is `token` allowed by `mask` (bit `t % 32` of word `t / 32`)?
-#[inline]
-pub fn allowed(mask: &[u32], token: usize) -> bool {
-    mask.get(token / 32)
-        .is_some_and(|w| w >> (token % 32) & 1 == 1)
-}
-
 /// Set the logits of tokens `mask` forbids to -inf (tokens past the mask's
 /// words are forbidden too). Whole words of allowed tokens are skipped.
 fn apply_mask(logits: &mut [f32], mask: &[u32]) {
@@ -167,7 +160,8 @@ unsafe fn max_key_avx2(logits: &[f32]) -> i32 {
 /// The id of the largest logit (`total_cmp` order, lowest id on ties,
 /// -inf and NaN excluded): the full path's greedy pick. Two branch-free
 /// passes over integer keys, which vectorize: a compare-and-branch chain
-/// costs about a nanosecond per logit, 40 us per 49k-token row (3 us now).
+/// costs about a nanosecond per logit, 40 us per 49k-token row (10 us now,
+/// `cargo bench -p kestrel-cpu --bench sampler`).
 fn greedy_argmax(logits: &[f32]) -> Option<u32> {
     const CHUNK: usize = 64;
     #[cfg(target_arch = "x86_64")]

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, Executor, LoopConfig, Outcome, PipelineMode, PrefillPolicy,
-    Request, SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
+    CommittedToken, EngineLoop, Executor, LoopConfig, Observed, Outcome, PipelineMode,
+    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
 };
 
 /// Records tokens; stops at one of `eos`.
@@ -289,7 +289,7 @@ impl kestrel_pipeline::WaitObserver for NoObserver {}
 fn step_timings_cover_every_step_in_order_through_a_wrapper() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 4);
     let rt = small_runtime(w, 2);
-    let observed = kestrel_pipeline::Observed {
+    let observed = Observed {
         inner: rt,
         observer: NoObserver,
     };
@@ -300,26 +300,28 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
         ..Default::default()
     };
     let mut engine = EngineLoop::new(observed, config).unwrap();
-    let submit = |engine: &mut EngineLoop<_>, id: u64| {
-        let out = Arc::new(Mutex::new((Vec::new(), None)));
-        engine
-            .submit(Request {
-                id,
-                prompt: (1..20).collect(),
-                max_new_tokens: 6,
-                params: SamplingParams::greedy(),
-                skill: Box::new(Record { eos: vec![], out }),
-            })
-            .unwrap();
-    };
+    // One request to completion, then whatever timings it left.
+    let serve =
+        |engine: &mut EngineLoop<Observed<CpuRuntime, NoObserver>>, id: u64, t: &mut Vec<_>| {
+            let out = Arc::new(Mutex::new((Vec::new(), None)));
+            engine
+                .submit(Request {
+                    id,
+                    prompt: (1..20).collect(),
+                    max_new_tokens: 6,
+                    params: SamplingParams::greedy(),
+                    skill: Box::new(Record { eos: vec![], out }),
+                })
+                .unwrap();
+            assert_eq!(engine.run_until_idle(), Tick::Idle);
+            engine.executor_mut().drain_timings(t);
+        };
     let mut t = Vec::new();
-    engine.executor_mut().drain_timings(&mut t);
+    serve(&mut engine, 0, &mut t);
     assert!(t.is_empty(), "nothing recorded before recording starts");
 
     engine.executor_mut().record_timings(true).unwrap();
-    submit(&mut engine, 1);
-    assert_eq!(engine.run_until_idle(), Tick::Idle);
-    engine.executor_mut().drain_timings(&mut t);
+    serve(&mut engine, 1, &mut t);
     // One prefill (it samples the first token), then one decode step per
     // further token.
     assert_eq!(t.len(), 6, "{t:?}");
@@ -341,8 +343,6 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
     assert!(t.is_empty(), "drained steps are gone");
 
     engine.executor_mut().record_timings(false).unwrap();
-    submit(&mut engine, 2);
-    assert_eq!(engine.run_until_idle(), Tick::Idle);
-    engine.executor_mut().drain_timings(&mut t);
+    serve(&mut engine, 2, &mut t);
     assert!(t.is_empty(), "nothing recorded after recording stops");
 }

@@ -192,6 +192,7 @@ fn gpu_step_timings_are_ordered_host_instants() {
         },
     )
     .unwrap();
+    run(&mut gpu, &prompts(vocab), 2, true);
     let mut t = Vec::new();
     gpu.drain_timings(&mut t);
     assert!(t.is_empty(), "not recording yet");

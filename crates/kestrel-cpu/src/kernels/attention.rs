@@ -15,8 +15,8 @@
 //! At many streams a decode step's KV is far larger than the caches, so the
 //! kernel is bound by memory: each page holds one kv head's rows as one
 //! contiguous block ([`crate::KvStore`]), the score pass hints the next K
-//! page and the current V page into L2, and the weighted sum reads each V
-//! page once (`cargo bench -p kestrel-cpu --bench attention`).
+//! page and (up to `V_AHEAD_BYTES` of V per kv head) the current V page
+//! into L2, and the weighted sum reads each V page once (`cargo bench -p kestrel-cpu --bench attention`).
 
 use super::ops::{axpy, dot8, exp};
 use super::Isa;
@@ -267,11 +267,11 @@ unsafe fn pv_avx2<const G: usize>(
 ) {
     use std::arch::x86_64::*;
     let hd = seq.head_dim;
-    let mut first = true;
     seq.for_each_page(len, g, |j0, count, base, next| {
         for d0 in (0..hd).step_by(16) {
             let mut acc = [[_mm256_setzero_ps(); 2]; G];
-            if !first {
+            // Pages after the first continue the sums parked in `out`.
+            if j0 > 0 {
                 for (h, acc_h) in acc.iter_mut().enumerate() {
                     let o = &out[h * hd + d0..h * hd + d0 + 16];
                     // SAFETY: `o` holds 16 floats.
@@ -307,7 +307,6 @@ unsafe fn pv_avx2<const G: usize>(
                 }
             }
         }
-        first = false;
     });
     for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
         let s = _mm256_set1_ps(inv_h);
@@ -542,7 +541,8 @@ mod tests {
                     attend_group(isa, &q, &k, &v, seq, g, len, 0.125, &mut scores, &mut out);
                     let at =
                         format!("{isa:?} group {group} hd {hd} page {page_size} len {len} g {g}");
-                    assert_eq!(out, want, "{at}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&out), bits(&want), "{at}");
                 }
             }
         }

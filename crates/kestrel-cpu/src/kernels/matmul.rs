@@ -55,17 +55,7 @@ impl<'a> MatRef<'a> {
             name: name.to_owned(),
             dtype: m.dtype,
         })?;
-        Self::from_parts(name, enc, m.rows, m.cols, &m.data)
-    }
-
-    /// As [`MatRef::new`] from raw parts.
-    pub fn from_parts(
-        name: &str,
-        enc: Encoding,
-        rows: usize,
-        cols: usize,
-        data: &'a [u8],
-    ) -> Result<Self, CpuError> {
+        let (rows, cols, data) = (m.rows, m.cols, &m.data[..]);
         if enc.is_quantized() && !cols.is_multiple_of(32) {
             return Err(CpuError::Shape {
                 name: name.to_owned(),
@@ -144,6 +134,12 @@ pub fn matmul_group(
     for j in jobs.iter() {
         assert_eq!(j.w.cols, cols, "all matrices of a group share cols");
         assert_eq!(j.y.len(), n * j.w.rows, "y must be n x rows");
+        // `MatRef`'s fields are public, so the kernels' reads rest on this
+        // (one comparison per matrix per call), not on how it was built.
+        assert!(
+            j.w.row_bytes == j.w.enc.row_bytes(cols) && j.w.data.len() >= j.w.bytes(),
+            "a MatRef's bytes must hold rows x row_bytes of its encoding"
+        );
         total_rows += j.w.rows;
     }
     let threads = team.map_or(1, Team::threads);
@@ -179,10 +175,12 @@ pub fn matmul_group(
 }
 
 /// How a region's weight rows are cut into tasks: a head of large tasks
-/// (about 4 per thread over three quarters of the rows), then a tail of
-/// 16-row ones, so that the last tasks claimed are short and no thread
-/// waits long for another at the region's end. Boundaries are multiples
-/// of 16 rows, so tiles stay whole.
+/// (a quarter of a thread's share each, at most 1024 rows, covering three
+/// quarters of the rows), then a tail of 16-row ones, so that the last tasks
+/// claimed are short and no thread waits long for another at the region's
+/// end. Boundaries are multiples of 16 in the group's rows laid end to end
+/// (a job's own tiles stay whole where earlier jobs' row counts are
+/// multiples of 16, as every model matrix's are).
 #[derive(Debug, Clone, Copy)]
 struct TaskSplit {
     total: usize,
@@ -542,12 +540,6 @@ unsafe fn tile(
 
 #[cfg(target_arch = "x86_64")]
 use super::x86;
-
-/// Reference: canonical dot of row `r` with activation row `x` (for tests and
-/// the embedding-free paths). Identical to the tiled kernels' result.
-pub fn dot_row(w: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
-    scalar::dot(w.enc, w.row(r), x)
-}
 
 /// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
 pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {

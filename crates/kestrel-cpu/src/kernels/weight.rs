@@ -167,7 +167,8 @@ mod tests {
 
     #[test]
     fn repacked_rows_decode_to_the_stored_values() {
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16] {
+        // Q8_0, F16 and the rest are kept as stored: nothing to compare.
+        for dtype in [DType::Q4_0, DType::Q4_1] {
             let m = random_matrix(&mut Rng(3), dtype, 5, 96, 1.0);
             let w = Weight::prepare("w", &m).unwrap();
             let stored = MatRef::new("w", &m).unwrap();

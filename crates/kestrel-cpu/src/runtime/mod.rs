@@ -471,10 +471,10 @@ impl Executor for CpuRuntime {
     /// Timings come from the compute stream's clock around each step's
     /// forward and sampling.
     fn record_timings(&mut self, on: bool) -> Result<(), RuntimeError> {
-        match (on, &self.timings) {
-            (false, _) => self.timings = None,
-            (true, None) => self.timings = Some(Vec::new()),
-            (true, Some(_)) => {}
+        if on {
+            self.timings.get_or_insert_default();
+        } else {
+            self.timings = None;
         }
         Ok(())
     }

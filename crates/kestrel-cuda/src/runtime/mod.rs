@@ -809,11 +809,7 @@ impl Executor for CudaRuntime {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
             match self.step_timing(slot, &state) {
-                Ok(t) => {
-                    if let Some(ts) = self.timings.as_mut() {
-                        ts.push(t);
-                    }
-                }
+                Ok(t) => self.timings.get_or_insert_default().push(t),
                 Err(e) => tracing::warn!(error = %e, "dropping a step's device timing"),
             }
             if let Some(c) = self.clock.as_mut().filter(|c| c.stale(Instant::now())) {
@@ -883,9 +879,7 @@ impl Executor for CudaRuntime {
             Some(c) => c.anchor()?,
             None => self.clock = Some(DeviceClock::new(&self.dev.ctx)?),
         }
-        if self.timings.is_none() {
-            self.timings = Some(Vec::new());
-        }
+        self.timings.get_or_insert_default();
         Ok(())
     }
 
