@@ -714,8 +714,9 @@ impl Executor for CudaRuntime {
                 }
                 let w = n * m.words_per_row;
                 host[n..n + w].copy_from_slice(&m.words[..w]);
-                // SAFETY: mask_host holds flags + words for max_batch rows;
-                // it is not rewritten before this slot's commit (I6).
+                // SAFETY: mask_dev, like mask_host, holds flags + words for
+                // max_batch rows, so the n + w copied words fit; the host
+                // source is not rewritten before this slot's commit (I6).
                 unsafe { result::memcpy_htod_async(s.mask_dev.ptr, &host[..n + w], st) }
                     .map_err(fatal)?;
                 (s.mask_dev.ptr, s.mask_dev.at::<u32>(n), m.words_per_row)
