@@ -160,8 +160,8 @@ unsafe fn max_key_avx2(logits: &[f32]) -> i32 {
 /// The id of the largest logit (`total_cmp` order, lowest id on ties,
 /// -inf and NaN excluded): the full path's greedy pick. Two branch-free
 /// passes over integer keys, which vectorize: a compare-and-branch chain
-/// costs about a nanosecond per logit, 40 us per 49k-token row (10 us now,
-/// `cargo bench -p kestrel-cpu --bench sampler`).
+/// costs about a nanosecond per logit, under 40 us per 49k-token row (6 us
+/// now, `cargo bench -p kestrel-cpu --bench sampler`).
 fn greedy_argmax(logits: &[f32]) -> Option<u32> {
     const CHUNK: usize = 64;
     #[cfg(target_arch = "x86_64")]
