@@ -33,22 +33,21 @@ pub(crate) fn start_cpu(
         ..CpuRuntimeConfig::default()
     };
     Engine::spawn(model, loop_config, "cpu".into(), move || {
-        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU runtime", &e))?;
-        rt.record_timings(true)
-            .map_err(|e| unavailable("CPU runtime timings", &e))?;
+        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
+        rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
         Ok(rt)
     })
 }
 
-/// EngineError's variants are fixed for API users; keep the cause chain in the text.
-fn unavailable(what: &str, e: &dyn std::error::Error) -> EngineError {
-    let mut msg = format!("{what}: {e}");
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(&format!(": {s}"));
-        src = s.source();
+/// The runtime's own typed error, kept as the source.
+fn unavailable(
+    backend: &'static str,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> EngineError {
+    EngineError::BackendUnavailable {
+        backend,
+        source: Box::new(e),
     }
-    EngineError::BackendUnavailable(msg)
 }
 
 /// Starts an engine on the CUDA runtime (device 0). Fails with
@@ -68,9 +67,8 @@ pub(crate) fn start_cuda(
         ..CudaRuntimeConfig::default()
     };
     Engine::spawn(model, loop_config, "cuda".into(), move || {
-        let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA runtime", &e))?;
-        rt.record_timings(true)
-            .map_err(|e| unavailable("CUDA runtime timings", &e))?;
+        let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
+        rt.record_timings(true).map_err(|e| unavailable("CUDA", e))?;
         Ok(rt)
     })
 }

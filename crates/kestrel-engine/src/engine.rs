@@ -13,18 +13,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{EngineLoop, LoopConfig, PipelineMode, Request};
-use kestrel_skills::{Skill, SkillError, SkillOptions, SkillSpec};
+use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, PipelineMode, Request};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::config::{Backend, EngineConfig, LoadEvent, ModelSource};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::model::{Health, ModelContext, ModelInfo, Runtime};
-use crate::request::{
-    seed_for_request_id, validate_sampling, Constraint, GenerateRequest, GenerateResponse,
-    StreamEvent,
-};
+use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
+use crate::validate::{self, Field, ValidRequest};
 use crate::skill::{StreamingSkill, StreamingSkillParts};
 use crate::worker::{Command, Submission, Worker};
 
@@ -34,7 +31,7 @@ use crate::worker::{Command, Submission, Worker};
 pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// Set once on an engine-fatal fault (or a panic of the engine thread).
-    pub fatal: OnceLock<String>,
+    pub fatal: OnceLock<Cause>,
     pub shutting_down: AtomicBool,
     pub exited: AtomicBool,
     /// Submissions sent but not yet handled by the engine thread.
@@ -129,7 +126,7 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         if loop_config.max_seq_len < 2 || loop_config.max_batch_size == 0 {
             return Err(EngineError::invalid(
-                "loop_config",
+                Field::Config("loop_config"),
                 "max_seq_len must be >= 2 and max_batch_size >= 1",
             ));
         }
@@ -152,7 +149,10 @@ impl Engine {
             .spawn(move || {
                 let lp = make().and_then(|rt| {
                     EngineLoop::new(rt, loop_config).map_err(|e| {
-                        EngineError::BackendUnavailable(format!("pipeline setup: {e}"))
+                        EngineError::BackendUnavailable {
+                            backend: "pipeline",
+                            source: Box::new(e),
+                        }
                     })
                 });
                 match lp {
@@ -166,9 +166,7 @@ impl Engine {
                     }
                 }
             })
-            .map_err(|e| {
-                EngineError::Unavailable(format!("cannot spawn the engine thread: {e}"))
-            })?;
+            .map_err(EngineError::Spawn)?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -177,9 +175,7 @@ impl Engine {
             }
             Err(_) => {
                 let _ = thread.join();
-                return Err(EngineError::Unavailable(
-                    "the engine thread died while starting".into(),
-                ));
+                return Err(EngineError::Stopped);
             }
         }
         Ok(Engine {
@@ -199,11 +195,7 @@ impl Engine {
                 Some(Ok(StreamEvent::Done(resp))) => return Ok(resp),
                 Some(Ok(StreamEvent::Delta { .. })) => {}
                 Some(Err(e)) => return Err(e),
-                None => {
-                    return Err(EngineError::Unavailable(
-                        "the request ended without a result".into(),
-                    ))
-                }
+                None => return Err(EngineError::Stopped),
             }
         }
     }
@@ -216,12 +208,22 @@ impl Engine {
     pub fn stream(&self, req: GenerateRequest) -> Result<GenerationStream, EngineError> {
         self.check_serving()?;
         let submitted = Instant::now();
-        let valid = self.validate(req)?;
-        let limit = self.shared.loop_config.max_waiting;
+        let pipeline_id = self.shared.next_id.fetch_add(1, SeqCst);
+        let limits = validate::Limits {
+            model: &self.model,
+            max_seq_len: self.shared.loop_config.max_seq_len,
+        };
+        let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
+        let lc = &self.shared.loop_config;
+        let limit = lc.max_waiting;
         // Reserve a queue place; the engine thread releases it on receipt.
+        // As in the loop, the limit counts requests beyond the batch rows
+        // free now (the gauges are as of the last loop iteration).
         let in_transit = self.shared.in_transit.fetch_add(1, SeqCst) + 1;
         let waiting = self.shared.metrics.waiting.get() as usize;
-        if waiting + in_transit > limit {
+        let admitted = self.shared.metrics.admitted.get() as usize;
+        let free_rows = lc.max_batch_size.saturating_sub(admitted);
+        if waiting + in_transit > limit + free_rows {
             self.shared.in_transit.fetch_sub(1, SeqCst);
             self.shared.metrics.rejected.fetch_add(1, SeqCst);
             return Err(EngineError::QueueFull { limit });
@@ -253,9 +255,7 @@ impl Engine {
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
             self.shared.in_transit.fetch_sub(1, SeqCst);
-            return Err(EngineError::Unavailable(
-                "the engine thread has stopped".into(),
-            ));
+            return Err(EngineError::Stopped);
         }
         Ok(GenerationStream {
             request_id: valid.request_id,
@@ -280,15 +280,28 @@ impl Engine {
     }
 
     /// Tokenizes on the caller's thread (the tokenizer is shared, read-only).
+    /// Text longer than [`validate::MAX_PROMPT_BYTES`] is refused untokenized.
     pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
+        if text.len() > validate::MAX_PROMPT_BYTES {
+            return Err(EngineError::invalid(
+                Field::Text,
+                format!(
+                    "is {} bytes, more than {} bytes",
+                    text.len(),
+                    validate::MAX_PROMPT_BYTES
+                ),
+            ));
+        }
         self.model.tokenize(text, add_special_tokens)
     }
 
+    /// Every id must be below the vocabulary size.
     pub fn detokenize(
         &self,
         ids: &[u32],
         skip_special_tokens: bool,
     ) -> Result<String, EngineError> {
+        validate::token_ids_in_vocab(ids, self.model.vocab_size(), Field::TokenId)?;
         self.model.detokenize(ids, skip_special_tokens)
     }
 
@@ -321,7 +334,7 @@ impl Engine {
 
     pub fn health(&self) -> Health {
         if let Some(why) = self.shared.fatal.get() {
-            return Health::NotServing(why.clone());
+            return Health::NotServing(crate::error::error_chain(why));
         }
         if self.shared.shutting_down.load(SeqCst) {
             return Health::NotServing("shutting down".into());
@@ -363,106 +376,16 @@ impl Engine {
 
     fn check_serving(&self) -> Result<(), EngineError> {
         if let Some(why) = self.shared.fatal.get() {
-            return Err(EngineError::Unavailable(why.clone()));
+            return Err(EngineError::Fatal(why.clone()));
         }
         if self.shared.shutting_down.load(SeqCst) {
             return Err(EngineError::ShuttingDown);
         }
         if self.shared.exited.load(SeqCst) {
-            return Err(EngineError::Unavailable(
-                "the engine thread has stopped".into(),
-            ));
+            return Err(EngineError::Stopped);
         }
         Ok(())
     }
-
-    /// The edge: raw request -> validated submission, on the caller's thread.
-    fn validate(&self, req: GenerateRequest) -> Result<ValidRequest, EngineError> {
-        if req.max_new_tokens == 0 {
-            return Err(EngineError::invalid("max_new_tokens", "must be at least 1"));
-        }
-        validate_sampling(&req.sampling)?;
-        let prompt = self.model.encode_prompt(&req.input)?;
-        if prompt.is_empty() {
-            return Err(EngineError::invalid("input", "the prompt is empty"));
-        }
-        let limit = self.shared.loop_config.max_seq_len;
-        if prompt.len() + req.max_new_tokens as usize > limit {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: prompt.len(),
-                max_new_tokens: req.max_new_tokens as usize,
-                limit,
-            });
-        }
-        let pipeline_id = self.shared.next_id.fetch_add(1, SeqCst);
-        let request_id = match req.request_id {
-            Some(id) if id.is_empty() || id.len() > 256 => {
-                return Err(EngineError::invalid(
-                    "request_id",
-                    "must be 1 to 256 bytes long",
-                ))
-            }
-            Some(id) => id,
-            None => format!("req-{pipeline_id}"),
-        };
-        let spec = match req.constraint {
-            None => SkillSpec::Text {
-                stop: req.stop,
-                stop_token_ids: req.stop_token_ids,
-                ignore_eos: req.ignore_eos,
-            },
-            Some(c) => {
-                if !req.stop.is_empty() || !req.stop_token_ids.is_empty() || req.ignore_eos {
-                    return Err(EngineError::invalid(
-                        "constraint",
-                        "stop, stop_token_ids and ignore_eos apply to unconstrained text only",
-                    ));
-                }
-                match c {
-                    Constraint::JsonSchema(schema) => SkillSpec::Json { schema },
-                    Constraint::Regex(r) => SkillSpec::Regex(r),
-                    Constraint::Choice(c) => SkillSpec::Choice(c),
-                    Constraint::Grammar(g) => SkillSpec::Grammar(g),
-                }
-            }
-        };
-        let options = SkillOptions {
-            logprobs: req.sampling.logprobs || req.sampling.top_logprobs > 0,
-            top_logprobs: req.sampling.top_logprobs as usize,
-        };
-        let skill = Skill::new(self.model.skills(), &spec, options).map_err(skill_error)?;
-        let mut sampling = req.sampling;
-        if sampling.seed == 0 {
-            sampling.seed = seed_for_request_id(&request_id);
-        }
-        Ok(ValidRequest {
-            request_id,
-            pipeline_id,
-            prompt,
-            max_new_tokens: req.max_new_tokens,
-            sampling,
-            skill,
-        })
-    }
-}
-
-/// A request after [`Engine::validate`].
-struct ValidRequest {
-    request_id: String,
-    pipeline_id: u64,
-    prompt: Vec<u32>,
-    max_new_tokens: u32,
-    sampling: kestrel_pipeline::SamplingParams,
-    skill: Skill,
-}
-
-fn skill_error(e: SkillError) -> EngineError {
-    let field = match &e {
-        SkillError::EmptyStopString { .. } => "stop",
-        SkillError::StopTokenOutOfRange { .. } => "stop_token_ids",
-        _ => "constraint",
-    };
-    EngineError::invalid(field, e.to_string())
 }
 
 fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), EngineError> {
@@ -470,7 +393,7 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
         if ok {
             Ok(())
         } else {
-            Err(EngineError::invalid(field, msg.to_string()))
+            Err(EngineError::invalid(Field::Config(field), msg.to_string()))
         }
     };
     check(c.threads >= 1, "threads", "must be at least 1")?;
@@ -544,9 +467,7 @@ impl GenerationStream {
                 // Every sender is gone without a terminal event: the engine
                 // thread stopped. Report it once instead of ending silently.
                 self.finished = true;
-                Poll::Ready(Some(Err(EngineError::Unavailable(
-                    "the engine stopped before the request finished".into(),
-                ))))
+                Poll::Ready(Some(Err(EngineError::Stopped)))
             }
         }
     }

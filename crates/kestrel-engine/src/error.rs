@@ -1,19 +1,32 @@
 //! The crate's one error type, [`EngineError`].
 //!
 //! Every failure a caller can see, with structured fields so the serving
-//! layer maps each variant to a status code without parsing messages:
-//! `InvalidArgument` / `ContextOverflow` are the caller's fault,
-//! `QueueFull` / `Unavailable` / `ShuttingDown` are retryable elsewhere,
-//! `ModelLoad` / `SkillSetup` / `BackendUnavailable` happen at start.
+//! layer maps each variant to a status code without parsing messages, and
+//! with typed `#[source]` causes so a caller can print the whole chain:
+//! `InvalidArgument` / `InvalidConstraint` / `ContextOverflow` are the
+//! caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
+//! retryable elsewhere, `ModelLoad` / `SkillSetup` / `BackendUnavailable`
+//! happen at start, `RequestFailed` / `ConstraintFailed` end one request.
+
+use kestrel_pipeline::Cause;
+
+use crate::request::GenerateResponse;
+use crate::validate::Field;
 
 /// Why an engine call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// A request field is out of range or does not compile (schema, regex, grammar).
+    /// A request field is out of range or malformed.
     #[error("invalid argument `{field}`: {message}")]
-    InvalidArgument {
-        field: &'static str,
-        message: String,
+    InvalidArgument { field: Field, message: String },
+
+    /// A constraint does not compile, or its first mask cannot be computed
+    /// within the constraint engine's limits.
+    #[error("invalid argument `{field}`")]
+    InvalidConstraint {
+        field: Field,
+        #[source]
+        source: kestrel_skills::SkillError,
     },
 
     /// The waiting queue is full; the request was not queued.
@@ -31,9 +44,17 @@ pub enum EngineError {
         limit: usize,
     },
 
-    /// The engine is not serving (an engine-fatal fault, or its thread stopped).
-    #[error("engine unavailable: {0}")]
-    Unavailable(String),
+    /// The engine stopped serving after an engine-fatal fault (the cause).
+    #[error("the engine stopped serving after a fault")]
+    Fatal(#[source] Cause),
+
+    /// The engine thread is gone (it stopped, or panicked).
+    #[error("the engine thread has stopped")]
+    Stopped,
+
+    /// The engine thread could not be spawned.
+    #[error("cannot spawn the engine thread")]
+    Spawn(#[source] std::io::Error),
 
     /// The model could not be fetched or loaded.
     #[error("failed to load the model")]
@@ -43,14 +64,28 @@ pub enum EngineError {
     #[error("failed to prepare the model's tokenizer for skills")]
     SkillSetup(#[source] kestrel_skills::SkillError),
 
-    /// The requested backend is not available in this build or on this machine.
-    #[error("backend unavailable: {0}")]
-    BackendUnavailable(String),
+    /// The requested backend could not start on this machine.
+    #[error("the {backend} backend is unavailable")]
+    BackendUnavailable {
+        backend: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 
-    /// The request failed while running (a step failed before dispatch, or
-    /// the request was rejected by the runtime); the engine keeps serving.
-    #[error("request failed: {0}")]
-    RequestFailed(String),
+    /// The request failed while running (its step was rejected before
+    /// dispatch, or the runtime refused it); the engine keeps serving.
+    #[error("the request failed")]
+    RequestFailed(#[source] Cause),
+
+    /// A constrained output could not continue within its constraint
+    /// (the constraint engine failed mid-generation, or the model ended
+    /// before the output was complete). `partial` is what was generated,
+    /// with `FinishReason::Error`; it does not satisfy the constraint.
+    #[error("the output stopped satisfying its constraint: {reason}")]
+    ConstraintFailed {
+        reason: String,
+        partial: Box<GenerateResponse>,
+    },
 
     /// The engine is shutting down and accepts no new work.
     #[error("the engine is shutting down")]
@@ -58,10 +93,32 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: Field, message: impl Into<String>) -> Self {
         EngineError::InvalidArgument {
             field,
             message: message.into(),
         }
     }
+
+    /// The field a caller got wrong, for argument errors.
+    pub fn field(&self) -> Option<Field> {
+        match self {
+            EngineError::InvalidArgument { field, .. }
+            | EngineError::InvalidConstraint { field, .. } => Some(*field),
+            _ => None,
+        }
+    }
+}
+
+/// `e` and its `source()` chain, joined with ": " (for one-line messages
+/// such as a gRPC status or an HTTP error body).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        msg.push_str(": ");
+        msg.push_str(&c.to_string());
+        cause = c.source();
+    }
+    msg
 }

@@ -29,15 +29,17 @@ mod metrics;
 mod model;
 mod request;
 mod skill;
+pub mod validate;
 mod worker;
 
 pub use config::{Backend, EngineConfig, LoadEvent, ModelSource};
 pub use engine::{mode_name, Engine, GenerationStream};
-pub use error::EngineError;
+pub use error::{error_chain, EngineError};
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
 pub use request::{
-    seed_for_request_id, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
-    Prompt, StreamEvent, Timings, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
+    ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse, Prompt,
+    SamplingOptions, StreamEvent, Timings, TokenLogprob, Usage,
 };
+pub use validate::{seed_for_request_id, Field};
 
-pub use kestrel_pipeline::{LoopConfig, PipelineMode, PrefillPolicy, SamplingParams};
+pub use kestrel_pipeline::{Cause, LoopConfig, PipelineMode, PrefillPolicy};

@@ -14,6 +14,7 @@ use tokenizers::Tokenizer;
 
 use crate::error::EngineError;
 use crate::request::Prompt;
+use crate::validate::Field;
 
 pub use kestrel_kv::KvStats;
 
@@ -181,6 +182,12 @@ impl ModelContext {
         &self.inner.tokenizer
     }
 
+    /// The most bytes one token stands for: a prompt of `n` bytes is at
+    /// least `n / max_token_bytes` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.inner.skills.max_token_bytes()
+    }
+
     pub(crate) fn skills(&self) -> &Arc<SkillContext> {
         &self.inner.skills
     }
@@ -200,7 +207,7 @@ impl ModelContext {
             .inner
             .tokenizer
             .encode(text, add_special_tokens)
-            .map_err(|e| EngineError::invalid("text", format!("tokenizer failed: {e}")))?;
+            .map_err(|e| EngineError::invalid(Field::Text, format!("tokenizer failed: {e}")))?;
         let mut ids = enc.get_ids().to_vec();
         if add_special_tokens {
             if let (true, Some(bos)) = (self.inner.add_bos_token, self.inner.bos_token_id) {
@@ -220,7 +227,7 @@ impl ModelContext {
         self.inner
             .tokenizer
             .decode(ids, skip_special_tokens)
-            .map_err(|e| EngineError::invalid("token_ids", format!("tokenizer failed: {e}")))
+            .map_err(|e| EngineError::invalid(Field::TokenId(0), format!("tokenizer failed: {e}")))
     }
 
     /// Renders (chat) and tokenizes a prompt.
@@ -229,11 +236,11 @@ impl ModelContext {
             Prompt::Text(text) => self.tokenize(text, true),
             Prompt::Chat(messages) => {
                 let template = self.inner.chat_template.as_ref().ok_or_else(|| {
-                    EngineError::invalid("input", "this model has no chat template")
+                    EngineError::invalid(Field::Messages, "this model has no chat template")
                 })?;
                 let rendered = template
                     .render(messages, true)
-                    .map_err(|e| EngineError::invalid("input", format!("chat template: {e}")))?;
+                    .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))?;
                 // The template writes BOS itself when the model wants it.
                 self.tokenize(&rendered, false)
             }

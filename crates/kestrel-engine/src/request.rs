@@ -1,15 +1,12 @@
-//! Request and response types of the public API, and their validation.
+//! Request and response types of the public API.
 //!
-//! [`GenerateRequest`] is raw input; [`crate::Engine`] turns it into a
-//! validated submission once, on the caller's thread (sampling ranges,
-//! prompt rendering and tokenization, constraint compilation, context
-//! check), so nothing invalid is ever queued and the engine thread never
-//! re-validates.
+//! [`GenerateRequest`] is raw input, as any edge (gRPC, OpenAI HTTP, the
+//! CLI, a Rust caller) maps it from its wire shape: `None` means "not
+//! given". [`crate::validate`] holds every rule and turns it into a
+//! validated submission once, on the caller's thread, so nothing invalid
+//! is ever queued and the engine thread never re-validates.
 
 pub use kestrel_model::ChatMessage;
-pub use kestrel_pipeline::SamplingParams;
-
-use crate::error::EngineError;
 
 /// What the model continues.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,18 +30,46 @@ pub enum Constraint {
     Grammar(String),
 }
 
+/// Sampling knobs as a caller gives them; `None` takes the engine default
+/// (greedy, no truncation, no penalties). Ranges are checked by the engine
+/// ([`crate::validate`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingOptions {
+    /// `[0, 100]`; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// Any value; 0 (or at least the vocabulary) disables top-k.
+    pub top_k: Option<u32>,
+    /// `(0, 1]`.
+    pub top_p: Option<f32>,
+    /// `[0, 1]`.
+    pub min_p: Option<f32>,
+    /// `(0, 10]`; 1 disables.
+    pub repetition_penalty: Option<f32>,
+    /// `[-2, 2]`.
+    pub frequency_penalty: Option<f32>,
+    /// `[-2, 2]`.
+    pub presence_penalty: Option<f32>,
+    /// Honoured whatever its value; without one the seed derives from the
+    /// request id (FNV-1a of its bytes), so a retried id reproduces its output.
+    pub seed: Option<u64>,
+    /// Report each sampled token's log-probability.
+    pub logprobs: bool,
+    /// Alternatives per token, `[0, 20]`; more than 0 implies `logprobs`.
+    pub top_logprobs: u32,
+}
+
 /// One generation request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateRequest {
-    /// Caller-chosen id, unique among live requests; `None` assigns `req-<n>`.
+    /// Caller-chosen id (1 to 128 bytes of printable ASCII), unique among
+    /// live requests; `None` assigns `req-<n>`.
     pub request_id: Option<String>,
     pub input: Prompt,
     /// At least 1; `prompt + max_new_tokens` must fit the context (rejected
-    /// with `ContextOverflow` otherwise, never clamped).
-    pub max_new_tokens: u32,
-    /// `seed == 0` means "not given": the seed is derived from the request id
-    /// (FNV-1a of its bytes), so a retried id reproduces its output.
-    pub sampling: SamplingParams,
+    /// with `ContextOverflow` otherwise, never clamped). `None`: 256, or the
+    /// room the prompt leaves in the context if that is less.
+    pub max_new_tokens: Option<u32>,
+    pub sampling: SamplingOptions,
     /// Stop strings (text requests only); the match is not part of the output.
     pub stop: Vec<String>,
     /// Stop token ids (text requests only).
@@ -69,8 +94,8 @@ impl GenerateRequest {
         Self {
             request_id: None,
             input,
-            max_new_tokens,
-            sampling: SamplingParams::default(),
+            max_new_tokens: Some(max_new_tokens),
+            sampling: SamplingOptions::default(),
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
@@ -91,8 +116,8 @@ pub enum FinishReason {
     /// The request was aborted (by [`crate::Engine::abort`], a dropped
     /// stream, or shutdown past its deadline).
     Abort,
-    /// The request failed (only used by callers mapping errors; the engine
-    /// reports failures as `Err(EngineError)`).
+    /// The request failed: the partial response of
+    /// [`crate::EngineError::ConstraintFailed`] carries it.
     Error,
 }
 
@@ -181,105 +206,4 @@ pub enum StreamEvent {
     },
     /// The request finished; always the last item.
     Done(GenerateResponse),
-}
-
-/// Most alternatives a request may ask for per token.
-pub const MAX_TOP_LOGPROBS: u32 = 20;
-
-/// Checks sampling ranges (the pipeline treats them as already valid).
-pub(crate) fn validate_sampling(s: &SamplingParams) -> Result<(), EngineError> {
-    let bad = |field, message: String| Err(EngineError::invalid(field, message));
-    if !s.temperature.is_finite() || s.temperature < 0.0 {
-        return bad(
-            "temperature",
-            format!("must be finite and >= 0, got {}", s.temperature),
-        );
-    }
-    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return bad("top_p", format!("must be in (0, 1], got {}", s.top_p));
-    }
-    if !(0.0..=1.0).contains(&s.min_p) {
-        return bad("min_p", format!("must be in [0, 1], got {}", s.min_p));
-    }
-    if !s.repetition_penalty.is_finite() || s.repetition_penalty <= 0.0 {
-        return bad(
-            "repetition_penalty",
-            format!("must be finite and > 0, got {}", s.repetition_penalty),
-        );
-    }
-    if !s.frequency_penalty.is_finite() {
-        return bad("frequency_penalty", "must be finite".into());
-    }
-    if !s.presence_penalty.is_finite() {
-        return bad("presence_penalty", "must be finite".into());
-    }
-    if s.top_logprobs > MAX_TOP_LOGPROBS {
-        return bad(
-            "top_logprobs",
-            format!("at most {MAX_TOP_LOGPROBS}, got {}", s.top_logprobs),
-        );
-    }
-    Ok(())
-}
-
-/// The seed used when a request gives none: FNV-1a of the request id, never 0.
-pub fn seed_for_request_id(request_id: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in request_id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h.max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sampling_ranges_are_checked() {
-        assert!(validate_sampling(&SamplingParams::default()).is_ok());
-        let field = |s: SamplingParams| match validate_sampling(&s) {
-            Err(EngineError::InvalidArgument { field, .. }) => field,
-            other => panic!("{other:?}"),
-        };
-        let d = SamplingParams::default();
-        assert_eq!(
-            field(SamplingParams {
-                temperature: -1.0,
-                ..d
-            }),
-            "temperature"
-        );
-        assert_eq!(field(SamplingParams { top_p: 1.5, ..d }), "top_p");
-        assert_eq!(field(SamplingParams { min_p: -0.1, ..d }), "min_p");
-        assert_eq!(
-            field(SamplingParams {
-                repetition_penalty: 0.0,
-                ..d
-            }),
-            "repetition_penalty"
-        );
-        assert_eq!(
-            field(SamplingParams {
-                frequency_penalty: f32::INFINITY,
-                ..d
-            }),
-            "frequency_penalty"
-        );
-        assert_eq!(
-            field(SamplingParams {
-                top_logprobs: MAX_TOP_LOGPROBS + 1,
-                ..d
-            }),
-            "top_logprobs"
-        );
-    }
-
-    #[test]
-    fn derived_seeds_are_stable_and_nonzero() {
-        assert_eq!(seed_for_request_id("abc"), seed_for_request_id("abc"));
-        assert_ne!(seed_for_request_id("abc"), seed_for_request_id("abd"));
-        assert_ne!(seed_for_request_id(""), 0);
-    }
 }

@@ -199,6 +199,13 @@ impl SequenceSkill for StreamingSkill {
         }
         let _enter = self.span.clone().entered();
         let terminal = match outcome {
+            Outcome::Finished(_) if self.inner.constraint_error().is_some() => {
+                let reason = self.inner.constraint_error().unwrap_or_default().to_string();
+                self.metrics.request_finished(FinishReason::Error);
+                tracing::warn!(%reason, "constrained output failed mid-generation");
+                let partial = Box::new(self.respond(FinishReason::Error, now));
+                Err(EngineError::ConstraintFailed { reason, partial })
+            }
             Outcome::Finished(r) => {
                 let reason = FinishReason::from_pipeline(r);
                 self.metrics.request_finished(reason);
@@ -213,9 +220,9 @@ impl SequenceSkill for StreamingSkill {
             }
             Outcome::Failed(kind, why) => {
                 self.metrics.request_finished(FinishReason::Error);
-                tracing::warn!(?kind, %why, "request failed");
+                tracing::warn!(?kind, why = %crate::error::error_chain(&why), "request failed");
                 Err(match kind {
-                    FailureKind::EngineFatal => EngineError::Unavailable(why),
+                    FailureKind::EngineFatal => EngineError::Fatal(why),
                     FailureKind::StepFailed | FailureKind::Rejected => {
                         EngineError::RequestFailed(why)
                     }

@@ -17,6 +17,7 @@ use kestrel_pipeline::{EngineLoop, Request, SamplingParams, StepTiming, SubmitEr
 
 use crate::engine::Shared;
 use crate::error::EngineError;
+use crate::validate::Field;
 use crate::model::Runtime;
 use crate::skill::EventSender;
 
@@ -68,7 +69,10 @@ struct ExitGuard(Arc<Shared>);
 impl Drop for ExitGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = self.0.fatal.set("the engine thread panicked".into());
+            let _ = self
+                .0
+                .fatal
+                .set(kestrel_pipeline::Cause::message("the engine thread panicked"));
             self.0.metrics.healthy.set(0);
         }
         self.0.exited.store(true, SeqCst);
@@ -158,8 +162,15 @@ impl<R: Runtime> Worker<R> {
                 }
                 Tick::Unhealthy => {
                     last_busy_end = None;
-                    let why = self.lp.unhealthy().unwrap_or("engine fault").to_string();
-                    tracing::error!(%why, "engine-fatal fault: every request failed, not serving");
+                    let why = self
+                        .lp
+                        .unhealthy()
+                        .cloned()
+                        .unwrap_or_else(|| kestrel_pipeline::Cause::message("engine fault"));
+                    tracing::error!(
+                        why = %crate::error::error_chain(&why),
+                        "engine-fatal fault: every request failed, not serving"
+                    );
                     let _ = self.shared.fatal.set(why);
                     self.shared.metrics.healthy.set(0);
                     self.live.clear();
@@ -242,10 +253,10 @@ impl<R: Runtime> Worker<R> {
         let refused = if self.shutdown_deadline.is_some() {
             Some(EngineError::ShuttingDown)
         } else if let Some(why) = self.lp.unhealthy() {
-            Some(EngineError::Unavailable(why.to_string()))
+            Some(EngineError::Fatal(why.clone()))
         } else if self.live.contains_key(&request_id) {
             Some(EngineError::invalid(
-                "request_id",
+                Field::RequestId,
                 format!("request id {request_id:?} is already in use"),
             ))
         } else {
@@ -298,14 +309,14 @@ impl<R: Runtime> Worker<R> {
                 max_new_tokens,
                 limit: needed.saturating_sub(1).min(self.lp.config().max_seq_len),
             },
-            SubmitError::EmptyPrompt => EngineError::invalid("input", "the prompt is empty"),
+            SubmitError::EmptyPrompt => EngineError::invalid(Field::Prompt, "the prompt is empty"),
             SubmitError::ZeroMaxTokens => {
-                EngineError::invalid("max_new_tokens", "must be at least 1")
+                EngineError::invalid(Field::MaxNewTokens, "must be at least 1")
             }
             SubmitError::DuplicateId(id) => {
-                EngineError::invalid("request_id", format!("internal id {id} in use"))
+                EngineError::invalid(Field::RequestId, format!("internal id {id} in use"))
             }
-            SubmitError::Unhealthy(why) => EngineError::Unavailable(why),
+            SubmitError::Unhealthy(why) => EngineError::Fatal(why),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineError, FinishReason, GenerateRequest, Health, LoopConfig,
+    Constraint, Engine, EngineError, Field, FinishReason, GenerateRequest, Health, LoopConfig,
     ModelContext, ModelContextConfig, PipelineMode, PrefillPolicy, StreamEvent,
 };
 use kestrel_pipeline::testing::{SimConfig, SimExecutor};
@@ -178,7 +178,7 @@ fn stream_deltas_concatenate_to_final_text() {
     rt().block_on(async {
         for seed in 1..=8u64 {
             let mut req = long_text(40);
-            req.sampling.seed = seed;
+            req.sampling.seed = Some(seed);
             req.sampling.logprobs = true;
             let mut stream = engine.stream(req).unwrap();
             let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), 0usize);
@@ -356,7 +356,7 @@ fn dropping_a_stream_aborts_and_releases_kv() {
         let mut second = engine.stream(req).unwrap();
         match timed(second.next_event()).await {
             Some(Err(EngineError::InvalidArgument {
-                field: "request_id",
+                field: Field::RequestId,
                 ..
             })) => {}
             other => panic!("expected a duplicate-id error, got {other:?}"),
@@ -371,9 +371,11 @@ fn dropping_a_stream_aborts_and_releases_kv() {
 fn invalid_requests_are_rejected_before_queueing() {
     let engine = start(Setup::default());
     let field = |r: Result<kestrel_engine::GenerationStream, EngineError>| match r {
-        Err(EngineError::InvalidArgument { field, .. }) => field,
-        Err(e) => panic!("expected InvalidArgument, got {e}"),
-        Ok(_) => panic!("expected InvalidArgument, got a stream"),
+        Err(e @ (EngineError::InvalidArgument { .. } | EngineError::InvalidConstraint { .. })) => {
+            e.field().unwrap()
+        }
+        Err(e) => panic!("expected an argument error, got {e}"),
+        Ok(_) => panic!("expected an argument error, got a stream"),
     };
     let with = |c: Constraint| GenerateRequest {
         constraint: Some(c),
@@ -381,36 +383,39 @@ fn invalid_requests_are_rejected_before_queueing() {
     };
     assert_eq!(
         field(engine.stream(with(Constraint::Regex("a(b".into())))),
-        "constraint"
+        Field::Regex
     );
     assert_eq!(
         field(engine.stream(with(Constraint::Grammar("start: foo".into())))),
-        "constraint"
+        Field::Grammar
     );
     assert_eq!(
         field(engine.stream(with(Constraint::JsonSchema(
             serde_json::json!({"type": "no-such-type"})
         )))),
-        "constraint"
+        Field::JsonSchema
     );
     assert_eq!(
         field(engine.stream(with(Constraint::Choice(vec![])))),
-        "constraint"
+        Field::Choices
     );
     let mut r = GenerateRequest::text("hi", 8);
     r.stop = vec![String::new()];
-    assert_eq!(field(engine.stream(r)), "stop");
+    assert_eq!(field(engine.stream(r)), Field::StopEntry(0));
     let mut r = GenerateRequest::text("hi", 8);
-    r.sampling.top_p = 0.0;
-    assert_eq!(field(engine.stream(r)), "top_p");
+    r.sampling.top_p = Some(0.0);
+    assert_eq!(field(engine.stream(r)), Field::TopP);
     let mut r = GenerateRequest::text("hi", 8);
-    r.sampling.temperature = f32::NAN;
-    assert_eq!(field(engine.stream(r)), "temperature");
+    r.sampling.temperature = Some(f32::NAN);
+    assert_eq!(field(engine.stream(r)), Field::Temperature);
     assert_eq!(
         field(engine.stream(GenerateRequest::text("hi", 0))),
-        "max_new_tokens"
+        Field::MaxNewTokens
     );
-    assert_eq!(field(engine.stream(GenerateRequest::text("", 4))), "input");
+    assert_eq!(
+        field(engine.stream(GenerateRequest::text("", 4))),
+        Field::Prompt
+    );
     match engine.stream(GenerateRequest::text("hi", 511)) {
         Err(EngineError::ContextOverflow {
             prompt_tokens: 2,
@@ -437,7 +442,7 @@ fn constrained_outputs_follow_their_constraint() {
                 ])),
                 ..GenerateRequest::text("answer", 16)
             };
-            req.sampling.seed = seed;
+            req.sampling.seed = Some(seed);
             let resp = timed(engine.generate(req)).await.unwrap();
             assert!(
                 ["yes", "no", "hello"].contains(&resp.text.as_str()),
@@ -479,7 +484,7 @@ fn engine_fatal_fails_everything_and_stops_serving() {
                     Err(e) => break e,
                 }
             };
-            assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
+            assert!(matches!(err, EngineError::Fatal(_)), "{err}");
         }
         eventually("health NotServing", || {
             matches!(engine.health(), Health::NotServing(_))
@@ -487,11 +492,11 @@ fn engine_fatal_fails_everything_and_stops_serving() {
         .await;
         assert!(matches!(
             engine.stream(long_text(4)),
-            Err(EngineError::Unavailable(_))
+            Err(EngineError::Fatal(_))
         ));
         assert!(matches!(
             timed(engine.generate(long_text(4))).await,
-            Err(EngineError::Unavailable(_))
+            Err(EngineError::Fatal(_))
         ));
         assert!(engine.metrics_text().contains("kestrel_healthy 0"));
         assert_eq!(engine.model_info().kv_pages_used, 0);
@@ -706,8 +711,8 @@ fn soak_mixed_requests_leave_nothing_behind() {
                         ..GenerateRequest::text("hello world", n)
                     },
                 };
-                req.sampling.temperature = if h.is_multiple_of(3) { 0.0 } else { 0.7 };
-                req.sampling.seed = h | 1;
+                req.sampling.temperature = Some(if h.is_multiple_of(3) { 0.0 } else { 0.7 });
+                req.sampling.seed = Some(h | 1);
                 let cancel_after = (h >> 8).is_multiple_of(5);
                 if (h >> 16).is_multiple_of(2) {
                     return match engine.generate(req).await {

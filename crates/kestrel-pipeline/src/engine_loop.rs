@@ -14,7 +14,7 @@ use crate::executor::{ExecError, Executor};
 use crate::scheduler::{max_len_of, Fatal, PipelineStats, Scheduler, StepPlan};
 use crate::sequence::Request;
 use crate::state::{PipelineState, StateError, StepKind};
-use crate::RequestId;
+use crate::{Cause, RequestId};
 
 /// Launch/commit overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +42,8 @@ pub struct LoopConfig {
     pub prefill_policy: PrefillPolicy,
     /// KV rows in use at most (zombies count), capped by the executor's rows.
     pub max_batch_size: usize,
-    /// Requests waiting for admission at most; more are refused.
+    /// Requests that must wait (beyond the batch rows free now) at most;
+    /// more are refused.
     pub max_waiting: usize,
     /// Context length: prompt + generated tokens at most.
     pub max_seq_len: usize,
@@ -77,7 +78,7 @@ pub enum Tick {
 }
 
 /// Why a request was refused at submission.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SubmitError {
     #[error("the prompt is empty")]
     EmptyPrompt,
@@ -94,8 +95,8 @@ pub enum SubmitError {
     QueueFull { limit: usize },
     #[error("request id {0} is already in use")]
     DuplicateId(RequestId),
-    #[error("engine is unhealthy: {0}")]
-    Unhealthy(String),
+    #[error("the engine is not serving")]
+    Unhealthy(#[source] Cause),
 }
 
 /// The engine loop. Owns the executor, the pipeline state and the scheduler.
@@ -107,7 +108,7 @@ pub struct EngineLoop<E: Executor> {
     plan: StepPlan,
     pause_requested: bool,
     paused: bool,
-    unhealthy: Option<String>,
+    unhealthy: Option<Cause>,
     last_was_prefill: bool,
 }
 
@@ -190,12 +191,21 @@ impl<E: Executor> EngineLoop<E> {
         self.sched.waiting.is_empty() && self.sched.num_admitted() == 0 && self.state.is_drained()
     }
 
-    pub fn unhealthy(&self) -> Option<&str> {
-        self.unhealthy.as_deref()
+    pub fn unhealthy(&self) -> Option<&Cause> {
+        self.unhealthy.as_ref()
     }
 
     fn max_rows(&self) -> usize {
         self.config.max_batch_size.min(self.exec.max_rows())
+    }
+
+    /// How many requests may wait: `max_waiting` beyond the batch rows that
+    /// are free now. The first waiting requests take those rows at the next
+    /// iteration, so a burst that fits free rows plus the queue is never
+    /// refused (the limit bounds requests that must really wait).
+    pub fn waiting_capacity(&self) -> usize {
+        let free_rows = self.max_rows().saturating_sub(self.sched.num_admitted());
+        self.config.max_waiting + free_rows
     }
 
     /// Validate and enqueue a request. On error the request is dropped
@@ -223,7 +233,7 @@ impl<E: Executor> EngineLoop<E> {
         if self.sched.contains(req.id) {
             return Err(SubmitError::DuplicateId(req.id));
         }
-        if self.sched.waiting.len() >= self.config.max_waiting {
+        if self.sched.waiting.len() >= self.waiting_capacity() {
             return Err(SubmitError::QueueFull {
                 limit: self.config.max_waiting,
             });
@@ -252,7 +262,7 @@ impl<E: Executor> EngineLoop<E> {
         self.paused = false;
         if was_paused && self.unhealthy.is_none() {
             if let Err(e) = self.exec.on_resume() {
-                self.fail_all(&format!("resuming the executor failed: {e}"));
+                self.fail_all(&Cause::new(ResumeFailed(e)));
             }
         }
     }
@@ -303,11 +313,11 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     /// Engine-fatal path (section 4.8): resolve everything, release all KV.
-    pub fn fail_all(&mut self, why: &str) {
+    pub fn fail_all(&mut self, why: &Cause) {
         self.sched.fail_all(why);
         self.state.clear();
         self.exec.release_all();
-        self.unhealthy = Some(why.to_string());
+        self.unhealthy = Some(why.clone());
     }
 
     fn prefill_wanted(&self) -> bool {
@@ -413,7 +423,7 @@ impl<E: Executor> EngineLoop<E> {
         let slot = self
             .state
             .free_slot_id()
-            .ok_or_else(|| Fatal("no free slot for prefill".into()))?;
+            .ok_or_else(|| Fatal(Cause::message("no free slot for prefill")))?;
         if self.launch_prefill(slot)? {
             self.finalize_launch()?;
             self.commit_oldest()?;
@@ -436,11 +446,11 @@ impl<E: Executor> EngineLoop<E> {
             }
             Err(ExecError::PreDispatch(e)) => {
                 let plan = std::mem::take(&mut self.plan);
-                self.sched.fail_plan(&mut self.exec, &plan, &e.to_string());
+                self.sched.fail_plan(&mut self.exec, &plan, &Cause::new(e));
                 self.plan = plan;
                 Ok(Launch::Failed)
             }
-            Err(ExecError::Fatal(e)) => Err(Fatal(e.to_string())),
+            Err(ExecError::Fatal(e)) => Err(Fatal(Cause::new(e))),
         }
     }
 
@@ -519,9 +529,19 @@ enum Launch {
     Failed,
 }
 
+/// The pipeline's slot state machine refused a transition (a bug, and fatal).
+#[derive(Debug, thiserror::Error)]
+#[error("pipeline state machine")]
+struct StateFault(#[source] StateError);
+
 fn state_fault(e: StateError) -> Fatal {
-    Fatal(format!("pipeline state machine: {e}"))
+    Fatal(Cause::new(StateFault(e)))
 }
+
+/// [`Executor::on_resume`] failed after a pause.
+#[derive(Debug, thiserror::Error)]
+#[error("resuming the executor failed")]
+struct ResumeFailed<E: std::error::Error + 'static>(#[source] E);
 
 #[cfg(test)]
 mod tests {

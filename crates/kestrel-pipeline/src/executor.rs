@@ -67,10 +67,10 @@ impl<'a> StepOutputs<'a> {
 pub enum ExecError<E: std::error::Error + 'static> {
     /// Nothing reached the device; the executor's state is as before the
     /// call. Only this step's requests fail; the engine keeps serving.
-    #[error("step rejected before dispatch: {0}")]
+    #[error("step rejected before dispatch")]
     PreDispatch(#[source] E),
     /// Device work may be in flight or corrupt: engine-fatal (section 4.8).
-    #[error("device fault: {0}")]
+    #[error("device fault")]
     Fatal(#[source] E),
 }
 

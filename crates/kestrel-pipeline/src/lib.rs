@@ -31,6 +31,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod cause;
 pub mod engine_loop;
 pub mod executor;
 pub mod masks;
@@ -48,6 +49,7 @@ pub type TokenId = u32;
 /// A caller-chosen request identifier, unique among live requests.
 pub type RequestId = u64;
 
+pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};

@@ -13,7 +13,7 @@ use crate::masks::{recycle, MaskFiller, MaskRow, SequentialMasks};
 use crate::sequence::{Request, Sequence};
 use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
 use crate::state::{LaunchHandle, PendingCommit, StepKind};
-use crate::{FinishReason, RequestId};
+use crate::{Cause, FinishReason, RequestId};
 
 /// Handle to an admitted sequence inside the scheduler.
 pub type SeqIdx = u32;
@@ -51,7 +51,7 @@ pub struct PipelineStats {
 
 /// A fault the loop must turn into engine-fatal handling.
 #[derive(Debug)]
-pub(crate) struct Fatal(pub String);
+pub(crate) struct Fatal(pub Cause);
 
 enum Location {
     Waiting,
@@ -208,14 +208,14 @@ impl<P> Scheduler<P> {
             Err(ExecError::PreDispatch(e)) => {
                 self.by_id.remove(&req.id);
                 req.skill
-                    .finish(Outcome::Failed(FailureKind::StepFailed, e.to_string()));
+                    .finish(Outcome::Failed(FailureKind::StepFailed, Cause::new(e)));
                 self.stats.failed += 1;
                 return Ok(None);
             }
             Err(ExecError::Fatal(e)) => {
                 // The request is still ours: put it back so fail_all resolves it.
                 self.waiting.push_front(req);
-                return Err(Fatal(e.to_string()));
+                return Err(Fatal(Cause::new(e)));
             }
         }
         req.skill.on_admitted(exec.cached_prompt_tokens(req.id));
@@ -253,9 +253,14 @@ impl<P> Scheduler<P> {
     }
 
     /// Fail a decode plan whose launch was rejected before dispatch.
-    pub fn fail_plan<E: Executor<Params = P>>(&mut self, exec: &mut E, plan: &StepPlan, why: &str) {
+    pub fn fail_plan<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        plan: &StepPlan,
+        why: &Cause,
+    ) {
         for &i in &plan.sequences {
-            self.finalize(i, Outcome::Failed(FailureKind::StepFailed, why.to_string()));
+            self.finalize(i, Outcome::Failed(FailureKind::StepFailed, why.clone()));
             self.release_if_done(exec, i);
         }
     }
@@ -286,7 +291,7 @@ impl<P> Scheduler<P> {
             exec.finalize_sampling(handle.slot, None)
         };
         // After a forward was dispatched every sampling error is device-side: fatal.
-        result.map_err(|e| Fatal(e.to_string()))?;
+        result.map_err(|e| Fatal(Cause::new(e)))?;
         Ok(PendingCommit {
             kind: handle.kind,
             slot: handle.slot,
@@ -355,7 +360,7 @@ impl<P> Scheduler<P> {
             Ok(o) => o,
             Err(e) => {
                 self.slot_rows[step.slot] = rows;
-                return Err(Fatal(e.to_string()));
+                return Err(Fatal(Cause::new(e)));
             }
         };
         if outs.tokens.len() != rows.len() {
@@ -366,7 +371,7 @@ impl<P> Scheduler<P> {
                 rows.len()
             );
             self.slot_rows[step.slot] = rows;
-            return Err(Fatal(msg));
+            return Err(Fatal(Cause::message(msg)));
         }
         self.to_release.clear();
         for (r, &i) in rows.iter().enumerate() {
@@ -462,13 +467,13 @@ impl<P> Scheduler<P> {
 
     /// Engine-fatal: resolve every accepted request with an error and forget
     /// all state. The caller releases the executor's KV.
-    pub fn fail_all(&mut self, why: &str) {
+    pub fn fail_all(&mut self, why: &Cause) {
         for slot in self.seqs.iter_mut() {
             if let Some(seq) = slot {
                 if !seq.finalized {
                     seq.finalized = true;
                     seq.skill
-                        .finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+                        .finish(Outcome::Failed(FailureKind::EngineFatal, why.clone()));
                     self.stats.failed += 1;
                 }
             }
@@ -476,7 +481,7 @@ impl<P> Scheduler<P> {
         }
         for mut req in self.waiting.drain(..) {
             req.skill
-                .finish(Outcome::Failed(FailureKind::EngineFatal, why.to_string()));
+                .finish(Outcome::Failed(FailureKind::EngineFatal, why.clone()));
             self.stats.failed += 1;
         }
         self.seqs.clear();

@@ -5,7 +5,7 @@
 //! request ended. `kestrel-skills` implements it; the pipeline never knows
 //! what a skill is.
 
-use crate::TokenId;
+use crate::{Cause, TokenId};
 
 /// One committed token as the skill sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,8 +113,8 @@ impl<'a> TokenMask<'a> {
 pub enum Outcome {
     /// Generation ended normally (including abort by the caller).
     Finished(FinishReason),
-    /// The request failed; the message says why (an executor error, an engine fault).
-    Failed(FailureKind, String),
+    /// The request failed; the cause says why (an executor error, an engine fault).
+    Failed(FailureKind, Cause),
 }
 
 /// The class of a failure, so the serving layer can map it to a status code.

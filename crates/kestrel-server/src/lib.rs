@@ -43,9 +43,24 @@ pub mod pb {
         include_bytes!(concat!(env!("OUT_DIR"), "/kestrel_descriptor.bin"));
 }
 
+/// Largest request message the gRPC service decodes (larger ones are
+/// OUT_OF_RANGE, as the proto documents). The engine refuses prompts over
+/// `kestrel_engine::validate::MAX_PROMPT_BYTES` before tokenizing them.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// The Kestrel gRPC service as served: message limits set and every call
+/// stamped with its [`service::Arrival`].
+pub type Service = tonic::service::interceptor::InterceptedService<
+    pb::kestrel_server::KestrelServer<KestrelService>,
+    fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>,
+>;
+
 /// The tonic service for `engine`, ready for `Server::add_service`.
-pub fn service(engine: Engine) -> pb::kestrel_server::KestrelServer<KestrelService> {
-    pb::kestrel_server::KestrelServer::new(KestrelService::new(engine))
+pub fn service(engine: Engine) -> Service {
+    let server = pb::kestrel_server::KestrelServer::new(KestrelService::new(engine))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tonic::service::interceptor::InterceptedService::new(server, service::stamp_arrival)
 }
 
 /// The full name of the Kestrel service, as health checks use it.

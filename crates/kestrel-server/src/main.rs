@@ -17,10 +17,10 @@ use kestrel_engine::{
     Backend, Engine, EngineConfig, LoadEvent, ModelSource, PipelineMode, PrefillPolicy,
 };
 use kestrel_model::FetchStage;
-use kestrel_server::convert::{self, Limits};
+use kestrel_server::convert;
 use kestrel_server::pb;
 use kestrel_server::pb::generate_request::{Constraint, Input};
-use kestrel_server::service::ProtoStream;
+use kestrel_server::service::{submit, ProtoStream};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
@@ -437,7 +437,7 @@ type EventStream =
 
 /// Where `generate` and `chat` send requests.
 enum Target {
-    Local { engine: Engine, limits: Limits },
+    Local { engine: Engine },
     Remote(pb::kestrel_client::KestrelClient<tonic::transport::Channel>),
 }
 
@@ -457,17 +457,18 @@ impl Target {
             }
             None => {
                 let engine = start_engine(engine.config()).await?;
-                let limits = Limits::from_model_info(&engine.model_info());
-                Ok(Target::Local { engine, limits })
+                Ok(Target::Local { engine })
             }
         }
     }
 
     async fn stream(&mut self, req: pb::GenerateRequest) -> Result<EventStream, tonic::Status> {
         match self {
-            Target::Local { engine, limits } => {
-                let req = convert::generate_request(req, limits)?;
-                let stream = engine.stream(req).map_err(|e| convert::engine_status(&e))?;
+            Target::Local { engine } => {
+                let req = convert::generate_request(req)?;
+                let stream = submit(engine, req)
+                    .await
+                    .map_err(|e| convert::engine_status(&e))?;
                 Ok(Box::pin(ProtoStream::new(stream)))
             }
             Target::Remote(client) => Ok(Box::pin(client.stream_generate(req).await?.into_inner())),
@@ -475,7 +476,7 @@ impl Target {
     }
 
     async fn close(self) {
-        if let Target::Local { engine, .. } = self {
+        if let Target::Local { engine } = self {
             engine.shutdown(Duration::from_secs(2)).await;
         }
     }

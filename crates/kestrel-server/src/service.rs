@@ -1,51 +1,118 @@
 //! [`KestrelService`]: the `kestrel.v1.Kestrel` gRPC handlers, a thin async
 //! shell over an [`Engine`] handle.
 //!
-//! Each handler converts the request (see [`crate::convert`]), makes one
-//! engine call and converts the result. Cancellation is by drop: when a
-//! client goes away tonic drops the handler future or the response stream,
-//! which drops the engine's `GenerationStream`, which aborts the request.
+//! Each handler maps the request's shape (see [`crate::convert`]), makes one
+//! engine call and maps the result. The engine's submission work
+//! (tokenizing, rendering the chat template, compiling a constraint) runs
+//! on tokio's blocking pool, never on an async worker. Cancellation is by
+//! drop: when a client goes away tonic drops the handler future or the
+//! response stream, which drops the engine's `GenerationStream`, which
+//! aborts the request. A unary call's deadline always ends it with
+//! DEADLINE_EXCEEDED (see [`Arrival`]).
 
 use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
-use kestrel_engine::{Engine, GenerationStream};
+use kestrel_engine::{Engine, EngineError, GenerateRequest, GenerationStream};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::convert::{self, Limits};
+use crate::convert;
 use crate::pb;
 
 /// The `kestrel.v1.Kestrel` service over one engine.
 #[derive(Debug, Clone)]
 pub struct KestrelService {
     engine: Engine,
-    limits: Limits,
 }
 
 impl KestrelService {
-    /// Serves `engine`; request limits come from its model.
+    /// Serves `engine`.
     pub fn new(engine: Engine) -> Self {
-        let limits = Limits::from_model_info(&engine.model_info());
-        Self { engine, limits }
-    }
-
-    /// The limits requests are validated against.
-    pub fn limits(&self) -> Limits {
-        self.limits
+        Self { engine }
     }
 }
 
+/// Validates and submits `req` on the blocking pool: tokenizing a long
+/// prompt or compiling a grammar must not stall the async workers.
+pub async fn submit(engine: &Engine, req: GenerateRequest) -> Result<GenerationStream, EngineError> {
+    let engine = engine.clone();
+    match tokio::task::spawn_blocking(move || engine.stream(req)).await {
+        Ok(r) => r,
+        // The blocking task panicked or the runtime is shutting down.
+        Err(_) => Err(EngineError::Stopped),
+    }
+}
+
+/// When a call reached the service, stamped by [`stamp_arrival`] before
+/// the request body is decoded.
+///
+/// tonic's transport enforces a client's `grpc-timeout` itself and answers
+/// CANCELLED ("Timeout expired") when its timer wins. The unary handler
+/// therefore runs its own timer to a deadline [`DEADLINE_MARGIN`] earlier,
+/// measured from this stamp (taken within microseconds of tonic's timer
+/// start): tonic's timeout polls the handler first, so the handler's
+/// DEADLINE_EXCEEDED always wins.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub Instant);
+
+/// How much earlier than the client's deadline a unary call gives up.
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(1);
+
+/// The interceptor that stamps [`Arrival`].
+#[allow(clippy::result_large_err)] // tonic's interceptor signature
+pub fn stamp_arrival(mut req: Request<()>) -> Result<Request<()>, Status> {
+    req.extensions_mut().insert(Arrival(Instant::now()));
+    Ok(req)
+}
+
+/// The client's deadline for `req`, from its `grpc-timeout` header.
+fn deadline<T>(req: &Request<T>) -> Option<Instant> {
+    let timeout = parse_grpc_timeout(req.metadata().get("grpc-timeout")?.to_str().ok()?)?;
+    let arrival = req
+        .extensions()
+        .get::<Arrival>()
+        .map_or_else(Instant::now, |a| a.0);
+    Some(arrival + timeout.saturating_sub(DEADLINE_MARGIN))
+}
+
+/// Parses a `grpc-timeout` value: up to 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// The engine's event stream as proto messages. Dropping it drops the
-/// engine stream and so aborts the request.
+/// engine stream and so aborts the request. A constrained output that
+/// fails mid-generation ends with a `Done` carrying `FINISH_REASON_ERROR`
+/// and then the error status.
 #[derive(Debug)]
 pub struct ProtoStream {
     inner: GenerationStream,
+    /// The status to end with after a failed output's final `Done`.
+    pending_error: Option<Status>,
 }
 
 impl ProtoStream {
     /// Wraps an engine stream.
     pub fn new(inner: GenerationStream) -> Self {
-        Self { inner }
+        Self {
+            inner,
+            pending_error: None,
+        }
     }
 }
 
@@ -55,15 +122,28 @@ impl Stream for ProtoStream {
     fn poll_next(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        Pin::new(&mut self.get_mut().inner)
-            .poll_next(cx)
-            .map(|item| {
-                item.map(|r| {
-                    r.map(convert::stream_event)
-                        .map_err(|e| convert::engine_status(&e))
-                })
+    ) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(status) = this.pending_error.take() {
+            return Poll::Ready(Some(Err(status)));
+        }
+        Pin::new(&mut this.inner).poll_next(cx).map(|item| {
+            item.map(|r| match r {
+                Ok(ev) => Ok(convert::stream_event(ev)),
+                Err(e) => {
+                    let status = convert::engine_status(&e);
+                    match e {
+                        EngineError::ConstraintFailed { partial, .. } => {
+                            this.pending_error = Some(status);
+                            Ok(convert::stream_event(kestrel_engine::StreamEvent::Done(
+                                *partial,
+                            )))
+                        }
+                        _ => Err(status),
+                    }
+                }
             })
+        })
     }
 }
 
@@ -73,12 +153,28 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::GenerateResponse>, Status> {
-        let req = convert::generate_request(request.into_inner(), &self.limits)?;
-        let resp = self
-            .engine
-            .generate(req)
-            .await
-            .map_err(|e| convert::engine_status(&e))?;
+        let deadline = deadline(&request);
+        let req = convert::generate_request(request.into_inner())?;
+        let run = async {
+            let mut stream = submit(&self.engine, req)
+                .await
+                .map_err(|e| convert::engine_status(&e))?;
+            loop {
+                match stream.next_event().await {
+                    Some(Ok(kestrel_engine::StreamEvent::Done(resp))) => return Ok(resp),
+                    Some(Ok(kestrel_engine::StreamEvent::Delta { .. })) => {}
+                    Some(Err(e)) => return Err(convert::engine_status(&e)),
+                    None => return Err(convert::engine_status(&EngineError::Stopped)),
+                }
+            }
+        };
+        let resp = match deadline {
+            None => run.await?,
+            // Dropping `run` drops the stream, which aborts the request.
+            Some(d) => tokio::time::timeout_at(d.into(), run)
+                .await
+                .map_err(|_| Status::deadline_exceeded("the call's deadline passed"))??,
+        };
         Ok(Response::new(convert::generate_response(resp)))
     }
 
@@ -88,10 +184,9 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::StreamGenerateStream>, Status> {
-        let req = convert::generate_request(request.into_inner(), &self.limits)?;
-        let stream = self
-            .engine
-            .stream(req)
+        let req = convert::generate_request(request.into_inner())?;
+        let stream = submit(&self.engine, req)
+            .await
             .map_err(|e| convert::engine_status(&e))?;
         Ok(Response::new(ProtoStream::new(stream)))
     }
@@ -110,10 +205,12 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let req = request.into_inner();
-        let token_ids = self
-            .engine
-            .tokenize(&req.text, req.add_special_tokens)
-            .map_err(|e| convert::engine_status(&e))?;
+        let engine = self.engine.clone();
+        let token_ids =
+            tokio::task::spawn_blocking(move || engine.tokenize(&req.text, req.add_special_tokens))
+                .await
+                .map_err(|_| convert::engine_status(&EngineError::Stopped))?
+                .map_err(|e| convert::engine_status(&e))?;
         Ok(Response::new(pb::TokenizeResponse { token_ids }))
     }
 
@@ -122,11 +219,13 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         request: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let req = request.into_inner();
-        convert::token_ids_in_vocab("token_ids", &req.token_ids, &self.limits)?;
-        let text = self
-            .engine
-            .detokenize(&req.token_ids, req.skip_special_tokens)
-            .map_err(|e| convert::engine_status(&e))?;
+        let engine = self.engine.clone();
+        let text = tokio::task::spawn_blocking(move || {
+            engine.detokenize(&req.token_ids, req.skip_special_tokens)
+        })
+        .await
+        .map_err(|_| convert::engine_status(&EngineError::Stopped))?
+        .map_err(|e| convert::engine_status(&e))?;
         Ok(Response::new(pb::DetokenizeResponse { text }))
     }
 
@@ -135,5 +234,21 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         _request: Request<pb::ModelInfoRequest>,
     ) -> Result<Response<pb::ModelInfoResponse>, Status> {
         Ok(Response::new(convert::model_info(self.engine.model_info())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        for bad in ["", "S", "5", "5x", "123456789S", "-1S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad}");
+        }
     }
 }

@@ -26,6 +26,12 @@ pub enum SkillError {
     #[error("invalid grammar: {reason}")]
     InvalidGrammar { reason: String },
 
+    /// The constraint compiles, but computing its first token mask exceeds
+    /// the constraint engine's limits ([`crate::PARSER_LIMITS`]): e.g.
+    /// nested counted repetitions such as `(a{1,50}){1,50}`.
+    #[error("the {kind} constraint is too complex for the constraint engine: {reason}")]
+    ConstraintTooComplex { kind: &'static str, reason: String },
+
     /// A choice skill was given no options.
     #[error("choice list is empty")]
     EmptyChoice,

@@ -26,6 +26,7 @@ mod vocab;
 pub use batch::{fill_batch_masks, ParallelMasks};
 pub use context::{
     ChatMessage, ChatMlTemplate, ChatTemplate, Prompt, SkillContext, SkillContextConfig,
+    PARSER_LIMITS,
 };
 pub use detok::Utf8Decoder;
 pub use error::{BoxedCause, SkillError};

@@ -126,6 +126,14 @@ impl Skill {
         &self.phase
     }
 
+    /// Why the output stopped satisfying its constraint, once it has: the
+    /// constraint engine failed on a token or a mask, or the model ended
+    /// before the output was complete. Such an output must be reported as
+    /// a failure, never as a normal stop.
+    pub fn constraint_error(&self) -> Option<&str> {
+        self.constraint_error.as_deref()
+    }
+
     /// The text committed so far (including text still held back from streaming).
     pub fn text(&self) -> &str {
         &self.out.text

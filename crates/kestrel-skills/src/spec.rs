@@ -66,6 +66,19 @@ pub enum SkillKind {
     Grammar,
 }
 
+impl SkillKind {
+    /// The kind's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            SkillKind::Text => "text",
+            SkillKind::Json => "JSON schema",
+            SkillKind::Regex => "regex",
+            SkillKind::Choice => "choice",
+            SkillKind::Grammar => "grammar",
+        }
+    }
+}
+
 /// Options common to every skill.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkillOptions {
@@ -147,9 +160,18 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
         .parser_factory()
         .create_parser(grammar)
         .map_err(|e| reject(spec, e.to_string()))?;
-    let matcher = Matcher::new(Ok(parser));
+    let mut matcher = Matcher::new(Ok(parser));
     if let Some(reason) = matcher.get_error() {
         return Err(reject(spec, reason));
+    }
+    // Some constraints compile lazily and only fail when a mask is first
+    // computed (past the engine's limits). Compute it now, at submission,
+    // so such a request is refused instead of ending with a wrong output.
+    if let Err(e) = matcher.compute_mask() {
+        return Err(SkillError::ConstraintTooComplex {
+            kind: spec.kind().name(),
+            reason: e.to_string(),
+        });
     }
     Ok(Compiled::Constrained(Box::new(matcher)))
 }

@@ -255,10 +255,13 @@ pub fn run_workload<R: BenchRuntime>(
             }
             Tick::Idle => {}
             Tick::Paused => bail!("engine paused during a run"),
-            Tick::Unhealthy => bail!(
-                "engine unhealthy: {}",
-                engine.unhealthy().unwrap_or("unknown fault")
-            ),
+            Tick::Unhealthy => {
+                let cause = engine
+                    .unhealthy()
+                    .cloned()
+                    .unwrap_or_else(|| kestrel_pipeline::Cause::message("unknown fault"));
+                return Err(anyhow::Error::new(cause).context("engine unhealthy"));
+            }
         }
     }
     // The user-visible end: the last token of the last request.
