@@ -717,14 +717,19 @@ fn soak_mixed_requests_leave_nothing_behind() {
                 if (h >> 16).is_multiple_of(2) {
                     return match engine.generate(req).await {
                         Ok(_) => "done",
-                        Err(EngineError::InvalidArgument { .. }) => "invalid",
+                        Err(
+                            EngineError::InvalidArgument { .. }
+                            | EngineError::InvalidConstraint { .. },
+                        ) => "invalid",
                         Err(EngineError::QueueFull { .. }) => "full",
                         Err(e) => panic!("request {i}: unexpected error {e}"),
                     };
                 }
                 let mut s = match engine.stream(req) {
                     Ok(s) => s,
-                    Err(EngineError::InvalidArgument { .. }) => return "invalid",
+                    Err(
+                        EngineError::InvalidArgument { .. } | EngineError::InvalidConstraint { .. },
+                    ) => return "invalid",
                     Err(EngineError::QueueFull { .. }) => return "full",
                     Err(e) => panic!("request {i}: unexpected error {e}"),
                 };
