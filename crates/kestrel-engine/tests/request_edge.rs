@@ -36,17 +36,19 @@ fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
     .expect("engine starts")
 }
 
-/// Nested counted repetitions: each form compiles, but its first mask
-/// exceeds the constraint engine's limits.
+/// Nested counted repetitions that build more lexer expressions than the
+/// constraint engine allows.
+const NESTED: &str = "(.{1,100}){1,100}";
+
+/// Each form compiles, but its first mask exceeds the engine's limits.
 fn too_complex() -> [(Constraint, Field); 3] {
-    let nested = "(a{1,60}b{1,60}){1,60}";
+    let nested = NESTED;
     [
         (Constraint::Regex(nested.into()), Field::Regex),
         (
             Constraint::JsonSchema(serde_json::json!({
-                "type": "object",
-                "properties": {"x": {"type": "string", "pattern": format!("^{nested}$")}},
-                "required": ["x"]
+                "type": "string",
+                "pattern": format!("^{nested}$")
             })),
             Field::JsonSchema,
         ),
@@ -81,31 +83,46 @@ fn constraints_past_the_engine_limits_are_refused_at_submission() {
     rt().block_on(engine.shutdown(Duration::from_secs(1)));
 }
 
-/// A constraint whose first mask is simple but a later one exceeds the
-/// engine's limits: the request ends with `ConstraintFailed` (carrying the
-/// partial output with `FinishReason::Error`), never with a normal stop.
+/// Constraints whose first mask is simple but a later one exceeds the
+/// engine's limits (a JSON Schema and a Lark grammar: a regex is one
+/// lexeme, caught at submission): the request ends with
+/// `ConstraintFailed`, carrying the partial output with
+/// `FinishReason::Error`, never with a normal stop; on a stream too.
 #[test]
 fn a_constraint_failing_mid_generation_ends_with_an_error() {
     let engine = engine(4, 8);
-    let nested = "(a{1,60}b{1,60}){1,60}";
-    let req = GenerateRequest {
-        constraint: Some(Constraint::Grammar(format!(
-            "start: \"x\" X\nX: /{nested}/"
-        ))),
-        ..GenerateRequest::text("Say something", 16)
-    };
+    let cases = [
+        Constraint::Grammar(format!("start: \"x\" X\nX: /{NESTED}/")),
+        Constraint::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"b": {"type": "string", "pattern": format!("^{NESTED}$")}},
+            "required": ["b"]
+        })),
+    ];
     rt().block_on(async {
-        match engine.generate(req).await {
-            Err(EngineError::ConstraintFailed { reason, partial }) => {
-                assert!(!reason.is_empty());
-                assert_eq!(partial.finish_reason, kestrel_engine::FinishReason::Error);
-                assert!(partial.text.starts_with('x'), "{partial:?}");
+        for c in cases {
+            let req = GenerateRequest {
+                constraint: Some(c.clone()),
+                ..GenerateRequest::text("Say something", 24)
+            };
+            match engine.generate(req.clone()).await {
+                Err(EngineError::ConstraintFailed { reason, partial }) => {
+                    assert!(reason.contains("too many expressions"), "{reason}");
+                    assert_eq!(partial.finish_reason, kestrel_engine::FinishReason::Error);
+                }
+                other => panic!("{c:?}: expected ConstraintFailed, got {other:?}"),
             }
-            Err(EngineError::InvalidConstraint { .. }) => {
-                // Acceptable only if llguidance already needs X's lexer for
-                // the first mask; then submission caught it.
-            }
-            other => panic!("expected ConstraintFailed, got {other:?}"),
+            let mut s = engine.stream(req).expect("accepted");
+            let end = loop {
+                match s.next_event().await.expect("a terminal item") {
+                    Ok(kestrel_engine::StreamEvent::Delta { .. }) => {}
+                    other => break other,
+                }
+            };
+            assert!(
+                matches!(end, Err(EngineError::ConstraintFailed { .. })),
+                "{c:?}: {end:?}"
+            );
         }
         assert_eq!(engine.model_info().kv_pages_used, 0);
         engine.shutdown(Duration::from_secs(1)).await;

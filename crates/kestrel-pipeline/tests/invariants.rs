@@ -286,6 +286,7 @@ fn submit_validation() {
     use kestrel_pipeline::SubmitError;
     let config = LoopConfig {
         max_waiting: 1,
+        max_batch_size: 1,
         max_seq_len: 16,
         ..LoopConfig::default()
     };
@@ -326,8 +327,12 @@ fn submit_validation() {
         e.submit(mk(1, vec![1; 4], 4)),
         Err(SubmitError::DuplicateId(1))
     );
+    // One queue place beyond the one free row: a second request waits...
+    assert_eq!(e.waiting_capacity(), 2);
+    assert_eq!(e.submit(mk(2, vec![1; 4], 4)), Ok(()));
+    // ... a third must wait beyond the limit.
     assert_eq!(
-        e.submit(mk(2, vec![1; 4], 4)),
+        e.submit(mk(3, vec![1; 4], 4)),
         Err(SubmitError::QueueFull { limit: 1 })
     );
     assert_eq!(e.run_until_idle(), Tick::Idle);

@@ -57,8 +57,10 @@ pub async fn submit(engine: &Engine, req: GenerateRequest) -> Result<GenerationS
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival(pub Instant);
 
-/// How much earlier than the client's deadline a unary call gives up.
-pub const DEADLINE_MARGIN: Duration = Duration::from_millis(1);
+/// How much earlier than the client's deadline a unary call gives up: its
+/// answer then also beats a client-side timer started before the request
+/// was sent (loopback and scheduling latency).
+pub const DEADLINE_MARGIN: Duration = Duration::from_millis(2);
 
 /// The interceptor that stamps [`Arrival`].
 #[allow(clippy::result_large_err)] // tonic's interceptor signature

@@ -19,7 +19,7 @@ use llguidance::Matcher;
 use crate::context::SkillContext;
 use crate::error::SkillError;
 use crate::output::{OutputBuffer, StreamDelta, TokenLogprob};
-use crate::spec::{compile, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules};
+use crate::spec::{compile, engine_reason, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules};
 use crate::stop::StopStrings;
 
 /// Where a skill is in its lifecycle.
@@ -252,7 +252,7 @@ impl Skill {
             return self.stop(FinishReason::Stop);
         }
         if let Err(e) = matcher.consume_token(token) {
-            self.constraint_error = Some(e.to_string());
+            self.constraint_error = Some(engine_reason(&e));
             return self.stop(FinishReason::Stop);
         }
         if matcher.is_stopped() {
@@ -320,7 +320,7 @@ impl SequenceSkill for Skill {
                 // Finish rather than panic: only EOS may follow, and the next
                 // consume ends the request with the error recorded.
                 tracing::warn!(error = %e, "constraint engine failed computing a mask");
-                self.constraint_error = Some(e.to_string());
+                self.constraint_error = Some(engine_reason(&e));
                 self.allow_only_eos(mask);
             }
         }

@@ -123,6 +123,13 @@ fn choice_grammar(choices: &[String]) -> Result<String, SkillError> {
     Ok(lark)
 }
 
+/// The constraint engine's error as one line: llguidance appends a
+/// `<non-verbose/>` marker (and, verbose, the grammar) after the reason.
+pub(crate) fn engine_reason(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    text.lines().next().unwrap_or_default().trim().to_string()
+}
+
 pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, SkillError> {
     let reject = |spec: &SkillSpec, reason: String| match spec {
         SkillSpec::Json { .. } => SkillError::InvalidJsonSchema { reason },
@@ -170,7 +177,7 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
     if let Err(e) = matcher.compute_mask() {
         return Err(SkillError::ConstraintTooComplex {
             kind: spec.kind().name(),
-            reason: e.to_string(),
+            reason: engine_reason(&e),
         });
     }
     Ok(Compiled::Constrained(Box::new(matcher)))

@@ -1,0 +1,127 @@
+//! The request's edge over gRPC on the real model: a unary call's deadline
+//! is always DEADLINE_EXCEEDED (and frees its KV), constraints past the
+//! constraint engine's limits are INVALID_ARGUMENT on both RPCs naming the
+//! constraint, an over-size message is OUT_OF_RANGE, and the `kestrel` CLI
+//! prints an error's whole cause chain.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{client, collect_stream, shared_server, text_request};
+use kestrel_server::pb;
+use pb::generate_request::Constraint;
+use tonic::Code;
+
+/// A Kestrel client over a plain HTTP/2 connection. tonic's own transport
+/// runs a client-side timer on `grpc-timeout` that answers CANCELLED
+/// locally when it fires first; this client has none, so every status it
+/// reports is the server's.
+fn raw_client(
+    addr: std::net::SocketAddr,
+) -> pb::kestrel_client::KestrelClient<
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        tonic::body::Body,
+    >,
+> {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let origin = format!("http://{addr}").parse().expect("uri");
+    pb::kestrel_client::KestrelClient::with_origin(http, origin)
+}
+
+#[tokio::test]
+async fn a_unary_deadline_is_always_deadline_exceeded() {
+    let server = shared_server();
+    let mut c = raw_client(server.addr);
+    for ms in [1u64, 5, 20, 60, 150] {
+        for _ in 0..4 {
+            let mut req = text_request("Count to a thousand: 1, 2, 3,", 2000);
+            req.ignore_eos = true;
+            let mut r = tonic::Request::new(req);
+            r.set_timeout(Duration::from_millis(ms));
+            let e = c.generate(r).await.expect_err("the deadline passes first");
+            assert_eq!(e.code(), Code::DeadlineExceeded, "{ms} ms: {e:?}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.engine.model_info().num_admitted != 0 {
+        assert!(Instant::now() < deadline, "KV still held after deadlines");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn constraints_past_the_limits_are_invalid_argument_on_both_rpcs() {
+    let mut c = client(shared_server()).await;
+    let nested = "(a{1,60}b{1,60}){1,60}";
+    let cases = [
+        (Constraint::Regex(nested.into()), "regex "),
+        (
+            Constraint::JsonSchema(format!(
+                r#"{{"type":"object","properties":{{"x":{{"type":"string","pattern":"^{nested}$"}}}},"required":["x"]}}"#
+            )),
+            "json_schema ",
+        ),
+        (
+            Constraint::Grammar(format!("start: X\nX: /{nested}/")),
+            "grammar ",
+        ),
+    ];
+    for (constraint, field) in cases {
+        let mut req = text_request("Say something", 8);
+        req.constraint = Some(constraint);
+        let e = c.generate(req.clone()).await.expect_err(field);
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with(field), "{:?}", e.message());
+        assert!(e.message().contains("too complex"), "{:?}", e.message());
+        let e = collect_stream(&mut c, req).await.expect_err(field);
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with(field), "{:?}", e.message());
+    }
+}
+
+#[tokio::test]
+async fn an_oversize_message_is_out_of_range() {
+    let mut c = client(shared_server())
+        .await
+        .max_encoding_message_size(64 << 20);
+    let req = text_request(&"x".repeat(kestrel_server::MAX_MESSAGE_BYTES + 1), 4);
+    let e = c.generate(req).await.expect_err("too large");
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    // The server keeps serving.
+    c.generate(text_request("Hello", 2)).await.expect("served");
+}
+
+#[test]
+fn the_cli_prints_the_whole_cause_chain() {
+    let dir = std::env::temp_dir().join(format!("kestrel-cli-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("not-a-model.gguf");
+    std::fs::write(&bad, b"GGUF but not really a model file").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["generate", "--model"])
+        .arg(&bad)
+        .arg("hi")
+        .output()
+        .expect("run kestrel");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail = stderr
+        .split("Caused by:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no cause chain:\n{stderr}"));
+    let causes: Vec<&str> = tail
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(!causes.is_empty(), "an empty cause chain:\n{stderr}");
+    assert!(
+        stderr.contains("failed to load the model"),
+        "the chain names what failed:\n{stderr}"
+    );
+}
