@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
-    ModelSource, PipelineMode, PrefillPolicy, SamplingOptions,
+    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
+    PipelineMode, PrefillPolicy, SamplingOptions,
 };
 
 fn rt() -> tokio::runtime::Runtime {
@@ -171,7 +171,11 @@ fn blocking_and_pipelined_agree_on_every_request() {
             let max = req.max_new_tokens.unwrap() as usize;
             assert!(resp.token_ids.len() <= max, "{mode:?}: past max_new_tokens");
             if !req.stop_token_ids.is_empty() && resp.finish_reason == FinishReason::Stop {
-                assert_eq!(resp.token_ids.last(), Some(&stop_id), "nothing past the stop id");
+                assert_eq!(
+                    resp.token_ids.last(),
+                    Some(&stop_id),
+                    "nothing past the stop id"
+                );
                 assert_eq!(
                     resp.token_ids.iter().filter(|&&t| t == stop_id).count(),
                     1,
@@ -213,7 +217,10 @@ fn a_request_id_is_free_again_the_moment_its_request_ends() {
         for _ in 0..3 {
             let mut req = GenerateRequest::text("Hello", 4);
             req.request_id = Some("reused".into());
-            let resp = engine.generate(req).await.expect("finished request frees its id");
+            let resp = engine
+                .generate(req)
+                .await
+                .expect("finished request frees its id");
             assert_eq!(resp.request_id, "reused");
         }
         for _ in 0..3 {

@@ -40,18 +40,13 @@ fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
 /// constraint engine allows.
 const NESTED: &str = "(.{1,100}){1,100}";
 
-/// Each form compiles, but its first mask exceeds the engine's limits.
-fn too_complex() -> [(Constraint, Field); 3] {
+/// Forms that compile but whose first mask exceeds the engine's limits (a
+/// JSON Schema's pattern is only lexed once the string is open: that form
+/// fails mid-generation, below).
+fn too_complex() -> [(Constraint, Field); 2] {
     let nested = NESTED;
     [
         (Constraint::Regex(nested.into()), Field::Regex),
-        (
-            Constraint::JsonSchema(serde_json::json!({
-                "type": "string",
-                "pattern": format!("^{nested}$")
-            })),
-            Field::JsonSchema,
-        ),
         (
             Constraint::Grammar(format!("start: X\nX: /{nested}/")),
             Field::Grammar,
@@ -124,7 +119,12 @@ fn a_constraint_failing_mid_generation_ends_with_an_error() {
                 "{c:?}: {end:?}"
             );
         }
-        assert_eq!(engine.model_info().kv_pages_used, 0);
+        // The failed sequences' pages return once no step refers to them.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while engine.model_info().kv_pages_used != 0 {
+            assert!(std::time::Instant::now() < deadline, "KV still held");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
@@ -181,13 +181,16 @@ fn a_burst_that_fits_free_rows_plus_the_queue_is_never_refused() {
 fn a_prompt_too_large_for_the_context_is_refused_before_tokenizing() {
     let engine = engine(4, 8);
     let huge = "word ".repeat(2 << 20); // 10 MiB
-    // The size check's own error (not ContextOverflow, which needs the
-    // token count) shows the prompt was refused untokenized.
+                                        // The size check's own error (not ContextOverflow, which needs the
+                                        // token count) shows the prompt was refused untokenized.
     match engine.stream(GenerateRequest::text(huge, 4)) {
         Err(EngineError::InvalidArgument {
             field: Field::Prompt,
             message,
-        }) => assert!(message.contains("more than a context of 1024 tokens"), "{message}"),
+        }) => assert!(
+            message.contains("more than a context of 1024 tokens"),
+            "{message}"
+        ),
         Err(e) => panic!("expected an argument error, got {e}"),
         Ok(_) => panic!("a 10 MiB prompt was accepted"),
     }

@@ -53,18 +53,15 @@ async fn a_unary_deadline_is_always_deadline_exceeded() {
     }
 }
 
+/// Nested counted repetitions past the constraint engine's limits.
+const NESTED: &str = "(.{1,100}){1,100}";
+
 #[tokio::test]
 async fn constraints_past_the_limits_are_invalid_argument_on_both_rpcs() {
     let mut c = client(shared_server()).await;
-    let nested = "(a{1,60}b{1,60}){1,60}";
+    let nested = NESTED;
     let cases = [
         (Constraint::Regex(nested.into()), "regex "),
-        (
-            Constraint::JsonSchema(format!(
-                r#"{{"type":"object","properties":{{"x":{{"type":"string","pattern":"^{nested}$"}}}},"required":["x"]}}"#
-            )),
-            "json_schema ",
-        ),
         (
             Constraint::Grammar(format!("start: X\nX: /{nested}/")),
             "grammar ",
@@ -80,6 +77,47 @@ async fn constraints_past_the_limits_are_invalid_argument_on_both_rpcs() {
         let e = collect_stream(&mut c, req).await.expect_err(field);
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         assert!(e.message().starts_with(field), "{:?}", e.message());
+    }
+}
+
+/// Past the limits only after the first token (a JSON Schema pattern, a Lark
+/// rule after a literal): Generate answers INTERNAL; StreamGenerate sends a
+/// final `done` with FINISH_REASON_ERROR, then INTERNAL. Never a normal stop.
+#[tokio::test]
+async fn a_constraint_failing_mid_generation_is_an_error_on_both_rpcs() {
+    use pb::stream_generate_response::Event;
+    let mut c = client(shared_server()).await;
+    let cases = [
+        Constraint::JsonSchema(format!(
+            r#"{{"type":"object","properties":{{"b":{{"type":"string","pattern":"^{NESTED}$"}}}},"required":["b"]}}"#
+        )),
+        Constraint::Grammar(format!("start: \"x\" X\nX: /{NESTED}/")),
+    ];
+    for constraint in cases {
+        let mut req = text_request("Say something", 24);
+        req.constraint = Some(constraint);
+        let e = c.generate(req.clone()).await.expect_err("constraint fails");
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert!(
+            e.message().contains("stopped satisfying its constraint"),
+            "{e:?}"
+        );
+        let mut s = c.stream_generate(req).await.expect("stream").into_inner();
+        let mut done = None;
+        let status = loop {
+            match s.message().await {
+                Ok(Some(m)) => {
+                    if let Some(Event::Done(d)) = m.event {
+                        done = Some(d);
+                    }
+                }
+                Ok(None) => panic!("the stream ended OK after a failed constraint"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(status.code(), Code::Internal, "{status:?}");
+        let done = done.expect("a final done before the error");
+        assert_eq!(done.finish_reason(), pb::FinishReason::Error);
     }
 }
 

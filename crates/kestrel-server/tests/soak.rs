@@ -174,10 +174,7 @@ fn allowed(kind: Kind, code: Code) -> bool {
         // tonic's client runs its own timer and answers CANCELLED locally
         // when it fires before the server's DEADLINE_EXCEEDED arrives (the
         // server's own answer is checked in `edge.rs` with a timer-less client).
-        Kind::Deadline => matches!(
-            code,
-            Code::Ok | Code::DeadlineExceeded | Code::Cancelled
-        ),
+        Kind::Deadline => matches!(code, Code::Ok | Code::DeadlineExceeded | Code::Cancelled),
         // A full queue is a legitimate answer under load.
         _ => matches!(code, Code::Ok | Code::ResourceExhausted),
     }

@@ -223,6 +223,27 @@ impl SkillContext {
     }
 }
 
+/// The constraint engine's limits, set here explicitly rather than left to
+/// llguidance's defaults, so they are part of Kestrel's contract. A
+/// constraint whose first mask exceeds them is refused at submission
+/// ([`crate::SkillError::ConstraintTooComplex`]); one that exceeds them
+/// later ends its request with an error, never with a normal stop.
+pub const PARSER_LIMITS: llguidance::api::ParserLimits = llguidance::api::ParserLimits {
+    max_items_in_row: 2_000,
+    initial_lexer_fuel: 1_000_000,
+    step_lexer_fuel: 200_000,
+    step_max_items: 50_000,
+    max_lexer_states: 250_000,
+    max_grammar_size: 500_000,
+    precompute_large_lexemes: true,
+    // Errors reach clients: keep them to the reason, without the grammar.
+    verbose_errors: false,
+};
+
+fn set_limits(limits: &mut llguidance::api::ParserLimits) {
+    *limits = PARSER_LIMITS.clone();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,25 +298,4 @@ mod tests {
             SkillError::EosOutOfRange { token: 100_000, .. }
         ));
     }
-}
-
-/// The constraint engine's limits, set here explicitly rather than left to
-/// llguidance's defaults, so they are part of Kestrel's contract. A
-/// constraint whose first mask exceeds them is refused at submission
-/// ([`crate::SkillError::ConstraintTooComplex`]); one that exceeds them
-/// later ends its request with an error, never with a normal stop.
-pub const PARSER_LIMITS: llguidance::api::ParserLimits = llguidance::api::ParserLimits {
-    max_items_in_row: 2_000,
-    initial_lexer_fuel: 1_000_000,
-    step_lexer_fuel: 200_000,
-    step_max_items: 50_000,
-    max_lexer_states: 250_000,
-    max_grammar_size: 500_000,
-    precompute_large_lexemes: true,
-    // Errors reach clients: keep them to the reason, without the grammar.
-    verbose_errors: false,
-};
-
-fn set_limits(limits: &mut llguidance::api::ParserLimits) {
-    *limits = PARSER_LIMITS.clone();
 }

@@ -19,7 +19,9 @@ use llguidance::Matcher;
 use crate::context::SkillContext;
 use crate::error::SkillError;
 use crate::output::{OutputBuffer, StreamDelta, TokenLogprob};
-use crate::spec::{compile, engine_reason, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules};
+use crate::spec::{
+    compile, engine_reason, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules,
+};
 use crate::stop::StopStrings;
 
 /// Where a skill is in its lifecycle.
