@@ -155,6 +155,11 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// `[head_dim]` per-head norms of q and k (`features.qk_norm`).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// `[hidden]` norm of the attention output (`features.post_norms`).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     /// `[intermediate, hidden]`
     pub w_gate: Matrix,
@@ -162,6 +167,8 @@ pub struct LayerWeights {
     pub w_up: Matrix,
     /// `[hidden, intermediate]`
     pub w_down: Matrix,
+    /// `[hidden]` norm of the FFN output (`features.post_norms`).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// All weights of a Llama-family decoder, in the RoPE convention of
