@@ -121,6 +121,7 @@ pub fn config(
         max_position_embeddings: 8192,
         tie_word_embeddings: true,
         qkv_bias: false,
+        features: Default::default(),
     }
 }
 
@@ -154,10 +155,15 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
             bq: cfg.qkv_bias.then(|| rng.vec(qd, 0.1)),
             bk: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
             bv: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
+            // Drawn only when the family has them, so Llama weights do not move.
+            q_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
+            k_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
+            post_attn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
             ffn_norm: norm(&mut rng, h),
             w_gate: random_matrix(&mut rng, dtype, f, h, ws),
             w_up: random_matrix(&mut rng, dtype, f, h, ws),
             w_down: random_matrix(&mut rng, dtype, h, f, 1.0 / (f as f32).sqrt()),
+            post_ffn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
         })
         .collect();
     let token_embd = random_matrix(&mut rng, embd_dtype, cfg.vocab_size, h, 1.0);
