@@ -830,12 +830,5 @@ fn bad(reason: String) -> CpuError {
     CpuError::BadIndices { reason }
 }
 
-/// Dtypes the kernels accept.
-pub const SUPPORTED_DTYPES: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
+/// Dtypes the kernels accept (every one kestrel-model reads; see `kernels::weight`).
+pub const SUPPORTED_DTYPES: [DType; 11] = DType::ALL;

@@ -79,7 +79,10 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
                 out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
             }
         }
-        DType::Q4K | DType::Q6K => panic!("synth does not encode {dtype:?}"),
+        // kestrel-model's reference quantizers (round to nearest).
+        DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K => {
+            return Matrix::quantize(dtype, rows, cols, data)
+        }
     }
     Matrix {
         dtype,

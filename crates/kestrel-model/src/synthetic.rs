@@ -129,16 +129,7 @@ mod tests {
     fn shapes_and_dtypes() {
         let mut c = ModelConfig::tiny();
         c.qkv_bias = true;
-        for dtype in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q4K,
-            DType::Q6K,
-        ] {
+        for dtype in DType::ALL {
             let w = synthetic_weights(&c, dtype, 1);
             let l = &w.layers[0];
             assert_eq!((l.wq.rows, l.wq.cols), (c.q_dim(), c.hidden_size));
