@@ -72,9 +72,10 @@ def main():
                      "pure-Python SentencePiece BPE as llama.cpp runs it)",
         "tolerance": {
             "reasoning": "Same dequantized bytes, f32 everywhere; an f32 Rust forward differs in summation "
-                         "order only. Gemma's post-norms rescale activations by up to ~700, so logit "
-                         "differences run larger than SmolLM2's: a few 1e-3.",
-            "logit_atol_f32_activations": 0.05,
+                         "order only (Kestrel measured max |dlogit| 7.4e-5 over every top-5 entry). "
+                         "Gemma's post-norms rescale activations by up to ~700, so the bound is kept "
+                         "looser than the measurement.",
+            "logit_atol_f32_activations": 0.01,
         },
         "tokenizer_cases": [{"text": t, "ids": tok.encode(t)} for t in tokenizer_cases],
         "prompts": results,
