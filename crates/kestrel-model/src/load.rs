@@ -523,6 +523,23 @@ mod tests {
     }
 
     #[test]
+    fn unsupported_architecture_names_it_and_lists_the_supported() {
+        let bytes = write_gguf(
+            &[("general.architecture", GgufValue::String("phi3".into()))],
+            &[],
+        );
+        let g = GgufFile::parse(bytes.into(), "phi3.gguf".into()).unwrap();
+        let err = config_from_gguf(&g).unwrap_err();
+        assert!(
+            matches!(err, ModelError::UnsupportedArchitecture { ref architecture, .. } if architecture == "phi3")
+        );
+        let msg = err.to_string();
+        for arch in ["`phi3`", "llama", "qwen2", "qwen3", "gemma3"] {
+            assert!(msg.contains(arch), "{msg}");
+        }
+    }
+
+    #[test]
     fn missing_tensor_is_named() {
         let g = synthetic_gguf(
             &ModelConfig::tiny(),
