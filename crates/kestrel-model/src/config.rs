@@ -48,7 +48,7 @@ impl SlidingWindow {
             SlidingWindow::None => None,
             SlidingWindow::All { window } => Some(window),
             SlidingWindow::Interleaved { window, period } => {
-                ((layer + 1) % period != 0).then_some(window)
+                (!(layer + 1).is_multiple_of(period)).then_some(window)
             }
         }
     }
