@@ -59,7 +59,7 @@ fn q4_k_m_type(name: &str, cols: usize, layers: usize) -> DType {
         None => true, // token_embd (the tied output): Q6_K
         Some(l) => (name.contains("ffn_down") || name.contains("attn_v")) && more_bits(l, layers),
     };
-    match (wants_q6, cols % 256 == 0) {
+    match (wants_q6, cols.is_multiple_of(256)) {
         (true, true) => DType::Q6K,
         (true, false) => DType::Q8_0,
         (false, true) => DType::Q4K,

@@ -90,9 +90,9 @@ pub(crate) fn dequant_block(enc: Encoding, b: &[u8], out: &mut [f32; BLOCK]) {
         }
         Encoding::Q6KF => {
             let (d0, d1) = (f32_at(b, 0), f32_at(b, 4));
-            let qh = u64::from(u32_at(b, 8)) | (u64::from(u32_at(b, 12)) << 32);
+            let (b4, b5) = (u32_at(b, 8), u32_at(b, 12));
             for (i, o) in out.iter_mut().enumerate() {
-                let q = nib(&b[16..32], i) | ((((qh >> (2 * i)) & 3) as u32) << 4);
+                let q = nib(&b[16..32], i) | (((b4 >> i) & 1) << 4) | (((b5 >> i) & 1) << 5);
                 *o = (q as i32 - 32) as f32 * if i < 16 { d0 } else { d1 };
             }
         }

@@ -52,8 +52,10 @@ pub enum Encoding {
     /// bytes of nibbles (24-byte blocks); weight `q * d + m`, two roundings.
     Q4KF,
     /// 32 elements of a Q6_K super-block: `f32 d0`, `f32 d1` (`d * sc` of
-    /// elements 0..16 and 16..32), `u64 qh` (bits 2e..2e+2 = bits 4..6 of
-    /// element e), 16 bytes of nibbles (32-byte blocks); weight `(q - 32) * d`.
+    /// elements 0..16 and 16..32), `u32` bit planes of bit 4 and of bit 5
+    /// (bit e = that bit of element e; they expand to bytes or lane masks
+    /// in one step), 16 bytes of nibbles (32-byte blocks); weight
+    /// `(q - 32) * d`.
     Q6KF,
 }
 
@@ -268,8 +270,11 @@ fn repack(dtype: DType, stored: &[u8], to: Encoding) -> Vec<u8> {
                         let s = d * f32::from(sc[2 * b + half] as i8);
                         out.extend_from_slice(&s.to_le_bytes());
                     }
-                    let h = (0..32).fold(0u64, |h, e| h | (u64::from(q[e] >> 4) << (2 * e)));
-                    out.extend_from_slice(&h.to_le_bytes());
+                    for bit in [4, 5] {
+                        let plane =
+                            (0..32).fold(0u32, |h, e| h | (u32::from((q[e] >> bit) & 1) << e));
+                        out.extend_from_slice(&plane.to_le_bytes());
+                    }
                     out.extend_from_slice(&nibbles(q));
                 }
             }

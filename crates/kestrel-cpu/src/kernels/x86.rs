@@ -426,20 +426,73 @@ unsafe fn nibbles256(qs: *const u8) -> [__m256i; 4] {
     ]
 }
 
-/// The quants of a block whose element e has `BITS` high bits at bit
-/// `BITS * e` of `high` (above its nibble): `nib | high_bits << 4`, as i32,
-/// elements 8g..8g+8 for g = 0..4.
+/// Byte e all ones where bit e of `bits` is set, zero elsewhere (ggml's
+/// `bytes_from_bits_32`: one shuffle, one or, one compare for 32 bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn with_high_bits256<const BITS: u32>(nib: [__m256i; 4], high: u64) -> [__m256i; 4] {
-    let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let shifts = _mm256_mullo_epi32(step, _mm256_set1_epi32(BITS as i32));
-    let mask = _mm256_set1_epi32((1 << BITS) - 1);
-    std::array::from_fn(|g| {
-        let word = _mm256_set1_epi32((high >> (8 * BITS as usize * g)) as u32 as i32);
-        let bits = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), mask);
-        _mm256_or_si256(nib[g], _mm256_slli_epi32::<4>(bits))
-    })
+fn bits_to_bytes256(bits: u32) -> __m256i {
+    // Byte e gets byte e / 8 of `bits`, then is all ones iff bit e % 8 is set.
+    let spread = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
+}
+
+/// The 32 Q4_0-order nibbles at `qs`, one byte each in element order.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+        _mm_and_si128(q, mask),
+    )
+}
+
+/// The 32 five-bit quants of a block, one byte each in element order: the
+/// nibbles at `qs` with bit 4 of element e from bit e of `qh`.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_bytes256(qh: u32, qs: *const u8) -> __m256i {
+    // SAFETY: forwarded contract.
+    let nib = unsafe { nibble_bytes256(qs) };
+    _mm256_or_si256(
+        nib,
+        _mm256_and_si256(bits_to_bytes256(qh), _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// 32 bytes as i32 (sign-extended when `SIGNED`), elements 8g..8g+8 for g = 0..4.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen256<const SIGNED: bool>(q: __m256i) -> [__m256i; 4] {
+    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+    let w = |v: __m128i| {
+        if SIGNED {
+            _mm256_cvtepi8_epi32(v)
+        } else {
+            _mm256_cvtepu8_epi32(v)
+        }
+    };
+    [
+        w(lo),
+        w(_mm_srli_si128(lo, 8)),
+        w(hi),
+        w(_mm_srli_si128(hi, 8)),
+    ]
 }
 
 impl Block for Q5_0FB {
@@ -465,9 +518,12 @@ impl Block for Q5_0FB {
         // SAFETY: as above.
         unsafe {
             let d = splat256(p);
-            let q = with_high_bits256::<1>(nibbles256(p.add(8)), u64::from(u32_at(p.add(4))));
-            let sixteen = _mm256_set1_epi32(16);
-            q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, sixteen)), d))
+            // q - 16 in -16..16 fits a signed byte: subtract before widening.
+            let q = _mm256_sub_epi8(
+                q5_bytes256(u32_at(p.add(4)), p.add(8)),
+                _mm256_set1_epi8(16),
+            );
+            widen256::<true>(q).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d))
         }
     }
 }
@@ -495,7 +551,7 @@ impl Block for Q5_1FB {
         // SAFETY: as above.
         unsafe {
             let (d, m) = (splat256(p), splat256(p.add(4)));
-            let q = with_high_bits256::<1>(nibbles256(p.add(12)), u64::from(u32_at(p.add(8))));
+            let q = widen256::<false>(q5_bytes256(u32_at(p.add(8)), p.add(12)));
             q.map(|q| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m))
         }
     }
@@ -534,25 +590,24 @@ impl Block for Q6KFB {
     #[inline]
     unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
         // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
-        // u64 of 2-bit pairs, 16 nibble bytes.
+        // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
         unsafe {
             let (d0, d1) = (splat512(p), splat512(p.add(4)));
+            let (b4, b5) = (u32_at(p.add(8)), u32_at(p.add(12)));
             let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
             let lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
             let hi = _mm512_srli_epi32::<4>(q);
-            let shifts =
-                _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-            let three = _mm512_set1_epi32(3);
-            let pairs = |word: u32| {
-                let v = _mm512_srlv_epi32(_mm512_set1_epi32(word as i32), shifts);
-                _mm512_slli_epi32::<4>(_mm512_and_si512(v, three))
+            let (v16, v32) = (_mm512_set1_epi32(16), _mm512_set1_epi32(32));
+            // The planes' bits are the masks of the lanes that gain 16 / 32.
+            let w = |nib: __m512i, k4: u16, k5: u16, d: __m512| {
+                let q = _mm512_mask_or_epi32(nib, k4, nib, v16);
+                let q = _mm512_mask_or_epi32(q, k5, q, v32);
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, v32)), d)
             };
-            let off = _mm512_set1_epi32(32);
-            let w = |nib: __m512i, word: u32, d: __m512| {
-                let q = _mm512_sub_epi32(_mm512_or_si512(nib, pairs(word)), off);
-                _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
-            };
-            (w(lo, u32_at(p.add(8)), d0), w(hi, u32_at(p.add(12)), d1))
+            (
+                w(lo, b4 as u16, b5 as u16, d0),
+                w(hi, (b4 >> 16) as u16, (b5 >> 16) as u16, d1),
+            )
         }
     }
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -561,12 +616,12 @@ impl Block for Q6KFB {
         // SAFETY: as above.
         unsafe {
             let (d0, d1) = (splat256(p), splat256(p.add(4)));
-            let high = u64::from(u32_at(p.add(8))) | (u64::from(u32_at(p.add(12))) << 32);
-            let q = with_high_bits256::<2>(nibbles256(p.add(16)), high);
-            let off = _mm256_set1_epi32(32);
-            let w = |q: __m256i, d: __m256| {
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)), d)
-            };
+            let b4 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(0x10));
+            let b5 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(12))), _mm256_set1_epi8(0x20));
+            let q = _mm256_or_si256(nibble_bytes256(p.add(16)), _mm256_or_si256(b4, b5));
+            // q - 32 in -32..32 fits a signed byte: subtract before widening.
+            let q = widen256::<true>(_mm256_sub_epi8(q, _mm256_set1_epi8(32)));
+            let w = |q: __m256i, d: __m256| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
             [w(q[0], d0), w(q[1], d0), w(q[2], d1), w(q[3], d1)]
         }
     }
