@@ -6,6 +6,7 @@
 //! of its batch: every dot product reduces along K in one canonical order
 //! (see [`kernels::matmul`]), whatever the batch size, thread count or ISA.
 
+pub(crate) mod block;
 pub mod error;
 pub mod kernels;
 pub mod kv;

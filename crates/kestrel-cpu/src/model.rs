@@ -5,11 +5,15 @@
 //! share one row-wise pass: embed, then per layer RMSNorm -> QKV (one parallel
 //! region) -> RoPE -> KV write -> paged attention -> O -> RMSNorm -> gate/up
 //! -> SiLU-mul -> down, then the LM head on the rows whose logits are wanted.
+//! The family's [`kestrel_model::ArchFeatures`] add steps to that pass
+//! (embedding scale, q/k norms, post-norms, GELU, sliding windows, per-layer
+//! RoPE, softcapping; see [`crate::block`]); with none set it is plain Llama.
 //! Every step is per-row or a canonical-order matmul, so a row's logits do not
 //! depend on its batch (see `kernels::matmul`).
 
-use kestrel_model::{DType, LayerWeights, Matrix, ModelConfig, ModelWeights};
+use kestrel_model::{Activation, DType, LayerWeights, Matrix, ModelConfig, ModelWeights};
 
+use crate::block::{self, RopeSpec};
 use crate::kernels::attention::{attend_group, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
@@ -73,6 +77,9 @@ pub struct CpuModel {
     lm_head: Weight,
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
+    /// The distinct RoPEs of the layers (one, or global + local); each
+    /// row gets one table per spec (`Scratch::rope`).
+    ropes: Vec<RopeSpec>,
     team: Team,
     isa: Isa,
 }
@@ -88,10 +95,18 @@ struct Layer {
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     w_gate: Weight,
     w_up: Weight,
     w_down: Weight,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// Index into `CpuModel::ropes`.
+    rope: usize,
+    /// Keys this layer attends: the last `window` positions, or all.
+    window: Option<usize>,
 }
 
 impl Layer {
@@ -124,7 +139,7 @@ impl Seqs<'_> {
 /// A shared output pointer for tasks writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: used only by parallel regions (`attention`, `silu_mul`) whose
+// SAFETY: used only by parallel regions (`attention`, `act_mul`) whose
 // tasks each write a distinct range of the buffer, which outlives the region.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
@@ -209,6 +224,8 @@ impl CpuModel {
             ..
         } = weights;
         let mut layers = Vec::with_capacity(stored.len());
+        let mut ropes: Vec<RopeSpec> = Vec::new();
+        let (qk, post) = (c.features.qk_norm, c.features.post_norms);
         for (i, l) in stored.into_iter().enumerate() {
             let n = |s: &str| format!("layers.{i}.{s}");
             check_vec(&n("attn_norm"), Some(&l.attn_norm), h, true)?;
@@ -216,6 +233,19 @@ impl CpuModel {
             check_vec(&n("bq"), l.bq.as_ref(), qd, c.qkv_bias)?;
             check_vec(&n("bk"), l.bk.as_ref(), kvd, c.qkv_bias)?;
             check_vec(&n("bv"), l.bv.as_ref(), kvd, c.qkv_bias)?;
+            check_vec(&n("q_norm"), l.q_norm.as_ref(), c.head_dim, qk)?;
+            check_vec(&n("k_norm"), l.k_norm.as_ref(), c.head_dim, qk)?;
+            check_vec(&n("post_attn_norm"), l.post_attn_norm.as_ref(), h, post)?;
+            check_vec(&n("post_ffn_norm"), l.post_ffn_norm.as_ref(), h, post)?;
+            let lr = c.layer_rope(i);
+            let spec = RopeSpec::of(&lr);
+            let rope = match ropes.iter().position(|r| *r == spec) {
+                Some(r) => r,
+                None => {
+                    ropes.push(spec);
+                    ropes.len() - 1
+                }
+            };
             let LayerWeights {
                 attn_norm,
                 wq,
@@ -225,10 +255,14 @@ impl CpuModel {
                 bq,
                 bk,
                 bv,
+                q_norm,
+                k_norm,
+                post_attn_norm,
                 ffn_norm,
                 w_gate,
                 w_up,
                 w_down,
+                post_ffn_norm,
             } = l;
             layers.push(Layer {
                 wq: check_matrix(&n("wq"), &wq, qd, h)?,
@@ -243,6 +277,13 @@ impl CpuModel {
                 bq,
                 bk,
                 bv,
+                // A family without the feature runs without the weight.
+                q_norm: q_norm.filter(|_| qk),
+                k_norm: k_norm.filter(|_| qk),
+                post_attn_norm: post_attn_norm.filter(|_| post),
+                post_ffn_norm: post_ffn_norm.filter(|_| post),
+                rope,
+                window: lr.window,
             });
         }
         let threads = if opts.threads == 0 {
@@ -261,6 +302,7 @@ impl CpuModel {
             lm_head,
             output_norm,
             layers,
+            ropes,
             team,
             isa,
         };
@@ -283,6 +325,11 @@ impl CpuModel {
         crate::kernels::attention::scores_len(c.num_heads / c.num_kv_heads, max_context)
     }
 
+    /// RoPE tables each row needs (one per distinct layer RoPE).
+    pub(crate) fn rope_tables(&self) -> usize {
+        self.ropes.len().max(1)
+    }
+
     /// Compute threads (the calling thread included).
     pub fn threads(&self) -> usize {
         self.team.threads()
@@ -301,7 +348,9 @@ impl CpuModel {
             b += self.lm_head.bytes();
         }
         for l in &self.layers {
-            b += 4 * (l.attn_norm.len() + l.ffn_norm.len());
+            let extra = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm];
+            let extra: usize = extra.iter().filter_map(|v| v.as_ref()).map(Vec::len).sum();
+            b += 4 * (l.attn_norm.len() + l.ffn_norm.len() + extra);
         }
         b + self.layer_matrix_bytes()
     }
@@ -525,14 +574,18 @@ impl CpuModel {
         let team = Some(&self.team);
         let isa = self.isa;
         let embd = self.token_embd.mat();
+        let nr = self.rope_tables();
+        let fe = &c.features;
         for (i, &t) in tokens.iter().enumerate() {
-            dequant_row(&embd, t as usize, &mut scratch.x[i * h..(i + 1) * h]);
-            ops::rope_table(
-                scratch.row_pos[i],
-                hd,
-                c.rope_theta,
-                &mut scratch.rope[i * hd..(i + 1) * hd],
-            );
+            let xr = &mut scratch.x[i * h..(i + 1) * h];
+            dequant_row(&embd, t as usize, xr);
+            if fe.embedding_scale != 1.0 {
+                xr.iter_mut().for_each(|v| *v *= fe.embedding_scale);
+            }
+            for (r, spec) in self.ropes.iter().enumerate() {
+                let o = (i * nr + r) * hd;
+                spec.table(scratch.row_pos[i], hd, &mut scratch.rope[o..o + hd]);
+            }
         }
         for (l, lw) in self.layers.iter().enumerate() {
             let s = &mut *scratch;
@@ -570,11 +623,21 @@ impl CpuModel {
                     buf.chunks_exact_mut(d).for_each(|r| ops::add_assign(r, b));
                 }
             }
+            for (buf, norm) in [(&mut *q, &lw.q_norm), (&mut *k, &lw.k_norm)] {
+                if let Some(w) = norm {
+                    let tmp = &mut s.head_tmp[..hd];
+                    for head in buf.chunks_exact_mut(hd) {
+                        tmp.copy_from_slice(head);
+                        ops::rms_norm(tmp, w, c.rms_norm_eps, head);
+                    }
+                }
+            }
             let geo = kv.config();
             let ps = geo.page_size;
             let (kl, vl) = kv.layer_mut(l);
             for i in 0..n {
-                let t = &s.rope[i * hd..(i + 1) * hd];
+                let o = (i * nr + lw.rope) * hd;
+                let t = &s.rope[o..o + hd];
                 ops::rope(&mut q[i * qd..(i + 1) * qd], hd, t, c.rope_style);
                 ops::rope(&mut k[i * kvd..(i + 1) * kvd], hd, t, c.rope_style);
                 let pos = s.row_pos[i] as usize;
@@ -595,7 +658,7 @@ impl CpuModel {
                 n,
                 &mut s.tmp[..n * h],
             );
-            ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
+            residual_add(s, n, h, lw.post_attn_norm.as_deref(), c.rms_norm_eps);
             let (x, xn) = (&s.x[..n * h], &mut s.xn[..n * h]);
             for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
                 ops::rms_norm(xr, &lw.ffn_norm, c.rms_norm_eps, or);
@@ -617,7 +680,7 @@ impl CpuModel {
                     },
                 ],
             );
-            self.silu_mul(gate, up, f);
+            self.act_mul(gate, up, f);
             matmul(
                 team,
                 isa,
@@ -626,7 +689,7 @@ impl CpuModel {
                 n,
                 &mut s.tmp[..n * h],
             );
-            ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]);
+            residual_add(s, n, h, lw.post_ffn_norm.as_deref(), c.rms_norm_eps);
         }
         let s = &mut *scratch;
         for j in 0..nlogits {
@@ -642,13 +705,20 @@ impl CpuModel {
             nlogits,
             out_logits,
         );
+        if let Some(cap) = fe.final_logit_softcap {
+            block::softcap(out_logits, cap);
+        }
         Ok(())
     }
 
-    /// `gate = silu(gate) * up`, rows in parallel when there are several.
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32], f: usize) {
+    /// `gate = act(gate) * up`, rows in parallel when there are several.
+    fn act_mul(&self, gate: &mut [f32], up: &[f32], f: usize) {
         let rows = gate.len() / f;
+        let gelu = self.cfg.features.activation == Activation::GeluTanh;
         let body = |g: &mut [f32], u: &[f32]| {
+            if gelu {
+                return block::gelu_tanh_mul(g, u);
+            }
             for (gv, uv) in g.iter_mut().zip(u) {
                 *gv = *gv / (1.0 + ops::exp(-*gv)) * uv;
             }
@@ -677,7 +747,8 @@ impl CpuModel {
         let qd = c.num_heads * hd;
         let group = c.num_heads / c.num_kv_heads;
         let nkv = c.num_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.attn_scale();
+        let window = self.layers[l].window;
         let (kl, vl) = kv.layer(l);
         let ntasks = n * nkv;
         // Below ~1k key visits (a few microseconds) splitting gains nothing.
@@ -712,22 +783,42 @@ impl CpuModel {
                 // n*qd long and is not otherwise borrowed during this region.
                 let out_slice =
                     unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
-                attend_group(
-                    self.isa,
-                    &q[o..o + group * hd],
-                    kl,
-                    vl,
-                    seq,
-                    g,
-                    row_pos[i] as usize + 1,
-                    scale,
-                    scores,
-                    out_slice,
-                );
+                let (qg, len) = (&q[o..o + group * hd], row_pos[i] as usize + 1);
+                match window {
+                    Some(w) if len > w => block::attend_window(
+                        qg,
+                        kl,
+                        vl,
+                        seq,
+                        g,
+                        len - w,
+                        len,
+                        scale,
+                        scores,
+                        out_slice,
+                    ),
+                    _ => attend_group(self.isa, qg, kl, vl, seq, g, len, scale, scores, out_slice),
+                }
                 t += workers;
             }
         };
         self.team.for_each(workers, work);
+    }
+}
+
+/// `x += o` for the `n` rows of `s.tmp`, through `post_norm` when the
+/// family norms a sublayer's output before its residual add (into `s.xn`,
+/// free by then).
+fn residual_add(s: &mut Scratch, n: usize, h: usize, post_norm: Option<&[f32]>, eps: f32) {
+    match post_norm {
+        Some(w) => {
+            let (o, on) = (&s.tmp[..n * h], &mut s.xn[..n * h]);
+            for (or, nr) in o.chunks_exact(h).zip(on.chunks_exact_mut(h)) {
+                ops::rms_norm(or, w, eps, nr);
+            }
+            ops::add_assign(&mut s.x[..n * h], &s.xn[..n * h]);
+        }
+        None => ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]),
     }
 }
 
@@ -739,12 +830,5 @@ fn bad(reason: String) -> CpuError {
     CpuError::BadIndices { reason }
 }
 
-/// Dtypes the kernels accept.
-pub const SUPPORTED_DTYPES: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
+/// Dtypes the kernels accept (every one kestrel-model reads; see `kernels::weight`).
+pub const SUPPORTED_DTYPES: [DType; 11] = DType::ALL;

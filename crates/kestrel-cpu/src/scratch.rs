@@ -21,7 +21,10 @@ pub struct Scratch {
     pub(crate) tmp: Vec<f32>,
     pub(crate) gate: Vec<f32>,
     pub(crate) up: Vec<f32>,
+    /// `model.rope_tables()` tables of `head_dim` floats per row.
     pub(crate) rope: Vec<f32>,
+    /// One head's worth, for the per-head q/k norms.
+    pub(crate) head_tmp: Vec<f32>,
     pub(crate) row_seq: Vec<u32>,
     pub(crate) row_pos: Vec<u32>,
     pub(crate) logit_rows: Vec<u32>,
@@ -51,7 +54,8 @@ impl Scratch {
             tmp: vec![0.0; r * h],
             gate: vec![0.0; r * f],
             up: vec![0.0; r * f],
-            rope: vec![0.0; r * hd],
+            rope: vec![0.0; r * hd * model.rope_tables()],
+            head_tmp: vec![0.0; hd],
             row_seq: vec![0; r],
             row_pos: vec![0; r],
             logit_rows: vec![0; r],
@@ -82,6 +86,7 @@ impl Scratch {
             &self.gate,
             &self.up,
             &self.rope,
+            &self.head_tmp,
             &self.scores,
         ]
         .iter()

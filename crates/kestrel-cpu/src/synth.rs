@@ -79,7 +79,10 @@ pub fn encode(dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Matrix {
                 out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
             }
         }
-        DType::Q4K | DType::Q6K => panic!("synth does not encode {dtype:?}"),
+        // kestrel-model's reference quantizers (round to nearest).
+        DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K => {
+            return Matrix::quantize(dtype, rows, cols, data)
+        }
     }
     Matrix {
         dtype,
@@ -121,6 +124,7 @@ pub fn config(
         max_position_embeddings: 8192,
         tie_word_embeddings: true,
         qkv_bias: false,
+        features: Default::default(),
     }
 }
 
@@ -154,10 +158,15 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
             bq: cfg.qkv_bias.then(|| rng.vec(qd, 0.1)),
             bk: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
             bv: cfg.qkv_bias.then(|| rng.vec(kvd, 0.1)),
+            // Drawn only when the family has them, so Llama weights do not move.
+            q_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
+            k_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
+            post_attn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
             ffn_norm: norm(&mut rng, h),
             w_gate: random_matrix(&mut rng, dtype, f, h, ws),
             w_up: random_matrix(&mut rng, dtype, f, h, ws),
             w_down: random_matrix(&mut rng, dtype, h, f, 1.0 / (f as f32).sqrt()),
+            post_ffn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
         })
         .collect();
     let token_embd = random_matrix(&mut rng, embd_dtype, cfg.vocab_size, h, 1.0);

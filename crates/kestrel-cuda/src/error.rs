@@ -50,6 +50,17 @@ pub enum CudaError {
         log: String,
     },
 
+    /// The model's family changes the decoder block in ways the CUDA
+    /// kernels do not implement (they run the Llama/Qwen2 block only).
+    #[error(
+        "the CUDA runtime cannot run a `{architecture}` model: it needs {} (the CUDA kernels run llama/qwen2-shaped blocks; use the CPU backend)",
+        features.join(", ")
+    )]
+    UnsupportedArchitecture {
+        architecture: String,
+        features: Vec<&'static str>,
+    },
+
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),

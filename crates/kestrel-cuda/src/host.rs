@@ -483,4 +483,36 @@ mod tests {
         assert_eq!(bias, vec![0.0, 0.0, 3.0]);
         assert_eq!(mask_words(2, 33), 2 + 4);
     }
+
+    #[test]
+    fn every_weight_type_is_dequantized_at_load_to_its_exact_f16() {
+        // The device holds f16 weights whatever the file's type: each value
+        // is kestrel-model's (ggml-exact, gguf-py-checked) dequantization,
+        // rounded once to f16. K-quants need 256-column rows.
+        let (rows, cols) = (3, 512);
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        for dtype in kestrel_model::DType::ALL {
+            let m = Matrix::quantize(dtype, rows, cols, &vals);
+            let f32s = m.to_f32();
+            let mut out = Vec::new();
+            stack_f16(&[&m, &m], &mut out);
+            assert_eq!(out.len(), 2 * rows * cols, "{dtype}");
+            for (i, (h, v)) in out.iter().zip(f32s.iter().cycle()).enumerate() {
+                assert_eq!(
+                    h.to_bits(),
+                    f16::from_f32(*v).to_bits(),
+                    "{dtype} value {i}"
+                );
+            }
+            // And the values are the type's, not a stand-in: within its
+            // quantization error of the source.
+            let err = vals
+                .iter()
+                .zip(&f32s)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(err < 0.16, "{dtype}: max error {err}");
+        }
+    }
 }

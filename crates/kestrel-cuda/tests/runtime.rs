@@ -14,6 +14,33 @@ use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{Executor, PrefillInput, RequestId, SamplingParams, TokenId};
 
 #[test]
+fn non_llama_blocks_are_refused_by_name() {
+    // Before any device is touched, so this holds with or without a GPU.
+    let mut c = ModelConfig::tiny();
+    c.architecture = "gemma3".into();
+    c.features.qk_norm = true;
+    c.features.sliding_window = kestrel_model::SlidingWindow::Interleaved {
+        window: 8,
+        period: 2,
+    };
+    let w = synthetic_weights(&c, DType::F32, 1);
+    match CudaRuntime::new(w, CudaRuntimeConfig::default()) {
+        Err(e @ CudaError::UnsupportedArchitecture { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("`gemma3`")
+                    && msg.contains("q/k norm")
+                    && msg.contains("sliding-window"),
+                "{msg}"
+            );
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    // Plain Llama/Qwen2 blocks pass the check.
+    kestrel_cuda::runtime::check_architecture(&ModelConfig::tiny()).unwrap();
+}
+
+#[test]
 fn new_without_a_driver_is_a_typed_error() {
     if libs::driver_available().is_ok() {
         eprintln!("SKIPPED new_without_a_driver_is_a_typed_error: a CUDA driver is present");

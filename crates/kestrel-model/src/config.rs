@@ -1,6 +1,8 @@
 //! The resolved model configuration: every field the forward pass needs, with
 //! no `Option` left to guess about. Built once from GGUF metadata or an HF
-//! `config.json`, or by hand for synthetic models.
+//! `config.json`, or by hand for synthetic models. [`ArchFeatures`] holds the
+//! ways a family's block departs from Llama's (all off for Llama), so the
+//! runtimes branch on features, never on architecture names.
 
 /// How rotary embeddings pair the dimensions of a head.
 ///
@@ -15,6 +17,172 @@ pub enum RopeStyle {
     Interleaved,
     /// Rotate pairs `(i, i + head_dim / 2)` with frequency index `i` (HF `rotate_half`, "neox").
     HalfSplit,
+}
+
+/// The FFN's gate activation: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `g / (1 + e^-g)` (Llama, Qwen).
+    Silu,
+    /// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Which keys a layer's attention sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlidingWindow {
+    /// Every layer attends to the whole prefix.
+    None,
+    /// Every layer attends to the last `window` positions, itself included
+    /// (Mistral).
+    All { window: usize },
+    /// Every `period`-th layer (1-based: layers `period-1`, `2*period-1`, ...)
+    /// is global; the others are local with `window` keys (Gemma 3: 512, 6).
+    Interleaved { window: usize, period: usize },
+}
+
+impl SlidingWindow {
+    /// The window of layer `layer`, or `None` when it attends globally.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match *self {
+            SlidingWindow::None => None,
+            SlidingWindow::All { window } => Some(window),
+            SlidingWindow::Interleaved { window, period } => {
+                (!(layer + 1).is_multiple_of(period)).then_some(window)
+            }
+        }
+    }
+}
+
+/// The ways a family's decoder block departs from Llama's. The default is
+/// plain Llama; a runtime that cannot do a feature must refuse the model
+/// (see [`ArchFeatures::non_llama`]) rather than compute something else.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArchFeatures {
+    /// Per-head RMSNorm of q and k (after the projections, before RoPE):
+    /// Qwen3, Gemma 3. Weights `[head_dim]`.
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before their residual adds
+    /// (Gemma 2/3 `post_attention_norm` / `post_ffw_norm`).
+    pub post_norms: bool,
+    pub activation: Activation,
+    /// Embeddings are multiplied by this (Gemma: `sqrt(hidden)`; else 1).
+    pub embedding_scale: f32,
+    /// Attention logits are `q.k * attn_scale` when set (Gemma:
+    /// `1/sqrt(query_pre_attn_scalar)`); `None` is `1/sqrt(head_dim)`. Read
+    /// it through [`ModelConfig::attn_scale`].
+    pub attn_scale: Option<f32>,
+    /// `logits = cap * tanh(logits / cap)` when set (Gemma 2).
+    pub final_logit_softcap: Option<f32>,
+    pub sliding_window: SlidingWindow,
+    /// RoPE base of the local (sliding-window) layers when it differs from
+    /// `rope_theta`, the global layers' (Gemma 3: 10 000 vs 1 000 000). Read
+    /// it through [`ModelConfig::layer_rope`].
+    pub rope_theta_local: Option<f32>,
+    /// Divides every RoPE frequency pair `i` of the global layers
+    /// (`head_dim / 2` values): Llama 3.x's `rope_freqs`, computed from its
+    /// `rope_scaling` when loading HF configs.
+    pub rope_freq_factors: Option<Vec<f32>>,
+    /// Linear RoPE scaling of the global layers: positions are divided by
+    /// this (1 = none).
+    pub rope_linear_scale: f32,
+}
+
+impl Default for ArchFeatures {
+    /// Plain Llama: nothing extra.
+    fn default() -> Self {
+        ArchFeatures {
+            qk_norm: false,
+            post_norms: false,
+            activation: Activation::Silu,
+            embedding_scale: 1.0,
+            attn_scale: None,
+            final_logit_softcap: None,
+            sliding_window: SlidingWindow::None,
+            rope_theta_local: None,
+            rope_freq_factors: None,
+            rope_linear_scale: 1.0,
+        }
+    }
+}
+
+impl ArchFeatures {
+    /// The features that differ from plain Llama, by name (empty for a
+    /// Llama/Qwen2-shaped model). A runtime that implements only the Llama
+    /// block refuses a model for which this is not empty.
+    pub fn non_llama(&self) -> Vec<&'static str> {
+        let base = ArchFeatures::default();
+        let mut out = Vec::new();
+        let checks = [
+            (self.qk_norm != base.qk_norm, "q/k norm"),
+            (self.post_norms != base.post_norms, "post-norms"),
+            (self.activation != base.activation, "GELU-tanh FFN"),
+            (
+                self.embedding_scale != base.embedding_scale,
+                "embedding scale",
+            ),
+            (self.attn_scale.is_some(), "attention scale"),
+            (self.final_logit_softcap.is_some(), "logit softcapping"),
+            (
+                self.sliding_window != base.sliding_window,
+                "sliding-window attention",
+            ),
+            (self.rope_theta_local.is_some(), "local RoPE base"),
+            (self.rope_freq_factors.is_some(), "RoPE frequency factors"),
+            (
+                self.rope_linear_scale != base.rope_linear_scale,
+                "linear RoPE scaling",
+            ),
+        ];
+        for (differs, name) in checks {
+            if differs {
+                out.push(name);
+            }
+        }
+        out
+    }
+}
+
+/// Llama 3.x's `rope_scaling` (`rope_type: llama3`) as per-pair frequency
+/// divisors, the values llama.cpp's converter stores as `rope_freqs.weight`.
+pub fn llama3_rope_freq_factors(
+    head_dim: usize,
+    rope_theta: f32,
+    factor: f32,
+    low_freq_factor: f32,
+    high_freq_factor: f32,
+    original_max_position: f32,
+) -> Vec<f32> {
+    let low_wavelen = original_max_position / low_freq_factor;
+    let high_wavelen = original_max_position / high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = (rope_theta as f64).powf(-2.0 * i as f64 / head_dim as f64) as f32;
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original_max_position / wavelen - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// RoPE and attention span of one layer, resolved from [`ModelConfig`].
+///
+/// Local (sliding-window) layers use the plain base `rope_theta_local`:
+/// llama.cpp applies frequency factors and scaling to global layers only.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerRope<'a> {
+    pub theta: f32,
+    pub freq_factors: Option<&'a [f32]>,
+    pub linear_scale: f32,
+    /// Keys seen: the last `window` positions, or all when `None`.
+    pub window: Option<usize>,
 }
 
 /// A Llama-family decoder configuration.
@@ -37,6 +205,8 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Q/K/V projections carry a bias (Qwen2).
     pub qkv_bias: bool,
+    /// What the family changes in the block (plain Llama by default).
+    pub features: ArchFeatures,
 }
 
 impl ModelConfig {
@@ -57,6 +227,7 @@ impl ModelConfig {
             max_position_embeddings: 8192,
             tie_word_embeddings: true,
             qkv_bias: false,
+            features: ArchFeatures::default(),
         }
     }
 
@@ -77,6 +248,7 @@ impl ModelConfig {
             max_position_embeddings: 131_072,
             tie_word_embeddings: true,
             qkv_bias: false,
+            features: ArchFeatures::default(),
         }
     }
 
@@ -97,6 +269,7 @@ impl ModelConfig {
             max_position_embeddings: 131_072,
             tie_word_embeddings: false,
             qkv_bias: false,
+            features: ArchFeatures::default(),
         }
     }
 
@@ -118,6 +291,7 @@ impl ModelConfig {
             max_position_embeddings: 256,
             tie_word_embeddings: false,
             qkv_bias: false,
+            features: ArchFeatures::default(),
         }
     }
 
@@ -129,6 +303,38 @@ impl ModelConfig {
     /// `num_kv_heads * head_dim`: rows of `wk` and `wv`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
+    }
+
+    /// The attention logit scale (see [`ArchFeatures::attn_scale`]).
+    pub fn attn_scale(&self) -> f32 {
+        self.features
+            .attn_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// How layer `layer` rotates and which keys it sees.
+    pub fn layer_rope(&self, layer: usize) -> LayerRope<'_> {
+        let f = &self.features;
+        let window = f.sliding_window.window(layer);
+        // Only interleaved models have a second ("local") RoPE; a model whose
+        // every layer slides (Mistral) rotates them all like global layers.
+        let local =
+            window.is_some() && matches!(f.sliding_window, SlidingWindow::Interleaved { .. });
+        if local {
+            LayerRope {
+                theta: f.rope_theta_local.unwrap_or(self.rope_theta),
+                freq_factors: None,
+                linear_scale: 1.0,
+                window,
+            }
+        } else {
+            LayerRope {
+                theta: self.rope_theta,
+                freq_factors: f.rope_freq_factors.as_deref(),
+                linear_scale: f.rope_linear_scale,
+                window,
+            }
+        }
     }
 
     /// Checks the invariants the runtimes rely on.
@@ -167,6 +373,37 @@ impl ModelConfig {
                 "rms_norm_eps {} is not positive",
                 self.rms_norm_eps
             ));
+        }
+        let f = &self.features;
+        let positive = |x: f32| x.is_finite() && x > 0.0;
+        for (name, v) in [
+            ("embedding_scale", Some(f.embedding_scale)),
+            ("attn_scale", f.attn_scale),
+            ("final_logit_softcap", f.final_logit_softcap),
+            ("rope_theta_local", f.rope_theta_local),
+            ("rope_linear_scale", Some(f.rope_linear_scale)),
+        ] {
+            if let Some(v) = v.filter(|&v| !positive(v)) {
+                return fail(format!("{name} {v} is not positive"));
+            }
+        }
+        if let Some(ff) = &f.rope_freq_factors {
+            if ff.len() != self.head_dim / 2 || !ff.iter().all(|&v| positive(v)) {
+                return fail(format!(
+                    "rope frequency factors: {} values (need head_dim / 2 = {}, all positive)",
+                    ff.len(),
+                    self.head_dim / 2
+                ));
+            }
+        }
+        match f.sliding_window {
+            SlidingWindow::All { window: 0 } | SlidingWindow::Interleaved { window: 0, .. } => {
+                return fail("sliding window of 0 positions".into())
+            }
+            SlidingWindow::Interleaved { period: 0, .. } => {
+                return fail("sliding-window layer period 0".into())
+            }
+            _ => {}
         }
         Ok(())
     }

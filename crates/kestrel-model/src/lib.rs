@@ -31,9 +31,15 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{ModelConfig, RopeStyle};
+pub use config::{
+    llama3_rope_freq_factors, Activation, ArchFeatures, LayerRope, ModelConfig, RopeStyle,
+    SlidingWindow,
+};
 pub use error::ModelError;
-pub use fetch::{default_model_path, default_model_path_with_progress, FetchStage};
+pub use fetch::{
+    default_model_path, default_model_path_with_progress, pinned_model, pinned_model_path,
+    FetchStage, PinnedModel,
+};
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use load::{load, LoadedModel};
 pub use synthetic::synthetic_weights;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{Activation, ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
 use crate::{ChatTemplate, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// A model ready for a runtime: weights plus everything text-side.
@@ -73,8 +73,18 @@ impl LoadedModel {
 
 /// Loads a `.gguf` file or an HF model directory (`config.json`,
 /// `*.safetensors`, `tokenizer.json`, optional `tokenizer_config.json`).
+/// A path that does not exist but names a pinned model (`gemma3-270m`,
+/// `smollm2-135m`; see [`crate::fetch`]) is fetched into the cache first.
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
     let started = std::time::Instant::now();
+    let fetched;
+    let path = match resolve_alias(path)? {
+        Some(p) => {
+            fetched = p;
+            fetched.as_path()
+        }
+        None => path,
+    };
     let model = if path.is_dir() {
         if !path.join("config.json").is_file() {
             return Err(ModelError::UnknownModelFormat { path: path.into() });
@@ -95,6 +105,21 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
         "model loaded"
     );
     Ok(model)
+}
+
+/// The cached GGUF for `path` when it is not a file or directory but a
+/// pinned model's alias.
+fn resolve_alias(path: &Path) -> Result<Option<std::path::PathBuf>, ModelError> {
+    if path.exists() {
+        return Ok(None);
+    }
+    match path.to_str().and_then(crate::fetch::pinned_model) {
+        Some(m) => {
+            crate::fetch::pinned_model_path(m, &mut |stage| tracing::info!(?stage, "fetching"))
+                .map(Some)
+        }
+        None => Ok(None),
+    }
 }
 
 /// Checks a matrix against its expected `[rows, cols]`.
@@ -133,18 +158,28 @@ pub(crate) fn check_vector(v: Vec<f32>, name: &str, len: usize) -> Result<Vec<f3
     Ok(v)
 }
 
+/// The GGUF `general.architecture` values Kestrel runs.
+pub const GGUF_ARCHITECTURES: &str = "llama (incl. Llama 3.x, Mistral), qwen2, qwen3, gemma3";
+
 /// Resolves the decoder config from `{arch}.*` GGUF metadata.
+///
+/// Per family: `llama` (Q/K permuted by llama.cpp's converter, so adjacent-pair
+/// RoPE; `rope_freqs.weight` = Llama 3 frequency factors; a
+/// `llama.attention.sliding_window` key = Mistral-style windows on every
+/// layer), `qwen2` (QKV bias, NEOX RoPE), `qwen3` (per-head q/k norm, NEOX),
+/// `gemma3` (see [`gemma3_features`]).
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     let arch = g.get_str("general.architecture")?.to_string();
     let (rope_style, qkv_bias) = match arch.as_str() {
         // llama.cpp's converter permuted Q/K rows for "norm" (adjacent-pair) RoPE.
         "llama" => (RopeStyle::Interleaved, false),
-        // Qwen2 is converted unpermuted and run with NEOX (half-split) RoPE.
+        // The others are converted unpermuted and run with NEOX (half-split) RoPE.
         "qwen2" => (RopeStyle::HalfSplit, true),
+        "qwen3" | "gemma3" => (RopeStyle::HalfSplit, false),
         _ => {
             return Err(ModelError::UnsupportedArchitecture {
                 architecture: arch,
-                supported: "llama, qwen2",
+                supported: GGUF_ARCHITECTURES,
             })
         }
     };
@@ -169,11 +204,40 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
             )));
         }
     }
-    if g.get(&k("rope.scaling.type"))
-        .and_then(|v| v.as_str())
-        .is_some_and(|t| t != "none")
-    {
-        tracing::warn!("GGUF declares RoPE scaling; Kestrel ignores it (fine for short contexts)");
+    let rope_theta = g
+        .get(&k("rope.freq_base"))
+        .and_then(|v| v.as_f32())
+        .unwrap_or(10_000.0);
+    let mut features = ArchFeatures::default();
+    match g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
+        None | Some("none") => {}
+        Some("linear") => features.rope_linear_scale = g.get_f32(&k("rope.scaling.factor"))?,
+        Some(other) => tracing::warn!(
+            scaling = other,
+            "GGUF declares RoPE scaling Kestrel does not implement; it is ignored (fine for contexts within the original training length)"
+        ),
+    }
+    if g.tensor("rope_freqs.weight").is_some() {
+        let ff = check_vector(
+            g.vector_f32("rope_freqs.weight")?,
+            "rope_freqs.weight",
+            head_dim / 2,
+        )?;
+        features.rope_freq_factors = Some(ff);
+    }
+    let window = match g.get(&k("attention.sliding_window")) {
+        Some(_) => Some(g.get_usize(&k("attention.sliding_window"))?),
+        None => None,
+    };
+    match arch.as_str() {
+        "llama" => {
+            if let Some(window) = window {
+                features.sliding_window = SlidingWindow::All { window };
+            }
+        }
+        "qwen3" => features.qk_norm = true,
+        "gemma3" => gemma3_features(g, &mut features, hidden, num_heads, head_dim, window)?,
+        _ => {}
     }
     let vocab_size = match g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
         Some(tokens) => tokens.len(),
@@ -188,18 +252,72 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         num_heads,
         num_kv_heads,
         head_dim,
-        rope_theta: g
-            .get(&k("rope.freq_base"))
-            .and_then(|v| v.as_f32())
-            .unwrap_or(10_000.0),
+        rope_theta,
         rope_style,
         rms_norm_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
         max_position_embeddings: g.get_usize(&k("context_length"))?,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
         qkv_bias,
+        features,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Gemma 3, as llama.cpp runs it: embeddings times `sqrt(hidden)`, per-head
+/// q/k norms, post-attention and post-FFN norms, GELU-tanh, and five local
+/// layers (window `attention.sliding_window`, RoPE base 10 000 unless
+/// `rope.freq_base_swa` says otherwise) per global one. The converter already
+/// added Gemma's `1 +` to every `*norm.weight` it stored (`norm_shift`), so
+/// the norms here are plain RMSNorms. GGUF does not carry
+/// `query_pre_attn_scalar`: llama.cpp uses `hidden / heads` for the 62-layer
+/// 27B and `head_dim` for every other size; `attention.scale` overrides.
+fn gemma3_features(
+    g: &GgufFile,
+    f: &mut ArchFeatures,
+    hidden: usize,
+    num_heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+) -> Result<(), ModelError> {
+    let k = |s: &str| format!("gemma3.{s}");
+    f.qk_norm = true;
+    f.post_norms = true;
+    f.activation = Activation::GeluTanh;
+    f.embedding_scale = (hidden as f32).sqrt();
+    f.attn_scale = Some(match g.get(&k("attention.scale")) {
+        Some(_) => g.get_f32(&k("attention.scale"))?,
+        None => {
+            let layers = g.get_usize(&k("block_count"))?;
+            let scalar = if layers == 62 {
+                hidden / num_heads
+            } else {
+                head_dim
+            };
+            1.0 / (scalar as f32).sqrt()
+        }
+    });
+    f.final_logit_softcap = g
+        .get(&k("final_logit_softcapping"))
+        .and_then(|v| v.as_f32());
+    let window = window.ok_or_else(|| ModelError::MissingMetadata {
+        key: k("attention.sliding_window"),
+    })?;
+    let period = match g.get(&k("attention.sliding_window_pattern")) {
+        None => 6,
+        Some(v) => v.as_u64().map(|p| p as usize).ok_or_else(|| {
+            ModelError::invalid(
+                "gemma3.attention.sliding_window_pattern is not a single period; per-layer patterns are not supported",
+            )
+        })?,
+    };
+    f.sliding_window = SlidingWindow::Interleaved { window, period };
+    f.rope_theta_local = Some(
+        g.get(&k("rope.freq_base_swa"))
+            .and_then(|v| v.as_f32())
+            .unwrap_or(10_000.0),
+    );
+    Ok(())
 }
 
 /// Builds [`ModelWeights`] from a parsed GGUF, validating every shape.
@@ -215,6 +333,9 @@ pub fn weights_from_gguf(g: &GgufFile) -> Result<ModelWeights, ModelError> {
             (false, false) => Ok(None),
         }
     };
+    // A norm the family needs (missing = error), or none.
+    let norm = |needed: bool, name: String, len| needed.then(|| vec(&name, len)).transpose();
+    let (qk_norm, post) = (c.features.qk_norm, c.features.post_norms);
     let token_embd = mat("token_embd.weight", c.vocab_size, h)?;
     let layers = (0..c.num_layers)
         .map(|i| {
@@ -228,10 +349,14 @@ pub fn weights_from_gguf(g: &GgufFile) -> Result<ModelWeights, ModelError> {
                 bq: bias(n("attn_q.bias"), q)?,
                 bk: bias(n("attn_k.bias"), kv)?,
                 bv: bias(n("attn_v.bias"), kv)?,
+                q_norm: norm(qk_norm, n("attn_q_norm.weight"), c.head_dim)?,
+                k_norm: norm(qk_norm, n("attn_k_norm.weight"), c.head_dim)?,
+                post_attn_norm: norm(post, n("post_attention_norm.weight"), h)?,
                 ffn_norm: vec(&n("ffn_norm.weight"), h)?,
                 w_gate: mat(&n("ffn_gate.weight"), ff, h)?,
                 w_up: mat(&n("ffn_up.weight"), ff, h)?,
                 w_down: mat(&n("ffn_down.weight"), h, ff)?,
+                post_ffn_norm: norm(post, n("post_ffw_norm.weight"), h)?,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -395,6 +520,23 @@ mod tests {
         let w = weights_from_gguf(&synthetic_gguf(&c, DType::Q8_0, None)).unwrap();
         assert!(w.config.tie_word_embeddings);
         assert_eq!(w.lm_head.data.as_ptr(), w.token_embd.data.as_ptr());
+    }
+
+    #[test]
+    fn unsupported_architecture_names_it_and_lists_the_supported() {
+        let bytes = write_gguf(
+            &[("general.architecture", GgufValue::String("phi3".into()))],
+            &[],
+        );
+        let g = GgufFile::parse(bytes.into(), "phi3.gguf".into()).unwrap();
+        let err = config_from_gguf(&g).unwrap_err();
+        assert!(
+            matches!(err, ModelError::UnsupportedArchitecture { ref architecture, .. } if architecture == "phi3")
+        );
+        let msg = err.to_string();
+        for arch in ["`phi3`", "llama", "qwen2", "qwen3", "gemma3"] {
+            assert!(msg.contains(arch), "{msg}");
+        }
     }
 
     #[test]

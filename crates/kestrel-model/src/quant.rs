@@ -1,8 +1,10 @@
 //! Dequantization (and reference quantization) of ggml block layouts.
 //!
-//! Dequantization follows ggml-quants.c `dequantize_row_*` exactly, so a
-//! runtime can use [`Matrix::dequantize_row`] as the oracle for its fused
-//! kernels. Quantization is the simple round-to-nearest reference (what
+//! Dequantization follows ggml-quants.c `dequantize_row_*` exactly, every
+//! product and sum rounded to f32 on its own (no fused multiply-add), which is
+//! also what the `gguf` Python package computes: `tests/dequant_gguf_py.rs`
+//! checks every type against it bit for bit. A runtime can use
+//! [`Matrix::dequantize_row`] as the oracle for its fused kernels. Quantization is the simple round-to-nearest reference (what
 //! `quantize_row_*_ref` does for the legacy types; a plain, non-searching
 //! variant for K-quants) and exists for synthetic weights and tests.
 
@@ -52,8 +54,58 @@ pub fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
                     y[j + 16] = d * f32::from(q >> 4) + m;
                 }
             }
+            DType::Q5_0 => {
+                let d = f16_at(blk, 0);
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                for (j, &q) in blk[6..22].iter().enumerate() {
+                    let h0 = ((qh >> j) & 1) << 4;
+                    let h1 = ((qh >> (j + 16)) & 1) << 4;
+                    y[j] = d * ((u32::from(q & 0x0F) | h0) as i32 - 16) as f32;
+                    y[j + 16] = d * ((u32::from(q >> 4) | h1) as i32 - 16) as f32;
+                }
+            }
+            DType::Q5_1 => {
+                let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
+                let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+                for (j, &q) in blk[8..24].iter().enumerate() {
+                    let h0 = ((qh >> j) & 1) << 4;
+                    let h1 = ((qh >> (j + 16)) & 1) << 4;
+                    y[j] = d * (u32::from(q & 0x0F) | h0) as f32 + m;
+                    y[j + 16] = d * (u32::from(q >> 4) | h1) as f32 + m;
+                }
+            }
             DType::Q4K => dequantize_q4_k(blk, y),
+            DType::Q5K => dequantize_q5_k(blk, y),
             DType::Q6K => dequantize_q6_k(blk, y),
+        }
+    }
+}
+
+/// The f32 scale and min of the eight 32-element sub-blocks of a Q4_K or
+/// Q5_K super-block (`d * sc`, `dmin * m`, each one f32 product), as ggml
+/// computes them before decoding the quants.
+pub fn k_sub_block_scales(blk: &[u8]) -> [(f32, f32); 8] {
+    let (d, min) = (f16_at(blk, 0), f16_at(blk, 2));
+    let scales = &blk[4..16];
+    std::array::from_fn(|j| {
+        let (sc, m) = scale_min_k4(j, scales);
+        (d * f32::from(sc), min * f32::from(m))
+    })
+}
+
+/// `block_q5_K { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }`:
+/// Q4_K's layout plus a fifth bit per element (bit j of `qh[l]` for element
+/// `l` of sub-block j).
+fn dequantize_q5_k(blk: &[u8], y: &mut [f32]) {
+    let sub = k_sub_block_scales(blk);
+    let qh = &blk[16..48];
+    let qs = &blk[48..176];
+    for (j, &(d1, m1)) in sub.iter().enumerate() {
+        let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+        let shift = 4 * (j % 2);
+        for l in 0..32 {
+            let v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+            y[32 * j + l] = d1 * f32::from(v) - m1;
         }
     }
 }
@@ -154,20 +206,61 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
                 out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
             }
-            DType::Q4K => quantize_q4_k(x, out),
+            DType::Q5_0 => {
+                // ggml quantize_row_q5_0_ref: the signed extreme maps to -16.
+                let max = x
+                    .iter()
+                    .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                let d = max / -16.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u8> = x
+                    .iter()
+                    .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u8)
+                    .collect();
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                push_5bit(&q, out);
+            }
+            DType::Q5_1 => {
+                let (min, max) = x
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                let d = (max - min) / 31.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let q: Vec<u8> = x
+                    .iter()
+                    .map(|&v| (((v - min) * id + 0.5) as i32).clamp(0, 31) as u8)
+                    .collect();
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+                push_5bit(&q, out);
+            }
+            DType::Q4K => quantize_q4_k(x, out, 15),
+            DType::Q5K => quantize_q4_k(x, out, 31),
             DType::Q6K => quantize_q6_k(x, out),
         }
     }
 }
 
-fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
-    // Per 32-element sub-block: x ~ scale * q - min, q in 0..=15, min >= 0.
+/// 32 five-bit values as `u32 qh` (bit e = bit 4 of element e) then Q4_0's nibbles.
+fn push_5bit(q: &[u8], out: &mut Vec<u8>) {
+    let qh = q
+        .iter()
+        .enumerate()
+        .fold(0u32, |h, (e, &v)| h | (u32::from(v >> 4) << e));
+    out.extend_from_slice(&qh.to_le_bytes());
+    out.extend((0..16).map(|j| (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)));
+}
+
+/// Q4_K (`qmax` 15) or Q5_K (`qmax` 31): the two share scales and layout,
+/// Q5_K adding a `qh[32]` of fifth bits before the nibbles.
+fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>, qmax: u8) {
+    // Per 32-element sub-block: x ~ scale * q - min, q in 0..=qmax, min >= 0.
     let mut scale = [0f32; 8];
     let mut minv = [0f32; 8];
     for (s, sub) in x.chunks_exact(32).enumerate() {
         let lo = sub.iter().fold(0f32, |a, &v| a.min(v));
         let hi = sub.iter().fold(f32::MIN, |a, &v| a.max(v));
-        scale[s] = (hi - lo) / 15.0;
+        scale[s] = (hi - lo) / f32::from(qmax);
         minv[s] = -lo;
     }
     let d = scale.iter().fold(0f32, |a, &v| a.max(v)) / 63.0;
@@ -191,22 +284,28 @@ fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>) {
         scales[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
     }
     let mut qs = [0u8; 128];
+    let mut qh = [0u8; 32];
     for (s, sub) in x.chunks_exact(32).enumerate() {
         let step = d * f32::from(sc[s]);
         let m = dmin * f32::from(mn[s]);
         for (l, &v) in sub.iter().enumerate() {
             let q = if step > 0.0 {
-                ((v + m) / step).round().clamp(0.0, 15.0) as u8
+                ((v + m) / step).round().clamp(0.0, f32::from(qmax)) as u8
             } else {
                 0
             };
             // Sub-block 2c goes to the low nibbles of chunk c, 2c+1 to the high.
-            qs[32 * (s / 2) + l] |= if s % 2 == 0 { q } else { q << 4 };
+            let nib = q & 0x0F;
+            qs[32 * (s / 2) + l] |= if s % 2 == 0 { nib } else { nib << 4 };
+            qh[l] |= (q >> 4) << s;
         }
     }
     out.extend_from_slice(&d16.to_le_bytes());
     out.extend_from_slice(&dmin16.to_le_bytes());
     out.extend_from_slice(&scales);
+    if qmax > 15 {
+        out.extend_from_slice(&qh);
+    }
     out.extend_from_slice(&qs);
 }
 
@@ -451,7 +550,10 @@ mod tests {
             (DType::Q8_0, 1e-2),
             (DType::Q4_0, 0.15),
             (DType::Q4_1, 0.08),
+            (DType::Q5_0, 0.07),
+            (DType::Q5_1, 0.04),
             (DType::Q4K, 0.1),
+            (DType::Q5K, 0.05),
             (DType::Q6K, 0.04),
         ] {
             let m = Matrix::quantize(dtype, 2, 256, &x);

@@ -13,11 +13,11 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
 use crate::load::{check_matrix, check_vector, LoadedModel};
 use crate::{Bytes, ChatTemplate, DType, LayerWeights, Matrix, ModelError, ModelWeights};
 
-/// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2 families).
+/// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3 families).
 #[derive(Debug, Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
@@ -34,6 +34,8 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     rope_scaling: Option<Value>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
 }
@@ -49,20 +51,34 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError>
 fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
     let arch = hf.model_type.clone().unwrap_or_else(|| "llama".into());
     let qkv_bias = match arch.as_str() {
-        "llama" | "mistral" => hf.attention_bias.unwrap_or(false),
+        "llama" | "mistral" | "qwen3" => hf.attention_bias.unwrap_or(false),
         "qwen2" => true,
         _ => {
             return Err(ModelError::UnsupportedArchitecture {
                 architecture: arch,
-                supported: "llama, mistral, qwen2",
+                supported: HF_ARCHITECTURES,
             })
         }
     };
     if hf.num_attention_heads == 0 {
         return Err(ModelError::invalid("num_attention_heads is 0"));
     }
+    let head_dim = hf
+        .head_dim
+        .unwrap_or(hf.hidden_size / hf.num_attention_heads);
+    let rope_theta = hf.rope_theta.unwrap_or(10_000.0);
+    let mut features = ArchFeatures {
+        qk_norm: arch == "qwen3",
+        ..ArchFeatures::default()
+    };
     if let Some(scaling) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-        tracing::warn!(%scaling, "config.json declares rope_scaling; Kestrel ignores it (fine for short contexts)");
+        rope_scaling(scaling, head_dim, rope_theta, &mut features)?;
+    }
+    // Qwen2 configs name a window but switch it off (`use_sliding_window`).
+    if let Some(window) = hf.sliding_window {
+        if arch == "mistral" || hf.use_sliding_window == Some(true) {
+            features.sliding_window = SlidingWindow::All { window };
+        }
     }
     let config = ModelConfig {
         vocab_size: hf.vocab_size,
@@ -71,19 +87,63 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         num_layers: hf.num_hidden_layers,
         num_heads: hf.num_attention_heads,
         num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-        head_dim: hf
-            .head_dim
-            .unwrap_or(hf.hidden_size / hf.num_attention_heads),
-        rope_theta: hf.rope_theta.unwrap_or(10_000.0),
+        head_dim,
+        rope_theta,
         rope_style: RopeStyle::HalfSplit,
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
         max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         qkv_bias,
         architecture: arch,
+        features,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The HF `model_type`s Kestrel loads from safetensors.
+pub const HF_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3";
+
+/// `rope_scaling`: `llama3` becomes frequency factors, `linear` a position
+/// scale; other kinds are ignored with a warning (exact within the original
+/// training length).
+fn rope_scaling(
+    v: &Value,
+    head_dim: usize,
+    theta: f32,
+    f: &mut ArchFeatures,
+) -> Result<(), ModelError> {
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let num = |key: &str| -> Result<f32, ModelError> {
+        v.get(key)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or_else(|| ModelError::MissingMetadata {
+                key: format!("rope_scaling.{key}"),
+            })
+    };
+    match kind {
+        "llama3" => {
+            f.rope_freq_factors = Some(crate::config::llama3_rope_freq_factors(
+                head_dim,
+                theta,
+                num("factor")?,
+                num("low_freq_factor")?,
+                num("high_freq_factor")?,
+                num("original_max_position_embeddings")?,
+            ))
+        }
+        "linear" => f.rope_linear_scale = num("factor")?,
+        "default" => {}
+        _ => {
+            tracing::warn!(%v, "config.json declares rope_scaling Kestrel does not implement; it is ignored (fine for short contexts)")
+        }
+    }
+    Ok(())
 }
 
 /// All tensors of a checkpoint, by name, as windows of their files' maps.
@@ -226,6 +286,8 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
             Ok(None)
         }
     };
+    let qk = c.features.qk_norm;
+    let qk_norm = |name: String| qk.then(|| s.vector(&name, c.head_dim)).transpose();
     let token_embd = s.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
     let layers = (0..c.num_layers)
         .map(|i| {
@@ -239,10 +301,14 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
                 bq: bias(n("self_attn.q_proj.bias"), q)?,
                 bk: bias(n("self_attn.k_proj.bias"), kv)?,
                 bv: bias(n("self_attn.v_proj.bias"), kv)?,
+                q_norm: qk_norm(n("self_attn.q_norm.weight"))?,
+                k_norm: qk_norm(n("self_attn.k_norm.weight"))?,
+                post_attn_norm: None,
                 ffn_norm: s.vector(&n("post_attention_layernorm.weight"), h)?,
                 w_gate: s.matrix(&n("mlp.gate_proj.weight"), ff, h)?,
                 w_up: s.matrix(&n("mlp.up_proj.weight"), ff, h)?,
                 w_down: s.matrix(&n("mlp.down_proj.weight"), h, ff)?,
+                post_ffn_norm: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

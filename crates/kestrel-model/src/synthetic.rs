@@ -60,6 +60,11 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
     let layers = (0..config.num_layers)
         .map(|_| {
             let bias = |rng: &mut SplitMix, n| config.qkv_bias.then(|| vector(rng, n, 0.0, 0.02));
+            // Drawn only when the family has them, so Llama bytes do not move.
+            let norm = |on: bool, rng: &mut dyn FnMut() -> SplitMix, n| {
+                on.then(|| vector(&mut rng(), n, 1.0, 0.1))
+            };
+            let (qk, post) = (config.features.qk_norm, config.features.post_norms);
             LayerWeights {
                 attn_norm: vector(&mut next_rng(), h, 1.0, 0.1),
                 wq: matrix(&mut next_rng(), q, h, std),
@@ -69,10 +74,14 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
                 bq: bias(&mut next_rng(), q),
                 bk: bias(&mut next_rng(), kv),
                 bv: bias(&mut next_rng(), kv),
+                q_norm: norm(qk, &mut next_rng, config.head_dim),
+                k_norm: norm(qk, &mut next_rng, config.head_dim),
+                post_attn_norm: norm(post, &mut next_rng, h),
                 ffn_norm: vector(&mut next_rng(), h, 1.0, 0.1),
                 w_gate: matrix(&mut next_rng(), ff, h, std),
                 w_up: matrix(&mut next_rng(), ff, h, std),
                 w_down: matrix(&mut next_rng(), h, ff, out_std),
+                post_ffn_norm: norm(post, &mut next_rng, h),
             }
         })
         .collect();
@@ -120,16 +129,7 @@ mod tests {
     fn shapes_and_dtypes() {
         let mut c = ModelConfig::tiny();
         c.qkv_bias = true;
-        for dtype in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q4K,
-            DType::Q6K,
-        ] {
+        for dtype in DType::ALL {
             let w = synthetic_weights(&c, dtype, 1);
             let l = &w.layers[0];
             assert_eq!((l.wq.rows, l.wq.cols), (c.q_dim(), c.hidden_size));

@@ -1,13 +1,23 @@
 //! Tokenizers: loaded from an HF `tokenizer.json`, or rebuilt from GGUF
-//! metadata (`tokenizer.ggml.*`) as a byte-level BPE with the pre-tokenizer
-//! llama.cpp uses for `tokenizer.ggml.pre`. Control tokens (type 3) become
-//! special added tokens, so `<|im_start|>` in text encodes to its own id;
-//! user-defined tokens (type 4) become plain added tokens.
+//! metadata (`tokenizer.ggml.*`): `gpt2` as a byte-level BPE with the
+//! pre-tokenizer llama.cpp uses for `tokenizer.ggml.pre`; `llama`
+//! (SentencePiece BPE: Gemma, Llama 2) as a BPE whose merges are every split
+//! of a vocabulary piece ranked by the piece's score, which merges exactly
+//! what llama.cpp's score-driven SPM tokenizer merges. Control tokens (type 3)
+//! become special added tokens, so `<|im_start|>` in text encodes to its own
+//! id; user-defined tokens (type 4) become plain added tokens.
 
 use std::path::Path;
 
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::prepend::Prepend;
+use tokenizers::normalizers::replace::Replace;
+use tokenizers::normalizers::utils::Sequence as NormalizerSequence;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -18,8 +28,12 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 use crate::{GgufFile, ModelError};
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp `llama_token_type`).
+const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// SentencePiece's visible space.
+const SPM_SPACE: &str = "\u{2581}";
 
 /// Llama 3's split regex (llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3`).
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -63,15 +77,20 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     })
 }
 
-/// Rebuilds the tokenizer from GGUF metadata (`tokenizer.ggml.model = gpt2`).
+/// Rebuilds the tokenizer from GGUF metadata (`tokenizer.ggml.model` =
+/// `gpt2` or `llama`).
 pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
     let model = gguf.get_str("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(ModelError::UnsupportedTokenizer {
-            reason: format!(
-                "tokenizer.ggml.model = `{model}`; only byte-level BPE (`gpt2`) GGUF vocabularies are supported (use an HF directory with tokenizer.json for SentencePiece models)"
-            ),
-        });
+    match model {
+        "gpt2" => {}
+        "llama" => return spm_from_gguf(gguf),
+        _ => {
+            return Err(ModelError::UnsupportedTokenizer {
+                reason: format!(
+                    "tokenizer.ggml.model = `{model}` (supported: gpt2 = byte-level BPE, llama = SentencePiece BPE; or use an HF directory with tokenizer.json)"
+                ),
+            })
+        }
     }
     let tokens = gguf.get_string_array("tokenizer.ggml.tokens")?;
     let merges = gguf.get_string_array("tokenizer.ggml.merges")?;
@@ -105,26 +124,117 @@ pub fn tokenizer_from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
     let mut tk = Tokenizer::new(bpe);
     tk.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
     tk.with_decoder(Some(ByteLevelDecoder::default()));
+    add_typed_tokens(gguf, &tokens, &mut tk, true);
+    Ok(tk)
+}
 
-    if let Some(types) = gguf
+/// Control tokens (type 3) as special added tokens, user-defined ones
+/// (type 4) as plain added tokens, matched against the normalized text when
+/// `normalized`, else the raw text (SentencePiece: llama.cpp splits them out
+/// before it escapes spaces, and Gemma has user-defined runs of spaces).
+fn add_typed_tokens(gguf: &GgufFile, tokens: &[&str], tk: &mut Tokenizer, normalized: bool) {
+    let Some(types) = gguf
         .get("tokenizer.ggml.token_type")
         .and_then(|v| v.as_array())
-    {
-        let mut special = Vec::new();
-        let mut added = Vec::new();
-        for (i, t) in types.iter().enumerate() {
-            let Some(tok) = tokens.get(i) else { break };
-            match t.as_i64() {
-                Some(TOKEN_TYPE_CONTROL) => special.push(AddedToken::from(tok.to_string(), true)),
-                Some(TOKEN_TYPE_USER_DEFINED) => {
-                    added.push(AddedToken::from(tok.to_string(), false))
-                }
-                _ => {}
+    else {
+        return;
+    };
+    let mut special = Vec::new();
+    let mut added = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        let Some(tok) = tokens.get(i) else { break };
+        match t.as_i64() {
+            Some(TOKEN_TYPE_CONTROL) => special.push(AddedToken::from(tok.to_string(), true)),
+            Some(TOKEN_TYPE_USER_DEFINED) => {
+                added.push(AddedToken::from(tok.to_string(), false).normalized(normalized))
+            }
+            _ => {}
+        }
+    }
+    tk.add_special_tokens(&special);
+    tk.add_tokens(&added);
+}
+
+/// A SentencePiece-BPE vocabulary (`tokenizer.ggml.model = llama`) as an HF
+/// BPE: spaces become `▁` (plus a leading one with `add_space_prefix`), no
+/// pre-splitting, merges = every `(a, b)` with `a`, `b` and `a + b` in the
+/// vocabulary and `a + b` a normal token, ranked by `a + b`'s score (highest
+/// first), and `<0xXX>` byte fallback. llama.cpp's SPM tokenizer merges the
+/// adjacent pair whose concatenation has the highest score until none is in
+/// the vocabulary: the same merges in the same order.
+fn spm_from_gguf(gguf: &GgufFile) -> Result<Tokenizer, ModelError> {
+    let tokens = gguf.get_string_array("tokenizer.ggml.tokens")?;
+    let scores = gguf.get_array("tokenizer.ggml.scores")?;
+    let types = gguf.get_array("tokenizer.ggml.token_type")?;
+    if scores.len() != tokens.len() || types.len() != tokens.len() {
+        return Err(ModelError::UnsupportedTokenizer {
+            reason: format!(
+                "{} tokens but {} scores and {} types",
+                tokens.len(),
+                scores.len(),
+                types.len()
+            ),
+        });
+    }
+    let mut vocab = Vocab::default();
+    for (i, t) in tokens.iter().enumerate() {
+        // The first id of a duplicated piece wins, as in llama.cpp.
+        vocab.entry(t.to_string()).or_insert(i as u32);
+    }
+    let mut normal: Vec<(f32, usize)> = (0..tokens.len())
+        .filter(|&i| types[i].as_i64() == Some(TOKEN_TYPE_NORMAL))
+        .map(|i| (scores[i].as_f32().unwrap_or(f32::NEG_INFINITY), i))
+        .collect();
+    // Highest score first; ties by id (stable, deterministic).
+    normal.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut merges = Vec::new();
+    for &(_, i) in &normal {
+        let t = tokens[i];
+        for (at, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(at);
+            if vocab.contains_key(a) && vocab.contains_key(b) {
+                merges.push((a.to_string(), b.to_string()));
             }
         }
-        tk.add_special_tokens(&special);
-        tk.add_tokens(&added);
     }
+    let unk = gguf
+        .get("tokenizer.ggml.unknown_token_id")
+        .and_then(|v| v.as_u64())
+        .and_then(|i| tokens.get(i as usize))
+        .map(|t| t.to_string());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder
+        .build()
+        .map_err(|source| ModelError::Tokenizer { source })?;
+    let space_prefix = gguf
+        .get("tokenizer.ggml.add_space_prefix")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(true);
+    let replace = |from: &str, to: &str| {
+        Replace::new(from, to).map_err(|source| ModelError::Tokenizer { source })
+    };
+    let mut normalizers = Vec::new();
+    if space_prefix {
+        normalizers.push(Prepend::new(SPM_SPACE.into()).into());
+    }
+    normalizers.push(replace(" ", SPM_SPACE)?.into());
+    let mut decoders = vec![
+        replace(SPM_SPACE, " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    let mut tk = Tokenizer::new(bpe);
+    tk.with_normalizer(Some(NormalizerSequence::new(normalizers)));
+    tk.with_decoder(Some(DecoderSequence::new(decoders)));
+    add_typed_tokens(gguf, &tokens, &mut tk, false);
     Ok(tk)
 }
 

@@ -21,19 +21,59 @@ pub enum DType {
     Q4_0,
     /// 32 elements: `f16 d`, `f16 m`, `[u8; 16]` nibbles as Q4_0; x = d * q + m. 20 bytes.
     Q4_1,
+    /// 32 elements: `f16 d`, `u32 qh` (bit e = fifth bit of element e),
+    /// `[u8; 16]` nibbles as Q4_0; x = d * (q - 16). 22 bytes.
+    Q5_0,
+    /// 32 elements: `f16 d`, `f16 m`, `u32 qh`, `[u8; 16]` nibbles as Q5_0;
+    /// x = d * q + m. 24 bytes.
+    Q5_1,
     /// 256-element super-blocks (ggml `block_q4_K`), 144 bytes.
     Q4K,
+    /// 256-element super-blocks (ggml `block_q5_K`), 176 bytes.
+    Q5K,
     /// 256-element super-blocks (ggml `block_q6_K`), 210 bytes.
     Q6K,
 }
 
 impl DType {
+    /// Every dtype Kestrel reads, in ggml type-id order.
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::BF16,
+    ];
+
+    /// ggml's name for the type (`"Q4_K"`), as llama.cpp and model pages spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q4K => "Q4_K",
+            DType::Q5K => "Q5_K",
+            DType::Q6K => "Q6_K",
+        }
+    }
+
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
-            DType::Q4K | DType::Q6K => 256,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
+            DType::Q4K | DType::Q5K | DType::Q6K => 256,
         }
     }
 
@@ -45,9 +85,18 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
             DType::Q4K => 144,
+            DType::Q5K => 176,
             DType::Q6K => 210,
         }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -155,6 +204,11 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// `[head_dim]` per-head norms of q and k (`features.qk_norm`).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// `[hidden]` norm of the attention output (`features.post_norms`).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     /// `[intermediate, hidden]`
     pub w_gate: Matrix,
@@ -162,6 +216,8 @@ pub struct LayerWeights {
     pub w_up: Matrix,
     /// `[hidden, intermediate]`
     pub w_down: Matrix,
+    /// `[hidden]` norm of the FFN output (`features.post_norms`).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// All weights of a Llama-family decoder, in the RoPE convention of

@@ -111,7 +111,8 @@ struct ClientArgs {
 /// Engine options (defaults: `EngineConfig::default()`).
 #[derive(Debug, Args)]
 struct EngineArgs {
-    /// A .gguf file or HF model directory [default: SmolLM2-135M-Instruct, fetched once].
+    /// A .gguf file, an HF model directory, or a pinned model fetched once:
+    /// `smollm2-135m`, `gemma3-270m` [default: smollm2-135m].
     #[arg(long)]
     model: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]

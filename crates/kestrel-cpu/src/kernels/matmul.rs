@@ -29,6 +29,10 @@ macro_rules! for_block {
             Encoding::Q4_1 => $go!(x86::Q4_1B),
             Encoding::Q4_0F => $go!(x86::Q4_0FB),
             Encoding::Q4_1F => $go!(x86::Q4_1FB),
+            Encoding::Q5_0F => $go!(x86::Q5_0FB),
+            Encoding::Q5_1F => $go!(x86::Q5_1FB),
+            Encoding::Q4KF => $go!(x86::Q4KFB),
+            Encoding::Q6KF => $go!(x86::Q6KFB),
         }
     };
 }
@@ -51,7 +55,7 @@ impl<'a> MatRef<'a> {
     /// the faster repacked form): supported dtype, whole blocks for
     /// quantized dtypes, and enough bytes.
     pub fn new(name: &str, m: &'a Matrix) -> Result<Self, CpuError> {
-        let enc = Encoding::of(m.dtype).ok_or_else(|| CpuError::UnsupportedDType {
+        let enc = Encoding::of(m.dtype).ok_or_else(|| CpuError::NeedsRepack {
             name: name.to_owned(),
             dtype: m.dtype,
         })?;

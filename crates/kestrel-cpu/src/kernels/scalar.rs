@@ -23,7 +23,12 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 #[inline]
 fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    f32::from_bits(u32_at(b, i))
+}
+
+#[inline]
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
 /// The 32 elements of the block starting at `b` (32 dense elements, or a
@@ -31,6 +36,10 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
 /// Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q4_1 `fma(q, d, m)` (one rounding;
 /// the f32 reference's `q * d + m` differs by at most 1 ulp per weight).
 /// The f32-scale repackings give the same values as their GGUF blocks.
+/// The repacked-only encodings give ggml's reference values exactly:
+/// Q5_0F `(q - 16) * d`; Q5_1F and Q4KF `q * d + m` rounded twice (Q4_K and
+/// Q5_K store `-(dmin * m)`, and `a + -b == a - b` in IEEE arithmetic);
+/// Q6KF `(q - 32) * d` with `d` per 16 elements.
 pub(crate) fn dequant_block(enc: Encoding, b: &[u8], out: &mut [f32; BLOCK]) {
     let q8_0 = |d: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
         for (o, &q) in out.iter_mut().zip(qs) {
@@ -51,7 +60,42 @@ pub(crate) fn dequant_block(enc: Encoding, b: &[u8], out: &mut [f32; BLOCK]) {
             out[i + 16] = ((q >> 4) as f32).mul_add(d, m);
         }
     };
+    // Element i of 32 from Q4_0-order nibbles and its fifth (and sixth) bits.
+    let nib = |qs: &[u8], i: usize| -> u32 {
+        if i < 16 {
+            u32::from(qs[i] & 0x0F)
+        } else {
+            u32::from(qs[i - 16] >> 4)
+        }
+    };
+    let q5 = |qh: u32, qs: &[u8], i: usize| nib(qs, i) | (((qh >> i) & 1) << 4);
     match enc {
+        Encoding::Q5_0F => {
+            let (d, qh) = (f32_at(b, 0), u32_at(b, 4));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (q5(qh, &b[8..24], i) as i32 - 16) as f32 * d;
+            }
+        }
+        Encoding::Q5_1F => {
+            let (d, m, qh) = (f32_at(b, 0), f32_at(b, 4), u32_at(b, 8));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = q5(qh, &b[12..28], i) as f32 * d + m;
+            }
+        }
+        Encoding::Q4KF => {
+            let (d, m) = (f32_at(b, 0), f32_at(b, 4));
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = nib(&b[8..24], i) as f32 * d + m;
+            }
+        }
+        Encoding::Q6KF => {
+            let (d0, d1) = (f32_at(b, 0), f32_at(b, 4));
+            let (b4, b5) = (u32_at(b, 8), u32_at(b, 12));
+            for (i, o) in out.iter_mut().enumerate() {
+                let q = nib(&b[16..32], i) | (((b4 >> i) & 1) << 4) | (((b5 >> i) & 1) << 5);
+                *o = (q as i32 - 32) as f32 * if i < 16 { d0 } else { d1 };
+            }
+        }
         Encoding::F32 => {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = f32_at(b, 4 * i);

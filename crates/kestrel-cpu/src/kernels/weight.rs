@@ -1,5 +1,5 @@
-//! Weight encodings the kernels read, and the load-time repacking of the
-//! 4-bit GGUF blocks into encodings that are cheaper to decode.
+//! Weight encodings the kernels read, and the load-time repacking of GGUF
+//! blocks into encodings that are cheaper to decode.
 //!
 //! A GGUF Q4_0/Q4_1 block stores its scale (and minimum) as f16. Decoding a
 //! block then costs a conversion and two register broadcasts before the
@@ -10,14 +10,22 @@
 //! f16 -> f32 is exact, so a repacked block decodes to the very same values
 //! and every result stays bit-identical to the stored encoding's. The cost is
 //! bytes: 20 instead of 18 (Q4_0) and 24 instead of 20 (Q4_1) per 32 weights.
-
+//!
+//! Q5_0/Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K: 256-element super-blocks
+//! with 6- or 8-bit sub-block scales) are only read repacked: every
+//! 32-element sub-block becomes a self-contained block with its f32 scale
+//! products (`d * sc`, `dmin * m`, computed once exactly as ggml does) and
+//! its quants in Q4_0's nibble order, so one kernel structure (32-element
+//! [`super::x86::Block`]s) serves every type, and each weight decodes to
+//! ggml's reference value bit for bit (`kestrel_model::quant::dequantize`).
 use kestrel_model::{Bytes, DType, Matrix};
 
 use super::matmul::MatRef;
 use crate::CpuError;
 
 /// How the kernels read a weight row's bytes: a GGUF dtype as stored, or
-/// one of the repackings [`Weight::prepare`] makes.
+/// one of the repackings [`Weight::prepare`] makes. Every quantized encoding
+/// is made of 32-element blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Encoding {
     F32,
@@ -33,10 +41,28 @@ pub enum Encoding {
     Q4_0F,
     /// Q4_1 with `d` and `m` as f32 (24-byte blocks); same weights.
     Q4_1F,
+    /// Q5_0 with `d` as f32: `f32 d`, `u32 qh` (bit e = bit 4 of element
+    /// e), 16 bytes of nibbles (24-byte blocks); weight `(q - 16) * d`.
+    Q5_0F,
+    /// Q5_1 with f32 scales, and one Q5_K sub-block (`d = d * sc`,
+    /// `m = -(dmin * m)`): `f32 d`, `f32 m`, `u32 qh`, 16 bytes of nibbles
+    /// (28-byte blocks); weight `q * d + m`, two roundings as in ggml.
+    Q5_1F,
+    /// One Q4_K sub-block: `f32 d` (`d * sc`), `f32 m` (`-(dmin * m)`), 16
+    /// bytes of nibbles (24-byte blocks); weight `q * d + m`, two roundings.
+    Q4KF,
+    /// 32 elements of a Q6_K super-block: `f32 d0`, `f32 d1` (`d * sc` of
+    /// elements 0..16 and 16..32), `u32` bit planes of bit 4 and of bit 5
+    /// (bit e = that bit of element e; they expand to bytes or lane masks
+    /// in one step), 16 bytes of nibbles (32-byte blocks); weight
+    /// `(q - 32) * d`.
+    Q6KF,
 }
 
 impl Encoding {
-    /// The encoding of a stored GGUF/safetensors dtype, if the kernels read it.
+    /// The encoding a stored GGUF/safetensors dtype is read in as stored, if
+    /// the kernels read it without repacking (Q5_0/Q5_1 and the K-quants are
+    /// read only after [`Weight::prepare`]; see [`Encoding::prepared_of`]).
     pub const fn of(dtype: DType) -> Option<Encoding> {
         Some(match dtype {
             DType::F32 => Encoding::F32,
@@ -45,8 +71,24 @@ impl Encoding {
             DType::Q8_0 => Encoding::Q8_0,
             DType::Q4_0 => Encoding::Q4_0,
             DType::Q4_1 => Encoding::Q4_1,
-            DType::Q4K | DType::Q6K => return None,
+            DType::Q5_0 | DType::Q5_1 | DType::Q4K | DType::Q5K | DType::Q6K => return None,
         })
+    }
+
+    /// The encoding [`Weight::prepare`] makes of `dtype`.
+    pub const fn prepared_of(dtype: DType) -> Encoding {
+        match dtype {
+            DType::Q5_0 => Encoding::Q5_0F,
+            DType::Q5_1 | DType::Q5K => Encoding::Q5_1F,
+            DType::Q4K => Encoding::Q4KF,
+            DType::Q6K => Encoding::Q6KF,
+            DType::F32 => Encoding::F32,
+            DType::F16 => Encoding::F16,
+            DType::BF16 => Encoding::Bf16,
+            DType::Q8_0 => Encoding::Q8_0,
+            DType::Q4_0 => Encoding::Q4_0F,
+            DType::Q4_1 => Encoding::Q4_1F,
+        }
     }
 
     /// Whether rows are made of 32-element blocks with their own scales
@@ -63,7 +105,9 @@ impl Encoding {
             Encoding::Q8_0 => 34,
             Encoding::Q4_0 => 18,
             Encoding::Q4_1 | Encoding::Q4_0F => 20,
-            Encoding::Q4_1F => 24,
+            Encoding::Q4_1F | Encoding::Q5_0F | Encoding::Q4KF => 24,
+            Encoding::Q5_1F => 28,
+            Encoding::Q6KF => 32,
         }
     }
 
@@ -76,8 +120,8 @@ impl Encoding {
         }
     }
 
-    /// The encoding [`Weight::prepare`] repacks `self` into (`self` when it
-    /// is kept as stored). Q8_0 is kept: the LM head it usually holds is
+    /// The encoding [`Weight::prepare`] repacks stored `self` into (`self`
+    /// when it is kept as stored). Q8_0 is kept: the LM head it usually holds is
     /// bound by memory, where 2 more bytes per block cost more than the
     /// conversion they save (measured: 49152x576 GEMV 1.44 -> 1.88 ms).
     pub const fn prepared(self) -> Encoding {
@@ -100,16 +144,35 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// Validate `m` (see [`MatRef::new`]) and repack it into
-    /// [`Encoding::prepared`]. Bytes that are kept as stored stay shared
-    /// (a memory-mapped GGUF is not copied); repacked ones are owned.
+    /// Validate `m` (whole blocks, enough bytes) and repack it into
+    /// [`Encoding::prepared_of`] its dtype. Bytes that are kept as stored
+    /// stay shared (a memory-mapped GGUF is not copied); repacked ones are
+    /// owned.
     pub fn prepare(name: &str, m: &Matrix) -> Result<Weight, CpuError> {
-        let stored = MatRef::new(name, m)?;
-        let enc = stored.enc.prepared();
-        let data = if enc == stored.enc {
+        let enc = Encoding::prepared_of(m.dtype);
+        let be = m
+            .dtype
+            .block_elems()
+            .max(if enc.is_quantized() { 32 } else { 1 });
+        if !m.cols.is_multiple_of(be) {
+            return Err(CpuError::Shape {
+                name: name.to_owned(),
+                expected: format!("cols a multiple of {be} for {}", m.dtype),
+                got: m.cols.to_string(),
+            });
+        }
+        let stored_bytes = m.rows * (m.cols / m.dtype.block_elems()) * m.dtype.block_bytes();
+        if m.data.len() < stored_bytes {
+            return Err(CpuError::Shape {
+                name: name.to_owned(),
+                expected: format!("{stored_bytes} bytes for {}x{} {}", m.rows, m.cols, m.dtype),
+                got: format!("{} bytes", m.data.len()),
+            });
+        }
+        let data = if Encoding::of(m.dtype) == Some(enc) {
             m.data.clone()
         } else {
-            Bytes::Owned(repack(stored, enc).into())
+            Bytes::Owned(repack(m.dtype, &m.data[..stored_bytes], enc).into())
         };
         Ok(Weight {
             enc,
@@ -136,27 +199,89 @@ impl Weight {
     }
 }
 
-/// `m`'s blocks rewritten in `to` (a 4-bit repacking of `m.enc`).
-fn repack(m: MatRef<'_>, to: Encoding) -> Vec<u8> {
-    let (from_b, to_b) = (m.enc.block_bytes(), to.block_bytes());
-    // Scale fields: (count, bytes before the nibbles) in each encoding.
-    let nscales = match (m.enc, to) {
-        (Encoding::Q4_0, Encoding::Q4_0F) => 1,
-        (Encoding::Q4_1, Encoding::Q4_1F) => 2,
-        pair => unreachable!("no repacking {pair:?}"),
-    };
-    let nblocks = m.bytes() / from_b;
-    let mut out = vec![0u8; nblocks * to_b];
-    for (src, dst) in m.data[..m.bytes()]
-        .chunks_exact(from_b)
-        .zip(out.chunks_exact_mut(to_b))
-    {
-        for s in 0..nscales {
-            let h = half::f16::from_le_bytes([src[2 * s], src[2 * s + 1]]);
-            dst[4 * s..4 * s + 4].copy_from_slice(&h.to_f32().to_le_bytes());
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q4_0's nibble order: byte i holds element i (low) and i + 16 (high).
+fn nibbles(q: &[u8; 32]) -> [u8; 16] {
+    std::array::from_fn(|i| (q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4))
+}
+
+/// `stored` (whole blocks of `dtype`) rewritten in `to` (its prepared encoding).
+fn repack(dtype: DType, stored: &[u8], to: Encoding) -> Vec<u8> {
+    let (sb, se) = (dtype.block_bytes(), dtype.block_elems());
+    let out_len = stored.len() / sb * (se / 32) * to.block_bytes();
+    let mut out = Vec::with_capacity(out_len);
+    for src in stored.chunks_exact(sb) {
+        match (dtype, to) {
+            // f16 scales widened, the rest copied as is.
+            (DType::Q4_0, Encoding::Q4_0F) | (DType::Q5_0, Encoding::Q5_0F) => {
+                out.extend_from_slice(&f16_at(src, 0).to_le_bytes());
+                out.extend_from_slice(&src[2..]);
+            }
+            (DType::Q4_1, Encoding::Q4_1F) | (DType::Q5_1, Encoding::Q5_1F) => {
+                out.extend_from_slice(&f16_at(src, 0).to_le_bytes());
+                out.extend_from_slice(&f16_at(src, 2).to_le_bytes());
+                out.extend_from_slice(&src[4..]);
+            }
+            (DType::Q4K | DType::Q5K, _) => {
+                let scales = kestrel_model::quant::k_sub_block_scales(src);
+                let (qh, qs) = if dtype == DType::Q5K {
+                    (Some(&src[16..48]), &src[48..176])
+                } else {
+                    (None, &src[16..144])
+                };
+                for (j, &(d, m)) in scales.iter().enumerate() {
+                    // Sub-block j: low (even j) or high (odd j) nibbles of
+                    // bytes 32 * (j / 2)..; Q5_K's fifth bit is bit j of qh[l].
+                    let shift = 4 * (j % 2);
+                    let q: [u8; 32] =
+                        std::array::from_fn(|l| (qs[32 * (j / 2) + l] >> shift) & 0x0F);
+                    out.extend_from_slice(&d.to_le_bytes());
+                    out.extend_from_slice(&(-m).to_le_bytes());
+                    if let Some(qh) = qh {
+                        let h = (0..32).fold(0u32, |h, l| h | (u32::from((qh[l] >> j) & 1) << l));
+                        out.extend_from_slice(&h.to_le_bytes());
+                    }
+                    out.extend_from_slice(&nibbles(&q));
+                }
+            }
+            (DType::Q6K, Encoding::Q6KF) => {
+                let (ql, qh, sc) = (&src[..128], &src[128..192], &src[192..208]);
+                let d = f16_at(src, 208);
+                // The 256 six-bit quants in element order (ggml's layout:
+                // halves of 128, each from 64 low-nibble bytes and 32 bytes of
+                // 2-bit pairs).
+                let mut q = [0u8; 256];
+                for n in 0..2 {
+                    for l in 0..32 {
+                        let (a, b, h) = (ql[64 * n + l], ql[64 * n + l + 32], qh[32 * n + l]);
+                        let e = 128 * n + l;
+                        q[e] = (a & 0x0F) | ((h & 3) << 4);
+                        q[e + 32] = (b & 0x0F) | (((h >> 2) & 3) << 4);
+                        q[e + 64] = (a >> 4) | (((h >> 4) & 3) << 4);
+                        q[e + 96] = (b >> 4) | (((h >> 6) & 3) << 4);
+                    }
+                }
+                for b in 0..8 {
+                    let q: &[u8; 32] = q[32 * b..32 * b + 32].try_into().expect("32 quants");
+                    for half in 0..2 {
+                        let s = d * f32::from(sc[2 * b + half] as i8);
+                        out.extend_from_slice(&s.to_le_bytes());
+                    }
+                    for bit in [4, 5] {
+                        let plane =
+                            (0..32).fold(0u32, |h, e| h | (u32::from((q[e] >> bit) & 1) << e));
+                        out.extend_from_slice(&plane.to_le_bytes());
+                    }
+                    out.extend_from_slice(&nibbles(q));
+                }
+            }
+            pair => unreachable!("no repacking {pair:?}"),
         }
-        dst[4 * nscales..].copy_from_slice(&src[2 * nscales..]);
     }
+    debug_assert_eq!(out.len(), out_len);
     out
 }
 
@@ -184,13 +309,60 @@ mod tests {
     }
 
     #[test]
+    fn repacked_only_dtypes_decode_to_ggml_reference_values() {
+        // Exact ggml values (the f16 -> f32 widening and the f32 scale
+        // products are exact copies of kestrel-model's dequantization).
+        for dtype in [DType::Q5_0, DType::Q5_1, DType::Q4K, DType::Q5K, DType::Q6K] {
+            let m = random_matrix(&mut Rng(5), dtype, 3, 512, 1.0);
+            let w = Weight::prepare("w", &m).unwrap();
+            assert_eq!(w.mat().enc, Encoding::prepared_of(dtype));
+            assert_eq!(w.bytes(), w.data.len());
+            assert!(
+                MatRef::new("w", &m).is_err(),
+                "{dtype} is read only repacked"
+            );
+            let (mut a, mut b) = (vec![0f32; 512], vec![0f32; 512]);
+            for r in 0..3 {
+                m.dequantize_row(r, &mut a);
+                super::super::matmul::dequant_row(&w.mat(), r, &mut b);
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "{dtype} row {r} element {i}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn misshapen_matrices_are_typed_errors() {
+        let mut m = random_matrix(&mut Rng(1), DType::Q4K, 2, 256, 1.0);
+        m.cols = 128;
+        assert!(matches!(
+            Weight::prepare("w", &m),
+            Err(CpuError::Shape { .. })
+        ));
+        let mut m = random_matrix(&mut Rng(1), DType::Q6K, 2, 256, 1.0);
+        m.rows = 3;
+        assert!(matches!(
+            Weight::prepare("w", &m),
+            Err(CpuError::Shape { .. })
+        ));
+    }
+
+    #[test]
     fn row_bytes_agree_with_gguf_for_stored_encodings() {
         for dtype in crate::SUPPORTED_DTYPES {
-            let e = Encoding::of(dtype).unwrap();
+            let Some(e) = Encoding::of(dtype) else {
+                continue;
+            };
             assert_eq!(
-                e.row_bytes(64),
-                64 / dtype.block_elems() * dtype.block_bytes()
+                e.row_bytes(256),
+                256 / dtype.block_elems() * dtype.block_bytes()
             );
+            assert_eq!(Encoding::prepared_of(dtype), e.prepared());
         }
         assert_eq!(Encoding::of(DType::Q4K), None);
     }

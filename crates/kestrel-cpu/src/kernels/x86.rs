@@ -47,6 +47,14 @@ pub(crate) struct Q4_1B;
 pub(crate) struct Q4_0FB;
 #[derive(Debug)]
 pub(crate) struct Q4_1FB;
+#[derive(Debug)]
+pub(crate) struct Q5_0FB;
+#[derive(Debug)]
+pub(crate) struct Q5_1FB;
+#[derive(Debug)]
+pub(crate) struct Q4KFB;
+#[derive(Debug)]
+pub(crate) struct Q6KFB;
 
 /// The f16 scale at `p` as f32, and the one at `p + 2` (lanes 0 and 1).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -363,6 +371,259 @@ impl Block for Q4_1FB {
     unsafe fn dq256(p: *const u8) -> [__m256; 4] {
         // SAFETY: as above.
         unsafe { q4_1_256(splat256(p), splat256(p.add(4)), p.add(8)) }
+    }
+}
+
+/// The little-endian u32 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    // SAFETY: 4 readable bytes at `p` (fn contract); unaligned read.
+    u32::from_le(unsafe { (p as *const u32).read_unaligned() })
+}
+
+/// Elements 0..16 and 16..32 of a 5-bit block: the Q4_0-order nibbles at
+/// `qs` look up `t0` (weights of q = 0..16) where the element's fifth bit in
+/// `qh` is clear and `t1` (q = 16..32) where it is set. Two permutes per 16
+/// weights; the fifth bits are the blend masks as they are.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_lookup(qh: u32, qs: *const u8, t0: __m512, t1: __m512) -> (__m512, __m512) {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(qs as *const __m128i) });
+    let hi = _mm512_srli_epi32::<4>(q);
+    // vpermps reads the low 4 bits of each index: no mask needed (as in
+    // `nibble_lookup`); lanes whose bit is set take `t1` instead.
+    (
+        _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), qh as u16, q, t1),
+        _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(hi, t0), (qh >> 16) as u16, hi, t1),
+    )
+}
+
+/// The 32 nibbles of 16 Q4_0-order bytes at `qs` as i32, elements 0..8,
+/// 8..16, 16..24, 24..32.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles256(qs: *const u8) -> [__m256i; 4] {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(q, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    [
+        _mm256_cvtepu8_epi32(lo),
+        _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)),
+        _mm256_cvtepu8_epi32(hi),
+        _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)),
+    ]
+}
+
+/// Byte e all ones where bit e of `bits` is set, zero elsewhere (ggml's
+/// `bytes_from_bits_32`: one shuffle, one or, one compare for 32 bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bits_to_bytes256(bits: u32) -> __m256i {
+    // Byte e gets byte e / 8 of `bits`, then is all ones iff bit e % 8 is set.
+    let spread = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
+}
+
+/// The 32 Q4_0-order nibbles at `qs`, one byte each in element order.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes at `qs` (fn contract).
+    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+        _mm_and_si128(q, mask),
+    )
+}
+
+/// The 32 five-bit quants of a block, one byte each in element order: the
+/// nibbles at `qs` with bit 4 of element e from bit e of `qh`.
+///
+/// # Safety
+/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_bytes256(qh: u32, qs: *const u8) -> __m256i {
+    // SAFETY: forwarded contract.
+    let nib = unsafe { nibble_bytes256(qs) };
+    _mm256_or_si256(
+        nib,
+        _mm256_and_si256(bits_to_bytes256(qh), _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// 32 bytes as i32 (sign-extended when `SIGNED`), elements 8g..8g+8 for g = 0..4.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen256<const SIGNED: bool>(q: __m256i) -> [__m256i; 4] {
+    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+    let w = |v: __m128i| {
+        if SIGNED {
+            _mm256_cvtepi8_epi32(v)
+        } else {
+            _mm256_cvtepu8_epi32(v)
+        }
+    };
+    [
+        w(lo),
+        w(_mm_srli_si128(lo, 8)),
+        w(hi),
+        w(_mm_srli_si128(hi, 8)),
+    ]
+}
+
+impl Block for Q5_0FB {
+    const BYTES: usize = 24;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
+        // 16 nibble bytes.
+        unsafe {
+            let d = splat512(p);
+            let nv = nibble_values();
+            // (q - 16) * d for q = 0..16 and, since (k + 16) - 16 == k, k * d
+            // for q = 16 + k: the scalar definition's exact operations.
+            let t0 = _mm512_mul_ps(_mm512_sub_ps(nv, _mm512_set1_ps(16.0)), d);
+            let t1 = _mm512_mul_ps(nv, d);
+            q5_lookup(u32_at(p.add(4)), p.add(8), t0, t1)
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe {
+            let d = splat256(p);
+            // q - 16 in -16..16 fits a signed byte: subtract before widening.
+            let q = _mm256_sub_epi8(
+                q5_bytes256(u32_at(p.add(4)), p.add(8)),
+                _mm256_set1_epi8(16),
+            );
+            widen256::<true>(q).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d))
+        }
+    }
+}
+
+impl Block for Q5_1FB {
+    const BYTES: usize = 28;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
+        // u32 qh, 16 nibble bytes.
+        unsafe {
+            let (d, m) = (splat512(p), splat512(p.add(4)));
+            let nv = nibble_values();
+            // q * d + m, rounded twice, for q = 0..16 and 16..32.
+            let t0 = _mm512_add_ps(_mm512_mul_ps(nv, d), m);
+            let nv16 = _mm512_add_ps(nv, _mm512_set1_ps(16.0));
+            let t1 = _mm512_add_ps(_mm512_mul_ps(nv16, d), m);
+            q5_lookup(u32_at(p.add(8)), p.add(12), t0, t1)
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe {
+            let (d, m) = (splat256(p), splat256(p.add(4)));
+            let q = widen256::<false>(q5_bytes256(u32_at(p.add(8)), p.add(12)));
+            q.map(|q| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m))
+        }
+    }
+}
+
+impl Block for Q4KFB {
+    const BYTES: usize = 24;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m,
+        // 16 nibble bytes.
+        unsafe {
+            // q * d + m, rounded twice (ggml's `d * q - min`), by nibble.
+            let table = _mm512_add_ps(
+                _mm512_mul_ps(nibble_values(), splat512(p)),
+                splat512(p.add(4)),
+            );
+            nibble_lookup(p.add(8), table)
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe {
+            let (d, m) = (splat256(p), splat256(p.add(4)));
+            nibbles256(p.add(8)).map(|q| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m))
+        }
+    }
+}
+
+impl Block for Q6KFB {
+    const BYTES: usize = 32;
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
+        // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
+        // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
+        unsafe {
+            let (d0, d1) = (splat512(p), splat512(p.add(4)));
+            let (b4, b5) = (u32_at(p.add(8)), u32_at(p.add(12)));
+            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
+            let lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
+            let hi = _mm512_srli_epi32::<4>(q);
+            let (v16, v32) = (_mm512_set1_epi32(16), _mm512_set1_epi32(32));
+            // The planes' bits are the masks of the lanes that gain 16 / 32.
+            let w = |nib: __m512i, k4: u16, k5: u16, d: __m512| {
+                let q = _mm512_mask_or_epi32(nib, k4, nib, v16);
+                let q = _mm512_mask_or_epi32(q, k5, q, v32);
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, v32)), d)
+            };
+            (
+                w(lo, b4 as u16, b5 as u16, d0),
+                w(hi, (b4 >> 16) as u16, (b5 >> 16) as u16, d1),
+            )
+        }
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
+        // SAFETY: as above.
+        unsafe {
+            let (d0, d1) = (splat256(p), splat256(p.add(4)));
+            let b4 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(0x10));
+            let b5 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(12))), _mm256_set1_epi8(0x20));
+            let q = _mm256_or_si256(nibble_bytes256(p.add(16)), _mm256_or_si256(b4, b5));
+            // q - 32 in -32..32 fits a signed byte: subtract before widening.
+            let q = widen256::<true>(_mm256_sub_epi8(q, _mm256_set1_epi8(32)));
+            let w = |q: __m256i, d: __m256| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+            [w(q[0], d0), w(q[1], d0), w(q[2], d1), w(q[3], d1)]
+        }
     }
 }
 

@@ -127,6 +127,20 @@ fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     Ok(CudaContext::new(ordinal)?)
 }
 
+/// Refuses, before touching a device, a model whose block needs features
+/// the kernels lack (q/k norms, post-norms, GELU, sliding windows, RoPE
+/// scaling, ...): computing such a model as Llama would be garbage.
+pub fn check_architecture(config: &kestrel_model::ModelConfig) -> Result<(), CudaError> {
+    let features = config.features.non_llama();
+    if features.is_empty() {
+        return Ok(());
+    }
+    Err(CudaError::UnsupportedArchitecture {
+        architecture: config.architecture.clone(),
+        features,
+    })
+}
+
 fn fatal<E: Into<CudaError>>(e: E) -> ExecError<CudaError> {
     ExecError::Fatal(e.into())
 }
@@ -136,6 +150,7 @@ impl CudaRuntime {
     /// (f16), allocate the KV cache and both slots, and capture the decode
     /// graphs of both slots eagerly. Errors, never panics, without a driver.
     pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
+        check_architecture(&weights.config)?;
         if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.prefill_chunk == 0 {
             return Err(CudaError::Config(format!(
                 "zero-sized dimension in {cfg:?}"

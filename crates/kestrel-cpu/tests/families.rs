@@ -1,0 +1,171 @@
+//! Every family Kestrel runs, on tiny synthetic GGUFs written at test time by
+//! `scripts/reference/synthetic_fixtures.py` (the `gguf` package's writer,
+//! the family's metadata and tensor names, SmolLM2's real tokenizer) and
+//! checked against that script's f32 NumPy reference: the prompt's ids, then
+//! per greedy step the logits within `LOGIT_ATOL` and the chosen token
+//! exactly. Cases: Llama 3 (rope_freqs, 128k vocabulary, untied), Mistral
+//! (sliding window), Qwen2 (bias), Qwen3 (q/k norm), Gemma 3 (F32 and Q8_0).
+//!
+//! Needs `$KESTREL_PYTHON` (default `python3`) with numpy and gguf
+//! (`pip install -r scripts/reference/requirements.txt`); skipped, saying so,
+//! without them unless `KESTREL_REQUIRE_PYTHON` is set (CI), and needs the
+//! default model (its vocabulary), fetched like every real-model test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kestrel_cpu::{
+    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
+};
+
+/// f32 Rust vs f32 NumPy on tiny random models: summation order only.
+const LOGIT_ATOL: f32 = 5e-4;
+const CASES: [&str; 6] = [
+    "llama3",
+    "mistral_swa",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma3_q8",
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Writes the fixtures into a fresh directory, or `None` (skipped) when the
+/// Python side is missing and not required.
+fn fixtures() -> Option<PathBuf> {
+    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_deps = Command::new(&python)
+        .args(["-c", "import gguf, numpy, regex"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_deps {
+        assert!(
+            std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
+            "KESTREL_REQUIRE_PYTHON is set but {python} cannot import gguf, numpy and regex"
+        );
+        eprintln!(
+            "SKIPPED families: {python} cannot import gguf, numpy and regex \
+             (pip install -r scripts/reference/requirements.txt, or set KESTREL_PYTHON)"
+        );
+        return None;
+    }
+    let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
+    let dir = std::env::temp_dir().join(format!("kestrel-families-{}", std::process::id()));
+    let out = Command::new(&python)
+        .arg(repo().join("scripts/reference/synthetic_fixtures.py"))
+        .arg(&smol)
+        .arg(&dir)
+        .output()
+        .expect("run synthetic_fixtures.py");
+    assert!(
+        out.status.success(),
+        "synthetic_fixtures.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir)
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    let a = v.as_array().expect("array");
+    a.iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Runs one case; returns the worst logit difference.
+fn check_case(dir: &Path, name: &str) -> f32 {
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{name}.json"))).expect("fixture json"),
+    )
+    .expect("fixture json parses");
+    let loaded = kestrel_model::load(&dir.join(format!("{name}.gguf"))).expect("load fixture");
+    let prompt = ids(&want["prompt_ids"]);
+    assert_eq!(
+        loaded.encode(want["prompt"].as_str().unwrap()).unwrap(),
+        prompt,
+        "{name}: tokenizer"
+    );
+    let model = CpuModel::new(
+        loaded.weights,
+        CpuModelOptions {
+            threads: 2,
+            isa: None,
+        },
+    )
+    .unwrap();
+    let vocab = model.config().vocab_size;
+    let page = 4; // small pages: windows and prompts cross page boundaries
+    let pages: Vec<u32> = (0..32).collect();
+    let mut kv = KvStore::for_model(model.config(), pages.len(), page).unwrap();
+    let mut scratch = Scratch::new(&model, 64, 128);
+    let mut logits = vec![0f32; vocab];
+    let len = prompt.len();
+    let b = PrefillBatch {
+        tokens: &prompt,
+        qo_indptr: &[0, len as u32],
+        start_pos: &[0],
+        kv_indptr: &[0, len.div_ceil(page) as u32],
+        kv_indices: &pages,
+        kv_last_page_len: &[((len - 1) % page + 1) as u32],
+    };
+    model
+        .forward_prefill(
+            b,
+            &mut kv,
+            &mut logits,
+            LogitsMode::LastPerSequence,
+            &mut scratch,
+        )
+        .unwrap();
+    let mut worst = 0f32;
+    let steps = want["steps"].as_array().unwrap();
+    for (step, s) in steps.iter().enumerate() {
+        for pair in s["logits"].as_array().unwrap() {
+            let (i, w) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap() as f32,
+            );
+            let d = (logits[i] - w).abs();
+            worst = worst.max(d);
+            assert!(
+                d <= LOGIT_ATOL,
+                "{name} step {step} logit {i}: {} vs {w}",
+                logits[i]
+            );
+        }
+        let tok = (0..vocab)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+            .unwrap() as u32;
+        assert_eq!(
+            u64::from(tok),
+            s["token"].as_u64().unwrap(),
+            "{name} step {step}: greedy token (reference margin {})",
+            s["margin"]
+        );
+        let pos = (len + step) as u32;
+        let n = pos as usize + 1;
+        let b = DecodeBatch {
+            tokens: &[tok],
+            positions: &[pos],
+            kv_indptr: &[0, n.div_ceil(page) as u32],
+            kv_indices: &pages,
+            kv_last_page_len: &[((n - 1) % page + 1) as u32],
+        };
+        model
+            .forward_decode(b, &mut kv, &mut logits, &mut scratch)
+            .unwrap();
+    }
+    worst
+}
+
+#[test]
+fn families_match_numpy_reference() {
+    let Some(dir) = fixtures() else { return };
+    for name in CASES {
+        let worst = check_case(&dir, name);
+        eprintln!("{name}: max |dlogit| = {worst:.2e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
