@@ -61,7 +61,9 @@ pub enum LedgerError {
 /// A step's life: [`launch`](Self::launch) (forward dispatched) ->
 /// [`sample`](Self::sample) (sampling queued) -> [`complete`](Self::complete)
 /// (outputs waited on; the slot is free again). At most one step is launched
-/// and not sampled; steps complete in launch order.
+/// and not sampled; steps complete in launch order. Each transition has a
+/// `check_*` twin that books nothing, for a runtime to call before it
+/// touches a buffer, so a refused call leaves the device untouched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotLedger {
     num_slots: usize,
@@ -156,17 +158,28 @@ impl SlotLedger {
         Ok(step)
     }
 
-    /// Books the sampling of `slot`'s launched forward.
+    /// Whether `slot`'s launched forward may be sampled now. Books nothing:
+    /// call it before touching the slot's buffers, then
+    /// [`sample`](Self::sample) once sampling is queued.
     ///
     /// # Errors
     /// [`LedgerError::NotLaunched`] unless `slot` holds the launched forward.
-    pub fn sample(&mut self, slot: SlotIndex) -> Result<(), LedgerError> {
+    pub fn check_sample(&self, slot: SlotIndex) -> Result<(), LedgerError> {
         if self.launched != Some(slot) {
             return Err(LedgerError::NotLaunched {
                 slot,
                 launched: self.launched,
             });
         }
+        Ok(())
+    }
+
+    /// Books the sampling of `slot`'s launched forward.
+    ///
+    /// # Errors
+    /// As [`check_sample`](Self::check_sample).
+    pub fn sample(&mut self, slot: SlotIndex) -> Result<(), LedgerError> {
+        self.check_sample(slot)?;
         self.launched = None;
         Ok(())
     }
@@ -369,11 +382,13 @@ mod tests {
                 let before = l.clone();
                 let ok = match op {
                     Op::Launch(s) => {
+                        prop_assert_eq!(l.check_launch(s).is_ok(), l.clone().launch(s).is_ok());
                         let got = l.launch(s);
                         prop_assert_eq!(got.ok(), m.launch(s, num_slots), "{:?}", op);
                         got.is_ok()
                     }
                     Op::Sample(s) => {
+                        prop_assert_eq!(l.check_sample(s).is_ok(), l.clone().sample(s).is_ok());
                         let ok = l.sample(s).is_ok();
                         prop_assert_eq!(ok, m.sample(s), "{:?}", op);
                         ok
