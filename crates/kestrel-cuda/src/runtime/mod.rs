@@ -677,14 +677,12 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<CudaError>> {
-        self.ledger
-            .check_sample(slot)
-            .map_err(|e| ExecError::Fatal(e.into()))?;
+        self.ledger.check_sample(slot).map_err(fatal)?;
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let vocab = self.dev.cfg.vocab_size;
         let s = &mut self.slots[slot];
         let Some(state) = s.state.as_ref() else {
-            return Err(ExecError::Fatal(LedgerError::SlotBusy(slot).into()));
+            return Err(fatal(LedgerError::SlotBusy(slot)));
         };
         let (n, top_n, timed) = (state.n, state.top_n, state.timed);
         if timed {
