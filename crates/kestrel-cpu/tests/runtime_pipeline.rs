@@ -2,15 +2,18 @@
 //! modes (both prefill policies) give identical tokens; a request gives the
 //! same tokens alone and in a batch; the real default model reproduces the
 //! f32 NumPy reference's greedy tokens through the whole stack; step
-//! timings come back through the `Executor` trait, one per step, in order.
+//! timings come back through the `Executor` trait, one per step, in order;
+//! calls that break the slot protocol are refused with kestrel-kv's typed
+//! `LedgerError`, without a hang and without losing the step in flight.
 
 use std::sync::{Arc, Mutex};
 
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
+use kestrel_kv::LedgerError;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, Executor, LoopConfig, Observed, Outcome, PipelineMode,
-    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
+    CommittedToken, EngineLoop, ExecError, Executor, LoopConfig, Observed, Outcome, PipelineMode,
+    PrefillInput, PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
 };
 
 /// Records tokens; stops at one of `eos`.
@@ -345,4 +348,66 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
     engine.executor_mut().record_timings(false).unwrap();
     serve(&mut engine, 2, &mut t);
     assert!(t.is_empty(), "nothing recorded after recording stops");
+}
+
+/// The ledger error inside a runtime error, if that is what it is.
+fn ledger(e: &RuntimeError) -> Option<LedgerError> {
+    match e {
+        RuntimeError::Ledger(l) => Some(*l),
+        _ => None,
+    }
+}
+
+#[test]
+fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 3);
+    let mut rt = small_runtime(w, 1);
+    let prompt: Vec<TokenId> = (1..6).collect();
+    let params = SamplingParams::default();
+    let input = PrefillInput {
+        id: 7,
+        prompt: &prompt,
+        params: &params,
+        max_len: 16,
+    };
+    rt.launch_prefill(0, &[input]).unwrap();
+    // Waiting before sampling used to block forever on this runtime.
+    let e = rt.wait_step(0).unwrap_err();
+    assert_eq!(ledger(&e), Some(LedgerError::NotSampled(0)));
+    let Err(ExecError::PreDispatch(e)) = rt.launch_decode(1, &[7]) else {
+        panic!("a launch while a forward awaits sampling must be refused before dispatch");
+    };
+    assert_eq!(
+        ledger(&e),
+        Some(LedgerError::LaunchPending {
+            slot: 1,
+            launched: 0
+        })
+    );
+    let Err(ExecError::Fatal(e)) = rt.finalize_sampling(1, None) else {
+        panic!("sampling the wrong slot must be refused");
+    };
+    assert_eq!(
+        ledger(&e),
+        Some(LedgerError::NotLaunched {
+            slot: 1,
+            launched: Some(0)
+        })
+    );
+    rt.finalize_sampling(0, None).unwrap();
+    let e = rt.wait_step(1).unwrap_err();
+    assert_eq!(
+        ledger(&e),
+        Some(LedgerError::OutOfOrder {
+            slot: 1,
+            expected: Some(0)
+        })
+    );
+    // The refused calls booked nothing: the step completes as usual.
+    assert_eq!(rt.wait_step(0).unwrap().tokens.len(), 1);
+    rt.launch_decode(1, &[7]).unwrap();
+    rt.finalize_sampling(1, None).unwrap();
+    assert_eq!(rt.wait_step(1).unwrap().tokens.len(), 1);
+    rt.release(7);
+    assert_eq!(rt.num_allocated(), 0);
 }

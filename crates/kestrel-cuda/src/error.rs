@@ -6,7 +6,7 @@
 //! [`CudaError::Driver`] / [`CudaError::Cublas`] and the runtime classifies it
 //! as engine-fatal.
 
-use kestrel_pipeline::{RequestId, SlotId};
+use kestrel_pipeline::RequestId;
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
@@ -81,16 +81,10 @@ pub enum CudaError {
     #[error("batch of {rows} rows exceeds the runtime's capacity of {capacity}")]
     BatchTooLarge { rows: usize, capacity: usize },
 
-    /// Steps were launched, sampled or waited on out of pipeline order.
-    #[error("slot {slot} used out of order (expected {expected:?})")]
-    OutOfOrder {
-        slot: SlotId,
-        expected: Option<SlotId>,
-    },
-
-    /// A slot was launched into while its previous step was not committed (I6).
-    #[error("slot {0} is still in use")]
-    SlotBusy(SlotId),
+    /// Steps were launched, sampled or waited on out of pipeline order, or
+    /// into a slot whose previous step was not committed (I6).
+    #[error("the slot ledger refused the call")]
+    Ledger(#[from] kestrel_kv::LedgerError),
 }
 
 impl From<cudarc::cublas::result::CublasError> for CudaError {

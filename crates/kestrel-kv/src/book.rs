@@ -1,7 +1,10 @@
 //! [`SeqBook`]: the KV bookkeeping every runtime keeps for its admitted
 //! sequences: the [`PageTable`], each sequence's row, length and prefix-cache
 //! hit, and the cumulative [`KvStats`] counters. Admission of a prefill batch
-//! is all or nothing, so a rejected launch leaves no row or page behind.
+//! is all or nothing, so a rejected launch leaves no row or page behind. It
+//! answers the pipeline `Executor`'s capacity queries (`num_allocated`,
+//! `can_reserve`, `could_ever_fit`, `cached_prompt_tokens`), so a runtime
+//! delegates them here rather than re-deriving them.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -42,6 +45,8 @@ pub struct SeqBook<K, M> {
     table: PageTable,
     seqs: HashMap<K, SeqEntry<M>>,
     stats: KvStats,
+    /// Longest sequence (prompt + generated) the runtime accepts.
+    max_seq_len: usize,
     /// `admit_all`'s ids so far, to undo them (scratch, kept for its capacity).
     admitted: Vec<K>,
 }
@@ -57,8 +62,35 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
             table,
             seqs: HashMap::new(),
             stats,
+            max_seq_len: usize::MAX,
             admitted: Vec::new(),
         }
+    }
+
+    /// Caps the sequences [`could_ever_fit`](Self::could_ever_fit) accepts at
+    /// `max_seq_len` tokens (prompt + generated), e.g. a runtime's position
+    /// limit; uncapped by default.
+    #[must_use]
+    pub fn with_max_seq_len(mut self, max_seq_len: usize) -> Self {
+        self.max_seq_len = max_seq_len;
+        self
+    }
+
+    /// Rows allocated now.
+    pub fn num_allocated(&self) -> usize {
+        self.table.num_allocated()
+    }
+
+    /// Whether `prompt` could be admitted now with KV for `max_len` tokens
+    /// ([`PageTable::can_reserve_prompt`]: counts its prefix-cache hit).
+    pub fn can_reserve(&self, prompt: &[u32], max_len: usize) -> bool {
+        self.table.can_reserve_prompt(prompt, max_len)
+    }
+
+    /// Whether a sequence of `max_len` tokens could be admitted into an empty
+    /// book: within the `max_seq_len` cap and the table's pages.
+    pub fn could_ever_fit(&self, max_len: usize) -> bool {
+        max_len <= self.max_seq_len && self.table.could_ever_fit(max_len)
     }
 
     /// The page table (capacity questions, `write_indices`).
@@ -231,6 +263,8 @@ mod tests {
         assert!(b.get(3).is_none() && b.get(4).is_none());
         assert_eq!(b.kv_stats(), before);
         b.table().check_invariants().unwrap();
+        assert_eq!(b.num_allocated(), 2);
+        assert_eq!(b.cached_prompt_tokens(1), 0);
         b.release(1).unwrap();
         b.release(99).unwrap();
         assert_eq!((b.len(), b.table().num_allocated()), (1, 1));
@@ -239,5 +273,35 @@ mod tests {
             (b.len(), b.table().num_allocated(), b.kv_stats().used_pages),
             (0, 0, 0)
         );
+    }
+
+    #[test]
+    fn capacity_queries_answer_from_the_table_and_the_cap() {
+        let b = book();
+        // 6 pages of 4 tokens.
+        assert!(b.could_ever_fit(24) && !b.could_ever_fit(25));
+        let capped = book().with_max_seq_len(10);
+        assert!(capped.could_ever_fit(10) && !capped.could_ever_fit(11));
+        let p: Vec<u32> = (0..5).collect();
+        assert!(b.can_reserve(&p, 24) && !b.can_reserve(&p, 25));
+        let mut b = book();
+        let mut rows = Vec::new();
+        let a = Admission {
+            id: 1,
+            prompt: &p,
+            max_len: 8,
+            meta: 'a',
+        };
+        b.admit_all([a], &mut rows).unwrap();
+        b.table_mut().register_prefix(rows[0].0, &p);
+        let again = Admission {
+            id: 2,
+            prompt: &p,
+            max_len: 8,
+            meta: 'b',
+        };
+        b.admit_all([again], &mut rows).unwrap();
+        assert_eq!((b.num_allocated(), b.cached_prompt_tokens(2)), (2, 4));
+        assert!(!b.can_reserve(&p, 24));
     }
 }

@@ -20,6 +20,10 @@
 //!   SpeculativeScheduled` state machine with `schedule_*` / `apply_*` /
 //!   `revert_schedule`, chunked prefill, speculative decode, preemption
 //!   (`release` / `reacquire`), typed errors and an append-only event history.
+//! - What every runtime keeps on top of these: [`SeqBook`] (admitted sequences,
+//!   all-or-nothing batch admission, the `Executor`'s capacity answers) and
+//!   [`SlotLedger`] (the slot protocol's in-flight / launched bookkeeping and
+//!   step counter, violations as a typed [`LedgerError`]).
 //!
 //! # Example
 //!
@@ -77,6 +81,7 @@
 
 mod book;
 mod error;
+mod ledger;
 pub mod pool;
 pub mod prefix;
 pub mod sequence;
@@ -85,6 +90,7 @@ mod table;
 
 pub use book::{Admission, SeqBook, SeqEntry};
 pub use error::KvError;
+pub use ledger::{LedgerError, SlotIndex, SlotLedger};
 pub use pool::BlockPool;
 pub use sequence::{
     ApplyError, DecodeOutcome, SchedulableSequence, ScheduleError, SequenceEvent, SequenceState,

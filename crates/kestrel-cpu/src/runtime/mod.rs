@@ -6,24 +6,27 @@
 //! thread runs forwards and sampling in order; a copy stream thread moves
 //! each step's outputs to its slot's host buffer. Launch and finalize only
 //! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
+//! Slot order (launch -> sample -> wait, FIFO) is kestrel-kv's [`SlotLedger`],
+//! checked before any buffer moves; KV capacity answers are [`SeqBook`]'s.
 
 mod slot;
 mod stream;
 
-use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use kestrel_kv::KvStats;
-use kestrel_kv::{Admission, KvError, PageTable, PageTableConfig, RowId, SeqBook};
+use kestrel_kv::{
+    Admission, KvError, LedgerError, PageTable, PageTableConfig, RowId, SeqBook, SlotLedger,
+};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
-    TokenId,
+    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepKind,
+    StepOutputs, TokenId,
 };
 
-use self::slot::{Outputs, PrefillRow, SlotKind, SlotMeta};
+use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
@@ -72,13 +75,9 @@ pub enum RuntimeError {
     Fault { step: u64, message: String },
     #[error("the compute or copy stream stopped")]
     StreamLost,
-    #[error("waited on slot {slot} but the oldest step in flight is on slot {expected:?}")]
-    OutOfOrder {
-        slot: SlotId,
-        expected: Option<SlotId>,
-    },
-    #[error("slot {0} is still in use")]
-    SlotBusy(SlotId),
+    /// A call broke the slot protocol, or a slot's buffers are not back.
+    #[error("the slot ledger refused the call")]
+    Ledger(#[from] LedgerError),
     #[error("invalid runtime config: {0}")]
     Config(String),
 }
@@ -97,11 +96,8 @@ pub struct CpuRuntime {
     metas: Vec<Option<Box<SlotMeta>>>,
     masks: Vec<Option<Box<MaskBuf>>>,
     render: Vec<Option<Box<Outputs>>>,
-    /// Slots launched and not yet waited on, oldest first (I2 check).
-    in_flight: VecDeque<SlotId>,
-    /// The slot whose forward is launched but not yet sampled.
-    launched: Option<SlotId>,
-    step: u64,
+    /// Slots in flight, the one launched and not sampled, the step counter.
+    ledger: SlotLedger,
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
@@ -170,7 +166,7 @@ impl CpuRuntime {
         Ok(Self {
             cfg,
             vocab: model_cfg.vocab_size,
-            book: SeqBook::new(table),
+            book: SeqBook::new(table).with_max_seq_len(cfg.max_seq_len),
             work: Some(work_tx),
             done: done_rx,
             metas: (0..NUM_SLOTS)
@@ -178,9 +174,7 @@ impl CpuRuntime {
                 .collect(),
             masks: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
             render: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
-            in_flight: VecDeque::with_capacity(NUM_SLOTS),
-            launched: None,
-            step: 0,
+            ledger: SlotLedger::new(NUM_SLOTS),
             threads,
             rows_buf: Vec::new(),
             weight_bytes,
@@ -223,13 +217,16 @@ impl CpuRuntime {
         rx.recv().map_err(|_| RuntimeError::StreamLost)
     }
 
-    /// Take an idle slot's metadata buffer for a new launch.
-    fn take_meta(&mut self, slot: SlotId) -> Result<Box<SlotMeta>, RuntimeError> {
-        let meta = self
+    /// Take an idle slot's metadata buffer for a new launch of `kind`,
+    /// once the ledger allows a launch into `slot`.
+    fn take_meta(&mut self, slot: SlotId, kind: StepKind) -> Result<Box<SlotMeta>, RuntimeError> {
+        self.ledger.check_launch(slot)?;
+        let mut meta = self
             .metas
             .get_mut(slot)
             .and_then(Option::take)
-            .ok_or(RuntimeError::SlotBusy(slot))?;
+            .ok_or(LedgerError::SlotBusy(slot))?;
+        meta.reset(kind, self.ledger.next_step());
         Ok(meta)
     }
 
@@ -240,9 +237,9 @@ impl CpuRuntime {
     ) -> Result<(), ExecError<RuntimeError>> {
         self.send(Work::Forward { slot, meta })
             .map_err(ExecError::Fatal)?;
-        self.launched = Some(slot);
-        self.in_flight.push_back(slot);
-        self.step += 1;
+        self.ledger
+            .launch(slot)
+            .map_err(|e| ExecError::Fatal(e.into()))?;
         Ok(())
     }
 }
@@ -252,7 +249,7 @@ impl Executor for CpuRuntime {
     type Error = RuntimeError;
 
     fn num_slots(&self) -> usize {
-        NUM_SLOTS
+        self.ledger.num_slots()
     }
 
     fn vocab_size(&self) -> usize {
@@ -264,15 +261,15 @@ impl Executor for CpuRuntime {
     }
 
     fn num_allocated(&self) -> usize {
-        self.book.table().num_allocated()
+        self.book.num_allocated()
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.book.table().can_reserve_prompt(prompt, max_len)
+        self.book.can_reserve(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.book.table().could_ever_fit(max_len)
+        self.book.could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -280,8 +277,9 @@ impl Executor for CpuRuntime {
         slot: SlotId,
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<RuntimeError>> {
-        let mut meta = self.take_meta(slot).map_err(ExecError::PreDispatch)?;
-        meta.reset(SlotKind::Prefill, self.step);
+        let mut meta = self
+            .take_meta(slot, StepKind::Prefill)
+            .map_err(ExecError::PreDispatch)?;
         meta.token_indptr.push(0);
         let admissions = seqs.iter().map(|input| Admission {
             id: input.id,
@@ -325,8 +323,9 @@ impl Executor for CpuRuntime {
         slot: SlotId,
         rows: &[RequestId],
     ) -> Result<(), ExecError<RuntimeError>> {
-        let mut meta = self.take_meta(slot).map_err(ExecError::PreDispatch)?;
-        meta.reset(SlotKind::Decode, self.step);
+        let mut meta = self
+            .take_meta(slot, StepKind::Decode)
+            .map_err(ExecError::PreDispatch)?;
         self.rows_buf.clear();
         for &id in rows {
             let Some(seq) = self.book.get(id) else {
@@ -359,18 +358,12 @@ impl Executor for CpuRuntime {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<RuntimeError>> {
-        if self.launched != Some(slot) {
-            return Err(ExecError::Fatal(RuntimeError::OutOfOrder {
-                slot,
-                expected: self.launched,
-            }));
-        }
-        let mut mask = self.masks[slot]
-            .take()
-            .ok_or(ExecError::Fatal(RuntimeError::SlotBusy(slot)))?;
-        let host = self.render[slot]
-            .take()
-            .ok_or(ExecError::Fatal(RuntimeError::SlotBusy(slot)))?;
+        let busy = || ExecError::Fatal(LedgerError::SlotBusy(slot).into());
+        self.ledger
+            .check_sample(slot)
+            .map_err(|e| ExecError::Fatal(e.into()))?;
+        let mut mask = self.masks[slot].take().ok_or_else(busy)?;
+        let host = self.render[slot].take().ok_or_else(busy)?;
         mask.rows.clear();
         mask.words.clear();
         mask.any = false;
@@ -381,24 +374,19 @@ impl Executor for CpuRuntime {
             mask.words.extend_from_slice(m.words);
             mask.rows.extend_from_slice(m.constrained);
         }
-        self.launched = None;
+        self.ledger
+            .sample(slot)
+            .map_err(|e| ExecError::Fatal(e.into()))?;
         self.send(Work::Sample { slot, host, mask })
             .map_err(ExecError::Fatal)
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, RuntimeError> {
-        let expected = self.in_flight.front().copied();
-        if expected != Some(slot) {
-            return Err(RuntimeError::OutOfOrder { slot, expected });
-        }
+        self.ledger.check_wait(slot)?;
         let done = self.done.recv().map_err(|_| RuntimeError::StreamLost)?;
-        if done.slot != slot {
-            return Err(RuntimeError::OutOfOrder {
-                slot: done.slot,
-                expected: Some(slot),
-            });
-        }
-        self.in_flight.pop_front();
+        // The copy stream delivers in launch order; a step of another slot
+        // here is refused as out of order (slot = the delivered one).
+        self.ledger.complete(done.slot)?;
         let Done {
             meta,
             host,
@@ -416,7 +404,7 @@ impl Executor for CpuRuntime {
                 message,
             });
         }
-        if meta.kind == SlotKind::Prefill {
+        if meta.kind == StepKind::Prefill {
             // The prompt's KV is now written: publish its full pages.
             // The slot's metadata still holds each row's prompt.
             for (r, &row) in meta.rows.iter().enumerate() {
@@ -449,7 +437,7 @@ impl Executor for CpuRuntime {
         }
         // Sampled steps still deliver their buffers; a launched but unsampled
         // forward never will, so its slot gets fresh buffers.
-        let sampled = self.in_flight.len() - usize::from(self.launched.is_some());
+        let sampled = self.ledger.sampled_in_flight();
         for _ in 0..sampled {
             if let Ok(done) = self.done.recv_timeout(std::time::Duration::from_secs(5)) {
                 let slot = done.slot;
@@ -458,13 +446,12 @@ impl Executor for CpuRuntime {
                 self.render[slot] = Some(done.host);
             }
         }
-        self.in_flight.clear();
+        self.ledger.reset();
         for slot in 0..NUM_SLOTS {
             self.metas[slot].get_or_insert_with(|| Box::new(SlotMeta::new()));
             self.masks[slot].get_or_insert_with(Box::default);
             self.render[slot].get_or_insert_with(Box::default);
         }
-        self.launched = None;
         self.book.release_all();
     }
 

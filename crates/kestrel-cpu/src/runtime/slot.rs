@@ -8,14 +8,7 @@
 //! is kept across steps: a steady-state step allocates nothing.
 
 use kestrel_kv::PagedIndices;
-use kestrel_pipeline::{RequestId, SamplingParams, TokenId};
-
-/// What a slot's forward computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SlotKind {
-    Prefill,
-    Decode,
-}
+use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 
 /// One new sequence of a prefill step (its prompt rides in `SlotMeta::tokens`).
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +22,7 @@ pub(crate) struct PrefillRow {
 /// The `DecodeSlot`'s metadata for one step, planned on the scheduler thread.
 #[derive(Debug)]
 pub(crate) struct SlotMeta {
-    pub kind: SlotKind,
+    pub kind: StepKind,
     pub step: u64,
     /// KV row of each batch row.
     pub rows: Vec<u32>,
@@ -48,7 +41,7 @@ pub(crate) struct SlotMeta {
 impl SlotMeta {
     pub fn new() -> Self {
         Self {
-            kind: SlotKind::Decode,
+            kind: StepKind::Decode,
             step: 0,
             rows: Vec::new(),
             ids: Vec::new(),
@@ -60,7 +53,7 @@ impl SlotMeta {
         }
     }
 
-    pub fn reset(&mut self, kind: SlotKind, step: u64) {
+    pub fn reset(&mut self, kind: StepKind, step: u64) {
         self.kind = kind;
         self.step = step;
         self.rows.clear();

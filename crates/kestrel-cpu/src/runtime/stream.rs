@@ -13,9 +13,9 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kestrel_pipeline::{SamplingParams, StepTiming, TokenId};
+use kestrel_pipeline::{SamplingParams, StepKind, StepTiming, TokenId};
 
-use super::slot::{Outputs, SlotKind, SlotMeta};
+use super::slot::{Outputs, SlotMeta};
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
 use crate::sampler::{sample, PenaltyState};
 use crate::{CpuModel, KvStore, Scratch};
@@ -173,7 +173,7 @@ impl ComputeStream {
                     let (forward_start, forward_end) = self.forward_times[slot];
                     let timing = StepTiming {
                         step: meta.step,
-                        prefill: meta.kind == SlotKind::Prefill,
+                        prefill: meta.kind == StepKind::Prefill,
                         rows: meta.rows.len(),
                         forward_start,
                         forward_end,
@@ -203,7 +203,7 @@ impl ComputeStream {
     fn forward(&mut self, slot: usize, meta: &SlotMeta) -> Result<(), String> {
         let vocab = self.model.config().vocab_size;
         match meta.kind {
-            SlotKind::Decode => {
+            StepKind::Decode => {
                 let n = meta.rows.len();
                 self.tokens.clear();
                 self.tokens
@@ -220,7 +220,7 @@ impl ComputeStream {
                     .forward_decode(batch, &mut self.kv, out, &mut self.scratch)
                     .map_err(|e| e.to_string())
             }
-            SlotKind::Prefill => {
+            StepKind::Prefill => {
                 let page_size = self.kv.page_size();
                 for (r, p) in meta.prefill.iter().enumerate() {
                     let row = meta.rows[r] as usize;
@@ -284,8 +284,8 @@ impl ComputeStream {
         dev.top_n = top_n;
         for (i, &row) in meta.rows.iter().enumerate() {
             let position = match meta.kind {
-                SlotKind::Decode => meta.positions[i] + 1,
-                SlotKind::Prefill => meta.prefill[i].prompt_len,
+                StepKind::Decode => meta.positions[i] + 1,
+                StepKind::Prefill => meta.prefill[i].prompt_len,
             };
             let words = (mask.any && mask.rows[i])
                 .then(|| &mask.words[i * mask.words_per_row..(i + 1) * mask.words_per_row]);

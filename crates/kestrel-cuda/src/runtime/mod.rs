@@ -4,7 +4,9 @@
 //! for both slots (I1); two [`slot::DecodeSlot`]s; one copy stream filling
 //! each slot's [`slot::RenderBuffer`] after waiting on exactly that step's
 //! step-done event (I3); a slot's host buffers untouched until its commit
-//! (I6, enforced by `PipelineState` and checked here). Launch and finalize
+//! (I6, enforced by `PipelineState` and checked here by kestrel-kv's
+//! [`SlotLedger`], shared with the CPU runtime, as is the [`SeqBook`] that
+//! answers the KV capacity queries). Launch and finalize
 //! only enqueue; the scheduler thread blocks only in `wait_step`. The next
 //! input token stays on the device (`pending`, written by sampling). Any
 //! CUDA error after dispatch is [`ExecError::Fatal`]. On request
@@ -16,21 +18,23 @@ mod mem;
 mod slot;
 pub mod timing;
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use kestrel_kv::{Admission, KvStats, PageTable, PageTableConfig, PagedIndices, RowId, SeqBook};
+use kestrel_kv::{
+    Admission, KvStats, LedgerError, PageTable, PageTableConfig, PagedIndices, RowId, SeqBook,
+    SlotLedger,
+};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepOutputs,
-    TokenId, TokenMask,
+    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepKind,
+    StepOutputs, TokenId, TokenMask,
 };
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
-use self::slot::{DecodeSlot, Graph, RenderBuffer, SlotDims, SlotKind, StepState, MAX_TOP};
+use self::slot::{DecodeSlot, Graph, RenderBuffer, SlotDims, StepState, MAX_TOP};
 use self::timing::{DeviceClock, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
 use crate::ffi::SampleParams;
@@ -87,9 +91,8 @@ pub struct CudaRuntime {
     copy_stream: Arc<CudaStream>,
     /// Page table and admitted sequences, each with its sampling parameters.
     book: SeqBook<RequestId, SamplingParams>,
-    in_flight: VecDeque<SlotId>,
-    launched: Option<SlotId>,
-    step: u64,
+    /// Slots in flight, the one launched and not sampled, the step counter.
+    ledger: SlotLedger,
     buckets: Vec<usize>,
     rows_buf: Vec<(RowId, usize)>,
     decode_rows: Vec<DecodeRow>,
@@ -221,6 +224,7 @@ impl CudaRuntime {
             page_size: cfg.page_size,
             enable_prefix_cache: cfg.enable_prefix_cache,
         })?;
+        let book = SeqBook::new(table).with_max_seq_len(cfg.max_seq_len);
         tracing::info!(
             device = %device_name,
             arch = %arch.name(),
@@ -234,10 +238,8 @@ impl CudaRuntime {
             render,
             dev,
             copy_stream,
-            book: SeqBook::new(table),
-            in_flight: VecDeque::with_capacity(NUM_SLOTS),
-            launched: None,
-            step: 0,
+            book,
+            ledger: SlotLedger::new(NUM_SLOTS),
             buckets,
             rows_buf: Vec::new(),
             decode_rows: Vec::new(),
@@ -282,7 +284,7 @@ impl CudaRuntime {
         let ev = &self.slots[slot].timing;
         Ok(StepTiming {
             step: state.step,
-            prefill: state.kind == SlotKind::Prefill,
+            prefill: state.kind == StepKind::Prefill,
             rows: state.n,
             forward_start: clock.instant(&ev.forward_start)?,
             forward_end: clock.instant(&ev.forward_end)?,
@@ -411,13 +413,6 @@ impl CudaRuntime {
         Ok(())
     }
 
-    fn check_slot_free(&self, slot: SlotId) -> Result<(), CudaError> {
-        if slot >= NUM_SLOTS || self.slots[slot].state.is_some() {
-            return Err(CudaError::SlotBusy(slot));
-        }
-        Ok(())
-    }
-
     /// Copy `words` of the slot's pinned decode metadata and its params to the device.
     fn upload_meta(&self, slot: SlotId, words: usize, rows: usize) -> Result<(), CudaError> {
         let s = &self.slots[slot];
@@ -433,13 +428,12 @@ impl CudaRuntime {
         Ok(())
     }
 
-    /// Book a launched step: its state until commit, and the slot's place
-    /// in launch order.
-    fn record_launch(&mut self, slot: SlotId, state: StepState) {
+    /// Book a launched step: the slot's place in launch order (checked by
+    /// `check_launch` before anything was enqueued), and its state until commit.
+    fn record_launch(&mut self, slot: SlotId, state: StepState) -> Result<(), CudaError> {
+        self.ledger.launch(slot)?;
         self.slots[slot].state = Some(state);
-        self.launched = Some(slot);
-        self.in_flight.push_back(slot);
-        self.step += 1;
+        Ok(())
     }
 }
 
@@ -448,7 +442,7 @@ impl Executor for CudaRuntime {
     type Error = CudaError;
 
     fn num_slots(&self) -> usize {
-        NUM_SLOTS
+        self.ledger.num_slots()
     }
 
     fn vocab_size(&self) -> usize {
@@ -460,15 +454,15 @@ impl Executor for CudaRuntime {
     }
 
     fn num_allocated(&self) -> usize {
-        self.book.table().num_allocated()
+        self.book.num_allocated()
     }
 
     fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.book.table().can_reserve_prompt(prompt, max_len)
+        self.book.can_reserve(prompt, max_len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
-        max_len <= self.cfg.max_seq_len && self.book.table().could_ever_fit(max_len)
+        self.book.could_ever_fit(max_len)
     }
 
     fn launch_prefill(
@@ -476,7 +470,9 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<CudaError>> {
-        self.check_slot_free(slot).map_err(ExecError::PreDispatch)?;
+        self.ledger
+            .check_launch(slot)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
         if seqs.len() > self.cfg.max_rows {
             return Err(ExecError::PreDispatch(CudaError::BatchTooLarge {
                 rows: seqs.len(),
@@ -580,7 +576,7 @@ impl Executor for CudaRuntime {
                 .map_err(ExecError::Fatal)?;
         }
         let state = StepState {
-            kind: SlotKind::Prefill,
+            kind: StepKind::Prefill,
             n: seqs.len(),
             top_n: seqs
                 .iter()
@@ -595,11 +591,10 @@ impl Executor for CudaRuntime {
                 .zip(&self.rows_buf)
                 .map(|(i, &(row, _))| (row, i.prompt.to_vec()))
                 .collect(),
-            step: self.step + 1,
+            step: self.ledger.next_step(),
             timed,
         };
-        self.record_launch(slot, state);
-        Ok(())
+        self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
 
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
@@ -611,7 +606,9 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         rows: &[RequestId],
     ) -> Result<(), ExecError<CudaError>> {
-        self.check_slot_free(slot).map_err(ExecError::PreDispatch)?;
+        self.ledger
+            .check_launch(slot)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let n = rows.len();
         let bucket = choose_bucket(&self.buckets, n).ok_or(ExecError::PreDispatch(
             CudaError::BatchTooLarge {
@@ -678,17 +675,16 @@ impl Executor for CudaRuntime {
         }
         let s = &self.slots[slot];
         let state = StepState {
-            kind: SlotKind::Decode,
+            kind: StepKind::Decode,
             n,
             top_n,
             rows_ptr: s.meta_dev.at::<u32>(layout.rows()),
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             prompts: Vec::new(),
-            step: self.step + 1,
+            step: self.ledger.next_step(),
             timed,
         };
-        self.record_launch(slot, state);
-        Ok(())
+        self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
 
     fn finalize_sampling(
@@ -696,17 +692,12 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<CudaError>> {
-        if self.launched != Some(slot) {
-            return Err(ExecError::Fatal(CudaError::OutOfOrder {
-                slot,
-                expected: self.launched,
-            }));
-        }
+        self.ledger.check_sample(slot).map_err(fatal)?;
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let vocab = self.dev.cfg.vocab_size;
         let s = &mut self.slots[slot];
         let Some(state) = s.state.as_ref() else {
-            return Err(ExecError::Fatal(CudaError::SlotBusy(slot)));
+            return Err(fatal(LedgerError::SlotBusy(slot)));
         };
         let (n, top_n, timed) = (state.n, state.top_n, state.timed);
         if timed {
@@ -800,23 +791,19 @@ impl Executor for CudaRuntime {
             }
         }
         r.copy_done.record(&self.copy_stream).map_err(fatal)?;
-        self.launched = None;
-        Ok(())
+        self.ledger.sample(slot).map_err(fatal)
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, CudaError> {
-        let expected = self.in_flight.front().copied();
-        if expected != Some(slot) {
-            return Err(CudaError::OutOfOrder { slot, expected });
-        }
+        self.ledger.check_wait(slot)?;
         self.dev.ctx.bind_to_thread()?;
         self.render[slot].copy_done.synchronize()?;
-        self.in_flight.pop_front();
+        self.ledger.complete(slot)?;
         let state = self.slots[slot]
             .state
             .take()
-            .ok_or(CudaError::SlotBusy(slot))?;
-        if state.kind == SlotKind::Prefill {
+            .ok_or(LedgerError::SlotBusy(slot))?;
+        if state.kind == StepKind::Prefill {
             for (row, prompt) in &state.prompts {
                 self.book.table_mut().register_prefix(*row, prompt);
             }
@@ -869,8 +856,7 @@ impl Executor for CudaRuntime {
         for s in &mut self.slots {
             s.state = None;
         }
-        self.in_flight.clear();
-        self.launched = None;
+        self.ledger.reset();
         self.book.release_all();
     }
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, DriverError};
 use half::f16;
 use kestrel_kv::RowId;
+use kestrel_pipeline::StepKind;
 
 use super::mem::{DevBuf, HostBuf};
 use super::timing::StepEvents;
@@ -56,17 +57,10 @@ pub(crate) struct Graph(pub CudaGraph);
 // context bound; the runtime owning it is used by one thread at a time.
 unsafe impl Send for Graph {}
 
-/// What the step in flight on a slot is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SlotKind {
-    Prefill,
-    Decode,
-}
-
 /// The step launched on a slot, kept until its commit.
 #[derive(Debug)]
 pub(crate) struct StepState {
-    pub kind: SlotKind,
+    pub kind: StepKind,
     pub n: usize,
     pub top_n: usize,
     /// Device addresses of each sampled row's KV row and RNG position.
@@ -74,7 +68,7 @@ pub(crate) struct StepState {
     pub positions_ptr: u64,
     /// Prefill: the rows admitted and their prompts (for prefix publication).
     pub prompts: Vec<(RowId, Vec<u32>)>,
-    /// The runtime's step counter of this launch.
+    /// The step number the ledger gave this launch.
     pub step: u64,
     /// The slot's timing events were recorded for this step.
     pub timed: bool,
