@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use kestrel_engine::{Engine, Health};
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 pub use service::KestrelService;
@@ -84,7 +83,7 @@ pub enum ServeError {
     Reflection(#[source] tonic_reflection::server::Error),
     /// The HTTP/2 server failed.
     #[error("the gRPC server failed")]
-    Transport(#[source] tonic::transport::Error),
+    Transport(#[source] std::io::Error),
     /// The server task panicked or was cancelled.
     #[error("the gRPC server task ended abnormally")]
     Join(#[source] tokio::task::JoinError),
@@ -142,15 +141,26 @@ pub async fn serve(
         stop_rx.clone(),
     ));
 
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let router = tonic::transport::Server::builder()
-        .add_service(health_service)
+    // tonic's routes served by axum (HTTP/1 and h2c), not by tonic's
+    // transport: that transport wraps every call in its own `grpc-timeout`
+    // timer, outside any layer of ours, which answers CANCELLED when it
+    // fires first. The Kestrel service enforces a unary call's deadline
+    // itself, as DEADLINE_EXCEEDED (`service::Arrival`).
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(service(engine));
+        .add_service(service(engine))
+        .prepare()
+        .into_axum_router();
+    use axum::serve::ListenerExt as _;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let task = tokio::spawn(async move {
-        router
-            .serve_with_incoming_shutdown(incoming, stopped(stop_rx))
+        axum::serve(listener, routes)
+            .with_graceful_shutdown(stopped(stop_rx))
             .await
             .map_err(ServeError::Transport)
     });

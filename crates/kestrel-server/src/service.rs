@@ -51,12 +51,9 @@ pub async fn submit(
 /// When a call reached the service, stamped by [`stamp_arrival`] before
 /// the request body is decoded.
 ///
-/// tonic's transport enforces a client's `grpc-timeout` itself and answers
-/// CANCELLED ("Timeout expired") when its timer wins. The unary handler
-/// therefore runs its own timer to a deadline [`DEADLINE_MARGIN`] earlier,
-/// measured from this stamp (taken within microseconds of tonic's timer
-/// start): tonic's timeout polls the handler first, so the handler's
-/// DEADLINE_EXCEEDED always wins.
+/// The server does not run tonic's transport (whose own `grpc-timeout`
+/// timer answers CANCELLED); the unary handler runs the deadline itself,
+/// measured from this stamp, and answers DEADLINE_EXCEEDED.
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival(pub Instant);
 

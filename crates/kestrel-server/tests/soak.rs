@@ -5,7 +5,7 @@
 //! status its kind allows, none hung, no KV page or running request left,
 //! health SERVING.
 //!
-//! CI runs a short one (`KESTREL_SOAK_REQUESTS`, default 240);
+//! CI runs a short one (`KESTREL_SOAK_REQUESTS`, default 200);
 //! `cargo xtask soak` runs the long one (10,000 requests) in release mode.
 
 mod common;
@@ -118,7 +118,8 @@ async fn run_one(
     match kind {
         Kind::Streamed | Kind::Chat | Kind::Json => match collect_stream(c, req).await {
             Ok(done) => {
-                if kind == Kind::Json {
+                // A JSON output cut by max_new_tokens is honestly LENGTH.
+                if kind == Kind::Json && done.done.finish_reason() == pb::FinishReason::Stop {
                     let v: serde_json::Value =
                         serde_json::from_str(&done.text).expect("schema output parses");
                     assert!(v["n"].is_i64() || v["n"].is_u64(), "{v}");
@@ -185,7 +186,7 @@ fn soak_mixed_requests_leave_nothing_behind() {
     let total: usize = std::env::var("KESTREL_SOAK_REQUESTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(240);
+        .unwrap_or(200);
     let clients: usize = std::env::var("KESTREL_SOAK_CLIENTS")
         .ok()
         .and_then(|v| v.parse().ok())
