@@ -58,7 +58,8 @@ fn requests() -> Vec<GenerateRequest> {
             constraint: Some(Constraint::JsonSchema(serde_json::json!({
                 "type": "object",
                 "properties": {"city": {"type": "string", "maxLength": 16}},
-                "required": ["city"]
+                "required": ["city"],
+                "additionalProperties": false
             }))),
             ..GenerateRequest::text("A city as JSON:", 32)
         },
