@@ -2,8 +2,9 @@
 //!
 //! The soak itself is the integration test
 //! `crates/kestrel-server/tests/soak.rs` (CI runs a short one); this task
-//! runs it in release mode with many more requests and clients, and prints
-//! its tally (requests per kind and status, wall time).
+//! runs it with many more requests and clients, and prints its tally
+//! (requests per kind and status, wall time). It uses the test profile,
+//! which is optimized (opt-level 3) and keeps debug assertions on.
 
 use std::process::Command;
 
@@ -25,7 +26,6 @@ pub fn main(args: SoakArgs) -> anyhow::Result<()> {
     let status = Command::new(cargo)
         .args([
             "test",
-            "--release",
             "-p",
             "kestrel-server",
             "--test",
