@@ -36,7 +36,10 @@ impl KestrelService {
 
 /// Validates and submits `req` on the blocking pool: tokenizing a long
 /// prompt or compiling a grammar must not stall the async workers.
-pub async fn submit(engine: &Engine, req: GenerateRequest) -> Result<GenerationStream, EngineError> {
+pub async fn submit(
+    engine: &Engine,
+    req: GenerateRequest,
+) -> Result<GenerationStream, EngineError> {
     let engine = engine.clone();
     match tokio::task::spawn_blocking(move || engine.stream(req)).await {
         Ok(r) => r,
@@ -245,7 +248,10 @@ mod tests {
     fn grpc_timeouts_parse() {
         assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
         assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
         assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
         for bad in ["", "S", "5", "5x", "123456789S", "-1S"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad}");

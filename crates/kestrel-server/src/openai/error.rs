@@ -47,7 +47,10 @@ impl ApiError {
     pub fn unsupported(param: &str, what: &str) -> Self {
         Self {
             code: Some("unsupported_parameter"),
-            ..Self::invalid(param, format!("{param}: {what} is not supported by Kestrel"))
+            ..Self::invalid(
+                param,
+                format!("{param}: {what} is not supported by Kestrel"),
+            )
         }
     }
 

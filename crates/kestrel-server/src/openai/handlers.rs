@@ -104,22 +104,25 @@ async fn unary(
     streams: Vec<GenerationStream>,
 ) -> Result<Vec<GenerateResponse>, ApiError> {
     let n = plan.n as usize;
-    let runs = streams.into_iter().enumerate().map(|(i, mut s)| async move {
-        let names = &plan.names[i / n];
-        loop {
-            match s.next_event().await {
-                Some(Ok(StreamEvent::Delta { .. })) => {}
-                Some(Ok(StreamEvent::Done(resp))) => {
-                    return match resp.finish_reason {
-                        FinishReason::Abort => Err(ApiError::aborted()),
-                        _ => Ok(resp),
+    let runs = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| async move {
+            let names = &plan.names[i / n];
+            loop {
+                match s.next_event().await {
+                    Some(Ok(StreamEvent::Delta { .. })) => {}
+                    Some(Ok(StreamEvent::Done(resp))) => {
+                        return match resp.finish_reason {
+                            FinishReason::Abort => Err(ApiError::aborted()),
+                            _ => Ok(resp),
+                        }
                     }
+                    Some(Err(e)) => return Err(ApiError::engine(&e, names)),
+                    None => return Err(ApiError::engine(&EngineError::Stopped, names)),
                 }
-                Some(Err(e)) => return Err(ApiError::engine(&e, names)),
-                None => return Err(ApiError::engine(&EngineError::Stopped, names)),
             }
-        }
-    });
+        });
     futures_util::future::try_join_all(runs).await
 }
 
@@ -135,8 +138,13 @@ fn usage(plan: &Plan, results: &[GenerateResponse]) -> Value {
     let n = plan.n as usize;
     // The prompt is counted once per prompt, as OpenAI does for `n`.
     let firsts = results.iter().step_by(n);
-    let prompt: u64 = firsts.clone().map(|r| u64::from(r.usage.prompt_tokens)).sum();
-    let cached: u64 = firsts.map(|r| u64::from(r.usage.cached_prompt_tokens)).sum();
+    let prompt: u64 = firsts
+        .clone()
+        .map(|r| u64::from(r.usage.prompt_tokens))
+        .sum();
+    let cached: u64 = firsts
+        .map(|r| u64::from(r.usage.cached_prompt_tokens))
+        .sum();
     let completion: u64 = results
         .iter()
         .map(|r| u64::from(r.usage.completion_tokens))
@@ -218,9 +226,7 @@ fn tool_call(c: &ParsedCall, index: Option<usize>) -> Value {
 
 /// Chat-form logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
 fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
-    let entry = |text: &str, logprob: f32| {
-        json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
-    };
+    let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
     let content: Vec<Value> = lps
         .iter()
         .map(|lp| {
@@ -341,7 +347,9 @@ async fn pump(head: Head, plan: Plan, streams: Vec<GenerationStream>, tx: mpsc::
 
 /// Sends one JSON chunk; false when the client is gone.
 async fn send(tx: &mpsc::Sender<Event>, chunk: Value) -> bool {
-    tx.send(Event::default().data(chunk.to_string())).await.is_ok()
+    tx.send(Event::default().data(chunk.to_string()))
+        .await
+        .is_ok()
 }
 
 /// Ends a stream with an error event and `[DONE]`.
@@ -371,7 +379,13 @@ impl Chunker<'_> {
         })
     }
 
-    fn chat(&self, index: usize, delta: Value, logprobs: Option<Value>, finish: Option<&str>) -> Value {
+    fn chat(
+        &self,
+        index: usize,
+        delta: Value,
+        logprobs: Option<Value>,
+        finish: Option<&str>,
+    ) -> Value {
         self.base(vec![json!({
             "index": index,
             "delta": delta,
@@ -380,7 +394,13 @@ impl Chunker<'_> {
         })])
     }
 
-    fn completion(&self, index: usize, text: &str, logprobs: Option<Value>, finish: Option<&str>) -> Value {
+    fn completion(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Option<Value>,
+        finish: Option<&str>,
+    ) -> Value {
         self.base(vec![json!({
             "index": index,
             "text": text,
@@ -436,7 +456,12 @@ impl Chunker<'_> {
         out
     }
 
-    fn finish(&self, index: usize, state: &mut ChoiceStream, resp: &GenerateResponse) -> Vec<Value> {
+    fn finish(
+        &self,
+        index: usize,
+        state: &mut ChoiceStream,
+        resp: &GenerateResponse,
+    ) -> Vec<Value> {
         let reason = finish_reason(resp.finish_reason);
         if self.plan.endpoint == Endpoint::Completions {
             let lp = if state.pending_logprobs.is_empty() {
@@ -446,7 +471,11 @@ impl Chunker<'_> {
             };
             return vec![self.completion(index, "", lp, Some(reason))];
         }
-        let rest = state.splitter.as_mut().map(CallSplitter::finish).unwrap_or_default();
+        let rest = state
+            .splitter
+            .as_mut()
+            .map(CallSplitter::finish)
+            .unwrap_or_default();
         let mut out = self.pieces(index, state, rest);
         let reason = if state.calls_sent > 0 {
             "tool_calls"

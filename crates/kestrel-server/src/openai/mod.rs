@@ -27,8 +27,8 @@ use axum::Router;
 use kestrel_engine::{Engine, Health};
 use serde_json::json;
 
-pub use error::{ApiError, ParamNames};
 use error::json_response;
+pub use error::{ApiError, ParamNames};
 pub use request::{MAX_N, MAX_PROMPTS};
 
 use crate::{RunningServer, ServeError};

@@ -177,7 +177,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
 
     if let Some(bias) = f.take::<Map<String, Value>>("logit_bias")? {
         if !bias.is_empty() {
-            return Err(ApiError::unsupported("logit_bias", "a non-empty logit_bias"));
+            return Err(ApiError::unsupported(
+                "logit_bias",
+                "a non-empty logit_bias",
+            ));
         }
     }
 
@@ -198,7 +201,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
         // vLLM's spelling of "disabled".
         Some(-1) => Some(0),
         Some(k) => Some(u32::try_from(k).map_err(|_| {
-            ApiError::invalid("top_k", format!("top_k must be -1 or in [0, {}], got {k}", u32::MAX))
+            ApiError::invalid(
+                "top_k",
+                format!("top_k must be -1 or in [0, {}], got {k}", u32::MAX),
+            )
         })?),
     };
     let seed = match f.raw("seed") {
@@ -318,7 +324,10 @@ fn constraint(f: &mut Fields) -> Result<Option<(Constraint, &'static str)>, ApiE
         }
     }
     if let Some(v) = f.raw("guided_json") {
-        found.push((Constraint::JsonSchema(schema_value(v, "guided_json")?), "guided_json"));
+        found.push((
+            Constraint::JsonSchema(schema_value(v, "guided_json")?),
+            "guided_json",
+        ));
     }
     if let Some(r) = f.take::<String>("guided_regex")? {
         found.push((Constraint::Regex(r), "guided_regex"));
@@ -347,9 +356,8 @@ fn constraint(f: &mut Fields) -> Result<Option<(Constraint, &'static str)>, ApiE
 /// A JSON Schema given as a JSON value or as JSON text.
 fn schema_value(v: Value, param: &str) -> Result<Value, ApiError> {
     match v {
-        Value::String(text) => serde_json::from_str(&text).map_err(|e| {
-            ApiError::invalid(param, format!("{param} is not valid JSON text: {e}"))
-        }),
+        Value::String(text) => serde_json::from_str(&text)
+            .map_err(|e| ApiError::invalid(param, format!("{param} is not valid JSON text: {e}"))),
         v => Ok(v),
     }
 }
@@ -370,7 +378,9 @@ fn response_format(v: Value) -> Result<Option<(Constraint, &'static str)>, ApiEr
             let js = v
                 .get("json_schema")
                 .filter(|j| j.is_object())
-                .ok_or_else(|| ApiError::invalid(S, "response_format.json_schema must be an object"))?;
+                .ok_or_else(|| {
+                    ApiError::invalid(S, "response_format.json_schema must be an object")
+                })?;
             if !matches!(js.get("strict"), None | Some(Value::Null | Value::Bool(_))) {
                 return Err(ApiError::invalid(
                     "response_format.json_schema.strict",
@@ -406,7 +416,10 @@ fn structured_outputs(v: Value) -> Result<Vec<(Constraint, &'static str)>, ApiEr
     let mut field = |name: &'static str| m.remove(name).filter(|v| !v.is_null());
     let text = |v: Value, param: &'static str| match v {
         Value::String(s) => Ok(s),
-        _ => Err(ApiError::invalid(param, format!("{param} must be a string"))),
+        _ => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a string"),
+        )),
     };
     if let Some(v) = field("json") {
         const P: &str = "structured_outputs.json";
@@ -444,7 +457,10 @@ fn prompts(v: Value) -> Result<Vec<(Prompt, String)>, ApiError> {
             if list.is_empty() || list.len() > MAX_PROMPTS {
                 return Err(ApiError::invalid(
                     "prompt",
-                    format!("prompt must have 1 to {MAX_PROMPTS} entries, got {}", list.len()),
+                    format!(
+                        "prompt must have 1 to {MAX_PROMPTS} entries, got {}",
+                        list.len()
+                    ),
                 ));
             }
             list.into_iter()
@@ -505,10 +521,7 @@ struct WireFunctionCall {
 /// describes them comes first (merged into the client's own system
 /// message when there is one); the returned offset is how many messages
 /// were put in front of the client's.
-fn chat_messages(
-    v: Value,
-    tools: Option<&ToolSet>,
-) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>, usize), ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
@@ -534,7 +547,10 @@ fn chat_messages(
             if !content.is_empty() {
                 content.push('\n');
             }
-            content.push_str(&tools::render_call(&call.function.name, &call.function.arguments));
+            content.push_str(&tools::render_call(
+                &call.function.name,
+                &call.function.arguments,
+            ));
         }
         out.push(ChatMessage::new(role, content));
     }
@@ -642,11 +658,23 @@ mod tests {
             }
             b
         };
-        assert_eq!(param(base(json!({"temperature": "hot"}))).as_deref(), Some("temperature"));
-        assert_eq!(param(base(json!({"max_tokens": -1}))).as_deref(), Some("max_tokens"));
+        assert_eq!(
+            param(base(json!({"temperature": "hot"}))).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            param(base(json!({"max_tokens": -1}))).as_deref(),
+            Some("max_tokens")
+        );
         assert_eq!(param(base(json!({"n": 0}))).as_deref(), Some("n"));
-        assert_eq!(param(base(json!({"frobnicate": 1}))).as_deref(), Some("frobnicate"));
-        assert_eq!(param(base(json!({"logit_bias": {"5": 1}}))).as_deref(), Some("logit_bias"));
+        assert_eq!(
+            param(base(json!({"frobnicate": 1}))).as_deref(),
+            Some("frobnicate")
+        );
+        assert_eq!(
+            param(base(json!({"logit_bias": {"5": 1}}))).as_deref(),
+            Some("logit_bias")
+        );
         assert_eq!(param(base(json!({"stop": 5}))).as_deref(), Some("stop"));
         assert_eq!(
             param(base(json!({"response_format": {"type": "yaml"}}))).as_deref(),
@@ -666,7 +694,10 @@ mod tests {
                 .as_deref(),
             Some("messages[0].content[0].type")
         );
-        assert_eq!(param(json!({"messages": [{"content": "x"}]})).as_deref(), Some("messages[0]"));
+        assert_eq!(
+            param(json!({"messages": [{"content": "x"}]})).as_deref(),
+            Some("messages[0]")
+        );
         let e = chat(json!({"model": "gpt-4", "messages": user()})).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
         for bad in [&b"{"[..], b"[1]", b"", b"{\"temperature\": NaN}"] {
@@ -677,13 +708,22 @@ mod tests {
 
     #[test]
     fn constraints_and_tools() {
-        let p = chat(json!({"messages": user(), "response_format": {"type": "json_schema",
-            "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}))
+        let p = chat(
+            json!({"messages": user(), "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}),
+        )
         .unwrap();
-        assert_eq!(p.prompts[0].constraint, Some(Constraint::JsonSchema(json!({"type": "object"}))));
+        assert_eq!(
+            p.prompts[0].constraint,
+            Some(Constraint::JsonSchema(json!({"type": "object"})))
+        );
         assert_eq!(p.names[0].constraint, "response_format.json_schema.schema");
-        let p = chat(json!({"messages": user(), "structured_outputs": {"choice": ["a", "b"]}})).unwrap();
-        assert_eq!(p.prompts[0].constraint, Some(Constraint::Choice(vec!["a".into(), "b".into()])));
+        let p = chat(json!({"messages": user(), "structured_outputs": {"choice": ["a", "b"]}}))
+            .unwrap();
+        assert_eq!(
+            p.prompts[0].constraint,
+            Some(Constraint::Choice(vec!["a".into(), "b".into()]))
+        );
 
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
         let p = chat(json!({"messages": [
@@ -693,13 +733,21 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "42"}
         ], "tools": tools, "tool_choice": "required"}))
         .unwrap();
-        let Prompt::Chat(m) = &p.prompts[0].input else { panic!() };
+        let Prompt::Chat(m) = &p.prompts[0].input else {
+            panic!()
+        };
         assert_eq!(m.len(), 4);
         assert!(m[0].role == "system" && m[0].content.contains("<tools>"));
-        assert_eq!(m[2].content, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>");
+        assert_eq!(
+            m[2].content,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"
+        );
         assert_eq!(m[3].content, "<tool_response>\n42\n</tool_response>");
         assert_eq!(p.names[0].message_offset, 1);
-        assert!(matches!(p.prompts[0].constraint, Some(Constraint::Grammar(_))));
+        assert!(matches!(
+            p.prompts[0].constraint,
+            Some(Constraint::Grammar(_))
+        ));
         let e = chat(json!({"messages": user(), "tools": tools, "guided_regex": "a"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("guided_regex"));
     }
@@ -708,7 +756,9 @@ mod tests {
     fn completions_prompts() {
         let p = parse(
             Endpoint::Completions,
-            json!({"prompt": ["a", "b"], "logprobs": 2, "n": 2, "seed": 7}).to_string().as_bytes(),
+            json!({"prompt": ["a", "b"], "logprobs": 2, "n": 2, "seed": 7})
+                .to_string()
+                .as_bytes(),
             "m",
         )
         .unwrap();
@@ -719,8 +769,12 @@ mod tests {
         assert_eq!(p.names[1].top_logprobs, "logprobs");
         let e = parse(Endpoint::Completions, br#"{"prompt": [[1, 2]]}"#, "m").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt[0]"));
-        let e = parse(Endpoint::Completions, br#"{"prompt": "a", "max_completion_tokens": 3}"#, "m")
-            .unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "max_completion_tokens": 3}"#,
+            "m",
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
     }
 }

@@ -83,7 +83,9 @@ pub fn parse(
             _ => {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    format!("tool_choice must be none, auto, required or a named function, got {s:?}"),
+                    format!(
+                        "tool_choice must be none, auto, required or a named function, got {s:?}"
+                    ),
                 ))
             }
         },
@@ -393,7 +395,10 @@ mod tests {
     #[test]
     fn choices_parse() {
         assert_eq!(parse(None, None, None).unwrap(), None);
-        assert_eq!(parse(Some(weather()), Some(json!("none")), None).unwrap(), None);
+        assert_eq!(
+            parse(Some(weather()), Some(json!("none")), None).unwrap(),
+            None
+        );
         let t = parse(Some(weather()), None, None).unwrap().unwrap();
         assert_eq!(t.choice, ToolChoice::Auto);
         let t = parse(
@@ -404,11 +409,19 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(t.choice, ToolChoice::Named("get_weather".into()));
-        let e = parse(Some(weather()), Some(json!({"type": "function", "function": {"name": "x"}})), None)
-            .unwrap_err();
+        let e = parse(
+            Some(weather()),
+            Some(json!({"type": "function", "function": {"name": "x"}})),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
-        let e = parse(Some(json!([{"type": "function", "function": {"name": "a b"}}])), None, None)
-            .unwrap_err();
+        let e = parse(
+            Some(json!([{"type": "function", "function": {"name": "a b"}}])),
+            None,
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0].function.name"));
         let e = parse(Some(json!([{"type": "retrieval"}])), None, None).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
@@ -425,7 +438,10 @@ mod tests {
         assert!(g.starts_with("start: calls\ncalls: call\n"), "{g}");
         assert!(g.contains("fn_0: %json {"), "{g}");
         assert!(g.contains(r#""const":"get_weather""#), "{g}");
-        let auto = parse(Some(weather()), None, None).unwrap().unwrap().grammar();
+        let auto = parse(Some(weather()), None, None)
+            .unwrap()
+            .unwrap()
+            .grammar();
         assert!(auto.contains("start: calls | TEXT") && auto.contains("TEXT:"));
     }
 
@@ -449,7 +465,10 @@ mod tests {
         assert_eq!(s.push(" x"), vec![Piece::Text(" x".into())]);
 
         // Auto: two calls arriving in pieces.
-        let two = format!("{call}\n{}", render_call("get_weather", r#"{"city":"Oslo"}"#));
+        let two = format!(
+            "{call}\n{}",
+            render_call("get_weather", r#"{"city":"Oslo"}"#)
+        );
         let mut s = CallSplitter::new(&ToolChoice::Auto);
         let mut got = Vec::new();
         for chunk in two.as_bytes().chunks(7) {
