@@ -69,5 +69,9 @@ fn python_openai_client() {
         return;
     };
     let server = common::shared_server();
-    run_script(&python, "openai_client_test.py", server.http_addr.to_string());
+    run_script(
+        &python,
+        "openai_client_test.py",
+        server.http_addr.to_string(),
+    );
 }
