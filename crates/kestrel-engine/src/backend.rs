@@ -68,8 +68,7 @@ pub(crate) fn start_cuda(
     };
     Engine::spawn(model, loop_config, "cuda".into(), move || {
         let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
-        rt.record_timings(true)
-            .map_err(|e| unavailable("CUDA", e))?;
+        rt.record_timings(true).map_err(|e| unavailable("CUDA", e))?;
         Ok(rt)
     })
 }

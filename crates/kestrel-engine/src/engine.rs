@@ -21,8 +21,8 @@ use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::model::{Health, ModelContext, ModelInfo, Runtime};
 use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
-use crate::skill::{StreamingSkill, StreamingSkillParts};
 use crate::validate::{self, Field, ValidRequest};
+use crate::skill::{StreamingSkill, StreamingSkillParts};
 use crate::worker::{Command, Submission, Worker};
 
 /// State shared by every handle and the engine thread (atomics and
@@ -148,9 +148,11 @@ impl Engine {
             .name("kestrel-engine".into())
             .spawn(move || {
                 let lp = make().and_then(|rt| {
-                    EngineLoop::new(rt, loop_config).map_err(|e| EngineError::BackendUnavailable {
-                        backend: "pipeline",
-                        source: Box::new(e),
+                    EngineLoop::new(rt, loop_config).map_err(|e| {
+                        EngineError::BackendUnavailable {
+                            backend: "pipeline",
+                            source: Box::new(e),
+                        }
                     })
                 });
                 match lp {

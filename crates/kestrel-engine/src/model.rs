@@ -238,9 +238,9 @@ impl ModelContext {
                 let template = self.inner.chat_template.as_ref().ok_or_else(|| {
                     EngineError::invalid(Field::Messages, "this model has no chat template")
                 })?;
-                let rendered = template.render(messages, true).map_err(|e| {
-                    EngineError::invalid(Field::Messages, format!("chat template: {e}"))
-                })?;
+                let rendered = template
+                    .render(messages, true)
+                    .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))?;
                 // The template writes BOS itself when the model wants it.
                 self.tokenize(&rendered, false)
             }

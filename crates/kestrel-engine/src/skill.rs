@@ -200,11 +200,7 @@ impl SequenceSkill for StreamingSkill {
         let _enter = self.span.clone().entered();
         let terminal = match outcome {
             Outcome::Finished(_) if self.inner.constraint_error().is_some() => {
-                let reason = self
-                    .inner
-                    .constraint_error()
-                    .unwrap_or_default()
-                    .to_string();
+                let reason = self.inner.constraint_error().unwrap_or_default().to_string();
                 self.metrics.request_finished(FinishReason::Error);
                 tracing::warn!(%reason, "constrained output failed mid-generation");
                 let partial = Box::new(self.respond(FinishReason::Error, now));

@@ -242,7 +242,9 @@ fn constraint_field(spec: &SkillSpec) -> Field {
 }
 
 fn request_id(id: String) -> Result<String> {
-    if id.is_empty() || id.len() > MAX_REQUEST_ID_BYTES || !id.bytes().all(|b| b.is_ascii_graphic())
+    if id.is_empty()
+        || id.len() > MAX_REQUEST_ID_BYTES
+        || !id.bytes().all(|b| b.is_ascii_graphic())
     {
         return bad(
             Field::RequestId,
@@ -600,10 +602,7 @@ mod tests {
     fn stop_lists_are_bounded() {
         assert_eq!(
             field_of(stop_sequences(vec!["a".into(), String::new()])),
-            (
-                Field::StopEntry(1),
-                "must be 1 to 256 bytes long, got 0".into()
-            )
+            (Field::StopEntry(1), "must be 1 to 256 bytes long, got 0".into())
         );
         assert_eq!(
             field_of(stop_sequences(vec!["x".repeat(257)])).0,
@@ -649,10 +648,7 @@ mod tests {
         let many = vec![ChatMessage::user("x"); MAX_CHAT_MESSAGES + 1];
         assert_eq!(
             field_of(check_prompt_shape(&Prompt::Chat(many))),
-            (
-                Field::Messages,
-                "must have at most 1024 entries, got 1025".into()
-            )
+            (Field::Messages, "must have at most 1024 entries, got 1025".into())
         );
     }
 
@@ -660,10 +656,7 @@ mod tests {
     fn constraint_shapes() {
         assert!(check_constraint(Constraint::JsonSchema(serde_json::json!(true))).is_ok());
         assert_eq!(
-            field_of(check_constraint(Constraint::JsonSchema(serde_json::json!(
-                [1]
-            ))))
-            .0,
+            field_of(check_constraint(Constraint::JsonSchema(serde_json::json!([1])))).0,
             Field::JsonSchema
         );
         assert_eq!(
@@ -679,11 +672,7 @@ mod tests {
             Field::Choices
         );
         assert_eq!(
-            field_of(check_constraint(Constraint::Choice(vec![
-                "a".into(),
-                String::new()
-            ])))
-            .0,
+            field_of(check_constraint(Constraint::Choice(vec!["a".into(), String::new()]))).0,
             Field::Choice(1)
         );
     }

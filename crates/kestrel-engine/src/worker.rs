@@ -17,9 +17,9 @@ use kestrel_pipeline::{EngineLoop, Request, SamplingParams, StepTiming, SubmitEr
 
 use crate::engine::Shared;
 use crate::error::EngineError;
+use crate::validate::Field;
 use crate::model::Runtime;
 use crate::skill::EventSender;
-use crate::validate::Field;
 
 /// A request validated on the caller's thread, ready for `EngineLoop::submit`.
 pub(crate) struct Submission {
@@ -69,9 +69,10 @@ struct ExitGuard(Arc<Shared>);
 impl Drop for ExitGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = self.0.fatal.set(kestrel_pipeline::Cause::message(
-                "the engine thread panicked",
-            ));
+            let _ = self
+                .0
+                .fatal
+                .set(kestrel_pipeline::Cause::message("the engine thread panicked"));
             self.0.metrics.healthy.set(0);
         }
         self.0.exited.store(true, SeqCst);

@@ -22,16 +22,9 @@ fn cuda_backend_without_a_driver_is_backend_unavailable() {
         ..EngineConfig::default()
     };
     match Engine::start(config, |_| {}) {
-        Err(
-            e @ EngineError::BackendUnavailable {
-                backend: "CUDA", ..
-            },
-        ) => {
+        Err(e @ EngineError::BackendUnavailable { backend: "CUDA", .. }) => {
             let chain = kestrel_engine::error_chain(&e);
-            assert!(
-                chain.starts_with("the CUDA backend is unavailable: "),
-                "{chain}"
-            );
+            assert!(chain.starts_with("the CUDA backend is unavailable: "), "{chain}");
             assert!(chain.contains("driver"), "{chain}");
         }
         Err(e) => panic!("expected BackendUnavailable, got {e:?}"),

@@ -80,10 +80,7 @@ mod tests {
     fn a_cause_keeps_the_chain_of_the_error_it_holds() {
         let c = Cause::new(Outer(std::io::Error::other("inner")));
         assert_eq!(c.to_string(), "outer");
-        assert_eq!(
-            c.source().map(ToString::to_string).as_deref(),
-            Some("inner")
-        );
+        assert_eq!(c.source().map(ToString::to_string).as_deref(), Some("inner"));
         assert!(c.get().downcast_ref::<Outer>().is_some());
         assert_eq!(c.clone(), c);
         assert_eq!(Cause::message("x"), Cause::message("x"));
