@@ -1,10 +1,12 @@
 //! kestrel-server: the `kestrel.v1.Kestrel` gRPC service (tonic), with the
-//! standard health and reflection services, a Prometheus `/metrics`
-//! responder, and the library half of the `kestrel` CLI.
+//! standard health and reflection services, the OpenAI-compatible HTTP API
+//! ([`openai`], axum), a Prometheus `/metrics` responder, and the library
+//! half of the `kestrel` CLI.
 //!
-//! **Architecture invariant:** this is the only crate that knows protobuf.
-//! Generated types live in [`pb`]; [`convert`] turns them into validated
-//! `kestrel-engine` types by hand, and the engine never sees a proto type.
+//! **Architecture invariant:** this is the only crate that knows protobuf
+//! or OpenAI JSON. Generated types live in [`pb`]; [`convert`] turns them
+//! into `kestrel-engine` requests by hand, [`openai`] does the same for
+//! JSON, and the engine never sees either wire format.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,6 +22,7 @@
 
 pub mod convert;
 pub mod metrics_http;
+pub mod openai;
 pub mod service;
 
 use std::future::Future;
@@ -30,6 +33,7 @@ use kestrel_engine::{Engine, Health};
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
+pub use openai::{serve_http, HttpOptions};
 pub use service::KestrelService;
 
 /// Code generated from `proto/kestrel/v1/kestrel.proto`.
@@ -84,8 +88,11 @@ pub enum ServeError {
     /// The HTTP/2 server failed.
     #[error("the gRPC server failed")]
     Transport(#[source] std::io::Error),
+    /// The HTTP (OpenAI API) server failed.
+    #[error("the HTTP server failed")]
+    Http(#[source] std::io::Error),
     /// The server task panicked or was cancelled.
-    #[error("the gRPC server task ended abnormally")]
+    #[error("the server task ended abnormally")]
     Join(#[source] tokio::task::JoinError),
 }
 

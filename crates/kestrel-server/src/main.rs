@@ -1,4 +1,5 @@
-//! The `kestrel` command-line tool: `serve` (gRPC + `/metrics`), `generate`
+//! The `kestrel` command-line tool: `serve` (gRPC, the OpenAI-compatible
+//! HTTP API and `/metrics`), `generate`
 //! (one-shot, streamed to the terminal) and `chat` (an interactive REPL that
 //! keeps the conversation). `generate` and `chat` run the engine in-process,
 //! or talk to a server with `--server URL`; both paths build the same proto
@@ -35,7 +36,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the gRPC API (kestrel.v1.Kestrel, health, reflection) and /metrics.
+    /// Serve the gRPC API (kestrel.v1.Kestrel, health, reflection), the
+    /// OpenAI-compatible HTTP API and /metrics.
     Serve(ServeArgs),
     /// Generate one completion and stream it to the terminal.
     Generate(GenerateArgs),
@@ -54,6 +56,16 @@ struct ServeArgs {
     /// Do not serve /metrics.
     #[arg(long)]
     no_metrics: bool,
+    /// OpenAI-compatible HTTP API listen address (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /version, /metrics).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    http_addr: SocketAddr,
+    /// Do not serve the HTTP API.
+    #[arg(long)]
+    no_http: bool,
+    /// The model id HTTP clients send and /v1/models lists [default: the model's name].
+    #[arg(long)]
+    served_model_name: Option<String>,
     /// On Ctrl-C, let in-flight requests finish for this many seconds, then abort them.
     #[arg(long, default_value_t = 10)]
     shutdown_grace_secs: u64,
@@ -368,9 +380,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             stopped(stop_rx.clone()),
         )))
     };
+    let http = if args.no_http {
+        None
+    } else {
+        let options = kestrel_server::HttpOptions {
+            served_model_name: args.served_model_name.clone(),
+            ..Default::default()
+        };
+        let http = kestrel_server::serve_http(
+            engine.clone(),
+            args.http_addr,
+            options,
+            stopped(stop_rx.clone()),
+        )
+        .await?;
+        eprintln!(
+            "serving the OpenAI-compatible API on http://{}/v1",
+            http.local_addr()
+        );
+        Some(http)
+    };
     let server = kestrel_server::serve(engine.clone(), args.addr, stopped(stop_rx)).await?;
     eprintln!(
-        "serving kestrel.v1.Kestrel on {} (Ctrl-C to stop)",
+        "serving kestrel.v1.Kestrel (gRPC) on {} (Ctrl-C to stop)",
         server.local_addr()
     );
     if let Some(prompt) = &args.first_request {
@@ -393,13 +425,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     // The engine finishes or aborts in-flight requests by the deadline; the
     // server's graceful shutdown then sees every RPC end.
-    let (_, served) = tokio::join!(
+    let http_wait = async {
+        match http {
+            Some(h) => tokio::time::timeout(grace + Duration::from_secs(5), h.wait())
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!("the HTTP server did not stop within the grace period")
+                })?
+                .context("the HTTP server failed"),
+            None => Ok(()),
+        }
+    };
+    let (_, served, http_served) = tokio::join!(
         engine.shutdown(grace),
-        tokio::time::timeout(grace + Duration::from_secs(5), server.wait())
+        tokio::time::timeout(grace + Duration::from_secs(5), server.wait()),
+        http_wait
     );
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
+    http_served?;
     match served {
         Ok(result) => result.context("the gRPC server failed"),
         Err(_) => bail!("the gRPC server did not stop within the grace period"),

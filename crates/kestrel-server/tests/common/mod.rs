@@ -1,11 +1,14 @@
-//! Shared fixtures for the gRPC integration tests: a real engine with the
-//! real default model served on `127.0.0.1:0` from a dedicated thread (so it
-//! outlives each test's own runtime), and small request builders.
+//! Shared fixtures for the integration tests: a real engine with the real
+//! default model served (gRPC and the OpenAI HTTP API) on `127.0.0.1:0`
+//! from a dedicated thread (so it outlives each test's own runtime), small
+//! request builders, and a plain HTTP/1.1 client ([`http`]).
 //!
 //! Starting an engine loads the model (a few seconds); tests in one binary
 //! share [`shared_server`], and only tests that need a special engine
 //! configuration start their own.
 #![allow(dead_code)]
+
+pub mod http;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -18,7 +21,10 @@ use tonic::transport::Channel;
 /// A server running on its own thread and runtime for the whole test binary.
 #[derive(Debug, Clone)]
 pub struct TestServer {
+    /// gRPC.
     pub addr: SocketAddr,
+    /// The OpenAI-compatible HTTP API.
+    pub http_addr: SocketAddr,
     pub engine: Engine,
 }
 
@@ -52,8 +58,23 @@ pub fn start_server(config: EngineConfig) -> TestServer {
                             return;
                         }
                     };
+                let http = match kestrel_server::serve_http(
+                    engine.clone(),
+                    addr,
+                    kestrel_server::HttpOptions::default(),
+                    std::future::pending(),
+                )
+                .await
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(error_chain(&e)));
+                        return;
+                    }
+                };
                 let _ = tx.send(Ok(TestServer {
                     addr: server.local_addr(),
+                    http_addr: http.local_addr(),
                     engine,
                 }));
                 let _ = server.wait().await;

@@ -1,0 +1,780 @@
+//! OpenAI request JSON -> [`Plan`]: the engine requests to submit and how
+//! to shape their answers.
+//!
+//! Shapes only: every range rule lives in `kestrel_engine::validate`, which
+//! names a `Field` that [`ParamNames`] spells back the OpenAI way. The
+//! rules here are the ones no engine type can express: JSON types, unknown
+//! parameters (400 naming them), `n` (an HTTP-edge concept, [`MAX_N`]),
+//! which constraint sources may combine, and the tool format. Pure, no I/O.
+
+use kestrel_engine::{ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::{ApiError, ParamNames};
+use super::tools::{self, ToolSet};
+
+/// Most choices per prompt (`n`).
+pub const MAX_N: u32 = 16;
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 64;
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// A parsed request: what to submit and how to answer.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub endpoint: Endpoint,
+    /// One engine request per prompt, each submitted [`Plan::n`] times
+    /// (choice `p * n + i`; sample `i` uses `seed + i` when a seed is set).
+    pub prompts: Vec<GenerateRequest>,
+    /// How each prompt's parameters are spelled, for engine errors.
+    pub names: Vec<ParamNames>,
+    pub n: u32,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Report logprobs in the answer.
+    pub logprobs: bool,
+    /// Tools the model may call (chat only).
+    pub tools: Option<ToolSet>,
+}
+
+impl Plan {
+    /// The engine request for choice `index`.
+    pub fn request(&self, index: usize) -> GenerateRequest {
+        let n = self.n as usize;
+        let mut req = self.prompts[index / n].clone();
+        if let Some(seed) = req.sampling.seed {
+            req.sampling.seed = Some(seed.wrapping_add((index % n) as u64));
+        }
+        req
+    }
+
+    /// Choices in the answer.
+    pub fn choices(&self) -> usize {
+        self.prompts.len() * self.n as usize
+    }
+}
+
+/// Parameters accepted and ignored (documented as such).
+const IGNORED: [&str; 2] = ["user", "store"];
+
+/// A request object whose fields are taken one by one, each type error
+/// naming its field; what is left at the end is an unknown parameter.
+struct Fields(Map<String, Value>);
+
+impl Fields {
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(map)) => Ok(Self(map)),
+            Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
+            Err(e) => Err(ApiError::bad_body(format!(
+                "the request body is not valid JSON: {e}"
+            ))),
+        }
+    }
+
+    /// The field's value; JSON `null` is "not given".
+    fn take<T: DeserializeOwned>(&mut self, name: &str) -> Result<Option<T>, ApiError> {
+        match self.0.remove(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| ApiError::invalid(name, format!("{name}: {e}"))),
+        }
+    }
+
+    fn raw(&mut self, name: &str) -> Option<Value> {
+        self.0.remove(name).filter(|v| !v.is_null())
+    }
+
+    fn finish(mut self) -> Result<(), ApiError> {
+        for k in IGNORED {
+            self.0.remove(k);
+        }
+        match self.0.keys().next() {
+            None => Ok(()),
+            Some(k) => Err(ApiError::invalid(
+                k.clone(),
+                format!("unrecognized request argument supplied: {k}"),
+            )),
+        }
+    }
+}
+
+/// Parses a request body for `endpoint`; `served` is the model id served.
+pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiError> {
+    let mut f = Fields::parse(body)?;
+    if let Some(model) = f.take::<String>("model")? {
+        if model != served {
+            return Err(ApiError::model_not_found(&model, served));
+        }
+    }
+    let mut names = ParamNames {
+        max_tokens: None,
+        top_logprobs: match endpoint {
+            Endpoint::Chat => "top_logprobs",
+            Endpoint::Completions => "logprobs",
+        },
+        stop_is_string: false,
+        constraint: "response_format",
+        prompt: String::new(),
+        message_offset: 0,
+    };
+
+    // Output budget: OpenAI's two spellings.
+    let max_completion = match endpoint {
+        Endpoint::Chat => f.take::<u32>("max_completion_tokens")?,
+        Endpoint::Completions => None,
+    };
+    let max_tokens = f.take::<u32>("max_tokens")?;
+    let max_new_tokens = match (max_completion, max_tokens) {
+        (Some(m), _) => {
+            names.max_tokens = Some("max_completion_tokens");
+            Some(m)
+        }
+        (None, Some(m)) => {
+            names.max_tokens = Some("max_tokens");
+            Some(m)
+        }
+        (None, None) => None,
+    };
+
+    let n = f.take::<u32>("n")?.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be in [1, {MAX_N}], got {n}"),
+        ));
+    }
+    let stream = f.take::<bool>("stream")?.unwrap_or(false);
+    let include_usage = match f.raw("stream_options") {
+        None => false,
+        Some(v) => {
+            let o: StreamOptions = serde_json::from_value(v)
+                .map_err(|e| ApiError::invalid("stream_options", format!("stream_options: {e}")))?;
+            o.include_usage.unwrap_or(false)
+        }
+    };
+
+    let (logprobs, top_logprobs) = match endpoint {
+        Endpoint::Chat => {
+            let want = f.take::<bool>("logprobs")?.unwrap_or(false);
+            let top = f.take::<u32>("top_logprobs")?.unwrap_or(0);
+            (want || top > 0, top)
+        }
+        // The completions form: an integer count of alternatives.
+        Endpoint::Completions => match f.take::<u32>("logprobs")? {
+            None => (false, 0),
+            Some(k) => (true, k),
+        },
+    };
+
+    if let Some(bias) = f.take::<Map<String, Value>>("logit_bias")? {
+        if !bias.is_empty() {
+            return Err(ApiError::unsupported(
+                "logit_bias",
+                "a non-empty logit_bias",
+            ));
+        }
+    }
+
+    let (stop, stop_is_string) = match f.raw("stop") {
+        None => (Vec::new(), false),
+        Some(Value::String(s)) => (vec![s], true),
+        Some(v) => (
+            serde_json::from_value::<Vec<String>>(v).map_err(|_| {
+                ApiError::invalid("stop", "stop must be a string or a list of strings")
+            })?,
+            false,
+        ),
+    };
+    names.stop_is_string = stop_is_string;
+
+    let top_k = match f.take::<i64>("top_k")? {
+        None => None,
+        // vLLM's spelling of "disabled".
+        Some(-1) => Some(0),
+        Some(k) => Some(u32::try_from(k).map_err(|_| {
+            ApiError::invalid(
+                "top_k",
+                format!("top_k must be -1 or in [0, {}], got {k}", u32::MAX),
+            )
+        })?),
+    };
+    let seed = match f.raw("seed") {
+        None => None,
+        // OpenAI's seed is any integer; a negative one is taken by its
+        // two's-complement bits (still one fixed seed).
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_i64().map(|s| s as u64))
+                .ok_or_else(|| ApiError::invalid("seed", "seed must be an integer"))?,
+        ),
+    };
+    let sampling = SamplingOptions {
+        temperature: f.take("temperature")?,
+        top_k,
+        top_p: f.take("top_p")?,
+        min_p: f.take("min_p")?,
+        repetition_penalty: f.take("repetition_penalty")?,
+        frequency_penalty: f.take("frequency_penalty")?,
+        presence_penalty: f.take("presence_penalty")?,
+        seed,
+        logprobs,
+        top_logprobs,
+    };
+    let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
+    let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
+
+    let constraint = constraint(&mut f)?;
+    let tools = match endpoint {
+        Endpoint::Chat => tools::parse(
+            f.raw("tools"),
+            f.raw("tool_choice"),
+            f.take("parallel_tool_calls")?,
+        )?,
+        Endpoint::Completions => None,
+    };
+    let constraint = match (&tools, constraint) {
+        (Some(_), Some((_, param))) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} cannot be combined with tools (unless tool_choice is \"none\")"),
+            ))
+        }
+        (Some(t), None) => {
+            names.constraint = "tools";
+            Some(Constraint::Grammar(t.grammar()))
+        }
+        (None, Some((c, param))) => {
+            names.constraint = param;
+            Some(c)
+        }
+        (None, None) => None,
+    };
+
+    let inputs: Vec<(Prompt, String)> = match endpoint {
+        Endpoint::Chat => {
+            let messages = f
+                .raw("messages")
+                .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+            let (messages, offset) = chat_messages(messages, tools.as_ref())?;
+            names.message_offset = offset;
+            vec![(Prompt::Chat(messages), "messages".into())]
+        }
+        Endpoint::Completions => prompts(
+            f.raw("prompt")
+                .ok_or_else(|| ApiError::invalid("prompt", "prompt is required"))?,
+        )?,
+    };
+    f.finish()?;
+
+    let mut requests = Vec::with_capacity(inputs.len());
+    let mut all_names = Vec::with_capacity(inputs.len());
+    for (input, prompt_param) in inputs {
+        requests.push(GenerateRequest {
+            request_id: None,
+            input,
+            max_new_tokens,
+            sampling,
+            stop: stop.clone(),
+            stop_token_ids: stop_token_ids.clone(),
+            ignore_eos,
+            constraint: constraint.clone(),
+        });
+        all_names.push(ParamNames {
+            prompt: prompt_param,
+            ..names.clone()
+        });
+    }
+    Ok(Plan {
+        endpoint,
+        prompts: requests,
+        names: all_names,
+        n,
+        stream,
+        include_usage,
+        logprobs,
+        tools,
+    })
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+    #[allow(dead_code)]
+    continuous_usage_stats: Option<bool>,
+}
+
+/// The structured-output constraint and the parameter it came from: at
+/// most one of `response_format` (json), `guided_*` and
+/// `structured_outputs`.
+fn constraint(f: &mut Fields) -> Result<Option<(Constraint, &'static str)>, ApiError> {
+    let mut found: Vec<(Constraint, &'static str)> = Vec::new();
+    if let Some(rf) = f.raw("response_format") {
+        if let Some(c) = response_format(rf)? {
+            found.push(c);
+        }
+    }
+    if let Some(v) = f.raw("guided_json") {
+        found.push((
+            Constraint::JsonSchema(schema_value(v, "guided_json")?),
+            "guided_json",
+        ));
+    }
+    if let Some(r) = f.take::<String>("guided_regex")? {
+        found.push((Constraint::Regex(r), "guided_regex"));
+    }
+    if let Some(c) = f.take::<Vec<String>>("guided_choice")? {
+        found.push((Constraint::Choice(c), "guided_choice"));
+    }
+    if let Some(g) = f.take::<String>("guided_grammar")? {
+        found.push((Constraint::Grammar(g), "guided_grammar"));
+    }
+    if let Some(v) = f.raw("structured_outputs") {
+        found.extend(structured_outputs(v)?);
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            found[1].1,
+            format!(
+                "only one structured-output constraint per request: {} and {} were both given",
+                found[0].1, found[1].1
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
+/// A JSON Schema given as a JSON value or as JSON text.
+fn schema_value(v: Value, param: &str) -> Result<Value, ApiError> {
+    match v {
+        Value::String(text) => serde_json::from_str(&text)
+            .map_err(|e| ApiError::invalid(param, format!("{param} is not valid JSON text: {e}"))),
+        v => Ok(v),
+    }
+}
+
+fn response_format(v: Value) -> Result<Option<(Constraint, &'static str)>, ApiError> {
+    const P: &str = "response_format";
+    let kind = v.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(P, "response_format must be an object with a string `type`")
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some((
+            Constraint::JsonSchema(serde_json::json!({"type": "object"})),
+            P,
+        ))),
+        "json_schema" => {
+            const S: &str = "response_format.json_schema";
+            let js = v
+                .get("json_schema")
+                .filter(|j| j.is_object())
+                .ok_or_else(|| {
+                    ApiError::invalid(S, "response_format.json_schema must be an object")
+                })?;
+            if !matches!(js.get("strict"), None | Some(Value::Null | Value::Bool(_))) {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema.strict",
+                    "strict must be a boolean",
+                ));
+            }
+            // Output is always held to the schema exactly (strict or not).
+            let schema = match js.get("schema") {
+                None | Some(Value::Null) => serde_json::json!({"type": "object"}),
+                Some(s) => schema_value(s.clone(), "response_format.json_schema.schema")?,
+            };
+            Ok(Some((
+                Constraint::JsonSchema(schema),
+                "response_format.json_schema.schema",
+            )))
+        }
+        other => Err(ApiError::invalid(
+            "response_format.type",
+            format!("response_format.type must be text, json_object or json_schema, got {other:?}"),
+        )),
+    }
+}
+
+/// vLLM's `structured_outputs` object: one of json, regex, choice, grammar.
+fn structured_outputs(v: Value) -> Result<Vec<(Constraint, &'static str)>, ApiError> {
+    let Value::Object(mut m) = v else {
+        return Err(ApiError::invalid(
+            "structured_outputs",
+            "structured_outputs must be an object",
+        ));
+    };
+    let mut out = Vec::new();
+    let mut field = |name: &'static str| m.remove(name).filter(|v| !v.is_null());
+    let text = |v: Value, param: &'static str| match v {
+        Value::String(s) => Ok(s),
+        _ => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a string"),
+        )),
+    };
+    if let Some(v) = field("json") {
+        const P: &str = "structured_outputs.json";
+        out.push((Constraint::JsonSchema(schema_value(v, P)?), P));
+    }
+    if let Some(v) = field("regex") {
+        const P: &str = "structured_outputs.regex";
+        out.push((Constraint::Regex(text(v, P)?), P));
+    }
+    if let Some(v) = field("choice") {
+        const P: &str = "structured_outputs.choice";
+        let c = serde_json::from_value(v)
+            .map_err(|_| ApiError::invalid(P, format!("{P} must be a list of strings")))?;
+        out.push((Constraint::Choice(c), P));
+    }
+    if let Some(v) = field("grammar") {
+        const P: &str = "structured_outputs.grammar";
+        out.push((Constraint::Grammar(text(v, P)?), P));
+    }
+    if let Some(k) = m.keys().next() {
+        return Err(ApiError::invalid(
+            format!("structured_outputs.{k}"),
+            format!("structured_outputs.{k} is not supported (json, regex, choice, grammar are)"),
+        ));
+    }
+    Ok(out)
+}
+
+/// The completions `prompt`: a string or a list of strings, each with the
+/// parameter name engine errors about it should carry.
+fn prompts(v: Value) -> Result<Vec<(Prompt, String)>, ApiError> {
+    match v {
+        Value::String(s) => Ok(vec![(Prompt::Text(s), "prompt".into())]),
+        Value::Array(list) => {
+            if list.is_empty() || list.len() > MAX_PROMPTS {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "prompt must have 1 to {MAX_PROMPTS} entries, got {}",
+                        list.len()
+                    ),
+                ));
+            }
+            list.into_iter()
+                .enumerate()
+                .map(|(i, p)| match p {
+                    Value::String(s) => Ok((Prompt::Text(s), format!("prompt[{i}]"))),
+                    _ => Err(ApiError::unsupported(
+                        &format!("prompt[{i}]"),
+                        "a prompt that is not a string (token ids)",
+                    )),
+                })
+                .collect()
+        }
+        _ => Err(ApiError::invalid(
+            "prompt",
+            "prompt must be a string or a list of strings",
+        )),
+    }
+}
+
+/// A chat message as sent. Fields a client may echo back from a response
+/// (`refusal`, `annotations`, `audio`, `function_call`) are accepted and
+/// ignored.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+    #[serde(default, rename = "name")]
+    _name: Option<String>,
+    #[serde(default, rename = "tool_call_id")]
+    _tool_call_id: Option<String>,
+    #[serde(default, rename = "refusal")]
+    _refusal: Option<Value>,
+    #[serde(default, rename = "annotations")]
+    _annotations: Option<Value>,
+    #[serde(default, rename = "audio")]
+    _audio: Option<Value>,
+    #[serde(default, rename = "function_call")]
+    _function_call: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireToolCall {
+    function: WireFunctionCall,
+}
+
+#[derive(serde::Deserialize)]
+struct WireFunctionCall {
+    name: String,
+    arguments: String,
+}
+
+/// Maps `messages` onto chat messages. With tools, a system prompt that
+/// describes them comes first (merged into the client's own system
+/// message when there is one); the returned offset is how many messages
+/// were put in front of the client's.
+fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+    let Value::Array(list) = v else {
+        return Err(ApiError::invalid("messages", "messages must be an array"));
+    };
+    let mut out = Vec::with_capacity(list.len() + 1);
+    for (i, m) in list.into_iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let m: WireMessage = serde_json::from_value(m)
+            .map_err(|e| ApiError::invalid(param.clone(), format!("{param}: {e}")))?;
+        let mut content = match m.content {
+            None => String::new(),
+            Some(c) => content_text(c, &param)?,
+        };
+        // OpenAI's newer name for the system role.
+        let role = if m.role == "developer" {
+            "system".to_string()
+        } else {
+            m.role
+        };
+        if role == "tool" {
+            content = tools::render_result(&content);
+        }
+        for call in m.tool_calls.unwrap_or_default() {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&tools::render_call(
+                &call.function.name,
+                &call.function.arguments,
+            ));
+        }
+        out.push(ChatMessage::new(role, content));
+    }
+    let Some(tools) = tools else {
+        return Ok((out, 0));
+    };
+    let prompt = tools.system_prompt();
+    match out.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content = format!("{}\n\n{prompt}", first.content);
+            Ok((out, 0))
+        }
+        _ => {
+            out.insert(0, ChatMessage::system(prompt));
+            Ok((out, 1))
+        }
+    }
+}
+
+/// Message content: a string, or text content parts joined.
+fn content_text(c: Value, param: &str) -> Result<String, ApiError> {
+    match c {
+        Value::String(s) => Ok(s),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let p = format!("{param}.content[{j}]");
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => match part.get("text") {
+                        Some(Value::String(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                format!("{p}.text"),
+                                "a text part needs a string `text`",
+                            ))
+                        }
+                    },
+                    Some(other) => {
+                        return Err(ApiError::unsupported(
+                            &format!("{p}.type"),
+                            &format!("content of type {other:?}"),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            format!("{p}.type"),
+                            "a content part needs a string `type`",
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            format!("{param}.content"),
+            "content must be a string or a list of content parts",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(body: Value) -> Result<Plan, ApiError> {
+        parse(Endpoint::Chat, body.to_string().as_bytes(), "m")
+    }
+
+    fn user() -> Value {
+        json!([{"role": "user", "content": "hi"}])
+    }
+
+    #[test]
+    fn maps_every_sampling_field() {
+        let p = chat(json!({
+            "model": "m", "messages": user(), "max_completion_tokens": 9,
+            "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
+            "repetition_penalty": 1.1, "frequency_penalty": -0.5, "presence_penalty": 0.5,
+            "seed": -1, "logprobs": true, "top_logprobs": 2, "stop": "\n", "n": 3,
+            "user": "ignored", "logit_bias": {}, "stream": true,
+            "stream_options": {"include_usage": true}
+        }))
+        .unwrap();
+        let r = p.request(2);
+        assert_eq!(r.max_new_tokens, Some(9));
+        assert_eq!(r.sampling.top_k, Some(0));
+        assert_eq!(r.sampling.seed, Some(1)); // u64::MAX + 2, wrapped
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert!(r.sampling.logprobs && r.sampling.top_logprobs == 2);
+        assert_eq!(r.input, Prompt::Chat(vec![ChatMessage::user("hi")]));
+        assert!(p.stream && p.include_usage && p.logprobs);
+        assert_eq!(p.choices(), 3);
+        assert_eq!(p.names[0].max_tokens, Some("max_completion_tokens"));
+        assert!(p.names[0].stop_is_string);
+    }
+
+    #[test]
+    fn shape_errors_name_the_parameter() {
+        let param = |body: Value| chat(body).unwrap_err().param;
+        let base = |extra: Value| {
+            let mut b = json!({"messages": user()});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            b
+        };
+        assert_eq!(
+            param(base(json!({"temperature": "hot"}))).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            param(base(json!({"max_tokens": -1}))).as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(param(base(json!({"n": 0}))).as_deref(), Some("n"));
+        assert_eq!(
+            param(base(json!({"frobnicate": 1}))).as_deref(),
+            Some("frobnicate")
+        );
+        assert_eq!(
+            param(base(json!({"logit_bias": {"5": 1}}))).as_deref(),
+            Some("logit_bias")
+        );
+        assert_eq!(param(base(json!({"stop": 5}))).as_deref(), Some("stop"));
+        assert_eq!(
+            param(base(json!({"response_format": {"type": "yaml"}}))).as_deref(),
+            Some("response_format.type")
+        );
+        assert_eq!(
+            param(base(json!({"guided_regex": "a", "guided_choice": ["a"]}))).as_deref(),
+            Some("guided_choice")
+        );
+        assert_eq!(param(json!({"model": "m"})).as_deref(), Some("messages"));
+        assert_eq!(
+            param(json!({"messages": [{"role": "user", "content": 5}]})).as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
+                .as_deref(),
+            Some("messages[0].content[0].type")
+        );
+        assert_eq!(
+            param(json!({"messages": [{"content": "x"}]})).as_deref(),
+            Some("messages[0]")
+        );
+        let e = chat(json!({"model": "gpt-4", "messages": user()})).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
+        for bad in [&b"{"[..], b"[1]", b"", b"{\"temperature\": NaN}"] {
+            let e = parse(Endpoint::Chat, bad, "m").unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param), (400, None));
+        }
+    }
+
+    #[test]
+    fn constraints_and_tools() {
+        let p = chat(
+            json!({"messages": user(), "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            p.prompts[0].constraint,
+            Some(Constraint::JsonSchema(json!({"type": "object"})))
+        );
+        assert_eq!(p.names[0].constraint, "response_format.json_schema.schema");
+        let p = chat(json!({"messages": user(), "structured_outputs": {"choice": ["a", "b"]}}))
+            .unwrap();
+        assert_eq!(
+            p.prompts[0].constraint,
+            Some(Constraint::Choice(vec!["a".into(), "b".into()]))
+        );
+
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        let p = chat(json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}
+        ], "tools": tools, "tool_choice": "required"}))
+        .unwrap();
+        let Prompt::Chat(m) = &p.prompts[0].input else {
+            panic!()
+        };
+        assert_eq!(m.len(), 4);
+        assert!(m[0].role == "system" && m[0].content.contains("<tools>"));
+        assert_eq!(
+            m[2].content,
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\":1}}\n</tool_call>"
+        );
+        assert_eq!(m[3].content, "<tool_response>\n42\n</tool_response>");
+        assert_eq!(p.names[0].message_offset, 1);
+        assert!(matches!(
+            p.prompts[0].constraint,
+            Some(Constraint::Grammar(_))
+        ));
+        let e = chat(json!({"messages": user(), "tools": tools, "guided_regex": "a"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("guided_regex"));
+    }
+
+    #[test]
+    fn completions_prompts() {
+        let p = parse(
+            Endpoint::Completions,
+            json!({"prompt": ["a", "b"], "logprobs": 2, "n": 2, "seed": 7})
+                .to_string()
+                .as_bytes(),
+            "m",
+        )
+        .unwrap();
+        assert_eq!(p.choices(), 4);
+        assert_eq!(p.request(3).input, Prompt::Text("b".into()));
+        assert_eq!(p.request(3).sampling.seed, Some(8));
+        assert_eq!(p.names[1].prompt, "prompt[1]");
+        assert_eq!(p.names[1].top_logprobs, "logprobs");
+        let e = parse(Endpoint::Completions, br#"{"prompt": [[1, 2]]}"#, "m").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt[0]"));
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "max_completion_tokens": 3}"#,
+            "m",
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+    }
+}

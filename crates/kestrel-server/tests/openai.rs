@@ -1,0 +1,631 @@
+//! End-to-end tests of the OpenAI-compatible HTTP API: the real engine and
+//! default model served on `127.0.0.1:0`, called over HTTP/1.1 (hyper).
+//! Greedy decoding and a few tokens per request keep the suite quick; one
+//! server serves the whole binary.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http::{get, post, SseStream};
+use common::shared_server;
+use serde_json::{json, Value};
+
+fn model_id() -> String {
+    shared_server().engine.model_info().name
+}
+
+/// A greedy chat request (no `model`: the served one is the default).
+fn chat_body(user: &str, max_tokens: u32) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+/// The text a chat stream's chunks concatenate to, its finish reasons by
+/// choice, and the usage chunk if one came.
+fn stream_content(chunks: &[Value]) -> (Vec<String>, Vec<Option<String>>, Option<Value>) {
+    let mut text = Vec::new();
+    let mut finish = Vec::new();
+    let mut usage = None;
+    for c in chunks {
+        assert!(c.get("error").is_none(), "error chunk: {c}");
+        if let Some(u) = c.get("usage").filter(|u| !u.is_null()) {
+            assert_eq!(c["choices"], json!([]), "the usage chunk has no choices");
+            usage = Some(u.clone());
+        }
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            if text.len() <= i {
+                text.resize(i + 1, String::new());
+                finish.resize(i + 1, None);
+            }
+            let piece = ch["delta"]["content"]
+                .as_str()
+                .or_else(|| ch["text"].as_str())
+                .unwrap_or_default();
+            text[i].push_str(piece);
+            if let Some(f) = ch["finish_reason"].as_str() {
+                assert!(finish[i].is_none(), "two finish reasons for choice {i}");
+                finish[i] = Some(f.to_string());
+            }
+        }
+    }
+    (text, finish, usage)
+}
+
+#[tokio::test]
+async fn chat_unary_and_streamed_agree() {
+    let addr = shared_server().http_addr;
+    let mut body = chat_body("Name three colours.", 12);
+    body["model"] = json!(model_id());
+    let r = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.content_type.starts_with("application/json"));
+    let v = r.json();
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], model_id());
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    let unary = choice["message"]["content"].as_str().unwrap().to_string();
+    assert!(!unary.is_empty());
+    assert!(matches!(
+        choice["finish_reason"].as_str(),
+        Some("stop" | "length")
+    ));
+    let usage = &v["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0);
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=12).contains(&completion));
+    assert_eq!(
+        usage["total_tokens"],
+        usage["prompt_tokens"].as_u64().unwrap() + completion
+    );
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let s = SseStream::open(addr, "/v1/chat/completions", &sbody).await;
+    assert_eq!(s.status, 200);
+    let chunks = s.collect().await;
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let (text, finish, usage) = stream_content(&chunks);
+    assert_eq!(
+        text,
+        vec![unary],
+        "streamed deltas concatenate to the unary text"
+    );
+    assert_eq!(finish[0].as_deref(), choice["finish_reason"].as_str());
+    let usage = usage.expect("include_usage sends a usage chunk");
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(completion));
+}
+
+#[tokio::test]
+async fn completions_prompt_list_logprobs_and_stream() {
+    let addr = shared_server().http_addr;
+    let body = json!({
+        "model": model_id(),
+        "prompt": ["The capital of France is", "Water boils at"],
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+    });
+    let r = post(addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    let mut texts = Vec::new();
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let lp = &c["logprobs"];
+        let tokens = lp["tokens"].as_array().unwrap();
+        assert!(!tokens.is_empty() && tokens.len() <= 6);
+        assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), tokens.len());
+        assert!(lp["top_logprobs"][0].as_object().unwrap().len() <= 2);
+        assert_eq!(lp["text_offset"][0], 0);
+        texts.push(c["text"].as_str().unwrap().to_string());
+    }
+
+    let mut sbody = body;
+    sbody["stream"] = json!(true);
+    let chunks = SseStream::open(addr, "/v1/completions", &sbody)
+        .await
+        .collect()
+        .await;
+    let (text, finish, usage) = stream_content(&chunks);
+    assert_eq!(text, texts);
+    assert!(finish.iter().all(Option::is_some));
+    assert!(usage.is_none(), "no usage chunk unless asked");
+}
+
+#[tokio::test]
+async fn n_choices_with_a_seed_reproduce() {
+    let addr = shared_server().http_addr;
+    let body = json!({
+        "messages": [{"role": "user", "content": "Tell me a word."}],
+        "max_completion_tokens": 8,
+        "temperature": 1.0,
+        "seed": 42,
+        "n": 3,
+    });
+    let texts = |v: Value| -> Vec<String> {
+        let choices = v["choices"].as_array().unwrap().clone();
+        assert_eq!(choices.len(), 3);
+        choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                assert_eq!(c["index"], i);
+                c["message"]["content"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let a = texts(post(addr, "/v1/chat/completions", &body).await.json());
+    let b = texts(post(addr, "/v1/chat/completions", &body).await.json());
+    assert_eq!(a, b, "a seed reproduces every choice");
+    assert!(
+        a[0] != a[1] || a[1] != a[2],
+        "choices are distinct samples: {a:?}"
+    );
+}
+
+#[tokio::test]
+async fn json_schema_output_validates() {
+    let addr = shared_server().http_addr;
+    let mut body = chat_body("Describe a person as JSON.", 60);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {
+        "name": "person", "strict": true,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120}
+            },
+            "required": ["name", "age"],
+            "additionalProperties": false
+        }
+    }});
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    let content = c["message"]["content"].as_str().unwrap();
+    let parsed: Value = serde_json::from_str(content).expect("the output parses");
+    let obj = parsed.as_object().unwrap();
+    assert_eq!(obj.len(), 2, "{parsed}");
+    assert!(obj["name"].as_str().unwrap().chars().count() <= 12);
+    assert!((0..=120).contains(&obj["age"].as_i64().unwrap()));
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": false
+        }
+    }}])
+}
+
+fn check_weather_args(arguments: &str) {
+    let args: Value = serde_json::from_str(arguments).expect("arguments parse");
+    let obj = args.as_object().unwrap();
+    assert!(obj["city"].as_str().unwrap().chars().count() <= 20);
+    assert!(matches!(
+        obj["unit"].as_str(),
+        Some("celsius" | "fahrenheit")
+    ));
+    assert_eq!(obj.len(), 2);
+}
+
+#[tokio::test]
+async fn required_tool_call_parses_and_validates() {
+    let addr = shared_server().http_addr;
+    let mut body = chat_body("What is the weather in Paris?", 60);
+    body["tools"] = weather_tools();
+    body["tool_choice"] = json!("required");
+    body["parallel_tool_calls"] = json!(false);
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let unary_args = calls[0]["function"]["arguments"].as_str().unwrap();
+    check_weather_args(unary_args);
+
+    // Streamed: the call arrives as a tool_calls delta, same arguments.
+    body["stream"] = json!(true);
+    let chunks = SseStream::open(addr, "/v1/chat/completions", &body)
+        .await
+        .collect()
+        .await;
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .collect();
+    assert_eq!(deltas.len(), 1, "{chunks:?}");
+    assert_eq!(deltas[0][0]["index"], 0);
+    assert_eq!(deltas[0][0]["function"]["arguments"], unary_args);
+    let (_, finish, _) = stream_content(&chunks);
+    assert_eq!(finish[0].as_deref(), Some("tool_calls"));
+
+    // The tool's answer goes back through the template; `auto` may answer
+    // in text or call again, and its grammar compiles.
+    let call = calls[0].clone();
+    let follow = json!({
+        "messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "{\"temp\": 21}"}
+        ],
+        "tools": weather_tools(),
+        "max_tokens": 40,
+        "temperature": 0,
+    });
+    let v = post(addr, "/v1/chat/completions", &follow).await.json();
+    let c = &v["choices"][0];
+    match c["finish_reason"].as_str().unwrap() {
+        "tool_calls" => {
+            for call in c["message"]["tool_calls"].as_array().unwrap() {
+                check_weather_args(call["function"]["arguments"].as_str().unwrap());
+            }
+        }
+        "stop" | "length" => assert!(c["message"]["content"].is_string(), "{v}"),
+        other => panic!("unexpected finish_reason {other}: {v}"),
+    }
+}
+
+#[tokio::test]
+async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
+    let addr = shared_server().http_addr;
+    let chat = |extra: Value| {
+        let mut b = chat_body("hi", 4);
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let cases: Vec<(&str, Value, u16, Option<&str>)> = vec![
+        (
+            "chat/completions",
+            chat(json!({"temperature": 101})),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"temperature": -1})),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"temperature": "hot"})),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"top_p": 0})),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"top_p": 1e40})),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"presence_penalty": 3})),
+            400,
+            Some("presence_penalty"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"frequency_penalty": -2.5})),
+            400,
+            Some("frequency_penalty"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"repetition_penalty": 0})),
+            400,
+            Some("repetition_penalty"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"min_p": 2})),
+            400,
+            Some("min_p"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"top_k": -5})),
+            400,
+            Some("top_k"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"max_tokens": 0})),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"max_tokens": -3})),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"max_completion_tokens": 0})),
+            400,
+            Some("max_completion_tokens"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"max_tokens": 100_000_000})),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"top_logprobs": 21})),
+            400,
+            Some("top_logprobs"),
+        ),
+        ("chat/completions", chat(json!({"n": 0})), 400, Some("n")),
+        ("chat/completions", chat(json!({"n": 17})), 400, Some("n")),
+        (
+            "chat/completions",
+            chat(json!({"seed": "x"})),
+            400,
+            Some("seed"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"stop": [""]})),
+            400,
+            Some("stop[0]"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"stop": vec!["x"; 17]})),
+            400,
+            Some("stop"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"logit_bias": {"42": 5}})),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"best_of": 2})),
+            400,
+            Some("best_of"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": []})),
+            400,
+            Some("messages"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": "hi"})),
+            400,
+            Some("messages"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": [{"role": "wizard", "content": "x"}]})),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            400,
+            Some("messages[0].content[0].type"),
+        ),
+        (
+            "chat/completions",
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}),
+            ),
+            400,
+            Some("response_format.json_schema.schema"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"guided_regex": "("})),
+            400,
+            Some("guided_regex"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"guided_choice": []})),
+            400,
+            Some("guided_choice"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"guided_json": {"type": "object"}, "stop": ["x"]})),
+            400,
+            Some("guided_json"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"tool_choice": "required"})),
+            400,
+            Some("tool_choice"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"tools": [{"type": "function", "function": {"name": "bad name"}}]})),
+            400,
+            Some("tools[0].function.name"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"model": "gpt-4o"})),
+            404,
+            Some("model"),
+        ),
+        ("completions", json!({"prompt": ""}), 400, Some("prompt")),
+        (
+            "completions",
+            json!({"prompt": ["ok", ""]}),
+            400,
+            Some("prompt[1]"),
+        ),
+        (
+            "completions",
+            json!({"prompt": "x", "logprobs": 21}),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            "completions",
+            json!({"prompt": [[1, 2]]}),
+            400,
+            Some("prompt[0]"),
+        ),
+        ("completions", json!({}), 400, Some("prompt")),
+    ];
+    for (endpoint, body, status, param) in cases {
+        let r = post(addr, &format!("/v1/{endpoint}"), &body).await;
+        let v = r.json();
+        assert_eq!(r.status, status, "{body} -> {v}");
+        assert_eq!(v["error"]["param"].as_str(), param, "{body} -> {v}");
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(v["error"]["type"].is_string());
+    }
+
+    let raw = |body: &'static [u8]| {
+        common::http::call(addr, "POST", "/v1/chat/completions", body.to_vec())
+    };
+    for body in [
+        &b"{"[..],
+        b"",
+        b"[1, 2]",
+        b"null",
+        b"{\"messages\": NaN}",
+        b"\xff\xfe",
+    ] {
+        let r = raw(body).await;
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(body));
+        assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    }
+    let huge = vec![b' '; kestrel_server::openai::MAX_BODY_BYTES + 1];
+    let r = common::http::call(addr, "POST", "/v1/chat/completions", huge).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+    let r = get(addr, "/v1/chat/completions").await;
+    assert_eq!(r.status, 405);
+    let r = get(addr, "/v1/nothing").await;
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"].is_object());
+
+    // Still serving.
+    let r = post(addr, "/v1/chat/completions", &chat_body("hi", 2)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test]
+async fn models_health_version_and_metrics() {
+    let addr = shared_server().http_addr;
+    let v = get(addr, "/v1/models").await.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], model_id());
+    assert_eq!(v["data"][0]["object"], "model");
+    // The id may hold characters a path must escape.
+    let escaped: String = model_id()
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let r = get(addr, &format!("/v1/models/{escaped}")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(get(addr, "/v1/models/gpt-4").await.status, 404);
+    let r = get(addr, "/health").await;
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (200, json!("serving"))
+    );
+    assert_eq!(
+        get(addr, "/version").await.json()["version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let r = get(addr, "/metrics").await;
+    assert_eq!(r.status, 200);
+    assert!(r.content_type.starts_with("text/plain"));
+    assert!(r.text().contains("kestrel_"), "{}", r.text());
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_kv() {
+    // Its own engine, so that no other test's requests hold KV.
+    let server = common::start_server(kestrel_engine::EngineConfig::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut body = chat_body("Count to one thousand.", 2000);
+        body["model"] = json!(server.engine.model_info().name);
+        body["ignore_eos"] = json!(true);
+        body["stream"] = json!(true);
+        let mut s = SseStream::open(server.http_addr, "/v1/chat/completions", &body).await;
+        assert_eq!(s.status, 200);
+        // The role chunk, then real output: the request is decoding.
+        for _ in 0..3 {
+            s.next_data().await.expect("a chunk");
+        }
+        let info = server.engine.model_info();
+        assert_eq!(info.num_admitted, 1);
+        assert!(info.kv_pages_used > 0);
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = server.engine.model_info();
+            if info.num_admitted == 0 && info.kv_pages_used == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "KV still held after the client left: {info:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
