@@ -207,6 +207,12 @@ pub fn sample(
     if let Some(m) = mask {
         apply_mask(logits, m);
     }
+    // After the mask: -inf plus a bias stays -inf, so no bias unmasks.
+    for &(t, b) in params.logit_bias.entries() {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l += b;
+        }
+    }
     let (rp, fp, pp) = (
         params.repetition_penalty,
         params.frequency_penalty,

@@ -85,7 +85,7 @@ fn run(
                     id: i as u64,
                     prompt: j.prompt.clone(),
                     max_new_tokens: j.max_new,
-                    params: j.params,
+                    params: j.params.clone(),
                     skill: Box::new(skill),
                 })
                 .unwrap();

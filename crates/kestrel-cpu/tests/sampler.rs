@@ -5,6 +5,7 @@
 
 use kestrel_cpu::sampler::{sample, uniform, PenaltyState, SamplingParams};
 use kestrel_cpu::synth::Rng;
+use kestrel_pipeline::LogitBias;
 use proptest::prelude::*;
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
@@ -40,6 +41,35 @@ fn greedy_is_argmax_with_lowest_id_ties() {
     assert_eq!(s.top.as_slice()[1].0, 7);
     let z: f32 = l.iter().map(|v| (v - 3.0).exp()).sum();
     assert!((s.logprob - (-z.ln())).abs() < 1e-5);
+}
+
+#[test]
+fn logit_bias_moves_logits_and_never_unmasks() {
+    let vocab: usize = 64;
+    let mut st = PenaltyState::new(vocab);
+    let base = logits(vocab, 3);
+    let greedy = |bias: Vec<(u32, f32)>, mask: Option<&[u32]>, st: &mut PenaltyState| {
+        let p = SamplingParams {
+            logit_bias: LogitBias::new(bias),
+            ..SamplingParams::greedy()
+        };
+        sample(&mut base.clone(), &p, mask, st, 0, 2).unwrap()
+    };
+    let top = greedy(vec![], None, &mut st).token;
+    // +100 makes a token the argmax; -100 bans the argmax.
+    let lifted = (top + 1) % vocab as u32;
+    assert_eq!(greedy(vec![(lifted, 100.0)], None, &mut st).token, lifted);
+    assert_ne!(greedy(vec![(top, -100.0)], None, &mut st).token, top);
+    // The reported logprob is of the biased distribution.
+    let s = greedy(vec![(lifted, 100.0)], None, &mut st);
+    assert!(s.logprob > -1e-3, "{}", s.logprob);
+    // A masked-out token stays masked whatever its bias.
+    let mut mask = vec![0u32; vocab.div_ceil(32)];
+    mask[top as usize / 32] |= 1 << (top % 32);
+    assert_eq!(
+        greedy(vec![(lifted, 100.0)], Some(&mask), &mut st).token,
+        top
+    );
 }
 
 #[test]
@@ -114,7 +144,10 @@ fn same_seed_and_position_give_the_same_token() {
         assert_eq!(x.token, y.token);
         let z = sample(
             &mut base.clone(),
-            &SamplingParams { seed: 99, ..p },
+            &SamplingParams {
+                seed: 99,
+                ..p.clone()
+            },
             None,
             &mut b,
             pos,

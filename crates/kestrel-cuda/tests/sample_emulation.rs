@@ -226,6 +226,8 @@ fn emulated_kernel_matches_the_cpu_sampler() {
             seed: splitmix(&mut z),
             top_logprobs: case % 6,
             logprobs: true,
+            // The CUDA sampler has no bias (the engine refuses one there).
+            logit_bias: Default::default(),
         };
         let mask: Option<Vec<u32>> = (case % 4 == 1).then(|| {
             (0..vocab.div_ceil(32))

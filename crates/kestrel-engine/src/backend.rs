@@ -75,6 +75,9 @@ pub(crate) fn start_cuda(
 }
 
 impl Runtime for CudaRuntime {
+    /// The device sampler (`kernels/sample.cu`) has no per-token bias yet.
+    const LOGIT_BIAS: bool = false;
+
     fn kv_stats(&self) -> KvStats {
         CudaRuntime::kv_stats(self)
     }

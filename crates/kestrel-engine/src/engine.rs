@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     loop_config: LoopConfig,
     backend: String,
+    /// The runtime's [`Runtime::LOGIT_BIAS`].
+    logit_bias: bool,
 }
 
 /// A handle to a running engine. Cheap to clone; every clone talks to the
@@ -139,6 +141,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             loop_config,
             backend,
+            logit_bias: R::LOGIT_BIAS,
         });
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -210,6 +213,7 @@ impl Engine {
         let limits = validate::Limits {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
+            logit_bias: self.shared.logit_bias,
         };
         let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
         let lc = &self.shared.loop_config;

@@ -20,6 +20,10 @@ pub use kestrel_kv::KvStats;
 
 /// What the engine needs from a runtime beyond the pipeline's [`Executor`].
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
+    /// Whether the sampler applies [`SamplingParams::logit_bias`]; the
+    /// engine refuses a request with biases on a runtime without it.
+    const LOGIT_BIAS: bool = true;
+
     fn kv_stats(&self) -> KvStats;
 
     /// Host cores this runtime keeps busy computing (a CPU runtime's matmul
@@ -48,6 +52,8 @@ impl Runtime for kestrel_pipeline::testing::SimExecutor {
 impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
     for kestrel_pipeline::Observed<E, O>
 {
+    const LOGIT_BIAS: bool = E::LOGIT_BIAS;
+
     fn kv_stats(&self) -> KvStats {
         self.inner.kv_stats()
     }

@@ -33,7 +33,7 @@ pub enum Constraint {
 /// Sampling knobs as a caller gives them; `None` takes the engine default
 /// (greedy, no truncation, no penalties). Ranges are checked by the engine
 /// ([`crate::validate`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SamplingOptions {
     /// `[0, 100]`; 0 is greedy.
     pub temperature: Option<f32>,
@@ -56,6 +56,11 @@ pub struct SamplingOptions {
     pub logprobs: bool,
     /// Alternatives per token, `[0, 20]`; more than 0 implies `logprobs`.
     pub top_logprobs: u32,
+    /// `(token id, bias)`: the bias, in `[-100, 100]`, is added to that
+    /// token's logit before sampling (OpenAI's `logit_bias`; -100 in effect
+    /// bans a token). At most 1024 entries, ids inside the vocabulary; a
+    /// later entry for the same id wins. Not every backend has it.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// One generation request.

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use kestrel_pipeline::SamplingParams;
+use kestrel_pipeline::{LogitBias, SamplingParams};
 use kestrel_skills::{Skill, SkillOptions, SkillSpec};
 
 use crate::error::EngineError;
@@ -34,6 +34,10 @@ pub const MAX_CHAT_MESSAGES: usize = 1024;
 pub const MAX_CHOICES: usize = 1024;
 /// Most alternatives a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// Most `logit_bias` entries per request.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// `logit_bias` value range, inclusive (OpenAI's).
+pub const LOGIT_BIAS_RANGE: (f32, f32) = (-100.0, 100.0);
 /// Temperature range, inclusive.
 pub const TEMPERATURE_RANGE: (f32, f32) = (0.0, 100.0);
 /// Largest repetition penalty (the range is `(0, MAX]`).
@@ -66,6 +70,10 @@ pub enum Field {
     FrequencyPenalty,
     PresencePenalty,
     TopLogprobs,
+    /// The logit biases as a whole.
+    LogitBias,
+    /// The bias of token id `t`.
+    LogitBiasToken(u32),
     /// The stop sequences as a whole.
     Stop,
     /// Stop sequence `i`.
@@ -106,6 +114,8 @@ impl fmt::Display for Field {
             Field::FrequencyPenalty => f.write_str("frequency_penalty"),
             Field::PresencePenalty => f.write_str("presence_penalty"),
             Field::TopLogprobs => f.write_str("top_logprobs"),
+            Field::LogitBias => f.write_str("logit_bias"),
+            Field::LogitBiasToken(t) => write!(f, "logit_bias[{t}]"),
             Field::Stop => f.write_str("stop"),
             Field::StopEntry(i) => write!(f, "stop[{i}]"),
             Field::StopTokenIds => f.write_str("stop_token_ids"),
@@ -139,6 +149,8 @@ pub(crate) struct Limits<'a> {
     pub model: &'a ModelContext,
     /// The context a sequence may fill (prompt + output).
     pub max_seq_len: usize,
+    /// Whether the backend's sampler applies `logit_bias`.
+    pub logit_bias: bool,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -160,7 +172,12 @@ pub(crate) fn validate(
         None => format!("req-{pipeline_id}"),
         Some(id) => request_id(id)?,
     };
-    let sampling = sampling(&req.sampling, &request_id)?;
+    let mut sampling = sampling(&req.sampling, &request_id)?;
+    sampling.logit_bias = logit_bias(
+        &req.sampling.logit_bias,
+        limits.model.vocab_size(),
+        limits.logit_bias,
+    )?;
     if let Some(0) = req.max_new_tokens {
         return bad(Field::MaxNewTokens, "must be at least 1, got 0");
     }
@@ -269,6 +286,7 @@ fn check_range(field: Field, value: f32, (lo, hi): (f32, f32), low_open: bool) -
 /// Resolves sampling options against the defaults. An explicit seed is
 /// honoured whatever its value; without one the seed derives from the
 /// request id, so a retried id reproduces its output.
+/// (`logit_bias`, which needs the vocabulary, is [`logit_bias`]'s.)
 fn sampling(s: &SamplingOptions, request_id: &str) -> Result<SamplingParams> {
     let d = SamplingParams::default();
     let opt = |v: Option<f32>, field, range, low_open, default| {
@@ -316,7 +334,37 @@ fn sampling(s: &SamplingOptions, request_id: &str) -> Result<SamplingParams> {
         seed: s.seed.unwrap_or_else(|| seed_for_request_id(request_id)),
         top_logprobs: s.top_logprobs,
         logprobs: s.logprobs || s.top_logprobs > 0,
+        logit_bias: LogitBias::default(),
     })
+}
+
+/// Checks the biases against the vocabulary and what the backend supports.
+fn logit_bias(entries: &[(u32, f32)], vocab: usize, supported: bool) -> Result<LogitBias> {
+    if entries.is_empty() {
+        return Ok(LogitBias::default());
+    }
+    if !supported {
+        return bad(
+            Field::LogitBias,
+            "is not supported by this backend's sampler",
+        );
+    }
+    if entries.len() > MAX_LOGIT_BIAS {
+        return bad(
+            Field::LogitBias,
+            format!("at most {MAX_LOGIT_BIAS} entries, got {}", entries.len()),
+        );
+    }
+    for &(t, b) in entries {
+        if t as usize >= vocab {
+            return bad(
+                Field::LogitBiasToken(t),
+                format!("token id {t} is outside the vocabulary (size {vocab})"),
+            );
+        }
+        check_range(Field::LogitBiasToken(t), b, LOGIT_BIAS_RANGE, false)?;
+    }
+    Ok(LogitBias::new(entries.iter().copied()))
 }
 
 /// The seed used when a request gives none: FNV-1a of the request id.
@@ -500,6 +548,44 @@ mod tests {
             assert_eq!(f, field);
             assert_eq!(msg, format!("must be in {range}, got {v}"));
         }
+    }
+
+    #[test]
+    fn logit_bias_rules() {
+        let ok = logit_bias(&[(5, 100.0), (1, -100.0), (5, 2.0)], 10, true).unwrap();
+        assert_eq!(ok.entries(), &[(1, -100.0), (5, 2.0)]);
+        assert!(logit_bias(&[], 10, false).unwrap().is_empty());
+        // (token, bias, backend supports it, field blamed, message part)
+        let cases = [
+            (1, 1.0, false, Field::LogitBias, "is not supported"),
+            (
+                10,
+                1.0,
+                true,
+                Field::LogitBiasToken(10),
+                "outside the vocabulary",
+            ),
+            (3, 100.5, true, Field::LogitBiasToken(3), "[-100, 100]"),
+            (3, f32::NAN, true, Field::LogitBiasToken(3), "got NaN"),
+            (
+                3,
+                -f32::INFINITY,
+                true,
+                Field::LogitBiasToken(3),
+                "got -inf",
+            ),
+        ];
+        for (token, bias, supported, field, needle) in cases {
+            let (f, msg) = field_of(logit_bias(&[(token, bias)], 10, supported));
+            assert_eq!(f, field);
+            assert!(msg.contains(needle), "{msg}");
+        }
+        let many: Vec<(u32, f32)> = (0..=MAX_LOGIT_BIAS as u32).map(|t| (t, 1.0)).collect();
+        assert_eq!(
+            field_of(logit_bias(&many, 1 << 20, true)).0,
+            Field::LogitBias
+        );
+        assert_eq!(Field::LogitBiasToken(7).to_string(), "logit_bias[7]");
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, Submi
 pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
-pub use sampling::SamplingParams;
+pub use sampling::{LogitBias, SamplingParams};
 pub use scheduler::{PipelineStats, StepPlan};
 pub use sequence::{Request, MAX_INFLIGHT_REFS};
 pub use skill::{

@@ -68,6 +68,7 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
             seed: req.seed,
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
+            logit_bias: req.logit_bias.into_iter().collect(),
         },
         stop: req.stop,
         stop_token_ids: req.stop_token_ids,
@@ -266,6 +267,7 @@ mod tests {
             ignore_eos: true,
             logprobs: false,
             top_logprobs: 3,
+            logit_bias: [(17, -100.0)].into(),
             request_id: "my-req_1".into(),
             ..base()
         })
@@ -286,6 +288,7 @@ mod tests {
                 seed: Some(0),
                 logprobs: false,
                 top_logprobs: 3,
+                logit_bias: vec![(17, -100.0)],
             }
         );
         assert_eq!(r.stop, vec!["\n\n".to_string()]);

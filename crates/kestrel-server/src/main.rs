@@ -238,6 +238,10 @@ struct SamplingArgs {
     /// Keep generating past end-of-sequence.
     #[arg(long)]
     ignore_eos: bool,
+    /// Add BIAS to token ID's logit, as `ID=BIAS` (repeatable; BIAS in
+    /// [-100, 100], -100 bans the token).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    logit_bias: Vec<(u32, f32)>,
     /// Constrain the output to JSON valid against this JSON Schema (text).
     #[arg(long, group = "constraint")]
     json_schema: Option<String>,
@@ -283,10 +287,27 @@ impl SamplingArgs {
             ignore_eos: self.ignore_eos,
             logprobs: false,
             top_logprobs: 0,
+            logit_bias: self.logit_bias.iter().copied().collect(),
             request_id: String::new(),
             constraint,
         }
     }
+}
+
+/// `ID=BIAS` of `--logit-bias` (the range is the server's to check).
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected ID=BIAS, got {s:?}"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|e| format!("token id {id:?}: {e}"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|e| format!("bias {bias:?}: {e}"))?;
+    Ok((id, bias))
 }
 
 #[tokio::main]

@@ -149,6 +149,54 @@ async fn completions_prompt_list_logprobs_and_stream() {
 }
 
 #[tokio::test]
+async fn logit_bias_bans_and_forces_tokens() {
+    let server = shared_server();
+    let (addr, engine) = (server.http_addr, &server.engine);
+    let complete = |bias: Value| {
+        let body = json!({
+            "prompt": "The capital of France is",
+            "max_tokens": 3,
+            "temperature": 0,
+            "logit_bias": bias,
+        });
+        async move {
+            let r = post(addr, "/v1/completions", &body).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    };
+    let plain = complete(json!({})).await;
+    let first = engine.tokenize(&plain, false).unwrap()[0];
+    // -100 bans the greedy first token.
+    let banned = complete(json!({ first.to_string(): -100 })).await;
+    assert_ne!(
+        engine.tokenize(&banned, false).unwrap()[0],
+        first,
+        "{banned:?}"
+    );
+    // +100 makes one token win every step.
+    let forced = engine.tokenize(" falcon", false).unwrap()[0];
+    let text = complete(json!({ forced.to_string(): 100 })).await;
+    assert_eq!(text, engine.detokenize(&[forced; 3], true).unwrap());
+
+    // Out of the vocabulary: a 400 naming the parameter and the token.
+    let vocab = engine.model_info().vocab_size;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 1, "logit_bias": { vocab.to_string(): 1 }}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = &r.json()["error"];
+    assert_eq!(e["param"], "logit_bias");
+    assert!(
+        e["message"].as_str().unwrap().contains(&vocab.to_string()),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn n_choices_with_a_seed_reproduce() {
     let addr = shared_server().http_addr;
     let body = json!({
@@ -416,7 +464,13 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
         ),
         (
             "chat/completions",
-            chat(json!({"logit_bias": {"42": 5}})),
+            chat(json!({"logit_bias": {"42": 100.5}})),
+            400,
+            Some("logit_bias"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"logit_bias": {"forty-two": 5}})),
             400,
             Some("logit_bias"),
         ),

@@ -298,7 +298,7 @@ impl Executor for CpuRuntime {
             meta.tokens.extend_from_slice(input.prompt);
             meta.token_indptr.push(meta.tokens.len() as u32);
             meta.prefill.push(PrefillRow {
-                params: *input.params,
+                params: input.params.clone(),
                 start_pos: hit as u32,
                 prompt_len: len as u32,
             });

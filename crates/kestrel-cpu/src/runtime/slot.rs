@@ -11,7 +11,7 @@ use kestrel_kv::PagedIndices;
 use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 
 /// One new sequence of a prefill step (its prompt rides in `SlotMeta::tokens`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PrefillRow {
     pub params: SamplingParams,
     /// Prompt tokens already in KV (prefix-cache hit).

@@ -227,7 +227,7 @@ impl ComputeStream {
                     let prompt = &meta.tokens
                         [meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
                     let dr = &mut self.rows[row];
-                    dr.params = p.params;
+                    dr.params.clone_from(&p.params);
                     dr.penalties.clear();
                     let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
                         ..meta.indices.kv_indptr[r + 1] as usize];

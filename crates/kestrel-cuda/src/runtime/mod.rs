@@ -484,7 +484,7 @@ impl Executor for CudaRuntime {
             id: input.id,
             prompt: input.prompt,
             max_len: input.max_len,
-            meta: *input.params,
+            meta: input.params.clone(),
         });
         self.book
             .admit_all(admissions, &mut self.rows_buf)

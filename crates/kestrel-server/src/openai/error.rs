@@ -223,6 +223,8 @@ impl ParamNames {
             | Field::Choices
             | Field::Grammar => self.constraint.into(),
             Field::Choice(i) => format!("{}[{i}]", self.constraint),
+            // OpenAI names the map; the message names the token.
+            Field::LogitBiasToken(_) => "logit_bias".into(),
             // Same spelling as the engine's: temperature, top_p, min_p,
             // repetition_penalty, frequency/presence_penalty, stop,
             // stop[i], stop_token_ids[i], ...

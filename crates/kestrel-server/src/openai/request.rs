@@ -175,14 +175,23 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
         },
     };
 
-    if let Some(bias) = f.take::<Map<String, Value>>("logit_bias")? {
-        if !bias.is_empty() {
-            return Err(ApiError::unsupported(
+    // Keys are token ids written as strings; ranges are the engine's.
+    let logit_bias = f
+        .take::<Map<String, Value>>("logit_bias")?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| match (k.parse::<u32>(), v.as_f64()) {
+            (Ok(t), Some(b)) => Ok((t, b as f32)),
+            (Err(_), _) => Err(ApiError::invalid(
                 "logit_bias",
-                "a non-empty logit_bias",
-            ));
-        }
-    }
+                format!("logit_bias keys must be token ids, got {k:?}"),
+            )),
+            (_, None) => Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias[{k}] must be a number, got {v}"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     let (stop, stop_is_string) = match f.raw("stop") {
         None => (Vec::new(), false),
@@ -228,6 +237,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
         seed,
         logprobs,
         top_logprobs,
+        logit_bias,
     };
     let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
     let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
@@ -282,7 +292,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             request_id: None,
             input,
             max_new_tokens,
-            sampling,
+            sampling: sampling.clone(),
             stop: stop.clone(),
             stop_token_ids: stop_token_ids.clone(),
             ignore_eos,
@@ -631,7 +641,7 @@ mod tests {
             "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
             "repetition_penalty": 1.1, "frequency_penalty": -0.5, "presence_penalty": 0.5,
             "seed": -1, "logprobs": true, "top_logprobs": 2, "stop": "\n", "n": 3,
-            "user": "ignored", "logit_bias": {}, "stream": true,
+            "user": "ignored", "logit_bias": {"7": -100, "3": 2.5}, "stream": true,
             "stream_options": {"include_usage": true}
         }))
         .unwrap();
@@ -641,6 +651,9 @@ mod tests {
         assert_eq!(r.sampling.seed, Some(1)); // u64::MAX + 2, wrapped
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(r.sampling.logprobs && r.sampling.top_logprobs == 2);
+        let mut bias = r.sampling.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
         assert_eq!(r.input, Prompt::Chat(vec![ChatMessage::user("hi")]));
         assert!(p.stream && p.include_usage && p.logprobs);
         assert_eq!(p.choices(), 3);
@@ -671,10 +684,12 @@ mod tests {
             param(base(json!({"frobnicate": 1}))).as_deref(),
             Some("frobnicate")
         );
-        assert_eq!(
-            param(base(json!({"logit_bias": {"5": 1}}))).as_deref(),
-            Some("logit_bias")
-        );
+        for bias in [json!({"x": 1}), json!({"5": "1"}), json!([1])] {
+            assert_eq!(
+                param(base(json!({ "logit_bias": bias }))).as_deref(),
+                Some("logit_bias")
+            );
+        }
         assert_eq!(param(base(json!({"stop": 5}))).as_deref(), Some("stop"));
         assert_eq!(
             param(base(json!({"response_format": {"type": "yaml"}}))).as_deref(),
