@@ -227,6 +227,50 @@ async fn n_choices_with_a_seed_reproduce() {
     );
 }
 
+/// The samples of one prompt share its KV: the first sample's prefill
+/// publishes the prompt's pages, the others' prefills hit them. A server
+/// of its own, so the engine's prefix-cache counters are this test's; a
+/// request decoding in the background keeps the engine stepping, so the
+/// three samples would land in one prefill if nothing held two back.
+#[tokio::test]
+async fn n_samples_share_the_prompt_prefix() {
+    let server = common::start_server(kestrel_engine::EngineConfig::default());
+    let addr = server.http_addr;
+    let background = tokio::spawn(async move {
+        let body = json!({"prompt": "Count:", "max_tokens": 48, "ignore_eos": true});
+        post(addr, "/v1/completions", &body).await.json()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let story = "Kestrels hover over fields and dive on voles. ".repeat(12);
+    let body = json!({
+        "prompt": story,
+        "max_tokens": 2,
+        "temperature": 0.7,
+        "seed": 1,
+        "n": 3,
+    });
+    let r = post(addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= 100, "{prompt}");
+    let bg = background.await.unwrap();
+    assert_eq!(bg["choices"][0]["finish_reason"], "length", "{bg}");
+    let bg_prompt = bg["usage"]["prompt_tokens"].as_u64().unwrap();
+    // Samples 2 and 3 find every full 16-token page of the prompt cached.
+    let text = server.engine.metrics_text();
+    let rate: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kestrel_prefix_cache_hit_rate "))
+        .expect("hit rate metric")
+        .trim()
+        .parse()
+        .unwrap();
+    let floor = 2.0 * (prompt - 15) as f64 / (3 * prompt + bg_prompt) as f64;
+    assert!(rate >= floor - 1e-9, "hit rate {rate} < {floor}\n{text}");
+}
+
 #[tokio::test]
 async fn json_schema_output_validates() {
     let addr = shared_server().http_addr;

@@ -2,7 +2,9 @@
 //! response, or server-sent events (`data: {chunk}` ... `data: [DONE]`).
 //!
 //! Every choice is its own engine request, submitted through
-//! [`crate::service::submit`] (the blocking pool). A stream is pumped by
+//! [`crate::service::submit`] (the blocking pool); the samples of one
+//! prompt (`n > 1`) share its KV pages through the prefix cache (see
+//! [`submit_all`]). A stream is pumped by
 //! one task per HTTP request; when the client goes away the task notices
 //! (`Sender::closed`) and returns, dropping the engine streams, which
 //! aborts the requests and frees their KV. A failed request never ends
@@ -15,10 +17,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt as _;
-use kestrel_engine::{
-    EngineError, FinishReason, GenerateResponse, GenerationStream, StreamEvent, TokenLogprob,
-};
+use kestrel_engine::{EngineError, FinishReason, GenerateResponse, StreamEvent, TokenLogprob};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -84,25 +85,44 @@ pub(crate) async fn run(app: &App, plan: Plan) -> Response {
     }
 }
 
-/// Submits choice after choice; on an error the streams already open are
-/// dropped, which aborts them.
-async fn submit_all(app: &App, plan: &Plan) -> Result<Vec<GenerationStream>, ApiError> {
+/// One choice's engine events (dropping it aborts the request).
+type Events = BoxStream<'static, Result<StreamEvent, EngineError>>;
+
+/// Submits every choice; on an error the streams already open are dropped,
+/// which aborts them.
+///
+/// With `n > 1` the first sample of each prompt goes ahead alone until its
+/// first event: its prefill has then ended and published the prompt's full
+/// KV pages to the prefix cache, so the other samples' prefills reuse them
+/// (`cached_tokens`) instead of computing and storing the prompt `n` times.
+/// The event read is put back in front of that sample's stream.
+async fn submit_all(app: &App, plan: &Plan) -> Result<Vec<Events>, ApiError> {
     let n = plan.n as usize;
+    let submit = |i: usize| async move {
+        crate::service::submit(&app.engine, plan.request(i))
+            .await
+            .map_err(|e| ApiError::engine(&e, &plan.names[i / n]))
+    };
+    let mut leaders = Vec::with_capacity(plan.prompts.len());
+    for p in 0..plan.prompts.len() {
+        leaders.push(submit(p * n).await?);
+    }
+    if n == 1 {
+        return Ok(leaders.into_iter().map(|s| s.boxed()).collect());
+    }
     let mut out = Vec::with_capacity(plan.choices());
-    for i in 0..plan.choices() {
-        match crate::service::submit(&app.engine, plan.request(i)).await {
-            Ok(s) => out.push(s),
-            Err(e) => return Err(ApiError::engine(&e, &plan.names[i / n])),
+    for (p, mut leader) in leaders.into_iter().enumerate() {
+        let first = leader.next().await;
+        out.push(futures_util::stream::iter(first).chain(leader).boxed());
+        for i in 1..n {
+            out.push(submit(p * n + i).await?.boxed());
         }
     }
     Ok(out)
 }
 
 /// Runs every choice to its end; the first failure drops (aborts) the rest.
-async fn unary(
-    plan: &Plan,
-    streams: Vec<GenerationStream>,
-) -> Result<Vec<GenerateResponse>, ApiError> {
+async fn unary(plan: &Plan, streams: Vec<Events>) -> Result<Vec<GenerateResponse>, ApiError> {
     let n = plan.n as usize;
     let runs = streams
         .into_iter()
@@ -110,7 +130,7 @@ async fn unary(
         .map(|(i, mut s)| async move {
             let names = &plan.names[i / n];
             loop {
-                match s.next_event().await {
+                match s.next().await {
                     Some(Ok(StreamEvent::Delta { .. })) => {}
                     Some(Ok(StreamEvent::Done(resp))) => {
                         return match resp.finish_reason {
@@ -270,7 +290,7 @@ struct ChoiceStream {
 
 /// Feeds a stream's events to `tx` as chunks. Returns (dropping the engine
 /// streams, so aborting them) as soon as the client is gone.
-async fn pump(head: Head, plan: Plan, streams: Vec<GenerationStream>, tx: mpsc::Sender<Event>) {
+async fn pump(head: Head, plan: Plan, streams: Vec<Events>, tx: mpsc::Sender<Event>) {
     let n = plan.n as usize;
     let mut merged = futures_util::stream::select_all(
         streams
