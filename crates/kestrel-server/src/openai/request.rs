@@ -241,6 +241,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
     };
     let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
     let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
+    // Completions' `echo` (routers such as SMG send `false` explicitly):
+    // prompt echoing is not implemented.
+    if endpoint == Endpoint::Completions && f.take::<bool>("echo")? == Some(true) {
+        return Err(ApiError::unsupported("echo", "echo: true"));
+    }
 
     let constraint = constraint(&mut f)?;
     let tools = match endpoint {
@@ -683,6 +688,16 @@ mod tests {
         assert_eq!(
             param(base(json!({"frobnicate": 1}))).as_deref(),
             Some("frobnicate")
+        );
+        let completions =
+            |body: Value| parse(Endpoint::Completions, body.to_string().as_bytes(), "m");
+        assert!(completions(json!({"prompt": "hi", "echo": false})).is_ok());
+        assert_eq!(
+            completions(json!({"prompt": "hi", "echo": true}))
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("echo")
         );
         for bias in [json!({"x": 1}), json!({"5": "1"}), json!([1])] {
             assert_eq!(
