@@ -32,7 +32,9 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// Set once on an engine-fatal fault (or a panic of the engine thread).
     pub fatal: OnceLock<Cause>,
-    pub shutting_down: AtomicBool,
+    /// True from the start of a shutdown (the drain) on; a watch so the
+    /// servers can flip their health the moment it turns.
+    pub shutting_down: tokio::sync::watch::Sender<bool>,
     pub exited: AtomicBool,
     /// Submissions sent but not yet handled by the engine thread.
     pub in_transit: AtomicUsize,
@@ -135,7 +137,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             metrics: Arc::new(Metrics::new()),
             fatal: OnceLock::new(),
-            shutting_down: AtomicBool::new(false),
+            shutting_down: tokio::sync::watch::Sender::new(false),
             exited: AtomicBool::new(false),
             in_transit: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
@@ -338,7 +340,7 @@ impl Engine {
         if let Some(why) = self.shared.fatal.get() {
             return Health::NotServing(crate::error::error_chain(why));
         }
-        if self.shared.shutting_down.load(SeqCst) {
+        if *self.shared.shutting_down.borrow() {
             return Health::NotServing("shutting down".into());
         }
         if self.shared.exited.load(SeqCst) {
@@ -347,16 +349,26 @@ impl Engine {
         Health::Serving
     }
 
-    /// Prometheus text exposition of the engine's metrics.
+    /// Completes once a shutdown has begun (at once if one has): from then
+    /// on [`Engine::health`] is `NotServing` and new requests are refused
+    /// with [`EngineError::ShuttingDown`] while in-flight ones drain.
+    pub async fn shutting_down(&self) {
+        let mut rx = self.shared.shutting_down.subscribe();
+        // An error means the sender is gone, i.e. the engine with it.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Prometheus text exposition of the engine's metrics, with the
+    /// router-readable `vllm:` series labelled with the model's name.
     pub fn metrics_text(&self) -> String {
-        self.shared.metrics.render()
+        self.shared.metrics.render(self.model.name())
     }
 
     /// Stops accepting requests, lets in-flight ones finish until `deadline`
     /// from now, aborts the rest (they end with `FinishReason::Abort`),
     /// then joins the engine thread. Idempotent.
     pub async fn shutdown(&self, deadline: Duration) {
-        self.shared.shutting_down.store(true, SeqCst);
+        self.shared.shutting_down.send_replace(true);
         let (reply, done) = tokio::sync::oneshot::channel();
         let sent = self
             .commands
@@ -380,7 +392,7 @@ impl Engine {
         if let Some(why) = self.shared.fatal.get() {
             return Err(EngineError::Fatal(why.clone()));
         }
-        if self.shared.shutting_down.load(SeqCst) {
+        if *self.shared.shutting_down.borrow() {
             return Err(EngineError::ShuttingDown);
         }
         if self.shared.exited.load(SeqCst) {

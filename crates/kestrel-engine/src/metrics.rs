@@ -3,7 +3,10 @@
 //!
 //! Written by the engine thread (gauges after every loop iteration, request
 //! histograms from the streaming skill), read by any thread. Every update is
-//! one or two relaxed atomic ops; rendering allocates one `String`.
+//! one or two relaxed atomic ops; rendering allocates one `String`. The same
+//! values are also rendered under vLLM's names ([`Metrics::render`]'s
+//! `vllm:` block) because routers (SMG, the Gateway API Inference
+//! Extension's endpoint picker) read those; `docs/deploy.md` has the map.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -51,16 +54,26 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
+        self.render_labeled(out, name, help, "");
+    }
+
+    /// `labels` is empty or `k="v",...` (already escaped), put before `le`.
+    fn render_labeled(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let (sep, set) = if labels.is_empty() {
+            ("", String::new())
+        } else {
+            (",", format!("{{{labels}}}"))
+        };
         let mut cum = 0u64;
         for (i, b) in self.bounds.iter().enumerate() {
             cum += self.counts[i].load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
         }
         cum += self.counts[self.bounds.len()].load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cum}");
         let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+        let _ = writeln!(out, "{name}_sum{set} {sum}\n{name}_count{set} {cum}");
     }
 }
 
@@ -162,8 +175,9 @@ impl Metrics {
         self.finished[reason_index(r)].load(Relaxed)
     }
 
-    /// Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// Prometheus text exposition: Kestrel's own series, then the
+    /// router-readable `vllm:` ones labelled with `model_name`.
+    pub fn render(&self, model_name: &str) -> String {
         let mut out = String::with_capacity(8 * 1024);
         self.ttft.render(
             &mut out,
@@ -293,7 +307,108 @@ impl Metrics {
             "1 while serving.",
             self.healthy.get() as f64,
         );
+        self.render_vllm(&mut out, model_name);
         out
+    }
+
+    /// The subset of vLLM's (V1) metric names and label sets that routers
+    /// read, from the same atomics as Kestrel's own series. One engine per
+    /// process, so `engine="0"`, as vLLM labels a single-engine server.
+    /// `vllm:gpu_cache_usage_perc` is vLLM's older name for
+    /// `vllm:kv_cache_usage_perc`, still the one SMG 1.13 reads.
+    fn render_vllm(&self, out: &mut String, model_name: &str) {
+        let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(model_name));
+        let sample = |out: &mut String, name: &str, kind: &str, help: &str, v: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}"
+            );
+        };
+        sample(
+            out,
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            self.running.get() as f64,
+        );
+        sample(
+            out,
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            self.waiting.get() as f64,
+        );
+        let usage = self.kv_usage();
+        sample(
+            out,
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            usage,
+        );
+        sample(
+            out,
+            "vllm:gpu_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage (older name of vllm:kv_cache_usage_perc).",
+            usage,
+        );
+        sample(
+            out,
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            self.kv_prompt_tokens.get() as f64,
+        );
+        sample(
+            out,
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            self.prefix_hit_tokens.get() as f64,
+        );
+        self.ttft.render_labeled(
+            out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &labels,
+        );
+        self.e2e.render_labeled(
+            out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &labels,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter"
+        );
+        // vLLM's finish reasons: an end-of-sequence token is a "stop" there.
+        let finished = |r| self.finished_count(r);
+        for (reason, n) in [
+            (
+                "stop",
+                finished(FinishReason::Stop) + finished(FinishReason::Eos),
+            ),
+            ("length", finished(FinishReason::Length)),
+            ("abort", finished(FinishReason::Abort)),
+        ] {
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {n}"
+            );
+        }
+    }
+
+    /// Pages referenced by a sequence / pages in the pool (0 before the
+    /// first report).
+    pub fn kv_usage(&self) -> f64 {
+        let total = self.kv_total.get();
+        if total == 0 {
+            0.0
+        } else {
+            self.kv_used.get() as f64 / total as f64
+        }
     }
 
     pub fn prefix_hit_rate(&self) -> f64 {
@@ -304,6 +419,20 @@ impl Metrics {
             self.prefix_hit_tokens.get() as f64 / prompt as f64
         }
     }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -318,7 +447,7 @@ mod tests {
         m.ttft.observe(Duration::from_millis(30));
         m.ttft.observe(Duration::from_secs(100));
         m.request_finished(FinishReason::Eos);
-        let text = m.render();
+        let text = m.render("m");
         assert!(
             text.contains("kestrel_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"),
             "{text}"
@@ -328,6 +457,39 @@ mod tests {
         assert!(text.contains("kestrel_time_to_first_token_seconds_count 3"));
         assert!(text.contains("kestrel_requests_finished_total{reason=\"eos\"} 1"));
         assert!(text.contains("# TYPE kestrel_kv_pages_used gauge"));
+    }
+
+    #[test]
+    fn vllm_names_carry_the_same_values() {
+        let m = Metrics::new();
+        m.running.set(3);
+        m.waiting.set(2);
+        m.kv_total.set(8);
+        m.kv_used.set(2);
+        m.kv_prompt_tokens.set(100);
+        m.prefix_hit_tokens.set(40);
+        m.ttft.observe(Duration::from_millis(3));
+        m.request_finished(FinishReason::Eos);
+        m.request_finished(FinishReason::Stop);
+        m.request_finished(FinishReason::Length);
+        let text = m.render("a \"b\"");
+        let l = r#"{model_name="a \"b\"",engine="0"}"#;
+        for line in [
+            format!("vllm:num_requests_running{l} 3"),
+            format!("vllm:num_requests_waiting{l} 2"),
+            format!("vllm:kv_cache_usage_perc{l} 0.25"),
+            format!("vllm:gpu_cache_usage_perc{l} 0.25"),
+            format!("vllm:prefix_cache_queries_total{l} 100"),
+            format!("vllm:prefix_cache_hits_total{l} 40"),
+            r#"vllm:time_to_first_token_seconds_bucket{model_name="a \"b\"",engine="0",le="0.005"} 1"#.to_string(),
+            format!("vllm:time_to_first_token_seconds_count{l} 1"),
+            format!("vllm:e2e_request_latency_seconds_count{l} 0"),
+            r#"vllm:request_success_total{model_name="a \"b\"",engine="0",finished_reason="stop"} 2"#.to_string(),
+            r#"vllm:request_success_total{model_name="a \"b\"",engine="0",finished_reason="length"} 1"#.to_string(),
+        ] {
+            assert!(text.lines().any(|x| x == line), "missing {line}\n{text}");
+        }
+        assert!(text.contains("# TYPE vllm:prefix_cache_hits_total counter"));
     }
 
     #[test]

@@ -329,7 +329,7 @@ impl<R: Runtime> Worker<R> {
     }
 
     fn begin_shutdown(&mut self, deadline: Instant) {
-        self.shared.shutting_down.store(true, SeqCst);
+        self.shared.shutting_down.send_replace(true);
         self.shutdown_deadline = Some(match self.shutdown_deadline {
             Some(d) => d.min(deadline),
             None => deadline,

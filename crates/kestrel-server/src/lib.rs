@@ -187,13 +187,18 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps the health service in step with `engine.health()` for both the
-/// overall ("") and the Kestrel service names, until `stop`.
+/// overall ("") and the Kestrel service names, until `stop`: NOT_SERVING
+/// from the moment a drain (`Engine::shutdown`) begins.
 async fn watch_health(
     engine: Engine,
     reporter: tonic_health::server::HealthReporter,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut last = None;
+    // The drain flips health at once rather than at the next poll.
+    let draining = engine.shutting_down();
+    tokio::pin!(draining);
+    let mut drain_seen = false;
     loop {
         let status = if *stop.borrow() {
             ServingStatus::NotServing
@@ -220,6 +225,7 @@ async fn watch_health(
         tokio::select! {
             _ = tokio::time::sleep(HEALTH_POLL) => {}
             _ = stop.changed() => {}
+            _ = &mut draining, if !drain_seen => drain_seen = true,
         }
     }
 }

@@ -66,9 +66,17 @@ struct ServeArgs {
     /// The model id HTTP clients send and /v1/models lists [default: the model's name].
     #[arg(long)]
     served_model_name: Option<String>,
-    /// On Ctrl-C, let in-flight requests finish for this many seconds, then abort them.
-    #[arg(long, default_value_t = 10)]
-    shutdown_grace_secs: u64,
+    /// On SIGTERM or Ctrl-C, drain: report not-ready and refuse new requests
+    /// (HTTP 503, gRPC UNAVAILABLE) at once, let in-flight requests finish
+    /// for up to this many seconds, abort the rest, then exit 0. Keep it
+    /// below the orchestrator's kill deadline (Kubernetes: 30 s by default).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 25,
+        alias = "shutdown-grace-secs"
+    )]
+    drain_timeout: u64,
     /// Once serving, send this chat message to the server through its own
     /// gRPC API (a real client over TCP) and stream the answer to stdout; the
     /// server keeps serving afterwards. A smoke test of the whole stack.
@@ -379,6 +387,27 @@ fn describe(event: &LoadEvent) -> String {
     }
 }
 
+/// Completes on the first SIGTERM (what Kubernetes and process managers
+/// send) or Ctrl-C.
+async fn termination() -> anyhow::Result<&'static str> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.map(|()| "Ctrl-C").context("cannot listen for Ctrl-C"),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot listen for Ctrl-C")?;
+        Ok("Ctrl-C")
+    }
+}
+
 /// Resolves when `stop` turns true.
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -423,19 +452,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let server = kestrel_server::serve(engine.clone(), args.addr, stopped(stop_rx)).await?;
     eprintln!(
-        "serving kestrel.v1.Kestrel (gRPC) on {} (Ctrl-C to stop)",
+        "serving kestrel.v1.Kestrel (gRPC) on {} (SIGTERM or Ctrl-C to drain and stop)",
         server.local_addr()
     );
     if let Some(prompt) = &args.first_request {
         first_request(server.local_addr(), prompt).await?;
     }
 
-    tokio::signal::ctrl_c()
-        .await
-        .context("cannot listen for Ctrl-C")?;
-    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let signal = termination().await?;
+    let grace = Duration::from_secs(args.drain_timeout);
     eprintln!(
-        "shutting down: in-flight requests have {}s to finish (Ctrl-C again to quit now)",
+        "{signal}: draining: not ready, new requests refused; in-flight requests have {}s to finish (Ctrl-C again to quit now)",
         grace.as_secs()
     );
     tokio::spawn(async {
@@ -443,33 +470,35 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             std::process::exit(130);
         }
     });
+    // The drain: health flips and new requests are refused (retryable)
+    // the moment it starts, while the listeners stay open so routers and
+    // probes see "not ready" rather than a refused connection; in-flight
+    // requests finish or are aborted by the deadline.
+    engine.shutdown(grace).await;
+    // Only then close the listeners; the servers' graceful shutdown sees
+    // the last responses written.
     let _ = stop_tx.send(true);
-    // The engine finishes or aborts in-flight requests by the deadline; the
-    // server's graceful shutdown then sees every RPC end.
+    let close = Duration::from_secs(5);
     let http_wait = async {
         match http {
-            Some(h) => tokio::time::timeout(grace + Duration::from_secs(5), h.wait())
+            Some(h) => tokio::time::timeout(close, h.wait())
                 .await
-                .map_err(|_| {
-                    anyhow::anyhow!("the HTTP server did not stop within the grace period")
-                })?
+                .map_err(|_| anyhow::anyhow!("the HTTP server did not stop after the drain"))?
                 .context("the HTTP server failed"),
             None => Ok(()),
         }
     };
-    let (_, served, http_served) = tokio::join!(
-        engine.shutdown(grace),
-        tokio::time::timeout(grace + Duration::from_secs(5), server.wait()),
-        http_wait
-    );
+    let (served, http_served) = tokio::join!(tokio::time::timeout(close, server.wait()), http_wait);
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
     http_served?;
     match served {
-        Ok(result) => result.context("the gRPC server failed"),
-        Err(_) => bail!("the gRPC server did not stop within the grace period"),
+        Ok(result) => result.context("the gRPC server failed")?,
+        Err(_) => bail!("the gRPC server did not stop after the drain"),
     }
+    eprintln!("drained; exiting");
+    Ok(())
 }
 
 /// `serve --first-request`: ask the running server one chat question over

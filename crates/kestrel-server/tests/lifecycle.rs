@@ -1,6 +1,8 @@
 //! Request lifecycle over gRPC, each test on its own engine so the gauges
 //! and the queue are not shared: a client that drops a stream mid-way
-//! aborts its request, and a full waiting queue answers RESOURCE_EXHAUSTED.
+//! aborts its request, a full waiting queue answers RESOURCE_EXHAUSTED, and
+//! a drain flips both health endpoints at once, refuses new work with
+//! retryable statuses and lets in-flight requests finish.
 
 mod common;
 
@@ -83,4 +85,88 @@ async fn a_full_queue_is_resource_exhausted() {
     }
     assert!(ok >= 1, "ok={ok} exhausted={exhausted}");
     assert!(exhausted >= 1, "ok={ok} exhausted={exhausted}");
+}
+
+#[tokio::test]
+async fn a_drain_flips_health_at_once_and_lets_in_flight_requests_finish() {
+    use pb::stream_generate_response::Event;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let server = start_server(EngineConfig {
+        max_batch_size: 4,
+        ..EngineConfig::default()
+    });
+    let mut health = HealthClient::new(common::channel(&server).await);
+    let mut grpc_health = async || {
+        match health
+            .check(HealthCheckRequest {
+                service: kestrel_server::SERVICE_NAME.into(),
+            })
+            .await
+        {
+            Ok(r) => Some(r.into_inner().status()),
+            Err(e) if e.code() == Code::NotFound => None, // not published yet
+            Err(e) => panic!("health check: {e:?}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while grpc_health().await != Some(ServingStatus::Serving) {
+        assert!(Instant::now() < deadline, "never SERVING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut c = client(&server).await;
+    let mut req = text_request("Count to a thousand: 1, 2, 3,", 64);
+    req.ignore_eos = true;
+    let mut stream = c.stream_generate(req).await.expect("stream").into_inner();
+    let first = stream.message().await.expect("message").expect("a delta");
+    assert!(matches!(first.event, Some(Event::Delta(_))));
+
+    let engine = server.engine.clone();
+    let drain = tokio::spawn(async move { engine.shutdown(Duration::from_secs(60)).await });
+    // NOT_SERVING well before the watcher's 500 ms poll would see it.
+    let started = Instant::now();
+    while grpc_health().await != Some(ServingStatus::NotServing) {
+        assert!(
+            started.elapsed() < Duration::from_millis(250),
+            "gRPC health still SERVING after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The HTTP side: not ready, and new work refused with a retryable 503.
+    assert_eq!(
+        common::http::get(server.http_addr, "/health").await.status,
+        503
+    );
+    let body = serde_json::json!({
+        "model": server.engine.model_info().name,
+        "prompt": "Hi",
+        "max_tokens": 2,
+    });
+    let refused = common::http::post(server.http_addr, "/v1/completions", &body).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    let refused = c
+        .generate(text_request("Hi", 2))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::Unavailable);
+
+    // The request in flight when the drain began runs to its end.
+    let done = loop {
+        match stream.message().await.expect("message") {
+            Some(pb::StreamGenerateResponse {
+                event: Some(Event::Done(done)),
+            }) => break done,
+            Some(_) => {}
+            None => panic!("the stream ended without Done"),
+        }
+    };
+    assert_eq!(done.finish_reason(), pb::FinishReason::Length, "{done:?}");
+    assert_eq!(done.usage.expect("usage").completion_tokens, 64);
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the drain ends once nothing is in flight")
+        .expect("drain task");
 }
