@@ -13,8 +13,9 @@ shared-prefix groups through the router with the official `openai` client
    with cache_aware;
 2. the same traffic again on the cache_aware replicas while one replica is
    SIGKILLed and another drained with SIGTERM: every request ends in success
-   (retryable errors -- connection failures, 5xx, 429 -- are retried by the
-   client, at most RETRIES times), none times out, the drained replica
+   (retryable errors -- connection failures, 5xx, 429, a stream cut short
+   by a killed replica -- are retried by the client, at most RETRIES
+   times), none times out, the drained replica
    exits 0 within its drain timeout, and the surviving replica's KV pages
    in use return to zero.
 
@@ -220,7 +221,13 @@ class Client:
             return False  # a hang: fail the test rather than hide it
         if isinstance(e, (o.APIConnectionError, o.RateLimitError, o.InternalServerError)):
             return True
-        return isinstance(e, o.APIStatusError) and e.status_code in (502, 503, 504)
+        if isinstance(e, o.APIStatusError):
+            return e.status_code in (502, 503, 504)
+        # A stream the router could not finish (its replica was SIGKILLed
+        # mid-answer: SMG ends the body early, the client raises a plain
+        # APIError "Stream error"): the partial answer is dropped and the
+        # request sent again.
+        return isinstance(e, o.APIError) and "Stream error" in str(e)
 
     def chat(self, messages, stream: bool) -> str:
         for attempt in range(RETRIES + 1):
@@ -336,6 +343,14 @@ def run(kestrel: str, smg: str, work: str, procs: list) -> dict:
         f"cache_aware hit rate {rates['cache_aware']:.3f} is not above "
         f"round_robin's {rates['round_robin']:.3f}",
     )
+
+    # Text completions pass through the router too (SMG adds `echo: false`
+    # to every one).
+    c = Client(router.url).client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0
+    )
+    check(c.choices[0].text, f"an empty completion through the router: {c}")
+    report["completion_through_router"] = c.choices[0].text
 
     # 2. Failures on the cache_aware replicas: SIGKILL one after 20
     # requests, drain another with SIGTERM after 40.
