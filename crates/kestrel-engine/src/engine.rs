@@ -164,8 +164,12 @@ impl Engine {
                         let _ = ready_tx.send(Err(e));
                     }
                     Ok(lp) => {
+                        let worker = Worker::new(lp, cmd_rx, done_rx, thread_shared);
+                        // The gauges (KV pages, ...) are true before
+                        // `start` returns: `model_info` right after reads them.
+                        worker.publish();
                         let _ = ready_tx.send(Ok(()));
-                        Worker::new(lp, cmd_rx, done_rx, thread_shared).run();
+                        worker.run();
                     }
                 }
             })

@@ -116,7 +116,6 @@ impl<R: Runtime> Worker<R> {
 
     pub fn run(mut self) {
         let _guard = ExitGuard(Arc::clone(&self.shared));
-        self.publish();
         let mut last_busy_end: Option<Instant> = None;
         loop {
             if !self.drain_commands() {
@@ -390,7 +389,8 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    fn publish(&self) {
+    /// Sets the gauges from the loop's and the runtime's state.
+    pub(crate) fn publish(&self) {
         let m = &self.shared.metrics;
         m.waiting.set(self.lp.num_waiting() as u64);
         m.running.set(self.lp.num_running() as u64);
