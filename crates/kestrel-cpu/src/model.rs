@@ -28,7 +28,9 @@ pub struct CpuModelOptions {
     /// Threads of the model's compute team, the calling thread included
     /// (0 = available parallelism).
     pub threads: usize,
-    /// Kernel ISA; `None` = best detected ([`Isa::detect`]). All give identical bits.
+    /// Kernel ISA; `None` = [`Isa::try_detect`] (`KESTREL_ISA`, else the
+    /// best detected; a forced ISA the CPU lacks fails [`CpuModel::new`]).
+    /// All give identical bits.
     pub isa: Option<Isa>,
 }
 
@@ -292,10 +294,10 @@ impl CpuModel {
             opts.threads
         };
         let team = Team::new(threads, "kestrel-cpu").map_err(CpuError::ThreadSpawn)?;
-        let isa = opts
-            .isa
-            .filter(|i| i.is_supported())
-            .unwrap_or_else(Isa::detect);
+        let isa = match opts.isa.filter(|i| i.is_supported()) {
+            Some(isa) => isa,
+            None => Isa::try_detect()?,
+        };
         let model = CpuModel {
             cfg: c,
             token_embd,
