@@ -17,8 +17,8 @@ use crate::block::{self, RopeSpec};
 use crate::kernels::attention::{attend_group, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
-use crate::kernels::Isa;
 use crate::kernels::Weight;
+use crate::kernels::{Isa, Numerics};
 use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
@@ -32,6 +32,9 @@ pub struct CpuModelOptions {
     /// best detected; a forced ISA the CPU lacks fails [`CpuModel::new`]).
     /// All give identical bits.
     pub isa: Option<Isa>,
+    /// Exact f32 matmuls (the default), or int8 activations for the
+    /// Q8_0/Q4_0/Q4_1 weights ([`Numerics::Fast`]).
+    pub numerics: Numerics,
 }
 
 /// One decode step: one new token per row (row `i` is sequence `i` of the
@@ -84,6 +87,7 @@ pub struct CpuModel {
     ropes: Vec<RopeSpec>,
     team: Team,
     isa: Isa,
+    numerics: Numerics,
 }
 
 /// One decoder layer, its matrices in the encodings the kernels read.
@@ -307,10 +311,12 @@ impl CpuModel {
             ropes,
             team,
             isa,
+            numerics: opts.numerics,
         };
         tracing::info!(
             threads,
             ?isa,
+            numerics = ?opts.numerics,
             weight_bytes = model.weight_bytes(),
             "kestrel-cpu model ready"
         );
@@ -340,6 +346,11 @@ impl CpuModel {
     /// The kernel ISA in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The matmuls' numerics.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Bytes of weights held (mapped or owned, in the kernels' encodings);
@@ -574,7 +585,7 @@ impl CpuModel {
             });
         }
         let team = Some(&self.team);
-        let isa = self.isa;
+        let (isa, numerics) = (self.isa, self.numerics);
         let embd = self.token_embd.mat();
         let nr = self.rope_tables();
         let fe = &c.features;
@@ -599,6 +610,7 @@ impl CpuModel {
             matmul_group(
                 team,
                 isa,
+                numerics,
                 xn,
                 n,
                 &mut [
@@ -655,6 +667,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
+                numerics,
                 lw.wo.mat(),
                 &s.attn[..n * qd],
                 n,
@@ -669,6 +682,7 @@ impl CpuModel {
             matmul_group(
                 team,
                 isa,
+                numerics,
                 xn,
                 n,
                 &mut [
@@ -686,6 +700,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
+                numerics,
                 lw.w_down.mat(),
                 &s.gate[..n * f],
                 n,
@@ -702,6 +717,7 @@ impl CpuModel {
         matmul(
             team,
             isa,
+            numerics,
             self.lm_head.mat(),
             &s.xn[..nlogits * h],
             nlogits,

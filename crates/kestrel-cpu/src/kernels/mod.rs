@@ -1,20 +1,26 @@
 //! Compute kernels: quantized/dense matrix products, elementwise ops and
 //! paged attention. Each kernel has a portable scalar form that defines its
 //! exact floating-point result; the SIMD forms reproduce it bit for bit, so
-//! the choice of [`Isa`] never changes a logit.
+//! the choice of [`Isa`] never changes a logit. [`Numerics::Fast`] swaps the
+//! matmuls of Q8_0/Q4_0/Q4_1 weights for int8-activation ones (`int8.rs`),
+//! again one definition for every ISA, batch size and thread count.
 
 pub mod attention;
+pub(crate) mod int8;
 pub mod matmul;
 pub mod ops;
 pub(crate) mod scalar;
 pub mod weight;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_int8;
 
 use std::sync::OnceLock;
 
 use crate::CpuError;
 
+pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
 pub use weight::{Encoding, Weight};
 

@@ -28,6 +28,7 @@ use kestrel_pipeline::{
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
+use crate::kernels::Numerics;
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
@@ -46,6 +47,8 @@ pub struct CpuRuntimeConfig {
     pub enable_prefix_cache: bool,
     /// Prompt tokens per prefill forward call.
     pub prefill_chunk: usize,
+    /// The matmuls' numerics (exact f32 by default).
+    pub numerics: Numerics,
 }
 
 impl Default for CpuRuntimeConfig {
@@ -58,6 +61,7 @@ impl Default for CpuRuntimeConfig {
             max_seq_len: 8192,
             enable_prefix_cache: true,
             prefill_chunk: 256,
+            numerics: Numerics::Exact,
         }
     }
 }
@@ -129,6 +133,7 @@ impl CpuRuntime {
             CpuModelOptions {
                 threads: cfg.threads,
                 isa: None,
+                numerics: cfg.numerics,
             },
         )?);
         let weight_bytes = model.weight_bytes();
