@@ -195,7 +195,10 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
         let mut acc = [[_mm256_setzero_ps(); NB]; R];
         let mut mins = [[0f32; NB]; R];
         for blk in 0..a.nblocks {
-            prefetch(ahead.wrapping_add(blk * step));
+            // Every line of the tile's next-but-`PREFETCH_TILES` blocks.
+            for line in 0..step.div_ceil(64) {
+                prefetch(ahead.wrapping_add(blk * step + 64 * line));
+            }
             for (r, (acc_r, mins_r)) in acc.iter_mut().zip(mins.iter_mut()).enumerate() {
                 // SAFETY: block `blk` of row `r` lies within the sweep (fn contract).
                 let (wq, dw, mw) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
