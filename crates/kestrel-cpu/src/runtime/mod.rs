@@ -28,7 +28,7 @@ use kestrel_pipeline::{
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
-use crate::kernels::Numerics;
+use crate::kernels::{Isa, Numerics};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
@@ -106,6 +106,7 @@ pub struct CpuRuntime {
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
     compute_threads: usize,
+    isa: Isa,
     /// Device-side timings of committed steps, when recording is on.
     timings: Option<Vec<StepTiming>>,
 }
@@ -138,6 +139,7 @@ impl CpuRuntime {
         )?);
         let weight_bytes = model.weight_bytes();
         let compute_threads = model.threads();
+        let isa = model.isa();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
         let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.prefill_chunk), max_context);
@@ -184,6 +186,7 @@ impl CpuRuntime {
             rows_buf: Vec::new(),
             weight_bytes,
             compute_threads,
+            isa,
             timings: None,
         })
     }
@@ -201,6 +204,11 @@ impl CpuRuntime {
     /// `threads`, resolved).
     pub fn compute_threads(&self) -> usize {
         self.compute_threads
+    }
+
+    /// The kernel ISA the model runs (see [`Isa::try_detect`]).
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     pub fn kv_stats(&self) -> KvStats {
