@@ -19,7 +19,10 @@ fn bench(c: &mut Criterion) {
     let cfg = smollm2_config();
     let model = CpuModel::new(
         random_model(&cfg, DType::Q4_1, DType::Q8_0, 7),
-        CpuModelOptions { threads, isa: None },
+        CpuModelOptions {
+            threads,
+            ..Default::default()
+        },
     )
     .unwrap();
     eprintln!(

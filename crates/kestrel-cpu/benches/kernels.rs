@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::kernels::{matmul, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
-use kestrel_cpu::Isa;
+use kestrel_cpu::{Isa, Numerics};
 use kestrel_model::DType;
 
 fn bench(c: &mut Criterion) {
@@ -32,7 +32,17 @@ fn bench(c: &mut Criterion) {
             let mut y = vec![0f32; n * rows];
             g.throughput(Throughput::Bytes(w.bytes() as u64));
             g.bench_with_input(BenchmarkId::new(name, n), &n, |b, &n| {
-                b.iter(|| matmul(Some(&pool), Isa::detect(), w, &x, n, &mut y))
+                b.iter(|| {
+                    matmul(
+                        Some(&pool),
+                        Isa::detect(),
+                        Numerics::Exact,
+                        w,
+                        &x,
+                        n,
+                        &mut y,
+                    )
+                })
             });
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::kernels::{matmul, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
-use kestrel_cpu::{Isa, SUPPORTED_DTYPES};
+use kestrel_cpu::{Isa, Numerics, SUPPORTED_DTYPES};
 
 fn bench(c: &mut Criterion) {
     let threads = std::env::var("KESTREL_THREADS")
@@ -33,7 +33,17 @@ fn bench(c: &mut Criterion) {
             let mut y = vec![0f32; n * rows];
             g.throughput(Throughput::Elements((n * rows * cols) as u64));
             g.bench_with_input(BenchmarkId::new(dt.name(), n), &n, |b, &n| {
-                b.iter(|| matmul(Some(&pool), Isa::detect(), w, &x, n, &mut y))
+                b.iter(|| {
+                    matmul(
+                        Some(&pool),
+                        Isa::detect(),
+                        Numerics::Exact,
+                        w,
+                        &x,
+                        n,
+                        &mut y,
+                    )
+                })
             });
         }
     }

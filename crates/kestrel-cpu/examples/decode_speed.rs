@@ -35,7 +35,10 @@ fn main() {
     let cfg = smollm2_config();
     let model = CpuModel::new(
         random_model(&cfg, DType::Q4_1, DType::Q8_0, 7),
-        CpuModelOptions { threads, isa: None },
+        CpuModelOptions {
+            threads,
+            ..Default::default()
+        },
     )
     .unwrap();
     println!(

@@ -44,6 +44,10 @@ pub enum CpuError {
     #[error("KV store geometry mismatch: {reason}")]
     KvGeometry { reason: String },
 
+    /// The forced ISA (`KESTREL_ISA`) was refused.
+    #[error(transparent)]
+    Isa(#[from] crate::kernels::IsaRequestError),
+
     /// Starting the compute team's helper threads failed.
     #[error("starting the compute threads failed")]
     ThreadSpawn(#[source] std::io::Error),

@@ -25,5 +25,5 @@ pub use sampler::{sample, PenaltyState, SampledToken, SamplingParams, TopLogprob
 pub use scratch::Scratch;
 
 pub use error::CpuError;
-pub use kernels::Isa;
+pub use kernels::{Isa, Numerics};
 pub use team::Team;

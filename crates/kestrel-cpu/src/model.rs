@@ -17,8 +17,8 @@ use crate::block::{self, RopeSpec};
 use crate::kernels::attention::{attend_group, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
-use crate::kernels::Isa;
 use crate::kernels::Weight;
+use crate::kernels::{Isa, Numerics};
 use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
@@ -28,8 +28,13 @@ pub struct CpuModelOptions {
     /// Threads of the model's compute team, the calling thread included
     /// (0 = available parallelism).
     pub threads: usize,
-    /// Kernel ISA; `None` = best detected ([`Isa::detect`]). All give identical bits.
+    /// Kernel ISA; `None` = [`Isa::try_detect`] (`KESTREL_ISA`, else the
+    /// best detected; a forced ISA the CPU lacks fails [`CpuModel::new`]).
+    /// All give identical bits.
     pub isa: Option<Isa>,
+    /// Exact f32 matmuls (the default), or int8 activations for the
+    /// Q8_0/Q4_0/Q4_1 weights ([`Numerics::Fast`]).
+    pub numerics: Numerics,
 }
 
 /// One decode step: one new token per row (row `i` is sequence `i` of the
@@ -82,6 +87,7 @@ pub struct CpuModel {
     ropes: Vec<RopeSpec>,
     team: Team,
     isa: Isa,
+    numerics: Numerics,
 }
 
 /// One decoder layer, its matrices in the encodings the kernels read.
@@ -292,10 +298,10 @@ impl CpuModel {
             opts.threads
         };
         let team = Team::new(threads, "kestrel-cpu").map_err(CpuError::ThreadSpawn)?;
-        let isa = opts
-            .isa
-            .filter(|i| i.is_supported())
-            .unwrap_or_else(Isa::detect);
+        let isa = match opts.isa.filter(|i| i.is_supported()) {
+            Some(isa) => isa,
+            None => Isa::try_detect()?,
+        };
         let model = CpuModel {
             cfg: c,
             token_embd,
@@ -305,10 +311,12 @@ impl CpuModel {
             ropes,
             team,
             isa,
+            numerics: opts.numerics,
         };
         tracing::info!(
             threads,
             ?isa,
+            numerics = ?opts.numerics,
             weight_bytes = model.weight_bytes(),
             "kestrel-cpu model ready"
         );
@@ -338,6 +346,11 @@ impl CpuModel {
     /// The kernel ISA in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The matmuls' numerics.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Bytes of weights held (mapped or owned, in the kernels' encodings);
@@ -572,7 +585,7 @@ impl CpuModel {
             });
         }
         let team = Some(&self.team);
-        let isa = self.isa;
+        let (isa, numerics) = (self.isa, self.numerics);
         let embd = self.token_embd.mat();
         let nr = self.rope_tables();
         let fe = &c.features;
@@ -597,6 +610,7 @@ impl CpuModel {
             matmul_group(
                 team,
                 isa,
+                numerics,
                 xn,
                 n,
                 &mut [
@@ -653,6 +667,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
+                numerics,
                 lw.wo.mat(),
                 &s.attn[..n * qd],
                 n,
@@ -667,6 +682,7 @@ impl CpuModel {
             matmul_group(
                 team,
                 isa,
+                numerics,
                 xn,
                 n,
                 &mut [
@@ -684,6 +700,7 @@ impl CpuModel {
             matmul(
                 team,
                 isa,
+                numerics,
                 lw.w_down.mat(),
                 &s.gate[..n * f],
                 n,
@@ -700,6 +717,7 @@ impl CpuModel {
         matmul(
             team,
             isa,
+            numerics,
             self.lm_head.mat(),
             &s.xn[..nlogits * h],
             nlogits,

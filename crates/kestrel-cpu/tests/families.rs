@@ -91,7 +91,7 @@ fn check_case(dir: &Path, name: &str) -> f32 {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
-            isa: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -35,7 +35,7 @@ fn smollm2_matches_f32_reference() {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
-            isa: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -37,7 +37,7 @@ fn gemma3_matches_f32_reference() {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
-            isa: None,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -8,7 +8,7 @@
 
 use kestrel_cpu::kernels::{matmul, MatRef, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
-use kestrel_cpu::Isa;
+use kestrel_cpu::{Isa, Numerics};
 use kestrel_model::DType;
 
 /// Every dtype the kernels accept.
@@ -90,7 +90,7 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
                     .chain([(i, prepared.mat())])
             }) {
                 let mut y = vec![0f32; n * rows];
-                matmul(Some(&p), isa, w, &x, n, &mut y);
+                matmul(Some(&p), isa, Numerics::Exact, w, &x, n, &mut y);
                 for (g, e) in y.iter().zip(&want) {
                     assert!(
                         (*g as f64 - e).abs() <= 1e-4 * (1.0 + e.abs()),
@@ -136,6 +136,7 @@ fn matmul_is_batch_invariant() {
             matmul(
                 None,
                 Isa::detect(),
+                Numerics::Exact,
                 w,
                 &xs[c * cols..(c + 1) * cols],
                 1,
@@ -146,7 +147,15 @@ fn matmul_is_batch_invariant() {
         for (threads, n) in [(1, 8), (2, 32), (2, 70), (3, 5)] {
             let p = pool(threads);
             let mut y = vec![0f32; n * rows];
-            matmul(Some(&p), Isa::detect(), w, &xs[..n * cols], n, &mut y);
+            matmul(
+                Some(&p),
+                Isa::detect(),
+                Numerics::Exact,
+                w,
+                &xs[..n * cols],
+                n,
+                &mut y,
+            );
             for c in [0, n / 2, n - 1] {
                 assert!(
                     alone(c)

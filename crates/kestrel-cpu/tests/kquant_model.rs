@@ -201,7 +201,7 @@ fn q4_k_m_requantized_default_model_matches_numpy_reference() {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
-            isa: None,
+            ..Default::default()
         },
     )
     .expect("the CPU kernels take every Q4_K_M tensor type");

@@ -1,15 +1,16 @@
 //! Forward-pass tests on tiny synthetic models: agreement with an f64
 //! reference (both RoPE styles, GQA/MQA/MHA, biases, every weight dtype),
 //! chunked == one-shot prefill, decode == longer prefill, batch invariance
-//! (alone vs batches of 8 and 32, 1 vs 2 threads), batched prefill, and
-//! rejection of bad indices. Bit-identical where the design promises it.
+//! (alone vs batches of 8 and 32, 1 vs 2 threads; exact and fast numerics),
+//! batched prefill, and rejection of bad indices. Bit-identical where the
+//! design promises it.
 
 mod common;
 
 use common::{indices, reference_logits, Pages};
 use kestrel_cpu::synth::{config, random_model, Rng};
 use kestrel_cpu::{
-    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
+    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, Numerics, PrefillBatch, Scratch,
 };
 use kestrel_model::{DType, ModelConfig, ModelWeights, RopeStyle};
 
@@ -18,7 +19,19 @@ fn tiny(style: RopeStyle, heads: usize, kv_heads: usize) -> ModelConfig {
 }
 
 fn model(w: &ModelWeights, threads: usize) -> CpuModel {
-    CpuModel::new(w.clone(), CpuModelOptions { threads, isa: None }).unwrap()
+    model_with(w, threads, Numerics::Exact)
+}
+
+fn model_with(w: &ModelWeights, threads: usize, numerics: Numerics) -> CpuModel {
+    CpuModel::new(
+        w.clone(),
+        CpuModelOptions {
+            threads,
+            numerics,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 /// Prefill `tokens` of one sequence (pages already grown) from `start`.
@@ -154,13 +167,19 @@ fn chunked_prefill_equals_one_shot_bitwise() {
 
 #[test]
 fn decode_after_prefill_equals_longer_prefill_bitwise() {
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        decode_after_prefill_equals_longer_prefill(numerics);
+    }
+}
+
+fn decode_after_prefill_equals_longer_prefill(numerics: Numerics) {
     let w = random_model(
         &tiny(RopeStyle::HalfSplit, 4, 1),
         DType::Q4_1,
         DType::Q8_0,
         4,
     );
-    let m = model(&w, 2);
+    let m = model_with(&w, 2, numerics);
     let toks = tokens(14, 2, 97);
     let mut s = Scratch::new(&m, 32, 64);
     let mut kv = KvStore::for_model(&w.config, 32, 3).unwrap();
@@ -203,16 +222,25 @@ fn decode_after_prefill_equals_longer_prefill_bitwise() {
         &toks,
         LogitsMode::LastPerSequence,
     );
-    assert!(last
-        .iter()
-        .zip(&full)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(
+        last.iter()
+            .zip(&full)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{numerics:?}"
+    );
 }
 
 /// Decode one step of sequence 0 alone and inside batches with other
-/// sequences of different lengths; all must give the same bits.
+/// sequences of different lengths; all must give the same bits, in either
+/// numerics.
 #[test]
 fn decode_is_batch_invariant() {
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        decode_is_batch_invariant_in(numerics);
+    }
+}
+
+fn decode_is_batch_invariant_in(numerics: Numerics) {
     let w = random_model(
         &tiny(RopeStyle::Interleaved, 4, 2),
         DType::Q4_1,
@@ -222,7 +250,7 @@ fn decode_is_batch_invariant() {
     let v = 97;
     let mut reference: Option<Vec<f32>> = None;
     for (threads, batch) in [(1, 1), (2, 1), (2, 8), (2, 32), (1, 32), (3, 8)] {
-        let m = model(&w, threads);
+        let m = model_with(&w, threads, numerics);
         let mut s = Scratch::new(&m, 32, 64);
         let mut kv = KvStore::for_model(&w.config, 512, 4).unwrap();
         let mut pages = Pages::new(512, 4, batch as u64);
@@ -267,7 +295,7 @@ fn decode_is_batch_invariant() {
             None => reference = Some(row0),
             Some(r) => assert!(
                 r.iter().zip(&row0).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "threads {threads} batch {batch}"
+                "{numerics:?} threads {threads} batch {batch}"
             ),
         }
     }

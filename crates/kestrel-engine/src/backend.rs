@@ -30,6 +30,7 @@ pub(crate) fn start_cpu(
         page_size: config.page_size,
         max_seq_len: loop_config.max_seq_len,
         enable_prefix_cache: config.enable_prefix_cache,
+        numerics: config.numerics,
         ..CpuRuntimeConfig::default()
     };
     Engine::spawn(model, loop_config, "cpu".into(), move || {

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use kestrel_cpu::Numerics;
 use kestrel_pipeline::{PipelineMode, PrefillPolicy};
 
 /// Where the model comes from.
@@ -63,12 +64,16 @@ pub struct EngineConfig {
     pub mode: PipelineMode,
     pub prefill_policy: PrefillPolicy,
     pub enable_prefix_cache: bool,
+    /// The CPU runtime's matmul numerics: exact f32, or int8 activations
+    /// ([`Numerics::Fast`]). The CUDA runtime's f16 GEMMs do not read it.
+    pub numerics: Numerics,
 }
 
 impl Default for EngineConfig {
     /// Default model on the CPU, one thread per core, 32 rows, pages for
     /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
-    /// context, pipelined with ride-along prefill, prefix cache on.
+    /// context, pipelined with ride-along prefill, prefix cache on, exact
+    /// numerics.
     fn default() -> Self {
         let page_size = 16;
         Self {
@@ -83,6 +88,7 @@ impl Default for EngineConfig {
             mode: PipelineMode::Pipelined,
             prefill_policy: PrefillPolicy::RideAlong,
             enable_prefix_cache: true,
+            numerics: Numerics::Exact,
         }
     }
 }

@@ -15,7 +15,7 @@ use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_engine::{
-    Backend, Engine, EngineConfig, LoadEvent, ModelSource, PipelineMode, PrefillPolicy,
+    Backend, Engine, EngineConfig, LoadEvent, ModelSource, Numerics, PipelineMode, PrefillPolicy,
 };
 use kestrel_model::FetchStage;
 use kestrel_server::convert;
@@ -164,6 +164,16 @@ struct EngineArgs {
     /// Disable the prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// CPU matmul numerics: exact f32, or int8 activations for Q8_0/Q4_0/Q4_1
+    /// weights (faster, deterministic, not exact) [default: exact].
+    #[arg(long, value_enum)]
+    numerics: Option<NumericsArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum NumericsArg {
+    Exact,
+    Fast,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -213,6 +223,11 @@ impl EngineArgs {
                 Some(PrefillArg::RideAlong) => PrefillPolicy::RideAlong,
             },
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
+            numerics: match self.numerics {
+                None => d.numerics,
+                Some(NumericsArg::Exact) => Numerics::Exact,
+                Some(NumericsArg::Fast) => Numerics::Fast,
+            },
         }
     }
 }

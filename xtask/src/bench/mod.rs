@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::Numerics;
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{EngineLoop, Executor as _, LoopConfig, Request, SamplingParams, Tick};
@@ -39,6 +40,13 @@ use self::workload::{EngineConfig, LengthPlan, Mix, PromptSet, Workload};
 pub enum Backend {
     Cpu,
     Cuda,
+}
+
+/// The CPU runtime's matmul numerics ([`kestrel_cpu::Numerics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NumericsArg {
+    Exact,
+    Fast,
 }
 
 /// `cargo xtask bench` options.
@@ -77,6 +85,9 @@ pub struct BenchArgs {
     /// GGUF model (default: the cached default model, fetched if missing).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// CPU matmul numerics (`KESTREL_ISA` picks the kernel ISA).
+    #[arg(long, value_enum, default_value_t = NumericsArg::Exact)]
+    numerics: NumericsArg,
     /// Also run a peer engine's benchmark on the same GGUF and threads:
     /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`).
     #[arg(long, num_args = 2, value_names = ["ENGINE", "DIR"])]
@@ -95,6 +106,7 @@ pub struct Options {
     pub out: PathBuf,
     pub model: Option<PathBuf>,
     pub peer: Option<PathBuf>,
+    pub numerics: Numerics,
 }
 
 impl Options {
@@ -145,6 +157,9 @@ impl Options {
             Some([engine, _]) => bail!("unknown peer `{engine}`; supported: llama.cpp"),
             Some(_) => bail!("--peer takes ENGINE DIR"),
         };
+        if a.numerics != NumericsArg::Exact && a.backend != Backend::Cpu {
+            bail!("--numerics chooses the CPU runtime's matmuls: use it with --backend cpu");
+        }
         if peer.is_some() && a.backend != Backend::Cpu {
             bail!("--peer compares CPU engines on the same threads: use it with --backend cpu");
         }
@@ -161,6 +176,10 @@ impl Options {
                 .unwrap_or_else(|| workspace_root().join("results").join(bench_dir_name())),
             model: a.model.clone(),
             peer,
+            numerics: match a.numerics {
+                NumericsArg::Exact => Numerics::Exact,
+                NumericsArg::Fast => Numerics::Fast,
+            },
         })
     }
 }
@@ -443,6 +462,7 @@ fn cpu_runtime(
             num_pages: num_pages(max_streams),
             page_size: PAGE_SIZE,
             max_seq_len: MAX_SEQ_LEN,
+            numerics: opts.numerics,
             ..CpuRuntimeConfig::default()
         },
     )

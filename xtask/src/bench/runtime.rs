@@ -14,7 +14,8 @@ use kestrel_pipeline::{Executor, SamplingParams};
 pub trait BenchRuntime: Executor<Params = SamplingParams> {
     /// Bytes of weights the forward reads per step.
     fn weight_bytes(&self) -> usize;
-    /// The backend as the report names it (`cpu`, `cuda (<device>)`).
+    /// The backend as the report names it (`cpu (isa=.., numerics=..)`,
+    /// `cuda (<device>)`).
     fn describe(&self) -> String;
 }
 
@@ -24,7 +25,11 @@ impl BenchRuntime for CpuRuntime {
     }
 
     fn describe(&self) -> String {
-        "cpu".to_owned()
+        format!(
+            "cpu (isa={:?}, numerics={:?})",
+            self.isa(),
+            self.config().numerics
+        )
     }
 }
 

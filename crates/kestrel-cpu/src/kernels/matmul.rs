@@ -10,6 +10,7 @@
 
 use kestrel_model::Matrix;
 
+use super::int8::{self, Numerics, Q8Block};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::Isa;
@@ -112,18 +113,29 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `y = x w^T` for one matrix. See [`matmul_group`].
-pub fn matmul(team: Option<&Team>, isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, y: &mut [f32]) {
-    matmul_group(team, isa, x, n, &mut [MatmulJob { w, y }]);
+pub fn matmul(
+    team: Option<&Team>,
+    isa: Isa,
+    numerics: Numerics,
+    w: MatRef<'_>,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    matmul_group(team, isa, numerics, x, n, &mut [MatmulJob { w, y }]);
 }
 
 /// `job.y = x job.w^T` for several matrices sharing the input `x`
-/// (`n x cols`), in one parallel region (e.g. Q, K and V).
+/// (`n x cols`), in one parallel region (e.g. Q, K and V). With
+/// [`Numerics::Fast`], `x` is quantized once (`int8.rs`) for every matrix
+/// whose encoding has an integer dot; the others are computed exactly.
 ///
 /// # Panics
 /// If a matrix's `cols` differs from `x.len() / n` or a `y` is not `n x rows`.
 pub fn matmul_group(
     team: Option<&Team>,
     isa: Isa,
+    numerics: Numerics,
     x: &[f32],
     n: usize,
     jobs: &mut [MatmulJob<'_>],
@@ -157,24 +169,194 @@ pub fn matmul_group(
         }
         a
     };
-    let run = |t: usize| {
-        // Task `t` covers rows v0..v1 of all the jobs' rows laid end to end.
-        let (v0, v1) = (split.start(t), split.start(t + 1));
-        let mut off = 0;
-        for (w, y) in ptrs.iter().flatten() {
-            let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
-            if r0 < r1 {
-                // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
-                // mutably for the whole call; task `t` alone writes rows r0..r1
-                // (tasks cover disjoint row ranges).
-                unsafe { rows_task(isa, *w, x, n, r0, r1, *y) };
+    let region = |xq: Option<&[Q8Block]>| {
+        let run = |t: usize| {
+            // Task `t` covers rows v0..v1 of all the jobs' rows laid end to end.
+            let (v0, v1) = (split.start(t), split.start(t + 1));
+            let mut off = 0;
+            for (w, y) in ptrs.iter().flatten() {
+                let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
+                if r0 < r1 {
+                    // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
+                    // mutably for the whole call; task `t` alone writes rows r0..r1
+                    // (tasks cover disjoint row ranges).
+                    unsafe {
+                        match xq.filter(|_| int8::has_int8_dot(w.enc)) {
+                            Some(xq) => int8_rows_task(isa, w, xq, n, r0, r1, *y),
+                            None => rows_task(isa, *w, x, n, r0, r1, *y),
+                        }
+                    }
+                }
+                off += w.rows;
             }
-            off += w.rows;
+        };
+        match team {
+            Some(t) => t.for_each(ntasks, run),
+            _ => (0..ntasks).for_each(run),
         }
     };
-    match team {
-        Some(t) => t.for_each(ntasks, run),
-        _ => (0..ntasks).for_each(run),
+    let fast = numerics == Numerics::Fast
+        && cols.is_multiple_of(32)
+        && jobs.iter().any(|j| int8::has_int8_dot(j.w.enc));
+    if !fast {
+        return region(None);
+    }
+    XQ.with(|b| {
+        let mut b = b.borrow_mut();
+        let nb = n * cols / 32;
+        if b.len() < nb {
+            b.resize(nb, Q8Block::default());
+        }
+        quantize_rows(isa, x, &mut b[..nb]);
+        region(Some(&b[..nb]));
+    });
+}
+
+thread_local! {
+    /// The calling thread's quantized activations (grows once to the
+    /// largest `n * cols / 32` blocks).
+    static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.
+fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
+    assert_eq!(x.len(), 32 * out.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: `x` holds 32 floats per block of `out` (asserted); `isa`
+        // was checked supported by `matmul_group`, and both SIMD ISAs
+        // include AVX2, FMA and F16C.
+        unsafe { x86_int8::quantize_row256(x.as_ptr(), out.len(), out.as_mut_ptr()) };
+        return;
+    }
+    let _ = isa;
+    int8::quantize_row(x, out);
+}
+
+/// `$go!(B)` with `B` the x86 [`x86_int8::Int8Block`] type of encoding `$enc`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_int8_block {
+    ($enc:expr, $go:ident) => {
+        match $enc {
+            Encoding::Q8_0 => $go!(x86::Q8_0B),
+            Encoding::Q4_0 => $go!(x86::Q4_0B),
+            Encoding::Q4_1 => $go!(x86::Q4_1B),
+            Encoding::Q4_0F => $go!(x86::Q4_0FB),
+            Encoding::Q4_1F => $go!(x86::Q4_1FB),
+            other => unreachable!("{other:?} has no integer dot"),
+        }
+    };
+}
+
+/// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
+/// from `xq` (`n` quantized rows). One activation row: the task's rows in
+/// one sweep; several: 16 weight rows at a time (L1-resident) against every
+/// activation row, two at a time. Every element is one canonical int8 dot.
+///
+/// # Safety
+/// As [`rows_task`]; `w.enc` has an integer dot and `xq` holds `n` rows of
+/// `w.cols / 32` blocks.
+unsafe fn int8_rows_task(
+    isa: Isa,
+    w: &MatRef<'_>,
+    xq: &[Q8Block],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    assert!(
+        xq.len() >= n * nb,
+        "quantized rows for every activation row"
+    );
+    let group = if n == 1 { r1 - r0 } else { 16 };
+    let mut g0 = r0;
+    while g0 < r1 {
+        let g1 = (g0 + group).min(r1);
+        let mut c = 0;
+        while c < n {
+            let cn = if n - c >= 2 { 2 } else { 1 };
+            // SAFETY: forwarded from this fn's contract, for rows g0..g1 and
+            // activation rows c..c + cn < n.
+            unsafe { int8_sweep(isa, w, &xq[c * nb..(c + cn) * nb], g0..g1, c, y) };
+            c += cn;
+        }
+        g0 = g1;
+    }
+}
+
+/// Weight rows `rows` against the quantized activation rows `xq` (one or
+/// two, the first being activation row `c`).
+///
+/// # Safety
+/// As [`int8_rows_task`] for those rows.
+unsafe fn int8_sweep(
+    isa: Isa,
+    w: &MatRef<'_>,
+    xq: &[Q8Block],
+    rows: std::ops::Range<usize>,
+    c: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    let cn = xq.len() / nb;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        let args = |r: usize| x86_int8::Int8Args {
+            // SAFETY: `r <= rows.end <= w.rows`: at most one past the last row.
+            w: unsafe { w.data.as_ptr().add(r * w.row_bytes) },
+            row_bytes: w.row_bytes,
+            x: xq.as_ptr(),
+            nblocks: nb,
+        };
+        // SAFETY: as above, element (r, c) of the n x rows output.
+        let out = |r: usize| unsafe { y.0.add(c * w.rows + r) };
+        macro_rules! go {
+            ($B:ty) => {{
+                // Whole R-row tiles, then the rest one row at a time.
+                macro_rules! sweep {
+                    ($R:literal, $NB:literal) => {{
+                        let tiles = rows.len() / $R;
+                        let rest = rows.start + $R * tiles;
+                        // SAFETY: rows rows.start..rows.end exist and their
+                        // elements in activation rows c..c + $NB belong to
+                        // this task (fn contract); `xq` holds $NB rows; AVX2,
+                        // FMA and F16C come with every SIMD ISA, checked
+                        // supported by `matmul_group`.
+                        unsafe {
+                            x86_int8::int8_sweep256::<$B, $R, $NB>(
+                                args(rows.start),
+                                tiles,
+                                out(rows.start),
+                                w.rows,
+                            );
+                            x86_int8::int8_sweep256::<$B, 1, $NB>(
+                                args(rest),
+                                rows.end - rest,
+                                out(rest),
+                                w.rows,
+                            );
+                        }
+                    }};
+                }
+                if cn == 2 {
+                    sweep!(2, 2)
+                } else {
+                    sweep!(4, 1)
+                }
+            }};
+        }
+        for_int8_block!(w.enc, go);
+        return;
+    }
+    let _ = isa;
+    for r in rows {
+        for j in 0..cn {
+            let v = int8::dot(w.enc, w.row(r), &xq[j * nb..(j + 1) * nb]);
+            // SAFETY: element (r, c + j) belongs to this task.
+            unsafe { *y.0.add((c + j) * w.rows + r) = v };
+        }
     }
 }
 
@@ -543,7 +725,7 @@ unsafe fn tile(
 }
 
 #[cfg(target_arch = "x86_64")]
-use super::x86;
+use super::{x86, x86_int8};
 
 /// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
 pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {

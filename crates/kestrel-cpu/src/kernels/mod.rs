@@ -1,23 +1,32 @@
 //! Compute kernels: quantized/dense matrix products, elementwise ops and
 //! paged attention. Each kernel has a portable scalar form that defines its
 //! exact floating-point result; the SIMD forms reproduce it bit for bit, so
-//! the choice of [`Isa`] never changes a logit.
+//! the choice of [`Isa`] never changes a logit. [`Numerics::Fast`] swaps the
+//! matmuls of Q8_0/Q4_0/Q4_1 weights for int8-activation ones (`int8.rs`),
+//! again one definition for every ISA, batch size and thread count.
 
 pub mod attention;
+pub(crate) mod int8;
 pub mod matmul;
 pub mod ops;
 pub(crate) mod scalar;
 pub mod weight;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_int8;
 
 use std::sync::OnceLock;
 
+use crate::CpuError;
+
+pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
 pub use weight::{Encoding, Weight};
 
 /// Which instruction set the matrix kernels use. All produce identical bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Ordered by capability: each ISA's CPUs also run the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Portable Rust; the definition of every kernel's result.
     Scalar,
@@ -28,18 +37,56 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best ISA this CPU supports, detected once. `KESTREL_CPU_ISA`
-    /// (`scalar`, `avx2`, `avx512`) lowers it, for testing and comparisons.
-    pub fn detect() -> Isa {
-        static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| {
-            let best = Self::best_supported();
-            match std::env::var("KESTREL_CPU_ISA").as_deref() {
-                Ok("scalar") => Isa::Scalar,
-                Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
-                _ => best,
-            }
+    /// The environment variable that forces an ISA: `scalar`, `avx2` or
+    /// `avx512`. Lets an AVX-512 machine measure the AVX2 kernels, or any
+    /// machine the scalar definition.
+    pub const ENV: &'static str = "KESTREL_ISA";
+
+    /// The ISA the kernels use, decided once per process: [`Isa::ENV`] if
+    /// set, else the best this CPU supports. A forced ISA the CPU lacks, or
+    /// an unknown name, is a [`CpuError::Isa`] (cached: every call gives the
+    /// same answer).
+    pub fn try_detect() -> Result<Isa, CpuError> {
+        static ISA: OnceLock<Result<Isa, IsaRequestError>> = OnceLock::new();
+        ISA.get_or_init(|| match std::env::var(Self::ENV) {
+            Ok(v) => Self::resolve(&v, Self::best_supported()),
+            Err(_) => Ok(Self::best_supported()),
         })
+        .clone()
+        .map_err(CpuError::from)
+    }
+
+    /// As [`Isa::try_detect`], for callers with no error path (benches,
+    /// tests, the sampler): a refused request is logged as a warning and the
+    /// best supported ISA is used. [`crate::CpuModel::new`] refuses instead.
+    pub fn detect() -> Isa {
+        Self::try_detect().unwrap_or_else(|e| {
+            let best = Self::best_supported();
+            tracing::warn!(error = %e, using = ?best, "ignoring {}", Self::ENV);
+            best
+        })
+    }
+
+    /// The ISA a forced `value` of [`Isa::ENV`] names, on a CPU whose best
+    /// ISA is `best`.
+    pub fn resolve(value: &str, best: Isa) -> Result<Isa, IsaRequestError> {
+        let isa = match value.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Isa::Scalar,
+            "avx2" => Isa::Avx2,
+            "avx512" => Isa::Avx512,
+            _ => {
+                return Err(IsaRequestError::Unknown {
+                    value: value.to_owned(),
+                })
+            }
+        };
+        if isa > best {
+            return Err(IsaRequestError::Unsupported {
+                requested: isa,
+                best,
+            });
+        }
+        Ok(isa)
     }
 
     /// Whether this CPU can run kernels of `self`.
@@ -65,5 +112,44 @@ impl Isa {
             }
         }
         Isa::Scalar
+    }
+}
+
+/// Why a forced ISA ([`Isa::ENV`]) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaRequestError {
+    #[error("{env}={value:?} names no ISA (scalar, avx2, avx512)", env = Isa::ENV)]
+    Unknown { value: String },
+    #[error("{env} asks for {requested:?}, but this CPU supports at most {best:?}", env = Isa::ENV)]
+    Unsupported { requested: Isa, best: Isa },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forced_isa_is_refused_above_the_cpu_and_parsed_by_name() {
+        assert_eq!(Isa::resolve("avx2", Isa::Avx512), Ok(Isa::Avx2));
+        assert_eq!(Isa::resolve(" AVX512 ", Isa::Avx512), Ok(Isa::Avx512));
+        assert_eq!(Isa::resolve("scalar", Isa::Scalar), Ok(Isa::Scalar));
+        assert_eq!(
+            Isa::resolve("avx512", Isa::Avx2),
+            Err(IsaRequestError::Unsupported {
+                requested: Isa::Avx512,
+                best: Isa::Avx2
+            })
+        );
+        assert_eq!(
+            Isa::resolve("avx2", Isa::Scalar),
+            Err(IsaRequestError::Unsupported {
+                requested: Isa::Avx2,
+                best: Isa::Scalar
+            })
+        );
+        assert!(matches!(
+            Isa::resolve("sse4", Isa::Avx512),
+            Err(IsaRequestError::Unknown { .. })
+        ));
     }
 }

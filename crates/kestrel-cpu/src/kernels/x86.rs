@@ -59,7 +59,7 @@ pub(crate) struct Q6KFB;
 /// The f16 scale at `p` as f32, and the one at `p + 2` (lanes 0 and 1).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scales(p: *const u8) -> __m128 {
+pub(crate) unsafe fn scales(p: *const u8) -> __m128 {
     // SAFETY: the caller guarantees `p` is valid for the block's bytes, which
     // start with at least 2 bytes of scale; reading 4 is within every block
     // of a quantized dtype (Q8_0/Q4_0 blocks are 34/18 bytes).
@@ -449,7 +449,7 @@ fn bits_to_bytes256(bits: u32) -> __m256i {
 /// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
+pub(crate) unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
     // SAFETY: 16 readable bytes at `qs` (fn contract).
     let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
     let mask = _mm_set1_epi8(0x0F);
@@ -643,14 +643,14 @@ pub(crate) struct TileArgs {
 }
 
 /// How many row tiles ahead [`tile512`] prefetches.
-const PREFETCH_TILES: usize = 4;
+pub(crate) const PREFETCH_TILES: usize = 4;
 
 /// How many rows ahead the row dequantizers prefetch.
 const PREFETCH_ROWS: usize = 8;
 
 /// Hint the line at `p` into cache. Never faults, whatever `p` is.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8) {
     // SAFETY: prefetch is a hint: it does not dereference architecturally and
     // cannot fault, so any address (even past an allocation) is fine.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };

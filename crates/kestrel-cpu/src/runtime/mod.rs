@@ -28,6 +28,7 @@ use kestrel_pipeline::{
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
+use crate::kernels::{Isa, Numerics};
 use crate::model::CpuModelOptions;
 use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
@@ -46,6 +47,8 @@ pub struct CpuRuntimeConfig {
     pub enable_prefix_cache: bool,
     /// Prompt tokens per prefill forward call.
     pub prefill_chunk: usize,
+    /// The matmuls' numerics (exact f32 by default).
+    pub numerics: Numerics,
 }
 
 impl Default for CpuRuntimeConfig {
@@ -58,6 +61,7 @@ impl Default for CpuRuntimeConfig {
             max_seq_len: 8192,
             enable_prefix_cache: true,
             prefill_chunk: 256,
+            numerics: Numerics::Exact,
         }
     }
 }
@@ -102,6 +106,7 @@ pub struct CpuRuntime {
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
     compute_threads: usize,
+    isa: Isa,
     /// Device-side timings of committed steps, when recording is on.
     timings: Option<Vec<StepTiming>>,
 }
@@ -129,10 +134,12 @@ impl CpuRuntime {
             CpuModelOptions {
                 threads: cfg.threads,
                 isa: None,
+                numerics: cfg.numerics,
             },
         )?);
         let weight_bytes = model.weight_bytes();
         let compute_threads = model.threads();
+        let isa = model.isa();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
         let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.prefill_chunk), max_context);
@@ -179,6 +186,7 @@ impl CpuRuntime {
             rows_buf: Vec::new(),
             weight_bytes,
             compute_threads,
+            isa,
             timings: None,
         })
     }
@@ -196,6 +204,11 @@ impl CpuRuntime {
     /// `threads`, resolved).
     pub fn compute_threads(&self) -> usize {
         self.compute_threads
+    }
+
+    /// The kernel ISA the model runs (see [`Isa::try_detect`]).
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     pub fn kv_stats(&self) -> KvStats {

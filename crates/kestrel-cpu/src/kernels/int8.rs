@@ -1,0 +1,181 @@
+//! Fast numerics ([`Numerics::Fast`]): activations quantized to int8 per
+//! 32-element block, integer dot products with Q8_0/Q4_0/Q4_1 weight blocks
+//! (ggml's Q8_1 activations). This file is the *definition* of the mode's
+//! results; `x86_int8.rs` reproduces it bit for bit with AVX2 for finite
+//! activations. Other encodings keep the exact f32 path in either mode.
+//!
+//! Per activation block: `d = max|x| / 127`, `q = round_ties_even(x / d)`
+//! (as `x * (1 / d)`), `s = d * sum(q)`. Per output: 8 f32 lanes; block b
+//! adds `float(sum_{k<4} w[4l+k] * q[4l+k]) * (d_w * d_x)` (one fused
+//! rounding) to lane `l`, with `w` the block's integer weights (Q8_0 `q`,
+//! Q4_0 `q - 8`, Q4_1 `q`); Q4_1's `m_w * s_x` goes to a separate fused sum.
+//! The result is the lanes' fixed tree plus that sum. Integer sums are exact,
+//! so one order serves every batch size, thread count and ISA.
+
+#![allow(clippy::needless_range_loop)] // lane index drives both lane and source offset
+
+use super::scalar::BLOCK;
+use super::weight::Encoding;
+
+/// How the matrix kernels compute: exact f32 (the default), or int8
+/// activations for the encodings that have an integer dot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// Canonical f32 dot products of the weights' exact values.
+    #[default]
+    Exact,
+    /// Int8 activations per 32-element block for Q8_0/Q4_0/Q4_1 weights
+    /// (see the module docs); batch-invariant and deterministic, not exact.
+    Fast,
+}
+
+/// One 32-element block of a quantized activation row.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Q8Block {
+    /// Scale: element `i` is `q[i] * d`.
+    pub d: f32,
+    /// `d * sum(q)`: the block's sum, for weights with a minimum.
+    pub s: f32,
+    pub q: [i8; BLOCK],
+}
+
+/// Whether [`Numerics::Fast`] has an integer dot for `enc`.
+pub(crate) const fn has_int8_dot(enc: Encoding) -> bool {
+    matches!(
+        enc,
+        Encoding::Q8_0 | Encoding::Q4_0 | Encoding::Q4_0F | Encoding::Q4_1 | Encoding::Q4_1F
+    )
+}
+
+/// Quantize one activation row (`x.len() == 32 * out.len()`).
+pub(crate) fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
+    debug_assert_eq!(x.len(), BLOCK * out.len());
+    for (xb, o) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        for (q, &v) in o.q.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+        o.d = d;
+        o.s = d * o.q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+    }
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// A block's integer weights, its scale and its minimum (0 when none).
+fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], f32, f32) {
+    let nibbles = |qs: &[u8], off: i32| -> [i32; BLOCK] {
+        std::array::from_fn(|i| {
+            let q = if i < 16 {
+                qs[i] & 0x0F
+            } else {
+                qs[i - 16] >> 4
+            };
+            i32::from(q) - off
+        })
+    };
+    match enc {
+        Encoding::Q8_0 => (
+            std::array::from_fn(|i| i32::from(b[2 + i] as i8)),
+            f16_at(b, 0),
+            0.0,
+        ),
+        Encoding::Q4_0 => (nibbles(&b[2..18], 8), f16_at(b, 0), 0.0),
+        Encoding::Q4_0F => (nibbles(&b[4..20], 8), f32_at(b, 0), 0.0),
+        Encoding::Q4_1 => (nibbles(&b[4..20], 0), f16_at(b, 0), f16_at(b, 2)),
+        Encoding::Q4_1F => (nibbles(&b[8..24], 0), f32_at(b, 0), f32_at(b, 4)),
+        other => unreachable!("{other:?} has no integer dot"),
+    }
+}
+
+/// The canonical 8-lane tree: `l + (l+4)`, `+ (l+2)`, `+ (l+1)`.
+pub(crate) fn reduce8(a: &[f32; 8]) -> f32 {
+    let s4: [f32; 4] = std::array::from_fn(|l| a[l] + a[l + 4]);
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// Canonical fast-mode dot product of one encoded row with a quantized
+/// activation row (one [`Q8Block`] per weight block).
+pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
+    let bb = enc.block_bytes();
+    let mut acc = [0f32; 8];
+    let mut mins = 0f32;
+    for (blk, xb) in xq.iter().enumerate() {
+        let (w, dw, mw) = int_weights(enc, &row[blk * bb..(blk + 1) * bb]);
+        let dd = dw * xb.d;
+        for l in 0..8 {
+            let p: i32 = (4 * l..4 * l + 4).map(|i| w[i] * i32::from(xb.q[i])).sum();
+            acc[l] = (p as f32).mul_add(dd, acc[l]);
+        }
+        mins = mw.mul_add(xb.s, mins);
+    }
+    reduce8(&acc) + mins
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantized_blocks_reconstruct_within_half_a_step() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.37)
+            .collect();
+        let mut q = [Q8Block::default(); 2];
+        quantize_row(&x, &mut q);
+        for (xb, b) in x.chunks_exact(32).zip(&q) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(b.d, amax / 127.0);
+            assert!(b.q.iter().any(|&v| v.abs() == 127));
+            for (v, &qi) in xb.iter().zip(&b.q) {
+                assert!((v - f32::from(qi) * b.d).abs() <= b.d * 0.5 * (1.0 + 1e-6));
+            }
+            let sum: i32 = b.q.iter().map(|&v| i32::from(v)).sum();
+            assert_eq!(b.s, b.d * sum as f32);
+        }
+        // A zero block quantizes to zeros with a zero scale.
+        let mut z = [Q8Block::default()];
+        quantize_row(&[0.0; 32], &mut z);
+        assert_eq!((z[0].d, z[0].s, z[0].q), (0.0, 0.0, [0; 32]));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_quantizer_gives_the_definition_ties_included() {
+        if !super::super::Isa::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        // Block 0: amax 127, so d = 1 and every .5 is a tie (to even);
+        // block 1: zeros; blocks 2..: random magnitudes.
+        let mut x: Vec<f32> = (0..32).map(|i| i as f32 * 2.5 - 40.25).collect();
+        x[31] = -127.0;
+        x[3] = 2.5;
+        x[4] = -3.5;
+        x.extend([0.0; 32]);
+        let mut rng = crate::synth::Rng(9);
+        x.extend(rng.vec(32 * 40, 3.0));
+        let nb = x.len() / 32;
+        let (mut a, mut b) = (vec![Q8Block::default(); nb], vec![Q8Block::default(); nb]);
+        quantize_row(&x, &mut a);
+        // SAFETY: `x` holds 32 floats per block of `b`; AVX2 checked above.
+        unsafe { super::super::x86_int8::quantize_row256(x.as_ptr(), nb, b.as_mut_ptr()) };
+        assert_eq!((a[0].q[3], a[0].q[4]), (2, -4), "ties go to even");
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(
+                (a.d.to_bits(), a.s.to_bits(), a.q),
+                (b.d.to_bits(), b.s.to_bits(), b.q),
+                "block {i}"
+            );
+        }
+    }
+}
