@@ -94,7 +94,7 @@ type Events = BoxStream<'static, Result<StreamEvent, EngineError>>;
 /// With `n > 1` the first sample of each prompt goes ahead alone until its
 /// first event: its prefill has then ended and published the prompt's full
 /// KV pages to the prefix cache, so the other samples' prefills reuse them
-/// (`cached_tokens`) instead of computing and storing the prompt `n` times.
+/// instead of computing and storing the prompt `n` times.
 /// The event read is put back in front of that sample's stream.
 async fn submit_all(app: &App, plan: &Plan) -> Result<Vec<Events>, ApiError> {
     let n = plan.n as usize;
