@@ -124,12 +124,7 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let (listener, local_addr) = bind(addr).await?;
 
     let reflection_v1 = reflection().build_v1().map_err(ServeError::Reflection)?;
     let reflection_v1alpha = reflection()
@@ -159,12 +154,6 @@ pub async fn serve(
         .add_service(service(engine))
         .prepare()
         .into_axum_router();
-    use axum::serve::ListenerExt as _;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
     let task = tokio::spawn(async move {
         axum::serve(listener, routes)
             .with_graceful_shutdown(stopped(stop_rx))
@@ -173,6 +162,27 @@ pub async fn serve(
     });
     tracing::info!(%local_addr, "gRPC server listening");
     Ok(RunningServer { local_addr, task })
+}
+
+/// Binds `addr` for one of our axum servers (gRPC, HTTP): the listener,
+/// which sets TCP_NODELAY on every connection so a streamed token leaves
+/// at once rather than after Nagle's delay, and the bound address.
+async fn bind(
+    addr: SocketAddr,
+) -> Result<(impl axum::serve::Listener<Addr = SocketAddr>, SocketAddr), ServeError> {
+    use axum::serve::ListenerExt as _;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+    Ok((listener, local_addr))
 }
 
 fn reflection() -> tonic_reflection::server::Builder<'static> {

@@ -102,12 +102,7 @@ pub async fn serve_http(
     options: HttpOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunningServer, ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let (listener, local_addr) = crate::bind(addr).await?;
     let app = router(engine, &options);
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
