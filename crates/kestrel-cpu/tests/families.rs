@@ -11,12 +11,12 @@
 //! without them unless `KESTREL_REQUIRE_PYTHON` is set (CI), and needs the
 //! default model (its vocabulary), fetched like every real-model test.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kestrel_cpu::{
-    CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PrefillBatch, Scratch,
-};
+use kestrel_cpu::{CpuModel, CpuModelOptions};
 
 /// f32 Rust vs f32 NumPy on tiny random models: summation order only.
 const LOGIT_ATOL: f32 = 5e-4;
@@ -95,34 +95,11 @@ fn check_case(dir: &Path, name: &str) -> f32 {
         },
     )
     .unwrap();
-    let vocab = model.config().vocab_size;
-    let page = 4; // small pages: windows and prompts cross page boundaries
-    let pages: Vec<u32> = (0..32).collect();
-    let mut kv = KvStore::for_model(model.config(), pages.len(), page).unwrap();
-    let mut scratch = Scratch::new(&model, 64, 128);
-    let mut logits = vec![0f32; vocab];
-    let len = prompt.len();
-    let b = PrefillBatch {
-        tokens: &prompt,
-        qo_indptr: &[0, len as u32],
-        start_pos: &[0],
-        kv_indptr: &[0, len.div_ceil(page) as u32],
-        kv_indices: &pages,
-        kv_last_page_len: &[((len - 1) % page + 1) as u32],
-    };
-    model
-        .forward_prefill(
-            b,
-            &mut kv,
-            &mut logits,
-            LogitsMode::LastPerSequence,
-            &mut scratch,
-        )
-        .unwrap();
-    let mut worst = 0f32;
     let steps = want["steps"].as_array().unwrap();
-    for (step, s) in steps.iter().enumerate() {
-        for pair in s["logits"].as_array().unwrap() {
+    let mut worst = 0f32;
+    // Small pages: windows and prompts cross page boundaries.
+    let got = common::greedy_decode(&model, &prompt, steps.len(), 4, |step, logits| {
+        for pair in steps[step]["logits"].as_array().unwrap() {
             let (i, w) = (
                 pair[0].as_u64().unwrap() as usize,
                 pair[1].as_f64().unwrap() as f32,
@@ -135,27 +112,14 @@ fn check_case(dir: &Path, name: &str) -> f32 {
                 logits[i]
             );
         }
-        let tok = (0..vocab)
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
-            .unwrap() as u32;
+    });
+    for (step, (s, tok)) in steps.iter().zip(got).enumerate() {
         assert_eq!(
             u64::from(tok),
             s["token"].as_u64().unwrap(),
             "{name} step {step}: greedy token (reference margin {})",
             s["margin"]
         );
-        let pos = (len + step) as u32;
-        let n = pos as usize + 1;
-        let b = DecodeBatch {
-            tokens: &[tok],
-            positions: &[pos],
-            kv_indptr: &[0, n.div_ceil(page) as u32],
-            kv_indices: &pages,
-            kv_last_page_len: &[((n - 1) % page + 1) as u32],
-        };
-        model
-            .forward_decode(b, &mut kv, &mut logits, &mut scratch)
-            .unwrap();
     }
     worst
 }

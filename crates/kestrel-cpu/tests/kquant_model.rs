@@ -10,13 +10,12 @@
 //! top-5 logits must agree within 0.02. Uses `$KESTREL_PYTHON`; skips, saying
 //! so, without numpy/gguf unless `KESTREL_REQUIRE_PYTHON` is set (CI).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kestrel_cpu::{
-    sample, CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, PenaltyState,
-    PrefillBatch, SamplingParams, Scratch,
-};
+use kestrel_cpu::{CpuModel, CpuModelOptions};
 use kestrel_model::gguf::write_gguf;
 use kestrel_model::{default_model_path, DType, GgufFile, GgufValue, Matrix};
 
@@ -102,63 +101,6 @@ fn write_q4_k_m(src: &Path, out: &Path) -> Vec<DType> {
     types
 }
 
-/// Greedy ids and per-step logits (full vocab) of Kestrel on `prompt`.
-fn kestrel_greedy(model: &CpuModel, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let vocab = model.config().vocab_size;
-    let page = 16;
-    let mut kv = KvStore::for_model(model.config(), 16, page).unwrap();
-    let mut scratch = Scratch::new(model, 64, 256);
-    let pages: Vec<u32> = (0..16).collect();
-    let len = prompt.len();
-    let mut logits = vec![0f32; vocab];
-    let b = PrefillBatch {
-        tokens: prompt,
-        qo_indptr: &[0, len as u32],
-        start_pos: &[0],
-        kv_indptr: &[0, len.div_ceil(page) as u32],
-        kv_indices: &pages,
-        kv_last_page_len: &[((len - 1) % page + 1) as u32],
-    };
-    model
-        .forward_prefill(
-            b,
-            &mut kv,
-            &mut logits,
-            LogitsMode::LastPerSequence,
-            &mut scratch,
-        )
-        .unwrap();
-    let mut st = PenaltyState::new(vocab);
-    let (mut ids, mut steps) = (vec![], vec![]);
-    for step in 0..STEPS {
-        steps.push(logits.clone());
-        let pos = (len + step) as u32;
-        let tok = sample(
-            &mut logits,
-            &SamplingParams::greedy(),
-            None,
-            &mut st,
-            pos,
-            0,
-        )
-        .unwrap()
-        .token;
-        ids.push(tok);
-        let n = pos as usize + 1;
-        let b = DecodeBatch {
-            tokens: &[tok],
-            positions: &[pos],
-            kv_indptr: &[0, n.div_ceil(page) as u32],
-            kv_indices: &pages,
-            kv_last_page_len: &[((n - 1) % page + 1) as u32],
-        };
-        model
-            .forward_decode(b, &mut kv, &mut logits, &mut scratch)
-            .unwrap();
-    }
-    (ids, steps)
-}
-
 #[test]
 fn q4_k_m_requantized_default_model_matches_numpy_reference() {
     let Some(python) = python() else { return };
@@ -213,7 +155,8 @@ fn q4_k_m_requantized_default_model_matches_numpy_reference() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let (got, logits) = kestrel_greedy(&model, prompt);
+        let mut logits: Vec<Vec<f32>> = Vec::with_capacity(STEPS);
+        let got = common::greedy_decode(&model, prompt, STEPS, 16, |_, l| logits.push(l.to_vec()));
         for (step, top5) in r["top5"].as_array().unwrap().iter().enumerate() {
             for t in top5.as_array().unwrap() {
                 let (tok, want_l) = (

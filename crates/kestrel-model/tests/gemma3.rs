@@ -3,7 +3,7 @@
 //! use): its resolved config, and its SentencePiece tokenizer against the
 //! pure-Python one of `scripts/reference/gemma3_golden.py`
 //! (`tests/golden/gemma3-270m-q4_k_m.json`). The forward is checked in
-//! kestrel-cpu's `golden_gemma3` test.
+//! kestrel-cpu's `golden` test (`gemma3_matches_f32_reference`).
 
 use std::path::PathBuf;
 

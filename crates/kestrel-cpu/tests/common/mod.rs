@@ -1,11 +1,86 @@
-//! Shared fixtures: an f64 reference forward pass (contiguous, unpaged) and
-//! a toy page allocator that hands out shuffled, non-contiguous pages.
+//! Shared fixtures: an f64 reference forward pass (contiguous, unpaged), a
+//! toy page allocator that hands out shuffled, non-contiguous pages, and
+//! one sequence's greedy prefill + decode (what every check against a
+//! reference's greedy tokens runs).
 
 #![allow(dead_code)]
 
 use kestrel_cpu::kernels::matmul::{dequant_row, MatRef};
 use kestrel_cpu::synth::Rng;
+use kestrel_cpu::{
+    sample, CpuModel, DecodeBatch, KvStore, LogitsMode, PenaltyState, PrefillBatch, SamplingParams,
+    Scratch,
+};
 use kestrel_model::{Matrix, ModelWeights, RopeStyle};
+
+/// One sequence on pages `0..` of `page` tokens: prefills `prompt`, then
+/// picks `steps` tokens greedily (the sampler's greedy: argmax, lowest id on
+/// ties), decoding each pick but the last. `at_step(step, logits)` sees a
+/// step's logits before its pick. Returns the picks.
+pub fn greedy_decode(
+    model: &CpuModel,
+    prompt: &[u32],
+    steps: usize,
+    page: usize,
+    mut at_step: impl FnMut(usize, &[f32]),
+) -> Vec<u32> {
+    let vocab = model.config().vocab_size;
+    let len = prompt.len();
+    let npages = (len + steps).div_ceil(page);
+    let pages: Vec<u32> = (0..npages as u32).collect();
+    let mut kv = KvStore::for_model(model.config(), npages, page).unwrap();
+    let mut scratch = Scratch::new(model, len, len + steps);
+    let mut logits = vec![0f32; vocab];
+    let b = PrefillBatch {
+        tokens: prompt,
+        qo_indptr: &[0, len as u32],
+        start_pos: &[0],
+        kv_indptr: &[0, len.div_ceil(page) as u32],
+        kv_indices: &pages,
+        kv_last_page_len: &[((len - 1) % page + 1) as u32],
+    };
+    model
+        .forward_prefill(
+            b,
+            &mut kv,
+            &mut logits,
+            LogitsMode::LastPerSequence,
+            &mut scratch,
+        )
+        .unwrap();
+    let mut st = PenaltyState::new(vocab);
+    let mut picks = Vec::with_capacity(steps);
+    for step in 0..steps {
+        at_step(step, &logits);
+        let pos = (len + step) as u32;
+        let tok = sample(
+            &mut logits,
+            &SamplingParams::greedy(),
+            None,
+            &mut st,
+            pos,
+            0,
+        )
+        .unwrap()
+        .token;
+        picks.push(tok);
+        if step + 1 == steps {
+            break;
+        }
+        let n = pos as usize + 1;
+        let b = DecodeBatch {
+            tokens: &[tok],
+            positions: &[pos],
+            kv_indptr: &[0, n.div_ceil(page) as u32],
+            kv_indices: &pages,
+            kv_last_page_len: &[((n - 1) % page + 1) as u32],
+        };
+        model
+            .forward_decode(b, &mut kv, &mut logits, &mut scratch)
+            .unwrap();
+    }
+    picks
+}
 
 fn deq(m: &Matrix) -> Vec<Vec<f64>> {
     let w = MatRef::new("m", m).unwrap();
