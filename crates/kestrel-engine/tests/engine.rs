@@ -3,6 +3,10 @@
 //! skills' small byte-level BPE tokenizer. Every await has a timeout: a
 //! hang fails the test instead of stalling CI.
 
+mod common;
+
+use common::rt;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,14 +97,6 @@ fn start(setup: Setup) -> Engine {
         })
     })
     .expect("engine starts")
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .expect("tokio runtime")
 }
 
 async fn timed<F: std::future::Future>(f: F) -> F::Output {

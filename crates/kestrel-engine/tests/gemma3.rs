@@ -3,20 +3,16 @@
 //! request batched with others equals the request alone, blocking equals
 //! pipelined decoding, and constrained output follows its constraint.
 
+mod common;
+
+use common::rt;
+
 use std::time::Duration;
 
 use kestrel_engine::{
     Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn engine(mode: PipelineMode) -> Engine {
     Engine::start(

