@@ -13,7 +13,8 @@ use kestrel_kv::LedgerError;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     CommittedToken, EngineLoop, ExecError, Executor, LoopConfig, Observed, Outcome, PipelineMode,
-    PrefillInput, PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
+    PrefillInput, PrefillPolicy, PrefillStart, Request, SamplingParams, SequenceSkill, Tick,
+    TokenId, Verdict,
 };
 
 /// Records tokens; stops at one of `eos`.
@@ -369,6 +370,8 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
         prompt: &prompt,
         params: &params,
         max_len: 16,
+        start: PrefillStart::Admit,
+        max_tokens: usize::MAX,
     };
     rt.launch_prefill(0, &[input]).unwrap();
     // Waiting before sampling used to block forever on this runtime.
@@ -409,5 +412,75 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     rt.finalize_sampling(1, None).unwrap();
     assert_eq!(rt.wait_step(1).unwrap().tokens.len(), 1);
     rt.release(7);
+    assert_eq!(rt.num_allocated(), 0);
+}
+
+/// A prompt prefilled in chunks at the runtime's level: a chunk short of
+/// the prompt's end returns no row; a chunk that does not resume where the
+/// last one ended is refused before dispatch with a typed error naming it;
+/// and the first token and the decode after it equal a whole-prompt
+/// prefill's.
+#[test]
+fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 3);
+    let prompt: Vec<TokenId> = (1..40).collect();
+    let params = SamplingParams::default();
+    let input = |id, start, max_tokens| PrefillInput {
+        id,
+        prompt: &prompt,
+        params: &params,
+        max_len: 64,
+        start,
+        max_tokens,
+    };
+    let first_two = |rt: &mut CpuRuntime, id| -> Vec<TokenId> {
+        let mut out = vec![rt.wait_step(0).unwrap().tokens[0]];
+        rt.launch_decode(1, &[id]).unwrap();
+        rt.finalize_sampling(1, None).unwrap();
+        out.push(rt.wait_step(1).unwrap().tokens[0]);
+        out
+    };
+    let mut whole = small_runtime(w.clone(), 1);
+    whole
+        .launch_prefill(0, &[input(1, PrefillStart::Admit, usize::MAX)])
+        .unwrap();
+    whole.finalize_sampling(0, None).unwrap();
+    let want = first_two(&mut whole, 1);
+
+    let mut rt = small_runtime(w, 1);
+    rt.launch_prefill(0, &[input(2, PrefillStart::Admit, 16)])
+        .unwrap();
+    rt.finalize_sampling(0, None).unwrap();
+    assert!(
+        rt.wait_step(0).unwrap().tokens.is_empty(),
+        "a partial chunk samples nothing"
+    );
+    let Err(ExecError::PreDispatch(e)) =
+        rt.launch_prefill(1, &[input(2, PrefillStart::Resume(20), 16)])
+    else {
+        panic!("a chunk that skips tokens must be refused");
+    };
+    assert!(
+        matches!(
+            e,
+            RuntimeError::ChunkOutOfOrder {
+                id: 2,
+                start: 20,
+                written: Some(16)
+            }
+        ),
+        "{e}"
+    );
+    for (slot, start) in [(1, 16), (0, 32)] {
+        rt.launch_prefill(slot, &[input(2, PrefillStart::Resume(start), 16)])
+            .unwrap();
+        rt.finalize_sampling(slot, None).unwrap();
+        if start == 16 {
+            assert!(rt.wait_step(slot).unwrap().tokens.is_empty());
+        }
+    }
+    // The last chunk (32..39) ran in slot 0: its token, then a decode.
+    assert_eq!(first_two(&mut rt, 2), want);
+    rt.release(2);
     assert_eq!(rt.num_allocated(), 0);
 }

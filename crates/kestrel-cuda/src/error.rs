@@ -61,6 +61,11 @@ pub enum CudaError {
         features: Vec<&'static str>,
     },
 
+    /// A prefill chunk short of its prompt's end, or the resumption of
+    /// one: the CUDA runtime prefills whole prompts only.
+    #[error("request {0}: the CUDA runtime prefills whole prompts only (no chunked prefill yet)")]
+    ChunkedPrefill(RequestId),
+
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),

@@ -11,7 +11,7 @@
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
-use kestrel_pipeline::{Executor, PrefillInput, RequestId, SamplingParams, TokenId};
+use kestrel_pipeline::{Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId};
 
 #[test]
 fn non_llama_blocks_are_refused_by_name() {
@@ -90,6 +90,8 @@ where
             prompt: p,
             params: &params,
             max_len: p.len() + steps + 1,
+            start: PrefillStart::Admit,
+            max_tokens: usize::MAX,
         })
         .collect();
     let mut out = vec![Vec::new(); prompts.len()];

@@ -44,6 +44,11 @@ impl std::fmt::Display for Backend {
     }
 }
 
+/// The CPU backend's prefill chunk (tokens) when none is configured: a
+/// multiple of the runtime's forward chunk (256), so chunking adds steps
+/// but no extra forward calls.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 /// Engine configuration. See [`EngineConfig::default`] for the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -63,6 +68,12 @@ pub struct EngineConfig {
     pub max_seq_len: Option<usize>,
     pub mode: PipelineMode,
     pub prefill_policy: PrefillPolicy,
+    /// Chunked prefill: prompt tokens per prefill step at most, so decoding
+    /// sequences wait one chunk's forward rather than a long prompt's.
+    /// `None`: the backend's default ([`DEFAULT_PREFILL_CHUNK`] on the CPU;
+    /// whole prompts on CUDA, which has no chunked prefill yet); `Some(0)`:
+    /// whole prompts.
+    pub prefill_chunk: Option<usize>,
     pub enable_prefix_cache: bool,
     /// The CPU runtime's matmul numerics: exact f32, or int8 activations
     /// ([`Numerics::Fast`]). The CUDA runtime's f16 GEMMs do not read it.
@@ -72,8 +83,8 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     /// Default model on the CPU, one thread per core, 32 rows, pages for
     /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
-    /// context, pipelined with ride-along prefill, prefix cache on, exact
-    /// numerics.
+    /// context, pipelined with ride-along prefill in chunks of the
+    /// backend's default, prefix cache on, exact numerics.
     fn default() -> Self {
         let page_size = 16;
         Self {
@@ -87,6 +98,7 @@ impl Default for EngineConfig {
             max_seq_len: None,
             mode: PipelineMode::Pipelined,
             prefill_policy: PrefillPolicy::RideAlong,
+            prefill_chunk: None,
             enable_prefix_cache: true,
             numerics: Numerics::Exact,
         }

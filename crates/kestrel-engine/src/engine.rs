@@ -6,6 +6,7 @@
 //! queue accounting); the engine itself is owned by its thread, never
 //! behind a lock.
 
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc::Sender;
@@ -96,6 +97,7 @@ impl Engine {
             max_batch_size: config.max_batch_size,
             max_waiting: config.max_waiting,
             max_seq_len: config.max_seq_len.unwrap_or(model.context_length()),
+            prefill_chunk: prefill_chunk(&config)?,
             debug_checks: cfg!(debug_assertions),
         };
         validate_engine_config(&config, &loop_config)?;
@@ -425,6 +427,21 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
     check(c.max_waiting >= 1, "max_waiting", "must be at least 1")?;
     check(lc.max_seq_len >= 2, "max_seq_len", "must be at least 2")?;
     Ok(())
+}
+
+/// [`EngineConfig::prefill_chunk`] resolved for the backend.
+fn prefill_chunk(c: &EngineConfig) -> Result<Option<NonZeroUsize>, EngineError> {
+    match (c.prefill_chunk, c.backend) {
+        (None, Backend::Cpu) => Ok(NonZeroUsize::new(crate::config::DEFAULT_PREFILL_CHUNK)),
+        (None, Backend::Cuda) => Ok(None),
+        (Some(n), Backend::Cuda) if n > 0 => Err(EngineError::invalid(
+            Field::Config("prefill_chunk"),
+            format!(
+                "{n}: the CUDA runtime prefills whole prompts only (no chunked prefill yet); use 0"
+            ),
+        )),
+        (Some(n), _) => Ok(NonZeroUsize::new(n)),
+    }
 }
 
 /// One request's events: `Delta`s, then exactly one `Done` or `Err`, then

@@ -32,7 +32,7 @@ mod skill;
 pub mod validate;
 mod worker;
 
-pub use config::{Backend, EngineConfig, LoadEvent, ModelSource};
+pub use config::{Backend, EngineConfig, LoadEvent, ModelSource, DEFAULT_PREFILL_CHUNK};
 pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::{error_chain, EngineError};
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};

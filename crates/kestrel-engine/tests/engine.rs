@@ -77,6 +77,7 @@ impl Default for Setup {
                 max_batch_size: 32,
                 max_waiting: 256,
                 max_seq_len: 512,
+                prefill_chunk: None,
                 debug_checks: true,
             },
             step_delay: Duration::ZERO,

@@ -4,9 +4,11 @@
 //! reused request id colliding with a finished one) would show here as a
 //! difference between blocking and pipelined decoding.
 //!
-//! The same mixed batch runs, all at once, on every mode x prefill policy;
-//! every request's tokens, text, finish reason and log-probabilities must
-//! be identical across the four engines.
+//! The same mixed batch runs, all at once, on every mode x prefill policy,
+//! with whole-prompt and chunked prefill (a chunk of 3 tokens, so every
+//! prompt, and a long one most of all, is prefilled in many steps that take
+//! turns with the others' decode steps); every request's tokens, text,
+//! finish reason and log-probabilities must be identical across the engines.
 
 mod common;
 
@@ -19,7 +21,7 @@ use kestrel_engine::{
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
 
-fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
+fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy, prefill_chunk: usize) -> Engine {
     let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
     Engine::start(
         EngineConfig {
@@ -27,6 +29,7 @@ fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
             threads: 2,
             mode,
             prefill_policy,
+            prefill_chunk: Some(prefill_chunk),
             max_batch_size: 16,
             kv_pages: 512,
             max_seq_len: Some(1024),
@@ -36,6 +39,9 @@ fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
     )
     .expect("engine starts")
 }
+
+const LONG_PROMPT: &str = "The river ran past the old mill, under the stone bridge and on \
+    towards the sea, where the boats waited for the morning tide. ";
 
 /// The mixed batch: penalties, seeded sampling, constraints, stop strings
 /// and ids, log-probabilities. `stop_id` is a token the model emits early.
@@ -114,6 +120,8 @@ fn batch(stop_id: u32) -> Vec<GenerateRequest> {
             sampling: sampled(5),
             ..text("Is the sky blue?", 8)
         },
+        // A long prompt: many chunks, and pages published along the way.
+        text(&LONG_PROMPT.repeat(12), 12),
     ];
     for (i, r) in reqs.iter_mut().enumerate() {
         r.request_id = Some(format!("overlap-{i}"));
@@ -150,16 +158,19 @@ fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
 }
 
 #[test]
-fn blocking_and_pipelined_agree_on_every_request() {
+fn blocking_pipelined_and_chunked_agree_on_every_request() {
     let configs = [
-        (PipelineMode::Blocking, PrefillPolicy::Drain),
-        (PipelineMode::Blocking, PrefillPolicy::RideAlong),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 0),
+        (PipelineMode::Blocking, PrefillPolicy::RideAlong, 0),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain, 0),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 3),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain, 3),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 3),
     ];
     let mut reference: Option<Vec<GenerateResponse>> = None;
-    for (mode, policy) in configs {
-        let engine = engine(mode, policy);
+    for (mode, policy, chunk) in configs {
+        let engine = engine(mode, policy, chunk);
         let stop_id = engine.tokenize(" the", false).expect("tokenize")[0];
         let reqs = batch(stop_id);
         let out = run(&engine, &reqs);
@@ -194,7 +205,10 @@ fn blocking_and_pipelined_agree_on_every_request() {
             None => reference = Some(out),
             Some(want) => {
                 for (i, (a, b)) in want.iter().zip(&out).enumerate() {
-                    assert_eq!(a.token_ids, b.token_ids, "{mode:?}/{policy:?}: request {i}");
+                    assert_eq!(
+                        a.token_ids, b.token_ids,
+                        "{mode:?}/{policy:?}/chunk {chunk}: request {i}"
+                    );
                     assert_eq!(a.text, b.text, "request {i}");
                     assert_eq!(a.finish_reason, b.finish_reason, "request {i}");
                     assert_eq!(a.logprobs, b.logprobs, "request {i}");
@@ -208,7 +222,7 @@ fn blocking_and_pipelined_agree_on_every_request() {
 
 #[test]
 fn a_request_id_is_free_again_the_moment_its_request_ends() {
-    let engine = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong);
+    let engine = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0);
     rt().block_on(async {
         for _ in 0..3 {
             let mut req = GenerateRequest::text("Hello", 4);

@@ -10,6 +10,8 @@
 //! is a `kind=prefill` launch into a free slot). Any fault after dispatch is
 //! engine-fatal: every request is resolved with an error, all KV released.
 
+use std::num::NonZeroUsize;
+
 use crate::executor::{ExecError, Executor};
 use crate::scheduler::{max_len_of, Fatal, PipelineStats, Scheduler, StepPlan};
 use crate::sequence::Request;
@@ -47,6 +49,12 @@ pub struct LoopConfig {
     pub max_waiting: usize,
     /// Context length: prompt + generated tokens at most.
     pub max_seq_len: usize,
+    /// Chunked prefill: prompt tokens one prefill step computes at most
+    /// (`None`: whole prompts). A longer prompt is prefilled over several
+    /// steps, one prompt at a time, taking turns with decode steps in every
+    /// mode and policy, so running sequences wait one chunk's forward at
+    /// most rather than a whole prompt's.
+    pub prefill_chunk: Option<NonZeroUsize>,
     /// Check I2/I4/I6 and capacity after every iteration (panics on violation).
     pub debug_checks: bool,
 }
@@ -59,6 +67,7 @@ impl Default for LoopConfig {
             max_batch_size: 32,
             max_waiting: 1024,
             max_seq_len: 8192,
+            prefill_chunk: None,
             debug_checks: cfg!(debug_assertions),
         }
     }
@@ -321,6 +330,10 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     fn prefill_wanted(&self) -> bool {
+        if self.sched.prefill_in_progress() {
+            // One prompt at a time: its next chunk, once a slot may take it.
+            return self.sched.resumable_prefill();
+        }
         match self.sched.waiting.front() {
             None => false,
             Some(req) => {
@@ -332,8 +345,18 @@ impl<E: Executor> EngineLoop<E> {
         }
     }
 
+    /// Whether a decode step goes before the wanted prefill: after a
+    /// prefill step when decode has work, so neither starves. Whole prompts
+    /// take turns only under `RideAlong` (`always`); the chunks of a prompt
+    /// part-way through take turns in every mode and policy.
+    fn decode_turn(&self, always: bool) -> bool {
+        self.last_was_prefill
+            && (always || self.sched.prefill_in_progress())
+            && self.has_decode_work()
+    }
+
     fn blocking_iteration(&mut self) -> Result<Tick, Fatal> {
-        if self.prefill_wanted() {
+        if self.prefill_wanted() && !self.decode_turn(false) {
             self.prefill_sync()?;
             return Ok(Tick::Progress);
         }
@@ -352,15 +375,16 @@ impl<E: Executor> EngineLoop<E> {
         if self.prefill_wanted() {
             match self.config.prefill_policy {
                 PrefillPolicy::Drain => {
-                    self.drain()?;
-                    self.prefill_sync()?;
-                    return Ok(Tick::Progress);
+                    if !self.decode_turn(false) {
+                        self.drain()?;
+                        self.prefill_sync()?;
+                        return Ok(Tick::Progress);
+                    }
                 }
                 PrefillPolicy::RideAlong => {
-                    // Alternate with decode so neither starves: a waiting
-                    // prefill starts within two decode completions.
-                    let decode_waiting = self.last_was_prefill && self.has_decode_work();
-                    if let (Some(slot), false) = (self.state.free_slot_id(), decode_waiting) {
+                    // A waiting prefill starts within two decode completions.
+                    if let (Some(slot), false) = (self.state.free_slot_id(), self.decode_turn(true))
+                    {
                         // A prefill rejected before dispatch failed its
                         // request alone: progress either way.
                         if self.launch_prefill(slot)? {
@@ -405,9 +429,13 @@ impl<E: Executor> EngineLoop<E> {
 
     /// Launch the oldest waiting request's prefill into `slot`.
     fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
+        let max_tokens = self
+            .config
+            .prefill_chunk
+            .map_or(usize::MAX, NonZeroUsize::get);
         let Some(handle) =
             self.sched
-                .launch_prefill(&mut self.exec, slot, self.config.max_seq_len)?
+                .launch_prefill(&mut self.exec, slot, self.config.max_seq_len, max_tokens)?
         else {
             return Ok(false);
         };

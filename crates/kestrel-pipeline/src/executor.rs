@@ -11,16 +11,53 @@ use crate::{RequestId, StepTiming, TokenId};
 /// Index of a ping-pong slot (`0..num_slots`).
 pub type SlotId = usize;
 
-/// One new sequence in a prefill launch.
+/// One sequence's part of a prefill launch: a chunk of its prompt.
+///
+/// A prompt is prefilled in one step or, under a chunk budget, in several
+/// (`max_tokens` each at most). The first step admits the sequence (its KV
+/// is reserved for `max_len` tokens then, so later chunks never run out)
+/// and starts after its prefix-cache hit; each later step resumes where the
+/// previous one ended. Only the step that reaches the prompt's end samples
+/// the sequence's first token; the others return no row for it.
 #[derive(Debug)]
 pub struct PrefillInput<'a, P> {
     pub id: RequestId,
+    /// The whole prompt (later chunks read their tokens, and penalties all).
     pub prompt: &'a [TokenId],
     /// Sampling parameters, opaque to the pipeline.
     pub params: &'a P,
     /// Tokens the sequence may hold in total (prompt + generated); the
     /// runtime reserves KV for it at admission.
     pub max_len: usize,
+    /// Admission or the next chunk.
+    pub start: PrefillStart,
+    /// Prompt tokens this step computes at most (`usize::MAX`: the rest).
+    pub max_tokens: usize,
+}
+
+/// Where a prefill step starts in its sequence's prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillStart {
+    /// A new sequence: allocate its KV and start after the prompt tokens the
+    /// prefix cache serves ([`Executor::cached_prompt_tokens`]).
+    Admit,
+    /// An admitted sequence whose prompt's first `n` tokens are in KV (or
+    /// written by an earlier step still in flight).
+    Resume(usize),
+}
+
+impl<P> PrefillInput<'_, P> {
+    /// The end of the chunk that starts at `start`: the one rule both the
+    /// pipeline and the runtimes use to agree on a step's tokens.
+    pub fn chunk_end(&self, start: usize) -> usize {
+        start.saturating_add(self.max_tokens).min(self.prompt.len())
+    }
+
+    /// Whether the chunk starting at `start` reaches the prompt's end, so
+    /// the step samples this sequence's first token.
+    pub fn samples_from(&self, start: usize) -> bool {
+        self.chunk_end(start) == self.prompt.len()
+    }
 }
 
 /// Masks for the rows of one step, in member order.
@@ -100,8 +137,10 @@ pub trait Executor {
     /// Whether a sequence of `max_len` tokens could ever fit in an empty cache.
     fn could_ever_fit(&self, max_len: usize) -> bool;
 
-    /// Allocate KV for each new sequence and launch its prefill forward on
-    /// `slot`. Sampling is launched separately by [`Executor::finalize_sampling`].
+    /// Allocate KV for each new sequence ([`PrefillStart::Admit`]) and launch
+    /// the forward of each input's chunk on `slot`. Sampling is launched
+    /// separately by [`Executor::finalize_sampling`], for the inputs whose
+    /// chunk ends their prompt only (in input order).
     fn launch_prefill(
         &mut self,
         slot: SlotId,

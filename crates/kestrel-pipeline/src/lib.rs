@@ -51,7 +51,9 @@ pub type RequestId = u64;
 
 pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
-pub use executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+pub use executor::{
+    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+};
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
 pub use sampling::{LogitBias, SamplingParams};

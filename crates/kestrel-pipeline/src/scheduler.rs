@@ -8,12 +8,14 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::executor::PrefillStart;
 use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId};
 use crate::masks::{recycle, MaskFiller, MaskRow, SequentialMasks};
+use crate::sequence::MAX_INFLIGHT_REFS;
 use crate::sequence::{Request, Sequence};
 use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
 use crate::state::{LaunchHandle, PendingCommit, StepKind};
-use crate::{Cause, FinishReason, RequestId};
+use crate::{Cause, FinishReason, RequestId, TokenId};
 
 /// Handle to an admitted sequence inside the scheduler.
 pub type SeqIdx = u32;
@@ -53,6 +55,17 @@ pub struct PipelineStats {
 #[derive(Debug)]
 pub(crate) struct Fatal(pub Cause);
 
+/// A sequence admitted with part of its prompt still to prefill: what the
+/// next chunk's launch needs.
+struct PartialPrefill<P> {
+    idx: SeqIdx,
+    prompt: Vec<TokenId>,
+    params: P,
+    max_len: usize,
+    /// Prompt tokens launched so far (the prefix-cache hit included).
+    done: usize,
+}
+
 enum Location {
     Waiting,
     Admitted(SeqIdx),
@@ -67,6 +80,11 @@ pub(crate) struct Scheduler<P> {
     pub running: Vec<SeqIdx>,
     /// Members of the step held by each slot (the PendingCommit's sequences).
     slot_rows: Vec<Vec<SeqIdx>>,
+    /// Whether each slot's step samples a token per member: false only for
+    /// a prefill chunk short of its prompt's end (no row comes back).
+    slot_samples: Vec<bool>,
+    /// The prompt being prefilled in chunks, at most one at a time.
+    partial: Option<PartialPrefill<P>>,
     row_ids: Vec<RequestId>,
     to_release: Vec<SeqIdx>,
     mask_words: Vec<u32>,
@@ -92,6 +110,8 @@ impl<P> Scheduler<P> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             slot_rows: vec![Vec::new(); num_slots],
+            slot_samples: vec![true; num_slots],
+            partial: None,
             row_ids: Vec::new(),
             to_release: Vec::new(),
             mask_words: Vec::new(),
@@ -173,6 +193,7 @@ impl<P> Scheduler<P> {
         let rows = &mut self.slot_rows[slot];
         rows.clear();
         rows.extend_from_slice(&plan.sequences);
+        self.slot_samples[slot] = true;
         for &i in &plan.sequences {
             self.seq_mut(i).inflight_refs += 1;
         }
@@ -185,14 +206,35 @@ impl<P> Scheduler<P> {
         })
     }
 
-    /// Admit the oldest waiting request: launch its prefill into `slot`.
-    /// On a pre-dispatch error the request fails alone (no KV was taken).
+    /// The sequence whose prompt is being prefilled in chunks, if its next
+    /// chunk may launch now (it is in fewer than two steps).
+    pub fn resumable_prefill(&self) -> bool {
+        self.partial
+            .as_ref()
+            .is_some_and(|p| self.seq(p.idx).inflight_refs < MAX_INFLIGHT_REFS)
+    }
+
+    /// Whether a prompt is part-way through a chunked prefill.
+    pub fn prefill_in_progress(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    /// Launch the next prefill chunk into `slot`: the sequence part-way
+    /// through its prompt if there is one (one prompt at a time, so the
+    /// oldest request's first token comes first), else the oldest waiting
+    /// request, admitted now. `max_tokens` is the chunk budget. On a
+    /// pre-dispatch error the request fails alone (an admission took no KV;
+    /// a resumed sequence keeps its KV until it is released as finalized).
     pub fn launch_prefill<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
         slot: SlotId,
         max_seq_len: usize,
+        max_tokens: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
+        if let Some(p) = self.partial.take() {
+            return self.resume_prefill(exec, slot, p, max_tokens);
+        }
         let Some(mut req) = self.waiting.pop_front() else {
             return Ok(None);
         };
@@ -202,6 +244,8 @@ impl<P> Scheduler<P> {
             prompt: &req.prompt,
             params: &req.params,
             max_len,
+            start: PrefillStart::Admit,
+            max_tokens,
         };
         match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
             Ok(()) => {}
@@ -218,13 +262,16 @@ impl<P> Scheduler<P> {
                 return Err(Fatal(Cause::new(e)));
             }
         }
-        req.skill.on_admitted(exec.cached_prompt_tokens(req.id));
+        let cached = exec.cached_prompt_tokens(req.id);
+        let end = input.chunk_end(cached);
+        req.skill.on_admitted(cached);
         let seq = Sequence {
             id: req.id,
             prompt_len: req.prompt.len(),
             committed: 0,
             inflight_refs: 1,
             finalized: false,
+            prefilling: end < req.prompt.len(),
             max_new_tokens: req.max_new_tokens,
             max_len,
             skill: req.skill,
@@ -241,17 +288,74 @@ impl<P> Scheduler<P> {
         };
         self.by_id.insert(req.id, Location::Admitted(idx));
         self.running.push(idx);
+        let samples = end == req.prompt.len();
+        if !samples {
+            self.partial = Some(PartialPrefill {
+                idx,
+                prompt: req.prompt,
+                params: req.params,
+                max_len,
+                done: end,
+            });
+        }
+        Ok(Some(self.prefill_launched(slot, idx, samples)))
+    }
+
+    /// Launch the next chunk of the sequence part-way through its prompt.
+    fn resume_prefill<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        slot: SlotId,
+        mut p: PartialPrefill<P>,
+        max_tokens: usize,
+    ) -> Result<Option<LaunchHandle>, Fatal> {
+        let id = self.seq(p.idx).id;
+        let input = PrefillInput {
+            id,
+            prompt: &p.prompt,
+            params: &p.params,
+            max_len: p.max_len,
+            start: PrefillStart::Resume(p.done),
+            max_tokens,
+        };
+        let end = input.chunk_end(p.done);
+        match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
+            Ok(()) => {}
+            Err(ExecError::PreDispatch(e)) => {
+                let why = Cause::new(e);
+                self.finalize(p.idx, Outcome::Failed(FailureKind::StepFailed, why));
+                self.release_if_done(exec, p.idx);
+                return Ok(None);
+            }
+            Err(ExecError::Fatal(e)) => {
+                self.partial = Some(p);
+                return Err(Fatal(Cause::new(e)));
+            }
+        }
+        let (idx, samples) = (p.idx, end == p.prompt.len());
+        self.seq_mut(idx).inflight_refs += 1;
+        if samples {
+            self.seq_mut(idx).prefilling = false;
+        } else {
+            p.done = end;
+            self.partial = Some(p);
+        }
+        Ok(Some(self.prefill_launched(slot, idx, samples)))
+    }
+
+    /// Book a launched prefill step of sequence `idx` in `slot`.
+    fn prefill_launched(&mut self, slot: SlotId, idx: SeqIdx, samples: bool) -> LaunchHandle {
         let rows = &mut self.slot_rows[slot];
         rows.clear();
         rows.push(idx);
+        self.slot_samples[slot] = samples;
         self.stats.prefill_steps += 1;
-        Ok(Some(LaunchHandle {
+        LaunchHandle {
             kind: StepKind::Prefill,
             slot,
             step: self.next_step(),
-        }))
+        }
     }
-
     /// Fail a decode plan whose launch was rejected before dispatch.
     pub fn fail_plan<E: Executor<Params = P>>(
         &mut self,
@@ -267,9 +371,10 @@ impl<P> Scheduler<P> {
 
     /// `plan_needs_mask`: any non-finalized member of `slot`'s step is constrained.
     pub fn needs_mask(&self, slot: SlotId) -> bool {
-        self.slot_rows[slot]
-            .iter()
-            .any(|&i| self.seq(i).needs_mask())
+        self.slot_samples[slot]
+            && self.slot_rows[slot]
+                .iter()
+                .any(|&i| self.seq(i).needs_mask())
     }
 
     /// `compute_mask` then `finalize_sampling`: finalized rows are unconstrained.
@@ -300,8 +405,11 @@ impl<P> Scheduler<P> {
     }
 
     fn build_masks(&mut self, slot: SlotId) -> bool {
-        let rows = std::mem::take(&mut self.slot_rows[slot]);
         self.mask_flags.clear();
+        if !self.slot_samples[slot] {
+            return false;
+        }
+        let rows = std::mem::take(&mut self.slot_rows[slot]);
         let mut any = false;
         for &i in &rows {
             let c = self.seq(i).needs_mask();
@@ -363,12 +471,14 @@ impl<P> Scheduler<P> {
                 return Err(Fatal(Cause::new(e)));
             }
         };
-        if outs.tokens.len() != rows.len() {
+        let samples = self.slot_samples[step.slot];
+        let expected = if samples { rows.len() } else { 0 };
+        if outs.tokens.len() != expected {
             let msg = format!(
-                "step {} returned {} rows for {} sequences",
+                "step {} returned {} rows for {} sampled sequences",
                 step.step,
                 outs.tokens.len(),
-                rows.len()
+                expected
             );
             self.slot_rows[step.slot] = rows;
             return Err(Fatal(Cause::message(msg)));
@@ -377,9 +487,10 @@ impl<P> Scheduler<P> {
         for (r, &i) in rows.iter().enumerate() {
             let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
             seq.inflight_refs -= 1;
+            // A prefill chunk short of its prompt's end (`!samples`) wrote KV only.
             if seq.finalized {
                 self.stats.zombie_rows += 1;
-            } else {
+            } else if samples {
                 seq.committed += 1;
                 self.stats.committed_tokens += 1;
                 let token = CommittedToken {
@@ -420,6 +531,11 @@ impl<P> Scheduler<P> {
             return;
         }
         seq.finalized = true;
+        seq.prefilling = false;
+        if self.partial.as_ref().is_some_and(|p| p.idx == idx) {
+            self.partial = None;
+        }
+        let seq = self.seq_mut(idx);
         let failed = matches!(outcome, Outcome::Failed(..));
         seq.skill.finish(outcome);
         if failed {
@@ -485,6 +601,7 @@ impl<P> Scheduler<P> {
             self.stats.failed += 1;
         }
         self.seqs.clear();
+        self.partial = None;
         self.free_idx.clear();
         self.by_id.clear();
         self.running.clear();
@@ -526,6 +643,13 @@ impl<P> Scheduler<P> {
                         return Err(format!(
                             "request {}: {} tokens committed past max {}",
                             seq.id, seq.committed, seq.max_new_tokens
+                        ));
+                    }
+                    let partial = self.partial.as_ref().is_some_and(|p| p.idx as usize == i);
+                    if seq.prefilling != partial {
+                        return Err(format!(
+                            "request {}: prefilling={} but chunked prefill of it: {}",
+                            seq.id, seq.prefilling, partial
                         ));
                     }
                     if seq.finalized && seq.inflight_refs == 0 {

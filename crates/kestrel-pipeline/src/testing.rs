@@ -10,7 +10,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+use crate::executor::{
+    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+};
 use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
 use crate::{RequestId, TokenId};
 
@@ -84,6 +86,9 @@ enum SlotPhase {
 #[derive(Debug, Default)]
 struct SimSlot {
     phase: SlotPhase,
+    /// Every sequence the step touches (a prefill chunk short of its
+    /// prompt's end included).
+    members: Vec<RequestId>,
     rows: Vec<RequestId>,
     /// Position of the token each row will sample.
     positions: Vec<usize>,
@@ -222,8 +227,16 @@ impl Executor for SimExecutor {
         if self.config.fail_prefill_launch.contains(&n) {
             return Err(ExecError::PreDispatch(SimError::Injected("prefill launch")));
         }
-        let pages: usize = seqs.iter().map(|s| self.pages_for(s.max_len)).sum();
-        if self.seqs.len() + seqs.len() > self.config.max_rows
+        let pages: usize = seqs
+            .iter()
+            .filter(|s| s.start == PrefillStart::Admit)
+            .map(|s| self.pages_for(s.max_len))
+            .sum();
+        let admits = seqs
+            .iter()
+            .filter(|s| s.start == PrefillStart::Admit)
+            .count();
+        if self.seqs.len() + admits > self.config.max_rows
             || self.used_pages + pages > self.config.num_pages
         {
             return Err(ExecError::PreDispatch(SimError::OutOfKv("prefill")));
@@ -231,24 +244,51 @@ impl Executor for SimExecutor {
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
         let page_size = self.config.page_size;
         let s = &mut self.slots[slot];
+        s.members.clear();
         s.rows.clear();
         s.positions.clear();
         for input in seqs {
-            let prev = self.seqs.insert(
-                input.id,
-                SimSeq {
-                    seed: input.params.seed,
-                    gpu_len: input.prompt.len(),
-                    device_token: None,
-                    pages: input.max_len.div_ceil(page_size),
-                },
-            );
-            if prev.is_some() {
-                self.violations
-                    .push(format!("request {} prefilled twice", input.id));
+            let end = match input.start {
+                PrefillStart::Admit => {
+                    let end = input.chunk_end(0);
+                    let prev = self.seqs.insert(
+                        input.id,
+                        SimSeq {
+                            seed: input.params.seed,
+                            gpu_len: end,
+                            device_token: None,
+                            pages: input.max_len.div_ceil(page_size),
+                        },
+                    );
+                    if prev.is_some() {
+                        self.violations
+                            .push(format!("request {} prefilled twice", input.id));
+                    }
+                    end
+                }
+                PrefillStart::Resume(start) => {
+                    let Some(seq) = self.seqs.get_mut(&input.id) else {
+                        let v = format!("prefill chunk of unknown request {}", input.id);
+                        self.violations.push(v.clone());
+                        return Err(ExecError::Fatal(SimError::Protocol(v)));
+                    };
+                    if seq.gpu_len != start || start >= input.prompt.len() {
+                        self.violations.push(format!(
+                            "request {}: chunk from {start} after {} of {} prompt tokens",
+                            input.id,
+                            seq.gpu_len,
+                            input.prompt.len()
+                        ));
+                    }
+                    seq.gpu_len = input.chunk_end(start);
+                    seq.gpu_len
+                }
+            };
+            s.members.push(input.id);
+            if end == input.prompt.len() {
+                s.rows.push(input.id);
+                s.positions.push(end);
             }
-            s.rows.push(input.id);
-            s.positions.push(input.prompt.len());
         }
         self.used_pages += pages;
         s.phase = SlotPhase::Launched;
@@ -268,6 +308,8 @@ impl Executor for SimExecutor {
         }
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
         let s = &mut self.slots[slot];
+        s.members.clear();
+        s.members.extend_from_slice(rows);
         s.rows.clear();
         s.positions.clear();
         for &id in rows {
@@ -359,7 +401,7 @@ impl Executor for SimExecutor {
                 .push(format!("release of unknown request {id}")),
         }
         for s in &self.slots {
-            if s.phase != SlotPhase::Free && s.rows.contains(&id) {
+            if s.phase != SlotPhase::Free && s.members.contains(&id) {
                 self.violations.push(format!(
                     "request {id} released while an in-flight step uses it"
                 ));

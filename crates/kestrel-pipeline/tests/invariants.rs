@@ -384,3 +384,71 @@ fn parallel_mask_filling_matches_sequential() {
     }
     assert_eq!(outputs[0], outputs[1]);
 }
+
+/// Chunked prefill: a long prompt arriving while another sequence decodes
+/// is prefilled in `prefill_chunk`-token steps that take turns with decode
+/// steps (in every mode and policy), so the running sequence gains a token
+/// per chunk instead of waiting for the whole prompt; and the chunked
+/// sequence's tokens are those of a whole-prompt prefill.
+#[test]
+fn prefill_chunks_take_turns_with_decode() {
+    let configs = [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ];
+    for (mode, policy) in configs {
+        let config = LoopConfig {
+            mode,
+            prefill_policy: policy,
+            prefill_chunk: std::num::NonZeroUsize::new(4),
+            debug_checks: true,
+            ..LoopConfig::default()
+        };
+        let mut e = EngineLoop::new(SimExecutor::new(SimConfig::default()), config).unwrap();
+        // A seed without EOS in its first 200 tokens (prompt of 4).
+        let quiet = (1u64..)
+            .find(|&s| (0..200).all(|i| sim_sample(s, 4 + i, 64, None) != SIM_EOS))
+            .unwrap();
+        let running = submit(&mut e, 1, quiet, 200, false);
+        for _ in 0..6 {
+            e.run_once();
+        }
+        let before = running.lock().unwrap().tokens.len();
+        assert!(
+            before > 0,
+            "{mode:?}/{policy:?}: the first request is decoding"
+        );
+        let seed = 77;
+        let (skill, long) = SimSkill::new(Some(3), None);
+        let prompt_len = 40;
+        e.submit(Request {
+            id: 2,
+            prompt: vec![9; prompt_len],
+            max_new_tokens: 3,
+            params: SimParams {
+                seed,
+                ..Default::default()
+            },
+            skill: Box::new(skill),
+        })
+        .unwrap();
+        // Run until the long prompt's first token is committed.
+        while long.lock().unwrap().tokens.is_empty() {
+            assert_eq!(e.run_once(), Tick::Progress);
+        }
+        let during = running.lock().unwrap().tokens.len() - before;
+        // Ten chunks of 4: the running sequence decoded between them.
+        assert!(
+            during >= 9,
+            "{mode:?}/{policy:?}: only {during} tokens decoded during a 10-chunk prefill"
+        );
+        assert_eq!(e.stats().prefill_steps, 1 + 10);
+        e.abort(1);
+        assert_eq!(e.run_until_idle(), Tick::Idle);
+        let expected: Vec<u32> = (0..3)
+            .map(|i| sim_sample(seed, prompt_len + i, 64, None))
+            .collect();
+        assert_eq!(long.lock().unwrap().tokens, expected, "{mode:?}/{policy:?}");
+    }
+}

@@ -2,11 +2,13 @@
 //! lengths, EOS, constrained mixes, pauses, cancellations and faults.
 //! After every iteration: I2, I4, I6, capacity, device-side protocol; at the
 //! end: every request resolved once, nothing allocated, and Blocking and
-//! Pipelined modes emit identical token streams.
+//! Pipelined modes, with and without chunked prefill, emit identical token
+//! streams.
 
 mod common;
 
 use std::collections::HashSet;
+use std::num::NonZeroUsize;
 
 use common::{check_requests, run, ReqSpec, Scenario};
 use kestrel_pipeline::testing::SIM_EOS;
@@ -43,14 +45,16 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         8usize..80,
         prop::sample::select(vec![16usize, 24, 64]),
         prop::option::weighted(0.3, 0usize..40),
+        prop::option::weighted(0.5, 1usize..8),
     )
         .prop_map(
-            |(reqs, max_batch, num_pages, max_seq_len, pause_at)| Scenario {
+            |(reqs, max_batch, num_pages, max_seq_len, pause_at, chunk)| Scenario {
                 reqs,
                 max_batch,
                 num_pages,
                 max_seq_len,
                 pause_at,
+                prefill_chunk: chunk.and_then(NonZeroUsize::new),
                 fail_decode_launch: HashSet::new(),
                 fail_prefill_launch: HashSet::new(),
                 fail_wait: HashSet::new(),
@@ -68,10 +72,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     /// Without faults, all three configurations answer every request and
-    /// emit the same tokens for every request that was not cancelled.
+    /// emit the same tokens for every request that was not cancelled, with
+    /// the scenario's prefill chunk budget and with whole-prompt prefill.
     #[test]
     fn modes_agree_and_invariants_hold(sc in scenario()) {
-        let runs: Vec<_> = MODES.iter().map(|&(m, p)| run(&sc, m, p)).collect();
+        let mut runs: Vec<_> = MODES.iter().map(|&(m, p)| run(&sc, m, p)).collect();
+        if sc.prefill_chunk.is_some() {
+            let whole = Scenario { prefill_chunk: None, ..sc.clone() };
+            runs.extend(MODES.iter().map(|&(m, p)| run(&whole, m, p)));
+        }
         for r in &runs {
             check_requests(&sc, r);
             prop_assert!(!r.unhealthy);

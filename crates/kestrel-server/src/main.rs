@@ -161,6 +161,11 @@ struct EngineArgs {
     /// When new sequences are prefilled [default: ride-along].
     #[arg(long, value_enum)]
     prefill_policy: Option<PrefillArg>,
+    /// Chunked prefill: prompt tokens per prefill step at most, taking turns
+    /// with decode steps so running streams are not stalled by a long
+    /// prompt; 0 prefills whole prompts [default: 512 on cpu, 0 on cuda].
+    #[arg(long, value_name = "TOKENS")]
+    prefill_chunk: Option<usize>,
     /// Disable the prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
@@ -222,6 +227,7 @@ impl EngineArgs {
                 Some(PrefillArg::Drain) => PrefillPolicy::Drain,
                 Some(PrefillArg::RideAlong) => PrefillPolicy::RideAlong,
             },
+            prefill_chunk: self.prefill_chunk.or(d.prefill_chunk),
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
             numerics: match self.numerics {
                 None => d.numerics,

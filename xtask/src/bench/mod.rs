@@ -509,6 +509,8 @@ fn build_engine<R: BenchRuntime>(
             max_batch_size: max_streams,
             max_waiting: 1024,
             max_seq_len: MAX_SEQ_LEN,
+            // The tables measure whole-prompt prefill (pp512 is one step).
+            prefill_chunk: None,
             debug_checks: false,
         },
     )

@@ -22,8 +22,8 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepKind,
-    StepOutputs, TokenId,
+    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams, SlotId,
+    StepKind, StepOutputs, TokenId,
 };
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
@@ -75,6 +75,15 @@ pub enum RuntimeError {
     Kv(#[from] KvError),
     #[error("request {0} is not known to the runtime")]
     UnknownRequest(RequestId),
+    #[error(
+        "prefill chunk of request {id} starts at prompt token {start}, but its KV holds {}",
+        written.map_or("nothing (not admitted)".to_string(), |n| format!("{n} tokens"))
+    )]
+    ChunkOutOfOrder {
+        id: RequestId,
+        start: usize,
+        written: Option<usize>,
+    },
     #[error("compute fault at step {step}: {message}")]
     Fault { step: u64, message: String },
     #[error("the compute or copy stream stopped")]
@@ -293,27 +302,58 @@ impl Executor for CpuRuntime {
         let mut meta = self
             .take_meta(slot, StepKind::Prefill)
             .map_err(ExecError::PreDispatch)?;
-        meta.token_indptr.push(0);
-        let admissions = seqs.iter().map(|input| Admission {
-            id: input.id,
-            prompt: input.prompt,
-            max_len: input.max_len,
-            meta: (),
-        });
+        // A chunk must resume exactly where its sequence's last one ended;
+        // checked before admitting anything, so a refusal leaves no trace.
+        for input in seqs {
+            if let PrefillStart::Resume(start) = input.start {
+                let written = self.book.get(input.id).map(|s| s.len);
+                if written != Some(start) || start >= input.prompt.len() {
+                    self.metas[slot] = Some(meta);
+                    return Err(ExecError::PreDispatch(RuntimeError::ChunkOutOfOrder {
+                        id: input.id,
+                        start,
+                        written,
+                    }));
+                }
+            }
+        }
+        let admissions = seqs
+            .iter()
+            .filter(|input| input.start == PrefillStart::Admit)
+            .map(|input| Admission {
+                id: input.id,
+                prompt: input.prompt,
+                max_len: input.max_len,
+                meta: (),
+            });
         if let Err(e) = self.book.admit_all(admissions, &mut self.rows_buf) {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
         }
-        for (input, &(row, len)) in seqs.iter().zip(&self.rows_buf) {
-            let hit = self.book.cached_prompt_tokens(input.id);
-            meta.rows.push(row);
+        // Each input's chunk; the KV it will have written once it has run.
+        self.rows_buf.clear();
+        meta.token_indptr.push(0);
+        for input in seqs {
+            let start = match input.start {
+                PrefillStart::Admit => self.book.cached_prompt_tokens(input.id),
+                PrefillStart::Resume(start) => start,
+            };
+            let end = input.chunk_end(start);
+            let seq = self
+                .book
+                .get_mut(input.id)
+                .expect("admitted or checked above");
+            seq.len = end;
+            self.rows_buf.push((seq.row, end));
+            meta.rows.push(seq.row);
             meta.ids.push(input.id);
             meta.tokens.extend_from_slice(input.prompt);
             meta.token_indptr.push(meta.tokens.len() as u32);
             meta.prefill.push(PrefillRow {
                 params: input.params.clone(),
-                start_pos: hit as u32,
-                prompt_len: len as u32,
+                start_pos: start as u32,
+                end_pos: end as u32,
+                prompt_len: input.prompt.len() as u32,
             });
         }
         if let Err(e) = self
@@ -418,12 +458,12 @@ impl Executor for CpuRuntime {
             });
         }
         if meta.kind == StepKind::Prefill {
-            // The prompt's KV is now written: publish its full pages.
+            // The chunk's KV is now written: publish the prompt's full pages.
             // The slot's metadata still holds each row's prompt.
-            for (r, &row) in meta.rows.iter().enumerate() {
-                let prompt =
-                    &meta.tokens[meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
-                self.book.table_mut().register_prefix(row, prompt);
+            for (r, (&row, p)) in meta.rows.iter().zip(&meta.prefill).enumerate() {
+                let from = meta.token_indptr[r] as usize;
+                let written = &meta.tokens[from..from + p.end_pos as usize];
+                self.book.table_mut().register_prefix(row, written);
             }
         }
         self.metas[slot] = Some(meta);

@@ -10,12 +10,15 @@
 use kestrel_kv::PagedIndices;
 use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 
-/// One new sequence of a prefill step (its prompt rides in `SlotMeta::tokens`).
+/// One sequence's chunk in a prefill step (its prompt rides in
+/// `SlotMeta::tokens`); it samples only when the chunk ends the prompt.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefillRow {
     pub params: SamplingParams,
-    /// Prompt tokens already in KV (prefix-cache hit).
+    /// Prompt tokens already in KV (prefix-cache hit, earlier chunks).
     pub start_pos: u32,
+    /// The end of this step's chunk of the prompt.
+    pub end_pos: u32,
     pub prompt_len: u32,
 }
 

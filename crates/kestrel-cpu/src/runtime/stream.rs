@@ -232,7 +232,7 @@ impl ComputeStream {
                     let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
                         ..meta.indices.kv_indptr[r + 1] as usize];
                     let mut start = p.start_pos as usize;
-                    let len = p.prompt_len as usize;
+                    let len = p.end_pos as usize;
                     while start < len {
                         let end = (start + self.chunk).min(len);
                         let npages = end.div_ceil(page_size);
@@ -282,13 +282,23 @@ impl ComputeStream {
         dev.logprobs.clear();
         dev.top.clear();
         dev.top_n = top_n;
+        // `o`: the output row; a prefill chunk short of its prompt's end
+        // samples nothing and has none (nor a mask row).
+        let mut o = 0;
         for (i, &row) in meta.rows.iter().enumerate() {
             let position = match meta.kind {
                 StepKind::Decode => meta.positions[i] + 1,
-                StepKind::Prefill => meta.prefill[i].prompt_len,
+                StepKind::Prefill => {
+                    let p = &meta.prefill[i];
+                    if p.end_pos < p.prompt_len {
+                        continue;
+                    }
+                    p.prompt_len
+                }
             };
-            let words = (mask.any && mask.rows[i])
-                .then(|| &mask.words[i * mask.words_per_row..(i + 1) * mask.words_per_row]);
+            let words = (mask.any && mask.rows[o])
+                .then(|| &mask.words[o * mask.words_per_row..(o + 1) * mask.words_per_row]);
+            o += 1;
             let logits = &mut self.logits[slot][i * vocab..(i + 1) * vocab];
             let dr = &mut self.rows[row as usize];
             // Each row computes only the alternatives it asked for (a greedy

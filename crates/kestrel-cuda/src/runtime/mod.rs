@@ -29,8 +29,8 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, RequestId, SamplingParams, SlotId, StepKind,
-    StepOutputs, TokenId, TokenMask,
+    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams, SlotId,
+    StepKind, StepOutputs, TokenId, TokenMask,
 };
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
@@ -478,6 +478,12 @@ impl Executor for CudaRuntime {
                 rows: seqs.len(),
                 capacity: self.cfg.max_rows,
             }));
+        }
+        if let Some(input) = seqs
+            .iter()
+            .find(|i| i.start != PrefillStart::Admit || !i.samples_from(0))
+        {
+            return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
         }
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let admissions = seqs.iter().map(|input| Admission {

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashSet};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimLog, SimParams, SimSkill};
@@ -31,6 +32,8 @@ pub struct Scenario {
     pub num_pages: usize,
     pub max_seq_len: usize,
     pub pause_at: Option<usize>,
+    /// Chunked prefill budget (`LoopConfig::prefill_chunk`).
+    pub prefill_chunk: Option<NonZeroUsize>,
     pub fail_decode_launch: HashSet<u64>,
     pub fail_prefill_launch: HashSet<u64>,
     pub fail_wait: HashSet<u64>,
@@ -73,6 +76,7 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
         max_batch_size: sc.max_batch,
         max_waiting: 1 << 20,
         max_seq_len: sc.max_seq_len,
+        prefill_chunk: sc.prefill_chunk,
         debug_checks: false,
     };
     let mut engine = EngineLoop::new(exec, config).expect("valid config");
