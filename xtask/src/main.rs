@@ -2,10 +2,13 @@
 //!
 //! - `cargo xtask bench`: what pipelined decoding measurably buys on the real
 //!   engine core (see `bench/mod.rs` for what is measured and how).
+//! - `cargo xtask chunked-prefill`: running streams' latency while a long
+//!   prompt is prefilled, whole vs chunked (`chunked.rs`).
 //! - `cargo xtask soak`: thousands of mixed requests through the gRPC
 //!   server on the real model, then a check that nothing was left behind.
 
 mod bench;
+mod chunked;
 mod soak;
 
 use clap::{Parser, Subcommand};
@@ -22,6 +25,9 @@ enum Task {
     /// Blocking vs pipelined decoding on the real engine: step tables, the
     /// Photon cost model, latency percentiles, JSON/Markdown results and SVGs.
     Bench(bench::BenchArgs),
+    /// Chunked prefill: the running streams' token gaps and the long
+    /// prompt's TTFT when a long prompt arrives, whole vs chunked.
+    ChunkedPrefill(chunked::ChunkedArgs),
     /// A long soak of the gRPC server (the `soak` test with 10,000 requests).
     Soak(soak::SoakArgs),
 }
@@ -29,6 +35,7 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Bench(args) => bench::main(args),
+        Task::ChunkedPrefill(args) => chunked::main(args),
         Task::Soak(args) => soak::main(args),
     }
 }

@@ -58,7 +58,7 @@ fn run(
             num_pages: 512,
             page_size: 16,
             max_seq_len: 1024,
-            prefill_chunk: 7,
+            forward_rows: 7,
             ..Default::default()
         },
     )

@@ -137,6 +137,9 @@ pub(crate) struct Metrics {
     pub kv_cached: Gauge,
     pub prefix_hit_tokens: Gauge,
     pub kv_prompt_tokens: Gauge,
+    /// The loop's step counters (`PipelineStats`), copied each iteration.
+    pub prefill_steps: Gauge,
+    pub decode_steps: Gauge,
     pub healthy: Gauge,
 }
 
@@ -163,6 +166,8 @@ impl Metrics {
             kv_cached: Gauge::default(),
             prefix_hit_tokens: Gauge::default(),
             kv_prompt_tokens: Gauge::default(),
+            prefill_steps: Gauge::default(),
+            decode_steps: Gauge::default(),
             healthy: Gauge(AtomicU64::new(1)),
         }
     }
@@ -226,6 +231,18 @@ impl Metrics {
             "kestrel_prompt_tokens_total",
             "Prompt tokens of accepted requests.",
             self.prompt_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "kestrel_prefill_steps_total",
+            "Prefill steps launched (a prompt prefilled in chunks counts one per chunk).",
+            self.prefill_steps.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_decode_steps_total",
+            "Decode steps launched.",
+            self.decode_steps.get(),
         );
         counter(
             &mut out,

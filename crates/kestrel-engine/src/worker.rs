@@ -402,5 +402,8 @@ impl<R: Runtime> Worker<R> {
         m.kv_cached.set(kv.cached_pages as u64);
         m.prefix_hit_tokens.set(kv.prefix_hit_tokens);
         m.kv_prompt_tokens.set(kv.prompt_tokens);
+        let steps = self.lp.stats();
+        m.prefill_steps.set(steps.prefill_steps);
+        m.decode_steps.set(steps.decode_steps);
     }
 }

@@ -201,6 +201,21 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
                 assert!(resp.logprobs.iter().all(|l| l.top.len() == 3));
             }
         }
+        let prefill_steps: usize = engine
+            .metrics_text()
+            .lines()
+            .find_map(|l| l.strip_prefix("kestrel_prefill_steps_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("the prefill step counter");
+        if chunk == 0 {
+            assert_eq!(prefill_steps, reqs.len(), "one prefill step per prompt");
+        } else {
+            // The long prompt alone takes hundreds of 3-token chunks.
+            assert!(
+                prefill_steps > 300,
+                "{prefill_steps} prefill steps in chunks of {chunk}"
+            );
+        }
         match &reference {
             None => reference = Some(out),
             Some(want) => {

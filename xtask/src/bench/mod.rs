@@ -218,7 +218,7 @@ fn bench_dir_name() -> String {
 /// `cargo xtask` builds in the dev profile, so rebuild and rerun optimized.
 /// A full run uses the release profile; `--quick` (a smoke run, e.g. in CI)
 /// reuses the `test` profile (opt-level 3), which `cargo test` has built.
-fn reexec_optimized(quick: bool) -> anyhow::Result<()> {
+pub(crate) fn reexec_optimized(quick: bool) -> anyhow::Result<()> {
     let profile: &[&str] = if quick {
         &["--profile", "test"]
     } else {

@@ -45,8 +45,11 @@ pub struct CpuRuntimeConfig {
     /// Longest sequence (prompt + generated).
     pub max_seq_len: usize,
     pub enable_prefix_cache: bool,
-    /// Prompt tokens per prefill forward call.
-    pub prefill_chunk: usize,
+    /// Prompt tokens per forward call (the workspace is sized for it): a
+    /// prefill step runs its chunk in calls of at most this many rows. The
+    /// pipeline's chunk budget (`LoopConfig::prefill_chunk`) decides how many
+    /// prompt tokens a step takes; this only bounds one call's memory.
+    pub forward_rows: usize,
     /// The matmuls' numerics (exact f32 by default).
     pub numerics: Numerics,
 }
@@ -60,7 +63,7 @@ impl Default for CpuRuntimeConfig {
             page_size: 16,
             max_seq_len: 8192,
             enable_prefix_cache: true,
-            prefill_chunk: 256,
+            forward_rows: 256,
             numerics: Numerics::Exact,
         }
     }
@@ -132,7 +135,7 @@ impl std::fmt::Debug for CpuRuntime {
 impl CpuRuntime {
     /// Build the model, the KV store and start the compute and copy streams.
     pub fn new(weights: ModelWeights, cfg: CpuRuntimeConfig) -> Result<Self, RuntimeError> {
-        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.prefill_chunk == 0 {
+        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
             return Err(RuntimeError::Config(format!(
                 "zero-sized dimension in {cfg:?}"
             )));
@@ -151,7 +154,7 @@ impl CpuRuntime {
         let isa = model.isa();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
-        let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.prefill_chunk), max_context);
+        let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.forward_rows), max_context);
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
             num_pages: cfg.num_pages,
@@ -166,7 +169,7 @@ impl CpuRuntime {
             model,
             kv,
             scratch,
-            cfg.prefill_chunk,
+            cfg.forward_rows,
             cfg.max_rows,
             NUM_SLOTS,
         );

@@ -57,8 +57,11 @@ pub struct CudaRuntimeConfig {
     /// Longest sequence (prompt + generated).
     pub max_seq_len: usize,
     pub enable_prefix_cache: bool,
-    /// Prompt tokens per prefill forward call.
-    pub prefill_chunk: usize,
+    /// Prompt tokens per forward call (the workspace is sized for it): a
+    /// prefill step runs its chunk in calls of at most this many rows. The
+    /// pipeline's chunk budget (`LoopConfig::prefill_chunk`) decides how many
+    /// prompt tokens a step takes; this only bounds one call's memory.
+    pub forward_rows: usize,
     /// Capture the decode forward in CUDA graphs (per slot, per bucket).
     pub cuda_graphs: bool,
     /// PTX cache directory (`None`: `<kestrel cache>/ptx`).
@@ -74,7 +77,7 @@ impl Default for CudaRuntimeConfig {
             page_size: 16,
             max_seq_len: 8192,
             enable_prefix_cache: true,
-            prefill_chunk: 256,
+            forward_rows: 256,
             cuda_graphs: true,
             ptx_cache: None,
         }
@@ -154,7 +157,7 @@ impl CudaRuntime {
     /// graphs of both slots eagerly. Errors, never panics, without a driver.
     pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
         check_architecture(&weights.config)?;
-        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.prefill_chunk == 0 {
+        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
             return Err(CudaError::Config(format!(
                 "zero-sized dimension in {cfg:?}"
             )));
@@ -199,7 +202,7 @@ impl CudaRuntime {
         let buckets = graph_buckets(cfg.max_rows);
         let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
         let dims = SlotDims {
-            fwd_rows: cfg.max_rows.max(cfg.prefill_chunk),
+            fwd_rows: cfg.max_rows.max(cfg.forward_rows),
             max_batch: cfg.max_rows,
             hidden: mc.hidden_size,
             qkv: mc.q_dim() + 2 * mc.kv_dim(),
@@ -555,7 +558,7 @@ impl Executor for CudaRuntime {
             .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
             .map_err(fatal)?;
         let base = self.fwd_args(slot, 0);
-        let chunk = self.cfg.prefill_chunk;
+        let chunk = self.cfg.forward_rows;
         let mut a = 0;
         while a < layout.tokens_n {
             let n = chunk.min(layout.tokens_n - a);
