@@ -243,7 +243,13 @@ macro_rules! for_int8_block {
             Encoding::Q4_1 => $go!(x86::Q4_1B),
             Encoding::Q4_0F => $go!(x86::Q4_0FB),
             Encoding::Q4_1F => $go!(x86::Q4_1FB),
-            other => unreachable!("{other:?} has no integer dot"),
+            Encoding::Q5_0F => $go!(x86::Q5_0FB),
+            Encoding::Q5_1F => $go!(x86::Q5_1FB),
+            Encoding::Q4KF => $go!(x86::Q4KFB),
+            Encoding::Q6KF => $go!(x86::Q6KFB),
+            dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
+                unreachable!("{dense:?} has no integer dot")
+            }
         }
     };
 }
