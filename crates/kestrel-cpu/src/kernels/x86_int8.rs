@@ -17,7 +17,9 @@ use super::x86::{
 /// order, its scale per i32 lane (lanes 0..4 hold elements 0..16, lanes
 /// 4..8 elements 16..32: one value but for Q6_K's two) and its minimum (0
 /// when none).
-pub(crate) trait Int8Block: Block {
+pub(crate) trait Int8Block {
+    /// Bytes per 32-element block.
+    const BYTES: usize;
     /// Whether the weight bytes are signed (Q8_0, and `q - 8`, `q - 16`,
     /// `q - 32` of Q4_0, Q5_0, Q6_K) or not (the nibbles and five-bit quants
     /// of the types with a minimum: Q4_1, Q5_1, Q4_K, Q5_K).
@@ -62,6 +64,7 @@ unsafe fn splat(p: *const u8) -> __m256 {
 }
 
 impl Int8Block for Q8_0B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -76,6 +79,7 @@ impl Int8Block for Q8_0B {
 }
 
 impl Int8Block for Q4_0B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -90,6 +94,7 @@ impl Int8Block for Q4_0B {
 }
 
 impl Int8Block for Q4_0FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -104,6 +109,7 @@ impl Int8Block for Q4_0FB {
 }
 
 impl Int8Block for Q4_1B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -131,6 +137,7 @@ unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
 }
 
 impl Int8Block for Q4_1FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -142,6 +149,7 @@ impl Int8Block for Q4_1FB {
 }
 
 impl Int8Block for Q4KFB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -153,6 +161,7 @@ impl Int8Block for Q4KFB {
 }
 
 impl Int8Block for Q5_0FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -175,6 +184,7 @@ impl Int8Block for Q5_0FB {
 }
 
 impl Int8Block for Q5_1FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -191,6 +201,7 @@ impl Int8Block for Q5_1FB {
 }
 
 impl Int8Block for Q6KFB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -213,6 +224,82 @@ impl Int8Block for Q6KFB {
                 _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
             );
             (q, d, 0.0)
+        }
+    }
+}
+
+/// A weight block unpacked once for a sweep over many activation rows
+/// ([`unpack_rows256`]): its integer weights as signed bytes (every type's
+/// fit: Q8_0's i8, `q - 8/16/32`, and the unsigned quants' 0..32), the
+/// scales of elements 0..16 and 16..32, and the minimum (0 when none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct I8Block {
+    q: [i8; 32],
+    d: [f32; 2],
+    m: f32,
+    _pad: f32,
+}
+
+/// [`I8Block`]s as an [`Int8Block`] type (`MIN`: the source type's
+/// [`Int8Block::HAS_MIN`]). The integer sums it gives are the source
+/// block's exactly (signed bytes through the same `vpsignb` steps; the
+/// unsigned quants are nonnegative), and its scales and minimum are the
+/// source's, so every result is the source type's, bit for bit.
+#[derive(Debug)]
+pub(crate) struct I8B<const MIN: bool>;
+
+impl<const MIN: bool> Int8Block for I8B<MIN> {
+    const BYTES: usize = std::mem::size_of::<I8Block>();
+    const SIGNED: bool = true;
+    const HAS_MIN: bool = MIN;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: `p` points at a whole `I8Block` (trait contract: BYTES is
+        // its size): q at offset 0, d at 32, m at 40 (`repr(C)`).
+        unsafe {
+            let q = _mm256_loadu_si256(p as *const __m256i);
+            let d01 = _mm_castsi128_ps(_mm_loadl_epi64(p.add(32) as *const __m128i));
+            let d = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(d01),
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+            );
+            (q, d, f32_at(p.add(40)))
+        }
+    }
+}
+
+/// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
+/// `w + r * row_bytes`) into `out`, row after row.
+///
+/// # Safety
+/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
+/// CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    nblocks: usize,
+    out: *mut I8Block,
+) {
+    for r in 0..rows {
+        for blk in 0..nblocks {
+            // SAFETY: block `blk` of row `r` is in bounds (fn contract).
+            let (q, d, m) = unsafe { B::int8(w.add(r * row_bytes + blk * B::BYTES)) };
+            let d = [
+                _mm256_cvtss_f32(d),
+                _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
+            ];
+            // SAFETY: block `r * nblocks + blk` of `out` is in bounds (fn
+            // contract); `q` is its first 32 bytes.
+            unsafe {
+                let o = out.add(r * nblocks + blk);
+                _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
+                (*o).d = d;
+                (*o).m = m;
+            }
         }
     }
 }
