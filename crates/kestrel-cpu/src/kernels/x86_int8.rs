@@ -2,7 +2,9 @@
 //! activation quantizer, and sweeps of `R x NB` tiles over the same
 //! [`Block`] types and tile shape as the f32 kernels in `x86.rs`, with the
 //! weights unpacked to bytes instead of floats and `vpmaddubsw`/`vpmaddwd`
-//! integer dots. Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
+//! integer dots; and [`unpack_rows256`], which unpacks weight rows once into
+//! [`I8Block`]s that the same sweep reads when many activation rows share
+//! them (prefill). Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
 //! exactly the scalar definition's lane, so results are bit-identical to it.
 
 use std::arch::x86_64::*;
