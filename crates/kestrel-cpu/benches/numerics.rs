@@ -1,6 +1,9 @@
 //! Exact vs fast (int8-activation) numerics per matmul, at the default
 //! model's (SmolLM2-135M Q4_1, Q8_0 head) shapes: hidden 576, intermediate
-//! 1536, vocab 49152; batch 1 (decode GEMV) and 8. Weights prepared as the
+//! 1536, vocab 49152; and per other weight type at the shapes its
+//! llama.cpp Q4_K_M requantization gives it (Q5_0 for the 576-column
+//! matrices, Q4_K/Q6_K ffn_down), plus Q5_1/Q5_K at those shapes;
+//! batch 1 (decode GEMV) and 8. Weights prepared as the
 //! model prepares them; a compute [`kestrel_cpu::Team`] of `KESTREL_THREADS`
 //! (2); the ISA is [`Isa::detect`] (force one with `KESTREL_ISA`) and is
 //! part of the group name. Exact and fast of one shape run back to back.
@@ -26,6 +29,11 @@ fn bench(c: &mut Criterion) {
         ("q4_1_up_1536x576", DType::Q4_1, 1536, 576),
         ("q4_1_down_576x1536", DType::Q4_1, 576, 1536),
         ("q8_0_lm_head_49152x576", DType::Q8_0, 49152, 576),
+        ("q5_0_up_1536x576", DType::Q5_0, 1536, 576),
+        ("q5_1_up_1536x576", DType::Q5_1, 1536, 576),
+        ("q4_k_down_576x1536", DType::Q4K, 576, 1536),
+        ("q5_k_down_576x1536", DType::Q5K, 576, 1536),
+        ("q6_k_down_576x1536", DType::Q6K, 576, 1536),
     ];
     let mut g = c.benchmark_group(format!("numerics_{isa:?}").to_lowercase());
     g.warm_up_time(Duration::from_millis(500))

@@ -33,7 +33,7 @@ pub struct CpuModelOptions {
     /// All give identical bits.
     pub isa: Option<Isa>,
     /// Exact f32 matmuls (the default), or int8 activations for the
-    /// Q8_0/Q4_0/Q4_1 weights ([`Numerics::Fast`]).
+    /// quantized weights ([`Numerics::Fast`]).
     pub numerics: Numerics,
 }
 

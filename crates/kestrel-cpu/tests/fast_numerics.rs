@@ -15,8 +15,17 @@ use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{Isa, Numerics, Team};
 use kestrel_model::DType;
 
-/// The dtypes with an integer dot.
-const INT8: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+/// The dtypes with an integer dot: every quantized one.
+const INT8: [DType; 8] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512]
@@ -52,11 +61,17 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             (130, 576, 9),
             (39, 768, 2),
             (64, 1536, 1),
+            (5, 256, 3),
+            (33, 512, 9),
         ] {
+            if cols % dtype.block_elems() != 0 {
+                continue;
+            }
             let mut rng = Rng(rows as u64 * 7919 + cols as u64 + n as u64);
             let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
             let prepared = Weight::prepare("w", &m).unwrap();
-            let stored = MatRef::new("w", &m).unwrap();
+            // Q5_0/Q5_1 and the K-quants are read only repacked.
+            let stored = MatRef::new("w", &m).ok();
             // Activations with a spread of block magnitudes, as after RMSNorm.
             let x: Vec<f32> = rng
                 .vec(n * cols, 1.0)
@@ -67,7 +82,7 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             let mut deq = vec![0f32; cols];
             let mut first: Option<Vec<f32>> = None;
             for isa in isas() {
-                for w in [stored, prepared.mat()] {
+                for w in stored.into_iter().chain([prepared.mat()]) {
                     let mut y = vec![0f32; n * rows];
                     matmul(Some(&p), isa, Numerics::Fast, w, &x, n, &mut y);
                     match &first {
@@ -84,7 +99,7 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
                         }
                     }
                     for r in 0..rows {
-                        kestrel_cpu::kernels::matmul::dequant_row(&stored, r, &mut deq);
+                        kestrel_cpu::kernels::matmul::dequant_row(&prepared.mat(), r, &mut deq);
                         for c in 0..n {
                             let xc = &x[c * cols..(c + 1) * cols];
                             let want: f64 =
@@ -107,7 +122,7 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
 #[test]
 fn fast_matmul_is_batch_invariant() {
     for dtype in INT8 {
-        let (rows, cols) = (203, 160);
+        let (rows, cols) = (203, if dtype.block_elems() == 256 { 256 } else { 160 });
         let mut rng = Rng(11);
         let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
         let w = Weight::prepare("w", &m).unwrap();

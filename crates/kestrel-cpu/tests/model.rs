@@ -1,7 +1,8 @@
 //! Forward-pass tests on tiny synthetic models: agreement with an f64
 //! reference (both RoPE styles, GQA/MQA/MHA, biases, every weight dtype),
 //! chunked == one-shot prefill, decode == longer prefill, batch invariance
-//! (alone vs batches of 8 and 32, 1 vs 2 threads; exact and fast numerics),
+//! (alone vs batches of 8 and 32, 1 vs 2 threads; exact and fast numerics,
+//! fast for Q4_1, Q5_0 and Q4_K/Q6_K),
 //! batched prefill, and rejection of bad indices. Bit-identical where the
 //! design promises it.
 
@@ -232,25 +233,28 @@ fn decode_after_prefill_equals_longer_prefill(numerics: Numerics) {
 
 /// Decode one step of sequence 0 alone and inside batches with other
 /// sequences of different lengths; all must give the same bits, in either
-/// numerics.
+/// numerics, and in fast numerics for the repacked types too (Q5_0; Q4_K
+/// matrices with a Q6_K embedding and head, on a 256-wide model).
 #[test]
 fn decode_is_batch_invariant() {
-    for numerics in [Numerics::Exact, Numerics::Fast] {
-        decode_is_batch_invariant_in(numerics);
+    let tiny = || tiny(RopeStyle::Interleaved, 4, 2);
+    let k_wide = || config(97, 256, 512, 1, 4, 2, RopeStyle::Interleaved);
+    for (numerics, cfg, dtype, embd) in [
+        (Numerics::Exact, tiny(), DType::Q4_1, DType::Q8_0),
+        (Numerics::Fast, tiny(), DType::Q4_1, DType::Q8_0),
+        (Numerics::Fast, tiny(), DType::Q5_0, DType::Q8_0),
+        (Numerics::Fast, k_wide(), DType::Q4K, DType::Q6K),
+    ] {
+        let w = random_model(&cfg, dtype, embd, 31);
+        decode_is_batch_invariant_in(&w, numerics);
     }
 }
 
-fn decode_is_batch_invariant_in(numerics: Numerics) {
-    let w = random_model(
-        &tiny(RopeStyle::Interleaved, 4, 2),
-        DType::Q4_1,
-        DType::Q8_0,
-        31,
-    );
+fn decode_is_batch_invariant_in(w: &ModelWeights, numerics: Numerics) {
     let v = 97;
     let mut reference: Option<Vec<f32>> = None;
     for (threads, batch) in [(1, 1), (2, 1), (2, 8), (2, 32), (1, 32), (3, 8)] {
-        let m = model_with(&w, threads, numerics);
+        let m = model_with(w, threads, numerics);
         let mut s = Scratch::new(&m, 32, 64);
         let mut kv = KvStore::for_model(&w.config, 512, 4).unwrap();
         let mut pages = Pages::new(512, 4, batch as u64);
@@ -295,7 +299,8 @@ fn decode_is_batch_invariant_in(numerics: Numerics) {
             None => reference = Some(row0),
             Some(r) => assert!(
                 r.iter().zip(&row0).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{numerics:?} threads {threads} batch {batch}"
+                "{numerics:?} {:?} threads {threads} batch {batch}",
+                w.layers[0].wq.dtype
             ),
         }
     }

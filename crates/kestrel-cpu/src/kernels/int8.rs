@@ -1,16 +1,21 @@
 //! Fast numerics ([`Numerics::Fast`]): activations quantized to int8 per
-//! 32-element block, integer dot products with Q8_0/Q4_0/Q4_1 weight blocks
-//! (ggml's Q8_1 activations). This file is the *definition* of the mode's
-//! results; `x86_int8.rs` reproduces it bit for bit with AVX2 for finite
-//! activations. Other encodings keep the exact f32 path in either mode.
+//! 32-element block, integer dot products with every quantized weight block
+//! (Q8_0, Q4_0, Q4_1, and the 32-element blocks `weight.rs` rewrites Q5_0,
+//! Q5_1 and the K-quants into; ggml's Q8_1 activations). This file is the
+//! *definition* of the mode's results; `x86_int8.rs` reproduces it bit for
+//! bit with AVX2 for finite activations. Dense encodings (F32/F16/BF16) keep
+//! the exact f32 path in either mode.
 //!
 //! Per activation block: `d = max|x| / 127`, `q = round_ties_even(x / d)`
 //! (as `x * (1 / d)`), `s = d * sum(q)`. Per output: 8 f32 lanes; block b
-//! adds `float(sum_{k<4} w[4l+k] * q[4l+k]) * (d_w * d_x)` (one fused
+//! adds `float(sum_{k<4} w[4l+k] * q[4l+k]) * (d_w[l / 4] * d_x)` (one fused
 //! rounding) to lane `l`, with `w` the block's integer weights (Q8_0 `q`,
-//! Q4_0 `q - 8`, Q4_1 `q`); Q4_1's `m_w * s_x` goes to a separate fused sum.
-//! The result is the lanes' fixed tree plus that sum. Integer sums are exact,
-//! so one order serves every batch size, thread count and ISA.
+//! Q4_0 `q - 8`, Q5_0 `q - 16`, Q6_K `q - 32`, Q4_1/Q5_1/Q4_K/Q5_K `q`) and
+//! `d_w[h]` the scale of elements `16h..16h + 16` (the block's one scale,
+//! except Q6_K's two); a minimum's `m_w * s_x` (Q4_1, Q5_1, Q4_K, Q5_K) goes
+//! to a separate fused sum. The result is the lanes' fixed tree plus that
+//! sum. Integer sums are exact, so one order serves every batch size, thread
+//! count and ISA.
 
 #![allow(clippy::needless_range_loop)] // lane index drives both lane and source offset
 
@@ -24,8 +29,9 @@ pub enum Numerics {
     /// Canonical f32 dot products of the weights' exact values.
     #[default]
     Exact,
-    /// Int8 activations per 32-element block for Q8_0/Q4_0/Q4_1 weights
-    /// (see the module docs); batch-invariant and deterministic, not exact.
+    /// Int8 activations per 32-element block for every quantized weight
+    /// type (see the module docs); batch-invariant and deterministic, not
+    /// exact. Dense (F32/F16/BF16) weights stay exact.
     Fast,
 }
 
@@ -40,12 +46,10 @@ pub(crate) struct Q8Block {
     pub q: [i8; BLOCK],
 }
 
-/// Whether [`Numerics::Fast`] has an integer dot for `enc`.
+/// Whether [`Numerics::Fast`] has an integer dot for `enc`: every encoding
+/// made of quantized 32-element blocks.
 pub(crate) const fn has_int8_dot(enc: Encoding) -> bool {
-    matches!(
-        enc,
-        Encoding::Q8_0 | Encoding::Q4_0 | Encoding::Q4_0F | Encoding::Q4_1 | Encoding::Q4_1F
-    )
+    enc.is_quantized()
 }
 
 /// Quantize one activation row (`x.len() == 32 * out.len()`).
@@ -67,33 +71,63 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-/// A block's integer weights, its scale and its minimum (0 when none).
-fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], f32, f32) {
-    let nibbles = |qs: &[u8], off: i32| -> [i32; BLOCK] {
+fn f32_at(b: &[u8], i: usize) -> f32 {
+    f32::from_bits(u32_at(b, i))
+}
+
+/// A block's integer weights, the scales of its elements 0..16 and 16..32
+/// (equal but for Q6_K), and its minimum (0 when none). The layouts are
+/// `weight.rs`'s [`Encoding`] docs.
+fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], [f32; 2], f32) {
+    // Element i of 16 Q4_0-order nibble bytes, with bit 4 (and bit 5) of
+    // element i from bit i of the planes `h4` (and `h5`), minus `off`.
+    let quants = |qs: &[u8], h4: u32, h5: u32, off: i32| -> [i32; BLOCK] {
         std::array::from_fn(|i| {
             let q = if i < 16 {
                 qs[i] & 0x0F
             } else {
                 qs[i - 16] >> 4
             };
-            i32::from(q) - off
+            let high = ((h4 >> i) & 1) << 4 | ((h5 >> i) & 1) << 5;
+            (u32::from(q) | high) as i32 - off
         })
     };
+    let nibbles = |qs: &[u8], off: i32| quants(qs, 0, 0, off);
+    let one = |d: f32| [d, d];
     match enc {
         Encoding::Q8_0 => (
             std::array::from_fn(|i| i32::from(b[2 + i] as i8)),
-            f16_at(b, 0),
+            one(f16_at(b, 0)),
             0.0,
         ),
-        Encoding::Q4_0 => (nibbles(&b[2..18], 8), f16_at(b, 0), 0.0),
-        Encoding::Q4_0F => (nibbles(&b[4..20], 8), f32_at(b, 0), 0.0),
-        Encoding::Q4_1 => (nibbles(&b[4..20], 0), f16_at(b, 0), f16_at(b, 2)),
-        Encoding::Q4_1F => (nibbles(&b[8..24], 0), f32_at(b, 0), f32_at(b, 4)),
-        other => unreachable!("{other:?} has no integer dot"),
+        Encoding::Q4_0 => (nibbles(&b[2..18], 8), one(f16_at(b, 0)), 0.0),
+        Encoding::Q4_0F => (nibbles(&b[4..20], 8), one(f32_at(b, 0)), 0.0),
+        Encoding::Q4_1 => (nibbles(&b[4..20], 0), one(f16_at(b, 0)), f16_at(b, 2)),
+        Encoding::Q4_1F | Encoding::Q4KF => {
+            (nibbles(&b[8..24], 0), one(f32_at(b, 0)), f32_at(b, 4))
+        }
+        Encoding::Q5_0F => (
+            quants(&b[8..24], u32_at(b, 4), 0, 16),
+            one(f32_at(b, 0)),
+            0.0,
+        ),
+        Encoding::Q5_1F => (
+            quants(&b[12..28], u32_at(b, 8), 0, 0),
+            one(f32_at(b, 0)),
+            f32_at(b, 4),
+        ),
+        Encoding::Q6KF => (
+            quants(&b[16..32], u32_at(b, 8), u32_at(b, 12), 32),
+            [f32_at(b, 0), f32_at(b, 4)],
+            0.0,
+        ),
+        dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
+            unreachable!("{dense:?} has no integer dot")
+        }
     }
 }
 
@@ -111,10 +145,10 @@ pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
     let mut mins = 0f32;
     for (blk, xb) in xq.iter().enumerate() {
         let (w, dw, mw) = int_weights(enc, &row[blk * bb..(blk + 1) * bb]);
-        let dd = dw * xb.d;
+        let dd = dw.map(|d| d * xb.d);
         for l in 0..8 {
             let p: i32 = (4 * l..4 * l + 4).map(|i| w[i] * i32::from(xb.q[i])).sum();
-            acc[l] = (p as f32).mul_add(dd, acc[l]);
+            acc[l] = (p as f32).mul_add(dd[l / 4], acc[l]);
         }
         mins = mw.mul_add(xb.s, mins);
     }

@@ -243,7 +243,13 @@ macro_rules! for_int8_block {
             Encoding::Q4_1 => $go!(x86::Q4_1B),
             Encoding::Q4_0F => $go!(x86::Q4_0FB),
             Encoding::Q4_1F => $go!(x86::Q4_1FB),
-            other => unreachable!("{other:?} has no integer dot"),
+            Encoding::Q5_0F => $go!(x86::Q5_0FB),
+            Encoding::Q5_1F => $go!(x86::Q5_1FB),
+            Encoding::Q4KF => $go!(x86::Q4KFB),
+            Encoding::Q6KF => $go!(x86::Q6KFB),
+            dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
+                unreachable!("{dense:?} has no integer dot")
+            }
         }
     };
 }
@@ -251,7 +257,11 @@ macro_rules! for_int8_block {
 /// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
 /// from `xq` (`n` quantized rows). One activation row: the task's rows in
 /// one sweep; several: 16 weight rows at a time (L1-resident) against every
-/// activation row, two at a time. Every element is one canonical int8 dot.
+/// activation row, two at a time, the 16 rows first unpacked to signed bytes
+/// once ([`x86_int8::unpack_rows256`]; Q8_0's are bytes already) from
+/// [`INT8_UNPACKED_MIN_COLS`] activation rows on, instead of once per
+/// activation pair: Q5_0's and Q6_K's high-bit expansion costs more than the
+/// dot itself. Every element is one canonical int8 dot.
 ///
 /// # Safety
 /// As [`rows_task`]; `w.enc` has an integer dot and `xq` holds `n` rows of
@@ -271,6 +281,80 @@ unsafe fn int8_rows_task(
         "quantized rows for every activation row"
     );
     let group = if n == 1 { r1 - r0 } else { 16 };
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && n >= INT8_UNPACKED_MIN_COLS {
+        return IBUF.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.len() < group * nb {
+                b.resize(group * nb, x86_int8::I8Block::default());
+            }
+            let mut g0 = r0;
+            while g0 < r1 {
+                let g1 = (g0 + group).min(r1);
+                let buf = &mut b[..(g1 - g0) * nb];
+                macro_rules! go {
+                    ($B:ty) => {{
+                        // SAFETY: rows g0..g1 exist (fn contract) and hold `nb`
+                        // blocks of `$B`, `buf` holds (g1 - g0) * nb blocks;
+                        // AVX2, FMA and F16C come with every SIMD ISA, checked
+                        // supported by `matmul_group`.
+                        unsafe {
+                            x86_int8::unpack_rows256::<$B>(
+                                w.data.as_ptr().add(g0 * w.row_bytes),
+                                w.row_bytes,
+                                g1 - g0,
+                                nb,
+                                buf.as_mut_ptr(),
+                            )
+                        };
+                        <$B as x86_int8::Int8Block>::HAS_MIN
+                    }};
+                }
+                // Q8_0 blocks are bytes already: swept in place.
+                let in_place = w.enc == Encoding::Q8_0;
+                let has_min = !in_place && for_int8_block!(w.enc, go);
+                let mut c = 0;
+                while c < n {
+                    let cn = if n - c >= 2 { 2 } else { 1 };
+                    let (wp, row_bytes) = if in_place {
+                        // SAFETY: `g0 < w.rows`: row g0 starts within `w.data`.
+                        (
+                            unsafe { w.data.as_ptr().add(g0 * w.row_bytes) },
+                            w.row_bytes,
+                        )
+                    } else {
+                        let row_bytes = nb * std::mem::size_of::<x86_int8::I8Block>();
+                        (buf.as_ptr() as *const u8, row_bytes)
+                    };
+                    let args = x86_int8::Int8Args {
+                        w: wp,
+                        row_bytes,
+                        x: xq[c * nb..].as_ptr(),
+                        nblocks: nb,
+                    };
+                    let rows = g1 - g0;
+                    // SAFETY: `args.w` holds rows g0..g1 (in place, or
+                    // unpacked into `buf`), `xq` activation rows c..c + cn <=
+                    // n; elements (g0..g1, c..c + cn) of `y` belong to this
+                    // task (fn contract); ISA as above.
+                    unsafe {
+                        let out = y.0.add(c * w.rows + g0);
+                        match (in_place, has_min) {
+                            (true, _) => int8_sweep256::<x86::Q8_0B>(args, rows, cn, out, w.rows),
+                            (false, true) => {
+                                int8_sweep256::<x86_int8::I8B<true>>(args, rows, cn, out, w.rows)
+                            }
+                            (false, false) => {
+                                int8_sweep256::<x86_int8::I8B<false>>(args, rows, cn, out, w.rows)
+                            }
+                        }
+                    }
+                    c += cn;
+                }
+                g0 = g1;
+            }
+        });
+    }
     let mut g0 = r0;
     while g0 < r1 {
         let g1 = (g0 + group).min(r1);
@@ -283,6 +367,55 @@ unsafe fn int8_rows_task(
             c += cn;
         }
         g0 = g1;
+    }
+}
+
+/// Activation rows from which [`int8_rows_task`] unpacks weight rows first.
+#[cfg(target_arch = "x86_64")]
+const INT8_UNPACKED_MIN_COLS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Per-thread unpacked weight rows (grows once to 16 rows of the widest
+    /// matrix).
+    static IBUF: std::cell::RefCell<Vec<x86_int8::I8Block>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
+/// `a.x`: whole tiles (4 x 1 or 2 x 2), then the rest one row at a time.
+/// Element `(r, c)` goes to `y[c * y_stride + r]`.
+///
+/// # Safety
+/// As [`x86_int8::int8_sweep256`] for those rows and activation rows.
+#[cfg(target_arch = "x86_64")]
+unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
+    a: x86_int8::Int8Args,
+    rows: usize,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    macro_rules! sweep {
+        ($R:literal, $NB:literal) => {{
+            let tiles = rows / $R;
+            let done = $R * tiles;
+            let rest = x86_int8::Int8Args {
+                w: a.w.wrapping_add(done * a.row_bytes),
+                ..a
+            };
+            // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
+            // contract); `rest` starts at row `done <= rows`.
+            unsafe {
+                x86_int8::int8_sweep256::<B, $R, $NB>(a, tiles, y, y_stride);
+                x86_int8::int8_sweep256::<B, 1, $NB>(rest, rows - done, y.add(done), y_stride);
+            }
+        }};
+    }
+    if cn == 2 {
+        sweep!(2, 2)
+    } else {
+        sweep!(4, 1)
     }
 }
 
@@ -303,49 +436,29 @@ unsafe fn int8_sweep(
     let cn = xq.len() / nb;
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
-        let args = |r: usize| x86_int8::Int8Args {
-            // SAFETY: `r <= rows.end <= w.rows`: at most one past the last row.
-            w: unsafe { w.data.as_ptr().add(r * w.row_bytes) },
+        let args = x86_int8::Int8Args {
+            // SAFETY: `rows.start < w.rows`: row `rows.start` starts within `w.data`.
+            w: unsafe { w.data.as_ptr().add(rows.start * w.row_bytes) },
             row_bytes: w.row_bytes,
             x: xq.as_ptr(),
             nblocks: nb,
         };
-        // SAFETY: as above, element (r, c) of the n x rows output.
-        let out = |r: usize| unsafe { y.0.add(c * w.rows + r) };
         macro_rules! go {
-            ($B:ty) => {{
-                // Whole R-row tiles, then the rest one row at a time.
-                macro_rules! sweep {
-                    ($R:literal, $NB:literal) => {{
-                        let tiles = rows.len() / $R;
-                        let rest = rows.start + $R * tiles;
-                        // SAFETY: rows rows.start..rows.end exist and their
-                        // elements in activation rows c..c + $NB belong to
-                        // this task (fn contract); `xq` holds $NB rows; AVX2,
-                        // FMA and F16C come with every SIMD ISA, checked
-                        // supported by `matmul_group`.
-                        unsafe {
-                            x86_int8::int8_sweep256::<$B, $R, $NB>(
-                                args(rows.start),
-                                tiles,
-                                out(rows.start),
-                                w.rows,
-                            );
-                            x86_int8::int8_sweep256::<$B, 1, $NB>(
-                                args(rest),
-                                rows.end - rest,
-                                out(rest),
-                                w.rows,
-                            );
-                        }
-                    }};
+            ($B:ty) => {
+                // SAFETY: rows rows.start..rows.end exist and their elements
+                // in activation rows c..c + cn belong to this task (fn
+                // contract); `xq` holds cn rows; AVX2, FMA and F16C come with
+                // every SIMD ISA, checked supported by `matmul_group`.
+                unsafe {
+                    int8_sweep256::<$B>(
+                        args,
+                        rows.len(),
+                        cn,
+                        y.0.add(c * w.rows + rows.start),
+                        w.rows,
+                    )
                 }
-                if cn == 2 {
-                    sweep!(2, 2)
-                } else {
-                    sweep!(4, 1)
-                }
-            }};
+            };
         }
         for_int8_block!(w.enc, go);
         return;

@@ -2,8 +2,9 @@
 //! paged attention. Each kernel has a portable scalar form that defines its
 //! exact floating-point result; the SIMD forms reproduce it bit for bit, so
 //! the choice of [`Isa`] never changes a logit. [`Numerics::Fast`] swaps the
-//! matmuls of Q8_0/Q4_0/Q4_1 weights for int8-activation ones (`int8.rs`),
-//! again one definition for every ISA, batch size and thread count.
+//! matmuls of quantized weights (every type) for int8-activation ones
+//! (`int8.rs`), again one definition for every ISA, batch size and thread
+//! count.
 
 pub mod attention;
 pub(crate) mod int8;

@@ -430,7 +430,7 @@ unsafe fn nibbles256(qs: *const u8) -> [__m256i; 4] {
 /// `bytes_from_bits_32`: one shuffle, one or, one compare for 32 bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn bits_to_bytes256(bits: u32) -> __m256i {
+pub(crate) fn bits_to_bytes256(bits: u32) -> __m256i {
     // Byte e gets byte e / 8 of `bits`, then is all ones iff bit e % 8 is set.
     let spread = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

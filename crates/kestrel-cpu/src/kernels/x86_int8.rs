@@ -2,28 +2,36 @@
 //! activation quantizer, and sweeps of `R x NB` tiles over the same
 //! [`Block`] types and tile shape as the f32 kernels in `x86.rs`, with the
 //! weights unpacked to bytes instead of floats and `vpmaddubsw`/`vpmaddwd`
-//! integer dots. Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
+//! integer dots; and [`unpack_rows256`], which unpacks weight rows once into
+//! [`I8Block`]s that the same sweep reads when many activation rows share
+//! them (prefill). Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
 //! exactly the scalar definition's lane, so results are bit-identical to it.
 
 use std::arch::x86_64::*;
 
 use super::int8::Q8Block;
 use super::x86::{
-    nibble_bytes256, prefetch, scales, Block, PREFETCH_TILES, Q4_0B, Q4_0FB, Q4_1B, Q4_1FB, Q8_0B,
+    bits_to_bytes256, nibble_bytes256, prefetch, scales, Block, PREFETCH_TILES, Q4KFB, Q4_0B,
+    Q4_0FB, Q4_1B, Q4_1FB, Q5_0FB, Q5_1FB, Q6KFB, Q8_0B,
 };
 
 /// A weight block with an integer dot: its 32 weights as bytes in element
-/// order, its scale and its minimum (0 when none).
-pub(crate) trait Int8Block: Block {
-    /// Whether the weight bytes are signed (Q8_0, Q4_0's `q - 8`) or not
-    /// (Q4_1's nibbles).
+/// order, its scale per i32 lane (lanes 0..4 hold elements 0..16, lanes
+/// 4..8 elements 16..32: one value but for Q6_K's two) and its minimum (0
+/// when none).
+pub(crate) trait Int8Block {
+    /// Bytes per 32-element block.
+    const BYTES: usize;
+    /// Whether the weight bytes are signed (Q8_0, and `q - 8`, `q - 16`,
+    /// `q - 32` of Q4_0, Q5_0, Q6_K) or not (the nibbles and five-bit quants
+    /// of the types with a minimum: Q4_1, Q5_1, Q4_K, Q5_K).
     const SIGNED: bool;
     /// Whether the block has a minimum (`m_w * s_x` is then added).
     const HAS_MIN: bool;
     /// # Safety
     /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
     /// AVX2, FMA and F16C.
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32);
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32);
 }
 
 /// The f32 at `p`.
@@ -36,71 +44,265 @@ unsafe fn f32_at(p: *const u8) -> f32 {
     unsafe { (p as *const f32).read_unaligned() }
 }
 
+/// The u32 at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    // SAFETY: 4 readable bytes at `p` (fn contract); unaligned read.
+    unsafe { (p as *const u32).read_unaligned() }
+}
+
+/// The f32 at `p` in every lane.
+///
+/// # Safety
+/// `p` must be valid for reading 4 bytes; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn splat(p: *const u8) -> __m256 {
+    // SAFETY: forwarded contract.
+    _mm256_set1_ps(unsafe { f32_at(p) })
+}
+
 impl Int8Block for Q8_0B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32) {
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
         // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
         unsafe {
             let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
-            (q, _mm_cvtss_f32(scales(p)), 0.0)
+            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
         }
     }
 }
 
 impl Int8Block for Q4_0B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32) {
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
         // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
-            (q, _mm_cvtss_f32(scales(p)), 0.0)
+            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
         }
     }
 }
 
 impl Int8Block for Q4_0FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = true;
     const HAS_MIN: bool = false;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32) {
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
         // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
-            (q, f32_at(p), 0.0)
+            (q, splat(p), 0.0)
         }
     }
 }
 
 impl Int8Block for Q4_1B {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32) {
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
         // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
         unsafe {
             let dm = scales(p);
             let m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-            (nibble_bytes256(p.add(4)), _mm_cvtss_f32(dm), m)
+            (nibble_bytes256(p.add(4)), _mm256_broadcastss_ps(dm), m)
         }
     }
 }
 
+/// `f32 d`, `f32 m`, 16 nibble bytes: Q4_1 with f32 scales, and one Q4_K
+/// sub-block (whose `m` is `-(dmin * m)`; `weight.rs`).
+///
+/// # Safety
+/// 24 readable bytes at `p`; the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
+    // SAFETY: 24 readable bytes at `p` (fn contract).
+    unsafe { (nibble_bytes256(p.add(8)), splat(p), f32_at(p.add(4))) }
+}
+
 impl Int8Block for Q4_1FB {
+    const BYTES: usize = <Self as Block>::BYTES;
     const SIGNED: bool = false;
     const HAS_MIN: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, f32, f32) {
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
-        unsafe { (nibble_bytes256(p.add(8)), f32_at(p), f32_at(p.add(4))) }
+        unsafe { nibbles_d_m(p) }
+    }
+}
+
+impl Int8Block for Q4KFB {
+    const BYTES: usize = <Self as Block>::BYTES;
+    const SIGNED: bool = false;
+    const HAS_MIN: bool = true;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
+        unsafe { nibbles_d_m(p) }
+    }
+}
+
+impl Int8Block for Q5_0FB {
+    const BYTES: usize = <Self as Block>::BYTES;
+    const SIGNED: bool = true;
+    const HAS_MIN: bool = false;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
+        // 16 nibble bytes.
+        unsafe {
+            // q - 16 as a signed byte: the nibble where bit 4 is set (16 + k
+            // - 16 = k), the nibble with the high bits set (k - 16) where not.
+            let high =
+                _mm256_andnot_si256(bits_to_bytes256(u32_at(p.add(4))), _mm256_set1_epi8(-16));
+            (
+                _mm256_or_si256(nibble_bytes256(p.add(8)), high),
+                splat(p),
+                0.0,
+            )
+        }
+    }
+}
+
+impl Int8Block for Q5_1FB {
+    const BYTES: usize = <Self as Block>::BYTES;
+    const SIGNED: bool = false;
+    const HAS_MIN: bool = true;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
+        // u32 qh, 16 nibble bytes.
+        unsafe {
+            let high = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(16));
+            let q = _mm256_or_si256(nibble_bytes256(p.add(12)), high);
+            (q, splat(p), f32_at(p.add(4)))
+        }
+    }
+}
+
+impl Int8Block for Q6KFB {
+    const BYTES: usize = <Self as Block>::BYTES;
+    const SIGNED: bool = true;
+    const HAS_MIN: bool = false;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
+        // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
+        unsafe {
+            // q - 32 as a signed byte: the low five bits where bit 5 is set
+            // (32 + k - 32 = k), those bits with the top three set (k - 32)
+            // where not.
+            let b4 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(16));
+            let b5 =
+                _mm256_andnot_si256(bits_to_bytes256(u32_at(p.add(12))), _mm256_set1_epi8(-32));
+            let q = _mm256_or_si256(nibble_bytes256(p.add(16)), _mm256_or_si256(b4, b5));
+            // d0 in lanes 0..4 (elements 0..16), d1 in lanes 4..8.
+            let d01 = _mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i));
+            let d = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(d01),
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+            );
+            (q, d, 0.0)
+        }
+    }
+}
+
+/// A weight block unpacked once for a sweep over many activation rows
+/// ([`unpack_rows256`]): its integer weights as signed bytes (every type's
+/// fit: Q8_0's i8, `q - 8/16/32`, and the unsigned quants' 0..32), the
+/// scales of elements 0..16 and 16..32, and the minimum (0 when none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct I8Block {
+    q: [i8; 32],
+    d: [f32; 2],
+    m: f32,
+    _pad: f32,
+}
+
+/// [`I8Block`]s as an [`Int8Block`] type (`MIN`: the source type's
+/// [`Int8Block::HAS_MIN`]). The integer sums it gives are the source
+/// block's exactly (signed bytes through the same `vpsignb` steps; the
+/// unsigned quants are nonnegative), and its scales and minimum are the
+/// source's, so every result is the source type's, bit for bit.
+#[derive(Debug)]
+pub(crate) struct I8B<const MIN: bool>;
+
+impl<const MIN: bool> Int8Block for I8B<MIN> {
+    const BYTES: usize = std::mem::size_of::<I8Block>();
+    const SIGNED: bool = true;
+    const HAS_MIN: bool = MIN;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+        // SAFETY: `p` points at a whole `I8Block` (trait contract: BYTES is
+        // its size): q at offset 0, d at 32, m at 40 (`repr(C)`).
+        unsafe {
+            let q = _mm256_loadu_si256(p as *const __m256i);
+            let d01 = _mm_castsi128_ps(_mm_loadl_epi64(p.add(32) as *const __m128i));
+            let d = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(d01),
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+            );
+            (q, d, f32_at(p.add(40)))
+        }
+    }
+}
+
+/// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
+/// `w + r * row_bytes`) into `out`, row after row.
+///
+/// # Safety
+/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
+/// CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    nblocks: usize,
+    out: *mut I8Block,
+) {
+    for r in 0..rows {
+        for blk in 0..nblocks {
+            // SAFETY: block `blk` of row `r` is in bounds (fn contract).
+            let (q, d, m) = unsafe { B::int8(w.add(r * row_bytes + blk * B::BYTES)) };
+            let d = [
+                _mm256_cvtss_f32(d),
+                _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
+            ];
+            // SAFETY: block `r * nblocks + blk` of `out` is in bounds (fn
+            // contract); `q` is its first 32 bytes.
+            unsafe {
+                let o = out.add(r * nblocks + blk);
+                _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
+                (*o).d = d;
+                (*o).m = m;
+            }
+        }
     }
 }
 
@@ -204,7 +406,8 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
                 let (wq, dw, mw) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
                 // Signed weights: |w| times x with w's sign (vpmaddubsw
                 // multiplies unsigned by signed bytes; |w| <= 128, |x| <=
-                // 127, so no pair sum saturates).
+                // 127, so no pair sum of Q8_0 saturates, and the other
+                // types' |w| <= 32 are far from it).
                 let wu = if B::SIGNED {
                     _mm256_sign_epi8(wq, wq)
                 } else {
@@ -221,7 +424,7 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
                         xq
                     };
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
-                    let dd = _mm256_set1_ps(dw * xb.d);
+                    let dd = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
                     acc_r[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc_r[c]);
                     // Without a minimum the definition's sum stays +0.0.
                     if B::HAS_MIN {
@@ -234,6 +437,114 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
             for c in 0..NB {
                 // SAFETY: element (R t + r, c) is in bounds (fn contract).
                 unsafe { *y.add(c * y_stride + R * t + r) = reduce8(acc[r][c]) + mins[r][c] };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kestrel_model::DType;
+
+    use super::super::int8::{self, Q8Block};
+    use super::super::matmul::MatRef;
+    use super::super::weight::{Encoding, Weight};
+    use super::super::Isa;
+    use super::*;
+    use crate::synth::{random_matrix, Rng};
+
+    /// Every tile shape of `B`'s sweep against `int8::dot`, bit for bit.
+    fn check<B: Int8Block>(w: &MatRef<'_>, xq: &[Q8Block], n: usize) {
+        let nb = w.cols / 32;
+        for (r, c) in [(1, 1), (4, 1), (2, 2), (1, 2)] {
+            if c > n {
+                continue;
+            }
+            let tiles = w.rows / r;
+            let mut y = vec![f32::NAN; c * w.rows];
+            let args = Int8Args {
+                w: w.data.as_ptr(),
+                row_bytes: w.row_bytes,
+                x: xq.as_ptr(),
+                nblocks: nb,
+            };
+            // SAFETY: `w` holds `w.rows >= r * tiles` rows of `nb` blocks of
+            // `B` (its encoding), `xq` holds `n >= c` rows of `nb` blocks, `y`
+            // is `c x w.rows`; AVX2 was checked by the caller.
+            unsafe {
+                match (r, c) {
+                    (1, 1) => int8_sweep256::<B, 1, 1>(args, tiles, y.as_mut_ptr(), w.rows),
+                    (4, 1) => int8_sweep256::<B, 4, 1>(args, tiles, y.as_mut_ptr(), w.rows),
+                    (2, 2) => int8_sweep256::<B, 2, 2>(args, tiles, y.as_mut_ptr(), w.rows),
+                    _ => int8_sweep256::<B, 1, 2>(args, tiles, y.as_mut_ptr(), w.rows),
+                }
+            }
+            for row in 0..r * tiles {
+                for j in 0..c {
+                    let want = int8::dot(w.enc, w.row(row), &xq[j * nb..(j + 1) * nb]);
+                    let got = y[j * w.rows + row];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{:?} tile {r}x{c} row {row} act {j}: {got} vs {want}",
+                        w.enc
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_int8_dot_gives_the_definition_for_every_type() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let (rows, cols, n) = (9, 512, 2);
+        let mut rng = Rng(21);
+        // Activation blocks of every kind: +-127 extremes, a zero block, a
+        // spread of magnitudes.
+        let mut x = rng.vec(n * cols, 2.0);
+        x[..32].iter_mut().enumerate().for_each(|(i, v)| {
+            *v = if i % 2 == 0 { 5.0 } else { -5.0 };
+        });
+        x[32..64].fill(0.0);
+        let mut xq = vec![Q8Block::default(); n * cols / 32];
+        int8::quantize_row(&x, &mut xq);
+        let dtypes = [
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q4K,
+            DType::Q5K,
+            DType::Q6K,
+        ];
+        for dtype in dtypes {
+            let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
+            let prepared = Weight::prepare("w", &m).unwrap();
+            let mut mats = vec![prepared.mat()];
+            mats.extend(MatRef::new("w", &m).ok());
+            for w in &mats {
+                macro_rules! go {
+                    ($B:ty) => {
+                        check::<$B>(w, &xq, n)
+                    };
+                }
+                use super::super::x86;
+                match w.enc {
+                    Encoding::Q8_0 => go!(x86::Q8_0B),
+                    Encoding::Q4_0 => go!(x86::Q4_0B),
+                    Encoding::Q4_1 => go!(x86::Q4_1B),
+                    Encoding::Q4_0F => go!(x86::Q4_0FB),
+                    Encoding::Q4_1F => go!(x86::Q4_1FB),
+                    Encoding::Q5_0F => go!(x86::Q5_0FB),
+                    Encoding::Q5_1F => go!(x86::Q5_1FB),
+                    Encoding::Q4KF => go!(x86::Q4KFB),
+                    Encoding::Q6KF => go!(x86::Q6KFB),
+                    dense => unreachable!("{dense:?} is not quantized"),
+                }
             }
         }
     }
