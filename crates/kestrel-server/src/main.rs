@@ -169,7 +169,7 @@ struct EngineArgs {
     /// Disable the prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
-    /// CPU matmul numerics: exact f32, or int8 activations for Q8_0/Q4_0/Q4_1
+    /// CPU matmul numerics: exact f32, or int8 activations for quantized
     /// weights (faster, deterministic, not exact) [default: exact].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
