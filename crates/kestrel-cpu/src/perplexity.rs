@@ -144,6 +144,86 @@ fn token_nll(row: &[f32], target: u32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CpuModelOptions;
+    use kestrel_model::{synthetic_weights, DType, ModelConfig};
+
+    fn tiny_model() -> CpuModel {
+        let mut cfg = ModelConfig::tiny();
+        cfg.max_position_embeddings = 512;
+        let opts = CpuModelOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        CpuModel::new(synthetic_weights(&cfg, DType::Q8_0, 7), opts).unwrap()
+    }
+
+    /// A window's logits from one prefill of every position, scored by hand.
+    fn one_call_nll(model: &CpuModel, window: &[u32]) -> Vec<f64> {
+        let (ctx, vocab) = (window.len(), model.config().vocab_size);
+        let pages: Vec<u32> = (0..ctx.div_ceil(PAGE) as u32).collect();
+        let mut kv = KvStore::for_model(model.config(), pages.len(), PAGE).unwrap();
+        let mut scratch = Scratch::new(model, ctx, ctx);
+        let mut logits = vec![0f32; ctx * vocab];
+        let batch = PrefillBatch {
+            tokens: window,
+            qo_indptr: &[0, ctx as u32],
+            start_pos: &[0],
+            kv_indptr: &[0, pages.len() as u32],
+            kv_indices: &pages,
+            kv_last_page_len: &[((ctx - 1) % PAGE + 1) as u32],
+        };
+        let mode = LogitsMode::All;
+        model
+            .forward_prefill(batch, &mut kv, &mut logits, mode, &mut scratch)
+            .unwrap();
+        (ctx / 2..ctx - 1)
+            .map(|i| token_nll(&logits[i * vocab..(i + 1) * vocab], window[i + 1]))
+            .collect()
+    }
+
+    #[test]
+    fn chunked_windows_score_what_one_prefill_per_window_scores() {
+        let model = tiny_model();
+        // Both halves span more than one call; 2.5 windows, so the tail is dropped.
+        let ctx = 2 * ROWS_PER_CALL + 44;
+        let tokens: Vec<u32> = (0..5 * ctx / 2).map(|i| (i * 7919 % 509) as u32).collect();
+        let bos = 1;
+        let mut seen = vec![];
+        let cfg = PerplexityConfig {
+            ctx,
+            bos: Some(bos),
+        };
+        let got = perplexity(&model, &tokens, cfg, |w, p| seen.push((w, p))).unwrap();
+        let mut nlls = vec![];
+        for w in 0..2 {
+            let mut window = tokens[w * ctx..(w + 1) * ctx].to_vec();
+            window[0] = bos;
+            nlls.extend(one_call_nll(&model, &window));
+        }
+        let mean = nlls.iter().sum::<f64>() / nlls.len() as f64;
+        assert_eq!((got.windows, got.scored), (2, 2 * (ctx - ctx / 2 - 1)));
+        assert_eq!(got.scored, nlls.len());
+        // Rows do not depend on their batch: the same bits, summed in the same order.
+        assert_eq!(got.mean_nll, mean);
+        assert_eq!(got.ppl, mean.exp());
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[1], (1, got.ppl));
+    }
+
+    #[test]
+    fn too_short_a_text_or_window_is_refused() {
+        let model = tiny_model();
+        let cfg = |ctx| PerplexityConfig { ctx, bos: None };
+        let e = perplexity(&model, &[3; 15], cfg(8), |_, _| {}).unwrap_err();
+        assert!(matches!(
+            e,
+            CpuError::PerplexityTooShort { tokens: 15, ctx: 8 }
+        ));
+        let e = perplexity(&model, &[3; 15], cfg(3), |_, _| {}).unwrap_err();
+        assert!(matches!(e, CpuError::PerplexityTooShort { ctx: 3, .. }));
+        let e = perplexity(&model, &[3, 9999, 3, 3, 3, 3, 3, 3], cfg(4), |_, _| {}).unwrap_err();
+        assert!(matches!(e, CpuError::TokenOutOfRange { token: 9999, .. }));
+    }
 
     #[test]
     fn token_nll_is_the_negative_log_softmax() {
