@@ -24,6 +24,10 @@ pub struct PerplexityConfig {
     /// The token every window starts with instead of its own first token:
     /// the model's BOS when it adds one (llama.cpp's `add_bos`), else `None`.
     pub bos: Option<u32>,
+    /// Evaluate at most this many windows (`llama-perplexity --chunks`);
+    /// `None` = every whole window; 0 counts as 1. The text must still hold
+    /// `2 * ctx` tokens, as llama.cpp requires.
+    pub max_windows: Option<usize>,
 }
 
 /// The result, with llama.cpp's error estimate.
@@ -35,7 +39,7 @@ pub struct Perplexity {
     pub ppl_stderr: f64,
     /// Mean negative log-likelihood (nats per token).
     pub mean_nll: f64,
-    /// Windows evaluated (`tokens / ctx`).
+    /// Windows evaluated (`tokens / ctx`, or fewer with `max_windows`).
     pub windows: usize,
     /// Tokens scored (`windows * (ctx - ctx/2 - 1)`).
     pub scored: usize,
@@ -66,7 +70,7 @@ pub fn perplexity(
         return Err(CpuError::TokenOutOfRange { token, vocab });
     }
     let first = ctx / 2;
-    let windows = tokens.len() / ctx;
+    let windows = (tokens.len() / ctx).min(cfg.max_windows.map_or(usize::MAX, |w| w.max(1)));
     let npages = ctx.div_ceil(PAGE);
     let pages: Vec<u32> = (0..npages as u32).collect();
     let mut kv = KvStore::for_model(model.config(), npages, PAGE)?;
@@ -192,6 +196,7 @@ mod tests {
         let cfg = PerplexityConfig {
             ctx,
             bos: Some(bos),
+            max_windows: None,
         };
         let got = perplexity(&model, &tokens, cfg, |w, p| seen.push((w, p))).unwrap();
         let mut nlls = vec![];
@@ -208,12 +213,22 @@ mod tests {
         assert_eq!(got.ppl, mean.exp());
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[1], (1, got.ppl));
+        let first = PerplexityConfig {
+            max_windows: Some(1),
+            ..cfg
+        };
+        let one = perplexity(&model, &tokens, first, |_, _| {}).unwrap();
+        assert_eq!((one.windows, one.ppl), (1, seen[0].1));
     }
 
     #[test]
     fn too_short_a_text_or_window_is_refused() {
         let model = tiny_model();
-        let cfg = |ctx| PerplexityConfig { ctx, bos: None };
+        let cfg = |ctx| PerplexityConfig {
+            ctx,
+            bos: None,
+            max_windows: None,
+        };
         let e = perplexity(&model, &[3; 15], cfg(8), |_, _| {}).unwrap_err();
         assert!(matches!(
             e,

@@ -27,6 +27,10 @@ pub(crate) struct PerplexityArgs {
     /// Tokens per window (llama-perplexity's -c).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
+    /// Evaluate at most this many windows (llama-perplexity's --chunks)
+    /// [default: all].
+    #[arg(long)]
+    chunks: Option<usize>,
     /// CPU matmul numerics [default: exact].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
@@ -72,14 +76,18 @@ pub(crate) fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     eprintln!(
         "{name}: {} tokens, {} windows of {} (BOS {}), numerics {numerics:?}, isa {:?}, {} threads",
         tokens.len(),
-        tokens.len() / args.ctx.max(1),
+        (tokens.len() / args.ctx.max(1)).min(args.chunks.map_or(usize::MAX, |c| c.max(1))),
         args.ctx,
         if bos.is_some() { "first" } else { "not added" },
         model.isa(),
         model.threads(),
     );
     let started = Instant::now();
-    let cfg = PerplexityConfig { ctx: args.ctx, bos };
+    let cfg = PerplexityConfig {
+        ctx: args.ctx,
+        bos,
+        max_windows: args.chunks,
+    };
     let result = kestrel_cpu::perplexity(&model, &tokens, cfg, |w, ppl| {
         eprint!("[{}]{ppl:.4},", w + 1);
         let _ = std::io::stderr().flush();
