@@ -36,6 +36,11 @@ pub enum CpuError {
     #[error("token id {token} out of range for vocab of {vocab}")]
     TokenOutOfRange { token: u32, vocab: usize },
 
+    /// Perplexity needs windows of at least 4 tokens and text for two of
+    /// them (llama-perplexity's rule).
+    #[error("perplexity over windows of {ctx} tokens needs ctx >= 4 and at least 2 * ctx tokens; the text has {tokens}")]
+    PerplexityTooShort { tokens: usize, ctx: usize },
+
     /// The output logits buffer has the wrong length.
     #[error("logits buffer has {got} floats, need {expected}")]
     LogitsLen { expected: usize, got: usize },

@@ -1,9 +1,13 @@
 //! The `kestrel` command-line tool: `serve` (gRPC, the OpenAI-compatible
 //! HTTP API and `/metrics`), `generate`
-//! (one-shot, streamed to the terminal) and `chat` (an interactive REPL that
-//! keeps the conversation). `generate` and `chat` run the engine in-process,
-//! or talk to a server with `--server URL`; both paths build the same proto
-//! request and go through the same validation as the server.
+//! (one-shot, streamed to the terminal), `chat` (an interactive REPL that
+//! keeps the conversation) and `perplexity` (a model's perplexity on a text,
+//! as llama-perplexity computes it; `perplexity.rs`). `generate` and `chat`
+//! run the engine in-process, or talk to a server with `--server URL`; both
+//! paths build the same proto request and go through the same validation as
+//! the server.
+
+mod perplexity;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -43,6 +47,10 @@ enum Command {
     Generate(GenerateArgs),
     /// Chat interactively (the conversation is kept between turns).
     Chat(ChatArgs),
+    /// Measure a model's perplexity on a text file with the CPU forward, as
+    /// llama.cpp's llama-perplexity does (windows of --ctx tokens, second
+    /// half of each scored).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 #[derive(Debug, Args)]
@@ -356,6 +364,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve(args).await,
         Command::Generate(args) => generate(args).await,
         Command::Chat(args) => chat(args).await,
+        Command::Perplexity(args) => perplexity::run(args),
     }
 }
 
