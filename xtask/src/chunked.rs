@@ -41,6 +41,10 @@ pub struct ChunkedArgs {
     /// Launch/commit overlap.
     #[arg(long, value_enum, default_value_t = Mode::Pipelined)]
     mode: Mode,
+    /// Smoke run (CI): 2 streams, a 300-token prompt, chunks of 64, one
+    /// repetition, built in the test profile `cargo test` already built.
+    #[arg(long)]
+    quick: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -78,9 +82,15 @@ struct RunFigures {
     ttft: f64,
 }
 
-pub fn main(args: ChunkedArgs) -> anyhow::Result<()> {
+pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
     if cfg!(debug_assertions) && std::env::var_os("KESTREL_BENCH_ALLOW_DEBUG").is_none() {
-        return crate::bench::reexec_optimized(false);
+        return crate::bench::reexec_optimized(args.quick);
+    }
+    if args.quick {
+        args.streams = 2;
+        args.prompt_tokens = 300;
+        args.chunks = vec![64];
+        args.reps = 1;
     }
     if args.streams == 0 || args.prompt_tokens < 2 || args.reps == 0 {
         bail!("need --streams >= 1, --prompt-tokens >= 2, --reps >= 1");

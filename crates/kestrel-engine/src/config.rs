@@ -44,10 +44,11 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// The CPU backend's prefill chunk (tokens) when none is configured: a
-/// multiple of the runtime's forward chunk (256), so chunking adds steps
-/// but no extra forward calls.
-pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+/// The CPU backend's prefill chunk (tokens) when none is configured: the
+/// runtime's rows per forward call, so chunking adds steps but no forward
+/// calls. Against 512 it halves the running streams' worst gap for the same
+/// long-prompt TTFT (`docs/bench/chunked-prefill.md`).
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
 /// Engine configuration. See [`EngineConfig::default`] for the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
