@@ -490,12 +490,19 @@ fn assert_same_model(hf: &crate::ModelWeights, gguf: &crate::ModelWeights) {
         );
         assert!(*a.data == *b.data, "{what}: bytes differ");
     };
-    let vec = |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>, what: String| {
-        let bits = |v: &Option<Vec<f32>>| {
-            v.as_ref()
-                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
-        };
-        assert_eq!(bits(a), bits(b), "{what}");
+    let vec = |a: &Option<Vec<f32>>, b: &Option<Vec<f32>>, what: String| match (a, b) {
+        (Some(a), Some(b)) => {
+            assert_eq!(a.len(), b.len(), "{what}");
+            let bad = a
+                .iter()
+                .zip(b)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            if let Some(i) = bad {
+                panic!("{what}[{i}]: HF {} != GGUF {}", a[i], b[i]);
+            }
+        }
+        (None, None) => {}
+        _ => panic!("{what}: present in one model only"),
     };
     mat(&hf.token_embd, &gguf.token_embd, "token_embd".into());
     mat(&hf.lm_head, &gguf.lm_head, "lm_head".into());
