@@ -3,6 +3,9 @@
 //! F32/F16/BF16 matrices, `tokenizer.json` + `tokenizer_config.json` (or
 //! `chat_template.jinja`) -> tokenizer, chat template and special ids.
 //! HF checkpoints keep Q/K unpermuted, so RoPE is [`RopeStyle::HalfSplit`].
+//! Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) resolves to the
+//! same [`ModelConfig`] and effective weights as llama.cpp's GGUF of it: its
+//! norms, stored as `w` for HF's `x * (1 + w)`, get the `+ 1` at load.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -13,11 +16,12 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
+use crate::config::{Activation, ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
 use crate::load::{check_matrix, check_vector, LoadedModel};
 use crate::{Bytes, ChatTemplate, DType, LayerWeights, Matrix, ModelError, ModelWeights};
 
-/// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3 families).
+/// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3,
+/// Gemma 3 families).
 #[derive(Debug, Deserialize)]
 struct HfConfig {
     model_type: Option<String>,
@@ -38,6 +42,85 @@ struct HfConfig {
     use_sliding_window: Option<bool>,
     bos_token_id: Option<Value>,
     eos_token_id: Option<Value>,
+    // Gemma 3 (`gemma3_text`).
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+    attn_logit_softcapping: Option<f32>,
+    rope_local_base_freq: Option<f32>,
+    sliding_window_pattern: Option<usize>,
+    /// What newer `transformers` write instead of `sliding_window_pattern`.
+    #[serde(rename = "_sliding_window_pattern")]
+    sliding_window_pattern_private: Option<usize>,
+    /// `sliding_attention` / `full_attention` per layer.
+    layer_types: Option<Vec<String>>,
+    /// EmbeddingGemma: an encoder, not a causal LM.
+    use_bidirectional_attention: Option<bool>,
+}
+
+/// `Gemma3TextConfig`'s defaults, which `transformers` applies to keys a
+/// `gemma3_text` config leaves out (the `text_config` of multimodal Gemma 3
+/// checkpoints names only a few).
+const GEMMA3_TEXT_DEFAULTS: &[(&str, f64)] = &[
+    ("vocab_size", 262_208.0),
+    ("hidden_size", 2304.0),
+    ("intermediate_size", 9216.0),
+    ("num_hidden_layers", 26.0),
+    ("num_attention_heads", 8.0),
+    ("num_key_value_heads", 4.0),
+    ("head_dim", 256.0),
+    ("max_position_embeddings", 131_072.0),
+    ("rms_norm_eps", 1e-6),
+    ("bos_token_id", 2.0),
+    ("eos_token_id", 1.0),
+    ("rope_theta", 1_000_000.0),
+    ("query_pre_attn_scalar", 256.0),
+    ("sliding_window", 4096.0),
+    ("rope_local_base_freq", 10_000.0),
+];
+
+/// Reads `config.json`. A multimodal `gemma3` config is replaced by its
+/// `text_config` (keeping the outer special-token ids, which list the
+/// end-of-turn token); a `gemma3_text` config gets `transformers`' defaults.
+fn read_hf_config(path: &Path) -> Result<HfConfig, ModelError> {
+    let mut v: Value = read_json(path)?;
+    if v.get("model_type").and_then(Value::as_str) == Some("gemma3") {
+        let mut text = match v.get("text_config") {
+            Some(Value::Object(t)) => t.clone(),
+            _ => {
+                return Err(ModelError::MissingMetadata {
+                    key: "text_config".into(),
+                })
+            }
+        };
+        text.entry("model_type").or_insert("gemma3_text".into());
+        for key in ["bos_token_id", "eos_token_id", "tie_word_embeddings"] {
+            if let Some(x) = v.get(key).filter(|x| !x.is_null()) {
+                text.insert(key.into(), x.clone());
+            }
+        }
+        v = Value::Object(text);
+    }
+    if let Value::Object(o) = &mut v {
+        rope_parameters(o);
+    }
+    if v.get("model_type").and_then(Value::as_str) == Some("gemma3_text") {
+        if let Value::Object(o) = &mut v {
+            for &(key, x) in GEMMA3_TEXT_DEFAULTS {
+                let x = if x.fract() == 0.0 {
+                    Value::from(x as u64)
+                } else {
+                    Value::from(x)
+                };
+                o.entry(key).or_insert(x);
+            }
+            o.entry("tie_word_embeddings").or_insert(true.into());
+        }
+    }
+    serde_json::from_value(v).map_err(|source| ModelError::Json {
+        path: path.into(),
+        source,
+    })
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError> {
@@ -48,11 +131,41 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError>
     })
 }
 
+/// `transformers` 5 writes RoPE as `rope_parameters`: one `{rope_type,
+/// rope_theta, ...}`, or one per layer type (Gemma 3: `full_attention` and
+/// `sliding_attention`). Rewritten into the older keys Kestrel reads
+/// (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) unless those are
+/// present.
+fn rope_parameters(o: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Object(p)) = o.get("rope_parameters").cloned() else {
+        return;
+    };
+    let (global, local) = match p.get("full_attention") {
+        Some(Value::Object(g)) => (g.clone(), p.get("sliding_attention").cloned()),
+        _ => (p, None),
+    };
+    if let Some(theta) = global.get("rope_theta") {
+        o.entry("rope_theta").or_insert(theta.clone());
+    }
+    let scaling = o.entry("rope_scaling").or_insert(Value::Null);
+    if scaling.is_null() {
+        *scaling = Value::Object(global);
+    }
+    if let Some(theta) = local.as_ref().and_then(|l| l.get("rope_theta")) {
+        o.entry("rope_local_base_freq").or_insert(theta.clone());
+    }
+}
+
 fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
-    let arch = hf.model_type.clone().unwrap_or_else(|| "llama".into());
+    let mut arch = hf.model_type.clone().unwrap_or_else(|| "llama".into());
     let qkv_bias = match arch.as_str() {
         "llama" | "mistral" | "qwen3" => hf.attention_bias.unwrap_or(false),
         "qwen2" => true,
+        // Named as GGUF names it, so both paths resolve to one config.
+        "gemma3_text" => {
+            arch = "gemma3".into();
+            hf.attention_bias.unwrap_or(false)
+        }
         _ => {
             return Err(ModelError::UnsupportedArchitecture {
                 architecture: arch,
@@ -74,8 +187,10 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
     if let Some(scaling) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
         rope_scaling(scaling, head_dim, rope_theta, &mut features)?;
     }
-    // Qwen2 configs name a window but switch it off (`use_sliding_window`).
-    if let Some(window) = hf.sliding_window {
+    if arch == "gemma3" {
+        gemma3_features(hf, head_dim, &mut features)?;
+    } else if let Some(window) = hf.sliding_window {
+        // Qwen2 configs name a window but switch it off (`use_sliding_window`).
         if arch == "mistral" || hf.use_sliding_window == Some(true) {
             features.sliding_window = SlidingWindow::All { window };
         }
@@ -102,7 +217,97 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
 }
 
 /// The HF `model_type`s Kestrel loads from safetensors.
-pub const HF_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3";
+pub const HF_ARCHITECTURES: &str =
+    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3 (its text_config)";
+
+/// Gemma 3's block, as the GGUF path resolves it (`load.rs`
+/// `gemma3_features`), from HF's keys: attention scale
+/// `query_pre_attn_scalar^-0.5`, local layers from `layer_types` (or
+/// `sliding_window_pattern`) with RoPE base `rope_local_base_freq`, and
+/// `final_logit_softcapping`. What Kestrel's block cannot compute (Gemma 2's
+/// attention-logit softcap, EmbeddingGemma's bidirectional attention,
+/// another activation) is refused rather than ignored.
+fn gemma3_features(hf: &HfConfig, head_dim: usize, f: &mut ArchFeatures) -> Result<(), ModelError> {
+    if let Some(cap) = hf.attn_logit_softcapping {
+        return Err(ModelError::invalid(format!(
+            "attn_logit_softcapping {cap}: attention-logit softcapping is not implemented"
+        )));
+    }
+    if hf.use_bidirectional_attention == Some(true) {
+        return Err(ModelError::invalid(
+            "use_bidirectional_attention (EmbeddingGemma) is not a causal LM",
+        ));
+    }
+    match hf.hidden_activation.as_deref() {
+        None | Some("gelu_pytorch_tanh") => f.activation = Activation::GeluTanh,
+        Some(other) => {
+            return Err(ModelError::invalid(format!(
+                "hidden_activation `{other}` (Gemma 3 supports gelu_pytorch_tanh)"
+            )))
+        }
+    }
+    f.qk_norm = true;
+    f.post_norms = true;
+    f.embedding_scale = (hf.hidden_size as f32).sqrt();
+    let scalar = hf.query_pre_attn_scalar.unwrap_or(head_dim as f32);
+    f.attn_scale = Some(1.0 / scalar.sqrt());
+    f.final_logit_softcap = hf.final_logit_softcapping;
+    let window = hf
+        .sliding_window
+        .ok_or_else(|| ModelError::MissingMetadata {
+            key: "sliding_window".into(),
+        })?;
+    let period = gemma3_period(hf)?;
+    f.sliding_window = SlidingWindow::Interleaved { window, period };
+    f.rope_theta_local = Some(hf.rope_local_base_freq.unwrap_or(10_000.0));
+    Ok(())
+}
+
+/// The global-layer period: `layer_types` when given (it must be "every
+/// `p`-th layer global", the only pattern Kestrel runs; a stated
+/// `sliding_window_pattern` consistent with it is preferred), else
+/// `sliding_window_pattern`, else Gemma 3's 6.
+fn gemma3_period(hf: &HfConfig) -> Result<usize, ModelError> {
+    let pattern = hf
+        .sliding_window_pattern
+        .or(hf.sliding_window_pattern_private);
+    let Some(types) = &hf.layer_types else {
+        return Ok(pattern.unwrap_or(6));
+    };
+    let n = hf.num_hidden_layers;
+    if types.len() != n {
+        return Err(ModelError::invalid(format!(
+            "layer_types lists {} layers, num_hidden_layers is {n}",
+            types.len()
+        )));
+    }
+    let global = types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(true),
+            "sliding_attention" => Ok(false),
+            other => Err(ModelError::invalid(format!(
+                "layer_types entry `{other}` (supported: sliding_attention, full_attention)"
+            ))),
+        })
+        .collect::<Result<Vec<bool>, ModelError>>()?;
+    let fits = |p: usize| {
+        p > 0
+            && global
+                .iter()
+                .enumerate()
+                .all(|(i, &g)| g == (i + 1).is_multiple_of(p))
+    };
+    pattern
+        .into_iter()
+        .chain(1..=n + 1)
+        .find(|&p| fits(p))
+        .ok_or_else(|| {
+            ModelError::invalid(
+                "layer_types is not one global layer every p layers; per-layer patterns are not supported",
+            )
+        })
+}
 
 /// `rope_scaling`: `llama3` becomes frequency factors, `linear` a position
 /// scale; other kinds are ignored with a warning (exact within the original
@@ -277,8 +482,22 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     Ok(files)
 }
 
+/// Where a checkpoint keeps its decoder: `model.` (causal LMs), or inside a
+/// multimodal Gemma 3 (`model.language_model.` since `transformers` 4.52,
+/// `language_model.model.` before), with the `lm_head` tensor it would use.
+fn decoder_prefix(s: &TensorStore) -> (&'static str, &'static str) {
+    [
+        ("model.language_model.", "lm_head.weight"),
+        ("language_model.model.", "language_model.lm_head.weight"),
+    ]
+    .into_iter()
+    .find(|(p, _)| s.contains(&format!("{p}embed_tokens.weight")))
+    .unwrap_or(("model.", "lm_head.weight"))
+}
+
 fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, ModelError> {
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let (prefix, lm_head_name) = decoder_prefix(s);
     let bias = |name: String, len| -> Result<Option<Vec<f32>>, ModelError> {
         if c.qkv_bias {
             Ok(Some(s.vector(&name, len)?))
@@ -286,14 +505,35 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
             Ok(None)
         }
     };
+    // HF's Gemma RMSNorm computes `x * (1 + w)` (in f32) and stores `w`;
+    // llama.cpp's converter stores `w + 1` and Kestrel's norms multiply by
+    // the stored weight, so Gemma's norms get the `+ 1` here.
+    let gemma = c.architecture == "gemma3";
+    let shift = if gemma { 1.0 } else { 0.0 };
+    let norm = |name: &str, len| -> Result<Vec<f32>, ModelError> {
+        let mut v = s.vector(name, len)?;
+        v.iter_mut().for_each(|x| *x += shift);
+        Ok(v)
+    };
     let qk = c.features.qk_norm;
-    let qk_norm = |name: String| qk.then(|| s.vector(&name, c.head_dim)).transpose();
-    let token_embd = s.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
+    let qk_norm = |name: String| qk.then(|| norm(&name, c.head_dim)).transpose();
+    let token_embd = s.matrix(&format!("{prefix}embed_tokens.weight"), c.vocab_size, h)?;
     let layers = (0..c.num_layers)
         .map(|i| {
-            let n = |x: &str| format!("model.layers.{i}.{x}");
+            let n = |x: &str| format!("{prefix}layers.{i}.{x}");
+            // Llama's `post_attention_layernorm` is the pre-FFN norm; Gemma's
+            // is a post-norm, with `pre_feedforward_layernorm` before the FFN.
+            let (ffn_norm, post_attn_norm, post_ffn_norm) = if gemma {
+                (
+                    norm(&n("pre_feedforward_layernorm.weight"), h)?,
+                    Some(norm(&n("post_attention_layernorm.weight"), h)?),
+                    Some(norm(&n("post_feedforward_layernorm.weight"), h)?),
+                )
+            } else {
+                (norm(&n("post_attention_layernorm.weight"), h)?, None, None)
+            };
             Ok(LayerWeights {
-                attn_norm: s.vector(&n("input_layernorm.weight"), h)?,
+                attn_norm: norm(&n("input_layernorm.weight"), h)?,
                 wq: s.matrix(&n("self_attn.q_proj.weight"), q, h)?,
                 wk: s.matrix(&n("self_attn.k_proj.weight"), kv, h)?,
                 wv: s.matrix(&n("self_attn.v_proj.weight"), kv, h)?,
@@ -303,20 +543,20 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
                 bv: bias(n("self_attn.v_proj.bias"), kv)?,
                 q_norm: qk_norm(n("self_attn.q_norm.weight"))?,
                 k_norm: qk_norm(n("self_attn.k_norm.weight"))?,
-                post_attn_norm: None,
-                ffn_norm: s.vector(&n("post_attention_layernorm.weight"), h)?,
+                post_attn_norm,
+                ffn_norm,
                 w_gate: s.matrix(&n("mlp.gate_proj.weight"), ff, h)?,
                 w_up: s.matrix(&n("mlp.up_proj.weight"), ff, h)?,
                 w_down: s.matrix(&n("mlp.down_proj.weight"), h, ff)?,
-                post_ffn_norm: None,
+                post_ffn_norm,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let output_norm = s.vector("model.norm.weight", h)?;
-    let lm_head = if c.tie_word_embeddings && !s.contains("lm_head.weight") {
+    let output_norm = norm(&format!("{prefix}norm.weight"), h)?;
+    let lm_head = if c.tie_word_embeddings && !s.contains(lm_head_name) {
         token_embd.clone()
     } else {
-        s.matrix("lm_head.weight", c.vocab_size, h)?
+        s.matrix(lm_head_name, c.vocab_size, h)?
     };
     Ok(ModelWeights {
         config: c,
@@ -362,7 +602,7 @@ fn template_source(v: Option<&Value>) -> Option<String> {
 }
 
 pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
-    let hf: HfConfig = read_json(&dir.join("config.json"))?;
+    let hf = read_hf_config(&dir.join("config.json"))?;
     let config = resolve_config(&hf)?;
     let store = TensorStore::open(dir)?;
     let weights = weights_from_store(config, &store)?;

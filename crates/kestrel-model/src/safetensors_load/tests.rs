@@ -1,6 +1,7 @@
 //! HF-directory loading tests on tiny checkpoints written to a temp dir:
 //! single-file and sharded safetensors, mixed F32/F16/BF16, Qwen2 biases,
 //! tied embeddings, template/special-token discovery, typed shape errors.
+//! Qwen3 and Gemma 3 against their converted GGUF: `families.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -107,7 +108,12 @@ fn write_st(path: &Path, tensors: &[Entry]) {
 }
 
 fn write_dir(dir: &Path, c: &ModelConfig, model_type: &str, tensors: &[Entry], shards: usize) {
-    let cfg = json!({
+    write_dir_with(dir, llama_config_json(c, model_type), tensors, shards);
+}
+
+/// The `config.json` of a Llama-shaped family.
+fn llama_config_json(c: &ModelConfig, model_type: &str) -> serde_json::Value {
+    json!({
         "model_type": model_type,
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
@@ -121,7 +127,10 @@ fn write_dir(dir: &Path, c: &ModelConfig, model_type: &str, tensors: &[Entry], s
         "tie_word_embeddings": c.tie_word_embeddings,
         "bos_token_id": 1,
         "eos_token_id": [2, 0],
-    });
+    })
+}
+
+fn write_dir_with(dir: &Path, cfg: serde_json::Value, tensors: &[Entry], shards: usize) {
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     if shards == 1 {
         write_st(&dir.join("model.safetensors"), tensors);
@@ -250,3 +259,5 @@ fn missing_tensor_and_bad_arch() {
         Err(ModelError::UnknownModelFormat { .. })
     ));
 }
+
+mod families;
