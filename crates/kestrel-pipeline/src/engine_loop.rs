@@ -7,8 +7,10 @@
 //! launch, finalize, wait, commit) and `Pipelined` (depth 2: the forward of
 //! step t+1 runs while step t commits). Two prefill policies: `Drain` (the
 //! seed's I5: prefill only when drained) and `RideAlong` (Photon: a prefill
-//! is a `kind=prefill` launch into a free slot). Any fault after dispatch is
-//! engine-fatal: every request is resolved with an error, all KV released.
+//! is a `kind=prefill` launch into a free slot), either taking whole prompts
+//! or, with `prefill_chunk`, chunks that take turns with decode steps. Any
+//! fault after dispatch is engine-fatal: every request is resolved with an
+//! error, all KV released.
 
 use std::num::NonZeroUsize;
 
@@ -427,7 +429,8 @@ impl<E: Executor> EngineLoop<E> {
         self.sched.any_dispatchable()
     }
 
-    /// Launch the oldest waiting request's prefill into `slot`.
+    /// Launch the next prefill step into `slot`: the next chunk of the
+    /// prompt part-way through, else the oldest waiting request's first.
     fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
         let max_tokens = self
             .config
