@@ -154,21 +154,27 @@ impl<P> Scheduler<P> {
     }
 
     /// Pure selector: the running sequences that may join the next decode
-    /// step (`can_dispatch`), in admission order. Never mutates.
+    /// step (`decodable`), in admission order. Never mutates.
     pub fn schedule_decode_step(&self, plan: &mut StepPlan, max_rows: usize) {
         plan.sequences.clear();
         plan.sequences.extend(
             self.running
                 .iter()
                 .copied()
-                .filter(|&i| self.seq(i).can_dispatch())
+                .filter(|&i| self.decodable(i))
                 .take(max_rows),
         );
     }
 
+    /// Whether sequence `i` may join a decode step: its own budget checks,
+    /// and not part-way through a chunked prefill.
+    fn decodable(&self, i: SeqIdx) -> bool {
+        self.seq(i).can_dispatch() && self.partial.as_ref().is_none_or(|p| p.idx != i)
+    }
+
     /// Whether `schedule_decode_step` would select anything.
     pub fn any_dispatchable(&self) -> bool {
-        self.running.iter().any(|&i| self.seq(i).can_dispatch())
+        self.running.iter().any(|&i| self.decodable(i))
     }
 
     fn next_step(&mut self) -> u64 {
@@ -271,7 +277,6 @@ impl<P> Scheduler<P> {
             committed: 0,
             inflight_refs: 1,
             finalized: false,
-            prefilling: end < req.prompt.len(),
             max_new_tokens: req.max_new_tokens,
             max_len,
             skill: req.skill,
@@ -334,9 +339,7 @@ impl<P> Scheduler<P> {
         }
         let (idx, samples) = (p.idx, end == p.prompt.len());
         self.seq_mut(idx).inflight_refs += 1;
-        if samples {
-            self.seq_mut(idx).prefilling = false;
-        } else {
+        if !samples {
             p.done = end;
             self.partial = Some(p);
         }
@@ -531,7 +534,6 @@ impl<P> Scheduler<P> {
             return;
         }
         seq.finalized = true;
-        seq.prefilling = false;
         if self.partial.as_ref().is_some_and(|p| p.idx == idx) {
             self.partial = None;
         }
@@ -645,11 +647,10 @@ impl<P> Scheduler<P> {
                             seq.id, seq.committed, seq.max_new_tokens
                         ));
                     }
-                    let partial = self.partial.as_ref().is_some_and(|p| p.idx as usize == i);
-                    if seq.prefilling != partial {
+                    if seq.finalized && self.partial.as_ref().is_some_and(|p| p.idx as usize == i) {
                         return Err(format!(
-                            "request {}: prefilling={} but chunked prefill of it: {}",
-                            seq.id, seq.prefilling, partial
+                            "request {}: finalized but still part-way through its prefill",
+                            seq.id
                         ));
                     }
                     if seq.finalized && seq.inflight_refs == 0 {

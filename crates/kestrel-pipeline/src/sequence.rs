@@ -2,9 +2,10 @@
 //!
 //! A [`Request`] waits (no KV) until prefill admits it; from then on a
 //! `Sequence` tracks `finalized`, `inflight_refs` (0..=2, mutated only by
-//! launch and commit: I4), whether its prompt is still being prefilled in
-//! chunks, the committed token count and the budget checks of
-//! `can_dispatch`. A finalized sequence with `inflight_refs > 0` is a
+//! launch and commit: I4), the committed token count and the budget checks
+//! of `can_dispatch`. A sequence part-way through a chunked prefill is the
+//! scheduler's `partial` and is not dispatched to decode until its last
+//! chunk has launched. A finalized sequence with `inflight_refs > 0` is a
 //! zombie: it still holds its KV row until its last in-flight step commits.
 
 use crate::{RequestId, SequenceSkill, TokenId};
@@ -42,9 +43,6 @@ pub(crate) struct Sequence {
     /// In-flight steps (launched, not yet committed) that include this sequence.
     pub inflight_refs: u8,
     pub finalized: bool,
-    /// Part of the prompt is still to be launched (chunked prefill): no
-    /// decode step may take the sequence yet.
-    pub prefilling: bool,
     pub max_new_tokens: u32,
     /// Prompt + generated tokens at most (the context cap).
     pub max_len: usize,
@@ -60,7 +58,6 @@ impl Sequence {
     /// Section 4.7's eligibility predicate, with budgeted tokens.
     pub fn can_dispatch(&self) -> bool {
         !self.finalized
-            && !self.prefilling
             && self.inflight_refs < MAX_INFLIGHT_REFS
             && self.budgeted_len() < self.max_len
             && self.committed + u32::from(self.inflight_refs) < self.max_new_tokens
