@@ -16,16 +16,9 @@ use kestrel_cpu::{Isa, Numerics, Team};
 use kestrel_model::DType;
 
 /// The dtypes with an integer dot: every quantized one.
-const INT8: [DType; 8] = [
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
+fn int8_dtypes() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|d| d.is_quantized())
+}
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512]
@@ -52,7 +45,7 @@ fn bound(w: &[f32], x: &[f32]) -> f64 {
 fn every_isa_gives_the_definition_and_stays_within_the_bound() {
     let p = Team::new(2, "test").unwrap();
     let mut worst_share = 0f64;
-    for dtype in INT8 {
+    for dtype in int8_dtypes() {
         for &(rows, cols, n) in &[
             (1, 32, 1),
             (7, 64, 3),
@@ -121,7 +114,7 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
 
 #[test]
 fn fast_matmul_is_batch_invariant() {
-    for dtype in INT8 {
+    for dtype in int8_dtypes() {
         let (rows, cols) = (203, if dtype.block_elems() == 256 { 256 } else { 160 });
         let mut rng = Rng(11);
         let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);

@@ -51,6 +51,11 @@ impl DType {
         DType::BF16,
     ];
 
+    /// Whether the type is block-quantized (every one but F32/F16/BF16).
+    pub const fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
     /// ggml's name for the type (`"Q4_K"`), as llama.cpp and model pages spell it.
     pub const fn name(self) -> &'static str {
         match self {

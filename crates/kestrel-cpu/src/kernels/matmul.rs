@@ -17,27 +17,6 @@ use super::Isa;
 use crate::team::Team;
 use crate::CpuError;
 
-/// `$go!(B)` with `B` the x86 [`x86::Block`] type of encoding `$enc`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! for_block {
-    ($enc:expr, $go:ident) => {
-        match $enc {
-            Encoding::F32 => $go!(x86::F32B),
-            Encoding::F16 => $go!(x86::F16B),
-            Encoding::Bf16 => $go!(x86::Bf16B),
-            Encoding::Q8_0 => $go!(x86::Q8_0B),
-            Encoding::Q4_0 => $go!(x86::Q4_0B),
-            Encoding::Q4_1 => $go!(x86::Q4_1B),
-            Encoding::Q4_0F => $go!(x86::Q4_0FB),
-            Encoding::Q4_1F => $go!(x86::Q4_1FB),
-            Encoding::Q5_0F => $go!(x86::Q5_0FB),
-            Encoding::Q5_1F => $go!(x86::Q5_1FB),
-            Encoding::Q4KF => $go!(x86::Q4KFB),
-            Encoding::Q6KF => $go!(x86::Q6KFB),
-        }
-    };
-}
-
 /// Activation rows processed against one L1-resident weight tile.
 const COL_BLOCK: usize = 64;
 
@@ -231,27 +210,6 @@ fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
     }
     let _ = isa;
     int8::quantize_row(x, out);
-}
-
-/// `$go!(B)` with `B` the x86 [`x86_int8::Int8Block`] type of encoding `$enc`.
-#[cfg(target_arch = "x86_64")]
-macro_rules! for_int8_block {
-    ($enc:expr, $go:ident) => {
-        match $enc {
-            Encoding::Q8_0 => $go!(x86::Q8_0B),
-            Encoding::Q4_0 => $go!(x86::Q4_0B),
-            Encoding::Q4_1 => $go!(x86::Q4_1B),
-            Encoding::Q4_0F => $go!(x86::Q4_0FB),
-            Encoding::Q4_1F => $go!(x86::Q4_1FB),
-            Encoding::Q5_0F => $go!(x86::Q5_0FB),
-            Encoding::Q5_1F => $go!(x86::Q5_1FB),
-            Encoding::Q4KF => $go!(x86::Q4KFB),
-            Encoding::Q6KF => $go!(x86::Q6KFB),
-            dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
-                unreachable!("{dense:?} has no integer dot")
-            }
-        }
-    };
 }
 
 /// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,

@@ -6,6 +6,44 @@
 //! (`int8.rs`), again one definition for every ISA, batch size and thread
 //! count.
 
+// The one map from a weight's [`weight::Encoding`] to its x86 block type,
+// for the modules below (callers have `x86` and `Encoding` in scope).
+
+/// `$go!(B)` with `B` the x86 `x86_int8::Int8Block` type of quantized
+/// encoding `$enc` (a dense one has no integer dot: unreachable).
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_int8_block {
+    ($enc:expr, $go:ident) => {
+        match $enc {
+            Encoding::Q8_0 => $go!(x86::Q8_0B),
+            Encoding::Q4_0 => $go!(x86::Q4_0B),
+            Encoding::Q4_1 => $go!(x86::Q4_1B),
+            Encoding::Q4_0F => $go!(x86::Q4_0FB),
+            Encoding::Q4_1F => $go!(x86::Q4_1FB),
+            Encoding::Q5_0F => $go!(x86::Q5_0FB),
+            Encoding::Q5_1F => $go!(x86::Q5_1FB),
+            Encoding::Q4KF => $go!(x86::Q4KFB),
+            Encoding::Q6KF => $go!(x86::Q6KFB),
+            dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
+                unreachable!("{dense:?} has no integer dot")
+            }
+        }
+    };
+}
+
+/// `$go!(B)` with `B` the x86 `x86::Block` type of encoding `$enc`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_block {
+    ($enc:expr, $go:ident) => {
+        match $enc {
+            Encoding::F32 => $go!(x86::F32B),
+            Encoding::F16 => $go!(x86::F16B),
+            Encoding::Bf16 => $go!(x86::Bf16B),
+            quantized => for_int8_block!(quantized, $go),
+        }
+    };
+}
+
 pub mod attention;
 pub(crate) mod int8;
 pub mod matmul;

@@ -65,67 +65,6 @@ unsafe fn splat(p: *const u8) -> __m256 {
     _mm256_set1_ps(unsafe { f32_at(p) })
 }
 
-impl Int8Block for Q8_0B {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = true;
-    const HAS_MIN: bool = false;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
-        // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
-        unsafe {
-            let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
-            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
-        }
-    }
-}
-
-impl Int8Block for Q4_0B {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = true;
-    const HAS_MIN: bool = false;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
-        // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
-        unsafe {
-            let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
-            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
-        }
-    }
-}
-
-impl Int8Block for Q4_0FB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = true;
-    const HAS_MIN: bool = false;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
-        // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
-        unsafe {
-            let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
-            (q, splat(p), 0.0)
-        }
-    }
-}
-
-impl Int8Block for Q4_1B {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = false;
-    const HAS_MIN: bool = true;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
-        // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
-        unsafe {
-            let dm = scales(p);
-            let m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-            (nibble_bytes256(p.add(4)), _mm256_broadcastss_ps(dm), m)
-        }
-    }
-}
-
 /// `f32 d`, `f32 m`, 16 nibble bytes: Q4_1 with f32 scales, and one Q4_K
 /// sub-block (whose `m` is `-(dmin * m)`; `weight.rs`).
 ///
@@ -138,37 +77,68 @@ unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
     unsafe { (nibble_bytes256(p.add(8)), splat(p), f32_at(p.add(4))) }
 }
 
-impl Int8Block for Q4_1FB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = false;
-    const HAS_MIN: bool = true;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+/// `impl Int8Block` for each block type: whether its weight bytes are
+/// signed, whether it has a minimum, and its decoding of the block at `p`
+/// (valid for `BYTES` bytes by the trait's contract; the CPU has AVX2, FMA
+/// and F16C).
+macro_rules! int8_blocks {
+    ($($B:ty { signed: $signed:literal, min: $min:literal } => |$p:ident| $decode:block)*) => {$(
+        impl Int8Block for $B {
+            const BYTES: usize = <Self as Block>::BYTES;
+            const SIGNED: bool = $signed;
+            const HAS_MIN: bool = $min;
+            #[target_feature(enable = "avx2,fma,f16c")]
+            #[inline]
+            unsafe fn int8($p: *const u8) -> (__m256i, __m256, f32) $decode
+        }
+    )*};
+}
+
+int8_blocks! {
+    Q8_0B { signed: true, min: false } => |p| {
+        // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
+        unsafe {
+            let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
+            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
+        }
+    }
+
+    Q4_0B { signed: true, min: false } => |p| {
+        // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
+        unsafe {
+            let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
+            (q, _mm256_broadcastss_ps(scales(p)), 0.0)
+        }
+    }
+
+    Q4_0FB { signed: true, min: false } => |p| {
+        // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
+        unsafe {
+            let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
+            (q, splat(p), 0.0)
+        }
+    }
+
+    Q4_1B { signed: false, min: true } => |p| {
+        // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
+        unsafe {
+            let dm = scales(p);
+            let m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+            (nibble_bytes256(p.add(4)), _mm256_broadcastss_ps(dm), m)
+        }
+    }
+
+    Q4_1FB { signed: false, min: true } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
-}
 
-impl Int8Block for Q4KFB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = false;
-    const HAS_MIN: bool = true;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+    Q4KFB { signed: false, min: true } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
-}
 
-impl Int8Block for Q5_0FB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = true;
-    const HAS_MIN: bool = false;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+    Q5_0FB { signed: true, min: false } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
         // 16 nibble bytes.
         unsafe {
@@ -183,15 +153,8 @@ impl Int8Block for Q5_0FB {
             )
         }
     }
-}
 
-impl Int8Block for Q5_1FB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = false;
-    const HAS_MIN: bool = true;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+    Q5_1FB { signed: false, min: true } => |p| {
         // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
         // u32 qh, 16 nibble bytes.
         unsafe {
@@ -200,15 +163,8 @@ impl Int8Block for Q5_1FB {
             (q, splat(p), f32_at(p.add(4)))
         }
     }
-}
 
-impl Int8Block for Q6KFB {
-    const BYTES: usize = <Self as Block>::BYTES;
-    const SIGNED: bool = true;
-    const HAS_MIN: bool = false;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
+    Q6KFB { signed: true, min: false } => |p| {
         // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
         // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
         unsafe {
@@ -511,17 +467,7 @@ mod tests {
         x[32..64].fill(0.0);
         let mut xq = vec![Q8Block::default(); n * cols / 32];
         int8::quantize_row(&x, &mut xq);
-        let dtypes = [
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q4K,
-            DType::Q5K,
-            DType::Q6K,
-        ];
-        for dtype in dtypes {
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
             let prepared = Weight::prepare("w", &m).unwrap();
             let mut mats = vec![prepared.mat()];
@@ -533,18 +479,7 @@ mod tests {
                     };
                 }
                 use super::super::x86;
-                match w.enc {
-                    Encoding::Q8_0 => go!(x86::Q8_0B),
-                    Encoding::Q4_0 => go!(x86::Q4_0B),
-                    Encoding::Q4_1 => go!(x86::Q4_1B),
-                    Encoding::Q4_0F => go!(x86::Q4_0FB),
-                    Encoding::Q4_1F => go!(x86::Q4_1FB),
-                    Encoding::Q5_0F => go!(x86::Q5_0FB),
-                    Encoding::Q5_1F => go!(x86::Q5_1FB),
-                    Encoding::Q4KF => go!(x86::Q4KFB),
-                    Encoding::Q6KF => go!(x86::Q6KFB),
-                    dense => unreachable!("{dense:?} is not quantized"),
-                }
+                for_int8_block!(w.enc, go);
             }
         }
     }
