@@ -10,6 +10,8 @@
 //! `|y_fast - y| <= sum_b (d_b / 2) * sum_{i in b} |w_i|`, plus f32 rounding,
 //! allowed as `1e-5 * (1 + sum_i |w_i x_i|)`.
 
+mod common;
+
 use kestrel_cpu::kernels::{matmul, matmul_group, MatRef, MatmulJob, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{Isa, Numerics, Team};
@@ -114,42 +116,7 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
 
 #[test]
 fn fast_matmul_is_batch_invariant() {
-    for dtype in int8_dtypes() {
-        let (rows, cols) = (203, if dtype.block_elems() == 256 { 256 } else { 160 });
-        let mut rng = Rng(11);
-        let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
-        let w = Weight::prepare("w", &m).unwrap();
-        let w = w.mat();
-        let xs = rng.vec(70 * cols, 1.0);
-        let alone = |c: usize| {
-            let mut y = vec![0f32; rows];
-            let x = &xs[c * cols..(c + 1) * cols];
-            matmul(None, Isa::detect(), Numerics::Fast, w, x, 1, &mut y);
-            y
-        };
-        for (threads, n) in [(1, 8), (2, 32), (2, 70), (3, 5), (2, 3)] {
-            let p = Team::new(threads, "test").unwrap();
-            let mut y = vec![0f32; n * rows];
-            matmul(
-                Some(&p),
-                Isa::detect(),
-                Numerics::Fast,
-                w,
-                &xs[..n * cols],
-                n,
-                &mut y,
-            );
-            for c in [0, n / 2, n - 1] {
-                assert!(
-                    alone(c)
-                        .iter()
-                        .zip(&y[c * rows..(c + 1) * rows])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{dtype:?} n={n} threads={threads} row {c}"
-                );
-            }
-        }
-    }
+    common::assert_matmul_batch_invariant(Numerics::Fast, int8_dtypes(), 11, 256);
 }
 
 #[test]

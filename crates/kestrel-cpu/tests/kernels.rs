@@ -6,6 +6,8 @@
 //! reference values): every kernel result equals the canonical-order dot
 //! product of those values, bit for bit.
 
+mod common;
+
 use kestrel_cpu::kernels::{matmul, MatRef, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{Isa, Numerics};
@@ -123,48 +125,5 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
 
 #[test]
 fn matmul_is_batch_invariant() {
-    for dtype in ALL {
-        let (rows, cols) = (203, if dtype.block_elems() == 256 { 512 } else { 160 });
-        let mut rng = Rng(7);
-        let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
-        let w = Weight::prepare("w", &m).unwrap();
-        let w = w.mat();
-        let xs = rng.vec(70 * cols, 1.0);
-        // Each activation row alone (n = 1, one thread): the reference.
-        let alone = |c: usize| {
-            let mut y = vec![0f32; rows];
-            matmul(
-                None,
-                Isa::detect(),
-                Numerics::Exact,
-                w,
-                &xs[c * cols..(c + 1) * cols],
-                1,
-                &mut y,
-            );
-            y
-        };
-        for (threads, n) in [(1, 8), (2, 32), (2, 70), (3, 5)] {
-            let p = pool(threads);
-            let mut y = vec![0f32; n * rows];
-            matmul(
-                Some(&p),
-                Isa::detect(),
-                Numerics::Exact,
-                w,
-                &xs[..n * cols],
-                n,
-                &mut y,
-            );
-            for c in [0, n / 2, n - 1] {
-                assert!(
-                    alone(c)
-                        .iter()
-                        .zip(&y[c * rows..(c + 1) * rows])
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{dtype:?} n={n} threads={threads} row {c}"
-                );
-            }
-        }
-    }
+    common::assert_matmul_batch_invariant(Numerics::Exact, ALL, 7, 512);
 }

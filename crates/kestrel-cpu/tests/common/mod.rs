@@ -1,17 +1,68 @@
 //! Shared fixtures: an f64 reference forward pass (contiguous, unpaged), a
 //! toy page allocator that hands out shuffled, non-contiguous pages, and
 //! one sequence's greedy prefill + decode (what every check against a
-//! reference's greedy tokens runs).
+//! reference's greedy tokens runs), and the matmul batch-invariance check
+//! both numerics run.
 
 #![allow(dead_code)]
 
-use kestrel_cpu::kernels::matmul::{dequant_row, MatRef};
-use kestrel_cpu::synth::Rng;
+use kestrel_cpu::kernels::matmul::{dequant_row, matmul, MatRef};
+use kestrel_cpu::kernels::Weight;
+use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{
-    sample, CpuModel, DecodeBatch, KvStore, LogitsMode, PenaltyState, PrefillBatch, SamplingParams,
-    Scratch,
+    sample, CpuModel, DecodeBatch, Isa, KvStore, LogitsMode, Numerics, PenaltyState, PrefillBatch,
+    SamplingParams, Scratch, Team,
 };
-use kestrel_model::{Matrix, ModelWeights, RopeStyle};
+use kestrel_model::{DType, Matrix, ModelWeights, RopeStyle};
+
+/// A matmul's output row for an activation row is the same bits whatever
+/// the batch it rides in and the thread count: for each dtype, every
+/// `(threads, n)` batch of a 203-row matrix against the row computed alone
+/// (n = 1, one thread), checked at the batch's first, middle and last row.
+/// `cols_256` is K for 256-element block types (160 for the others).
+pub fn assert_matmul_batch_invariant(
+    numerics: Numerics,
+    dtypes: impl IntoIterator<Item = DType>,
+    seed: u64,
+    cols_256: usize,
+) {
+    for dtype in dtypes {
+        let (rows, cols) = (
+            203,
+            if dtype.block_elems() == 256 {
+                cols_256
+            } else {
+                160
+            },
+        );
+        let mut rng = Rng(seed);
+        let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
+        let w = Weight::prepare("w", &m).unwrap();
+        let w = w.mat();
+        let xs = rng.vec(70 * cols, 1.0);
+        let alone = |c: usize| {
+            let mut y = vec![0f32; rows];
+            let x = &xs[c * cols..(c + 1) * cols];
+            matmul(None, Isa::detect(), numerics, w, x, 1, &mut y);
+            y
+        };
+        for (threads, n) in [(1, 8), (2, 32), (2, 70), (3, 5), (2, 3)] {
+            let p = Team::new(threads, "test").unwrap();
+            let mut y = vec![0f32; n * rows];
+            let x = &xs[..n * cols];
+            matmul(Some(&p), Isa::detect(), numerics, w, x, n, &mut y);
+            for c in [0, n / 2, n - 1] {
+                assert!(
+                    alone(c)
+                        .iter()
+                        .zip(&y[c * rows..(c + 1) * rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{numerics:?} {dtype:?} n={n} threads={threads} row {c}"
+                );
+            }
+        }
+    }
+}
 
 /// One sequence on pages `0..` of `page` tokens: prefills `prompt`, then
 /// picks `steps` tokens greedily (the sampler's greedy: argmax, lowest id on
