@@ -55,7 +55,22 @@ fn vector(name: String, v: &[f32]) -> Entry {
 
 /// HF tensors for `c`, matrices alternating F16/BF16/F32.
 fn hf_tensors(c: &ModelConfig) -> Vec<Entry> {
-    let w = synthetic_weights(c, DType::F32, 9);
+    hf_tensors_with(c, 9, false, vector)
+}
+
+/// HF tensors of `c`'s synthetic weights (`seed`) with the names HF gives
+/// them: the embedding BF16, an untied head F16, each layer's matrices
+/// cycling F16/BF16/F32 (shifted by the layer index when `shift_by_layer`),
+/// biases F32, and every norm through `norm`. Layer norms are named as the
+/// family names them: Gemma's four (the block has post-norms) or Llama's
+/// two; q/k norms when the block has them.
+fn hf_tensors_with(
+    c: &ModelConfig,
+    seed: u64,
+    shift_by_layer: bool,
+    mut norm: impl FnMut(String, &[f32]) -> Entry,
+) -> Vec<Entry> {
+    let w = synthetic_weights(c, DType::F32, seed);
     let dt = [DType::F16, DType::BF16, DType::F32];
     let mut t = vec![
         entry(
@@ -64,7 +79,7 @@ fn hf_tensors(c: &ModelConfig) -> Vec<Entry> {
             DType::BF16,
             false,
         ),
-        vector("model.norm.weight".into(), &w.output_norm),
+        norm("model.norm.weight".into(), &w.output_norm),
     ];
     if !c.tie_word_embeddings {
         t.push(entry(
@@ -76,8 +91,20 @@ fn hf_tensors(c: &ModelConfig) -> Vec<Entry> {
     }
     for (i, l) in w.layers.iter().enumerate() {
         let p = |s: &str| format!("model.layers.{i}.{s}");
-        t.push(vector(p("input_layernorm.weight"), &l.attn_norm));
-        t.push(vector(p("post_attention_layernorm.weight"), &l.ffn_norm));
+        t.push(norm(p("input_layernorm.weight"), &l.attn_norm));
+        match (&l.post_attn_norm, &l.post_ffn_norm) {
+            (Some(post_attn), Some(post_ffn)) => {
+                t.push(norm(p("post_attention_layernorm.weight"), post_attn));
+                t.push(norm(p("pre_feedforward_layernorm.weight"), &l.ffn_norm));
+                t.push(norm(p("post_feedforward_layernorm.weight"), post_ffn));
+            }
+            _ => t.push(norm(p("post_attention_layernorm.weight"), &l.ffn_norm)),
+        }
+        for (n, v) in [("q_norm", &l.q_norm), ("k_norm", &l.k_norm)] {
+            if let Some(v) = v {
+                t.push(norm(p(&format!("self_attn.{n}.weight")), v));
+            }
+        }
         let mats = [
             ("self_attn.q_proj", &l.wq),
             ("self_attn.k_proj", &l.wk),
@@ -87,8 +114,14 @@ fn hf_tensors(c: &ModelConfig) -> Vec<Entry> {
             ("mlp.up_proj", &l.w_up),
             ("mlp.down_proj", &l.w_down),
         ];
+        let offset = if shift_by_layer { i } else { 0 };
         for (k, (n, m)) in mats.into_iter().enumerate() {
-            t.push(entry(p(&format!("{n}.weight")), m, dt[k % 3], false));
+            t.push(entry(
+                p(&format!("{n}.weight")),
+                m,
+                dt[(offset + k) % 3],
+                false,
+            ));
         }
         for (n, b) in [("q_proj", &l.bq), ("k_proj", &l.bk), ("v_proj", &l.bv)] {
             if let Some(b) = b {

@@ -11,11 +11,9 @@ use super::*;
 /// norms are stored as HF stores them: `w` for `x * (1 + w)`, so the
 /// synthetic effective norm minus 1.
 fn family_tensors(c: &ModelConfig) -> Vec<Entry> {
-    let gemma = c.features.post_norms;
-    let w = synthetic_weights(c, DType::F32, 11);
-    let shift = if gemma { 1.0 } else { 0.0 };
+    let shift = if c.features.post_norms { 1.0 } else { 0.0 };
     let mut k = 0usize;
-    let mut norm = |name: String, v: &[f32]| {
+    let norm = |name: String, v: &[f32]| {
         let raw: Vec<f32> = v.iter().map(|x| x - shift).collect();
         let m = Matrix::quantize(DType::F32, 1, raw.len(), &raw);
         k += 1;
@@ -26,58 +24,7 @@ fn family_tensors(c: &ModelConfig) -> Vec<Entry> {
         };
         entry(name, &m, dt, true)
     };
-    let dt = [DType::F16, DType::BF16, DType::F32];
-    let mut t = vec![
-        entry(
-            "model.embed_tokens.weight".into(),
-            &w.token_embd,
-            DType::BF16,
-            false,
-        ),
-        norm("model.norm.weight".into(), &w.output_norm),
-    ];
-    if !c.tie_word_embeddings {
-        t.push(entry(
-            "lm_head.weight".into(),
-            &w.lm_head,
-            DType::F16,
-            false,
-        ));
-    }
-    for (i, l) in w.layers.iter().enumerate() {
-        let p = |s: &str| format!("model.layers.{i}.{s}");
-        t.push(norm(p("input_layernorm.weight"), &l.attn_norm));
-        if gemma {
-            let post_attn = l.post_attn_norm.as_ref().unwrap();
-            let post_ffn = l.post_ffn_norm.as_ref().unwrap();
-            t.push(norm(p("post_attention_layernorm.weight"), post_attn));
-            t.push(norm(p("pre_feedforward_layernorm.weight"), &l.ffn_norm));
-            t.push(norm(p("post_feedforward_layernorm.weight"), post_ffn));
-        } else {
-            t.push(norm(p("post_attention_layernorm.weight"), &l.ffn_norm));
-        }
-        t.push(norm(
-            p("self_attn.q_norm.weight"),
-            l.q_norm.as_ref().unwrap(),
-        ));
-        t.push(norm(
-            p("self_attn.k_norm.weight"),
-            l.k_norm.as_ref().unwrap(),
-        ));
-        let mats = [
-            ("self_attn.q_proj", &l.wq),
-            ("self_attn.k_proj", &l.wk),
-            ("self_attn.v_proj", &l.wv),
-            ("self_attn.o_proj", &l.wo),
-            ("mlp.gate_proj", &l.w_gate),
-            ("mlp.up_proj", &l.w_up),
-            ("mlp.down_proj", &l.w_down),
-        ];
-        for (k, (n, m)) in mats.into_iter().enumerate() {
-            t.push(entry(p(&format!("{n}.weight")), m, dt[(i + k) % 3], false));
-        }
-    }
-    t
+    hf_tensors_with(c, 11, true, norm)
 }
 
 /// llama.cpp's tensor name for an HF one (`gguf-py` `tensor_mapping.py`).
