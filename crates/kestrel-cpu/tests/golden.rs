@@ -29,24 +29,35 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// Checks the model at `path` against `tests/golden/<golden>`; returns the
-/// worst top-5 logit difference.
-fn matches_golden(path: &Path, golden: &str) -> f32 {
+/// `tests/golden/<golden>`, and the model at `path` on 2 threads with
+/// `numerics`.
+fn golden_and_model(
+    path: &Path,
+    golden: &str,
+    numerics: kestrel_cpu::Numerics,
+) -> (serde_json::Value, CpuModel) {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/golden")
         .join(golden);
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).expect("golden file"))
-            .expect("golden json");
+    let g = serde_json::from_str(&std::fs::read_to_string(&file).expect("golden file"))
+        .expect("golden json");
     let loaded = kestrel_model::load(path).expect("load model");
     let model = CpuModel::new(
         loaded.weights,
         CpuModelOptions {
             threads: 2,
+            numerics,
             ..Default::default()
         },
     )
     .unwrap();
+    (g, model)
+}
+
+/// Checks the model at `path` against `tests/golden/<golden>`; returns the
+/// worst top-5 logit difference.
+fn matches_golden(path: &Path, golden: &str) -> f32 {
+    let (g, model) = golden_and_model(path, golden, kestrel_cpu::Numerics::Exact);
     let atol = g["tolerance"]["logit_atol_f32_activations"]
         .as_f64()
         .unwrap() as f32;
@@ -117,22 +128,7 @@ const NEAR_TIE: f64 = 0.5;
 /// Fast numerics (int8 activations for every quantized type) on a real
 /// model against the f32 reference, per prompt.
 fn fast_agreement(path: &Path, golden: &str) -> Vec<FastAgreement> {
-    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(golden);
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).expect("golden file"))
-            .expect("golden json");
-    let loaded = kestrel_model::load(path).expect("load model");
-    let model = CpuModel::new(
-        loaded.weights,
-        CpuModelOptions {
-            threads: 2,
-            numerics: kestrel_cpu::Numerics::Fast,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (g, model) = golden_and_model(path, golden, kestrel_cpu::Numerics::Fast);
     let mut out = vec![];
     for p in g["prompts"].as_array().unwrap() {
         let want = ids(&p["greedy_ids"]);
