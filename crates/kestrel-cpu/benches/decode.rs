@@ -3,6 +3,8 @@
 //! (each sequence at position 127 over non-contiguous 16-token pages) and a
 //! 128-token prefill. tokens/s = batch / step time.
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::synth::{random_model, smollm2_config, DecodeInputs, PrefillInputs};
 use kestrel_cpu::{CpuModel, CpuModelOptions, KvStore, LogitsMode, Scratch};
@@ -12,10 +14,7 @@ const PAGE: usize = 16;
 const CTX: usize = 128;
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let threads = common::threads();
     let cfg = smollm2_config();
     let model = CpuModel::new(
         random_model(&cfg, DType::Q4_1, DType::Q8_0, 7),

@@ -3,6 +3,8 @@
 //! (FFN up 1536x576 and down 576x1536, and up as Q4_0) and the Q8_0 LM head 49152x576, at
 //! batch 1, 8 and 32, on a compute [`kestrel_cpu::Team`] of `KESTREL_THREADS` (2).
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::kernels::{matmul, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
@@ -10,10 +12,7 @@ use kestrel_cpu::{Isa, Numerics};
 use kestrel_model::DType;
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let threads = common::threads();
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(1);
     let shapes = [

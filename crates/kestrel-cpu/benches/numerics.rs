@@ -8,6 +8,8 @@
 //! (2); the ISA is [`Isa::detect`] (force one with `KESTREL_ISA`) and is
 //! part of the group name. Exact and fast of one shape run back to back.
 
+mod common;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -17,10 +19,7 @@ use kestrel_cpu::{Isa, Numerics};
 use kestrel_model::DType;
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let threads = common::threads();
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let isa = Isa::detect();
     let mut rng = Rng(1);

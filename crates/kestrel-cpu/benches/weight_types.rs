@@ -5,6 +5,8 @@
 //! compute [`kestrel_cpu::Team`] of `KESTREL_THREADS` (2). Figures:
 //! `docs/bench/weight-types.md`.
 
+mod common;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -13,10 +15,7 @@ use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{Isa, Numerics, SUPPORTED_DTYPES};
 
 fn bench(c: &mut Criterion) {
-    let threads = std::env::var("KESTREL_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let threads = common::threads();
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(1);
     let (rows, cols) = (1536, 768);
