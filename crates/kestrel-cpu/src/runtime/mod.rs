@@ -350,12 +350,11 @@ impl Executor for CpuRuntime {
             self.rows_buf.push((seq.row, end));
             meta.rows.push(seq.row);
             meta.ids.push(input.id);
-            meta.tokens.extend_from_slice(input.prompt);
+            meta.tokens.extend_from_slice(&input.prompt[..end]);
             meta.token_indptr.push(meta.tokens.len() as u32);
             meta.prefill.push(PrefillRow {
                 params: input.params.clone(),
                 start_pos: start as u32,
-                end_pos: end as u32,
                 prompt_len: input.prompt.len() as u32,
             });
         }
@@ -462,10 +461,10 @@ impl Executor for CpuRuntime {
         }
         if meta.kind == StepKind::Prefill {
             // The chunk's KV is now written: publish the prompt's full pages.
-            // The slot's metadata still holds each row's prompt.
-            for (r, (&row, p)) in meta.rows.iter().zip(&meta.prefill).enumerate() {
-                let from = meta.token_indptr[r] as usize;
-                let written = &meta.tokens[from..from + p.end_pos as usize];
+            // The slot's metadata still holds each row's prompt up to there.
+            for (r, &row) in meta.rows.iter().enumerate() {
+                let written =
+                    &meta.tokens[meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
                 self.book.table_mut().register_prefix(row, written);
             }
         }

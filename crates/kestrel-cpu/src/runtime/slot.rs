@@ -15,10 +15,9 @@ use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 #[derive(Debug, Clone)]
 pub(crate) struct PrefillRow {
     pub params: SamplingParams,
-    /// Prompt tokens already in KV (prefix-cache hit, earlier chunks).
+    /// Prompt tokens already in KV (prefix-cache hit, earlier chunks); the
+    /// chunk ends where the row's tokens in `SlotMeta::tokens` end.
     pub start_pos: u32,
-    /// The end of this step's chunk of the prompt.
-    pub end_pos: u32,
     pub prompt_len: u32,
 }
 
@@ -33,7 +32,8 @@ pub(crate) struct SlotMeta {
     pub ids: Vec<RequestId>,
     /// Position of each row's input token (decode) or unused (prefill).
     pub positions: Vec<u32>,
-    /// Prefill: every prompt token of every row (full prompts, for penalties).
+    /// Prefill: each row's prompt up to the end of its chunk (the forward
+    /// reads the chunk; publishing prefix pages reads all of it).
     pub tokens: Vec<TokenId>,
     /// Prefill: offsets of each row's prompt in `tokens`.
     pub token_indptr: Vec<u32>,

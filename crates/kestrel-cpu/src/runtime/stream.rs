@@ -232,7 +232,7 @@ impl ComputeStream {
                     let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
                         ..meta.indices.kv_indptr[r + 1] as usize];
                     let mut start = p.start_pos as usize;
-                    let len = p.end_pos as usize;
+                    let len = prompt.len();
                     while start < len {
                         let end = (start + self.chunk).min(len);
                         let npages = end.div_ceil(page_size);
@@ -289,11 +289,12 @@ impl ComputeStream {
             let position = match meta.kind {
                 StepKind::Decode => meta.positions[i] + 1,
                 StepKind::Prefill => {
-                    let p = &meta.prefill[i];
-                    if p.end_pos < p.prompt_len {
+                    let end = meta.token_indptr[i + 1] - meta.token_indptr[i];
+                    let prompt_len = meta.prefill[i].prompt_len;
+                    if end < prompt_len {
                         continue;
                     }
-                    p.prompt_len
+                    prompt_len
                 }
             };
             let words = (mask.any && mask.rows[o])
