@@ -50,13 +50,26 @@ fn run(
     policy: PrefillPolicy,
     eos: &[TokenId],
 ) -> Vec<Vec<TokenId>> {
+    run_in(weights, jobs, mode, policy, eos, (512, 16)).0
+}
+
+/// [`run`] in a KV cache of `(pages, page size)`; also returns the
+/// preemptions it took.
+fn run_in(
+    weights: &ModelWeights,
+    jobs: &[Job],
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    eos: &[TokenId],
+    (num_pages, page_size): (usize, usize),
+) -> (Vec<Vec<TokenId>>, u64) {
     let rt = CpuRuntime::new(
         weights.clone(),
         CpuRuntimeConfig {
             threads: 2,
             max_rows: 16,
-            num_pages: 512,
-            page_size: 16,
+            num_pages,
+            page_size,
             max_seq_len: 1024,
             forward_rows: 7,
             ..Default::default()
@@ -104,13 +117,15 @@ fn run(
         0,
         "KV pages left after idle"
     );
-    outs.iter()
+    let outs = outs
+        .iter()
         .map(|o| {
             let o = o.lock().unwrap();
             assert!(o.1.is_some(), "request not resolved");
             o.0.clone()
         })
-        .collect()
+        .collect();
+    (outs, engine.stats().preemptions)
 }
 
 /// A runtime for a few short sequences: 4 rows, 64 pages of 16, 256 tokens.
@@ -140,7 +155,8 @@ fn tiny_jobs() -> Vec<Job> {
                 temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
                 top_k: if i == 3 { 20 } else { 0 },
                 top_p: if i == 5 { 0.9 } else { 1.0 },
-                repetition_penalty: if i == 1 { 1.3 } else { 1.0 },
+                repetition_penalty: if i == 1 || i == 5 { 1.3 } else { 1.0 },
+                frequency_penalty: if i == 4 { 1.5 } else { 0.0 },
                 seed: 1000 + i,
                 ..SamplingParams::default()
             },
@@ -165,6 +181,37 @@ fn modes_and_policies_agree_on_a_synthetic_model() {
     }
     for (i, toks) in base.iter().enumerate() {
         assert_eq!(toks.len(), jobs[i].max_new as usize);
+    }
+}
+
+/// Six jobs (greedy and sampled, three with penalties) in a cache
+/// of 16 pages of 4 tokens, where each needs up to 14: sequences are
+/// preempted as their KV grows, their written pages filed in the prefix
+/// cache, and prefilled again with the tokens they generated. Every job's
+/// tokens equal those it gets from a cache that never runs out, in every
+/// mode (seeded sampling keys on position; the penalty counts the
+/// replayed tokens).
+#[test]
+fn preempted_sequences_resume_with_the_same_tokens() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 3);
+    let jobs = tiny_jobs();
+    let (roomy, none) = run_in(
+        &w,
+        &jobs,
+        PipelineMode::Blocking,
+        PrefillPolicy::Drain,
+        &[],
+        (512, 4),
+    );
+    assert_eq!(none, 0);
+    for (m, p) in [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ] {
+        let (tight, preemptions) = run_in(&w, &jobs, m, p, &[], (16, 4));
+        assert!(preemptions > 0, "{m:?}/{p:?}: nothing was preempted");
+        assert_eq!(tight, roomy, "{m:?}/{p:?}: {preemptions} preemptions");
     }
 }
 
@@ -368,6 +415,7 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     let input = PrefillInput {
         id: 7,
         prompt: &prompt,
+        generated: 0,
         params: &params,
         max_len: 16,
         start: PrefillStart::Admit,
@@ -408,6 +456,8 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     );
     // The refused calls booked nothing: the step completes as usual.
     assert_eq!(rt.wait_step(0).unwrap().tokens.len(), 1);
+    // KV is taken lazily: the decode's token needs its page first.
+    assert!(rt.grow(7, prompt.len() + 1));
     rt.launch_decode(1, &[7]).unwrap();
     rt.finalize_sampling(1, None).unwrap();
     assert_eq!(rt.wait_step(1).unwrap().tokens.len(), 1);
@@ -428,6 +478,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
     let input = |id, start, max_tokens| PrefillInput {
         id,
         prompt: &prompt,
+        generated: 0,
         params: &params,
         max_len: 64,
         start,
@@ -435,6 +486,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
     };
     let first_two = |rt: &mut CpuRuntime, id| -> Vec<TokenId> {
         let mut out = vec![rt.wait_step(0).unwrap().tokens[0]];
+        assert!(rt.grow(id, prompt.len() + 1));
         rt.launch_decode(1, &[id]).unwrap();
         rt.finalize_sampling(1, None).unwrap();
         out.push(rt.wait_step(1).unwrap().tokens[0]);

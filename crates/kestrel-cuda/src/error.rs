@@ -66,6 +66,13 @@ pub enum CudaError {
     #[error("request {0}: the CUDA runtime prefills whole prompts only (no chunked prefill yet)")]
     ChunkedPrefill(RequestId),
 
+    /// A sequence re-admitted after a preemption (its generated tokens in
+    /// its prompt): the CUDA runtime reserves each sequence's whole length
+    /// at admission, so it never runs short and the pipeline never preempts
+    /// on it; replaying generated tokens into its penalties is not written.
+    #[error("request {0}: the CUDA runtime does not re-admit preempted sequences")]
+    Readmission(RequestId),
+
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),

@@ -88,6 +88,7 @@ where
         .map(|(p, &id)| PrefillInput {
             id,
             prompt: p,
+            generated: 0,
             params: &params,
             max_len: p.len() + steps + 1,
             start: PrefillStart::Admit,

@@ -140,6 +140,9 @@ pub(crate) struct Metrics {
     /// The loop's step counters (`PipelineStats`), copied each iteration.
     pub prefill_steps: Gauge,
     pub decode_steps: Gauge,
+    pub preemptions: Gauge,
+    /// Preempted sequences waiting to be prefilled again.
+    pub preempted: Gauge,
     pub healthy: Gauge,
 }
 
@@ -168,6 +171,8 @@ impl Metrics {
             kv_prompt_tokens: Gauge::default(),
             prefill_steps: Gauge::default(),
             decode_steps: Gauge::default(),
+            preemptions: Gauge::default(),
+            preempted: Gauge::default(),
             healthy: Gauge(AtomicU64::new(1)),
         }
     }
@@ -246,6 +251,12 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "kestrel_preemptions_total",
+            "Sequences preempted because KV pages ran out (each is prefilled again later).",
+            self.preemptions.get(),
+        );
+        counter(
+            &mut out,
             "kestrel_requests_rejected_total",
             "Requests refused at submission.",
             self.rejected.load(Relaxed),
@@ -281,6 +292,12 @@ impl Metrics {
             "kestrel_running_sequences",
             "Admitted, unfinished sequences.",
             self.running.get() as f64,
+        );
+        gauge(
+            &mut out,
+            "kestrel_preempted_sequences",
+            "Sequences preempted for KV pages, waiting to be prefilled again.",
+            self.preempted.get() as f64,
         );
         gauge(
             &mut out,

@@ -405,5 +405,7 @@ impl<R: Runtime> Worker<R> {
         let steps = self.lp.stats();
         m.prefill_steps.set(steps.prefill_steps);
         m.decode_steps.set(steps.decode_steps);
+        m.preemptions.set(steps.preemptions);
+        m.preempted.set(self.lp.num_preempted() as u64);
     }
 }

@@ -7,8 +7,11 @@
 //! The same mixed batch runs, all at once, on every mode x prefill policy,
 //! with whole-prompt and chunked prefill (a chunk of 3 tokens, so every
 //! prompt, and a long one most of all, is prefilled in many steps that take
-//! turns with the others' decode steps); every request's tokens, text,
-//! finish reason and log-probabilities must be identical across the engines.
+//! turns with the others' decode steps), and in a KV cache of 26 pages where
+//! the batch needs over 50 at once (sequences are preempted as they grow and
+//! prefilled again with the tokens they generated); every request's tokens,
+//! text, finish reason and log-probabilities must be identical across the
+//! engines.
 
 mod common;
 
@@ -21,7 +24,12 @@ use kestrel_engine::{
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
 
-fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy, prefill_chunk: usize) -> Engine {
+fn engine(
+    mode: PipelineMode,
+    prefill_policy: PrefillPolicy,
+    prefill_chunk: usize,
+    kv_pages: usize,
+) -> Engine {
     let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
     Engine::start(
         EngineConfig {
@@ -31,7 +39,7 @@ fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy, prefill_chunk: usiz
             prefill_policy,
             prefill_chunk: Some(prefill_chunk),
             max_batch_size: 16,
-            kv_pages: 512,
+            kv_pages,
             max_seq_len: Some(1024),
             ..EngineConfig::default()
         },
@@ -55,6 +63,9 @@ fn batch(stop_id: u32) -> Vec<GenerateRequest> {
         ..SamplingOptions::default()
     };
     let mut reqs = vec![
+        // A long prompt: many chunks, and pages published along the way;
+        // first, so in a small cache the rest squeeze into what it leaves.
+        text(&LONG_PROMPT.repeat(12), 12),
         GenerateRequest {
             sampling: SamplingOptions {
                 repetition_penalty: Some(1.3),
@@ -120,8 +131,6 @@ fn batch(stop_id: u32) -> Vec<GenerateRequest> {
             sampling: sampled(5),
             ..text("Is the sky blue?", 8)
         },
-        // A long prompt: many chunks, and pages published along the way.
-        text(&LONG_PROMPT.repeat(12), 12),
     ];
     for (i, r) in reqs.iter_mut().enumerate() {
         r.request_id = Some(format!("overlap-{i}"));
@@ -159,18 +168,22 @@ fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
 
 #[test]
 fn blocking_pipelined_and_chunked_agree_on_every_request() {
+    const ROOMY: usize = 512;
+    const TIGHT: usize = 26;
     let configs = [
-        (PipelineMode::Blocking, PrefillPolicy::Drain, 0),
-        (PipelineMode::Blocking, PrefillPolicy::RideAlong, 0),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain, 0),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0),
-        (PipelineMode::Blocking, PrefillPolicy::Drain, 3),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain, 3),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 3),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 0, ROOMY),
+        (PipelineMode::Blocking, PrefillPolicy::RideAlong, 0, ROOMY),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain, 0, ROOMY),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0, ROOMY),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 3, ROOMY),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain, 3, ROOMY),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 3, ROOMY),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 0, TIGHT),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain, 32, TIGHT),
     ];
     let mut reference: Option<Vec<GenerateResponse>> = None;
-    for (mode, policy, chunk) in configs {
-        let engine = engine(mode, policy, chunk);
+    for (mode, policy, chunk, kv_pages) in configs {
+        let engine = engine(mode, policy, chunk, kv_pages);
         let stop_id = engine.tokenize(" the", false).expect("tokenize")[0];
         let reqs = batch(stop_id);
         let out = run(&engine, &reqs);
@@ -201,12 +214,24 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
                 assert!(resp.logprobs.iter().all(|l| l.top.len() == 3));
             }
         }
-        let prefill_steps: usize = engine
-            .metrics_text()
-            .lines()
-            .find_map(|l| l.strip_prefix("kestrel_prefill_steps_total "))
-            .and_then(|v| v.parse().ok())
-            .expect("the prefill step counter");
+        let metrics = engine.metrics_text();
+        let counter = |name: &str| -> usize {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("the counter {name}"))
+        };
+        let (prefill_steps, preemptions) = (
+            counter("kestrel_prefill_steps_total"),
+            counter("kestrel_preemptions_total"),
+        );
+        // Preempted sequences are prefilled again: more prefill steps.
+        assert_eq!(
+            preemptions > 0,
+            kv_pages == TIGHT,
+            "{mode:?}/{policy:?} with {kv_pages} pages: {preemptions} preemptions"
+        );
         // The long prompt alone takes over a hundred chunks.
         let long = engine
             .tokenize(&LONG_PROMPT.repeat(12), true)
@@ -214,7 +239,11 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
             .len();
         assert!(long > 300, "a long prompt of {long} tokens");
         match long.checked_div(chunk) {
-            None => assert_eq!(prefill_steps, reqs.len(), "one prefill step per prompt"),
+            None => assert_eq!(
+                prefill_steps,
+                reqs.len() + preemptions,
+                "one prefill step per prompt and per preemption"
+            ),
             Some(chunks) => assert!(
                 prefill_steps >= chunks,
                 "{prefill_steps} prefill steps in chunks of {chunk}"
@@ -226,7 +255,7 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
                 for (i, (a, b)) in want.iter().zip(&out).enumerate() {
                     assert_eq!(
                         a.token_ids, b.token_ids,
-                        "{mode:?}/{policy:?}/chunk {chunk}: request {i}"
+                        "{mode:?}/{policy:?}/chunk {chunk}/{kv_pages} pages: request {i}"
                     );
                     assert_eq!(a.text, b.text, "request {i}");
                     assert_eq!(a.finish_reason, b.finish_reason, "request {i}");
@@ -241,7 +270,7 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
 
 #[test]
 fn a_request_id_is_free_again_the_moment_its_request_ends() {
-    let engine = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0);
+    let engine = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0, 512);
     rt().block_on(async {
         for _ in 0..3 {
             let mut req = GenerateRequest::text("Hello", 4);

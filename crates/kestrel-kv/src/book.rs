@@ -1,7 +1,11 @@
 //! [`SeqBook`]: the KV bookkeeping every runtime keeps for its admitted
 //! sequences: the [`PageTable`], each sequence's row, length and prefix-cache
 //! hit, and the cumulative [`KvStats`] counters. Admission of a prefill batch
-//! is all or nothing, so a rejected launch leaves no row or page behind. It
+//! is all or nothing, so a rejected launch leaves no row or page behind. A
+//! runtime reserves at admission what it chooses (the prompt, growing later
+//! with [`SeqBook::grow`], or the whole sequence) and, when the pipeline
+//! preempts a sequence, files its written pages into the prefix cache before
+//! freeing them ([`SeqBook::preempt`]). It
 //! answers the pipeline `Executor`'s capacity queries (`num_allocated`,
 //! `can_reserve`, `could_ever_fit`, `cached_prompt_tokens`), so a runtime
 //! delegates them here rather than re-deriving them.
@@ -25,16 +29,17 @@ pub struct SeqEntry<M> {
     pub meta: M,
 }
 
-/// A sequence to admit: its id, prompt, total length to reserve for, and
-/// the runtime's per-sequence data.
+/// A sequence to admit: its id, prompt, the tokens to reserve KV for now,
+/// and the runtime's per-sequence data.
 #[derive(Debug)]
 pub struct Admission<'a, K, M> {
     /// The caller's id for the sequence.
     pub id: K,
     /// Its prompt tokens.
     pub prompt: &'a [u32],
-    /// Tokens to reserve KV for (prompt + generated).
-    pub max_len: usize,
+    /// Tokens to reserve KV for now (at least the prompt; a runtime that
+    /// grows sequences lazily reserves just that, [`SeqBook::grow`] adds more).
+    pub reserve: usize,
     /// The runtime's per-sequence data.
     pub meta: M,
 }
@@ -81,10 +86,11 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         self.table.num_allocated()
     }
 
-    /// Whether `prompt` could be admitted now with KV for `max_len` tokens
+    /// Whether `prompt` could be admitted now with KV for `reserve` tokens
     /// ([`PageTable::can_reserve_prompt`]: counts its prefix-cache hit).
-    pub fn can_reserve(&self, prompt: &[u32], max_len: usize) -> bool {
-        self.table.can_reserve_prompt(prompt, max_len)
+    pub fn can_reserve(&self, prompt: &[u32], reserve: usize) -> bool {
+        self.table
+            .can_reserve_prompt(prompt, reserve.max(prompt.len()))
     }
 
     /// Whether a sequence of `max_len` tokens could be admitted into an empty
@@ -119,7 +125,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         self.admitted.clear();
         let (mut prompt_tokens, mut hit_tokens) = (0, 0);
         for s in seqs {
-            match self.table.admit(s.prompt, s.max_len) {
+            match self.table.admit(s.prompt, s.reserve.max(s.prompt.len())) {
                 Ok((row, hit)) => {
                     let len = s.prompt.len();
                     rows.push((row, len));
@@ -158,6 +164,32 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
     /// The admitted sequence `id`, mutably (its length grows per step).
     pub fn get_mut(&mut self, id: K) -> Option<&mut SeqEntry<M>> {
         self.seqs.get_mut(&id)
+    }
+
+    /// Grows `id`'s pages to hold `len` tokens (evicting unreferenced cached
+    /// pages if need be); `false`, with nothing taken, when free and
+    /// evictable pages fall short or `id` is unknown.
+    pub fn grow(&mut self, id: K, len: usize) -> bool {
+        self.seqs
+            .get(&id)
+            .is_some_and(|s| self.table.reserve(s.row, len).is_ok())
+    }
+
+    /// Frees a preempted sequence's row, first filing the full pages of
+    /// `tokens` it has written (its first `len` tokens) into the prefix
+    /// cache, so its re-admission recomputes only the rest. `tokens` are the
+    /// sequence's tokens from position 0 (at least `len` of them); unknown
+    /// ids are a no-op.
+    ///
+    /// # Errors
+    /// The page table's, should the row not be allocated (a bookkeeping bug).
+    pub fn preempt(&mut self, id: K, tokens: &[u32]) -> Result<(), KvError> {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return Ok(());
+        };
+        let written = &tokens[..seq.len.min(tokens.len())];
+        self.table.register_prefix(seq.row, written);
+        self.table.erase(seq.row)
     }
 
     /// Prompt tokens of `id` served from the prefix cache (0 if unknown).
@@ -228,13 +260,13 @@ mod tests {
             Admission {
                 id: 1,
                 prompt: &p,
-                max_len: 8,
+                reserve: 8,
                 meta: 'a',
             },
             Admission {
                 id: 2,
                 prompt: &p[..3],
-                max_len: 4,
+                reserve: 4,
                 meta: 'b',
             },
         ];
@@ -248,13 +280,13 @@ mod tests {
             Admission {
                 id: 3,
                 prompt: &p,
-                max_len: 4,
+                reserve: 4,
                 meta: 'c',
             },
             Admission {
                 id: 4,
                 prompt: &p,
-                max_len: 20,
+                reserve: 20,
                 meta: 'd',
             },
         ];
@@ -289,7 +321,7 @@ mod tests {
         let a = Admission {
             id: 1,
             prompt: &p,
-            max_len: 8,
+            reserve: 8,
             meta: 'a',
         };
         b.admit_all([a], &mut rows).unwrap();
@@ -297,11 +329,53 @@ mod tests {
         let again = Admission {
             id: 2,
             prompt: &p,
-            max_len: 8,
+            reserve: 8,
             meta: 'b',
         };
         b.admit_all([again], &mut rows).unwrap();
         assert_eq!((b.num_allocated(), b.cached_prompt_tokens(2)), (2, 4));
         assert!(!b.can_reserve(&p, 24));
+    }
+
+    #[test]
+    fn grow_takes_pages_lazily_and_preempt_files_what_was_written() {
+        let mut b = book();
+        let mut rows = Vec::new();
+        let p: Vec<u32> = (0..6).collect();
+        let a = Admission {
+            id: 1,
+            prompt: &p,
+            reserve: 0,
+            meta: 'a',
+        };
+        b.admit_all([a], &mut rows).unwrap();
+        // Reserving less than the prompt still covers the prompt: 2 pages.
+        assert_eq!(b.kv_stats().used_pages, 2);
+        assert!(b.grow(1, 9));
+        assert_eq!(b.kv_stats().used_pages, 3);
+        // 6 pages in all: 3 more fit (24 tokens), a fourth does not, and a
+        // refused growth takes nothing.
+        assert!(!b.grow(1, 25));
+        assert_eq!(b.kv_stats().used_pages, 3);
+        assert!(!b.grow(7, 4), "unknown ids grow nothing");
+        // The sequence wrote 9 tokens: its two full pages are filed, the
+        // third (one token) is not.
+        let tokens: Vec<u32> = (0..10).collect();
+        b.get_mut(1).unwrap().len = 9;
+        b.preempt(1, &tokens).unwrap();
+        assert!(b.is_empty());
+        let stats = b.kv_stats();
+        assert_eq!((stats.used_pages, stats.cached_pages), (0, 2));
+        // Re-admitted with its tokens as the prompt, it starts after them.
+        let again = Admission {
+            id: 1,
+            prompt: &tokens,
+            reserve: 0,
+            meta: 'a',
+        };
+        b.admit_all([again], &mut rows).unwrap();
+        assert_eq!(b.cached_prompt_tokens(1), 8);
+        b.preempt(99, &tokens).unwrap();
+        b.table().check_invariants().unwrap();
     }
 }

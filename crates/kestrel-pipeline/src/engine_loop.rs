@@ -8,7 +8,9 @@
 //! step t+1 runs while step t commits). Two prefill policies: `Drain` (the
 //! seed's I5: prefill only when drained) and `RideAlong` (Photon: a prefill
 //! is a `kind=prefill` launch into a free slot), either taking whole prompts
-//! or, with `prefill_chunk`, chunks that take turns with decode steps. Any
+//! or, with `prefill_chunk`, chunks that take turns with decode steps. KV
+//! grows as sequences do; when pages run out the youngest running sequence
+//! is preempted and later prefilled again with the tokens it generated. Any
 //! fault after dispatch is engine-fatal: every request is resolved with an
 //! error, all KV released.
 
@@ -197,9 +199,14 @@ impl<E: Executor> EngineLoop<E> {
         self.sched.num_admitted()
     }
 
-    /// No request waiting, running or in flight.
+    /// Preempted sequences waiting to be prefilled again.
+    pub fn num_preempted(&self) -> usize {
+        self.sched.num_preempted()
+    }
+
+    /// No request waiting, running, preempted or in flight.
     pub fn is_idle(&self) -> bool {
-        self.sched.waiting.is_empty() && self.sched.num_admitted() == 0 && self.state.is_drained()
+        self.sched.waiting.is_empty() && self.sched.num_live() == 0 && self.state.is_drained()
     }
 
     pub fn unhealthy(&self) -> Option<&Cause> {
@@ -336,13 +343,11 @@ impl<E: Executor> EngineLoop<E> {
             // One prompt at a time: its next chunk, once a slot may take it.
             return self.sched.resumable_prefill();
         }
-        match self.sched.waiting.front() {
+        match self.sched.next_admission(self.config.max_seq_len) {
             None => false,
-            Some(req) => {
+            Some(a) => {
                 self.exec.num_allocated() < self.max_rows()
-                    && self
-                        .exec
-                        .can_reserve(&req.prompt, max_len_of(req, self.config.max_seq_len))
+                    && self.exec.can_admit(a.tokens, a.max_len)
             }
         }
     }
@@ -368,7 +373,7 @@ impl<E: Executor> EngineLoop<E> {
                 self.commit_oldest()?;
                 Ok(Tick::Progress)
             }
-            Launch::Failed => Ok(Tick::Progress),
+            Launch::Failed | Launch::Deferred => Ok(Tick::Progress),
             Launch::Nothing => Ok(Tick::Idle),
         }
     }
@@ -404,11 +409,15 @@ impl<E: Executor> EngineLoop<E> {
                     self.commit_oldest()?;
                     return Ok(Tick::Progress);
                 }
-                Some(slot) => {
-                    if self.launch_decode(slot)? == Launch::Failed {
+                Some(slot) => match self.launch_decode(slot)? {
+                    Launch::Failed => return Ok(Tick::Progress),
+                    Launch::Deferred => {
+                        // Waiting for pages an in-flight step gives back.
+                        self.commit_oldest()?;
                         return Ok(Tick::Progress);
                     }
-                }
+                    Launch::Launched | Launch::Nothing => {}
+                },
             }
         }
         if let Some(h) = self.state.launch_handle().copied() {
@@ -462,12 +471,20 @@ impl<E: Executor> EngineLoop<E> {
         Ok(())
     }
 
-    /// Plan and launch a decode forward into `slot`.
+    /// Plan a decode step, make KV room for it (preempting if pages ran
+    /// out) and launch its forward into `slot`.
     fn launch_decode(&mut self, slot: usize) -> Result<Launch, Fatal> {
         let max_rows = self.max_rows();
         self.sched.schedule_decode_step(&mut self.plan, max_rows);
         if self.plan.is_empty() {
             return Ok(Launch::Nothing);
+        }
+        let changed = self.sched.make_room(&mut self.exec, &mut self.plan);
+        if self.plan.is_empty() {
+            // Sequences were preempted (or failed alone) or wait for pages
+            // an in-flight step gives back: progress, not idleness.
+            debug_assert!(changed || !self.state.is_drained());
+            return Ok(Launch::Deferred);
         }
         match self.sched.launch_decode(&mut self.exec, &self.plan, slot) {
             Ok(handle) => {
@@ -558,6 +575,9 @@ enum Launch {
     Nothing,
     /// Rejected before dispatch; its requests failed, others may now proceed.
     Failed,
+    /// Nothing launched for lack of KV pages: sequences were preempted, or
+    /// wait for the pages an in-flight step gives back.
+    Deferred,
 }
 
 /// The pipeline's slot state machine refused a transition (a bug, and fatal).

@@ -15,19 +15,29 @@ pub type SlotId = usize;
 ///
 /// A prompt is prefilled in one step or, under a chunk budget, in several
 /// (`max_tokens` each at most). The first step admits the sequence (its KV
-/// is reserved for `max_len` tokens then, so later chunks never run out)
-/// and starts after its prefix-cache hit; each later step resumes where the
+/// is taken for the whole prompt then, so later chunks never run out) and
+/// starts after its prefix-cache hit; each later step resumes where the
 /// previous one ended. Only the step that reaches the prompt's end samples
-/// the sequence's first token; the others return no row for it.
+/// the sequence's next token; the others return no row for it.
+///
+/// A sequence re-admitted after a preemption is prefilled again with its
+/// prompt and the tokens it had generated (`generated` of them, at the end
+/// of `prompt`): the step samples the token its next decode step would
+/// have, at the same position.
 #[derive(Debug)]
 pub struct PrefillInput<'a, P> {
     pub id: RequestId,
     /// The whole prompt (later chunks read their tokens, and penalties all).
     pub prompt: &'a [TokenId],
+    /// How many of `prompt`'s last tokens the sequence generated before a
+    /// preemption (0 for a new request): the sampler's penalties count them
+    /// as tokens it sampled.
+    pub generated: usize,
     /// Sampling parameters, opaque to the pipeline.
     pub params: &'a P,
-    /// Tokens the sequence may hold in total (prompt + generated); the
-    /// runtime reserves KV for it at admission.
+    /// Tokens the sequence may hold in total (prompt + generated): a runtime
+    /// may reserve KV for all of it at admission, or grow it step by step
+    /// ([`Executor::grow`]).
     pub max_len: usize,
     /// Admission or the next chunk.
     pub start: PrefillStart,
@@ -131,8 +141,17 @@ pub trait Executor {
     fn num_allocated(&self) -> usize;
 
     /// Whether a new sequence with this prompt, growing to `max_len` tokens,
-    /// could be given KV now (a free row and enough pages).
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool;
+    /// could be admitted now: a free row and the KV the runtime takes at
+    /// admission (the prompt's pages for a runtime that grows sequences with
+    /// [`Executor::grow`], all of `max_len` for one that reserves up front).
+    fn can_admit(&self, prompt: &[TokenId], max_len: usize) -> bool;
+
+    /// Make room for `len` KV positions of the admitted sequence `id`, taking
+    /// pages as it grows. `false` when the cache is short of pages, with
+    /// nothing taken: the scheduler then preempts a sequence (or lets this
+    /// one wait a step) and asks again. A runtime that reserved `max_len` at
+    /// admission answers `true` within it.
+    fn grow(&mut self, id: RequestId, len: usize) -> bool;
 
     /// Whether a sequence of `max_len` tokens could ever fit in an empty cache.
     fn could_ever_fit(&self, max_len: usize) -> bool;
@@ -177,6 +196,16 @@ pub trait Executor {
 
     /// Free the KV of a sequence no in-flight step references any more.
     fn release(&mut self, id: RequestId);
+
+    /// Free the KV of a preempted sequence no in-flight step references.
+    /// `tokens` are its prompt and generated tokens; a runtime with a prefix
+    /// cache files the pages it has written first, so the re-admission
+    /// ([`PrefillInput::generated`]) recomputes only the rest. By default,
+    /// [`Executor::release`].
+    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
+        let _ = tokens;
+        self.release(id);
+    }
 
     /// Free everything (engine-fatal path); the runtime must synchronize first.
     fn release_all(&mut self);

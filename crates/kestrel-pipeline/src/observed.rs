@@ -41,8 +41,11 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     fn num_allocated(&self) -> usize {
         self.inner.num_allocated()
     }
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.inner.can_reserve(prompt, max_len)
+    fn can_admit(&self, prompt: &[TokenId], max_len: usize) -> bool {
+        self.inner.can_admit(prompt, max_len)
+    }
+    fn grow(&mut self, id: RequestId, len: usize) -> bool {
+        self.inner.grow(id, len)
     }
     fn could_ever_fit(&self, max_len: usize) -> bool {
         self.inner.could_ever_fit(max_len)
@@ -79,6 +82,9 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     }
     fn release(&mut self, id: RequestId) {
         self.inner.release(id);
+    }
+    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
+        self.inner.preempt(id, tokens);
     }
     fn release_all(&mut self) {
         self.inner.release_all();

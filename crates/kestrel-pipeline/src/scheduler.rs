@@ -1,18 +1,20 @@
-//! `Scheduler`: waiting queue, running sequences, the pure decode selector,
-//! and the launch/finalize/commit operations that mutate sequence state.
+//! `Scheduler`: waiting queue, running and preempted sequences, the pure
+//! decode selector, and the launch/finalize/commit operations that mutate
+//! sequence state.
 //!
 //! Mutation happens only where work is launched or committed: launch
 //! increments `inflight_refs`, commit decrements it, consumes tokens into
-//! skills, finalizes and releases. `schedule_decode_step` reads only.
-//! Steady-state steps do not allocate: plans, row lists and masks reuse buffers.
+//! skills, finalizes and releases. `schedule_decode_step` reads only;
+//! `make_room` then grows each planned sequence's KV, preempting the
+//! youngest running sequence when pages run out. Steady-state steps do not
+//! allocate: plans, row lists and masks reuse buffers.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::executor::PrefillStart;
 use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId};
 use crate::masks::{recycle, MaskFiller, MaskRow, SequentialMasks};
-use crate::sequence::MAX_INFLIGHT_REFS;
-use crate::sequence::{Request, Sequence};
+use crate::sequence::{Request, Residency, Sequence, MAX_INFLIGHT_REFS};
 use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
 use crate::state::{LaunchHandle, PendingCommit, StepKind};
 use crate::{Cause, FinishReason, RequestId, TokenId};
@@ -49,21 +51,26 @@ pub struct PipelineStats {
     pub failed: u64,
     /// Steps whose sampling waited for a mask.
     pub masked_steps: u64,
+    /// Sequences preempted for KV pages (each is prefilled again later).
+    pub preemptions: u64,
 }
 
 /// A fault the loop must turn into engine-fatal handling.
 #[derive(Debug)]
 pub(crate) struct Fatal(pub Cause);
 
-/// A sequence admitted with part of its prompt still to prefill: what the
-/// next chunk's launch needs.
-struct PartialPrefill<P> {
+/// A sequence admitted with part of its prompt still to prefill.
+struct PartialPrefill {
     idx: SeqIdx,
-    prompt: Vec<TokenId>,
-    params: P,
-    max_len: usize,
     /// Prompt tokens launched so far (the prefix-cache hit included).
     done: usize,
+}
+
+/// What the next prefill step would admit, if the KV allows.
+pub(crate) struct Admission<'a> {
+    /// Its prompt (for a preempted sequence: prompt and generated tokens).
+    pub tokens: &'a [TokenId],
+    pub max_len: usize,
 }
 
 enum Location {
@@ -72,19 +79,25 @@ enum Location {
 }
 
 pub(crate) struct Scheduler<P> {
-    seqs: Vec<Option<Sequence>>,
+    seqs: Vec<Option<Sequence<P>>>,
     free_idx: Vec<SeqIdx>,
     by_id: HashMap<RequestId, Location>,
     pub waiting: VecDeque<Request<P>>,
-    /// Admitted, not finalized, in admission order.
+    /// Resident, not finalized, in arrival order (oldest first).
     pub running: Vec<SeqIdx>,
+    /// Preempting or preempted, not finalized, in arrival order: they are
+    /// prefilled again, oldest first, before any waiting request.
+    preempted: Vec<SeqIdx>,
+    /// Sequences preempted that hold no KV (`Residency::Preempted`).
+    num_evicted: usize,
+    next_arrival: u64,
     /// Members of the step held by each slot (the PendingCommit's sequences).
     slot_rows: Vec<Vec<SeqIdx>>,
     /// Whether each slot's step samples a token per member: false only for
     /// a prefill chunk short of its prompt's end (no row comes back).
     slot_samples: Vec<bool>,
     /// The prompt being prefilled in chunks, at most one at a time.
-    partial: Option<PartialPrefill<P>>,
+    partial: Option<PartialPrefill>,
     row_ids: Vec<RequestId>,
     to_release: Vec<SeqIdx>,
     mask_words: Vec<u32>,
@@ -109,6 +122,9 @@ impl<P> Scheduler<P> {
             by_id: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            preempted: Vec::new(),
+            num_evicted: 0,
+            next_arrival: 0,
             slot_rows: vec![Vec::new(); num_slots],
             slot_samples: vec![true; num_slots],
             partial: None,
@@ -136,18 +152,28 @@ impl<P> Scheduler<P> {
         self.waiting.push_back(req);
     }
 
-    /// Sequences admitted and not yet released (zombies included).
-    pub fn num_admitted(&self) -> usize {
+    /// Admitted sequences not yet released, preempted ones included.
+    pub fn num_live(&self) -> usize {
         self.seqs.len() - self.free_idx.len()
     }
 
-    fn seq(&self, idx: SeqIdx) -> &Sequence {
+    /// Sequences holding KV (zombies and preempting ones included).
+    pub fn num_admitted(&self) -> usize {
+        self.num_live() - self.num_evicted
+    }
+
+    /// Preempted sequences (holding KV or not) waiting to be prefilled again.
+    pub fn num_preempted(&self) -> usize {
+        self.preempted.len()
+    }
+
+    fn seq(&self, idx: SeqIdx) -> &Sequence<P> {
         self.seqs[idx as usize]
             .as_ref()
             .expect("live sequence index")
     }
 
-    fn seq_mut(&mut self, idx: SeqIdx) -> &mut Sequence {
+    fn seq_mut(&mut self, idx: SeqIdx) -> &mut Sequence<P> {
         self.seqs[idx as usize]
             .as_mut()
             .expect("live sequence index")
@@ -212,6 +238,103 @@ impl<P> Scheduler<P> {
         })
     }
 
+    /// Grow the KV of each sequence in `plan` (oldest first) to hold the
+    /// token its decode step writes. When the cache is short, the youngest
+    /// running sequence is preempted ([`Scheduler::preempt`]) and the growth
+    /// retried; while pages are already on their way back (a zombie or a
+    /// preempted sequence still in an in-flight step), a short sequence sits
+    /// this step out instead, so no more is preempted than needed. A
+    /// sequence that cannot grow with every other one gone fails alone
+    /// (`could_ever_fit` should have refused it). Returns whether any
+    /// sequence was preempted or failed.
+    pub fn make_room<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        plan: &mut StepPlan,
+    ) -> bool {
+        let mut changed = false;
+        let mut keep = 0;
+        for k in 0..plan.sequences.len() {
+            let i = plan.sequences[k];
+            loop {
+                let seq = self.seq(i);
+                // A victim of an earlier member's growth.
+                if seq.residency != Residency::Resident {
+                    break;
+                }
+                if exec.grow(seq.id, seq.budgeted_len()) {
+                    plan.sequences[keep] = i;
+                    keep += 1;
+                    break;
+                }
+                if self.pages_returning() {
+                    break;
+                }
+                changed = true;
+                let victim = *self.running.last().expect("`i` is running");
+                if victim == i && self.running.len() == 1 {
+                    let why = Cause::message(format!(
+                        "the KV cache cannot hold request {} at {} tokens even alone",
+                        seq.id,
+                        seq.budgeted_len()
+                    ));
+                    self.finalize(i, Outcome::Failed(FailureKind::Rejected, why));
+                    self.release_if_done(exec, i);
+                    break;
+                }
+                self.preempt(exec, victim);
+            }
+        }
+        plan.sequences.truncate(keep);
+        changed
+    }
+
+    /// Whether KV pages will come back when an in-flight step commits: a
+    /// zombie's, or a preempted sequence's that is still in flight.
+    fn pages_returning(&self) -> bool {
+        self.preempted
+            .iter()
+            .any(|&i| self.seq(i).residency == Residency::Preempting)
+            || self
+                .seqs
+                .iter()
+                .flatten()
+                .any(|s| s.finalized && s.inflight_refs > 0)
+    }
+
+    /// Preempt sequence `idx` (section "preemption" of the lifecycle): it
+    /// leaves `running` (and a chunked prefill), keeps the tokens it has
+    /// committed and those its in-flight steps will commit, and gives its KV
+    /// back once no in-flight step references it. It is prefilled again
+    /// with all its tokens before any new request is admitted.
+    fn preempt<E: Executor<Params = P>>(&mut self, exec: &mut E, idx: SeqIdx) {
+        self.running.retain(|&x| x != idx);
+        if self.partial.as_ref().is_some_and(|p| p.idx == idx) {
+            self.partial = None;
+        }
+        let arrival = self.seq(idx).arrival;
+        let at = self
+            .preempted
+            .partition_point(|&x| self.seq(x).arrival < arrival);
+        self.preempted.insert(at, idx);
+        self.seq_mut(idx).residency = Residency::Preempting;
+        self.stats.preemptions += 1;
+        self.evict_if_idle(exec, idx);
+    }
+
+    /// Give a preempting sequence's KV back once no in-flight step uses it.
+    fn evict_if_idle<E: Executor<Params = P>>(&mut self, exec: &mut E, idx: SeqIdx) {
+        let seq = self.seqs[idx as usize]
+            .as_mut()
+            .expect("live sequence index");
+        if seq.finalized || seq.residency != Residency::Preempting || seq.inflight_refs > 0 {
+            return;
+        }
+        exec.preempt(seq.id, &seq.tokens);
+        seq.residency = Residency::Preempted;
+        self.num_evicted += 1;
+    }
+
     /// The sequence whose prompt is being prefilled in chunks, if its next
     /// chunk may launch now (it is in fewer than two steps).
     pub fn resumable_prefill(&self) -> bool {
@@ -225,12 +348,33 @@ impl<P> Scheduler<P> {
         self.partial.is_some()
     }
 
+    /// What the next prefill step would admit: the oldest preempted
+    /// sequence once it has given its KV back (none while it still holds
+    /// it: new requests do not overtake a preempted one), else the oldest
+    /// waiting request. `None` when there is nothing to admit now.
+    pub fn next_admission(&self, max_seq_len: usize) -> Option<Admission<'_>> {
+        match self.preempted.first() {
+            Some(&idx) => {
+                let seq = self.seq(idx);
+                (seq.residency == Residency::Preempted).then_some(Admission {
+                    tokens: &seq.tokens,
+                    max_len: seq.max_len,
+                })
+            }
+            None => self.waiting.front().map(|req| Admission {
+                tokens: &req.prompt,
+                max_len: max_len_of(req, max_seq_len),
+            }),
+        }
+    }
+
     /// Launch the next prefill chunk into `slot`: the sequence part-way
     /// through its prompt if there is one (one prompt at a time, so the
-    /// oldest request's first token comes first), else the oldest waiting
-    /// request, admitted now. `max_tokens` is the chunk budget. On a
-    /// pre-dispatch error the request fails alone (an admission took no KV;
-    /// a resumed sequence keeps its KV until it is released as finalized).
+    /// oldest request's first token comes first), else the oldest preempted
+    /// sequence (with the tokens it generated) or waiting request, admitted
+    /// now. `max_tokens` is the chunk budget. On a pre-dispatch error the
+    /// request fails alone (an admission took no KV; a resumed sequence
+    /// keeps its KV until it is released as finalized).
     pub fn launch_prefill<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
@@ -241,6 +385,12 @@ impl<P> Scheduler<P> {
         if let Some(p) = self.partial.take() {
             return self.resume_prefill(exec, slot, p, max_tokens);
         }
+        if let Some(&idx) = self.preempted.first() {
+            if self.seq(idx).residency != Residency::Preempted {
+                return Ok(None);
+            }
+            return self.readmit(exec, slot, idx, max_tokens);
+        }
         let Some(mut req) = self.waiting.pop_front() else {
             return Ok(None);
         };
@@ -248,6 +398,7 @@ impl<P> Scheduler<P> {
         let input = PrefillInput {
             id: req.id,
             prompt: &req.prompt,
+            generated: 0,
             params: &req.params,
             max_len,
             start: PrefillStart::Admit,
@@ -271,16 +422,24 @@ impl<P> Scheduler<P> {
         let cached = exec.cached_prompt_tokens(req.id);
         let end = input.chunk_end(cached);
         req.skill.on_admitted(cached);
+        let prompt_len = req.prompt.len();
+        let mut tokens = req.prompt;
+        // Committed tokens never reallocate it.
+        tokens.reserve_exact(max_len.saturating_sub(prompt_len));
         let seq = Sequence {
             id: req.id,
-            prompt_len: req.prompt.len(),
-            committed: 0,
+            arrival: self.next_arrival,
+            prompt_len,
+            tokens,
             inflight_refs: 1,
             finalized: false,
+            residency: Residency::Resident,
             max_new_tokens: req.max_new_tokens,
             max_len,
+            params: req.params,
             skill: req.skill,
         };
+        self.next_arrival += 1;
         let idx = match self.free_idx.pop() {
             Some(i) => {
                 self.seqs[i as usize] = Some(seq);
@@ -293,15 +452,56 @@ impl<P> Scheduler<P> {
         };
         self.by_id.insert(req.id, Location::Admitted(idx));
         self.running.push(idx);
-        let samples = end == req.prompt.len();
+        let samples = end == prompt_len;
         if !samples {
-            self.partial = Some(PartialPrefill {
-                idx,
-                prompt: req.prompt,
-                params: req.params,
-                max_len,
-                done: end,
-            });
+            self.partial = Some(PartialPrefill { idx, done: end });
+        }
+        Ok(Some(self.prefill_launched(slot, idx, samples)))
+    }
+
+    /// Prefill a preempted sequence again (its prompt and generated tokens):
+    /// it takes its place in `running` by arrival.
+    fn readmit<E: Executor<Params = P>>(
+        &mut self,
+        exec: &mut E,
+        slot: SlotId,
+        idx: SeqIdx,
+        max_tokens: usize,
+    ) -> Result<Option<LaunchHandle>, Fatal> {
+        let seq = self.seq(idx);
+        let input = PrefillInput {
+            id: seq.id,
+            prompt: &seq.tokens,
+            generated: seq.committed() as usize,
+            params: &seq.params,
+            max_len: seq.max_len,
+            start: PrefillStart::Admit,
+            max_tokens,
+        };
+        match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
+            Ok(()) => {}
+            Err(ExecError::PreDispatch(e)) => {
+                let why = Cause::new(e);
+                self.finalize(idx, Outcome::Failed(FailureKind::StepFailed, why));
+                self.release_if_done(exec, idx);
+                return Ok(None);
+            }
+            Err(ExecError::Fatal(e)) => return Err(Fatal(Cause::new(e))),
+        }
+        let end = input.chunk_end(exec.cached_prompt_tokens(seq.id));
+        let samples = end == seq.tokens.len();
+        let arrival = seq.arrival;
+        self.preempted.remove(0);
+        self.num_evicted -= 1;
+        let at = self
+            .running
+            .partition_point(|&x| self.seq(x).arrival < arrival);
+        self.running.insert(at, idx);
+        let seq = self.seq_mut(idx);
+        seq.residency = Residency::Resident;
+        seq.inflight_refs += 1;
+        if !samples {
+            self.partial = Some(PartialPrefill { idx, done: end });
         }
         Ok(Some(self.prefill_launched(slot, idx, samples)))
     }
@@ -311,19 +511,21 @@ impl<P> Scheduler<P> {
         &mut self,
         exec: &mut E,
         slot: SlotId,
-        mut p: PartialPrefill<P>,
+        mut p: PartialPrefill,
         max_tokens: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
-        let id = self.seq(p.idx).id;
+        let seq = self.seq(p.idx);
         let input = PrefillInput {
-            id,
-            prompt: &p.prompt,
-            params: &p.params,
-            max_len: p.max_len,
+            id: seq.id,
+            prompt: &seq.tokens,
+            generated: seq.committed() as usize,
+            params: &seq.params,
+            max_len: seq.max_len,
             start: PrefillStart::Resume(p.done),
             max_tokens,
         };
         let end = input.chunk_end(p.done);
+        let samples = end == seq.tokens.len();
         match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
             Ok(()) => {}
             Err(ExecError::PreDispatch(e)) => {
@@ -337,7 +539,7 @@ impl<P> Scheduler<P> {
                 return Err(Fatal(Cause::new(e)));
             }
         }
-        let (idx, samples) = (p.idx, end == p.prompt.len());
+        let idx = p.idx;
         self.seq_mut(idx).inflight_refs += 1;
         if !samples {
             p.done = end;
@@ -490,30 +692,27 @@ impl<P> Scheduler<P> {
         for (r, &i) in rows.iter().enumerate() {
             let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
             seq.inflight_refs -= 1;
-            // A prefill chunk short of its prompt's end (`!samples`) wrote KV only.
+            // A prefill chunk short of its prompt's end (`!samples`) wrote
+            // KV only. A preempting sequence's tokens count like any other.
             if seq.finalized {
                 self.stats.zombie_rows += 1;
             } else if samples {
-                seq.committed += 1;
-                self.stats.committed_tokens += 1;
                 let token = CommittedToken {
                     token: outs.tokens[r],
                     logprob: outs.logprobs.map(|l| l[r]),
                     top_logprobs: outs.top(r),
                 };
+                seq.tokens.push(token.token);
+                self.stats.committed_tokens += 1;
                 let reason = match seq.skill.consume(&token) {
                     Verdict::Stop(reason) => Some(reason),
                     Verdict::Continue => seq.at_length_cap().then_some(FinishReason::Length),
                 };
                 if let Some(reason) = reason {
-                    seq.finalized = true;
-                    seq.skill.finish(Outcome::Finished(reason));
-                    self.stats.finished += 1;
-                    self.running.retain(|&x| x != i);
+                    self.finalize(i, Outcome::Finished(reason));
                 }
             }
-            let seq = self.seq(i);
-            if seq.finalized && seq.inflight_refs == 0 {
+            if self.seq(i).inflight_refs == 0 {
                 self.to_release.push(i);
             }
         }
@@ -521,6 +720,9 @@ impl<P> Scheduler<P> {
         let mut release = std::mem::take(&mut self.to_release);
         for &i in &release {
             self.release_if_done(exec, i);
+            if self.seqs[i as usize].is_some() {
+                self.evict_if_idle(exec, i);
+            }
         }
         release.clear();
         self.to_release = release;
@@ -534,10 +736,7 @@ impl<P> Scheduler<P> {
             return;
         }
         seq.finalized = true;
-        if self.partial.as_ref().is_some_and(|p| p.idx == idx) {
-            self.partial = None;
-        }
-        let seq = self.seq_mut(idx);
+        let preempted = seq.residency != Residency::Resident;
         let failed = matches!(outcome, Outcome::Failed(..));
         seq.skill.finish(outcome);
         if failed {
@@ -545,17 +744,29 @@ impl<P> Scheduler<P> {
         } else {
             self.stats.finished += 1;
         }
-        self.running.retain(|&x| x != idx);
+        if self.partial.as_ref().is_some_and(|p| p.idx == idx) {
+            self.partial = None;
+        }
+        if preempted {
+            self.preempted.retain(|&x| x != idx);
+        } else {
+            self.running.retain(|&x| x != idx);
+        }
     }
 
-    /// Release a finalized sequence's KV once no step references it.
+    /// Release a finalized sequence's KV (if it holds any) once no step
+    /// references it, and forget it.
     fn release_if_done<E: Executor<Params = P>>(&mut self, exec: &mut E, idx: SeqIdx) {
         let seq = self.seq(idx);
         if !(seq.finalized && seq.inflight_refs == 0) {
             return;
         }
         let id = seq.id;
-        exec.release(id);
+        if seq.holds_kv() {
+            exec.release(id);
+        } else {
+            self.num_evicted -= 1;
+        }
         self.seqs[idx as usize] = None;
         self.free_idx.push(idx);
         self.by_id.remove(&id);
@@ -607,6 +818,8 @@ impl<P> Scheduler<P> {
         self.free_idx.clear();
         self.by_id.clear();
         self.running.clear();
+        self.preempted.clear();
+        self.num_evicted = 0;
         for rows in &mut self.slot_rows {
             rows.clear();
         }
@@ -635,21 +848,48 @@ impl<P> Scheduler<P> {
                             seq.id, seq.inflight_refs
                         ));
                     }
-                    if seq.finalized == self.running.contains(&(i as SeqIdx)) {
+                    let idx = i as SeqIdx;
+                    let (in_running, in_preempted) =
+                        (self.running.contains(&idx), self.preempted.contains(&idx));
+                    let resident = seq.residency == Residency::Resident;
+                    if in_running != (!seq.finalized && resident)
+                        || in_preempted != (!seq.finalized && !resident)
+                    {
                         return Err(format!(
-                            "request {}: finalized={} vs running membership",
-                            seq.id, seq.finalized
+                            "request {}: finalized={} residency={:?} but running={in_running} preempted={in_preempted}",
+                            seq.id, seq.finalized, seq.residency
                         ));
                     }
-                    if seq.committed > seq.max_new_tokens {
+                    if seq.residency == Residency::Preempted && seq.inflight_refs > 0 {
                         return Err(format!(
-                            "request {}: {} tokens committed past max {}",
-                            seq.id, seq.committed, seq.max_new_tokens
+                            "request {}: gave its KV back while in {} in-flight steps",
+                            seq.id, seq.inflight_refs
                         ));
                     }
-                    if seq.finalized && self.partial.as_ref().is_some_and(|p| p.idx as usize == i) {
+                    if seq.residency == Residency::Preempting
+                        && !seq.finalized
+                        && seq.inflight_refs == 0
+                    {
                         return Err(format!(
-                            "request {}: finalized but still part-way through its prefill",
+                            "request {}: preempted and unreferenced but still holds KV",
+                            seq.id
+                        ));
+                    }
+                    if seq.committed() > seq.max_new_tokens || seq.tokens.len() > seq.max_len {
+                        return Err(format!(
+                            "request {}: {} tokens committed (max {}), {} in all (max {})",
+                            seq.id,
+                            seq.committed(),
+                            seq.max_new_tokens,
+                            seq.tokens.len(),
+                            seq.max_len
+                        ));
+                    }
+                    if (seq.finalized || !resident)
+                        && self.partial.as_ref().is_some_and(|p| p.idx as usize == i)
+                    {
+                        return Err(format!(
+                            "request {}: finalized or preempted but still part-way through its prefill",
                             seq.id
                         ));
                     }
@@ -669,6 +909,20 @@ impl<P> Scheduler<P> {
                 }
             }
         }
+        let evicted = self.seqs.iter().flatten().filter(|s| !s.holds_kv()).count();
+        if evicted != self.num_evicted {
+            return Err(format!(
+                "{evicted} sequences hold no KV but {} are counted",
+                self.num_evicted
+            ));
+        }
+        let arrivals = |list: &[SeqIdx]| {
+            list.windows(2)
+                .all(|w| self.seq(w[0]).arrival < self.seq(w[1]).arrival)
+        };
+        if !arrivals(&self.running) || !arrivals(&self.preempted) {
+            return Err("running or preempted sequences out of arrival order".into());
+        }
         Ok(())
     }
 }
@@ -680,7 +934,7 @@ impl<P> Scheduler<P> {
         self.seqs
             .iter()
             .flatten()
-            .map(|s| (s.id, s.inflight_refs, s.finalized, s.committed))
+            .map(|s| (s.id, s.inflight_refs, s.finalized, s.committed()))
             .collect()
     }
 }

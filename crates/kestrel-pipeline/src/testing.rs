@@ -5,7 +5,10 @@
 //! pipelined runs must emit identical streams. It checks the runtime-side
 //! invariants itself (I6: a slot's host buffer is never overwritten before
 //! commit; decode inputs come from the previous step's sampling) and records
-//! violations instead of trusting the loop. Faults can be injected per call.
+//! violations instead of trusting the loop. Its KV grows lazily, a page at a
+//! time, so a small cache makes the loop preempt; a re-admitted sequence
+//! must bring back exactly the tokens the device sampled for it (none lost
+//! or repeated). Faults can be injected per call.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -75,6 +78,13 @@ struct SimSeq {
     pages: usize,
 }
 
+/// Every token sampled for a request so far, across preemptions.
+#[derive(Debug, Default)]
+struct SimHistory {
+    prompt_len: usize,
+    sampled: Vec<TokenId>,
+}
+
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 enum SlotPhase {
     #[default]
@@ -101,6 +111,7 @@ struct SimSlot {
 pub struct SimExecutor {
     config: SimConfig,
     seqs: HashMap<RequestId, SimSeq>,
+    history: HashMap<RequestId, SimHistory>,
     slots: Vec<SimSlot>,
     used_pages: usize,
     decode_launches: u64,
@@ -118,6 +129,7 @@ impl SimExecutor {
         Self {
             config,
             seqs: HashMap::new(),
+            history: HashMap::new(),
             slots: (0..2).map(|_| SimSlot::default()).collect(),
             used_pages: 0,
             decode_launches: 0,
@@ -208,9 +220,25 @@ impl Executor for SimExecutor {
         self.seqs.len()
     }
 
-    fn can_reserve(&self, _prompt: &[TokenId], max_len: usize) -> bool {
+    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
         self.seqs.len() < self.config.max_rows
-            && self.used_pages + self.pages_for(max_len) <= self.config.num_pages
+            && self.used_pages + self.pages_for(prompt.len()) <= self.config.num_pages
+    }
+
+    fn grow(&mut self, id: RequestId, len: usize) -> bool {
+        let need = self.pages_for(len);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            self.violations
+                .push(format!("growth of unknown request {id}"));
+            return false;
+        };
+        let more = need.saturating_sub(seq.pages);
+        if self.used_pages + more > self.config.num_pages {
+            return false;
+        }
+        seq.pages += more;
+        self.used_pages += more;
+        true
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
@@ -230,7 +258,7 @@ impl Executor for SimExecutor {
         let pages: usize = seqs
             .iter()
             .filter(|s| s.start == PrefillStart::Admit)
-            .map(|s| self.pages_for(s.max_len))
+            .map(|s| self.pages_for(s.prompt.len()))
             .sum();
         let admits = seqs
             .iter()
@@ -251,13 +279,33 @@ impl Executor for SimExecutor {
             let end = match input.start {
                 PrefillStart::Admit => {
                     let end = input.chunk_end(0);
+                    // A re-admission brings back every token sampled so far.
+                    let h = self.history.entry(input.id).or_default();
+                    if h.sampled.is_empty() && input.generated == 0 {
+                        h.prompt_len = input.prompt.len();
+                        // Sampling then records without allocating.
+                        h.sampled.reserve(input.max_len - input.prompt.len());
+                    } else {
+                        let tail = input.prompt.len().checked_sub(input.generated);
+                        if tail != Some(h.prompt_len)
+                            || input.prompt[h.prompt_len.min(input.prompt.len())..] != h.sampled[..]
+                        {
+                            self.violations.push(format!(
+                                "request {} re-admitted with {} generated tokens {:?}, but the device sampled {:?}",
+                                input.id,
+                                input.generated,
+                                &input.prompt[h.prompt_len.min(input.prompt.len())..],
+                                h.sampled
+                            ));
+                        }
+                    }
                     let prev = self.seqs.insert(
                         input.id,
                         SimSeq {
                             seed: input.params.seed,
                             gpu_len: end,
                             device_token: None,
-                            pages: input.max_len.div_ceil(page_size),
+                            pages: input.prompt.len().div_ceil(page_size),
                         },
                     );
                     if prev.is_some() {
@@ -362,6 +410,9 @@ impl Executor for SimExecutor {
             let mask = masks.and_then(|m| m.row(r));
             let t = sim_sample(seq.seed, pos, vocab, mask);
             seq.device_token = Some(t);
+            if let Some(h) = self.history.get_mut(&id) {
+                h.sampled.push(t);
+            }
             s.host_tokens.push(t);
             s.host_logprobs.push(-(t as f32) / 64.0);
         }
@@ -394,23 +445,17 @@ impl Executor for SimExecutor {
     }
 
     fn release(&mut self, id: RequestId) {
-        match self.seqs.remove(&id) {
-            Some(seq) => self.used_pages -= seq.pages,
-            None => self
-                .violations
-                .push(format!("release of unknown request {id}")),
-        }
-        for s in &self.slots {
-            if s.phase != SlotPhase::Free && s.members.contains(&id) {
-                self.violations.push(format!(
-                    "request {id} released while an in-flight step uses it"
-                ));
-            }
-        }
+        self.history.remove(&id);
+        self.evict(id);
+    }
+
+    fn preempt(&mut self, id: RequestId, _tokens: &[TokenId]) {
+        self.evict(id);
     }
 
     fn release_all(&mut self) {
         self.seqs.clear();
+        self.history.clear();
         self.used_pages = 0;
         for s in &mut self.slots {
             s.phase = SlotPhase::Free;
@@ -426,6 +471,25 @@ impl Executor for SimExecutor {
         }
         self.resumes += 1;
         Ok(())
+    }
+}
+
+impl SimExecutor {
+    /// Free `id`'s pages (released or preempted).
+    fn evict(&mut self, id: RequestId) {
+        match self.seqs.remove(&id) {
+            Some(seq) => self.used_pages -= seq.pages,
+            None => self
+                .violations
+                .push(format!("release of unknown request {id}")),
+        }
+        for s in &self.slots {
+            if s.phase != SlotPhase::Free && s.members.contains(&id) {
+                self.violations.push(format!(
+                    "request {id} released while an in-flight step uses it"
+                ));
+            }
+        }
     }
 }
 

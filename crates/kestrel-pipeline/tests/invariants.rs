@@ -7,7 +7,7 @@ use kestrel_pipeline::testing::{
     sim_sample, SimConfig, SimExecutor, SimLog, SimParams, SimSkill, SIM_EOS,
 };
 use kestrel_pipeline::{
-    EngineLoop, FinishReason, LoopConfig, MaskFiller, MaskRow, Outcome, PipelineMode,
+    EngineLoop, Executor, FinishReason, LoopConfig, MaskFiller, MaskRow, Outcome, PipelineMode,
     PrefillPolicy, Request, Tick,
 };
 
@@ -451,4 +451,110 @@ fn prefill_chunks_take_turns_with_decode() {
             .collect();
         assert_eq!(long.lock().unwrap().tokens, expected, "{mode:?}/{policy:?}");
     }
+}
+
+/// Runs four 40-token requests (two constrained) through a cache of
+/// `num_pages` pages of 4 tokens; request 3 is aborted after `abort_after`
+/// iterations if given. Returns each request's log and the preemptions.
+fn pressured_run(
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    num_pages: usize,
+    abort_after: Option<usize>,
+) -> (Vec<SimLog>, u64) {
+    let config = LoopConfig {
+        mode,
+        prefill_policy: policy,
+        debug_checks: true,
+        ..LoopConfig::default()
+    };
+    let sim = SimConfig {
+        num_pages,
+        page_size: 4,
+        ..SimConfig::default()
+    };
+    let mut e = EngineLoop::new(SimExecutor::new(sim), config).unwrap();
+    // Seeds without EOS in their first 40 unconstrained tokens.
+    let quiet: Vec<u64> = (1u64..)
+        .filter(|&s| (0..40).all(|i| sim_sample(s, 4 + i, 64, None) != SIM_EOS))
+        .take(4)
+        .collect();
+    let logs: Vec<_> = quiet
+        .iter()
+        .enumerate()
+        .map(|(id, &seed)| submit(&mut e, id as u64, seed, 40, id % 2 == 1))
+        .collect();
+    let mut iterations = 0;
+    loop {
+        if abort_after == Some(iterations) {
+            e.abort(3);
+        }
+        iterations += 1;
+        assert!(iterations < 100_000, "hung: {e:?}");
+        match e.run_once() {
+            Tick::Progress => {}
+            Tick::Idle => break,
+            t => panic!("{t:?}"),
+        }
+        assert!(
+            e.executor().violations.is_empty(),
+            "{:?}",
+            e.executor().violations
+        );
+    }
+    assert_eq!(
+        (e.executor().num_allocated(), e.executor().used_pages()),
+        (0, 0)
+    );
+    let logs = logs.iter().map(|l| l.lock().unwrap().clone()).collect();
+    (logs, e.stats().preemptions)
+}
+
+/// Four sequences growing to 44 tokens (11 pages each) in a 24-page cache:
+/// the youngest is preempted when pages run out, prefilled again with the
+/// tokens it generated, and every request emits exactly the tokens it
+/// emits in a cache that never runs out (none lost, none repeated; the
+/// constrained ones' masks follow), in every mode, also when a preempted
+/// request is aborted.
+#[test]
+fn kv_pressure_preempts_and_loses_no_token() {
+    let configs = [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ];
+    let (reference, none) = pressured_run(PipelineMode::Blocking, PrefillPolicy::Drain, 4096, None);
+    assert_eq!(none, 0);
+    for log in &reference {
+        assert_eq!(log.tokens.len(), 40);
+        assert_eq!(log.outcome, Some(Outcome::Finished(FinishReason::Length)));
+    }
+    for (mode, policy) in configs {
+        let (logs, preemptions) = pressured_run(mode, policy, 24, None);
+        assert!(
+            preemptions > 0,
+            "{mode:?}/{policy:?}: nothing was preempted"
+        );
+        for (id, (log, want)) in logs.iter().zip(&reference).enumerate() {
+            assert!(log.violations.is_empty(), "{:?}", log.violations);
+            assert_eq!(log.tokens, want.tokens, "{mode:?}/{policy:?}: request {id}");
+            assert_eq!(
+                log.outcome, want.outcome,
+                "{mode:?}/{policy:?}: request {id}"
+            );
+        }
+        // Aborting the youngest (preempted or not) at any point frees everything.
+        for abort_after in [10, 60, 120] {
+            let (logs, _) = pressured_run(mode, policy, 24, Some(abort_after));
+            for (id, (log, want)) in logs.iter().zip(&reference).enumerate().take(3) {
+                assert_eq!(log.tokens, want.tokens, "{mode:?}/{policy:?}: request {id}");
+            }
+            assert_eq!(logs[3].finish_calls, 1);
+            assert!(want_prefix(&logs[3].tokens, &reference[3].tokens));
+        }
+    }
+}
+
+fn want_prefix(got: &[u32], full: &[u32]) -> bool {
+    full.starts_with(got)
 }

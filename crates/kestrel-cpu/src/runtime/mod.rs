@@ -8,6 +8,9 @@
 //! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
 //! Slot order (launch -> sample -> wait, FIFO) is kestrel-kv's [`SlotLedger`],
 //! checked before any buffer moves; KV capacity answers are [`SeqBook`]'s.
+//! KV is taken lazily: a sequence is admitted with its prompt's pages and
+//! grows a page at a time ([`Executor::grow`]); a preempted sequence's
+//! written pages go to the prefix cache before its row is freed.
 
 mod slot;
 mod stream;
@@ -289,8 +292,12 @@ impl Executor for CpuRuntime {
         self.book.num_allocated()
     }
 
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.book.can_reserve(prompt, max_len)
+    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
+        self.book.can_reserve(prompt, prompt.len())
+    }
+
+    fn grow(&mut self, id: RequestId, len: usize) -> bool {
+        self.book.grow(id, len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
@@ -326,7 +333,7 @@ impl Executor for CpuRuntime {
             .map(|input| Admission {
                 id: input.id,
                 prompt: input.prompt,
-                max_len: input.max_len,
+                reserve: input.prompt.len(),
                 meta: (),
             });
         if let Err(e) = self.book.admit_all(admissions, &mut self.rows_buf) {
@@ -356,6 +363,7 @@ impl Executor for CpuRuntime {
                 params: input.params.clone(),
                 start_pos: start as u32,
                 prompt_len: input.prompt.len() as u32,
+                generated: input.generated as u32,
             });
         }
         if let Err(e) = self
@@ -482,6 +490,12 @@ impl Executor for CpuRuntime {
     fn release(&mut self, id: RequestId) {
         if let Err(e) = self.book.release(id) {
             tracing::error!(request = id, error = %e, "erasing a KV row failed");
+        }
+    }
+
+    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
+        if let Err(e) = self.book.preempt(id, tokens) {
+            tracing::error!(request = id, error = %e, "erasing a preempted KV row failed");
         }
     }
 

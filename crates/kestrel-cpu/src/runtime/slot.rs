@@ -19,6 +19,9 @@ pub(crate) struct PrefillRow {
     /// chunk ends where the row's tokens in `SlotMeta::tokens` end.
     pub start_pos: u32,
     pub prompt_len: u32,
+    /// The prompt's last tokens that the sequence generated before a
+    /// preemption: penalties count them as sampled tokens.
+    pub generated: u32,
 }
 
 /// The `DecodeSlot`'s metadata for one step, planned on the scheduler thread.

@@ -229,6 +229,14 @@ impl ComputeStream {
                     let dr = &mut self.rows[row];
                     dr.params.clone_from(&p.params);
                     dr.penalties.clear();
+                    // A re-admitted sequence's generated tokens count for
+                    // penalties as if this row had sampled them (they are
+                    // in `prompt` once the chunk reaches the prompt's end).
+                    if prompt.len() == p.prompt_len as usize {
+                        for &t in &prompt[prompt.len() - p.generated as usize..] {
+                            dr.penalties.record(t);
+                        }
+                    }
                     let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
                         ..meta.indices.kv_indptr[r + 1] as usize];
                     let mut start = p.start_pos as usize;

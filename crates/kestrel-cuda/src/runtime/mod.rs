@@ -460,8 +460,14 @@ impl Executor for CudaRuntime {
         self.book.num_allocated()
     }
 
-    fn can_reserve(&self, prompt: &[TokenId], max_len: usize) -> bool {
+    /// Reserves the whole `max_len` at admission (so `grow` never runs short
+    /// and the pipeline never preempts on this runtime).
+    fn can_admit(&self, prompt: &[TokenId], max_len: usize) -> bool {
         self.book.can_reserve(prompt, max_len)
+    }
+
+    fn grow(&mut self, id: RequestId, len: usize) -> bool {
+        self.book.grow(id, len)
     }
 
     fn could_ever_fit(&self, max_len: usize) -> bool {
@@ -488,11 +494,14 @@ impl Executor for CudaRuntime {
         {
             return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
         }
+        if let Some(input) = seqs.iter().find(|i| i.generated > 0) {
+            return Err(ExecError::PreDispatch(CudaError::Readmission(input.id)));
+        }
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let admissions = seqs.iter().map(|input| Admission {
             id: input.id,
             prompt: input.prompt,
-            max_len: input.max_len,
+            reserve: input.max_len,
             meta: input.params.clone(),
         });
         self.book
