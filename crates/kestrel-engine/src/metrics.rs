@@ -401,6 +401,13 @@ impl Metrics {
             "Prefix cache hits, in terms of number of cached tokens.",
             self.prefix_hit_tokens.get() as f64,
         );
+        sample(
+            out,
+            "vllm:num_preemptions_total",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            self.preemptions.get() as f64,
+        );
         self.ttft.render_labeled(
             out,
             "vllm:time_to_first_token_seconds",
@@ -502,6 +509,7 @@ mod tests {
         m.kv_used.set(2);
         m.kv_prompt_tokens.set(100);
         m.prefix_hit_tokens.set(40);
+        m.preemptions.set(5);
         m.ttft.observe(Duration::from_millis(3));
         m.request_finished(FinishReason::Eos);
         m.request_finished(FinishReason::Stop);
@@ -515,6 +523,7 @@ mod tests {
             format!("vllm:gpu_cache_usage_perc{l} 0.25"),
             format!("vllm:prefix_cache_queries_total{l} 100"),
             format!("vllm:prefix_cache_hits_total{l} 40"),
+            format!("vllm:num_preemptions_total{l} 5"),
             r#"vllm:time_to_first_token_seconds_bucket{model_name="a \"b\"",engine="0",le="0.005"} 1"#.to_string(),
             format!("vllm:time_to_first_token_seconds_count{l} 1"),
             format!("vllm:e2e_request_latency_seconds_count{l} 0"),

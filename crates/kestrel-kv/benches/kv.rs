@@ -3,7 +3,7 @@
 //! Run: `cargo bench -p kestrel-kv -- --warm-up-time 1 --measurement-time 2`.
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kestrel_kv::{BlockPool, PageTable, PageTableConfig, PagedIndices, SchedulableSequence};
+use kestrel_kv::{BlockPool, PageTable, PageTableConfig, PagedIndices};
 
 const PS: usize = 16;
 
@@ -120,31 +120,5 @@ fn page_indices(c: &mut Criterion) {
     g.finish();
 }
 
-fn sequence_steps(c: &mut Criterion) {
-    let mut g = c.benchmark_group("sequence");
-    let mut t = table(2, 128);
-    let mut seq = SchedulableSequence::new((0..1000).collect(), 100_000).unwrap();
-    seq.schedule_prefill(1000, &mut t).unwrap();
-    seq.apply_prefill(Some(1), &mut t).unwrap();
-    // Fresh copies per iteration: the event history is append-only and would grow unbounded.
-    g.bench_function("schedule_decode_then_revert", |b| {
-        b.iter_batched_ref(
-            || (t.clone(), seq.clone()),
-            |(t, seq)| {
-                seq.schedule_decode(t).unwrap();
-                seq.revert_schedule(t).unwrap();
-            },
-            BatchSize::SmallInput,
-        )
-    });
-    g.finish();
-}
-
-criterion_group!(
-    benches,
-    page_ops,
-    prefix_lookup,
-    page_indices,
-    sequence_steps
-);
+criterion_group!(benches, page_ops, prefix_lookup, page_indices);
 criterion_main!(benches);

@@ -2,10 +2,8 @@
 //!
 //! Every variant carries the numbers a caller needs to act on it (how many
 //! pages were needed and how many were available, which row was unknown), so
-//! no message string has to be parsed. The sequence layer's errors, named after
-//! the schedulable-sequence design, live in [`crate::sequence`] and chain a
-//! `KvError` as their `#[source]` where a page-table call caused them; the
-//! slot protocol's, [`crate::LedgerError`], lives with [`crate::SlotLedger`].
+//! no message string has to be parsed. The slot protocol's,
+//! [`crate::LedgerError`], lives with [`crate::SlotLedger`].
 
 use crate::{PageId, RowId};
 

@@ -16,59 +16,53 @@
 //!   tokens and the previous page's hash; [`PageTable::allocate_with_prefix`] reuses the
 //!   longest cached prefix and reports the hit tokens so prefill can skip them. Cached
 //!   pages are evicted least-recently-used, and only when the free list is empty.
-//! - [`SchedulableSequence`]: the per-request `Idle / PrefillScheduled / DecodeScheduled /
-//!   SpeculativeScheduled` state machine with `schedule_*` / `apply_*` /
-//!   `revert_schedule`, chunked prefill, speculative decode, preemption
-//!   (`release` / `reacquire`), typed errors and an append-only event history.
 //! - What every runtime keeps on top of these: [`SeqBook`] (admitted sequences,
-//!   all-or-nothing batch admission, the `Executor`'s capacity answers) and
+//!   all-or-nothing batch admission, lazy growth, preemption that files written
+//!   pages in the prefix cache, the `Executor`'s capacity answers) and
 //!   [`SlotLedger`] (the slot protocol's in-flight / launched bookkeeping and
 //!   step counter, violations as a typed [`LedgerError`]).
 //!
 //! # Example
 //!
 //! ```
-//! use kestrel_kv::{DecodeOutcome, PageTable, PageTableConfig, PagedIndices, SchedulableSequence};
+//! use kestrel_kv::{Admission, PageTable, PageTableConfig, PagedIndices, SeqBook};
 //!
-//! let mut table = PageTable::new(PageTableConfig {
+//! let table = PageTable::new(PageTableConfig {
 //!     max_rows: 8, // row 0 reserved: 7 sequences at once
 //!     num_pages: 64,
 //!     page_size: 4,
 //!     enable_prefix_cache: true,
 //! })?;
+//! let mut book: SeqBook<u64, ()> = SeqBook::new(table);
 //!
-//! // Admission: the scheduler's O(1) capacity check, then prefix matching.
+//! // Admission: the capacity check, then the prompt's pages (cold cache).
 //! let prompt: Vec<u32> = (100..110).collect();
-//! assert!(table.num_allocated() < table.usable_rows() && table.can_reserve(prompt.len() + 1));
-//! let mut seq = SchedulableSequence::new(prompt.clone(), 3)?;
-//! assert_eq!(seq.match_and_add_prefix(&mut table)?, 0); // cold cache
+//! assert!(book.can_reserve(&prompt, prompt.len()));
+//! let mut rows = Vec::new();
+//! let admit = Admission { id: 1, prompt: &prompt, reserve: prompt.len(), meta: () };
+//! book.admit_all([admit], &mut rows)?;
+//! assert_eq!((rows[0].1, book.cached_prompt_tokens(1)), (10, 0));
 //!
-//! // Chunked prefill: only the final chunk carries the first generated token.
-//! seq.schedule_prefill(6, &mut table)?;
-//! seq.apply_prefill(None, &mut table)?;
-//! seq.schedule_prefill(4, &mut table)?;
-//! seq.apply_prefill(Some(7), &mut table)?;
-//! assert_eq!((seq.kv_position(), seq.tail_tokens()), (10, 1));
+//! // Prefill ran: publish the prompt's full pages.
+//! book.table_mut().register_prefix(rows[0].0, &prompt);
 //!
-//! // Decode: build the kernel's page layout for the scheduled batch, then commit.
-//! seq.schedule_decode(&mut table)?;
-//! let row = seq.row().expect("a scheduled sequence holds a row");
+//! // Decode: grow a page when the next token needs one, then build the
+//! // kernel's page layout for the step.
+//! assert!(book.grow(1, 13));
 //! let mut indices = PagedIndices::default();
-//! table.write_indices(&[(row, seq.scheduled_kv_len().unwrap())], &mut indices)?;
-//! assert_eq!(indices.kv_indptr, [0, 3]);
-//! assert_eq!(indices.kv_last_page_len, [3]);
-//! assert_eq!(seq.apply_decode(8, &mut table)?, DecodeOutcome::Continue);
+//! book.table().write_indices(&[(rows[0].0, 13)], &mut indices)?;
+//! assert_eq!((indices.kv_indptr.as_slice(), indices.kv_last_page_len.as_slice()), (&[0, 4][..], &[1][..]));
 //!
-//! // Speculative decode: 2 drafts scheduled (clamped to the budget), 1 accepted.
-//! seq.schedule_speculative(5, &mut table)?;
-//! assert_eq!(seq.apply_speculative(&[9], &mut table)?, DecodeOutcome::BlockCompletedAndMaxLength);
-//! seq.release(&mut table)?;
-//! assert_eq!(table.num_allocated(), 0);
+//! // Preempted: the written pages go to the prefix cache, the row is freed.
+//! book.get_mut(1).unwrap().len = 12;
+//! let tokens: Vec<u32> = (100..113).collect();
+//! book.preempt(1, &tokens)?;
+//! assert_eq!(book.num_allocated(), 0);
 //!
-//! // The same prompt again reuses the two full pages prefill published.
-//! let (row, hit_tokens) = table.allocate_with_prefix(&prompt)?;
-//! assert_eq!(hit_tokens, 8);
-//! table.erase(row)?;
+//! // Re-admitted with its tokens so far, it recomputes only the last page.
+//! let again = Admission { id: 1, prompt: &tokens, reserve: tokens.len(), meta: () };
+//! book.admit_all([again], &mut rows)?;
+//! assert_eq!(book.cached_prompt_tokens(1), 12);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -84,7 +78,6 @@ mod error;
 mod ledger;
 pub mod pool;
 pub mod prefix;
-pub mod sequence;
 mod stats;
 mod table;
 
@@ -92,9 +85,6 @@ pub use book::{Admission, SeqBook, SeqEntry};
 pub use error::KvError;
 pub use ledger::{LedgerError, SlotIndex, SlotLedger};
 pub use pool::BlockPool;
-pub use sequence::{
-    ApplyError, DecodeOutcome, SchedulableSequence, ScheduleError, SequenceEvent, SequenceState,
-};
 pub use stats::KvStats;
 pub use table::{PageTable, PageTableConfig, PagedIndices};
 
