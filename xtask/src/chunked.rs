@@ -222,6 +222,7 @@ fn run_once(
             prompt: prompt.to_vec(),
             max_new_tokens,
             params: SamplingParams::greedy(),
+            speculate: None,
             skill: Box::new(Clock {
                 times: Arc::clone(clock),
             }),

@@ -12,9 +12,9 @@ use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
 use kestrel_kv::LedgerError;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, ExecError, Executor, LoopConfig, Observed, Outcome, PipelineMode,
-    PrefillInput, PrefillPolicy, PrefillStart, Request, SamplingParams, SequenceSkill, Tick,
-    TokenId, Verdict,
+    CommittedToken, Drafts, EngineLoop, ExecError, Executor, LoopConfig, NgramSpec, Observed,
+    Outcome, PipelineMode, PipelineStats, PrefillInput, PrefillPolicy, PrefillStart, Request,
+    SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
 };
 
 /// Records tokens; stops at one of `eos`.
@@ -41,6 +41,7 @@ struct Job {
     prompt: Vec<TokenId>,
     max_new: u32,
     params: SamplingParams,
+    speculate: Option<NgramSpec>,
 }
 
 fn run(
@@ -53,8 +54,8 @@ fn run(
     run_in(weights, jobs, mode, policy, eos, (512, 16)).0
 }
 
-/// [`run`] in a KV cache of `(pages, page size)`; also returns the
-/// preemptions it took.
+/// [`run`] in a KV cache of `(pages, page size)`; also returns the loop's
+/// counters (preemptions, drafts).
 fn run_in(
     weights: &ModelWeights,
     jobs: &[Job],
@@ -62,7 +63,7 @@ fn run_in(
     policy: PrefillPolicy,
     eos: &[TokenId],
     (num_pages, page_size): (usize, usize),
-) -> (Vec<Vec<TokenId>>, u64) {
+) -> (Vec<Vec<TokenId>>, PipelineStats) {
     let rt = CpuRuntime::new(
         weights.clone(),
         CpuRuntimeConfig {
@@ -100,6 +101,7 @@ fn run_in(
                     prompt: j.prompt.clone(),
                     max_new_tokens: j.max_new,
                     params: j.params.clone(),
+                    speculate: j.speculate,
                     skill: Box::new(skill),
                 })
                 .unwrap();
@@ -125,7 +127,7 @@ fn run_in(
             o.0.clone()
         })
         .collect();
-    (outs, engine.stats().preemptions)
+    (outs, engine.stats())
 }
 
 /// A runtime for a few short sequences: 4 rows, 64 pages of 16, 256 tokens.
@@ -160,6 +162,7 @@ fn tiny_jobs() -> Vec<Job> {
                 seed: 1000 + i,
                 ..SamplingParams::default()
             },
+            speculate: None,
         })
         .collect()
 }
@@ -195,7 +198,7 @@ fn modes_and_policies_agree_on_a_synthetic_model() {
 fn preempted_sequences_resume_with_the_same_tokens() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 3);
     let jobs = tiny_jobs();
-    let (roomy, none) = run_in(
+    let (roomy, stats) = run_in(
         &w,
         &jobs,
         PipelineMode::Blocking,
@@ -203,15 +206,82 @@ fn preempted_sequences_resume_with_the_same_tokens() {
         &[],
         (512, 4),
     );
-    assert_eq!(none, 0);
+    assert_eq!(stats.preemptions, 0);
     for (m, p) in [
         (PipelineMode::Blocking, PrefillPolicy::Drain),
         (PipelineMode::Pipelined, PrefillPolicy::Drain),
         (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
     ] {
-        let (tight, preemptions) = run_in(&w, &jobs, m, p, &[], (16, 4));
+        let (tight, stats) = run_in(&w, &jobs, m, p, &[], (16, 4));
+        let preemptions = stats.preemptions;
         assert!(preemptions > 0, "{m:?}/{p:?}: nothing was preempted");
         assert_eq!(tight, roomy, "{m:?}/{p:?}: {preemptions} preemptions");
+    }
+}
+
+/// Speculation on the CPU runtime: the jobs (greedy, sampled, penalized),
+/// with prompts that repeat so their last tokens have earlier matches, and
+/// speculating with 4 drafts per step, emit exactly the tokens they emit
+/// without speculation, in every mode, also with KV pressure; drafts are
+/// proposed and some accepted (the verify forward and the sequential
+/// acceptance are exercised, with the KV rolled back after rejections).
+#[test]
+fn speculation_emits_the_same_tokens_as_plain_decoding() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::Q8_0, 3);
+    let plain = tiny_jobs();
+    let reference = run(
+        &w,
+        &plain,
+        PipelineMode::Blocking,
+        PrefillPolicy::Drain,
+        &[],
+    );
+    // Prompts that quote themselves; each job's own reference output too,
+    // appended so its continuation has matches to draft from.
+    let jobs: Vec<Job> = plain
+        .into_iter()
+        .zip(&reference)
+        .map(|(j, out)| Job {
+            prompt: [&j.prompt[..], out, &j.prompt[..], out].concat(),
+            speculate: Some(NgramSpec {
+                min_ngram: 1,
+                ..NgramSpec::new(4)
+            }),
+            ..j
+        })
+        .collect();
+    let no_spec: Vec<Job> = jobs
+        .iter()
+        .map(|j| Job {
+            prompt: j.prompt.clone(),
+            speculate: None,
+            params: j.params.clone(),
+            ..*j
+        })
+        .collect();
+    let (want, _) = run_in(
+        &w,
+        &no_spec,
+        PipelineMode::Blocking,
+        PrefillPolicy::Drain,
+        &[],
+        (512, 16),
+    );
+    for (m, p) in [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ] {
+        for pages in [(512, 16), (40, 4)] {
+            let (got, stats) = run_in(&w, &jobs, m, p, &[], pages);
+            assert!(
+                stats.accepted_drafts > 0 && stats.accepted_drafts < stats.draft_tokens,
+                "{m:?}/{p:?}: {} of {} drafts accepted",
+                stats.accepted_drafts,
+                stats.draft_tokens
+            );
+            assert_eq!(got, want, "{m:?}/{p:?} in {pages:?}: {stats:?}");
+        }
     }
 }
 
@@ -246,6 +316,7 @@ fn prefix_cache_hit_gives_same_tokens() {
         prompt: prompt.clone(),
         max_new: 10,
         params: SamplingParams::greedy(),
+        speculate: None,
     };
     let rt = small_runtime(w.clone(), 1);
     let mut engine = EngineLoop::new(
@@ -266,6 +337,7 @@ fn prefix_cache_hit_gives_same_tokens() {
                 prompt: j.prompt,
                 max_new_tokens: j.max_new,
                 params: j.params,
+                speculate: None,
                 skill: Box::new(Record {
                     eos: vec![],
                     out: out.clone(),
@@ -317,6 +389,7 @@ fn real_model_matches_reference_greedy_tokens() {
             prompt: p.prompt_ids.clone(),
             max_new: p.greedy_ids.len() as u32,
             params: SamplingParams::greedy(),
+            speculate: None,
         })
         .collect();
     let outs = run(
@@ -361,6 +434,7 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
                     prompt: (1..20).collect(),
                     max_new_tokens: 6,
                     params: SamplingParams::greedy(),
+                    speculate: None,
                     skill: Box::new(Record { eos: vec![], out }),
                 })
                 .unwrap();
@@ -425,7 +499,7 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     // Waiting before sampling used to block forever on this runtime.
     let e = rt.wait_step(0).unwrap_err();
     assert_eq!(ledger(&e), Some(LedgerError::NotSampled(0)));
-    let Err(ExecError::PreDispatch(e)) = rt.launch_decode(1, &[7]) else {
+    let Err(ExecError::PreDispatch(e)) = rt.launch_decode(1, &[7], Drafts::NONE) else {
         panic!("a launch while a forward awaits sampling must be refused before dispatch");
     };
     assert_eq!(
@@ -458,7 +532,7 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     assert_eq!(rt.wait_step(0).unwrap().tokens.len(), 1);
     // KV is taken lazily: the decode's token needs its page first.
     assert!(rt.grow(7, prompt.len() + 1));
-    rt.launch_decode(1, &[7]).unwrap();
+    rt.launch_decode(1, &[7], Drafts::NONE).unwrap();
     rt.finalize_sampling(1, None).unwrap();
     assert_eq!(rt.wait_step(1).unwrap().tokens.len(), 1);
     rt.release(7);
@@ -487,7 +561,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
     let first_two = |rt: &mut CpuRuntime, id| -> Vec<TokenId> {
         let mut out = vec![rt.wait_step(0).unwrap().tokens[0]];
         assert!(rt.grow(id, prompt.len() + 1));
-        rt.launch_decode(1, &[id]).unwrap();
+        rt.launch_decode(1, &[id], Drafts::NONE).unwrap();
         rt.finalize_sampling(1, None).unwrap();
         out.push(rt.wait_step(1).unwrap().tokens[0]);
         out

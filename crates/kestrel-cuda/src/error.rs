@@ -73,6 +73,11 @@ pub enum CudaError {
     #[error("request {0}: the CUDA runtime does not re-admit preempted sequences")]
     Readmission(RequestId),
 
+    /// A decode step carrying draft tokens (speculative decoding): the CUDA
+    /// runtime reports `max_draft_tokens() == 0`, so the pipeline sends none.
+    #[error("a decode step with {0} draft tokens: the CUDA runtime does not verify drafts yet")]
+    Drafts(usize),
+
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),

@@ -11,7 +11,9 @@
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
-use kestrel_pipeline::{Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId};
+use kestrel_pipeline::{
+    Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId,
+};
 
 #[test]
 fn non_llama_blocks_are_refused_by_name() {
@@ -104,12 +106,12 @@ where
         }
     };
     if pipelined {
-        e.launch_decode(1, &ids).unwrap();
+        e.launch_decode(1, &ids, Drafts::NONE).unwrap();
         e.finalize_sampling(1, None).unwrap();
         push(e.wait_step(0).unwrap().tokens, &mut out);
         let mut slot = 0;
         for _ in 1..steps {
-            e.launch_decode(slot, &ids).unwrap();
+            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
             e.finalize_sampling(slot, None).unwrap();
             push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
             slot = 1 - slot;
@@ -119,7 +121,7 @@ where
         push(e.wait_step(0).unwrap().tokens, &mut out);
         for s in 0..steps {
             let slot = (s + 1) % 2;
-            e.launch_decode(slot, &ids).unwrap();
+            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
             e.finalize_sampling(slot, None).unwrap();
             push(e.wait_step(slot).unwrap().tokens, &mut out);
         }

@@ -9,7 +9,7 @@
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
-use kestrel_pipeline::{Executor, LoopConfig};
+use kestrel_pipeline::{Executor, LoopConfig, NgramSpec};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -33,7 +33,8 @@ pub(crate) fn start_cpu(
         numerics: config.numerics,
         ..CpuRuntimeConfig::default()
     };
-    Engine::spawn(model, loop_config, "cpu".into(), move || {
+    let speculate = config.speculate.map(|k| NgramSpec::new(k as usize));
+    Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
         let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
         rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
         Ok(rt)
@@ -67,7 +68,7 @@ pub(crate) fn start_cuda(
         enable_prefix_cache: config.enable_prefix_cache,
         ..CudaRuntimeConfig::default()
     };
-    Engine::spawn(model, loop_config, "cuda".into(), move || {
+    Engine::spawn(model, loop_config, "cuda".into(), None, move || {
         let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
         rt.record_timings(true)
             .map_err(|e| unavailable("CUDA", e))?;
@@ -78,6 +79,8 @@ pub(crate) fn start_cuda(
 impl Runtime for CudaRuntime {
     /// The device sampler (`kernels/sample.cu`) has no per-token bias yet.
     const LOGIT_BIAS: bool = false;
+    /// No multi-token verification on the device yet (`max_draft_tokens` 0).
+    const DRAFTS: bool = false;
 
     fn kv_stats(&self) -> KvStats {
         CudaRuntime::kv_stats(self)

@@ -79,13 +79,17 @@ pub struct EngineConfig {
     /// The CPU runtime's matmul numerics: exact f32, or int8 activations
     /// ([`Numerics::Fast`]). The CUDA runtime's f16 GEMMs do not read it.
     pub numerics: Numerics,
+    /// Default speculative decoding for requests that do not choose:
+    /// prompt lookup with up to this many draft tokens per step (1 to
+    /// [`crate::MAX_DRAFT`]); `None`: off. CPU backend only.
+    pub speculate: Option<u32>,
 }
 
 impl Default for EngineConfig {
     /// Default model on the CPU, one thread per core, 32 rows, pages for
     /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
     /// context, pipelined with ride-along prefill in chunks of the
-    /// backend's default, prefix cache on, exact numerics.
+    /// backend's default, prefix cache on, exact numerics, no speculation.
     fn default() -> Self {
         let page_size = 16;
         Self {
@@ -102,6 +106,7 @@ impl Default for EngineConfig {
             prefill_chunk: None,
             enable_prefix_cache: true,
             numerics: Numerics::Exact,
+            speculate: None,
         }
     }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, PipelineMode, Request};
+use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, NgramSpec, PipelineMode, Request};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::config::{Backend, EngineConfig, LoadEvent, ModelSource};
@@ -44,6 +44,9 @@ pub(crate) struct Shared {
     backend: String,
     /// The runtime's [`Runtime::LOGIT_BIAS`].
     logit_bias: bool,
+    /// The runtime's [`Runtime::DRAFTS`], and the default speculation.
+    drafts: bool,
+    speculate: Option<NgramSpec>,
 }
 
 /// A handle to a running engine. Cheap to clone; every clone talks to the
@@ -121,13 +124,14 @@ impl Engine {
         loop_config: LoopConfig,
         make: impl FnOnce() -> Result<R, EngineError> + Send + 'static,
     ) -> Result<Engine, EngineError> {
-        Self::spawn(model, loop_config, "custom".into(), make)
+        Self::spawn(model, loop_config, "custom".into(), None, make)
     }
 
     pub(crate) fn spawn<R: Runtime>(
         model: ModelContext,
         loop_config: LoopConfig,
         backend: String,
+        speculate: Option<NgramSpec>,
         make: impl FnOnce() -> Result<R, EngineError> + Send + 'static,
     ) -> Result<Engine, EngineError> {
         if loop_config.max_seq_len < 2 || loop_config.max_batch_size == 0 {
@@ -146,6 +150,8 @@ impl Engine {
             loop_config,
             backend,
             logit_bias: R::LOGIT_BIAS,
+            drafts: R::DRAFTS,
+            speculate,
         });
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -222,6 +228,8 @@ impl Engine {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
             logit_bias: self.shared.logit_bias,
+            drafts: self.shared.drafts,
+            speculate: self.shared.speculate,
         };
         let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
         let lc = &self.shared.loop_config;
@@ -259,6 +267,7 @@ impl Engine {
                 prompt: valid.prompt,
                 max_new_tokens: valid.max_new_tokens,
                 params: valid.sampling,
+                speculate: valid.speculate,
                 skill: Box::new(skill),
             },
             events,
@@ -426,6 +435,18 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
     check(c.kv_pages >= 1, "kv_pages", "must be at least 1")?;
     check(c.max_waiting >= 1, "max_waiting", "must be at least 1")?;
     check(lc.max_seq_len >= 2, "max_seq_len", "must be at least 2")?;
+    if let Some(k) = c.speculate {
+        check(
+            (1..=crate::MAX_DRAFT).contains(&k),
+            "speculate",
+            "ngram drafts per step must be 1 to 16",
+        )?;
+        check(
+            c.backend == Backend::Cpu,
+            "speculate",
+            "the CUDA runtime does not verify drafts yet",
+        )?;
+    }
     Ok(())
 }
 

@@ -24,6 +24,10 @@ pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     /// engine refuses a request with biases on a runtime without it.
     const LOGIT_BIAS: bool = true;
 
+    /// Whether the runtime verifies draft tokens (speculative decoding);
+    /// the engine refuses requests asking for it on one without.
+    const DRAFTS: bool = true;
+
     fn kv_stats(&self) -> KvStats;
 
     /// Host cores this runtime keeps busy computing (a CPU runtime's matmul

@@ -82,7 +82,28 @@ pub struct GenerateRequest {
     /// Keep generating past EOS (text requests only).
     pub ignore_eos: bool,
     pub constraint: Option<Constraint>,
+    /// Speculative decoding; the engine's default unless set.
+    pub speculate: Speculation,
 }
+
+/// Speculative decoding for one request. Outputs are the same with and
+/// without it (greedy and seeded sampling alike); it only changes how many
+/// tokens a step can commit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Speculation {
+    /// The engine's default (`EngineConfig::speculate`).
+    #[default]
+    Default,
+    /// One token per step.
+    Off,
+    /// Prompt lookup: up to `max_draft` (1 to [`MAX_DRAFT`]) tokens per step
+    /// drafted from earlier occurrences of the sequence's last tokens and
+    /// verified in one forward. Constrained requests do not draft.
+    Ngram { max_draft: u32 },
+}
+
+/// Draft tokens per step a request may ask for at most.
+pub const MAX_DRAFT: u32 = 16;
 
 impl GenerateRequest {
     /// A text request with greedy sampling and no stop conditions but EOS.
@@ -105,6 +126,7 @@ impl GenerateRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             constraint: None,
+            speculate: Speculation::Default,
         }
     }
 }

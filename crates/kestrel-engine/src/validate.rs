@@ -10,12 +10,14 @@
 
 use std::fmt;
 
-use kestrel_pipeline::{LogitBias, SamplingParams};
+use kestrel_pipeline::{LogitBias, NgramSpec, SamplingParams};
 use kestrel_skills::{Skill, SkillOptions, SkillSpec};
 
 use crate::error::EngineError;
 use crate::model::ModelContext;
-use crate::request::{Constraint, GenerateRequest, Prompt, SamplingOptions};
+use crate::request::{
+    Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation, MAX_DRAFT,
+};
 
 /// `max_new_tokens` when a request leaves it unset (capped by the room the
 /// prompt leaves in the context).
@@ -95,6 +97,8 @@ pub enum Field {
     TokenId(usize),
     /// Text given to tokenize calls.
     Text,
+    /// Speculative decoding.
+    Speculate,
     /// An engine setting (not a request field).
     Config(&'static str),
 }
@@ -128,6 +132,7 @@ impl fmt::Display for Field {
             Field::Grammar => f.write_str("grammar"),
             Field::TokenId(i) => write!(f, "token_ids[{i}]"),
             Field::Text => f.write_str("text"),
+            Field::Speculate => f.write_str("speculate"),
             Field::Config(name) => f.write_str(name),
         }
     }
@@ -141,6 +146,7 @@ pub(crate) struct ValidRequest {
     pub prompt: Vec<u32>,
     pub max_new_tokens: u32,
     pub sampling: SamplingParams,
+    pub speculate: Option<NgramSpec>,
     pub skill: Skill,
 }
 
@@ -151,6 +157,9 @@ pub(crate) struct Limits<'a> {
     pub max_seq_len: usize,
     /// Whether the backend's sampler applies `logit_bias`.
     pub logit_bias: bool,
+    /// Whether the backend verifies drafts, and the engine's default.
+    pub drafts: bool,
+    pub speculate: Option<NgramSpec>,
 }
 
 type Result<T> = std::result::Result<T, EngineError>;
@@ -181,6 +190,7 @@ pub(crate) fn validate(
     if let Some(0) = req.max_new_tokens {
         return bad(Field::MaxNewTokens, "must be at least 1, got 0");
     }
+    let speculate = speculation(req.speculate, limits)?;
     check_prompt_shape(&req.input)?;
     check_prompt_size(&req.input, limits)?;
     let vocab = limits.model.vocab_size();
@@ -244,8 +254,32 @@ pub(crate) fn validate(
         prompt,
         max_new_tokens,
         sampling,
+        speculate,
         skill,
     })
+}
+
+/// The request's speculation, the engine's default resolved.
+fn speculation(s: Speculation, limits: &Limits<'_>) -> Result<Option<NgramSpec>> {
+    match s {
+        Speculation::Default => Ok(limits.speculate),
+        Speculation::Off => Ok(None),
+        Speculation::Ngram { max_draft } => {
+            if !(1..=MAX_DRAFT).contains(&max_draft) {
+                return bad(
+                    Field::Speculate,
+                    format!("ngram drafts must be 1 to {MAX_DRAFT} per step, got {max_draft}"),
+                );
+            }
+            if !limits.drafts {
+                return bad(
+                    Field::Speculate,
+                    "this backend does not verify drafts (no speculative decoding yet)",
+                );
+            }
+            Ok(Some(NgramSpec::new(max_draft as usize)))
+        }
+    }
 }
 
 fn constraint_field(spec: &SkillSpec) -> Field {

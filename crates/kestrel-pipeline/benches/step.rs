@@ -47,6 +47,7 @@ fn bench_steps(c: &mut Criterion) {
                         seed: id,
                         ..Default::default()
                     },
+                    speculate: None,
                     skill: Box::new(Endless),
                 };
                 engine.submit(req).unwrap();

@@ -475,7 +475,9 @@ impl<E: Executor> EngineLoop<E> {
     /// out) and launch its forward into `slot`.
     fn launch_decode(&mut self, slot: usize) -> Result<Launch, Fatal> {
         let max_rows = self.max_rows();
-        self.sched.schedule_decode_step(&mut self.plan, max_rows);
+        let max_drafts = self.exec.max_draft_tokens();
+        self.sched
+            .schedule_decode_step(&mut self.plan, max_rows, max_drafts);
         if self.plan.is_empty() {
             return Ok(Launch::Nothing);
         }
@@ -618,6 +620,7 @@ mod tests {
                     seed: id,
                     ..Default::default()
                 },
+                speculate: None,
                 skill: Box::new(skill),
             };
             e.submit(req).unwrap();
@@ -632,8 +635,8 @@ mod tests {
         );
         let mut p1 = StepPlan::default();
         let mut p2 = StepPlan::default();
-        e.sched.schedule_decode_step(&mut p1, 8);
-        e.sched.schedule_decode_step(&mut p2, 8);
+        e.sched.schedule_decode_step(&mut p1, 8, 16);
+        e.sched.schedule_decode_step(&mut p2, 8, 16);
         assert_eq!(p1, p2);
         assert_eq!(e.sched.snapshot(), before);
         e.run_until_idle();

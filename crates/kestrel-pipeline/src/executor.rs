@@ -70,6 +70,48 @@ impl<P> PrefillInput<'_, P> {
     }
 }
 
+/// Draft tokens of a decode step's rows (prompt-lookup speculation): row
+/// `i` proposes `tokens[indptr[i]..indptr[i + 1]]` to follow its input
+/// token. An empty `indptr` means no row has drafts ([`Drafts::NONE`]).
+///
+/// For a row with drafts `d_1..d_m` the runtime computes the input token
+/// and the drafts in one forward (positions `p..=p+m`) and samples
+/// sequentially: `t_0` from the input's logits, then, while `t_j ==
+/// d_{j+1}`, `t_{j+1}` from `d_{j+1}`'s logits, each exactly as a decode
+/// step at that position would (same random draw, penalties counting the
+/// tokens before it). It returns `t_0..=t_a` (`a` drafts accepted) and rolls
+/// its KV back to the accepted tokens; `t_a` is the next input. For a
+/// one-hot draft this is the standard rejection rule (accept with
+/// probability `p(d)`, else sample `p` without `d`), and with the
+/// position-keyed draw it emits exactly the tokens decoding without drafts
+/// would. Rows with drafts are never constrained.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drafts<'a> {
+    pub indptr: &'a [u32],
+    pub tokens: &'a [TokenId],
+}
+
+impl<'a> Drafts<'a> {
+    /// No row has drafts.
+    pub const NONE: Drafts<'static> = Drafts {
+        indptr: &[],
+        tokens: &[],
+    };
+
+    /// Row `i`'s drafts (empty when none).
+    pub fn row(&self, i: usize) -> &'a [TokenId] {
+        if self.indptr.is_empty() {
+            return &[];
+        }
+        &self.tokens[self.indptr[i] as usize..self.indptr[i + 1] as usize]
+    }
+
+    /// Whether no row has drafts.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
 /// Masks for the rows of one step, in member order.
 #[derive(Debug, Clone, Copy)]
 pub struct MaskBatch<'a> {
@@ -89,23 +131,44 @@ impl MaskBatch<'_> {
     }
 }
 
-/// Host copies of one step's sampled outputs, row `i` for member `i`.
+/// Host copies of one step's sampled outputs: one token per member, or,
+/// when a decode step carried [`Drafts`], each member's accepted tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOutputs<'a> {
     pub tokens: &'a [TokenId],
     /// Log-probability of each sampled token, if the runtime computed them.
     pub logprobs: Option<&'a [f32]>,
-    /// `rows * top_n` alternatives, best first per row.
+    /// `tokens.len() * top_n` alternatives, best first per token.
     pub top_logprobs: &'a [(TokenId, f32)],
     pub top_n: usize,
+    /// Member `i`'s tokens are `tokens[row_indptr[i]..row_indptr[i + 1]]`;
+    /// empty when every member has exactly one (token `i`).
+    pub row_indptr: &'a [u32],
 }
 
 impl<'a> StepOutputs<'a> {
-    pub fn top(&self, row: usize) -> &'a [(TokenId, f32)] {
+    /// The alternatives of sampled token `i` (an index into `tokens`).
+    pub fn top(&self, i: usize) -> &'a [(TokenId, f32)] {
         if self.top_n == 0 {
             return &[];
         }
-        &self.top_logprobs[row * self.top_n..(row + 1) * self.top_n]
+        &self.top_logprobs[i * self.top_n..(i + 1) * self.top_n]
+    }
+
+    /// The indices into `tokens` of member `row`'s tokens.
+    pub fn row_range(&self, row: usize) -> std::ops::Range<usize> {
+        if self.row_indptr.is_empty() {
+            return row..row + 1;
+        }
+        self.row_indptr[row] as usize..self.row_indptr[row + 1] as usize
+    }
+
+    /// Members the outputs cover.
+    pub fn num_rows(&self) -> usize {
+        match self.row_indptr.len() {
+            0 => self.tokens.len(),
+            n => n - 1,
+        }
     }
 }
 
@@ -175,12 +238,21 @@ pub trait Executor {
 
     /// Launch one decode forward on `slot` for `rows` (request ids, in row
     /// order). Each row's input token is the one its previous step sampled,
-    /// already on the device.
+    /// already on the device; a row with `drafts` verifies them in the same
+    /// forward (see [`Drafts`]; the scheduler grew its KV for them, and
+    /// sends at most [`Executor::max_draft_tokens`] in all).
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
+        drafts: Drafts<'_>,
     ) -> Result<(), ExecError<Self::Error>>;
+
+    /// Draft tokens one decode step may carry in all (0: the runtime does
+    /// not verify drafts, and the scheduler never sends any).
+    fn max_draft_tokens(&self) -> usize {
+        0
+    }
 
     /// Launch sampling (with the masks, if any) for the forward on `slot`,
     /// record the step-done event and start the deferred copy to host.

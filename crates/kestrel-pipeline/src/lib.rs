@@ -12,6 +12,8 @@
 //!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
 //!   the engine-fatal fault model.
+//! - [`NgramSpec`]: prompt-lookup speculative decoding (drafts verified in
+//!   one forward, accepted through the same commit path).
 //! - [`MaskFiller`]: how a step's masks are filled (sequentially by
 //!   default; in parallel with a thread-pool filler).
 //! - [`testing`]: a deterministic simulated executor and skills.
@@ -24,7 +26,7 @@
 //! let mut engine = EngineLoop::new(exec, LoopConfig::default()).unwrap();
 //! let (skill, log) = SimSkill::new(None, None);
 //! engine
-//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SamplingParams { seed: 7, ..Default::default() }, skill: Box::new(skill) })
+//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SamplingParams { seed: 7, ..Default::default() }, speculate: None, skill: Box::new(skill) })
 //!     .unwrap();
 //! assert_eq!(engine.run_until_idle(), Tick::Idle);
 //! assert_eq!(log.lock().unwrap().tokens.len(), 8);
@@ -40,6 +42,7 @@ pub mod sampling;
 pub mod scheduler;
 mod sequence;
 pub mod skill;
+pub mod speculate;
 pub mod state;
 pub mod testing;
 pub mod timing;
@@ -52,7 +55,7 @@ pub type RequestId = u64;
 pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{
-    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
@@ -62,5 +65,6 @@ pub use sequence::{Request, MAX_INFLIGHT_REFS};
 pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };
+pub use speculate::NgramSpec;
 pub use state::{LaunchHandle, PendingCommit, PipelineState, StateError, StepKind};
 pub use timing::StepTiming;

@@ -3,7 +3,7 @@
 //! wrapper for benches and tests, so a new `Executor` method is forwarded in
 //! one place instead of being silently defaulted in each copy.
 
-use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+use crate::executor::{Drafts, ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
 use crate::{RequestId, TokenId};
 
 /// Hooks around the one blocking call of an executor.
@@ -64,8 +64,12 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
+        drafts: Drafts<'_>,
     ) -> Result<(), ExecError<Self::Error>> {
-        self.inner.launch_decode(slot, rows)
+        self.inner.launch_decode(slot, rows, drafts)
+    }
+    fn max_draft_tokens(&self) -> usize {
+        self.inner.max_draft_tokens()
     }
     fn finalize_sampling(
         &mut self,

@@ -6,13 +6,17 @@
 //! increments `inflight_refs`, commit decrements it, consumes tokens into
 //! skills, finalizes and releases. `schedule_decode_step` reads only;
 //! `make_room` then grows each planned sequence's KV, preempting the
-//! youngest running sequence when pages run out. Steady-state steps do not
-//! allocate: plans, row lists and masks reuse buffers.
+//! youngest running sequence when pages run out. A speculating sequence
+//! drafts from its committed tokens, so it joins a step only with none in
+//! flight (or, backing off after fruitless tries, as a plain overlapped
+//! row). Steady-state steps do not allocate: plans, row lists, drafts and
+//! masks reuse buffers.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 
 use crate::executor::PrefillStart;
-use crate::executor::{ExecError, Executor, MaskBatch, PrefillInput, SlotId};
+use crate::executor::{Drafts, ExecError, Executor, MaskBatch, PrefillInput, SlotId};
 use crate::masks::{recycle, MaskFiller, MaskRow, SequentialMasks};
 use crate::sequence::{Request, Residency, Sequence, MAX_INFLIGHT_REFS};
 use crate::skill::{CommittedToken, FailureKind, Outcome, TokenMask, Verdict};
@@ -26,6 +30,10 @@ pub type SeqIdx = u32;
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StepPlan {
     pub sequences: Vec<SeqIdx>,
+    /// Per sequence: `Some(drafts)` when it tried to draft (the range of
+    /// `draft_tokens` it proposed, maybe empty), `None` otherwise.
+    drafts: Vec<Option<Range<u32>>>,
+    draft_tokens: Vec<TokenId>,
 }
 
 impl StepPlan {
@@ -34,6 +42,20 @@ impl StepPlan {
     }
     pub fn len(&self) -> usize {
         self.sequences.len()
+    }
+
+    /// Draft tokens of member `k`.
+    pub fn drafts(&self, k: usize) -> &[TokenId] {
+        match &self.drafts[k] {
+            Some(r) => &self.draft_tokens[r.start as usize..r.end as usize],
+            None => &[],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.sequences.clear();
+        self.drafts.clear();
+        self.draft_tokens.clear();
     }
 }
 
@@ -53,6 +75,9 @@ pub struct PipelineStats {
     pub masked_steps: u64,
     /// Sequences preempted for KV pages (each is prefilled again later).
     pub preemptions: u64,
+    /// Draft tokens sent for verification, and how many were accepted.
+    pub draft_tokens: u64,
+    pub accepted_drafts: u64,
 }
 
 /// A fault the loop must turn into engine-fatal handling.
@@ -99,6 +124,9 @@ pub(crate) struct Scheduler<P> {
     /// The prompt being prefilled in chunks, at most one at a time.
     partial: Option<PartialPrefill>,
     row_ids: Vec<RequestId>,
+    /// A launch's drafts, compacted for the executor.
+    draft_indptr: Vec<u32>,
+    draft_buf: Vec<TokenId>,
     to_release: Vec<SeqIdx>,
     mask_words: Vec<u32>,
     mask_flags: Vec<bool>,
@@ -129,6 +157,8 @@ impl<P> Scheduler<P> {
             slot_samples: vec![true; num_slots],
             partial: None,
             row_ids: Vec::new(),
+            draft_indptr: Vec::new(),
+            draft_buf: Vec::new(),
             to_release: Vec::new(),
             mask_words: Vec::new(),
             mask_flags: Vec::new(),
@@ -180,16 +210,35 @@ impl<P> Scheduler<P> {
     }
 
     /// Pure selector: the running sequences that may join the next decode
-    /// step (`decodable`), in admission order. Never mutates.
-    pub fn schedule_decode_step(&self, plan: &mut StepPlan, max_rows: usize) {
-        plan.sequences.clear();
-        plan.sequences.extend(
-            self.running
-                .iter()
-                .copied()
-                .filter(|&i| self.decodable(i))
-                .take(max_rows),
-        );
+    /// step (`decodable`), in arrival order, with their drafts (at most
+    /// `max_drafts` in all). A speculating sequence with no step in flight
+    /// drafts from its tokens; with one in flight it waits for its tokens
+    /// unless it is backing off (then it decodes overlapped). Never mutates.
+    pub fn schedule_decode_step(&self, plan: &mut StepPlan, max_rows: usize, max_drafts: usize) {
+        plan.clear();
+        let mut budget = max_drafts;
+        for &i in &self.running {
+            if plan.sequences.len() == max_rows {
+                break;
+            }
+            if !self.decodable(i) {
+                continue;
+            }
+            let seq = self.seq(i);
+            let mut tried = None;
+            if let (Some(spec), true) = (&seq.speculate, max_drafts > 0) {
+                if seq.inflight_refs == 0 {
+                    let start = plan.draft_tokens.len() as u32;
+                    let room = seq.draft_room().min(budget);
+                    budget -= spec.propose(&seq.tokens, room, &mut plan.draft_tokens);
+                    tried = Some(start..plan.draft_tokens.len() as u32);
+                } else if seq.backoff.wait == 0 {
+                    continue;
+                }
+            }
+            plan.sequences.push(i);
+            plan.drafts.push(tried);
+        }
     }
 
     /// Whether sequence `i` may join a decode step: its own budget checks,
@@ -217,17 +266,46 @@ impl<P> Scheduler<P> {
         slot: SlotId,
     ) -> Result<LaunchHandle, ExecError<E::Error>> {
         self.row_ids.clear();
+        self.draft_indptr.clear();
+        self.draft_buf.clear();
         for &i in &plan.sequences {
             let id = self.seq(i).id;
             self.row_ids.push(id);
         }
-        exec.launch_decode(slot, &self.row_ids)?;
+        if !plan.draft_tokens.is_empty() {
+            self.draft_indptr.push(0);
+            for k in 0..plan.len() {
+                self.draft_buf.extend_from_slice(plan.drafts(k));
+                self.draft_indptr.push(self.draft_buf.len() as u32);
+            }
+        }
+        let drafts = Drafts {
+            indptr: &self.draft_indptr,
+            tokens: &self.draft_buf,
+        };
+        let drafts = if drafts.is_empty() {
+            Drafts::NONE
+        } else {
+            drafts
+        };
+        exec.launch_decode(slot, &self.row_ids, drafts)?;
         let rows = &mut self.slot_rows[slot];
         rows.clear();
         rows.extend_from_slice(&plan.sequences);
         self.slot_samples[slot] = true;
-        for &i in &plan.sequences {
-            self.seq_mut(i).inflight_refs += 1;
+        for (k, &i) in plan.sequences.iter().enumerate() {
+            let n = plan.drafts(k).len();
+            let tried = plan.drafts[k].is_some();
+            let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
+            seq.inflight_refs += 1;
+            if n > 0 {
+                seq.drafting = true;
+                self.stats.draft_tokens += n as u64;
+            } else if tried {
+                seq.backoff.tried(0);
+            } else if seq.speculate.is_some() {
+                seq.backoff.wait = seq.backoff.wait.saturating_sub(1);
+            }
         }
         self.stats.decode_steps += 1;
         self.stats.decode_rows += plan.sequences.len() as u64;
@@ -256,14 +334,16 @@ impl<P> Scheduler<P> {
         let mut keep = 0;
         for k in 0..plan.sequences.len() {
             let i = plan.sequences[k];
+            let drafts = plan.drafts(k).len();
             loop {
                 let seq = self.seq(i);
                 // A victim of an earlier member's growth.
                 if seq.residency != Residency::Resident {
                     break;
                 }
-                if exec.grow(seq.id, seq.budgeted_len()) {
+                if exec.grow(seq.id, seq.budgeted_len() + drafts) {
                     plan.sequences[keep] = i;
+                    plan.drafts.swap(keep, k);
                     keep += 1;
                     break;
                 }
@@ -286,6 +366,7 @@ impl<P> Scheduler<P> {
             }
         }
         plan.sequences.truncate(keep);
+        plan.drafts.truncate(keep);
         changed
     }
 
@@ -437,6 +518,9 @@ impl<P> Scheduler<P> {
             max_new_tokens: req.max_new_tokens,
             max_len,
             params: req.params,
+            speculate: req.speculate.filter(|_| !req.skill.is_constrained()),
+            backoff: Default::default(),
+            drafting: false,
             skill: req.skill,
         };
         self.next_arrival += 1;
@@ -678,10 +762,16 @@ impl<P> Scheduler<P> {
         };
         let samples = self.slot_samples[step.slot];
         let expected = if samples { rows.len() } else { 0 };
-        if outs.tokens.len() != expected {
+        let well_formed = outs.num_rows() == expected
+            && (outs.row_indptr.is_empty()
+                || (outs.row_indptr[0] == 0
+                    && outs.row_indptr.windows(2).all(|w| w[0] < w[1])
+                    && outs.row_indptr[expected] as usize == outs.tokens.len()));
+        if !well_formed {
             let msg = format!(
-                "step {} returned {} rows for {} sampled sequences",
+                "step {} returned {} rows ({} tokens) for {} sampled sequences",
                 step.step,
+                outs.num_rows(),
                 outs.tokens.len(),
                 expected
             );
@@ -692,22 +782,37 @@ impl<P> Scheduler<P> {
         for (r, &i) in rows.iter().enumerate() {
             let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
             seq.inflight_refs -= 1;
+            let drafted = std::mem::take(&mut seq.drafting);
             // A prefill chunk short of its prompt's end (`!samples`) wrote
             // KV only. A preempting sequence's tokens count like any other.
             if seq.finalized {
                 self.stats.zombie_rows += 1;
             } else if samples {
-                let token = CommittedToken {
-                    token: outs.tokens[r],
-                    logprob: outs.logprobs.map(|l| l[r]),
-                    top_logprobs: outs.top(r),
-                };
-                seq.tokens.push(token.token);
-                self.stats.committed_tokens += 1;
-                let reason = match seq.skill.consume(&token) {
-                    Verdict::Stop(reason) => Some(reason),
-                    Verdict::Continue => seq.at_length_cap().then_some(FinishReason::Length),
-                };
+                // A row that verified drafts brings the accepted ones and
+                // the token after them; a stop among them drops the rest.
+                let range = outs.row_range(r);
+                let accepted = range.len() - 1;
+                let mut reason = None;
+                for j in range {
+                    let token = CommittedToken {
+                        token: outs.tokens[j],
+                        logprob: outs.logprobs.map(|l| l[j]),
+                        top_logprobs: outs.top(j),
+                    };
+                    seq.tokens.push(token.token);
+                    self.stats.committed_tokens += 1;
+                    reason = match seq.skill.consume(&token) {
+                        Verdict::Stop(reason) => Some(reason),
+                        Verdict::Continue => seq.at_length_cap().then_some(FinishReason::Length),
+                    };
+                    if reason.is_some() {
+                        break;
+                    }
+                }
+                if drafted {
+                    seq.backoff.tried(accepted);
+                    self.stats.accepted_drafts += accepted as u64;
+                }
                 if let Some(reason) = reason {
                     self.finalize(i, Outcome::Finished(reason));
                 }
@@ -858,6 +963,12 @@ impl<P> Scheduler<P> {
                         return Err(format!(
                             "request {}: finalized={} residency={:?} but running={in_running} preempted={in_preempted}",
                             seq.id, seq.finalized, seq.residency
+                        ));
+                    }
+                    if seq.drafting && seq.inflight_refs != 1 {
+                        return Err(format!(
+                            "request {}: verifying drafts in {} in-flight steps",
+                            seq.id, seq.inflight_refs
                         ));
                     }
                     if seq.residency == Residency::Preempted && seq.inflight_refs > 0 {

@@ -11,6 +11,7 @@
 //! back the same way (once its in-flight steps commit) and is prefilled
 //! again, with the tokens it generated, when pages allow.
 
+use crate::speculate::{Backoff, NgramSpec};
 use crate::{RequestId, SequenceSkill, TokenId};
 
 /// A request as the pipeline receives it (already validated by the caller).
@@ -21,6 +22,9 @@ pub struct Request<P> {
     pub max_new_tokens: u32,
     /// Sampling parameters for the executor.
     pub params: P,
+    /// Prompt-lookup speculation (`None`: off). Constrained requests do not
+    /// draft.
+    pub speculate: Option<NgramSpec>,
     pub skill: Box<dyn SequenceSkill>,
 }
 
@@ -67,6 +71,12 @@ pub(crate) struct Sequence<P> {
     /// Prompt + generated tokens at most (the context cap).
     pub max_len: usize,
     pub params: P,
+    /// Speculation settings (never for a constrained sequence).
+    pub speculate: Option<NgramSpec>,
+    /// When it next waits for its tokens to draft.
+    pub backoff: Backoff,
+    /// Its in-flight step verifies drafts (it is in no other step).
+    pub drafting: bool,
     pub skill: Box<dyn SequenceSkill>,
 }
 
@@ -81,9 +91,11 @@ impl<P> Sequence<P> {
         self.tokens.len() + self.inflight_refs as usize
     }
 
-    /// Section 4.7's eligibility predicate, with budgeted tokens.
+    /// Section 4.7's eligibility predicate, with budgeted tokens (a step
+    /// verifying drafts commits an unknown number of them: not before it).
     pub fn can_dispatch(&self) -> bool {
         !self.finalized
+            && !self.drafting
             && self.residency == Residency::Resident
             && self.inflight_refs < MAX_INFLIGHT_REFS
             && self.budgeted_len() < self.max_len
@@ -98,6 +110,16 @@ impl<P> Sequence<P> {
     /// The next step must be sampled from a mask (finalized rows never are).
     pub fn needs_mask(&self) -> bool {
         !self.finalized && self.skill.is_constrained()
+    }
+
+    /// Drafts a step launched now may carry at most: each accepted draft
+    /// and the token after them must fit the length and token caps.
+    pub fn draft_room(&self) -> usize {
+        let by_len = self.max_len.saturating_sub(self.budgeted_len() + 1);
+        let by_new = self
+            .max_new_tokens
+            .saturating_sub(self.committed() + u32::from(self.inflight_refs) + 1);
+        by_len.min(by_new as usize)
     }
 
     /// Whether the sequence holds KV in the executor.

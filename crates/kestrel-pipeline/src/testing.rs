@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::executor::{
-    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
 };
 use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
 use crate::{RequestId, TokenId};
@@ -40,6 +40,11 @@ pub struct SimConfig {
     pub fail_wait: HashSet<u64>,
     /// Record every device operation in [`SimExecutor::trace`].
     pub trace: bool,
+    /// Draft tokens a decode step may verify in all.
+    pub max_draft_tokens: usize,
+    /// Sample from `position % period`: outputs repeat, so drafts match
+    /// and are accepted (`None`: no repetition beyond chance).
+    pub period: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -53,6 +58,8 @@ impl Default for SimConfig {
             fail_prefill_launch: HashSet::new(),
             fail_wait: HashSet::new(),
             trace: true,
+            max_draft_tokens: 64,
+            period: None,
         }
     }
 }
@@ -71,8 +78,9 @@ pub enum SimError {
 #[derive(Debug)]
 struct SimSeq {
     seed: u64,
-    /// Positions whose KV is written (the "GPU length").
-    gpu_len: usize,
+    /// The token whose KV is written at each position (its length is the
+    /// "GPU length"): what the sequence's next samples attend to.
+    kv: Vec<TokenId>,
     /// The last sampled token, still "on the device": the next decode input.
     device_token: Option<TokenId>,
     pages: usize,
@@ -102,8 +110,12 @@ struct SimSlot {
     rows: Vec<RequestId>,
     /// Position of the token each row will sample.
     positions: Vec<usize>,
+    /// Each row's drafts (`draft_indptr` empty: none).
+    draft_indptr: Vec<u32>,
+    draft_tokens: Vec<TokenId>,
     host_tokens: Vec<TokenId>,
     host_logprobs: Vec<f32>,
+    host_indptr: Vec<u32>,
 }
 
 /// The simulated device. See the module docs.
@@ -162,6 +174,12 @@ impl SimExecutor {
 
     fn pages_for(&self, len: usize) -> usize {
         len.div_ceil(self.config.page_size)
+    }
+
+    /// The simulated sampler at `position` (repeating under `period`).
+    fn sample_at(&self, seed: u64, position: usize, mask: Option<&[u32]>) -> TokenId {
+        let position = self.config.period.map_or(position, |p| position % p);
+        sim_sample(seed, position, self.config.vocab_size, mask)
     }
 
     fn begin_launch(&mut self, slot: SlotId) -> Result<(), SimError> {
@@ -275,6 +293,8 @@ impl Executor for SimExecutor {
         s.members.clear();
         s.rows.clear();
         s.positions.clear();
+        s.draft_indptr.clear();
+        s.draft_tokens.clear();
         for input in seqs {
             let end = match input.start {
                 PrefillStart::Admit => {
@@ -303,7 +323,14 @@ impl Executor for SimExecutor {
                         input.id,
                         SimSeq {
                             seed: input.params.seed,
-                            gpu_len: end,
+                            kv: {
+                                // Decoding then writes without allocating.
+                                let mut kv = Vec::with_capacity(
+                                    input.max_len + self.config.max_draft_tokens,
+                                );
+                                kv.extend_from_slice(&input.prompt[..end]);
+                                kv
+                            },
                             device_token: None,
                             pages: input.prompt.len().div_ceil(page_size),
                         },
@@ -320,16 +347,18 @@ impl Executor for SimExecutor {
                         self.violations.push(v.clone());
                         return Err(ExecError::Fatal(SimError::Protocol(v)));
                     };
-                    if seq.gpu_len != start || start >= input.prompt.len() {
+                    if seq.kv.len() != start || start >= input.prompt.len() {
                         self.violations.push(format!(
                             "request {}: chunk from {start} after {} of {} prompt tokens",
                             input.id,
-                            seq.gpu_len,
+                            seq.kv.len(),
                             input.prompt.len()
                         ));
                     }
-                    seq.gpu_len = input.chunk_end(start);
-                    seq.gpu_len
+                    let end = input.chunk_end(start);
+                    seq.kv.truncate(start);
+                    seq.kv.extend_from_slice(&input.prompt[seq.kv.len()..end]);
+                    end
                 }
             };
             s.members.push(input.id);
@@ -344,15 +373,31 @@ impl Executor for SimExecutor {
         Ok(())
     }
 
+    fn max_draft_tokens(&self) -> usize {
+        self.config.max_draft_tokens
+    }
+
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
+        drafts: Drafts<'_>,
     ) -> Result<(), ExecError<SimError>> {
         let n = self.decode_launches;
         self.decode_launches += 1;
         if self.config.fail_decode_launch.contains(&n) {
             return Err(ExecError::PreDispatch(SimError::Injected("decode launch")));
+        }
+        if drafts.tokens.len() > self.config.max_draft_tokens
+            || !(drafts.indptr.is_empty() || drafts.indptr.len() == rows.len() + 1)
+        {
+            self.violations.push(format!(
+                "{} drafts (limit {}) over {} offsets for {} rows",
+                drafts.tokens.len(),
+                self.config.max_draft_tokens,
+                drafts.indptr.len(),
+                rows.len()
+            ));
         }
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
         let s = &mut self.slots[slot];
@@ -360,7 +405,11 @@ impl Executor for SimExecutor {
         s.members.extend_from_slice(rows);
         s.rows.clear();
         s.positions.clear();
-        for &id in rows {
+        s.draft_indptr.clear();
+        s.draft_indptr.extend_from_slice(drafts.indptr);
+        s.draft_tokens.clear();
+        s.draft_tokens.extend_from_slice(drafts.tokens);
+        for (r, &id) in rows.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&id) else {
                 self.violations
                     .push(format!("decode of unknown request {id}"));
@@ -368,20 +417,24 @@ impl Executor for SimExecutor {
                     "unknown request {id}"
                 ))));
             };
-            if seq.device_token.is_none() {
+            let Some(input) = seq.device_token.take() else {
                 self.violations.push(format!(
                     "request {id}: decode before its previous token was sampled"
                 ));
-            }
-            // The input token (at position gpu_len) gets its KV written now.
-            seq.gpu_len += 1;
-            if seq.gpu_len > seq.pages * self.config.page_size {
+                return Err(ExecError::Fatal(SimError::Protocol(format!(
+                    "request {id}: no input token"
+                ))));
+            };
+            // The input token and the drafts after it get their KV written
+            // now; sampling rolls back the rejected ones.
+            seq.kv.push(input);
+            seq.kv.extend_from_slice(drafts.row(r));
+            if seq.kv.len() > seq.pages * self.config.page_size {
                 self.violations
                     .push(format!("request {id}: KV write past its reserved pages"));
             }
-            seq.device_token = None;
             s.rows.push(id);
-            s.positions.push(seq.gpu_len);
+            s.positions.push(seq.kv.len() - drafts.row(r).len());
         }
         s.phase = SlotPhase::Launched;
         self.record("decode", slot);
@@ -393,30 +446,69 @@ impl Executor for SimExecutor {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<SimError>> {
-        let vocab = self.config.vocab_size;
-        let s = &mut self.slots[slot];
-        if s.phase != SlotPhase::Launched {
-            let v = format!("sampling slot {slot} in phase {:?}", s.phase);
+        if self.slots[slot].phase != SlotPhase::Launched {
+            let v = format!("sampling slot {slot} in phase {:?}", self.slots[slot].phase);
             self.violations.push(v.clone());
             return Err(ExecError::Fatal(SimError::Protocol(v)));
         }
+        let mut s = std::mem::take(&mut self.slots[slot]);
         s.host_tokens.clear();
         s.host_logprobs.clear();
+        s.host_indptr.clear();
+        let drafts = Drafts {
+            indptr: &s.draft_indptr,
+            tokens: &s.draft_tokens,
+        };
+        if !drafts.indptr.is_empty() {
+            s.host_indptr.push(0);
+        }
         for (r, (&id, &pos)) in s.rows.iter().zip(&s.positions).enumerate() {
+            let mask = masks.and_then(|m| m.row(r));
+            let seed = self.seqs[&id].seed;
+            let d = drafts.row(r);
+            if mask.is_some() && !d.is_empty() {
+                self.violations
+                    .push(format!("request {id}: drafts for a constrained row"));
+            }
+            // Verify: sample each position as decoding would, while the
+            // sampled token is the draft that was computed after it.
+            let mut t = self.sample_at(seed, pos, mask);
+            let mut accepted = 0;
+            loop {
+                s.host_tokens.push(t);
+                s.host_logprobs.push(-(t as f32) / 64.0);
+                if let Some(h) = self.history.get_mut(&id) {
+                    h.sampled.push(t);
+                }
+                if accepted == d.len() || d[accepted] != t {
+                    break;
+                }
+                accepted += 1;
+                t = self.sample_at(seed, pos + accepted, None);
+            }
             let seq = self
                 .seqs
                 .get_mut(&id)
                 .expect("rows were validated at launch");
-            let mask = masks.and_then(|m| m.row(r));
-            let t = sim_sample(seq.seed, pos, vocab, mask);
             seq.device_token = Some(t);
-            if let Some(h) = self.history.get_mut(&id) {
-                h.sampled.push(t);
+            seq.kv.truncate(pos + accepted);
+            // What the sequence attends to must be what it sampled: the
+            // KV after its prompt holds its sampled tokens, all but `t`.
+            if let Some(h) = self.history.get(&id) {
+                let generated = seq.kv.get(h.prompt_len..).unwrap_or(&[]);
+                if generated != &h.sampled[..h.sampled.len() - 1] {
+                    self.violations.push(format!(
+                        "request {id}: KV holds {generated:?} after its prompt but it sampled {:?}",
+                        h.sampled
+                    ));
+                }
             }
-            s.host_tokens.push(t);
-            s.host_logprobs.push(-(t as f32) / 64.0);
+            if !drafts.indptr.is_empty() {
+                s.host_indptr.push(s.host_tokens.len() as u32);
+            }
         }
         s.phase = SlotPhase::Sampled;
+        self.slots[slot] = s;
         self.record("sample", slot);
         Ok(())
     }
@@ -441,6 +533,7 @@ impl Executor for SimExecutor {
             logprobs: Some(&s.host_logprobs),
             top_logprobs: &[],
             top_n: 0,
+            row_indptr: &s.host_indptr,
         })
     }
 

@@ -37,6 +37,7 @@ fn submit(
             seed,
             ..Default::default()
         },
+        speculate: None,
         skill: Box::new(skill),
     };
     e.submit(req).unwrap();
@@ -306,6 +307,7 @@ fn submit_validation() {
             prompt,
             max_new_tokens: max_new,
             params: SimParams::default(),
+            speculate: None,
             skill: Box::new(skill),
         }
     };
@@ -430,6 +432,7 @@ fn prefill_chunks_take_turns_with_decode() {
                 seed,
                 ..Default::default()
             },
+            speculate: None,
             skill: Box::new(skill),
         })
         .unwrap();

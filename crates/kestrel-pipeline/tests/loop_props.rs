@@ -26,9 +26,10 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
         prop::option::weighted(0.3, 1u32..12),
         prop::bool::weighted(0.3),
         prop::option::weighted(0.15, 0usize..60),
+        prop::option::weighted(0.4, (1usize..8, 1usize..3)),
     )
         .prop_map(
-            |(arrive_at, prompt_len, max_new, seed, stop_after, constrained, abort_at)| ReqSpec {
+            |(
                 arrive_at,
                 prompt_len,
                 max_new,
@@ -36,6 +37,18 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
                 stop_after,
                 constrained,
                 abort_at,
+                speculate,
+            )| {
+                ReqSpec {
+                    arrive_at,
+                    prompt_len,
+                    max_new,
+                    seed,
+                    stop_after,
+                    constrained,
+                    abort_at,
+                    speculate,
+                }
             },
         )
 }
@@ -48,15 +61,28 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         prop::sample::select(vec![16usize, 24, 64]),
         prop::option::weighted(0.3, 0usize..40),
         prop::option::weighted(0.5, 1usize..8),
+        0usize..16,
+        prop::option::weighted(0.5, 2usize..9),
     )
         .prop_map(
-            |(reqs, max_batch, num_pages, max_seq_len, pause_at, chunk)| Scenario {
+            |(
+                reqs,
+                max_batch,
+                num_pages,
+                max_seq_len,
+                pause_at,
+                chunk,
+                max_draft_tokens,
+                period,
+            )| Scenario {
                 reqs,
                 max_batch,
                 num_pages,
                 max_seq_len,
                 pause_at,
                 prefill_chunk: chunk.and_then(NonZeroUsize::new),
+                max_draft_tokens,
+                period,
                 fail_decode_launch: HashSet::new(),
                 fail_prefill_launch: HashSet::new(),
                 fail_wait: HashSet::new(),
@@ -81,9 +107,12 @@ proptest! {
     /// prefill, however often it was preempted.
     #[test]
     fn modes_agree_and_invariants_hold(sc in scenario()) {
-        let roomy = Scenario { num_pages: 1 << 16, ..sc.clone() };
+        let mut roomy = Scenario { num_pages: 1 << 16, max_draft_tokens: 0, ..sc.clone() };
+        for r in &mut roomy.reqs {
+            r.speculate = None;
+        }
         let reference = run(&roomy, PipelineMode::Blocking, PrefillPolicy::Drain);
-        prop_assert_eq!(reference.stats.preemptions, 0);
+        prop_assert_eq!((reference.stats.preemptions, reference.stats.draft_tokens), (0, 0));
         let mut runs: Vec<_> = MODES.iter().map(|&(m, p)| run(&sc, m, p)).collect();
         if sc.prefill_chunk.is_some() {
             let whole = Scenario { prefill_chunk: None, ..sc.clone() };

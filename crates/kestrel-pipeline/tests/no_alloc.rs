@@ -57,6 +57,7 @@ fn steady_state_steps_do_not_allocate() {
                         seed: id * 7919,
                         ..Default::default()
                     },
+                    speculate: None,
                     skill: Box::new(skill),
                 };
                 e.submit(req).unwrap();

@@ -11,7 +11,7 @@
 
 use kestrel_engine::{
     error_chain, ChatMessage, Constraint, EngineError, Field, FinishReason, GenerateRequest,
-    GenerateResponse, ModelInfo, Prompt, SamplingOptions, StreamEvent, TokenLogprob,
+    GenerateResponse, ModelInfo, Prompt, SamplingOptions, Speculation, StreamEvent, TokenLogprob,
 };
 use tonic::{Code, Status};
 
@@ -74,6 +74,11 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
         stop_token_ids: req.stop_token_ids,
         ignore_eos: req.ignore_eos,
         constraint: req.constraint.map(constraint).transpose()?,
+        speculate: match req.speculate_ngram {
+            None => Speculation::Default,
+            Some(0) => Speculation::Off,
+            Some(max_draft) => Speculation::Ngram { max_draft },
+        },
     })
 }
 

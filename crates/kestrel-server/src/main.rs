@@ -181,6 +181,32 @@ struct EngineArgs {
     /// weights (faster, deterministic, not exact) [default: exact].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
+    /// Default speculative decoding for requests that do not choose:
+    /// `ngram:K` drafts up to K (1 to 16) tokens per step by prompt lookup
+    /// and verifies them in one forward (same outputs, faster on text that
+    /// repeats its context); `off` [default: off]. CPU backend only.
+    #[arg(long, value_name = "ngram:K|off", value_parser = parse_speculate)]
+    speculate: Option<Speculate>,
+}
+
+/// `--speculate`'s value: `Some(k)` for `ngram:k`, `None` for `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Speculate(Option<u32>);
+
+fn parse_speculate(s: &str) -> Result<Speculate, String> {
+    if s == "off" {
+        return Ok(Speculate(None));
+    }
+    let k = s
+        .strip_prefix("ngram:")
+        .ok_or_else(|| format!("expected ngram:K or off, got {s:?}"))?;
+    match k.parse::<u32>() {
+        Ok(k) if (1..=kestrel_engine::MAX_DRAFT).contains(&k) => Ok(Speculate(Some(k))),
+        _ => Err(format!(
+            "ngram:K needs K from 1 to {}, got {k:?}",
+            kestrel_engine::MAX_DRAFT
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -242,6 +268,7 @@ impl EngineArgs {
                 Some(NumericsArg::Exact) => Numerics::Exact,
                 Some(NumericsArg::Fast) => Numerics::Fast,
             },
+            speculate: self.speculate.map_or(d.speculate, |s| s.0),
         }
     }
 }
@@ -275,6 +302,10 @@ struct SamplingArgs {
     /// Keep generating past end-of-sequence.
     #[arg(long)]
     ignore_eos: bool,
+    /// Speculative decoding for this request: up to K draft tokens per step
+    /// by prompt lookup (1 to 16); 0 turns it off [default: the server's].
+    #[arg(long, value_name = "K")]
+    speculate_ngram: Option<u32>,
     /// Add BIAS to token ID's logit, as `ID=BIAS` (repeatable; BIAS in
     /// [-100, 100], -100 bans the token).
     #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
@@ -327,6 +358,7 @@ impl SamplingArgs {
             logit_bias: self.logit_bias.iter().copied().collect(),
             request_id: String::new(),
             constraint,
+            speculate_ngram: self.speculate_ngram,
         }
     }
 }

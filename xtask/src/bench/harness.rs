@@ -183,6 +183,7 @@ pub fn run_workload<R: BenchRuntime>(
                     prompt: req.prompt,
                     max_new_tokens: req.max_new_tokens,
                     params: SamplingParams::greedy(),
+                    speculate: None,
                     skill: Box::new(skill),
                 })
                 .context("submitting a request")?;

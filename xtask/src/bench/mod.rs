@@ -551,6 +551,7 @@ fn prefill_probe<R: BenchRuntime>(
             prompt,
             max_new_tokens: 1,
             params: SamplingParams::greedy(),
+            speculate: None,
             skill: Box::new(skill),
         })?;
         if engine.run_until_idle() != Tick::Idle {

@@ -25,8 +25,8 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams, SlotId,
-    StepKind, StepOutputs, TokenId,
+    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams,
+    SlotId, StepKind, StepOutputs, TokenId,
 };
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
@@ -55,6 +55,9 @@ pub struct CpuRuntimeConfig {
     pub forward_rows: usize,
     /// The matmuls' numerics (exact f32 by default).
     pub numerics: Numerics,
+    /// Draft tokens one decode step may verify in all (speculative
+    /// decoding; 0: none). The step's rows and drafts run as one forward.
+    pub max_draft_tokens: usize,
 }
 
 impl Default for CpuRuntimeConfig {
@@ -68,6 +71,7 @@ impl Default for CpuRuntimeConfig {
             enable_prefix_cache: true,
             forward_rows: 256,
             numerics: Numerics::Exact,
+            max_draft_tokens: 32,
         }
     }
 }
@@ -99,6 +103,8 @@ pub enum RuntimeError {
     Ledger(#[from] LedgerError),
     #[error("invalid runtime config: {0}")]
     Config(String),
+    #[error("a decode step with {given} draft tokens, more than the {limit} the runtime verifies")]
+    TooManyDrafts { given: usize, limit: usize },
 }
 
 const NUM_SLOTS: usize = 2;
@@ -157,7 +163,9 @@ impl CpuRuntime {
         let isa = model.isa();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
-        let scratch = Scratch::new(&model, cfg.max_rows.max(cfg.forward_rows), max_context);
+        // A decode step verifying drafts runs its rows and drafts as one forward.
+        let step_tokens = cfg.max_rows + cfg.max_draft_tokens;
+        let scratch = Scratch::new(&model, step_tokens.max(cfg.forward_rows), max_context);
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
             num_pages: cfg.num_pages,
@@ -174,6 +182,7 @@ impl CpuRuntime {
             scratch,
             cfg.forward_rows,
             cfg.max_rows,
+            cfg.max_draft_tokens,
             NUM_SLOTS,
         );
         let spawn = |name: &str| std::thread::Builder::new().name(name.to_string());
@@ -381,21 +390,34 @@ impl Executor for CpuRuntime {
         self.book.cached_prompt_tokens(id)
     }
 
+    fn max_draft_tokens(&self) -> usize {
+        self.cfg.max_draft_tokens
+    }
+
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
+        drafts: Drafts<'_>,
     ) -> Result<(), ExecError<RuntimeError>> {
+        if drafts.tokens.len() > self.cfg.max_draft_tokens {
+            return Err(ExecError::PreDispatch(RuntimeError::TooManyDrafts {
+                given: drafts.tokens.len(),
+                limit: self.cfg.max_draft_tokens,
+            }));
+        }
         let mut meta = self
             .take_meta(slot, StepKind::Decode)
             .map_err(ExecError::PreDispatch)?;
         self.rows_buf.clear();
-        for &id in rows {
+        for (r, &id) in rows.iter().enumerate() {
             let Some(seq) = self.book.get(id) else {
                 self.metas[slot] = Some(meta);
                 return Err(ExecError::PreDispatch(RuntimeError::UnknownRequest(id)));
             };
-            self.rows_buf.push((seq.row, seq.len + 1));
+            // The input token and its drafts get their KV written.
+            self.rows_buf
+                .push((seq.row, seq.len + 1 + drafts.row(r).len()));
         }
         if let Err(e) = self
             .book
@@ -405,14 +427,17 @@ impl Executor for CpuRuntime {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
         }
-        // Past this point the step is committed to: advance GPU lengths.
-        for &id in rows {
+        // Past this point the step is committed to: advance GPU lengths (for
+        // a row with drafts, to their end; its wait rolls back the rejected).
+        for (r, &id) in rows.iter().enumerate() {
             let seq = self.book.get_mut(id).expect("checked above");
             meta.rows.push(seq.row);
             meta.ids.push(id);
             meta.positions.push(seq.len as u32);
-            seq.len += 1;
+            seq.len += 1 + drafts.row(r).len();
         }
+        meta.draft_indptr.extend_from_slice(drafts.indptr);
+        meta.drafts.extend_from_slice(drafts.tokens);
         self.dispatch(slot, meta)
     }
 
@@ -467,6 +492,24 @@ impl Executor for CpuRuntime {
                 message,
             });
         }
+        if !meta.draft_indptr.is_empty() {
+            // Roll each row with drafts back to the ones it accepted: the KV
+            // it keeps is its input token and those, the next input is the
+            // last token. (Only those rows: a row without drafts may already
+            // be in the next step, which advanced its length.)
+            for (i, &id) in meta.ids.iter().enumerate() {
+                if meta.drafts(i).is_empty() {
+                    continue;
+                }
+                let kept = (host.row_indptr[i + 1] - host.row_indptr[i]) as usize;
+                let len = meta.positions[i] as usize + kept;
+                if let Some(seq) = self.book.get_mut(id) {
+                    seq.len = len;
+                    let row = seq.row;
+                    self.book.table_mut().shrink(row, len)?;
+                }
+            }
+        }
         if meta.kind == StepKind::Prefill {
             // The chunk's KV is now written: publish the prompt's full pages.
             // The slot's metadata still holds each row's prompt up to there.
@@ -484,6 +527,7 @@ impl Executor for CpuRuntime {
             logprobs: Some(&host.logprobs),
             top_logprobs: &host.top,
             top_n: host.top_n,
+            row_indptr: &host.row_indptr,
         })
     }
 

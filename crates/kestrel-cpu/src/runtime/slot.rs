@@ -41,6 +41,10 @@ pub(crate) struct SlotMeta {
     /// Prefill: offsets of each row's prompt in `tokens`.
     pub token_indptr: Vec<u32>,
     pub prefill: Vec<PrefillRow>,
+    /// Decode: each row's draft tokens, `drafts[draft_indptr[i]..
+    /// draft_indptr[i + 1]]` (`draft_indptr` empty: no row has any).
+    pub drafts: Vec<TokenId>,
+    pub draft_indptr: Vec<u32>,
     pub indices: PagedIndices,
 }
 
@@ -55,6 +59,8 @@ impl SlotMeta {
             tokens: Vec::new(),
             token_indptr: Vec::new(),
             prefill: Vec::new(),
+            drafts: Vec::new(),
+            draft_indptr: Vec::new(),
             indices: PagedIndices::default(),
         }
     }
@@ -68,6 +74,16 @@ impl SlotMeta {
         self.tokens.clear();
         self.token_indptr.clear();
         self.prefill.clear();
+        self.drafts.clear();
+        self.draft_indptr.clear();
+    }
+
+    /// Row `i`'s drafts (empty when none).
+    pub fn drafts(&self, i: usize) -> &[TokenId] {
+        if self.draft_indptr.is_empty() {
+            return &[];
+        }
+        &self.drafts[self.draft_indptr[i] as usize..self.draft_indptr[i + 1] as usize]
     }
 }
 
@@ -80,6 +96,9 @@ pub(crate) struct Outputs {
     pub logprobs: Vec<f32>,
     pub top: Vec<(TokenId, f32)>,
     pub top_n: usize,
+    /// Row `i`'s tokens are `tokens[row_indptr[i]..row_indptr[i + 1]]`
+    /// when the step verified drafts; empty when each row has one.
+    pub row_indptr: Vec<u32>,
 }
 
 impl Outputs {
@@ -92,5 +111,7 @@ impl Outputs {
         self.top.clear();
         self.top.extend_from_slice(&src.top);
         self.top_n = src.top_n;
+        self.row_indptr.clear();
+        self.row_indptr.extend_from_slice(&src.row_indptr);
     }
 }

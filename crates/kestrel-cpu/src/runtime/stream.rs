@@ -88,6 +88,9 @@ pub(crate) struct ComputeStream {
     pub forward_times: Vec<(Instant, Instant)>,
     rows: Vec<DeviceRow>,
     tokens: Vec<TokenId>,
+    /// A verifying decode step's per-row query offsets and start positions.
+    qo_indptr: Vec<u32>,
+    start_pos: Vec<u32>,
     chunk_indptr: Vec<u32>,
     chunk_last: Vec<u32>,
 }
@@ -99,10 +102,12 @@ impl ComputeStream {
         scratch: Scratch,
         chunk: usize,
         max_rows: usize,
+        max_draft_tokens: usize,
         num_slots: usize,
     ) -> Self {
         let vocab = model.config().vocab_size;
-        let max_batch = max_rows.max(1);
+        // A verifying decode step has a logits row per row and per draft.
+        let max_batch = max_rows.max(1) + max_draft_tokens;
         Self {
             model,
             kv,
@@ -123,6 +128,8 @@ impl ComputeStream {
                 })
                 .collect(),
             tokens: Vec::with_capacity(max_batch),
+            qo_indptr: Vec::with_capacity(max_rows + 1),
+            start_pos: Vec::with_capacity(max_rows),
             chunk_indptr: Vec::with_capacity(2),
             chunk_last: Vec::with_capacity(1),
         }
@@ -203,6 +210,33 @@ impl ComputeStream {
     fn forward(&mut self, slot: usize, meta: &SlotMeta) -> Result<(), String> {
         let vocab = self.model.config().vocab_size;
         match meta.kind {
+            StepKind::Decode if !meta.draft_indptr.is_empty() => {
+                // Each row's input token and drafts, as one prefill-shaped
+                // forward with logits at every token (verification reads
+                // them in order).
+                self.tokens.clear();
+                self.qo_indptr.clear();
+                self.start_pos.clear();
+                self.qo_indptr.push(0);
+                for (i, &r) in meta.rows.iter().enumerate() {
+                    self.tokens.push(self.rows[r as usize].pending);
+                    self.tokens.extend_from_slice(meta.drafts(i));
+                    self.qo_indptr.push(self.tokens.len() as u32);
+                    self.start_pos.push(meta.positions[i]);
+                }
+                let batch = PrefillBatch {
+                    tokens: &self.tokens,
+                    qo_indptr: &self.qo_indptr,
+                    start_pos: &self.start_pos,
+                    kv_indptr: &meta.indices.kv_indptr,
+                    kv_indices: &meta.indices.kv_indices,
+                    kv_last_page_len: &meta.indices.kv_last_page_len,
+                };
+                let out = &mut self.logits[slot][..self.tokens.len() * vocab];
+                self.model
+                    .forward_prefill(batch, &mut self.kv, out, LogitsMode::All, &mut self.scratch)
+                    .map_err(|e| e.to_string())
+            }
             StepKind::Decode => {
                 let n = meta.rows.len();
                 self.tokens.clear();
@@ -290,6 +324,11 @@ impl ComputeStream {
         dev.logprobs.clear();
         dev.top.clear();
         dev.top_n = top_n;
+        dev.row_indptr.clear();
+        let verifying = !meta.draft_indptr.is_empty();
+        if verifying {
+            dev.row_indptr.push(0);
+        }
         // `o`: the output row; a prefill chunk short of its prompt's end
         // samples nothing and has none (nor a mask row).
         let mut o = 0;
@@ -308,41 +347,78 @@ impl ComputeStream {
             let words = (mask.any && mask.rows[o])
                 .then(|| &mask.words[o * mask.words_per_row..(o + 1) * mask.words_per_row]);
             o += 1;
-            let logits = &mut self.logits[slot][i * vocab..(i + 1) * vocab];
-            let dr = &mut self.rows[row as usize];
-            // Each row computes only the alternatives it asked for (a greedy
-            // row that asked none skips the softmax); rows are padded below.
-            let want_top = dr.params.top_logprobs as usize;
-            let (token, logprob) = match sample(
-                logits,
-                &dr.params,
-                words,
-                &mut dr.penalties,
-                position,
-                want_top,
-            ) {
-                Some(s) => {
-                    // Rows are `top_n` wide whatever each row asked for.
-                    let top = s.top.as_slice();
-                    dev.top.extend_from_slice(top);
-                    dev.top
-                        .extend((top.len()..top_n).map(|_| (0, f32::NEG_INFINITY)));
-                    (s.token, s.logprob)
-                }
-                None => {
-                    // A mask that allows nothing is a skill bug: emit token 0
-                    // with -inf; the skill rejects it and ends the request.
-                    tracing::warn!(step = meta.step, row = i, "mask allows no token");
-                    dev.top.extend((0..top_n).map(|_| (0, f32::NEG_INFINITY)));
-                    (0, f32::NEG_INFINITY)
-                }
+            // The row's first logits: its own index, or after the earlier
+            // rows' drafts when the step verifies drafts.
+            let first = if verifying {
+                i + meta.draft_indptr[i] as usize
+            } else {
+                i
             };
+            let drafts = meta.drafts(i);
+            let dr = &mut self.rows[row as usize];
+            let logits = &mut self.logits[slot][first * vocab..(first + 1) * vocab];
+            let mut token = sample_into(logits, dr, words, position, top_n, dev, (meta.step, i));
+            // Verification: the draft computed after `token` was right, so
+            // the next logits are that position's: sample it as decoding
+            // would (penalties have counted `token`).
+            let mut accepted = 0;
+            while accepted < drafts.len() && drafts[accepted] == token {
+                accepted += 1;
+                let at = (first + accepted) * vocab;
+                let logits = &mut self.logits[slot][at..at + vocab];
+                let position = position + accepted as u32;
+                token = sample_into(logits, dr, None, position, top_n, dev, (meta.step, i));
+            }
             dr.pending = token;
-            dr.penalties.record(token);
-            dev.tokens.push(token);
-            dev.logprobs.push(logprob);
+            if verifying {
+                dev.row_indptr.push(dev.tokens.len() as u32);
+            }
         }
     }
+}
+
+/// Samples one token of `dr`'s sequence at `position` from `logits` into
+/// `dev` (padding its alternatives to `top_n`) and counts it for penalties.
+fn sample_into(
+    logits: &mut [f32],
+    dr: &mut DeviceRow,
+    words: Option<&[u32]>,
+    position: u32,
+    top_n: usize,
+    dev: &mut Outputs,
+    (step, row): (u64, usize),
+) -> TokenId {
+    // Each row computes only the alternatives it asked for (a greedy row
+    // that asked none skips the softmax); rows are padded below.
+    let want_top = dr.params.top_logprobs as usize;
+    let (token, logprob) = match sample(
+        logits,
+        &dr.params,
+        words,
+        &mut dr.penalties,
+        position,
+        want_top,
+    ) {
+        Some(s) => {
+            // Rows are `top_n` wide whatever each row asked for.
+            let top = s.top.as_slice();
+            dev.top.extend_from_slice(top);
+            dev.top
+                .extend((top.len()..top_n).map(|_| (0, f32::NEG_INFINITY)));
+            (s.token, s.logprob)
+        }
+        None => {
+            // A mask that allows nothing is a skill bug: emit token 0
+            // with -inf; the skill rejects it and ends the request.
+            tracing::warn!(step, row, "mask allows no token");
+            dev.top.extend((0..top_n).map(|_| (0, f32::NEG_INFINITY)));
+            (0, f32::NEG_INFINITY)
+        }
+    };
+    dr.penalties.record(token);
+    dev.tokens.push(token);
+    dev.logprobs.push(logprob);
+    token
 }
 
 /// The copy stream's loop: copy each finished step into its RenderBuffer

@@ -29,8 +29,8 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams, SlotId,
-    StepKind, StepOutputs, TokenId, TokenMask,
+    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams,
+    SlotId, StepKind, StepOutputs, TokenId, TokenMask,
 };
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
@@ -619,11 +619,19 @@ impl Executor for CudaRuntime {
         self.book.cached_prompt_tokens(id)
     }
 
+    /// Drafts are not verified here (`max_draft_tokens` is 0): a step that
+    /// carries any is refused by name.
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
+        drafts: Drafts<'_>,
     ) -> Result<(), ExecError<CudaError>> {
+        if !drafts.is_empty() {
+            return Err(ExecError::PreDispatch(CudaError::Drafts(
+                drafts.tokens.len(),
+            )));
+        }
         self.ledger
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
@@ -851,6 +859,7 @@ impl Executor for CudaRuntime {
             logprobs: Some(&r.logprobs.as_slice()[..n]),
             top_logprobs: &self.out_top,
             top_n,
+            row_indptr: &[],
         })
     }
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimLog, SimParams, SimSkill};
 use kestrel_pipeline::{
-    EngineLoop, Executor, LoopConfig, MaskFiller, MaskRow, PipelineMode, PrefillPolicy, Request,
-    Tick,
+    EngineLoop, Executor, LoopConfig, MaskFiller, MaskRow, NgramSpec, PipelineMode, PrefillPolicy,
+    Request, Tick,
 };
 
 #[derive(Debug, Clone)]
@@ -23,6 +23,8 @@ pub struct ReqSpec {
     pub stop_after: Option<u32>,
     pub constrained: bool,
     pub abort_at: Option<usize>,
+    /// Speculation: drafts per step at most, and the shortest suffix matched.
+    pub speculate: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -34,6 +36,10 @@ pub struct Scenario {
     pub pause_at: Option<usize>,
     /// Chunked prefill budget (`LoopConfig::prefill_chunk`).
     pub prefill_chunk: Option<NonZeroUsize>,
+    /// Draft tokens a step may verify in all (`SimConfig::max_draft_tokens`).
+    pub max_draft_tokens: usize,
+    /// Outputs repeat with this period (`SimConfig::period`), so drafts hit.
+    pub period: Option<usize>,
     pub fail_decode_launch: HashSet<u64>,
     pub fail_prefill_launch: HashSet<u64>,
     pub fail_wait: HashSet<u64>,
@@ -69,6 +75,8 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
         fail_prefill_launch: sc.fail_prefill_launch.clone(),
         fail_wait: sc.fail_wait.clone(),
         trace: false,
+        max_draft_tokens: sc.max_draft_tokens,
+        period: sc.period,
     });
     let config = LoopConfig {
         mode,
@@ -110,6 +118,10 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
                     seed: spec.seed,
                     ..Default::default()
                 },
+                speculate: spec.speculate.map(|(k, min_ngram)| NgramSpec {
+                    min_ngram,
+                    ..NgramSpec::new(k)
+                }),
                 skill: Box::new(skill),
             };
             match engine.submit(req) {

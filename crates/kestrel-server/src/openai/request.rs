@@ -7,7 +7,9 @@
 //! parameters (400 naming them), `n` (an HTTP-edge concept, [`MAX_N`]),
 //! which constraint sources may combine, and the tool format. Pure, no I/O.
 
-use kestrel_engine::{ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions};
+use kestrel_engine::{
+    ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation,
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -302,6 +304,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             stop_token_ids: stop_token_ids.clone(),
             ignore_eos,
             constraint: constraint.clone(),
+            // OpenAI has no such field: the server's default applies.
+            speculate: Speculation::Default,
         });
         all_names.push(ParamNames {
             prompt: prompt_param,
