@@ -141,6 +141,9 @@ pub(crate) struct Metrics {
     pub prefill_steps: Gauge,
     pub decode_steps: Gauge,
     pub preemptions: Gauge,
+    /// Draft tokens verified, and accepted (speculative decoding).
+    pub draft_tokens: Gauge,
+    pub accepted_drafts: Gauge,
     /// Preempted sequences waiting to be prefilled again.
     pub preempted: Gauge,
     pub healthy: Gauge,
@@ -172,6 +175,8 @@ impl Metrics {
             prefill_steps: Gauge::default(),
             decode_steps: Gauge::default(),
             preemptions: Gauge::default(),
+            draft_tokens: Gauge::default(),
+            accepted_drafts: Gauge::default(),
             preempted: Gauge::default(),
             healthy: Gauge(AtomicU64::new(1)),
         }
@@ -254,6 +259,18 @@ impl Metrics {
             "kestrel_preemptions_total",
             "Sequences preempted because KV pages ran out (each is prefilled again later).",
             self.preemptions.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_spec_draft_tokens_total",
+            "Draft tokens verified by speculative decoding.",
+            self.draft_tokens.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_spec_accepted_tokens_total",
+            "Draft tokens accepted (each saved a decode step).",
+            self.accepted_drafts.get(),
         );
         counter(
             &mut out,
@@ -407,6 +424,20 @@ impl Metrics {
             "counter",
             "Cumulative number of preemption from the engine.",
             self.preemptions.get() as f64,
+        );
+        sample(
+            out,
+            "vllm:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Number of draft tokens.",
+            self.draft_tokens.get() as f64,
+        );
+        sample(
+            out,
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Number of accepted tokens.",
+            self.accepted_drafts.get() as f64,
         );
         self.ttft.render_labeled(
             out,

@@ -406,6 +406,8 @@ impl<R: Runtime> Worker<R> {
         m.prefill_steps.set(steps.prefill_steps);
         m.decode_steps.set(steps.decode_steps);
         m.preemptions.set(steps.preemptions);
+        m.draft_tokens.set(steps.draft_tokens);
+        m.accepted_drafts.set(steps.accepted_drafts);
         m.preempted.set(self.lp.num_preempted() as u64);
     }
 }
