@@ -4,12 +4,16 @@
 //!   engine core (see `bench/mod.rs` for what is measured and how).
 //! - `cargo xtask chunked-prefill`: running streams' latency while a long
 //!   prompt is prefilled, whole vs chunked (`chunked.rs`).
+//! - `cargo xtask speculate`: prompt-lookup speculative decoding's tokens/s
+//!   on workloads that repeat their context and on one that does not
+//!   (`speculate.rs`).
 //! - `cargo xtask soak`: thousands of mixed requests through the gRPC
 //!   server on the real model, then a check that nothing was left behind.
 
 mod bench;
 mod chunked;
 mod soak;
+mod speculate;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +34,9 @@ enum Task {
     ChunkedPrefill(chunked::ChunkedArgs),
     /// A long soak of the gRPC server (the `soak` test with 10,000 requests).
     Soak(soak::SoakArgs),
+    /// Speculative decoding: decode tokens/s with and without prompt-lookup
+    /// drafts, on edit/quote workloads and on plain chat.
+    Speculate(speculate::SpeculateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +44,6 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::main(args),
         Task::ChunkedPrefill(args) => chunked::main(args),
         Task::Soak(args) => soak::main(args),
+        Task::Speculate(args) => speculate::main(args),
     }
 }

@@ -229,10 +229,13 @@ impl<P> Scheduler<P> {
             if let (Some(spec), true) = (&seq.speculate, max_drafts > 0) {
                 if seq.inflight_refs == 0 {
                     let start = plan.draft_tokens.len() as u32;
-                    let room = seq.draft_room().min(budget);
+                    let room = seq
+                        .draft_room()
+                        .min(budget)
+                        .min(seq.draft.len(spec.max_draft));
                     budget -= spec.propose(&seq.tokens, room, &mut plan.draft_tokens);
                     tried = Some(start..plan.draft_tokens.len() as u32);
-                } else if seq.backoff.wait == 0 {
+                } else if seq.draft.wait == 0 {
                     continue;
                 }
             }
@@ -298,13 +301,14 @@ impl<P> Scheduler<P> {
             let tried = plan.drafts[k].is_some();
             let seq = self.seqs[i as usize].as_mut().expect("live sequence index");
             seq.inflight_refs += 1;
+            let max_draft = seq.speculate.map_or(0, |s| s.max_draft);
             if n > 0 {
-                seq.drafting = true;
+                seq.drafting = n;
                 self.stats.draft_tokens += n as u64;
             } else if tried {
-                seq.backoff.tried(0);
+                seq.draft.tried(0, 0, max_draft);
             } else if seq.speculate.is_some() {
-                seq.backoff.wait = seq.backoff.wait.saturating_sub(1);
+                seq.draft.wait = seq.draft.wait.saturating_sub(1);
             }
         }
         self.stats.decode_steps += 1;
@@ -519,8 +523,8 @@ impl<P> Scheduler<P> {
             max_len,
             params: req.params,
             speculate: req.speculate.filter(|_| !req.skill.is_constrained()),
-            backoff: Default::default(),
-            drafting: false,
+            draft: Default::default(),
+            drafting: 0,
             skill: req.skill,
         };
         self.next_arrival += 1;
@@ -809,8 +813,9 @@ impl<P> Scheduler<P> {
                         break;
                     }
                 }
-                if drafted {
-                    seq.backoff.tried(accepted);
+                if drafted > 0 {
+                    let max_draft = seq.speculate.map_or(0, |s| s.max_draft);
+                    seq.draft.tried(drafted, accepted, max_draft);
                     self.stats.accepted_drafts += accepted as u64;
                 }
                 if let Some(reason) = reason {
@@ -965,7 +970,7 @@ impl<P> Scheduler<P> {
                             seq.id, seq.finalized, seq.residency
                         ));
                     }
-                    if seq.drafting && seq.inflight_refs != 1 {
+                    if seq.drafting > 0 && seq.inflight_refs != 1 {
                         return Err(format!(
                             "request {}: verifying drafts in {} in-flight steps",
                             seq.id, seq.inflight_refs

@@ -11,7 +11,7 @@
 //! back the same way (once its in-flight steps commit) and is prefilled
 //! again, with the tokens it generated, when pages allow.
 
-use crate::speculate::{Backoff, NgramSpec};
+use crate::speculate::{DraftControl, NgramSpec};
 use crate::{RequestId, SequenceSkill, TokenId};
 
 /// A request as the pipeline receives it (already validated by the caller).
@@ -73,10 +73,11 @@ pub(crate) struct Sequence<P> {
     pub params: P,
     /// Speculation settings (never for a constrained sequence).
     pub speculate: Option<NgramSpec>,
-    /// When it next waits for its tokens to draft.
-    pub backoff: Backoff,
-    /// Its in-flight step verifies drafts (it is in no other step).
-    pub drafting: bool,
+    /// How many drafts it proposes next, and when it next waits to draft.
+    pub draft: DraftControl,
+    /// Drafts its in-flight step verifies (0: none; else it is in no
+    /// other step).
+    pub drafting: usize,
     pub skill: Box<dyn SequenceSkill>,
 }
 
@@ -95,7 +96,7 @@ impl<P> Sequence<P> {
     /// verifying drafts commits an unknown number of them: not before it).
     pub fn can_dispatch(&self) -> bool {
         !self.finalized
-            && !self.drafting
+            && self.drafting == 0
             && self.residency == Residency::Resident
             && self.inflight_refs < MAX_INFLIGHT_REFS
             && self.budgeted_len() < self.max_len

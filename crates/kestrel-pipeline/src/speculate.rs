@@ -9,8 +9,10 @@
 //! waits for its previous step's tokens (it drafts from them), so it gives
 //! up overlapping its own steps. After a try that gained nothing (no match,
 //! or no draft accepted) it decodes overlapped for a while before trying
-//! again ([`Backoff`]), so a sequence whose text does not repeat loses
-//! little.
+//! again, so a sequence whose text does not repeat loses little; and it
+//! proposes about as many drafts as it has lately had accepted, since on a
+//! CPU each draft costs a good part of a decode step's compute
+//! ([`DraftControl`]).
 
 use crate::TokenId;
 
@@ -66,29 +68,51 @@ impl NgramSpec {
     }
 }
 
-/// When a sequence next waits for its tokens to draft: after a try that
-/// gained nothing it decodes `2^misses` steps (up to [`Backoff::MAX`])
-/// overlapped first; a try that gained a token resets it.
+/// How a sequence drafts next: how many tokens (adapted to what it had
+/// accepted, since every draft costs a forward row whether accepted or
+/// not), and when it next waits for its tokens to draft (after a try that
+/// gained nothing it decodes `2^misses` steps, up to [`DraftControl::MAX_WAIT`],
+/// overlapped first).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Backoff {
+pub(crate) struct DraftControl {
     misses: u32,
     /// Overlapped steps left before the next try.
     pub wait: u32,
+    /// Drafts the next try proposes at most (0: not yet tried, the maximum).
+    len: usize,
 }
 
-impl Backoff {
+impl DraftControl {
     /// Overlapped steps after a long run of fruitless tries.
-    pub const MAX: u32 = 64;
+    pub const MAX_WAIT: u32 = 64;
 
-    /// A try ended with `accepted` drafts accepted (0 also when nothing
-    /// was proposed).
-    pub fn tried(&mut self, accepted: usize) {
-        if accepted > 0 {
-            *self = Backoff::default();
-        } else {
-            self.misses = (self.misses + 1).min(6);
-            self.wait = (1u32 << self.misses).min(Self::MAX);
+    /// Drafts the next try may propose, of `max_draft`.
+    pub fn len(&self, max_draft: usize) -> usize {
+        match self.len {
+            0 => max_draft,
+            n => n.min(max_draft),
         }
+    }
+
+    /// A try proposed `proposed` drafts and `accepted` of them were
+    /// accepted. All accepted: one more next time; some: one more than
+    /// were; none (or nothing proposed): back off.
+    pub fn tried(&mut self, proposed: usize, accepted: usize, max_draft: usize) {
+        if accepted == 0 {
+            self.misses = (self.misses + 1).min(6);
+            self.wait = (1u32 << self.misses).min(Self::MAX_WAIT);
+            if proposed > 0 {
+                self.len = 1;
+            }
+            return;
+        }
+        self.misses = 0;
+        self.wait = 0;
+        self.len = if accepted == proposed {
+            (self.len(max_draft) + 1).min(max_draft)
+        } else {
+            accepted + 1
+        };
     }
 }
 
@@ -124,16 +148,30 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_on_misses_and_resets_on_a_hit() {
-        let mut b = Backoff::default();
+    fn draft_control_backs_off_on_misses_and_follows_acceptance() {
+        let mut c = DraftControl::default();
+        assert_eq!(c.len(8), 8);
         let waits: Vec<u32> = (0..8)
             .map(|_| {
-                b.tried(0);
-                b.wait
+                c.tried(0, 0, 8);
+                c.wait
             })
             .collect();
         assert_eq!(waits, [2, 4, 8, 16, 32, 64, 64, 64]);
-        b.tried(3);
-        assert_eq!(b, Backoff::default());
+        assert_eq!(c.len(8), 8, "nothing proposed: the length stays");
+        c.tried(8, 0, 8);
+        assert_eq!((c.len(8), c.wait), (1, 64));
+        c.tried(1, 1, 8);
+        assert_eq!((c.len(8), c.wait), (2, 0));
+        c.tried(2, 2, 8);
+        c.tried(3, 3, 8);
+        assert_eq!(c.len(8), 4);
+        c.tried(4, 2, 8);
+        assert_eq!(c.len(8), 3);
+        assert_eq!(c.len(2), 2, "never past the request's maximum");
+        for _ in 0..10 {
+            c.tried(8, 8, 8);
+        }
+        assert_eq!(c.len(8), 8);
     }
 }
