@@ -227,15 +227,19 @@ impl<P> Scheduler<P> {
             let seq = self.seq(i);
             let mut tried = None;
             if let (Some(spec), true) = (&seq.speculate, max_drafts > 0) {
+                let room = seq
+                    .draft_room()
+                    .min(budget)
+                    .min(seq.draft.len(spec.max_draft));
                 if seq.inflight_refs == 0 {
-                    let start = plan.draft_tokens.len() as u32;
-                    let room = seq
-                        .draft_room()
-                        .min(budget)
-                        .min(seq.draft.len(spec.max_draft));
-                    budget -= spec.propose(&seq.tokens, room, &mut plan.draft_tokens);
-                    tried = Some(start..plan.draft_tokens.len() as u32);
-                } else if seq.draft.wait == 0 {
+                    // No room (the step's budget or the sequence's caps):
+                    // a plain row, not a try.
+                    if room > 0 {
+                        let start = plan.draft_tokens.len() as u32;
+                        budget -= spec.propose(&seq.tokens, room, &mut plan.draft_tokens);
+                        tried = Some(start..plan.draft_tokens.len() as u32);
+                    }
+                } else if seq.draft.wait == 0 && room > 0 {
                     continue;
                 }
             }
