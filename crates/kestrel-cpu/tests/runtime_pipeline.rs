@@ -530,6 +530,23 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     );
     // The refused calls booked nothing: the step completes as usual.
     assert_eq!(rt.wait_step(0).unwrap().tokens.len(), 1);
+    // Drafts that do not add up to the rows are refused before dispatch.
+    let bad = Drafts {
+        indptr: &[0, 3],
+        tokens: &[1, 2],
+    };
+    let Err(ExecError::PreDispatch(e)) = rt.launch_decode(1, &[7], bad) else {
+        panic!("malformed drafts must be refused before dispatch");
+    };
+    assert!(matches!(
+        e,
+        RuntimeError::BadDrafts {
+            rows: 1,
+            offsets: 2,
+            tokens: 2,
+            ..
+        }
+    ));
     // KV is taken lazily: the decode's token needs its page first.
     assert!(rt.grow(7, prompt.len() + 1));
     rt.launch_decode(1, &[7], Drafts::NONE).unwrap();

@@ -98,7 +98,7 @@ pub enum Speculation {
     Off,
     /// Prompt lookup: up to `max_draft` (1 to [`MAX_DRAFT`]) tokens per step
     /// drafted from earlier occurrences of the sequence's last tokens and
-    /// verified in one forward. Constrained requests do not draft.
+    /// verified in one forward; a constraint masks every drafted position.
     Ngram { max_draft: u32 },
 }
 

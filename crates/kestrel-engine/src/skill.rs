@@ -189,6 +189,14 @@ impl SequenceSkill for StreamingSkill {
         self.inner.fill_mask(mask);
     }
 
+    fn looks_ahead(&self) -> bool {
+        self.inner.looks_ahead()
+    }
+
+    fn fill_masks_ahead(&mut self, drafts: &[u32], words: &mut [u32], vocab_size: usize) {
+        self.inner.fill_masks_ahead(drafts, words, vocab_size);
+    }
+
     fn finish(&mut self, outcome: Outcome) {
         let now = Instant::now();
         self.inner.finish(outcome.clone());

@@ -2,9 +2,10 @@
 //! verified in one forward must change nothing but the number of steps.
 //! Requests that quote their prompt (a list to repeat, code to copy with a
 //! change) and plain ones, greedy and seeded-sampled with penalties, alone
-//! and batched, in blocking and pipelined modes: every request's tokens,
-//! text and log-probabilities with speculation equal those without, drafts
-//! are accepted (the counters say so), and a bad setting is refused by name.
+//! and batched, in blocking and pipelined modes, and a constrained one whose
+//! drafts are masked position by position: every request's tokens, text and
+//! log-probabilities with speculation equal those without, drafts are
+//! accepted (the counters say so), and a bad setting is refused by name.
 
 mod common;
 
@@ -137,8 +138,17 @@ fn speculation_changes_no_output_and_accepts_drafts() {
         let batched = run(&e, &on);
         same(&plain, &batched, &format!("{mode:?} batched"));
         for (i, req) in on.iter().enumerate() {
+            let before = counter(&e, "kestrel_spec_accepted_tokens_total");
             let alone = run(&e, std::slice::from_ref(req));
             same(&plain[i..=i], &alone, &format!("{mode:?} alone"));
+            if req.constraint.is_some() {
+                // Its drafts were masked position by position, and accepted.
+                let gained = counter(&e, "kestrel_spec_accepted_tokens_total") - before;
+                assert!(
+                    gained > 0,
+                    "{mode:?}: the constrained request accepted no draft"
+                );
+            }
         }
         let (drafted, accepted) = (
             counter(&e, "kestrel_spec_draft_tokens_total"),

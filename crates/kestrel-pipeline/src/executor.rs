@@ -84,7 +84,8 @@ impl<P> PrefillInput<'_, P> {
 /// one-hot draft this is the standard rejection rule (accept with
 /// probability `p(d)`, else sample `p` without `d`), and with the
 /// position-keyed draw it emits exactly the tokens decoding without drafts
-/// would. Rows with drafts are never constrained.
+/// would. A constrained row's masks cover each of its positions (see
+/// [`MaskBatch`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Drafts<'a> {
     pub indptr: &'a [u32],
@@ -112,7 +113,10 @@ impl<'a> Drafts<'a> {
     }
 }
 
-/// Masks for the rows of one step, in member order.
+/// Masks for the rows of one step, in member order: one row per position a
+/// member may sample (its next token, then one per draft it verifies), so
+/// member `i`'s first mask row is `i + drafts.indptr[i]` when the step
+/// carries drafts, and `i` otherwise.
 #[derive(Debug, Clone, Copy)]
 pub struct MaskBatch<'a> {
     /// `u32` words per row (`vocab_size.div_ceil(32)`).

@@ -13,20 +13,29 @@
 //! steady-state step allocates nothing here.
 
 use crate::skill::{SequenceSkill, TokenMask};
+use crate::TokenId;
 
-/// One constrained row of a step: its skill and its mask words, zeroed
-/// (nothing allowed) before the filler sees them.
+/// One constrained row of a step: its skill, the drafts its step verifies
+/// and its mask words, zeroed (nothing allowed) before the filler sees them.
 pub struct MaskRow<'a> {
     pub skill: &'a mut dyn SequenceSkill,
-    /// `TokenMask::words_for(vocab_size)` words.
+    /// Drafts after the next token (empty: one mask).
+    pub drafts: &'a [TokenId],
+    /// `(drafts.len() + 1) * TokenMask::words_for(vocab_size)` words.
     pub words: &'a mut [u32],
 }
 
 impl MaskRow<'_> {
-    /// Ask the skill for its mask: what every filler does per row.
+    /// Ask the skill for its mask (one per verified position): what every
+    /// filler does per row.
     pub fn fill(&mut self, vocab_size: usize) {
-        let mut mask = TokenMask::new(self.words, vocab_size);
-        self.skill.fill_mask(&mut mask);
+        if self.drafts.is_empty() {
+            let mut mask = TokenMask::new(self.words, vocab_size);
+            self.skill.fill_mask(&mut mask);
+        } else {
+            self.skill
+                .fill_masks_ahead(self.drafts, self.words, vocab_size);
+        }
     }
 }
 

@@ -121,6 +121,10 @@ pub(crate) struct Scheduler<P> {
     /// Whether each slot's step samples a token per member: false only for
     /// a prefill chunk short of its prompt's end (no row comes back).
     slot_samples: Vec<bool>,
+    /// The drafts each slot's step verifies (offsets per member, tokens;
+    /// empty: none), for its masks.
+    slot_draft_indptr: Vec<Vec<u32>>,
+    slot_drafts: Vec<Vec<TokenId>>,
     /// The prompt being prefilled in chunks, at most one at a time.
     partial: Option<PartialPrefill>,
     row_ids: Vec<RequestId>,
@@ -155,6 +159,8 @@ impl<P> Scheduler<P> {
             next_arrival: 0,
             slot_rows: vec![Vec::new(); num_slots],
             slot_samples: vec![true; num_slots],
+            slot_draft_indptr: vec![Vec::new(); num_slots],
+            slot_drafts: vec![Vec::new(); num_slots],
             partial: None,
             row_ids: Vec::new(),
             draft_indptr: Vec::new(),
@@ -296,6 +302,8 @@ impl<P> Scheduler<P> {
             drafts
         };
         exec.launch_decode(slot, &self.row_ids, drafts)?;
+        self.slot_draft_indptr[slot].clone_from(&self.draft_indptr);
+        self.slot_drafts[slot].clone_from(&self.draft_buf);
         let rows = &mut self.slot_rows[slot];
         rows.clear();
         rows.extend_from_slice(&plan.sequences);
@@ -526,7 +534,11 @@ impl<P> Scheduler<P> {
             max_new_tokens: req.max_new_tokens,
             max_len,
             params: req.params,
-            speculate: req.speculate.filter(|_| !req.skill.is_constrained()),
+            // A constrained sequence drafts only if its skill can mask
+            // the positions after a draft.
+            speculate: req
+                .speculate
+                .filter(|_| !req.skill.is_constrained() || req.skill.looks_ahead()),
             draft: Default::default(),
             drafting: 0,
             skill: req.skill,
@@ -646,6 +658,8 @@ impl<P> Scheduler<P> {
         rows.clear();
         rows.push(idx);
         self.slot_samples[slot] = samples;
+        self.slot_draft_indptr[slot].clear();
+        self.slot_drafts[slot].clear();
         self.stats.prefill_steps += 1;
         LaunchHandle {
             kind: StepKind::Prefill,
@@ -701,47 +715,66 @@ impl<P> Scheduler<P> {
         })
     }
 
+    /// Fill the step's masks: one per position a member may sample (its
+    /// next token, and one per draft its step verifies), see [`MaskBatch`].
     fn build_masks(&mut self, slot: SlotId) -> bool {
         self.mask_flags.clear();
         if !self.slot_samples[slot] {
             return false;
         }
         let rows = std::mem::take(&mut self.slot_rows[slot]);
+        let indptr = &self.slot_draft_indptr[slot];
+        // Mask rows of member `r`.
+        let span = |r: usize| match indptr.is_empty() {
+            true => 1,
+            false => 1 + (indptr[r + 1] - indptr[r]) as usize,
+        };
         let mut any = false;
-        for &i in &rows {
+        for (r, &i) in rows.iter().enumerate() {
             let c = self.seq(i).needs_mask();
             any |= c;
-            self.mask_flags.push(c);
+            self.mask_flags.extend(std::iter::repeat_n(c, span(r)));
         }
         if any {
             let wpr = self.words_per_row;
-            let need = rows.len() * wpr;
+            let need = self.mask_flags.len() * wpr;
             if self.mask_words.len() < need {
                 self.mask_words.resize(need, 0);
             }
-            // Pair each constrained sequence with its row's words. Sequences
+            // Pair each constrained sequence with its rows' words. Sequences
             // are visited in index order (one `iter_mut` gives disjoint
-            // `&mut`s); `mask_row_of` maps an index to its row.
+            // `&mut`s); `mask_row_of` maps an index to its member.
             self.mask_row_of.clear();
             self.mask_row_of.resize(self.seqs.len(), u32::MAX);
             for (r, &i) in rows.iter().enumerate() {
-                if self.mask_flags[r] {
+                if self.seq(i).needs_mask() {
                     self.mask_row_of[i as usize] = r as u32;
                 }
             }
             let mut chunks: Vec<Option<&mut [u32]>> =
                 recycle(std::mem::take(&mut self.mask_chunks));
-            chunks.extend(self.mask_words[..need].chunks_mut(wpr).map(Some));
+            let mut rest = &mut self.mask_words[..need];
+            for r in 0..rows.len() {
+                let (head, tail) = rest.split_at_mut(span(r) * wpr);
+                chunks.push(Some(head));
+                rest = tail;
+            }
+            let drafts = &self.slot_drafts[slot];
             let mut jobs: Vec<MaskRow<'_>> = recycle(std::mem::take(&mut self.mask_rows));
             for (seq, &r) in self.seqs.iter_mut().zip(&self.mask_row_of) {
                 if r == u32::MAX {
                     continue;
                 }
                 let seq = seq.as_mut().expect("live sequence index");
-                let words = chunks[r as usize].take().expect("one row per sequence");
+                let words = chunks[r as usize].take().expect("one member per sequence");
                 words.fill(0);
+                let own = match indptr.is_empty() {
+                    true => &drafts[..0],
+                    false => &drafts[indptr[r as usize] as usize..indptr[r as usize + 1] as usize],
+                };
                 jobs.push(MaskRow {
                     skill: &mut *seq.skill,
+                    drafts: own,
                     words,
                 });
             }

@@ -22,8 +22,8 @@ pub struct Request<P> {
     pub max_new_tokens: u32,
     /// Sampling parameters for the executor.
     pub params: P,
-    /// Prompt-lookup speculation (`None`: off). Constrained requests do not
-    /// draft.
+    /// Prompt-lookup speculation (`None`: off). A constrained request drafts
+    /// only if its skill can look ahead ([`SequenceSkill::fill_masks_ahead`]).
     pub speculate: Option<NgramSpec>,
     pub skill: Box<dyn SequenceSkill>,
 }
@@ -71,7 +71,8 @@ pub(crate) struct Sequence<P> {
     /// Prompt + generated tokens at most (the context cap).
     pub max_len: usize,
     pub params: P,
-    /// Speculation settings (never for a constrained sequence).
+    /// Speculation settings (a constrained sequence: only if its skill
+    /// looks ahead).
     pub speculate: Option<NgramSpec>,
     /// How many drafts it proposes next, and when it next waits to draft.
     pub draft: DraftControl,

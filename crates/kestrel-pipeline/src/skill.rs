@@ -158,6 +158,25 @@ pub trait SequenceSkill: Send {
         mask.allow_all();
     }
 
+    /// Whether [`SequenceSkill::fill_masks_ahead`] can look past the next
+    /// token. A constrained sequence speculates only if it can.
+    fn looks_ahead(&self) -> bool {
+        false
+    }
+
+    /// The masks of a step that verifies `drafts` after the next token:
+    /// `words` holds `drafts.len() + 1` zeroed masks of
+    /// `TokenMask::words_for(vocab_size)` words each. Mask 0 is
+    /// [`SequenceSkill::fill_mask`]'s; mask `j` is the one after
+    /// `drafts[..j]` were consumed. The skill's state is unchanged
+    /// afterwards. Masks after a draft the skill would not accept may stay
+    /// zeroed: sampling never reaches them. Called only when
+    /// [`SequenceSkill::looks_ahead`] is true; by default, mask 0 only.
+    fn fill_masks_ahead(&mut self, drafts: &[TokenId], words: &mut [u32], vocab_size: usize) {
+        let _ = drafts;
+        self.fill_mask(&mut TokenMask::new(words, vocab_size));
+    }
+
     /// The request ended; called exactly once.
     fn finish(&mut self, outcome: Outcome);
 }

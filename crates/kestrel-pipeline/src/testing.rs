@@ -463,16 +463,17 @@ impl Executor for SimExecutor {
             s.host_indptr.push(0);
         }
         for (r, (&id, &pos)) in s.rows.iter().zip(&s.positions).enumerate() {
-            let mask = masks.and_then(|m| m.row(r));
+            // Mask rows: one per position the member may sample.
+            let first = match drafts.indptr.is_empty() {
+                true => r,
+                false => r + drafts.indptr[r] as usize,
+            };
+            let mask = |j: usize| masks.and_then(|m| m.row(first + j));
             let seed = self.seqs[&id].seed;
             let d = drafts.row(r);
-            if mask.is_some() && !d.is_empty() {
-                self.violations
-                    .push(format!("request {id}: drafts for a constrained row"));
-            }
             // Verify: sample each position as decoding would, while the
             // sampled token is the draft that was computed after it.
-            let mut t = self.sample_at(seed, pos, mask);
+            let mut t = self.sample_at(seed, pos, mask(0));
             let mut accepted = 0;
             loop {
                 s.host_tokens.push(t);
@@ -484,7 +485,7 @@ impl Executor for SimExecutor {
                     break;
                 }
                 accepted += 1;
-                t = self.sample_at(seed, pos + accepted, None);
+                t = self.sample_at(seed, pos + accepted, mask(accepted));
             }
             let seq = self
                 .seqs
@@ -669,6 +670,27 @@ impl SequenceSkill for SimSkill {
                 mask.allow(t);
             }
         }
+    }
+
+    fn looks_ahead(&self) -> bool {
+        true
+    }
+
+    /// Steps its state through the drafts it allows, then restores it.
+    fn fill_masks_ahead(&mut self, drafts: &[TokenId], words: &mut [u32], vocab_size: usize) {
+        let saved = self.state;
+        let wpr = TokenMask::words_for(vocab_size);
+        for (j, chunk) in words.chunks_mut(wpr).enumerate() {
+            let mut mask = TokenMask::new(chunk, vocab_size);
+            self.fill_mask(&mut mask);
+            match drafts.get(j) {
+                Some(&d) if self.allowed(d) && d != SIM_EOS => {
+                    self.state = mix(self.state ^ u64::from(d));
+                }
+                _ => break,
+            }
+        }
+        self.state = saved;
     }
 
     fn finish(&mut self, outcome: Outcome) {

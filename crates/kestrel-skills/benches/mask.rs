@@ -173,7 +173,11 @@ fn bench(c: &mut Criterion) {
                                 let mut rows: Vec<MaskRow<'_>> = skills
                                     .iter_mut()
                                     .zip(batch_words.chunks_mut(per_row))
-                                    .map(|(s, w)| MaskRow { skill: s, words: w })
+                                    .map(|(s, w)| MaskRow {
+                                        skill: s,
+                                        drafts: &[],
+                                        words: w,
+                                    })
                                     .collect();
                                 let t0 = Instant::now();
                                 filler.fill(&mut rows, ctx.vocab_size());

@@ -115,6 +115,7 @@ pub fn fill_batch_masks<S: SequenceSkill>(
             row.fill(0);
             jobs.push(MaskRow {
                 skill: &mut **skill,
+                drafts: &[],
                 words: row,
             });
         } else {

@@ -328,6 +328,58 @@ impl SequenceSkill for Skill {
         }
     }
 
+    /// A running constraint can: its matcher consumes drafts tentatively
+    /// and rolls them back.
+    fn looks_ahead(&self) -> bool {
+        self.is_constrained()
+    }
+
+    fn fill_masks_ahead(&mut self, drafts: &[TokenId], words: &mut [u32], vocab_size: usize) {
+        let wpr = TokenMask::words_for(vocab_size);
+        let mut masks = words.chunks_mut(wpr);
+        let Some(first) = masks.next() else {
+            return;
+        };
+        self.fill_mask(&mut TokenMask::new(first, vocab_size));
+        if self.constraint_error.is_some() || !self.is_constrained() {
+            return;
+        }
+        let mut consumed = 0;
+        for (&d, words) in drafts.iter().zip(masks) {
+            // EOS ends the sequence: nothing after it is sampled.
+            if self.ctx.is_eos(d) {
+                break;
+            }
+            let Rules::Constrained(matcher) = &mut self.rules else {
+                unreachable!("constrained rules")
+            };
+            // A draft the grammar refuses is never sampled, nor what follows.
+            if !matches!(matcher.try_consume_tokens(&[d]), Ok(1)) {
+                break;
+            }
+            consumed += 1;
+            match matcher.compute_mask_or_eos() {
+                Ok(vob) => {
+                    let src = vob.as_slice();
+                    let n = src.len().min(words.len());
+                    words[..n].copy_from_slice(&src[..n]);
+                }
+                Err(_) => break,
+            }
+        }
+        if consumed > 0 {
+            let Rules::Constrained(matcher) = &mut self.rules else {
+                unreachable!("constrained rules")
+            };
+            if let Err(e) = matcher.rollback(consumed) {
+                // The committed state is lost: end with the error, as a
+                // failed mask would.
+                tracing::warn!(error = %e, "constraint engine failed rolling back drafts");
+                self.constraint_error = Some(engine_reason(&e));
+            }
+        }
+    }
+
     fn finish(&mut self, outcome: Outcome) {
         debug_assert!(
             !matches!(self.phase, SkillPhase::Finished(_)),

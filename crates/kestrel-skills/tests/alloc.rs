@@ -85,7 +85,11 @@ fn mask_filling_allocations() {
     let mut rows: Vec<MaskRow<'_>> = [&mut text as &mut Skill, &mut zombie, &mut text2]
         .into_iter()
         .zip(more.chunks_mut(per_row))
-        .map(|(s, w)| MaskRow { skill: s, words: w })
+        .map(|(s, w)| MaskRow {
+            skill: s,
+            drafts: &[],
+            words: w,
+        })
         .collect();
     // Two pool threads whatever the host, so the steps below do spill (the
     // filler stays on the caller's thread when rayon has only one).

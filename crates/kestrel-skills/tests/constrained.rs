@@ -312,7 +312,11 @@ fn parallel_filler_matches_per_sequence_masks() {
     let mut rows: Vec<MaskRow<'_>> = skills
         .iter_mut()
         .zip(words.chunks_mut(per_row))
-        .map(|(s, w)| MaskRow { skill: s, words: w })
+        .map(|(s, w)| MaskRow {
+            skill: s,
+            drafts: &[],
+            words: w,
+        })
         .collect();
     ParallelMasks::always().fill(&mut rows, vocab);
     drop(rows);
@@ -382,4 +386,53 @@ proptest! {
             prop_assert_eq!(depth, 0, "{}", r.text);
         }
     }
+}
+
+/// Speculative decoding's masks: `fill_masks_ahead` over a JSON output's
+/// tokens gives, at every position, the mask the skill has once it really
+/// consumed the tokens before it, and leaves the skill as it was; masks
+/// after a draft the grammar refuses stay empty (never sampled).
+#[test]
+fn masks_ahead_equal_the_masks_after_consuming_the_drafts() {
+    let ctx = ctx();
+    let vocab = ctx.vocab_size();
+    let wpr = TokenMask::words_for(vocab);
+    let spec = SkillSpec::Json {
+        schema: person_schema(),
+    };
+    let tokens = encode(&ctx, r#"{"name": "ab", "age": 42, "ok": false}"#);
+    let mut ahead = skill(&ctx, spec.clone());
+    assert!(ahead.looks_ahead());
+    for start in (0..tokens.len() - 1).step_by(3) {
+        let drafts = &tokens[start..(start + 5).min(tokens.len())];
+        let before = mask_of(&mut ahead, vocab);
+        let mut words = vec![0u32; (drafts.len() + 1) * wpr];
+        ahead.fill_masks_ahead(drafts, &mut words, vocab);
+        assert_eq!(mask_of(&mut ahead, vocab), before, "state restored");
+        // The same positions reached for real, on a skill walked alike.
+        let mut real = skill(&ctx, spec.clone());
+        for &t in &tokens[..start] {
+            commit(&mut real, t);
+        }
+        for (j, &d) in drafts.iter().enumerate() {
+            assert_eq!(
+                &words[j * wpr..(j + 1) * wpr],
+                mask_of(&mut real, vocab),
+                "position {j} after {start}"
+            );
+            if commit(&mut real, d) != Verdict::Continue {
+                break;
+            }
+        }
+        for &t in &tokens[start..(start + 3).min(tokens.len())] {
+            commit(&mut ahead, t);
+        }
+    }
+    // A draft the grammar refuses: the masks after it stay empty.
+    let mut s = skill(&ctx, spec);
+    let bad = encode(&ctx, "xy");
+    let mut words = vec![0u32; (bad.len() + 1) * wpr];
+    s.fill_masks_ahead(&bad, &mut words, vocab);
+    assert!(!allowed(&words[..wpr], vocab).is_empty());
+    assert!(words[wpr..].iter().all(|&w| w == 0));
 }

@@ -103,8 +103,16 @@ pub enum RuntimeError {
     Ledger(#[from] LedgerError),
     #[error("invalid runtime config: {0}")]
     Config(String),
-    #[error("a decode step with {given} draft tokens, more than the {limit} the runtime verifies")]
-    TooManyDrafts { given: usize, limit: usize },
+    #[error(
+        "a decode step's drafts do not fit: {tokens} tokens (at most {limit}) over {offsets} \
+         offsets for {rows} rows (0 or rows + 1, rising from 0 to the tokens)"
+    )]
+    BadDrafts {
+        rows: usize,
+        offsets: usize,
+        tokens: usize,
+        limit: usize,
+    },
 }
 
 const NUM_SLOTS: usize = 2;
@@ -400,9 +408,17 @@ impl Executor for CpuRuntime {
         rows: &[RequestId],
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<RuntimeError>> {
-        if drafts.tokens.len() > self.cfg.max_draft_tokens {
-            return Err(ExecError::PreDispatch(RuntimeError::TooManyDrafts {
-                given: drafts.tokens.len(),
+        let d = drafts.indptr;
+        let well_formed = d.is_empty()
+            || (d.len() == rows.len() + 1
+                && d[0] == 0
+                && d.windows(2).all(|w| w[0] <= w[1])
+                && d[rows.len()] as usize == drafts.tokens.len());
+        if !well_formed || drafts.tokens.len() > self.cfg.max_draft_tokens {
+            return Err(ExecError::PreDispatch(RuntimeError::BadDrafts {
+                rows: rows.len(),
+                offsets: d.len(),
+                tokens: drafts.tokens.len(),
                 limit: self.cfg.max_draft_tokens,
             }));
         }

@@ -344,20 +344,31 @@ impl ComputeStream {
                     prompt_len
                 }
             };
-            let words = (mask.any && mask.rows[o])
-                .then(|| &mask.words[o * mask.words_per_row..(o + 1) * mask.words_per_row]);
-            o += 1;
-            // The row's first logits: its own index, or after the earlier
-            // rows' drafts when the step verifies drafts.
+            // The row's first logits (and mask row): its own index, or after
+            // the earlier rows' drafts when the step verifies drafts.
             let first = if verifying {
                 i + meta.draft_indptr[i] as usize
             } else {
-                i
+                o
+            };
+            o += 1;
+            let words = |m: usize| {
+                (mask.any && mask.rows[m])
+                    .then(|| &mask.words[m * mask.words_per_row..(m + 1) * mask.words_per_row])
             };
             let drafts = meta.drafts(i);
             let dr = &mut self.rows[row as usize];
-            let logits = &mut self.logits[slot][first * vocab..(first + 1) * vocab];
-            let mut token = sample_into(logits, dr, words, position, top_n, dev, (meta.step, i));
+            let at = if verifying { first } else { i };
+            let logits = &mut self.logits[slot][at * vocab..(at + 1) * vocab];
+            let mut token = sample_into(
+                logits,
+                dr,
+                words(first),
+                position,
+                top_n,
+                dev,
+                (meta.step, i),
+            );
             // Verification: the draft computed after `token` was right, so
             // the next logits are that position's: sample it as decoding
             // would (penalties have counted `token`).
@@ -367,7 +378,8 @@ impl ComputeStream {
                 let at = (first + accepted) * vocab;
                 let logits = &mut self.logits[slot][at..at + vocab];
                 let position = position + accepted as u32;
-                token = sample_into(logits, dr, None, position, top_n, dev, (meta.step, i));
+                let words = words(first + accepted);
+                token = sample_into(logits, dr, words, position, top_n, dev, (meta.step, i));
             }
             dr.pending = token;
             if verifying {
