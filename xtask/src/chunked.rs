@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+
+use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, LoopConfig, Outcome, PipelineMode, PrefillPolicy, Request,
-    SamplingParams, SequenceSkill, Tick, TokenMask, Verdict,
+    EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, Request, SamplingParams, Tick,
 };
 
 /// `cargo xtask chunked-prefill` options.
@@ -47,29 +48,6 @@ pub struct ChunkedArgs {
     quick: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Mode {
-    Blocking,
-    Pipelined,
-}
-
-/// Records when each token was committed; never stops the sequence.
-struct Clock {
-    times: Arc<Mutex<Vec<Instant>>>,
-}
-
-impl SequenceSkill for Clock {
-    fn consume(&mut self, _token: &CommittedToken<'_>) -> Verdict {
-        self.times.lock().expect("clock lock").push(Instant::now());
-        Verdict::Continue
-    }
-    fn is_constrained(&self) -> bool {
-        false
-    }
-    fn fill_mask(&mut self, _mask: &mut TokenMask<'_>) {}
-    fn finish(&mut self, _outcome: Outcome) {}
-}
-
 /// One run's figures, milliseconds.
 #[derive(Debug, Clone, Copy)]
 struct RunFigures {
@@ -95,9 +73,7 @@ pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
     if args.streams == 0 || args.prompt_tokens < 2 || args.reps == 0 {
         bail!("need --streams >= 1, --prompt-tokens >= 2, --reps >= 1");
     }
-    let path = kestrel_model::default_model_path().context("fetching the default model")?;
-    let model =
-        kestrel_model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let model = default_model()?;
     let max_seq_len = args.prompt_tokens + 2048;
     if max_seq_len > model.weights.config.max_position_embeddings {
         bail!(
@@ -119,13 +95,8 @@ pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
         .cycle()
         .take(args.prompt_tokens)
         .collect();
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    let mode = match args.mode {
-        Mode::Blocking => PipelineMode::Blocking,
-        Mode::Pipelined => PipelineMode::Pipelined,
-    };
+    let threads = threads(args.threads);
+    let mode = PipelineMode::from(args.mode);
     let mut configs: Vec<Option<NonZeroUsize>> = vec![None];
     configs.extend(args.chunks.iter().map(|&c| NonZeroUsize::new(c)));
     configs.dedup();
@@ -298,19 +269,8 @@ fn run_once(
 }
 
 fn step(engine: &mut EngineLoop<CpuRuntime>, deadline: Instant) -> anyhow::Result<()> {
-    match engine.run_once() {
-        Tick::Progress => {}
-        Tick::Idle => bail!("the engine went idle with requests running"),
-        Tick::Paused => bail!("the engine paused"),
-        Tick::Unhealthy => bail!(
-            "the engine failed: {}",
-            engine
-                .unhealthy()
-                .map_or_else(String::new, ToString::to_string)
-        ),
-    }
-    if Instant::now() > deadline {
-        bail!("no progress within 10 minutes");
+    if iterate(engine, deadline)? == Tick::Idle {
+        bail!("the engine went idle with requests running");
     }
     Ok(())
 }

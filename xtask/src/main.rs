@@ -12,6 +12,7 @@
 
 mod bench;
 mod chunked;
+mod engine_core;
 mod soak;
 mod speculate;
 

