@@ -11,7 +11,7 @@ use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_pipeline::{Executor, LoopConfig, NgramSpec};
 
-use crate::config::EngineConfig;
+use crate::config::{Backend, EngineConfig};
 use crate::error::EngineError;
 use crate::model::{KvStats, ModelContext, Runtime};
 use crate::Engine;
@@ -21,6 +21,7 @@ pub(crate) fn start_cpu(
     model: ModelContext,
     loop_config: LoopConfig,
     config: &EngineConfig,
+    speculate: Option<NgramSpec>,
     weights: kestrel_model::ModelWeights,
 ) -> Result<Engine, EngineError> {
     let cfg = CpuRuntimeConfig {
@@ -33,12 +34,20 @@ pub(crate) fn start_cpu(
         numerics: config.numerics,
         ..CpuRuntimeConfig::default()
     };
-    let speculate = config.speculate.map(|k| NgramSpec::new(k as usize));
     Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
         let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
         rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
         Ok(rt)
     })
+}
+
+/// Whether `backend`'s runtime verifies drafts ([`Runtime::DRAFTS`]), for
+/// checking a configuration before the runtime exists.
+pub(crate) fn verifies_drafts(backend: Backend) -> bool {
+    match backend {
+        Backend::Cpu => <CpuRuntime as Runtime>::DRAFTS,
+        Backend::Cuda => <CudaRuntime as Runtime>::DRAFTS,
+    }
 }
 
 /// The runtime's own typed error, kept as the source.
@@ -58,6 +67,7 @@ pub(crate) fn start_cuda(
     model: ModelContext,
     loop_config: LoopConfig,
     config: &EngineConfig,
+    speculate: Option<NgramSpec>,
     weights: kestrel_model::ModelWeights,
 ) -> Result<Engine, EngineError> {
     let cfg = CudaRuntimeConfig {
@@ -68,7 +78,7 @@ pub(crate) fn start_cuda(
         enable_prefix_cache: config.enable_prefix_cache,
         ..CudaRuntimeConfig::default()
     };
-    Engine::spawn(model, loop_config, "cuda".into(), None, move || {
+    Engine::spawn(model, loop_config, "cuda".into(), speculate, move || {
         let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
         rt.record_timings(true)
             .map_err(|e| unavailable("CUDA", e))?;

@@ -104,13 +104,17 @@ impl Engine {
             debug_checks: cfg!(debug_assertions),
         };
         validate_engine_config(&config, &loop_config)?;
+        let speculate = default_speculation(&config)?;
         progress(LoadEvent::StartingRuntime {
             backend: config.backend,
         });
+        let weights = loaded.weights;
         let engine = match config.backend {
-            Backend::Cpu => crate::backend::start_cpu(model, loop_config, &config, loaded.weights)?,
+            Backend::Cpu => {
+                crate::backend::start_cpu(model, loop_config, &config, speculate, weights)?
+            }
             Backend::Cuda => {
-                crate::backend::start_cuda(model, loop_config, &config, loaded.weights)?
+                crate::backend::start_cuda(model, loop_config, &config, speculate, weights)?
             }
         };
         progress(LoadEvent::Ready);
@@ -435,19 +439,15 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
     check(c.kv_pages >= 1, "kv_pages", "must be at least 1")?;
     check(c.max_waiting >= 1, "max_waiting", "must be at least 1")?;
     check(lc.max_seq_len >= 2, "max_seq_len", "must be at least 2")?;
-    if let Some(k) = c.speculate {
-        check(
-            (1..=crate::MAX_DRAFT).contains(&k),
-            "speculate",
-            "ngram drafts per step must be 1 to 16",
-        )?;
-        check(
-            c.backend == Backend::Cpu,
-            "speculate",
-            "the CUDA runtime does not verify drafts yet",
-        )?;
-    }
     Ok(())
+}
+
+/// [`EngineConfig::speculate`] checked by the requests' rule for the backend.
+fn default_speculation(c: &EngineConfig) -> Result<Option<NgramSpec>, EngineError> {
+    c.speculate
+        .map(|k| validate::ngram_spec(k, crate::backend::verifies_drafts(c.backend)))
+        .transpose()
+        .map_err(|m| EngineError::invalid(Field::Config("speculate"), m))
 }
 
 /// [`EngineConfig::prefill_chunk`] resolved for the backend.

@@ -264,22 +264,25 @@ fn speculation(s: Speculation, limits: &Limits<'_>) -> Result<Option<NgramSpec>>
     match s {
         Speculation::Default => Ok(limits.speculate),
         Speculation::Off => Ok(None),
-        Speculation::Ngram { max_draft } => {
-            if !(1..=MAX_DRAFT).contains(&max_draft) {
-                return bad(
-                    Field::Speculate,
-                    format!("ngram drafts must be 1 to {MAX_DRAFT} per step, got {max_draft}"),
-                );
-            }
-            if !limits.drafts {
-                return bad(
-                    Field::Speculate,
-                    "this backend does not verify drafts (no speculative decoding yet)",
-                );
-            }
-            Ok(Some(NgramSpec::new(max_draft as usize)))
-        }
+        Speculation::Ngram { max_draft } => ngram_spec(max_draft, limits.drafts)
+            .map(Some)
+            .map_err(|m| EngineError::invalid(Field::Speculate, m)),
     }
+}
+
+/// The one rule for prompt-lookup speculation, a request's or the engine's
+/// default: 1 to [`MAX_DRAFT`] drafts per step, on a backend that verifies
+/// drafts (`drafts`). The message says what was wrong.
+pub(crate) fn ngram_spec(max_draft: u32, drafts: bool) -> std::result::Result<NgramSpec, String> {
+    if !(1..=MAX_DRAFT).contains(&max_draft) {
+        return Err(format!(
+            "ngram drafts must be 1 to {MAX_DRAFT} per step, got {max_draft}"
+        ));
+    }
+    if !drafts {
+        return Err("this backend does not verify drafts (no speculative decoding yet)".into());
+    }
+    Ok(NgramSpec::new(max_draft as usize))
 }
 
 fn constraint_field(spec: &SkillSpec) -> Field {

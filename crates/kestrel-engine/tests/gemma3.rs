@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::rt;
+use common::{rt, stream_all};
 
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
-    PipelineMode, PrefillPolicy, SamplingOptions,
+    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, ModelSource, PipelineMode,
+    PrefillPolicy, SamplingOptions,
 };
 
 fn engine(mode: PipelineMode) -> Engine {
@@ -66,23 +66,6 @@ fn requests() -> Vec<GenerateRequest> {
     reqs
 }
 
-async fn all_at_once(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
-    let streams: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.stream(r.clone()).expect("accepted"))
-        .collect();
-    let mut out = Vec::new();
-    for mut s in streams {
-        loop {
-            match s.next_event().await.expect("terminal").expect("no error") {
-                kestrel_engine::StreamEvent::Done(r) => break out.push(r),
-                kestrel_engine::StreamEvent::Delta { .. } => {}
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn gemma3_batched_alone_blocking_and_pipelined_agree() {
     let reqs = requests();
@@ -90,7 +73,7 @@ fn gemma3_batched_alone_blocking_and_pipelined_agree() {
     for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
         let engine = engine(mode);
         rt().block_on(async {
-            let batched = all_at_once(&engine, &reqs).await;
+            let batched = stream_all(&engine, &reqs).await;
             // The first request alone must equal itself in the batch.
             let alone = engine.generate(reqs[0].clone()).await.expect("alone");
             assert_eq!(

@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{counter, rt, start_default};
+use common::{counter, rt, start_default, stream_all};
 
 use std::time::Duration;
 
@@ -134,30 +134,7 @@ fn batch(stop_id: u32) -> Vec<GenerateRequest> {
 
 /// Runs the batch concurrently and returns the responses in order.
 fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
-    rt().block_on(async {
-        let streams: Vec<_> = reqs
-            .iter()
-            .map(|r| engine.stream(r.clone()).expect("accepted"))
-            .collect();
-        let mut out = Vec::new();
-        for mut s in streams {
-            loop {
-                match tokio::time::timeout(Duration::from_secs(120), s.next_event())
-                    .await
-                    .expect("no hang")
-                    .expect("a terminal event")
-                    .expect("no error")
-                {
-                    kestrel_engine::StreamEvent::Done(r) => {
-                        out.push(r);
-                        break;
-                    }
-                    kestrel_engine::StreamEvent::Delta { .. } => {}
-                }
-            }
-        }
-        out
-    })
+    rt().block_on(stream_all(engine, reqs))
 }
 
 #[test]

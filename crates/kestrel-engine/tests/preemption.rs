@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{counter, rt, start_default};
+use common::{counter, rt, start_default, stream_all, until_done};
 
 use std::time::Duration;
 
@@ -89,40 +89,8 @@ fn batch() -> Vec<GenerateRequest> {
         .collect()
 }
 
-/// Streams every request at once; returns each final response after
-/// checking that its deltas add up to it.
 fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
-    rt().block_on(async {
-        let streams: Vec<_> = reqs
-            .iter()
-            .map(|r| engine.stream(r.clone()).expect("accepted"))
-            .collect();
-        let mut out = Vec::new();
-        for mut s in streams {
-            let (mut text, mut ids) = (String::new(), Vec::new());
-            loop {
-                let event = tokio::time::timeout(Duration::from_secs(120), s.next_event())
-                    .await
-                    .expect("no hang")
-                    .expect("a terminal event")
-                    .expect("no error: a request that fits alone never fails for KV");
-                match event {
-                    StreamEvent::Delta {
-                        text: t, token_ids, ..
-                    } => {
-                        text.push_str(&t);
-                        ids.extend(token_ids);
-                    }
-                    StreamEvent::Done(r) => {
-                        assert_eq!((&text, &ids), (&r.text, &r.token_ids), "deltas vs final");
-                        out.push(r);
-                        break;
-                    }
-                }
-            }
-        }
-        out
-    })
+    rt().block_on(stream_all(engine, reqs))
 }
 
 fn preemptions(engine: &Engine) -> u64 {
@@ -205,18 +173,8 @@ fn aborts_under_pressure_free_every_page() {
         for s in streams.iter_mut().step_by(2) {
             s.abort();
         }
-        for (i, mut s) in streams.into_iter().enumerate() {
-            let end = loop {
-                match tokio::time::timeout(Duration::from_secs(120), s.next_event())
-                    .await
-                    .expect("no hang")
-                    .expect("a terminal event")
-                    .expect("no error")
-                {
-                    StreamEvent::Done(r) => break r,
-                    StreamEvent::Delta { .. } => {}
-                }
-            };
+        for (i, s) in streams.iter_mut().enumerate() {
+            let (end, _, _) = until_done(s).await;
             if i % 2 == 1 && reqs[i].ignore_eos {
                 assert_eq!(end.finish_reason, FinishReason::Length);
                 assert_eq!(end.token_ids.len(), 48);

@@ -121,16 +121,13 @@ pub(crate) struct Scheduler<P> {
     /// Whether each slot's step samples a token per member: false only for
     /// a prefill chunk short of its prompt's end (no row comes back).
     slot_samples: Vec<bool>,
-    /// The drafts each slot's step verifies (offsets per member, tokens;
-    /// empty: none), for its masks.
+    /// The drafts each slot's step verifies, compacted as the executor
+    /// takes them (offsets per member, tokens; empty: none), for its masks.
     slot_draft_indptr: Vec<Vec<u32>>,
     slot_drafts: Vec<Vec<TokenId>>,
     /// The prompt being prefilled in chunks, at most one at a time.
     partial: Option<PartialPrefill>,
     row_ids: Vec<RequestId>,
-    /// A launch's drafts, compacted for the executor.
-    draft_indptr: Vec<u32>,
-    draft_buf: Vec<TokenId>,
     to_release: Vec<SeqIdx>,
     mask_words: Vec<u32>,
     mask_flags: Vec<bool>,
@@ -163,8 +160,6 @@ impl<P> Scheduler<P> {
             slot_drafts: vec![Vec::new(); num_slots],
             partial: None,
             row_ids: Vec::new(),
-            draft_indptr: Vec::new(),
-            draft_buf: Vec::new(),
             to_release: Vec::new(),
             mask_words: Vec::new(),
             mask_flags: Vec::new(),
@@ -279,31 +274,26 @@ impl<P> Scheduler<P> {
         slot: SlotId,
     ) -> Result<LaunchHandle, ExecError<E::Error>> {
         self.row_ids.clear();
-        self.draft_indptr.clear();
-        self.draft_buf.clear();
         for &i in &plan.sequences {
             let id = self.seq(i).id;
             self.row_ids.push(id);
         }
+        // Compacted into the slot's buffers: the slot is free (I6), and a
+        // launch refused before dispatch leaves it free for the next.
+        let (indptr, tokens) = (
+            &mut self.slot_draft_indptr[slot],
+            &mut self.slot_drafts[slot],
+        );
+        indptr.clear();
+        tokens.clear();
         if !plan.draft_tokens.is_empty() {
-            self.draft_indptr.push(0);
+            indptr.push(0);
             for k in 0..plan.len() {
-                self.draft_buf.extend_from_slice(plan.drafts(k));
-                self.draft_indptr.push(self.draft_buf.len() as u32);
+                tokens.extend_from_slice(plan.drafts(k));
+                indptr.push(tokens.len() as u32);
             }
         }
-        let drafts = Drafts {
-            indptr: &self.draft_indptr,
-            tokens: &self.draft_buf,
-        };
-        let drafts = if drafts.is_empty() {
-            Drafts::NONE
-        } else {
-            drafts
-        };
-        exec.launch_decode(slot, &self.row_ids, drafts)?;
-        self.slot_draft_indptr[slot].clone_from(&self.draft_indptr);
-        self.slot_drafts[slot].clone_from(&self.draft_buf);
+        exec.launch_decode(slot, &self.row_ids, Drafts { indptr, tokens })?;
         let rows = &mut self.slot_rows[slot];
         rows.clear();
         rows.extend_from_slice(&plan.sequences);
@@ -726,7 +716,11 @@ impl<P> Scheduler<P> {
         }
         let rows = std::mem::take(&mut self.slot_rows[slot]);
         let indptr = &self.slot_draft_indptr[slot];
-        // Mask rows of member `r`.
+        // Member `r`'s first mask row, and how many it has.
+        let first = |r: usize| match indptr.is_empty() {
+            true => r,
+            false => r + indptr[r] as usize,
+        };
         let span = |r: usize| match indptr.is_empty() {
             true => 1,
             false => 1 + (indptr[r + 1] - indptr[r]) as usize,
@@ -749,7 +743,7 @@ impl<P> Scheduler<P> {
             self.mask_row_of.clear();
             self.mask_row_of.resize(self.seqs.len(), u32::MAX);
             for (r, &i) in rows.iter().enumerate() {
-                if self.seq(i).needs_mask() {
+                if self.mask_flags[first(r)] {
                     self.mask_row_of[i as usize] = r as u32;
                 }
             }

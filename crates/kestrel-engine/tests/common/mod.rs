@@ -2,7 +2,12 @@
 
 #![allow(dead_code)]
 
-use kestrel_engine::{Engine, EngineConfig, ModelSource};
+use std::time::Duration;
+
+use kestrel_engine::{
+    Engine, EngineConfig, GenerateRequest, GenerateResponse, GenerationStream, ModelSource,
+    StreamEvent,
+};
 
 /// A two-worker tokio runtime with timers and I/O, for driving the async API.
 pub fn rt() -> tokio::runtime::Runtime {
@@ -34,4 +39,42 @@ pub fn counter(engine: &Engine, name: &str) -> u64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("the counter {name}"))
+}
+
+/// Reads `s` to its `Done` (each event within 120 s, none an error) and
+/// returns it with the text and token ids its deltas carried.
+pub async fn until_done(s: &mut GenerationStream) -> (GenerateResponse, String, Vec<u32>) {
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(120), s.next_event())
+            .await
+            .expect("no hang")
+            .expect("a terminal event")
+            .expect("no error");
+        match event {
+            StreamEvent::Delta {
+                text: t, token_ids, ..
+            } => {
+                text.push_str(&t);
+                ids.extend(token_ids);
+            }
+            StreamEvent::Done(r) => return (r, text, ids),
+        }
+    }
+}
+
+/// Streams every request at once and returns each final response, in
+/// order, after checking that its deltas add up to it.
+pub async fn stream_all(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
+    let mut streams: Vec<_> = reqs
+        .iter()
+        .map(|r| engine.stream(r.clone()).expect("accepted"))
+        .collect();
+    let mut out = Vec::new();
+    for s in &mut streams {
+        let (r, text, ids) = until_done(s).await;
+        assert_eq!((&text, &ids), (&r.text, &r.token_ids), "deltas vs final");
+        out.push(r);
+    }
+    out
 }
