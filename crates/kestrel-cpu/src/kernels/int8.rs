@@ -3,7 +3,7 @@
 //! (Q8_0, Q4_0, Q4_1, and the 32-element blocks `weight.rs` rewrites Q5_0,
 //! Q5_1 and the K-quants into; ggml's Q8_1 activations). This file is the
 //! *definition* of the mode's results; `x86_int8.rs` reproduces it bit for
-//! bit with AVX2 for finite activations. Dense encodings (F32/F16/BF16) keep
+//! bit with AVX2 and AVX-512 VNNI for finite activations. Dense encodings (F32/F16/BF16) keep
 //! the exact f32 path in either mode.
 //!
 //! Per activation block: `d = max|x| / 127`, `q = round_ties_even(x / d)`

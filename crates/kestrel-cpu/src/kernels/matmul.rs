@@ -241,6 +241,9 @@ unsafe fn int8_rows_task(
     let group = if n == 1 { r1 - r0 } else { 16 };
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= INT8_UNPACKED_MIN_COLS {
+        // Four activation rows at a time in 512-bit registers where the
+        // CPU has AVX-512 VNNI (same results: both give `int8::dot`).
+        let wide = isa == Isa::Avx512 && x86_int8::has_avx512_vnni();
         return IBUF.with(|b| {
             let mut b = b.borrow_mut();
             if b.len() < group * nb {
@@ -273,7 +276,7 @@ unsafe fn int8_rows_task(
                 let has_min = !in_place && for_int8_block!(w.enc, go);
                 let mut c = 0;
                 while c < n {
-                    let cn = if n - c >= 2 { 2 } else { 1 };
+                    let cn = (n - c).min(if wide { 4 } else { 2 });
                     let (wp, row_bytes) = if in_place {
                         // SAFETY: `g0 < w.rows`: row g0 starts within `w.data`.
                         (
@@ -297,15 +300,15 @@ unsafe fn int8_rows_task(
                     // task (fn contract); ISA as above.
                     unsafe {
                         let out = y.0.add(c * w.rows + g0);
-                        match (in_place, has_min) {
-                            (true, _) => int8_sweep256::<x86::Q8_0B>(args, rows, cn, out, w.rows),
-                            (false, true) => {
-                                int8_sweep256::<x86_int8::I8B<true>>(args, rows, cn, out, w.rows)
-                            }
-                            (false, false) => {
-                                int8_sweep256::<x86_int8::I8B<false>>(args, rows, cn, out, w.rows)
-                            }
-                        }
+                        let sweep: Int8Sweep = match (in_place, has_min, wide) {
+                            (true, _, false) => int8_sweep256::<x86::Q8_0B>,
+                            (true, _, true) => int8_sweep512::<x86::Q8_0B>,
+                            (false, true, false) => int8_sweep256::<x86_int8::I8B<true>>,
+                            (false, true, true) => int8_sweep512::<x86_int8::I8B<true>>,
+                            (false, false, false) => int8_sweep256::<x86_int8::I8B<false>>,
+                            (false, false, true) => int8_sweep512::<x86_int8::I8B<false>>,
+                        };
+                        sweep(args, rows, cn, out, w.rows)
                     }
                     c += cn;
                 }
@@ -339,6 +342,10 @@ thread_local! {
     static IBUF: std::cell::RefCell<Vec<x86_int8::I8Block>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// The shape of [`int8_sweep256`] and [`int8_sweep512`].
+#[cfg(target_arch = "x86_64")]
+type Int8Sweep = unsafe fn(x86_int8::Int8Args, usize, usize, *mut f32, usize);
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
 /// `a.x`: whole tiles (4 x 1 or 2 x 2), then the rest one row at a time.
@@ -374,6 +381,33 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
         sweep!(2, 2)
     } else {
         sweep!(4, 1)
+    }
+}
+
+/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to 4)
+/// activation rows, 4 x 4 tiles, then the rest one weight row at a time.
+///
+/// # Safety
+/// As [`x86_int8::int8_sweep512`] for those rows and activation rows.
+#[cfg(target_arch = "x86_64")]
+unsafe fn int8_sweep512<B: x86_int8::Int8Block>(
+    a: x86_int8::Int8Args,
+    rows: usize,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let tiles = rows / 4;
+    let done = 4 * tiles;
+    let rest = x86_int8::Int8Args {
+        w: a.w.wrapping_add(done * a.row_bytes),
+        ..a
+    };
+    // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
+    // contract); `rest` starts at row `done <= rows`.
+    unsafe {
+        x86_int8::int8_sweep512::<B, 4, 2>(a, tiles, cn, y, y_stride);
+        x86_int8::int8_sweep512::<B, 1, 2>(rest, rows - done, cn, y.add(done), y_stride);
     }
 }
 

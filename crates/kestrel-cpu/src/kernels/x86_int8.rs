@@ -1,4 +1,5 @@
-//! AVX2 form of the fast numerics (`int8.rs` defines the results): the
+//! AVX2 and AVX-512 VNNI forms of the fast numerics (`int8.rs` defines the
+//! results). AVX2: the
 //! activation quantizer, and sweeps of `R x NB` tiles over the same
 //! [`Block`] types and tile shape as the f32 kernels in `x86.rs`, with the
 //! weights unpacked to bytes instead of floats and `vpmaddubsw`/`vpmaddwd`
@@ -6,6 +7,8 @@
 //! [`I8Block`]s that the same sweep reads when many activation rows share
 //! them (prefill). Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
 //! exactly the scalar definition's lane, so results are bit-identical to it.
+//! [`int8_sweep512`] does the same sums two activation rows per 512-bit
+//! register with `vpdpbusd`, for many activation rows on AVX-512 VNNI CPUs.
 
 use std::arch::x86_64::*;
 
@@ -201,15 +204,16 @@ pub(crate) struct I8Block {
 
 /// [`I8Block`]s as an [`Int8Block`] type (`MIN`: the source type's
 /// [`Int8Block::HAS_MIN`]). The integer sums it gives are the source
-/// block's exactly (signed bytes through the same `vpsignb` steps; the
-/// unsigned quants are nonnegative), and its scales and minimum are the
-/// source's, so every result is the source type's, bit for bit.
+/// block's exactly: every type with a minimum has nonnegative quants (so
+/// its bytes are read unsigned, skipping the sign steps), every type
+/// without one is signed, as its source block is. Its scales and minimum
+/// are the source's, so every result is the source type's, bit for bit.
 #[derive(Debug)]
 pub(crate) struct I8B<const MIN: bool>;
 
 impl<const MIN: bool> Int8Block for I8B<MIN> {
     const BYTES: usize = std::mem::size_of::<I8Block>();
-    const SIGNED: bool = true;
+    const SIGNED: bool = !MIN;
     const HAS_MIN: bool = MIN;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -398,6 +402,145 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
     }
 }
 
+/// The canonical 8-lane tree of each 256-bit half of `v`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn reduce8_halves(v: __m512) -> [f32; 2] {
+    [
+        reduce8(_mm512_castps512_ps256(v)),
+        reduce8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(v),
+        ))),
+    ]
+}
+
+/// `lo` in the low 256 bits and `hi` in the high ones.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn join_ps(lo: __m256, hi: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+        _mm256_castps_pd(hi),
+    ))
+}
+
+/// As [`int8_sweep256`] with AVX-512 VNNI, for `cn <= 2 * NP` activation
+/// rows: a 512-bit register holds one weight row's 8 canonical lanes for
+/// two activation rows (pair `j`: rows `2j` and `2j + 1`, the second
+/// repeating the first past `cn`, and not written), the weight block
+/// broadcast to both halves. `vpdpbusd` multiplies unsigned by signed bytes
+/// without saturating: the unsigned-weight types (those with a minimum) go
+/// in as they are; for signed weights the activations go in as `x + 128`
+/// (`x ^ 0x80`, unsigned) from a start of `-128 * sum(w)` per lane, which
+/// is `sum(w * x)` exactly. The float steps per lane (convert, `d_w * d_x`,
+/// fused add) and the minimum's fused sum (8 activation rows per vector)
+/// are the definition's, so every result is `int8::dot`'s, bit for bit.
+///
+/// # Safety
+/// `a.w` must be valid for `R * tiles` rows of `a.nblocks` blocks of `B`,
+/// `a.x` for `cn` rows of `a.nblocks` blocks, `y` for writing every element
+/// `(r, c < cn)`; `1 <= cn <= 2 * NP <= 8`; the CPU must support AVX-512F/BW,
+/// AVX-512 VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn int8_sweep512<B: Int8Block, const R: usize, const NP: usize>(
+    a: Int8Args,
+    tiles: usize,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!((1..=2 * NP).contains(&cn) && 2 * NP <= 8);
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let step = R * B::BYTES;
+    // Activation row of half `h` of pair `j` (the last real row past `cn`).
+    let act = |j: usize, h: usize| (2 * j + h).min(cn - 1);
+    for t in 0..tiles {
+        // SAFETY: rows R t..R t + R are in bounds (fn contract).
+        let w = unsafe { a.w.add(R * t * a.row_bytes) };
+        let ahead = w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
+        let mut acc = [[_mm512_setzero_ps(); NP]; R];
+        let mut mins = [_mm256_setzero_ps(); R];
+        for blk in 0..a.nblocks {
+            for line in 0..step.div_ceil(64) {
+                prefetch(ahead.wrapping_add(blk * step + 64 * line));
+            }
+            // SAFETY: block `blk` of every activation row below `cn` is in
+            // bounds (fn contract); `act` stays below `cn`.
+            let xb = |c: usize| unsafe { &*a.x.add(c * a.nblocks + blk) };
+            let mut xv = [_mm512_setzero_si512(); NP];
+            let mut dx = [_mm512_setzero_ps(); NP];
+            for j in 0..NP {
+                let (x0, x1) = (xb(act(j, 0)), xb(act(j, 1)));
+                // SAFETY: each `q` is 32 readable bytes.
+                let v = unsafe {
+                    _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(x0.q.as_ptr().cast())),
+                        _mm256_loadu_si256(x1.q.as_ptr().cast()),
+                    )
+                };
+                xv[j] = if B::SIGNED {
+                    _mm512_xor_si512(v, flip)
+                } else {
+                    v
+                };
+                dx[j] = join_ps(_mm256_set1_ps(x0.d), _mm256_set1_ps(x1.d));
+            }
+            let s = if B::HAS_MIN {
+                let s: [f32; 8] = std::array::from_fn(|c| xb(c.min(cn - 1)).s);
+                // SAFETY: `s` is 8 floats.
+                unsafe { _mm256_loadu_ps(s.as_ptr()) }
+            } else {
+                _mm256_setzero_ps()
+            };
+            for r in 0..R {
+                // SAFETY: block `blk` of row `r` lies within the sweep (fn contract).
+                let (wq, dw, mw) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
+                let wb = _mm512_broadcast_i64x4(wq);
+                let dwb = join_ps(dw, dw);
+                let start = if B::SIGNED {
+                    let sum128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wb);
+                    _mm512_sub_epi32(_mm512_setzero_si512(), sum128)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                for j in 0..NP {
+                    let p = if B::SIGNED {
+                        _mm512_dpbusd_epi32(start, xv[j], wb)
+                    } else {
+                        _mm512_dpbusd_epi32(start, wb, xv[j])
+                    };
+                    let dd = _mm512_mul_ps(dwb, dx[j]);
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd, acc[r][j]);
+                }
+                // Without a minimum the definition's sum stays +0.0.
+                if B::HAS_MIN {
+                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(mw), s, mins[r]);
+                }
+            }
+        }
+        for (r, (acc_r, mins_r)) in acc.iter().zip(mins).enumerate() {
+            let mut m = [0f32; 8];
+            // SAFETY: `m` is 8 writable floats.
+            unsafe { _mm256_storeu_ps(m.as_mut_ptr(), mins_r) };
+            for (j, acc_rj) in acc_r.iter().enumerate() {
+                for (h, sum) in reduce8_halves(*acc_rj).into_iter().enumerate() {
+                    let c = 2 * j + h;
+                    if c < cn {
+                        // SAFETY: element (R t + r, c < cn) is in bounds (fn contract).
+                        unsafe { *y.add(c * y_stride + R * t + r) = sum + m[c] };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether this CPU has AVX-512 VNNI, which [`int8_sweep512`] needs on top
+/// of [`super::Isa::Avx512`].
+pub(crate) fn has_avx512_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+}
+
 #[cfg(test)]
 mod tests {
     use kestrel_model::DType;
@@ -435,28 +578,65 @@ mod tests {
                     _ => int8_sweep256::<B, 1, 2>(args, tiles, y.as_mut_ptr(), w.rows),
                 }
             }
-            for row in 0..r * tiles {
-                for j in 0..c {
-                    let want = int8::dot(w.enc, w.row(row), &xq[j * nb..(j + 1) * nb]);
-                    let got = y[j * w.rows + row];
-                    assert_eq!(
-                        got.to_bits(),
-                        want.to_bits(),
-                        "{:?} tile {r}x{c} row {row} act {j}: {got} vs {want}",
-                        w.enc
-                    );
+            expect(w, xq, &y, r * tiles, c, &format!("avx2 tile {r}x{c}"));
+        }
+        if !(Isa::Avx512.is_supported() && has_avx512_vnni()) {
+            return;
+        }
+        for r in [1, 4] {
+            for cn in 1..=n.min(4) {
+                let tiles = w.rows / r;
+                let mut y = vec![f32::NAN; cn * w.rows];
+                let args = Int8Args {
+                    w: w.data.as_ptr(),
+                    row_bytes: w.row_bytes,
+                    x: xq.as_ptr(),
+                    nblocks: nb,
+                };
+                // SAFETY: as above, with `cn <= n` activation rows; AVX-512
+                // and VNNI were just checked.
+                unsafe {
+                    match r {
+                        1 => int8_sweep512::<B, 1, 2>(args, tiles, cn, y.as_mut_ptr(), w.rows),
+                        _ => int8_sweep512::<B, 4, 2>(args, tiles, cn, y.as_mut_ptr(), w.rows),
+                    }
                 }
+                expect(
+                    w,
+                    xq,
+                    &y,
+                    r * tiles,
+                    cn,
+                    &format!("avx512 vnni tile {r}x{cn}"),
+                );
+            }
+        }
+    }
+
+    /// `y` (`c x w.rows`) holds `int8::dot` bit for bit in its first `rows` rows.
+    fn expect(w: &MatRef<'_>, xq: &[Q8Block], y: &[f32], rows: usize, c: usize, what: &str) {
+        let nb = w.cols / 32;
+        for row in 0..rows {
+            for j in 0..c {
+                let want = int8::dot(w.enc, w.row(row), &xq[j * nb..(j + 1) * nb]);
+                let got = y[j * w.rows + row];
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{:?} {what} row {row} act {j}: {got} vs {want}",
+                    w.enc
+                );
             }
         }
     }
 
     #[test]
-    fn avx2_int8_dot_gives_the_definition_for_every_type() {
+    fn simd_int8_dot_gives_the_definition_for_every_type() {
         if !Isa::Avx2.is_supported() {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let (rows, cols, n) = (9, 512, 2);
+        let (rows, cols, n) = (9, 512, 4);
         let mut rng = Rng(21);
         // Activation blocks of every kind: +-127 extremes, a zero block, a
         // spread of magnitudes.
