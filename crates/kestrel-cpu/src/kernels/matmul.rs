@@ -241,7 +241,7 @@ unsafe fn int8_rows_task(
     let group = if n == 1 { r1 - r0 } else { 16 };
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= INT8_UNPACKED_MIN_COLS {
-        // Four activation rows at a time in 512-bit registers where the
+        // Eight activation rows at a time in 512-bit registers where the
         // CPU has AVX-512 VNNI (same results: both give `int8::dot`).
         let wide = isa == Isa::Avx512 && x86_int8::has_avx512_vnni();
         return IBUF.with(|b| {
@@ -276,7 +276,7 @@ unsafe fn int8_rows_task(
                 let has_min = !in_place && for_int8_block!(w.enc, go);
                 let mut c = 0;
                 while c < n {
-                    let cn = (n - c).min(if wide { 4 } else { 2 });
+                    let cn = (n - c).min(if wide { 8 } else { 2 });
                     let (wp, row_bytes) = if in_place {
                         // SAFETY: `g0 < w.rows`: row g0 starts within `w.data`.
                         (
@@ -384,8 +384,8 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
     }
 }
 
-/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to 4)
-/// activation rows, 4 x 4 tiles, then the rest one weight row at a time.
+/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to 8)
+/// activation rows, 4 x 8 tiles, then the rest one weight row at a time.
 ///
 /// # Safety
 /// As [`x86_int8::int8_sweep512`] for those rows and activation rows.
@@ -406,8 +406,8 @@ unsafe fn int8_sweep512<B: x86_int8::Int8Block>(
     // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
     // contract); `rest` starts at row `done <= rows`.
     unsafe {
-        x86_int8::int8_sweep512::<B, 4, 2>(a, tiles, cn, y, y_stride);
-        x86_int8::int8_sweep512::<B, 1, 2>(rest, rows - done, cn, y.add(done), y_stride);
+        x86_int8::int8_sweep512::<B, 4, 4>(a, tiles, cn, y, y_stride);
+        x86_int8::int8_sweep512::<B, 1, 4>(rest, rows - done, cn, y.add(done), y_stride);
     }
 }
 

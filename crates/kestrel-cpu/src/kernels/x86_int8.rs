@@ -584,7 +584,7 @@ mod tests {
             return;
         }
         for r in [1, 4] {
-            for cn in 1..=n.min(4) {
+            for cn in 1..=n.min(8) {
                 let tiles = w.rows / r;
                 let mut y = vec![f32::NAN; cn * w.rows];
                 let args = Int8Args {
@@ -597,8 +597,8 @@ mod tests {
                 // and VNNI were just checked.
                 unsafe {
                     match r {
-                        1 => int8_sweep512::<B, 1, 2>(args, tiles, cn, y.as_mut_ptr(), w.rows),
-                        _ => int8_sweep512::<B, 4, 2>(args, tiles, cn, y.as_mut_ptr(), w.rows),
+                        1 => int8_sweep512::<B, 1, 4>(args, tiles, cn, y.as_mut_ptr(), w.rows),
+                        _ => int8_sweep512::<B, 4, 4>(args, tiles, cn, y.as_mut_ptr(), w.rows),
                     }
                 }
                 expect(
@@ -636,7 +636,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let (rows, cols, n) = (9, 512, 4);
+        let (rows, cols, n) = (9, 512, 8);
         let mut rng = Rng(21);
         // Activation blocks of every kind: +-127 extremes, a zero block, a
         // spread of magnitudes.
