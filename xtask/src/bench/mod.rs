@@ -9,6 +9,7 @@
 //! table, writes `results.json`/`results.md` and two SVGs. Cost: minutes on 2
 //! cores (`--quick`: well under one).
 
+mod dram;
 mod harness;
 mod peer;
 mod plots;
@@ -309,6 +310,15 @@ impl Bench<'_> {
             .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
         let weight_bytes = engines[0].1.executor().inner.weight_bytes();
         let backend = engines[0].1.executor().inner.describe();
+        // Not in the smoke run: it reads a GiB five times.
+        let dram = match engines[0].1.executor().inner.bytes_per_token() {
+            Some(bytes_per_token) if !opts.quick => Some(dram::DramFloor {
+                read_bytes_per_s: dram::read_bandwidth(opts.threads),
+                threads: opts.threads,
+                bytes_per_token,
+            }),
+            _ => None,
+        };
 
         // Warm-up: fault in weights, spin up thread pools; not recorded.
         let warm = Workload {
@@ -425,7 +435,7 @@ impl Bench<'_> {
             }
         };
 
-        let meta = report::Meta::new(opts, model_path, weight_bytes, backend);
+        let meta = report::Meta::new(opts, model_path, weight_bytes, backend, dram);
         let doc = report::Report {
             meta,
             runs: summaries,

@@ -37,6 +37,8 @@ pub struct Meta {
     pub backend: String,
     pub model: String,
     pub weight_bytes: usize,
+    /// The CPU's read bandwidth and the one-stream decode floor it gives.
+    pub dram: Option<super::dram::DramFloor>,
     pub quick: bool,
     pub reps: usize,
     pub plan: LengthPlan,
@@ -45,7 +47,13 @@ pub struct Meta {
 }
 
 impl Meta {
-    pub fn new(opts: &Options, model: &Path, weight_bytes: usize, backend: String) -> Self {
+    pub fn new(
+        opts: &Options,
+        model: &Path,
+        weight_bytes: usize,
+        backend: String,
+        dram: Option<super::dram::DramFloor>,
+    ) -> Self {
         let commit = std::process::Command::new("git")
             .args(["rev-parse", "--short", "HEAD"])
             .current_dir(super::workspace_root())
@@ -65,6 +73,7 @@ impl Meta {
             backend,
             model: model.display().to_string(),
             weight_bytes,
+            dram,
             quick: opts.quick,
             reps: opts.reps,
             plan: opts.plan,
@@ -242,6 +251,35 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
             r.itl_ms.p99,
             r.device_busy_share * 100.0
         );
+    }
+
+    if let Some(d) = &m.dram {
+        let _ = writeln!(s, "\n## One stream against the DRAM floor\n");
+        let _ = writeln!(
+            s,
+            "Read bandwidth {:.1} GB/s ({} threads, best of 5 reads of 1 GiB); a decode step \
+             streams {:.1} MB of weights, so one stream can decode at most {:.0} tokens/s.\n",
+            d.read_bytes_per_s / 1e9,
+            d.threads,
+            d.bytes_per_token as f64 / 1e6,
+            d.tokens_per_s(),
+        );
+        let _ = writeln!(
+            s,
+            "| workload | configuration | steady decode tokens/s | of the floor |"
+        );
+        let _ = writeln!(s, "|---|---|---:|---:|");
+        for r in doc.results.iter().filter(|r| r.streams == 1) {
+            let tps = r.steady_decode_tokens_per_s();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.1} | {:.0}% |",
+                r.workload,
+                r.config.short(),
+                tps,
+                100.0 * tps / d.tokens_per_s()
+            );
+        }
     }
 
     if let Some(p) = &doc.peer {

@@ -1,6 +1,7 @@
 //! [`BenchRuntime`]: what the bench needs from a runtime beyond the
 //! pipeline's `Executor` (which also gives the per-step device timings):
-//! weight bytes and a name,
+//! weight bytes (per step, and streamed per token where DRAM bounds a
+//! single stream) and a name,
 //! implemented for kestrel-cpu's `CpuRuntime` and kestrel-cuda's
 //! `CudaRuntime`. The harness is generic over it, so every table and picture
 //! means the same thing on either backend: the CPU's timings are its compute
@@ -14,6 +15,9 @@ use kestrel_pipeline::{Executor, SamplingParams};
 pub trait BenchRuntime: Executor<Params = SamplingParams> {
     /// Bytes of weights the forward reads per step.
     fn weight_bytes(&self) -> usize;
+    /// Weight bytes a decode step streams from host memory, where DRAM
+    /// bandwidth bounds single-stream decode (the CPU); `None` elsewhere.
+    fn bytes_per_token(&self) -> Option<usize>;
     /// The backend as the report names it (`cpu (isa=.., numerics=..)`,
     /// `cuda (<device>)`).
     fn describe(&self) -> String;
@@ -22,6 +26,10 @@ pub trait BenchRuntime: Executor<Params = SamplingParams> {
 impl BenchRuntime for CpuRuntime {
     fn weight_bytes(&self) -> usize {
         CpuRuntime::weight_bytes(self)
+    }
+
+    fn bytes_per_token(&self) -> Option<usize> {
+        Some(CpuRuntime::bytes_per_token(self))
     }
 
     fn describe(&self) -> String {
@@ -36,6 +44,10 @@ impl BenchRuntime for CpuRuntime {
 impl BenchRuntime for CudaRuntime {
     fn weight_bytes(&self) -> usize {
         CudaRuntime::weight_bytes(self)
+    }
+
+    fn bytes_per_token(&self) -> Option<usize> {
+        None
     }
 
     fn describe(&self) -> String {

@@ -134,6 +134,7 @@ pub struct CpuRuntime {
     threads: Vec<JoinHandle<()>>,
     rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
+    bytes_per_token: usize,
     compute_threads: usize,
     isa: Isa,
     /// Device-side timings of committed steps, when recording is on.
@@ -167,6 +168,7 @@ impl CpuRuntime {
             },
         )?);
         let weight_bytes = model.weight_bytes();
+        let bytes_per_token = model.bytes_per_token();
         let compute_threads = model.threads();
         let isa = model.isa();
         let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
@@ -217,6 +219,7 @@ impl CpuRuntime {
             threads,
             rows_buf: Vec::new(),
             weight_bytes,
+            bytes_per_token,
             compute_threads,
             isa,
             timings: None,
@@ -230,6 +233,13 @@ impl CpuRuntime {
     /// Bytes of weights the forward reads per step.
     pub fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    /// Bytes of matrix weights one decode step streams whatever its batch
+    /// ([`crate::CpuModel::bytes_per_token`]): a single stream's decode
+    /// can go no faster than memory bandwidth over this.
+    pub fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token
     }
 
     /// Matmul worker threads the compute stream keeps busy (the config's
