@@ -554,19 +554,18 @@ mod tests {
 
     /// Every tile shape of `B`'s sweep against `int8::dot`, bit for bit.
     fn check<B: Int8Block>(w: &MatRef<'_>, xq: &[Q8Block], n: usize) {
-        let nb = w.cols / 32;
+        let args = Int8Args {
+            w: w.data.as_ptr(),
+            row_bytes: w.row_bytes,
+            x: xq.as_ptr(),
+            nblocks: w.cols / 32,
+        };
         for (r, c) in [(1, 1), (4, 1), (2, 2), (1, 2)] {
             if c > n {
                 continue;
             }
             let tiles = w.rows / r;
             let mut y = vec![f32::NAN; c * w.rows];
-            let args = Int8Args {
-                w: w.data.as_ptr(),
-                row_bytes: w.row_bytes,
-                x: xq.as_ptr(),
-                nblocks: nb,
-            };
             // SAFETY: `w` holds `w.rows >= r * tiles` rows of `nb` blocks of
             // `B` (its encoding), `xq` holds `n >= c` rows of `nb` blocks, `y`
             // is `c x w.rows`; AVX2 was checked by the caller.
@@ -587,12 +586,6 @@ mod tests {
             for cn in 1..=n.min(8) {
                 let tiles = w.rows / r;
                 let mut y = vec![f32::NAN; cn * w.rows];
-                let args = Int8Args {
-                    w: w.data.as_ptr(),
-                    row_bytes: w.row_bytes,
-                    x: xq.as_ptr(),
-                    nblocks: nb,
-                };
                 // SAFETY: as above, with `cn <= n` activation rows; AVX-512
                 // and VNNI were just checked.
                 unsafe {
