@@ -3,7 +3,8 @@
 //! 1536, vocab 49152; and per other weight type at the shapes its
 //! llama.cpp Q4_K_M requantization gives it (Q5_0 for the 576-column
 //! matrices, Q4_K/Q6_K ffn_down), plus Q5_1/Q5_K at those shapes;
-//! batch 1 (decode GEMV) and 8. Weights prepared as the
+//! batch 1 (decode GEMV), 8 and 32 (the unpacked int8 GEMM, 4 x 8 tiles
+//! on AVX-512 VNNI). Weights prepared as the
 //! model prepares them; a compute [`kestrel_cpu::Team`] of `KESTREL_THREADS`
 //! (2); the ISA is [`Isa::detect`] (force one with `KESTREL_ISA`) and is
 //! part of the group name. Exact and fast of one shape run back to back.
@@ -42,7 +43,7 @@ fn bench(c: &mut Criterion) {
         let m = random_matrix(&mut rng, dt, rows, cols, 0.1);
         let w = Weight::prepare(name, &m).unwrap();
         let w = w.mat();
-        for n in [1usize, 8] {
+        for n in [1usize, 8, 32] {
             let x = rng.vec(n * cols, 1.0);
             let mut y = vec![0f32; n * rows];
             g.throughput(Throughput::Bytes(w.bytes() as u64));

@@ -566,9 +566,9 @@ mod tests {
             }
             let tiles = w.rows / r;
             let mut y = vec![f32::NAN; c * w.rows];
-            // SAFETY: `w` holds `w.rows >= r * tiles` rows of `nb` blocks of
-            // `B` (its encoding), `xq` holds `n >= c` rows of `nb` blocks, `y`
-            // is `c x w.rows`; AVX2 was checked by the caller.
+            // SAFETY: `w` holds `w.rows >= r * tiles` rows of `args.nblocks`
+            // blocks of `B` (its encoding), `xq` holds `n >= c` rows of as
+            // many blocks, `y` is `c x w.rows`; AVX2 was checked by the caller.
             unsafe {
                 match (r, c) {
                     (1, 1) => int8_sweep256::<B, 1, 1>(args, tiles, y.as_mut_ptr(), w.rows),
