@@ -10,9 +10,9 @@ use serde::Serialize;
 
 /// Bytes read per pass: far past any last-level cache of the machines
 /// this runs on, so every pass comes from DRAM.
-const BUFFER_BYTES: usize = 1 << 30;
+pub const BUFFER_BYTES: usize = 1 << 30;
 /// Passes timed; the fastest counts (the others met neighbours or faults).
-const PASSES: usize = 5;
+pub const PASSES: usize = 5;
 
 /// The measured bandwidth and what it implies for one stream.
 #[derive(Debug, Clone, Copy, Serialize)]

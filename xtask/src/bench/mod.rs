@@ -310,7 +310,7 @@ impl Bench<'_> {
             .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
         let weight_bytes = engines[0].1.executor().inner.weight_bytes();
         let backend = engines[0].1.executor().inner.describe();
-        // Not in the smoke run: it reads a GiB five times.
+        // Not in the smoke run: it reads a GiB several times.
         let dram = match engines[0].1.executor().inner.bytes_per_token() {
             Some(bytes_per_token) if !opts.quick => Some(dram::DramFloor {
                 read_bytes_per_s: dram::read_bandwidth(opts.threads),

@@ -257,10 +257,12 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
         let _ = writeln!(s, "\n## One stream against the DRAM floor\n");
         let _ = writeln!(
             s,
-            "Read bandwidth {:.1} GB/s ({} threads, best of 5 reads of 1 GiB); a decode step \
+            "Read bandwidth {:.1} GB/s ({} threads, best of {} reads of {} MiB); a decode step \
              streams {:.1} MB of weights, so one stream can decode at most {:.0} tokens/s.\n",
             d.read_bytes_per_s / 1e9,
             d.threads,
+            super::dram::PASSES,
+            super::dram::BUFFER_BYTES >> 20,
             d.bytes_per_token as f64 / 1e6,
             d.tokens_per_s(),
         );
