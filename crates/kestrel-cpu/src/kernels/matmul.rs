@@ -241,7 +241,7 @@ unsafe fn int8_rows_task(
     let group = if n == 1 { r1 - r0 } else { 16 };
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= INT8_UNPACKED_MIN_COLS {
-        // Eight activation rows at a time in 512-bit registers where the
+        // `2 * WIDE_PAIRS` activation rows at a time in 512-bit registers where the
         // CPU has AVX-512 VNNI (same results: both give `int8::dot`).
         let wide = isa == Isa::Avx512 && x86_int8::has_avx512_vnni();
         return IBUF.with(|b| {
@@ -276,7 +276,7 @@ unsafe fn int8_rows_task(
                 let has_min = !in_place && for_int8_block!(w.enc, go);
                 let mut c = 0;
                 while c < n {
-                    let cn = (n - c).min(if wide { 8 } else { 2 });
+                    let cn = (n - c).min(if wide { 2 * WIDE_PAIRS } else { 2 });
                     let (wp, row_bytes) = if in_place {
                         // SAFETY: `g0 < w.rows`: row g0 starts within `w.data`.
                         (
@@ -363,17 +363,17 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
 ) {
     macro_rules! sweep {
         ($R:literal, $NB:literal) => {{
-            let tiles = rows / $R;
-            let done = $R * tiles;
-            let rest = x86_int8::Int8Args {
-                w: a.w.wrapping_add(done * a.row_bytes),
-                ..a
-            };
+            let done = rows / $R * $R;
             // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
-            // contract); `rest` starts at row `done <= rows`.
+            // contract); the rest starts at row `done <= rows`.
             unsafe {
-                x86_int8::int8_sweep256::<B, $R, $NB>(a, tiles, y, y_stride);
-                x86_int8::int8_sweep256::<B, 1, $NB>(rest, rows - done, y.add(done), y_stride);
+                x86_int8::int8_sweep256::<B, $R, $NB>(a, rows / $R, y, y_stride);
+                x86_int8::int8_sweep256::<B, 1, $NB>(
+                    a.skip_rows(done),
+                    rows - done,
+                    y.add(done),
+                    y_stride,
+                );
             }
         }};
     }
@@ -384,8 +384,13 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
     }
 }
 
-/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to 8)
-/// activation rows, 4 x 8 tiles, then the rest one weight row at a time.
+/// Activation-row pairs per [`x86_int8::int8_sweep512`] tile.
+#[cfg(target_arch = "x86_64")]
+const WIDE_PAIRS: usize = 4;
+
+/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to
+/// `2 * WIDE_PAIRS`) activation rows, 4-row tiles, then the rest one weight
+/// row at a time.
 ///
 /// # Safety
 /// As [`x86_int8::int8_sweep512`] for those rows and activation rows.
@@ -397,17 +402,18 @@ unsafe fn int8_sweep512<B: x86_int8::Int8Block>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let tiles = rows / 4;
-    let done = 4 * tiles;
-    let rest = x86_int8::Int8Args {
-        w: a.w.wrapping_add(done * a.row_bytes),
-        ..a
-    };
+    let done = rows / 4 * 4;
     // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
-    // contract); `rest` starts at row `done <= rows`.
+    // contract); the rest starts at row `done <= rows`.
     unsafe {
-        x86_int8::int8_sweep512::<B, 4, 4>(a, tiles, cn, y, y_stride);
-        x86_int8::int8_sweep512::<B, 1, 4>(rest, rows - done, cn, y.add(done), y_stride);
+        x86_int8::int8_sweep512::<B, 4, WIDE_PAIRS>(a, rows / 4, cn, y, y_stride);
+        x86_int8::int8_sweep512::<B, 1, WIDE_PAIRS>(
+            a.skip_rows(done),
+            rows - done,
+            cn,
+            y.add(done),
+            y_stride,
+        );
     }
 }
 

@@ -324,6 +324,17 @@ pub(crate) struct Int8Args {
     pub nblocks: usize,
 }
 
+impl Int8Args {
+    /// The same sweep starting `rows` weight rows further on (the address
+    /// is only computed; the sweep that reads it states its bounds).
+    pub fn skip_rows(self, rows: usize) -> Self {
+        Self {
+            w: self.w.wrapping_add(rows * self.row_bytes),
+            ..self
+        }
+    }
+}
+
 /// The canonical 8-lane tree (`int8::reduce8`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
