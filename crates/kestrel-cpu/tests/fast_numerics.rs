@@ -58,6 +58,8 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             (64, 1536, 1),
             (5, 256, 3),
             (33, 512, 9),
+            (42, 1536, 6),
+            (70, 256, 20),
         ] {
             if cols % dtype.block_elems() != 0 {
                 continue;

@@ -3,19 +3,22 @@
 //! (Q8_0, Q4_0, Q4_1, and the 32-element blocks `weight.rs` rewrites Q5_0,
 //! Q5_1 and the K-quants into; ggml's Q8_1 activations). This file is the
 //! *definition* of the mode's results; `x86_int8.rs` reproduces it bit for
-//! bit with AVX2 and AVX-512 VNNI for finite activations. Dense encodings (F32/F16/BF16) keep
-//! the exact f32 path in either mode.
+//! bit with AVX2 and AVX-512 VNNI for finite activations. Dense encodings
+//! (F32/F16/BF16) keep the exact f32 path in either mode.
 //!
 //! Per activation block: `d = max|x| / 127`, `q = round_ties_even(x / d)`
-//! (as `x * (1 / d)`), `s = d * sum(q)`. Per output: 8 f32 lanes; block b
-//! adds `float(sum_{k<4} w[4l+k] * q[4l+k]) * (d_w[l / 4] * d_x)` (one fused
-//! rounding) to lane `l`, with `w` the block's integer weights (Q8_0 `q`,
+//! (as `x * (1 / d)`), `s = d * sum(q)`. Per output, one f32 sum over the
+//! blocks in order: block b adds `float(sum_i w[i] * q[i]) * (d_w * d_x)`
+//! (one fused rounding), with `w` the block's integer weights (Q8_0 `q`,
 //! Q4_0 `q - 8`, Q5_0 `q - 16`, Q6_K `q - 32`, Q4_1/Q5_1/Q4_K/Q5_K `q`) and
-//! `d_w[h]` the scale of elements `16h..16h + 16` (the block's one scale,
-//! except Q6_K's two); a minimum's `m_w * s_x` (Q4_1, Q5_1, Q4_K, Q5_K) goes
-//! to a separate fused sum. The result is the lanes' fixed tree plus that
-//! sum. Integer sums are exact, so one order serves every batch size, thread
-//! count and ISA.
+//! `d_w` its scale; Q6_K, whose elements 0..16 and 16..32 have scales of
+//! their own, adds its two halves that way, first then second. A minimum's
+//! `m_w * s_x` (Q4_1, Q5_1, Q4_K, Q5_K) goes to a second fused sum; the
+//! result is the first sum plus the second. Integer sums are exact (and
+//! `|sum| < 2^24` converts exactly), so a kernel may form them in any order,
+//! and one result serves every batch size, thread count and ISA: the SIMD
+//! kernels put one output (weight row, activation row) in each lane and run
+//! the definition's float steps lane by lane.
 
 #![allow(clippy::needless_range_loop)] // lane index drives both lane and source offset
 
@@ -79,6 +82,11 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
     f32::from_bits(u32_at(b, i))
 }
 
+/// Whether `enc`'s blocks have a scale per 16 elements (Q6_K), not one.
+pub(crate) const fn two_scales(enc: Encoding) -> bool {
+    matches!(enc, Encoding::Q6KF)
+}
+
 /// A block's integer weights, the scales of its elements 0..16 and 16..32
 /// (equal but for Q6_K), and its minimum (0 when none). The layouts are
 /// `weight.rs`'s [`Encoding`] docs.
@@ -131,28 +139,76 @@ fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], [f32; 2], f32) {
     }
 }
 
-/// The canonical 8-lane tree: `l + (l+4)`, `+ (l+2)`, `+ (l+1)`.
-pub(crate) fn reduce8(a: &[f32; 8]) -> f32 {
-    let s4: [f32; 4] = std::array::from_fn(|l| a[l] + a[l + 4]);
-    (s4[0] + s4[2]) + (s4[1] + s4[3])
-}
-
 /// Canonical fast-mode dot product of one encoded row with a quantized
 /// activation row (one [`Q8Block`] per weight block).
 pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
     let bb = enc.block_bytes();
-    let mut acc = [0f32; 8];
+    let two = two_scales(enc);
+    let mut acc = 0f32;
     let mut mins = 0f32;
     for (blk, xb) in xq.iter().enumerate() {
         let (w, dw, mw) = int_weights(enc, &row[blk * bb..(blk + 1) * bb]);
-        let dd = dw.map(|d| d * xb.d);
-        for l in 0..8 {
-            let p: i32 = (4 * l..4 * l + 4).map(|i| w[i] * i32::from(xb.q[i])).sum();
-            acc[l] = (p as f32).mul_add(dd[l / 4], acc[l]);
+        let sum = |r: std::ops::Range<usize>| -> f32 {
+            r.map(|i| w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
+        };
+        if two {
+            acc = sum(0..16).mul_add(dw[0] * xb.d, acc);
+            acc = sum(16..32).mul_add(dw[1] * xb.d, acc);
+        } else {
+            acc = sum(0..32).mul_add(dw[0] * xb.d, acc);
         }
         mins = mw.mul_add(xb.s, mins);
     }
-    reduce8(&acc) + mins
+    acc + mins
+}
+
+/// Quantized activation rows laid out one per SIMD lane, for the kernels
+/// that hold `lanes` activation rows' blocks in one register: group `g`
+/// (rows `lanes * g ..`, the last real row repeated past the end) stores,
+/// per block `b`, the bytes `4k..4k + 4` of every lane's row for `k` in
+/// `0..8` (`32 * lanes` bytes, lane-major within `k`), and the rows' `d`
+/// and `s` (`lanes` floats each).
+#[derive(Debug, Default)]
+pub(crate) struct LaneRows {
+    /// Rows per group.
+    pub lanes: usize,
+    /// Blocks per row.
+    pub nblocks: usize,
+    /// `q ^ 0x80` (unsigned `q + 128`) instead of `q`.
+    pub flipped: bool,
+    pub q: Vec<u8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+}
+
+impl LaneRows {
+    /// Lay out the `n` rows of `xq` (`nblocks` blocks each) `lanes` to a
+    /// group, their bytes flipped to `q + 128` if `flipped`.
+    pub fn fill(&mut self, xq: &[Q8Block], n: usize, nblocks: usize, lanes: usize, flipped: bool) {
+        assert!(n >= 1 && xq.len() >= n * nblocks);
+        let groups = n.div_ceil(lanes);
+        (self.lanes, self.nblocks, self.flipped) = (lanes, nblocks, flipped);
+        self.q.resize(groups * nblocks * BLOCK * lanes, 0);
+        self.d.resize(groups * nblocks * lanes, 0.0);
+        self.s.resize(groups * nblocks * lanes, 0.0);
+        let flip = if flipped { 0x80 } else { 0 };
+        for g in 0..groups {
+            for b in 0..nblocks {
+                let at = g * nblocks + b;
+                let q = &mut self.q[at * BLOCK * lanes..(at + 1) * BLOCK * lanes];
+                for lane in 0..lanes {
+                    let xb = &xq[(g * lanes + lane).min(n - 1) * nblocks + b];
+                    for (k, four) in xb.q.chunks_exact(4).enumerate() {
+                        for (e, &v) in four.iter().enumerate() {
+                            q[(k * lanes + lane) * 4 + e] = v as u8 ^ flip;
+                        }
+                    }
+                    self.d[at * lanes + lane] = xb.d;
+                    self.s[at * lanes + lane] = xb.s;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

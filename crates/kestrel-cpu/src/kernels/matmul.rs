@@ -10,7 +10,7 @@
 
 use kestrel_model::Matrix;
 
-use super::int8::{self, Numerics, Q8Block};
+use super::int8::{self, LaneRows, Numerics, Q8Block};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::Isa;
@@ -148,7 +148,7 @@ pub fn matmul_group(
         }
         a
     };
-    let region = |xq: Option<&[Q8Block]>| {
+    let region = |xq: Option<Quantized<'_>>| {
         let run = |t: usize| {
             // Task `t` covers rows v0..v1 of all the jobs' rows laid end to end.
             let (v0, v1) = (split.start(t), split.start(t + 1));
@@ -187,14 +187,56 @@ pub fn matmul_group(
             b.resize(nb, Q8Block::default());
         }
         quantize_rows(isa, x, &mut b[..nb]);
-        region(Some(&b[..nb]));
+        let rows = &b[..nb];
+        let q8_0 = jobs.iter().all(|j| j.w.enc == Encoding::Q8_0);
+        match lane_width(isa, n, q8_0) {
+            Some(lanes) => XLANES.with(|l| {
+                let mut l = l.borrow_mut();
+                // The 16-lane (AVX-512 VNNI) sweep takes `x + 128`.
+                l.fill(rows, n, cols / 32, lanes, lanes == 16);
+                region(Some(Quantized {
+                    rows,
+                    lanes: Some(&l),
+                }))
+            }),
+            None => region(Some(Quantized { rows, lanes: None })),
+        }
     });
+}
+
+/// Quantized activations for [`int8_rows_task`]: `n` rows of blocks, and
+/// from [`LANES_MIN_ROWS`] rows on (x86 SIMD), the same rows one per lane.
+#[derive(Clone, Copy)]
+struct Quantized<'a> {
+    rows: &'a [Q8Block],
+    lanes: Option<&'a LaneRows>,
+}
+
+/// Activation rows from which the lane sweeps run (weight rows unpacked
+/// once per task group, activation rows one per lane).
+const LANES_MIN_ROWS: usize = 4;
+
+/// The lane sweep's width for `n` activation rows on `isa`, if it runs:
+/// 16 with AVX-512 VNNI for more than 8 rows, or for Q8_0 weights
+/// (`q8_0`), else 8 (the 8-lane AVX2 sweep is faster where a 16-lane one
+/// would leave half its lanes idle, except for Q8_0, whose 8-bit weights
+/// cost the AVX2 sweep a sign step and a widening per four bytes).
+fn lane_width(isa: Isa, n: usize, q8_0: bool) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
+        let wide = isa == Isa::Avx512 && x86_int8::has_avx512_vnni() && (n > 8 || q8_0);
+        return Some(if wide { 16 } else { 8 });
+    }
+    let _ = (isa, n, q8_0);
+    None
 }
 
 thread_local! {
     /// The calling thread's quantized activations (grows once to the
     /// largest `n * cols / 32` blocks).
     static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The same rows one per lane (grows once likewise).
+    static XLANES: std::cell::RefCell<LaneRows> = std::cell::RefCell::new(LaneRows::default());
 }
 
 /// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.
@@ -213,13 +255,11 @@ fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
 }
 
 /// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
-/// from `xq` (`n` quantized rows). One activation row: the task's rows in
-/// one sweep; several: 16 weight rows at a time (L1-resident) against every
-/// activation row, two at a time, the 16 rows first unpacked to signed bytes
-/// once ([`x86_int8::unpack_rows256`]; Q8_0's are bytes already) from
-/// [`INT8_UNPACKED_MIN_COLS`] activation rows on, instead of once per
-/// activation pair: Q5_0's and Q6_K's high-bit expansion costs more than the
-/// dot itself. Every element is one canonical int8 dot.
+/// from `xq`. With lanes ([`LANES_MIN_ROWS`] rows or more, x86 SIMD):
+/// [`lanes_rows_task`]. Otherwise one activation row: the task's rows in
+/// one sweep; two or three: 16 weight rows at a time (L1-resident) against
+/// the activation rows, two at a time. Every element is one canonical
+/// int8 dot.
 ///
 /// # Safety
 /// As [`rows_task`]; `w.enc` has an integer dot and `xq` holds `n` rows of
@@ -227,7 +267,7 @@ fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
 unsafe fn int8_rows_task(
     isa: Isa,
     w: &MatRef<'_>,
-    xq: &[Q8Block],
+    xq: Quantized<'_>,
     n: usize,
     r0: usize,
     r1: usize,
@@ -235,87 +275,27 @@ unsafe fn int8_rows_task(
 ) {
     let nb = w.cols / 32;
     assert!(
-        xq.len() >= n * nb,
+        xq.rows.len() >= n * nb,
         "quantized rows for every activation row"
     );
-    let group = if n == 1 { r1 - r0 } else { 16 };
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar && n >= INT8_UNPACKED_MIN_COLS {
-        // `2 * WIDE_PAIRS` activation rows at a time in 512-bit registers where the
-        // CPU has AVX-512 VNNI (same results: both give `int8::dot`).
-        let wide = isa == Isa::Avx512 && x86_int8::has_avx512_vnni();
-        return IBUF.with(|b| {
-            let mut b = b.borrow_mut();
-            if b.len() < group * nb {
-                b.resize(group * nb, x86_int8::I8Block::default());
-            }
-            let mut g0 = r0;
-            while g0 < r1 {
-                let g1 = (g0 + group).min(r1);
-                let buf = &mut b[..(g1 - g0) * nb];
-                macro_rules! go {
-                    ($B:ty) => {{
-                        // SAFETY: rows g0..g1 exist (fn contract) and hold `nb`
-                        // blocks of `$B`, `buf` holds (g1 - g0) * nb blocks;
-                        // AVX2, FMA and F16C come with every SIMD ISA, checked
-                        // supported by `matmul_group`.
-                        unsafe {
-                            x86_int8::unpack_rows256::<$B>(
-                                w.data.as_ptr().add(g0 * w.row_bytes),
-                                w.row_bytes,
-                                g1 - g0,
-                                nb,
-                                buf.as_mut_ptr(),
-                            )
-                        };
-                        <$B as x86_int8::Int8Block>::HAS_MIN
-                    }};
-                }
-                // Q8_0 blocks are bytes already: swept in place.
-                let in_place = w.enc == Encoding::Q8_0;
-                let has_min = !in_place && for_int8_block!(w.enc, go);
-                let mut c = 0;
-                while c < n {
-                    let cn = (n - c).min(if wide { 2 * WIDE_PAIRS } else { 2 });
-                    let (wp, row_bytes) = if in_place {
-                        // SAFETY: `g0 < w.rows`: row g0 starts within `w.data`.
-                        (
-                            unsafe { w.data.as_ptr().add(g0 * w.row_bytes) },
-                            w.row_bytes,
-                        )
-                    } else {
-                        let row_bytes = nb * std::mem::size_of::<x86_int8::I8Block>();
-                        (buf.as_ptr() as *const u8, row_bytes)
-                    };
-                    let args = x86_int8::Int8Args {
-                        w: wp,
-                        row_bytes,
-                        x: xq[c * nb..].as_ptr(),
-                        nblocks: nb,
-                    };
-                    let rows = g1 - g0;
-                    // SAFETY: `args.w` holds rows g0..g1 (in place, or
-                    // unpacked into `buf`), `xq` activation rows c..c + cn <=
-                    // n; elements (g0..g1, c..c + cn) of `y` belong to this
-                    // task (fn contract); ISA as above.
-                    unsafe {
-                        let out = y.0.add(c * w.rows + g0);
-                        let sweep: Int8Sweep = match (in_place, has_min, wide) {
-                            (true, _, false) => int8_sweep256::<x86::Q8_0B>,
-                            (true, _, true) => int8_sweep512::<x86::Q8_0B>,
-                            (false, true, false) => int8_sweep256::<x86_int8::I8B<true>>,
-                            (false, true, true) => int8_sweep512::<x86_int8::I8B<true>>,
-                            (false, false, false) => int8_sweep256::<x86_int8::I8B<false>>,
-                            (false, false, true) => int8_sweep512::<x86_int8::I8B<false>>,
-                        };
-                        sweep(args, rows, cn, out, w.rows)
-                    }
-                    c += cn;
-                }
-                g0 = g1;
-            }
-        });
+    if let Some(lanes) = xq.lanes {
+        assert!(
+            lanes.nblocks == nb && lanes.d.len() >= n.div_ceil(lanes.lanes) * nb * lanes.lanes,
+            "lane rows for every activation row"
+        );
+        macro_rules! go {
+            // SAFETY: forwarded from this fn's contract; `lanes` holds the
+            // `n` rows (asserted); AVX2, FMA and F16C come with every SIMD
+            // ISA, checked supported by `matmul_group`, which chose 16 lanes
+            // only with AVX-512 VNNI.
+            ($B:ty) => {
+                unsafe { lanes_rows_task::<$B>(w, lanes, n, r0, r1, y) }
+            };
+        }
+        return for_int8_block!(w.enc, go);
     }
+    let group = if n == 1 { r1 - r0 } else { 16 };
     let mut g0 = r0;
     while g0 < r1 {
         let g1 = (g0 + group).min(r1);
@@ -324,16 +304,12 @@ unsafe fn int8_rows_task(
             let cn = if n - c >= 2 { 2 } else { 1 };
             // SAFETY: forwarded from this fn's contract, for rows g0..g1 and
             // activation rows c..c + cn < n.
-            unsafe { int8_sweep(isa, w, &xq[c * nb..(c + cn) * nb], g0..g1, c, y) };
+            unsafe { int8_sweep(isa, w, &xq.rows[c * nb..(c + cn) * nb], g0..g1, c, y) };
             c += cn;
         }
         g0 = g1;
     }
 }
-
-/// Activation rows from which [`int8_rows_task`] unpacks weight rows first.
-#[cfg(target_arch = "x86_64")]
-const INT8_UNPACKED_MIN_COLS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
@@ -343,9 +319,89 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The shape of [`int8_sweep256`] and [`int8_sweep512`].
+/// Bytes of unpacked weight rows [`lanes_rows_task`] sweeps at a time (they
+/// stay in L1 across the activation groups).
 #[cfg(target_arch = "x86_64")]
-type Int8Sweep = unsafe fn(x86_int8::Int8Args, usize, usize, *mut f32, usize);
+const UNPACKED_BYTES: usize = 32 * 1024;
+
+/// [`int8_rows_task`] with lanes: weight rows unpacked a group at a time
+/// ([`x86_int8::unpack_rows256`], at most 16 rows or [`UNPACKED_BYTES`]),
+/// then swept against every lane group of `x`: 16-lane groups with
+/// [`x86_int8::lanes_sweep512`] in 4-row tiles, 8-lane ones with
+/// [`x86_int8::lanes_sweep256`] in 2-row tiles, the rest a row at a time.
+///
+/// # Safety
+/// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
+/// the `n` rows; the CPU must support AVX2, FMA and F16C, and AVX-512 VNNI
+/// if `x.lanes == 16`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn lanes_rows_task<B: x86_int8::Int8Block>(
+    w: &MatRef<'_>,
+    x: &LaneRows,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    let block = std::mem::size_of::<x86_int8::I8Block>();
+    let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 16);
+    IBUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < group * nb {
+            b.resize(group * nb, x86_int8::I8Block::default());
+        }
+        let mut g0 = r0;
+        while g0 < r1 {
+            let g1 = (g0 + group).min(r1);
+            let rows = g1 - g0;
+            let buf = b[..rows * nb].as_mut_ptr();
+            // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
+            // of `B`; `buf` holds `rows * nb` blocks.
+            unsafe {
+                x86_int8::unpack_rows256::<B>(
+                    w.data.as_ptr().add(g0 * w.row_bytes),
+                    w.row_bytes,
+                    rows,
+                    nb,
+                    buf,
+                )
+            };
+            for g in 0..n.div_ceil(x.lanes) {
+                let cn = (n - g * x.lanes).min(x.lanes);
+                let args = x86_int8::LaneArgs::group(x, g);
+                macro_rules! sweep {
+                    ($sweep:ident, $R:literal) => {{
+                        let done = rows / $R * $R;
+                        // SAFETY: `buf` holds rows g0..g1 unpacked, `x` group
+                        // `g` (fn contract); elements (g0..g1, lanes `g *
+                        // x.lanes..` + cn) of `y` belong to this task; the
+                        // tail starts at row `done <= rows`.
+                        unsafe {
+                            let out = y.0.add(g * x.lanes * w.rows + g0);
+                            x86_int8::$sweep::<B, $R>(buf, nb, rows / $R, args, cn, out, w.rows);
+                            x86_int8::$sweep::<B, 1>(
+                                buf.add(done * nb),
+                                nb,
+                                rows - done,
+                                args,
+                                cn,
+                                out.add(done),
+                                w.rows,
+                            );
+                        }
+                    }};
+                }
+                if x.lanes == 16 {
+                    sweep!(lanes_sweep512, 4)
+                } else {
+                    sweep!(lanes_sweep256, 2)
+                }
+            }
+            g0 = g1;
+        }
+    });
+}
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
 /// `a.x`: whole tiles (4 x 1 or 2 x 2), then the rest one row at a time.
@@ -381,39 +437,6 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
         sweep!(2, 2)
     } else {
         sweep!(4, 1)
-    }
-}
-
-/// Activation-row pairs per [`x86_int8::int8_sweep512`] tile.
-#[cfg(target_arch = "x86_64")]
-const WIDE_PAIRS: usize = 4;
-
-/// As [`int8_sweep256`] with [`x86_int8::int8_sweep512`]: `cn` (1 to
-/// `2 * WIDE_PAIRS`) activation rows, 4-row tiles, then the rest one weight
-/// row at a time.
-///
-/// # Safety
-/// As [`x86_int8::int8_sweep512`] for those rows and activation rows.
-#[cfg(target_arch = "x86_64")]
-unsafe fn int8_sweep512<B: x86_int8::Int8Block>(
-    a: x86_int8::Int8Args,
-    rows: usize,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let done = rows / 4 * 4;
-    // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
-    // contract); the rest starts at row `done <= rows`.
-    unsafe {
-        x86_int8::int8_sweep512::<B, 4, WIDE_PAIRS>(a, rows / 4, cn, y, y_stride);
-        x86_int8::int8_sweep512::<B, 1, WIDE_PAIRS>(
-            a.skip_rows(done),
-            rows - done,
-            cn,
-            y.add(done),
-            y_stride,
-        );
     }
 }
 

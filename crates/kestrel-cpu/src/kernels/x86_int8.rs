@@ -1,18 +1,19 @@
 //! AVX2 and AVX-512 VNNI forms of the fast numerics (`int8.rs` defines the
-//! results). AVX2: the
-//! activation quantizer, and sweeps of `R x NB` tiles over the same
-//! [`Block`] types and tile shape as the f32 kernels in `x86.rs`, with the
-//! weights unpacked to bytes instead of floats and `vpmaddubsw`/`vpmaddwd`
-//! integer dots; and [`unpack_rows256`], which unpacks weight rows once into
-//! [`I8Block`]s that the same sweep reads when many activation rows share
-//! them (prefill). Lane `l` of a 256-bit i32 sum holds elements `4l..4l+4`,
-//! exactly the scalar definition's lane, so results are bit-identical to it.
-//! [`int8_sweep512`] does the same sums two activation rows per 512-bit
-//! register with `vpdpbusd`, for many activation rows on AVX-512 VNNI CPUs.
+//! results). The activation quantizer; [`int8_sweep256`], tiles of up to
+//! four outputs (weight row, activation row) read straight from the weight
+//! blocks with `vpmaddubsw`/`vpmaddwd` integer dots, each block's sums
+//! gathered one output per lane, for one to three activation rows; and, for
+//! many activation rows, [`unpack_rows256`] (weight rows unpacked once to
+//! [`I8Block`]s) with the lane-per-activation-row sweeps [`lanes_sweep256`]
+//! (8 rows, AVX2) and [`lanes_sweep512`] (16 rows, AVX-512 VNNI) over
+//! [`LaneRows`]: every weight block's four-byte groups are broadcast
+//! against the same group of each row, so a block's integer sums land one
+//! per lane without a horizontal step. Every kernel runs the definition's
+//! float steps lane by lane, so results are `int8::dot`'s bit for bit.
 
 use std::arch::x86_64::*;
 
-use super::int8::Q8Block;
+use super::int8::{LaneRows, Q8Block};
 use super::x86::{
     bits_to_bytes256, nibble_bytes256, prefetch, scales, Block, PREFETCH_TILES, Q4KFB, Q4_0B,
     Q4_0FB, Q4_1B, Q4_1FB, Q5_0FB, Q5_1FB, Q6KFB, Q8_0B,
@@ -31,10 +32,29 @@ pub(crate) trait Int8Block {
     const SIGNED: bool;
     /// Whether the block has a minimum (`m_w * s_x` is then added).
     const HAS_MIN: bool;
+    /// Whether elements 0..16 and 16..32 have scales of their own (Q6_K).
+    const TWO: bool;
+    /// The largest `|w|` of the block's integer weights.
+    const MAX_W: i32;
+    /// How many `vpmaddubsw` results (two products per i16) add up in i16
+    /// without overflow ([`i16_steps`]).
+    const STEPS: usize = i16_steps(Self::MAX_W, Self::TWO);
     /// # Safety
     /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
     /// AVX2, FMA and F16C.
     unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32);
+}
+
+/// The most `vpmaddubsw` results (each lane two products of a weight and
+/// an activation, `|x| <= 127`) that add up in i16 for weights up to
+/// `max_w`: 8, 4, 2 or 1 (a divisor of the block's eight four-element
+/// steps, and of the four of a half when `two`).
+pub(crate) const fn i16_steps(max_w: i32, two: bool) -> usize {
+    let mut steps = if two { 4 } else { 8 };
+    while steps > 1 && steps as i32 * 2 * 127 * max_w > i16::MAX as i32 {
+        steps /= 2;
+    }
+    steps
 }
 
 /// The f32 at `p`.
@@ -85,11 +105,15 @@ unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
 /// (valid for `BYTES` bytes by the trait's contract; the CPU has AVX2, FMA
 /// and F16C).
 macro_rules! int8_blocks {
-    ($($B:ty { signed: $signed:literal, min: $min:literal } => |$p:ident| $decode:block)*) => {$(
+    ($($B:ty {
+        signed: $signed:literal, min: $min:literal, two: $two:literal, max_w: $max_w:literal
+    } => |$p:ident| $decode:block)*) => {$(
         impl Int8Block for $B {
             const BYTES: usize = <Self as Block>::BYTES;
             const SIGNED: bool = $signed;
             const HAS_MIN: bool = $min;
+            const TWO: bool = $two;
+            const MAX_W: i32 = $max_w;
             #[target_feature(enable = "avx2,fma,f16c")]
             #[inline]
             unsafe fn int8($p: *const u8) -> (__m256i, __m256, f32) $decode
@@ -98,7 +122,7 @@ macro_rules! int8_blocks {
 }
 
 int8_blocks! {
-    Q8_0B { signed: true, min: false } => |p| {
+    Q8_0B { signed: true, min: false, two: false, max_w: 128 } => |p| {
         // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
         unsafe {
             let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
@@ -106,7 +130,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0B { signed: true, min: false } => |p| {
+    Q4_0B { signed: true, min: false, two: false, max_w: 8 } => |p| {
         // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
@@ -114,7 +138,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0FB { signed: true, min: false } => |p| {
+    Q4_0FB { signed: true, min: false, two: false, max_w: 8 } => |p| {
         // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
@@ -122,7 +146,7 @@ int8_blocks! {
         }
     }
 
-    Q4_1B { signed: false, min: true } => |p| {
+    Q4_1B { signed: false, min: true, two: false, max_w: 15 } => |p| {
         // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
         unsafe {
             let dm = scales(p);
@@ -131,17 +155,17 @@ int8_blocks! {
         }
     }
 
-    Q4_1FB { signed: false, min: true } => |p| {
+    Q4_1FB { signed: false, min: true, two: false, max_w: 15 } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
 
-    Q4KFB { signed: false, min: true } => |p| {
+    Q4KFB { signed: false, min: true, two: false, max_w: 15 } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
 
-    Q5_0FB { signed: true, min: false } => |p| {
+    Q5_0FB { signed: true, min: false, two: false, max_w: 16 } => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
         // 16 nibble bytes.
         unsafe {
@@ -157,7 +181,7 @@ int8_blocks! {
         }
     }
 
-    Q5_1FB { signed: false, min: true } => |p| {
+    Q5_1FB { signed: false, min: true, two: false, max_w: 31 } => |p| {
         // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
         // u32 qh, 16 nibble bytes.
         unsafe {
@@ -167,7 +191,7 @@ int8_blocks! {
         }
     }
 
-    Q6KFB { signed: true, min: false } => |p| {
+    Q6KFB { signed: true, min: false, two: true, max_w: 32 } => |p| {
         // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
         // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
         unsafe {
@@ -189,47 +213,19 @@ int8_blocks! {
     }
 }
 
-/// A weight block unpacked once for a sweep over many activation rows
-/// ([`unpack_rows256`]): its integer weights as signed bytes (every type's
-/// fit: Q8_0's i8, `q - 8/16/32`, and the unsigned quants' 0..32), the
-/// scales of elements 0..16 and 16..32, and the minimum (0 when none).
-#[repr(C)]
+/// A weight block unpacked once for the lane sweeps ([`unpack_rows256`]):
+/// its integer weights as signed bytes (every type's fit: Q8_0's i8,
+/// `q - 8/16/32`, and the unsigned quants' 0..32), the scales of elements
+/// 0..16 and 16..32, the minimum (0 when none), and `-128 *` the weights'
+/// sum over each half (the start [`lanes_sweep512`] needs for activations
+/// given as `x + 128`). One cache line.
+#[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct I8Block {
     q: [i8; 32],
     d: [f32; 2],
     m: f32,
-    _pad: f32,
-}
-
-/// [`I8Block`]s as an [`Int8Block`] type (`MIN`: the source type's
-/// [`Int8Block::HAS_MIN`]). The integer sums it gives are the source
-/// block's exactly: every type with a minimum has nonnegative quants (so
-/// its bytes are read unsigned, skipping the sign steps), every type
-/// without one is signed, as its source block is. Its scales and minimum
-/// are the source's, so every result is the source type's, bit for bit.
-#[derive(Debug)]
-pub(crate) struct I8B<const MIN: bool>;
-
-impl<const MIN: bool> Int8Block for I8B<MIN> {
-    const BYTES: usize = std::mem::size_of::<I8Block>();
-    const SIGNED: bool = !MIN;
-    const HAS_MIN: bool = MIN;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32) {
-        // SAFETY: `p` points at a whole `I8Block` (trait contract: BYTES is
-        // its size): q at offset 0, d at 32, m at 40 (`repr(C)`).
-        unsafe {
-            let q = _mm256_loadu_si256(p as *const __m256i);
-            let d01 = _mm_castsi128_ps(_mm_loadl_epi64(p.add(32) as *const __m128i));
-            let d = _mm256_permutevar8x32_ps(
-                _mm256_castps128_ps256(d01),
-                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-            );
-            (q, d, f32_at(p.add(40)))
-        }
-    }
+    bias: [i32; 2],
 }
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
@@ -246,6 +242,7 @@ pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
     nblocks: usize,
     out: *mut I8Block,
 ) {
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
     for r in 0..rows {
         for blk in 0..nblocks {
             // SAFETY: block `blk` of row `r` is in bounds (fn contract).
@@ -254,6 +251,15 @@ pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
                 _mm256_cvtss_f32(d),
                 _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
             ];
+            // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1 hold
+            // elements 0..16, lanes 2, 3 elements 16..32.
+            let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
+            let half = |i: i32| {
+                let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
+                let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
+                let sum = if i == 0 { lo } else { hi } as i32 - 16 * 128;
+                -128 * sum
+            };
             // SAFETY: block `r * nblocks + blk` of `out` is in bounds (fn
             // contract); `q` is its first 32 bytes.
             unsafe {
@@ -261,6 +267,7 @@ pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
                 _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
                 (*o).d = d;
                 (*o).m = m;
+                (*o).bias = [half(0), half(1)];
             }
         }
     }
@@ -335,18 +342,20 @@ impl Int8Args {
     }
 }
 
-/// The canonical 8-lane tree (`int8::reduce8`).
+/// The four lanes `f(0..4)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn reduce8(v: __m256) -> f32 {
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)); // l + (l+4)
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // + (l+2)
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) // + (l+1)
+fn lanes4(f: impl Fn(usize) -> f32) -> __m128 {
+    _mm_setr_ps(f(0), f(1), f(2), f(3))
 }
 
 /// `tiles` consecutive `R`-row weight tiles against `NB` quantized
-/// activation rows: element `(r, c)` of the sweep (weight row `r` from
-/// `a.w`, activation row `c` from `a.x`) goes to `y[c * y_stride + r]`.
+/// activation rows (`R * NB <= 4` outputs, one per lane of a 128-bit
+/// register, output `(r, c)` in lane `r * NB + c`): element `(r, c)` of the
+/// sweep (weight row `r` from `a.w`, activation row `c` from `a.x`) goes to
+/// `y[c * y_stride + r]`. Per block, each output's 8-lane integer sums go
+/// to one lane by three `vphaddd` (elements 0..16 in the low half, 16..32
+/// in the high one: the halves of a two-scale block).
 ///
 /// # Safety
 /// `a.w` must be valid for `R * tiles` rows of `a.nblocks` blocks of `B`,
@@ -359,22 +368,41 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
     y: *mut f32,
     y_stride: usize,
 ) {
+    const { assert!(R * NB <= 4) };
     let ones = _mm256_set1_epi16(1);
     let step = R * B::BYTES;
+    // The output of lane `l` (lanes past `R * NB` repeat the last one).
+    let rc = |l: usize| {
+        let o = l.min(R * NB - 1);
+        (o / NB, o % NB)
+    };
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
         let w = unsafe { a.w.add(R * t * a.row_bytes) };
         let ahead = w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-        let mut acc = [[_mm256_setzero_ps(); NB]; R];
-        let mut mins = [[0f32; NB]; R];
+        let mut acc = _mm_setzero_ps();
+        let mut mins = _mm_setzero_ps();
         for blk in 0..a.nblocks {
             // Every line of the tile's next-but-`PREFETCH_TILES` blocks.
             for line in 0..step.div_ceil(64) {
                 prefetch(ahead.wrapping_add(blk * step + 64 * line));
             }
-            for (r, (acc_r, mins_r)) in acc.iter_mut().zip(mins.iter_mut()).enumerate() {
+            // SAFETY: block `blk` of activation rows 0..NB is in bounds.
+            let xb: [&Q8Block; NB] =
+                std::array::from_fn(|c| unsafe { &*a.x.add(c * a.nblocks + blk) });
+            // SAFETY: each `q` is 32 readable bytes.
+            let xq = xb.map(|b| unsafe { _mm256_loadu_si256(b.q.as_ptr() as *const __m256i) });
+            let mut p = [_mm256_setzero_si256(); 4];
+            let mut dw = [[0f32; 2]; R];
+            let mut mw = [0f32; R];
+            for r in 0..R {
                 // SAFETY: block `blk` of row `r` lies within the sweep (fn contract).
-                let (wq, dw, mw) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
+                let (wq, d, m) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
+                dw[r] = [
+                    _mm256_cvtss_f32(d),
+                    _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
+                ];
+                mw[r] = m;
                 // Signed weights: |w| times x with w's sign (vpmaddubsw
                 // multiplies unsigned by signed bytes; |w| <= 128, |x| <=
                 // 127, so no pair sum of Q8_0 saturates, and the other
@@ -385,168 +413,254 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
                     wq
                 };
                 for c in 0..NB {
-                    // SAFETY: block `blk` of activation row `c` is in bounds.
-                    let xb = unsafe { &*a.x.add(c * a.nblocks + blk) };
-                    // SAFETY: `q` is 32 readable bytes.
-                    let xq = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
                     let xs = if B::SIGNED {
-                        _mm256_sign_epi8(xq, wq)
+                        _mm256_sign_epi8(xq[c], wq)
                     } else {
-                        xq
+                        xq[c]
                     };
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
-                    let dd = _mm256_mul_ps(dw, _mm256_set1_ps(xb.d));
-                    acc_r[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, acc_r[c]);
-                    // Without a minimum the definition's sum stays +0.0.
-                    if B::HAS_MIN {
-                        mins_r[c] = mw.mul_add(xb.s, mins_r[c]);
-                    }
+                    p[r * NB + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
                 }
             }
-        }
-        for r in 0..R {
-            for c in 0..NB {
-                // SAFETY: element (R t + r, c) is in bounds (fn contract).
-                unsafe { *y.add(c * y_stride + R * t + r) = reduce8(acc[r][c]) + mins[r][c] };
+            // Lane l of the low half: output l's sum over elements 0..16;
+            // of the high half: over 16..32.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let (lo, hi) = (_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let dx = lanes4(|l| xb[rc(l).1].d);
+            let dd = |half: usize| _mm_mul_ps(lanes4(|l| dw[rc(l).0][half]), dx);
+            if B::TWO {
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(lo), dd(0), acc);
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(hi), dd(1), acc);
+            } else {
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_add_epi32(lo, hi)), dd(0), acc);
             }
+            // Without a minimum the definition's sum stays +0.0.
+            if B::HAS_MIN {
+                let s = lanes4(|l| xb[rc(l).1].s);
+                mins = _mm_fmadd_ps(lanes4(|l| mw[rc(l).0]), s, mins);
+            }
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: `out` is 4 writable floats.
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(acc, mins)) };
+        for (l, v) in out.into_iter().take(R * NB).enumerate() {
+            let (r, c) = rc(l);
+            // SAFETY: element (R t + r, c) is in bounds (fn contract).
+            unsafe { *y.add(c * y_stride + R * t + r) = v };
         }
     }
 }
 
-/// The canonical 8-lane tree of each 256-bit half of `v`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn reduce8_halves(v: __m512) -> [f32; 2] {
-    [
-        reduce8(_mm512_castps512_ps256(v)),
-        reduce8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-            _mm512_castps_pd(v),
-        ))),
-    ]
+/// Pointers into one group of [`LaneRows`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneArgs {
+    /// The group's first block of four-byte groups.
+    pub q: *const u8,
+    /// The group's first block of scales.
+    pub d: *const f32,
+    /// The group's first block of sums.
+    pub s: *const f32,
 }
 
-/// `lo` in the low 256 bits and `hi` in the high ones.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn join_ps(lo: __m256, hi: __m256) -> __m512 {
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-        _mm256_castps_pd(hi),
-    ))
+impl LaneArgs {
+    /// Group `g` of `x` (the pointers are only computed; the sweep that
+    /// reads them states its bounds).
+    pub fn group(x: &LaneRows, g: usize) -> Self {
+        let blocks = g * x.nblocks;
+        Self {
+            q: x.q.as_ptr().wrapping_add(blocks * 32 * x.lanes),
+            d: x.d.as_ptr().wrapping_add(blocks * x.lanes),
+            s: x.s.as_ptr().wrapping_add(blocks * x.lanes),
+        }
+    }
 }
 
-/// As [`int8_sweep256`] with AVX-512 VNNI, for `cn <= 2 * NP` activation
-/// rows: a 512-bit register holds one weight row's 8 canonical lanes for
-/// two activation rows (pair `j`: rows `2j` and `2j + 1`, the second
-/// repeating the first past `cn`, and not written), the weight block
-/// broadcast to both halves. `vpdpbusd` multiplies unsigned by signed bytes
-/// without saturating: the unsigned-weight types (those with a minimum) go
-/// in as they are; for signed weights the activations go in as `x + 128`
-/// (`x ^ 0x80`, unsigned) from a start of `-128 * sum(w)` per lane, which
-/// is `sum(w * x)` exactly. The float steps per lane (convert, `d_w * d_x`,
-/// fused add) and the minimum's fused sum (8 activation rows per vector)
-/// are the definition's, so every result is `int8::dot`'s, bit for bit.
+/// Write lanes `0..cn` of `v` (activation rows) as outputs of weight row
+/// `row`: lane `c` to `y[c * y_stride + row]`.
 ///
 /// # Safety
-/// `a.w` must be valid for `R * tiles` rows of `a.nblocks` blocks of `B`,
-/// `a.x` for `cn` rows of `a.nblocks` blocks, `y` for writing every element
-/// `(r, c < cn)`; `1 <= cn <= 2 * NP <= 8`; the CPU must support AVX-512F/BW,
-/// AVX-512 VNNI, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn int8_sweep512<B: Int8Block, const R: usize, const NP: usize>(
-    a: Int8Args,
+/// `y` must be valid for writing those elements; `cn <= N`.
+#[inline(always)]
+unsafe fn scatter<const N: usize>(
+    v: [f32; N],
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+    row: usize,
+) {
+    for (c, v) in v.into_iter().take(cn).enumerate() {
+        // SAFETY: in bounds (fn contract).
+        unsafe { *y.add(c * y_stride + row) = v };
+    }
+}
+
+/// `tiles` consecutive `R`-row tiles of unpacked weight rows (`w`, row
+/// after row, `nblocks` blocks each) against one 8-lane group of
+/// [`LaneRows`] (`x`, unflipped; lanes `0..cn` written): element `(r, c)`
+/// goes to `y[c * y_stride + r]`. Per block and weight row, each four-byte
+/// group of weights is broadcast against the same group of the 8 rows
+/// (`vpmaddubsw`, signed weights by their magnitude against `x` with their
+/// sign), [`Int8Block::STEPS`] results added in i16 before `vpmaddwd`
+/// widens them, so lane `c` ends with the block's sum for row `c`.
+///
+/// # Safety
+/// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`,
+/// `x` for `nblocks` blocks of an 8-lane group, `y` for writing every
+/// element `(r, c < cn)`; `cn <= 8`; the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
+    w: *const I8Block,
+    nblocks: usize,
     tiles: usize,
+    x: LaneArgs,
     cn: usize,
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!((1..=2 * NP).contains(&cn) && 2 * NP <= 8);
-    let flip = _mm512_set1_epi8(0x80u8 as i8);
-    let step = R * B::BYTES;
-    // Activation row of half `h` of pair `j` (the last real row past `cn`).
-    let act = |j: usize, h: usize| (2 * j + h).min(cn - 1);
+    debug_assert!(cn <= 8);
+    let ones = _mm256_set1_epi16(1);
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
-        let w = unsafe { a.w.add(R * t * a.row_bytes) };
-        let ahead = w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-        let mut acc = [[_mm512_setzero_ps(); NP]; R];
+        let wt = unsafe { w.add(R * t * nblocks) };
+        let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [_mm256_setzero_ps(); R];
-        for blk in 0..a.nblocks {
-            for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(blk * step + 64 * line));
-            }
-            // SAFETY: block `blk` of every activation row below `cn` is in
-            // bounds (fn contract); `act` stays below `cn`.
-            let xb = |c: usize| unsafe { &*a.x.add(c * a.nblocks + blk) };
-            let mut xv = [_mm512_setzero_si512(); NP];
-            let mut dx = [_mm512_setzero_ps(); NP];
-            for j in 0..NP {
-                let (x0, x1) = (xb(act(j, 0)), xb(act(j, 1)));
-                // SAFETY: each `q` is 32 readable bytes.
-                let v = unsafe {
-                    _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(x0.q.as_ptr().cast())),
-                        _mm256_loadu_si256(x1.q.as_ptr().cast()),
-                    )
-                };
-                xv[j] = if B::SIGNED {
-                    _mm512_xor_si512(v, flip)
-                } else {
-                    v
-                };
-                dx[j] = join_ps(_mm256_set1_ps(x0.d), _mm256_set1_ps(x1.d));
-            }
-            let s = if B::HAS_MIN {
-                let s: [f32; 8] = std::array::from_fn(|c| xb(c.min(cn - 1)).s);
-                // SAFETY: `s` is 8 floats.
-                unsafe { _mm256_loadu_ps(s.as_ptr()) }
-            } else {
-                _mm256_setzero_ps()
+        for b in 0..nblocks {
+            // SAFETY: block `b` of the group is in bounds (fn contract): 256
+            // bytes and 8 + 8 floats.
+            let (xq, dx, sx) = unsafe {
+                (
+                    x.q.add(256 * b),
+                    _mm256_loadu_ps(x.d.add(8 * b)),
+                    _mm256_loadu_ps(x.s.add(8 * b)),
+                )
             };
             for r in 0..R {
-                // SAFETY: block `blk` of row `r` lies within the sweep (fn contract).
-                let (wq, dw, mw) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
-                let wb = _mm512_broadcast_i64x4(wq);
-                let dwb = join_ps(dw, dw);
-                let start = if B::SIGNED {
-                    let sum128 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wb);
-                    _mm512_sub_epi32(_mm512_setzero_si512(), sum128)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                for j in 0..NP {
-                    let p = if B::SIGNED {
-                        _mm512_dpbusd_epi32(start, xv[j], wb)
-                    } else {
-                        _mm512_dpbusd_epi32(start, wb, xv[j])
-                    };
-                    let dd = _mm512_mul_ps(dwb, dx[j]);
-                    acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dd, acc[r][j]);
+                // SAFETY: block `b` of row `r` of the tile is in bounds.
+                let blk = unsafe { &*wt.add(r * nblocks + b) };
+                let mut sums = [_mm256_setzero_si256(); 2];
+                for k0 in (0..8).step_by(B::STEPS) {
+                    let mut s16 = _mm256_setzero_si256();
+                    for k in k0..k0 + B::STEPS {
+                        // SAFETY: bytes 4k..4k + 4 of `q`, and block b's
+                        // 32-byte group k of `x`, are in bounds.
+                        let (wv, xk) = unsafe {
+                            (
+                                _mm256_set1_epi32(
+                                    (blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned(),
+                                ),
+                                _mm256_loadu_si256(xq.add(32 * k) as *const __m256i),
+                            )
+                        };
+                        let prod = if B::SIGNED {
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
+                        } else {
+                            _mm256_maddubs_epi16(wv, xk)
+                        };
+                        s16 = _mm256_add_epi16(s16, prod);
+                    }
+                    let h = if B::TWO { k0 / 4 } else { 0 };
+                    sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(s16, ones));
+                }
+                let dd = |h: usize| _mm256_mul_ps(_mm256_set1_ps(blk.d[h]), dx);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[0]), dd(0), acc[r]);
+                if B::TWO {
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[1]), dd(1), acc[r]);
                 }
                 // Without a minimum the definition's sum stays +0.0.
                 if B::HAS_MIN {
-                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(mw), s, mins[r]);
+                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(blk.m), sx, mins[r]);
                 }
             }
         }
-        for (r, (acc_r, mins_r)) in acc.iter().zip(mins).enumerate() {
-            let mut m = [0f32; 8];
-            // SAFETY: `m` is 8 writable floats.
-            unsafe { _mm256_storeu_ps(m.as_mut_ptr(), mins_r) };
-            for (j, acc_rj) in acc_r.iter().enumerate() {
-                for (h, sum) in reduce8_halves(*acc_rj).into_iter().enumerate() {
-                    let c = 2 * j + h;
-                    if c < cn {
-                        // SAFETY: element (R t + r, c < cn) is in bounds (fn contract).
-                        unsafe { *y.add(c * y_stride + R * t + r) = sum + m[c] };
-                    }
-                }
+        for r in 0..R {
+            let mut out = [0f32; 8];
+            // SAFETY: `out` is 8 writable floats; elements (R t + r, c <
+            // cn) are in bounds (fn contract).
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[r], mins[r]));
+                scatter(out, cn, y, y_stride, R * t + r);
             }
         }
     }
 }
 
-/// Whether this CPU has AVX-512 VNNI, which [`int8_sweep512`] needs on top
+/// As [`lanes_sweep256`] with AVX-512 VNNI for a 16-lane group of flipped
+/// [`LaneRows`] (`x + 128`, unsigned): `vpdpbusd` adds each four-byte group
+/// of weights (signed, broadcast) times the rows' same group, from the
+/// block's [`I8Block`] start `-128 * sum(w)`, which leaves `sum(w * x)`
+/// exactly. The activation groups of a block stay in registers across
+/// the tile's weight rows.
+///
+/// # Safety
+/// As [`lanes_sweep256`], for a 16-lane group and `cn <= 16`; the CPU must
+/// support AVX-512F/BW, AVX-512 VNNI, AVX2, FMA and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn lanes_sweep512<B: Int8Block, const R: usize>(
+    w: *const I8Block,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 16);
+    for t in 0..tiles {
+        // SAFETY: rows R t..R t + R are in bounds (fn contract).
+        let wt = unsafe { w.add(R * t * nblocks) };
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut mins = [_mm512_setzero_ps(); R];
+        for b in 0..nblocks {
+            // SAFETY: block `b` of the group is in bounds (fn contract): 512
+            // bytes and 16 + 16 floats.
+            let (xk, dx, sx) = unsafe {
+                let q = x.q.add(512 * b);
+                (
+                    std::array::from_fn::<_, 8, _>(|k| _mm512_loadu_si512(q.add(64 * k).cast())),
+                    _mm512_loadu_ps(x.d.add(16 * b)),
+                    _mm512_loadu_ps(x.s.add(16 * b)),
+                )
+            };
+            for r in 0..R {
+                // SAFETY: block `b` of row `r` of the tile is in bounds.
+                let blk = unsafe { &*wt.add(r * nblocks + b) };
+                // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
+                let wk = |k: usize| unsafe {
+                    _mm512_set1_epi32((blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned())
+                };
+                let dot = |start: i32, ks: std::ops::Range<usize>| {
+                    ks.fold(_mm512_set1_epi32(start), |s, k| {
+                        _mm512_dpbusd_epi32(s, xk[k], wk(k))
+                    })
+                };
+                let dd = |h: usize| _mm512_mul_ps(_mm512_set1_ps(blk.d[h]), dx);
+                if B::TWO {
+                    let lo = dot(blk.bias[0], 0..4);
+                    let hi = dot(blk.bias[1], 4..8);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dd(0), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dd(1), acc[r]);
+                } else {
+                    let all = dot(blk.bias[0] + blk.bias[1], 0..8);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(all), dd(0), acc[r]);
+                }
+                // Without a minimum the definition's sum stays +0.0.
+                if B::HAS_MIN {
+                    mins[r] = _mm512_fmadd_ps(_mm512_set1_ps(blk.m), sx, mins[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            let mut out = [0f32; 16];
+            // SAFETY: `out` is 16 writable floats; elements (R t + r, c <
+            // cn) are in bounds (fn contract).
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r], mins[r]));
+                scatter(out, cn, y, y_stride, R * t + r);
+            }
+        }
+    }
+}
+
+/// Whether this CPU has AVX-512 VNNI, which [`lanes_sweep512`] needs on top
 /// of [`super::Isa::Avx512`].
 pub(crate) fn has_avx512_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni")
@@ -563,15 +677,16 @@ mod tests {
     use super::*;
     use crate::synth::{random_matrix, Rng};
 
-    /// Every tile shape of `B`'s sweep against `int8::dot`, bit for bit.
+    /// Every tile shape of `B`'s sweeps against `int8::dot`, bit for bit.
     fn check<B: Int8Block>(w: &MatRef<'_>, xq: &[Q8Block], n: usize) {
+        let nb = w.cols / 32;
         let args = Int8Args {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,
             x: xq.as_ptr(),
-            nblocks: w.cols / 32,
+            nblocks: nb,
         };
-        for (r, c) in [(1, 1), (4, 1), (2, 2), (1, 2)] {
+        for (r, c) in [(1, 1), (4, 1), (2, 2), (1, 2), (1, 3)] {
             if c > n {
                 continue;
             }
@@ -585,34 +700,50 @@ mod tests {
                     (1, 1) => int8_sweep256::<B, 1, 1>(args, tiles, y.as_mut_ptr(), w.rows),
                     (4, 1) => int8_sweep256::<B, 4, 1>(args, tiles, y.as_mut_ptr(), w.rows),
                     (2, 2) => int8_sweep256::<B, 2, 2>(args, tiles, y.as_mut_ptr(), w.rows),
-                    _ => int8_sweep256::<B, 1, 2>(args, tiles, y.as_mut_ptr(), w.rows),
+                    (1, 2) => int8_sweep256::<B, 1, 2>(args, tiles, y.as_mut_ptr(), w.rows),
+                    _ => int8_sweep256::<B, 1, 3>(args, tiles, y.as_mut_ptr(), w.rows),
                 }
             }
             expect(w, xq, &y, r * tiles, c, &format!("avx2 tile {r}x{c}"));
         }
-        if !(Isa::Avx512.is_supported() && has_avx512_vnni()) {
-            return;
-        }
-        for r in [1, 4] {
-            for cn in 1..=n.min(8) {
-                let tiles = w.rows / r;
-                let mut y = vec![f32::NAN; cn * w.rows];
-                // SAFETY: as above, with `cn <= n` activation rows; AVX-512
-                // and VNNI were just checked.
-                unsafe {
-                    match r {
-                        1 => int8_sweep512::<B, 1, 4>(args, tiles, cn, y.as_mut_ptr(), w.rows),
-                        _ => int8_sweep512::<B, 4, 4>(args, tiles, cn, y.as_mut_ptr(), w.rows),
+        let mut unpacked = vec![I8Block::default(); w.rows * nb];
+        // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `unpacked`
+        // as many; AVX2 was checked by the caller.
+        unsafe { unpack_rows256::<B>(args.w, w.row_bytes, w.rows, nb, unpacked.as_mut_ptr()) };
+        let wide = Isa::Avx512.is_supported() && has_avx512_vnni();
+        for lanes in [8, 16] {
+            if lanes == 16 && !wide {
+                continue;
+            }
+            for cn in 1..=n.min(lanes) {
+                let mut x = LaneRows::default();
+                x.fill(xq, cn, nb, lanes, lanes == 16);
+                for r in [1, 2, 4] {
+                    let tiles = w.rows / r;
+                    let mut y = vec![f32::NAN; cn * w.rows];
+                    let (p, a, out) = (unpacked.as_ptr(), LaneArgs::group(&x, 0), y.as_mut_ptr());
+                    // SAFETY: `unpacked` holds `w.rows >= r * tiles` rows,
+                    // `x` one group of `nb` blocks, `y` is `cn x w.rows`;
+                    // the ISA was checked above.
+                    unsafe {
+                        match (lanes, r) {
+                            (8, 1) => lanes_sweep256::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                            (8, 2) => lanes_sweep256::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                            (8, _) => lanes_sweep256::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            (_, 1) => lanes_sweep512::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                            (_, 2) => lanes_sweep512::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                            _ => lanes_sweep512::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                        }
                     }
+                    expect(
+                        w,
+                        xq,
+                        &y,
+                        r * tiles,
+                        cn,
+                        &format!("{lanes}-lane tile {r}x{cn}"),
+                    );
                 }
-                expect(
-                    w,
-                    xq,
-                    &y,
-                    r * tiles,
-                    cn,
-                    &format!("avx512 vnni tile {r}x{cn}"),
-                );
             }
         }
     }
@@ -640,7 +771,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let (rows, cols, n) = (9, 512, 8);
+        let (rows, cols, n) = (9, 512, 16);
         let mut rng = Rng(21);
         // Activation blocks of every kind: +-127 extremes, a zero block, a
         // spread of magnitudes.
