@@ -285,11 +285,11 @@ unsafe fn int8_rows_task(
             "lane rows for every activation row"
         );
         macro_rules! go {
-            // SAFETY: forwarded from this fn's contract; `lanes` holds the
-            // `n` rows (asserted); AVX2, FMA and F16C come with every SIMD
-            // ISA, checked supported by `matmul_group`, which chose 16 lanes
-            // only with AVX-512 VNNI.
             ($B:ty) => {
+                // SAFETY: forwarded from this fn's contract; `lanes` holds
+                // the `n` rows (asserted); AVX2, FMA and F16C come with every
+                // SIMD ISA, checked supported by `matmul_group`, which chose
+                // 16 lanes only with AVX-512 VNNI.
                 unsafe { lanes_rows_task::<$B>(w, lanes, n, r0, r1, y) }
             };
         }
