@@ -13,11 +13,12 @@
 //! Both numerics give the same bits on every ISA, batch and thread count,
 //! so these figures are the same on every machine; the thresholds' margins
 //! are for legitimate kernel changes, not noise. Measured (commit and
-//! machine in `docs/bench/avx2-numerics.md`), int8 as shipped: perplexity
-//! -1.45%, KL 0.0036, top-1 95.3%, 6/16 identical, prefix 8.5. The same
-//! test with activations quantized to 7 bits (+-63) fails on KL (0.0143)
-//! and top-1 (90.2%); to 6 bits (+-31) on every check (+4.1%, 0.056,
-//! 81.3%, 2/16, 5.9). The perplexity and greedy checks are coarse (254
+//! machine in `docs/bench/avx2-numerics.md`), int8 as shipped (one f32 sum
+//! per output, `7228496`): perplexity -1.35%, KL 0.0037, top-1 94.9%, 9/16
+//! identical, prefix 11.0 (the earlier 8-lane sums: -1.45%, 0.0036, 95.3%,
+//! 6/16, 8.5). With the earlier sums and activations quantized to 7 bits
+//! (+-63) the test fails on KL (0.0143) and top-1 (90.2%); to 6 bits
+//! (+-31) on every check (+4.1%, 0.056, 81.3%, 2/16, 5.9). The perplexity and greedy checks are coarse (254
 //! scored tokens; greedy runs flip on near-ties), KL and top-1 the fine ones.
 //!
 //! The project fetches its own models: an unavailable model is a failure,
