@@ -202,10 +202,11 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
             .len();
         assert!(long > 300, "a long prompt of {long} tokens");
         match long.checked_div(chunk) {
-            None => assert_eq!(
-                prefill_steps,
-                reqs.len() + preemptions,
-                "one prefill step per prompt and per preemption"
+            // Prompts waiting together share a step (how many wait
+            // together depends on arrival timing).
+            None => assert!(
+                (1..=reqs.len() + preemptions).contains(&prefill_steps),
+                "{prefill_steps} prefill steps: at most one per prompt and per preemption"
             ),
             Some(chunks) => assert!(
                 prefill_steps >= chunks,

@@ -439,15 +439,24 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     /// Launch the next prefill step into `slot`: the next chunk of the
-    /// prompt part-way through, else the oldest waiting request's first.
+    /// prompt part-way through, else the next admissions (`Scheduler::launch_prefill`).
     fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
         let max_tokens = self
             .config
             .prefill_chunk
             .map_or(usize::MAX, NonZeroUsize::get);
-        let Some(handle) =
-            self.sched
-                .launch_prefill(&mut self.exec, slot, self.config.max_seq_len, max_tokens)?
+        // Admissions take the rows free under the batch cap.
+        let max_admits = self
+            .max_rows()
+            .saturating_sub(self.exec.num_allocated())
+            .max(1);
+        let Some(handle) = self.sched.launch_prefill(
+            &mut self.exec,
+            slot,
+            self.config.max_seq_len,
+            max_tokens,
+            max_admits,
+        )?
         else {
             return Ok(false);
         };

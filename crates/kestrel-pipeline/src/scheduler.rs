@@ -458,16 +458,23 @@ impl<P> Scheduler<P> {
     /// Launch the next prefill chunk into `slot`: the sequence part-way
     /// through its prompt if there is one (one prompt at a time, so the
     /// oldest request's first token comes first), else the oldest preempted
-    /// sequence (with the tokens it generated) or waiting request, admitted
-    /// now. `max_tokens` is the chunk budget. On a pre-dispatch error the
-    /// request fails alone (an admission took no KV; a resumed sequence
-    /// keeps its KV until it is released as finalized).
+    /// sequence (with the tokens it generated), else the oldest waiting
+    /// requests, admitted now: as many whole prompts as fit the step's
+    /// token budget `max_tokens` together (at most `max_admits`, each one
+    /// admissible), or the oldest alone, in chunks if it is longer. One
+    /// step for many short prompts instead of one each: a bigger, cheaper
+    /// forward, and under `RideAlong` fewer small decode steps between
+    /// them. On a pre-dispatch error a lone request fails alone (an
+    /// admission took no KV; a resumed sequence keeps its KV until it is
+    /// released as finalized); a refused batch goes back to the queue and
+    /// its oldest request is tried alone.
     pub fn launch_prefill<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
         slot: SlotId,
         max_seq_len: usize,
         max_tokens: usize,
+        max_admits: usize,
     ) -> Result<Option<LaunchHandle>, Fatal> {
         if let Some(p) = self.partial.take() {
             return self.resume_prefill(exec, slot, p, max_tokens);
@@ -478,22 +485,48 @@ impl<P> Scheduler<P> {
             }
             return self.readmit(exec, slot, idx, max_tokens);
         }
-        let Some(mut req) = self.waiting.pop_front() else {
+        let Some(first) = self.waiting.front() else {
             return Ok(None);
         };
-        let max_len = max_len_of(&req, max_seq_len);
-        let input = PrefillInput {
-            id: req.id,
-            prompt: &req.prompt,
-            generated: 0,
-            params: &req.params,
-            max_len,
-            start: PrefillStart::Admit,
-            max_tokens,
-        };
-        match exec.launch_prefill(slot, std::slice::from_ref(&input)) {
+        let mut take = 1;
+        let mut tokens = first.prompt.len();
+        if tokens <= max_tokens {
+            while let Some(next) = self.waiting.get(take).filter(|_| take < max_admits) {
+                if tokens + next.prompt.len() > max_tokens
+                    || !exec.can_admit(&next.prompt, max_len_of(next, max_seq_len))
+                {
+                    break;
+                }
+                tokens += next.prompt.len();
+                take += 1;
+            }
+        }
+        let mut reqs: Vec<Request<P>> = self.waiting.drain(..take).collect();
+        let inputs: Vec<PrefillInput<'_, P>> = reqs
+            .iter()
+            .map(|req| PrefillInput {
+                id: req.id,
+                prompt: &req.prompt,
+                generated: 0,
+                params: &req.params,
+                max_len: max_len_of(req, max_seq_len),
+                start: PrefillStart::Admit,
+                max_tokens,
+            })
+            .collect();
+        let launched = exec.launch_prefill(slot, &inputs);
+        drop(inputs);
+        match launched {
             Ok(()) => {}
+            Err(ExecError::PreDispatch(_)) if reqs.len() > 1 => {
+                // Together they did not fit: the oldest goes alone.
+                for req in reqs.into_iter().rev() {
+                    self.waiting.push_front(req);
+                }
+                return self.launch_prefill(exec, slot, max_seq_len, max_tokens, 1);
+            }
             Err(ExecError::PreDispatch(e)) => {
+                let mut req = reqs.pop().expect("one request");
                 self.by_id.remove(&req.id);
                 req.skill
                     .finish(Outcome::Failed(FailureKind::StepFailed, Cause::new(e)));
@@ -501,13 +534,39 @@ impl<P> Scheduler<P> {
                 return Ok(None);
             }
             Err(ExecError::Fatal(e)) => {
-                // The request is still ours: put it back so fail_all resolves it.
-                self.waiting.push_front(req);
+                // The requests are still ours: put them back so fail_all
+                // resolves them.
+                for req in reqs.into_iter().rev() {
+                    self.waiting.push_front(req);
+                }
                 return Err(Fatal(Cause::new(e)));
             }
         }
+        let mut rows = std::mem::take(&mut self.slot_rows[slot]);
+        rows.clear();
+        let mut samples = true;
+        for req in reqs {
+            let (idx, sampled) = self.admitted(exec, req, max_seq_len, max_tokens);
+            rows.push(idx);
+            samples &= sampled;
+        }
+        self.slot_rows[slot] = rows;
+        Ok(Some(self.prefill_launched(slot, None, samples)))
+    }
+
+    /// Record a request whose prefill was just launched as admitted
+    /// sequence: its index, and whether the step samples its first token
+    /// (its chunk ends the prompt; otherwise it is the partial prefill).
+    fn admitted<E: Executor<Params = P>>(
+        &mut self,
+        exec: &E,
+        mut req: Request<P>,
+        max_seq_len: usize,
+        max_tokens: usize,
+    ) -> (SeqIdx, bool) {
+        let max_len = max_len_of(&req, max_seq_len);
         let cached = exec.cached_prompt_tokens(req.id);
-        let end = input.chunk_end(cached);
+        let end = cached.saturating_add(max_tokens).min(req.prompt.len());
         req.skill.on_admitted(cached);
         let prompt_len = req.prompt.len();
         let mut tokens = req.prompt;
@@ -544,13 +603,13 @@ impl<P> Scheduler<P> {
                 (self.seqs.len() - 1) as SeqIdx
             }
         };
-        self.by_id.insert(req.id, Location::Admitted(idx));
+        self.by_id.insert(self.seq(idx).id, Location::Admitted(idx));
         self.running.push(idx);
         let samples = end == prompt_len;
         if !samples {
             self.partial = Some(PartialPrefill { idx, done: end });
         }
-        Ok(Some(self.prefill_launched(slot, idx, samples)))
+        (idx, samples)
     }
 
     /// Prefill a preempted sequence again (its prompt and generated tokens):
@@ -588,7 +647,7 @@ impl<P> Scheduler<P> {
         if !samples {
             self.partial = Some(PartialPrefill { idx, done: end });
         }
-        Ok(Some(self.prefill_launched(slot, idx, samples)))
+        Ok(Some(self.prefill_launched(slot, Some(idx), samples)))
     }
 
     /// The prefill input of admitted sequence `idx`: its tokens so far (the
@@ -641,14 +700,23 @@ impl<P> Scheduler<P> {
             p.done = end;
             self.partial = Some(p);
         }
-        Ok(Some(self.prefill_launched(slot, idx, samples)))
+        Ok(Some(self.prefill_launched(slot, Some(idx), samples)))
     }
 
     /// Book a launched prefill step of sequence `idx` in `slot`.
-    fn prefill_launched(&mut self, slot: SlotId, idx: SeqIdx, samples: bool) -> LaunchHandle {
-        let rows = &mut self.slot_rows[slot];
-        rows.clear();
-        rows.push(idx);
+    /// The handle of a prefill step launched on `slot` for `idx` alone, or
+    /// (`None`) for the rows already in `slot_rows[slot]`.
+    fn prefill_launched(
+        &mut self,
+        slot: SlotId,
+        idx: Option<SeqIdx>,
+        samples: bool,
+    ) -> LaunchHandle {
+        if let Some(idx) = idx {
+            let rows = &mut self.slot_rows[slot];
+            rows.clear();
+            rows.push(idx);
+        }
         self.slot_samples[slot] = samples;
         self.slot_draft_indptr[slot].clear();
         self.slot_drafts[slot].clear();

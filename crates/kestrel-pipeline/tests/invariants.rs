@@ -1,6 +1,7 @@
 //! The design doc's "Invariant tests" (section 5), one test each, on the
 //! simulated executor, plus the overlap the pipelined mode must show.
 
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use kestrel_pipeline::testing::{
@@ -118,7 +119,21 @@ fn zombie_released_after_last_inflight_step() {
 #[test]
 fn queue_depth_emerges_from_constraints() {
     for (constrained, want_depth) in [(false, 2), (true, 2)] {
-        let mut e = engine(PipelineMode::Pipelined, PrefillPolicy::RideAlong);
+        // One 4-token prompt per prefill step, so admissions interleave
+        // with decode steps (a step of all four would leave a constrained
+        // batch whose next forward is launched and committed within one
+        // iteration, never seen in flight between them).
+        let mut e = EngineLoop::new(
+            SimExecutor::new(SimConfig::default()),
+            LoopConfig {
+                mode: PipelineMode::Pipelined,
+                prefill_policy: PrefillPolicy::RideAlong,
+                prefill_chunk: NonZeroUsize::new(4),
+                debug_checks: true,
+                ..LoopConfig::default()
+            },
+        )
+        .unwrap();
         let logs: Vec<_> = (0..4)
             .map(|i| submit(&mut e, i, 100 + i, 30, constrained))
             .collect();
@@ -555,5 +570,46 @@ fn kv_pressure_preempts_and_loses_no_token() {
             assert_eq!(logs[3].finish_calls, 1);
             assert!(reference[3].tokens.starts_with(&logs[3].tokens));
         }
+    }
+}
+
+/// Waiting prompts share prefill steps up to the token budget and the free
+/// rows; a batch the executor refuses goes back to the queue and its oldest
+/// request is admitted alone, so no request fails for another's sake.
+#[test]
+fn waiting_prompts_share_prefill_steps_within_the_budget() {
+    // (chunk budget, batch rows, prefill launch to refuse, prefill steps)
+    for (chunk, rows, refuse, want_steps) in [
+        (None, 32, None, 1),       // all six 4-token prompts in one step
+        (Some(8), 32, None, 3),    // two per step
+        (Some(10), 32, None, 3),   // 8 + 4 > 10: still two per step
+        (None, 4, None, 2),        // four rows, then two as rows free up
+        (Some(8), 32, Some(0), 4), // first pair refused: one alone, then pairs
+    ] {
+        let mut sim = SimConfig::default();
+        sim.fail_prefill_launch.extend(refuse);
+        let mut e = EngineLoop::new(
+            SimExecutor::new(sim),
+            LoopConfig {
+                mode: PipelineMode::Pipelined,
+                prefill_policy: PrefillPolicy::RideAlong,
+                prefill_chunk: chunk.and_then(NonZeroUsize::new),
+                max_batch_size: rows,
+                debug_checks: true,
+                ..LoopConfig::default()
+            },
+        )
+        .unwrap();
+        let logs: Vec<_> = (0..6).map(|i| submit(&mut e, i, 7 + i, 3, false)).collect();
+        while e.run_once() != Tick::Idle {}
+        let case = format!("chunk {chunk:?}, rows {rows}, refuse {refuse:?}");
+        assert_eq!(e.stats().prefill_steps, want_steps, "{case}");
+        assert_eq!((e.stats().finished, e.stats().failed), (6, 0), "{case}");
+        for log in logs {
+            let log = log.lock().unwrap();
+            assert!(log.violations.is_empty(), "{case}: {:?}", log.violations);
+            assert_eq!(log.tokens.len(), 3, "{case}");
+        }
+        assert!(e.executor().violations.is_empty(), "{case}");
     }
 }
