@@ -20,7 +20,6 @@
 //! kernels put one output (weight row, activation row) in each lane and run
 //! the definition's float steps lane by lane.
 
-#![allow(clippy::needless_range_loop)] // lane index drives both lane and source offset
 
 use super::scalar::BLOCK;
 use super::weight::Encoding;
@@ -83,7 +82,7 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
 }
 
 /// Whether `enc`'s blocks have a scale per 16 elements (Q6_K), not one.
-pub(crate) const fn two_scales(enc: Encoding) -> bool {
+const fn two_scales(enc: Encoding) -> bool {
     matches!(enc, Encoding::Q6KF)
 }
 
