@@ -20,7 +20,6 @@
 //! kernels put one output (weight row, activation row) in each lane and run
 //! the definition's float steps lane by lane.
 
-
 use super::scalar::BLOCK;
 use super::weight::Encoding;
 
