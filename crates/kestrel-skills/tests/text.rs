@@ -124,6 +124,20 @@ fn stop_string_inside_one_token() {
 }
 
 #[test]
+fn a_stop_that_completes_first_wins_over_one_starting_earlier() {
+    let ctx = ctx();
+    // After "\n" "N" the stop "N" is complete; "\nN " (which starts
+    // earlier) would need a token that is never sampled.
+    let mut s = skill(&ctx, text_spec(&["\nN ", "N"], &[], false));
+    let toks = bytes("\nN ");
+    let (r, deltas) = run(&mut s, &toks, |_| true);
+    assert_eq!(r.text, "\n");
+    assert_eq!(concat(&deltas), "\n");
+    assert_eq!(r.finish_reason(), Some(FinishReason::Stop));
+    assert_eq!(reference(&ctx, &toks, &["\nN ".into(), "N".into()]).0, "\n");
+}
+
+#[test]
 fn utf8_split_across_tokens_is_never_broken() {
     let ctx = ctx();
     let mut s = skill(&ctx, SkillSpec::text());
@@ -194,8 +208,9 @@ fn logprobs_off_by_default() {
     assert!(s.result().unwrap().logprobs.is_none());
 }
 
-/// Reference semantics: decode every non-special token before the first EOS
-/// lossily, cut at the first stop string.
+/// Reference semantics: decode the non-special tokens before the first EOS
+/// lossily, token by token, and stop at the first token after which a stop
+/// string is in the text.
 fn reference(
     ctx: &kestrel_skills::SkillContext,
     toks: &[TokenId],
@@ -203,17 +218,39 @@ fn reference(
 ) -> (String, FinishReason) {
     let end = toks.iter().position(|&t| t == IM_END);
     let body = &toks[..end.unwrap_or(toks.len())];
-    let raw: Vec<u8> = body
-        .iter()
-        .filter(|&&t| !ctx.is_special(t))
-        .flat_map(|&t| ctx.token_bytes(t).to_vec())
-        .collect();
+    // Generation stops at the first token after which the text holds a stop
+    // string (the tokens after it are never sampled), cut at the earliest
+    // start among the stop strings then present. The text after a token is
+    // its bytes so far decoded, less a trailing character still incomplete.
+    let mut raw = Vec::new();
+    for &t in body.iter().filter(|&&t| !ctx.is_special(t)) {
+        raw.extend_from_slice(ctx.token_bytes(t));
+        let text = String::from_utf8_lossy(&raw[..complete_len(&raw)]).into_owned();
+        if let Some(p) = stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+            return (text[..p].to_owned(), FinishReason::Stop);
+        }
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let first = stops.iter().filter_map(|s| text.find(s.as_str())).min();
-    match (first, end) {
-        (Some(p), _) => (text[..p].to_owned(), FinishReason::Stop),
-        (None, Some(_)) => (text, FinishReason::Eos),
-        (None, None) => (text, FinishReason::Length),
+    match end {
+        Some(_) => (text, FinishReason::Eos),
+        None => (text, FinishReason::Length),
+    }
+}
+
+/// `bytes.len()` less a trailing UTF-8 sequence that is valid so far but
+/// incomplete (a streaming decoder holds it for the next token).
+fn complete_len(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        _ => {
+            // Errors earlier on: only the tail's own validity matters.
+            (bytes.len().saturating_sub(3)..bytes.len())
+                .find(|&i| {
+                    std::str::from_utf8(&bytes[i..])
+                        .is_err_and(|e| e.valid_up_to() == 0 && e.error_len().is_none())
+                })
+                .unwrap_or(bytes.len())
+        }
     }
 }
 
