@@ -137,6 +137,17 @@ fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], [f32; 2], f32) {
     }
 }
 
+/// The largest `|w|` of the block at the start of `b` (tests).
+#[cfg(test)]
+pub(crate) fn max_abs_weight(enc: Encoding, b: &[u8]) -> i32 {
+    int_weights(enc, b)
+        .0
+        .iter()
+        .map(|w| w.abs())
+        .max()
+        .unwrap_or(0)
+}
+
 /// Canonical fast-mode dot product of one encoded row with a quantized
 /// activation row (one [`Q8Block`] per weight block).
 pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {

@@ -49,7 +49,7 @@ pub(crate) trait Int8Block {
 /// an activation, `|x| <= 127`) that add up in i16 for weights up to
 /// `max_w`: 8, 4, 2 or 1 (a divisor of the block's eight four-element
 /// steps, and of the four of a half when `two`).
-pub(crate) const fn i16_steps(max_w: i32, two: bool) -> usize {
+const fn i16_steps(max_w: i32, two: bool) -> usize {
     let mut steps = if two { 4 } else { 8 };
     while steps > 1 && steps as i32 * 2 * 127 * max_w > i16::MAX as i32 {
         steps /= 2;
@@ -761,6 +761,57 @@ mod tests {
                     "{:?} {what} row {row} act {j}: {got} vs {want}",
                     w.enc
                 );
+            }
+        }
+    }
+
+    /// Weights at their type's largest `|w|`, all of one sign, against
+    /// activations all at 127: every i16 sum the sweeps keep reaches its
+    /// bound (`i16_steps`), and still gives the definition.
+    #[test]
+    fn extreme_blocks_stay_within_i16() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let (rows, cols, n) = (4, 256, 16);
+        let mut xq = vec![Q8Block::default(); n * cols / 32];
+        int8::quantize_row(&vec![1.0; n * cols], &mut xq);
+        assert!(xq.iter().all(|b| b.q == [127; 32]));
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            // Types with a minimum quantize a block of 0 then 1s to the top
+            // quant; the others quantize -1s to their most negative one.
+            let has_min = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
+            let m = if has_min {
+                let v: Vec<f32> = (0..rows * cols)
+                    .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
+                    .collect();
+                kestrel_model::Matrix::quantize(dtype, rows, cols, &v)
+            } else {
+                kestrel_model::Matrix::quantize(dtype, rows, cols, &vec![-1.0; rows * cols])
+            };
+            let prepared = Weight::prepare("w", &m).unwrap();
+            let mut mats = vec![prepared.mat()];
+            mats.extend(MatRef::new("w", &m).ok());
+            for w in &mats {
+                macro_rules! go {
+                    ($B:ty) => {{
+                        // The block's integer weights do reach MAX_W.
+                        let row = w.row(0);
+                        let top = (0..w.cols / 32)
+                            .map(|b| int8::max_abs_weight(w.enc, &row[b * w.enc.block_bytes()..]))
+                            .max()
+                            .unwrap();
+                        assert!(
+                            top >= <$B as Int8Block>::MAX_W - 1,
+                            "{dtype:?}: |w| reaches {top} of {}",
+                            <$B as Int8Block>::MAX_W
+                        );
+                        check::<$B>(w, &xq, n)
+                    }};
+                }
+                use super::super::x86;
+                for_int8_block!(w.enc, go);
             }
         }
     }
