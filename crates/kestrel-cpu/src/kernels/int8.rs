@@ -81,8 +81,31 @@ fn f32_at(b: &[u8], i: usize) -> f32 {
 }
 
 /// Whether `enc`'s blocks have a scale per 16 elements (Q6_K), not one.
-const fn two_scales(enc: Encoding) -> bool {
+pub(crate) const fn two_scales(enc: Encoding) -> bool {
     matches!(enc, Encoding::Q6KF)
+}
+
+/// Whether `enc`'s blocks have a minimum (`m_w * s_x` is added): Q4_1,
+/// Q5_1, Q4_K, Q5_K. Their integer weights are nonnegative, the other
+/// types' signed ([`int_weights`]).
+pub(crate) const fn has_min(enc: Encoding) -> bool {
+    matches!(
+        enc,
+        Encoding::Q4_1 | Encoding::Q4_1F | Encoding::Q4KF | Encoding::Q5_1F
+    )
+}
+
+/// The largest `|w|` [`int_weights`] gives for `enc` (0 for dense ones).
+pub(crate) const fn max_abs_weight(enc: Encoding) -> i32 {
+    match enc {
+        Encoding::Q8_0 => 128,
+        Encoding::Q4_0 | Encoding::Q4_0F => 8,
+        Encoding::Q4_1 | Encoding::Q4_1F | Encoding::Q4KF => 15,
+        Encoding::Q5_0F => 16,
+        Encoding::Q5_1F => 31,
+        Encoding::Q6KF => 32,
+        Encoding::F32 | Encoding::F16 | Encoding::Bf16 => 0,
+    }
 }
 
 /// A block's integer weights, the scales of its elements 0..16 and 16..32
@@ -139,7 +162,7 @@ fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], [f32; 2], f32) {
 
 /// The largest `|w|` of the block at the start of `b` (tests).
 #[cfg(test)]
-pub(crate) fn max_abs_weight(enc: Encoding, b: &[u8]) -> i32 {
+pub(crate) fn block_max_abs(enc: Encoding, b: &[u8]) -> i32 {
     int_weights(enc, b)
         .0
         .iter()

@@ -13,7 +13,8 @@
 
 use std::arch::x86_64::*;
 
-use super::int8::{LaneRows, Q8Block};
+use super::int8::{self, LaneRows, Q8Block};
+use super::weight::Encoding;
 use super::x86::{
     bits_to_bytes256, nibble_bytes256, prefetch, scales, Block, PREFETCH_TILES, Q4KFB, Q4_0B,
     Q4_0FB, Q4_1B, Q4_1FB, Q5_0FB, Q5_1FB, Q6KFB, Q8_0B,
@@ -24,18 +25,21 @@ use super::x86::{
 /// 4..8 elements 16..32: one value but for Q6_K's two) and its minimum (0
 /// when none).
 pub(crate) trait Int8Block {
+    /// The encoding this block type decodes; the rules below are its
+    /// (`int8.rs`).
+    const ENC: Encoding;
     /// Bytes per 32-element block.
     const BYTES: usize;
+    /// Whether the block has a minimum (`m_w * s_x` is then added).
+    const HAS_MIN: bool = int8::has_min(Self::ENC);
     /// Whether the weight bytes are signed (Q8_0, and `q - 8`, `q - 16`,
     /// `q - 32` of Q4_0, Q5_0, Q6_K) or not (the nibbles and five-bit quants
     /// of the types with a minimum: Q4_1, Q5_1, Q4_K, Q5_K).
-    const SIGNED: bool;
-    /// Whether the block has a minimum (`m_w * s_x` is then added).
-    const HAS_MIN: bool;
+    const SIGNED: bool = !Self::HAS_MIN;
     /// Whether elements 0..16 and 16..32 have scales of their own (Q6_K).
-    const TWO: bool;
+    const TWO: bool = int8::two_scales(Self::ENC);
     /// The largest `|w|` of the block's integer weights.
-    const MAX_W: i32;
+    const MAX_W: i32 = int8::max_abs_weight(Self::ENC);
     /// How many `vpmaddubsw` results (two products per i16) add up in i16
     /// without overflow ([`i16_steps`]).
     const STEPS: usize = i16_steps(Self::MAX_W, Self::TWO);
@@ -100,20 +104,15 @@ unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
     unsafe { (nibble_bytes256(p.add(8)), splat(p), f32_at(p.add(4))) }
 }
 
-/// `impl Int8Block` for each block type: whether its weight bytes are
-/// signed, whether it has a minimum, and its decoding of the block at `p`
+/// `impl Int8Block` for each block type: its encoding, and its decoding of
+/// the block at `p`
 /// (valid for `BYTES` bytes by the trait's contract; the CPU has AVX2, FMA
 /// and F16C).
 macro_rules! int8_blocks {
-    ($($B:ty {
-        signed: $signed:literal, min: $min:literal, two: $two:literal, max_w: $max_w:literal
-    } => |$p:ident| $decode:block)*) => {$(
+    ($($B:ty: $enc:ident => |$p:ident| $decode:block)*) => {$(
         impl Int8Block for $B {
+            const ENC: Encoding = Encoding::$enc;
             const BYTES: usize = <Self as Block>::BYTES;
-            const SIGNED: bool = $signed;
-            const HAS_MIN: bool = $min;
-            const TWO: bool = $two;
-            const MAX_W: i32 = $max_w;
             #[target_feature(enable = "avx2,fma,f16c")]
             #[inline]
             unsafe fn int8($p: *const u8) -> (__m256i, __m256, f32) $decode
@@ -122,7 +121,7 @@ macro_rules! int8_blocks {
 }
 
 int8_blocks! {
-    Q8_0B { signed: true, min: false, two: false, max_w: 128 } => |p| {
+    Q8_0B: Q8_0 => |p| {
         // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
         unsafe {
             let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
@@ -130,7 +129,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0B { signed: true, min: false, two: false, max_w: 8 } => |p| {
+    Q4_0B: Q4_0 => |p| {
         // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
@@ -138,7 +137,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0FB { signed: true, min: false, two: false, max_w: 8 } => |p| {
+    Q4_0FB: Q4_0F => |p| {
         // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
@@ -146,7 +145,7 @@ int8_blocks! {
         }
     }
 
-    Q4_1B { signed: false, min: true, two: false, max_w: 15 } => |p| {
+    Q4_1B: Q4_1 => |p| {
         // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
         unsafe {
             let dm = scales(p);
@@ -155,17 +154,17 @@ int8_blocks! {
         }
     }
 
-    Q4_1FB { signed: false, min: true, two: false, max_w: 15 } => |p| {
+    Q4_1FB: Q4_1F => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
 
-    Q4KFB { signed: false, min: true, two: false, max_w: 15 } => |p| {
+    Q4KFB: Q4KF => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
         unsafe { nibbles_d_m(p) }
     }
 
-    Q5_0FB { signed: true, min: false, two: false, max_w: 16 } => |p| {
+    Q5_0FB: Q5_0F => |p| {
         // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
         // 16 nibble bytes.
         unsafe {
@@ -181,7 +180,7 @@ int8_blocks! {
         }
     }
 
-    Q5_1FB { signed: false, min: true, two: false, max_w: 31 } => |p| {
+    Q5_1FB: Q5_1F => |p| {
         // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
         // u32 qh, 16 nibble bytes.
         unsafe {
@@ -191,7 +190,7 @@ int8_blocks! {
         }
     }
 
-    Q6KFB { signed: true, min: false, two: true, max_w: 32 } => |p| {
+    Q6KFB: Q6KF => |p| {
         // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
         // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
         unsafe {
@@ -670,7 +669,6 @@ pub(crate) fn has_avx512_vnni() -> bool {
 mod tests {
     use kestrel_model::DType;
 
-    use super::super::int8::{self, Q8Block};
     use super::super::matmul::MatRef;
     use super::super::weight::{Encoding, Weight};
     use super::super::Isa;
@@ -781,8 +779,7 @@ mod tests {
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             // Types with a minimum quantize a block of 0 then 1s to the top
             // quant; the others quantize -1s to their most negative one.
-            let has_min = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
-            let m = if has_min {
+            let m = if int8::has_min(Encoding::prepared_of(dtype)) {
                 let v: Vec<f32> = (0..rows * cols)
                     .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
                     .collect();
@@ -799,7 +796,7 @@ mod tests {
                         // The block's integer weights do reach MAX_W.
                         let row = w.row(0);
                         let top = (0..w.cols / 32)
-                            .map(|b| int8::max_abs_weight(w.enc, &row[b * w.enc.block_bytes()..]))
+                            .map(|b| int8::block_max_abs(w.enc, &row[b * w.enc.block_bytes()..]))
                             .max()
                             .unwrap();
                         assert!(
