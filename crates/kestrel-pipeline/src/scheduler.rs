@@ -514,10 +514,19 @@ impl<P> Scheduler<P> {
                 max_tokens,
             })
             .collect();
-        let launched = exec.launch_prefill(slot, &inputs);
+        // Each admission's length cap, prefix-cache hit and chunk end.
+        let launched = exec.launch_prefill(slot, &inputs).map(|()| {
+            inputs
+                .iter()
+                .map(|input| {
+                    let cached = exec.cached_prompt_tokens(input.id);
+                    (input.max_len, cached, input.chunk_end(cached))
+                })
+                .collect::<Vec<_>>()
+        });
         drop(inputs);
-        match launched {
-            Ok(()) => {}
+        let admits = match launched {
+            Ok(admits) => admits,
             Err(ExecError::PreDispatch(_)) if reqs.len() > 1 => {
                 // Together they did not fit: the oldest goes alone.
                 for req in reqs.into_iter().rev() {
@@ -541,12 +550,12 @@ impl<P> Scheduler<P> {
                 }
                 return Err(Fatal(Cause::new(e)));
             }
-        }
+        };
         let mut rows = std::mem::take(&mut self.slot_rows[slot]);
         rows.clear();
         let mut samples = true;
-        for req in reqs {
-            let (idx, sampled) = self.admitted(exec, req, max_seq_len, max_tokens);
+        for (req, (max_len, cached, end)) in reqs.into_iter().zip(admits) {
+            let (idx, sampled) = self.admitted(req, max_len, cached, end);
             rows.push(idx);
             samples &= sampled;
         }
@@ -554,19 +563,18 @@ impl<P> Scheduler<P> {
         Ok(Some(self.prefill_launched(slot, None, samples)))
     }
 
-    /// Record a request whose prefill was just launched as admitted
-    /// sequence: its index, and whether the step samples its first token
-    /// (its chunk ends the prompt; otherwise it is the partial prefill).
-    fn admitted<E: Executor<Params = P>>(
+    /// Record a request whose prefill was just launched (length cap
+    /// `max_len`, `cached` prompt tokens from the prefix cache, chunk ending
+    /// at `end`) as an admitted sequence: its index, and whether the step
+    /// samples its first token (its chunk ends the prompt; otherwise it is
+    /// the partial prefill).
+    fn admitted(
         &mut self,
-        exec: &E,
         mut req: Request<P>,
-        max_seq_len: usize,
-        max_tokens: usize,
+        max_len: usize,
+        cached: usize,
+        end: usize,
     ) -> (SeqIdx, bool) {
-        let max_len = max_len_of(&req, max_seq_len);
-        let cached = exec.cached_prompt_tokens(req.id);
-        let end = cached.saturating_add(max_tokens).min(req.prompt.len());
         req.skill.on_admitted(cached);
         let prompt_len = req.prompt.len();
         let mut tokens = req.prompt;

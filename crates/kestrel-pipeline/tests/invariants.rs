@@ -13,13 +13,25 @@ use kestrel_pipeline::{
 };
 
 fn engine(mode: PipelineMode, policy: PrefillPolicy) -> EngineLoop<SimExecutor> {
-    let config = LoopConfig {
+    engine_with(SimConfig::default(), mode, policy, |_| {})
+}
+
+/// A checked loop over `sim` in `mode` and `policy`, its config otherwise
+/// the default as `tune` leaves it.
+fn engine_with(
+    sim: SimConfig,
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    tune: impl FnOnce(&mut LoopConfig),
+) -> EngineLoop<SimExecutor> {
+    let mut config = LoopConfig {
         mode,
         prefill_policy: policy,
         debug_checks: true,
         ..LoopConfig::default()
     };
-    EngineLoop::new(SimExecutor::new(SimConfig::default()), config).unwrap()
+    tune(&mut config);
+    EngineLoop::new(SimExecutor::new(sim), config).unwrap()
 }
 
 fn submit(
@@ -123,17 +135,12 @@ fn queue_depth_emerges_from_constraints() {
         // with decode steps (a step of all four would leave a constrained
         // batch whose next forward is launched and committed within one
         // iteration, never seen in flight between them).
-        let mut e = EngineLoop::new(
-            SimExecutor::new(SimConfig::default()),
-            LoopConfig {
-                mode: PipelineMode::Pipelined,
-                prefill_policy: PrefillPolicy::RideAlong,
-                prefill_chunk: NonZeroUsize::new(4),
-                debug_checks: true,
-                ..LoopConfig::default()
-            },
-        )
-        .unwrap();
+        let mut e = engine_with(
+            SimConfig::default(),
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            |c| c.prefill_chunk = NonZeroUsize::new(4),
+        );
         let logs: Vec<_> = (0..4)
             .map(|i| submit(&mut e, i, 100 + i, 30, constrained))
             .collect();
@@ -588,18 +595,15 @@ fn waiting_prompts_share_prefill_steps_within_the_budget() {
     ] {
         let mut sim = SimConfig::default();
         sim.fail_prefill_launch.extend(refuse);
-        let mut e = EngineLoop::new(
-            SimExecutor::new(sim),
-            LoopConfig {
-                mode: PipelineMode::Pipelined,
-                prefill_policy: PrefillPolicy::RideAlong,
-                prefill_chunk: chunk.and_then(NonZeroUsize::new),
-                max_batch_size: rows,
-                debug_checks: true,
-                ..LoopConfig::default()
+        let mut e = engine_with(
+            sim,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            |c| {
+                c.prefill_chunk = chunk.and_then(NonZeroUsize::new);
+                c.max_batch_size = rows;
             },
-        )
-        .unwrap();
+        );
         let logs: Vec<_> = (0..6).map(|i| submit(&mut e, i, 7 + i, 3, false)).collect();
         while e.run_once() != Tick::Idle {}
         let case = format!("chunk {chunk:?}, rows {rows}, refuse {refuse:?}");
