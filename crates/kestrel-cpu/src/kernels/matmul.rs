@@ -313,8 +313,8 @@ unsafe fn int8_rows_task(
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// Per-thread unpacked weight rows (grows once to 16 rows of the widest
-    /// matrix).
+    /// Per-thread unpacked weight rows (grows once to the largest group
+    /// [`lanes_rows_task`] unpacks: 16 rows or [`UNPACKED_BYTES`]).
     static IBUF: std::cell::RefCell<Vec<x86_int8::I8Block>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
