@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API (axum): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (unary and SSE streaming), `GET /v1/models`,
-//! `/health`, `/version` and `/metrics`, on one engine beside gRPC.
+//! `/health`, `/version` and `/metrics`, on one engine beside gRPC; and a
+//! chat page for people at `GET /` ([`page`]).
 //!
 //! **Invariant:** OpenAI JSON stops here, like protobuf stops at
 //! [`crate::convert`]: [`request`] maps it onto the engine's one
@@ -10,6 +11,7 @@
 
 mod error;
 mod handlers;
+mod page;
 mod request;
 mod tools;
 
@@ -80,6 +82,7 @@ pub fn router(engine: Engine, options: &HttpOptions) -> Router {
         max_body_bytes: options.max_body_bytes,
     });
     Router::new()
+        .route("/", get(page::chat_page))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
