@@ -250,6 +250,7 @@ def drive(page, expect, address, model, artifacts, aborted_before, timeout):
     page.get_by_label("Message", exact=True).press("Enter")
     expect(notice).to_contain_text("The JSON schema is not valid JSON")
     expect(page.locator(".msg")).to_have_count(2)
+    expect(page.get_by_label("Message", exact=True)).to_have_value("Again, please.")
 
     return f"model {model}, answer {text!r}, schema error {server_error!r}"
 
