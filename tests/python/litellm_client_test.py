@@ -33,6 +33,9 @@ def run(address: str, timeout: float) -> str:
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     import litellm
 
+    # Its "Give Feedback" banner on every error goes to stdout.
+    litellm.suppress_debug_info = True
+
     with urllib.request.urlopen(f"http://{address}/v1/models", timeout=timeout) as r:
         served = json.load(r)["data"][0]["id"]
     common = {

@@ -65,7 +65,11 @@ fn python_client() {
         return;
     };
     let server = common::shared_server();
-    run_script(&python, "kestrel_client_test.py", &[&server.addr.to_string()]);
+    run_script(
+        &python,
+        "kestrel_client_test.py",
+        &[&server.addr.to_string()],
+    );
 }
 
 #[test]
@@ -118,7 +122,9 @@ fn chromium(test: &str) -> Option<String> {
         std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
         "KESTREL_REQUIRE_PYTHON is set but there is no browser at {path}"
     );
-    eprintln!("SKIPPED {test}: no browser at {path} (apt-get install chromium, or set KESTREL_CHROMIUM)");
+    eprintln!(
+        "SKIPPED {test}: no browser at {path} (apt-get install chromium, or set KESTREL_CHROMIUM)"
+    );
     None
 }
 
