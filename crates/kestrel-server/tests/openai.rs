@@ -617,8 +617,18 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
             400,
             Some("prompt"),
         ),
-        ("completions", json!({"prompt": [1, -2]}), 400, Some("prompt")),
-        ("completions", json!({"prompt": [[]]}), 400, Some("prompt[0]")),
+        (
+            "completions",
+            json!({"prompt": [1, -2]}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "completions",
+            json!({"prompt": [[]]}),
+            400,
+            Some("prompt[0]"),
+        ),
         (
             "completions",
             json!({"prompt": "x", "echo": true, "logprobs": 1}),
@@ -690,7 +700,9 @@ async fn tokenize_and_detokenize_round_trip() {
     assert_eq!(v["max_model_len"], info.context_length);
     let strs = v["token_strs"].as_array().unwrap();
     assert_eq!(strs.len(), tokens.len());
-    assert!(strs.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())));
+    assert!(strs
+        .iter()
+        .all(|s| s.as_str().is_some_and(|s| !s.is_empty())));
     // What the engine itself tokenizes a text prompt to.
     assert_eq!(tokens, shared_server().engine.tokenize(text, true).unwrap());
     let plain = ids(&tokenize(json!({"prompt": text, "add_special_tokens": false})).await);
@@ -705,21 +717,52 @@ async fn tokenize_and_detokenize_round_trip() {
     // the first is exactly what a chat request's prompt counts.
     let messages = json!([{"role": "user", "content": "Hello there"}]);
     let with = ids(&tokenize(json!({"messages": messages})).await);
-    let without = ids(&tokenize(json!({"messages": messages, "add_generation_prompt": false})).await);
+    let without =
+        ids(&tokenize(json!({"messages": messages, "add_generation_prompt": false})).await);
     assert!(with.len() > without.len() && with.starts_with(&without));
-    let r = post(addr, "/v1/chat/completions", &json!({"messages": messages, "max_tokens": 1})).await;
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(r.json()["usage"]["prompt_tokens"], with.len());
 
     let vocab = info.vocab_size;
     let cases: Vec<(&str, Value, u16, Option<&str>)> = vec![
         ("/tokenize", json!({}), 400, Some("prompt")),
         ("/tokenize", json!({"prompt": 5}), 400, Some("prompt")),
-        ("/tokenize", json!({"prompt": "x", "frob": 1}), 400, Some("frob")),
-        ("/tokenize", json!({"prompt": "x", "messages": messages}), 400, Some("messages")),
-        ("/tokenize", json!({"messages": "hi"}), 400, Some("messages")),
-        ("/tokenize", json!({"prompt": "x", "model": "gpt-4"}), 404, Some("model")),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "frob": 1}),
+            400,
+            Some("frob"),
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "messages": messages}),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/tokenize",
+            json!({"messages": "hi"}),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": "gpt-4"}),
+            404,
+            Some("model"),
+        ),
         ("/detokenize", json!({}), 400, Some("tokens")),
-        ("/detokenize", json!({"tokens": [1, vocab]}), 400, Some("tokens[1]")),
+        (
+            "/detokenize",
+            json!({"tokens": [1, vocab]}),
+            400,
+            Some("tokens[1]"),
+        ),
         ("/detokenize", json!({"tokens": [-1]}), 400, Some("tokens")),
     ];
     for (path, body, status, param) in cases {
@@ -758,11 +801,19 @@ async fn token_id_prompts_answer_as_their_text_does() {
     assert_eq!(both["usage"], text["usage"]);
 
     let vocab = shared_server().engine.model_info().vocab_size;
-    let r = post(addr, "/v1/completions", &completion_body(json!([1, vocab, 2]), 4)).await;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &completion_body(json!([1, vocab, 2]), 4),
+    )
+    .await;
     let v = r.json();
     assert_eq!(r.status, 400, "{v}");
     assert_eq!(v["error"]["param"], "prompt");
-    assert!(v["error"]["message"].as_str().unwrap().contains("token 1"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("token 1"),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -782,7 +833,13 @@ async fn echo_puts_the_prompt_first_unary_and_streamed() {
     let tokens = ids(&tokenize(json!({"prompt": prompt, "add_special_tokens": false})).await);
     body["prompt"] = json!(tokens);
     let v = complete(&body).await;
-    assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(prompt), "{v}");
+    assert!(
+        v["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(prompt),
+        "{v}"
+    );
 
     // Streamed: the echo is each choice's first chunk.
     let mut sbody = completion_body(json!([prompt, "Twinkle twinkle"]), 6);

@@ -566,7 +566,10 @@ struct WireFunctionCall {
 /// describes them comes first (merged into the client's own system
 /// message when there is one); the returned offset is how many messages
 /// were put in front of the client's.
-pub(super) fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+pub(super) fn chat_messages(
+    v: Value,
+    tools: Option<&ToolSet>,
+) -> Result<(Vec<ChatMessage>, usize), ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
@@ -721,10 +724,16 @@ mod tests {
         );
         let completions =
             |body: Value| parse(Endpoint::Completions, body.to_string().as_bytes(), "m");
-        assert!(!completions(json!({"prompt": "hi", "echo": false}))
-            .unwrap()
-            .echo);
-        assert!(completions(json!({"prompt": "hi", "echo": true})).unwrap().echo);
+        assert!(
+            !completions(json!({"prompt": "hi", "echo": false}))
+                .unwrap()
+                .echo
+        );
+        assert!(
+            completions(json!({"prompt": "hi", "echo": true}))
+                .unwrap()
+                .echo
+        );
         assert_eq!(
             completions(json!({"prompt": "hi", "echo": true, "logprobs": 0}))
                 .unwrap_err()

@@ -53,7 +53,12 @@ fn parse_tokenize(body: &[u8], served: &str) -> Result<TokenizeRequest, ApiError
                 "give either prompt or messages, not both",
             ))
         }
-        (None, None) => return Err(ApiError::invalid("prompt", "prompt or messages is required")),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt or messages is required",
+            ))
+        }
         (Some(text), None) => TokenizeRequest {
             input: Input::Text(text),
             add_special_tokens: f.take::<bool>("add_special_tokens")?.unwrap_or(true),
