@@ -9,7 +9,8 @@
 //! (`Sender::closed`) and returns, dropping the engine streams, which
 //! aborts the requests and frees their KV. A failed request never ends
 //! with a normal `finish_reason`: unary calls answer the error, streams
-//! send an `{"error": ...}` event and `[DONE]`.
+//! send an `{"error": ...}` event and `[DONE]`. With completions' `echo`,
+//! each choice's text starts with its prompt (its first chunk, streamed).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
