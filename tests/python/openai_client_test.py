@@ -4,7 +4,8 @@
 Calls a running server through `openai.OpenAI(base_url=...)`: the model
 list, a chat completion, a streamed chat completion (deltas concatenate to
 the unary answer), a json_schema response format, a required tool call
-whose arguments parse and validate, a text completion, and an invalid
+whose arguments parse and validate, a text completion (and the same
+prompt as token ids from `/tokenize`, echoed), and an invalid
 request that must raise `openai.BadRequestError` naming its parameter.
 
     python3 -m pip install -r tests/python/requirements.txt
@@ -115,6 +116,23 @@ def run(address: str, timeout: float) -> str:
         model=model, prompt="The capital of France is", max_tokens=5, temperature=0
     )
     check(text.choices[0].text, text)
+
+    # vLLM's /tokenize (at the server's root), then the same prompt as
+    # token ids, echoed: the text is the prompt followed by the same answer.
+    import httpx
+
+    tokens = httpx.post(
+        f"http://{address}/tokenize",
+        json={"prompt": "The capital of France is"},
+        timeout=timeout,
+    ).json()["tokens"]
+    echoed = client.completions.create(
+        model=model, prompt=tokens, max_tokens=5, temperature=0, echo=True
+    )
+    check(
+        echoed.choices[0].text.endswith("The capital of France is" + text.choices[0].text),
+        (echoed, text),
+    )
 
     try:
         client.chat.completions.create(

@@ -13,7 +13,7 @@ use kestrel_skills::{SkillContext, SkillContextConfig};
 use tokenizers::Tokenizer;
 
 use crate::error::EngineError;
-use crate::request::Prompt;
+use crate::request::{ChatMessage, Prompt};
 use crate::validate::Field;
 
 pub use kestrel_kv::KvStats;
@@ -240,19 +240,38 @@ impl ModelContext {
             .map_err(|e| EngineError::invalid(Field::TokenId(0), format!("tokenizer failed: {e}")))
     }
 
-    /// Renders (chat) and tokenizes a prompt.
+    /// Renders a conversation with the model's chat template, the
+    /// assistant's generation prompt appended when asked (as a request's
+    /// prompt always has it).
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
+        let template = self.inner.chat_template.as_ref().ok_or_else(|| {
+            EngineError::invalid(Field::Messages, "this model has no chat template")
+        })?;
+        template
+            .render(messages, add_generation_prompt)
+            .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))
+    }
+
+    /// Renders (chat) and tokenizes a prompt; token ids are checked against
+    /// the vocabulary and taken as they are.
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Text(text) => self.tokenize(text, true),
-            Prompt::Chat(messages) => {
-                let template = self.inner.chat_template.as_ref().ok_or_else(|| {
-                    EngineError::invalid(Field::Messages, "this model has no chat template")
-                })?;
-                let rendered = template.render(messages, true).map_err(|e| {
-                    EngineError::invalid(Field::Messages, format!("chat template: {e}"))
-                })?;
-                // The template writes BOS itself when the model wants it.
-                self.tokenize(&rendered, false)
+            // The template writes BOS itself when the model wants it.
+            Prompt::Chat(messages) => self.tokenize(&self.render_chat(messages, true)?, false),
+            Prompt::Tokens(ids) => {
+                let vocab = self.vocab_size();
+                match ids.iter().position(|&id| id as usize >= vocab) {
+                    None => Ok(ids.clone()),
+                    Some(i) => Err(EngineError::invalid(
+                        Field::Prompt,
+                        format!("token {i} must be in [0, {vocab}), got {}", ids[i]),
+                    )),
+                }
             }
         }
     }

@@ -15,6 +15,9 @@ pub enum Prompt {
     Text(String),
     /// A conversation, rendered with the model's chat template (generation prompt appended).
     Chat(Vec<ChatMessage>),
+    /// Token ids, used as given (no BOS is added); each must be inside the
+    /// vocabulary.
+    Tokens(Vec<u32>),
 }
 
 /// A structured-output constraint (compiled by llguidance at submission).

@@ -208,7 +208,7 @@ pub(crate) fn validate(
     let prompt = limits.model.encode_prompt(&req.input)?;
     if prompt.is_empty() {
         let field = match req.input {
-            Prompt::Text(_) => Field::Prompt,
+            Prompt::Text(_) | Prompt::Tokens(_) => Field::Prompt,
             Prompt::Chat(_) => Field::Messages,
         };
         return bad(field, "renders to no tokens");
@@ -418,6 +418,8 @@ fn check_prompt_shape(input: &Prompt) -> Result<()> {
     match input {
         Prompt::Text(text) if text.is_empty() => bad(Field::Prompt, "must not be empty"),
         Prompt::Text(_) => Ok(()),
+        Prompt::Tokens(ids) if ids.is_empty() => bad(Field::Prompt, "must not be empty"),
+        Prompt::Tokens(_) => Ok(()),
         Prompt::Chat(messages) => {
             if messages.is_empty() {
                 return bad(Field::Messages, "must not be empty");
@@ -447,10 +449,12 @@ fn check_prompt_shape(input: &Prompt) -> Result<()> {
 /// Refuses, before tokenizing, a prompt too large to fit the context
 /// whatever it tokenizes to: every token covers at most
 /// `max_token_bytes` bytes, so more bytes than `context x max_token_bytes`
-/// is more tokens than the context holds.
+/// is more tokens than the context holds. Token ids need no tokenizing:
+/// their count is checked against the context with the output budget.
 fn check_prompt_size(input: &Prompt, limits: &Limits<'_>) -> Result<()> {
     let (field, bytes) = match input {
         Prompt::Text(text) => (Field::Prompt, text.len()),
+        Prompt::Tokens(_) => return Ok(()),
         Prompt::Chat(messages) => (
             Field::Messages,
             messages.iter().map(|m| m.content.len()).sum(),

@@ -2,7 +2,8 @@
 //! constraint engine cannot follow are refused at submission (regex, JSON
 //! Schema `pattern`, Lark), an explicit seed is honoured whatever its
 //! value, a burst that fits free rows plus the queue is never refused, and
-//! a prompt too large for the context is refused before it is tokenized.
+//! a prompt too large for the context is refused before it is tokenized,
+//! and a token-id prompt generates what its text does.
 
 mod common;
 
@@ -11,7 +12,7 @@ use common::rt;
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
+    Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource, Prompt,
 };
 use kestrel_skills::SkillError;
 
@@ -190,5 +191,54 @@ fn a_prompt_too_large_for_the_context_is_refused_before_tokenizing() {
         Err(e) => panic!("expected an argument error, got {e}"),
         Ok(_) => panic!("a 10 MiB prompt was accepted"),
     }
+    rt().block_on(engine.shutdown(Duration::from_secs(1)));
+}
+
+/// A token-id prompt is used as given: the ids a text prompt tokenizes to
+/// generate what the text does; empty, out-of-vocabulary and too-long id
+/// lists are argument errors naming the prompt (or a context overflow).
+#[test]
+fn a_token_id_prompt_generates_what_its_text_does() {
+    let engine = engine(4, 8);
+    let text = "The capital of France is";
+    let ids = engine.tokenize(text, true).unwrap();
+    let vocab = engine.model_info().vocab_size as u32;
+    rt().block_on(async {
+        let from_text = engine
+            .generate(GenerateRequest::text(text, 8))
+            .await
+            .unwrap();
+        let from_ids = engine
+            .generate(GenerateRequest {
+                input: Prompt::Tokens(ids.clone()),
+                ..GenerateRequest::text("", 8)
+            })
+            .await
+            .unwrap();
+        assert_eq!(from_ids.token_ids, from_text.token_ids);
+        assert_eq!(from_ids.text, from_text.text);
+        assert_eq!(from_ids.usage.prompt_tokens as usize, ids.len());
+    });
+    let tokens = |ids: Vec<u32>| GenerateRequest {
+        input: Prompt::Tokens(ids),
+        ..GenerateRequest::text("", 4)
+    };
+    for (ids, want) in [
+        (vec![], "must not be empty"),
+        (vec![1, vocab, 2], "token 1 must be in"),
+    ] {
+        match engine.stream(tokens(ids)) {
+            Err(EngineError::InvalidArgument {
+                field: Field::Prompt,
+                message,
+            }) => assert!(message.contains(want), "{message}"),
+            Err(e) => panic!("expected an argument error, got {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+    assert!(matches!(
+        engine.stream(tokens(vec![1; 1024])),
+        Err(EngineError::ContextOverflow { .. })
+    ));
     rt().block_on(engine.shutdown(Duration::from_secs(1)));
 }

@@ -41,10 +41,11 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
         None => {
             return Err(ShapeError {
                 field: "input",
-                message: "must be set (either prompt or chat)",
+                message: "must be set (prompt, chat or prompt_tokens)",
             })
         }
         Some(Input::Prompt(text)) => Prompt::Text(text),
+        Some(Input::PromptTokens(tokens)) => Prompt::Tokens(tokens.ids),
         Some(Input::Chat(chat)) => Prompt::Chat(
             chat.messages
                 .into_iter()
@@ -304,12 +305,24 @@ mod tests {
         let r = generate_request(base()).unwrap();
         assert_eq!((r.max_new_tokens, r.request_id), (None, None));
         assert_eq!(r.sampling, SamplingOptions::default());
+
+        let r = generate_request(pb::GenerateRequest {
+            input: Some(pb::generate_request::Input::PromptTokens(pb::TokenIds {
+                ids: vec![1, 2, 3],
+            })),
+            ..base()
+        })
+        .unwrap();
+        assert_eq!(r.input, Prompt::Tokens(vec![1, 2, 3]));
     }
 
     #[test]
     fn shape_errors_name_the_field() {
         let e = generate_request(pb::GenerateRequest::default()).unwrap_err();
-        assert_eq!(e.to_string(), "input must be set (either prompt or chat)");
+        assert_eq!(
+            e.to_string(),
+            "input must be set (prompt, chat or prompt_tokens)"
+        );
         let e = generate_request(pb::GenerateRequest {
             constraint: Some(PbConstraint::JsonSchema("{not json".into())),
             ..base()

@@ -607,9 +607,33 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
         ),
         (
             "completions",
-            json!({"prompt": [[1, 2]]}),
+            json!({"prompt": [[1, 2], [1, 4_000_000_000u32]]}),
+            400,
+            Some("prompt[1]"),
+        ),
+        (
+            "completions",
+            json!({"prompt": [4_000_000_000u32]}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "completions",
+            json!({"prompt": [1, -2]}),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "completions",
+            json!({"prompt": [[]]}),
             400,
             Some("prompt[0]"),
+        ),
+        (
+            "completions",
+            json!({"prompt": "x", "echo": true, "logprobs": 1}),
+            400,
+            Some("echo"),
         ),
         ("completions", json!({}), 400, Some("prompt")),
     ];
@@ -652,6 +676,203 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
     // Still serving.
     let r = post(addr, "/v1/chat/completions", &chat_body("hi", 2)).await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+async fn tokenize(body: Value) -> Value {
+    let r = post(shared_server().http_addr, "/tokenize", &body).await;
+    assert_eq!(r.status, 200, "{body} -> {}", r.text());
+    r.json()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    serde_json::from_value(v["tokens"].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip() {
+    let addr = shared_server().http_addr;
+    let info = shared_server().engine.model_info();
+    let text = "The quick brown fox jumps over the lazy dog.";
+    let v = tokenize(json!({"model": model_id(), "prompt": text, "return_token_strs": true})).await;
+    let tokens = ids(&v);
+    assert!(tokens.len() > 5);
+    assert_eq!(v["count"], tokens.len());
+    assert_eq!(v["max_model_len"], info.context_length);
+    let strs = v["token_strs"].as_array().unwrap();
+    assert_eq!(strs.len(), tokens.len());
+    assert!(strs
+        .iter()
+        .all(|s| s.as_str().is_some_and(|s| !s.is_empty())));
+    // What the engine itself tokenizes a text prompt to.
+    assert_eq!(tokens, shared_server().engine.tokenize(text, true).unwrap());
+    let plain = ids(&tokenize(json!({"prompt": text, "add_special_tokens": false})).await);
+    assert!(tokens.ends_with(&plain));
+    assert!(tokenize(json!({"prompt": text})).await["token_strs"].is_null());
+
+    let r = post(addr, "/detokenize", &json!({"tokens": plain})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"prompt": text}));
+
+    // Messages: the chat template, with and without the generation prompt;
+    // the first is exactly what a chat request's prompt counts.
+    let messages = json!([{"role": "user", "content": "Hello there"}]);
+    let with = ids(&tokenize(json!({"messages": messages})).await);
+    let without =
+        ids(&tokenize(json!({"messages": messages, "add_generation_prompt": false})).await);
+    assert!(with.len() > without.len() && with.starts_with(&without));
+    let r = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.json()["usage"]["prompt_tokens"], with.len());
+
+    let vocab = info.vocab_size;
+    let cases: Vec<(&str, Value, u16, Option<&str>)> = vec![
+        ("/tokenize", json!({}), 400, Some("prompt")),
+        ("/tokenize", json!({"prompt": 5}), 400, Some("prompt")),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "frob": 1}),
+            400,
+            Some("frob"),
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "messages": messages}),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/tokenize",
+            json!({"messages": "hi"}),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "model": "gpt-4"}),
+            404,
+            Some("model"),
+        ),
+        ("/detokenize", json!({}), 400, Some("tokens")),
+        (
+            "/detokenize",
+            json!({"tokens": [1, vocab]}),
+            400,
+            Some("tokens[1]"),
+        ),
+        ("/detokenize", json!({"tokens": [-1]}), 400, Some("tokens")),
+    ];
+    for (path, body, status, param) in cases {
+        let r = post(addr, path, &body).await;
+        let v = r.json();
+        assert_eq!(r.status, status, "{path} {body} -> {v}");
+        assert_eq!(v["error"]["param"].as_str(), param, "{path} {body} -> {v}");
+    }
+}
+
+/// A greedy completions request's body.
+fn completion_body(prompt: Value, max_tokens: u32) -> Value {
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+}
+
+async fn complete(body: &Value) -> Value {
+    let r = post(shared_server().http_addr, "/v1/completions", body).await;
+    assert_eq!(r.status, 200, "{body} -> {}", r.text());
+    r.json()
+}
+
+#[tokio::test]
+async fn token_id_prompts_answer_as_their_text_does() {
+    let addr = shared_server().http_addr;
+    let (a, b) = ("The capital of France is", "Once upon a time");
+    let (ta, tb) = (
+        ids(&tokenize(json!({"prompt": a})).await),
+        ids(&tokenize(json!({"prompt": b})).await),
+    );
+    let text = complete(&completion_body(json!([a, b]), 8)).await;
+    let one = complete(&completion_body(json!(ta), 8)).await;
+    assert_eq!(one["choices"][0]["text"], text["choices"][0]["text"]);
+    assert_eq!(one["usage"]["prompt_tokens"], ta.len());
+    let both = complete(&completion_body(json!([ta, tb]), 8)).await;
+    assert_eq!(both["choices"], text["choices"]);
+    assert_eq!(both["usage"], text["usage"]);
+
+    let vocab = shared_server().engine.model_info().vocab_size;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &completion_body(json!([1, vocab, 2]), 4),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(r.status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "prompt");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("token 1"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn echo_puts_the_prompt_first_unary_and_streamed() {
+    let addr = shared_server().http_addr;
+    let prompt = "Roses are red, violets are";
+    let plain = complete(&completion_body(json!(prompt), 6)).await;
+    let generated = plain["choices"][0]["text"].as_str().unwrap();
+    assert!(!generated.is_empty());
+    let mut body = completion_body(json!(prompt), 6);
+    body["echo"] = json!(true);
+    let v = complete(&body).await;
+    assert_eq!(v["choices"][0]["text"], format!("{prompt}{generated}"));
+    assert_eq!(v["usage"], plain["usage"]);
+
+    // Token ids echo as their text.
+    let tokens = ids(&tokenize(json!({"prompt": prompt, "add_special_tokens": false})).await);
+    body["prompt"] = json!(tokens);
+    let v = complete(&body).await;
+    assert!(
+        v["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(prompt),
+        "{v}"
+    );
+
+    // Streamed: the echo is each choice's first chunk.
+    let mut sbody = completion_body(json!([prompt, "Twinkle twinkle"]), 6);
+    sbody["echo"] = json!(true);
+    sbody["n"] = json!(2);
+    let unary = complete(&sbody).await;
+    sbody["stream"] = json!(true);
+    let s = SseStream::open(addr, "/v1/completions", &sbody).await;
+    assert_eq!(s.status, 200);
+    let chunks = s.collect().await;
+    let firsts: Vec<&Value> = (0..4)
+        .map(|i| {
+            chunks
+                .iter()
+                .flat_map(|c| c["choices"].as_array().unwrap())
+                .find(|ch| ch["index"] == i)
+                .unwrap()
+        })
+        .collect();
+    for (i, first) in firsts.iter().enumerate() {
+        let p = if i < 2 { prompt } else { "Twinkle twinkle" };
+        assert_eq!(first["text"], p, "choice {i}'s first chunk is its prompt");
+        assert!(first["finish_reason"].is_null());
+    }
+    let (text, finish, _) = stream_content(&chunks);
+    let expect: Vec<String> = unary["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(text, expect);
+    assert!(finish.iter().all(Option::is_some));
 }
 
 #[tokio::test]

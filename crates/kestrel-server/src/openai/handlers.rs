@@ -9,7 +9,8 @@
 //! (`Sender::closed`) and returns, dropping the engine streams, which
 //! aborts the requests and frees their KV. A failed request never ends
 //! with a normal `finish_reason`: unary calls answer the error, streams
-//! send an `{"error": ...}` event and `[DONE]`.
+//! send an `{"error": ...}` event and `[DONE]`. With completions' `echo`,
+//! each choice's text starts with its prompt (its first chunk, streamed).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +20,9 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt as _;
-use kestrel_engine::{EngineError, FinishReason, GenerateResponse, StreamEvent, TokenLogprob};
+use kestrel_engine::{
+    EngineError, FinishReason, GenerateResponse, Prompt, StreamEvent, TokenLogprob,
+};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -61,6 +64,10 @@ pub(crate) async fn run(app: &App, plan: Plan) -> Response {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
+    let echoes = match echoes(app, &plan) {
+        Ok(e) => e,
+        Err(e) => return e.into_response(),
+    };
     let head = Head {
         id: new_id(match plan.endpoint {
             Endpoint::Chat => "chatcmpl-",
@@ -71,18 +78,38 @@ pub(crate) async fn run(app: &App, plan: Plan) -> Response {
     };
     if plan.stream {
         let (tx, rx) = mpsc::channel(32);
-        tokio::spawn(pump(head, plan, streams, tx));
+        tokio::spawn(pump(head, plan, echoes, streams, tx));
         let events = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
         Sse::new(events).into_response()
     } else {
         match unary(&plan, streams).await {
             Ok(results) => super::error::json_response(
                 axum::http::StatusCode::OK,
-                &response_body(&head, &plan, &results),
+                &response_body(&head, &plan, &echoes, &results),
             ),
             Err(e) => e.into_response(),
         }
     }
+}
+
+/// Per prompt, the text its choices' text starts with: the prompt itself
+/// with `echo` (token ids decoded, special tokens kept), else nothing.
+/// Runs after the engine accepted the prompts, so token ids are valid.
+fn echoes(app: &App, plan: &Plan) -> Result<Vec<String>, ApiError> {
+    plan.prompts
+        .iter()
+        .zip(&plan.names)
+        .map(|(r, names)| match &r.input {
+            _ if !plan.echo => Ok(String::new()),
+            Prompt::Text(text) => Ok(text.clone()),
+            Prompt::Tokens(ids) => app
+                .engine
+                .detokenize(ids, false)
+                .map_err(|e| ApiError::engine(&e, names)),
+            // `echo` is a completions field; chat prompts never echo.
+            Prompt::Chat(_) => Ok(String::new()),
+        })
+        .collect()
 }
 
 /// One choice's engine events (dropping it aborts the request).
@@ -177,7 +204,13 @@ fn usage(plan: &Plan, results: &[GenerateResponse]) -> Value {
     })
 }
 
-fn response_body(head: &Head, plan: &Plan, results: &[GenerateResponse]) -> Value {
+fn response_body(
+    head: &Head,
+    plan: &Plan,
+    echoes: &[String],
+    results: &[GenerateResponse],
+) -> Value {
+    let n = plan.n as usize;
     let choices: Vec<Value> = results
         .iter()
         .enumerate()
@@ -185,7 +218,7 @@ fn response_body(head: &Head, plan: &Plan, results: &[GenerateResponse]) -> Valu
             Endpoint::Chat => chat_choice(plan, i, r),
             Endpoint::Completions => json!({
                 "index": i,
-                "text": r.text,
+                "text": format!("{}{}", echoes[i / n], r.text),
                 "logprobs": if plan.logprobs {
                     completion_logprobs(&r.logprobs, &mut 0)
                 } else {
@@ -290,7 +323,13 @@ struct ChoiceStream {
 
 /// Feeds a stream's events to `tx` as chunks. Returns (dropping the engine
 /// streams, so aborting them) as soon as the client is gone.
-async fn pump(head: Head, plan: Plan, streams: Vec<Events>, tx: mpsc::Sender<Event>) {
+async fn pump(
+    head: Head,
+    plan: Plan,
+    echoes: Vec<String>,
+    streams: Vec<Events>,
+    tx: mpsc::Sender<Event>,
+) {
     let n = plan.n as usize;
     let mut merged = futures_util::stream::select_all(
         streams
@@ -314,6 +353,14 @@ async fn pump(head: Head, plan: Plan, streams: Vec<Events>, tx: mpsc::Sender<Eve
         for i in 0..plan.choices() {
             let role = json!({"role": "assistant", "content": ""});
             if !send(&tx, chunker.chat(i, role, None, None)).await {
+                return;
+            }
+        }
+    }
+    if plan.echo {
+        // The echoed prompt is each choice's first chunk.
+        for i in 0..plan.choices() {
+            if !send(&tx, chunker.completion(i, &echoes[i / n], None, None)).await {
                 return;
             }
         }

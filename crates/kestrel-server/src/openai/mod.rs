@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API (axum): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (unary and SSE streaming), `GET /v1/models`,
-//! `/health`, `/version` and `/metrics`, on one engine beside gRPC; and a
-//! chat page for people at `GET /` ([`page`]).
+//! vLLM's `POST /tokenize` and `POST /detokenize`, `/health`, `/version`
+//! and `/metrics`, on one engine beside gRPC; and a chat page for people at
+//! `GET /` ([`page`]).
 //!
 //! **Invariant:** OpenAI JSON stops here, like protobuf stops at
 //! [`crate::convert`]: [`request`] maps it onto the engine's one
@@ -13,6 +14,7 @@ mod error;
 mod handlers;
 mod page;
 mod request;
+mod tokenize;
 mod tools;
 
 use std::future::Future;
@@ -86,6 +88,8 @@ pub fn router(engine: Engine, options: &HttpOptions) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/version", get(version))
@@ -148,6 +152,20 @@ async fn chat_completions(
 
 async fn completions(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {
     generate(&app, Endpoint::Completions, raw).await
+}
+
+async fn tokenize(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {
+    match body(raw, app.max_body_bytes) {
+        Ok(bytes) => tokenize::tokenize(&app, &bytes).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn detokenize(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {
+    match body(raw, app.max_body_bytes) {
+        Ok(bytes) => tokenize::detokenize(&app, &bytes).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 fn model_object(app: &App) -> serde_json::Value {

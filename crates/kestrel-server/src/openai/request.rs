@@ -42,6 +42,8 @@ pub struct Plan {
     pub include_usage: bool,
     /// Report logprobs in the answer.
     pub logprobs: bool,
+    /// Completions' `echo`: each choice's text starts with its prompt.
+    pub echo: bool,
     /// Tools the model may call (chat only).
     pub tools: Option<ToolSet>,
 }
@@ -68,10 +70,10 @@ const IGNORED: [&str; 2] = ["user", "store"];
 
 /// A request object whose fields are taken one by one, each type error
 /// naming its field; what is left at the end is an unknown parameter.
-struct Fields(Map<String, Value>);
+pub(super) struct Fields(Map<String, Value>);
 
 impl Fields {
-    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+    pub(super) fn parse(body: &[u8]) -> Result<Self, ApiError> {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => Ok(Self(map)),
             Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
@@ -82,7 +84,7 @@ impl Fields {
     }
 
     /// The field's value; JSON `null` is "not given".
-    fn take<T: DeserializeOwned>(&mut self, name: &str) -> Result<Option<T>, ApiError> {
+    pub(super) fn take<T: DeserializeOwned>(&mut self, name: &str) -> Result<Option<T>, ApiError> {
         match self.0.remove(name) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => serde_json::from_value(v)
@@ -91,11 +93,11 @@ impl Fields {
         }
     }
 
-    fn raw(&mut self, name: &str) -> Option<Value> {
+    pub(super) fn raw(&mut self, name: &str) -> Option<Value> {
         self.0.remove(name).filter(|v| !v.is_null())
     }
 
-    fn finish(mut self) -> Result<(), ApiError> {
+    pub(super) fn finish(mut self) -> Result<(), ApiError> {
         for k in IGNORED {
             self.0.remove(k);
         }
@@ -243,10 +245,18 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
     };
     let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
     let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
-    // Completions' `echo` (routers such as SMG send `false` explicitly):
-    // prompt echoing is not implemented.
-    if endpoint == Endpoint::Completions && f.take::<bool>("echo")? == Some(true) {
-        return Err(ApiError::unsupported("echo", "echo: true"));
+    // Completions' `echo`: the answer's text starts with the prompt's.
+    let echo = match endpoint {
+        Endpoint::Completions => f.take::<bool>("echo")?.unwrap_or(false),
+        Endpoint::Chat => false,
+    };
+    if echo && logprobs {
+        // The prompt tokens' logprobs would come first; the engine reports
+        // logprobs of sampled tokens only.
+        return Err(ApiError::unsupported(
+            "echo",
+            "echo: true with logprobs (logprobs of prompt tokens)",
+        ));
     }
 
     let constraint = constraint(&mut f)?;
@@ -320,6 +330,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
         stream,
         include_usage,
         logprobs,
+        echo,
         tools,
     })
 }
@@ -467,11 +478,28 @@ fn structured_outputs(v: Value) -> Result<Vec<(Constraint, &'static str)>, ApiEr
     Ok(out)
 }
 
-/// The completions `prompt`: a string or a list of strings, each with the
-/// parameter name engine errors about it should carry.
+/// The completions `prompt`: a string, a list of token ids, or a list of
+/// either (one prompt each), each with the parameter name engine errors
+/// about it should carry. Token ids are checked against the vocabulary by
+/// the engine.
 fn prompts(v: Value) -> Result<Vec<(Prompt, String)>, ApiError> {
+    const SHAPE: &str =
+        "prompt must be a string, a list of token ids, or a list of strings or of token-id lists";
+    let tokens = |v: Value, param: &str| {
+        serde_json::from_value::<Vec<u32>>(v).map_err(|_| {
+            ApiError::invalid(
+                param,
+                format!("{param} must be a list of token ids (integers in [0, 2^32)): {SHAPE}"),
+            )
+        })
+    };
     match v {
         Value::String(s) => Ok(vec![(Prompt::Text(s), "prompt".into())]),
+        // One prompt of token ids.
+        Value::Array(list) if list.first().is_some_and(Value::is_number) => Ok(vec![(
+            Prompt::Tokens(tokens(Value::Array(list), "prompt")?),
+            "prompt".into(),
+        )]),
         Value::Array(list) => {
             if list.is_empty() || list.len() > MAX_PROMPTS {
                 return Err(ApiError::invalid(
@@ -484,19 +512,17 @@ fn prompts(v: Value) -> Result<Vec<(Prompt, String)>, ApiError> {
             }
             list.into_iter()
                 .enumerate()
-                .map(|(i, p)| match p {
-                    Value::String(s) => Ok((Prompt::Text(s), format!("prompt[{i}]"))),
-                    _ => Err(ApiError::unsupported(
-                        &format!("prompt[{i}]"),
-                        "a prompt that is not a string (token ids)",
-                    )),
+                .map(|(i, p)| {
+                    let param = format!("prompt[{i}]");
+                    match p {
+                        Value::String(s) => Ok((Prompt::Text(s), param)),
+                        Value::Array(_) => Ok((Prompt::Tokens(tokens(p, &param)?), param)),
+                        _ => Err(ApiError::invalid(param, SHAPE)),
+                    }
                 })
                 .collect()
         }
-        _ => Err(ApiError::invalid(
-            "prompt",
-            "prompt must be a string or a list of strings",
-        )),
+        _ => Err(ApiError::invalid("prompt", SHAPE)),
     }
 }
 
@@ -540,7 +566,10 @@ struct WireFunctionCall {
 /// describes them comes first (merged into the client's own system
 /// message when there is one); the returned offset is how many messages
 /// were put in front of the client's.
-fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+pub(super) fn chat_messages(
+    v: Value,
+    tools: Option<&ToolSet>,
+) -> Result<(Vec<ChatMessage>, usize), ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
@@ -695,9 +724,18 @@ mod tests {
         );
         let completions =
             |body: Value| parse(Endpoint::Completions, body.to_string().as_bytes(), "m");
-        assert!(completions(json!({"prompt": "hi", "echo": false})).is_ok());
-        assert_eq!(
+        assert!(
+            !completions(json!({"prompt": "hi", "echo": false}))
+                .unwrap()
+                .echo
+        );
+        assert!(
             completions(json!({"prompt": "hi", "echo": true}))
+                .unwrap()
+                .echo
+        );
+        assert_eq!(
+            completions(json!({"prompt": "hi", "echo": true, "logprobs": 0}))
                 .unwrap_err()
                 .param
                 .as_deref(),
@@ -801,8 +839,38 @@ mod tests {
         assert_eq!(p.request(3).sampling.seed, Some(8));
         assert_eq!(p.names[1].prompt, "prompt[1]");
         assert_eq!(p.names[1].top_logprobs, "logprobs");
-        let e = parse(Endpoint::Completions, br#"{"prompt": [[1, 2]]}"#, "m").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("prompt[0]"));
+        let tokens = |body: &[u8]| {
+            parse(Endpoint::Completions, body, "m").map(|p| {
+                p.prompts
+                    .into_iter()
+                    .map(|r| r.input)
+                    .zip(p.names.into_iter().map(|n| n.prompt))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            tokens(br#"{"prompt": [1, 2]}"#).unwrap(),
+            vec![(Prompt::Tokens(vec![1, 2]), "prompt".to_string())]
+        );
+        assert_eq!(
+            tokens(br#"{"prompt": [[1, 2], "a", [3]]}"#).unwrap(),
+            vec![
+                (Prompt::Tokens(vec![1, 2]), "prompt[0]".to_string()),
+                (Prompt::Text("a".into()), "prompt[1]".to_string()),
+                (Prompt::Tokens(vec![3]), "prompt[2]".to_string()),
+            ]
+        );
+        for (body, param) in [
+            (&br#"{"prompt": [1, "a"]}"#[..], "prompt"),
+            (br#"{"prompt": [1, -2]}"#, "prompt"),
+            (br#"{"prompt": [[1], [4294967296]]}"#, "prompt[1]"),
+            (br#"{"prompt": [[1], true]}"#, "prompt[1]"),
+            (br#"{"prompt": []}"#, "prompt"),
+            (br#"{"prompt": 5}"#, "prompt"),
+        ] {
+            let e = tokens(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        }
         let e = parse(
             Endpoint::Completions,
             br#"{"prompt": "a", "max_completion_tokens": 3}"#,
