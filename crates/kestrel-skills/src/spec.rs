@@ -370,4 +370,3 @@ mod tests {
         .is_ok());
     }
 }
-
