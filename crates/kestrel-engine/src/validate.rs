@@ -212,7 +212,10 @@ pub(crate) fn validate(
     if let Some(max) = req.max_new_tokens.filter(|&m| req.min_tokens > m) {
         return bad(
             Field::MinTokens,
-            format!("must be at most max_new_tokens ({max}), got {}", req.min_tokens),
+            format!(
+                "must be at most max_new_tokens ({max}), got {}",
+                req.min_tokens
+            ),
         );
     }
 

@@ -422,10 +422,26 @@ async fn openai_fields_are_honoured_ignored_or_refused_by_name() {
     assert_eq!(r.status, 200, "{}", r.text());
 
     for (endpoint, extra, param) in [
-        ("chat/completions", json!({"audio": {"voice": "alloy", "format": "mp3"}}), "audio"),
-        ("chat/completions", json!({"prediction": {"type": "content", "content": "x"}}), "prediction"),
-        ("chat/completions", json!({"web_search_options": {}}), "web_search_options"),
-        ("chat/completions", json!({"modalities": ["text", "audio"]}), "modalities"),
+        (
+            "chat/completions",
+            json!({"audio": {"voice": "alloy", "format": "mp3"}}),
+            "audio",
+        ),
+        (
+            "chat/completions",
+            json!({"prediction": {"type": "content", "content": "x"}}),
+            "prediction",
+        ),
+        (
+            "chat/completions",
+            json!({"web_search_options": {}}),
+            "web_search_options",
+        ),
+        (
+            "chat/completions",
+            json!({"modalities": ["text", "audio"]}),
+            "modalities",
+        ),
         ("chat/completions", json!({"best_of": 2}), "best_of"),
         ("completions", json!({"suffix": " end"}), "suffix"),
     ] {
@@ -448,7 +464,10 @@ async fn openai_fields_are_honoured_ignored_or_refused_by_name() {
         (json!({"metadata": ["x"]}), "metadata"),
         (json!({"frobnicate": true}), "frobnicate"),
         (json!({"min_tokens": 9}), "min_tokens"),
-        (json!({"min_tokens": 1, "guided_regex": "[a-z]+"}), "min_tokens"),
+        (
+            json!({"min_tokens": 1, "guided_regex": "[a-z]+"}),
+            "min_tokens",
+        ),
     ] {
         let mut body = chat_body("hi", 4);
         for (k, v) in extra.as_object().unwrap() {
@@ -523,7 +542,10 @@ async fn legacy_functions_call_a_tool() {
 
     body["tools"] = weather_tools();
     let r = post(addr, "/v1/chat/completions", &body).await;
-    assert_eq!((r.status, r.json()["error"]["param"].clone()), (400, json!("functions")));
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("functions"))
+    );
 }
 
 /// vLLM's `min_tokens`: EOS cannot end the answer early, and a stop string
@@ -544,7 +566,8 @@ async fn min_tokens_holds_eos_and_stop_strings_back() {
     assert_eq!(usage(&v), 48, "{v}");
 
     // Counting: the stop "," fires on the first token without min_tokens.
-    let counting = json!({"prompt": "1, 2, 3, 4, 5, 6", "max_tokens": 24, "temperature": 0, "stop": [","]});
+    let counting =
+        json!({"prompt": "1, 2, 3, 4, 5, 6", "max_tokens": 24, "temperature": 0, "stop": [","]});
     let v = post(addr, "/v1/completions", &counting).await.json();
     assert!(usage(&v) <= 2, "{v}");
     let mut body = counting;

@@ -213,8 +213,7 @@ impl Skill {
         if self.ctx.is_special(token) {
             return false;
         }
-        self.out
-            .push_text(self.ctx.token_bytes(token), match_stops)
+        self.out.push_text(self.ctx.token_bytes(token), match_stops)
     }
 
     /// Whether the text rules still hold stop conditions back: fewer than

@@ -227,7 +227,9 @@ fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), String> {
     use llguidance::earley::lexerspec::LexemeIdx;
     let spec = parser.parser.grammar().lexer_spec();
     let mut limits = crate::context::PARSER_LIMITS.clone();
-    let mut lexer = spec.to_regex_vec(&mut limits).map_err(|e| engine_reason(&e))?;
+    let mut lexer = spec
+        .to_regex_vec(&mut limits)
+        .map_err(|e| engine_reason(&e))?;
     lexer.set_fuel(LEXER_BUDGET.fuel);
     lexer.set_max_states(crate::context::PARSER_LIMITS.max_lexer_states);
     let mut seen = llguidance::HashSet::default();
@@ -354,7 +356,11 @@ mod tests {
             }
         }
         let ctx = testing::small_context();
-        for ok in ["(a{1,10}){1,10}", "[a-z]{1,1000}", "[a-z0-9.]{1,64}@[a-z0-9.-]{1,255}"] {
+        for ok in [
+            "(a{1,10}){1,10}",
+            "[a-z]{1,1000}",
+            "[a-z0-9.]{1,64}@[a-z0-9.-]{1,255}",
+        ] {
             assert!(compile(&ctx, &SkillSpec::Regex(ok.into())).is_ok(), "{ok}");
         }
     }

@@ -98,10 +98,16 @@ fn min_tokens_holds_every_stop_condition_back() {
 
     // The third token may complete a stop string; EOS ends it after that.
     let (r, _) = run(&mut skill(&ctx, spec.clone()), &bytes("bba"), |_| true);
-    assert_eq!((r.text.as_str(), r.finish_reason()), ("bb", Some(FinishReason::Stop)));
+    assert_eq!(
+        (r.text.as_str(), r.finish_reason()),
+        ("bb", Some(FinishReason::Stop))
+    );
     let toks = [bytes("bbb"), vec![IM_END]].concat();
     let (r, _) = run(&mut skill(&ctx, spec.clone()), &toks, |_| true);
-    assert_eq!((r.text.as_str(), r.finish_reason()), ("bbb", Some(FinishReason::Eos)));
+    assert_eq!(
+        (r.text.as_str(), r.finish_reason()),
+        ("bbb", Some(FinishReason::Eos))
+    );
 
     // Drafted positions get the mask their position calls for.
     let mut s = skill(&ctx, spec);

@@ -345,7 +345,10 @@ fn ignored(f: &mut Fields, endpoint: Endpoint) -> Result<(), ApiError> {
     f.take::<bool>("store")?;
     if endpoint == Endpoint::Completions {
         if f.take::<String>("suffix")?.is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::unsupported("suffix", "suffix (text after the completion)"));
+            return Err(ApiError::unsupported(
+                "suffix",
+                "suffix (text after the completion)",
+            ));
         }
         return Ok(());
     }
@@ -408,7 +411,9 @@ fn chat_tools(f: &mut Fields) -> Result<Option<ToolSet>, ApiError> {
         };
         return Err(ApiError::invalid(
             param,
-            format!("{param} (deprecated) cannot be combined with {other}; send tools and tool_choice"),
+            format!(
+                "{param} (deprecated) cannot be combined with {other}; send tools and tool_choice"
+            ),
         ));
     }
     let Some(functions) = functions else {
@@ -704,7 +709,11 @@ fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>,
         if role == "tool" {
             content = tools::render_result(&content);
         }
-        let calls = m.tool_calls.unwrap_or_default().into_iter().map(|c| c.function);
+        let calls = m
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.function);
         for call in calls.chain(m.function_call) {
             if !content.is_empty() {
                 content.push('\n');
@@ -957,12 +966,36 @@ mod tests {
             chat(b).unwrap_err()
         };
         for (extra, param, code) in [
-            (json!({"audio": {"voice": "alloy", "format": "wav"}}), "audio", Some("unsupported_parameter")),
-            (json!({"prediction": {"type": "content", "content": "x"}}), "prediction", Some("unsupported_parameter")),
-            (json!({"web_search_options": {}}), "web_search_options", Some("unsupported_parameter")),
-            (json!({"modalities": ["text", "audio"]}), "modalities", Some("unsupported_parameter")),
-            (json!({"best_of": 3}), "best_of", Some("unsupported_parameter")),
-            (json!({"reasoning_effort": "extreme"}), "reasoning_effort", None),
+            (
+                json!({"audio": {"voice": "alloy", "format": "wav"}}),
+                "audio",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": "x"}}),
+                "prediction",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"web_search_options": {}}),
+                "web_search_options",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"modalities": ["text", "audio"]}),
+                "modalities",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"best_of": 3}),
+                "best_of",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"reasoning_effort": "extreme"}),
+                "reasoning_effort",
+                None,
+            ),
             (json!({"verbosity": 3}), "verbosity", None),
             (json!({"metadata": "x"}), "metadata", None),
             (json!({"min_tokens": -1}), "min_tokens", None),
@@ -972,10 +1005,20 @@ mod tests {
             assert_eq!((e.param.as_deref(), e.code), (Some(param), code), "{extra}");
             assert_eq!(e.status.as_u16(), 400);
         }
-        let e = parse(Endpoint::Completions, br#"{"prompt": "a", "suffix": "b"}"#, "m").unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "suffix": "b"}"#,
+            "m",
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("suffix"));
         // Chat-only parameters stay unknown on completions.
-        let e = parse(Endpoint::Completions, br#"{"prompt": "a", "metadata": {}}"#, "m").unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "metadata": {}}"#,
+            "m",
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("metadata"));
     }
 
@@ -991,10 +1034,12 @@ mod tests {
         .unwrap();
         assert_eq!(legacy.prompts, modern.prompts);
         assert!(legacy.tools.is_some());
-        assert!(chat(json!({"messages": user(), "functions": f, "function_call": "none"}))
-            .unwrap()
-            .tools
-            .is_none());
+        assert!(
+            chat(json!({"messages": user(), "functions": f, "function_call": "none"}))
+                .unwrap()
+                .tools
+                .is_none()
+        );
         let param = |body: Value| chat(body).unwrap_err().param;
         assert_eq!(
             param(json!({"messages": user(), "functions": f, "tools": tools})).as_deref(),
