@@ -84,6 +84,12 @@ pub struct GenerateRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past EOS (text requests only).
     pub ignore_eos: bool,
+    /// No stop condition ends the output before this many tokens (text
+    /// requests only; 0 is none, at most `max_new_tokens`): EOS and the
+    /// stop token ids are masked from the first `min_tokens` tokens, and a
+    /// stop string counts only from the `min_tokens`-th token on (vLLM's
+    /// `min_tokens`). `max_new_tokens` and the context still end it.
+    pub min_tokens: u32,
     pub constraint: Option<Constraint>,
     /// Speculative decoding; the engine's default unless set.
     pub speculate: Speculation,
@@ -128,6 +134,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
             constraint: None,
             speculate: Speculation::Default,
         }

@@ -65,6 +65,7 @@ pub enum Field {
     /// The role of chat message `i`.
     MessageRole(usize),
     MaxNewTokens,
+    MinTokens,
     Temperature,
     TopP,
     MinP,
@@ -111,6 +112,7 @@ impl fmt::Display for Field {
             Field::Messages => f.write_str("messages"),
             Field::MessageRole(i) => write!(f, "messages[{i}].role"),
             Field::MaxNewTokens => f.write_str("max_new_tokens"),
+            Field::MinTokens => f.write_str("min_tokens"),
             Field::Temperature => f.write_str("temperature"),
             Field::TopP => f.write_str("top_p"),
             Field::MinP => f.write_str("min_p"),
@@ -203,6 +205,19 @@ pub(crate) fn validate(
             "cannot be combined with stop, stop_token_ids or ignore_eos",
         );
     }
+    if constraint.is_some() && req.min_tokens > 0 {
+        // The constraint alone decides where its output ends.
+        return bad(Field::MinTokens, "cannot be combined with a constraint");
+    }
+    if let Some(max) = req.max_new_tokens.filter(|&m| req.min_tokens > m) {
+        return bad(
+            Field::MinTokens,
+            format!(
+                "must be at most max_new_tokens ({max}), got {}",
+                req.min_tokens
+            ),
+        );
+    }
 
     // The expensive part: render and tokenize, then the context check.
     let prompt = limits.model.encode_prompt(&req.input)?;
@@ -225,12 +240,23 @@ pub(crate) fn validate(
             limit: limits.max_seq_len,
         });
     }
+    if req.min_tokens > max_new_tokens {
+        // Only an unset max_new_tokens gets here: its default is smaller.
+        return bad(
+            Field::MinTokens,
+            format!(
+                "must be at most the default max_new_tokens ({max_new_tokens}, what the context leaves), got {}",
+                req.min_tokens
+            ),
+        );
+    }
 
     let spec = match constraint {
         None => SkillSpec::Text {
             stop,
             stop_token_ids,
             ignore_eos: req.ignore_eos,
+            min_tokens: req.min_tokens,
         },
         Some(Constraint::JsonSchema(schema)) => SkillSpec::Json { schema },
         Some(Constraint::Regex(r)) => SkillSpec::Regex(r),

@@ -1,6 +1,8 @@
-//! The request's edge on the real default model: constraints the
-//! constraint engine cannot follow are refused at submission (regex, JSON
-//! Schema `pattern`, Lark), an explicit seed is honoured whatever its
+//! The request's edge on the real default model: constraints past the
+//! constraint engine's budget are refused at submission (regex, JSON
+//! Schema `pattern`, Lark, even where the first token would pass), one
+//! that passes the budget but fails later ends with an error, never a
+//! normal stop, an explicit seed is honoured whatever its
 //! value, a burst that fits free rows plus the queue is never refused, and
 //! a prompt too large for the context is refused before it is tokenized,
 //! and a token-id prompt generates what its text does.
@@ -37,10 +39,11 @@ fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
 /// constraint engine allows.
 const NESTED: &str = "(.{1,100}){1,100}";
 
-/// Forms that compile but whose first mask exceeds the engine's limits (a
-/// JSON Schema's pattern is only lexed once the string is open: that form
-/// fails mid-generation, below).
-fn too_complex() -> [(Constraint, Field); 2] {
+/// Forms past the budget: the first two exceed the limits on the first
+/// mask, the last two only once a first token is in (a Lark rule after a
+/// literal, a JSON Schema's pattern, lexed once the string is open), which
+/// the lexer budget sees at submission all the same.
+fn too_complex() -> [(Constraint, Field); 4] {
     let nested = NESTED;
     [
         (Constraint::Regex(nested.into()), Field::Regex),
@@ -48,7 +51,27 @@ fn too_complex() -> [(Constraint, Field); 2] {
             Constraint::Grammar(format!("start: X\nX: /{nested}/")),
             Field::Grammar,
         ),
+        (
+            Constraint::Grammar(format!("start: \"x\" X\nX: /{nested}/")),
+            Field::Grammar,
+        ),
+        (
+            Constraint::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"b": {"type": "string", "pattern": format!("^{nested}$")}},
+                "required": ["b"]
+            })),
+            Field::JsonSchema,
+        ),
     ]
+}
+
+/// A regex whose nested repetition lies past the lexer budget's horizon:
+/// behind 2,100 `=`, a chain of more states than the 2,000 a lexeme is
+/// explored for. It passes validation and fails once the model is inside
+/// the repetition.
+fn past_the_budget_horizon() -> String {
+    format!("={{2100}}{NESTED}")
 }
 
 #[test]
@@ -75,27 +98,19 @@ fn constraints_past_the_engine_limits_are_refused_at_submission() {
     rt().block_on(engine.shutdown(Duration::from_secs(1)));
 }
 
-/// Constraints whose first mask is simple but a later one exceeds the
-/// engine's limits (a JSON Schema and a Lark grammar: a regex is one
-/// lexeme, caught at submission): the request ends with
-/// `ConstraintFailed`, carrying the partial output with
-/// `FinishReason::Error`, never with a normal stop; on a stream too.
+/// A constraint that passes the budget but whose later mask exceeds the
+/// engine's limits: the request ends with `ConstraintFailed`, carrying the
+/// partial output with `FinishReason::Error`, never with a normal stop; on
+/// a stream too.
 #[test]
 fn a_constraint_failing_mid_generation_ends_with_an_error() {
     let engine = engine(4, 8);
-    let cases = [
-        Constraint::Grammar(format!("start: \"x\" X\nX: /{NESTED}/")),
-        Constraint::JsonSchema(serde_json::json!({
-            "type": "object",
-            "properties": {"b": {"type": "string", "pattern": format!("^{NESTED}$")}},
-            "required": ["b"]
-        })),
-    ];
+    let cases = [Constraint::Regex(past_the_budget_horizon())];
     rt().block_on(async {
         for c in cases {
             let req = GenerateRequest {
                 constraint: Some(c.clone()),
-                ..GenerateRequest::text("Say something", 24)
+                ..GenerateRequest::text("Say something", 600)
             };
             match engine.generate(req.clone()).await {
                 Err(EngineError::ConstraintFailed { reason, partial }) => {

@@ -102,6 +102,13 @@ impl<'a> TokenMask<'a> {
         }
     }
 
+    pub fn disallow(&mut self, token: TokenId) {
+        let t = token as usize;
+        if t < self.vocab_size {
+            self.words[t / 32] &= !(1 << (t % 32));
+        }
+    }
+
     pub fn is_allowed(&self, token: TokenId) -> bool {
         let t = token as usize;
         t < self.vocab_size && self.words[t / 32] & (1 << (t % 32)) != 0

@@ -74,6 +74,7 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
         stop: req.stop,
         stop_token_ids: req.stop_token_ids,
         ignore_eos: req.ignore_eos,
+        min_tokens: req.min_tokens,
         constraint: req.constraint.map(constraint).transpose()?,
         speculate: match req.speculate_ngram {
             None => Speculation::Default,
@@ -271,6 +272,7 @@ mod tests {
             stop: vec!["\n\n".into()],
             stop_token_ids: vec![2],
             ignore_eos: true,
+            min_tokens: 5,
             logprobs: false,
             top_logprobs: 3,
             logit_bias: [(17, -100.0)].into(),
@@ -300,6 +302,7 @@ mod tests {
         assert_eq!(r.stop, vec!["\n\n".to_string()]);
         assert_eq!(r.stop_token_ids, vec![2]);
         assert!(r.ignore_eos);
+        assert_eq!(r.min_tokens, 5);
         assert_eq!(r.request_id.as_deref(), Some("my-req_1"));
 
         let r = generate_request(base()).unwrap();

@@ -297,6 +297,10 @@ struct SamplingArgs {
     /// Keep generating past end-of-sequence.
     #[arg(long)]
     ignore_eos: bool,
+    /// No stop condition (end-of-sequence, a stop sequence) ends the
+    /// output before N tokens [default: 0].
+    #[arg(long, value_name = "N")]
+    min_tokens: Option<u32>,
     /// Speculative decoding for this request: up to K draft tokens per step
     /// by prompt lookup (1 to 16); 0 turns it off [default: the server's].
     #[arg(long, value_name = "K")]
@@ -348,6 +352,7 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos,
+            min_tokens: self.min_tokens.unwrap_or(0),
             logprobs: false,
             top_logprobs: 0,
             logit_bias: self.logit_bias.iter().copied().collect(),

@@ -66,6 +66,18 @@ async fn constraints_past_the_limits_are_invalid_argument_on_both_rpcs() {
             Constraint::Grammar(format!("start: X\nX: /{nested}/")),
             "grammar ",
         ),
+        // Past the limits only once the first token is in: the lexer
+        // budget catches these at submission too.
+        (
+            Constraint::Grammar(format!("start: \"x\" X\nX: /{nested}/")),
+            "grammar ",
+        ),
+        (
+            Constraint::JsonSchema(format!(
+                r#"{{"type":"object","properties":{{"b":{{"type":"string","pattern":"^{nested}$"}}}},"required":["b"]}}"#
+            )),
+            "json_schema ",
+        ),
     ];
     for (constraint, field) in cases {
         let mut req = text_request("Say something", 8);
@@ -78,23 +90,58 @@ async fn constraints_past_the_limits_are_invalid_argument_on_both_rpcs() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         assert!(e.message().starts_with(field), "{:?}", e.message());
     }
+    // The engine keeps serving.
+    c.generate(text_request("Hello", 2)).await.expect("served");
 }
 
-/// Past the limits only after the first token (a JSON Schema pattern, a Lark
-/// rule after a literal): Generate answers INTERNAL; StreamGenerate sends a
-/// final `done` with FINISH_REASON_ERROR, then INTERNAL. Never a normal stop.
+/// vLLM's `min_tokens` over gRPC: end-of-sequence cannot end the output
+/// before it.
+#[tokio::test]
+async fn min_tokens_holds_end_of_sequence_back() {
+    let mut c = client(shared_server()).await;
+    let req = common::chat_request("Say hello.", 40);
+    let short = c.generate(req.clone()).await.expect("served").into_inner();
+    assert_eq!(short.finish_reason(), pb::FinishReason::Eos);
+    assert!(short.usage.unwrap().completion_tokens < 40);
+    let held = c
+        .generate(pb::GenerateRequest {
+            min_tokens: 40,
+            ..req.clone()
+        })
+        .await
+        .expect("served")
+        .into_inner();
+    assert_eq!(held.finish_reason(), pb::FinishReason::Length);
+    assert_eq!(held.usage.unwrap().completion_tokens, 40);
+    let e = c
+        .generate(pb::GenerateRequest {
+            min_tokens: 41,
+            ..req
+        })
+        .await
+        .expect_err("more than max_new_tokens");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("min_tokens "), "{e:?}");
+}
+
+/// A regex whose nested repetition lies past the lexer budget's horizon:
+/// behind 2,100 `=`, a chain of more states than the 2,000 a lexeme is
+/// explored for. It passes validation and fails once the model is inside
+/// the repetition.
+fn past_the_budget_horizon() -> String {
+    format!("={{2100}}{NESTED}")
+}
+
+/// Past the limits only after the budget's horizon: Generate answers
+/// INTERNAL; StreamGenerate sends a final `done` with FINISH_REASON_ERROR,
+/// then INTERNAL. Never a normal stop.
 #[tokio::test]
 async fn a_constraint_failing_mid_generation_is_an_error_on_both_rpcs() {
     use pb::stream_generate_response::Event;
     let mut c = client(shared_server()).await;
-    let cases = [
-        Constraint::JsonSchema(format!(
-            r#"{{"type":"object","properties":{{"b":{{"type":"string","pattern":"^{NESTED}$"}}}},"required":["b"]}}"#
-        )),
-        Constraint::Grammar(format!("start: \"x\" X\nX: /{NESTED}/")),
-    ];
+    let cases = [Constraint::Regex(past_the_budget_horizon())];
     for constraint in cases {
-        let mut req = text_request("Say something", 24);
+        let mut req = text_request("Say something", 600);
         req.constraint = Some(constraint);
         let e = c.generate(req.clone()).await.expect_err("constraint fails");
         assert_eq!(e.code(), Code::Internal, "{e:?}");

@@ -385,6 +385,200 @@ async fn required_tool_call_parses_and_validates() {
     }
 }
 
+/// Every OpenAI request field either works or is a 400 naming it: the ones
+/// that cannot change a text model's output are accepted and ignored (the
+/// answer is the one without them), the ones Kestrel cannot honour are
+/// `unsupported_parameter`.
+#[tokio::test]
+async fn openai_fields_are_honoured_ignored_or_refused_by_name() {
+    let addr = shared_server().http_addr;
+    let plain = post(addr, "/v1/chat/completions", &chat_body("Name a fruit.", 8))
+        .await
+        .json();
+    let mut body = chat_body("Name a fruit.", 8);
+    for (k, v) in json!({
+        "user": "u-1", "store": false, "metadata": {"run": "t"}, "service_tier": "auto",
+        "prompt_cache_key": "k", "prompt_cache_retention": "in-memory",
+        "safety_identifier": "s-1", "reasoning_effort": "low", "verbosity": "low",
+        "modalities": ["text"], "n": 1, "best_of": 1, "audio": null, "prediction": null,
+    })
+    .as_object()
+    .unwrap()
+    {
+        body[k] = v.clone();
+    }
+    let r = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2, "user": "u", "best_of": 2, "n": 2, "suffix": ""}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    for (endpoint, extra, param) in [
+        (
+            "chat/completions",
+            json!({"audio": {"voice": "alloy", "format": "mp3"}}),
+            "audio",
+        ),
+        (
+            "chat/completions",
+            json!({"prediction": {"type": "content", "content": "x"}}),
+            "prediction",
+        ),
+        (
+            "chat/completions",
+            json!({"web_search_options": {}}),
+            "web_search_options",
+        ),
+        (
+            "chat/completions",
+            json!({"modalities": ["text", "audio"]}),
+            "modalities",
+        ),
+        ("chat/completions", json!({"best_of": 2}), "best_of"),
+        ("completions", json!({"suffix": " end"}), "suffix"),
+    ] {
+        let mut body = match endpoint {
+            "completions" => json!({"prompt": "Hello", "max_tokens": 2}),
+            _ => chat_body("hi", 2),
+        };
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post(addr, &format!("/v1/{endpoint}"), &body).await;
+        let v = r.json();
+        assert_eq!(r.status, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert_eq!(v["error"]["code"], "unsupported_parameter", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    for (extra, param) in [
+        (json!({"reasoning_effort": "maximal"}), "reasoning_effort"),
+        (json!({"metadata": ["x"]}), "metadata"),
+        (json!({"frobnicate": true}), "frobnicate"),
+        (json!({"min_tokens": 9}), "min_tokens"),
+        (
+            json!({"min_tokens": 1, "guided_regex": "[a-z]+"}),
+            "min_tokens",
+        ),
+    ] {
+        let mut body = chat_body("hi", 4);
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = post(addr, "/v1/chat/completions", &body).await;
+        let v = r.json();
+        assert_eq!(r.status, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+}
+
+/// A constraint past the constraint engine's budget is a 400 naming its
+/// parameter before any token, unary or streamed (never a 200 stream that
+/// fails later), for a regex, a JSON-Schema `pattern` and a Lark rule
+/// reached only after a first token; the server keeps serving.
+#[tokio::test]
+async fn constraints_past_the_budget_are_a_400_before_any_token() {
+    let addr = shared_server().http_addr;
+    let nested = "(.{1,100}){1,100}";
+    let schema = json!({"type": "object", "required": ["b"],
+        "properties": {"b": {"type": "string", "pattern": format!("^{nested}$")}}});
+    for (extra, param) in [
+        (json!({"guided_regex": nested}), "guided_regex"),
+        (
+            json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"guided_grammar": format!("start: \"x\" X\nX: /{nested}/")}),
+            "guided_grammar",
+        ),
+        (
+            json!({"structured_outputs": {"regex": format!("x{nested}")}}),
+            "structured_outputs.regex",
+        ),
+    ] {
+        for stream in [false, true] {
+            let mut body = chat_body("Say something", 16);
+            body["stream"] = json!(stream);
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let r = post(addr, "/v1/chat/completions", &body).await;
+            let v = r.json();
+            assert_eq!(r.status, 400, "{body} -> {v}");
+            assert_eq!(v["error"]["param"], param, "{v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains("too complex"), "{message}");
+        }
+    }
+    let r = post(addr, "/v1/chat/completions", &chat_body("hi", 2)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// The legacy `functions` / `function_call` call a tool like `tools` /
+/// `tool_choice` do (the answer in the `tool_calls` shape).
+#[tokio::test]
+async fn legacy_functions_call_a_tool() {
+    let addr = shared_server().http_addr;
+    let function = weather_tools()[0]["function"].clone();
+    let mut body = chat_body("What is the weather in Paris?", 60);
+    body["functions"] = json!([function]);
+    body["function_call"] = json!({"name": "get_weather"});
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let call = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    check_weather_args(call["arguments"].as_str().unwrap());
+
+    body["tools"] = weather_tools();
+    let r = post(addr, "/v1/chat/completions", &body).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("functions"))
+    );
+}
+
+/// vLLM's `min_tokens`: EOS cannot end the answer early, and a stop string
+/// that would match at once is not looked for before that many tokens.
+#[tokio::test]
+async fn min_tokens_holds_eos_and_stop_strings_back() {
+    let addr = shared_server().http_addr;
+    let usage = |v: &Value| v["usage"]["completion_tokens"].as_u64().unwrap();
+    // Without it, the model ends its short answer well before 48 tokens.
+    let body = chat_body("Say hello.", 48);
+    let short = post(addr, "/v1/chat/completions", &body).await.json();
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    assert!(usage(&short) < 40, "{short}");
+    let mut body = body;
+    body["min_tokens"] = json!(48);
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(usage(&v), 48, "{v}");
+
+    // Counting: the stop "," fires on the first token without min_tokens.
+    let counting =
+        json!({"prompt": "1, 2, 3, 4, 5, 6", "max_tokens": 24, "temperature": 0, "stop": [","]});
+    let v = post(addr, "/v1/completions", &counting).await.json();
+    assert!(usage(&v) <= 2, "{v}");
+    let mut body = counting;
+    body["min_tokens"] = json!(6);
+    let v = post(addr, "/v1/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    assert!(usage(&v) >= 6, "{v}");
+    assert!(c["text"].as_str().unwrap().contains(','), "{v}");
+}
+
 #[tokio::test]
 async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
     let addr = shared_server().http_addr;

@@ -202,6 +202,7 @@ fn bench(c: &mut Criterion) {
             stop: vec!["\n\nUser:".into()],
             stop_token_ids: vec![],
             ignore_eos: true,
+            min_tokens: 0,
         };
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

@@ -225,9 +225,11 @@ impl SkillContext {
 
 /// The constraint engine's limits, set here explicitly rather than left to
 /// llguidance's defaults, so they are part of Kestrel's contract. A
-/// constraint whose first mask exceeds them is refused at submission
-/// ([`crate::SkillError::ConstraintTooComplex`]); one that exceeds them
-/// later ends its request with an error, never with a normal stop.
+/// constraint whose first mask exceeds them, or whose lexer cannot be
+/// explored within [`crate::LEXER_BUDGET`], is refused at submission
+/// ([`crate::SkillError::ConstraintTooComplex`]); one that passes and
+/// still exceeds them later ends its request with an error, never with a
+/// normal stop.
 pub const PARSER_LIMITS: llguidance::api::ParserLimits = llguidance::api::ParserLimits {
     max_items_in_row: 2_000,
     initial_lexer_fuel: 1_000_000,

@@ -26,7 +26,8 @@ pub enum SkillError {
     #[error("invalid grammar: {reason}")]
     InvalidGrammar { reason: String },
 
-    /// The constraint compiles, but computing its first token mask exceeds
+    /// The constraint compiles, but exploring its lexer exceeds
+    /// [`crate::LEXER_BUDGET`] or computing its first token mask exceeds
     /// the constraint engine's limits ([`crate::PARSER_LIMITS`]): e.g.
     /// nested counted repetitions such as `(a{1,50}){1,50}`.
     #[error("the {kind} constraint is too complex for the constraint engine: {reason}")]

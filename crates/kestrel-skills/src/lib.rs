@@ -32,5 +32,5 @@ pub use detok::Utf8Decoder;
 pub use error::{BoxedCause, SkillError};
 pub use output::{StreamDelta, TokenLogprob};
 pub use skill::{Skill, SkillPhase, SkillResult};
-pub use spec::{SkillKind, SkillOptions, SkillSpec};
+pub use spec::{LexerBudget, SkillKind, SkillOptions, SkillSpec, LEXER_BUDGET};
 pub use stop::StopStrings;

@@ -62,15 +62,20 @@ impl OutputBuffer {
     }
 
     /// Appends a token's bytes to the text. Returns true when a stop string
-    /// matched: the text is then cut before it and the buffer sealed.
-    pub fn push_text(&mut self, bytes: &[u8]) -> bool {
+    /// matched (only looked for when `match_stops`; a match ending in text
+    /// appended without it never counts): the text is then cut before it
+    /// and the buffer sealed.
+    pub fn push_text(&mut self, bytes: &[u8], match_stops: bool) -> bool {
         debug_assert!(!self.sealed, "text pushed after the output was sealed");
         let old_len = self.text.len();
         self.decoder.push(bytes, &mut self.text);
         if self.text.len() == old_len {
             return false;
         }
-        if let Some(at) = self.stops.find(&self.text, old_len) {
+        let found = match_stops
+            .then(|| self.stops.find(&self.text, old_len))
+            .flatten();
+        if let Some(at) = found {
             debug_assert!(
                 at >= self.safe_len,
                 "stop string inside already-streamable text"

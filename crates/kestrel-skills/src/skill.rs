@@ -207,28 +207,59 @@ impl Skill {
         })
     }
 
-    /// Appends the token's text unless it is a control token.
-    fn push_text(&mut self, token: TokenId) -> bool {
+    /// Appends the token's text unless it is a control token; true when a
+    /// stop string matched (looked for only when `match_stops`).
+    fn push_text(&mut self, token: TokenId, match_stops: bool) -> bool {
         if self.ctx.is_special(token) {
             return false;
         }
-        self.out.push_text(self.ctx.token_bytes(token))
+        self.out.push_text(self.ctx.token_bytes(token), match_stops)
+    }
+
+    /// Whether the text rules still hold stop conditions back: fewer than
+    /// `min_tokens` tokens are committed.
+    fn before_min_tokens(&self) -> bool {
+        match &self.rules {
+            Rules::Text(rules) => self.out.tokens.len() < rules.min_tokens as usize,
+            Rules::Constrained(_) => false,
+        }
     }
 
     fn consume_text(&mut self, token: TokenId) -> Verdict {
         let Rules::Text(rules) = &self.rules else {
             unreachable!("text rules")
         };
+        // The mask keeps EOS and stop ids out of the first `min_tokens`
+        // tokens; a stop string counts from the `min_tokens`-th token on
+        // (`record_token` already counted this one).
+        let match_stops = self.out.tokens.len() >= rules.min_tokens as usize;
         if !rules.ignore_eos && self.ctx.is_eos(token) {
             return self.stop(FinishReason::Eos);
         }
         if rules.stop_token_ids.contains(&token) {
             return self.stop(FinishReason::Stop);
         }
-        if self.push_text(token) {
+        if self.push_text(token, match_stops) {
             return self.stop(FinishReason::Stop);
         }
         Verdict::Continue
+    }
+
+    /// The `min_tokens` mask: every token but EOS (unless ignored) and the
+    /// stop token ids.
+    fn fill_min_tokens_mask(&self, mask: &mut TokenMask<'_>) {
+        mask.allow_all();
+        let Rules::Text(rules) = &self.rules else {
+            return;
+        };
+        if !rules.ignore_eos {
+            for &eos in self.ctx.eos_token_ids() {
+                mask.disallow(eos);
+            }
+        }
+        for &t in &rules.stop_token_ids {
+            mask.disallow(t);
+        }
     }
 
     fn consume_constrained(&mut self, token: TokenId) -> Verdict {
@@ -239,7 +270,7 @@ impl Skill {
         let is_eos = self.ctx.is_eos(token);
         if !is_eos {
             // The token is committed: its text is part of the output either way.
-            self.push_text(token);
+            self.push_text(token, false);
         }
         let Rules::Constrained(matcher) = &mut self.rules else {
             unreachable!("constrained rules")
@@ -293,14 +324,20 @@ impl SequenceSkill for Skill {
         }
     }
 
+    /// A running grammar, or text still short of `min_tokens`.
     fn is_constrained(&self) -> bool {
-        self.phase == SkillPhase::Running && matches!(self.rules, Rules::Constrained(_))
+        self.phase == SkillPhase::Running
+            && (matches!(self.rules, Rules::Constrained(_)) || self.before_min_tokens())
     }
 
     fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
         if !self.is_constrained() {
             // Zombie rule: a finalized sequence is sampled unconstrained.
             mask.allow_all();
+            return;
+        }
+        if let Rules::Text(_) = self.rules {
+            self.fill_min_tokens_mask(mask);
             return;
         }
         if self.constraint_error.is_some() {
@@ -329,7 +366,8 @@ impl SequenceSkill for Skill {
     }
 
     /// A running constraint can: its matcher consumes drafts tentatively
-    /// and rolls them back.
+    /// and rolls them back; the `min_tokens` mask depends only on the
+    /// position.
     fn looks_ahead(&self) -> bool {
         self.is_constrained()
     }
@@ -341,6 +379,19 @@ impl SequenceSkill for Skill {
             return;
         };
         self.fill_mask(&mut TokenMask::new(first, vocab_size));
+        if let Rules::Text(rules) = &self.rules {
+            // Mask `j + 1` is token `committed + j + 2`'s (counting from 1).
+            let committed = self.out.tokens.len();
+            for (j, words) in masks.take(drafts.len()).enumerate() {
+                let mut mask = TokenMask::new(words, vocab_size);
+                if committed + j + 1 < rules.min_tokens as usize {
+                    self.fill_min_tokens_mask(&mut mask);
+                } else {
+                    mask.allow_all();
+                }
+            }
+            return;
+        }
         if self.constraint_error.is_some() || !self.is_constrained() {
             return;
         }

@@ -18,11 +18,17 @@ use crate::error::SkillError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SkillSpec {
     /// Free text, ended by EOS (unless `ignore_eos`), a stop token id, or a
-    /// stop string (which is not part of the output).
+    /// stop string (which is not part of the output). None of them ends
+    /// the output before `min_tokens` tokens: the first `min_tokens`
+    /// tokens are masked from being EOS or a stop token id, and a stop
+    /// string counts only once that many tokens are committed (vLLM's
+    /// `min_tokens`).
     Text {
         stop: Vec<String>,
         stop_token_ids: Vec<TokenId>,
         ignore_eos: bool,
+        #[serde(default)]
+        min_tokens: u32,
     },
     /// JSON matching a JSON Schema; the result carries the parsed value.
     Json { schema: serde_json::Value },
@@ -42,6 +48,7 @@ impl SkillSpec {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_tokens: 0,
         }
     }
 
@@ -95,6 +102,8 @@ pub(crate) struct TextRules {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<TokenId>,
     pub ignore_eos: bool,
+    /// No stop condition ends the output before this many tokens.
+    pub min_tokens: u32,
 }
 
 /// A spec after validation: text rules or a started grammar matcher.
@@ -144,6 +153,7 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
             stop,
             stop_token_ids,
             ignore_eos,
+            min_tokens,
         } => {
             if let Some(index) = stop.iter().position(String::is_empty) {
                 return Err(SkillError::EmptyStopString { index });
@@ -156,6 +166,7 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
                 stop: stop.clone(),
                 stop_token_ids: stop_token_ids.clone(),
                 ignore_eos: *ignore_eos,
+                min_tokens: *min_tokens,
             }));
         }
         SkillSpec::Json { schema } => TopLevelGrammar::from_json_schema(schema.clone()),
@@ -167,6 +178,14 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
         .parser_factory()
         .create_parser(grammar)
         .map_err(|e| reject(spec, e.to_string()))?;
+    // The lexer builds its states lazily, one mask at a time: a lexeme
+    // whose states grow expensive (nested counted repetitions) would pass
+    // the first mask and fail tokens later. Explore every lexeme's states
+    // now, within a stated budget, so such a constraint is refused here.
+    check_lexer_budget(&parser).map_err(|reason| SkillError::ConstraintTooComplex {
+        kind: spec.kind().name(),
+        reason,
+    })?;
     let mut matcher = Matcher::new(Ok(parser));
     if let Some(reason) = matcher.get_error() {
         return Err(reject(spec, reason));
@@ -181,6 +200,70 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
         });
     }
     Ok(Compiled::Constrained(Box::new(matcher)))
+}
+
+/// What validation spends exploring a constraint's lexer
+/// ([`check_lexer_budget`]): the first `states_per_lexeme` states of each
+/// lexeme, breadth first over every byte, within `fuel` in all (one fuel
+/// point is one lexer expression built, 10 to 50 ns: `(.{1,100}){1,100}`
+/// runs out in ~0.1 s; a JSON Schema of a few fields, an e-mail or a
+/// `[a-z]{1,1000}` regex takes 2 to 20 ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LexerBudget {
+    pub states_per_lexeme: usize,
+    pub fuel: u64,
+}
+
+/// The budget every constraint is checked against at validation.
+pub const LEXER_BUDGET: LexerBudget = LexerBudget {
+    states_per_lexeme: 2_000,
+    fuel: 2_000_000,
+};
+
+/// Explores each lexeme of `parser`'s grammar in a lexer of its own (the
+/// request's lexer is left as the first mask needs it) within
+/// [`LEXER_BUDGET`]; the error says what ran out.
+fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), String> {
+    use llguidance::earley::lexerspec::LexemeIdx;
+    let spec = parser.parser.grammar().lexer_spec();
+    let mut limits = crate::context::PARSER_LIMITS.clone();
+    let mut lexer = spec
+        .to_regex_vec(&mut limits)
+        .map_err(|e| engine_reason(&e))?;
+    lexer.set_fuel(LEXER_BUDGET.fuel);
+    lexer.set_max_states(crate::context::PARSER_LIMITS.max_lexer_states);
+    let mut seen = llguidance::HashSet::default();
+    let mut queue = std::collections::VecDeque::new();
+    for i in 0..spec.lexemes.len() {
+        let mut only = spec.alloc_lexeme_set();
+        only.add(LexemeIdx::new(i));
+        let start = lexer.initial_state(&only);
+        seen.clear();
+        queue.clear();
+        seen.insert(start);
+        queue.push_back(start);
+        let mut explored = 0;
+        while let Some(state) = queue.pop_front() {
+            explored += 1;
+            if explored > LEXER_BUDGET.states_per_lexeme {
+                break;
+            }
+            for b in 0..=255u8 {
+                let next = lexer.transition(state, b);
+                if lexer.has_error() {
+                    let why = lexer.get_error().unwrap_or_default();
+                    return Err(format!(
+                        "its lexer needs more than {} fuel for the first {} states of a lexeme ({why})",
+                        LEXER_BUDGET.fuel, LEXER_BUDGET.states_per_lexeme
+                    ));
+                }
+                if !next.is_dead() && seen.insert(next) {
+                    queue.push_back(next);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -228,7 +311,8 @@ mod tests {
             err(SkillSpec::Text {
                 stop: vec![String::new()],
                 stop_token_ids: vec![],
-                ignore_eos: false
+                ignore_eos: false,
+                min_tokens: 0,
             }),
             SkillError::EmptyStopString { index: 0 }
         ));
@@ -236,7 +320,8 @@ mod tests {
             err(SkillSpec::Text {
                 stop: vec![],
                 stop_token_ids: vec![1 << 30],
-                ignore_eos: false
+                ignore_eos: false,
+                min_tokens: 0,
             }),
             SkillError::StopTokenOutOfRange { .. }
         ));
@@ -247,6 +332,37 @@ mod tests {
         let e = err(SkillSpec::Regex("a(b".into()));
         let msg = e.to_string();
         assert!(msg.starts_with("invalid regex \"a(b\""), "{msg}");
+    }
+
+    /// Nested counted repetition past [`LEXER_BUDGET`] is refused at
+    /// compile time in each form, including those whose first mask is
+    /// cheap (a Lark rule after a literal, a JSON Schema pattern).
+    #[test]
+    fn constraints_past_the_lexer_budget_are_refused() {
+        let nested = "(.{1,100}){1,100}";
+        for spec in [
+            SkillSpec::Regex(nested.into()),
+            SkillSpec::Grammar(format!("start: \"x\" X\nX: /{nested}/")),
+            SkillSpec::Json {
+                schema: json!({"type": "object", "required": ["b"],
+                    "properties": {"b": {"type": "string", "pattern": format!("^{nested}$")}}}),
+            },
+        ] {
+            match err(spec.clone()) {
+                SkillError::ConstraintTooComplex { reason, .. } => {
+                    assert!(reason.contains("2000000 fuel"), "{reason}")
+                }
+                e => panic!("{spec:?}: {e}"),
+            }
+        }
+        let ctx = testing::small_context();
+        for ok in [
+            "(a{1,10}){1,10}",
+            "[a-z]{1,1000}",
+            "[a-z0-9.]{1,64}@[a-z0-9.-]{1,255}",
+        ] {
+            assert!(compile(&ctx, &SkillSpec::Regex(ok.into())).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn text_spec(stop: &[&str], stop_token_ids: &[TokenId], ignore_eos: bool) -> Ski
         stop: stop.iter().map(|s| s.to_string()).collect(),
         stop_token_ids: stop_token_ids.to_vec(),
         ignore_eos,
+        min_tokens: 0,
     }
 }
 
@@ -58,6 +59,66 @@ fn ignore_eos_and_stop_token_ids() {
     assert_eq!(r.text, "abc");
     assert_eq!(r.finish_reason(), Some(FinishReason::Stop));
     assert_eq!(r.token_ids.len(), 5);
+}
+
+/// vLLM's `min_tokens`: the first `min_tokens` tokens are masked from
+/// being EOS or a stop id, a stop string counts from the `min_tokens`-th
+/// token on, and after that the skill is unconstrained again.
+#[test]
+fn min_tokens_holds_every_stop_condition_back() {
+    let ctx = ctx();
+    let vocab = ctx.vocab_size();
+    let spec = SkillSpec::Text {
+        stop: vec!["a".into()],
+        stop_token_ids: vec![ENDOFTEXT],
+        ignore_eos: false,
+        min_tokens: 3,
+    };
+    let mut s = skill(&ctx, spec.clone());
+    for _ in 0..3 {
+        assert!(s.is_constrained() && s.looks_ahead());
+        let allowed = allowed(&mask_of(&mut s, vocab), vocab);
+        assert!(!allowed.contains(&IM_END) && !allowed.contains(&ENDOFTEXT));
+        assert!(allowed.contains(&(b'a' as TokenId)) && allowed.contains(&IM_START));
+        // "a" is a stop string, but not before the third token.
+        if s.token_ids().len() < 2 {
+            assert_eq!(commit(&mut s, b'a' as TokenId), Verdict::Continue);
+        } else {
+            assert_eq!(
+                commit(&mut s, b'b' as TokenId),
+                Verdict::Continue,
+                "a stop string that ended early does not match later"
+            );
+        }
+    }
+    assert!(!s.is_constrained());
+    assert_eq!(commit(&mut s, ENDOFTEXT), Verdict::Stop(FinishReason::Stop));
+    s.finish(Outcome::Finished(FinishReason::Stop));
+    assert_eq!(s.result().unwrap().text, "aab");
+
+    // The third token may complete a stop string; EOS ends it after that.
+    let (r, _) = run(&mut skill(&ctx, spec.clone()), &bytes("bba"), |_| true);
+    assert_eq!(
+        (r.text.as_str(), r.finish_reason()),
+        ("bb", Some(FinishReason::Stop))
+    );
+    let toks = [bytes("bbb"), vec![IM_END]].concat();
+    let (r, _) = run(&mut skill(&ctx, spec.clone()), &toks, |_| true);
+    assert_eq!(
+        (r.text.as_str(), r.finish_reason()),
+        ("bbb", Some(FinishReason::Eos))
+    );
+
+    // Drafted positions get the mask their position calls for.
+    let mut s = skill(&ctx, spec);
+    commit(&mut s, b'b' as TokenId);
+    let wpr = kestrel_pipeline::TokenMask::words_for(vocab);
+    let mut words = vec![0u32; wpr * 3];
+    s.fill_masks_ahead(&[b'b' as TokenId, b'b' as TokenId], &mut words, vocab);
+    let banned = |m: &[u32]| !allowed(m, vocab).contains(&IM_END);
+    assert!(banned(&words[..wpr]) && banned(&words[wpr..2 * wpr]));
+    assert!(!banned(&words[2 * wpr..]), "the fourth token may be EOS");
+    assert_eq!(s.token_ids().len(), 1, "looking ahead changes nothing");
 }
 
 #[test]
@@ -278,7 +339,7 @@ proptest! {
         take_mask in any::<u64>(),
     ) {
         let ctx = ctx();
-        let spec = SkillSpec::Text { stop: stops.clone(), stop_token_ids: vec![], ignore_eos: false };
+        let spec = SkillSpec::Text { stop: stops.clone(), stop_token_ids: vec![], ignore_eos: false, min_tokens: 0 };
         let mut s = skill(&ctx, spec);
         let (r, deltas) = run(&mut s, &toks, |i| take_mask >> (i % 64) & 1 == 1);
         prop_assert_eq!(concat(&deltas), r.text.clone());

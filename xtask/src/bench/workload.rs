@@ -223,6 +223,7 @@ impl PromptSet {
                     stop: Vec::new(),
                     stop_token_ids: Vec::new(),
                     ignore_eos: true,
+                    min_tokens: 0,
                 },
             )
         };

@@ -4,8 +4,12 @@
 //! Shapes only: every range rule lives in `kestrel_engine::validate`, which
 //! names a `Field` that [`ParamNames`] spells back the OpenAI way. The
 //! rules here are the ones no engine type can express: JSON types, unknown
-//! parameters (400 naming them), `n` (an HTTP-edge concept, [`MAX_N`]),
-//! which constraint sources may combine, and the tool format. Pure, no I/O.
+//! parameters (400 naming them), parameters accepted and ignored because
+//! they cannot change a text model's output ([`ignored`]), parameters
+//! OpenAI defines that Kestrel cannot honour (400 `unsupported_parameter`),
+//! `n` and `best_of` (HTTP-edge concepts, [`MAX_N`]), which constraint
+//! sources may combine, the legacy `functions` as tools, and the tool
+//! format. Pure, no I/O.
 
 use kestrel_engine::{
     ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation,
@@ -65,9 +69,6 @@ impl Plan {
     }
 }
 
-/// Parameters accepted and ignored (documented as such).
-const IGNORED: [&str; 2] = ["user", "store"];
-
 /// A request object whose fields are taken one by one, each type error
 /// naming its field; what is left at the end is an unknown parameter.
 pub(super) struct Fields(Map<String, Value>);
@@ -97,10 +98,7 @@ impl Fields {
         self.0.remove(name).filter(|v| !v.is_null())
     }
 
-    pub(super) fn finish(mut self) -> Result<(), ApiError> {
-        for k in IGNORED {
-            self.0.remove(k);
-        }
+    pub(super) fn finish(self) -> Result<(), ApiError> {
         match self.0.keys().next() {
             None => Ok(()),
             Some(k) => Err(ApiError::invalid(
@@ -156,6 +154,16 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             format!("n must be in [1, {MAX_N}], got {n}"),
         ));
     }
+    // Every sample is returned: `best_of` can only be `n` itself.
+    if let Some(best_of) = f.take::<u32>("best_of")? {
+        if best_of != n {
+            return Err(ApiError::unsupported(
+                "best_of",
+                &format!("best_of other than n (got {best_of}, n is {n})"),
+            ));
+        }
+    }
+    ignored(&mut f, endpoint)?;
     let stream = f.take::<bool>("stream")?.unwrap_or(false);
     let include_usage = match f.raw("stream_options") {
         None => false,
@@ -245,6 +253,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
     };
     let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
     let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
+    let min_tokens = f.take::<u32>("min_tokens")?.unwrap_or(0);
     // Completions' `echo`: the answer's text starts with the prompt's.
     let echo = match endpoint {
         Endpoint::Completions => f.take::<bool>("echo")?.unwrap_or(false),
@@ -261,11 +270,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
 
     let constraint = constraint(&mut f)?;
     let tools = match endpoint {
-        Endpoint::Chat => tools::parse(
-            f.raw("tools"),
-            f.raw("tool_choice"),
-            f.take("parallel_tool_calls")?,
-        )?,
+        Endpoint::Chat => chat_tools(&mut f)?,
         Endpoint::Completions => None,
     };
     let constraint = match (&tools, constraint) {
@@ -313,6 +318,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             stop: stop.clone(),
             stop_token_ids: stop_token_ids.clone(),
             ignore_eos,
+            min_tokens,
             constraint: constraint.clone(),
             // OpenAI has no such field: the server's default applies.
             speculate: Speculation::Default,
@@ -333,6 +339,146 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
         echo,
         tools,
     })
+}
+
+/// `reasoning_effort` values OpenAI defines; every Kestrel model answers
+/// without a reasoning phase, so any of them means the same.
+const REASONING_EFFORTS: [&str; 6] = ["none", "minimal", "low", "medium", "high", "xhigh"];
+/// `verbosity` values OpenAI defines (a hint to models trained for it).
+const VERBOSITIES: [&str; 3] = ["low", "medium", "high"];
+
+/// Takes the parameters that cannot change a text model's output (each
+/// still type-checked, so a malformed one is a 400 naming it) and refuses
+/// the ones that would need what Kestrel does not have (audio output,
+/// predicted outputs, web search, completions' `suffix`).
+fn ignored(f: &mut Fields, endpoint: Endpoint) -> Result<(), ApiError> {
+    f.take::<String>("user")?;
+    f.take::<bool>("store")?;
+    if endpoint == Endpoint::Completions {
+        if f.take::<String>("suffix")?.is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::unsupported(
+                "suffix",
+                "suffix (text after the completion)",
+            ));
+        }
+        return Ok(());
+    }
+    f.take::<Map<String, Value>>("metadata")?;
+    for name in [
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+    ] {
+        f.take::<String>(name)?;
+    }
+    let one_of = |f: &mut Fields, name: &str, allowed: &[&str]| -> Result<(), ApiError> {
+        match f.take::<String>(name)? {
+            Some(v) if !allowed.contains(&v.as_str()) => Err(ApiError::invalid(
+                name,
+                format!("{name} must be one of {}, got {v:?}", allowed.join(", ")),
+            )),
+            _ => Ok(()),
+        }
+    };
+    one_of(f, "reasoning_effort", &REASONING_EFFORTS)?;
+    one_of(f, "verbosity", &VERBOSITIES)?;
+    if let Some(m) = f.take::<Vec<String>>("modalities")? {
+        if m.iter().any(|m| m != "text") {
+            return Err(ApiError::unsupported(
+                "modalities",
+                "an output modality other than \"text\"",
+            ));
+        }
+    }
+    for (name, what) in [
+        ("audio", "audio output"),
+        ("prediction", "predicted output"),
+        ("web_search_options", "web search"),
+    ] {
+        if f.raw(name).is_some() {
+            return Err(ApiError::unsupported(name, what));
+        }
+    }
+    Ok(())
+}
+
+/// The chat's tools: `tools` / `tool_choice`, or the legacy `functions` /
+/// `function_call` mapped onto them (one `ToolSet` either way; errors name
+/// the legacy parameters). The two forms do not mix.
+fn chat_tools(f: &mut Fields) -> Result<Option<ToolSet>, ApiError> {
+    let parallel = f.take("parallel_tool_calls")?;
+    let (tools, choice) = (f.raw("tools"), f.raw("tool_choice"));
+    let (functions, function_call) = (f.raw("functions"), f.raw("function_call"));
+    if functions.is_none() && function_call.is_none() {
+        return tools::parse(tools, choice, parallel);
+    }
+    if tools.is_some() || choice.is_some() {
+        let (param, other) = match (&functions, &tools) {
+            (Some(_), Some(_)) => ("functions", "tools"),
+            (Some(_), None) => ("functions", "tool_choice"),
+            (None, _) if tools.is_some() => ("function_call", "tools"),
+            (None, _) => ("function_call", "tool_choice"),
+        };
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "{param} (deprecated) cannot be combined with {other}; send tools and tool_choice"
+            ),
+        ));
+    }
+    let Some(functions) = functions else {
+        return Err(ApiError::invalid(
+            "function_call",
+            "function_call needs functions",
+        ));
+    };
+    let Value::Array(list) = functions else {
+        return Err(ApiError::invalid("functions", "functions must be an array"));
+    };
+    let tools = list
+        .into_iter()
+        .map(|function| serde_json::json!({"type": "function", "function": function}))
+        .collect();
+    let choice = match function_call {
+        None => None,
+        Some(Value::String(s)) if s == "none" || s == "auto" => Some(Value::String(s)),
+        Some(Value::Object(o)) if o.len() == 1 && o.get("name").is_some_and(Value::is_string) => {
+            Some(serde_json::json!({"type": "function", "function": o}))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "function_call",
+                "function_call must be \"none\", \"auto\" or {\"name\": ...}",
+            ))
+        }
+    };
+    tools::parse(Some(Value::Array(tools)), choice, parallel).map_err(legacy_names)
+}
+
+/// Respells an error about the tools built from `functions` the legacy way:
+/// `tools[i].function.x` is `functions[i].x`, `tool_choice` is
+/// `function_call`.
+fn legacy_names(mut e: ApiError) -> ApiError {
+    let respell = |text: &str| {
+        let mut out = text.replace("tool_choice", "function_call");
+        while let Some(at) = out.find("tools[") {
+            let rest = &out[at + "tools[".len()..];
+            let Some(close) = rest.find(']') else { break };
+            let index = &rest[..close];
+            let tail = rest[close + 1..]
+                .strip_prefix(".function")
+                .unwrap_or(&rest[close + 1..]);
+            out = format!("{}functions[{index}]{tail}", &out[..at]);
+        }
+        if out == "tools" {
+            out = "functions".into();
+        }
+        out
+    };
+    e.param = e.param.as_deref().map(respell);
+    e.message = respell(&e.message);
+    e
 }
 
 #[derive(serde::Deserialize)]
@@ -527,8 +673,8 @@ fn prompts(v: Value) -> Result<Vec<(Prompt, String)>, ApiError> {
 }
 
 /// A chat message as sent. Fields a client may echo back from a response
-/// (`refusal`, `annotations`, `audio`, `function_call`) are accepted and
-/// ignored.
+/// (`refusal`, `annotations`, `audio`) are accepted and ignored; the legacy
+/// `function_call` is rendered like one entry of `tool_calls`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireMessage {
@@ -547,8 +693,8 @@ struct WireMessage {
     _annotations: Option<Value>,
     #[serde(default, rename = "audio")]
     _audio: Option<Value>,
-    #[serde(default, rename = "function_call")]
-    _function_call: Option<Value>,
+    #[serde(default)]
+    function_call: Option<WireFunctionCall>,
 }
 
 #[derive(serde::Deserialize)]
@@ -582,23 +728,26 @@ pub(super) fn chat_messages(
             None => String::new(),
             Some(c) => content_text(c, &param)?,
         };
-        // OpenAI's newer name for the system role.
-        let role = if m.role == "developer" {
-            "system".to_string()
-        } else {
-            m.role
+        // OpenAI's newer name for the system role, and the legacy name of
+        // a tool's answer.
+        let role = match m.role.as_str() {
+            "developer" => "system".to_string(),
+            "function" => "tool".to_string(),
+            _ => m.role,
         };
         if role == "tool" {
             content = tools::render_result(&content);
         }
-        for call in m.tool_calls.unwrap_or_default() {
+        let calls = m
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.function);
+        for call in calls.chain(m.function_call) {
             if !content.is_empty() {
                 content.push('\n');
             }
-            content.push_str(&tools::render_call(
-                &call.function.name,
-                &call.function.arguments,
-            ));
+            content.push_str(&tools::render_call(&call.name, &call.arguments));
         }
         out.push(ChatMessage::new(role, content));
     }
@@ -822,6 +971,153 @@ mod tests {
         ));
         let e = chat(json!({"messages": user(), "tools": tools, "guided_regex": "a"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("guided_regex"));
+    }
+
+    #[test]
+    fn fields_that_cannot_change_the_output_are_accepted_and_ignored() {
+        let p = chat(json!({
+            "messages": user(), "user": "u", "store": false, "metadata": {"k": "v"},
+            "service_tier": "auto", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+            "safety_identifier": "s", "reasoning_effort": "low", "verbosity": "medium",
+            "modalities": ["text"], "best_of": 2, "n": 2, "min_tokens": 3,
+            "audio": null, "prediction": null
+        }))
+        .unwrap();
+        assert_eq!(p.request(0).min_tokens, 3);
+        assert_eq!(p.choices(), 2);
+        let c = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "user": "u", "suffix": "", "best_of": 1, "min_tokens": 2}"#,
+            "m",
+        )
+        .unwrap();
+        assert_eq!(c.request(0).min_tokens, 2);
+    }
+
+    #[test]
+    fn fields_kestrel_cannot_honour_are_a_400_naming_them() {
+        let refused = |extra: Value| {
+            let mut b = json!({"messages": user()});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            chat(b).unwrap_err()
+        };
+        for (extra, param, code) in [
+            (
+                json!({"audio": {"voice": "alloy", "format": "wav"}}),
+                "audio",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"prediction": {"type": "content", "content": "x"}}),
+                "prediction",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"web_search_options": {}}),
+                "web_search_options",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"modalities": ["text", "audio"]}),
+                "modalities",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"best_of": 3}),
+                "best_of",
+                Some("unsupported_parameter"),
+            ),
+            (
+                json!({"reasoning_effort": "extreme"}),
+                "reasoning_effort",
+                None,
+            ),
+            (json!({"verbosity": 3}), "verbosity", None),
+            (json!({"metadata": "x"}), "metadata", None),
+            (json!({"min_tokens": -1}), "min_tokens", None),
+            (json!({"service_tier": 1}), "service_tier", None),
+        ] {
+            let e = refused(extra.clone());
+            assert_eq!((e.param.as_deref(), e.code), (Some(param), code), "{extra}");
+            assert_eq!(e.status.as_u16(), 400);
+        }
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "suffix": "b"}"#,
+            "m",
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("suffix"));
+        // Chat-only parameters stay unknown on completions.
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": "a", "metadata": {}}"#,
+            "m",
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("metadata"));
+    }
+
+    #[test]
+    fn legacy_functions_are_tools() {
+        let f = json!([{"name": "f", "parameters": {"type": "object"}}]);
+        let legacy = chat(json!({"messages": user(), "functions": f,
+            "function_call": {"name": "f"}}))
+        .unwrap();
+        let tools = json!([{"type": "function", "function": f[0]}]);
+        let modern = chat(json!({"messages": user(), "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}))
+        .unwrap();
+        assert_eq!(legacy.prompts, modern.prompts);
+        assert!(legacy.tools.is_some());
+        assert!(
+            chat(json!({"messages": user(), "functions": f, "function_call": "none"}))
+                .unwrap()
+                .tools
+                .is_none()
+        );
+        let param = |body: Value| chat(body).unwrap_err().param;
+        assert_eq!(
+            param(json!({"messages": user(), "functions": f, "tools": tools})).as_deref(),
+            Some("functions")
+        );
+        assert_eq!(
+            param(json!({"messages": user(), "function_call": "auto"})).as_deref(),
+            Some("function_call")
+        );
+        assert_eq!(
+            param(json!({"messages": user(), "functions": f, "function_call": {"name": "g"}}))
+                .as_deref(),
+            Some("function_call")
+        );
+        assert_eq!(
+            param(json!({"messages": user(), "functions": [{"name": "bad name"}]})).as_deref(),
+            Some("functions[0].name")
+        );
+        // A legacy conversation: the assistant's function_call and the
+        // function's answer render like their tool_calls counterparts.
+        let history = |call: Value, answer_role: &str| {
+            json!({"messages": [
+                {"role": "user", "content": "hi"},
+                call,
+                {"role": answer_role, "name": "f", "tool_call_id": "c", "content": "42"}
+            ], "functions": f})
+        };
+        let old = chat(history(
+            json!({"role": "assistant", "content": null,
+                "function_call": {"name": "f", "arguments": "{}"}}),
+            "function",
+        ))
+        .unwrap();
+        let new = chat(history(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c",
+                "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+            "tool",
+        ))
+        .unwrap();
+        assert_eq!(old.prompts, new.prompts);
     }
 
     #[test]
