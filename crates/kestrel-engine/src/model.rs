@@ -192,6 +192,12 @@ impl ModelContext {
         &self.inner.tokenizer
     }
 
+    /// The chat template chat prompts are rendered with (`None`: chat
+    /// prompts are rejected).
+    pub fn chat_template(&self) -> Option<&kestrel_model::ChatTemplate> {
+        self.inner.chat_template.as_ref()
+    }
+
     /// The most bytes one token stands for: a prompt of `n` bytes is at
     /// least `n / max_token_bytes` tokens.
     pub fn max_token_bytes(&self) -> usize {
@@ -244,13 +250,15 @@ impl ModelContext {
     pub fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match prompt {
             Prompt::Text(text) => self.tokenize(text, true),
-            Prompt::Chat(messages) => {
+            Prompt::Chat { messages, tools } => {
                 let template = self.inner.chat_template.as_ref().ok_or_else(|| {
                     EngineError::invalid(Field::Messages, "this model has no chat template")
                 })?;
-                let rendered = template.render(messages, true).map_err(|e| {
-                    EngineError::invalid(Field::Messages, format!("chat template: {e}"))
-                })?;
+                let rendered = template
+                    .render_with_tools(messages, tools, true)
+                    .map_err(|e| {
+                        EngineError::invalid(Field::Messages, format!("chat template: {e}"))
+                    })?;
                 // The template writes BOS itself when the model wants it.
                 self.tokenize(&rendered, false)
             }

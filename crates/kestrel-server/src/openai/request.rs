@@ -8,13 +8,13 @@
 //! which constraint sources may combine, and the tool format. Pure, no I/O.
 
 use kestrel_engine::{
-    ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation,
+    ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation, ToolCall,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::{ApiError, ParamNames};
-use super::tools::{self, ToolSet};
+use super::tools::{self, ToolFormat, ToolSet};
 
 /// Most choices per prompt (`n`).
 pub const MAX_N: u32 = 16;
@@ -109,8 +109,14 @@ impl Fields {
     }
 }
 
-/// Parses a request body for `endpoint`; `served` is the model id served.
-pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiError> {
+/// Parses a request body for `endpoint`; `served` is the model id served,
+/// `tool_format` how it writes tool calls.
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    served: &str,
+    tool_format: &ToolFormat,
+) -> Result<Plan, ApiError> {
     let mut f = Fields::parse(body)?;
     if let Some(model) = f.take::<String>("model")? {
         if model != served {
@@ -255,6 +261,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             f.raw("tools"),
             f.raw("tool_choice"),
             f.take("parallel_tool_calls")?,
+            tool_format,
         )?,
         Endpoint::Completions => None,
     };
@@ -281,9 +288,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             let messages = f
                 .raw("messages")
                 .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
-            let (messages, offset) = chat_messages(messages, tools.as_ref())?;
+            let (prompt, offset) =
+                tools::prepare(tool_format, chat_messages(messages)?, tools.as_ref());
             names.message_offset = offset;
-            vec![(Prompt::Chat(messages), "messages".into())]
+            vec![(prompt, "messages".into())]
         }
         Endpoint::Completions => prompts(
             f.raw("prompt")
@@ -513,8 +521,8 @@ struct WireMessage {
     tool_calls: Option<Vec<WireToolCall>>,
     #[serde(default, rename = "name")]
     _name: Option<String>,
-    #[serde(default, rename = "tool_call_id")]
-    _tool_call_id: Option<String>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
     #[serde(default, rename = "refusal")]
     _refusal: Option<Value>,
     #[serde(default, rename = "annotations")]
@@ -527,6 +535,8 @@ struct WireMessage {
 
 #[derive(serde::Deserialize)]
 struct WireToolCall {
+    #[serde(default)]
+    id: Option<String>,
     function: WireFunctionCall,
 }
 
@@ -536,11 +546,9 @@ struct WireFunctionCall {
     arguments: String,
 }
 
-/// Maps `messages` onto chat messages. With tools, a system prompt that
-/// describes them comes first (merged into the client's own system
-/// message when there is one); the returned offset is how many messages
-/// were put in front of the client's.
-fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+/// Maps `messages` onto chat messages, calls and results kept structured
+/// ([`tools::prepare`] writes them in the model's format).
+fn chat_messages(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
@@ -549,7 +557,7 @@ fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>,
         let param = format!("messages[{i}]");
         let m: WireMessage = serde_json::from_value(m)
             .map_err(|e| ApiError::invalid(param.clone(), format!("{param}: {e}")))?;
-        let mut content = match m.content {
+        let content = match m.content {
             None => String::new(),
             Some(c) => content_text(c, &param)?,
         };
@@ -559,34 +567,25 @@ fn chat_messages(v: Value, tools: Option<&ToolSet>) -> Result<(Vec<ChatMessage>,
         } else {
             m.role
         };
-        if role == "tool" {
-            content = tools::render_result(&content);
-        }
-        for call in m.tool_calls.unwrap_or_default() {
-            if !content.is_empty() {
-                content.push('\n');
-            }
-            content.push_str(&tools::render_call(
-                &call.function.name,
-                &call.function.arguments,
-            ));
-        }
-        out.push(ChatMessage::new(role, content));
+        let tool_calls = m
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(j, c)| ToolCall {
+                // Templates that show ids need one; a client may omit it.
+                id: c.id.unwrap_or_else(|| format!("call_{i}_{j}")),
+                name: c.function.name,
+                arguments: tools::arguments_value(&c.function.arguments),
+            })
+            .collect();
+        out.push(ChatMessage {
+            tool_calls,
+            tool_call_id: m.tool_call_id,
+            ..ChatMessage::new(role, content)
+        });
     }
-    let Some(tools) = tools else {
-        return Ok((out, 0));
-    };
-    let prompt = tools.system_prompt();
-    match out.first_mut() {
-        Some(first) if first.role == "system" => {
-            first.content = format!("{}\n\n{prompt}", first.content);
-            Ok((out, 0))
-        }
-        _ => {
-            out.insert(0, ChatMessage::system(prompt));
-            Ok((out, 1))
-        }
-    }
+    Ok(out)
 }
 
 /// Message content: a string, or text content parts joined.
@@ -636,7 +635,12 @@ mod tests {
     use serde_json::json;
 
     fn chat(body: Value) -> Result<Plan, ApiError> {
-        parse(Endpoint::Chat, body.to_string().as_bytes(), "m")
+        parse(
+            Endpoint::Chat,
+            body.to_string().as_bytes(),
+            "m",
+            &ToolFormat::HERMES,
+        )
     }
 
     fn user() -> Value {
@@ -663,7 +667,7 @@ mod tests {
         let mut bias = r.sampling.logit_bias.clone();
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
-        assert_eq!(r.input, Prompt::Chat(vec![ChatMessage::user("hi")]));
+        assert_eq!(r.input, Prompt::chat(vec![ChatMessage::user("hi")]));
         assert!(p.stream && p.include_usage && p.logprobs);
         assert_eq!(p.choices(), 3);
         assert_eq!(p.names[0].max_tokens, Some("max_completion_tokens"));
@@ -693,8 +697,14 @@ mod tests {
             param(base(json!({"frobnicate": 1}))).as_deref(),
             Some("frobnicate")
         );
-        let completions =
-            |body: Value| parse(Endpoint::Completions, body.to_string().as_bytes(), "m");
+        let completions = |body: Value| {
+            parse(
+                Endpoint::Completions,
+                body.to_string().as_bytes(),
+                "m",
+                &ToolFormat::HERMES,
+            )
+        };
         assert!(completions(json!({"prompt": "hi", "echo": false})).is_ok());
         assert_eq!(
             completions(json!({"prompt": "hi", "echo": true}))
@@ -735,7 +745,7 @@ mod tests {
         let e = chat(json!({"model": "gpt-4", "messages": user()})).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
         for bad in [&b"{"[..], b"[1]", b"", b"{\"temperature\": NaN}"] {
-            let e = parse(Endpoint::Chat, bad, "m").unwrap_err();
+            let e = parse(Endpoint::Chat, bad, "m", &ToolFormat::HERMES).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param), (400, None));
         }
     }
@@ -767,7 +777,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "42"}
         ], "tools": tools, "tool_choice": "required"}))
         .unwrap();
-        let Prompt::Chat(m) = &p.prompts[0].input else {
+        let Prompt::Chat { messages: m, .. } = &p.prompts[0].input else {
             panic!()
         };
         assert_eq!(m.len(), 4);
@@ -794,6 +804,7 @@ mod tests {
                 .to_string()
                 .as_bytes(),
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap();
         assert_eq!(p.choices(), 4);
@@ -801,12 +812,19 @@ mod tests {
         assert_eq!(p.request(3).sampling.seed, Some(8));
         assert_eq!(p.names[1].prompt, "prompt[1]");
         assert_eq!(p.names[1].top_logprobs, "logprobs");
-        let e = parse(Endpoint::Completions, br#"{"prompt": [[1, 2]]}"#, "m").unwrap_err();
+        let e = parse(
+            Endpoint::Completions,
+            br#"{"prompt": [[1, 2]]}"#,
+            "m",
+            &ToolFormat::HERMES,
+        )
+        .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("prompt[0]"));
         let e = parse(
             Endpoint::Completions,
             br#"{"prompt": "a", "max_completion_tokens": 3}"#,
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
