@@ -2,9 +2,9 @@
 """Tiny synthetic GGUFs for the families with no small real model on PyPI,
 plus what the NumPy reference (families.py) computes on them.
 
-    synthetic_fixtures.py SMOLLM2_GGUF OUT_DIR
+    synthetic_fixtures.py SMOLLM2_GGUF OUT_DIR [CASE...]
 
-For each case writes OUT_DIR/NAME.gguf (random weights at a tiny shape, the
+For each case (all, or the CASEs named) writes OUT_DIR/NAME.gguf (random weights at a tiny shape, the
 family's metadata keys and tensor names, written with `gguf.GGUFWriter`) and
 OUT_DIR/NAME.json (prompt text and ids, and per greedy step the reference's
 chosen token and logits: all of them, or for the 128k vocabulary the top 32
@@ -17,8 +17,10 @@ test time and compares; nothing binary is committed.
 Cases: llama3 (rope_freqs from Llama 3.1's rope_scaling, untied 128k-vocab
 head, F16), mistral_swa (llama + attention.sliding_window, tied, F32),
 qwen2 (QKV bias, NEOX, F16), qwen3 (q/k norms, head_dim != hidden/heads,
-F32), gemma3 (the whole Gemma 3 block with a 6-key window every layer but
-each third, softcap, F32) and gemma3_q8 (the same in Q8_0).
+F32; with Qwen3's chat template from tests/chat_templates/ and a 2048-token
+context, so the OpenAI tests can serve it to check tool calls in a
+template's own format), gemma3 (the whole Gemma 3 block with a 6-key window
+every layer but each third, softcap, F32) and gemma3_q8 (the same in Q8_0).
 """
 import json
 import sys
@@ -61,7 +63,8 @@ CASES = [
     dict(name="qwen2", arch="qwen2", hidden=64, ff=128, layers=2, heads=4, kv=2, head_dim=16,
          theta=1000000.0, dtype="F16", tied=True, bias=True),
     dict(name="qwen3", arch="qwen3", hidden=64, ff=128, layers=2, heads=4, kv=2, head_dim=32,
-         theta=1000000.0, dtype="F32", tied=True, qk_norm=True),
+         theta=1000000.0, dtype="F32", tied=True, qk_norm=True, chat_template="qwen3.jinja",
+         context=2048),
     dict(name="gemma3", arch="gemma3", hidden=64, ff=128, layers=3, heads=2, kv=1, head_dim=48,
          theta=1000000.0, dtype="F32", tied=True, qk_norm=True, post_norms=True, window=6, period=3,
          softcap=30.0),
@@ -88,7 +91,8 @@ def write_case(c, smol, out_dir, rng):
     path = out_dir / f"{c['name']}.gguf"
     w = GGUFWriter(str(path), arch)
     w.add_block_count(c["layers"])
-    w.add_context_length(256)
+    # Room for a chat prompt with tools (the qwen3 case), 256 elsewhere.
+    w.add_context_length(c.get("context", 256))
     w.add_embedding_length(h)
     w.add_feed_forward_length(c["ff"])
     w.add_head_count(c["heads"])
@@ -111,6 +115,9 @@ def write_case(c, smol, out_dir, rng):
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if "chat_template" in c:
+        templates = Path(__file__).resolve().parents[2] / "tests" / "chat_templates"
+        w.add_chat_template((templates / c["chat_template"]).read_text())
 
     qtype = {"F32": GGMLQuantizationType.F32, "F16": GGMLQuantizationType.F16,
              "Q8_0": GGMLQuantizationType.Q8_0}[c["dtype"]]
@@ -168,7 +175,12 @@ def main():
     out_dir = Path(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20240611)
+    only = set(sys.argv[3:])
+    unknown = only - {c["name"] for c in CASES}
+    assert not unknown, f"unknown cases: {sorted(unknown)}"
     for c in CASES:
+        if only and c["name"] not in only:
+            continue
         path, tokens, types, merges = write_case(c, smol, out_dir, rng)
         tok = ByteBPE(tokens[:VOCAB], merges, types[:VOCAB])
         ids = tok.encode(PROMPT)

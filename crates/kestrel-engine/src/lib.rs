@@ -38,7 +38,7 @@ pub use error::{error_chain, EngineError};
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
 pub use request::{
     ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse, Prompt,
-    SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, Usage, MAX_DRAFT,
+    SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall, Usage, MAX_DRAFT,
 };
 pub use validate::{seed_for_request_id, Field};
 

@@ -192,6 +192,12 @@ impl ModelContext {
         &self.inner.tokenizer
     }
 
+    /// The chat template chat prompts are rendered with (`None`: chat
+    /// prompts are rejected).
+    pub fn chat_template(&self) -> Option<&kestrel_model::ChatTemplate> {
+        self.inner.chat_template.as_ref()
+    }
+
     /// The most bytes one token stands for: a prompt of `n` bytes is at
     /// least `n / max_token_bytes` tokens.
     pub fn max_token_bytes(&self) -> usize {
@@ -246,13 +252,14 @@ impl ModelContext {
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
         let template = self.inner.chat_template.as_ref().ok_or_else(|| {
             EngineError::invalid(Field::Messages, "this model has no chat template")
         })?;
         template
-            .render(messages, add_generation_prompt)
+            .render_with_tools(messages, tools, add_generation_prompt)
             .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))
     }
 
@@ -262,7 +269,9 @@ impl ModelContext {
         match prompt {
             Prompt::Text(text) => self.tokenize(text, true),
             // The template writes BOS itself when the model wants it.
-            Prompt::Chat(messages) => self.tokenize(&self.render_chat(messages, true)?, false),
+            Prompt::Chat { messages, tools } => {
+                self.tokenize(&self.render_chat(messages, tools, true)?, false)
+            }
             Prompt::Tokens(ids) => {
                 let vocab = self.vocab_size();
                 match ids.iter().position(|&id| id as usize >= vocab) {

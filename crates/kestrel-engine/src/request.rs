@@ -6,18 +6,34 @@
 //! validated submission once, on the caller's thread, so nothing invalid
 //! is ever queued and the engine thread never re-validates.
 
-pub use kestrel_model::ChatMessage;
+pub use kestrel_model::{ChatMessage, ToolCall};
 
 /// What the model continues.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prompt {
     /// Raw text; BOS is prepended when the model wants one.
     Text(String),
-    /// A conversation, rendered with the model's chat template (generation prompt appended).
-    Chat(Vec<ChatMessage>),
+    /// A conversation, rendered with the model's chat template (generation
+    /// prompt appended). `tools` (OpenAI's `{"type": "function", ...}`
+    /// objects) are given to the template as `tools` when there are any:
+    /// only for templates that render them (`ChatTemplate::tool_syntax`).
+    Chat {
+        messages: Vec<ChatMessage>,
+        tools: Vec<serde_json::Value>,
+    },
     /// Token ids, used as given (no BOS is added); each must be inside the
     /// vocabulary.
     Tokens(Vec<u32>),
+}
+
+impl Prompt {
+    /// A conversation without tools.
+    pub fn chat(messages: Vec<ChatMessage>) -> Self {
+        Prompt::Chat {
+            messages,
+            tools: Vec::new(),
+        }
+    }
 }
 
 /// A structured-output constraint (compiled by llguidance at submission).
@@ -122,7 +138,7 @@ impl GenerateRequest {
 
     /// A chat request with greedy sampling.
     pub fn chat(messages: Vec<ChatMessage>, max_new_tokens: u32) -> Self {
-        Self::new(Prompt::Chat(messages), max_new_tokens)
+        Self::new(Prompt::chat(messages), max_new_tokens)
     }
 
     fn new(input: Prompt, max_new_tokens: u32) -> Self {

@@ -224,7 +224,7 @@ pub(crate) fn validate(
     if prompt.is_empty() {
         let field = match req.input {
             Prompt::Text(_) | Prompt::Tokens(_) => Field::Prompt,
-            Prompt::Chat(_) => Field::Messages,
+            Prompt::Chat { .. } => Field::Messages,
         };
         return bad(field, "renders to no tokens");
     }
@@ -446,7 +446,7 @@ fn check_prompt_shape(input: &Prompt) -> Result<()> {
         Prompt::Text(_) => Ok(()),
         Prompt::Tokens(ids) if ids.is_empty() => bad(Field::Prompt, "must not be empty"),
         Prompt::Tokens(_) => Ok(()),
-        Prompt::Chat(messages) => {
+        Prompt::Chat { messages, .. } => {
             if messages.is_empty() {
                 return bad(Field::Messages, "must not be empty");
             }
@@ -481,9 +481,21 @@ fn check_prompt_size(input: &Prompt, limits: &Limits<'_>) -> Result<()> {
     let (field, bytes) = match input {
         Prompt::Text(text) => (Field::Prompt, text.len()),
         Prompt::Tokens(_) => return Ok(()),
-        Prompt::Chat(messages) => (
+        // Calls and tools are rendered too; their JSON length bounds
+        // their share of the prompt.
+        Prompt::Chat { messages, tools } => (
             Field::Messages,
-            messages.iter().map(|m| m.content.len()).sum(),
+            messages
+                .iter()
+                .map(|m| {
+                    m.content.len()
+                        + m.tool_calls
+                            .iter()
+                            .map(|c| c.name.len() + c.arguments.to_string().len())
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
+                + tools.iter().map(|t| t.to_string().len()).sum::<usize>(),
         ),
     };
     let fits = limits
@@ -787,10 +799,10 @@ mod tests {
             Field::Prompt
         );
         assert_eq!(
-            field_of(check_prompt_shape(&Prompt::Chat(vec![]))).0,
+            field_of(check_prompt_shape(&Prompt::chat(vec![]))).0,
             Field::Messages
         );
-        let (f, msg) = field_of(check_prompt_shape(&Prompt::Chat(vec![
+        let (f, msg) = field_of(check_prompt_shape(&Prompt::chat(vec![
             ChatMessage::user("hi"),
             ChatMessage::new("wizard", "x"),
         ])));
@@ -801,7 +813,7 @@ mod tests {
         );
         let many = vec![ChatMessage::user("x"); MAX_CHAT_MESSAGES + 1];
         assert_eq!(
-            field_of(check_prompt_shape(&Prompt::Chat(many))),
+            field_of(check_prompt_shape(&Prompt::chat(many))),
             (
                 Field::Messages,
                 "must have at most 1024 entries, got 1025".into()

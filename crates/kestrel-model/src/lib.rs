@@ -30,7 +30,7 @@ pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ToolCall, ToolSyntax};
 pub use config::{
     llama3_rope_freq_factors, Activation, ArchFeatures, LayerRope, ModelConfig, RopeStyle,
     SlidingWindow,

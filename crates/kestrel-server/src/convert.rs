@@ -46,7 +46,7 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
         }
         Some(Input::Prompt(text)) => Prompt::Text(text),
         Some(Input::PromptTokens(tokens)) => Prompt::Tokens(tokens.ids),
-        Some(Input::Chat(chat)) => Prompt::Chat(
+        Some(Input::Chat(chat)) => Prompt::chat(
             chat.messages
                 .into_iter()
                 .map(|m| ChatMessage::new(m.role, m.content))
@@ -350,7 +350,7 @@ mod tests {
             ..base()
         })
         .unwrap();
-        assert_eq!(r.input, Prompt::Chat(vec![ChatMessage::user("hi")]));
+        assert_eq!(r.input, Prompt::chat(vec![ChatMessage::user("hi")]));
         assert_eq!(
             r.constraint,
             Some(Constraint::Choice(vec!["a".into(), "b".into()]))

@@ -342,8 +342,14 @@ async fn required_tool_call_parses_and_validates() {
     assert_eq!(calls[0]["function"]["name"], "get_weather");
     let unary_args = calls[0]["function"]["arguments"].as_str().unwrap();
     check_weather_args(unary_args);
+    // Compact: no whitespace outside strings (SmolLM2's template renders no
+    // tools, so this is Kestrel's Hermes format).
+    let parsed: Value = serde_json::from_str(unary_args).unwrap();
+    assert_eq!(serde_json::to_string(&parsed).unwrap(), unary_args);
 
-    // Streamed: the call arrives as a tool_calls delta, same arguments.
+    // Streamed, in OpenAI's delta shape: the first delta of the call has
+    // its index, id, type, name and empty arguments; the next ones its
+    // index and argument fragments, which add up to the same arguments.
     body["stream"] = json!(true);
     let chunks = SseStream::open(addr, "/v1/chat/completions", &body)
         .await
@@ -352,10 +358,27 @@ async fn required_tool_call_parses_and_validates() {
     let deltas: Vec<&Value> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+        .map(|d| {
+            assert_eq!(d.as_array().unwrap().len(), 1, "{d}");
+            &d[0]
+        })
         .collect();
-    assert_eq!(deltas.len(), 1, "{chunks:?}");
-    assert_eq!(deltas[0][0]["index"], 0);
-    assert_eq!(deltas[0][0]["function"]["arguments"], unary_args);
+    assert!(deltas.len() >= 2, "{chunks:?}");
+    let first = deltas[0];
+    assert_eq!(first["index"], 0);
+    assert!(first["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(first["type"], "function");
+    assert_eq!(first["function"]["name"], "get_weather");
+    assert_eq!(first["function"]["arguments"], "");
+    let mut streamed_args = String::new();
+    for d in &deltas[1..] {
+        let keys: Vec<&str> = d.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["index", "function"], "{d}");
+        assert_eq!(d["index"], 0);
+        assert_eq!(d["function"].as_object().unwrap().len(), 1, "{d}");
+        streamed_args.push_str(d["function"]["arguments"].as_str().unwrap());
+    }
+    assert_eq!(streamed_args, unary_args);
     let (_, finish, _) = stream_content(&chunks);
     assert_eq!(finish[0].as_deref(), Some("tool_calls"));
 
@@ -577,6 +600,161 @@ async fn min_tokens_holds_eos_and_stop_strings_back() {
     assert_eq!(c["finish_reason"], "stop", "{v}");
     assert!(usage(&v) >= 6, "{v}");
     assert!(c["text"].as_str().unwrap().contains(','), "{v}");
+}
+
+/// The synthetic Qwen3 GGUF of `scripts/reference/synthetic_fixtures.py`
+/// (random weights, SmolLM2's tokenizer cut to 1024 tokens, Qwen3's chat
+/// template), written into a fresh directory; `None` (skipped, saying so)
+/// when `$KESTREL_PYTHON` lacks its packages and `KESTREL_REQUIRE_PYTHON`
+/// is not set.
+fn synthetic_qwen3() -> Option<std::path::PathBuf> {
+    use std::process::Command;
+    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_deps = Command::new(&python)
+        .args(["-c", "import gguf, numpy, regex"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_deps {
+        assert!(
+            std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
+            "KESTREL_REQUIRE_PYTHON is set but {python} cannot import gguf, numpy and regex"
+        );
+        eprintln!(
+            "SKIPPED the Qwen3-template tool test: {python} cannot import gguf, numpy and regex"
+        );
+        return None;
+    }
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
+    let dir = std::env::temp_dir().join(format!("kestrel-openai-qwen3-{}", std::process::id()));
+    let out = Command::new(&python)
+        .arg(repo.join("scripts/reference/synthetic_fixtures.py"))
+        .arg(&smol)
+        .arg(&dir)
+        .arg("qwen3")
+        .output()
+        .expect("run synthetic_fixtures.py");
+    assert!(
+        out.status.success(),
+        "synthetic_fixtures.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir.join("qwen3.gguf"))
+}
+
+/// A model whose template renders tools gets them from the template, and
+/// its calls, in that template's format, come back parsed: Qwen3's
+/// template on a tiny random-weight model (the grammar makes any model's
+/// call valid).
+#[test]
+fn a_qwen3_template_renders_the_tools_and_its_calls_parse() {
+    let Some(gguf) = synthetic_qwen3() else {
+        return;
+    };
+    let server = common::start_server(kestrel_engine::EngineConfig {
+        model: kestrel_engine::ModelSource::Path(gguf),
+        ..kestrel_engine::EngineConfig::default()
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let question = "What is the weather in Paris?";
+        let body = json!({
+            "messages": [{"role": "user", "content": question}],
+            "tools": weather_tools(),
+            "tool_choice": "required",
+            "parallel_tool_calls": false,
+            "max_tokens": 400,
+            "temperature": 0,
+        });
+        let v = post(server.http_addr, "/v1/chat/completions", &body)
+            .await
+            .json();
+        // The prompt is the template's own rendering with the tools (its
+        // "# Tools" block), not Kestrel's Hermes system prompt.
+        let template = kestrel_model::ChatTemplate::new(
+            include_str!("../../../tests/chat_templates/qwen3.jinja"),
+            "",
+            "<|im_end|>",
+        )
+        .unwrap();
+        let tools = weather_tools().as_array().unwrap().clone();
+        let want = template
+            .render_with_tools(&[kestrel_model::ChatMessage::user(question)], &tools, true)
+            .unwrap();
+        assert!(want.contains("# Tools\n\nYou may call one or more functions"));
+        let prompt_tokens = server.engine.tokenize(&want, false).unwrap().len();
+        assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens, "{v}");
+
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        check_weather_args(calls[0]["function"]["arguments"].as_str().unwrap());
+
+        // The call and its result go back through the template.
+        let follow = json!({
+            "messages": [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": null, "tool_calls": [calls[0]]},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "21 C"}
+            ],
+            "tools": weather_tools(),
+            "max_tokens": 4,
+            "temperature": 0,
+        });
+        let v = post(server.http_addr, "/v1/chat/completions", &follow)
+            .await
+            .json();
+        assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
+    });
+}
+
+/// A call cut by `max_tokens` is not lost: its text is the content, the
+/// finish reason `length`, unary and streamed alike.
+#[tokio::test]
+async fn a_tool_call_cut_by_max_tokens_is_content() {
+    let addr = shared_server().http_addr;
+    let mut body = chat_body("What is the weather in Paris?", 80);
+    body["tools"] = weather_tools();
+    body["tool_choice"] = json!("required");
+    body["parallel_tool_calls"] = json!(false);
+    let whole = post(addr, "/v1/chat/completions", &body).await.json();
+    assert_eq!(
+        whole["choices"][0]["finish_reason"], "tool_calls",
+        "{whole}"
+    );
+    // Greedy: half the tokens are a prefix of the same call, cut inside it.
+    let half = whole["usage"]["completion_tokens"].as_u64().unwrap() / 2;
+    assert!(half > 8, "{whole}");
+    body["max_tokens"] = json!(half);
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{v}");
+    assert!(c["message"].get("tool_calls").is_none(), "{v}");
+    let content = c["message"]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("<tool_call>\n{\"name\":\"get_weather\",\"arguments\":"),
+        "{v}"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], half);
+
+    // Cut before the call's JSON begins: still the text, never empty.
+    body["max_tokens"] = json!(2);
+    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{v}");
+    assert!(!c["message"]["content"].as_str().unwrap().is_empty(), "{v}");
+    body["max_tokens"] = json!(half);
+
+    body["stream"] = json!(true);
+    let chunks = SseStream::open(addr, "/v1/chat/completions", &body)
+        .await
+        .collect()
+        .await;
+    let (text, finish, _) = stream_content(&chunks);
+    assert_eq!(finish[0].as_deref(), Some("length"));
+    assert_eq!(text[0], content);
 }
 
 #[tokio::test]

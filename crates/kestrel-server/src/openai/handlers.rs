@@ -29,7 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
 use super::request::{Endpoint, Plan};
-use super::tools::{self, CallSplitter, ParsedCall, Piece};
+use super::tools::{self, CallSplitter, Piece, Split};
 use super::App;
 
 /// Seconds since the Unix epoch (OpenAI's `created`).
@@ -107,7 +107,7 @@ fn echoes(app: &App, plan: &Plan) -> Result<Vec<String>, ApiError> {
                 .detokenize(ids, false)
                 .map_err(|e| ApiError::engine(&e, names)),
             // `echo` is a completions field; chat prompts never echo.
-            Prompt::Chat(_) => Ok(String::new()),
+            Prompt::Chat { .. } => Ok(String::new()),
         })
         .collect()
 }
@@ -241,20 +241,42 @@ fn response_body(
     })
 }
 
+/// A chat choice. With tools, whole calls are `tool_calls`; a call the
+/// output was cut inside of (by `max_tokens`) is content, and the finish
+/// reason is then the engine's (`length`), never `tool_calls`.
 fn chat_choice(plan: &Plan, index: usize, r: &GenerateResponse) -> Value {
-    let (content, calls) = match &plan.tools {
-        Some(t) => tools::split(&t.choice, &r.text),
-        None => (r.text.clone(), Vec::new()),
+    let Split {
+        mut content,
+        calls,
+        unfinished,
+    } = match &plan.tools {
+        Some(t) => tools::split(t, &r.text),
+        None => Split {
+            content: r.text.clone(),
+            ..Split::default()
+        },
     };
+    content.push_str(&unfinished);
     let mut message = json!({"role": "assistant", "content": content});
-    let finish = if calls.is_empty() {
-        finish_reason(r.finish_reason)
-    } else {
+    if !calls.is_empty() {
         if content.is_empty() {
             message["content"] = Value::Null;
         }
-        message["tool_calls"] = calls.iter().map(|c| tool_call(c, None)).collect();
+        message["tool_calls"] = calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": new_id("call_"),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })
+            })
+            .collect();
+    }
+    let finish = if !calls.is_empty() && unfinished.is_empty() {
         "tool_calls"
+    } else {
+        finish_reason(r.finish_reason)
     };
     json!({
         "index": index,
@@ -262,19 +284,6 @@ fn chat_choice(plan: &Plan, index: usize, r: &GenerateResponse) -> Value {
         "logprobs": if plan.logprobs { chat_logprobs(&r.logprobs) } else { Value::Null },
         "finish_reason": finish,
     })
-}
-
-/// A tool call in OpenAI's shape; `index` is set in stream deltas.
-fn tool_call(c: &ParsedCall, index: Option<usize>) -> Value {
-    let mut v = json!({
-        "id": new_id("call_"),
-        "type": "function",
-        "function": {"name": c.name, "arguments": c.arguments},
-    });
-    if let Some(i) = index {
-        v["index"] = json!(i);
-    }
-    v
 }
 
 /// Chat-form logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
@@ -317,8 +326,10 @@ struct ChoiceStream {
     pending_logprobs: Vec<TokenLogprob>,
     /// Completions-form text offset.
     offset: usize,
-    /// Tool calls sent so far (the next one's `index`).
+    /// Tool calls begun so far (the next one's `index`).
     calls_sent: usize,
+    /// The output ended inside a call (sent as content).
+    cut: bool,
 }
 
 /// Feeds a stream's events to `tx` as chunks. Returns (dropping the engine
@@ -339,10 +350,11 @@ async fn pump(
     );
     let mut states: Vec<ChoiceStream> = (0..plan.choices())
         .map(|_| ChoiceStream {
-            splitter: plan.tools.as_ref().map(|t| CallSplitter::new(&t.choice)),
+            splitter: plan.tools.as_ref().map(CallSplitter::new),
             pending_logprobs: Vec::new(),
             offset: 0,
             calls_sent: 0,
+            cut: false,
         })
         .collect();
     let chunker = Chunker {
@@ -507,14 +519,30 @@ impl Chunker<'_> {
         self.pieces(index, state, pieces)
     }
 
+    /// Chunks for what the splitter released, in OpenAI's delta shapes: a
+    /// call's first delta carries its index, id, type, name and empty
+    /// arguments; the next ones its index and argument fragments.
     fn pieces(&self, index: usize, state: &mut ChoiceStream, pieces: Vec<Piece>) -> Vec<Value> {
         let mut out = Vec::with_capacity(pieces.len());
         for p in pieces {
             let delta = match p {
                 Piece::Text(t) => json!({ "content": t }),
-                Piece::Call(c) => {
+                Piece::CallStart(name) => {
                     state.calls_sent += 1;
-                    json!({ "tool_calls": [tool_call(&c, Some(state.calls_sent - 1))] })
+                    json!({"tool_calls": [{
+                        "index": state.calls_sent - 1,
+                        "id": new_id("call_"),
+                        "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }]})
+                }
+                Piece::Args(a) => json!({"tool_calls": [{
+                    "index": state.calls_sent.saturating_sub(1),
+                    "function": {"arguments": a},
+                }]}),
+                Piece::Unfinished { text, .. } => {
+                    state.cut = true;
+                    json!({ "content": text })
                 }
             };
             let lp = self.take_logprobs(state);
@@ -544,7 +572,7 @@ impl Chunker<'_> {
             .map(CallSplitter::finish)
             .unwrap_or_default();
         let mut out = self.pieces(index, state, rest);
-        let reason = if state.calls_sent > 0 {
+        let reason = if state.calls_sent > 0 && !state.cut {
             "tool_calls"
         } else {
             reason

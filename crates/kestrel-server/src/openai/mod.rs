@@ -69,6 +69,8 @@ struct App {
     /// When the server started (the model's `created`).
     created: u64,
     max_body_bytes: usize,
+    /// How the model writes tool calls (read from its chat template once).
+    tool_format: tools::ToolFormat,
 }
 
 /// The API's routes over `engine`, for callers that serve them themselves.
@@ -77,7 +79,9 @@ pub fn router(engine: Engine, options: &HttpOptions) -> Router {
         .served_model_name
         .clone()
         .unwrap_or_else(|| engine.model_info().name);
+    let tool_format = tools::ToolFormat::of_model(engine.model());
     let app = Arc::new(App {
+        tool_format,
         engine,
         model_id,
         created: handlers::unix_now(),
@@ -137,7 +141,7 @@ async fn generate(app: &App, endpoint: Endpoint, raw: Result<Bytes, BytesRejecti
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match request::parse(endpoint, &bytes, &app.model_id) {
+    match request::parse(endpoint, &bytes, &app.model_id, &app.tool_format) {
         Ok(plan) => handlers::run(app, plan).await,
         Err(e) => e.into_response(),
     }

@@ -12,13 +12,13 @@
 //! format. Pure, no I/O.
 
 use kestrel_engine::{
-    ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation,
+    ChatMessage, Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation, ToolCall,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::{ApiError, ParamNames};
-use super::tools::{self, ToolSet};
+use super::tools::{self, ToolFormat, ToolSet};
 
 /// Most choices per prompt (`n`).
 pub const MAX_N: u32 = 16;
@@ -109,8 +109,14 @@ impl Fields {
     }
 }
 
-/// Parses a request body for `endpoint`; `served` is the model id served.
-pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiError> {
+/// Parses a request body for `endpoint`; `served` is the model id served,
+/// `tool_format` how it writes tool calls.
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    served: &str,
+    tool_format: &ToolFormat,
+) -> Result<Plan, ApiError> {
     let mut f = Fields::parse(body)?;
     if let Some(model) = f.take::<String>("model")? {
         if model != served {
@@ -270,7 +276,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
 
     let constraint = constraint(&mut f)?;
     let tools = match endpoint {
-        Endpoint::Chat => chat_tools(&mut f)?,
+        Endpoint::Chat => chat_tools(&mut f, tool_format)?,
         Endpoint::Completions => None,
     };
     let constraint = match (&tools, constraint) {
@@ -296,9 +302,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], served: &str) -> Result<Plan, ApiE
             let messages = f
                 .raw("messages")
                 .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
-            let (messages, offset) = chat_messages(messages, tools.as_ref())?;
+            let (prompt, offset) =
+                tools::prepare(tool_format, chat_messages(messages)?, tools.as_ref());
             names.message_offset = offset;
-            vec![(Prompt::Chat(messages), "messages".into())]
+            vec![(prompt, "messages".into())]
         }
         Endpoint::Completions => prompts(
             f.raw("prompt")
@@ -406,12 +413,12 @@ fn ignored(f: &mut Fields, endpoint: Endpoint) -> Result<(), ApiError> {
 /// The chat's tools: `tools` / `tool_choice`, or the legacy `functions` /
 /// `function_call` mapped onto them (one `ToolSet` either way; errors name
 /// the legacy parameters). The two forms do not mix.
-fn chat_tools(f: &mut Fields) -> Result<Option<ToolSet>, ApiError> {
+fn chat_tools(f: &mut Fields, format: &ToolFormat) -> Result<Option<ToolSet>, ApiError> {
     let parallel = f.take("parallel_tool_calls")?;
     let (tools, choice) = (f.raw("tools"), f.raw("tool_choice"));
     let (functions, function_call) = (f.raw("functions"), f.raw("function_call"));
     if functions.is_none() && function_call.is_none() {
-        return tools::parse(tools, choice, parallel);
+        return tools::parse(tools, choice, parallel, format);
     }
     if tools.is_some() || choice.is_some() {
         let (param, other) = match (&functions, &tools) {
@@ -453,7 +460,7 @@ fn chat_tools(f: &mut Fields) -> Result<Option<ToolSet>, ApiError> {
             ))
         }
     };
-    tools::parse(Some(Value::Array(tools)), choice, parallel).map_err(legacy_names)
+    tools::parse(Some(Value::Array(tools)), choice, parallel, format).map_err(legacy_names)
 }
 
 /// Respells an error about the tools built from `functions` the legacy way:
@@ -685,8 +692,8 @@ struct WireMessage {
     tool_calls: Option<Vec<WireToolCall>>,
     #[serde(default, rename = "name")]
     _name: Option<String>,
-    #[serde(default, rename = "tool_call_id")]
-    _tool_call_id: Option<String>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
     #[serde(default, rename = "refusal")]
     _refusal: Option<Value>,
     #[serde(default, rename = "annotations")]
@@ -699,6 +706,8 @@ struct WireMessage {
 
 #[derive(serde::Deserialize)]
 struct WireToolCall {
+    #[serde(default)]
+    id: Option<String>,
     function: WireFunctionCall,
 }
 
@@ -708,14 +717,9 @@ struct WireFunctionCall {
     arguments: String,
 }
 
-/// Maps `messages` onto chat messages. With tools, a system prompt that
-/// describes them comes first (merged into the client's own system
-/// message when there is one); the returned offset is how many messages
-/// were put in front of the client's.
-pub(super) fn chat_messages(
-    v: Value,
-    tools: Option<&ToolSet>,
-) -> Result<(Vec<ChatMessage>, usize), ApiError> {
+/// Maps `messages` onto chat messages, calls and results kept structured
+/// ([`tools::prepare`] writes them in the model's format).
+pub(super) fn chat_messages(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
@@ -724,7 +728,7 @@ pub(super) fn chat_messages(
         let param = format!("messages[{i}]");
         let m: WireMessage = serde_json::from_value(m)
             .map_err(|e| ApiError::invalid(param.clone(), format!("{param}: {e}")))?;
-        let mut content = match m.content {
+        let content = match m.content {
             None => String::new(),
             Some(c) => content_text(c, &param)?,
         };
@@ -735,36 +739,28 @@ pub(super) fn chat_messages(
             "function" => "tool".to_string(),
             _ => m.role,
         };
-        if role == "tool" {
-            content = tools::render_result(&content);
-        }
-        let calls = m
+        let tool_calls = m
             .tool_calls
             .unwrap_or_default()
             .into_iter()
-            .map(|c| c.function);
-        for call in calls.chain(m.function_call) {
-            if !content.is_empty() {
-                content.push('\n');
-            }
-            content.push_str(&tools::render_call(&call.name, &call.arguments));
-        }
-        out.push(ChatMessage::new(role, content));
+            .map(|c| (c.id, c.function))
+            // The legacy `function_call` is one more call.
+            .chain(m.function_call.map(|f| (None, f)))
+            .enumerate()
+            .map(|(j, (id, function))| ToolCall {
+                // Templates that show ids need one; a client may omit it.
+                id: id.unwrap_or_else(|| format!("call_{i}_{j}")),
+                name: function.name,
+                arguments: tools::arguments_value(&function.arguments),
+            })
+            .collect();
+        out.push(ChatMessage {
+            tool_calls,
+            tool_call_id: m.tool_call_id,
+            ..ChatMessage::new(role, content)
+        });
     }
-    let Some(tools) = tools else {
-        return Ok((out, 0));
-    };
-    let prompt = tools.system_prompt();
-    match out.first_mut() {
-        Some(first) if first.role == "system" => {
-            first.content = format!("{}\n\n{prompt}", first.content);
-            Ok((out, 0))
-        }
-        _ => {
-            out.insert(0, ChatMessage::system(prompt));
-            Ok((out, 1))
-        }
-    }
+    Ok(out)
 }
 
 /// Message content: a string, or text content parts joined.
@@ -814,7 +810,12 @@ mod tests {
     use serde_json::json;
 
     fn chat(body: Value) -> Result<Plan, ApiError> {
-        parse(Endpoint::Chat, body.to_string().as_bytes(), "m")
+        parse(
+            Endpoint::Chat,
+            body.to_string().as_bytes(),
+            "m",
+            &ToolFormat::HERMES,
+        )
     }
 
     fn user() -> Value {
@@ -841,7 +842,7 @@ mod tests {
         let mut bias = r.sampling.logit_bias.clone();
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
-        assert_eq!(r.input, Prompt::Chat(vec![ChatMessage::user("hi")]));
+        assert_eq!(r.input, Prompt::chat(vec![ChatMessage::user("hi")]));
         assert!(p.stream && p.include_usage && p.logprobs);
         assert_eq!(p.choices(), 3);
         assert_eq!(p.names[0].max_tokens, Some("max_completion_tokens"));
@@ -871,8 +872,14 @@ mod tests {
             param(base(json!({"frobnicate": 1}))).as_deref(),
             Some("frobnicate")
         );
-        let completions =
-            |body: Value| parse(Endpoint::Completions, body.to_string().as_bytes(), "m");
+        let completions = |body: Value| {
+            parse(
+                Endpoint::Completions,
+                body.to_string().as_bytes(),
+                "m",
+                &ToolFormat::HERMES,
+            )
+        };
         assert!(
             !completions(json!({"prompt": "hi", "echo": false}))
                 .unwrap()
@@ -922,7 +929,7 @@ mod tests {
         let e = chat(json!({"model": "gpt-4", "messages": user()})).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
         for bad in [&b"{"[..], b"[1]", b"", b"{\"temperature\": NaN}"] {
-            let e = parse(Endpoint::Chat, bad, "m").unwrap_err();
+            let e = parse(Endpoint::Chat, bad, "m", &ToolFormat::HERMES).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param), (400, None));
         }
     }
@@ -954,7 +961,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "c1", "content": "42"}
         ], "tools": tools, "tool_choice": "required"}))
         .unwrap();
-        let Prompt::Chat(m) = &p.prompts[0].input else {
+        let Prompt::Chat { messages: m, .. } = &p.prompts[0].input else {
             panic!()
         };
         assert_eq!(m.len(), 4);
@@ -989,6 +996,7 @@ mod tests {
             Endpoint::Completions,
             br#"{"prompt": "a", "user": "u", "suffix": "", "best_of": 1, "min_tokens": 2}"#,
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap();
         assert_eq!(c.request(0).min_tokens, 2);
@@ -1047,6 +1055,7 @@ mod tests {
             Endpoint::Completions,
             br#"{"prompt": "a", "suffix": "b"}"#,
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("suffix"));
@@ -1055,6 +1064,7 @@ mod tests {
             Endpoint::Completions,
             br#"{"prompt": "a", "metadata": {}}"#,
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("metadata"));
@@ -1128,6 +1138,7 @@ mod tests {
                 .to_string()
                 .as_bytes(),
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap();
         assert_eq!(p.choices(), 4);
@@ -1136,7 +1147,7 @@ mod tests {
         assert_eq!(p.names[1].prompt, "prompt[1]");
         assert_eq!(p.names[1].top_logprobs, "logprobs");
         let tokens = |body: &[u8]| {
-            parse(Endpoint::Completions, body, "m").map(|p| {
+            parse(Endpoint::Completions, body, "m", &ToolFormat::HERMES).map(|p| {
                 p.prompts
                     .into_iter()
                     .map(|r| r.input)
@@ -1171,6 +1182,7 @@ mod tests {
             Endpoint::Completions,
             br#"{"prompt": "a", "max_completion_tokens": 3}"#,
             "m",
+            &ToolFormat::HERMES,
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));

@@ -17,12 +17,18 @@ use serde_json::json;
 
 use super::error::{json_response, ApiError, ParamNames};
 use super::request::{chat_messages, Fields};
+use super::tools::{self, ToolFormat};
 use super::App;
 
 /// What to tokenize.
 enum Input {
     Text(String),
-    Chat(Vec<kestrel_engine::ChatMessage>),
+    /// A conversation as a chat request renders it (tool calls and results
+    /// in the model's format).
+    Chat {
+        messages: Vec<kestrel_engine::ChatMessage>,
+        tools: Vec<serde_json::Value>,
+    },
 }
 
 /// A tokenize request after its fields were taken.
@@ -40,7 +46,11 @@ fn check_model(f: &mut Fields, served: &str) -> Result<(), ApiError> {
     }
 }
 
-fn parse_tokenize(body: &[u8], served: &str) -> Result<TokenizeRequest, ApiError> {
+fn parse_tokenize(
+    body: &[u8],
+    served: &str,
+    format: &ToolFormat,
+) -> Result<TokenizeRequest, ApiError> {
     let mut f = Fields::parse(body)?;
     check_model(&mut f, served)?;
     let return_token_strs = f.take::<bool>("return_token_strs")?.unwrap_or(false);
@@ -66,7 +76,10 @@ fn parse_tokenize(body: &[u8], served: &str) -> Result<TokenizeRequest, ApiError
             return_token_strs,
         },
         (None, Some(messages)) => TokenizeRequest {
-            input: Input::Chat(chat_messages(messages, None)?.0),
+            input: match tools::prepare(format, chat_messages(messages)?, None).0 {
+                kestrel_engine::Prompt::Chat { messages, tools } => Input::Chat { messages, tools },
+                _ => unreachable!("tools::prepare always makes a chat prompt"),
+            },
             // The chat template writes BOS itself.
             add_special_tokens: f.take::<bool>("add_special_tokens")?.unwrap_or(false),
             add_generation_prompt: f.take::<bool>("add_generation_prompt")?.unwrap_or(true),
@@ -81,7 +94,7 @@ fn parse_tokenize(body: &[u8], served: &str) -> Result<TokenizeRequest, ApiError
 fn tokenize_error(e: &EngineError, input: &Input) -> ApiError {
     let prompt = match input {
         Input::Text(_) => "prompt",
-        Input::Chat(_) => "messages",
+        Input::Chat { .. } => "messages",
     };
     let names = ParamNames {
         max_tokens: None,
@@ -101,7 +114,7 @@ fn tokenize_error(e: &EngineError, input: &Input) -> ApiError {
 }
 
 pub(super) async fn tokenize(app: &App, body: &[u8]) -> Response {
-    let req = match parse_tokenize(body, &app.model_id) {
+    let req = match parse_tokenize(body, &app.model_id, &app.tool_format) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -110,9 +123,9 @@ pub(super) async fn tokenize(app: &App, body: &[u8]) -> Response {
     let run = move || {
         let ids = match &req.input {
             Input::Text(text) => engine.tokenize(text, req.add_special_tokens),
-            Input::Chat(messages) => engine
+            Input::Chat { messages, tools } => engine
                 .model()
-                .render_chat(messages, req.add_generation_prompt)
+                .render_chat(messages, tools, req.add_generation_prompt)
                 .and_then(|text| engine.tokenize(&text, req.add_special_tokens)),
         }
         .map_err(|e| tokenize_error(&e, &req.input))?;
