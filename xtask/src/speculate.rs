@@ -20,7 +20,6 @@ use anyhow::{bail, Context as _};
 
 use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cpu::Numerics;
 
 use crate::bench::NumericsArg;
 use kestrel_pipeline::{
@@ -50,7 +49,7 @@ pub struct SpeculateArgs {
     #[arg(long, value_enum, default_value_t = Mode::Pipelined)]
     mode: Mode,
     /// CPU matmul numerics.
-    #[arg(long, value_enum, default_value_t = NumericsArg::Exact)]
+    #[arg(long, value_enum, default_value_t = NumericsArg::Fast)]
     numerics: NumericsArg,
     /// Smoke run (CI): one stream, 24 tokens, 4 drafts, one repetition,
     /// built in the test profile `cargo test` already built.
@@ -128,10 +127,7 @@ pub fn main(mut args: SpeculateArgs) -> anyhow::Result<()> {
             // The streams share their prompt: prefilled once, decoding
             // starts together.
             enable_prefix_cache: true,
-            numerics: match args.numerics {
-                NumericsArg::Exact => Numerics::Exact,
-                NumericsArg::Fast => Numerics::Fast,
-            },
+            numerics: args.numerics.into(),
             ..CpuRuntimeConfig::default()
         },
     )

@@ -1,7 +1,8 @@
 //! Full forward-step benches on SmolLM2-135M's shape with random weights
 //! (Q4_1 layers, Q8_0 tied embeddings): a decode step at batch 1, 8 and 32
 //! (each sequence at position 127 over non-contiguous 16-token pages) and a
-//! 128-token prefill. tokens/s = batch / step time.
+//! 128-token prefill, in the default numerics (fast). tokens/s = batch /
+//! step time.
 
 mod common;
 

@@ -32,8 +32,8 @@ pub struct CpuModelOptions {
     /// best detected; a forced ISA the CPU lacks fails [`CpuModel::new`]).
     /// All give identical bits.
     pub isa: Option<Isa>,
-    /// Exact f32 matmuls (the default), or int8 activations for the
-    /// quantized weights ([`Numerics::Fast`]).
+    /// Int8 activations for the quantized weights ([`Numerics::Fast`], the
+    /// default), or exact f32 matmuls ([`Numerics::Exact`]).
     pub numerics: Numerics,
 }
 

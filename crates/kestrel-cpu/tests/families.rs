@@ -16,7 +16,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kestrel_cpu::{CpuModel, CpuModelOptions};
+use kestrel_cpu::{CpuModel, CpuModelOptions, Numerics};
 
 /// f32 Rust vs f32 NumPy on tiny random models: summation order only.
 const LOGIT_ATOL: f32 = 5e-4;
@@ -91,6 +91,8 @@ fn check_case(dir: &Path, name: &str) -> f32 {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
+            // The f32 NumPy reference's numbers: exact numerics.
+            numerics: Numerics::Exact,
             ..Default::default()
         },
     )

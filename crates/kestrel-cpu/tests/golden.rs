@@ -1,4 +1,5 @@
-//! The real models against their f32 NumPy reference golden files: for
+//! The real models in exact numerics (`Numerics::Exact`, not the default
+//! fast) against their f32 NumPy reference golden files: for
 //! every prompt, prefill then greedy decode must give the reference's
 //! greedy ids exactly and top-5 logits within the file's
 //! `logit_atol_f32_activations`.
@@ -174,7 +175,7 @@ fn fast_agreement(path: &Path, golden: &str) -> Vec<FastAgreement> {
 /// Fast numerics on Gemma 3 270M Q4_K_M (Q5_0 / Q4_K / Q6_K / Q8_0 weights,
 /// all on the int8 path): every golden prompt's greedy ids must be the f32
 /// reference's at least up to its first near tie ([`NEAR_TIE`]). Not exact
-/// (the golden tests above run the default `Exact`); the agreement and the
+/// (the golden tests above run `Exact`); the agreement and the
 /// logit gaps are printed.
 #[test]
 fn gemma3_fast_numerics_follows_the_reference() {

@@ -15,7 +15,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kestrel_cpu::{CpuModel, CpuModelOptions};
+use kestrel_cpu::{CpuModel, CpuModelOptions, Numerics};
 use kestrel_model::gguf::write_gguf;
 use kestrel_model::{default_model_path, DType, GgufFile, GgufValue, Matrix};
 
@@ -143,6 +143,8 @@ fn q4_k_m_requantized_default_model_matches_numpy_reference() {
         loaded.weights,
         CpuModelOptions {
             threads: 2,
+            // The f32 NumPy reference's numbers: exact numerics.
+            numerics: Numerics::Exact,
             ..Default::default()
         },
     )

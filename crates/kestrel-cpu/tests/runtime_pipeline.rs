@@ -1,6 +1,7 @@
 //! The CPU runtime driven by the real pipeline loop: blocking and pipelined
 //! modes (both prefill policies) give identical tokens; a request gives the
-//! same tokens alone and in a batch; the real default model reproduces the
+//! same tokens alone and in a batch, on 1 and 2 threads, in the default
+//! (fast) numerics; the real default model in exact numerics reproduces the
 //! f32 NumPy reference's greedy tokens through the whole stack; step
 //! timings come back through the `Executor` trait, one per step, in order;
 //! calls that break the slot protocol are refused with kestrel-kv's typed
@@ -9,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
+use kestrel_cpu::Numerics;
 use kestrel_kv::LedgerError;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
@@ -54,6 +56,20 @@ fn run(
     run_in(weights, jobs, mode, policy, eos, (512, 16)).0
 }
 
+/// The runtime [`run`] uses: 2 threads, 16 rows, 7-row forwards, the
+/// default numerics, in a KV cache of `(pages, page size)`.
+fn runtime_config((num_pages, page_size): (usize, usize)) -> CpuRuntimeConfig {
+    CpuRuntimeConfig {
+        threads: 2,
+        max_rows: 16,
+        num_pages,
+        page_size,
+        max_seq_len: 1024,
+        forward_rows: 7,
+        ..Default::default()
+    }
+}
+
 /// [`run`] in a KV cache of `(pages, page size)`; also returns the loop's
 /// counters (preemptions, drafts).
 fn run_in(
@@ -62,21 +78,21 @@ fn run_in(
     mode: PipelineMode,
     policy: PrefillPolicy,
     eos: &[TokenId],
-    (num_pages, page_size): (usize, usize),
+    pages: (usize, usize),
 ) -> (Vec<Vec<TokenId>>, PipelineStats) {
-    let rt = CpuRuntime::new(
-        weights.clone(),
-        CpuRuntimeConfig {
-            threads: 2,
-            max_rows: 16,
-            num_pages,
-            page_size,
-            max_seq_len: 1024,
-            forward_rows: 7,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    run_on(weights, jobs, mode, policy, eos, runtime_config(pages))
+}
+
+/// [`run`] on a runtime configured by `rt_config`.
+fn run_on(
+    weights: &ModelWeights,
+    jobs: &[Job],
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    eos: &[TokenId],
+    rt_config: CpuRuntimeConfig,
+) -> (Vec<Vec<TokenId>>, PipelineStats) {
+    let rt = CpuRuntime::new(weights.clone(), rt_config).unwrap();
     let config = LoopConfig {
         mode,
         prefill_policy: policy,
@@ -285,25 +301,24 @@ fn speculation_emits_the_same_tokens_as_plain_decoding() {
     }
 }
 
+/// In the default numerics (fast: int8 activations for the Q4_1 weights)
+/// a request's tokens are the same alone, batched with others, and on 1
+/// compute thread instead of 2.
 #[test]
-fn batch_invariance_alone_vs_batched() {
+fn batch_and_thread_invariance_in_the_default_numerics() {
+    assert_eq!(CpuRuntimeConfig::default().numerics, Numerics::Fast);
     let w = synthetic_weights(&ModelConfig::tiny(), DType::Q4_1, 9);
     let jobs = tiny_jobs();
-    let batched = run(
-        &w,
-        &jobs,
-        PipelineMode::Pipelined,
-        PrefillPolicy::RideAlong,
-        &[],
-    );
+    let (pm, rp) = (PipelineMode::Pipelined, PrefillPolicy::RideAlong);
+    let batched = run(&w, &jobs, pm, rp, &[]);
+    let one_thread = CpuRuntimeConfig {
+        threads: 1,
+        ..runtime_config((512, 16))
+    };
+    let (batched_1t, _) = run_on(&w, &jobs, pm, rp, &[], one_thread);
+    assert_eq!(batched_1t, batched, "tokens depend on the thread count");
     for (i, job) in jobs.into_iter().enumerate() {
-        let alone = run(
-            &w,
-            std::slice::from_ref(&job),
-            PipelineMode::Pipelined,
-            PrefillPolicy::RideAlong,
-            &[],
-        );
+        let alone = run(&w, std::slice::from_ref(&job), pm, rp, &[]);
         assert_eq!(alone[0], batched[i], "request {i} depends on its batch");
     }
 }
@@ -367,8 +382,9 @@ struct GoldenPrompt {
     greedy_ids: Vec<u32>,
 }
 
-/// The whole stack (pipeline + runtime + forward + sampler), all prompts
-/// batched together in pipelined mode, reproduces the reference's 32 greedy tokens.
+/// The whole stack (pipeline + runtime + forward + sampler) in exact
+/// numerics, all prompts batched together in pipelined mode, reproduces the
+/// f32 reference's 32 greedy tokens.
 #[test]
 fn real_model_matches_reference_greedy_tokens() {
     let path =
@@ -392,12 +408,17 @@ fn real_model_matches_reference_greedy_tokens() {
             speculate: None,
         })
         .collect();
-    let outs = run(
+    let exact = CpuRuntimeConfig {
+        numerics: Numerics::Exact,
+        ..runtime_config((512, 16))
+    };
+    let (outs, _) = run_on(
         &model.weights,
         &jobs,
         PipelineMode::Pipelined,
         PrefillPolicy::RideAlong,
         &[],
+        exact,
     );
     for (p, out) in golden.prompts.iter().zip(&outs) {
         assert_eq!(out, &p.greedy_ids, "prompt {}", p.name);

@@ -76,8 +76,10 @@ pub struct EngineConfig {
     /// whole prompts.
     pub prefill_chunk: Option<usize>,
     pub enable_prefix_cache: bool,
-    /// The CPU runtime's matmul numerics: exact f32, or int8 activations
-    /// ([`Numerics::Fast`]). The CUDA runtime's f16 GEMMs do not read it.
+    /// The CPU runtime's matmul numerics: int8 activations
+    /// ([`Numerics::Fast`], the default), or exact f32 ([`Numerics::Exact`],
+    /// the mode the f32 golden files hold). The CUDA runtime's f16 GEMMs do
+    /// not read it.
     pub numerics: Numerics,
     /// Default speculative decoding for requests that do not choose:
     /// prompt lookup with up to this many draft tokens per step (1 to
@@ -89,7 +91,7 @@ impl Default for EngineConfig {
     /// Default model on the CPU, one thread per core, 32 rows, pages for
     /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
     /// context, pipelined with ride-along prefill in chunks of the
-    /// backend's default, prefix cache on, exact numerics, no speculation.
+    /// backend's default, prefix cache on, fast numerics, no speculation.
     fn default() -> Self {
         let page_size = 16;
         Self {
@@ -105,7 +107,7 @@ impl Default for EngineConfig {
             prefill_policy: PrefillPolicy::RideAlong,
             prefill_chunk: None,
             enable_prefix_cache: true,
-            numerics: Numerics::Exact,
+            numerics: Numerics::Fast,
             speculate: None,
         }
     }

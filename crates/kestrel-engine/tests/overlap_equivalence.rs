@@ -9,9 +9,12 @@
 //! prompt, and a long one most of all, is prefilled in many steps that take
 //! turns with the others' decode steps), and in a KV cache of 26 pages where
 //! the batch needs over 50 at once (sequences are preempted as they grow and
-//! prefilled again with the tokens they generated); every request's tokens,
-//! text, finish reason and log-probabilities must be identical across the
-//! engines.
+//! prefilled again with the tokens they generated), and on 1 compute thread
+//! instead of 2; every request's tokens, text, finish reason and
+//! log-probabilities must be identical across the engines, and equal to
+//! those of the request run alone. All in the engine's default numerics
+//! (fast: int8 activations), whose kernels promise batch and thread
+//! invariance as exact's do.
 
 mod common;
 
@@ -30,8 +33,19 @@ fn engine(
     prefill_chunk: usize,
     kv_pages: usize,
 ) -> Engine {
+    engine_on(2, mode, prefill_policy, prefill_chunk, kv_pages)
+}
+
+/// [`engine`] on `threads` compute threads.
+fn engine_on(
+    threads: usize,
+    mode: PipelineMode,
+    prefill_policy: PrefillPolicy,
+    prefill_chunk: usize,
+    kv_pages: usize,
+) -> Engine {
     start_default(EngineConfig {
-        threads: 2,
+        threads,
         mode,
         prefill_policy,
         prefill_chunk: Some(prefill_chunk),
@@ -141,20 +155,49 @@ fn run(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<GenerateResponse> {
 fn blocking_pipelined_and_chunked_agree_on_every_request() {
     const ROOMY: usize = 512;
     const TIGHT: usize = 26;
+    assert_eq!(
+        EngineConfig::default().numerics,
+        kestrel_engine::Numerics::Fast
+    );
     let configs = [
-        (PipelineMode::Blocking, PrefillPolicy::Drain, 0, ROOMY),
-        (PipelineMode::Blocking, PrefillPolicy::RideAlong, 0, ROOMY),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain, 0, ROOMY),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0, ROOMY),
-        (PipelineMode::Blocking, PrefillPolicy::Drain, 3, ROOMY),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain, 3, ROOMY),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 3, ROOMY),
-        (PipelineMode::Blocking, PrefillPolicy::Drain, 0, TIGHT),
-        (PipelineMode::Pipelined, PrefillPolicy::Drain, 32, TIGHT),
+        (2, PipelineMode::Blocking, PrefillPolicy::Drain, 0, ROOMY),
+        (
+            2,
+            PipelineMode::Blocking,
+            PrefillPolicy::RideAlong,
+            0,
+            ROOMY,
+        ),
+        (2, PipelineMode::Pipelined, PrefillPolicy::Drain, 0, ROOMY),
+        (
+            2,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            0,
+            ROOMY,
+        ),
+        (2, PipelineMode::Blocking, PrefillPolicy::Drain, 3, ROOMY),
+        (2, PipelineMode::Pipelined, PrefillPolicy::Drain, 3, ROOMY),
+        (
+            2,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            3,
+            ROOMY,
+        ),
+        (2, PipelineMode::Blocking, PrefillPolicy::Drain, 0, TIGHT),
+        (2, PipelineMode::Pipelined, PrefillPolicy::Drain, 32, TIGHT),
+        (
+            1,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            0,
+            ROOMY,
+        ),
     ];
     let mut reference: Option<Vec<GenerateResponse>> = None;
-    for (mode, policy, chunk, kv_pages) in configs {
-        let engine = engine(mode, policy, chunk, kv_pages);
+    for (threads, mode, policy, chunk, kv_pages) in configs {
+        let engine = engine_on(threads, mode, policy, chunk, kv_pages);
         let stop_id = engine.tokenize(" the", false).expect("tokenize")[0];
         let reqs = batch(stop_id);
         let out = run(&engine, &reqs);
@@ -214,12 +257,22 @@ fn blocking_pipelined_and_chunked_agree_on_every_request() {
             ),
         }
         match &reference {
-            None => reference = Some(out),
+            None => {
+                // Alone (one at a time, after the batch, in the first
+                // engine) == batched: a penalised, a seeded-sampled and a
+                // constrained request.
+                for i in [1, 2, 9] {
+                    let alone = run(&engine, std::slice::from_ref(&reqs[i]));
+                    assert_eq!(alone[0].token_ids, out[i].token_ids, "request {i} alone");
+                    assert_eq!(alone[0].logprobs, out[i].logprobs, "request {i} alone");
+                }
+                reference = Some(out)
+            }
             Some(want) => {
                 for (i, (a, b)) in want.iter().zip(&out).enumerate() {
                     assert_eq!(
                         a.token_ids, b.token_ids,
-                        "{mode:?}/{policy:?}/chunk {chunk}/{kv_pages} pages: request {i}"
+                        "{threads} threads {mode:?}/{policy:?}/chunk {chunk}/{kv_pages} pages: request {i}"
                     );
                     assert_eq!(a.text, b.text, "request {i}");
                     assert_eq!(a.finish_reason, b.finish_reason, "request {i}");

@@ -177,8 +177,9 @@ struct EngineArgs {
     /// Disable the prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
-    /// CPU matmul numerics: exact f32, or int8 activations for quantized
-    /// weights (faster, deterministic, not exact) [default: exact].
+    /// CPU matmul numerics: int8 activations for quantized weights (faster,
+    /// deterministic, batch-invariant, not exact), or exact f32 (the
+    /// reference's numbers) [default: fast].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
     /// Default speculative decoding for requests that do not choose:
@@ -208,6 +209,15 @@ fn parse_speculate(s: &str) -> Result<Speculate, String> {
 enum NumericsArg {
     Exact,
     Fast,
+}
+
+impl From<NumericsArg> for Numerics {
+    fn from(a: NumericsArg) -> Self {
+        match a {
+            NumericsArg::Exact => Numerics::Exact,
+            NumericsArg::Fast => Numerics::Fast,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -258,11 +268,7 @@ impl EngineArgs {
             },
             prefill_chunk: self.prefill_chunk.or(d.prefill_chunk),
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
-            numerics: match self.numerics {
-                None => d.numerics,
-                Some(NumericsArg::Exact) => Numerics::Exact,
-                Some(NumericsArg::Fast) => Numerics::Fast,
-            },
+            numerics: self.numerics.map_or(d.numerics, Numerics::from),
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
         }
     }

@@ -31,7 +31,8 @@ pub(crate) struct PerplexityArgs {
     /// [default: all].
     #[arg(long)]
     chunks: Option<usize>,
-    /// CPU matmul numerics [default: exact].
+    /// CPU matmul numerics: int8 activations, or exact f32 (the reference's
+    /// numbers) [default: fast].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
     /// Compute threads [default: one per core].
@@ -59,10 +60,7 @@ pub(crate) fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let numerics = match args.numerics {
-        None | Some(NumericsArg::Exact) => Numerics::Exact,
-        Some(NumericsArg::Fast) => Numerics::Fast,
-    };
+    let numerics = args.numerics.map_or(Numerics::default(), Numerics::from);
     let name = loaded.name.clone();
     let model = CpuModel::new(
         loaded.weights,

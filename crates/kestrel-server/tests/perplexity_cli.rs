@@ -1,5 +1,6 @@
 //! `kestrel perplexity` end to end on the default model: the figure it
-//! prints is `kestrel_cpu::perplexity`'s on the text tokenized as
+//! prints, in the default (fast) numerics, is `kestrel_cpu::perplexity`'s
+//! with `CpuModelOptions::default()` numerics on the text tokenized as
 //! llama-perplexity does, and a text too short for two windows is refused
 //! with llama-perplexity's rule. Two windows of 64 keep it to a second.
 
@@ -30,6 +31,8 @@ fn the_cli_prints_the_library_figure() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stderr}");
+    // The CLI's default numerics are the library's (fast).
+    assert!(stderr.contains("numerics Fast"), "{stderr}");
     let printed: f64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("Final estimate: PPL = "))

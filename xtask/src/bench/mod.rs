@@ -50,6 +50,15 @@ pub enum NumericsArg {
     Fast,
 }
 
+impl From<NumericsArg> for Numerics {
+    fn from(a: NumericsArg) -> Self {
+        match a {
+            NumericsArg::Exact => Numerics::Exact,
+            NumericsArg::Fast => Numerics::Fast,
+        }
+    }
+}
+
 /// `cargo xtask bench` options.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -86,9 +95,10 @@ pub struct BenchArgs {
     /// GGUF model (default: the cached default model, fetched if missing).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// CPU matmul numerics (`KESTREL_ISA` picks the kernel ISA).
-    #[arg(long, value_enum, default_value_t = NumericsArg::Exact)]
-    numerics: NumericsArg,
+    /// CPU matmul numerics (`KESTREL_ISA` picks the kernel ISA)
+    /// [default: fast, the engine's default].
+    #[arg(long, value_enum)]
+    numerics: Option<NumericsArg>,
     /// Also run a peer engine's benchmark on the same GGUF and threads:
     /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`).
     #[arg(long, num_args = 2, value_names = ["ENGINE", "DIR"])]
@@ -158,7 +168,7 @@ impl Options {
             Some([engine, _]) => bail!("unknown peer `{engine}`; supported: llama.cpp"),
             Some(_) => bail!("--peer takes ENGINE DIR"),
         };
-        if a.numerics != NumericsArg::Exact && a.backend != Backend::Cpu {
+        if a.numerics.is_some() && a.backend != Backend::Cpu {
             bail!("--numerics chooses the CPU runtime's matmuls: use it with --backend cpu");
         }
         if peer.is_some() && a.backend != Backend::Cpu {
@@ -177,10 +187,7 @@ impl Options {
                 .unwrap_or_else(|| workspace_root().join("results").join(bench_dir_name())),
             model: a.model.clone(),
             peer,
-            numerics: match a.numerics {
-                NumericsArg::Exact => Numerics::Exact,
-                NumericsArg::Fast => Numerics::Fast,
-            },
+            numerics: a.numerics.map_or(Numerics::default(), Numerics::from),
         })
     }
 }

@@ -23,16 +23,18 @@
 use super::scalar::BLOCK;
 use super::weight::Encoding;
 
-/// How the matrix kernels compute: exact f32 (the default), or int8
-/// activations for the encodings that have an integer dot.
+/// How the matrix kernels compute: int8 activations for the encodings that
+/// have an integer dot (the default), or exact f32.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Numerics {
-    /// Canonical f32 dot products of the weights' exact values.
-    #[default]
+    /// Canonical f32 dot products of the weights' exact values: the mode
+    /// the f32 NumPy golden files are checked in.
     Exact,
     /// Int8 activations per 32-element block for every quantized weight
     /// type (see the module docs); batch-invariant and deterministic, not
-    /// exact. Dense (F32/F16/BF16) weights stay exact.
+    /// exact (the accuracy gate is `tests/fast_accuracy.rs`). Dense
+    /// (F32/F16/BF16) weights stay exact.
+    #[default]
     Fast,
 }
 

@@ -53,7 +53,7 @@ pub struct CpuRuntimeConfig {
     /// pipeline's chunk budget (`LoopConfig::prefill_chunk`) decides how many
     /// prompt tokens a step takes; this only bounds one call's memory.
     pub forward_rows: usize,
-    /// The matmuls' numerics (exact f32 by default).
+    /// The matmuls' numerics ([`Numerics::Fast`] by default).
     pub numerics: Numerics,
     /// Draft tokens one decode step may verify in all (speculative
     /// decoding; 0: none). The step's rows and drafts run as one forward.
@@ -70,7 +70,7 @@ impl Default for CpuRuntimeConfig {
             max_seq_len: 8192,
             enable_prefix_cache: true,
             forward_rows: 256,
-            numerics: Numerics::Exact,
+            numerics: Numerics::Fast,
             max_draft_tokens: 32,
         }
     }
