@@ -407,7 +407,7 @@ pub fn write_synth_gguf(
     spec.config.validate()?;
     let descs = spec.tensors();
     for d in &descs {
-        if d.dims[0] as usize % d.dtype.block_elems() != 0 {
+        if !(d.dims[0] as usize).is_multiple_of(d.dtype.block_elems()) {
             return Err(ModelError::invalid(format!(
                 "tensor `{}`: rows of {} do not tile {:?} blocks of {}",
                 d.name,
