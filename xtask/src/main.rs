@@ -7,6 +7,10 @@
 //! - `cargo xtask speculate`: prompt-lookup speculative decoding's tokens/s
 //!   on workloads that repeat their context and on one that does not
 //!   (`speculate.rs`).
+//! - `cargo xtask synth-model`: a real-size synthetic Llama GGUF (1B, 3B,
+//!   8B shapes; F16, Q8_0, Q4_0, Q4_K_M), cached; `bench --model
+//!   synth:llama-1b:q4_k_m` makes and uses the same files
+//!   (`synth_model.rs`).
 //! - `cargo xtask soak`: thousands of mixed requests through the gRPC
 //!   server on the real model, then a check that nothing was left behind.
 
@@ -15,6 +19,7 @@ mod chunked;
 mod engine_core;
 mod soak;
 mod speculate;
+mod synth_model;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +43,9 @@ enum Task {
     /// Speculative decoding: decode tokens/s with and without prompt-lookup
     /// drafts, on edit/quote workloads and on plain chat.
     Speculate(speculate::SpeculateArgs),
+    /// Writes a synthetic Llama GGUF at a published shape (random weights
+    /// from a seed, the default model's tokenizer), cached unless --out.
+    SynthModel(synth_model::SynthModelArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +54,6 @@ fn main() -> anyhow::Result<()> {
         Task::ChunkedPrefill(args) => chunked::main(args),
         Task::Soak(args) => soak::main(args),
         Task::Speculate(args) => speculate::main(args),
+        Task::SynthModel(args) => synth_model::main(args),
     }
 }

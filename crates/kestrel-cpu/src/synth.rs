@@ -7,27 +7,8 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use kestrel_model::{Bytes, DType, LayerWeights, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
-/// splitmix64: tiny, fast, good enough for test data.
-#[derive(Debug, Clone)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[-1, 1)`.
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    /// `n` uniform values scaled by `scale`.
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform() * scale).collect()
-    }
-}
+/// The project's one splitmix64 (kestrel-model's synthetic weights use it too).
+pub use kestrel_model::synthetic::Rng;
 
 fn push_f16(out: &mut Vec<u8>, v: f32) {
     out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::{Bytes, DType, Matrix, ModelError};
 
 mod write;
-pub use write::write_gguf;
+pub use write::{write_gguf, GgufWriter, TensorDesc};
 
 pub(crate) const GGUF_MAGIC: u32 = 0x4655_4747; // "GGUF" little-endian
 pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;

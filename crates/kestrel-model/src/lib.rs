@@ -26,6 +26,7 @@ pub mod gguf;
 pub mod load;
 pub mod quant;
 mod safetensors_load;
+pub mod synth_gguf;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;
@@ -42,5 +43,8 @@ pub use fetch::{
 };
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use load::{load, LoadedModel};
+pub use synth_gguf::{
+    synth_file_name, write_synth_gguf, SynthFileStats, SynthFormat, SynthShape, SynthSpec,
+};
 pub use synthetic::synthetic_weights;
 pub use weights::{Bytes, DType, LayerWeights, Matrix, ModelWeights};

@@ -4,15 +4,18 @@
 //! product and sum rounded to f32 on its own (no fused multiply-add), which is
 //! also what the `gguf` Python package computes: `tests/dequant_gguf_py.rs`
 //! checks every type against it bit for bit. A runtime can use
-//! [`Matrix::dequantize_row`] as the oracle for its fused kernels. Quantization is the simple round-to-nearest reference (what
-//! `quantize_row_*_ref` does for the legacy types; a plain, non-searching
-//! variant for K-quants) and exists for synthetic weights and tests.
+//! [`Matrix::dequantize_row`] as the oracle for its fused kernels.
+//! Quantization is ggml's reference, byte for byte (`quantize_row_*_ref`:
+//! round to nearest for the legacy types, the scale searches of
+//! [`kquant`] for K-quants), so synthetic models are real files of their
+//! type; `tests/quantize_reference.rs` checks it against the `gguf` Python
+//! package and llama.cpp's C.
 
 use half::{bf16, f16};
 
 use crate::{DType, Matrix};
 
-const QK_K: usize = 256;
+mod kquant;
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -192,7 +195,12 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+                // `x * id + 8.5` in f64 then rounded to f32, as gguf-py does
+                // (ggml's own result depends on whether the C compiler fused
+                // the multiply-add; this is what a fused one computes).
+                let q = |v: f32| {
+                    ((f64::from(v) * f64::from(id) + 8.5) as f32 as i32).clamp(0, 15) as u8
+                };
                 out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
             }
             DType::Q4_1 => {
@@ -207,7 +215,8 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
             }
             DType::Q5_0 => {
-                // ggml quantize_row_q5_0_ref: the signed extreme maps to -16.
+                // ggml quantize_row_q5_0_ref: the signed extreme maps to
+                // -16; rounded in f64 like Q4_0.
                 let max = x
                     .iter()
                     .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
@@ -215,7 +224,9 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 let q: Vec<u8> = x
                     .iter()
-                    .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u8)
+                    .map(|&v| {
+                        ((f64::from(v) * f64::from(id) + 16.5) as f32 as i32).clamp(0, 31) as u8
+                    })
                     .collect();
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
                 push_5bit(&q, out);
@@ -234,9 +245,9 @@ pub fn quantize(dtype: DType, src: &[f32], out: &mut Vec<u8>) {
                 out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
                 push_5bit(&q, out);
             }
-            DType::Q4K => quantize_q4_k(x, out, 15),
-            DType::Q5K => quantize_q4_k(x, out, 31),
-            DType::Q6K => quantize_q6_k(x, out),
+            DType::Q4K => kquant::quantize_q4_k_block(x, out, 15),
+            DType::Q5K => kquant::quantize_q4_k_block(x, out, 31),
+            DType::Q6K => kquant::quantize_q6_k_block(x, out),
         }
     }
 }
@@ -249,110 +260,6 @@ fn push_5bit(q: &[u8], out: &mut Vec<u8>) {
         .fold(0u32, |h, (e, &v)| h | (u32::from(v >> 4) << e));
     out.extend_from_slice(&qh.to_le_bytes());
     out.extend((0..16).map(|j| (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)));
-}
-
-/// Q4_K (`qmax` 15) or Q5_K (`qmax` 31): the two share scales and layout,
-/// Q5_K adding a `qh[32]` of fifth bits before the nibbles.
-fn quantize_q4_k(x: &[f32], out: &mut Vec<u8>, qmax: u8) {
-    // Per 32-element sub-block: x ~ scale * q - min, q in 0..=qmax, min >= 0.
-    let mut scale = [0f32; 8];
-    let mut minv = [0f32; 8];
-    for (s, sub) in x.chunks_exact(32).enumerate() {
-        let lo = sub.iter().fold(0f32, |a, &v| a.min(v));
-        let hi = sub.iter().fold(f32::MIN, |a, &v| a.max(v));
-        scale[s] = (hi - lo) / f32::from(qmax);
-        minv[s] = -lo;
-    }
-    let d = scale.iter().fold(0f32, |a, &v| a.max(v)) / 63.0;
-    let dmin = minv.iter().fold(0f32, |a, &v| a.max(v)) / 63.0;
-    let d16 = f16::from_f32(d);
-    let dmin16 = f16::from_f32(dmin);
-    let (d, dmin) = (d16.to_f32(), dmin16.to_f32());
-    let q6 = |v: f32, unit: f32| {
-        if unit > 0.0 {
-            (v / unit).round().clamp(0.0, 63.0) as u8
-        } else {
-            0
-        }
-    };
-    let sc: Vec<u8> = scale.iter().map(|&s| q6(s, d)).collect();
-    let mn: Vec<u8> = minv.iter().map(|&m| q6(m, dmin)).collect();
-    let mut scales = [0u8; 12];
-    for j in 0..4 {
-        scales[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
-        scales[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
-        scales[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
-    }
-    let mut qs = [0u8; 128];
-    let mut qh = [0u8; 32];
-    for (s, sub) in x.chunks_exact(32).enumerate() {
-        let step = d * f32::from(sc[s]);
-        let m = dmin * f32::from(mn[s]);
-        for (l, &v) in sub.iter().enumerate() {
-            let q = if step > 0.0 {
-                ((v + m) / step).round().clamp(0.0, f32::from(qmax)) as u8
-            } else {
-                0
-            };
-            // Sub-block 2c goes to the low nibbles of chunk c, 2c+1 to the high.
-            let nib = q & 0x0F;
-            qs[32 * (s / 2) + l] |= if s % 2 == 0 { nib } else { nib << 4 };
-            qh[l] |= (q >> 4) << s;
-        }
-    }
-    out.extend_from_slice(&d16.to_le_bytes());
-    out.extend_from_slice(&dmin16.to_le_bytes());
-    out.extend_from_slice(&scales);
-    if qmax > 15 {
-        out.extend_from_slice(&qh);
-    }
-    out.extend_from_slice(&qs);
-}
-
-fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
-    // Per 16-element sub-block: x ~ d * sc * q, q in -32..=31, sc an i8.
-    let sub_scale: Vec<f32> = x
-        .chunks_exact(16)
-        .map(|s| s.iter().fold(0f32, |a, v| a.max(v.abs())) / 31.0)
-        .collect();
-    let d = sub_scale.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
-    let d16 = f16::from_f32(d);
-    let d = d16.to_f32();
-    let sc: Vec<i8> = sub_scale
-        .iter()
-        .map(|&s| {
-            if d > 0.0 {
-                (s / d).round().clamp(-128.0, 127.0) as i8
-            } else {
-                0
-            }
-        })
-        .collect();
-    let mut q = [0u8; QK_K];
-    for (e, &v) in x.iter().enumerate() {
-        let step = d * f32::from(sc[e / 16]);
-        let qi = if step != 0.0 {
-            (v / step).round().clamp(-32.0, 31.0) as i32
-        } else {
-            0
-        };
-        q[e] = (qi + 32) as u8;
-    }
-    let mut ql = [0u8; 128];
-    let mut qh = [0u8; 64];
-    for n in 0..2 {
-        for l in 0..32 {
-            let b = 128 * n;
-            let (q1, q2, q3, q4) = (q[b + l], q[b + l + 32], q[b + l + 64], q[b + l + 96]);
-            ql[64 * n + l] = (q1 & 0x0F) | ((q3 & 0x0F) << 4);
-            ql[64 * n + l + 32] = (q2 & 0x0F) | ((q4 & 0x0F) << 4);
-            qh[32 * n + l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
-        }
-    }
-    out.extend_from_slice(&ql);
-    out.extend_from_slice(&qh);
-    out.extend(sc.iter().map(|&s| s as u8));
-    out.extend_from_slice(&d16.to_le_bytes());
 }
 
 impl Matrix {

@@ -8,12 +8,14 @@
 
 use crate::{DType, LayerWeights, Matrix, ModelConfig, ModelWeights};
 
-/// SplitMix64: tiny, seedable, good enough for weights.
+/// SplitMix64: tiny, seedable, good enough for weights and test data (the
+/// one generator of the project's synthetic weights; `kestrel-cpu`'s test
+/// helpers use it too).
 #[derive(Debug, Clone)]
-struct SplitMix(u64);
+pub struct Rng(pub u64);
 
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -22,10 +24,18 @@ impl SplitMix {
     }
 
     /// Uniform in `[-1, 1)`.
-    fn symmetric(&mut self) -> f32 {
+    pub fn uniform(&mut self) -> f32 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
+
+    /// `n` uniform values scaled by `scale`.
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
 }
+
+/// The init scale of every synthetic matrix (GPT/Llama-style std).
+pub const INIT_STD: f32 = 0.02;
 
 /// Builds all weights for `config`, every matrix encoded as `dtype` (norms
 /// and biases are `f32`). Same `(config, dtype, seed)`, same bytes.
@@ -36,18 +46,18 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
     let mut tensor_id = 0u64;
     let mut next_rng = || {
         tensor_id += 1;
-        SplitMix(seed ^ tensor_id.wrapping_mul(0xD1B5_4A32_D192_ED03))
+        Rng(seed ^ tensor_id.wrapping_mul(0xD1B5_4A32_D192_ED03))
     };
     // Uniform on [-a, a] has std a / sqrt(3).
-    let std = 0.02f32;
+    let std = INIT_STD;
     let out_std = std / (2.0 * config.num_layers as f32).sqrt();
-    let matrix = |rng: &mut SplitMix, rows: usize, cols: usize, std: f32| {
+    let matrix = |rng: &mut Rng, rows: usize, cols: usize, std: f32| {
         let amp = std * 3f32.sqrt();
-        let values: Vec<f32> = (0..rows * cols).map(|_| rng.symmetric() * amp).collect();
+        let values: Vec<f32> = (0..rows * cols).map(|_| rng.uniform() * amp).collect();
         Matrix::quantize(dtype, rows, cols, &values)
     };
-    let vector = |rng: &mut SplitMix, n: usize, center: f32, spread: f32| -> Vec<f32> {
-        (0..n).map(|_| center + rng.symmetric() * spread).collect()
+    let vector = |rng: &mut Rng, n: usize, center: f32, spread: f32| -> Vec<f32> {
+        (0..n).map(|_| center + rng.uniform() * spread).collect()
     };
 
     let (h, q, kv, ff) = (
@@ -59,9 +69,9 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
     let token_embd = matrix(&mut next_rng(), config.vocab_size, h, std);
     let layers = (0..config.num_layers)
         .map(|_| {
-            let bias = |rng: &mut SplitMix, n| config.qkv_bias.then(|| vector(rng, n, 0.0, 0.02));
+            let bias = |rng: &mut Rng, n| config.qkv_bias.then(|| vector(rng, n, 0.0, 0.02));
             // Drawn only when the family has them, so Llama bytes do not move.
-            let norm = |on: bool, rng: &mut dyn FnMut() -> SplitMix, n| {
+            let norm = |on: bool, rng: &mut dyn FnMut() -> Rng, n| {
                 on.then(|| vector(&mut rng(), n, 1.0, 0.1))
             };
             let (qk, post) = (config.features.qk_norm, config.features.post_norms);

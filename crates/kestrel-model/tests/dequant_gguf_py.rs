@@ -14,6 +14,8 @@ use half::{bf16, f16};
 use kestrel_model::gguf::ggml_type_name;
 use kestrel_model::{default_model_path, quant, DType, GgufFile, Matrix};
 
+mod common;
+
 /// Blocks of one dtype, concatenated, with where each source's run starts.
 #[derive(Default)]
 struct Case {
@@ -34,28 +36,6 @@ impl Case {
         let i = self.sources.partition_point(|(_, b)| *b <= block) - 1;
         &self.sources[i].0
     }
-}
-
-/// The Python to run, or `None` (skip) when it lacks numpy/gguf.
-fn python() -> Option<String> {
-    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import numpy, gguf"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    assert!(
-        std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
-        "KESTREL_REQUIRE_PYTHON is set but {python} cannot import numpy and gguf \
-         (pip install -r scripts/reference/requirements.txt)"
-    );
-    eprintln!(
-        "SKIPPED dequant_gguf_py: {python} cannot import numpy and gguf \
-         (pip install -r scripts/reference/requirements.txt, or set KESTREL_PYTHON)"
-    );
-    None
 }
 
 /// splitmix64.
@@ -155,7 +135,9 @@ fn run_reference(python: &str, dir: &Path) {
 
 #[test]
 fn every_dtype_dequantizes_like_gguf_py_bit_for_bit() {
-    let Some(python) = python() else { return };
+    let Some(python) = common::python("dequant_gguf_py") else {
+        return;
+    };
     let mut rng = Rng(0x5EED);
     let mut cases: Vec<(DType, Case)> = DType::ALL.iter().map(|&d| (d, Case::default())).collect();
 

@@ -92,9 +92,11 @@ pub struct BenchArgs {
     /// Results directory (default: results/bench-<UTC timestamp>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// GGUF model (default: the cached default model, fetched if missing).
+    /// GGUF model path, or a synthetic model `synth:SHAPE:TYPE[:SEED]`
+    /// (e.g. synth:llama-1b:q4_k_m; made once and cached, see `cargo xtask
+    /// synth-model`). Default: the cached default model, fetched if missing.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<String>,
     /// CPU matmul numerics (`KESTREL_ISA` picks the kernel ISA)
     /// [default: fast, the engine's default].
     #[arg(long, value_enum)]
@@ -115,7 +117,7 @@ pub struct Options {
     pub plan: LengthPlan,
     pub reps: usize,
     pub out: PathBuf,
-    pub model: Option<PathBuf>,
+    pub model: Option<String>,
     pub peer: Option<PathBuf>,
     pub numerics: Numerics,
 }
@@ -259,7 +261,12 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         return reexec_optimized(args.quick);
     }
     let model_path = match &opts.model {
-        Some(p) => p.clone(),
+        Some(m) => match crate::synth_model::SynthModel::parse(m)? {
+            Some(synth) => {
+                synth.cached(std::thread::available_parallelism().map_or(1, usize::from))?
+            }
+            None => PathBuf::from(m),
+        },
         None => kestrel_model::default_model_path().context("fetching the default model")?,
     };
     eprintln!("loading {}", model_path.display());
@@ -319,10 +326,11 @@ impl Bench<'_> {
         let backend = engines[0].1.executor().inner.describe();
         // Not in the smoke run: it reads a GiB several times.
         let dram = match engines[0].1.executor().inner.bytes_per_token() {
-            Some(bytes_per_token) if !opts.quick => Some(dram::DramFloor {
+            Some(resident_bytes_per_token) if !opts.quick => Some(dram::DramFloor {
                 read_bytes_per_s: dram::read_bandwidth(opts.threads),
                 threads: opts.threads,
-                bytes_per_token,
+                file_bytes_per_token: dram::file_bytes_per_token(model_path),
+                resident_bytes_per_token,
             }),
             _ => None,
         };

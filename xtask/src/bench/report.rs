@@ -255,31 +255,49 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
 
     if let Some(d) = &m.dram {
         let _ = writeln!(s, "\n## One stream against the DRAM floor\n");
+        let floor_bytes = match d.file_bytes_per_token {
+            Some(b) => format!(
+                "a decode step must read {:.1} MB of the file's tensors (all of them but the token \
+                 embedding, which is gathered one row per token; the output head counted even when \
+                 tied): what any engine reads per token",
+                b as f64 / 1e6
+            ),
+            None => format!(
+                "the model is not a GGUF file, so the floor counts Kestrel's resident {:.1} MB",
+                d.resident_bytes_per_token as f64 / 1e6
+            ),
+        };
         let _ = writeln!(
             s,
-            "Read bandwidth {:.1} GB/s ({} threads, best of {} reads of {} MiB); a decode step \
-             streams {:.1} MB of weights, so one stream can decode at most {:.0} tokens/s.\n",
+            "Read bandwidth {:.1} GB/s ({} threads, best of {} reads of {} MiB); {floor_bytes}; so \
+             one stream can decode at most {:.0} tokens/s. Kestrel holds {:.1} MB of those weights \
+             resident ({:.2}x the file's bytes), which it could stream at most {:.0} times a second.\n",
             d.read_bytes_per_s / 1e9,
             d.threads,
             super::dram::PASSES,
             super::dram::BUFFER_BYTES >> 20,
-            d.bytes_per_token as f64 / 1e6,
             d.tokens_per_s(),
+            d.resident_bytes_per_token as f64 / 1e6,
+            d.resident_bytes_per_token as f64 / d.bytes_per_token() as f64,
+            d.resident_tokens_per_s(),
         );
         let _ = writeln!(
             s,
-            "| workload | configuration | steady decode tokens/s | of the floor |"
+            "| workload | configuration | steady decode tokens/s | of the floor (file bytes) | \
+             Kestrel resident weights MB | of Kestrel's floor (resident bytes) |"
         );
-        let _ = writeln!(s, "|---|---|---:|---:|");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
         for r in doc.results.iter().filter(|r| r.streams == 1) {
             let tps = r.steady_decode_tokens_per_s();
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.1} | {:.0}% |",
+                "| {} | {} | {:.1} | {:.0}% | {:.1} | {:.0}% |",
                 r.workload,
                 r.config.short(),
                 tps,
-                100.0 * tps / d.tokens_per_s()
+                100.0 * tps / d.tokens_per_s(),
+                d.resident_bytes_per_token as f64 / 1e6,
+                100.0 * tps / d.resident_tokens_per_s()
             );
         }
     }
