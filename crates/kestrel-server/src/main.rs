@@ -350,6 +350,7 @@ impl SamplingArgs {
             ignore_eos: self.ignore_eos,
             logprobs: false,
             top_logprobs: 0,
+            prompt_logprobs: None,
             logit_bias: self.logit_bias.iter().copied().collect(),
             request_id: String::new(),
             constraint,
