@@ -197,9 +197,8 @@ pub fn prompt_logprobs(
             if top > 0 {
                 order.clear();
                 order.extend(0..vocab as u32);
-                let by_logit = |a: &u32, b: &u32| {
-                    row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b))
-                };
+                let by_logit =
+                    |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
                 order.select_nth_unstable_by(top - 1, by_logit);
                 order[..top].sort_unstable_by(by_logit);
                 best.extend(order[..top].iter().map(|&t| (t, lp(t))));
@@ -336,7 +335,12 @@ mod tests {
         let tail = &got[len / 2..];
         assert_eq!(tail.len(), nlls.len());
         for (p, nll) in tail.iter().zip(nlls.drain(..)) {
-            assert!((f64::from(p.logprob) + nll).abs() < 1e-4, "{} vs {}", p.logprob, -nll);
+            assert!(
+                (f64::from(p.logprob) + nll).abs() < 1e-4,
+                "{} vs {}",
+                p.logprob,
+                -nll
+            );
             assert_eq!(p.top.len(), 3);
             assert!(p.top.windows(2).all(|w| w[0].1 >= w[1].1));
             assert!(p.top[0].1 >= p.logprob && p.top[0].1 <= 0.0);

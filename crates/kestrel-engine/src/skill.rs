@@ -100,16 +100,20 @@ impl StreamingSkill {
             logprob: f32::NAN,
             top: Vec::new(),
         });
-        let rest = prompt.iter().skip(1).zip(scores).map(|(&t, s)| TokenLogprob {
-            token_id: t,
-            text: self.model.token_text(t),
-            logprob: s.logprob,
-            top: s
-                .top
-                .into_iter()
-                .map(|(t, l)| (t, self.model.token_text(t), l))
-                .collect(),
-        });
+        let rest = prompt
+            .iter()
+            .skip(1)
+            .zip(scores)
+            .map(|(&t, s)| TokenLogprob {
+                token_id: t,
+                text: self.model.token_text(t),
+                logprob: s.logprob,
+                top: s
+                    .top
+                    .into_iter()
+                    .map(|(t, l)| (t, self.model.token_text(t), l))
+                    .collect(),
+            });
         self.prompt_logprobs = first.into_iter().chain(rest).collect();
     }
 

@@ -634,7 +634,10 @@ mod tests {
         assert_eq!(prompt_logprobs(0, true).unwrap(), 0);
         assert_eq!(prompt_logprobs(20, true).unwrap(), 20);
         let (f, msg) = field_of(prompt_logprobs(21, true));
-        assert_eq!((f, msg.as_str()), (Field::PromptLogprobs, "must be in [0, 20], got 21"));
+        assert_eq!(
+            (f, msg.as_str()),
+            (Field::PromptLogprobs, "must be in [0, 20], got 21")
+        );
         let (f, msg) = field_of(prompt_logprobs(1, false));
         assert_eq!(f, Field::PromptLogprobs);
         assert!(msg.contains("not supported by this backend"), "{msg}");

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel_pipeline::{
-    EngineLoop, Outcome, Request, SamplingParams, SequenceSkill as _, StepTiming, SubmitError,
-    Tick,
+    EngineLoop, Outcome, Request, SamplingParams, SequenceSkill as _, StepTiming, SubmitError, Tick,
 };
 
 use crate::engine::Shared;

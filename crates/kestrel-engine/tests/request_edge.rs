@@ -283,7 +283,10 @@ fn prompt_logprobs_score_what_generation_sampled() {
         assert_eq!(c.finish_reason, kestrel_engine::FinishReason::Length);
         assert_eq!(c.usage.prompt_tokens as usize, all.len());
         let logprob_bits = |r: &kestrel_engine::GenerateResponse| -> Vec<u32> {
-            r.prompt_logprobs.iter().map(|l| l.logprob.to_bits()).collect()
+            r.prompt_logprobs
+                .iter()
+                .map(|l| l.logprob.to_bits())
+                .collect()
         };
         assert_eq!(logprob_bits(&c), logprob_bits(&a));
         scored.sampling.prompt_logprobs = None;
@@ -294,7 +297,10 @@ fn prompt_logprobs_score_what_generation_sampled() {
                 ..
             })
         ));
-        assert!(b.usage.cached_prompt_tokens > 0, "the second is a prefix-cache hit");
+        assert!(
+            b.usage.cached_prompt_tokens > 0,
+            "the second is a prefix-cache hit"
+        );
         let lps = &a.prompt_logprobs;
         assert_eq!(lps.len(), all.len());
         assert!(lps[0].logprob.is_nan() && lps[0].top.is_empty());
