@@ -638,7 +638,7 @@ impl Target {
 
 /// How a streamed completion ended.
 enum Outcome {
-    Done(pb::GenerateResponse),
+    Done(Box<pb::GenerateResponse>),
     Interrupted,
 }
 
@@ -666,7 +666,7 @@ async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outcome> {
                 }
                 Some(Event::Done(done)) => {
                     println!();
-                    return Ok(Outcome::Done(done));
+                    return Ok(Outcome::Done(Box::new(done)));
                 }
                 None => {}
             },
