@@ -432,13 +432,13 @@ mod tests {
             prompt_logprobs: vec![TokenLogprob {
                 token_id: 9,
                 text: "p".into(),
-                logprob: f32::NAN,
+                logprob: -1.5,
                 top: vec![],
             }],
         };
         let p = generate_response(resp.clone());
         assert_eq!(p.prompt_logprobs[0].token_id, 9);
-        assert!(p.prompt_logprobs[0].logprob.is_nan());
+        assert_eq!(p.prompt_logprobs[0].logprob, -1.5);
         assert_eq!(p.request_id, "r1");
         assert_eq!(p.text, "hi");
         assert_eq!(p.token_ids, vec![5, 6]);
