@@ -23,7 +23,7 @@ pub use kv::{KvStore, KvStoreConfig};
 pub use model::{
     CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch, SUPPORTED_DTYPES,
 };
-pub use perplexity::{perplexity, Perplexity, PerplexityConfig};
+pub use perplexity::{perplexity, prompt_logprobs, Perplexity, PerplexityConfig, PositionLogprobs};
 pub use sampler::{sample, PenaltyState, SampledToken, SamplingParams, TopLogprobs};
 pub use scratch::Scratch;
 

@@ -6,6 +6,8 @@
 //! (the logits at positions `ctx/2 ..= ctx-2`, each against the next token).
 //! Cost: one prefill of `ctx - 1` tokens per window; logits are computed for
 //! the scored rows only, at most [`ROWS_PER_CALL`] at a time.
+//! [`prompt_logprobs`] scores every position of one prompt the same way (a
+//! request's prompt logprobs): one prefill of `len - 1` tokens.
 
 use crate::{CpuError, CpuModel, KvStore, LogitsMode, PrefillBatch, Scratch};
 
@@ -137,12 +139,93 @@ pub fn perplexity(
     })
 }
 
+/// One prompt position's score: the log-probability of the prompt's token
+/// there given the tokens before it, and the `top` most likely tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PositionLogprobs {
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-probability of each of `tokens[1..]` given the tokens before it
+/// (one entry per token after the first), with the `top` most likely tokens
+/// at each position (at most [`crate::sampler::MAX_TOP_LOGPROBS`]). Runs
+/// from position 0 on a private cache: nothing is shared with a runtime's
+/// KV. The math is [`token_nll`]'s.
+pub fn prompt_logprobs(
+    model: &CpuModel,
+    tokens: &[u32],
+    top: usize,
+) -> Result<Vec<PositionLogprobs>, CpuError> {
+    let vocab = model.config().vocab_size;
+    if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(CpuError::TokenOutOfRange { token, vocab });
+    }
+    let top = top.min(crate::sampler::MAX_TOP_LOGPROBS).min(vocab);
+    let len = tokens.len();
+    if len < 2 {
+        return Ok(Vec::new());
+    }
+    let npages = len.div_ceil(PAGE);
+    let pages: Vec<u32> = (0..npages as u32).collect();
+    let mut kv = KvStore::for_model(model.config(), npages, PAGE)?;
+    let rows = ROWS_PER_CALL.min(len - 1);
+    let mut scratch = Scratch::new(model, rows, len);
+    let mut logits = vec![0f32; rows * vocab];
+    let mut out = Vec::with_capacity(len - 1);
+    let mut order: Vec<u32> = Vec::new();
+    // Positions 0..len-1 go through the model: the last token is only a target.
+    let mut pos = 0;
+    while pos < len - 1 {
+        let end = (pos + rows).min(len - 1);
+        let n = end - pos;
+        let batch = PrefillBatch {
+            tokens: &tokens[pos..end],
+            qo_indptr: &[0, n as u32],
+            start_pos: &[pos as u32],
+            kv_indptr: &[0, end.div_ceil(PAGE) as u32],
+            kv_indices: &pages,
+            kv_last_page_len: &[((end - 1) % PAGE + 1) as u32],
+        };
+        let rows_out = &mut logits[..n * vocab];
+        model.forward_prefill(batch, &mut kv, rows_out, LogitsMode::All, &mut scratch)?;
+        for (i, row) in rows_out.chunks_exact(vocab).enumerate() {
+            let (max, log_sum) = log_normalizer(row);
+            let lp = |t: u32| ((row[t as usize] - max) as f64 - log_sum) as f32;
+            let mut best = Vec::with_capacity(top);
+            if top > 0 {
+                order.clear();
+                order.extend(0..vocab as u32);
+                let by_logit =
+                    |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+                order.select_nth_unstable_by(top - 1, by_logit);
+                order[..top].sort_unstable_by(by_logit);
+                best.extend(order[..top].iter().map(|&t| (t, lp(t))));
+            }
+            out.push(PositionLogprobs {
+                logprob: lp(tokens[pos + i + 1]),
+                top: best,
+            });
+        }
+        pos = end;
+    }
+    Ok(out)
+}
+
+/// A row's max and `ln sum exp(l - max)`, as llama.cpp's `log_softmax`:
+/// the max and the shifted logits in f32, the sum of exponentials in f64.
+fn log_normalizer(row: &[f32]) -> (f32, f64) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&l| (l - max).exp() as f64).sum();
+    (max, sum.ln())
+}
+
 /// `-log softmax(row)[target]`, as llama.cpp's `log_softmax`: the max and
 /// the shifted logits in f32, the sum of their exponentials in f64.
 fn token_nll(row: &[f32], target: u32) -> f64 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = row.iter().map(|&l| (l - max).exp() as f64).sum();
-    -((row[target as usize] - max) as f64 - sum.ln())
+    let (max, log_sum) = log_normalizer(row);
+    -((row[target as usize] - max) as f64 - log_sum)
 }
 
 #[cfg(test)]
@@ -237,6 +320,33 @@ mod tests {
         let e = perplexity(&model, &[3; 15], cfg(3), |_, _| {}).unwrap_err();
         assert!(matches!(e, CpuError::PerplexityTooShort { ctx: 3, .. }));
         let e = perplexity(&model, &[3, 9999, 3, 3, 3, 3, 3, 3], cfg(4), |_, _| {}).unwrap_err();
+        assert!(matches!(e, CpuError::TokenOutOfRange { token: 9999, .. }));
+    }
+
+    #[test]
+    fn prompt_logprobs_score_every_position_across_calls() {
+        let model = tiny_model();
+        let len = ROWS_PER_CALL + 37;
+        let tokens: Vec<u32> = (0..len).map(|i| (i * 7919 % 509) as u32).collect();
+        let got = prompt_logprobs(&model, &tokens, 3).unwrap();
+        assert_eq!(got.len(), len - 1);
+        let mut nlls = one_call_nll(&model, &tokens);
+        // one_call_nll scores the second half only; compare those positions.
+        let tail = &got[len / 2..];
+        assert_eq!(tail.len(), nlls.len());
+        for (p, nll) in tail.iter().zip(nlls.drain(..)) {
+            assert!(
+                (f64::from(p.logprob) + nll).abs() < 1e-4,
+                "{} vs {}",
+                p.logprob,
+                -nll
+            );
+            assert_eq!(p.top.len(), 3);
+            assert!(p.top.windows(2).all(|w| w[0].1 >= w[1].1));
+            assert!(p.top[0].1 >= p.logprob && p.top[0].1 <= 0.0);
+        }
+        assert!(prompt_logprobs(&model, &tokens[..1], 3).unwrap().is_empty());
+        let e = prompt_logprobs(&model, &[3, 9999], 0).unwrap_err();
         assert!(matches!(e, CpuError::TokenOutOfRange { token: 9999, .. }));
     }
 

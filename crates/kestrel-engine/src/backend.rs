@@ -98,8 +98,18 @@ impl Runtime for CudaRuntime {
 }
 
 impl Runtime for CpuRuntime {
+    const PROMPT_LOGPROBS: bool = true;
+
     fn kv_stats(&self) -> KvStats {
         CpuRuntime::kv_stats(self)
+    }
+
+    fn score_prompt(
+        &self,
+        tokens: &[u32],
+        top: usize,
+    ) -> Result<Vec<kestrel_cpu::PositionLogprobs>, kestrel_pipeline::Cause> {
+        CpuRuntime::score_prompt(self, tokens, top).map_err(kestrel_pipeline::Cause::new)
     }
 
     fn host_compute_threads(&self) -> usize {

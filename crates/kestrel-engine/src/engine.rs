@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, NgramSpec, PipelineMode, Request};
+use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, NgramSpec, PipelineMode};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::config::{Backend, EngineConfig, LoadEvent, ModelSource};
@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     backend: String,
     /// The runtime's [`Runtime::LOGIT_BIAS`].
     logit_bias: bool,
+    /// The runtime's [`Runtime::PROMPT_LOGPROBS`].
+    prompt_logprobs: bool,
     /// The runtime's [`Runtime::DRAFTS`], and the default speculation.
     drafts: bool,
     speculate: Option<NgramSpec>,
@@ -154,6 +156,7 @@ impl Engine {
             loop_config,
             backend,
             logit_bias: R::LOGIT_BIAS,
+            prompt_logprobs: R::PROMPT_LOGPROBS,
             drafts: R::DRAFTS,
             speculate,
         });
@@ -232,6 +235,7 @@ impl Engine {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
             logit_bias: self.shared.logit_bias,
+            prompt_logprobs: self.shared.prompt_logprobs,
             drafts: self.shared.drafts,
             speculate: self.shared.speculate,
         };
@@ -266,14 +270,13 @@ impl Engine {
         );
         let sub = Submission {
             request_id: valid.request_id.clone(),
-            request: Request {
-                id: valid.pipeline_id,
-                prompt: valid.prompt,
-                max_new_tokens: valid.max_new_tokens,
-                params: valid.sampling,
-                speculate: valid.speculate,
-                skill: Box::new(skill),
-            },
+            pipeline_id: valid.pipeline_id,
+            prompt: valid.prompt,
+            max_new_tokens: valid.max_new_tokens,
+            params: valid.sampling,
+            speculate: valid.speculate,
+            prompt_logprobs: valid.prompt_logprobs,
+            skill,
             events,
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {

@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use kestrel_pipeline::{Executor, PipelineMode, SamplingParams};
+pub use kestrel_cpu::PositionLogprobs;
+use kestrel_pipeline::{Cause, Executor, PipelineMode, SamplingParams};
 use kestrel_skills::{SkillContext, SkillContextConfig};
 use tokenizers::Tokenizer;
 
@@ -28,7 +29,20 @@ pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     /// the engine refuses requests asking for it on one without.
     const DRAFTS: bool = true;
 
+    /// Whether [`Runtime::score_prompt`] is implemented; the engine refuses
+    /// `prompt_logprobs` on a runtime without it.
+    const PROMPT_LOGPROBS: bool = false;
+
     fn kv_stats(&self) -> KvStats;
+
+    /// The log-probability of each of `tokens[1..]` given the tokens before
+    /// it, with the `top` most likely tokens at each position. Called on
+    /// the engine thread before the request is submitted; it must not touch
+    /// the KV of admitted sequences.
+    fn score_prompt(&self, tokens: &[u32], top: usize) -> Result<Vec<PositionLogprobs>, Cause> {
+        let _ = (tokens, top);
+        Err(Cause::message("this runtime does not score prompts"))
+    }
 
     /// Host cores this runtime keeps busy computing (a CPU runtime's matmul
     /// threads; 0 for a GPU). The engine fills masks in parallel only on
@@ -57,9 +71,15 @@ impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
     for kestrel_pipeline::Observed<E, O>
 {
     const LOGIT_BIAS: bool = E::LOGIT_BIAS;
+    const DRAFTS: bool = E::DRAFTS;
+    const PROMPT_LOGPROBS: bool = E::PROMPT_LOGPROBS;
 
     fn kv_stats(&self) -> KvStats {
         self.inner.kv_stats()
+    }
+
+    fn score_prompt(&self, tokens: &[u32], top: usize) -> Result<Vec<PositionLogprobs>, Cause> {
+        self.inner.score_prompt(tokens, top)
     }
 
     fn host_compute_threads(&self) -> usize {

@@ -80,6 +80,10 @@ pub struct SamplingOptions {
     /// bans a token). At most 1024 entries, ids inside the vocabulary; a
     /// later entry for the same id wins. Not every backend has it.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Score the prompt: the log-probability of each prompt token given the
+    /// ones before it, with this many alternatives per position (`[0, 20]`,
+    /// as `top_logprobs`); `None`: not scored. Not every backend has it.
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// One generation request.
@@ -89,7 +93,9 @@ pub struct GenerateRequest {
     /// live requests; `None` assigns `req-<n>`.
     pub request_id: Option<String>,
     pub input: Prompt,
-    /// At least 1; `prompt + max_new_tokens` must fit the context (rejected
+    /// At least 1 (0 with `sampling.prompt_logprobs`: the prompt is scored,
+    /// nothing generated, the finish reason is `Length`);
+    /// `prompt + max_new_tokens` must fit the context (rejected
     /// with `ContextOverflow` otherwise, never clamped). `None`: 256, or the
     /// room the prompt leaves in the context if that is less.
     pub max_new_tokens: Option<u32>,
@@ -246,6 +252,11 @@ pub struct GenerateResponse {
     pub logprobs: Vec<TokenLogprob>,
     /// The parsed value for a `JsonSchema` constraint whose output parses.
     pub json: Option<serde_json::Value>,
+    /// One entry per prompt token when `sampling.prompt_logprobs` asked
+    /// (empty otherwise): the first token's `logprob` is NaN and its `top`
+    /// empty (nothing precedes it); each later one is the token's
+    /// log-probability given the prompt before it.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// One item of a [`crate::GenerationStream`].

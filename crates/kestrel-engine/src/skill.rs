@@ -17,6 +17,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::model::ModelContext;
+use crate::model::PositionLogprobs;
 use crate::request::{FinishReason, GenerateResponse, StreamEvent, Timings, TokenLogprob, Usage};
 
 /// The client's end of a request: events flow here until the terminal one.
@@ -40,6 +41,8 @@ pub(crate) struct StreamingSkill {
     cached_prompt_tokens: u32,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// The scored prompt, when the request asked (set before submission).
+    prompt_logprobs: Vec<TokenLogprob>,
     span: tracing::Span,
 }
 
@@ -82,8 +85,36 @@ impl StreamingSkill {
             cached_prompt_tokens: 0,
             first_token: None,
             last_token: None,
+            prompt_logprobs: Vec::new(),
             span,
         }
+    }
+
+    /// Keeps the runtime's scores of `prompt` for the response: the first
+    /// token has none (NaN), token `i` gets `scores[i - 1]`.
+    pub fn set_prompt_logprobs(&mut self, prompt: &[u32], scores: Vec<PositionLogprobs>) {
+        debug_assert_eq!(scores.len() + 1, prompt.len().max(1));
+        let first = prompt.first().map(|&t| TokenLogprob {
+            token_id: t,
+            text: self.model.token_text(t),
+            logprob: f32::NAN,
+            top: Vec::new(),
+        });
+        let rest = prompt
+            .iter()
+            .skip(1)
+            .zip(scores)
+            .map(|(&t, s)| TokenLogprob {
+                token_id: t,
+                text: self.model.token_text(t),
+                logprob: s.logprob,
+                top: s
+                    .top
+                    .into_iter()
+                    .map(|(t, l)| (t, self.model.token_text(t), l))
+                    .collect(),
+            });
+        self.prompt_logprobs = first.into_iter().chain(rest).collect();
     }
 
     fn convert_logprobs(&self, lps: Vec<kestrel_skills::TokenLogprob>) -> Vec<TokenLogprob> {
@@ -153,6 +184,7 @@ impl StreamingSkill {
             },
             logprobs,
             json,
+            prompt_logprobs: std::mem::take(&mut self.prompt_logprobs),
         }
     }
 }

@@ -73,6 +73,7 @@ pub enum Field {
     FrequencyPenalty,
     PresencePenalty,
     TopLogprobs,
+    PromptLogprobs,
     /// The logit biases as a whole.
     LogitBias,
     /// The bias of token id `t`.
@@ -120,6 +121,7 @@ impl fmt::Display for Field {
             Field::FrequencyPenalty => f.write_str("frequency_penalty"),
             Field::PresencePenalty => f.write_str("presence_penalty"),
             Field::TopLogprobs => f.write_str("top_logprobs"),
+            Field::PromptLogprobs => f.write_str("prompt_logprobs"),
             Field::LogitBias => f.write_str("logit_bias"),
             Field::LogitBiasToken(t) => write!(f, "logit_bias[{t}]"),
             Field::Stop => f.write_str("stop"),
@@ -148,6 +150,8 @@ pub(crate) struct ValidRequest {
     pub prompt: Vec<u32>,
     pub max_new_tokens: u32,
     pub sampling: SamplingParams,
+    /// Alternatives per prompt position when the prompt is scored.
+    pub prompt_logprobs: Option<u32>,
     pub speculate: Option<NgramSpec>,
     pub skill: Skill,
 }
@@ -159,6 +163,8 @@ pub(crate) struct Limits<'a> {
     pub max_seq_len: usize,
     /// Whether the backend's sampler applies `logit_bias`.
     pub logit_bias: bool,
+    /// Whether the backend scores prompts (`prompt_logprobs`).
+    pub prompt_logprobs: bool,
     /// Whether the backend verifies drafts, and the engine's default.
     pub drafts: bool,
     pub speculate: Option<NgramSpec>,
@@ -189,8 +195,18 @@ pub(crate) fn validate(
         limits.model.vocab_size(),
         limits.logit_bias,
     )?;
-    if let Some(0) = req.max_new_tokens {
-        return bad(Field::MaxNewTokens, "must be at least 1, got 0");
+    let prompt_logprobs = req
+        .sampling
+        .prompt_logprobs
+        .map(|k| prompt_logprobs(k, limits.prompt_logprobs))
+        .transpose()?;
+    // 0 only scores a prompt: nothing is generated.
+    let score_only = req.max_new_tokens == Some(0);
+    if score_only && prompt_logprobs.is_none() {
+        return bad(
+            Field::MaxNewTokens,
+            "must be at least 1, got 0 (0 is allowed with prompt_logprobs: only the prompt is scored)",
+        );
     }
     let speculate = speculation(req.speculate, limits)?;
     check_prompt_shape(&req.input)?;
@@ -233,7 +249,9 @@ pub(crate) fn validate(
         Some(n) => n,
         None => DEFAULT_MAX_NEW_TOKENS.min(u32::try_from(room).unwrap_or(u32::MAX)),
     };
-    if max_new_tokens == 0 || prompt.len() + max_new_tokens as usize > limits.max_seq_len {
+    if (max_new_tokens == 0 && !score_only)
+        || prompt.len() + max_new_tokens as usize > limits.max_seq_len
+    {
         return Err(EngineError::ContextOverflow {
             prompt_tokens: prompt.len(),
             max_new_tokens: max_new_tokens.max(1) as usize,
@@ -280,9 +298,27 @@ pub(crate) fn validate(
         prompt,
         max_new_tokens,
         sampling,
+        prompt_logprobs,
         speculate,
         skill,
     })
+}
+
+/// `prompt_logprobs`: the range of `top_logprobs`, on a backend that scores prompts.
+fn prompt_logprobs(top: u32, supported: bool) -> Result<u32> {
+    if top > MAX_TOP_LOGPROBS {
+        return bad(
+            Field::PromptLogprobs,
+            format!("must be in [0, {MAX_TOP_LOGPROBS}], got {top}"),
+        );
+    }
+    if !supported {
+        return bad(
+            Field::PromptLogprobs,
+            "is not supported by this backend (no prompt scoring yet)",
+        );
+    }
+    Ok(top)
 }
 
 /// The request's speculation, the engine's default resolved.
@@ -627,6 +663,23 @@ mod tests {
             assert_eq!(f, field);
             assert_eq!(msg, format!("must be in {range}, got {v}"));
         }
+    }
+
+    /// `top_logprobs`'s range, and a typed refusal on a backend that
+    /// does not score prompts (CUDA).
+    #[test]
+    fn prompt_logprobs_rules() {
+        assert_eq!(prompt_logprobs(0, true).unwrap(), 0);
+        assert_eq!(prompt_logprobs(20, true).unwrap(), 20);
+        let (f, msg) = field_of(prompt_logprobs(21, true));
+        assert_eq!(
+            (f, msg.as_str()),
+            (Field::PromptLogprobs, "must be in [0, 20], got 21")
+        );
+        let (f, msg) = field_of(prompt_logprobs(1, false));
+        assert_eq!(f, Field::PromptLogprobs);
+        assert!(msg.contains("not supported by this backend"), "{msg}");
+        assert_eq!(Field::PromptLogprobs.to_string(), "prompt_logprobs");
     }
 
     #[test]

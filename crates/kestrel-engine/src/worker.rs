@@ -13,18 +13,28 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{EngineLoop, Request, SamplingParams, StepTiming, SubmitError, Tick};
+use kestrel_pipeline::{
+    EngineLoop, Outcome, Request, SamplingParams, SequenceSkill as _, StepTiming, SubmitError, Tick,
+};
 
 use crate::engine::Shared;
 use crate::error::EngineError;
 use crate::model::Runtime;
-use crate::skill::EventSender;
+use crate::skill::{EventSender, StreamingSkill};
 use crate::validate::Field;
 
-/// A request validated on the caller's thread, ready for `EngineLoop::submit`.
+/// A request validated on the caller's thread, ready for `EngineLoop::submit`
+/// once its prompt is scored (when it asked).
 pub(crate) struct Submission {
     pub request_id: String,
-    pub request: Request<SamplingParams>,
+    pub pipeline_id: u64,
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: u32,
+    pub params: SamplingParams,
+    pub speculate: Option<kestrel_pipeline::NgramSpec>,
+    /// Alternatives per prompt position when the prompt is to be scored.
+    pub prompt_logprobs: Option<u32>,
+    pub skill: StreamingSkill,
     /// The client's channel, for errors raised before the skill owns it.
     pub events: EventSender,
 }
@@ -242,12 +252,16 @@ impl<R: Runtime> Worker<R> {
     fn submit(&mut self, sub: Submission) {
         let Submission {
             request_id,
-            request,
+            pipeline_id: pid,
+            prompt,
+            max_new_tokens,
+            params,
+            speculate,
+            prompt_logprobs,
+            mut skill,
             events,
         } = sub;
-        let prompt_tokens = request.prompt.len();
-        let max_new_tokens = request.max_new_tokens as usize;
-        let pid = request.id;
+        let prompt_tokens = prompt.len();
         let refused = if self.shutdown_deadline.is_some() {
             Some(EngineError::ShuttingDown)
         } else if let Some(why) = self.lp.unhealthy() {
@@ -257,10 +271,30 @@ impl<R: Runtime> Worker<R> {
                 Field::RequestId,
                 format!("request id {request_id:?} is already in use"),
             ))
+        } else if let Some(Err(why)) = prompt_logprobs
+            .map(|top| self.lp.executor().score_prompt(&prompt, top as usize))
+            .map(|scored| scored.map(|s| skill.set_prompt_logprobs(&prompt, s)))
+        {
+            // Scoring runs on the runtime before the request exists in the
+            // pipeline: a failure is this request's alone.
+            Some(EngineError::RequestFailed(why))
+        } else if max_new_tokens == 0 {
+            // Only the prompt was asked for (validation allows 0 only with
+            // prompt_logprobs): the request ends here, never queued.
+            skill.finish(Outcome::Finished(kestrel_pipeline::FinishReason::Length));
+            None
         } else {
+            let request = Request {
+                id: pid,
+                prompt,
+                max_new_tokens,
+                params,
+                speculate,
+                skill: Box::new(skill),
+            };
             match self.lp.submit(request) {
                 Ok(()) => None,
-                Err(e) => Some(self.map_submit_error(e, prompt_tokens, max_new_tokens)),
+                Err(e) => Some(self.map_submit_error(e, prompt_tokens, max_new_tokens as usize)),
             }
         };
         match refused {

@@ -5,7 +5,8 @@
 //! normal stop, an explicit seed is honoured whatever its
 //! value, a burst that fits free rows plus the queue is never refused, and
 //! a prompt too large for the context is refused before it is tokenized,
-//! and a token-id prompt generates what its text does.
+//! a token-id prompt generates what its text does, and a scored prompt's
+//! logprobs line up with the logprobs of the tokens it was generated from.
 
 mod common;
 
@@ -256,4 +257,97 @@ fn a_token_id_prompt_generates_what_its_text_does() {
         Err(EngineError::ContextOverflow { .. })
     ));
     rt().block_on(engine.shutdown(Duration::from_secs(1)));
+}
+
+/// Long enough to fill a KV page (the second request's prefix-cache hit).
+const CAPITALS: &str = "The capital of France is Paris. The capital of Germany is Berlin. \
+                        The capital of Italy is Rome. The capital of Spain is";
+
+/// Prompt logprobs score position `i` against the tokens before it: a
+/// prompt made of a greedy generation's own prompt and output scores the
+/// output tokens as the sampler did, and each is its position's top token.
+/// A second identical request (its prefix cached) scores the same; the
+/// range is `top_logprobs`'s; `max_new_tokens: 0` only scores.
+#[test]
+fn prompt_logprobs_score_what_generation_sampled() {
+    let engine = engine(4, 8);
+    let prompt = engine.tokenize(CAPITALS, true).unwrap();
+    let n = 6;
+    rt().block_on(async {
+        let mut req = GenerateRequest {
+            input: Prompt::Tokens(prompt.clone()),
+            ..GenerateRequest::text("", n)
+        };
+        req.sampling.logprobs = true;
+        req.speculate = kestrel_engine::Speculation::Off;
+        let gen = engine.generate(req).await.unwrap();
+        assert_eq!(gen.token_ids.len(), n as usize, "{gen:?}");
+        assert!(gen.prompt_logprobs.is_empty(), "not asked: not scored");
+        let all: Vec<u32> = prompt.iter().chain(&gen.token_ids).copied().collect();
+        let mut scored = GenerateRequest {
+            input: Prompt::Tokens(all.clone()),
+            ..GenerateRequest::text("", 1)
+        };
+        scored.sampling.prompt_logprobs = Some(2);
+        let a = engine.generate(scored.clone()).await.unwrap();
+        let b = engine.generate(scored.clone()).await.unwrap();
+        // max_new_tokens 0: the prompt scored, nothing generated.
+        scored.max_new_tokens = Some(0);
+        let c = engine.generate(scored.clone()).await.unwrap();
+        assert!(c.token_ids.is_empty() && c.text.is_empty(), "{c:?}");
+        assert_eq!(c.finish_reason, kestrel_engine::FinishReason::Length);
+        assert_eq!(c.usage.prompt_tokens as usize, all.len());
+        let logprob_bits = |r: &kestrel_engine::GenerateResponse| -> Vec<u32> {
+            r.prompt_logprobs
+                .iter()
+                .map(|l| l.logprob.to_bits())
+                .collect()
+        };
+        assert_eq!(logprob_bits(&c), logprob_bits(&a));
+        scored.sampling.prompt_logprobs = None;
+        assert!(matches!(
+            engine.stream(scored),
+            Err(EngineError::InvalidArgument {
+                field: Field::MaxNewTokens,
+                ..
+            })
+        ));
+        assert!(
+            b.usage.cached_prompt_tokens > 0,
+            "the second is a prefix-cache hit"
+        );
+        let lps = &a.prompt_logprobs;
+        assert_eq!(lps.len(), all.len());
+        assert!(lps[0].logprob.is_nan() && lps[0].top.is_empty());
+        for (i, lp) in lps.iter().enumerate() {
+            assert_eq!(lp.token_id, all[i]);
+            assert_eq!(b.prompt_logprobs[i].token_id, lp.token_id);
+            if i > 0 {
+                assert!(lp.logprob.is_finite() && lp.logprob <= 0.0, "{i}: {lp:?}");
+                assert_eq!(lp.top.len(), 2);
+                assert!(lp.top[0].2 >= lp.top[1].2 && lp.top[0].2 >= lp.logprob);
+                assert_eq!(b.prompt_logprobs[i].logprob, lp.logprob);
+            }
+        }
+        for (k, g) in gen.logprobs.iter().enumerate() {
+            let p = &lps[prompt.len() + k];
+            assert!(
+                (p.logprob - g.logprob).abs() < 1e-4,
+                "generated token {k}: scored {} sampled {}",
+                p.logprob,
+                g.logprob
+            );
+            assert_eq!(p.top[0].0, g.token_id, "greedy: the top token at {k}");
+        }
+    });
+    let mut bad = GenerateRequest::text("hi", 1);
+    bad.sampling.prompt_logprobs = Some(21);
+    match engine.stream(bad) {
+        Err(EngineError::InvalidArgument {
+            field: Field::PromptLogprobs,
+            message,
+        }) => assert!(message.contains("[0, 20]"), "{message}"),
+        Err(e) => panic!("expected an argument error, got {e}"),
+        Ok(_) => panic!("accepted"),
+    }
 }

@@ -70,6 +70,7 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
             logprobs: req.logprobs,
             top_logprobs: req.top_logprobs,
             logit_bias: req.logit_bias.into_iter().collect(),
+            prompt_logprobs: req.prompt_logprobs,
         },
         stop: req.stop,
         stop_token_ids: req.stop_token_ids,
@@ -202,6 +203,7 @@ pub fn generate_response(r: GenerateResponse) -> pb::GenerateResponse {
         }),
         logprobs: logprobs(r.logprobs),
         json: r.json.map(|v| v.to_string()),
+        prompt_logprobs: logprobs(r.prompt_logprobs),
     }
 }
 
@@ -275,6 +277,7 @@ mod tests {
             min_tokens: 5,
             logprobs: false,
             top_logprobs: 3,
+            prompt_logprobs: Some(4),
             logit_bias: [(17, -100.0)].into(),
             request_id: "my-req_1".into(),
             ..base()
@@ -297,6 +300,7 @@ mod tests {
                 logprobs: false,
                 top_logprobs: 3,
                 logit_bias: vec![(17, -100.0)],
+                prompt_logprobs: Some(4),
             }
         );
         assert_eq!(r.stop, vec!["\n\n".to_string()]);
@@ -428,8 +432,16 @@ mod tests {
                 top: vec![(5, "h".into(), -0.5), (7, "x".into(), -2.0)],
             }],
             json: Some(serde_json::json!({"a": 1})),
+            prompt_logprobs: vec![TokenLogprob {
+                token_id: 9,
+                text: "p".into(),
+                logprob: -1.5,
+                top: vec![],
+            }],
         };
         let p = generate_response(resp.clone());
+        assert_eq!(p.prompt_logprobs[0].token_id, 9);
+        assert_eq!(p.prompt_logprobs[0].logprob, -1.5);
         assert_eq!(p.request_id, "r1");
         assert_eq!(p.text, "hi");
         assert_eq!(p.token_ids, vec![5, 6]);

@@ -361,6 +361,7 @@ impl SamplingArgs {
             min_tokens: self.min_tokens.unwrap_or(0),
             logprobs: false,
             top_logprobs: 0,
+            prompt_logprobs: None,
             logit_bias: self.logit_bias.iter().copied().collect(),
             request_id: String::new(),
             constraint,
@@ -648,7 +649,7 @@ impl Target {
 
 /// How a streamed completion ended.
 enum Outcome {
-    Done(pb::GenerateResponse),
+    Done(Box<pb::GenerateResponse>),
     Interrupted,
 }
 
@@ -676,7 +677,7 @@ async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outcome> {
                 }
                 Some(Event::Done(done)) => {
                     println!();
-                    return Ok(Outcome::Done(done));
+                    return Ok(Outcome::Done(Box::new(done)));
                 }
                 None => {}
             },

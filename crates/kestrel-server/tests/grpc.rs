@@ -63,6 +63,48 @@ async fn chat_input_and_logprobs() {
     }
 }
 
+/// `prompt_logprobs` scores each prompt token (the first has no context:
+/// NaN, no alternatives); with `max_new_tokens` 0 nothing is generated and
+/// the scores are the same. Out of range it is INVALID_ARGUMENT naming it.
+#[tokio::test]
+async fn prompt_logprobs_score_the_prompt() {
+    let mut c = client(shared_server()).await;
+    let mut req = text_request("The sky is blue and the grass is", 3);
+    req.prompt_logprobs = Some(2);
+    let resp = c
+        .generate(req.clone())
+        .await
+        .expect("generate")
+        .into_inner();
+    let lps = &resp.prompt_logprobs;
+    assert_eq!(lps.len(), resp.usage.unwrap().prompt_tokens as usize);
+    assert!(lps[0].logprob.is_nan() && lps[0].top.is_empty());
+    for lp in &lps[1..] {
+        assert!(lp.logprob.is_finite() && lp.logprob <= 0.0, "{lp:?}");
+        assert_eq!(lp.top.len(), 2);
+    }
+    assert_eq!(resp.token_ids.len(), 3);
+    req.max_new_tokens = Some(0);
+    let only = c
+        .generate(req.clone())
+        .await
+        .expect("score only")
+        .into_inner();
+    assert!(only.token_ids.is_empty());
+    assert_eq!(only.finish_reason(), pb::FinishReason::Length);
+    let bits = |v: &[pb::TokenLogprob]| v.iter().map(|l| l.logprob.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&only.prompt_logprobs), bits(lps));
+    req.prompt_logprobs = Some(21);
+    let e = c.generate(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message()
+            .starts_with("prompt_logprobs must be in [0, 20]"),
+        "{}",
+        e.message()
+    );
+}
+
 #[tokio::test]
 async fn thirty_two_concurrent_greedy_streams_match_solo_runs() {
     let server = shared_server();

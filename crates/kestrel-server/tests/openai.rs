@@ -1003,7 +1003,7 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
         ),
         (
             "completions",
-            json!({"prompt": "x", "echo": true, "logprobs": 1}),
+            json!({"prompt": "x", "echo": true, "logprobs": 1, "stream": true}),
             400,
             Some("echo"),
         ),
@@ -1245,6 +1245,99 @@ async fn echo_puts_the_prompt_first_unary_and_streamed() {
         .collect();
     assert_eq!(text, expect);
     assert!(finish.iter().all(Option::is_some));
+}
+
+/// Long enough to fill a KV page (the second request's prefix-cache hit).
+const CAPITALS: &str = "The capital of France is Paris. The capital of Germany is Berlin. \
+                        The capital of Italy is Rome. The capital of Spain is";
+
+/// `echo` with `logprobs`: the prompt tokens' logprobs come first (the
+/// first null), and they line up: a prompt made of a greedy completion's
+/// prompt and output scores the output tokens as generation sampled them.
+/// The same prompt again (a prefix-cache hit) scores the same, and
+/// `max_tokens: 0` scores it without generating.
+#[tokio::test]
+async fn echo_with_logprobs_scores_the_prompt_first() {
+    let engine = &shared_server().engine;
+    let prompt = ids(&tokenize(json!({"prompt": CAPITALS})).await);
+    let n = 5;
+    let mut req = kestrel_engine::GenerateRequest {
+        input: kestrel_engine::Prompt::Tokens(prompt.clone()),
+        ..kestrel_engine::GenerateRequest::text("", n)
+    };
+    req.sampling.logprobs = true;
+    req.speculate = kestrel_engine::Speculation::Off;
+    let gen = engine.generate(req).await.unwrap();
+    assert_eq!(gen.token_ids.len(), n as usize);
+    let all: Vec<u32> = prompt.iter().chain(&gen.token_ids).copied().collect();
+
+    let mut body = completion_body(json!(all), 1);
+    body["echo"] = json!(true);
+    body["logprobs"] = json!(2);
+    let v = complete(&body).await;
+    let again = complete(&body).await;
+    let lp = &v["choices"][0]["logprobs"];
+    let token_logprobs = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(
+        token_logprobs.len(),
+        all.len() + 1,
+        "prompt tokens + 1 generated"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], all.len());
+    for key in ["tokens", "top_logprobs", "text_offset"] {
+        assert_eq!(lp[key].as_array().unwrap().len(), all.len() + 1, "{key}");
+    }
+    assert!(token_logprobs[0].is_null(), "{lp}");
+    assert_eq!(lp["top_logprobs"][0], json!({}));
+    for (i, l) in token_logprobs.iter().enumerate().skip(1) {
+        let l = l.as_f64().unwrap();
+        assert!(l.is_finite() && l <= 0.0, "position {i}: {l}");
+        assert!(lp["top_logprobs"][i].as_object().unwrap().len() <= 2);
+    }
+    let offsets: Vec<u64> = serde_json::from_value(lp["text_offset"].clone()).unwrap();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let tokens: Vec<String> = serde_json::from_value(lp["tokens"].clone()).unwrap();
+    assert_eq!(tokens.concat(), text, "the tokens spell the echoed text");
+    for (k, g) in gen.logprobs.iter().enumerate() {
+        let scored = token_logprobs[prompt.len() + k].as_f64().unwrap();
+        assert!(
+            (scored - f64::from(g.logprob)).abs() < 1e-4,
+            "generated token {k}: scored {scored}, sampled {}",
+            g.logprob
+        );
+        assert_eq!(tokens[prompt.len() + k], g.text);
+    }
+    assert_eq!(again["choices"][0]["logprobs"], v["choices"][0]["logprobs"]);
+    assert!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    // max_tokens 0: the prompt scored and echoed, nothing generated.
+    body["max_tokens"] = json!(0);
+    let only = complete(&body).await;
+    let c = &only["choices"][0];
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(only["usage"]["completion_tokens"], 0);
+    assert_eq!(
+        c["logprobs"]["token_logprobs"].as_array().unwrap()[..],
+        token_logprobs[..all.len()]
+    );
+    assert_eq!(
+        c["text"].as_str().unwrap().len(),
+        offsets[all.len()] as usize
+    );
+    body["max_tokens"] = json!(1);
+
+    // Without echo only the generated token has logprobs.
+    body["echo"] = json!(false);
+    let plain = complete(&body).await;
+    let plain_lps = &plain["choices"][0]["logprobs"]["token_logprobs"];
+    assert_eq!(plain_lps.as_array().unwrap().len(), 1);
+    assert_eq!(plain_lps[0], token_logprobs[all.len()]);
 }
 
 #[tokio::test]

@@ -272,6 +272,25 @@ impl CpuRuntime {
         rx.recv().map_err(|_| RuntimeError::StreamLost)
     }
 
+    /// Log-probabilities of each of `tokens[1..]` given the tokens before
+    /// it, with the `top` most likely tokens at each position (a request's
+    /// prompt logprobs). Runs on the compute stream after the work already
+    /// enqueued, on a private cache (the runtime's KV and prefix cache are
+    /// untouched), and blocks until done: one prefill of the prompt.
+    pub fn score_prompt(
+        &self,
+        tokens: &[TokenId],
+        top: usize,
+    ) -> Result<Vec<crate::PositionLogprobs>, RuntimeError> {
+        let (tx, rx) = channel();
+        self.send(Work::Score {
+            tokens: tokens.to_vec(),
+            top,
+            reply: tx,
+        })?;
+        Ok(rx.recv().map_err(|_| RuntimeError::StreamLost)??)
+    }
+
     /// Take an idle slot's metadata buffer for a new launch of `kind`,
     /// once the ledger allows a launch into `slot`.
     fn take_meta(&mut self, slot: SlotId, kind: StepKind) -> Result<Box<SlotMeta>, RuntimeError> {

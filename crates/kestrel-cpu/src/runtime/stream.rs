@@ -18,7 +18,7 @@ use kestrel_pipeline::{SamplingParams, StepKind, StepTiming, TokenId};
 use super::slot::{Outputs, SlotMeta};
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
 use crate::sampler::{sample, PenaltyState};
-use crate::{CpuModel, KvStore, Scratch};
+use crate::{CpuError, CpuModel, KvStore, PositionLogprobs, Scratch};
 
 /// Work for the compute stream, executed in order.
 pub(crate) enum Work {
@@ -32,6 +32,13 @@ pub(crate) enum Work {
     },
     /// Reply once everything before it has executed (stream synchronize).
     Sync(Sender<()>),
+    /// Score every position of a prompt on a private cache
+    /// ([`crate::prompt_logprobs`]); the runtime's KV is not touched.
+    Score {
+        tokens: Vec<TokenId>,
+        top: usize,
+        reply: Sender<Result<Vec<PositionLogprobs>, CpuError>>,
+    },
 }
 
 /// Mask words for one step, copied from the scheduler before sampling.
@@ -202,6 +209,9 @@ impl ComputeStream {
                 }
                 Work::Sync(reply) => {
                     let _ = reply.send(());
+                }
+                Work::Score { tokens, top, reply } => {
+                    let _ = reply.send(crate::prompt_logprobs(&self.model, &tokens, top));
                 }
             }
         }

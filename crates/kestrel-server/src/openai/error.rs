@@ -216,6 +216,8 @@ impl ParamNames {
             }
             Field::MaxNewTokens => self.max_tokens.unwrap_or("max_tokens").into(),
             Field::TopLogprobs => self.top_logprobs.into(),
+            // Only completions' echo with logprobs asks the engine for them.
+            Field::PromptLogprobs => "echo".into(),
             Field::StopEntry(_) if self.stop_is_string => "stop".into(),
             Field::Constraint
             | Field::JsonSchema

@@ -10,7 +10,9 @@
 //! aborts the requests and frees their KV. A failed request never ends
 //! with a normal `finish_reason`: unary calls answer the error, streams
 //! send an `{"error": ...}` event and `[DONE]`. With completions' `echo`,
-//! each choice's text starts with its prompt (its first chunk, streamed).
+//! each choice's text starts with its prompt (its first chunk, streamed),
+//! and with `logprobs` (unary only) its logprobs start with the prompt
+//! tokens' as the engine scored them.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -220,7 +222,11 @@ fn response_body(
                 "index": i,
                 "text": format!("{}{}", echoes[i / n], r.text),
                 "logprobs": if plan.logprobs {
-                    completion_logprobs(&r.logprobs, &mut 0)
+                    // With echo the prompt's tokens come first (the first
+                    // one's logprob null: nothing precedes it).
+                    let prompt = if plan.echo { &r.prompt_logprobs[..] } else { &[] };
+                    let all: Vec<TokenLogprob> = prompt.iter().chain(&r.logprobs).cloned().collect();
+                    completion_logprobs(&all, &mut 0)
                 } else {
                     Value::Null
                 },

@@ -256,6 +256,7 @@ pub fn parse(
         logprobs,
         top_logprobs,
         logit_bias,
+        prompt_logprobs: None,
     };
     let stop_token_ids = f.take::<Vec<u32>>("stop_token_ids")?.unwrap_or_default();
     let ignore_eos = f.take::<bool>("ignore_eos")?.unwrap_or(false);
@@ -265,13 +266,18 @@ pub fn parse(
         Endpoint::Completions => f.take::<bool>("echo")?.unwrap_or(false),
         Endpoint::Chat => false,
     };
+    // With echo, the logprobs object starts with the prompt tokens' (the
+    // engine scores the prompt). They arrive with the finished request, so
+    // a stream cannot put them first.
+    let mut sampling = sampling;
     if echo && logprobs {
-        // The prompt tokens' logprobs would come first; the engine reports
-        // logprobs of sampled tokens only.
-        return Err(ApiError::unsupported(
-            "echo",
-            "echo: true with logprobs (logprobs of prompt tokens)",
-        ));
+        if stream {
+            return Err(ApiError::unsupported(
+                "echo",
+                "echo: true with logprobs and stream: true (prompt logprobs are not streamed)",
+            ));
+        }
+        sampling.prompt_logprobs = Some(top_logprobs);
     }
 
     let constraint = constraint(&mut f)?;
@@ -890,8 +896,13 @@ mod tests {
                 .unwrap()
                 .echo
         );
+        // echo with logprobs asks the engine for the prompt's, as many alternatives.
+        let p = completions(json!({"prompt": "hi", "echo": true, "logprobs": 3})).unwrap();
+        assert_eq!(p.prompts[0].sampling.prompt_logprobs, Some(3));
+        let p = completions(json!({"prompt": "hi", "logprobs": 3})).unwrap();
+        assert_eq!(p.prompts[0].sampling.prompt_logprobs, None);
         assert_eq!(
-            completions(json!({"prompt": "hi", "echo": true, "logprobs": 0}))
+            completions(json!({"prompt": "hi", "echo": true, "logprobs": 0, "stream": true}))
                 .unwrap_err()
                 .param
                 .as_deref(),
