@@ -12,9 +12,10 @@
 //! default model (its vocabulary), fetched like every real-model test.
 
 mod common;
+#[path = "../../../tests/support/reference_python.rs"]
+mod reference_python;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use kestrel_cpu::{CpuModel, CpuModelOptions, Numerics};
 
@@ -29,44 +30,10 @@ const CASES: [&str; 6] = [
     "gemma3_q8",
 ];
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Writes the fixtures into a fresh directory, or `None` (skipped) when the
 /// Python side is missing and not required.
 fn fixtures() -> Option<PathBuf> {
-    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_deps = Command::new(&python)
-        .args(["-c", "import gguf, numpy, regex"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_deps {
-        assert!(
-            std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
-            "KESTREL_REQUIRE_PYTHON is set but {python} cannot import gguf, numpy and regex"
-        );
-        eprintln!(
-            "SKIPPED families: {python} cannot import gguf, numpy and regex \
-             (pip install -r scripts/reference/requirements.txt, or set KESTREL_PYTHON)"
-        );
-        return None;
-    }
-    let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
-    let dir = std::env::temp_dir().join(format!("kestrel-families-{}", std::process::id()));
-    let out = Command::new(&python)
-        .arg(repo().join("scripts/reference/synthetic_fixtures.py"))
-        .arg(&smol)
-        .arg(&dir)
-        .output()
-        .expect("run synthetic_fixtures.py");
-    assert!(
-        out.status.success(),
-        "synthetic_fixtures.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(dir)
+    reference_python::synthetic_fixtures("families", "families", &[])
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {

@@ -15,6 +15,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "../../../tests/support/reference_python.rs"]
+#[allow(dead_code)]
+mod reference_python;
+
 use kestrel_cpu::{CpuModel, CpuModelOptions, Numerics};
 use kestrel_model::gguf::write_gguf;
 use kestrel_model::{default_model_path, DType, GgufFile, GgufValue, Matrix};
@@ -23,23 +27,11 @@ const STEPS: usize = 16;
 const LOGIT_ATOL: f32 = 0.02;
 
 fn python() -> Option<String> {
-    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import numpy, gguf, regex, jinja2"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    assert!(
-        std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
-        "KESTREL_REQUIRE_PYTHON is set but {python} lacks scripts/reference/requirements.txt"
-    );
-    eprintln!(
-        "SKIPPED kquant_model: {python} lacks numpy/gguf \
-         (pip install -r scripts/reference/requirements.txt, or set KESTREL_PYTHON)"
-    );
-    None
+    reference_python::python_with(
+        "kquant_model",
+        "numpy, gguf, regex, jinja2",
+        "scripts/reference/requirements.txt",
+    )
 }
 
 /// llama.cpp's `use_more_bits`: the layers Q4_K_M gives more bits.

@@ -4,6 +4,9 @@
 //! server serves the whole binary.
 
 mod common;
+#[path = "../../../tests/support/reference_python.rs"]
+#[allow(dead_code)]
+mod reference_python;
 
 use std::time::{Duration, Instant};
 
@@ -608,38 +611,8 @@ async fn min_tokens_holds_eos_and_stop_strings_back() {
 /// when `$KESTREL_PYTHON` lacks its packages and `KESTREL_REQUIRE_PYTHON`
 /// is not set.
 fn synthetic_qwen3() -> Option<std::path::PathBuf> {
-    use std::process::Command;
-    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_deps = Command::new(&python)
-        .args(["-c", "import gguf, numpy, regex"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_deps {
-        assert!(
-            std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
-            "KESTREL_REQUIRE_PYTHON is set but {python} cannot import gguf, numpy and regex"
-        );
-        eprintln!(
-            "SKIPPED the Qwen3-template tool test: {python} cannot import gguf, numpy and regex"
-        );
-        return None;
-    }
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
-    let dir = std::env::temp_dir().join(format!("kestrel-openai-qwen3-{}", std::process::id()));
-    let out = Command::new(&python)
-        .arg(repo.join("scripts/reference/synthetic_fixtures.py"))
-        .arg(&smol)
-        .arg(&dir)
-        .arg("qwen3")
-        .output()
-        .expect("run synthetic_fixtures.py");
-    assert!(
-        out.status.success(),
-        "synthetic_fixtures.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(dir.join("qwen3.gguf"))
+    reference_python::synthetic_fixtures("the Qwen3-template tool test", "openai-qwen3", &["qwen3"])
+        .map(|dir| dir.join("qwen3.gguf"))
 }
 
 /// A model whose template renders tools gets them from the template, and

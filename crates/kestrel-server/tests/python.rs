@@ -13,6 +13,9 @@
 //! (`KESTREL_REQUIRE_PYTHON`), where it fails.
 
 mod common;
+#[path = "../../../tests/support/reference_python.rs"]
+#[allow(dead_code)]
+mod reference_python;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,24 +23,7 @@ use std::process::Command;
 /// The interpreter, if it can import `modules`; otherwise a skip (or, with
 /// `KESTREL_REQUIRE_PYTHON`, a failure).
 fn python_with(test: &str, modules: &str) -> Option<String> {
-    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_deps = Command::new(&python)
-        .args(["-c", &format!("import {modules}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_deps {
-        return Some(python);
-    }
-    // CI installs the clients' requirements and insists on the run.
-    assert!(
-        std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
-        "KESTREL_REQUIRE_PYTHON is set but {python} cannot import {modules}"
-    );
-    eprintln!(
-        "SKIPPED {test}: {python} cannot import {modules} \
-         (pip install -r tests/python/requirements.txt, or set KESTREL_PYTHON)"
-    );
-    None
+    reference_python::python_with(test, modules, "tests/python/requirements.txt")
 }
 
 /// Runs `script` with `args` and checks it reports success.

@@ -1,0 +1,68 @@
+//! The Python side of the reference tests, shared by several crates'
+//! integration tests (each includes this file with `#[path]`): finding an
+//! interpreter with the modules a test needs, and writing the synthetic
+//! family fixtures of `scripts/reference/synthetic_fixtures.py`.
+//!
+//! A missing module is a skip that says so, or a failure when
+//! `KESTREL_REQUIRE_PYTHON` is set (CI installs the requirements and insists
+//! on the runs).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `$KESTREL_PYTHON` (default `python3`) if it can import `modules` (a
+/// comma-separated list, as `import` takes it); otherwise `None` after
+/// saying that `test` was skipped and which `requirements` file to install.
+pub fn python_with(test: &str, modules: &str, requirements: &str) -> Option<String> {
+    let python = std::env::var("KESTREL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("KESTREL_REQUIRE_PYTHON").is_none(),
+        "KESTREL_REQUIRE_PYTHON is set but {python} cannot import {modules} \
+         (pip install -r {requirements})"
+    );
+    eprintln!(
+        "SKIPPED {test}: {python} cannot import {modules} \
+         (pip install -r {requirements}, or set KESTREL_PYTHON)"
+    );
+    None
+}
+
+/// Writes the synthetic family fixtures (random weights, the default
+/// model's tokenizer cut down; all cases, or only `cases`) into a fresh
+/// directory named after `tag`, or `None` (skipped) when the Python side is
+/// missing and not required.
+pub fn synthetic_fixtures(test: &str, tag: &str, cases: &[&str]) -> Option<PathBuf> {
+    let python = python_with(
+        test,
+        "gguf, numpy, regex",
+        "scripts/reference/requirements.txt",
+    )?;
+    let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
+    let dir = std::env::temp_dir().join(format!("kestrel-{tag}-{}", std::process::id()));
+    let out = Command::new(&python)
+        .arg(repo().join("scripts/reference/synthetic_fixtures.py"))
+        .arg(&smol)
+        .arg(&dir)
+        .args(cases)
+        .output()
+        .expect("run synthetic_fixtures.py");
+    assert!(
+        out.status.success(),
+        "synthetic_fixtures.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(dir)
+}
