@@ -83,7 +83,11 @@ def run(address: str, timeout: float) -> str:
     check(len(forced.tool_calls) >= 1, forced)
     check(forced.tool_calls[0]["name"] == "GetWeather", forced.tool_calls)
     GetWeather(**forced.tool_calls[0]["args"])
-    anyone = tool_llm.bind_tools([GetWeather, GetTime], tool_choice="any").invoke(ask)
+    # One call, then the end (parallel calls let a small model go on calling
+    # until max_tokens cuts it: finish_reason "length").
+    anyone = tool_llm.bind_tools(
+        [GetWeather, GetTime], tool_choice="any", parallel_tool_calls=False
+    ).invoke(ask)
     check(len(anyone.tool_calls) >= 1, anyone)
     check(anyone.tool_calls[0]["name"] in ("GetWeather", "GetTime"), anyone.tool_calls)
     check(anyone.response_metadata["finish_reason"] == "tool_calls", anyone.response_metadata)

@@ -104,6 +104,9 @@ def run(address: str, timeout: float) -> str:
         temperature=0,
         tools=tools,
         tool_choice="required",
+        # One call, then the end: with parallel calls allowed, a small model
+        # may go on calling until max_tokens cuts it ("length").
+        parallel_tool_calls=False,
     )
     choice = called.choices[0]
     check(choice.finish_reason == "tool_calls", choice)
