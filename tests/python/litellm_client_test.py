@@ -17,16 +17,12 @@ LiteLLM fetches its model-cost map from the internet at import unless
 Prints "ok: ..." and exits 0 on success; exits 1 with a message on failure.
 """
 
-import argparse
 import json
 import os
 import sys
 import urllib.request
 
-
-def check(cond, message):
-    if not cond:
-        raise AssertionError(message)
+from client_harness import check, main
 
 
 def run(address: str, timeout: float) -> str:
@@ -79,19 +75,5 @@ def run(address: str, timeout: float) -> str:
     return f"model openai/{served}, answer {answer!r}, {usage.completion_tokens} tokens"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("address", help="host:port of the HTTP API")
-    parser.add_argument("--timeout", type=float, default=120.0)
-    args = parser.parse_args()
-    try:
-        summary = run(args.address, args.timeout)
-    except Exception as e:  # noqa: BLE001 - report any failure and exit 1
-        print(f"FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    print(f"ok: {summary}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run, __doc__))
