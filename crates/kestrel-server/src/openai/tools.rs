@@ -723,15 +723,24 @@ fn eat(rest: &mut &str, lit: &str) -> Option<bool> {
     }
 }
 
+/// Eats each of `lits` in turn (whitespace before each allowed); the
+/// header's state when one is missing or wrong.
+fn eat_all(rest: &mut &str, lits: &[&str]) -> Result<(), Header> {
+    for lit in lits {
+        match eat(rest, lit) {
+            None => return Err(Header::Incomplete),
+            Some(false) => return Err(Header::Invalid),
+            Some(true) => {}
+        }
+    }
+    Ok(())
+}
+
 /// Reads `{"name": "<name>", "<args_key>": ` at the start of `s`.
 fn call_header(s: &str, args_key: &str) -> Header {
     let mut rest = s;
-    for lit in ["{", "\"name\"", ":"] {
-        match eat(&mut rest, lit) {
-            None => return Header::Incomplete,
-            Some(false) => return Header::Invalid,
-            Some(true) => {}
-        }
+    if let Err(h) = eat_all(&mut rest, &["{", "\"name\"", ":"]) {
+        return h;
     }
     let t = rest.trim_start();
     if t.is_empty() {
@@ -748,12 +757,8 @@ fn call_header(s: &str, args_key: &str) -> Header {
     };
     rest = &t[len..];
     let key = format!("\"{args_key}\"");
-    for lit in [",", key.as_str(), ":"] {
-        match eat(&mut rest, lit) {
-            None => return Header::Incomplete,
-            Some(false) => return Header::Invalid,
-            Some(true) => {}
-        }
+    if let Err(h) = eat_all(&mut rest, &[",", &key, ":"]) {
+        return h;
     }
     let t = rest.trim_start();
     if t.is_empty() {
