@@ -317,6 +317,15 @@ fn weather_tools() -> Value {
     }}])
 }
 
+/// A chat request that must call `get_weather` exactly once.
+fn weather_call_body(max_tokens: u32) -> Value {
+    let mut body = chat_body("What is the weather in Paris?", max_tokens);
+    body["tools"] = weather_tools();
+    body["tool_choice"] = json!("required");
+    body["parallel_tool_calls"] = json!(false);
+    body
+}
+
 fn check_weather_args(arguments: &str) {
     let args: Value = serde_json::from_str(arguments).expect("arguments parse");
     let obj = args.as_object().unwrap();
@@ -331,10 +340,7 @@ fn check_weather_args(arguments: &str) {
 #[tokio::test]
 async fn required_tool_call_parses_and_validates() {
     let addr = shared_server().http_addr;
-    let mut body = chat_body("What is the weather in Paris?", 60);
-    body["tools"] = weather_tools();
-    body["tool_choice"] = json!("required");
-    body["parallel_tool_calls"] = json!(false);
+    let mut body = weather_call_body(60);
     let v = post(addr, "/v1/chat/completions", &body).await.json();
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{v}");
@@ -688,10 +694,7 @@ fn a_qwen3_template_renders_the_tools_and_its_calls_parse() {
 #[tokio::test]
 async fn a_tool_call_cut_by_max_tokens_is_content() {
     let addr = shared_server().http_addr;
-    let mut body = chat_body("What is the weather in Paris?", 80);
-    body["tools"] = weather_tools();
-    body["tool_choice"] = json!("required");
-    body["parallel_tool_calls"] = json!(false);
+    let mut body = weather_call_body(80);
     let whole = post(addr, "/v1/chat/completions", &body).await.json();
     assert_eq!(
         whole["choices"][0]["finish_reason"], "tool_calls",

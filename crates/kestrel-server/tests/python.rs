@@ -45,6 +45,16 @@ fn run_script(python: &str, script: &str, args: &[&str]) {
     assert!(stdout.starts_with("ok:"), "{stdout}");
 }
 
+/// Runs an HTTP client script (which needs `modules`) against the shared
+/// server's OpenAI API.
+fn http_client(test: &str, modules: &str, script: &str) {
+    let Some(python) = python_with(test, modules) else {
+        return;
+    };
+    let server = common::shared_server();
+    run_script(&python, script, &[&server.http_addr.to_string()]);
+}
+
 #[test]
 fn python_client() {
     let Some(python) = python_with("python_client", "grpc, grpc_tools") else {
@@ -60,41 +70,21 @@ fn python_client() {
 
 #[test]
 fn python_openai_client() {
-    let Some(python) = python_with("python_openai_client", "openai") else {
-        return;
-    };
-    let server = common::shared_server();
-    run_script(
-        &python,
-        "openai_client_test.py",
-        &[&server.http_addr.to_string()],
-    );
+    http_client("python_openai_client", "openai", "openai_client_test.py");
 }
 
 #[test]
 fn python_langchain_client() {
-    let Some(python) = python_with("python_langchain_client", "langchain_openai") else {
-        return;
-    };
-    let server = common::shared_server();
-    run_script(
-        &python,
+    http_client(
+        "python_langchain_client",
+        "langchain_openai",
         "langchain_client_test.py",
-        &[&server.http_addr.to_string()],
     );
 }
 
 #[test]
 fn python_litellm_client() {
-    let Some(python) = python_with("python_litellm_client", "litellm") else {
-        return;
-    };
-    let server = common::shared_server();
-    run_script(
-        &python,
-        "litellm_client_test.py",
-        &[&server.http_addr.to_string()],
-    );
+    http_client("python_litellm_client", "litellm", "litellm_client_test.py");
 }
 
 /// Debian's Chromium (or `$KESTREL_CHROMIUM`), if present; otherwise a skip
