@@ -138,3 +138,30 @@ __device__ u32 block_min_u32(u32 v, u32* sh) {
     __syncthreads();
     return r;
 }
+
+// One int8-quantized 32-element activation block (40 bytes; kestrel-cpu's
+// fast-numerics `Q8Block`, `kestrel_cuda::quant::Q8Block`): element i is
+// q[i] * d, and s = d * sum(q).
+struct Q8 {
+    float d;
+    float s;
+    signed char q[32];
+};
+
+// Quantize this lane's value v (element `lane` of a 32-block; the whole warp
+// calls it) into `out`: d = max|v| / 127, q = rint(v * (1 / d)),
+// s = d * sum(q): kestrel-cpu's `int8::quantize_row`, step by step.
+__device__ __forceinline__ void warp_quantize(float v, Q8* out) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float d = __fdiv_rn(amax, 127.0f);
+    float id = d == 0.0f ? 0.0f : __fdiv_rn(1.0f, d);
+    int q = __float2int_rn(__fmul_rn(v, id));
+    int sum = q;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    out->q[lane] = (signed char)q;
+    if (lane == 0) {
+        out->d = d;
+        out->s = __fmul_rn(d, (float)sum);
+    }
+}

@@ -1,8 +1,27 @@
 // rmsnorm.cu: fused residual add + RMSNorm. `x += delta` (when delta is not
-// null) in f32, then `out[o] = x / sqrt(mean(x^2) + eps) * w` in f16 for the
-// GEMM that follows. `out_row[i]` redirects or (when negative) skips the
-// normalized output of row i (the final norm keeps only the rows whose logits
-// are wanted). One block per row; the sum of squares is a block reduction.
+// null) in f32, then `out[o] = x / sqrt(mean(x^2) + eps) * w`: as f16 rows
+// for a cuBLAS GEMM (`add_rms_norm`), or quantized per 32-element block to
+// int8 for the next matmul's `mmvq_*` kernel (`add_rms_norm_q8`, fused: the
+// normalized row never leaves registers). `out_row[i]` redirects or (when
+// negative) skips the output of row i (the final norm keeps only the rows
+// whose logits are wanted). One block per row; the sum of squares is a block
+// reduction (`kestrel_cuda::quant::add_rms_norm_q8` emulates both on the host).
+
+// Adds delta into row i of x and returns 1 / rms of the result (every thread).
+__device__ float add_and_inv_rms(float* __restrict__ xr, const float* __restrict__ dr,
+                                 int hidden, float eps, float* sh) {
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float v = xr[j];
+        if (dr) {
+            v = __fadd_rn(v, dr[j]);
+            xr[j] = v;
+        }
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    return 1.0f / sqrtf(ss / (float)hidden + eps);
+}
 
 extern "C" __global__ void add_rms_norm(float* __restrict__ x,
                                         const float* __restrict__ delta,
@@ -14,21 +33,32 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x,
     int i = blockIdx.x;
     if (i >= n) return;
     float* xr = x + (size_t)i * hidden;
-    const float* dr = delta ? delta + (size_t)i * hidden : nullptr;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-        float v = xr[j];
-        if (dr) {
-            v = __fadd_rn(v, dr[j]);
-            xr[j] = v;
-        }
-        ss = fmaf(v, v, ss);
-    }
-    ss = block_sum(ss, sh);
+    float inv = add_and_inv_rms(xr, delta ? delta + (size_t)i * hidden : nullptr, hidden, eps, sh);
     int o = out_row ? out_row[i] : i;
     if (o < 0) return;
-    float inv = 1.0f / sqrtf(ss / (float)hidden + eps);
     h16* orow = out + (size_t)o * hidden;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
         orow[j] = f2h(__fmul_rn(__fmul_rn(xr[j], inv), w[j]));
+}
+
+// As `add_rms_norm`, the output quantized: row o of `xq` holds hidden / 32
+// blocks. `hidden` is a multiple of 32 and the block a multiple of 32 threads.
+extern "C" __global__ void add_rms_norm_q8(float* __restrict__ x,
+                                           const float* __restrict__ delta,
+                                           const float* __restrict__ w,
+                                           Q8* __restrict__ xq,
+                                           const int* __restrict__ out_row,
+                                           int hidden, float eps, int n) {
+    __shared__ float sh[32];
+    int i = blockIdx.x;
+    if (i >= n) return;
+    float* xr = x + (size_t)i * hidden;
+    float inv = add_and_inv_rms(xr, delta ? delta + (size_t)i * hidden : nullptr, hidden, eps, sh);
+    int o = out_row ? out_row[i] : i;
+    if (o < 0) return;
+    int nb = hidden >> 5, lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        int j = b * 32 + lane;
+        warp_quantize(__fmul_rn(__fmul_rn(xr[j], inv), w[j]), xq + (size_t)o * nb + b);
+    }
 }

@@ -1,6 +1,12 @@
-// swiglu.cu: `out = silu(gate) * up` over the fused gate|up GEMM output
-// (f32 rows of 2*f: gate in [0, f), up in [f, 2f)), written as f16 for the
-// down projection. Same formula and exp as kestrel-cpu: g / (1 + e^-g) * u.
+// swiglu.cu: `out = silu(gate) * up` over the fused gate|up matmul output
+// (f32 rows of 2*f: gate in [0, f), up in [f, 2f)), written as f16 for a
+// cuBLAS down projection (`swiglu`) or quantized per 32-element block to
+// int8 for the down projection's `mmvq_*` kernel (`swiglu_q8`, fused). Same
+// formula and exp as kestrel-cpu: g / (1 + e^-g) * u.
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, kexp(-g))), u);
+}
 
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __restrict__ out,
                                   int f, int n) {
@@ -8,8 +14,19 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __rest
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx / f, j = idx % f;
-        float g = gate_up[i * 2 * f + j];
-        float u = gate_up[i * 2 * f + f + j];
-        out[idx] = f2h(__fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, kexp(-g))), u));
+        out[idx] = f2h(silu_mul(gate_up[i * 2 * f + j], gate_up[i * 2 * f + f + j]));
     }
+}
+
+// One warp per 32-element block: grid (ceil(f / 32 / 8), n), 256 threads;
+// `f` a multiple of 32. Row i of `xq` holds f / 32 blocks.
+extern "C" __global__ void swiglu_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+                                     int f, int n) {
+    int i = blockIdx.y;
+    int nb = f >> 5;
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= n || b >= nb) return;
+    size_t j = (size_t)b * 32 + (threadIdx.x & 31);
+    const float* row = gate_up + (size_t)i * 2 * f;
+    warp_quantize(silu_mul(row[j], row[f + j]), xq + (size_t)i * nb + b);
 }

@@ -41,11 +41,27 @@ macro_rules! kernel {
 /// Every kernel file, in dependency-free order.
 pub const SOURCES: &[KernelSource] = &[
     kernel!("embedding.cu", ["embed_gather"]),
-    kernel!("rmsnorm.cu", ["add_rms_norm"]),
+    kernel!("rmsnorm.cu", ["add_rms_norm", "add_rms_norm_q8"]),
     kernel!("rope.cu", ["add_bias", "rope_qk"]),
     kernel!("kv_append.cu", ["kv_append"]),
     kernel!("attention.cu", ["paged_attention"]),
-    kernel!("swiglu.cu", ["swiglu"]),
+    kernel!("swiglu.cu", ["swiglu", "swiglu_q8"]),
+    kernel!(
+        "quant.cu",
+        [
+            "mmvq_q4_0",
+            "mmvq_q4_1",
+            "mmvq_q5_0",
+            "mmvq_q5_1",
+            "mmvq_q8_0",
+            "mmvq_q4_k",
+            "mmvq_q5_k",
+            "mmvq_q6_k",
+            "quantize_q8_h",
+            "dequant_f16",
+            "embed_gather_q",
+        ]
+    ),
     kernel!("sample.cu", ["sample_rows", "reset_counts"]),
 ];
 
@@ -53,6 +69,10 @@ pub const SOURCES: &[KernelSource] = &[
 pub const SAMPLE_THREADS: u32 = 1024;
 /// Threads per block of `paged_attention` (at most 4 warps: shared-memory sizing).
 pub const ATTENTION_THREADS: u32 = 128;
+/// Most activation rows one `mmvq_*` launch takes (its accumulators).
+pub const MMVQ_MAX_ROWS: usize = 16;
+/// Warps (weight rows) per block of `mmvq_*`.
+pub const MMVQ_WARPS: u32 = 4;
 /// Largest head dimension `paged_attention` handles (8 values per lane).
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -103,5 +123,8 @@ mod tests {
             ATTENTION_THREADS / 32
         )));
         assert!(att.contains(&format!("#define ATT_MAX_E {} ", MAX_HEAD_DIM / 32)));
+        let q = src("quant.cu");
+        assert!(q.contains(&format!("#define MMVQ_MAX_ROWS {MMVQ_MAX_ROWS}\n")));
+        assert!(q.contains(&format!("#define MMVQ_WARPS {MMVQ_WARPS}\n")));
     }
 }

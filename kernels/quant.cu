@@ -1,0 +1,326 @@
+// quant.cu: weights read in their GGUF encoding (no f16 copy on the device).
+//
+// * `mmvq_<type>`: decode matmul for 1..MMVQ_MAX_ROWS activation rows, as
+//   llama.cpp's MMVQ: activations quantized per 32-element block to int8 with
+//   their scale and block sum (`Q8`, kestrel-cpu's fast-numerics `Q8Block`),
+//   integer dot products (`dp4a`) with each weight block's integers, per-block
+//   f32 scales. One warp per weight row; lane L takes blocks L, L+32, ...; per
+//   output row it adds `fma(float(isum), d_w * d_x, acc)` block by block (Q6_K:
+//   its two 16-element halves, first then second) and `fma(m_w, s_x, mins)`
+//   for types with a minimum, then `acc + mins`, then a warp butterfly sum.
+//   `kestrel_cuda::quant::mmvq` does this arithmetic in this order on the host.
+// * `quantize_q8_h`: f16 rows -> Q8 blocks (the attention output, the final
+//   norm's rows) for `mmvq_*`; the norm and SwiGLU kernels quantize fused.
+// * `dequant_f16`: rows `row0..row0+nrows` of a weight to f16 (the tile that
+//   cuBLAS multiplies for larger batches and prefill), and `embed_gather_q`:
+//   embedding rows to the f32 residual stream. Both decode each element
+//   exactly as ggml (`kestrel_model::quant::dequantize`), bit for bit.
+//
+// Type codes are ggml's type ids. Block starts are only 2-byte aligned for
+// Q4_0, Q5_0, Q8_0 and Q6_K, so 32-bit words are read as two 16-bit loads.
+
+#define MMVQ_MAX_ROWS 16
+#define MMVQ_WARPS 4
+
+#define GT_F32 0
+#define GT_F16 1
+#define GT_Q4_0 2
+#define GT_Q4_1 3
+#define GT_Q5_0 6
+#define GT_Q5_1 7
+#define GT_Q8_0 8
+#define GT_Q4_K 12
+#define GT_Q5_K 13
+#define GT_Q6_K 14
+#define GT_BF16 30
+
+typedef unsigned char u8;
+
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const unsigned short* h = (const unsigned short*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+__device__ __forceinline__ float ld_h(const u8* p) { return h2f(*(const h16*)p); }
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Bytes q (each < 128 + off) minus `off`, as signed bytes, without carries.
+__device__ __forceinline__ int bytes_minus(u32 q, u32 off) {
+    return (int)((q + (128u - off) * 0x01010101u) ^ 0x80808080u);
+}
+
+// Bits 0..3 of h to bit 4 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+// ggml get_scale_min_k4.
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Block bytes and elements of each type.
+__host__ __device__ constexpr int type_block_bytes(int t) {
+    return t == GT_Q4_0 ? 18 : t == GT_Q4_1 ? 20 : t == GT_Q5_0 ? 22 : t == GT_Q5_1 ? 24
+         : t == GT_Q8_0 ? 34 : t == GT_Q4_K ? 144 : t == GT_Q5_K ? 176 : t == GT_Q6_K ? 210
+         : t == GT_F32 ? 4 : 2;
+}
+__host__ __device__ constexpr int type_block_elems(int t) {
+    return (t == GT_Q4_K || t == GT_Q5_K || t == GT_Q6_K) ? 256
+         : (t == GT_F32 || t == GT_F16 || t == GT_BF16) ? 1 : 32;
+}
+
+// The integers of 32-element block `b` of a row, in activation order (w[k]
+// holds elements 4k..4k+3 as signed bytes), its scales for elements 0..16
+// and 16..32 (equal but for Q6_K) and its minimum (0 when none).
+struct WBlock {
+    int w[8];
+    float d0, d1, m;
+};
+
+template <int T>
+__device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) {
+    WBlock r;
+    r.m = 0.0f;
+    if (T == GT_Q4_0 || T == GT_Q4_1 || T == GT_Q5_0 || T == GT_Q5_1) {
+        const u8* blk = row + (size_t)b * type_block_bytes(T);
+        r.d0 = ld_h(blk);
+        int qs_at = T == GT_Q4_0 ? 2 : T == GT_Q4_1 ? 4 : T == GT_Q5_0 ? 6 : 8;
+        u32 qh = 0;
+        if (T == GT_Q5_0) qh = ld_u32_a2(blk + 2);
+        if (T == GT_Q5_1) qh = ld_u32_a2(blk + 4);
+        if (T == GT_Q4_1 || T == GT_Q5_1) r.m = ld_h(blk + 2);
+        u32 off = T == GT_Q4_0 ? 8u : T == GT_Q5_0 ? 16u : 0u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 v = ld_u32_a2(blk + qs_at + 4 * k);
+            u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+            if (T == GT_Q5_0 || T == GT_Q5_1) {
+                lo |= spread4((qh >> (4 * k)) & 15u);
+                hi |= spread4((qh >> (16 + 4 * k)) & 15u);
+            }
+            r.w[k] = bytes_minus(lo, off);
+            r.w[4 + k] = bytes_minus(hi, off);
+        }
+        r.d1 = r.d0;
+    } else if (T == GT_Q8_0) {
+        const u8* blk = row + (size_t)b * 34;
+        r.d0 = r.d1 = ld_h(blk);
+#pragma unroll
+        for (int k = 0; k < 8; k++) r.w[k] = (int)ld_u32_a2(blk + 2 + 4 * k);
+    } else if (T == GT_Q4_K || T == GT_Q5_K) {
+        const u8* sb = row + (size_t)(b >> 3) * type_block_bytes(T);
+        int j = b & 7, sc, mn;
+        scale_min_k4(j, sb + 4, &sc, &mn);
+        r.d0 = r.d1 = __fmul_rn(ld_h(sb), (float)sc);
+        r.m = -__fmul_rn(ld_h(sb + 2), (float)mn);
+        const u8* qs = sb + (T == GT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        int shift = 4 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            u32 v = (ld_u32_a2(qs + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            if (T == GT_Q5_K) v |= ((ld_u32_a2(sb + 16 + 4 * k) >> j) & 0x01010101u) << 4;
+            r.w[k] = (int)v;
+        }
+    } else {  // GT_Q6_K
+        const u8* sb = row + (size_t)(b >> 3) * 210;
+        int t = b & 7, n = t >> 2, tt = t & 3;
+        const u8* ql = sb + 64 * n + 32 * (tt & 1);
+        const u8* qh = sb + 128 + 32 * n;
+        const signed char* sc = (const signed char*)(sb + 192 + 8 * n + 2 * tt);
+        float d = ld_h(sb + 208);
+        r.d0 = __fmul_rn(d, (float)sc[0]);
+        r.d1 = __fmul_rn(d, (float)sc[1]);
+        int shift = 4 * (tt >> 1), hs = 2 * tt;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            u32 v = (ld_u32_a2(ql + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            v |= ((ld_u32_a2(qh + 4 * k) >> hs) & 0x03030303u) << 4;
+            r.w[k] = bytes_minus(v, 32u);
+        }
+    }
+    return r;
+}
+
+// y[r * ldy + row] = sum over blocks of W[row] . x[r] for r < n (<= 16).
+template <int T>
+__device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                     float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    const bool has_min = T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K;
+    const bool two = T == GT_Q6_K;
+    int row = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    int nb = cols >> 5;
+    size_t row_bytes = (size_t)(cols / type_block_elems(T)) * type_block_bytes(T);
+    const u8* wr = w + (size_t)row * row_bytes;
+    float acc[MMVQ_MAX_ROWS], mins[MMVQ_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < MMVQ_MAX_ROWS; r++) acc[r] = mins[r] = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+        WBlock wb = load_block<T>(wr, b);
+#pragma unroll
+        for (int r = 0; r < MMVQ_MAX_ROWS; r++) {
+            if (r < n) {
+                const Q8* xb = xq + (size_t)r * nb + b;
+                const int* xi = (const int*)xb->q;
+                float dx = xb->d;
+                if (two) {
+                    int s0 = 0, s1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        s0 = dp4a(wb.w[k], xi[k], s0);
+                        s1 = dp4a(wb.w[4 + k], xi[4 + k], s1);
+                    }
+                    acc[r] = __fmaf_rn((float)s0, __fmul_rn(wb.d0, dx), acc[r]);
+                    acc[r] = __fmaf_rn((float)s1, __fmul_rn(wb.d1, dx), acc[r]);
+                } else {
+                    int s = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) s = dp4a(wb.w[k], xi[k], s);
+                    acc[r] = __fmaf_rn((float)s, __fmul_rn(wb.d0, dx), acc[r]);
+                }
+                if (has_min) mins[r] = __fmaf_rn(wb.m, xb->s, mins[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MMVQ_MAX_ROWS; r++) {
+        if (r < n) {
+            float v = warp_sum(__fadd_rn(acc[r], mins[r]));
+            if (lane == 0) y[(size_t)r * ldy + row] = v;
+        }
+    }
+}
+
+// Entry points: grid (ceil(rows / MMVQ_WARPS)), MMVQ_WARPS * 32 threads.
+extern "C" __global__ void mmvq_q4_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q4_0>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q4_1(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q4_1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q5_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q5_0>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q5_1(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q5_1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q8_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q8_0>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q4_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q4_K>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q5_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q5_K>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void mmvq_q6_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
+                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
+    mmvq<GT_Q6_K>(w, xq, y, rows, cols, ldy, n);
+}
+
+// f16 rows (`cols` a multiple of 32) to Q8 blocks. One warp per block;
+// grid (ceil(blocks / 8), n), 256 threads.
+extern "C" __global__ void quantize_q8_h(const h16* __restrict__ x, Q8* __restrict__ xq,
+                                         int cols, int n) {
+    int i = blockIdx.y;
+    int nb = cols >> 5;
+    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (i >= n || b >= nb) return;
+    float v = h2f(x[(size_t)i * cols + b * 32 + (threadIdx.x & 31)]);
+    warp_quantize(v, xq + (size_t)i * nb + b);
+}
+
+// Element `e` of a row in type `t`, exactly as ggml decodes it.
+__device__ float dequant_elem(int t, const u8* __restrict__ row, int e) {
+    switch (t) {
+    case GT_F32: return ((const float*)row)[e];
+    case GT_F16: return h2f(((const h16*)row)[e]);
+    case GT_BF16: return __uint_as_float((u32)((const h16*)row)[e] << 16);
+    case GT_Q8_0: {
+        const u8* b = row + (e >> 5) * 34;
+        return __fmul_rn(ld_h(b), (float)((const signed char*)b)[2 + (e & 31)]);
+    }
+    case GT_Q4_0: case GT_Q4_1: case GT_Q5_0: case GT_Q5_1: {
+        const u8* b = row + (size_t)(e >> 5) * type_block_bytes(t);
+        int l = e & 31;
+        int qs_at = t == GT_Q4_0 ? 2 : t == GT_Q4_1 ? 4 : t == GT_Q5_0 ? 6 : 8;
+        u8 byte = b[qs_at + (l & 15)];
+        int q = l < 16 ? (byte & 15) : (byte >> 4);
+        float d = ld_h(b);
+        if (t == GT_Q4_0) return __fmul_rn(d, __fsub_rn((float)q, 8.0f));
+        if (t == GT_Q4_1) return __fadd_rn(__fmul_rn(d, (float)q), ld_h(b + 2));
+        u32 qh = ld_u32_a2(b + (t == GT_Q5_0 ? 2 : 4));
+        q |= (int)((qh >> l) & 1u) << 4;
+        if (t == GT_Q5_0) return __fmul_rn(d, (float)(q - 16));
+        return __fadd_rn(__fmul_rn(d, (float)q), ld_h(b + 2));
+    }
+    case GT_Q4_K: case GT_Q5_K: {
+        const u8* sb = row + (size_t)(e >> 8) * type_block_bytes(t);
+        int j = (e >> 5) & 7, l = e & 31, sc, mn;
+        scale_min_k4(j, sb + 4, &sc, &mn);
+        float d1 = __fmul_rn(ld_h(sb), (float)sc), m1 = __fmul_rn(ld_h(sb + 2), (float)mn);
+        int q = (sb[(t == GT_Q4_K ? 16 : 48) + 32 * (j >> 1) + l] >> (4 * (j & 1))) & 15;
+        if (t == GT_Q5_K) q |= ((sb[16 + l] >> j) & 1) << 4;
+        return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+    default: {  // GT_Q6_K
+        const u8* sb = row + (size_t)(e >> 8) * 210;
+        int w = e & 255, n = w >> 7, tt = (w >> 5) & 3, l = w & 31;
+        int q = (sb[64 * n + 32 * (tt & 1) + l] >> (4 * (tt >> 1))) & 15;
+        q |= ((sb[128 + 32 * n + l] >> (2 * tt)) & 3) << 4;
+        float s = __fmul_rn(ld_h(sb + 208), (float)((const signed char*)sb)[192 + 8 * n + 2 * tt + (l >> 4)]);
+        return __fmul_rn(s, (float)(q - 32));
+    }
+    }
+}
+
+// out[(r - row0) * cols + c] = f16(W[r][c]) for r in row0..row0+nrows.
+// Grid-stride over the tile; 256 threads.
+extern "C" __global__ void dequant_f16(const u8* __restrict__ w, int t, int row0, int nrows,
+                                       int cols, h16* __restrict__ out) {
+    size_t row_bytes = (size_t)(cols / type_block_elems(t)) * type_block_bytes(t);
+    size_t total = (size_t)nrows * cols;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        size_t r = idx / cols;
+        int c = (int)(idx % cols);
+        out[idx] = f2h(dequant_elem(t, w + (row0 + r) * row_bytes, c));
+    }
+}
+
+// Token embedding gather from a table in type `t` into the f32 residual
+// stream (as `embed_gather`, which it replaces for non-f16 tables). One
+// block per row.
+extern "C" __global__ void embed_gather_q(const u8* __restrict__ table, int t,
+                                          const u32* __restrict__ tokens,
+                                          const u32* __restrict__ rows,
+                                          float* __restrict__ x, int hidden, int vocab, int n) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    u32 tok = rows ? tokens[rows[i]] : tokens[i];
+    if (tok >= (u32)vocab) tok = 0;  // padding rows and corrupt ids stay in bounds
+    size_t row_bytes = (size_t)(hidden / type_block_elems(t)) * type_block_bytes(t);
+    const u8* src = table + (size_t)tok * row_bytes;
+    float* dst = x + (size_t)i * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = dequant_elem(t, src, j);
+}
