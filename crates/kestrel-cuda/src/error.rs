@@ -82,6 +82,10 @@ pub enum CudaError {
     #[error("unsupported model for the CUDA kernels: {0}")]
     Unsupported(String),
 
+    /// A weight that cannot be held on the device in its encoding.
+    #[error("weight upload plan")]
+    WeightPlan(#[from] crate::quant::PlanError),
+
     /// The runtime configuration is inconsistent.
     #[error("invalid CUDA runtime config: {0}")]
     Config(String),

@@ -14,6 +14,7 @@ pub mod ffi;
 pub mod host;
 pub mod kernels;
 pub mod libs;
+pub mod quant;
 pub mod runtime;
 
 pub use compile::Arch;
