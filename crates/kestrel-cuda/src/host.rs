@@ -1,15 +1,14 @@
 //! Host-side planning, pure and unit-tested: CUDA-graph batch buckets and
 //! padding, the packing of a step's metadata into one `u32` buffer (copied
-//! to the device in one H2D), the RoPE table, and weight conversion to f16.
+//! to the device in one H2D), the RoPE table and bias stacking (weights:
+//! `crate::quant`).
 //!
 //! Decode metadata has fixed offsets (by capacity) so captured graphs read
 //! stable addresses; padding rows of a bucket read the reserved KV row 0 and
 //! write their K/V into a trash page past the pool, so they can never touch a
 //! live sequence. Prefill metadata is sized per step (prefill is not graphed).
 
-use half::f16;
 use kestrel_kv::PagedIndices;
-use kestrel_model::Matrix;
 use kestrel_pipeline::TokenMask;
 
 /// Batch sizes the decode forward is captured for: 1, 2, 4, 8, 16, then
@@ -285,23 +284,7 @@ pub fn rope_table(max_pos: usize, head_dim: usize, theta: f32) -> Vec<f32> {
     out
 }
 
-/// Matrices stacked by rows and converted to f16 (dequantized once at load
-/// with kestrel-model's decoders). `out` receives `sum(rows) * cols` values.
-pub fn stack_f16(mats: &[&Matrix], out: &mut Vec<f16>) {
-    let cols = mats.first().map_or(0, |m| m.cols);
-    let mut row = vec![0f32; cols];
-    out.clear();
-    out.reserve(mats.iter().map(|m| m.rows * cols).sum());
-    for m in mats {
-        debug_assert_eq!(m.cols, cols);
-        for r in 0..m.rows {
-            m.dequantize_row(r, &mut row);
-            out.extend(row.iter().map(|&v| f16::from_f32(v)));
-        }
-    }
-}
-
-/// Optional biases stacked like [`stack_f16`]'s matrices (zeros where absent).
+/// Optional biases stacked by rows, as Q|K|V (zeros where absent).
 pub fn stack_bias(parts: &[(Option<&Vec<f32>>, usize)]) -> Vec<f32> {
     parts
         .iter()
@@ -471,48 +454,9 @@ mod tests {
     }
 
     #[test]
-    fn stacking_dequantizes_each_matrix_in_order() {
-        let a = Matrix::quantize(kestrel_model::DType::F32, 2, 32, &[1.0; 64]);
-        let b = Matrix::quantize(kestrel_model::DType::Q8_0, 1, 32, &[0.5; 32]);
-        let mut out = Vec::new();
-        stack_f16(&[&a, &b], &mut out);
-        assert_eq!(out.len(), 96);
-        assert_eq!(out[63], f16::from_f32(1.0));
-        assert!((out[64].to_f32() - 0.5).abs() < 1e-2);
+    fn biases_stack_with_zeros_where_absent() {
         let bias = stack_bias(&[(None, 2), (Some(&vec![3.0]), 1)]);
         assert_eq!(bias, vec![0.0, 0.0, 3.0]);
         assert_eq!(mask_words(2, 33), 2 + 4);
-    }
-
-    #[test]
-    fn every_weight_type_is_dequantized_at_load_to_its_exact_f16() {
-        // The device holds f16 weights whatever the file's type: each value
-        // is kestrel-model's (ggml-exact, gguf-py-checked) dequantization,
-        // rounded once to f16. K-quants need 256-column rows.
-        let (rows, cols) = (3, 512);
-        let vals: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
-        for dtype in kestrel_model::DType::ALL {
-            let m = Matrix::quantize(dtype, rows, cols, &vals);
-            let f32s = m.to_f32();
-            let mut out = Vec::new();
-            stack_f16(&[&m, &m], &mut out);
-            assert_eq!(out.len(), 2 * rows * cols, "{dtype}");
-            for (i, (h, v)) in out.iter().zip(f32s.iter().cycle()).enumerate() {
-                assert_eq!(
-                    h.to_bits(),
-                    f16::from_f32(*v).to_bits(),
-                    "{dtype} value {i}"
-                );
-            }
-            // And the values are the type's, not a stand-in: within its
-            // quantization error of the source.
-            let err = vals
-                .iter()
-                .zip(&f32s)
-                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
-            assert!(err < 0.16, "{dtype}: max error {err}");
-        }
     }
 }

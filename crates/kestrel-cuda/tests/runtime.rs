@@ -5,12 +5,13 @@
 //! ignored, not passed); with a GPU run them with `--include-ignored` (see
 //! docs/cuda.md): greedy tokens of synthetic
 //! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
-//! alone and batched, blocking and pipelined, with graphs on and off; step
+//! alone and batched, blocking and pipelined, with graphs on and off, and
+//! with quantized weights held in their GGUF encoding; step
 //! timings from CUDA events are ordered host instants.
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
-use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
+use kestrel_model::{synthetic_weights, DType, Matrix, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId,
 };
@@ -204,6 +205,24 @@ fn gpu_greedy_parity_smollm2_shape() {
         synthetic_weights(&ModelConfig::smollm2_135m_layers(4), DType::Q8_0, 11),
         true,
     );
+}
+
+/// Weights kept in their GGUF encoding: decode (3 rows) through `mmvq_*`
+/// on int8 activations, prefill through f16 tiles; a Q4_K model whose V is
+/// Q6_K (as Q4_K_M files have) splits Q|K|V into two parts.
+#[test]
+#[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
+fn gpu_greedy_parity_quantized_weights() {
+    for dtype in [DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K] {
+        eprintln!("{dtype}");
+        parity(synthetic_weights(&ModelConfig::tiny(), dtype, 13), true);
+    }
+    let mut w = synthetic_weights(&ModelConfig::tiny(), DType::Q4K, 17);
+    for l in &mut w.layers {
+        l.wv = Matrix::quantize(DType::Q6K, l.wv.rows, l.wv.cols, &l.wv.to_f32());
+        l.w_down = Matrix::quantize(DType::Q6K, l.w_down.rows, l.w_down.cols, &l.w_down.to_f32());
+    }
+    parity(w, true);
 }
 
 /// CUDA-event step timings, converted to host instants: one per committed

@@ -1,11 +1,17 @@
-//! The model on the device: f16 weights (dequantized once at load), the
-//! paged KV cache, the loaded kernels and cuBLAS, and the launch sequence of
-//! one forward (embed -> per layer: add+RMSNorm -> QKV GEMM -> bias -> RoPE
-//! -> KV append -> paged attention -> O GEMM -> add+RMSNorm -> gate|up GEMM
-//! -> SwiGLU -> down GEMM; final add+RMSNorm -> LM head) and of sampling.
+//! The model on the device: weights in their file's encoding
+//! (`crate::quant`'s upload plan), the paged KV cache, the loaded kernels and
+//! cuBLAS, and the launch sequence of one forward (embed -> per layer:
+//! add+RMSNorm -> QKV matmul -> bias -> RoPE -> KV append -> paged attention
+//! -> O matmul -> add+RMSNorm -> gate|up matmul -> SwiGLU -> down matmul;
+//! final add+RMSNorm -> LM head) and of sampling. A matmul of up to
+//! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
+//! activations (quantized fused into the norm / SwiGLU that produces them);
+//! larger ones dequantize the weight tile by tile to f16 for cuBLAS.
 //!
 //! Every launch goes to the one compute stream (I1). Launches take raw
-//! addresses, so the same code runs eagerly and under CUDA-graph capture.
+//! addresses, so the same code runs eagerly and under CUDA-graph capture;
+//! the int8 activations and the f16 tile are model-wide scratch, which one
+//! stream makes safe for every slot's graphs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,21 +25,92 @@ use kestrel_model::{ModelConfig, ModelWeights, RopeStyle};
 
 use super::mem::DevBuf;
 use crate::compile::CompiledKernel;
-use crate::host::{rope_table, stack_bias, stack_f16};
-use crate::kernels::{ATTENTION_THREADS, MAX_HEAD_DIM, SAMPLE_THREADS};
+use crate::host::{rope_table, stack_bias};
+use crate::kernels::{ATTENTION_THREADS, MAX_HEAD_DIM, MMVQ_MAX_ROWS, MMVQ_WARPS, SAMPLE_THREADS};
+use crate::quant::{
+    layer_projections, matmul_path, mmvq_kernel, part_bytes, plan_parts, type_code, MatmulPath,
+    Q8Block, BLOCK, MMVQ_CROSSOVER_ROWS, NORM_THREADS, TILE_ELEMS,
+};
 use crate::CudaError;
 
 /// cuBLAS workspace, set explicitly so GEMMs can be captured in graphs.
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
+/// One device matrix of a projection, in its file's encoding: `rows`
+/// output columns from `out_offset` (see `quant::PartPlan`).
+struct Part {
+    dtype: kestrel_model::DType,
+    rows: usize,
+    cols: usize,
+    out_offset: usize,
+    w: DevBuf,
+}
+
+/// Matrices sharing one input and writing one output row of `out` values.
+struct Proj {
+    parts: Vec<Part>,
+    out: usize,
+    inp: usize,
+}
+
+impl Proj {
+    fn upload(
+        ctx: &Arc<CudaContext>,
+        what: &str,
+        mats: &[&kestrel_model::Matrix],
+        bytes: &mut usize,
+    ) -> Result<Self, CudaError> {
+        let mut parts = Vec::new();
+        for p in plan_parts(what, mats)? {
+            let data = part_bytes(&p, mats);
+            *bytes += data.len();
+            parts.push(Part {
+                dtype: p.dtype,
+                rows: p.rows,
+                cols: p.cols,
+                out_offset: p.out_offset,
+                w: DevBuf::from_slice(ctx, &data)?,
+            });
+        }
+        Ok(Proj {
+            out: mats.iter().map(|m| m.rows).sum(),
+            inp: mats[0].cols,
+            parts,
+        })
+    }
+
+    fn needs(&self, n: usize) -> Needs {
+        needs(&self.parts, n)
+    }
+}
+
+/// The activations a matmul of `n` rows on `parts` reads.
+fn needs(parts: &[Part], n: usize) -> Needs {
+    let mut need = Needs::default();
+    for p in parts {
+        match matmul_path(p.dtype, n) {
+            MatmulPath::Mmvq => need.q8 = true,
+            MatmulPath::GemmF16 | MatmulPath::DequantTiles => need.f16 = true,
+        }
+    }
+    need
+}
+
+/// Which forms of its input a projection reads.
+#[derive(Debug, Clone, Copy, Default)]
+struct Needs {
+    f16: bool,
+    q8: bool,
+}
+
 struct Layer {
     attn_norm: DevBuf,
     ffn_norm: DevBuf,
-    wqkv: DevBuf,
+    qkv: Proj,
     bqkv: Option<DevBuf>,
-    wo: DevBuf,
-    w_gate_up: DevBuf,
-    w_down: DevBuf,
+    wo: Proj,
+    gate_up: Proj,
+    down: Proj,
 }
 
 /// The loaded kernels, by entry point.
@@ -127,8 +204,12 @@ pub(crate) struct DeviceModel {
     kernels: Kernels,
     blas: CudaBlas,
     _blas_ws: DevBuf,
-    embd: DevBuf,
-    lm_head: Option<DevBuf>,
+    embd: Part,
+    lm_head: Option<Proj>,
+    /// Int8 activations of up to `MMVQ_CROSSOVER_ROWS` rows (the widest input).
+    xq: DevBuf,
+    /// The f16 tile non-f16 weights are dequantized into for cuBLAS.
+    tile: DevBuf,
     output_norm: DevBuf,
     layers: Vec<Layer>,
     rope: DevBuf,
@@ -199,18 +280,20 @@ impl DeviceModel {
             )
         }
         .result()?;
-        let mut tmp: Vec<f16> = Vec::new();
         let mut weight_bytes = 0usize;
-        let mut up16 = |mats: &[&kestrel_model::Matrix]| -> Result<DevBuf, CudaError> {
-            stack_f16(mats, &mut tmp);
-            weight_bytes += tmp.len() * 2;
-            Ok(DevBuf::from_slice(ctx, &tmp)?)
+        let embd = {
+            let mut p = Proj::upload(ctx, "token_embd", &[&w.token_embd], &mut weight_bytes)?;
+            p.parts.pop().expect("one matrix, one part")
         };
-        let embd = up16(&[&w.token_embd])?;
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(up16(&[&w.lm_head])?)
+            Some(Proj::upload(
+                ctx,
+                "lm_head",
+                &[&w.lm_head],
+                &mut weight_bytes,
+            )?)
         };
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -227,16 +310,33 @@ impl DeviceModel {
             } else {
                 None
             };
+            let [qkv, wo, gate_up, down] = layer_projections(l);
+            let what = format!("layer {}", layers.len());
+            let mut up =
+                |mats: &[&kestrel_model::Matrix]| Proj::upload(ctx, &what, mats, &mut weight_bytes);
             layers.push(Layer {
                 attn_norm: DevBuf::from_slice(ctx, &l.attn_norm)?,
                 ffn_norm: DevBuf::from_slice(ctx, &l.ffn_norm)?,
-                wqkv: up16(&[&l.wq, &l.wk, &l.wv])?,
+                qkv: up(&qkv)?,
                 bqkv,
-                wo: up16(&[&l.wo])?,
-                w_gate_up: up16(&[&l.w_gate, &l.w_up])?,
-                w_down: up16(&[&l.w_down])?,
+                wo: up(&wo)?,
+                gate_up: up(&gate_up)?,
+                down: up(&down)?,
             });
         }
+        let widest = c.hidden_size.max(qd).max(c.intermediate_size);
+        let xq = DevBuf::new(
+            ctx,
+            MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * std::mem::size_of::<Q8Block>(),
+        )?;
+        let any_tiled = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+            .chain(&lm_head)
+            .flat_map(|p| &p.parts)
+            .chain([&embd].into_iter().filter(|_| c.tie_word_embeddings))
+            .any(|p| p.dtype != kestrel_model::DType::F16);
+        let tile = DevBuf::new(ctx, if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
         let output_norm = DevBuf::from_slice(ctx, &w.output_norm)?;
         let rope = DevBuf::from_slice(ctx, &rope_table(max_pos, c.head_dim, c.rope_theta))?;
         let kv_elems = c.num_layers * (num_pages + 1) * page_size * kvd;
@@ -253,6 +353,8 @@ impl DeviceModel {
             _blas_ws: blas_ws,
             embd,
             lm_head,
+            xq,
+            tile,
             output_norm,
             layers,
             rope,
@@ -266,10 +368,13 @@ impl DeviceModel {
         })
     }
 
-    /// `y[n, out] (f32) = x[n, inp] (f16) * W[out, inp]^T (f16)`, f32 accumulation.
+    /// `y[n, out] (f32, rows ldy apart) = x[n, inp] (f16) * W[out, inp]^T
+    /// (f16)`, f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
         y: u64,
+        ldy: usize,
         x: u64,
         w: u64,
         n: usize,
@@ -277,9 +382,10 @@ impl DeviceModel {
         inp: usize,
     ) -> Result<(), CudaError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: `w` holds out*inp f16, `x` n*inp f16, `y` n*out f32 (the
-        // workspace is sized for the largest n); alpha/beta are host scalars
-        // read during the call (pointer mode host) and captured by value.
+        // SAFETY: `w` holds out*inp f16, `x` n*inp f16, `y` n rows of ldy >=
+        // out f32 (the workspace is sized for the largest n); alpha/beta are
+        // host scalars read during the call (pointer mode host) and captured
+        // by value.
         unsafe {
             blas::gemm_ex(
                 *self.blas.handle(),
@@ -298,11 +404,136 @@ impl DeviceModel {
                 &beta as *const f32 as *const _,
                 y as *mut _,
                 blas_sys::cudaDataType::CUDA_R_32F,
-                out as i32,
+                ldy as i32,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }?;
+        Ok(())
+    }
+
+    /// `y[n, out] = x[n, inp] * W^T` over `parts` (each writing its output
+    /// columns of rows `out` apart), each on its `matmul_path`: `mmvq_*` on
+    /// `self.xq` (written by the caller when `needs(..).q8`), cuBLAS on the
+    /// f16 rows `x16` and the f16 weight or its dequantized tiles.
+    fn matmul(
+        &self,
+        y: u64,
+        parts: &[Part],
+        out: usize,
+        x16: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        for part in parts {
+            let yp = y + (part.out_offset * 4) as u64;
+            match matmul_path(part.dtype, n) {
+                MatmulPath::Mmvq => self.mmvq(yp, out, part, n)?,
+                MatmulPath::GemmF16 => {
+                    self.gemm(yp, out, x16, part.w.ptr, n, part.rows, part.cols)?
+                }
+                MatmulPath::DequantTiles => {
+                    let tile_rows = (TILE_ELEMS / part.cols).clamp(1, part.rows);
+                    for r0 in (0..part.rows).step_by(tile_rows) {
+                        let nr = tile_rows.min(part.rows - r0);
+                        self.dequant_tile(part, r0, nr)?;
+                        let yt = yp + (r0 * 4) as u64;
+                        self.gemm(yt, out, x16, self.tile.ptr, n, nr, part.cols)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `mmvq_*` over `n` rows of `self.xq`, `MMVQ_MAX_ROWS` rows a launch.
+    fn mmvq(&self, y: u64, ldy: usize, part: &Part, n: usize) -> Result<(), CudaError> {
+        let name = mmvq_kernel(part.dtype)
+            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", part.dtype)))?;
+        let (rows, cols, ldy_i) = (part.rows as i32, part.cols as i32, ldy as i32);
+        let grid = part.rows.div_ceil(MMVQ_WARPS as usize) as u32;
+        let row_blocks = part.cols / BLOCK * std::mem::size_of::<Q8Block>();
+        for r0 in (0..n).step_by(MMVQ_MAX_ROWS) {
+            let n_i = MMVQ_MAX_ROWS.min(n - r0) as i32;
+            let xq = self.xq.ptr + (r0 * row_blocks) as u64;
+            let yr = y + (r0 * ldy * 4) as u64;
+            let mut b = self.stream.launch_builder(self.kernels.get(name));
+            b.arg(&part.w.ptr).arg(&xq).arg(&yr);
+            b.arg(&rows).arg(&cols).arg(&ldy_i).arg(&n_i);
+            // SAFETY: matches `mmvq_*`; the weight holds `rows` encoded rows
+            // of `cols`; `xq` from row r0 holds n_i <= MMVQ_MAX_ROWS rows of
+            // cols / 32 blocks (n <= MMVQ_CROSSOVER_ROWS, its capacity, on
+            // the Mmvq path), `y` from row r0 n_i rows of `ldy` floats from
+            // the part's output offset.
+            unsafe { b.launch(launch_cfg((grid, 1), MMVQ_WARPS * 32)) }?;
+        }
+        Ok(())
+    }
+
+    /// Rows `row0..row0 + nrows` of `part` to f16 in `self.tile`.
+    fn dequant_tile(&self, part: &Part, row0: usize, nrows: usize) -> Result<(), CudaError> {
+        let t = type_code(part.dtype);
+        let (r0, nr, cols) = (row0 as i32, nrows as i32, part.cols as i32);
+        let mut b = self.stream.launch_builder(self.kernels.get("dequant_f16"));
+        b.arg(&part.w.ptr)
+            .arg(&t)
+            .arg(&r0)
+            .arg(&nr)
+            .arg(&cols)
+            .arg(&self.tile.ptr);
+        let blocks = (nrows * part.cols).div_ceil(256).min(65535) as u32;
+        // SAFETY: matches `dequant_f16` (grid-stride); rows row0..row0+nrows
+        // exist in the weight and nrows * cols <= TILE_ELEMS fit the tile,
+        // which is allocated whenever a part is not f16.
+        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+        Ok(())
+    }
+
+    /// f16 rows `x` (`cols` wide) to int8 blocks in `self.xq`.
+    fn quantize_q8(&self, x: u64, cols: usize, n: usize) -> Result<(), CudaError> {
+        let (cols_i, n_i) = (cols as i32, n as i32);
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("quantize_q8_h"));
+        b.arg(&x).arg(&self.xq.ptr).arg(&cols_i).arg(&n_i);
+        let grid = (cols / BLOCK).div_ceil(8) as u32;
+        // SAFETY: matches `quantize_q8_h` (8 warps, one block each); x holds
+        // n rows of cols f16 and xq n <= MMVQ_CROSSOVER_ROWS rows of cols / 32.
+        unsafe { b.launch(launch_cfg((grid, n as u32), 256)) }?;
+        Ok(())
+    }
+
+    /// add + RMSNorm of `n` rows into what `need` asks for: f16 rows in
+    /// `out`, int8 blocks in `self.xq` (fused when only they are needed).
+    fn norm_into(
+        &self,
+        x: u64,
+        delta: u64,
+        w: u64,
+        out: u64,
+        n: usize,
+        need: Needs,
+    ) -> Result<(), CudaError> {
+        let n_i = n as i32;
+        if need.f16 || !need.q8 {
+            self.add_rms_norm(x, delta, w, out, 0, n_i)?;
+            if need.q8 {
+                self.quantize_q8(out, self.cfg.hidden_size, n)?;
+            }
+            return Ok(());
+        }
+        let h = self.cfg.hidden_size as i32;
+        let eps = self.cfg.rms_norm_eps;
+        let null = 0u64;
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("add_rms_norm_q8"));
+        b.arg(&x).arg(&delta).arg(&w).arg(&self.xq.ptr).arg(&null);
+        b.arg(&h).arg(&eps).arg(&n_i);
+        // SAFETY: matches `add_rms_norm_q8`; x/delta hold n rows of hidden
+        // (a multiple of 32: the consumer is quantized), xq n <=
+        // MMVQ_CROSSOVER_ROWS rows of hidden / 32 blocks; NORM_THREADS is a
+        // multiple of 32.
+        unsafe { b.launch(launch_cfg((n as u32, 1), NORM_THREADS as u32)) }?;
         Ok(())
     }
 
@@ -318,13 +549,23 @@ impl DeviceModel {
         let rows = a.n as u32;
         let vocab = c.vocab_size as i32;
         let null = 0u64;
-        let embd = self.embd.ptr;
-        let mut b = s.launch_builder(k.get("embed_gather"));
-        b.arg(&embd).arg(&a.tokens).arg(&a.rows).arg(&a.x);
-        b.arg(&h).arg(&vocab).arg(&n);
-        // SAFETY: argument types and order match `embed_gather`; every
-        // pointer addresses a live buffer sized for `n` rows.
-        unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+        let embd = self.embd.w.ptr;
+        if self.embd.dtype == kestrel_model::DType::F16 {
+            let mut b = s.launch_builder(k.get("embed_gather"));
+            b.arg(&embd).arg(&a.tokens).arg(&a.rows).arg(&a.x);
+            b.arg(&h).arg(&vocab).arg(&n);
+            // SAFETY: argument types and order match `embed_gather`; every
+            // pointer addresses a live buffer sized for `n` rows.
+            unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+        } else {
+            let t = type_code(self.embd.dtype);
+            let mut b = s.launch_builder(k.get("embed_gather_q"));
+            b.arg(&embd).arg(&t).arg(&a.tokens).arg(&a.rows).arg(&a.x);
+            b.arg(&h).arg(&vocab).arg(&n);
+            // SAFETY: matches `embed_gather_q`; the table holds vocab rows
+            // of hidden in type t (validated by the upload plan), x n rows.
+            unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+        }
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
         let interleaved = i32::from(c.rope_style == RopeStyle::Interleaved);
         let (nq, nk, hd_i) = (c.num_heads as i32, c.num_kv_heads as i32, hd as i32);
@@ -333,8 +574,9 @@ impl DeviceModel {
         let scale = 1.0f32 / (hd as f32).sqrt();
         for (l, lw) in self.layers.iter().enumerate() {
             let delta = if l == 0 { null } else { a.delta };
-            self.add_rms_norm(a.x, delta, lw.attn_norm.ptr, a.xn, null, n)?;
-            self.gemm(a.qkv, a.xn, lw.wqkv.ptr, a.n, qd + 2 * kvd, c.hidden_size)?;
+            let need = lw.qkv.needs(a.n);
+            self.norm_into(a.x, delta, lw.attn_norm.ptr, a.xn, a.n, need)?;
+            self.matmul(a.qkv, &lw.qkv.parts, lw.qkv.out, a.xn, a.n)?;
             if let Some(bias) = &lw.bqkv {
                 let mut b = s.launch_builder(k.get("add_bias"));
                 let d = stride;
@@ -369,16 +611,34 @@ impl DeviceModel {
             // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
             // fit its shared arrays; indices come from the page table.
             unsafe { b.launch(launch_cfg((c.num_heads as u32, rows), ATTENTION_THREADS)) }?;
-            self.gemm(a.delta, a.attn, lw.wo.ptr, a.n, c.hidden_size, qd)?;
-            self.add_rms_norm(a.x, a.delta, lw.ffn_norm.ptr, a.xn, null, n)?;
-            self.gemm(a.gate_up, a.xn, lw.w_gate_up.ptr, a.n, 2 * f, c.hidden_size)?;
-            let mut b = s.launch_builder(k.get("swiglu"));
+            if lw.wo.needs(a.n).q8 {
+                self.quantize_q8(a.attn, lw.wo.inp, a.n)?;
+            }
+            self.matmul(a.delta, &lw.wo.parts, lw.wo.out, a.attn, a.n)?;
+            let need = lw.gate_up.needs(a.n);
+            self.norm_into(a.x, a.delta, lw.ffn_norm.ptr, a.xn, a.n, need)?;
+            self.matmul(a.gate_up, &lw.gate_up.parts, lw.gate_up.out, a.xn, a.n)?;
+            let need = lw.down.needs(a.n);
             let f_i = f as i32;
-            b.arg(&a.gate_up).arg(&a.act).arg(&f_i).arg(&n);
-            let blocks = ((a.n * f).div_ceil(256)).min(65535) as u32;
-            // SAFETY: matches `swiglu` (grid-stride loop over n*f).
-            unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
-            self.gemm(a.delta, a.act, lw.w_down.ptr, a.n, c.hidden_size, f)?;
+            if need.f16 || !need.q8 {
+                let mut b = s.launch_builder(k.get("swiglu"));
+                b.arg(&a.gate_up).arg(&a.act).arg(&f_i).arg(&n);
+                let blocks = ((a.n * f).div_ceil(256)).min(65535) as u32;
+                // SAFETY: matches `swiglu` (grid-stride loop over n*f).
+                unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+                if need.q8 {
+                    self.quantize_q8(a.act, f, a.n)?;
+                }
+            } else {
+                let mut b = s.launch_builder(k.get("swiglu_q8"));
+                b.arg(&a.gate_up).arg(&self.xq.ptr).arg(&f_i).arg(&n);
+                let grid = (f / BLOCK).div_ceil(8) as u32;
+                // SAFETY: matches `swiglu_q8` (8 warps, one block each); f
+                // is a multiple of 32 (the down projection is quantized) and
+                // xq holds n <= MMVQ_CROSSOVER_ROWS rows of f / 32 blocks.
+                unsafe { b.launch(launch_cfg((grid, rows), 256)) }?;
+            }
+            self.matmul(a.delta, &lw.down.parts, lw.down.out, a.act, a.n)?;
         }
         self.add_rms_norm(
             a.x,
@@ -405,21 +665,20 @@ impl DeviceModel {
         b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&out_row);
         b.arg(&h).arg(&eps).arg(&n);
         // SAFETY: matches `add_rms_norm`; x/delta/out hold n rows of hidden.
-        unsafe { b.launch(launch_cfg((n as u32, 1), 256)) }?;
+        unsafe { b.launch(launch_cfg((n as u32, 1), NORM_THREADS as u32)) }?;
         Ok(())
     }
 
     /// `logits[n] = hidden_last[n] * lm_head^T`.
     pub fn lm_head(&self, hidden_last: u64, logits: u64, n: usize) -> Result<(), CudaError> {
-        let w = self.lm_head.as_ref().unwrap_or(&self.embd).ptr;
-        self.gemm(
-            logits,
-            hidden_last,
-            w,
-            n,
-            self.cfg.vocab_size,
-            self.cfg.hidden_size,
-        )
+        let parts = match &self.lm_head {
+            Some(p) => &p.parts[..],
+            None => std::slice::from_ref(&self.embd),
+        };
+        if needs(parts, n).q8 {
+            self.quantize_q8(hidden_last, self.cfg.hidden_size, n)?;
+        }
+        self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)
     }
 
     /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).
