@@ -102,7 +102,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
     /// Also run a peer engine's benchmark on the same GGUF and threads:
-    /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`).
+    /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`;
+    /// with `--backend cuda`, a CUDA build, run with `-ngl 99`).
     #[arg(long, num_args = 2, value_names = ["ENGINE", "DIR"])]
     peer: Option<Vec<String>>,
 }
@@ -172,9 +173,6 @@ impl Options {
         };
         if a.numerics.is_some() && a.backend != Backend::Cpu {
             bail!("--numerics chooses the CPU runtime's matmuls: use it with --backend cpu");
-        }
-        if peer.is_some() && a.backend != Backend::Cpu {
-            bail!("--peer compares CPU engines on the same threads: use it with --backend cpu");
         }
         Ok(Self {
             quick: a.quick,
@@ -442,6 +440,12 @@ impl Bench<'_> {
                     dir,
                     model_path,
                     opts.threads,
+                    // llama.cpp's CUDA build with every layer offloaded
+                    // against our CUDA backend, CPU-only against our CPU one.
+                    match opts.backend {
+                        Backend::Cpu => 0,
+                        Backend::Cuda => 99,
+                    },
                     &streams,
                     prompts.mean_text_prompt_len().round() as usize,
                     gen,

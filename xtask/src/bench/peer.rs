@@ -1,10 +1,12 @@
 //! `--peer llama.cpp DIR`: llama.cpp's own benchmarks on the same GGUF and
-//! thread count, for an our/their ratio.
+//! thread count (and, with `--backend cuda`, its CUDA build with every layer
+//! on the GPU), for an our/their ratio.
 //!
 //! `llama-batched-bench` gives decode (S_TG) and end-to-end (S) tokens/s for
 //! 1..N parallel sequences with our mean prompt and output lengths;
 //! `llama-bench` gives prompt processing (pp512) and single-stream
-//! generation (tg128) rates. Both run CPU-only (`-ngl 0`).
+//! generation (tg128) rates. Both run CPU-only (`-ngl 0`) against the CPU
+//! backend, fully offloaded (`-ngl 99`) against the CUDA backend.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -64,6 +66,7 @@ pub fn run_llama_cpp(
     dir: &Path,
     model: &Path,
     threads: usize,
+    gpu_layers: u32,
     parallel: &[usize],
     prompt: usize,
     gen: usize,
@@ -83,6 +86,7 @@ pub fn run_llama_cpp(
         .collect::<Vec<_>>()
         .join(",");
     let t = threads.to_string();
+    let ngl = gpu_layers.to_string();
     let (batched_command, out) = run(Command::new(&batched).args([
         "-m",
         &model.to_string_lossy(),
@@ -91,7 +95,7 @@ pub fn run_llama_cpp(
         "-tb",
         &t,
         "-ngl",
-        "0",
+        &ngl,
         "-c",
         &ctx.to_string(),
         "-b",
@@ -138,7 +142,7 @@ pub fn run_llama_cpp(
             "-t",
             &t,
             "-ngl",
-            "0",
+            &ngl,
             "-p",
             "512",
             "-n",
