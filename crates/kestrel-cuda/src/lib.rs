@@ -1,8 +1,10 @@
 //! kestrel-cuda: the CUDA runtime of Kestrel.
 //!
 //! Kernels live in `kernels/*.cu` and are compiled at start by NVRTC for the
-//! device's architecture ([`compile`], PTX cached by hash); GEMMs go through
-//! cuBLAS with f16 inputs and f32 accumulation. Every CUDA library (driver,
+//! device's architecture ([`compile`], PTX cached by hash). Weights stay in
+//! their file's encoding ([`quant`]): small batches on quantized weights run
+//! int8 `mmvq_*` kernels, the rest cuBLAS with f16 inputs and f32
+//! accumulation. Every CUDA library (driver,
 //! NVRTC, cuBLAS) is loaded at run time ([`libs`]): the crate builds and its
 //! host-side tests run on machines with no CUDA at all, and the runtime
 //! returns a typed [`CudaError`] (never a panic) when no driver or device is

@@ -432,7 +432,7 @@ impl DeviceModel {
                     self.gemm(yp, out, x16, part.w.ptr, n, part.rows, part.cols)?
                 }
                 MatmulPath::DequantTiles => {
-                    let tile_rows = (TILE_ELEMS / part.cols).clamp(1, part.rows);
+                    let tile_rows = (TILE_ELEMS / part.cols).max(1);
                     for r0 in (0..part.rows).step_by(tile_rows) {
                         let nr = tile_rows.min(part.rows - r0);
                         self.dequant_tile(part, r0, nr)?;
