@@ -306,6 +306,13 @@ pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
     }
 }
 
+/// `quantize_q8_h` of `quant.cu`: f16 rows (the attention output, the final
+/// norm's rows) to int8 blocks.
+pub fn quantize_q8_h(x: &[f16], out: &mut [Q8Block]) {
+    let v: Vec<f32> = x.iter().map(|h| h.to_f32()).collect();
+    quantize_q8(&v, out);
+}
+
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }

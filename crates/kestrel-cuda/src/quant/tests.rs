@@ -174,6 +174,29 @@ fn integer_blocks_decode_to_ggml_values() {
 }
 
 #[test]
+fn quantized_blocks_reconstruct_within_half_a_step() {
+    // As kestrel-cpu's own quantizer test: d = max|x| / 127, every value
+    // within d / 2 of q * d, s = d * sum(q); a zero block is all zeros.
+    let x: Vec<f16> = values(96, 31, 5.0)
+        .into_iter()
+        .chain([0.0; 32])
+        .map(f16::from_f32)
+        .collect();
+    let mut q = vec![Q8Block::default(); 4];
+    quantize_q8_h(&x, &mut q);
+    for (xb, b) in x.chunks_exact(BLOCK).zip(&q) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.to_f32().abs()));
+        assert_eq!(b.d, amax / 127.0);
+        for (v, &qi) in xb.iter().zip(&b.q) {
+            assert!((v.to_f32() - f32::from(qi) * b.d).abs() <= b.d * 0.5 * (1.0 + 1e-6));
+        }
+        let sum: i32 = b.q.iter().map(|&v| i32::from(v)).sum();
+        assert_eq!(b.s, b.d * sum as f32);
+    }
+    assert_eq!((q[3].d, q[3].s, q[3].q), (0.0, 0.0, [0; 32]));
+}
+
+#[test]
 fn kexp_is_the_cpu_runtimes_exp_bit_for_bit() {
     let mut rng = Rng(3);
     let xs: Vec<f32> = rng
