@@ -1,19 +1,26 @@
-//! `kernels/quant.cu`'s own source, compiled for the host by a C++ compiler
-//! with `tests/host/shim.h` standing in for CUDA, against the Rust
-//! references of `kestrel_cuda::quant`, bit for bit: `dequant_elem` (the
-//! decode of `dequant_f16` and `embed_gather_q`) for every type, and the
-//! eight `mmvq_*` kernels (each warp's lanes run one after another; their
-//! partial sums are added in the butterfly's order). This checks the CUDA
-//! code itself, not a transcription of it; what it cannot check without a
-//! GPU is the device: its intrinsics, memory accesses and scheduling.
+//! The quantized-weight kernels' own CUDA source (`common.cuh`, `quant.cu`,
+//! `rmsnorm.cu`, `swiglu.cu`, as embedded for NVRTC), built for the host by
+//! a C++20 compiler with `tests/host/shim.h` standing in for CUDA and run
+//! block by block with one host thread per CUDA thread (real barriers for
+//! `__syncthreads` and warp shuffles), against the Rust references of
+//! `kestrel_cuda::quant`, bit for bit: `mmvq_*` for the eight quantized
+//! types, `dequant_f16` and `embed_gather_q` for every type,
+//! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`. The only text changed
+//! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
+//! to their host definitions. This checks the CUDA code itself, not a
+//! transcription of it; what it cannot check without a GPU is the device:
+//! its intrinsics, memory system and scheduling.
 //!
-//! Needs `c++` (or `$CXX`); without one the test prints SKIPPED, unless
-//! `KESTREL_REQUIRE_NVRTC=1` (as in CI, where every kernel check must run).
+//! Needs a C++20 compiler (`$CXX`, `c++`, `g++` or `clang++`); without one
+//! the tests print SKIPPED, unless `KESTREL_REQUIRE_NVRTC=1` (as in CI,
+//! where every kernel check must run).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
-use kestrel_cuda::kernels::{MMVQ_MAX_ROWS, SOURCES};
+use half::f16;
+use kestrel_cuda::kernels::{COMMON, MMVQ_MAX_ROWS, SOURCES};
 use kestrel_cuda::quant::{self, Q8Block};
 use kestrel_model::synthetic::Rng;
 use kestrel_model::{DType, Matrix};
@@ -27,6 +34,22 @@ const QUANTIZED: [DType; 8] = [
     DType::Q4K,
     DType::Q5K,
     DType::Q6K,
+];
+
+/// The inline PTX of the compiled sources and its host replacement.
+const PTX_REWRITES: [(&str, &str); 3] = [
+    (
+        r#"asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));"#,
+        "f = host_h2f(h);",
+    ),
+    (
+        r#"asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));"#,
+        "h = host_f2h(f);",
+    ),
+    (
+        r#"asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));"#,
+        "d = host_dp4a(a, b, c);",
+    ),
 ];
 
 fn compiler() -> Option<String> {
@@ -46,60 +69,115 @@ fn compiler() -> Option<String> {
     None
 }
 
-/// The harness built in a fresh directory, or None (skipped) without a compiler.
+/// The translation unit: shim, common.cuh, the kernel files, harness.
+fn translation_unit() -> String {
+    let mut text = String::from(include_str!("host/shim.h"));
+    let mut rewritten = [0usize; 3];
+    for src in std::iter::once(COMMON).chain(["rmsnorm.cu", "swiglu.cu", "quant.cu"].map(|f| {
+        SOURCES
+            .iter()
+            .find(|k| k.file == f)
+            .unwrap_or_else(|| panic!("{f} is registered"))
+            .source
+    })) {
+        let mut s = src.to_owned();
+        for (i, (from, to)) in PTX_REWRITES.iter().enumerate() {
+            rewritten[i] += s.matches(from).count();
+            s = s.replace(from, to);
+        }
+        assert!(
+            !s.contains("asm("),
+            "inline PTX the harness cannot run:\n{s}"
+        );
+        text.push_str(&s);
+        text.push('\n');
+    }
+    assert_eq!(rewritten, [1, 1, 1], "each PTX statement is rewritten once");
+    text.push_str(include_str!("host/harness.cpp"));
+    text
+}
+
+/// The harness (built once per process) and a fresh directory for `test`'s
+/// files, or None (skipped) without a compiler.
 fn harness(test: &str) -> Option<(PathBuf, PathBuf)> {
-    let Some(cxx) = compiler() else {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let exe = BUILT.get_or_init(build).as_ref();
+    let Some(exe) = exe else {
         if std::env::var_os("KESTREL_REQUIRE_NVRTC").is_some_and(|v| v == "1") {
             panic!("KESTREL_REQUIRE_NVRTC=1 but no C++ compiler (c++, g++, clang++, $CXX)");
         }
         eprintln!("SKIPPED {test}: no C++ compiler (c++, g++, clang++, $CXX)");
         return None;
     };
-    let dir = std::env::temp_dir().join(format!(
-        "kestrel-kernel-source-{test}-{}",
-        std::process::id()
-    ));
+    let dir = exe.with_file_name(test);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    Some((dir, exe.clone()))
+}
+
+fn build() -> Option<PathBuf> {
+    let cxx = compiler()?;
+    let dir = std::env::temp_dir().join(format!("kestrel-kernel-source-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let quant_cu = SOURCES
-        .iter()
-        .find(|k| k.file == "quant.cu")
-        .expect("quant.cu is registered");
-    std::fs::write(dir.join("quant.cu"), quant_cu.source).expect("write");
-    std::fs::write(dir.join("shim.h"), include_str!("host/shim.h")).expect("write");
-    std::fs::write(dir.join("harness.cpp"), include_str!("host/harness.cpp")).expect("write");
+    std::fs::write(dir.join("kernels.cpp"), translation_unit()).expect("write");
     let exe = dir.join("harness");
     let out = Command::new(&cxx)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-w",
-            "-DKERNEL=\"quant.cu\"",
-        ])
-        .arg("-I")
-        .arg(&dir)
-        .arg(dir.join("harness.cpp"))
+        .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w"])
+        .arg(dir.join("kernels.cpp"))
         .arg("-o")
         .arg(&exe)
         .output()
         .expect("run the C++ compiler");
     assert!(
         out.status.success(),
-        "{cxx} failed on quant.cu + shim.h:\n{}",
+        "{cxx} failed on the kernels + shim.h:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some((dir, exe))
+    Some(exe)
 }
 
-fn run(exe: &Path, args: &[String], out: &Path) -> Vec<f32> {
-    let status = Command::new(exe).args(args).status().expect("run harness");
-    assert!(status.success(), "harness {args:?}: {status}");
-    std::fs::read(out)
-        .expect("harness output")
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+/// Run one harness mode; `files` are (name, bytes) inputs, outputs are read back.
+fn run(
+    exe: &Path,
+    dir: &Path,
+    args: &[String],
+    inputs: &[(&str, Vec<u8>)],
+    outputs: &[&str],
+) -> Vec<Vec<u8>> {
+    let mut argv: Vec<String> = args.to_vec();
+    for (name, bytes) in inputs {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).expect("write input");
+        argv.push(p.display().to_string());
+    }
+    for name in outputs {
+        argv.push(dir.join(name).display().to_string());
+    }
+    let status = Command::new(exe).args(&argv).status().expect("run harness");
+    assert!(status.success(), "harness {argv:?}: {status}");
+    outputs
+        .iter()
+        .map(|n| std::fs::read(dir.join(n)).expect("harness output"))
         .collect()
+}
+
+/// `got == want` byte for byte; else the first difference, in units of
+/// `unit` bytes (4: an f32, 2: an f16, 40: a Q8 block).
+fn assert_same(got: &[u8], want: &[u8], unit: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: output size");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let at = i / unit * unit;
+        panic!(
+            "{what}: differs at element {} (bytes {at}..): kernel {:?}, reference {:?}",
+            i / unit,
+            &got[at..at + unit],
+            &want[at..at + unit]
+        );
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn q8_bytes(blocks: &[Q8Block]) -> Vec<u8> {
@@ -112,75 +190,170 @@ fn q8_bytes(blocks: &[Q8Block]) -> Vec<u8> {
     out
 }
 
+fn quantized_rows(x: &[f32], cols: usize) -> Vec<Q8Block> {
+    let mut q = vec![Q8Block::default(); x.len() / 32];
+    for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(cols / 32)) {
+        quant::quantize_q8(xr, qr);
+    }
+    q
+}
+
 #[test]
-fn quant_cu_dequantizes_as_the_reference_bit_for_bit() {
-    let Some((dir, exe)) = harness("deq") else {
+fn mmvq_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("mmvq") else {
         return;
     };
-    let cols = 512;
-    for (t, dtype) in DType::ALL.into_iter().enumerate() {
-        let vals = Rng(40 + t as u64).vec(cols, 3.0);
-        let m = Matrix::quantize(dtype, 1, cols, &vals);
-        let (row, out) = (dir.join("row.bin"), dir.join("deq.bin"));
-        std::fs::write(&row, m.row(0)).expect("write");
-        let args = [
-            "deq".to_owned(),
-            quant::type_code(dtype).to_string(),
-            cols.to_string(),
-            row.display().to_string(),
-            out.display().to_string(),
-        ];
-        let got = run(&exe, &args, &out);
-        let ggml = m.to_f32();
-        for e in 0..cols {
-            let want = quant::dequant_elem(dtype, m.row(0), e);
-            assert_eq!(got[e].to_bits(), want.to_bits(), "{dtype} element {e}");
-            assert_eq!(want.to_bits(), ggml[e].to_bits(), "{dtype} element {e}");
+    // 9 rows: the last block of 4 warps has one idle warp.
+    let (rows, cols) = (9, 1024);
+    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
+        let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
+        for n in [1, 3, MMVQ_MAX_ROWS] {
+            let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);
+            let args = [
+                "mmvq",
+                &quant::type_code(dtype).to_string(),
+                &rows.to_string(),
+                &cols.to_string(),
+                &n.to_string(),
+            ]
+            .map(String::from);
+            let out = run(
+                &exe,
+                &dir,
+                &args,
+                &[("w.bin", m.data.to_vec()), ("x.bin", q8_bytes(&xq))],
+                &["y.bin"],
+            );
+            let mut want = vec![0f32; n * rows];
+            quant::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
+            assert_same(
+                &out[0],
+                &f32_bytes(&want),
+                4,
+                &format!("{dtype} mmvq, n={n}"),
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
-fn quant_cu_mmvq_is_the_reference_bit_for_bit() {
-    let Some((dir, exe)) = harness("mmvq") else {
+fn dequantization_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("dequant") else {
         return;
     };
-    let (rows, cols) = (9, 1024);
-    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
-        let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
-        for n in [1, 3, MMVQ_MAX_ROWS] {
-            let x = Rng(80 + n as u64).vec(n * cols, 2.0);
-            let mut xq = vec![Q8Block::default(); n * cols / 32];
-            for (xr, qr) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(cols / 32)) {
-                quant::quantize_q8(xr, qr);
-            }
-            let (w, xf, out) = (dir.join("w.bin"), dir.join("x.bin"), dir.join("y.bin"));
-            std::fs::write(&w, &m.data[..]).expect("write");
-            std::fs::write(&xf, q8_bytes(&xq)).expect("write");
-            let args = [
-                "mmvq".to_owned(),
-                quant::type_code(dtype).to_string(),
-                rows.to_string(),
-                cols.to_string(),
-                n.to_string(),
-                w.display().to_string(),
-                xf.display().to_string(),
-                out.display().to_string(),
-            ];
-            let got = run(&exe, &args, &out);
-            let mut want = vec![0f32; n * rows];
-            quant::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    w.to_bits(),
-                    "{dtype} n={n} row {} out {}: kernel {g} vs reference {w}",
-                    i / rows,
-                    i % rows
-                );
-            }
-        }
+    let (rows, cols) = (5, 512);
+    for (t, dtype) in DType::ALL.into_iter().enumerate() {
+        let m = Matrix::quantize(dtype, rows, cols, &Rng(40 + t as u64).vec(rows * cols, 3.0));
+        let code = quant::type_code(dtype).to_string();
+        // dequant_f16: rows 1..4 (a tile that does not start at row 0).
+        let args = ["dequant", &code, "1", "3", &cols.to_string()].map(String::from);
+        let out = run(
+            &exe,
+            &dir,
+            &args,
+            &[("w.bin", m.data.to_vec())],
+            &["tile.bin"],
+        );
+        let mut want = vec![f16::ZERO; 3 * cols];
+        quant::dequant_f16(dtype, &m.data, 1, cols, &mut want);
+        let want: Vec<u8> = want.iter().flat_map(|h| h.to_le_bytes()).collect();
+        assert_same(&out[0], &want, 2, &format!("{dtype} dequant_f16"));
+        // embed_gather_q: tokens 3, 0, 4 and an out-of-range id (row 0).
+        let tokens: Vec<u8> = [3u32, 0, 4, 99]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        let args = ["embed", &code, &cols.to_string(), &rows.to_string(), "4"].map(String::from);
+        let out = run(
+            &exe,
+            &dir,
+            &args,
+            &[("table.bin", m.data.to_vec()), ("tokens.bin", tokens)],
+            &["x.bin"],
+        );
+        let ggml = m.to_f32();
+        let want: Vec<f32> = [3usize, 0, 4, 0]
+            .iter()
+            .flat_map(|&r| ggml[r * cols..(r + 1) * cols].iter().copied())
+            .collect();
+        assert_same(
+            &out[0],
+            &f32_bytes(&want),
+            4,
+            &format!("{dtype} embed_gather_q"),
+        );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("fused") else {
+        return;
+    };
+    let n = 3;
+    // quantize_q8_h: 72 blocks a row (a partial last block of 8 warps).
+    let cols = 2304;
+    let x: Vec<f16> = Rng(5)
+        .vec(n * cols, 4.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let args = ["quant_h", &cols.to_string(), &n.to_string()].map(String::from);
+    let xb: Vec<u8> = x.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let out = run(&exe, &dir, &args, &[("x.bin", xb)], &["q.bin"]);
+    let mut want = vec![Q8Block::default(); n * cols / 32];
+    for (xr, qr) in x.chunks_exact(cols).zip(want.chunks_exact_mut(cols / 32)) {
+        quant::quantize_q8_h(xr, qr);
+    }
+    assert_same(&out[0], &q8_bytes(&want), 40, "quantize_q8_h");
+
+    // add_rms_norm_q8: SmolLM2's hidden size (576: not a multiple of 256).
+    let hidden = 576;
+    let eps = 1e-5f32;
+    let x0 = Rng(6).vec(n * hidden, 3.0);
+    let delta = Rng(7).vec(n * hidden, 1.0);
+    let w = Rng(8).vec(hidden, 1.0);
+    let args = [
+        "norm",
+        &hidden.to_string(),
+        &n.to_string(),
+        &format!("{eps:e}"),
+    ]
+    .map(String::from);
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("x.bin", f32_bytes(&x0)),
+            ("d.bin", f32_bytes(&delta)),
+            ("w.bin", f32_bytes(&w)),
+        ],
+        &["x_out.bin", "q.bin"],
+    );
+    let mut x = x0.clone();
+    let mut want = vec![Q8Block::default(); n * hidden / 32];
+    for ((xr, dr), qr) in x
+        .chunks_exact_mut(hidden)
+        .zip(delta.chunks_exact(hidden))
+        .zip(want.chunks_exact_mut(hidden / 32))
+    {
+        quant::add_rms_norm_q8(xr, Some(dr), &w, eps, qr);
+    }
+    assert_same(&out[0], &f32_bytes(&x), 4, "add_rms_norm_q8's residual");
+    assert_same(&out[1], &q8_bytes(&want), 40, "add_rms_norm_q8");
+
+    // swiglu_q8: an FFN of 1536 (48 blocks).
+    let f = 1536;
+    let gu = Rng(9).vec(n * 2 * f, 6.0);
+    let args = ["swiglu", &f.to_string(), &n.to_string()].map(String::from);
+    let out = run(&exe, &dir, &args, &[("gu.bin", f32_bytes(&gu))], &["q.bin"]);
+    let mut want = vec![Q8Block::default(); n * f / 32];
+    for (g, qr) in gu.chunks_exact(2 * f).zip(want.chunks_exact_mut(f / 32)) {
+        quant::swiglu_q8(g, qr);
+    }
+    assert_same(&out[0], &q8_bytes(&want), 40, "swiglu_q8");
     let _ = std::fs::remove_dir_all(&dir);
 }

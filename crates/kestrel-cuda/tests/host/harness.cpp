@@ -1,13 +1,14 @@
-// harness.cpp: runs kernels/quant.cu's own code on the host (see shim.h).
-//   harness deq TYPE COLS ROW_FILE OUT_FILE
-//       OUT = f32 dequant_elem(TYPE, row, e) for e < COLS
-//   harness mmvq TYPE ROWS COLS N W_FILE X_FILE OUT_FILE
-//       OUT = f32 y[N][ROWS] of mmvq_<TYPE>: each warp's 32 lanes run one
-//       after another, then their warp_sum values are summed as the
-//       butterfly does.
-// KERNEL names the .cu file (-DKERNEL=\"path\").
-#include "shim.h"
-#include KERNEL
+// harness.cpp: runs Kestrel's kernels on the host (see shim.h). The test
+// prepends shim.h, then common.cuh and the kernel files (inline PTX
+// rewritten), and appends this file. Every argument is a number or a file
+// of raw little-endian values; OUT files are written whole.
+//
+//   mmvq T ROWS COLS N W X OUT        y[N][ROWS] f32 = mmvq_<T>(W, X: Q8 blocks)
+//   dequant T ROW0 NROWS COLS W OUT   f16 tile of rows ROW0.. (dequant_f16)
+//   embed T HIDDEN VOCAB N TABLE TOKENS OUT   f32 rows (embed_gather_q)
+//   quant_h COLS N X OUT              Q8 blocks of f16 rows (quantize_q8_h)
+//   norm HIDDEN N EPS X DELTA W OUT_X OUT_Q  add_rms_norm_q8 (x updated)
+//   swiglu F N GATE_UP OUT            Q8 blocks (swiglu_q8)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,21 +24,19 @@ static std::vector<unsigned char> slurp(const char* path) {
     return b;
 }
 
-static void spit(const char* path, const std::vector<float>& v) {
-    FILE* f = std::fopen(path, "wb");
-    if (!f || std::fwrite(v.data(), 4, v.size(), f) != v.size()) std::exit(4);
-    std::fclose(f);
+template <class T>
+static std::vector<T> read_as(const char* path) {
+    std::vector<unsigned char> b = slurp(path);
+    std::vector<T> v(b.size() / sizeof(T));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+    return v;
 }
 
-static float butterfly(const float* lanes) {
-    float v[32];
-    std::memcpy(v, lanes, sizeof v);
-    for (int o = 16; o > 0; o >>= 1) {
-        float p[32];
-        std::memcpy(p, v, sizeof v);
-        for (int i = 0; i < 32; i++) v[i] = p[i] + p[i ^ o];
-    }
-    return v[0];
+template <class T>
+static void spit(const char* path, const std::vector<T>& v) {
+    FILE* f = std::fopen(path, "wb");
+    if (!f || std::fwrite(v.data(), sizeof(T), v.size(), f) != v.size()) std::exit(4);
+    std::fclose(f);
 }
 
 typedef void (*Mmvq)(const u8*, const Q8*, float*, int, int, int, int);
@@ -59,37 +58,64 @@ static Mmvq mmvq_of(int t) {
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
     std::string mode = argv[1];
-    if (mode == "deq" && argc == 6) {
-        int t = std::atoi(argv[2]), cols = std::atoi(argv[3]);
-        std::vector<unsigned char> row = slurp(argv[4]);
-        std::vector<float> out(cols);
-        for (int e = 0; e < cols; e++) out[e] = dequant_elem(t, row.data(), e);
+    auto I = [&](int i) { return std::atoi(argv[i]); };
+    if (mode == "mmvq" && argc == 9) {
+        int t = I(2), rows = I(3), cols = I(4), n = I(5);
+        std::vector<u8> w = read_as<u8>(argv[6]);
+        std::vector<Q8> x = read_as<Q8>(argv[7]);
+        std::vector<float> y((size_t)n * rows, -1.0f);
+        Mmvq k = mmvq_of(t);
+        launch({(rows + MMVQ_WARPS - 1) / MMVQ_WARPS, 1, 1}, MMVQ_WARPS * 32,
+               [&] { k(w.data(), x.data(), y.data(), rows, cols, rows, n); });
+        spit(argv[8], y);
+        return 0;
+    }
+    if (mode == "dequant" && argc == 8) {
+        int t = I(2), row0 = I(3), nrows = I(4), cols = I(5);
+        std::vector<u8> w = read_as<u8>(argv[6]);
+        std::vector<h16> out((size_t)nrows * cols);
+        launch({3, 1, 1}, 64, [&] { dequant_f16(w.data(), t, row0, nrows, cols, out.data()); });
+        spit(argv[7], out);
+        return 0;
+    }
+    if (mode == "embed" && argc == 9) {
+        int t = I(2), hidden = I(3), vocab = I(4), n = I(5);
+        std::vector<u8> table = read_as<u8>(argv[6]);
+        std::vector<u32> tokens = read_as<u32>(argv[7]);
+        std::vector<float> x((size_t)n * hidden);
+        launch({n, 1, 1}, 256, [&] {
+            embed_gather_q(table.data(), t, tokens.data(), nullptr, x.data(), hidden, vocab, n);
+        });
+        spit(argv[8], x);
+        return 0;
+    }
+    if (mode == "quant_h" && argc == 6) {
+        int cols = I(2), n = I(3);
+        std::vector<h16> x = read_as<h16>(argv[4]);
+        std::vector<Q8> out((size_t)n * cols / 32);
+        launch({(cols / 32 + 7) / 8, n, 1}, 256, [&] { quantize_q8_h(x.data(), out.data(), cols, n); });
         spit(argv[5], out);
         return 0;
     }
-    if (mode == "mmvq" && argc == 9) {
-        int t = std::atoi(argv[2]), rows = std::atoi(argv[3]), cols = std::atoi(argv[4]);
-        int n = std::atoi(argv[5]);
-        std::vector<unsigned char> w = slurp(argv[6]), xb = slurp(argv[7]);
-        if (xb.size() != (size_t)n * (cols / 32) * sizeof(Q8)) return 6;
-        std::vector<Q8> x(xb.size() / sizeof(Q8));
-        std::memcpy(x.data(), xb.data(), xb.size());
-        std::vector<float> y((size_t)n * rows), out((size_t)n * rows);
-        Mmvq k = mmvq_of(t);
-        blockDim.x = MMVQ_WARPS * 32;
-        for (int row = 0; row < rows; row++) {
-            std::vector<float> lanes((size_t)n * 32);
-            blockIdx.x = row / MMVQ_WARPS;
-            for (int lane = 0; lane < 32; lane++) {
-                threadIdx.x = (row % MMVQ_WARPS) * 32 + lane;
-                g_lane_values.clear();
-                k(w.data(), x.data(), y.data(), rows, cols, rows, n);
-                if (g_lane_values.size() != (size_t)n) return 7;
-                for (int r = 0; r < n; r++) lanes[r * 32 + lane] = g_lane_values[r];
-            }
-            for (int r = 0; r < n; r++) out[(size_t)r * rows + row] = butterfly(&lanes[r * 32]);
-        }
-        spit(argv[8], out);
+    if (mode == "norm" && argc == 10) {
+        int hidden = I(2), n = I(3);
+        float eps = std::strtof(argv[4], nullptr);
+        std::vector<float> x = read_as<float>(argv[5]), delta = read_as<float>(argv[6]);
+        std::vector<float> w = read_as<float>(argv[7]);
+        std::vector<Q8> out((size_t)n * hidden / 32);
+        launch({n, 1, 1}, 256, [&] {
+            add_rms_norm_q8(x.data(), delta.data(), w.data(), out.data(), nullptr, hidden, eps, n);
+        });
+        spit(argv[8], x);
+        spit(argv[9], out);
+        return 0;
+    }
+    if (mode == "swiglu" && argc == 6) {
+        int f = I(2), n = I(3);
+        std::vector<float> gu = read_as<float>(argv[4]);
+        std::vector<Q8> out((size_t)n * f / 32);
+        launch({(f / 32 + 7) / 8, n, 1}, 256, [&] { swiglu_q8(gu.data(), out.data(), f, n); });
+        spit(argv[5], out);
         return 0;
     }
     return 2;
