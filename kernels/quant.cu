@@ -17,7 +17,8 @@
 //   exactly as ggml (`kestrel_model::quant::dequantize`), bit for bit.
 //
 // Type codes are ggml's type ids. Block starts are only 2-byte aligned for
-// Q4_0, Q5_0, Q8_0 and Q6_K, so 32-bit words are read as two 16-bit loads.
+// Q4_0, Q5_0, Q8_0 and Q6_K, so their 32-bit words are read as two 16-bit
+// loads (`ld_word`).
 
 #define MMVQ_MAX_ROWS 16
 #define MMVQ_WARPS 4
@@ -42,6 +43,15 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 }
 
 __device__ __forceinline__ float ld_h(const u8* p) { return h2f(*(const h16*)p); }
+
+// A 32-bit word of a type-T block: one load where T's blocks keep 4-byte
+// alignment (Q4_1, Q5_1, Q4_K, Q5_K: block sizes and field offsets are
+// multiples of 4), two 16-bit loads elsewhere.
+template <int T>
+__device__ __forceinline__ u32 ld_word(const u8* p) {
+    if (T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K) return *(const u32*)p;
+    return ld_u32_a2(p);
+}
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
@@ -98,13 +108,13 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         r.d0 = ld_h(blk);
         int qs_at = T == GT_Q4_0 ? 2 : T == GT_Q4_1 ? 4 : T == GT_Q5_0 ? 6 : 8;
         u32 qh = 0;
-        if (T == GT_Q5_0) qh = ld_u32_a2(blk + 2);
-        if (T == GT_Q5_1) qh = ld_u32_a2(blk + 4);
+        if (T == GT_Q5_0) qh = ld_word<T>(blk + 2);
+        if (T == GT_Q5_1) qh = ld_word<T>(blk + 4);
         if (T == GT_Q4_1 || T == GT_Q5_1) r.m = ld_h(blk + 2);
         u32 off = T == GT_Q4_0 ? 8u : T == GT_Q5_0 ? 16u : 0u;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            u32 v = ld_u32_a2(blk + qs_at + 4 * k);
+            u32 v = ld_word<T>(blk + qs_at + 4 * k);
             u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
             if (T == GT_Q5_0 || T == GT_Q5_1) {
                 lo |= spread4((qh >> (4 * k)) & 15u);
@@ -118,7 +128,7 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         const u8* blk = row + (size_t)b * 34;
         r.d0 = r.d1 = ld_h(blk);
 #pragma unroll
-        for (int k = 0; k < 8; k++) r.w[k] = (int)ld_u32_a2(blk + 2 + 4 * k);
+        for (int k = 0; k < 8; k++) r.w[k] = (int)ld_word<T>(blk + 2 + 4 * k);
     } else if (T == GT_Q4_K || T == GT_Q5_K) {
         const u8* sb = row + (size_t)(b >> 3) * type_block_bytes(T);
         int j = b & 7, sc, mn;
@@ -129,8 +139,8 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         int shift = 4 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            u32 v = (ld_u32_a2(qs + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            if (T == GT_Q5_K) v |= ((ld_u32_a2(sb + 16 + 4 * k) >> j) & 0x01010101u) << 4;
+            u32 v = (ld_word<T>(qs + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            if (T == GT_Q5_K) v |= ((ld_word<T>(sb + 16 + 4 * k) >> j) & 0x01010101u) << 4;
             r.w[k] = (int)v;
         }
     } else {  // GT_Q6_K
@@ -145,8 +155,8 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         int shift = 4 * (tt >> 1), hs = 2 * tt;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            u32 v = (ld_u32_a2(ql + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            v |= ((ld_u32_a2(qh + 4 * k) >> hs) & 0x03030303u) << 4;
+            u32 v = (ld_word<T>(ql + 4 * k) >> shift) & 0x0F0F0F0Fu;
+            v |= ((ld_word<T>(qh + 4 * k) >> hs) & 0x03030303u) << 4;
             r.w[k] = bytes_minus(v, 32u);
         }
     }
