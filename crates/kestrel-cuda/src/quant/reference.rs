@@ -1,0 +1,362 @@
+//! Host references of the quantized-weight kernels (`kernels/quant.cu`,
+//! `add_rms_norm_q8`, `swiglu_q8`): each does its kernel's arithmetic in the
+//! kernel's order (warp lanes, butterfly and block sums included), with
+//! plain slice signatures, so a host stand-in for the device can call them.
+//! `tests/kernel_source.rs` runs the CUDA source on the host against these,
+//! bit for bit; `super::tests` holds these against kestrel-cpu.
+
+use half::f16;
+use kestrel_model::DType;
+
+use super::{encoded_bytes, Q8Block, BLOCK};
+
+/// A warp's butterfly sum (`warp_sum` in `common.cuh`): every lane ends with
+/// the same value, lane 0's is returned.
+pub fn warp_sum(mut v: [f32; 32]) -> f32 {
+    for o in [16, 8, 4, 2, 1] {
+        let prev = v;
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = prev[i] + prev[i ^ o];
+        }
+    }
+    v[0]
+}
+
+/// `block_sum` of `common.cuh` over one value per thread.
+pub fn block_sum(per_thread: &[f32]) -> f32 {
+    let warps: Vec<f32> = per_thread
+        .chunks(32)
+        .map(|w| warp_sum(std::array::from_fn(|i| w.get(i).copied().unwrap_or(0.0))))
+        .collect();
+    warp_sum(std::array::from_fn(|i| {
+        warps.get(i).copied().unwrap_or(0.0)
+    }))
+}
+
+/// `warp_quantize` of `common.cuh`, for each 32-element block of `x`.
+pub fn quantize_q8(x: &[f32], out: &mut [Q8Block]) {
+    assert_eq!(x.len(), BLOCK * out.len(), "x must be whole blocks of out");
+    for (xb, o) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+        let mut sum = 0i32;
+        for (q, &v) in o.q.iter_mut().zip(xb) {
+            let qi = (v * id).round_ties_even() as i32;
+            sum += qi;
+            *q = qi as i8;
+        }
+        o.d = d;
+        o.s = d * sum as f32;
+    }
+}
+
+/// `quantize_q8_h` of `quant.cu`: f16 rows (the attention output, the final
+/// norm's rows) to int8 blocks.
+pub fn quantize_q8_h(x: &[f16], out: &mut [Q8Block]) {
+    let v: Vec<f32> = x.iter().map(|h| h.to_f32()).collect();
+    quantize_q8(&v, out);
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// ggml `get_scale_min_k4`.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// A 32-element block's integer weights, the scales of its elements 0..16
+/// and 16..32 (equal but for Q6_K) and its minimum (`load_block`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeightBlock {
+    pub w: [i32; BLOCK],
+    pub d: [f32; 2],
+    pub m: f32,
+}
+
+/// `load_block<T>` of `quant.cu`: block `b` (of 32 elements) of an encoded
+/// row of a quantized `dtype`.
+pub fn load_block(dtype: DType, row: &[u8], b: usize) -> WeightBlock {
+    let bb = dtype.block_bytes();
+    let nib = |qs: &[u8], i: usize| if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 };
+    let one = |d: f32| [d, d];
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            let blk = &row[b * bb..(b + 1) * bb];
+            let (qs_at, qh, off) = match dtype {
+                DType::Q4_0 => (2, 0, 8),
+                DType::Q4_1 => (4, 0, 0),
+                DType::Q5_0 => (6, u32_at(blk, 2), 16),
+                _ => (8, u32_at(blk, 4), 0),
+            };
+            let m = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+                f16_at(blk, 2)
+            } else {
+                0.0
+            };
+            WeightBlock {
+                w: std::array::from_fn(|i| {
+                    (i32::from(nib(&blk[qs_at..], i)) | (((qh >> i) & 1) << 4) as i32) - off
+                }),
+                d: one(f16_at(blk, 0)),
+                m,
+            }
+        }
+        DType::Q8_0 => {
+            let blk = &row[b * bb..(b + 1) * bb];
+            WeightBlock {
+                w: std::array::from_fn(|i| i32::from(blk[2 + i] as i8)),
+                d: one(f16_at(blk, 0)),
+                m: 0.0,
+            }
+        }
+        DType::Q4K | DType::Q5K => {
+            let sb = &row[(b / 8) * bb..(b / 8 + 1) * bb];
+            let j = b % 8;
+            let (sc, mn) = scale_min_k4(j, &sb[4..16]);
+            let qs = &sb[if dtype == DType::Q4K { 16 } else { 48 } + 32 * (j / 2)..];
+            WeightBlock {
+                w: std::array::from_fn(|l| {
+                    let q = i32::from((qs[l] >> (4 * (j % 2))) & 15);
+                    let h = if dtype == DType::Q5K {
+                        i32::from((sb[16 + l] >> j) & 1) << 4
+                    } else {
+                        0
+                    };
+                    q | h
+                }),
+                d: one(f16_at(sb, 0) * f32::from(sc)),
+                m: -(f16_at(sb, 2) * f32::from(mn)),
+            }
+        }
+        DType::Q6K => {
+            let sb = &row[(b / 8) * bb..(b / 8 + 1) * bb];
+            let (n, tt) = ((b % 8) / 4, b % 4);
+            let ql = &sb[64 * n + 32 * (tt & 1)..];
+            let qh = &sb[128 + 32 * n..];
+            let d = f16_at(sb, 208);
+            let sc = |k: usize| d * f32::from(sb[192 + 8 * n + 2 * tt + k] as i8);
+            WeightBlock {
+                w: std::array::from_fn(|l| {
+                    let q = (ql[l] >> (4 * (tt >> 1))) & 15;
+                    let h = ((qh[l] >> (2 * tt)) & 3) << 4;
+                    i32::from(q | h) - 32
+                }),
+                d: [sc(0), sc(1)],
+                m: 0.0,
+            }
+        }
+        DType::F32 | DType::F16 | DType::BF16 => {
+            unreachable!("{dtype} has no integer blocks")
+        }
+    }
+}
+
+/// `mmvq_*` of `quant.cu`: `y[r * rows + o] = W[o] . x[r]` for `n` rows of
+/// quantized activations `xq` (`cols / 32` blocks each), `w` the stored
+/// rows of a quantized `dtype`. Lane `L` of the warp of row `o` takes blocks
+/// `L, L + 32, ...`; see the kernel for the float steps.
+pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y: &mut [f32]) {
+    let nb = cols / BLOCK;
+    let n = xq.len() / nb;
+    assert_eq!(
+        xq.len(),
+        n * nb,
+        "xq must be whole rows of cols / 32 blocks"
+    );
+    assert_eq!(y.len(), n * rows, "y must be n x rows");
+    let rb = encoded_bytes(dtype, 1, cols);
+    let has_min = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
+    let two = dtype == DType::Q6K;
+    for o in 0..rows {
+        let row = &w[o * rb..(o + 1) * rb];
+        for r in 0..n {
+            let lanes: [f32; 32] = std::array::from_fn(|lane| {
+                let (mut acc, mut mins) = (0f32, 0f32);
+                for b in (lane..nb).step_by(32) {
+                    let wb = load_block(dtype, row, b);
+                    let xb = &xq[r * nb + b];
+                    let isum = |range: std::ops::Range<usize>| -> f32 {
+                        range.map(|i| wb.w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
+                    };
+                    if two {
+                        acc = isum(0..16).mul_add(wb.d[0] * xb.d, acc);
+                        acc = isum(16..32).mul_add(wb.d[1] * xb.d, acc);
+                    } else {
+                        acc = isum(0..32).mul_add(wb.d[0] * xb.d, acc);
+                    }
+                    if has_min {
+                        mins = wb.m.mul_add(xb.s, mins);
+                    }
+                }
+                acc + mins
+            });
+            y[r * rows + o] = warp_sum(lanes);
+        }
+    }
+}
+
+/// `dequant_elem` of `quant.cu`: element `e` of an encoded row, exactly as
+/// ggml decodes it.
+pub fn dequant_elem(dtype: DType, row: &[u8], e: usize) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_bits(u32_at(row, 4 * e)),
+        DType::F16 => f16_at(row, 2 * e),
+        DType::BF16 => {
+            f32::from_bits(u32::from(u16::from_le_bytes([row[2 * e], row[2 * e + 1]])) << 16)
+        }
+        DType::Q8_0 => {
+            let b = &row[(e / 32) * 34..];
+            f16_at(b, 0) * f32::from(b[2 + e % 32] as i8)
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            let b = &row[(e / 32) * dtype.block_bytes()..];
+            let l = e % 32;
+            let qs_at = match dtype {
+                DType::Q4_0 => 2,
+                DType::Q4_1 => 4,
+                DType::Q5_0 => 6,
+                _ => 8,
+            };
+            let byte = b[qs_at + l % 16];
+            let mut q = i32::from(if l < 16 { byte & 15 } else { byte >> 4 });
+            let d = f16_at(b, 0);
+            match dtype {
+                DType::Q4_0 => d * (q as f32 - 8.0),
+                DType::Q4_1 => d * q as f32 + f16_at(b, 2),
+                _ => {
+                    let qh = u32_at(b, if dtype == DType::Q5_0 { 2 } else { 4 });
+                    q |= (((qh >> l) & 1) << 4) as i32;
+                    if dtype == DType::Q5_0 {
+                        d * (q - 16) as f32
+                    } else {
+                        d * q as f32 + f16_at(b, 2)
+                    }
+                }
+            }
+        }
+        DType::Q4K | DType::Q5K => {
+            let sb = &row[(e / 256) * dtype.block_bytes()..];
+            let (j, l) = ((e / 32) % 8, e % 32);
+            let (sc, mn) = scale_min_k4(j, &sb[4..16]);
+            let d1 = f16_at(sb, 0) * f32::from(sc);
+            let m1 = f16_at(sb, 2) * f32::from(mn);
+            let at = if dtype == DType::Q4K { 16 } else { 48 } + 32 * (j / 2) + l;
+            let mut q = (sb[at] >> (4 * (j % 2))) & 15;
+            if dtype == DType::Q5K {
+                q |= ((sb[16 + l] >> j) & 1) << 4;
+            }
+            d1 * f32::from(q) - m1
+        }
+        DType::Q6K => {
+            let sb = &row[(e / 256) * 210..];
+            let w = e % 256;
+            let (n, tt, l) = (w / 128, (w / 32) % 4, w % 32);
+            let mut q = (sb[64 * n + 32 * (tt & 1) + l] >> (4 * (tt >> 1))) & 15;
+            q |= ((sb[128 + 32 * n + l] >> (2 * tt)) & 3) << 4;
+            let s = f16_at(sb, 208) * f32::from(sb[192 + 8 * n + 2 * tt + l / 16] as i8);
+            s * (i32::from(q) - 32) as f32
+        }
+    }
+}
+
+/// `dequant_f16` of `quant.cu` for rows `row0..row0 + out.len() / cols`.
+pub fn dequant_f16(dtype: DType, w: &[u8], row0: usize, cols: usize, out: &mut [f16]) {
+    let rb = encoded_bytes(dtype, 1, cols);
+    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+        let row = &w[(row0 + r) * rb..(row0 + r + 1) * rb];
+        for (c, v) in o.iter_mut().enumerate() {
+            *v = f16::from_f32(dequant_elem(dtype, row, c));
+        }
+    }
+}
+
+/// `kexp` of `common.cuh` (kestrel-cpu's `ops::exp`, step by step).
+pub fn kexp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let xc = x.clamp(-87.3, 88.7);
+    let n = (xc * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    let mut p = 1.987_569_1e-4f32;
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5, // Cephes' 5.0000001e-1, as f32
+    ] {
+        p = p.mul_add(r, c);
+    }
+    let y = (p * r).mul_add(r, r) + 1.0;
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+/// Threads per block the runtime launches the norm kernels with.
+pub const NORM_THREADS: usize = 256;
+
+/// `add_and_inv_rms` of `rmsnorm.cu` for one row: `x += delta` and
+/// `1 / sqrt(mean(x^2) + eps)` summed as `NORM_THREADS` threads do.
+pub fn add_and_inv_rms(x: &mut [f32], delta: Option<&[f32]>, eps: f32) -> f32 {
+    if let Some(d) = delta {
+        for (a, b) in x.iter_mut().zip(d) {
+            *a += b;
+        }
+    }
+    let partials: Vec<f32> = (0..NORM_THREADS)
+        .map(|t| {
+            x.iter()
+                .skip(t)
+                .step_by(NORM_THREADS)
+                .fold(0f32, |s, v| v.mul_add(*v, s))
+        })
+        .collect();
+    let ss = block_sum(&partials);
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
+
+/// `add_rms_norm_q8` of `rmsnorm.cu` for one row (`out_row` aside): updates
+/// `x` and writes its normalized values' blocks to `out`.
+pub fn add_rms_norm_q8(
+    x: &mut [f32],
+    delta: Option<&[f32]>,
+    w: &[f32],
+    eps: f32,
+    out: &mut [Q8Block],
+) {
+    let inv = add_and_inv_rms(x, delta, eps);
+    let v: Vec<f32> = x.iter().zip(w).map(|(a, b)| a * inv * b).collect();
+    quantize_q8(&v, out);
+}
+
+/// `swiglu_q8` of `swiglu.cu` for one row: `gate_up` holds `2 f` values
+/// (gate then up); `out` receives `f / 32` blocks.
+pub fn swiglu_q8(gate_up: &[f32], out: &mut [Q8Block]) {
+    let f = gate_up.len() / 2;
+    let (g, u) = gate_up.split_at(f);
+    let v: Vec<f32> = g
+        .iter()
+        .zip(u)
+        .map(|(&g, &u)| g / (1.0 + kexp(-g)) * u)
+        .collect();
+    quantize_q8(&v, out);
+}
