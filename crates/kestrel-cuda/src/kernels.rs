@@ -42,8 +42,8 @@ macro_rules! kernel {
 pub const SOURCES: &[KernelSource] = &[
     kernel!("embedding.cu", ["embed_gather"]),
     kernel!("rmsnorm.cu", ["add_rms_norm", "add_rms_norm_q8"]),
-    kernel!("rope.cu", ["add_bias", "rope_qk"]),
-    kernel!("kv_append.cu", ["kv_append"]),
+    kernel!("rope.cu", ["add_bias"]),
+    kernel!("rope_kv.cu", ["rope_kv_append"]),
     kernel!("attention.cu", ["paged_attention"]),
     kernel!("swiglu.cu", ["swiglu", "swiglu_q8"]),
     kernel!(

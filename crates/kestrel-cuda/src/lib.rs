@@ -17,6 +17,7 @@ pub mod host;
 pub mod kernels;
 pub mod libs;
 pub mod quant;
+pub mod reference;
 pub mod runtime;
 
 pub use compile::Arch;

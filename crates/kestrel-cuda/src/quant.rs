@@ -6,9 +6,8 @@
 //! GGUF files, become f16); a projection made of several matrices (Q|K|V,
 //! gate|up) is stacked by rows where neighbours share a dtype, else kept as
 //! parts that write their own output columns. [`weight_plan`] counts the
-//! device bytes against the file's tensor bytes. `reference.rs` (re-exported
-//! here) holds each kernel's host reference; the tests hold them against
-//! kestrel-cpu's kernels, `tests/kernel_source.rs` against the CUDA source.
+//! device bytes against the file's tensor bytes. The kernels' host
+//! references are in [`crate::reference`].
 
 use half::f16;
 use kestrel_model::{DType, LayerWeights, Matrix, ModelConfig, ModelWeights};
@@ -264,8 +263,5 @@ pub fn weight_plan(w: &ModelWeights) -> Result<WeightPlan, PlanError> {
     Ok(p)
 }
 
-mod reference;
 #[cfg(test)]
 mod tests;
-
-pub use reference::*;

@@ -1,11 +1,13 @@
-//! The quantized-weight kernels' own CUDA source (`common.cuh`, `quant.cu`,
-//! `rmsnorm.cu`, `swiglu.cu`, as embedded for NVRTC), built for the host by
+//! The own CUDA source of the kernels added for issue 31 (`common.cuh`,
+//! `quant.cu`, `rmsnorm.cu`, `swiglu.cu`, `rope_kv.cu`, as embedded for
+//! NVRTC), built for the host by
 //! a C++20 compiler with `tests/host/shim.h` standing in for CUDA and run
 //! block by block with one host thread per CUDA thread (real barriers for
 //! `__syncthreads` and warp shuffles), against the Rust references of
-//! `kestrel_cuda::quant`, bit for bit: `mmvq_*` for the eight quantized
+//! `kestrel_cuda::reference`, bit for bit: `mmvq_*` for the eight quantized
 //! types, `dequant_f16` and `embed_gather_q` for every type,
-//! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`. The only text changed
+//! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`. The
+//! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
 //! transcription of it; what it cannot check without a GPU is the device:
@@ -22,6 +24,7 @@ use std::sync::OnceLock;
 use half::f16;
 use kestrel_cuda::kernels::{COMMON, MMVQ_MAX_ROWS, SOURCES};
 use kestrel_cuda::quant::{self, Q8Block};
+use kestrel_cuda::reference;
 use kestrel_model::synthetic::Rng;
 use kestrel_model::{DType, Matrix};
 
@@ -73,13 +76,15 @@ fn compiler() -> Option<String> {
 fn translation_unit() -> String {
     let mut text = String::from(include_str!("host/shim.h"));
     let mut rewritten = [0usize; 3];
-    for src in std::iter::once(COMMON).chain(["rmsnorm.cu", "swiglu.cu", "quant.cu"].map(|f| {
-        SOURCES
-            .iter()
-            .find(|k| k.file == f)
-            .unwrap_or_else(|| panic!("{f} is registered"))
-            .source
-    })) {
+    for src in std::iter::once(COMMON).chain(
+        ["rmsnorm.cu", "swiglu.cu", "quant.cu", "rope_kv.cu"].map(|f| {
+            SOURCES
+                .iter()
+                .find(|k| k.file == f)
+                .unwrap_or_else(|| panic!("{f} is registered"))
+                .source
+        }),
+    ) {
         let mut s = src.to_owned();
         for (i, (from, to)) in PTX_REWRITES.iter().enumerate() {
             rewritten[i] += s.matches(from).count();
@@ -193,7 +198,7 @@ fn q8_bytes(blocks: &[Q8Block]) -> Vec<u8> {
 fn quantized_rows(x: &[f32], cols: usize) -> Vec<Q8Block> {
     let mut q = vec![Q8Block::default(); x.len() / 32];
     for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(cols / 32)) {
-        quant::quantize_q8(xr, qr);
+        reference::quantize_q8(xr, qr);
     }
     q
 }
@@ -225,7 +230,7 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
                 &["y.bin"],
             );
             let mut want = vec![0f32; n * rows];
-            quant::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
+            reference::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
             assert_same(
                 &out[0],
                 &f32_bytes(&want),
@@ -256,7 +261,7 @@ fn dequantization_kernels_are_their_reference_bit_for_bit() {
             &["tile.bin"],
         );
         let mut want = vec![f16::ZERO; 3 * cols];
-        quant::dequant_f16(dtype, &m.data, 1, cols, &mut want);
+        reference::dequant_f16(dtype, &m.data, 1, cols, &mut want);
         let want: Vec<u8> = want.iter().flat_map(|h| h.to_le_bytes()).collect();
         assert_same(&out[0], &want, 2, &format!("{dtype} dequant_f16"));
         // embed_gather_q: tokens 3, 0, 4 and an out-of-range id (row 0).
@@ -305,7 +310,7 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
     let out = run(&exe, &dir, &args, &[("x.bin", xb)], &["q.bin"]);
     let mut want = vec![Q8Block::default(); n * cols / 32];
     for (xr, qr) in x.chunks_exact(cols).zip(want.chunks_exact_mut(cols / 32)) {
-        quant::quantize_q8_h(xr, qr);
+        reference::quantize_q8_h(xr, qr);
     }
     assert_same(&out[0], &q8_bytes(&want), 40, "quantize_q8_h");
 
@@ -340,7 +345,7 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
         .zip(delta.chunks_exact(hidden))
         .zip(want.chunks_exact_mut(hidden / 32))
     {
-        quant::add_rms_norm_q8(xr, Some(dr), &w, eps, qr);
+        reference::add_rms_norm_q8(xr, Some(dr), &w, eps, qr);
     }
     assert_same(&out[0], &f32_bytes(&x), 4, "add_rms_norm_q8's residual");
     assert_same(&out[1], &q8_bytes(&want), 40, "add_rms_norm_q8");
@@ -352,8 +357,66 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
     let out = run(&exe, &dir, &args, &[("gu.bin", f32_bytes(&gu))], &["q.bin"]);
     let mut want = vec![Q8Block::default(); n * f / 32];
     for (g, qr) in gu.chunks_exact(2 * f).zip(want.chunks_exact_mut(f / 32)) {
-        quant::swiglu_q8(g, qr);
+        reference::swiglu_q8(g, qr);
     }
     assert_same(&out[0], &q8_bytes(&want), 40, "swiglu_q8");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("rope_kv") else {
+        return;
+    };
+    // SmolLM2's heads (9 Q, 3 KV, 64 wide); 3 rows at positions 5, 0, 31
+    // writing cache slots 7, 2 and 4 of 8.
+    let (nq, nk, hd, n) = (9usize, 3usize, 64usize, 3usize);
+    let (stride, kv_dim) = ((nq + 2 * nk) * hd, nk * hd);
+    let table = kestrel_cuda::host::rope_table(32, hd, 10_000.0);
+    let (pos, slots) = ([5u32, 0, 31], [7u32, 2, 4]);
+    let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    for interleaved in [true, false] {
+        let qkv = Rng(11).vec(n * stride, 2.0);
+        let args = [
+            "rope_kv".to_owned(),
+            nq.to_string(),
+            nk.to_string(),
+            hd.to_string(),
+            i32::from(interleaved).to_string(),
+            n.to_string(),
+            "8".to_owned(),
+        ];
+        let out = run(
+            &exe,
+            &dir,
+            &args,
+            &[
+                ("qkv.bin", f32_bytes(&qkv)),
+                ("table.bin", f32_bytes(&table)),
+                ("pos.bin", u32_bytes(&pos)),
+                ("slots.bin", u32_bytes(&slots)),
+            ],
+            &["qkv_out.bin", "k.bin", "v.bin"],
+        );
+        let mut want_qkv = qkv.clone();
+        let (mut kc, mut vc) = (vec![f16::ZERO; 8 * kv_dim], vec![f16::ZERO; 8 * kv_dim]);
+        for i in 0..n {
+            let (p, s) = (pos[i] as usize, slots[i] as usize);
+            reference::rope_kv_append(
+                &mut want_qkv[i * stride..(i + 1) * stride],
+                (nq, nk),
+                hd,
+                &table[p * hd..(p + 1) * hd],
+                interleaved,
+                &mut kc[s * kv_dim..(s + 1) * kv_dim],
+                &mut vc[s * kv_dim..(s + 1) * kv_dim],
+            );
+        }
+        let f16_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+        let what = |x: &str| format!("rope_kv_append {x}, interleaved={interleaved}");
+        assert_same(&out[0], &f32_bytes(&want_qkv), 4, &what("qkv"));
+        assert_same(&out[1], &f16_bytes(&kc), 2, &what("K cache"));
+        assert_same(&out[2], &f16_bytes(&vc), 2, &what("V cache"));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

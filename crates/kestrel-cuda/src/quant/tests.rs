@@ -4,6 +4,7 @@
 //! bytes against the file's.
 
 use super::*;
+use crate::reference::*;
 use kestrel_cpu::kernels::{matmul, ops, Isa, Numerics, Weight};
 use kestrel_model::synthetic::Rng;
 

@@ -1,7 +1,7 @@
 //! The model on the device: weights in their file's encoding
 //! (`crate::quant`'s upload plan), the paged KV cache, the loaded kernels and
 //! cuBLAS, and the launch sequence of one forward (embed -> per layer:
-//! add+RMSNorm -> QKV matmul -> bias -> RoPE -> KV append -> paged attention
+//! add+RMSNorm -> QKV matmul -> bias -> RoPE + KV append -> paged attention
 //! -> O matmul -> add+RMSNorm -> gate|up matmul -> SwiGLU -> down matmul;
 //! final add+RMSNorm -> LM head) and of sampling. A matmul of up to
 //! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
@@ -29,8 +29,9 @@ use crate::host::{rope_table, stack_bias};
 use crate::kernels::{ATTENTION_THREADS, MAX_HEAD_DIM, MMVQ_MAX_ROWS, MMVQ_WARPS, SAMPLE_THREADS};
 use crate::quant::{
     layer_projections, matmul_path, mmvq_kernel, part_bytes, plan_parts, type_code, MatmulPath,
-    Q8Block, BLOCK, MMVQ_CROSSOVER_ROWS, NORM_THREADS, TILE_ELEMS,
+    Q8Block, BLOCK, MMVQ_CROSSOVER_ROWS, TILE_ELEMS,
 };
+use crate::reference::NORM_THREADS;
 use crate::CudaError;
 
 /// cuBLAS workspace, set explicitly so GEMMs can be captured in graphs.
@@ -569,7 +570,6 @@ impl DeviceModel {
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
         let interleaved = i32::from(c.rope_style == RopeStyle::Interleaved);
         let (nq, nk, hd_i) = (c.num_heads as i32, c.num_kv_heads as i32, hd as i32);
-        let (k_off, v_off, kvd_i) = (qd as i32, (qd + kvd) as i32, kvd as i32);
         let ps = self.page_size as i32;
         let scale = 1.0f32 / (hd as f32).sqrt();
         for (l, lw) in self.layers.iter().enumerate() {
@@ -584,22 +584,16 @@ impl DeviceModel {
                 // SAFETY: matches `add_bias`; the bias holds `stride` floats.
                 unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
             }
-            let mut b = s.launch_builder(k.get("rope_qk"));
-            b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd_i);
-            b.arg(&self.rope.ptr)
-                .arg(&a.positions)
-                .arg(&interleaved)
-                .arg(&n);
-            // SAFETY: matches `rope_qk`; the table covers every position the
-            // runtime admits (max_seq_len rows).
-            unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
             let kc = self.k_cache.at::<f16>(l * layer_elems);
             let vc = self.v_cache.at::<f16>(l * layer_elems);
-            let mut b = s.launch_builder(k.get("kv_append"));
-            b.arg(&a.qkv).arg(&stride).arg(&k_off).arg(&v_off);
-            b.arg(&kc).arg(&vc).arg(&a.slot_mapping).arg(&kvd_i).arg(&n);
-            // SAFETY: matches `kv_append`; slot_mapping entries are below
-            // (num_pages + 1) * page_size, the layer's extent.
+            let mut b = s.launch_builder(k.get("rope_kv_append"));
+            b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd_i);
+            b.arg(&self.rope.ptr).arg(&a.positions).arg(&interleaved);
+            b.arg(&kc).arg(&vc).arg(&a.slot_mapping).arg(&n);
+            // SAFETY: matches `rope_kv_append`; the table covers every
+            // position the runtime admits (max_seq_len rows); slot_mapping
+            // entries are below (num_pages + 1) * page_size, the layer's
+            // extent; qkv rows hold Q | K | V (stride = q_dim + 2 kv_dim).
             unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
             let mut b = s.launch_builder(k.get("paged_attention"));
             b.arg(&a.qkv).arg(&stride).arg(&a.attn).arg(&kc).arg(&vc);

@@ -9,6 +9,8 @@
 //   quant_h COLS N X OUT              Q8 blocks of f16 rows (quantize_q8_h)
 //   norm HIDDEN N EPS X DELTA W OUT_X OUT_Q  add_rms_norm_q8 (x updated)
 //   swiglu F N GATE_UP OUT            Q8 blocks (swiglu_q8)
+//   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS QKV TABLE POS SLOTS OUT_QKV OUT_K OUT_V
+//                                     rope_kv_append into zeroed f16 caches
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -116,6 +118,22 @@ int main(int argc, char** argv) {
         std::vector<Q8> out((size_t)n * f / 32);
         launch({(f / 32 + 7) / 8, n, 1}, 256, [&] { swiglu_q8(gu.data(), out.data(), f, n); });
         spit(argv[5], out);
+        return 0;
+    }
+    if (mode == "rope_kv" && argc == 15) {
+        int nq = I(2), nk = I(3), hd = I(4), interleaved = I(5), n = I(6), cache_slots = I(7);
+        std::vector<float> qkv = read_as<float>(argv[8]), table = read_as<float>(argv[9]);
+        std::vector<u32> pos = read_as<u32>(argv[10]), slots = read_as<u32>(argv[11]);
+        size_t kv_dim = (size_t)nk * hd;
+        std::vector<h16> kc(cache_slots * kv_dim), vc(cache_slots * kv_dim);
+        int stride = (nq + 2 * nk) * hd;
+        launch({n, 1, 1}, 128, [&] {
+            rope_kv_append(qkv.data(), stride, nq, nk, hd, table.data(), pos.data(), interleaved,
+                           kc.data(), vc.data(), slots.data(), n);
+        });
+        spit(argv[12], qkv);
+        spit(argv[13], kc);
+        spit(argv[14], vc);
         return 0;
     }
     return 2;

@@ -1,14 +1,15 @@
-//! Host references of the quantized-weight kernels (`kernels/quant.cu`,
-//! `add_rms_norm_q8`, `swiglu_q8`): each does its kernel's arithmetic in the
-//! kernel's order (warp lanes, butterfly and block sums included), with
-//! plain slice signatures, so a host stand-in for the device can call them.
-//! `tests/kernel_source.rs` runs the CUDA source on the host against these,
-//! bit for bit; `super::tests` holds these against kestrel-cpu.
+//! Host references of the kernels added for issue 31 (`kernels/quant.cu`,
+//! `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`): each does its kernel's
+//! arithmetic in the kernel's order (warp lanes, butterfly and block sums
+//! included), with plain slice signatures, so a host stand-in for the
+//! device can call them. `tests/kernel_source.rs` runs the CUDA source on
+//! the host against these, bit for bit; `quant::tests` holds them against
+//! kestrel-cpu's kernels.
 
 use half::f16;
 use kestrel_model::DType;
 
-use super::{encoded_bytes, Q8Block, BLOCK};
+use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 
 /// A warp's butterfly sum (`warp_sum` in `common.cuh`): every lane ends with
 /// the same value, lane 0's is returned.
@@ -359,4 +360,91 @@ pub fn swiglu_q8(gate_up: &[f32], out: &mut [Q8Block]) {
         .map(|(&g, &u)| g / (1.0 + kexp(-g)) * u)
         .collect();
     quantize_q8(&v, out);
+}
+
+/// `rope_kv_append` of `rope_kv.cu` for one row: rotates the Q heads of
+/// `qkv` (Q | K | V, `(num_q_heads + 2 num_k_heads) * head_dim` values) in
+/// place and writes the rotated K heads and V as f16 to `k_out` and `v_out`
+/// (`num_k_heads * head_dim` each, the row's cache slot). `table_row` is the
+/// position's row of `host::rope_table`.
+pub fn rope_kv_append(
+    qkv: &mut [f32],
+    heads: (usize, usize),
+    head_dim: usize,
+    table_row: &[f32],
+    interleaved: bool,
+    k_out: &mut [f16],
+    v_out: &mut [f16],
+) {
+    let (nq, nk) = heads;
+    let half = head_dim / 2;
+    let (cos, sin) = table_row.split_at(half);
+    let kv_dim = nk * head_dim;
+    for head in 0..nq + nk {
+        for k in 0..half {
+            let (a, b) = if interleaved {
+                (2 * k, 2 * k + 1)
+            } else {
+                (k, k + half)
+            };
+            let hp = head * head_dim;
+            let (x0, x1) = (qkv[hp + a], qkv[hp + b]);
+            let y0 = x0 * cos[k] - x1 * sin[k];
+            let y1 = x0 * sin[k] + x1 * cos[k];
+            if head < nq {
+                qkv[hp + a] = y0;
+                qkv[hp + b] = y1;
+            } else {
+                let o = (head - nq) * head_dim;
+                k_out[o + a] = f16::from_f32(y0);
+                k_out[o + b] = f16::from_f32(y1);
+            }
+        }
+    }
+    let v = &qkv[(nq + nk) * head_dim..(nq + nk) * head_dim + kv_dim];
+    for (o, x) in v_out.iter_mut().zip(v) {
+        *o = f16::from_f32(*x);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_cpu::kernels::ops;
+    use kestrel_model::synthetic::Rng;
+    use kestrel_model::RopeStyle;
+
+    #[test]
+    fn rope_kv_append_rotates_as_the_cpu_runtime_bit_for_bit() {
+        let (nq, nk, hd) = (4, 2, 64);
+        let table = crate::host::rope_table(40, hd, 10_000.0);
+        for (style, interleaved) in [
+            (RopeStyle::Interleaved, true),
+            (RopeStyle::HalfSplit, false),
+        ] {
+            let row = Rng(3).vec((nq + 2 * nk) * hd, 2.0);
+            let t = &table[37 * hd..38 * hd];
+            let mut got = row.clone();
+            let (mut k, mut v) = (vec![f16::ZERO; nk * hd], vec![f16::ZERO; nk * hd]);
+            rope_kv_append(&mut got, (nq, nk), hd, t, interleaved, &mut k, &mut v);
+            let mut cpu = row.clone();
+            ops::rope(&mut cpu[..(nq + nk) * hd], hd, t, style);
+            assert_eq!(&got[..nq * hd], &cpu[..nq * hd], "{style:?} Q in place");
+            let want_k: Vec<f16> = cpu[nq * hd..(nq + nk) * hd]
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            assert_eq!(k, want_k, "{style:?} K to the cache");
+            let want_v: Vec<f16> = row[(nq + nk) * hd..]
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect();
+            assert_eq!(v, want_v, "{style:?} V to the cache");
+            assert_eq!(
+                &got[nq * hd..],
+                &row[nq * hd..],
+                "K and V stay as they were in qkv"
+            );
+        }
+    }
 }
