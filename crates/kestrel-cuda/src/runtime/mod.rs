@@ -269,7 +269,7 @@ impl CudaRuntime {
         self.graph_bytes
     }
 
-    /// Bytes of f16 weights on the device.
+    /// Bytes of weight matrices on the device, in their file's encoding.
     pub fn weight_bytes(&self) -> usize {
         self.dev.weight_bytes
     }
