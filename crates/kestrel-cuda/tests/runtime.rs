@@ -142,7 +142,11 @@ fn prompts(vocab: u32) -> Vec<Vec<TokenId>> {
 }
 
 fn parity(w: ModelWeights, graphs: bool) {
-    let vocab = w.config.vocab_size as u32;
+    let ps = prompts(w.config.vocab_size as u32);
+    parity_on(w, graphs, &ps);
+}
+
+fn parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
     let mut cpu = CpuRuntime::new(
         w.clone(),
         CpuRuntimeConfig {
@@ -169,11 +173,10 @@ fn parity(w: ModelWeights, graphs: bool) {
         gpu.device_name(),
         gpu.graph_bytes()
     );
-    let ps = prompts(vocab);
-    let want = run(&mut cpu, &ps, 32, false);
+    let want = run(&mut cpu, ps, 32, false);
     for pipelined in [false, true] {
         assert_eq!(
-            run(&mut gpu, &ps, 32, pipelined),
+            run(&mut gpu, ps, 32, pipelined),
             want,
             "batched, pipelined={pipelined}"
         );
@@ -207,22 +210,32 @@ fn gpu_greedy_parity_smollm2_shape() {
     );
 }
 
-/// Weights kept in their GGUF encoding: decode (3 rows) through `mmvq_*`
-/// on int8 activations, prefill through f16 tiles; a Q4_K model whose V is
-/// Q6_K (as Q4_K_M files have) splits Q|K|V into two parts.
+/// Weights kept in their GGUF encoding: decode (4 rows) through `mmvq_*`
+/// on int8 activations, the batched prefill (132 tokens, past
+/// `MMVQ_CROSSOVER_ROWS`) through dequantized f16 tiles and cuBLAS, a lone
+/// prompt's through `mmvq_*` again; a Q4_K model whose V and down
+/// projections are Q6_K (as Q4_K_M files have) splits Q|K|V into two parts.
 #[test]
 #[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
 fn gpu_greedy_parity_quantized_weights() {
+    let vocab = ModelConfig::tiny().vocab_size as u32;
+    let mut ps = prompts(vocab);
+    ps.push((1..71).map(|t| t * 11 % vocab).collect());
+    assert!(ps.iter().map(Vec::len).sum::<usize>() > kestrel_cuda::quant::MMVQ_CROSSOVER_ROWS);
     for dtype in [DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K] {
         eprintln!("{dtype}");
-        parity(synthetic_weights(&ModelConfig::tiny(), dtype, 13), true);
+        parity_on(
+            synthetic_weights(&ModelConfig::tiny(), dtype, 13),
+            true,
+            &ps,
+        );
     }
     let mut w = synthetic_weights(&ModelConfig::tiny(), DType::Q4K, 17);
     for l in &mut w.layers {
         l.wv = Matrix::quantize(DType::Q6K, l.wv.rows, l.wv.cols, &l.wv.to_f32());
         l.w_down = Matrix::quantize(DType::Q6K, l.w_down.rows, l.w_down.cols, &l.w_down.to_f32());
     }
-    parity(w, true);
+    parity_on(w, true, &ps);
 }
 
 /// CUDA-event step timings, converted to host instants: one per committed
