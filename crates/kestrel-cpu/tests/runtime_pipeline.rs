@@ -577,6 +577,43 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     assert_eq!(rt.num_allocated(), 0);
 }
 
+/// A forward that fails on the compute stream comes back at that step's
+/// wait as `RuntimeError::Fault` with the compute layer's own error as its
+/// typed source (not its message), printed once in the chain; the
+/// request's KV is released as usual.
+#[test]
+fn a_compute_fault_keeps_its_typed_cause() {
+    let c = ModelConfig::tiny();
+    let mut rt = small_runtime(synthetic_weights(&c, DType::Q8_0, 3), 1);
+    let vocab = c.vocab_size as TokenId;
+    let prompt: Vec<TokenId> = vec![1, 2, vocab + 5];
+    let params = SamplingParams::default();
+    let input = PrefillInput {
+        id: 9,
+        prompt: &prompt,
+        generated: 0,
+        params: &params,
+        max_len: 16,
+        start: PrefillStart::Admit,
+        max_tokens: usize::MAX,
+    };
+    rt.launch_prefill(0, &[input]).unwrap();
+    rt.finalize_sampling(0, None).unwrap();
+    let e = rt.wait_step(0).unwrap_err();
+    let RuntimeError::Fault { source, .. } = &e else {
+        panic!("expected a compute fault, got {e:?}");
+    };
+    assert!(
+        matches!(source, kestrel_cpu::CpuError::TokenOutOfRange { token, .. } if *token == vocab + 5),
+        "{source:?}"
+    );
+    let chained = std::error::Error::source(&e).map(ToString::to_string);
+    assert_eq!(chained, Some(source.to_string()));
+    assert!(!e.to_string().contains(&source.to_string()), "{e}");
+    rt.release(9);
+    assert_eq!(rt.num_allocated(), 0);
+}
+
 /// A prompt prefilled in chunks at the runtime's level: a chunk short of
 /// the prompt's end returns no row; a chunk that does not resume where the
 /// last one ended is refused before dispatch with a typed error naming it;

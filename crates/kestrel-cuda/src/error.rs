@@ -35,7 +35,7 @@ pub enum CudaError {
     NoDevice(String),
 
     /// A CUDA driver call failed.
-    #[error("CUDA driver: {0}")]
+    #[error("a CUDA driver call failed")]
     Driver(#[from] cudarc::driver::DriverError),
 
     /// A cuBLAS call failed.
@@ -90,8 +90,13 @@ pub enum CudaError {
     #[error("invalid CUDA runtime config: {0}")]
     Config(String),
 
+    /// A step's metadata could not be packed into its slot's buffers (a
+    /// planning bug: a decode step is rejected before dispatch).
+    #[error("packing the step's metadata failed")]
+    Pack(#[from] crate::host::PackError),
+
     /// KV page-table bookkeeping failed.
-    #[error("KV cache: {0}")]
+    #[error("KV cache")]
     Kv(#[from] kestrel_kv::KvError),
 
     /// A request id the runtime does not hold KV for.

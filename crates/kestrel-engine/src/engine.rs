@@ -39,6 +39,10 @@ pub(crate) struct Shared {
     pub exited: AtomicBool,
     /// Submissions sent but not yet handled by the engine thread.
     pub in_transit: AtomicUsize,
+    /// The loop's `EngineLoop::waiting_capacity` as of its last iteration
+    /// (published by the engine thread before `start` returns), so a full
+    /// queue is refused here by the loop's own rule.
+    pub waiting_capacity: AtomicUsize,
     next_id: AtomicU64,
     loop_config: LoopConfig,
     backend: String,
@@ -152,6 +156,7 @@ impl Engine {
             shutting_down: tokio::sync::watch::Sender::new(false),
             exited: AtomicBool::new(false),
             in_transit: AtomicUsize::new(0),
+            waiting_capacity: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
             loop_config,
             backend,
@@ -240,16 +245,13 @@ impl Engine {
             speculate: self.shared.speculate,
         };
         let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
-        let lc = &self.shared.loop_config;
-        let limit = lc.max_waiting;
+        let limit = self.shared.loop_config.max_waiting;
         // Reserve a queue place; the engine thread releases it on receipt.
-        // As in the loop, the limit counts requests beyond the batch rows
-        // free now (the gauges are as of the last loop iteration).
+        // The loop's capacity (`max_waiting` beyond the batch rows free)
+        // and the waiting gauge are as of its last iteration.
         let in_transit = self.shared.in_transit.fetch_add(1, SeqCst) + 1;
         let waiting = self.shared.metrics.waiting.get() as usize;
-        let admitted = self.shared.metrics.admitted.get() as usize;
-        let free_rows = lc.max_batch_size.saturating_sub(admitted);
-        if waiting + in_transit > limit + free_rows {
+        if waiting + in_transit > self.shared.waiting_capacity.load(SeqCst) {
             self.shared.in_transit.fetch_sub(1, SeqCst);
             self.shared.metrics.rejected.fetch_add(1, SeqCst);
             return Err(EngineError::QueueFull { limit });

@@ -110,15 +110,67 @@ impl EngineError {
     }
 }
 
-/// `e` and its `source()` chain, joined with ": " (for one-line messages
-/// such as a gRPC status or an HTTP error body).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
+/// The messages of `e` and of each error in its `source()` chain, with
+/// every cause printed once: a cause whose message the error above it
+/// already spells out (`#[error("... {source}")]`, a common habit of
+/// library errors) is left out rather than repeated.
+pub fn error_causes(e: &dyn std::error::Error) -> Vec<String> {
+    let mut above = e.to_string();
+    let mut out = vec![above.clone()];
     let mut cause = e.source();
     while let Some(c) = cause {
-        msg.push_str(": ");
-        msg.push_str(&c.to_string());
+        let msg = c.to_string();
+        if !above.contains(&msg) {
+            out.push(msg.clone());
+        }
+        above = msg;
         cause = c.source();
     }
-    msg
+    out
+}
+
+/// `e` and its `source()` chain ([`error_causes`]), joined with ": " (for
+/// one-line messages such as a gRPC status, an HTTP error body or the CLI).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    error_causes(e).join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading {path}: {source}")]
+    struct Repeats {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the engine did not start")]
+    struct Outer(#[source] Repeats);
+
+    /// A cause the error above it already prints is not printed again;
+    /// the others all are, in order.
+    #[test]
+    fn each_cause_is_printed_once() {
+        let e = Outer(Repeats {
+            path: "m.gguf",
+            source: std::io::Error::other("no such file"),
+        });
+        assert_eq!(
+            error_causes(&e),
+            ["the engine did not start", "loading m.gguf: no such file"]
+        );
+        assert_eq!(
+            error_chain(&e),
+            "the engine did not start: loading m.gguf: no such file"
+        );
+        let plain = EngineError::Fatal(Cause::new(std::io::Error::other("device lost")));
+        assert_eq!(
+            error_chain(&plain),
+            "the engine stopped serving after a fault: device lost"
+        );
+    }
 }

@@ -34,7 +34,7 @@ mod worker;
 
 pub use config::{Backend, EngineConfig, LoadEvent, ModelSource, DEFAULT_PREFILL_CHUNK};
 pub use engine::{mode_name, Engine, GenerationStream};
-pub use error::{error_chain, EngineError};
+pub use error::{error_causes, error_chain, EngineError};
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
 pub use request::{
     ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse, Prompt,

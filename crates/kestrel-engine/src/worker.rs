@@ -429,6 +429,9 @@ impl<R: Runtime> Worker<R> {
         m.waiting.set(self.lp.num_waiting() as u64);
         m.running.set(self.lp.num_running() as u64);
         m.admitted.set(self.lp.num_admitted() as u64);
+        self.shared
+            .waiting_capacity
+            .store(self.lp.waiting_capacity(), SeqCst);
         let kv = self.lp.executor().kv_stats();
         m.kv_total.set(kv.total_pages as u64);
         m.kv_used.set(kv.used_pages as u64);

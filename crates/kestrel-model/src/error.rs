@@ -55,6 +55,13 @@ pub enum ModelError {
     },
     #[error("invalid model config: {reason}")]
     InvalidConfig { reason: String },
+    /// A family Kestrel runs, asking for something its block does not
+    /// compute (one policy for both formats; see [`crate::Family`]).
+    #[error("this {family} model needs {feature}, which Kestrel does not compute")]
+    Unsupported {
+        family: crate::Family,
+        feature: String,
+    },
     #[error("failed to parse {path}: {source}")]
     Json {
         path: PathBuf,

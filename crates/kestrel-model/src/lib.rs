@@ -21,6 +21,7 @@
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod family;
 pub mod fetch;
 pub mod gguf;
 pub mod load;
@@ -37,6 +38,7 @@ pub use config::{
     SlidingWindow,
 };
 pub use error::ModelError;
+pub use family::Family;
 pub use fetch::{
     default_model_path, default_model_path_with_progress, pinned_model, pinned_model_path,
     FetchStage, PinnedModel,

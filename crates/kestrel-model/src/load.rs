@@ -7,8 +7,9 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
-use crate::config::{Activation, ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
-use crate::{ChatTemplate, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
+use crate::config::ModelConfig;
+use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
+use crate::{ChatTemplate, Family, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// A model ready for a runtime: weights plus everything text-side.
 #[derive(Clone)]
@@ -158,31 +159,16 @@ pub(crate) fn check_vector(v: Vec<f32>, name: &str, len: usize) -> Result<Vec<f3
     Ok(v)
 }
 
-/// The GGUF `general.architecture` values Kestrel runs.
-pub const GGUF_ARCHITECTURES: &str = "llama (incl. Llama 3.x, Mistral), qwen2, qwen3, gemma3";
-
 /// Resolves the decoder config from `{arch}.*` GGUF metadata.
 ///
-/// Per family: `llama` (Q/K permuted by llama.cpp's converter, so adjacent-pair
-/// RoPE; `rope_freqs.weight` = Llama 3 frequency factors; a
-/// `llama.attention.sliding_window` key = Mistral-style windows on every
-/// layer), `qwen2` (QKV bias, NEOX RoPE), `qwen3` (per-head q/k norm, NEOX),
-/// `gemma3` (see [`gemma3_features`]).
+/// The family ([`Family::from_gguf`]) decides the RoPE pairing and what the
+/// block adds; the file adds `rope_freqs.weight` (Llama 3 frequency factors),
+/// a `llama.attention.sliding_window` key (Mistral-style windows on every
+/// layer), RoPE scaling ([`crate::family`]'s one policy) and Gemma 3's keys
+/// (see [`gemma3_keys`]).
 pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     let arch = g.get_str("general.architecture")?.to_string();
-    let (rope_style, qkv_bias) = match arch.as_str() {
-        // llama.cpp's converter permuted Q/K rows for "norm" (adjacent-pair) RoPE.
-        "llama" => (RopeStyle::Interleaved, false),
-        // The others are converted unpermuted and run with NEOX (half-split) RoPE.
-        "qwen2" => (RopeStyle::HalfSplit, true),
-        "qwen3" | "gemma3" => (RopeStyle::HalfSplit, false),
-        _ => {
-            return Err(ModelError::UnsupportedArchitecture {
-                architecture: arch,
-                supported: GGUF_ARCHITECTURES,
-            })
-        }
-    };
+    let family = Family::from_gguf(&arch)?;
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = g.get_usize(&k("embedding_length"))?;
     let num_heads = g.get_usize(&k("attention.head_count"))?;
@@ -199,8 +185,8 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
     if let Some(rot) = g.get(&k("rope.dimension_count")).and_then(|v| v.as_u64()) {
         if rot as usize != head_dim {
-            return Err(ModelError::invalid(format!(
-                "partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim}) are not supported"
+            return Err(family.unsupported(format!(
+                "partial rotary embeddings (rope.dimension_count {rot} != head_dim {head_dim})"
             )));
         }
     }
@@ -208,14 +194,10 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         .get(&k("rope.freq_base"))
         .and_then(|v| v.as_f32())
         .unwrap_or(10_000.0);
-    let mut features = ArchFeatures::default();
-    match g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
-        None | Some("none") => {}
-        Some("linear") => features.rope_linear_scale = g.get_f32(&k("rope.scaling.factor"))?,
-        Some(other) => tracing::warn!(
-            scaling = other,
-            "GGUF declares RoPE scaling Kestrel does not implement; it is ignored (fine for contexts within the original training length)"
-        ),
+    let mut features = family.base_features();
+    if let Some(kind) = g.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
+        let num = |key: &str| g.get_f32(&k(&format!("rope.scaling.{key}")));
+        rope_scaling(family, kind, head_dim, rope_theta, num, &mut features)?;
     }
     if g.tensor("rope_freqs.weight").is_some() {
         let ff = check_vector(
@@ -229,22 +211,20 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         Some(_) => Some(g.get_usize(&k("attention.sliding_window"))?),
         None => None,
     };
-    match arch.as_str() {
-        "llama" => {
-            if let Some(window) = window {
-                features.sliding_window = SlidingWindow::All { window };
-            }
-        }
-        "qwen3" => features.qk_norm = true,
-        "gemma3" => gemma3_features(g, &mut features, hidden, num_heads, head_dim, window)?,
-        _ => {}
+    if family == Family::Gemma3 {
+        let keys = gemma3_keys(g, hidden, num_heads, head_dim, window)?;
+        gemma3_features(&keys, &mut features)?;
+    } else {
+        // A GGUF names a window on every layer only in a `llama` file
+        // (Mistral's conversion); other families' window keys are not read.
+        features.sliding_window = family.uniform_window(window, family == Family::Llama);
     }
     let vocab_size = match g.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
         Some(tokens) => tokens.len(),
         None => g.get_usize(&k("vocab_size"))?,
     };
     let config = ModelConfig {
-        architecture: arch.clone(),
+        architecture: family.name().into(),
         vocab_size,
         hidden_size: hidden,
         intermediate_size: g.get_usize(&k("feed_forward_length"))?,
@@ -253,39 +233,33 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         num_kv_heads,
         head_dim,
         rope_theta,
-        rope_style,
+        rope_style: family.gguf_rope_style(),
         rms_norm_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
         max_position_embeddings: g.get_usize(&k("context_length"))?,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
-        qkv_bias,
+        qkv_bias: family.qkv_bias(None),
         features,
     };
     config.validate()?;
     Ok(config)
 }
 
-/// Gemma 3, as llama.cpp runs it: embeddings times `sqrt(hidden)`, per-head
-/// q/k norms, post-attention and post-FFN norms, GELU-tanh, and five local
-/// layers (window `attention.sliding_window`, RoPE base 10 000 unless
-/// `rope.freq_base_swa` says otherwise) per global one. The converter already
-/// added Gemma's `1 +` to every `*norm.weight` it stored (`norm_shift`), so
-/// the norms here are plain RMSNorms. GGUF does not carry
-/// `query_pre_attn_scalar`: llama.cpp uses `hidden / heads` for the 62-layer
-/// 27B and `head_dim` for every other size; `attention.scale` overrides.
-fn gemma3_features(
+/// Gemma 3's keys in a GGUF. The converter already added Gemma's `1 +` to
+/// every `*norm.weight` it stored (`norm_shift`), so the norms are plain
+/// RMSNorms. GGUF does not carry `query_pre_attn_scalar`: llama.cpp uses
+/// `hidden / heads` for the 62-layer 27B and `head_dim` for every other
+/// size; `attention.scale` overrides. Local layers: window
+/// `attention.sliding_window`, RoPE base `rope.freq_base_swa`, one global
+/// layer every `attention.sliding_window_pattern` (6 when absent).
+fn gemma3_keys(
     g: &GgufFile,
-    f: &mut ArchFeatures,
     hidden: usize,
     num_heads: usize,
     head_dim: usize,
     window: Option<usize>,
-) -> Result<(), ModelError> {
+) -> Result<Gemma3Keys<'static>, ModelError> {
     let k = |s: &str| format!("gemma3.{s}");
-    f.qk_norm = true;
-    f.post_norms = true;
-    f.activation = Activation::GeluTanh;
-    f.embedding_scale = (hidden as f32).sqrt();
-    f.attn_scale = Some(match g.get(&k("attention.scale")) {
+    let attn_scale = match g.get(&k("attention.scale")) {
         Some(_) => g.get_f32(&k("attention.scale"))?,
         None => {
             let layers = g.get_usize(&k("block_count"))?;
@@ -296,28 +270,31 @@ fn gemma3_features(
             };
             1.0 / (scalar as f32).sqrt()
         }
-    });
-    f.final_logit_softcap = g
-        .get(&k("final_logit_softcapping"))
-        .and_then(|v| v.as_f32());
+    };
     let window = window.ok_or_else(|| ModelError::MissingMetadata {
         key: k("attention.sliding_window"),
     })?;
     let period = match g.get(&k("attention.sliding_window_pattern")) {
         None => 6,
         Some(v) => v.as_u64().map(|p| p as usize).ok_or_else(|| {
-            ModelError::invalid(
-                "gemma3.attention.sliding_window_pattern is not a single period; per-layer patterns are not supported",
+            Family::Gemma3.unsupported(
+                "a per-layer gemma3.attention.sliding_window_pattern (Kestrel runs one global layer every p layers)",
             )
         })?,
     };
-    f.sliding_window = SlidingWindow::Interleaved { window, period };
-    f.rope_theta_local = Some(
-        g.get(&k("rope.freq_base_swa"))
-            .and_then(|v| v.as_f32())
-            .unwrap_or(10_000.0),
-    );
-    Ok(())
+    Ok(Gemma3Keys {
+        hidden_size: hidden,
+        attn_scale,
+        final_logit_softcap: g
+            .get(&k("final_logit_softcapping"))
+            .and_then(|v| v.as_f32()),
+        window,
+        period,
+        rope_theta_local: g.get(&k("rope.freq_base_swa")).and_then(|v| v.as_f32()),
+        attn_logit_softcap: None,
+        bidirectional: false,
+        activation: None,
+    })
 }
 
 /// Builds [`ModelWeights`] from a parsed GGUF, validating every shape.
@@ -537,6 +514,29 @@ mod tests {
         for arch in ["`phi3`", "llama", "qwen2", "qwen3", "gemma3"] {
             assert!(msg.contains(arch), "{msg}");
         }
+    }
+
+    /// RoPE scaling Kestrel does not compute is refused by name, as the HF
+    /// path refuses it (one policy, `family::rope_scaling`).
+    #[test]
+    fn unknown_rope_scaling_is_refused_by_name() {
+        let u = |x: u32| GgufValue::U32(x);
+        let bytes = write_gguf(
+            &[
+                ("general.architecture", GgufValue::String("llama".into())),
+                ("llama.embedding_length", u(256)),
+                ("llama.attention.head_count", u(4)),
+                ("llama.rope.scaling.type", GgufValue::String("yarn".into())),
+                ("llama.rope.scaling.factor", GgufValue::F32(4.0)),
+            ],
+            &[],
+        );
+        let g = GgufFile::parse(bytes.into(), "yarn.gguf".into()).unwrap();
+        let err = config_from_gguf(&g).unwrap_err();
+        assert!(
+            matches!(err, ModelError::Unsupported { family: Family::Llama, ref feature } if feature.contains("`yarn`")),
+            "{err}"
+        );
     }
 
     #[test]

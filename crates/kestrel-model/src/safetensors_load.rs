@@ -16,9 +16,10 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{Activation, ArchFeatures, ModelConfig, RopeStyle, SlidingWindow};
+use crate::config::{ModelConfig, RopeStyle};
+use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
 use crate::load::{check_matrix, check_vector, LoadedModel};
-use crate::{Bytes, ChatTemplate, DType, LayerWeights, Matrix, ModelError, ModelWeights};
+use crate::{Bytes, ChatTemplate, DType, Family, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3,
 /// Gemma 3 families).
@@ -157,22 +158,7 @@ fn rope_parameters(o: &mut serde_json::Map<String, Value>) {
 }
 
 fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
-    let mut arch = hf.model_type.clone().unwrap_or_else(|| "llama".into());
-    let qkv_bias = match arch.as_str() {
-        "llama" | "mistral" | "qwen3" => hf.attention_bias.unwrap_or(false),
-        "qwen2" => true,
-        // Named as GGUF names it, so both paths resolve to one config.
-        "gemma3_text" => {
-            arch = "gemma3".into();
-            hf.attention_bias.unwrap_or(false)
-        }
-        _ => {
-            return Err(ModelError::UnsupportedArchitecture {
-                architecture: arch,
-                supported: HF_ARCHITECTURES,
-            })
-        }
-    };
+    let family = Family::from_hf(hf.model_type.as_deref().unwrap_or("llama"))?;
     if hf.num_attention_heads == 0 {
         return Err(ModelError::invalid("num_attention_heads is 0"));
     }
@@ -180,20 +166,29 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         .head_dim
         .unwrap_or(hf.hidden_size / hf.num_attention_heads);
     let rope_theta = hf.rope_theta.unwrap_or(10_000.0);
-    let mut features = ArchFeatures {
-        qk_norm: arch == "qwen3",
-        ..ArchFeatures::default()
-    };
+    let mut features = family.base_features();
     if let Some(scaling) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-        rope_scaling(scaling, head_dim, rope_theta, &mut features)?;
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let num = |key: &str| -> Result<f32, ModelError> {
+            scaling
+                .get(key)
+                .and_then(Value::as_f64)
+                .map(|x| x as f32)
+                .ok_or_else(|| ModelError::MissingMetadata {
+                    key: format!("rope_scaling.{key}"),
+                })
+        };
+        rope_scaling(family, kind, head_dim, rope_theta, num, &mut features)?;
     }
-    if arch == "gemma3" {
-        gemma3_features(hf, head_dim, &mut features)?;
-    } else if let Some(window) = hf.sliding_window {
-        // Qwen2 configs name a window but switch it off (`use_sliding_window`).
-        if arch == "mistral" || hf.use_sliding_window == Some(true) {
-            features.sliding_window = SlidingWindow::All { window };
-        }
+    if family == Family::Gemma3 {
+        gemma3_features(&gemma3_keys(hf, head_dim)?, &mut features)?;
+    } else {
+        features.sliding_window =
+            family.uniform_window(hf.sliding_window, hf.use_sliding_window == Some(true));
     }
     let config = ModelConfig {
         vocab_size: hf.vocab_size,
@@ -208,59 +203,36 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
         max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
-        qkv_bias,
-        architecture: arch,
+        qkv_bias: family.qkv_bias(hf.attention_bias),
+        architecture: family.name().into(),
         features,
     };
     config.validate()?;
     Ok(config)
 }
 
-/// The HF `model_type`s Kestrel loads from safetensors.
-pub const HF_ARCHITECTURES: &str =
-    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3 (its text_config)";
-
-/// Gemma 3's block, as the GGUF path resolves it (`load.rs`
-/// `gemma3_features`), from HF's keys: attention scale
-/// `query_pre_attn_scalar^-0.5`, local layers from `layer_types` (or
-/// `sliding_window_pattern`) with RoPE base `rope_local_base_freq`, and
-/// `final_logit_softcapping`. What Kestrel's block cannot compute (Gemma 2's
-/// attention-logit softcap, EmbeddingGemma's bidirectional attention,
-/// another activation) is refused rather than ignored.
-fn gemma3_features(hf: &HfConfig, head_dim: usize, f: &mut ArchFeatures) -> Result<(), ModelError> {
-    if let Some(cap) = hf.attn_logit_softcapping {
-        return Err(ModelError::invalid(format!(
-            "attn_logit_softcapping {cap}: attention-logit softcapping is not implemented"
-        )));
-    }
-    if hf.use_bidirectional_attention == Some(true) {
-        return Err(ModelError::invalid(
-            "use_bidirectional_attention (EmbeddingGemma) is not a causal LM",
-        ));
-    }
-    match hf.hidden_activation.as_deref() {
-        None | Some("gelu_pytorch_tanh") => f.activation = Activation::GeluTanh,
-        Some(other) => {
-            return Err(ModelError::invalid(format!(
-                "hidden_activation `{other}` (Gemma 3 supports gelu_pytorch_tanh)"
-            )))
-        }
-    }
-    f.qk_norm = true;
-    f.post_norms = true;
-    f.embedding_scale = (hf.hidden_size as f32).sqrt();
+/// Gemma 3's keys in an HF config: attention scale
+/// `query_pre_attn_scalar^-0.5` (`head_dim` when absent), local layers from
+/// `layer_types` (or `sliding_window_pattern`) with RoPE base
+/// `rope_local_base_freq`, `final_logit_softcapping`, and the keys of what
+/// [`gemma3_features`] refuses.
+fn gemma3_keys(hf: &HfConfig, head_dim: usize) -> Result<Gemma3Keys<'_>, ModelError> {
     let scalar = hf.query_pre_attn_scalar.unwrap_or(head_dim as f32);
-    f.attn_scale = Some(1.0 / scalar.sqrt());
-    f.final_logit_softcap = hf.final_logit_softcapping;
-    let window = hf
-        .sliding_window
-        .ok_or_else(|| ModelError::MissingMetadata {
-            key: "sliding_window".into(),
-        })?;
-    let period = gemma3_period(hf)?;
-    f.sliding_window = SlidingWindow::Interleaved { window, period };
-    f.rope_theta_local = Some(hf.rope_local_base_freq.unwrap_or(10_000.0));
-    Ok(())
+    Ok(Gemma3Keys {
+        hidden_size: hf.hidden_size,
+        attn_scale: 1.0 / scalar.sqrt(),
+        final_logit_softcap: hf.final_logit_softcapping,
+        window: hf
+            .sliding_window
+            .ok_or_else(|| ModelError::MissingMetadata {
+                key: "sliding_window".into(),
+            })?,
+        period: gemma3_period(hf)?,
+        rope_theta_local: hf.rope_local_base_freq,
+        attn_logit_softcap: hf.attn_logit_softcapping,
+        bidirectional: hf.use_bidirectional_attention == Some(true),
+        activation: hf.hidden_activation.as_deref(),
+    })
 }
 
 /// The global-layer period: `layer_types` when given (it must be "every
@@ -303,52 +275,10 @@ fn gemma3_period(hf: &HfConfig) -> Result<usize, ModelError> {
         .chain(1..=n + 1)
         .find(|&p| fits(p))
         .ok_or_else(|| {
-            ModelError::invalid(
-                "layer_types is not one global layer every p layers; per-layer patterns are not supported",
+            Family::Gemma3.unsupported(
+                "layer_types other than one global layer every p layers (per-layer patterns)",
             )
         })
-}
-
-/// `rope_scaling`: `llama3` becomes frequency factors, `linear` a position
-/// scale; other kinds are ignored with a warning (exact within the original
-/// training length).
-fn rope_scaling(
-    v: &Value,
-    head_dim: usize,
-    theta: f32,
-    f: &mut ArchFeatures,
-) -> Result<(), ModelError> {
-    let kind = v
-        .get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let num = |key: &str| -> Result<f32, ModelError> {
-        v.get(key)
-            .and_then(Value::as_f64)
-            .map(|x| x as f32)
-            .ok_or_else(|| ModelError::MissingMetadata {
-                key: format!("rope_scaling.{key}"),
-            })
-    };
-    match kind {
-        "llama3" => {
-            f.rope_freq_factors = Some(crate::config::llama3_rope_freq_factors(
-                head_dim,
-                theta,
-                num("factor")?,
-                num("low_freq_factor")?,
-                num("high_freq_factor")?,
-                num("original_max_position_embeddings")?,
-            ))
-        }
-        "linear" => f.rope_linear_scale = num("factor")?,
-        "default" => {}
-        _ => {
-            tracing::warn!(%v, "config.json declares rope_scaling Kestrel does not implement; it is ignored (fine for short contexts)")
-        }
-    }
-    Ok(())
 }
 
 /// All tensors of a checkpoint, by name, as windows of their files' maps.
@@ -508,8 +438,7 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
     // HF's Gemma RMSNorm computes `x * (1 + w)` (in f32) and stores `w`;
     // llama.cpp's converter stores `w + 1` and Kestrel's norms multiply by
     // the stored weight, so Gemma's norms get the `+ 1` here.
-    let gemma = c.architecture == "gemma3";
-    let shift = if gemma { 1.0 } else { 0.0 };
+    let shift = Family::from_name(&c.architecture).map_or(0.0, Family::hf_norm_shift);
     let norm = |name: &str, len| -> Result<Vec<f32>, ModelError> {
         let mut v = s.vector(name, len)?;
         v.iter_mut().for_each(|x| *x += shift);
@@ -523,7 +452,7 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
             let n = |x: &str| format!("{prefix}layers.{i}.{x}");
             // Llama's `post_attention_layernorm` is the pre-FFN norm; Gemma's
             // is a post-norm, with `pre_feedforward_layernorm` before the FFN.
-            let (ffn_norm, post_attn_norm, post_ffn_norm) = if gemma {
+            let (ffn_norm, post_attn_norm, post_ffn_norm) = if c.features.post_norms {
                 (
                     norm(&n("pre_feedforward_layernorm.weight"), h)?,
                     Some(norm(&n("post_attention_layernorm.weight"), h)?),

@@ -91,6 +91,9 @@ pub enum ServeError {
     /// The HTTP (OpenAI API) server failed.
     #[error("the HTTP server failed")]
     Http(#[source] std::io::Error),
+    /// The metrics (Prometheus scrape) server failed.
+    #[error("the metrics server failed")]
+    Metrics(#[source] std::io::Error),
     /// The server task panicked or was cancelled.
     #[error("the server task ended abnormally")]
     Join(#[source] tokio::task::JoinError),

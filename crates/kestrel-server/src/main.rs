@@ -13,6 +13,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
@@ -387,7 +388,32 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A failure as anyhow prints one (`Error: ...`, then `Caused by:` and one
+/// numbered line per cause), with each cause printed once
+/// ([`kestrel_engine::error_causes`]).
+fn report(e: &anyhow::Error) -> String {
+    let mut causes = kestrel_engine::error_causes(e.as_ref()).into_iter();
+    let mut out = format!("Error: {}", causes.next().unwrap_or_default());
+    for (i, cause) in causes.enumerate() {
+        if i == 0 {
+            out.push_str("\n\nCaused by:");
+        }
+        out.push_str(&format!("\n    {i}: {cause}"));
+    }
+    out
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Serve(_) => "info",
@@ -486,18 +512,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let engine = start_engine(args.engine.config()).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let metrics_task = if args.no_metrics {
+    let metrics = if args.no_metrics {
         None
     } else {
-        let (listener, addr) = kestrel_server::metrics_http::bind(args.metrics_addr)
-            .await
-            .with_context(|| format!("cannot listen on {} for /metrics", args.metrics_addr))?;
-        eprintln!("metrics on http://{addr}/metrics");
-        Some(tokio::spawn(kestrel_server::metrics_http::serve_metrics(
+        let metrics = kestrel_server::metrics_http::serve_metrics(
             engine.clone(),
-            listener,
+            args.metrics_addr,
             stopped(stop_rx.clone()),
-        )))
+        )
+        .await
+        .context("cannot serve /metrics")?;
+        eprintln!("metrics on http://{}/metrics", metrics.local_addr());
+        Some(metrics)
     };
     let http = if args.no_http {
         None
@@ -558,8 +584,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let (served, http_served) = tokio::join!(tokio::time::timeout(close, server.wait()), http_wait);
-    if let Some(task) = metrics_task {
-        let _ = task.await;
+    if let Some(metrics) = metrics {
+        match tokio::time::timeout(close, metrics.wait()).await {
+            Ok(result) => result.context("the metrics server failed")?,
+            Err(_) => bail!("the metrics server did not stop after the drain"),
+        }
     }
     http_served?;
     match served {
@@ -779,7 +808,7 @@ async fn chat(args: ChatArgs) -> anyhow::Result<()> {
                 history.pop();
             }
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", kestrel_engine::error_chain(e.as_ref()));
                 history.pop();
             }
         }

@@ -180,6 +180,34 @@ async fn an_oversize_message_is_out_of_range() {
     c.generate(text_request("Hello", 2)).await.expect("served");
 }
 
+/// An error whose message already includes its cause (`ModelError::Io`:
+/// "I/O error on PATH: CAUSE") gets that cause printed once, not again as
+/// the next "Caused by" line.
+#[test]
+fn the_cli_prints_each_cause_once() {
+    let missing =
+        std::env::temp_dir().join(format!("kestrel-no-model-{}.gguf", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["generate", "--model"])
+        .arg(&missing)
+        .arg("hi")
+        .output()
+        .expect("run kestrel");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let reason = "no such file or directory";
+    assert!(stderr.contains("Caused by:"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("I/O error on {}", missing.display())),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches(reason).count(),
+        1,
+        "the cause is printed once:\n{stderr}"
+    );
+}
+
 #[test]
 fn the_cli_prints_the_whole_cause_chain() {
     let dir = std::env::temp_dir().join(format!("kestrel-cli-chain-{}", std::process::id()));

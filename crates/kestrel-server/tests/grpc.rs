@@ -474,32 +474,42 @@ async fn reflection_lists_and_describes_the_service() {
     }
 }
 
+/// The scrape listener (`kestrel serve --metrics-addr`) over a real HTTP
+/// client: `GET /metrics` (query ignored) answers the exposition, another
+/// method there 405, any other path 404, and it stops on its shutdown signal.
 #[tokio::test]
 async fn metrics_endpoint_serves_prometheus_text() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use common::http::{call, get};
     let server = shared_server();
-    let (listener, addr) = kestrel_server::metrics_http::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .expect("bind");
-    let task = tokio::spawn(kestrel_server::metrics_http::serve_metrics(
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let metrics = kestrel_server::metrics_http::serve_metrics(
         server.engine.clone(),
-        listener,
-        std::future::pending(),
-    ));
-    let get = |path: &'static str| async move {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .expect("write");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("read");
-        out
-    };
-    let ok = get("/metrics").await;
-    assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-    assert!(ok.contains("text/plain; version=0.0.4"));
-    assert!(ok.contains("kestrel_requests_finished_total"), "{ok}");
-    let missing = get("/").await;
-    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
-    task.abort();
+        "127.0.0.1:0".parse().unwrap(),
+        async {
+            let _ = stop_rx.await;
+        },
+    )
+    .await
+    .expect("serve /metrics");
+    let addr = metrics.local_addr();
+    for path in ["/metrics", "/metrics?x=1"] {
+        let ok = get(addr, path).await;
+        assert_eq!(ok.status, 200, "{}", ok.text());
+        assert!(ok.content_type.starts_with("text/plain; version=0.0.4"));
+        assert!(
+            ok.text().contains("kestrel_requests_finished_total"),
+            "{}",
+            ok.text()
+        );
+    }
+    let post = call(addr, "POST", "/metrics", Vec::new()).await;
+    assert_eq!((post.status, post.text().as_str()), (405, "use GET\n"));
+    let missing = get(addr, "/").await;
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    assert!(missing.text().contains("try /metrics"));
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), metrics.wait())
+        .await
+        .expect("the metrics server stops")
+        .expect("cleanly");
 }

@@ -81,7 +81,7 @@ impl Default for CpuRuntimeConfig {
 pub enum RuntimeError {
     #[error(transparent)]
     Compute(#[from] CpuError),
-    #[error("KV cache: {0}")]
+    #[error("KV cache")]
     Kv(#[from] KvError),
     #[error("request {0} is not known to the runtime")]
     UnknownRequest(RequestId),
@@ -94,8 +94,13 @@ pub enum RuntimeError {
         start: usize,
         written: Option<usize>,
     },
-    #[error("compute fault at step {step}: {message}")]
-    Fault { step: u64, message: String },
+    /// The forward of a step failed on the compute stream (engine-fatal).
+    #[error("compute fault at step {step}")]
+    Fault {
+        step: u64,
+        #[source]
+        source: CpuError,
+    },
     #[error("the compute or copy stream stopped")]
     StreamLost,
     /// A call broke the slot protocol, or a slot's buffers are not back.
@@ -531,10 +536,10 @@ impl Executor for CpuRuntime {
         if let Some(t) = self.timings.as_mut() {
             t.push(timing);
         }
-        if let Some(message) = error {
+        if let Some(source) = error {
             return Err(RuntimeError::Fault {
                 step: meta.step,
-                message,
+                source,
             });
         }
         if !meta.draft_indptr.is_empty() {

@@ -57,7 +57,7 @@ pub(crate) struct Done {
     pub host: Box<Outputs>,
     pub mask: Box<MaskBuf>,
     /// A compute fault surfaced at this step (engine-fatal).
-    pub error: Option<String>,
+    pub error: Option<CpuError>,
     pub timing: StepTiming,
 }
 
@@ -90,7 +90,7 @@ pub(crate) struct ComputeStream {
     /// Per slot: device output buffers (lent to the copy stream while copying).
     pub dev_out: Vec<Option<Box<Outputs>>>,
     /// Per slot: a compute fault to report at this step's commit.
-    pub faults: Vec<Option<String>>,
+    pub faults: Vec<Option<CpuError>>,
     /// Per slot: forward start and end of the step in flight.
     pub forward_times: Vec<(Instant, Instant)>,
     rows: Vec<DeviceRow>,
@@ -125,7 +125,7 @@ impl ComputeStream {
                 .collect(),
             metas: (0..num_slots).map(|_| None).collect(),
             dev_out: (0..num_slots).map(|_| Some(Box::default())).collect(),
-            faults: vec![None; num_slots],
+            faults: (0..num_slots).map(|_| None).collect(),
             forward_times: vec![(Instant::now(), Instant::now()); num_slots],
             rows: (0..max_rows + 1)
                 .map(|_| DeviceRow {
@@ -217,7 +217,7 @@ impl ComputeStream {
         }
     }
 
-    fn forward(&mut self, slot: usize, meta: &SlotMeta) -> Result<(), String> {
+    fn forward(&mut self, slot: usize, meta: &SlotMeta) -> Result<(), CpuError> {
         let vocab = self.model.config().vocab_size;
         match meta.kind {
             StepKind::Decode if !meta.draft_indptr.is_empty() => {
@@ -243,9 +243,13 @@ impl ComputeStream {
                     kv_last_page_len: &meta.indices.kv_last_page_len,
                 };
                 let out = &mut self.logits[slot][..self.tokens.len() * vocab];
-                self.model
-                    .forward_prefill(batch, &mut self.kv, out, LogitsMode::All, &mut self.scratch)
-                    .map_err(|e| e.to_string())
+                self.model.forward_prefill(
+                    batch,
+                    &mut self.kv,
+                    out,
+                    LogitsMode::All,
+                    &mut self.scratch,
+                )
             }
             StepKind::Decode => {
                 let n = meta.rows.len();
@@ -262,7 +266,6 @@ impl ComputeStream {
                 let out = &mut self.logits[slot][..n * vocab];
                 self.model
                     .forward_decode(batch, &mut self.kv, out, &mut self.scratch)
-                    .map_err(|e| e.to_string())
             }
             StepKind::Prefill => {
                 let page_size = self.kv.page_size();
@@ -304,15 +307,13 @@ impl ComputeStream {
                             kv_last_page_len: &self.chunk_last,
                         };
                         let out = &mut self.logits[slot][r * vocab..(r + 1) * vocab];
-                        self.model
-                            .forward_prefill(
-                                batch,
-                                &mut self.kv,
-                                out,
-                                LogitsMode::LastPerSequence,
-                                &mut self.scratch,
-                            )
-                            .map_err(|e| e.to_string())?;
+                        self.model.forward_prefill(
+                            batch,
+                            &mut self.kv,
+                            out,
+                            LogitsMode::LastPerSequence,
+                            &mut self.scratch,
+                        )?;
                         start = end;
                     }
                 }

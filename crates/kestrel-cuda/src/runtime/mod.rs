@@ -380,8 +380,7 @@ impl CudaRuntime {
                     self.dev.trash_page,
                     self.dev.page_size,
                     s.meta_host.as_mut_slice(),
-                )
-                .map_err(|e| CudaError::Config(e.to_string()))?;
+                )?;
                 // SAFETY: meta_dev holds total_words >= used words; the copy
                 // is synchronous, so the pinned source is free afterwards.
                 unsafe {
@@ -530,7 +529,7 @@ impl Executor for CudaRuntime {
             .collect();
         let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
         let layout = pack_prefill(&plan, &self.idx, self.cfg.page_size, &mut words)
-            .map_err(|e| ExecError::Fatal(CudaError::Config(e.to_string())))?;
+            .map_err(|e| ExecError::Fatal(e.into()))?;
         let ctx = Arc::clone(&self.dev.ctx);
         let s = &mut self.slots[slot];
         s.ensure_prefill_capacity(&ctx, words.len())
@@ -677,7 +676,7 @@ impl Executor for CudaRuntime {
             ps,
             s.meta_host.as_mut_slice(),
         )
-        .map_err(|e| ExecError::PreDispatch(CudaError::Config(e.to_string())))?;
+        .map_err(|e| ExecError::PreDispatch(e.into()))?;
         // Past this point the step is committed to: advance lengths, dispatch.
         for &id in rows {
             if let Some(seq) = self.book.get_mut(id) {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -218,12 +218,5 @@ async fn version() -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        app.engine.metrics_text(),
-    )
-        .into_response()
+    crate::metrics_http::exposition(&app.engine)
 }

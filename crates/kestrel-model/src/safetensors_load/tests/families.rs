@@ -552,8 +552,9 @@ fn gemma3_270m_config_json_resolves_like_its_gguf() {
     assert_eq!(resolve(&q).unwrap().attn_scale(), 1.0 / 12.0);
 }
 
-/// What Kestrel's Gemma block cannot compute is refused by name, not run
-/// wrong; an unknown `model_type` names itself and the supported ones.
+/// What Kestrel's Gemma block cannot compute (RoPE scaling it does not
+/// implement included) is refused by name as `ModelError::Unsupported`, not
+/// run wrong; an unknown `model_type` names itself and the supported ones.
 #[test]
 fn gemma3_configs_kestrel_cannot_run_are_refused() {
     let c = gemma3_tiny();
@@ -563,35 +564,43 @@ fn gemma3_configs_kestrel_cannot_run_are_refused() {
         std::fs::write(&path, v.to_string()).unwrap();
         crate::safetensors_load::resolve_config(&crate::safetensors_load::read_hf_config(&path)?)
     };
-    let invalid = |patch: serde_json::Value, needle: &str| {
+    let patched = |patch: serde_json::Value| {
         let mut v = gemma3_json(&c);
         for (k, x) in patch.as_object().unwrap() {
             v[k] = x.clone();
         }
-        match resolve(&v) {
-            Err(ModelError::InvalidConfig { reason }) => {
-                assert!(reason.contains(needle), "{reason}")
-            }
-            other => panic!("{patch}: {other:?}"),
-        }
+        resolve(&v)
     };
-    invalid(
+    let unsupported = |patch: serde_json::Value, needle: &str| match patched(patch.clone()) {
+        Err(ModelError::Unsupported {
+            family: crate::Family::Gemma3,
+            feature,
+        }) => assert!(feature.contains(needle), "{feature}"),
+        other => panic!("{patch}: {other:?}"),
+    };
+    unsupported(
         json!({"attn_logit_softcapping": 50.0}),
         "attn_logit_softcapping",
     );
-    invalid(
+    unsupported(
         json!({"use_bidirectional_attention": true}),
         "EmbeddingGemma",
     );
-    invalid(json!({"hidden_activation": "gelu"}), "gelu_pytorch_tanh");
-    invalid(
+    unsupported(json!({"hidden_activation": "gelu"}), "gelu_pytorch_tanh");
+    unsupported(
         json!({"layer_types": ["full_attention", "sliding_attention", "full_attention"]}),
         "per-layer patterns",
     );
-    invalid(
-        json!({"layer_types": ["sliding_attention"]}),
-        "layer_types lists 1",
+    unsupported(
+        json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+        "`yarn`",
     );
+    match patched(json!({"layer_types": ["sliding_attention"]})) {
+        Err(ModelError::InvalidConfig { reason }) => {
+            assert!(reason.contains("layer_types lists 1"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
     let mut mm = json!({"model_type": "gemma3"});
     assert!(matches!(
         resolve(&mm),
