@@ -56,7 +56,9 @@ pub enum KvError {
     },
     /// A prefill chunk does not start where its sequence's KV ends (or is
     /// empty, or runs past its prompt).
-    #[error("step row {index}: prefill chunk starts at {start}, but its KV holds {written} tokens")]
+    #[error(
+        "step row {index}: prefill chunk starts at {start}, but its KV holds {written} tokens"
+    )]
     ChunkOutOfOrder {
         /// The row's index in the step.
         index: usize,

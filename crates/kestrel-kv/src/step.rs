@@ -239,7 +239,10 @@ mod tests {
             end,
         };
         b.plan_step([(1, chunk(0, 6))], &mut step).unwrap();
-        assert_eq!((step.starts[0], step.ends[0], step.tokens(0).len()), (0, 6, 6));
+        assert_eq!(
+            (step.starts[0], step.ends[0], step.tokens(0).len()),
+            (0, 6, 6)
+        );
         assert_eq!(step.indices.kv_indptr, [0, 2]);
         // A chunk that skips tokens is refused, and books nothing.
         let mut other = KvStep::default();
@@ -279,7 +282,10 @@ mod tests {
         }
         // The pages must cover the span: growth is the runtime's call.
         let mut step = KvStep::default();
-        let spans = [(1, Span::Decode { drafts: 3 }), (2, Span::Decode { drafts: 0 })];
+        let spans = [
+            (1, Span::Decode { drafts: 3 }),
+            (2, Span::Decode { drafts: 0 }),
+        ];
         assert!(matches!(
             b.plan_step(spans, &mut step),
             Err(KvError::KvLenExceedsReserved { kv_len: 9, .. })
@@ -287,7 +293,10 @@ mod tests {
         assert_eq!(b.get(1).unwrap().len, 5, "a refused plan books nothing");
         assert!(b.grow(1, 9) && b.grow(2, 4));
         b.plan_step(spans, &mut step).unwrap();
-        assert_eq!((step.starts.as_slice(), step.ends.as_slice()), (&[5, 3][..], &[9, 4][..]));
+        assert_eq!(
+            (step.starts.as_slice(), step.ends.as_slice()),
+            (&[5, 3][..], &[9, 4][..])
+        );
         assert_eq!((b.get(1).unwrap().len, b.get(2).unwrap().len), (9, 4));
         // Row 1 kept its input token and one draft (2 tokens), row 2 its one.
         b.commit_step(&step, Some(&[0, 2, 3])).unwrap();

@@ -122,7 +122,10 @@ mod tests {
                 ..SimConfig::default()
             });
             let caps = inner.capabilities();
-            assert_eq!((caps.max_rows, caps.max_draft_tokens), (max_rows, max_draft_tokens));
+            assert_eq!(
+                (caps.max_rows, caps.max_draft_tokens),
+                (max_rows, max_draft_tokens)
+            );
             let observed = Observed {
                 inner,
                 observer: Quiet,

@@ -450,7 +450,10 @@ mod tests {
         let mut p = PipelineState::new(2).unwrap();
         assert_eq!(p.launch(0, StepKind::Prefill), Ok(0));
         assert_eq!(p.check_wait(0), Err(StateError::NotSampled(0)));
-        assert_eq!(p.launch(1, StepKind::Decode), Err(StateError::LaunchInFlight(0)));
+        assert_eq!(
+            p.launch(1, StepKind::Decode),
+            Err(StateError::LaunchInFlight(0))
+        );
         assert_eq!(
             p.sample(1),
             Err(StateError::SlotMismatch {
@@ -469,7 +472,10 @@ mod tests {
             })
         );
         assert_eq!(p.complete(0).unwrap().kind, StepKind::Prefill);
-        assert_eq!(p.launch(0, StepKind::Decode), Err(StateError::LaunchInFlight(1)));
+        assert_eq!(
+            p.launch(0, StepKind::Decode),
+            Err(StateError::LaunchInFlight(1))
+        );
         p.sample(1).unwrap();
         p.clear();
         assert_eq!((p.in_flight(), p.next_step()), (0, 2));

@@ -14,8 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::executor::{
-    Capabilities,
-    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId,
+    StepOutputs,
 };
 use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
 use crate::{RequestId, TokenId};
