@@ -675,7 +675,10 @@ impl Executor for CudaRuntime {
         let (kv, params) = (&s.kv, s.params_host.as_mut_slice());
         let mut top_n = 0;
         for (i, (&id, p)) in rows.iter().zip(params.iter_mut()).enumerate() {
-            let meta = &self.book.get(id).expect("planned above").meta;
+            // Planned above, so admitted; were it not, the lengths moved: fatal.
+            let Some(meta) = self.book.get(id).map(|seq| &seq.meta) else {
+                return Err(fatal(CudaError::UnknownRequest(id)));
+            };
             *p = SampleParams::from(meta);
             top_n = top_n.max(meta.top_logprobs as usize);
             self.decode_rows.push(DecodeRow {
