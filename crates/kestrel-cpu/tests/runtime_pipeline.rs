@@ -5,18 +5,17 @@
 //! f32 NumPy reference's greedy tokens through the whole stack; step
 //! timings come back through the `Executor` trait, one per step, in order;
 //! calls that break the slot protocol are refused with kestrel-kv's typed
-//! `LedgerError`, without a hang and without losing the step in flight.
+//! `StateError`, without a hang and without losing the step in flight.
 
 use std::sync::{Arc, Mutex};
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
 use kestrel_cpu::Numerics;
-use kestrel_kv::LedgerError;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     CommittedToken, Drafts, EngineLoop, ExecError, Executor, LoopConfig, NgramSpec, Observed,
     Outcome, PipelineMode, PipelineStats, PrefillInput, PrefillPolicy, PrefillStart, Request,
-    SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
+    SamplingParams, SequenceSkill, StateError, Tick, TokenId, Verdict,
 };
 
 /// Records tokens; stops at one of `eos`.
@@ -493,10 +492,10 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
     assert!(t.is_empty(), "nothing recorded after recording stops");
 }
 
-/// The ledger error inside a runtime error, if that is what it is.
-fn ledger(e: &RuntimeError) -> Option<LedgerError> {
+/// The slot-protocol error inside a runtime error, if that is what it is.
+fn ledger(e: &RuntimeError) -> Option<StateError> {
     match e {
-        RuntimeError::Ledger(l) => Some(*l),
+        RuntimeError::Slot(l) => Some(l.clone()),
         _ => None,
     }
 }
@@ -519,32 +518,26 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     rt.launch_prefill(0, &[input]).unwrap();
     // Waiting before sampling used to block forever on this runtime.
     let e = rt.wait_step(0).unwrap_err();
-    assert_eq!(ledger(&e), Some(LedgerError::NotSampled(0)));
+    assert_eq!(ledger(&e), Some(StateError::NotSampled(0)));
     let Err(ExecError::PreDispatch(e)) = rt.launch_decode(1, &[7], Drafts::NONE) else {
         panic!("a launch while a forward awaits sampling must be refused before dispatch");
     };
-    assert_eq!(
-        ledger(&e),
-        Some(LedgerError::LaunchPending {
-            slot: 1,
-            launched: 0
-        })
-    );
+    assert_eq!(ledger(&e), Some(StateError::LaunchInFlight(0)));
     let Err(ExecError::Fatal(e)) = rt.finalize_sampling(1, None) else {
         panic!("sampling the wrong slot must be refused");
     };
     assert_eq!(
         ledger(&e),
-        Some(LedgerError::NotLaunched {
-            slot: 1,
-            launched: Some(0)
+        Some(StateError::SlotMismatch {
+            expected: 0,
+            got: 1
         })
     );
     rt.finalize_sampling(0, None).unwrap();
     let e = rt.wait_step(1).unwrap_err();
     assert_eq!(
         ledger(&e),
-        Some(LedgerError::OutOfOrder {
+        Some(StateError::OutOfOrder {
             slot: 1,
             expected: Some(0)
         })
@@ -667,7 +660,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
             RuntimeError::ChunkOutOfOrder {
                 id: 2,
                 start: 20,
-                written: Some(16)
+                written: 16
             }
         ),
         "{e}"

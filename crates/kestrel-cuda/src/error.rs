@@ -74,7 +74,7 @@ pub enum CudaError {
     Readmission(RequestId),
 
     /// A decode step carrying draft tokens (speculative decoding): the CUDA
-    /// runtime reports `max_draft_tokens() == 0`, so the pipeline sends none.
+    /// runtime's capabilities say `max_draft_tokens == 0`, so the pipeline sends none.
     #[error("a decode step with {0} draft tokens: the CUDA runtime does not verify drafts yet")]
     Drafts(usize),
 
@@ -109,8 +109,8 @@ pub enum CudaError {
 
     /// Steps were launched, sampled or waited on out of pipeline order, or
     /// into a slot whose previous step was not committed (I6).
-    #[error("the slot ledger refused the call")]
-    Ledger(#[from] kestrel_kv::LedgerError),
+    #[error("the slot protocol refused the call")]
+    Slot(#[from] kestrel_pipeline::StateError),
 }
 
 impl From<cudarc::cublas::result::CublasError> for CudaError {

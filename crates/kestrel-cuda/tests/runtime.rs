@@ -6,8 +6,9 @@
 //! docs/cuda.md): greedy tokens of synthetic
 //! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
 //! alone and batched, blocking and pipelined, with graphs on and off, and
-//! with quantized weights held in their GGUF encoding; step
-//! timings from CUDA events are ordered host instants.
+//! with quantized weights held in their GGUF encoding; step timings from
+//! CUDA events are ordered host instants. The reference run on the CPU
+//! runtime runs everywhere (`cpu_reference_run_grows_its_kv`).
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
@@ -72,6 +73,20 @@ fn zero_sized_config_is_rejected_before_touching_cuda() {
     ));
 }
 
+/// Makes room, as the pipeline's scheduler does before every decode launch
+/// (`Executor::grow`), for the `decodes`-th decode step of each sequence:
+/// its KV then holds its prompt and `decodes` more tokens. A runtime that
+/// takes KV lazily (the CPU) needs it; one that reserved `max_len` at
+/// admission (CUDA) answers `true` within it.
+fn grow_for<E: Executor>(e: &mut E, prompts: &[Vec<TokenId>], ids: &[RequestId], decodes: usize) {
+    for (p, &id) in prompts.iter().zip(ids) {
+        assert!(
+            e.grow(id, p.len() + decodes),
+            "request {id}: no KV for decode {decodes}"
+        );
+    }
+}
+
 /// Greedy tokens of `prompts` for `steps` decode steps, blocking (depth 1)
 /// or pipelined (step t+1 launched before step t is waited on).
 fn run<E: Executor<Params = SamplingParams>>(
@@ -107,11 +122,13 @@ where
         }
     };
     if pipelined {
+        grow_for(e, prompts, &ids, 1);
         e.launch_decode(1, &ids, Drafts::NONE).unwrap();
         e.finalize_sampling(1, None).unwrap();
         push(e.wait_step(0).unwrap().tokens, &mut out);
         let mut slot = 0;
-        for _ in 1..steps {
+        for s in 1..steps {
+            grow_for(e, prompts, &ids, s + 1);
             e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
             e.finalize_sampling(slot, None).unwrap();
             push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
@@ -122,6 +139,7 @@ where
         push(e.wait_step(0).unwrap().tokens, &mut out);
         for s in 0..steps {
             let slot = (s + 1) % 2;
+            grow_for(e, prompts, &ids, s + 1);
             e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
             e.finalize_sampling(slot, None).unwrap();
             push(e.wait_step(slot).unwrap().tokens, &mut out);
@@ -141,14 +159,10 @@ fn prompts(vocab: u32) -> Vec<Vec<TokenId>> {
     ]
 }
 
-fn parity(w: ModelWeights, graphs: bool) {
-    let ps = prompts(w.config.vocab_size as u32);
-    parity_on(w, graphs, &ps);
-}
-
-fn parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
-    let mut cpu = CpuRuntime::new(
-        w.clone(),
+/// The CPU runtime the GPU is compared with.
+fn reference_cpu(w: ModelWeights) -> CpuRuntime {
+    CpuRuntime::new(
+        w,
         CpuRuntimeConfig {
             max_rows: 8,
             num_pages: 256,
@@ -156,7 +170,32 @@ fn parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
             ..CpuRuntimeConfig::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The parity tests' reference half, without a GPU: the CPU runtime takes
+/// KV lazily, so the run grows each sequence before each decode (without
+/// it, the third prompt's tenth decode failed with `KvLenExceedsReserved
+/// { row: 3, kv_len: 49, reserved_tokens: 48 }` before the GPU ran), and
+/// blocking and pipelined runs agree.
+#[test]
+fn cpu_reference_run_grows_its_kv() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    let ps = prompts(w.config.vocab_size as u32);
+    let mut cpu = reference_cpu(w);
+    let blocking = run(&mut cpu, &ps, 32, false);
+    assert!(blocking.iter().all(|t| t.len() == 33));
+    assert_eq!(run(&mut cpu, &ps, 32, true), blocking);
+    assert_eq!(cpu.num_allocated(), 0);
+}
+
+fn parity(w: ModelWeights, graphs: bool) {
+    let ps = prompts(w.config.vocab_size as u32);
+    parity_on(w, graphs, &ps);
+}
+
+fn parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
+    let mut cpu = reference_cpu(w.clone());
     let mut gpu = CudaRuntime::new(
         w,
         CudaRuntimeConfig {

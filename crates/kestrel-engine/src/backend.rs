@@ -1,52 +1,92 @@
 //! Runtime construction per [`crate::Backend`], and the [`Runtime`] impls
 //! of the CPU and CUDA runtimes.
 //!
+//! [`RuntimeConfig`] is the one place a [`Backend`] is matched: it builds
+//! the runtime's configuration, answers its [`Capabilities`] before the
+//! runtime exists (for checking the engine's configuration), and starts it.
 //! The runtime is built by the engine thread itself (inside the closure
 //! handed to `Engine::spawn`), so its compute/copy threads (CPU) or its
 //! context, streams and buffers (CUDA) are created by their owner. Without
-//! a CUDA driver or device, `start_cuda` returns `BackendUnavailable` with
+//! a CUDA driver or device, starting CUDA returns `BackendUnavailable` with
 //! kestrel-cuda's message.
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
-use kestrel_pipeline::{Executor, LoopConfig, NgramSpec};
+use kestrel_pipeline::{Capabilities, Executor, LoopConfig, NgramSpec};
 
 use crate::config::{Backend, EngineConfig};
 use crate::error::EngineError;
 use crate::model::{KvStats, ModelContext, Runtime};
 use crate::Engine;
 
-/// Starts an engine on the CPU runtime.
-pub(crate) fn start_cpu(
-    model: ModelContext,
-    loop_config: LoopConfig,
-    config: &EngineConfig,
-    speculate: Option<NgramSpec>,
-    weights: kestrel_model::ModelWeights,
-) -> Result<Engine, EngineError> {
-    let cfg = CpuRuntimeConfig {
-        threads: config.threads,
-        max_rows: config.max_batch_size,
-        num_pages: config.kv_pages,
-        page_size: config.page_size,
-        max_seq_len: loop_config.max_seq_len,
-        enable_prefix_cache: config.enable_prefix_cache,
-        numerics: config.numerics,
-        ..CpuRuntimeConfig::default()
-    };
-    Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
-        let mut rt = CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
-        rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
-        Ok(rt)
-    })
+/// The configured backend's runtime configuration.
+#[derive(Debug, Clone)]
+pub(crate) enum RuntimeConfig {
+    Cpu(CpuRuntimeConfig),
+    Cuda(CudaRuntimeConfig),
 }
 
-/// Whether `backend`'s runtime verifies drafts ([`Runtime::DRAFTS`]), for
-/// checking a configuration before the runtime exists.
-pub(crate) fn verifies_drafts(backend: Backend) -> bool {
-    match backend {
-        Backend::Cpu => <CpuRuntime as Runtime>::DRAFTS,
-        Backend::Cuda => <CudaRuntime as Runtime>::DRAFTS,
+impl RuntimeConfig {
+    /// The runtime `config` asks for, serving sequences of `max_seq_len` tokens.
+    pub fn new(config: &EngineConfig, max_seq_len: usize) -> Self {
+        match config.backend {
+            Backend::Cpu => RuntimeConfig::Cpu(CpuRuntimeConfig {
+                threads: config.threads,
+                max_rows: config.max_batch_size,
+                num_pages: config.kv_pages,
+                page_size: config.page_size,
+                max_seq_len,
+                enable_prefix_cache: config.enable_prefix_cache,
+                numerics: config.numerics,
+                ..CpuRuntimeConfig::default()
+            }),
+            Backend::Cuda => RuntimeConfig::Cuda(CudaRuntimeConfig {
+                max_rows: config.max_batch_size,
+                num_pages: config.kv_pages,
+                page_size: config.page_size,
+                max_seq_len,
+                enable_prefix_cache: config.enable_prefix_cache,
+                ..CudaRuntimeConfig::default()
+            }),
+        }
+    }
+
+    /// What the runtime will be able to do: the same value its
+    /// [`Executor::capabilities`] answers once built.
+    pub fn capabilities(&self) -> Capabilities {
+        match self {
+            RuntimeConfig::Cpu(cfg) => CpuRuntime::capabilities_of(cfg),
+            RuntimeConfig::Cuda(cfg) => CudaRuntime::capabilities_of(cfg),
+        }
+    }
+
+    /// Starts an engine on the runtime (built on the engine thread).
+    pub fn start(
+        self,
+        model: ModelContext,
+        loop_config: LoopConfig,
+        speculate: Option<NgramSpec>,
+        weights: kestrel_model::ModelWeights,
+    ) -> Result<Engine, EngineError> {
+        match self {
+            RuntimeConfig::Cpu(cfg) => {
+                Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
+                    let mut rt =
+                        CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
+                    rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
+                    Ok(rt)
+                })
+            }
+            RuntimeConfig::Cuda(cfg) => {
+                Engine::spawn(model, loop_config, "cuda".into(), speculate, move || {
+                    let mut rt =
+                        CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
+                    rt.record_timings(true)
+                        .map_err(|e| unavailable("CUDA", e))?;
+                    Ok(rt)
+                })
+            }
+        }
     }
 }
 
@@ -61,37 +101,7 @@ fn unavailable(
     }
 }
 
-/// Starts an engine on the CUDA runtime (device 0). Fails with
-/// `BackendUnavailable` (never a panic) when no driver, device or NVRTC is present.
-pub(crate) fn start_cuda(
-    model: ModelContext,
-    loop_config: LoopConfig,
-    config: &EngineConfig,
-    speculate: Option<NgramSpec>,
-    weights: kestrel_model::ModelWeights,
-) -> Result<Engine, EngineError> {
-    let cfg = CudaRuntimeConfig {
-        max_rows: config.max_batch_size,
-        num_pages: config.kv_pages,
-        page_size: config.page_size,
-        max_seq_len: loop_config.max_seq_len,
-        enable_prefix_cache: config.enable_prefix_cache,
-        ..CudaRuntimeConfig::default()
-    };
-    Engine::spawn(model, loop_config, "cuda".into(), speculate, move || {
-        let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
-        rt.record_timings(true)
-            .map_err(|e| unavailable("CUDA", e))?;
-        Ok(rt)
-    })
-}
-
 impl Runtime for CudaRuntime {
-    /// The device sampler (`kernels/sample.cu`) has no per-token bias yet.
-    const LOGIT_BIAS: bool = false;
-    /// No multi-token verification on the device yet (`max_draft_tokens` 0).
-    const DRAFTS: bool = false;
-
     fn kv_stats(&self) -> KvStats {
         CudaRuntime::kv_stats(self)
     }
@@ -114,5 +124,26 @@ impl Runtime for CpuRuntime {
 
     fn host_compute_threads(&self) -> usize {
         self.compute_threads()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The capabilities the engine checks its configuration against are
+    /// the ones each runtime answers (CUDA: no bias, drafts, chunks or
+    /// re-admission; the CPU: all of them).
+    #[test]
+    fn configured_capabilities_are_the_runtimes() {
+        let cpu = RuntimeConfig::new(&EngineConfig::default(), 512).capabilities();
+        assert!(cpu.logit_bias && cpu.drafts() && cpu.chunked_prefill && cpu.readmission);
+        let cuda_config = EngineConfig {
+            backend: Backend::Cuda,
+            ..EngineConfig::default()
+        };
+        let cuda = RuntimeConfig::new(&cuda_config, 512).capabilities();
+        assert!(!cuda.logit_bias && !cuda.drafts() && !cuda.chunked_prefill && !cuda.readmission);
+        assert_eq!(cuda.max_rows, cuda_config.max_batch_size);
     }
 }

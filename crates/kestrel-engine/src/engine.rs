@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kestrel_pipeline::{Cause, EngineLoop, LoopConfig, NgramSpec, PipelineMode};
+use kestrel_pipeline::{Capabilities, Cause, EngineLoop, LoopConfig, NgramSpec, PipelineMode};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::config::{Backend, EngineConfig, LoadEvent, ModelSource};
+use crate::backend::RuntimeConfig;
+use crate::config::{EngineConfig, LoadEvent, ModelSource};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::model::{Health, ModelContext, ModelInfo, Runtime};
@@ -46,12 +47,9 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     loop_config: LoopConfig,
     backend: String,
-    /// The runtime's [`Runtime::LOGIT_BIAS`].
-    logit_bias: bool,
     /// The runtime's [`Runtime::PROMPT_LOGPROBS`].
     prompt_logprobs: bool,
-    /// The runtime's [`Runtime::DRAFTS`], and the default speculation.
-    drafts: bool,
+    /// The default speculation.
     speculate: Option<NgramSpec>,
 }
 
@@ -59,6 +57,8 @@ pub(crate) struct Shared {
 /// same engine thread.
 #[derive(Clone)]
 pub struct Engine {
+    /// The runtime's [`Executor::capabilities`], which requests are validated against.
+    caps: Capabilities,
     commands: Sender<Command>,
     done_tx: Sender<u64>,
     model: ModelContext,
@@ -100,29 +100,24 @@ impl Engine {
         });
         progress(LoadEvent::PreparingSkills);
         let model = ModelContext::from_loaded(&loaded)?;
+        let max_seq_len = config.max_seq_len.unwrap_or(model.context_length());
+        let runtime = RuntimeConfig::new(&config, max_seq_len);
+        let caps = runtime.capabilities();
         let loop_config = LoopConfig {
             mode: config.mode,
             prefill_policy: config.prefill_policy,
             max_batch_size: config.max_batch_size,
             max_waiting: config.max_waiting,
-            max_seq_len: config.max_seq_len.unwrap_or(model.context_length()),
-            prefill_chunk: prefill_chunk(&config)?,
+            max_seq_len,
+            prefill_chunk: prefill_chunk(&config, &caps)?,
             debug_checks: cfg!(debug_assertions),
         };
         validate_engine_config(&config, &loop_config)?;
-        let speculate = default_speculation(&config)?;
+        let speculate = default_speculation(&config, &caps)?;
         progress(LoadEvent::StartingRuntime {
             backend: config.backend,
         });
-        let weights = loaded.weights;
-        let engine = match config.backend {
-            Backend::Cpu => {
-                crate::backend::start_cpu(model, loop_config, &config, speculate, weights)?
-            }
-            Backend::Cuda => {
-                crate::backend::start_cuda(model, loop_config, &config, speculate, weights)?
-            }
-        };
+        let engine = runtime.start(model, loop_config, speculate, loaded.weights)?;
         progress(LoadEvent::Ready);
         Ok(engine)
     }
@@ -160,14 +155,13 @@ impl Engine {
             next_id: AtomicU64::new(1),
             loop_config,
             backend,
-            logit_bias: R::LOGIT_BIAS,
             prompt_logprobs: R::PROMPT_LOGPROBS,
-            drafts: R::DRAFTS,
             speculate,
         });
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), EngineError>>(1);
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::sync_channel::<Result<Capabilities, EngineError>>(1);
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("kestrel-engine".into())
@@ -184,18 +178,19 @@ impl Engine {
                         let _ = ready_tx.send(Err(e));
                     }
                     Ok(lp) => {
+                        let caps = lp.executor().capabilities();
                         let worker = Worker::new(lp, cmd_rx, done_rx, thread_shared);
                         // The gauges (KV pages, ...) are true before
                         // `start` returns: `model_info` right after reads them.
                         worker.publish();
-                        let _ = ready_tx.send(Ok(()));
+                        let _ = ready_tx.send(Ok(caps));
                         worker.run();
                     }
                 }
             })
             .map_err(EngineError::Spawn)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
+        let caps = match ready_rx.recv() {
+            Ok(Ok(caps)) => caps,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(e);
@@ -204,8 +199,9 @@ impl Engine {
                 let _ = thread.join();
                 return Err(EngineError::Stopped);
             }
-        }
+        };
         Ok(Engine {
+            caps,
             commands: cmd_tx,
             done_tx,
             model,
@@ -239,9 +235,8 @@ impl Engine {
         let limits = validate::Limits {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
-            logit_bias: self.shared.logit_bias,
+            caps: self.caps,
             prompt_logprobs: self.shared.prompt_logprobs,
-            drafts: self.shared.drafts,
             speculate: self.shared.speculate,
         };
         let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
@@ -447,26 +442,36 @@ fn validate_engine_config(c: &EngineConfig, lc: &LoopConfig) -> Result<(), Engin
     Ok(())
 }
 
-/// [`EngineConfig::speculate`] checked by the requests' rule for the backend.
-fn default_speculation(c: &EngineConfig) -> Result<Option<NgramSpec>, EngineError> {
+/// [`EngineConfig::speculate`] checked by the requests' rule against the
+/// runtime's capabilities.
+fn default_speculation(
+    c: &EngineConfig,
+    caps: &Capabilities,
+) -> Result<Option<NgramSpec>, EngineError> {
     c.speculate
-        .map(|k| validate::ngram_spec(k, crate::backend::verifies_drafts(c.backend)))
+        .map(|k| validate::ngram_spec(k, caps))
         .transpose()
         .map_err(|m| EngineError::invalid(Field::Config("speculate"), m))
 }
 
-/// [`EngineConfig::prefill_chunk`] resolved for the backend.
-fn prefill_chunk(c: &EngineConfig) -> Result<Option<NonZeroUsize>, EngineError> {
-    match (c.prefill_chunk, c.backend) {
-        (None, Backend::Cpu) => Ok(NonZeroUsize::new(crate::config::DEFAULT_PREFILL_CHUNK)),
-        (None, Backend::Cuda) => Ok(None),
-        (Some(n), Backend::Cuda) if n > 0 => Err(EngineError::invalid(
+/// [`EngineConfig::prefill_chunk`] resolved against the runtime's
+/// capabilities: by default chunked where the runtime can, whole prompts
+/// where it cannot (and a chunk asked of such a runtime is refused).
+fn prefill_chunk(
+    c: &EngineConfig,
+    caps: &Capabilities,
+) -> Result<Option<NonZeroUsize>, EngineError> {
+    match c.prefill_chunk {
+        None if caps.chunked_prefill => Ok(NonZeroUsize::new(crate::config::DEFAULT_PREFILL_CHUNK)),
+        None => Ok(None),
+        Some(n) if n > 0 && !caps.chunked_prefill => Err(EngineError::invalid(
             Field::Config("prefill_chunk"),
             format!(
-                "{n}: the CUDA runtime prefills whole prompts only (no chunked prefill yet); use 0"
+                "{n}: the {} runtime prefills whole prompts only (no chunked prefill yet); use 0",
+                c.backend.as_str().to_uppercase()
             ),
         )),
-        (Some(n), _) => Ok(NonZeroUsize::new(n)),
+        Some(n) => Ok(NonZeroUsize::new(n)),
     }
 }
 

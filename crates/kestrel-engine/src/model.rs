@@ -19,16 +19,10 @@ use crate::validate::Field;
 
 pub use kestrel_kv::KvStats;
 
-/// What the engine needs from a runtime beyond the pipeline's [`Executor`].
+/// What the engine needs from a runtime beyond the pipeline's [`Executor`]
+/// (whose [`Executor::capabilities`] say what requests it can serve: logit
+/// bias, drafts, ...; the engine validates requests against them).
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
-    /// Whether the sampler applies [`SamplingParams::logit_bias`]; the
-    /// engine refuses a request with biases on a runtime without it.
-    const LOGIT_BIAS: bool = true;
-
-    /// Whether the runtime verifies draft tokens (speculative decoding);
-    /// the engine refuses requests asking for it on one without.
-    const DRAFTS: bool = true;
-
     /// Whether [`Runtime::score_prompt`] is implemented; the engine refuses
     /// `prompt_logprobs` on a runtime without it.
     const PROMPT_LOGPROBS: bool = false;
@@ -70,8 +64,6 @@ impl Runtime for kestrel_pipeline::testing::SimExecutor {
 impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
     for kestrel_pipeline::Observed<E, O>
 {
-    const LOGIT_BIAS: bool = E::LOGIT_BIAS;
-    const DRAFTS: bool = E::DRAFTS;
     const PROMPT_LOGPROBS: bool = E::PROMPT_LOGPROBS;
 
     fn kv_stats(&self) -> KvStats {

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use kestrel_pipeline::{LogitBias, NgramSpec, SamplingParams};
+use kestrel_pipeline::{Capabilities, LogitBias, NgramSpec, SamplingParams};
 use kestrel_skills::{Skill, SkillOptions, SkillSpec};
 
 use crate::error::EngineError;
@@ -161,12 +161,11 @@ pub(crate) struct Limits<'a> {
     pub model: &'a ModelContext,
     /// The context a sequence may fill (prompt + output).
     pub max_seq_len: usize,
-    /// Whether the backend's sampler applies `logit_bias`.
-    pub logit_bias: bool,
+    /// What the runtime can do (logit bias, drafts, ...).
+    pub caps: Capabilities,
     /// Whether the backend scores prompts (`prompt_logprobs`).
     pub prompt_logprobs: bool,
-    /// Whether the backend verifies drafts, and the engine's default.
-    pub drafts: bool,
+    /// The engine's default speculation.
     pub speculate: Option<NgramSpec>,
 }
 
@@ -193,7 +192,7 @@ pub(crate) fn validate(
     sampling.logit_bias = logit_bias(
         &req.sampling.logit_bias,
         limits.model.vocab_size(),
-        limits.logit_bias,
+        limits.caps.logit_bias,
     )?;
     let prompt_logprobs = req
         .sampling
@@ -326,7 +325,7 @@ fn speculation(s: Speculation, limits: &Limits<'_>) -> Result<Option<NgramSpec>>
     match s {
         Speculation::Default => Ok(limits.speculate),
         Speculation::Off => Ok(None),
-        Speculation::Ngram { max_draft } => ngram_spec(max_draft, limits.drafts)
+        Speculation::Ngram { max_draft } => ngram_spec(max_draft, &limits.caps)
             .map(Some)
             .map_err(|m| EngineError::invalid(Field::Speculate, m)),
     }
@@ -335,13 +334,16 @@ fn speculation(s: Speculation, limits: &Limits<'_>) -> Result<Option<NgramSpec>>
 /// The one rule for prompt-lookup speculation, a request's or the engine's
 /// default: 1 to [`MAX_DRAFT`] drafts per step, on a backend that verifies
 /// drafts (`drafts`). The message says what was wrong.
-pub(crate) fn ngram_spec(max_draft: u32, drafts: bool) -> std::result::Result<NgramSpec, String> {
+pub(crate) fn ngram_spec(
+    max_draft: u32,
+    caps: &Capabilities,
+) -> std::result::Result<NgramSpec, String> {
     if !(1..=MAX_DRAFT).contains(&max_draft) {
         return Err(format!(
             "ngram drafts must be 1 to {MAX_DRAFT} per step, got {max_draft}"
         ));
     }
-    if !drafts {
+    if !caps.drafts() {
         return Err("this backend does not verify drafts (no speculative decoding yet)".into());
     }
     Ok(NgramSpec::new(max_draft as usize))

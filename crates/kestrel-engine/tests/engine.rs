@@ -882,3 +882,36 @@ fn real_model_constrained_in_both_modes_alone_and_batched() {
         "blocking and pipelined modes differ"
     );
 }
+
+/// The engine validates requests against the capabilities of the runtime
+/// it was given, read through the wrapper around it (`Observed`): the same
+/// speculative request is served by a runtime that verifies drafts and
+/// refused, naming the field, by one that does not.
+#[test]
+fn requests_are_validated_against_the_wrapped_runtimes_capabilities() {
+    let speculative = || GenerateRequest {
+        speculate: kestrel_engine::Speculation::Ngram { max_draft: 2 },
+        ..long_text(8)
+    };
+    let drafts = start(Setup::default());
+    let no_drafts = start(Setup {
+        sim: SimConfig {
+            vocab_size: VOCAB,
+            trace: false,
+            max_draft_tokens: 0,
+            ..SimConfig::default()
+        },
+        ..Setup::default()
+    });
+    rt().block_on(async {
+        let resp = timed(drafts.generate(speculative())).await.unwrap();
+        assert_eq!(resp.token_ids.len(), 8);
+        let e = timed(no_drafts.generate(speculative())).await.unwrap_err();
+        assert_eq!(e.field(), Some(Field::Speculate), "{e}");
+        // The runtime without drafts still serves a plain request.
+        let resp = timed(no_drafts.generate(long_text(8))).await.unwrap();
+        assert_eq!(resp.token_ids.len(), 8);
+        drafts.shutdown(Duration::from_secs(1)).await;
+        no_drafts.shutdown(Duration::from_secs(1)).await;
+    });
+}

@@ -8,7 +8,8 @@
 //! freeing them ([`SeqBook::preempt`]). It
 //! answers the pipeline `Executor`'s capacity queries (`num_allocated`,
 //! `can_reserve`, `could_ever_fit`, `cached_prompt_tokens`), so a runtime
-//! delegates them here rather than re-deriving them.
+//! delegates them here rather than re-deriving them. Each step's KV is
+//! planned and committed here too (`plan_step` / `commit_step`, in `step.rs`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -21,7 +22,8 @@ use crate::{KvError, KvStats, PageTable, RowId};
 pub struct SeqEntry<M> {
     /// The sequence's page-table row.
     pub row: RowId,
-    /// Positions whose KV is written once every launched step has run.
+    /// Positions whose KV is written once every launched step has run (at
+    /// admission: the prefix-cache hit; [`SeqBook::plan_step`] advances it).
     pub len: usize,
     /// Prompt tokens served from the prefix cache at admission.
     pub cached: usize,
@@ -47,13 +49,15 @@ pub struct Admission<'a, K, M> {
 /// The page table plus the sequences holding rows in it. See the module docs.
 #[derive(Debug)]
 pub struct SeqBook<K, M> {
-    table: PageTable,
-    seqs: HashMap<K, SeqEntry<M>>,
+    pub(crate) table: PageTable,
+    pub(crate) seqs: HashMap<K, SeqEntry<M>>,
     stats: KvStats,
     /// Longest sequence (prompt + generated) the runtime accepts.
     max_seq_len: usize,
-    /// `admit_all`'s ids so far, to undo them (scratch, kept for its capacity).
-    admitted: Vec<K>,
+    /// `admit_all`'s sequences so far, to undo them (scratch, kept for its capacity).
+    admitted: Vec<(K, RowId)>,
+    /// `plan_step`'s `(row, KV length)` pairs (scratch).
+    pub(crate) lens: Vec<(RowId, usize)>,
 }
 
 impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
@@ -69,6 +73,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
             stats,
             max_seq_len: usize::MAX,
             admitted: Vec::new(),
+            lens: Vec::new(),
         }
     }
 
@@ -111,42 +116,37 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
 
     /// Admits every sequence ([`PageTable::admit`]: prefix hit + reservation)
     /// or none: on the first failure the rows this call took are given back
-    /// and its sequences forgotten. On success `rows` holds `(row, prompt
-    /// length)` per sequence, in order (the shape `write_indices` takes).
+    /// and its sequences forgotten. An admitted sequence's KV holds its
+    /// prefix-cache hit; its prefill is planned with [`SeqBook::plan_step`].
     ///
     /// # Errors
     /// The failing admission's [`KvError`].
     pub fn admit_all<'a>(
         &mut self,
         seqs: impl IntoIterator<Item = Admission<'a, K, M>>,
-        rows: &mut Vec<(RowId, usize)>,
     ) -> Result<(), KvError> {
-        rows.clear();
         self.admitted.clear();
         let (mut prompt_tokens, mut hit_tokens) = (0, 0);
         for s in seqs {
             match self.table.admit(s.prompt, s.reserve.max(s.prompt.len())) {
                 Ok((row, hit)) => {
-                    let len = s.prompt.len();
-                    rows.push((row, len));
-                    self.admitted.push(s.id);
-                    prompt_tokens += len as u64;
+                    self.admitted.push((s.id, row));
+                    prompt_tokens += s.prompt.len() as u64;
                     hit_tokens += hit as u64;
                     let entry = SeqEntry {
                         row,
-                        len,
+                        len: hit,
                         cached: hit,
                         meta: s.meta,
                     };
                     self.seqs.insert(s.id, entry);
                 }
                 Err(e) => {
-                    for (&(row, _), id) in rows.iter().zip(&self.admitted) {
-                        let erased = self.table.erase(row);
+                    for (id, row) in &self.admitted {
+                        let erased = self.table.erase(*row);
                         debug_assert!(erased.is_ok(), "row {row} was just admitted");
                         self.seqs.remove(id);
                     }
-                    rows.clear();
                     return Err(e);
                 }
             }
@@ -254,7 +254,6 @@ mod tests {
     #[test]
     fn admit_all_is_all_or_nothing() {
         let mut b = book();
-        let mut rows = Vec::new();
         let p: Vec<u32> = (0..5).collect();
         let ok = [
             Admission {
@@ -270,8 +269,8 @@ mod tests {
                 meta: 'b',
             },
         ];
-        b.admit_all(ok, &mut rows).unwrap();
-        assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), [5, 3]);
+        b.admit_all(ok).unwrap();
+        assert_eq!((b.get(1).unwrap().len, b.get(2).unwrap().len), (0, 0));
         assert_eq!((b.len(), b.get(2).unwrap().meta), (2, 'b'));
         let before = b.kv_stats();
         assert_eq!((before.prompt_tokens, before.used_pages), (8, 3));
@@ -290,8 +289,7 @@ mod tests {
                 meta: 'd',
             },
         ];
-        assert!(b.admit_all(too_many, &mut rows).is_err());
-        assert!(rows.is_empty());
+        assert!(b.admit_all(too_many).is_err());
         assert!(b.get(3).is_none() && b.get(4).is_none());
         assert_eq!(b.kv_stats(), before);
         b.table().check_invariants().unwrap();
@@ -317,30 +315,30 @@ mod tests {
         let p: Vec<u32> = (0..5).collect();
         assert!(b.can_reserve(&p, 24) && !b.can_reserve(&p, 25));
         let mut b = book();
-        let mut rows = Vec::new();
         let a = Admission {
             id: 1,
             prompt: &p,
             reserve: 8,
             meta: 'a',
         };
-        b.admit_all([a], &mut rows).unwrap();
-        b.table_mut().register_prefix(rows[0].0, &p);
+        b.admit_all([a]).unwrap();
+        let row = b.get(1).unwrap().row;
+        b.table_mut().register_prefix(row, &p);
         let again = Admission {
             id: 2,
             prompt: &p,
             reserve: 8,
             meta: 'b',
         };
-        b.admit_all([again], &mut rows).unwrap();
+        b.admit_all([again]).unwrap();
         assert_eq!((b.num_allocated(), b.cached_prompt_tokens(2)), (2, 4));
+        assert_eq!(b.get(2).unwrap().len, 4, "the hit is written");
         assert!(!b.can_reserve(&p, 24));
     }
 
     #[test]
     fn grow_takes_pages_lazily_and_preempt_files_what_was_written() {
         let mut b = book();
-        let mut rows = Vec::new();
         let p: Vec<u32> = (0..6).collect();
         let a = Admission {
             id: 1,
@@ -348,7 +346,7 @@ mod tests {
             reserve: 0,
             meta: 'a',
         };
-        b.admit_all([a], &mut rows).unwrap();
+        b.admit_all([a]).unwrap();
         // Reserving less than the prompt still covers the prompt: 2 pages.
         assert_eq!(b.kv_stats().used_pages, 2);
         assert!(b.grow(1, 9));
@@ -373,7 +371,7 @@ mod tests {
             reserve: 0,
             meta: 'a',
         };
-        b.admit_all([again], &mut rows).unwrap();
+        b.admit_all([again]).unwrap();
         assert_eq!(b.cached_prompt_tokens(1), 8);
         b.preempt(99, &tokens).unwrap();
         b.table().check_invariants().unwrap();

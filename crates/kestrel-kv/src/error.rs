@@ -2,8 +2,7 @@
 //!
 //! Every variant carries the numbers a caller needs to act on it (how many
 //! pages were needed and how many were available, which row was unknown), so
-//! no message string has to be parsed. The slot protocol's,
-//! [`crate::LedgerError`], lives with [`crate::SlotLedger`].
+//! no message string has to be parsed.
 
 use crate::{PageId, RowId};
 
@@ -48,6 +47,25 @@ pub enum KvError {
         kv_len: usize,
         /// `pages(row).len() * page_size`.
         reserved_tokens: usize,
+    },
+    /// A step names a sequence that is not admitted.
+    #[error("step row {index} names a sequence that is not admitted")]
+    UnknownSequence {
+        /// The row's index in the step.
+        index: usize,
+    },
+    /// A prefill chunk does not start where its sequence's KV ends (or is
+    /// empty, or runs past its prompt).
+    #[error(
+        "step row {index}: prefill chunk starts at {start}, but its KV holds {written} tokens"
+    )]
+    ChunkOutOfOrder {
+        /// The row's index in the step.
+        index: usize,
+        /// Where the chunk starts.
+        start: usize,
+        /// Tokens the sequence's KV holds (or will, once every launched step has run).
+        written: usize,
     },
     /// Shrinking a row would cut into pages published to the prefix cache (or
     /// shared with other rows), whose contents must stay immutable.

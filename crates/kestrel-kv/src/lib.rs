@@ -18,14 +18,17 @@
 //!   pages are evicted least-recently-used, and only when the free list is empty.
 //! - What every runtime keeps on top of these: [`SeqBook`] (admitted sequences,
 //!   all-or-nothing batch admission, lazy growth, preemption that files written
-//!   pages in the prefix cache, the `Executor`'s capacity answers) and
-//!   [`SlotLedger`] (the slot protocol's in-flight / launched bookkeeping and
-//!   step counter, violations as a typed [`LedgerError`]).
+//!   pages in the prefix cache, the `Executor`'s capacity answers) and its
+//!   per-step bookkeeping: [`SeqBook::plan_step`] at launch (each row's span,
+//!   the page layout, lengths advanced) and [`SeqBook::commit_step`] after
+//!   the step ran (prefix pages published, rejected drafts rolled back),
+//!   through a [`KvStep`] the runtime keeps per slot. The slot protocol
+//!   itself is kestrel-pipeline's `PipelineState`.
 //!
 //! # Example
 //!
 //! ```
-//! use kestrel_kv::{Admission, PageTable, PageTableConfig, PagedIndices, SeqBook};
+//! use kestrel_kv::{Admission, KvStep, PageTable, PageTableConfig, SeqBook, Span};
 //!
 //! let table = PageTable::new(PageTableConfig {
 //!     max_rows: 8, // row 0 reserved: 7 sequences at once
@@ -38,54 +41,56 @@
 //! // Admission: the capacity check, then the prompt's pages (cold cache).
 //! let prompt: Vec<u32> = (100..110).collect();
 //! assert!(book.can_reserve(&prompt, prompt.len()));
-//! let mut rows = Vec::new();
 //! let admit = Admission { id: 1, prompt: &prompt, reserve: prompt.len(), meta: () };
-//! book.admit_all([admit], &mut rows)?;
-//! assert_eq!((rows[0].1, book.cached_prompt_tokens(1)), (10, 0));
+//! book.admit_all([admit])?;
+//! assert_eq!(book.cached_prompt_tokens(1), 0);
 //!
-//! // Prefill ran: publish the prompt's full pages.
-//! book.table_mut().register_prefix(rows[0].0, &prompt);
+//! // Prefill: plan the step (the kernel's page layout, the length advanced),
+//! // then, once it ran, commit it: the prompt's full pages are published.
+//! let mut step = KvStep::default();
+//! let chunk = Span::Chunk { prompt: &prompt, start: 0, end: prompt.len() };
+//! book.plan_step([(1, chunk)], &mut step)?;
+//! book.commit_step(&step, None)?;
 //!
-//! // Decode: grow a page when the next token needs one, then build the
-//! // kernel's page layout for the step.
-//! assert!(book.grow(1, 13));
-//! let mut indices = PagedIndices::default();
-//! book.table().write_indices(&[(rows[0].0, 13)], &mut indices)?;
-//! assert_eq!((indices.kv_indptr.as_slice(), indices.kv_last_page_len.as_slice()), (&[0, 4][..], &[1][..]));
+//! // Decode: grow a page when the next token needs one, then plan the step.
+//! assert!(book.grow(1, 11));
+//! book.plan_step([(1, Span::Decode { drafts: 0 })], &mut step)?;
+//! assert_eq!((step.starts[0], step.ends[0]), (10, 11));
+//! assert_eq!(step.indices.kv_last_page_len, [3]);
+//! book.commit_step(&step, None)?;
 //!
 //! // Preempted: the written pages go to the prefix cache, the row is freed.
-//! book.get_mut(1).unwrap().len = 12;
 //! let tokens: Vec<u32> = (100..113).collect();
 //! book.preempt(1, &tokens)?;
 //! assert_eq!(book.num_allocated(), 0);
 //!
-//! // Re-admitted with its tokens so far, it recomputes only the last page.
+//! // Re-admitted with its tokens so far, it recomputes only past the filed pages.
 //! let again = Admission { id: 1, prompt: &tokens, reserve: tokens.len(), meta: () };
-//! book.admit_all([again], &mut rows)?;
-//! assert_eq!(book.cached_prompt_tokens(1), 12);
+//! book.admit_all([again])?;
+//! assert_eq!(book.cached_prompt_tokens(1), 8);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! # Costs
 //! Page allocate / share / free and every capacity question are O(1); growing or erasing a
 //! row is O(pages touched); a prefix lookup is O(prompt tokens) hashing plus one map probe
-//! per page; `write_indices` is O(pages written). Measured figures: `benches/kv.rs`.
+//! per page; `write_indices` (and so `plan_step`) is O(pages written). Measured figures: `benches/kv.rs`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod book;
 mod error;
-mod ledger;
 pub mod pool;
 pub mod prefix;
 mod stats;
+mod step;
 mod table;
 
 pub use book::{Admission, SeqBook, SeqEntry};
 pub use error::KvError;
-pub use ledger::{LedgerError, SlotIndex, SlotLedger};
 pub use pool::BlockPool;
 pub use stats::KvStats;
+pub use step::{KvStep, Span};
 pub use table::{PageTable, PageTableConfig, PagedIndices};
 
 /// Index of a KV page in the pool.

@@ -214,7 +214,9 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     fn max_rows(&self) -> usize {
-        self.config.max_batch_size.min(self.exec.max_rows())
+        self.config
+            .max_batch_size
+            .min(self.exec.capabilities().max_rows)
     }
 
     /// How many requests may wait: `max_waiting` beyond the batch rows that
@@ -484,7 +486,7 @@ impl<E: Executor> EngineLoop<E> {
     /// out) and launch its forward into `slot`.
     fn launch_decode(&mut self, slot: usize) -> Result<Launch, Fatal> {
         let max_rows = self.max_rows();
-        let max_drafts = self.exec.max_draft_tokens();
+        let max_drafts = self.exec.capabilities().max_draft_tokens;
         self.sched
             .schedule_decode_step(&mut self.plan, max_rows, max_drafts);
         if self.plan.is_empty() {

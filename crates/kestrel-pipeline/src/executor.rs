@@ -4,7 +4,9 @@
 //! Every call but [`Executor::wait_step`] returns without waiting for the
 //! device. A runtime owns two (or more) slots; the loop guarantees a slot is
 //! never launched into before its previous step was committed (I6), and that
-//! steps are waited on in launch order (I2).
+//! steps are waited on in launch order (I2). What a runtime can do is one
+//! [`Capabilities`] value ([`Executor::capabilities`]) that the loop, the
+//! engine's request validation and the bench all read.
 
 use crate::{RequestId, StepTiming, TokenId};
 
@@ -176,6 +178,37 @@ impl<'a> StepOutputs<'a> {
     }
 }
 
+/// What a runtime can do, in one value: the pipeline sizes its steps by it
+/// (`max_rows`, `max_draft_tokens`), the engine validates requests and its
+/// configuration against it, and wrappers forward it whole, so no capability
+/// can be forwarded in one place and silently defaulted in another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// KV rows the runtime can hold at once (excluding any reserved row):
+    /// the largest batch.
+    pub max_rows: usize,
+    /// Draft tokens one decode step may carry in all (0: the runtime does
+    /// not verify drafts, and the scheduler never sends any).
+    pub max_draft_tokens: usize,
+    /// Whether the sampler applies `SamplingParams::logit_bias`.
+    pub logit_bias: bool,
+    /// Whether a prompt may be prefilled in several steps
+    /// ([`PrefillStart::Resume`], `LoopConfig::prefill_chunk`).
+    pub chunked_prefill: bool,
+    /// Whether a preempted sequence may be prefilled again with the tokens
+    /// it generated ([`PrefillInput::generated`] > 0). A runtime without it
+    /// must reserve each sequence's whole `max_len` at admission, so that
+    /// [`Executor::grow`] never runs short and nothing is preempted.
+    pub readmission: bool,
+}
+
+impl Capabilities {
+    /// Whether the runtime verifies draft tokens (speculative decoding).
+    pub fn drafts(&self) -> bool {
+        self.max_draft_tokens > 0
+    }
+}
+
 /// An executor failure, classified by whether device work had started.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError<E: std::error::Error + 'static> {
@@ -201,8 +234,9 @@ pub trait Executor {
 
     fn vocab_size(&self) -> usize;
 
-    /// KV rows the runtime can hold at once (excluding any reserved row).
-    fn max_rows(&self) -> usize;
+    /// What the runtime can do (rows, drafts, logit bias, chunked prefill,
+    /// re-admission). Constant for the runtime's life.
+    fn capabilities(&self) -> Capabilities;
 
     /// KV rows allocated now, zombies included. The scheduler's capacity truth.
     fn num_allocated(&self) -> usize;
@@ -244,19 +278,13 @@ pub trait Executor {
     /// order). Each row's input token is the one its previous step sampled,
     /// already on the device; a row with `drafts` verifies them in the same
     /// forward (see [`Drafts`]; the scheduler grew its KV for them, and
-    /// sends at most [`Executor::max_draft_tokens`] in all).
+    /// sends at most [`Capabilities::max_draft_tokens`] in all).
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<Self::Error>>;
-
-    /// Draft tokens one decode step may carry in all (0: the runtime does
-    /// not verify drafts, and the scheduler never sends any).
-    fn max_draft_tokens(&self) -> usize {
-        0
-    }
 
     /// Launch sampling (with the masks, if any) for the forward on `slot`,
     /// record the step-done event and start the deferred copy to host.

@@ -7,7 +7,11 @@
 //! (per-request state, masks) through [`SequenceSkill`].
 //!
 //! - [`PipelineState`]: slots, FIFO `batch_queue`, one `launch_handle`,
-//!   two-phase completion (invariants I2, I6).
+//!   two-phase completion (invariants I2, I6): the one slot protocol, kept
+//!   by the loop and by each runtime (to refuse a wrong call early).
+//! - [`Executor`]: what a runtime provides, and [`Capabilities`], the one
+//!   value that says what it can do (rows, drafts, logit bias, chunked
+//!   prefill, re-admission).
 //! - [`EngineLoop`]: the unified loop of the design doc (section 4.6) with
 //!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
@@ -55,7 +59,8 @@ pub type RequestId = u64;
 pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{
-    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId,
+    StepOutputs,
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};

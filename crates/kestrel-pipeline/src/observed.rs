@@ -3,7 +3,9 @@
 //! wrapper for benches and tests, so a new `Executor` method is forwarded in
 //! one place instead of being silently defaulted in each copy.
 
-use crate::executor::{Drafts, ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs};
+use crate::executor::{
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, SlotId, StepOutputs,
+};
 use crate::{RequestId, TokenId};
 
 /// Hooks around the one blocking call of an executor.
@@ -35,8 +37,8 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
-    fn max_rows(&self) -> usize {
-        self.inner.max_rows()
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
     }
     fn num_allocated(&self) -> usize {
         self.inner.num_allocated()
@@ -68,9 +70,6 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     ) -> Result<(), ExecError<Self::Error>> {
         self.inner.launch_decode(slot, rows, drafts)
     }
-    fn max_draft_tokens(&self) -> usize {
-        self.inner.max_draft_tokens()
-    }
     fn finalize_sampling(
         &mut self,
         slot: SlotId,
@@ -101,5 +100,37 @@ impl<E: Executor, O: WaitObserver> Executor for Observed<E, O> {
     }
     fn drain_timings(&mut self, out: &mut Vec<crate::StepTiming>) {
         self.inner.drain_timings(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{SimConfig, SimExecutor};
+
+    struct Quiet;
+    impl WaitObserver for Quiet {}
+
+    /// The wrapper answers with its inner runtime's capabilities, whatever
+    /// they are (a wrapper that defaulted one would differ here).
+    #[test]
+    fn observed_forwards_capabilities() {
+        for (max_rows, max_draft_tokens) in [(3, 0), (64, 5)] {
+            let inner = SimExecutor::new(SimConfig {
+                max_rows,
+                max_draft_tokens,
+                ..SimConfig::default()
+            });
+            let caps = inner.capabilities();
+            assert_eq!(
+                (caps.max_rows, caps.max_draft_tokens),
+                (max_rows, max_draft_tokens)
+            );
+            let observed = Observed {
+                inner,
+                observer: Quiet,
+            };
+            assert_eq!(observed.capabilities(), caps);
+        }
     }
 }

@@ -6,6 +6,13 @@
 //! `on_step_completed`) keeps a slot busy until its commit is done (I6). It
 //! never touches sequences or refcounts (I4 belongs to the scheduler).
 //! Every illegal transition is a typed [`StateError`], never a panic.
+//!
+//! It is the one implementation of the slot protocol: the engine loop keeps
+//! one for its scheduling, and each runtime keeps one to refuse a call that
+//! breaks the protocol before it touches a buffer (`check_launch`,
+//! `check_sample`, `check_wait` book nothing; `launch`, `sample`,
+//! `complete` book). It numbers the steps (`next_step`). O(1) per call, no
+//! allocation after construction.
 
 use std::collections::VecDeque;
 
@@ -58,6 +65,14 @@ pub enum StateError {
     CommitInProgress(u64),
     #[error("step completed twice, or completed without pop_oldest")]
     NotCommitting,
+    #[error("waited on slot {slot} but the oldest step in flight is on slot {expected:?}")]
+    OutOfOrder {
+        slot: SlotId,
+        /// The slot of the oldest step in flight, if any.
+        expected: Option<SlotId>,
+    },
+    #[error("waited on slot {0} before its sampling was finalized")]
+    NotSampled(SlotId),
 }
 
 /// Slot and queue bookkeeping for the ping-pong pipeline.
@@ -69,6 +84,8 @@ pub struct PipelineState {
     batch_queue: VecDeque<PendingCommit>,
     launch_handle: Option<LaunchHandle>,
     committing: Option<PendingCommit>,
+    /// The step number the next launch gets (one past the last launched).
+    next_step: u64,
 }
 
 impl PipelineState {
@@ -82,6 +99,7 @@ impl PipelineState {
             batch_queue: VecDeque::with_capacity(num_slots),
             launch_handle: None,
             committing: None,
+            next_step: 0,
         })
     }
 
@@ -128,18 +146,95 @@ impl PipelineState {
         self.in_flight() == 0
     }
 
-    /// Record a forward dispatched into `handle.slot`.
-    pub fn on_launch(&mut self, handle: LaunchHandle) -> Result<(), StateError> {
-        self.check_slot(handle.slot)?;
+    /// The step number the next [`launch`](Self::launch) gets.
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Steps sampled and not yet completed: those whose outputs will still
+    /// arrive (a launched, unsampled forward's never will).
+    pub fn sampled_in_flight(&self) -> usize {
+        self.batch_queue.len() + usize::from(self.committing.is_some())
+    }
+
+    /// Whether a forward may be launched into `slot` now. Books nothing: a
+    /// runtime calls it before preparing the launch.
+    pub fn check_launch(&self, slot: SlotId) -> Result<(), StateError> {
+        self.check_slot(slot)?;
         if let Some(h) = &self.launch_handle {
             return Err(StateError::LaunchInFlight(h.step));
         }
-        if self.is_slot_busy(handle.slot) {
-            return Err(StateError::SlotBusy(handle.slot));
+        if self.is_slot_busy(slot) {
+            return Err(StateError::SlotBusy(slot));
         }
+        Ok(())
+    }
+
+    /// Record a forward dispatched into `handle.slot`.
+    pub fn on_launch(&mut self, handle: LaunchHandle) -> Result<(), StateError> {
+        self.check_launch(handle.slot)?;
         self.busy |= 1 << handle.slot;
         self.launch_handle = Some(handle);
+        self.next_step = self.next_step.max(handle.step + 1);
         Ok(())
+    }
+
+    /// Record a forward of `kind` dispatched into `slot`, numbered
+    /// [`next_step`](Self::next_step); returns its number.
+    pub fn launch(&mut self, slot: SlotId, kind: StepKind) -> Result<u64, StateError> {
+        let step = self.next_step;
+        self.on_launch(LaunchHandle { kind, slot, step })?;
+        Ok(step)
+    }
+
+    /// Whether `slot`'s launched forward may be sampled now. Books nothing.
+    pub fn check_sample(&self, slot: SlotId) -> Result<LaunchHandle, StateError> {
+        let h = self.launch_handle.ok_or(StateError::NoLaunch)?;
+        if h.slot != slot {
+            return Err(StateError::SlotMismatch {
+                expected: h.slot,
+                got: slot,
+            });
+        }
+        Ok(h)
+    }
+
+    /// Record the sampling of `slot`'s launched forward
+    /// ([`on_pending_commit`](Self::on_pending_commit) of that forward).
+    pub fn sample(&mut self, slot: SlotId) -> Result<PendingCommit, StateError> {
+        let h = self.check_sample(slot)?;
+        let step = PendingCommit {
+            kind: h.kind,
+            slot,
+            step: h.step,
+        };
+        self.on_pending_commit(step)?;
+        Ok(step)
+    }
+
+    /// Whether `slot`'s step may be waited on now: it is the oldest in
+    /// flight and sampled, and no commit is under way. Books nothing.
+    pub fn check_wait(&self, slot: SlotId) -> Result<(), StateError> {
+        if let Some(c) = &self.committing {
+            return Err(StateError::CommitInProgress(c.step));
+        }
+        match (self.batch_queue.back(), &self.launch_handle) {
+            (Some(c), _) if c.slot == slot => Ok(()),
+            (None, Some(h)) if h.slot == slot => Err(StateError::NotSampled(slot)),
+            (oldest, h) => Err(StateError::OutOfOrder {
+                slot,
+                expected: oldest.map(|c| c.slot).or(h.map(|h| h.slot)),
+            }),
+        }
+    }
+
+    /// Wait and commit in one call, for a runtime (whose commit is handing
+    /// the outputs back): `slot`'s step must be the oldest, sampled; its
+    /// slot is free again.
+    pub fn complete(&mut self, slot: SlotId) -> Result<PendingCommit, StateError> {
+        self.check_wait(slot)?;
+        self.pop_oldest()?;
+        self.on_step_completed()
     }
 
     /// The launched forward has been sampled: move it to the queue.
@@ -180,7 +275,8 @@ impl PipelineState {
         Ok(step)
     }
 
-    /// Forget everything (engine-fatal path, after the device was synchronized).
+    /// Forget everything (engine-fatal path, after the device was
+    /// synchronized). The step counter keeps counting.
     pub fn clear(&mut self) {
         self.busy = 0;
         self.batch_queue.clear();
@@ -347,5 +443,165 @@ mod tests {
         }
         assert_eq!(p.pop_oldest().unwrap(), None);
         assert_eq!(p.on_step_completed(), Err(StateError::NotCommitting));
+    }
+
+    #[test]
+    fn runtime_protocol_numbers_steps_and_refuses_misuse() {
+        let mut p = PipelineState::new(2).unwrap();
+        assert_eq!(p.launch(0, StepKind::Prefill), Ok(0));
+        assert_eq!(p.check_wait(0), Err(StateError::NotSampled(0)));
+        assert_eq!(
+            p.launch(1, StepKind::Decode),
+            Err(StateError::LaunchInFlight(0))
+        );
+        assert_eq!(
+            p.sample(1),
+            Err(StateError::SlotMismatch {
+                expected: 0,
+                got: 1
+            })
+        );
+        p.sample(0).unwrap();
+        assert_eq!(p.launch(1, StepKind::Decode), Ok(1));
+        assert_eq!(p.sampled_in_flight(), 1);
+        assert_eq!(
+            p.complete(1),
+            Err(StateError::OutOfOrder {
+                slot: 1,
+                expected: Some(0)
+            })
+        );
+        assert_eq!(p.complete(0).unwrap().kind, StepKind::Prefill);
+        assert_eq!(
+            p.launch(0, StepKind::Decode),
+            Err(StateError::LaunchInFlight(1))
+        );
+        p.sample(1).unwrap();
+        p.clear();
+        assert_eq!((p.in_flight(), p.next_step()), (0, 2));
+        assert_eq!(p.launch(1, StepKind::Decode), Ok(2));
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone, Copy)]
+        enum Op {
+            Launch(SlotId),
+            Sample(SlotId),
+            Complete(SlotId),
+            Clear,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            // One slot past the range, to exercise `NoSuchSlot`.
+            prop_oneof![
+                8 => (0..4usize).prop_map(Op::Launch),
+                6 => (0..4usize).prop_map(Op::Sample),
+                6 => (0..4usize).prop_map(Op::Complete),
+                1 => Just(Op::Clear),
+            ]
+        }
+
+        /// The protocol written as a list of steps, independently of the state.
+        #[derive(Debug, Default)]
+        struct Model {
+            /// (slot, step, sampled), launch order.
+            steps: Vec<(SlotId, u64, bool)>,
+            next: u64,
+        }
+
+        impl Model {
+            fn launch(&mut self, slot: SlotId, n: usize) -> Option<u64> {
+                let ok = slot < n
+                    && self.steps.iter().all(|s| s.0 != slot)
+                    && self.steps.iter().all(|s| s.2);
+                ok.then(|| {
+                    self.steps.push((slot, self.next, false));
+                    self.next += 1;
+                    self.next - 1
+                })
+            }
+
+            fn sample(&mut self, slot: SlotId) -> bool {
+                match self.steps.iter_mut().find(|s| !s.2) {
+                    Some(s) if s.0 == slot => {
+                        s.2 = true;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+
+            fn complete(&mut self, slot: SlotId) -> bool {
+                let ok = matches!(self.steps.first(), Some(&(s, _, true)) if s == slot);
+                if ok {
+                    self.steps.remove(0);
+                }
+                ok
+            }
+        }
+
+        fn same(a: &PipelineState, b: &PipelineState) -> bool {
+            format!("{a:?}") == format!("{b:?}")
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Random runtime calls, legal or not: the state accepts exactly
+            /// the calls the protocol allows, each `check_*` agrees with its
+            /// booking twin, a refused call changes nothing, and at most one
+            /// step is ever launched and unsampled.
+            #[test]
+            fn state_accepts_exactly_the_protocol(
+                num_slots in 1..4usize,
+                ops in proptest::collection::vec(op(), 0..64),
+            ) {
+                let mut p = PipelineState::new(num_slots).unwrap();
+                let mut m = Model::default();
+                for op in ops {
+                    let before = p.clone();
+                    let ok = match op {
+                        Op::Launch(s) => {
+                            let got = p.launch(s, StepKind::Decode);
+                            prop_assert_eq!(before.check_launch(s).is_ok(), got.is_ok());
+                            prop_assert_eq!(got.clone().ok(), m.launch(s, num_slots), "{:?}", op);
+                            got.is_ok()
+                        }
+                        Op::Sample(s) => {
+                            let ok = p.sample(s).is_ok();
+                            prop_assert_eq!(before.check_sample(s).is_ok(), ok);
+                            prop_assert_eq!(ok, m.sample(s), "{:?}", op);
+                            ok
+                        }
+                        Op::Complete(s) => {
+                            let ok = p.complete(s).is_ok();
+                            prop_assert_eq!(before.check_wait(s).is_ok(), ok);
+                            prop_assert_eq!(ok, m.complete(s), "{:?}", op);
+                            ok
+                        }
+                        Op::Clear => {
+                            p.clear();
+                            m.steps.clear();
+                            true
+                        }
+                    };
+                    if !ok {
+                        prop_assert!(same(&p, &before));
+                    }
+                    prop_assert!(p.check().is_ok(), "{:?}", p.check());
+                    prop_assert_eq!(p.in_flight(), m.steps.len());
+                    let unsampled: Vec<_> = m.steps.iter().filter(|s| !s.2).map(|s| s.0).collect();
+                    prop_assert_eq!(p.launch_handle().map(|h| h.slot), unsampled.first().copied());
+                    prop_assert!(unsampled.len() <= 1);
+                    prop_assert_eq!(p.sampled_in_flight(), m.steps.len() - unsampled.len());
+                    prop_assert_eq!(p.next_step(), m.next);
+                    let oldest = p.queued().next().map(|c| c.slot).or(p.launch_handle().map(|h| h.slot));
+                    prop_assert_eq!(oldest, m.steps.first().map(|s| s.0));
+                }
+            }
+        }
     }
 }

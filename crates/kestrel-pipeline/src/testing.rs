@@ -14,7 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::executor::{
-    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId, StepOutputs,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId,
+    StepOutputs,
 };
 use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
 use crate::{RequestId, TokenId};
@@ -230,8 +231,16 @@ impl Executor for SimExecutor {
         self.config.vocab_size
     }
 
-    fn max_rows(&self) -> usize {
-        self.config.max_rows
+    /// Everything the pipeline can drive: drafts up to the configured
+    /// budget, chunked prefill and re-admission.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_rows: self.config.max_rows,
+            max_draft_tokens: self.config.max_draft_tokens,
+            logit_bias: true,
+            chunked_prefill: true,
+            readmission: true,
+        }
     }
 
     fn num_allocated(&self) -> usize {
@@ -371,10 +380,6 @@ impl Executor for SimExecutor {
         s.phase = SlotPhase::Launched;
         self.record("prefill", slot);
         Ok(())
-    }
-
-    fn max_draft_tokens(&self) -> usize {
-        self.config.max_draft_tokens
     }
 
     fn launch_decode(

@@ -290,3 +290,28 @@ pub fn run_workload<R: BenchRuntime>(
 
 /// Request ids only need to be unique among live requests.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+#[cfg(test)]
+mod tests {
+    use kestrel_pipeline::testing::{SimConfig, SimExecutor};
+    use kestrel_pipeline::Executor;
+
+    use super::*;
+
+    /// The bench's wrapper reports its runtime's capabilities unchanged.
+    #[test]
+    fn instrumented_forwards_capabilities() {
+        let inner = SimExecutor::new(SimConfig {
+            max_rows: 5,
+            max_draft_tokens: 0,
+            ..SimConfig::default()
+        });
+        let caps = inner.capabilities();
+        let wrapped: Instrumented<SimExecutor> = Observed {
+            inner,
+            observer: WaitTimer::default(),
+        };
+        assert_eq!(wrapped.capabilities(), caps);
+        assert_eq!((caps.max_rows, caps.max_draft_tokens), (5, 0));
+    }
+}

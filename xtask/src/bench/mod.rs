@@ -527,7 +527,7 @@ fn build_engine<R: BenchRuntime>(
     config: EngineConfig,
     max_streams: usize,
 ) -> anyhow::Result<BenchEngine<R>> {
-    EngineLoop::new(
+    let engine = EngineLoop::new(
         Instrumented {
             inner: rt,
             observer: harness::WaitTimer::default(),
@@ -543,7 +543,16 @@ fn build_engine<R: BenchRuntime>(
             debug_checks: false,
         },
     )
-    .context("building the engine loop")
+    .context("building the engine loop")?;
+    // The capabilities the engine drives, read through the timing wrapper:
+    // every workload's streams must fit the runtime's rows at once.
+    let rows = engine.executor().capabilities().max_rows;
+    if rows < max_streams {
+        bail!(
+            "the runtime holds {rows} sequences at once; the workloads run {max_streams} streams"
+        );
+    }
+    Ok(engine)
 }
 
 fn pipelined_engine<R: BenchRuntime>(

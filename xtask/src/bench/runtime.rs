@@ -1,5 +1,6 @@
 //! [`BenchRuntime`]: what the bench needs from a runtime beyond the
-//! pipeline's `Executor` (which also gives the per-step device timings):
+//! pipeline's `Executor` (which also gives the per-step device timings and
+//! the runtime's `capabilities()`, read through the bench's wrapper):
 //! weight bytes (per step, and streamed per token where DRAM bounds a
 //! single stream) and a name,
 //! implemented for kestrel-cpu's `CpuRuntime` and kestrel-cuda's

@@ -6,8 +6,9 @@
 //! thread runs forwards and sampling in order; a copy stream thread moves
 //! each step's outputs to its slot's host buffer. Launch and finalize only
 //! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
-//! Slot order (launch -> sample -> wait, FIFO) is kestrel-kv's [`SlotLedger`],
-//! checked before any buffer moves; KV capacity answers are [`SeqBook`]'s.
+//! Slot order (launch -> sample -> wait, FIFO) is kestrel-pipeline's
+//! [`PipelineState`], checked before any buffer moves; KV capacity answers
+//! and each step's KV plan and commit are [`SeqBook`]'s.
 //! KV is taken lazily: a sequence is admitted with its prompt's pages and
 //! grows a page at a time ([`Executor::grow`]); a preempted sequence's
 //! written pages go to the prefix cache before its row is freed.
@@ -20,13 +21,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use kestrel_kv::KvStats;
-use kestrel_kv::{
-    Admission, KvError, LedgerError, PageTable, PageTableConfig, RowId, SeqBook, SlotLedger,
-};
+use kestrel_kv::{Admission, KvError, PageTable, PageTableConfig, SeqBook, Span};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams,
-    SlotId, StepKind, StepOutputs, TokenId,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput,
+    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
@@ -86,13 +85,12 @@ pub enum RuntimeError {
     #[error("request {0} is not known to the runtime")]
     UnknownRequest(RequestId),
     #[error(
-        "prefill chunk of request {id} starts at prompt token {start}, but its KV holds {}",
-        written.map_or("nothing (not admitted)".to_string(), |n| format!("{n} tokens"))
+        "prefill chunk of request {id} starts at prompt token {start}, but its KV holds {written} tokens"
     )]
     ChunkOutOfOrder {
         id: RequestId,
         start: usize,
-        written: Option<usize>,
+        written: usize,
     },
     /// The forward of a step failed on the compute stream (engine-fatal).
     #[error("compute fault at step {step}")]
@@ -104,8 +102,8 @@ pub enum RuntimeError {
     #[error("the compute or copy stream stopped")]
     StreamLost,
     /// A call broke the slot protocol, or a slot's buffers are not back.
-    #[error("the slot ledger refused the call")]
-    Ledger(#[from] LedgerError),
+    #[error("the slot protocol refused the call")]
+    Slot(#[from] StateError),
     #[error("invalid runtime config: {0}")]
     Config(String),
     #[error(
@@ -122,6 +120,26 @@ pub enum RuntimeError {
 
 const NUM_SLOTS: usize = 2;
 
+impl RuntimeError {
+    /// A refused [`SeqBook::plan_step`] of the step over `ids`, naming the
+    /// request it refused.
+    fn from_plan(e: KvError, ids: impl Fn(usize) -> RequestId) -> Self {
+        match e {
+            KvError::UnknownSequence { index } => RuntimeError::UnknownRequest(ids(index)),
+            KvError::ChunkOutOfOrder {
+                index,
+                start,
+                written,
+            } => RuntimeError::ChunkOutOfOrder {
+                id: ids(index),
+                start,
+                written,
+            },
+            e => RuntimeError::Kv(e),
+        }
+    }
+}
+
 /// The CPU runtime. See the module docs.
 pub struct CpuRuntime {
     cfg: CpuRuntimeConfig,
@@ -134,10 +152,10 @@ pub struct CpuRuntime {
     metas: Vec<Option<Box<SlotMeta>>>,
     masks: Vec<Option<Box<MaskBuf>>>,
     render: Vec<Option<Box<Outputs>>>,
-    /// Slots in flight, the one launched and not sampled, the step counter.
-    ledger: SlotLedger,
+    /// The slot protocol: slots in flight, the one launched and not
+    /// sampled, the step counter.
+    slots: PipelineState,
     threads: Vec<JoinHandle<()>>,
-    rows_buf: Vec<(RowId, usize)>,
     weight_bytes: usize,
     bytes_per_token: usize,
     compute_threads: usize,
@@ -220,9 +238,8 @@ impl CpuRuntime {
                 .collect(),
             masks: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
             render: (0..NUM_SLOTS).map(|_| Some(Box::default())).collect(),
-            ledger: SlotLedger::new(NUM_SLOTS),
+            slots: PipelineState::new(NUM_SLOTS)?,
             threads,
-            rows_buf: Vec::new(),
             weight_bytes,
             bytes_per_token,
             compute_threads,
@@ -233,6 +250,19 @@ impl CpuRuntime {
 
     pub fn config(&self) -> &CpuRuntimeConfig {
         &self.cfg
+    }
+
+    /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
+    /// known before it is built: everything the pipeline drives, with
+    /// drafts up to `cfg.max_draft_tokens`.
+    pub fn capabilities_of(cfg: &CpuRuntimeConfig) -> Capabilities {
+        Capabilities {
+            max_rows: cfg.max_rows,
+            max_draft_tokens: cfg.max_draft_tokens,
+            logit_bias: true,
+            chunked_prefill: true,
+            readmission: true,
+        }
     }
 
     /// Bytes of weights the forward reads per step.
@@ -297,15 +327,15 @@ impl CpuRuntime {
     }
 
     /// Take an idle slot's metadata buffer for a new launch of `kind`,
-    /// once the ledger allows a launch into `slot`.
+    /// once the slot protocol allows a launch into `slot`.
     fn take_meta(&mut self, slot: SlotId, kind: StepKind) -> Result<Box<SlotMeta>, RuntimeError> {
-        self.ledger.check_launch(slot)?;
+        self.slots.check_launch(slot)?;
         let mut meta = self
             .metas
             .get_mut(slot)
             .and_then(Option::take)
-            .ok_or(LedgerError::SlotBusy(slot))?;
-        meta.reset(kind, self.ledger.next_step());
+            .ok_or(StateError::SlotBusy(slot))?;
+        meta.reset(kind, self.slots.next_step());
         Ok(meta)
     }
 
@@ -314,10 +344,11 @@ impl CpuRuntime {
         slot: SlotId,
         meta: Box<SlotMeta>,
     ) -> Result<(), ExecError<RuntimeError>> {
+        let kind = meta.kind;
         self.send(Work::Forward { slot, meta })
             .map_err(ExecError::Fatal)?;
-        self.ledger
-            .launch(slot)
+        self.slots
+            .launch(slot, kind)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         Ok(())
     }
@@ -328,15 +359,15 @@ impl Executor for CpuRuntime {
     type Error = RuntimeError;
 
     fn num_slots(&self) -> usize {
-        self.ledger.num_slots()
+        self.slots.num_slots()
     }
 
     fn vocab_size(&self) -> usize {
         self.vocab
     }
 
-    fn max_rows(&self) -> usize {
-        self.cfg.max_rows
+    fn capabilities(&self) -> Capabilities {
+        Self::capabilities_of(&self.cfg)
     }
 
     fn num_allocated(&self) -> usize {
@@ -363,21 +394,6 @@ impl Executor for CpuRuntime {
         let mut meta = self
             .take_meta(slot, StepKind::Prefill)
             .map_err(ExecError::PreDispatch)?;
-        // A chunk must resume exactly where its sequence's last one ended;
-        // checked before admitting anything, so a refusal leaves no trace.
-        for input in seqs {
-            if let PrefillStart::Resume(start) = input.start {
-                let written = self.book.get(input.id).map(|s| s.len);
-                if written != Some(start) || start >= input.prompt.len() {
-                    self.metas[slot] = Some(meta);
-                    return Err(ExecError::PreDispatch(RuntimeError::ChunkOutOfOrder {
-                        id: input.id,
-                        start,
-                        written,
-                    }));
-                }
-            }
-        }
         let admissions = seqs
             .iter()
             .filter(|input| input.start == PrefillStart::Admit)
@@ -387,53 +403,45 @@ impl Executor for CpuRuntime {
                 reserve: input.prompt.len(),
                 meta: (),
             });
-        if let Err(e) = self.book.admit_all(admissions, &mut self.rows_buf) {
+        if let Err(e) = self.book.admit_all(admissions) {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
         }
-        // Each input's chunk; the KV it will have written once it has run.
-        self.rows_buf.clear();
-        meta.token_indptr.push(0);
-        for input in seqs {
-            let start = match input.start {
+        // Each input's chunk: after its prefix-cache hit, or where its last
+        // chunk ended (the book refuses one that does not resume there).
+        let starts: Vec<usize> = seqs
+            .iter()
+            .map(|input| match input.start {
                 PrefillStart::Admit => self.book.cached_prompt_tokens(input.id),
                 PrefillStart::Resume(start) => start,
-            };
+            })
+            .collect();
+        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
             let end = input.chunk_end(start);
-            let seq = self
-                .book
-                .get_mut(input.id)
-                .expect("admitted or checked above");
-            seq.len = end;
-            self.rows_buf.push((seq.row, end));
-            meta.rows.push(seq.row);
-            meta.ids.push(input.id);
-            meta.tokens.extend_from_slice(&input.prompt[..end]);
-            meta.token_indptr.push(meta.tokens.len() as u32);
+            let prompt = input.prompt;
+            (input.id, Span::Chunk { prompt, start, end })
+        });
+        if let Err(e) = self.book.plan_step(spans, &mut meta.kv) {
+            // Nothing was dispatched: give back what this call admitted.
+            for input in seqs.iter().filter(|i| i.start == PrefillStart::Admit) {
+                self.release(input.id);
+            }
+            self.metas[slot] = Some(meta);
+            let e = RuntimeError::from_plan(e, |i| seqs[i].id);
+            return Err(ExecError::PreDispatch(e));
+        }
+        for input in seqs {
             meta.prefill.push(PrefillRow {
                 params: input.params.clone(),
-                start_pos: start as u32,
                 prompt_len: input.prompt.len() as u32,
                 generated: input.generated as u32,
             });
-        }
-        if let Err(e) = self
-            .book
-            .table()
-            .write_indices(&self.rows_buf, &mut meta.indices)
-        {
-            self.metas[slot] = Some(meta);
-            return Err(ExecError::Fatal(e.into()));
         }
         self.dispatch(slot, meta)
     }
 
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
         self.book.cached_prompt_tokens(id)
-    }
-
-    fn max_draft_tokens(&self) -> usize {
-        self.cfg.max_draft_tokens
     }
 
     fn launch_decode(
@@ -459,32 +467,16 @@ impl Executor for CpuRuntime {
         let mut meta = self
             .take_meta(slot, StepKind::Decode)
             .map_err(ExecError::PreDispatch)?;
-        self.rows_buf.clear();
-        for (r, &id) in rows.iter().enumerate() {
-            let Some(seq) = self.book.get(id) else {
-                self.metas[slot] = Some(meta);
-                return Err(ExecError::PreDispatch(RuntimeError::UnknownRequest(id)));
-            };
-            // The input token and its drafts get their KV written.
-            self.rows_buf
-                .push((seq.row, seq.len + 1 + drafts.row(r).len()));
-        }
-        if let Err(e) = self
-            .book
-            .table()
-            .write_indices(&self.rows_buf, &mut meta.indices)
-        {
+        // The input token and its drafts get their KV written; for a row
+        // with drafts its wait rolls back the rejected.
+        let spans = rows.iter().enumerate().map(|(r, &id)| {
+            let drafts = drafts.row(r).len();
+            (id, Span::Decode { drafts })
+        });
+        if let Err(e) = self.book.plan_step(spans, &mut meta.kv) {
             self.metas[slot] = Some(meta);
-            return Err(ExecError::PreDispatch(e.into()));
-        }
-        // Past this point the step is committed to: advance GPU lengths (for
-        // a row with drafts, to their end; its wait rolls back the rejected).
-        for (r, &id) in rows.iter().enumerate() {
-            let seq = self.book.get_mut(id).expect("checked above");
-            meta.rows.push(seq.row);
-            meta.ids.push(id);
-            meta.positions.push(seq.len as u32);
-            seq.len += 1 + drafts.row(r).len();
+            let e = RuntimeError::from_plan(e, |i| rows[i]);
+            return Err(ExecError::PreDispatch(e));
         }
         meta.draft_indptr.extend_from_slice(drafts.indptr);
         meta.drafts.extend_from_slice(drafts.tokens);
@@ -496,8 +488,8 @@ impl Executor for CpuRuntime {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<RuntimeError>> {
-        let busy = || ExecError::Fatal(LedgerError::SlotBusy(slot).into());
-        self.ledger
+        let busy = || ExecError::Fatal(StateError::SlotBusy(slot).into());
+        self.slots
             .check_sample(slot)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         let mut mask = self.masks[slot].take().ok_or_else(busy)?;
@@ -512,7 +504,7 @@ impl Executor for CpuRuntime {
             mask.words.extend_from_slice(m.words);
             mask.rows.extend_from_slice(m.constrained);
         }
-        self.ledger
+        self.slots
             .sample(slot)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         self.send(Work::Sample { slot, host, mask })
@@ -520,11 +512,11 @@ impl Executor for CpuRuntime {
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, RuntimeError> {
-        self.ledger.check_wait(slot)?;
+        self.slots.check_wait(slot)?;
         let done = self.done.recv().map_err(|_| RuntimeError::StreamLost)?;
         // The copy stream delivers in launch order; a step of another slot
         // here is refused as out of order (slot = the delivered one).
-        self.ledger.complete(done.slot)?;
+        self.slots.complete(done.slot)?;
         let Done {
             meta,
             host,
@@ -542,33 +534,10 @@ impl Executor for CpuRuntime {
                 source,
             });
         }
-        if !meta.draft_indptr.is_empty() {
-            // Roll each row with drafts back to the ones it accepted: the KV
-            // it keeps is its input token and those, the next input is the
-            // last token. (Only those rows: a row without drafts may already
-            // be in the next step, which advanced its length.)
-            for (i, &id) in meta.ids.iter().enumerate() {
-                if meta.drafts(i).is_empty() {
-                    continue;
-                }
-                let kept = (host.row_indptr[i + 1] - host.row_indptr[i]) as usize;
-                let len = meta.positions[i] as usize + kept;
-                if let Some(seq) = self.book.get_mut(id) {
-                    seq.len = len;
-                    let row = seq.row;
-                    self.book.table_mut().shrink(row, len)?;
-                }
-            }
-        }
-        if meta.kind == StepKind::Prefill {
-            // The chunk's KV is now written: publish the prompt's full pages.
-            // The slot's metadata still holds each row's prompt up to there.
-            for (r, &row) in meta.rows.iter().enumerate() {
-                let written =
-                    &meta.tokens[meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
-                self.book.table_mut().register_prefix(row, written);
-            }
-        }
+        // The step's KV is written: a prefill publishes its prompt pages,
+        // a row that verified drafts keeps only the ones it accepted.
+        let accepted = (!meta.draft_indptr.is_empty()).then_some(&host.row_indptr[..]);
+        self.book.commit_step(&meta.kv, accepted)?;
         self.metas[slot] = Some(meta);
         self.masks[slot] = Some(mask);
         let host = self.render[slot].insert(host);
@@ -600,7 +569,7 @@ impl Executor for CpuRuntime {
         }
         // Sampled steps still deliver their buffers; a launched but unsampled
         // forward never will, so its slot gets fresh buffers.
-        let sampled = self.ledger.sampled_in_flight();
+        let sampled = self.slots.sampled_in_flight();
         for _ in 0..sampled {
             if let Ok(done) = self.done.recv_timeout(std::time::Duration::from_secs(5)) {
                 let slot = done.slot;
@@ -609,7 +578,7 @@ impl Executor for CpuRuntime {
                 self.render[slot] = Some(done.host);
             }
         }
-        self.ledger.reset();
+        self.slots.clear();
         for slot in 0..NUM_SLOTS {
             self.metas[slot].get_or_insert_with(|| Box::new(SlotMeta::new()));
             self.masks[slot].get_or_insert_with(Box::default);

@@ -1,23 +1,21 @@
-//! Per-slot buffers: the `DecodeSlot`'s metadata (row tokens' positions,
-//! paged-attention indices, the mask copied in before sampling) and the
-//! `RenderBuffer`'s host outputs.
+//! Per-slot buffers: the `DecodeSlot`'s metadata (the step's KV plan:
+//! rows, positions, paged-attention indices; sampling parameters, drafts,
+//! the mask copied in before sampling) and the `RenderBuffer`'s host outputs.
 //!
 //! Buffers move between threads by ownership (scheduler -> compute stream ->
 //! copy stream -> scheduler), so a slot's host buffer cannot be written while
 //! the scheduler still reads it (I6): the type system enforces it. Capacity
 //! is kept across steps: a steady-state step allocates nothing.
 
-use kestrel_kv::PagedIndices;
+use kestrel_kv::KvStep;
 use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 
-/// One sequence's chunk in a prefill step (its prompt rides in
-/// `SlotMeta::tokens`); it samples only when the chunk ends the prompt.
+/// One sequence's chunk in a prefill step (its prompt and span ride in
+/// `SlotMeta::kv`: the chunk is `kv.tokens(i)[kv.starts[i]..]`); it samples
+/// only when the chunk ends the prompt.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefillRow {
     pub params: SamplingParams,
-    /// Prompt tokens already in KV (prefix-cache hit, earlier chunks); the
-    /// chunk ends where the row's tokens in `SlotMeta::tokens` end.
-    pub start_pos: u32,
     pub prompt_len: u32,
     /// The prompt's last tokens that the sequence generated before a
     /// preemption: penalties count them as sampled tokens.
@@ -29,23 +27,15 @@ pub(crate) struct PrefillRow {
 pub(crate) struct SlotMeta {
     pub kind: StepKind,
     pub step: u64,
-    /// KV row of each batch row.
-    pub rows: Vec<u32>,
-    /// Request id of each batch row (for diagnostics).
-    pub ids: Vec<RequestId>,
-    /// Position of each row's input token (decode) or unused (prefill).
-    pub positions: Vec<u32>,
-    /// Prefill: each row's prompt up to the end of its chunk (the forward
-    /// reads the chunk; publishing prefix pages reads all of it).
-    pub tokens: Vec<TokenId>,
-    /// Prefill: offsets of each row's prompt in `tokens`.
-    pub token_indptr: Vec<u32>,
+    /// The step's KV plan ([`kestrel_kv::SeqBook::plan_step`]): each batch
+    /// row's KV row and request, its first position (a decode row's input
+    /// token's), a prefill row's prompt up to its chunk's end, the page layout.
+    pub kv: KvStep<RequestId>,
     pub prefill: Vec<PrefillRow>,
     /// Decode: each row's draft tokens, `drafts[draft_indptr[i]..
     /// draft_indptr[i + 1]]` (`draft_indptr` empty: no row has any).
     pub drafts: Vec<TokenId>,
     pub draft_indptr: Vec<u32>,
-    pub indices: PagedIndices,
 }
 
 impl SlotMeta {
@@ -53,26 +43,16 @@ impl SlotMeta {
         Self {
             kind: StepKind::Decode,
             step: 0,
-            rows: Vec::new(),
-            ids: Vec::new(),
-            positions: Vec::new(),
-            tokens: Vec::new(),
-            token_indptr: Vec::new(),
+            kv: KvStep::default(),
             prefill: Vec::new(),
             drafts: Vec::new(),
             draft_indptr: Vec::new(),
-            indices: PagedIndices::default(),
         }
     }
 
     pub fn reset(&mut self, kind: StepKind, step: u64) {
         self.kind = kind;
         self.step = step;
-        self.rows.clear();
-        self.ids.clear();
-        self.positions.clear();
-        self.tokens.clear();
-        self.token_indptr.clear();
         self.prefill.clear();
         self.drafts.clear();
         self.draft_indptr.clear();

@@ -188,7 +188,7 @@ impl ComputeStream {
                     let timing = StepTiming {
                         step: meta.step,
                         prefill: meta.kind == StepKind::Prefill,
-                        rows: meta.rows.len(),
+                        rows: meta.kv.rows.len(),
                         forward_start,
                         forward_end,
                         sample_start,
@@ -228,19 +228,19 @@ impl ComputeStream {
                 self.qo_indptr.clear();
                 self.start_pos.clear();
                 self.qo_indptr.push(0);
-                for (i, &r) in meta.rows.iter().enumerate() {
+                for (i, &r) in meta.kv.rows.iter().enumerate() {
                     self.tokens.push(self.rows[r as usize].pending);
                     self.tokens.extend_from_slice(meta.drafts(i));
                     self.qo_indptr.push(self.tokens.len() as u32);
-                    self.start_pos.push(meta.positions[i]);
+                    self.start_pos.push(meta.kv.starts[i]);
                 }
                 let batch = PrefillBatch {
                     tokens: &self.tokens,
                     qo_indptr: &self.qo_indptr,
                     start_pos: &self.start_pos,
-                    kv_indptr: &meta.indices.kv_indptr,
-                    kv_indices: &meta.indices.kv_indices,
-                    kv_last_page_len: &meta.indices.kv_last_page_len,
+                    kv_indptr: &meta.kv.indices.kv_indptr,
+                    kv_indices: &meta.kv.indices.kv_indices,
+                    kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
                 let out = &mut self.logits[slot][..self.tokens.len() * vocab];
                 self.model.forward_prefill(
@@ -252,16 +252,16 @@ impl ComputeStream {
                 )
             }
             StepKind::Decode => {
-                let n = meta.rows.len();
+                let n = meta.kv.rows.len();
                 self.tokens.clear();
                 self.tokens
-                    .extend(meta.rows.iter().map(|&r| self.rows[r as usize].pending));
+                    .extend(meta.kv.rows.iter().map(|&r| self.rows[r as usize].pending));
                 let batch = DecodeBatch {
                     tokens: &self.tokens,
-                    positions: &meta.positions,
-                    kv_indptr: &meta.indices.kv_indptr,
-                    kv_indices: &meta.indices.kv_indices,
-                    kv_last_page_len: &meta.indices.kv_last_page_len,
+                    positions: &meta.kv.starts,
+                    kv_indptr: &meta.kv.indices.kv_indptr,
+                    kv_indices: &meta.kv.indices.kv_indices,
+                    kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
                 let out = &mut self.logits[slot][..n * vocab];
                 self.model
@@ -270,9 +270,8 @@ impl ComputeStream {
             StepKind::Prefill => {
                 let page_size = self.kv.page_size();
                 for (r, p) in meta.prefill.iter().enumerate() {
-                    let row = meta.rows[r] as usize;
-                    let prompt = &meta.tokens
-                        [meta.token_indptr[r] as usize..meta.token_indptr[r + 1] as usize];
+                    let row = meta.kv.rows[r] as usize;
+                    let prompt = meta.kv.tokens(r);
                     let dr = &mut self.rows[row];
                     dr.params.clone_from(&p.params);
                     dr.penalties.clear();
@@ -284,9 +283,9 @@ impl ComputeStream {
                             dr.penalties.record(t);
                         }
                     }
-                    let pages = &meta.indices.kv_indices[meta.indices.kv_indptr[r] as usize
-                        ..meta.indices.kv_indptr[r + 1] as usize];
-                    let mut start = p.start_pos as usize;
+                    let pages = &meta.kv.indices.kv_indices[meta.kv.indices.kv_indptr[r] as usize
+                        ..meta.kv.indices.kv_indptr[r + 1] as usize];
+                    let mut start = meta.kv.starts[r] as usize;
                     let len = prompt.len();
                     while start < len {
                         let end = (start + self.chunk).min(len);
@@ -325,6 +324,7 @@ impl ComputeStream {
     fn sample(&mut self, slot: usize, meta: &SlotMeta, mask: &MaskBuf, dev: &mut Outputs) {
         let vocab = self.model.config().vocab_size;
         let top_n = meta
+            .kv
             .rows
             .iter()
             .map(|&r| self.rows[r as usize].params.top_logprobs as usize)
@@ -343,11 +343,11 @@ impl ComputeStream {
         // `o`: the output row; a prefill chunk short of its prompt's end
         // samples nothing and has none (nor a mask row).
         let mut o = 0;
-        for (i, &row) in meta.rows.iter().enumerate() {
+        for (i, &row) in meta.kv.rows.iter().enumerate() {
             let position = match meta.kind {
-                StepKind::Decode => meta.positions[i] + 1,
+                StepKind::Decode => meta.kv.starts[i] + 1,
                 StepKind::Prefill => {
-                    let end = meta.token_indptr[i + 1] - meta.token_indptr[i];
+                    let end = meta.kv.token_indptr[i + 1] - meta.kv.token_indptr[i];
                     let prompt_len = meta.prefill[i].prompt_len;
                     if end < prompt_len {
                         continue;

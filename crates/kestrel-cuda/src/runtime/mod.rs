@@ -4,9 +4,9 @@
 //! for both slots (I1); two [`slot::DecodeSlot`]s; one copy stream filling
 //! each slot's [`slot::RenderBuffer`] after waiting on exactly that step's
 //! step-done event (I3); a slot's host buffers untouched until its commit
-//! (I6, enforced by `PipelineState` and checked here by kestrel-kv's
-//! [`SlotLedger`], shared with the CPU runtime, as is the [`SeqBook`] that
-//! answers the KV capacity queries). Launch and finalize
+//! (I6, enforced by the engine loop's [`PipelineState`] and checked here by
+//! the runtime's own, as on the CPU; the [`SeqBook`] answers the KV capacity
+//! queries and plans and commits each step's KV, as on the CPU). Launch and finalize
 //! only enqueue; the scheduler thread blocks only in `wait_step`. The next
 //! input token stays on the device (`pending`, written by sampling). Any
 //! CUDA error after dispatch is [`ExecError::Fatal`]. On request
@@ -24,13 +24,13 @@ use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use kestrel_kv::{
-    Admission, KvStats, LedgerError, PageTable, PageTableConfig, PagedIndices, RowId, SeqBook,
-    SlotLedger,
+    Admission, KvError, KvStats, PageTable, PageTableConfig, PagedIndices, SeqBook, Span,
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, RequestId, SamplingParams,
-    SlotId, StepKind, StepOutputs, TokenId, TokenMask,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput,
+    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
+    TokenMask,
 };
 
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
@@ -94,12 +94,11 @@ pub struct CudaRuntime {
     copy_stream: Arc<CudaStream>,
     /// Page table and admitted sequences, each with its sampling parameters.
     book: SeqBook<RequestId, SamplingParams>,
-    /// Slots in flight, the one launched and not sampled, the step counter.
-    ledger: SlotLedger,
+    /// The slot protocol: slots in flight, the one launched and not
+    /// sampled, the step counter.
+    protocol: PipelineState,
     buckets: Vec<usize>,
-    rows_buf: Vec<(RowId, usize)>,
     decode_rows: Vec<DecodeRow>,
-    idx: PagedIndices,
     out_top: Vec<(TokenId, f32)>,
     graph_bytes: usize,
     device_name: String,
@@ -149,6 +148,15 @@ pub fn check_architecture(config: &kestrel_model::ModelConfig) -> Result<(), Cud
 
 fn fatal<E: Into<CudaError>>(e: E) -> ExecError<CudaError> {
     ExecError::Fatal(e.into())
+}
+
+/// A refused [`SeqBook::plan_step`] of the step over `ids`, naming the
+/// request it refused; nothing was dispatched.
+fn refused_plan(e: KvError, ids: impl Fn(usize) -> RequestId) -> ExecError<CudaError> {
+    ExecError::PreDispatch(match e {
+        KvError::UnknownSequence { index } => CudaError::UnknownRequest(ids(index)),
+        e => CudaError::Kv(e),
+    })
 }
 
 impl CudaRuntime {
@@ -242,11 +250,9 @@ impl CudaRuntime {
             dev,
             copy_stream,
             book,
-            ledger: SlotLedger::new(NUM_SLOTS),
+            protocol: PipelineState::new(NUM_SLOTS)?,
             buckets,
-            rows_buf: Vec::new(),
             decode_rows: Vec::new(),
-            idx: PagedIndices::default(),
             out_top: Vec::new(),
             graph_bytes: 0,
             device_name,
@@ -276,6 +282,21 @@ impl CudaRuntime {
 
     pub fn config(&self) -> &CudaRuntimeConfig {
         &self.cfg
+    }
+
+    /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
+    /// known before a device is opened: no logit bias in the device sampler,
+    /// no draft verification, whole-prompt prefill only, and no
+    /// re-admission (each sequence's whole `max_len` is reserved at
+    /// admission, so `grow` never runs short and nothing is preempted).
+    pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
+        Capabilities {
+            max_rows: cfg.max_rows,
+            max_draft_tokens: 0,
+            logit_bias: false,
+            chunked_prefill: false,
+            readmission: false,
+        }
     }
 
     /// Convert a waited step's events into host instants (all four have
@@ -433,7 +454,7 @@ impl CudaRuntime {
     /// Book a launched step: the slot's place in launch order (checked by
     /// `check_launch` before anything was enqueued), and its state until commit.
     fn record_launch(&mut self, slot: SlotId, state: StepState) -> Result<(), CudaError> {
-        self.ledger.launch(slot)?;
+        self.protocol.launch(slot, state.kind)?;
         self.slots[slot].state = Some(state);
         Ok(())
     }
@@ -444,15 +465,15 @@ impl Executor for CudaRuntime {
     type Error = CudaError;
 
     fn num_slots(&self) -> usize {
-        self.ledger.num_slots()
+        self.protocol.num_slots()
     }
 
     fn vocab_size(&self) -> usize {
         self.dev.cfg.vocab_size
     }
 
-    fn max_rows(&self) -> usize {
-        self.cfg.max_rows
+    fn capabilities(&self) -> Capabilities {
+        Self::capabilities_of(&self.cfg)
     }
 
     fn num_allocated(&self) -> usize {
@@ -478,7 +499,7 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<CudaError>> {
-        self.ledger
+        self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         if seqs.len() > self.cfg.max_rows {
@@ -487,13 +508,15 @@ impl Executor for CudaRuntime {
                 capacity: self.cfg.max_rows,
             }));
         }
-        if let Some(input) = seqs
-            .iter()
-            .find(|i| i.start != PrefillStart::Admit || !i.samples_from(0))
-        {
+        // What the capabilities deny is refused by name, before anything.
+        let caps = self.capabilities();
+        let chunked =
+            |i: &&PrefillInput<'_, _>| i.start != PrefillStart::Admit || !i.samples_from(0);
+        if let Some(input) = seqs.iter().find(chunked).filter(|_| !caps.chunked_prefill) {
             return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
         }
-        if let Some(input) = seqs.iter().find(|i| i.generated > 0) {
+        let readmitted = |i: &&PrefillInput<'_, _>| i.generated > 0;
+        if let Some(input) = seqs.iter().find(readmitted).filter(|_| !caps.readmission) {
             return Err(ExecError::PreDispatch(CudaError::Readmission(input.id)));
         }
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
@@ -504,31 +527,34 @@ impl Executor for CudaRuntime {
             meta: input.params.clone(),
         });
         self.book
-            .admit_all(admissions, &mut self.rows_buf)
+            .admit_all(admissions)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        // Each prompt after its prefix-cache hit, to its end.
         let starts: Vec<usize> = seqs
             .iter()
             .map(|input| self.book.cached_prompt_tokens(input.id))
             .collect();
-        if let Err(e) = self
-            .book
-            .table()
-            .write_indices(&self.rows_buf, &mut self.idx)
-        {
-            return Err(ExecError::Fatal(e.into()));
+        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
+            let (prompt, end) = (input.prompt, input.prompt.len());
+            (input.id, Span::Chunk { prompt, start, end })
+        });
+        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
+            // Nothing was dispatched: give back what this call admitted.
+            for input in seqs {
+                self.release(input.id);
+            }
+            return Err(refused_plan(e, |i| seqs[i].id));
         }
-        let plan: Vec<PrefillSeq<'_>> = seqs
-            .iter()
-            .zip(&self.rows_buf)
-            .zip(&starts)
-            .map(|((input, &(row, _)), &start)| PrefillSeq {
-                kv_row: row,
-                prompt: input.prompt,
-                start,
+        let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
+        let kv = &self.slots[slot].kv;
+        let plan: Vec<PrefillSeq<'_>> = (0..kv.len())
+            .map(|i| PrefillSeq {
+                kv_row: kv.rows[i],
+                prompt: kv.tokens(i),
+                start: kv.starts[i] as usize,
             })
             .collect();
-        let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
-        let layout = pack_prefill(&plan, &self.idx, self.cfg.page_size, &mut words)
+        let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         let ctx = Arc::clone(&self.dev.ctx);
         let s = &mut self.slots[slot];
@@ -603,12 +629,7 @@ impl Executor for CudaRuntime {
                 .min(MAX_TOP),
             rows_ptr: m.at::<u32>(layout.kv_rows()),
             positions_ptr: m.at::<u32>(layout.sample_pos()),
-            prompts: seqs
-                .iter()
-                .zip(&self.rows_buf)
-                .map(|(i, &(row, _))| (row, i.prompt.to_vec()))
-                .collect(),
-            step: self.ledger.next_step(),
+            step: self.protocol.next_step(),
             timed,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
@@ -618,8 +639,8 @@ impl Executor for CudaRuntime {
         self.book.cached_prompt_tokens(id)
     }
 
-    /// Drafts are not verified here (`max_draft_tokens` is 0): a step that
-    /// carries any is refused by name.
+    /// Drafts are not verified here (`capabilities().max_draft_tokens` is
+    /// 0): a step that carries any is refused by name.
     fn launch_decode(
         &mut self,
         slot: SlotId,
@@ -631,7 +652,7 @@ impl Executor for CudaRuntime {
                 drafts.tokens.len(),
             )));
         }
-        self.ledger
+        self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let n = rows.len();
@@ -641,48 +662,43 @@ impl Executor for CudaRuntime {
                 capacity: self.cfg.max_rows,
             },
         ))?;
-        self.rows_buf.clear();
+        // Each row's input token at its KV length (the lengths advance here).
+        let spans = rows.iter().map(|&id| (id, Span::Decode { drafts: 0 }));
+        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
+            return Err(refused_plan(e, |i| rows[i]));
+        }
+        // Per row: its sampling parameters (the slot's pinned buffer is
+        // free: `check_launch`), its top-n width, its KV row and position.
         self.decode_rows.clear();
-        // One lookup per row: KV row and length, sampling parameters (the
-        // slot's pinned buffer is free: `check_slot_free`), top-n width.
-        let params = self.slots[slot].params_host.as_mut_slice();
+        let s = &mut self.slots[slot];
+        let (kv, params) = (&s.kv, s.params_host.as_mut_slice());
         let mut top_n = 0;
-        for (&id, p) in rows.iter().zip(params.iter_mut()) {
-            let Some(seq) = self.book.get(id) else {
-                return Err(ExecError::PreDispatch(CudaError::UnknownRequest(id)));
+        for (i, (&id, p)) in rows.iter().zip(params.iter_mut()).enumerate() {
+            // Planned above, so admitted; were it not, the lengths moved: fatal.
+            let Some(meta) = self.book.get(id).map(|seq| &seq.meta) else {
+                return Err(fatal(CudaError::UnknownRequest(id)));
             };
-            self.rows_buf.push((seq.row, seq.len + 1));
+            *p = SampleParams::from(meta);
+            top_n = top_n.max(meta.top_logprobs as usize);
             self.decode_rows.push(DecodeRow {
-                kv_row: seq.row,
-                pos: seq.len as u32,
+                kv_row: kv.rows[i],
+                pos: kv.starts[i],
             });
-            *p = SampleParams::from(&seq.meta);
-            top_n = top_n.max(seq.meta.top_logprobs as usize);
         }
         let top_n = top_n.min(MAX_TOP);
-        self.book
-            .table()
-            .write_indices(&self.rows_buf, &mut self.idx)
-            .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let (trash, ps) = (self.dev.trash_page, self.dev.page_size);
-        let s = &mut self.slots[slot];
         let layout = s.layout;
+        // The step is planned: a packing failure (a sizing bug) is fatal.
         let used = pack_decode(
             &layout,
             &self.decode_rows,
-            &self.idx,
+            &s.kv.indices,
             bucket,
             trash,
             ps,
             s.meta_host.as_mut_slice(),
         )
-        .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Past this point the step is committed to: advance lengths, dispatch.
-        for &id in rows {
-            if let Some(seq) = self.book.get_mut(id) {
-                seq.len += 1;
-            }
-        }
+        .map_err(|e| ExecError::Fatal(e.into()))?;
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let timed = self
             .mark(slot, |e| &e.forward_start)
@@ -705,8 +721,7 @@ impl Executor for CudaRuntime {
             top_n,
             rows_ptr: s.meta_dev.at::<u32>(layout.rows()),
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
-            prompts: Vec::new(),
-            step: self.ledger.next_step(),
+            step: self.protocol.next_step(),
             timed,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
@@ -717,12 +732,12 @@ impl Executor for CudaRuntime {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<CudaError>> {
-        self.ledger.check_sample(slot).map_err(fatal)?;
+        self.protocol.check_sample(slot).map_err(fatal)?;
         self.dev.ctx.bind_to_thread().map_err(fatal)?;
         let vocab = self.dev.cfg.vocab_size;
         let s = &mut self.slots[slot];
         let Some(state) = s.state.as_ref() else {
-            return Err(fatal(LedgerError::SlotBusy(slot)));
+            return Err(fatal(StateError::SlotBusy(slot)));
         };
         let (n, top_n, timed) = (state.n, state.top_n, state.timed);
         if timed {
@@ -816,23 +831,21 @@ impl Executor for CudaRuntime {
             }
         }
         r.copy_done.record(&self.copy_stream).map_err(fatal)?;
-        self.ledger.sample(slot).map_err(fatal)
+        self.protocol.sample(slot).map_err(fatal)?;
+        Ok(())
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, CudaError> {
-        self.ledger.check_wait(slot)?;
+        self.protocol.check_wait(slot)?;
         self.dev.ctx.bind_to_thread()?;
         self.render[slot].copy_done.synchronize()?;
-        self.ledger.complete(slot)?;
+        self.protocol.complete(slot)?;
         let state = self.slots[slot]
             .state
             .take()
-            .ok_or(LedgerError::SlotBusy(slot))?;
-        if state.kind == StepKind::Prefill {
-            for (row, prompt) in &state.prompts {
-                self.book.table_mut().register_prefix(*row, prompt);
-            }
-        }
+            .ok_or(StateError::SlotBusy(slot))?;
+        // The step's KV is written: a prefill publishes its prompt pages.
+        self.book.commit_step(&self.slots[slot].kv, None)?;
         if state.timed && self.timings.is_some() {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
@@ -882,7 +895,7 @@ impl Executor for CudaRuntime {
         for s in &mut self.slots {
             s.state = None;
         }
-        self.ledger.reset();
+        self.protocol.clear();
         self.book.release_all();
     }
 

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, DriverError};
 use half::f16;
-use kestrel_kv::RowId;
-use kestrel_pipeline::StepKind;
+use kestrel_kv::KvStep;
+use kestrel_pipeline::{RequestId, StepKind};
 
 use super::mem::{DevBuf, HostBuf};
 use super::timing::StepEvents;
@@ -66,9 +66,7 @@ pub(crate) struct StepState {
     /// Device addresses of each sampled row's KV row and RNG position.
     pub rows_ptr: u64,
     pub positions_ptr: u64,
-    /// Prefill: the rows admitted and their prompts (for prefix publication).
-    pub prompts: Vec<(RowId, Vec<u32>)>,
-    /// The step number the ledger gave this launch.
+    /// The step number the slot protocol gave this launch.
     pub step: u64,
     /// The slot's timing events were recorded for this step.
     pub timed: bool,
@@ -93,6 +91,9 @@ pub(crate) struct DecodeSlot {
     pub out_top_ids: DevBuf,
     pub out_top_lps: DevBuf,
     pub graphs: HashMap<usize, Graph>,
+    /// The launched step's KV plan ([`kestrel_kv::SeqBook::plan_step`]),
+    /// kept until its commit publishes a prefill's prompt pages.
+    pub kv: KvStep<RequestId>,
     pub step_done: CudaEvent,
     /// Recorded around the step only while the runtime records timings.
     pub timing: StepEvents,
@@ -132,6 +133,7 @@ impl DecodeSlot {
             out_top_ids: DevBuf::new(ctx, d.max_batch * MAX_TOP * 4)?,
             out_top_lps: f32s(d.max_batch * MAX_TOP)?,
             graphs: HashMap::new(),
+            kv: KvStep::default(),
             step_done: ctx.new_event(None)?,
             timing: StepEvents::new(ctx)?,
             state: None,
