@@ -38,6 +38,7 @@ pub mod engine_loop;
 pub mod executor;
 pub mod masks;
 pub mod observed;
+pub mod phase;
 pub mod sampling;
 pub mod scheduler;
 mod sequence;
@@ -59,9 +60,10 @@ pub use executor::{
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
+pub use phase::{Lifecycle, Phase, PhaseError, Transition, MAX_INFLIGHT_REFS};
 pub use sampling::{LogitBias, SamplingParams};
-pub use scheduler::{PipelineStats, StepPlan};
-pub use sequence::{Request, MAX_INFLIGHT_REFS};
+pub use scheduler::{InvariantError, PipelineStats, SchedulerFault, StepPlan};
+pub use sequence::Request;
 pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };
