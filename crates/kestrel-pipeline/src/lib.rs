@@ -8,8 +8,12 @@
 //!
 //! - [`PipelineState`]: slots, FIFO `batch_queue`, one `launch_handle`,
 //!   two-phase completion (invariants I2, I6).
+//! - [`Phase`] / [`Lifecycle`]: one sequence's phase (waiting, prefilling,
+//!   decoding, drafting, preempting, preempted, finalized, released) and
+//!   `inflight_refs` (I4), changed only by transitions that return a
+//!   [`PhaseError`] when illegal.
 //! - [`EngineLoop`]: the unified loop of the design doc (section 4.6) with
-//!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
+//!   finalized + `inflight_refs` zombies, budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
 //!   the engine-fatal fault model.
 //! - [`NgramSpec`]: prompt-lookup speculative decoding (drafts verified in
