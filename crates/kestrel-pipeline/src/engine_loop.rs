@@ -468,12 +468,13 @@ impl<E: Executor> EngineLoop<E> {
         if self.prefill_plan.is_empty() {
             return Ok(false);
         }
-        let plan = std::mem::take(&mut self.prefill_plan);
-        let launched = self
-            .sched
-            .launch_prefill(&mut self.exec, slot, &plan, budget.max_tokens);
-        self.prefill_plan = plan;
-        let Some(handle) = launched? else {
+        let launched = self.sched.launch_prefill(
+            &mut self.exec,
+            slot,
+            &self.prefill_plan,
+            budget.max_tokens,
+        )?;
+        let Some(handle) = launched else {
             return Ok(false);
         };
         self.state.on_launch(handle)?;

@@ -163,18 +163,18 @@ impl<P> Scheduler<P> {
         let mut samples = true;
         for &i in rows {
             let input = self.prefill_input(i, max_tokens);
-            let (len, from) = match input.start {
-                PrefillStart::Admit => (input.prompt.len(), exec.cached_prompt_tokens(input.id)),
-                PrefillStart::Resume(done) => (input.prompt.len(), done),
+            let from = match input.start {
+                PrefillStart::Admit => exec.cached_prompt_tokens(input.id),
+                PrefillStart::Resume(done) => done,
             };
-            let end = input.chunk_end(from);
+            let (end, len) = (input.chunk_end(from), input.prompt.len());
             samples &= end == len;
             match self.seq(i).phase() {
                 Phase::Prefilling { .. } => self.transition(i, |l| l.launch_chunk(end, len))?,
                 Phase::Waiting => {
-                    self.seq_mut(i).skill.on_admitted(from);
-                    // Committed tokens never reallocate them.
                     let seq = self.seq_mut(i);
+                    seq.skill.on_admitted(from);
+                    // Committed tokens never reallocate them.
                     seq.tokens
                         .reserve_exact(seq.max_len.saturating_sub(seq.prompt_len));
                     self.transition(i, |l| l.admit(end, len))?;
