@@ -4,11 +4,11 @@
 //! Every accepted request is a `Sequence` here from submission to release;
 //! its [`Phase`] says where it is, and the three lists (`waiting`,
 //! `running`, `preempted`) order the sequences of the matching phases. The
-//! work is split by what it does: [`decode`] and [`prefill`] are pure
+//! work is split by what it does: `decode` and `prefill` are pure
 //! planners (choose a step, then apply it: launch, the only place refcounts
-//! grow), [`commit`] samples and commits a step (the only place refcounts
-//! shrink), [`check`] verifies what the types cannot say. A launch the
-//! executor refuses is handled once ([`Scheduler::launch_refused`]).
+//! grow), `commit` samples and commits a step (the only place refcounts
+//! shrink), `check` verifies what the types cannot say. A launch the
+//! executor refuses is handled once (`Scheduler::launch_refused`).
 //! Steady-state steps do not allocate: plans, row lists, drafts and masks
 //! reuse buffers.
 
