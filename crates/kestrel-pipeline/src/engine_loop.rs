@@ -16,8 +16,11 @@
 
 use std::num::NonZeroUsize;
 
-use crate::executor::{ExecError, Executor};
-use crate::scheduler::{max_len_of, Fatal, PipelineStats, Scheduler, StepPlan};
+use crate::executor::Executor;
+use crate::scheduler::{
+    Fatal, InvariantError, PipelineStats, PrefillBudget, Scheduler, SchedulerFault, SeqIdx,
+    StepPlan,
+};
 use crate::sequence::Request;
 use crate::state::{PipelineState, StateError, StepKind};
 use crate::{Cause, RequestId};
@@ -119,6 +122,7 @@ pub struct EngineLoop<E: Executor> {
     state: PipelineState,
     sched: Scheduler<E::Params>,
     plan: StepPlan,
+    prefill_plan: Vec<SeqIdx>,
     pause_requested: bool,
     paused: bool,
     unhealthy: Option<Cause>,
@@ -130,8 +134,8 @@ impl<E: Executor> std::fmt::Debug for EngineLoop<E> {
         f.debug_struct("EngineLoop")
             .field("config", &self.config)
             .field("state", &self.state)
-            .field("waiting", &self.sched.waiting.len())
-            .field("running", &self.sched.running.len())
+            .field("waiting", &self.sched.num_waiting())
+            .field("running", &self.sched.num_running())
             .field("unhealthy", &self.unhealthy)
             .finish_non_exhaustive()
     }
@@ -151,6 +155,7 @@ impl<E: Executor> EngineLoop<E> {
             state,
             sched,
             plan: StepPlan::default(),
+            prefill_plan: Vec::new(),
             pause_requested: false,
             paused: false,
             unhealthy: None,
@@ -162,7 +167,7 @@ impl<E: Executor> EngineLoop<E> {
     /// e.g. with a thread pool so a batch's constrained rows compute their
     /// masks in parallel under the forward.
     pub fn set_mask_filler(&mut self, filler: Box<dyn crate::MaskFiller>) {
-        self.sched.filler = filler;
+        self.sched.masks.filler = filler;
     }
 
     pub fn executor(&self) -> &E {
@@ -186,12 +191,12 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.sched.waiting.len()
+        self.sched.num_waiting()
     }
 
     /// Running (admitted, not finalized) sequences.
     pub fn num_running(&self) -> usize {
-        self.sched.running.len()
+        self.sched.num_running()
     }
 
     /// Admitted sequences still holding KV, zombies included.
@@ -206,7 +211,7 @@ impl<E: Executor> EngineLoop<E> {
 
     /// No request waiting, running, preempted or in flight.
     pub fn is_idle(&self) -> bool {
-        self.sched.waiting.is_empty() && self.sched.num_live() == 0 && self.state.is_drained()
+        self.sched.num_waiting() == 0 && self.sched.num_live() == 0 && self.state.is_drained()
     }
 
     pub fn unhealthy(&self) -> Option<&Cause> {
@@ -246,25 +251,31 @@ impl<E: Executor> EngineLoop<E> {
                 max_seq_len: self.config.max_seq_len,
             });
         }
-        let needed = max_len_of(&req, self.config.max_seq_len);
+        let needed = req.max_len(self.config.max_seq_len);
         if !self.exec.could_ever_fit(needed) {
             return Err(SubmitError::NeverFits { needed });
         }
         if self.sched.contains(req.id) {
             return Err(SubmitError::DuplicateId(req.id));
         }
-        if self.sched.waiting.len() >= self.waiting_capacity() {
+        if self.sched.num_waiting() >= self.waiting_capacity() {
             return Err(SubmitError::QueueFull {
                 limit: self.config.max_waiting,
             });
         }
-        self.sched.enqueue(req);
+        self.sched.enqueue(req, needed);
         Ok(())
     }
 
     /// Cancel a request. Returns false when the id is unknown (already done).
     pub fn abort(&mut self, id: RequestId) -> bool {
-        self.sched.abort(&mut self.exec, id)
+        match self.sched.abort(&mut self.exec, id) {
+            Ok(known) => known,
+            Err(Fatal(why)) => {
+                self.fail_all(&why);
+                true
+            }
+        }
     }
 
     /// Ask the loop to drain and pause at the next iteration (section 4.5a).
@@ -345,7 +356,7 @@ impl<E: Executor> EngineLoop<E> {
             // One prompt at a time: its next chunk, once a slot may take it.
             return self.sched.resumable_prefill();
         }
-        match self.sched.next_admission(self.config.max_seq_len) {
+        match self.sched.next_admission() {
             None => false,
             Some(a) => {
                 self.exec.num_allocated() < self.max_rows()
@@ -440,29 +451,35 @@ impl<E: Executor> EngineLoop<E> {
         self.sched.any_dispatchable()
     }
 
-    /// Launch the next prefill step into `slot`: the next chunk of the
-    /// prompt part-way through, else the next admissions (`Scheduler::launch_prefill`).
+    /// Plan the next prefill step (the next chunk of the prompt part-way
+    /// through, else the next admissions) and launch it into `slot`.
     fn launch_prefill(&mut self, slot: usize) -> Result<bool, Fatal> {
-        let max_tokens = self
-            .config
-            .prefill_chunk
-            .map_or(usize::MAX, NonZeroUsize::get);
-        // Admissions take the rows free under the batch cap.
-        let max_admits = self
-            .max_rows()
-            .saturating_sub(self.exec.num_allocated())
-            .max(1);
-        let Some(handle) = self.sched.launch_prefill(
+        let budget = PrefillBudget {
+            max_tokens: self
+                .config
+                .prefill_chunk
+                .map_or(usize::MAX, NonZeroUsize::get),
+            // Admissions take the rows free under the batch cap.
+            max_admits: self
+                .max_rows()
+                .saturating_sub(self.exec.num_allocated())
+                .max(1),
+        };
+        self.sched
+            .plan_prefill(&self.exec, budget, &mut self.prefill_plan);
+        if self.prefill_plan.is_empty() {
+            return Ok(false);
+        }
+        let launched = self.sched.launch_prefill(
             &mut self.exec,
             slot,
-            self.config.max_seq_len,
-            max_tokens,
-            max_admits,
-        )?
-        else {
+            &self.prefill_plan,
+            budget.max_tokens,
+        )?;
+        let Some(handle) = launched else {
             return Ok(false);
         };
-        self.state.on_launch(handle).map_err(state_fault)?;
+        self.state.on_launch(handle)?;
         self.last_was_prefill = true;
         Ok(true)
     }
@@ -474,7 +491,7 @@ impl<E: Executor> EngineLoop<E> {
         let slot = self
             .state
             .free_slot_id()
-            .ok_or_else(|| Fatal(Cause::message("no free slot for prefill")))?;
+            .ok_or(SchedulerFault::NoFreeSlot)?;
         if self.launch_prefill(slot)? {
             self.finalize_launch()?;
             self.commit_oldest()?;
@@ -492,26 +509,20 @@ impl<E: Executor> EngineLoop<E> {
         if self.plan.is_empty() {
             return Ok(Launch::Nothing);
         }
-        let changed = self.sched.make_room(&mut self.exec, &mut self.plan);
+        let changed = self.sched.make_room(&mut self.exec, &mut self.plan)?;
         if self.plan.is_empty() {
             // Sequences were preempted (or failed alone) or wait for pages
             // an in-flight step gives back: progress, not idleness.
             debug_assert!(changed || !self.state.is_drained());
             return Ok(Launch::Deferred);
         }
-        match self.sched.launch_decode(&mut self.exec, &self.plan, slot) {
-            Ok(handle) => {
-                self.state.on_launch(handle).map_err(state_fault)?;
+        match self.sched.launch_decode(&mut self.exec, &self.plan, slot)? {
+            Some(handle) => {
+                self.state.on_launch(handle)?;
                 self.last_was_prefill = false;
                 Ok(Launch::Launched)
             }
-            Err(ExecError::PreDispatch(e)) => {
-                let plan = std::mem::take(&mut self.plan);
-                self.sched.fail_plan(&mut self.exec, &plan, &Cause::new(e));
-                self.plan = plan;
-                Ok(Launch::Failed)
-            }
-            Err(ExecError::Fatal(e)) => Err(Fatal(Cause::new(e))),
+            None => Ok(Launch::Failed),
         }
     }
 
@@ -521,16 +532,16 @@ impl<E: Executor> EngineLoop<E> {
             return Ok(());
         };
         let pending = self.sched.finalize_sampling(&mut self.exec, h)?;
-        self.state.on_pending_commit(pending).map_err(state_fault)
+        Ok(self.state.on_pending_commit(pending)?)
     }
 
     /// Commit the oldest sampled step (two-phase). False when none.
     fn commit_oldest(&mut self) -> Result<bool, Fatal> {
-        let Some(step) = self.state.pop_oldest().map_err(state_fault)? else {
+        let Some(step) = self.state.pop_oldest()? else {
             return Ok(false);
         };
         self.sched.commit_step(&mut self.exec, step)?;
-        self.state.on_step_completed().map_err(state_fault)?;
+        self.state.on_step_completed()?;
         Ok(true)
     }
 
@@ -547,26 +558,24 @@ impl<E: Executor> EngineLoop<E> {
 
     /// Check I2 (FIFO), I4 (refs equal membership), I6 (slot busy until
     /// commit) and capacity against the executor. For tests and debug builds.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        self.state.check()?;
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        self.state.check().map_err(InvariantError::Slots)?;
         let mut slots = Vec::with_capacity(self.state.num_slots());
         slots.extend(self.state.queued().map(|c| c.slot));
         slots.extend(self.state.launch_handle().map(|h| h.slot));
         slots.extend(self.state.committing().map(|c| c.slot));
         self.sched.check(&slots)?;
         if self.unhealthy.is_none() && self.exec.num_allocated() != self.sched.num_admitted() {
-            return Err(format!(
-                "executor holds {} KV rows but {} sequences are admitted",
-                self.exec.num_allocated(),
-                self.sched.num_admitted()
-            ));
+            return Err(InvariantError::KvRows {
+                allocated: self.exec.num_allocated(),
+                admitted: self.sched.num_admitted(),
+            });
         }
         if self.sched.num_admitted() > self.max_rows() {
-            return Err(format!(
-                "{} rows allocated over the limit {}",
-                self.sched.num_admitted(),
-                self.max_rows()
-            ));
+            return Err(InvariantError::OverRows {
+                admitted: self.sched.num_admitted(),
+                limit: self.max_rows(),
+            });
         }
         Ok(())
     }
@@ -591,15 +600,6 @@ enum Launch {
     /// Nothing launched for lack of KV pages: sequences were preempted, or
     /// wait for the pages an in-flight step gives back.
     Deferred,
-}
-
-/// The pipeline's slot state machine refused a transition (a bug, and fatal).
-#[derive(Debug, thiserror::Error)]
-#[error("pipeline state machine")]
-struct StateFault(#[source] StateError);
-
-fn state_fault(e: StateError) -> Fatal {
-    Fatal(Cause::new(StateFault(e)))
 }
 
 /// [`Executor::on_resume`] failed after a pause.

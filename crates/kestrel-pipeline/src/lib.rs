@@ -12,8 +12,12 @@
 //! - [`Executor`]: what a runtime provides, and [`Capabilities`], the one
 //!   value that says what it can do (rows, drafts, logit bias, chunked
 //!   prefill, re-admission).
+//! - [`Phase`] / [`Lifecycle`]: one sequence's phase (waiting, prefilling,
+//!   decoding, drafting, preempting, preempted, finalized, released) and
+//!   `inflight_refs` (I4), changed only by transitions that return a
+//!   [`PhaseError`] when illegal.
 //! - [`EngineLoop`]: the unified loop of the design doc (section 4.6) with
-//!   `finalized` + `inflight_refs` zombies (I4), budgeted `can_dispatch`,
+//!   finalized + `inflight_refs` zombies, budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
 //!   the engine-fatal fault model.
 //! - [`NgramSpec`]: prompt-lookup speculative decoding (drafts verified in
@@ -42,6 +46,7 @@ pub mod engine_loop;
 pub mod executor;
 pub mod masks;
 pub mod observed;
+pub mod phase;
 pub mod sampling;
 pub mod scheduler;
 mod sequence;
@@ -64,9 +69,10 @@ pub use executor::{
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};
+pub use phase::{Lifecycle, Phase, PhaseError, Transition, MAX_INFLIGHT_REFS};
 pub use sampling::{LogitBias, SamplingParams};
-pub use scheduler::{PipelineStats, StepPlan};
-pub use sequence::{Request, MAX_INFLIGHT_REFS};
+pub use scheduler::{InvariantError, PipelineStats, SchedulerFault, StepPlan};
+pub use sequence::Request;
 pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };

@@ -1,16 +1,12 @@
-//! Requests and the scheduler's per-sequence lifecycle.
+//! Requests and the scheduler's per-sequence data.
 //!
-//! A [`Request`] waits (no KV) until prefill admits it; from then on a
-//! `Sequence` tracks `finalized`, `inflight_refs` (0..=2, mutated only by
-//! launch and commit: I4), its tokens (prompt, then committed), the budget
-//! checks of `can_dispatch` and its [`Residency`]. A sequence part-way
-//! through a chunked prefill is the scheduler's `partial` and is not
-//! dispatched to decode until its last chunk has launched. A finalized
-//! sequence with `inflight_refs > 0` is a zombie: it still holds its KV row
-//! until its last in-flight step commits. A preempted sequence gives its KV
-//! back the same way (once its in-flight steps commit) and is prefilled
-//! again, with the tokens it generated, when pages allow.
+//! A [`Request`] becomes a `Sequence` when it is accepted: its tokens
+//! (prompt, then committed), caps, sampling parameters, speculation state
+//! and skill, and its [`Lifecycle`] (phase and `inflight_refs`, see
+//! [`crate::phase`]), which only transitions change. The budget checks of
+//! `can_dispatch` read both.
 
+use crate::phase::{Lifecycle, Phase, MAX_INFLIGHT_REFS};
 use crate::speculate::{DraftControl, NgramSpec};
 use crate::{RequestId, SequenceSkill, TokenId};
 
@@ -28,6 +24,13 @@ pub struct Request<P> {
     pub skill: Box<dyn SequenceSkill>,
 }
 
+impl<P> Request<P> {
+    /// Total token cap: prompt + max_new_tokens, within the context.
+    pub(crate) fn max_len(&self, max_seq_len: usize) -> usize {
+        (self.prompt.len() + self.max_new_tokens as usize).min(max_seq_len)
+    }
+}
+
 impl<P> std::fmt::Debug for Request<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
@@ -38,35 +41,19 @@ impl<P> std::fmt::Debug for Request<P> {
     }
 }
 
-/// The most steps a sequence may be part of at once (the pipeline depth).
-pub const MAX_INFLIGHT_REFS: u8 = 2;
-
-/// Whether an admitted sequence holds its KV.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Residency {
-    /// Holds its KV; decodes while running.
-    Resident,
-    /// Chosen for preemption: dispatched no more, it keeps its KV until its
-    /// in-flight steps commit (their tokens count), then gives it back.
-    Preempting,
-    /// Holds no KV; waits to be prefilled again with its tokens so far.
-    Preempted,
-}
-
-/// An admitted sequence: it holds a KV row unless preempted.
+/// An accepted request's sequence: the scheduler's registry holds it from
+/// submission to release.
 pub(crate) struct Sequence<P> {
     pub id: RequestId,
-    /// Admission order of first admission (re-admissions keep it): the
-    /// youngest running sequence is preempted first.
+    /// Submission order: the youngest running sequence is preempted first,
+    /// and preempted ones are prefilled again oldest first.
     pub arrival: u64,
     pub prompt_len: usize,
     /// The prompt, then every committed token (a preempted sequence's
     /// re-admission prefills all of them).
     pub tokens: Vec<TokenId>,
-    /// In-flight steps (launched, not yet committed) that include this sequence.
-    pub inflight_refs: u8,
-    pub finalized: bool,
-    pub residency: Residency,
+    /// Its phase and in-flight steps, changed only by transitions.
+    pub life: Lifecycle,
     pub max_new_tokens: u32,
     /// Prompt + generated tokens at most (the context cap).
     pub max_len: usize,
@@ -76,13 +63,39 @@ pub(crate) struct Sequence<P> {
     pub speculate: Option<NgramSpec>,
     /// How many drafts it proposes next, and when it next waits to draft.
     pub draft: DraftControl,
-    /// Drafts its in-flight step verifies (0: none; else it is in no
-    /// other step).
-    pub drafting: usize,
     pub skill: Box<dyn SequenceSkill>,
 }
 
 impl<P> Sequence<P> {
+    /// A request just accepted (waiting), capped at `max_len` tokens.
+    pub fn waiting(req: Request<P>, arrival: u64, max_len: usize) -> Self {
+        Self {
+            id: req.id,
+            arrival,
+            prompt_len: req.prompt.len(),
+            tokens: req.prompt,
+            life: Lifecycle::new(),
+            max_new_tokens: req.max_new_tokens,
+            max_len,
+            params: req.params,
+            // A constrained sequence drafts only if its skill can mask the
+            // positions after a draft.
+            speculate: req
+                .speculate
+                .filter(|_| !req.skill.is_constrained() || req.skill.looks_ahead()),
+            draft: DraftControl::default(),
+            skill: req.skill,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.life.phase()
+    }
+
+    pub fn inflight_refs(&self) -> u8 {
+        self.life.inflight_refs()
+    }
+
     /// Tokens committed on the CPU (consumed by the skill).
     pub fn committed(&self) -> u32 {
         (self.tokens.len() - self.prompt_len) as u32
@@ -90,18 +103,17 @@ impl<P> Sequence<P> {
 
     /// Tokens that will exist once every in-flight step commits.
     pub fn budgeted_len(&self) -> usize {
-        self.tokens.len() + self.inflight_refs as usize
+        self.tokens.len() + self.inflight_refs() as usize
     }
 
-    /// Section 4.7's eligibility predicate, with budgeted tokens (a step
-    /// verifying drafts commits an unknown number of them: not before it).
+    /// Section 4.7's eligibility predicate, with budgeted tokens: a
+    /// decoding sequence (not drafting: a step verifying drafts commits an
+    /// unknown number of them) in fewer than two steps, within its caps.
     pub fn can_dispatch(&self) -> bool {
-        !self.finalized
-            && self.drafting == 0
-            && self.residency == Residency::Resident
-            && self.inflight_refs < MAX_INFLIGHT_REFS
+        self.phase() == Phase::Decoding
+            && self.inflight_refs() < MAX_INFLIGHT_REFS
             && self.budgeted_len() < self.max_len
-            && self.committed() + u32::from(self.inflight_refs) < self.max_new_tokens
+            && self.committed() + u32::from(self.inflight_refs()) < self.max_new_tokens
     }
 
     /// Whether the committed state reached a length cap.
@@ -111,7 +123,7 @@ impl<P> Sequence<P> {
 
     /// The next step must be sampled from a mask (finalized rows never are).
     pub fn needs_mask(&self) -> bool {
-        !self.finalized && self.skill.is_constrained()
+        !self.phase().is_finalized() && self.skill.is_constrained()
     }
 
     /// Drafts a step launched now may carry at most: each accepted draft
@@ -120,12 +132,7 @@ impl<P> Sequence<P> {
         let by_len = self.max_len.saturating_sub(self.budgeted_len() + 1);
         let by_new = self
             .max_new_tokens
-            .saturating_sub(self.committed() + u32::from(self.inflight_refs) + 1);
+            .saturating_sub(self.committed() + u32::from(self.inflight_refs()) + 1);
         by_len.min(by_new as usize)
-    }
-
-    /// Whether the sequence holds KV in the executor.
-    pub fn holds_kv(&self) -> bool {
-        self.residency != Residency::Preempted
     }
 }
