@@ -105,14 +105,25 @@ where
             v.push(t);
         }
     };
+    // KV positions each sequence holds once every launched step has run.
+    let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    // As the scheduler does before every decode step (`Executor::grow`): a
+    // runtime that reserves only the prompt at admission (the CPU's) grows
+    // each sequence by the position the step writes.
+    let mut decode = |e: &mut E, slot| {
+        for (&id, len) in ids.iter().zip(&mut lens) {
+            *len += 1;
+            assert!(e.grow(id, *len), "KV for {len} tokens of request {id}");
+        }
+        e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
+        e.finalize_sampling(slot, None).unwrap();
+    };
     if pipelined {
-        e.launch_decode(1, &ids, Drafts::NONE).unwrap();
-        e.finalize_sampling(1, None).unwrap();
+        decode(e, 1);
         push(e.wait_step(0).unwrap().tokens, &mut out);
         let mut slot = 0;
         for _ in 1..steps {
-            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
-            e.finalize_sampling(slot, None).unwrap();
+            decode(e, slot);
             push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
             slot = 1 - slot;
         }
@@ -121,8 +132,7 @@ where
         push(e.wait_step(0).unwrap().tokens, &mut out);
         for s in 0..steps {
             let slot = (s + 1) % 2;
-            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
-            e.finalize_sampling(slot, None).unwrap();
+            decode(e, slot);
             push(e.wait_step(slot).unwrap().tokens, &mut out);
         }
     }
