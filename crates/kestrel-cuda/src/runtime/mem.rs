@@ -30,6 +30,19 @@ impl DevBuf {
         })
     }
 
+    /// A buffer of `bytes` zero bytes (a synchronous memset: allocation
+    /// time only). Scratch and metadata that a kernel might read before the
+    /// step writes it (graph warm-up, padding rows) is allocated this way,
+    /// so no kernel ever reads memory nothing wrote (compute-sanitizer
+    /// initcheck), and a missed write shows up as zeros, not as garbage.
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
+        let b = Self::new(ctx, bytes)?;
+        // SAFETY: `b` owns at least `bytes.max(16)` bytes at `b.ptr` (its
+        // context is current: `new` bound it); the memset is synchronous.
+        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(16)) }?;
+        Ok(b)
+    }
+
     /// A buffer holding `data` (synchronous copy; load time only).
     pub fn from_slice<T: Copy>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self, DriverError> {
         let b = Self::new(ctx, std::mem::size_of_val(data))?;

@@ -102,8 +102,11 @@ pub(crate) struct DecodeSlot {
 impl DecodeSlot {
     pub fn new(ctx: &Arc<CudaContext>, d: &SlotDims) -> Result<Self, DriverError> {
         let r = d.fwd_rows;
-        let f32s = |n: usize| DevBuf::new(ctx, n * 4);
-        let f16s = |n: usize| DevBuf::new(ctx, n * std::mem::size_of::<f16>());
+        // Every device buffer of a slot starts zeroed (`DevBuf::zeroed`): the
+        // graph warm-up of `rebuild_graphs` runs each bucket's forward before
+        // any step wrote these buffers.
+        let f32s = |n: usize| DevBuf::zeroed(ctx, n * 4);
+        let f16s = |n: usize| DevBuf::zeroed(ctx, n * std::mem::size_of::<f16>());
         let mw = mask_words(d.max_batch, d.vocab);
         Ok(DecodeSlot {
             ws: Workspace {
@@ -119,17 +122,17 @@ impl DecodeSlot {
             logits: f32s(d.max_batch * d.vocab)?,
             layout: d.layout,
             meta_host: HostBuf::new(ctx, d.layout.total_words())?,
-            meta_dev: DevBuf::new(ctx, d.layout.total_words() * 4)?,
+            meta_dev: DevBuf::zeroed(ctx, d.layout.total_words() * 4)?,
             prefill_host: HostBuf::new(ctx, 0)?,
-            prefill_dev: DevBuf::new(ctx, 0)?,
+            prefill_dev: DevBuf::zeroed(ctx, 0)?,
             prefill_words: Vec::new(),
             params_host: HostBuf::new(ctx, d.max_batch)?,
-            params_dev: DevBuf::new(ctx, d.max_batch * std::mem::size_of::<SampleParams>())?,
+            params_dev: DevBuf::zeroed(ctx, d.max_batch * std::mem::size_of::<SampleParams>())?,
             mask_host: HostBuf::new(ctx, mw)?,
-            mask_dev: DevBuf::new(ctx, mw * 4)?,
-            out_tokens: DevBuf::new(ctx, d.max_batch * 4)?,
+            mask_dev: DevBuf::zeroed(ctx, mw * 4)?,
+            out_tokens: DevBuf::zeroed(ctx, d.max_batch * 4)?,
             out_logprobs: f32s(d.max_batch)?,
-            out_top_ids: DevBuf::new(ctx, d.max_batch * MAX_TOP * 4)?,
+            out_top_ids: DevBuf::zeroed(ctx, d.max_batch * MAX_TOP * 4)?,
             out_top_lps: f32s(d.max_batch * MAX_TOP)?,
             graphs: HashMap::new(),
             step_done: ctx.new_event(None)?,
@@ -148,7 +151,7 @@ impl DecodeSlot {
         if self.prefill_host.len() < words {
             let cap = words.next_power_of_two();
             self.prefill_host = HostBuf::new(ctx, cap)?;
-            self.prefill_dev = DevBuf::new(ctx, cap * 4)?;
+            self.prefill_dev = DevBuf::zeroed(ctx, cap * 4)?;
         }
         Ok(())
     }
