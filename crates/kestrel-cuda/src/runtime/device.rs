@@ -4,66 +4,29 @@
 //! -> KV append -> paged attention -> O GEMM -> add+RMSNorm -> gate|up GEMM
 //! -> SwiGLU -> down GEMM; final add+RMSNorm -> LM head) and of sampling.
 //!
-//! Every launch goes to the one compute stream (I1). Launches take raw
-//! addresses, so the same code runs eagerly and under CUDA-graph capture.
+//! Every launch goes to the one compute stream (I1) through the [`Device`]
+//! (one call per kernel op), with raw addresses, so the same code runs
+//! eagerly and under graph capture, on the GPU and on the host device.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
-};
 use half::f16;
 use kestrel_model::{ModelConfig, ModelWeights, RopeStyle};
 
-use super::mem::DevBuf;
-use crate::compile::CompiledKernel;
+use super::backend::{
+    AddBias, AddRmsNorm, DevMem, Device, EmbedGather, Gemm, KvAppend, PagedAttention, ResetCounts,
+    RopeQk, SampleRows, Swiglu,
+};
 use crate::host::{rope_table, stack_bias, stack_f16};
-use crate::kernels::{ATTENTION_THREADS, MAX_HEAD_DIM, SAMPLE_THREADS};
+use crate::kernels::MAX_HEAD_DIM;
 use crate::CudaError;
 
-/// cuBLAS workspace, set explicitly so GEMMs can be captured in graphs.
-const CUBLAS_WORKSPACE: usize = 32 << 20;
-
-struct Layer {
-    attn_norm: DevBuf,
-    ffn_norm: DevBuf,
-    wqkv: DevBuf,
-    bqkv: Option<DevBuf>,
-    wo: DevBuf,
-    w_gate_up: DevBuf,
-    w_down: DevBuf,
-}
-
-/// The loaded kernels, by entry point.
-pub(crate) struct Kernels {
-    _modules: Vec<Arc<CudaModule>>,
-    f: HashMap<&'static str, CudaFunction>,
-}
-
-impl Kernels {
-    pub fn load(ctx: &Arc<CudaContext>, compiled: &[CompiledKernel]) -> Result<Self, CudaError> {
-        let mut modules = Vec::new();
-        let mut f = HashMap::new();
-        for k in compiled {
-            let m = ctx.load_module(cudarc::nvrtc::Ptx::from_src(k.ptx.clone()))?;
-            for name in k.source.functions {
-                f.insert(*name, m.load_function(name)?);
-            }
-            modules.push(m);
-        }
-        Ok(Kernels {
-            _modules: modules,
-            f,
-        })
-    }
-
-    fn get(&self, name: &'static str) -> &CudaFunction {
-        // Every name used below is registered in `kernels::SOURCES`, and
-        // `load` loaded all of them (a missing one failed at start).
-        &self.f[name]
-    }
+struct Layer<D: Device> {
+    attn_norm: D::Buf,
+    ffn_norm: D::Buf,
+    wqkv: D::Buf,
+    bqkv: Option<D::Buf>,
+    wo: D::Buf,
+    w_gate_up: D::Buf,
+    w_down: D::Buf,
 }
 
 /// Raw addresses of one forward's inputs and scratch (see `slot::Workspace`).
@@ -119,49 +82,32 @@ pub(crate) struct KvGeometry {
     pub max_pos: usize,
 }
 
-/// Weights, KV cache, kernels and cuBLAS on one device.
-pub(crate) struct DeviceModel {
+/// Weights and KV cache on one device, and the device itself.
+pub(crate) struct DeviceModel<D: Device> {
     pub cfg: ModelConfig,
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
-    kernels: Kernels,
-    blas: CudaBlas,
-    _blas_ws: DevBuf,
-    embd: DevBuf,
-    lm_head: Option<DevBuf>,
-    output_norm: DevBuf,
-    layers: Vec<Layer>,
-    rope: DevBuf,
-    pub k_cache: DevBuf,
-    pub v_cache: DevBuf,
+    embd: D::Buf,
+    lm_head: Option<D::Buf>,
+    output_norm: D::Buf,
+    layers: Vec<Layer<D>>,
+    rope: D::Buf,
+    pub k_cache: D::Buf,
+    pub v_cache: D::Buf,
     /// Generated-token counts per KV row (penalties), `[rows][vocab]`.
-    pub counts: DevBuf,
+    pub counts: D::Buf,
     /// Each KV row's next input token (written by sampling).
-    pub pending: DevBuf,
+    pub pending: D::Buf,
     pub page_size: usize,
     /// The page past the pool that padding rows write to.
     pub trash_page: u32,
     pub weight_bytes: usize,
+    // Last: every buffer above is freed before the device goes.
+    pub d: D,
 }
 
-fn launch_cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid.0, grid.1, 1),
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-impl DeviceModel {
+impl<D: Device> DeviceModel<D> {
     /// Check the shape, upload the weights as f16 and allocate the KV cache
     /// (`num_pages + 1` pages: the last is the trash page) and row state.
-    pub fn new(
-        ctx: &Arc<CudaContext>,
-        stream: &Arc<CudaStream>,
-        compiled: &[CompiledKernel],
-        w: &ModelWeights,
-        geo: KvGeometry,
-    ) -> Result<Self, CudaError> {
+    pub fn new(d: D, w: &ModelWeights, geo: KvGeometry) -> Result<Self, CudaError> {
         let KvGeometry {
             num_pages,
             page_size,
@@ -186,25 +132,12 @@ impl DeviceModel {
                 c.num_layers
             )));
         }
-        let kernels = Kernels::load(ctx, compiled)?;
-        let blas = CudaBlas::new(Arc::clone(stream))?;
-        let blas_ws = DevBuf::new(ctx, CUBLAS_WORKSPACE)?;
-        // SAFETY: the handle is live and the workspace outlives it: both end
-        // up in `DeviceModel`, where `blas` is declared (so dropped) first.
-        unsafe {
-            blas_sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                blas_ws.ptr as *mut std::ffi::c_void,
-                CUBLAS_WORKSPACE,
-            )
-        }
-        .result()?;
         let mut tmp: Vec<f16> = Vec::new();
         let mut weight_bytes = 0usize;
-        let mut up16 = |mats: &[&kestrel_model::Matrix]| -> Result<DevBuf, CudaError> {
+        let mut up16 = |mats: &[&kestrel_model::Matrix]| -> Result<D::Buf, CudaError> {
             stack_f16(mats, &mut tmp);
             weight_bytes += tmp.len() * 2;
-            Ok(DevBuf::from_slice(ctx, &tmp)?)
+            d.upload(&tmp)
         };
         let embd = up16(&[&w.token_embd])?;
         let lm_head = if c.tie_word_embeddings {
@@ -216,20 +149,17 @@ impl DeviceModel {
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in &w.layers {
             let bqkv = if l.bq.is_some() || l.bk.is_some() || l.bv.is_some() {
-                Some(DevBuf::from_slice(
-                    ctx,
-                    &stack_bias(&[
-                        (l.bq.as_ref(), qd),
-                        (l.bk.as_ref(), kvd),
-                        (l.bv.as_ref(), kvd),
-                    ]),
-                )?)
+                Some(d.upload(&stack_bias(&[
+                    (l.bq.as_ref(), qd),
+                    (l.bk.as_ref(), kvd),
+                    (l.bv.as_ref(), kvd),
+                ]))?)
             } else {
                 None
             };
             layers.push(Layer {
-                attn_norm: DevBuf::from_slice(ctx, &l.attn_norm)?,
-                ffn_norm: DevBuf::from_slice(ctx, &l.ffn_norm)?,
+                attn_norm: d.upload(&l.attn_norm)?,
+                ffn_norm: d.upload(&l.ffn_norm)?,
                 wqkv: up16(&[&l.wq, &l.wk, &l.wv])?,
                 bqkv,
                 wo: up16(&[&l.wo])?,
@@ -237,20 +167,17 @@ impl DeviceModel {
                 w_down: up16(&[&l.w_down])?,
             });
         }
-        let output_norm = DevBuf::from_slice(ctx, &w.output_norm)?;
-        let rope = DevBuf::from_slice(ctx, &rope_table(max_pos, c.head_dim, c.rope_theta))?;
+        let output_norm = d.upload(&w.output_norm)?;
+        let rope = d.upload(&rope_table(max_pos, c.head_dim, c.rope_theta))?;
+        // The KV cache is not zeroed: attention reads only positions that
+        // kv_append wrote, which compute-sanitizer initcheck keeps checking.
         let kv_elems = c.num_layers * (num_pages + 1) * page_size * kvd;
-        let k_cache = DevBuf::new(ctx, kv_elems * 2)?;
-        let v_cache = DevBuf::new(ctx, kv_elems * 2)?;
-        let counts = DevBuf::from_slice(ctx, &vec![0u32; kv_rows * c.vocab_size])?;
-        let pending = DevBuf::from_slice(ctx, &vec![0u32; kv_rows])?;
+        let k_cache = d.alloc(kv_elems * 2)?;
+        let v_cache = d.alloc(kv_elems * 2)?;
+        let counts = d.alloc_zeroed(kv_rows * c.vocab_size * 4)?;
+        let pending = d.alloc_zeroed(kv_rows * 4)?;
         Ok(DeviceModel {
             cfg: c,
-            ctx: Arc::clone(ctx),
-            stream: Arc::clone(stream),
-            kernels,
-            blas,
-            _blas_ws: blas_ws,
             embd,
             lm_head,
             output_norm,
@@ -263,6 +190,7 @@ impl DeviceModel {
             page_size,
             trash_page: num_pages as u32,
             weight_bytes,
+            d,
         })
     }
 
@@ -276,114 +204,103 @@ impl DeviceModel {
         out: usize,
         inp: usize,
     ) -> Result<(), CudaError> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: `w` holds out*inp f16, `x` n*inp f16, `y` n*out f32 (the
-        // workspace is sized for the largest n); alpha/beta are host scalars
-        // read during the call (pointer mode host) and captured by value.
-        unsafe {
-            blas::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                out as i32,
-                n as i32,
-                inp as i32,
-                &alpha as *const f32 as *const _,
-                w as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                inp as i32,
-                x as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                inp as i32,
-                &beta as *const f32 as *const _,
-                y as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                out as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }?;
-        Ok(())
+        self.d.gemm(Gemm {
+            y,
+            x,
+            w,
+            n,
+            out,
+            inp,
+        })
     }
 
     /// Embedding through the final norm for `a.n` rows (no LM head).
     pub fn forward_layers(&self, a: &FwdArgs) -> Result<(), CudaError> {
         let c = &self.cfg;
-        let s = &self.stream;
-        let k = &self.kernels;
-        let (h, f, hd) = (c.hidden_size as i32, c.intermediate_size, c.head_dim);
+        let d = &self.d;
+        let (hd, f) = (c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let stride = (qd + 2 * kvd) as i32;
-        let n = a.n as i32;
-        let rows = a.n as u32;
-        let vocab = c.vocab_size as i32;
-        let null = 0u64;
-        let embd = self.embd.ptr;
-        let mut b = s.launch_builder(k.get("embed_gather"));
-        b.arg(&embd).arg(&a.tokens).arg(&a.rows).arg(&a.x);
-        b.arg(&h).arg(&vocab).arg(&n);
-        // SAFETY: argument types and order match `embed_gather`; every
-        // pointer addresses a live buffer sized for `n` rows.
-        unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+        let stride = qd + 2 * kvd;
+        let n = a.n;
+        d.embed_gather(EmbedGather {
+            table: self.embd.ptr(),
+            tokens: a.tokens,
+            rows: a.rows,
+            x: a.x,
+            hidden: c.hidden_size,
+            vocab: c.vocab_size,
+            n,
+        })?;
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
-        let interleaved = i32::from(c.rope_style == RopeStyle::Interleaved);
-        let (nq, nk, hd_i) = (c.num_heads as i32, c.num_kv_heads as i32, hd as i32);
-        let (k_off, v_off, kvd_i) = (qd as i32, (qd + kvd) as i32, kvd as i32);
-        let ps = self.page_size as i32;
-        let scale = 1.0f32 / (hd as f32).sqrt();
         for (l, lw) in self.layers.iter().enumerate() {
-            let delta = if l == 0 { null } else { a.delta };
-            self.add_rms_norm(a.x, delta, lw.attn_norm.ptr, a.xn, null, n)?;
-            self.gemm(a.qkv, a.xn, lw.wqkv.ptr, a.n, qd + 2 * kvd, c.hidden_size)?;
+            let delta = if l == 0 { 0 } else { a.delta };
+            self.add_rms_norm(a.x, delta, lw.attn_norm.ptr(), a.xn, 0, n)?;
+            self.gemm(a.qkv, a.xn, lw.wqkv.ptr(), n, stride, c.hidden_size)?;
             if let Some(bias) = &lw.bqkv {
-                let mut b = s.launch_builder(k.get("add_bias"));
-                let d = stride;
-                b.arg(&a.qkv).arg(&bias.ptr).arg(&stride).arg(&d).arg(&n);
-                // SAFETY: matches `add_bias`; the bias holds `stride` floats.
-                unsafe { b.launch(launch_cfg((rows, 1), 256)) }?;
+                d.add_bias(AddBias {
+                    y: a.qkv,
+                    b: bias.ptr(),
+                    stride,
+                    d: stride,
+                    n,
+                })?;
             }
-            let mut b = s.launch_builder(k.get("rope_qk"));
-            b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd_i);
-            b.arg(&self.rope.ptr)
-                .arg(&a.positions)
-                .arg(&interleaved)
-                .arg(&n);
-            // SAFETY: matches `rope_qk`; the table covers every position the
-            // runtime admits (max_seq_len rows).
-            unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
-            let kc = self.k_cache.at::<f16>(l * layer_elems);
-            let vc = self.v_cache.at::<f16>(l * layer_elems);
-            let mut b = s.launch_builder(k.get("kv_append"));
-            b.arg(&a.qkv).arg(&stride).arg(&k_off).arg(&v_off);
-            b.arg(&kc).arg(&vc).arg(&a.slot_mapping).arg(&kvd_i).arg(&n);
-            // SAFETY: matches `kv_append`; slot_mapping entries are below
-            // (num_pages + 1) * page_size, the layer's extent.
-            unsafe { b.launch(launch_cfg((rows, 1), 128)) }?;
-            let mut b = s.launch_builder(k.get("paged_attention"));
-            b.arg(&a.qkv).arg(&stride).arg(&a.attn).arg(&kc).arg(&vc);
-            b.arg(&a.row_seq)
-                .arg(&a.positions)
-                .arg(&a.kv_indptr)
-                .arg(&a.kv_indices);
-            b.arg(&nq).arg(&nk).arg(&hd_i).arg(&ps).arg(&scale).arg(&n);
-            // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
-            // fit its shared arrays; indices come from the page table.
-            unsafe { b.launch(launch_cfg((c.num_heads as u32, rows), ATTENTION_THREADS)) }?;
-            self.gemm(a.delta, a.attn, lw.wo.ptr, a.n, c.hidden_size, qd)?;
-            self.add_rms_norm(a.x, a.delta, lw.ffn_norm.ptr, a.xn, null, n)?;
-            self.gemm(a.gate_up, a.xn, lw.w_gate_up.ptr, a.n, 2 * f, c.hidden_size)?;
-            let mut b = s.launch_builder(k.get("swiglu"));
-            let f_i = f as i32;
-            b.arg(&a.gate_up).arg(&a.act).arg(&f_i).arg(&n);
-            let blocks = ((a.n * f).div_ceil(256)).min(65535) as u32;
-            // SAFETY: matches `swiglu` (grid-stride loop over n*f).
-            unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
-            self.gemm(a.delta, a.act, lw.w_down.ptr, a.n, c.hidden_size, f)?;
+            d.rope_qk(RopeQk {
+                qkv: a.qkv,
+                stride,
+                num_q_heads: c.num_heads,
+                num_k_heads: c.num_kv_heads,
+                head_dim: hd,
+                table: self.rope.ptr(),
+                pos: a.positions,
+                interleaved: c.rope_style == RopeStyle::Interleaved,
+                n,
+            })?;
+            let k_cache = self.k_cache.at::<f16>(l * layer_elems);
+            let v_cache = self.v_cache.at::<f16>(l * layer_elems);
+            d.kv_append(KvAppend {
+                qkv: a.qkv,
+                stride,
+                k_off: qd,
+                v_off: qd + kvd,
+                k_cache,
+                v_cache,
+                slot_mapping: a.slot_mapping,
+                kv_dim: kvd,
+                n,
+            })?;
+            d.paged_attention(PagedAttention {
+                qkv: a.qkv,
+                stride,
+                out: a.attn,
+                k_cache,
+                v_cache,
+                row_seq: a.row_seq,
+                row_pos: a.positions,
+                kv_indptr: a.kv_indptr,
+                kv_indices: a.kv_indices,
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: hd,
+                page_size: self.page_size,
+                scale: 1.0f32 / (hd as f32).sqrt(),
+                n,
+            })?;
+            self.gemm(a.delta, a.attn, lw.wo.ptr(), n, c.hidden_size, qd)?;
+            self.add_rms_norm(a.x, a.delta, lw.ffn_norm.ptr(), a.xn, 0, n)?;
+            self.gemm(a.gate_up, a.xn, lw.w_gate_up.ptr(), n, 2 * f, c.hidden_size)?;
+            d.swiglu(Swiglu {
+                gate_up: a.gate_up,
+                out: a.act,
+                f,
+                n,
+            })?;
+            self.gemm(a.delta, a.act, lw.w_down.ptr(), n, c.hidden_size, f)?;
         }
         self.add_rms_norm(
             a.x,
             a.delta,
-            self.output_norm.ptr,
+            self.output_norm.ptr(),
             a.hidden_last,
             a.out_row,
             n,
@@ -397,21 +314,23 @@ impl DeviceModel {
         w: u64,
         out: u64,
         out_row: u64,
-        n: i32,
+        n: usize,
     ) -> Result<(), CudaError> {
-        let h = self.cfg.hidden_size as i32;
-        let eps = self.cfg.rms_norm_eps;
-        let mut b = self.stream.launch_builder(self.kernels.get("add_rms_norm"));
-        b.arg(&x).arg(&delta).arg(&w).arg(&out).arg(&out_row);
-        b.arg(&h).arg(&eps).arg(&n);
-        // SAFETY: matches `add_rms_norm`; x/delta/out hold n rows of hidden.
-        unsafe { b.launch(launch_cfg((n as u32, 1), 256)) }?;
-        Ok(())
+        self.d.add_rms_norm(AddRmsNorm {
+            x,
+            delta,
+            w,
+            out,
+            out_row,
+            hidden: self.cfg.hidden_size,
+            eps: self.cfg.rms_norm_eps,
+            n,
+        })
     }
 
     /// `logits[n] = hidden_last[n] * lm_head^T`.
     pub fn lm_head(&self, hidden_last: u64, logits: u64, n: usize) -> Result<(), CudaError> {
-        let w = self.lm_head.as_ref().unwrap_or(&self.embd).ptr;
+        let w = self.lm_head.as_ref().unwrap_or(&self.embd).ptr();
         self.gemm(
             logits,
             hidden_last,
@@ -424,39 +343,33 @@ impl DeviceModel {
 
     /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).
     pub fn reset_counts(&self, rows: u64, n: usize) -> Result<(), CudaError> {
-        let (vocab, n_i) = (self.cfg.vocab_size as i32, n as i32);
-        let mut b = self.stream.launch_builder(self.kernels.get("reset_counts"));
-        b.arg(&self.counts.ptr).arg(&rows).arg(&vocab).arg(&n_i);
-        // SAFETY: matches `reset_counts`; rows are KV rows < counts' rows.
-        unsafe { b.launch(launch_cfg((n as u32, 1), 256)) }?;
-        Ok(())
+        self.d.reset_counts(ResetCounts {
+            counts: self.counts.ptr(),
+            rows,
+            vocab: self.cfg.vocab_size,
+            n,
+        })
     }
 
     /// Sample `a.n` rows (see `kernels/sample.cu`).
     pub fn sample(&self, a: &SampleArgs) -> Result<(), CudaError> {
-        let vocab = self.cfg.vocab_size as i32;
-        let (wpr, top_n, n) = (a.words_per_row as i32, a.top_n as i32, a.n as i32);
-        let mut b = self.stream.launch_builder(self.kernels.get("sample_rows"));
-        b.arg(&a.logits)
-            .arg(&vocab)
-            .arg(&a.mask_words)
-            .arg(&a.mask_flags)
-            .arg(&wpr);
-        b.arg(&a.params).arg(&a.rows).arg(&a.positions);
-        b.arg(&self.counts.ptr).arg(&self.pending.ptr);
-        b.arg(&a.out_tokens)
-            .arg(&a.out_logprobs)
-            .arg(&a.out_top_ids)
-            .arg(&a.out_top_lps);
-        b.arg(&top_n).arg(&n);
-        // SAFETY: matches `sample_rows`; its block size is SAMPLE_THREADS
-        // (the scan buffer's size); outputs hold n rows (top_n wide).
-        unsafe { b.launch(launch_cfg((a.n as u32, 1), SAMPLE_THREADS)) }?;
-        Ok(())
-    }
-
-    pub fn sync(&self) -> Result<(), CudaError> {
-        self.stream.synchronize()?;
-        Ok(())
+        self.d.sample_rows(SampleRows {
+            logits: a.logits,
+            vocab: self.cfg.vocab_size,
+            mask_words: a.mask_words,
+            mask_flags: a.mask_flags,
+            words_per_row: a.words_per_row,
+            params: a.params,
+            rows: a.rows,
+            positions: a.positions,
+            counts: self.counts.ptr(),
+            pending: self.pending.ptr(),
+            out_tokens: a.out_tokens,
+            out_logprobs: a.out_logprobs,
+            out_top_ids: a.out_top_ids,
+            out_top_lps: a.out_top_lps,
+            top_n: a.top_n,
+            n: a.n,
+        })
     }
 }

@@ -1,0 +1,395 @@
+//! [`HostDevice`]: the runtime's [`Device`] computed in plain Rust on host
+//! memory laid out exactly as the GPU's, so CI runs every line of the CUDA
+//! runtime's bookkeeping ([`HostRuntime`] = `Runtime<HostDevice>`) with real
+//! results that parity with the CPU runtime can fail on.
+//!
+//! Addresses are real host addresses of 16-byte aligned allocations; every
+//! access of every op is checked against the live allocations (a GPU would
+//! fault or corrupt: here it is [`CudaError::HostAccess`]), and memory that
+//! `alloc` hands out uninitialized (the KV cache) is filled with NaN/`!0`
+//! bytes, so a read before a write poisons the logits instead of passing.
+//! Ops run when enqueued (one in-order stream, so the copy stream's waits
+//! hold trivially); graph capture records the ops with their arguments and
+//! replay runs the record. Not modelled: concurrency between the streams
+//! and the host (a missing wait cannot be caught here), kernel timing.
+
+use std::alloc::Layout;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use kestrel_model::ModelWeights;
+
+use crate::hostdev_kernels as k;
+pub use crate::hostdev_kernels::sample_row;
+use crate::runtime::backend::{
+    AddBias, AddRmsNorm, DevMem, Device, EmbedGather, Gemm, HostMem, KvAppend, PagedAttention,
+    Plain, ResetCounts, RopeQk, SampleRows, Stream, Swiglu,
+};
+use crate::runtime::{CudaRuntimeConfig, Runtime};
+use crate::CudaError;
+
+/// The CUDA runtime's bookkeeping over the host device (CI, no GPU).
+pub type HostRuntime = Runtime<HostDevice>;
+
+impl HostRuntime {
+    /// The runtime of `cfg` on a fresh [`HostDevice`] (`cfg.device` and
+    /// `cfg.ptx_cache` are unused; `cuda_graphs` records and replays ops).
+    pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
+        Runtime::with_device(
+            HostDevice::default(),
+            "host device (CI stand-in)".to_owned(),
+            weights,
+            cfg,
+        )
+    }
+}
+
+/// Live allocations: base address -> bytes.
+type Registry = Arc<Mutex<BTreeMap<u64, usize>>>;
+
+/// A host allocation standing in for a device buffer.
+#[derive(Debug)]
+pub struct HostDevBuf {
+    ptr: u64,
+    layout: Layout,
+    registry: Registry,
+}
+
+// SAFETY: the buffer uniquely owns its allocation; its memory is accessed
+// only through the `HostDevice` ops of the runtime that owns both, which one
+// thread uses at a time.
+unsafe impl Send for HostDevBuf {}
+
+impl DevMem for HostDevBuf {
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for HostDevBuf {
+    fn drop(&mut self) {
+        self.registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.ptr);
+        // SAFETY: `ptr` came from `std::alloc::alloc` with `layout` and is
+        // freed once; it left the registry above, so no op can reach it.
+        unsafe { std::alloc::dealloc(self.ptr as *mut u8, self.layout) };
+    }
+}
+
+/// A host buffer the host device copies from and into.
+#[derive(Debug)]
+pub struct HostVec<T>(Vec<T>);
+
+impl<T: Plain> HostMem<T> for HostVec<T> {
+    fn as_slice(&self) -> &[T] {
+        &self.0
+    }
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.0
+    }
+}
+
+/// An event: the instant it was recorded (ops before it have run by then).
+#[derive(Debug, Default)]
+pub struct HostEvent(Cell<Option<Instant>>);
+
+/// One enqueued kernel op (a captured graph is a list of them).
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Gemm(Gemm),
+    EmbedGather(EmbedGather),
+    AddRmsNorm(AddRmsNorm),
+    AddBias(AddBias),
+    RopeQk(RopeQk),
+    KvAppend(KvAppend),
+    PagedAttention(PagedAttention),
+    Swiglu(Swiglu),
+    ResetCounts(ResetCounts),
+    SampleRows(SampleRows),
+}
+
+/// A captured forward: its ops, arguments as captured.
+#[derive(Debug)]
+pub struct HostGraph(Vec<Op>);
+
+/// The host device. See the module docs.
+#[derive(Debug, Default)]
+pub struct HostDevice {
+    mem: HostMemory,
+    /// Ops recorded since `begin_capture`.
+    capture: RefCell<Option<Vec<Op>>>,
+}
+
+/// Bounds-checked access to the live allocations.
+#[derive(Debug, Default)]
+pub(crate) struct HostMemory {
+    registry: Registry,
+}
+
+impl HostMemory {
+    fn alloc(&self, bytes: usize, fill: u8) -> Result<HostDevBuf, CudaError> {
+        let oom = || CudaError::HostAccess {
+            what: "allocation failed",
+            addr: 0,
+            bytes,
+        };
+        let layout = Layout::from_size_align(bytes.max(16), 16).map_err(|_| oom())?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(oom());
+        }
+        // SAFETY: `ptr` owns `layout.size()` writable bytes.
+        unsafe { ptr.write_bytes(fill, layout.size()) };
+        let ptr = ptr as u64;
+        self.registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(ptr, layout.size());
+        Ok(HostDevBuf {
+            ptr,
+            layout,
+            registry: Arc::clone(&self.registry),
+        })
+    }
+
+    /// Checks that `len` values of `T` at `addr` lie inside one live allocation.
+    pub(crate) fn check<T>(&self, addr: u64, len: usize) -> Result<(), CudaError> {
+        let bytes = len * std::mem::size_of::<T>();
+        let reg = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let inside = reg
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, &size)| addr + bytes as u64 <= base + size as u64);
+        if inside && addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
+            Ok(())
+        } else {
+            Err(CudaError::HostAccess {
+                what: "access outside every live allocation",
+                addr,
+                bytes,
+            })
+        }
+    }
+
+    /// `len` values of `T` at `addr`, read-only.
+    ///
+    /// # Safety
+    /// No `&mut` slice over these bytes is alive while the result is (ops
+    /// take their outputs with [`HostMemory::slice_mut`] after checking
+    /// them disjoint from their inputs with [`disjoint`]).
+    pub(crate) unsafe fn slice<T: Copy>(&self, addr: u64, len: usize) -> Result<&[T], CudaError> {
+        self.check::<T>(addr, len)?;
+        // SAFETY: `check` proved the range inside a live allocation and
+        // aligned for T; every T used here (f32, f16, u32, i32, SampleParams)
+        // is valid for any bit pattern; the caller rules out aliasing writes.
+        Ok(unsafe { std::slice::from_raw_parts(addr as *const T, len) })
+    }
+
+    /// `len` values of `T` at `addr`, writable.
+    ///
+    /// # Safety
+    /// No other slice over these bytes is alive while the result is.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut<T: Copy>(
+        &self,
+        addr: u64,
+        len: usize,
+    ) -> Result<&mut [T], CudaError> {
+        self.check::<T>(addr, len)?;
+        // SAFETY: as in `slice`; the caller guarantees exclusivity.
+        Ok(unsafe { std::slice::from_raw_parts_mut(addr as *mut T, len) })
+    }
+}
+
+/// Checks that the byte ranges `(addr, bytes)` do not overlap: an op's
+/// output must not alias its inputs (as `__restrict__` promises the GPU).
+pub(crate) fn disjoint(ranges: &[(u64, usize)]) -> Result<(), CudaError> {
+    for (i, &(a, na)) in ranges.iter().enumerate() {
+        for &(b, nb) in &ranges[i + 1..] {
+            if na > 0 && nb > 0 && a < b + nb as u64 && b < a + na as u64 {
+                return Err(CudaError::HostAccess {
+                    what: "an op's output overlaps another of its buffers",
+                    addr: a.max(b),
+                    bytes: na.min(nb),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+impl HostDevice {
+    fn submit(&self, op: Op) -> Result<(), CudaError> {
+        if let Some(ops) = self.capture.borrow_mut().as_mut() {
+            ops.push(op);
+            return Ok(());
+        }
+        self.run(&op)
+    }
+
+    fn run(&self, op: &Op) -> Result<(), CudaError> {
+        let m = &self.mem;
+        match op {
+            Op::Gemm(a) => k::gemm(m, a),
+            Op::EmbedGather(a) => k::embed_gather(m, a),
+            Op::AddRmsNorm(a) => k::add_rms_norm(m, a),
+            Op::AddBias(a) => k::add_bias(m, a),
+            Op::RopeQk(a) => k::rope_qk(m, a),
+            Op::KvAppend(a) => k::kv_append(m, a),
+            Op::PagedAttention(a) => k::paged_attention(m, a),
+            Op::Swiglu(a) => k::swiglu(m, a),
+            Op::ResetCounts(a) => k::reset_counts(m, a),
+            Op::SampleRows(a) => k::sample_rows(m, a),
+        }
+    }
+}
+
+impl Device for HostDevice {
+    type Buf = HostDevBuf;
+    type Host<T: Plain> = HostVec<T>;
+    type Event = HostEvent;
+    type Graph = HostGraph;
+
+    fn bind(&self) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn alloc_zeroed(&self, bytes: usize) -> Result<HostDevBuf, CudaError> {
+        self.mem.alloc(bytes, 0)
+    }
+
+    /// Filled with `0xFF` bytes: NaN as f32 and f16, `u32::MAX` as an index.
+    fn alloc(&self, bytes: usize) -> Result<HostDevBuf, CudaError> {
+        self.mem.alloc(bytes, 0xFF)
+    }
+
+    fn upload<T: Copy>(&self, data: &[T]) -> Result<HostDevBuf, CudaError> {
+        let bytes = std::mem::size_of_val(data);
+        let b = self.mem.alloc(bytes, 0)?;
+        // SAFETY: `b` owns at least `bytes` bytes, 16-byte aligned (enough for
+        // every T uploaded: f16, f32), and is not yet shared.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, b.ptr as *mut u8, bytes)
+        };
+        Ok(b)
+    }
+
+    fn host<T: Plain>(&self, len: usize) -> Result<HostVec<T>, CudaError> {
+        Ok(HostVec(vec![T::default(); len]))
+    }
+
+    fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        // SAFETY: nothing else borrows device memory while no op runs.
+        let d = unsafe { self.mem.slice_mut::<T>(dst, src.len()) }?;
+        d.copy_from_slice(src);
+        Ok(())
+    }
+
+    unsafe fn htod<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        self.htod_sync(dst, src)
+    }
+
+    unsafe fn dtoh<T: Plain>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
+        // SAFETY: `dst` is host memory, disjoint from every allocation here.
+        let s = unsafe { self.mem.slice::<T>(src, dst.len()) }?;
+        dst.copy_from_slice(s);
+        Ok(())
+    }
+
+    fn event(&self, _timed: bool) -> Result<HostEvent, CudaError> {
+        Ok(HostEvent::default())
+    }
+
+    fn record(&self, ev: &HostEvent, _on: Stream) -> Result<(), CudaError> {
+        ev.0.set(Some(Instant::now()));
+        Ok(())
+    }
+
+    fn copy_waits(&self, _ev: &HostEvent) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn event_sync(&self, _ev: &HostEvent) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn sync_compute(&self) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn begin_capture(&self) -> Result<(), CudaError> {
+        *self.capture.borrow_mut() = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Option<HostGraph>, CudaError> {
+        Ok(self
+            .capture
+            .borrow_mut()
+            .take()
+            .filter(|ops| !ops.is_empty())
+            .map(HostGraph))
+    }
+
+    fn replay(&self, g: &HostGraph) -> Result<(), CudaError> {
+        g.0.iter().try_for_each(|op| self.run(op))
+    }
+
+    fn free_memory(&self) -> Result<usize, CudaError> {
+        Ok(0)
+    }
+
+    fn anchor_clock(&mut self) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn clock_stale(&self, _now: Instant) -> bool {
+        false
+    }
+
+    fn instant(&self, ev: &HostEvent) -> Result<Instant, CudaError> {
+        ev.0.get().ok_or(CudaError::Config(
+            "a timing event that was never recorded".to_owned(),
+        ))
+    }
+
+    fn gemm(&self, a: Gemm) -> Result<(), CudaError> {
+        self.submit(Op::Gemm(a))
+    }
+    fn embed_gather(&self, a: EmbedGather) -> Result<(), CudaError> {
+        self.submit(Op::EmbedGather(a))
+    }
+    fn add_rms_norm(&self, a: AddRmsNorm) -> Result<(), CudaError> {
+        self.submit(Op::AddRmsNorm(a))
+    }
+    fn add_bias(&self, a: AddBias) -> Result<(), CudaError> {
+        self.submit(Op::AddBias(a))
+    }
+    fn rope_qk(&self, a: RopeQk) -> Result<(), CudaError> {
+        self.submit(Op::RopeQk(a))
+    }
+    fn kv_append(&self, a: KvAppend) -> Result<(), CudaError> {
+        self.submit(Op::KvAppend(a))
+    }
+    fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
+        self.submit(Op::PagedAttention(a))
+    }
+    fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
+        self.submit(Op::Swiglu(a))
+    }
+    fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
+        self.submit(Op::ResetCounts(a))
+    }
+    fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError> {
+        self.submit(Op::SampleRows(a))
+    }
+}
