@@ -33,9 +33,11 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         .zip(cb.remainder())
         .map(|(x, y)| x * y)
         .sum();
+    // Eight independent lanes (no mul_add: without the fma target feature
+    // it is a libm call per element), so the loop vectorizes.
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
-            acc[l] = x[l].mul_add(y[l], acc[l]);
+            acc[l] += x[l] * y[l];
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -285,7 +287,7 @@ pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), 
                 l += p;
                 vc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
                 for (av, vv) in acc.iter_mut().zip(&kf) {
-                    *av = p.mul_add(*vv, *av);
+                    *av += p * vv;
                 }
             }
             let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
