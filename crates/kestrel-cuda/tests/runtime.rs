@@ -1,15 +1,18 @@
 //! The CUDA runtime against the CPU runtime.
 //!
-//! Without a GPU (every CI run): `CudaRuntime::new` returns a typed error,
+//! Every CI run: the CUDA runtime's bookkeeping on kestrel-cuda's host
+//! device (`HostRuntime`) matches the CPU runtime's greedy tokens on
+//! synthetic models (tiny and SmolLM2-shaped, 32 steps, alone and batched,
+//! blocking and pipelined, graphs on and off), diverges on other weights,
+//! and records ordered step timings; the parity harness's own loop runs on
+//! the CPU runtime; without a GPU `CudaRuntime::new` returns a typed error,
 //! never a panic or an abort. The GPU tests are `#[ignore]`d (reported as
 //! ignored, not passed); with a GPU run them with `--include-ignored` (see
-//! docs/cuda.md): greedy tokens of synthetic
-//! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
-//! alone and batched, blocking and pipelined, with graphs on and off; step
-//! timings from CUDA events are ordered host instants.
+//! docs/cuda.md): the same parity and timing checks on the device.
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime};
+use kestrel_cuda::runtime::backend::Device;
+use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, StepOutputs, TokenId,
@@ -381,17 +384,19 @@ fn gpu_greedy_parity_smollm2_shape() {
 #[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
 fn gpu_step_timings_are_ordered_host_instants() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
-    let vocab = w.config.vocab_size as u32;
-    let mut gpu = CudaRuntime::new(
-        w,
-        CudaRuntimeConfig {
-            max_rows: 8,
-            num_pages: 256,
-            max_seq_len: 512,
-            ..CudaRuntimeConfig::default()
-        },
-    )
-    .unwrap();
+    step_timings_are_ordered_host_instants(CudaRuntime::new(w, cuda_config(true)).unwrap());
+}
+
+/// The runtime's timing bookkeeping (recording, conversion at commit,
+/// draining) in CI: the host device stamps its events when recorded.
+#[test]
+fn host_device_step_timings_are_ordered_host_instants() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    step_timings_are_ordered_host_instants(HostRuntime::new(w, cuda_config(true)).unwrap());
+}
+
+fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
+    let vocab = gpu.vocab_size() as u32;
     run(&mut gpu, &prompts(vocab), 2, true);
     let mut t = Vec::new();
     gpu.drain_timings(&mut t);
