@@ -393,3 +393,81 @@ impl Device for HostDevice {
         self.submit(Op::SampleRows(a))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    fn caught(r: Result<(), CudaError>) -> &'static str {
+        match r {
+            Err(CudaError::HostAccess { what, .. }) => what,
+            other => panic!("expected a HostAccess error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn accesses_outside_live_allocations_are_caught() {
+        let d = HostDevice::default();
+        let b = d.alloc_zeroed(64).unwrap();
+        d.mem.check::<f32>(b.ptr(), 16).unwrap();
+        d.mem.check::<f32>(b.at::<f32>(15), 1).unwrap();
+        assert!(caught(d.mem.check::<f32>(b.at::<f32>(15), 2)).contains("outside"));
+        assert!(caught(d.mem.check::<f32>(b.ptr() + 2, 1)).contains("outside"));
+        let stale = b.ptr();
+        drop(b);
+        assert!(caught(d.mem.check::<u8>(stale, 1)).contains("outside"));
+        assert!(caught(d.htod_sync(stale, &[1u32])).contains("outside"));
+    }
+
+    #[test]
+    fn an_output_overlapping_an_input_is_caught() {
+        disjoint(&[(0x1000, 16), (0x1010, 16), (0x2000, 0)]).unwrap();
+        assert!(caught(disjoint(&[(0x1000, 16), (0x100f, 4)])).contains("overlaps"));
+        let d = HostDevice::default();
+        let b = d.alloc_zeroed(4 * 64).unwrap();
+        // A GEMM writing into its own input.
+        let r = d.gemm(Gemm {
+            y: b.ptr(),
+            x: b.ptr(),
+            w: b.at::<f32>(32),
+            n: 1,
+            out: 2,
+            inp: 2,
+        });
+        assert!(caught(r).contains("overlaps"));
+    }
+
+    #[test]
+    fn uninitialized_memory_reads_as_nan_and_captured_ops_replay() {
+        let d = HostDevice::default();
+        let table = d
+            .upload(&[f16::from_f32(1.5), f16::from_f32(-2.0)])
+            .unwrap();
+        let tokens = d.upload(&[1u32]).unwrap();
+        let x = d.alloc(4).unwrap();
+        let mut out = [0f32];
+        // SAFETY: `out` is a live host buffer read only after the copy.
+        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
+        assert!(out[0].is_nan(), "alloc poisons: {out:?}");
+        let gather = EmbedGather {
+            table: table.ptr(),
+            tokens: tokens.ptr(),
+            rows: 0,
+            x: x.ptr(),
+            hidden: 1,
+            vocab: 2,
+            n: 1,
+        };
+        d.begin_capture().unwrap();
+        d.embed_gather(gather).unwrap();
+        let g = d.end_capture().unwrap().expect("one op captured");
+        // SAFETY: as above.
+        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
+        assert!(out[0].is_nan(), "captured, not run");
+        d.replay(&g).unwrap();
+        // SAFETY: as above.
+        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
+        assert_eq!(out, [-2.0]);
+    }
+}

@@ -15,7 +15,8 @@ use kestrel_cuda::runtime::backend::Device;
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, StepOutputs, TokenId,
+    Drafts, ExecError, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams,
+    StepOutputs, TokenId,
 };
 
 #[test]
@@ -453,4 +454,69 @@ fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
     t.clear();
     gpu.drain_timings(&mut t);
     assert!(t.is_empty(), "stopped recording");
+}
+
+/// What the CUDA runtime does not do yet is refused before dispatch, by
+/// name, and leaves the runtime serving: drafts, a chunk short of the
+/// prompt, a re-admission with generated tokens, a batch past `max_rows`,
+/// an unknown request. On the host device, so in every CI run.
+#[test]
+fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    let vocab = w.config.vocab_size as u32;
+    let mut host = HostRuntime::new(w, cuda_config(true)).unwrap();
+    let params = SamplingParams::greedy();
+    let prompt: Vec<TokenId> = (1..20).collect();
+    let input = |id, generated, max_tokens| PrefillInput {
+        id,
+        prompt: &prompt,
+        generated,
+        params: &params,
+        max_len: 64,
+        start: PrefillStart::Admit,
+        max_tokens,
+    };
+    let pre = |r: Result<(), ExecError<CudaError>>| match r {
+        Err(ExecError::PreDispatch(e)) => e,
+        other => panic!("expected a pre-dispatch refusal, got {other:?}"),
+    };
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(1, 0, 5)])),
+        CudaError::ChunkedPrefill(1)
+    ));
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(2, 3, usize::MAX)])),
+        CudaError::Readmission(2)
+    ));
+    let many: Vec<_> = (10..19).map(|id| input(id, 0, usize::MAX)).collect();
+    assert!(matches!(
+        pre(host.launch_prefill(0, &many)),
+        CudaError::BatchTooLarge {
+            rows: 9,
+            capacity: 8
+        }
+    ));
+    assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
+    // Serving goes on: a prefill, then the decode refusals, then a decode.
+    host.launch_prefill(0, &[input(3, 0, usize::MAX)]).unwrap();
+    host.finalize_sampling(0, None).unwrap();
+    host.wait_step(0).unwrap();
+    let drafts = Drafts {
+        indptr: &[0, 2],
+        tokens: &[5, 6],
+    };
+    assert!(matches!(
+        pre(host.launch_decode(1, &[3], drafts)),
+        CudaError::Drafts(2)
+    ));
+    assert!(matches!(
+        pre(host.launch_decode(1, &[3, 99], Drafts::NONE)),
+        CudaError::UnknownRequest(99)
+    ));
+    assert!(host.grow(3, prompt.len() + 1));
+    host.launch_decode(1, &[3], Drafts::NONE).unwrap();
+    host.finalize_sampling(1, None).unwrap();
+    assert!(host.wait_step(1).unwrap().tokens[0] < vocab);
+    host.release(3);
+    assert_eq!(host.num_allocated(), 0);
 }
