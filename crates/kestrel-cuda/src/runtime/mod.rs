@@ -1,4 +1,7 @@
-//! [`CudaRuntime`]: the pipeline's [`Executor`] on an NVIDIA GPU.
+//! [`Runtime`]: the pipeline's [`Executor`] over a [`backend::Device`]:
+//! [`CudaRuntime`] on an NVIDIA GPU ([`cuda::CudaDevice`]), and
+//! [`crate::hostdev::HostRuntime`] on the host device CI runs. Every line
+//! below is shared by both; only the device calls differ.
 //!
 //! Shaped like kestrel-cpu's runtime and the design doc: one compute stream
 //! for both slots (I1); two [`slot::DecodeSlot`]s; one copy stream filling
