@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{counter, rt, start_default, stream_all};
+use common::{counter, kv_released, rt, start_default, stream_all};
 
 use std::time::Duration;
 
@@ -376,6 +376,9 @@ fn the_cuda_runtime_on_its_host_device_agrees_blocking_and_pipelined() {
                 }
             }
         }
-        rt().block_on(engine.shutdown(Duration::from_secs(1)));
+        rt().block_on(async {
+            kv_released(&engine).await;
+            engine.shutdown(Duration::from_secs(1)).await;
+        });
     }
 }
