@@ -8,13 +8,19 @@
 //! fault or corrupt: here it is [`CudaError::HostAccess`]), and memory that
 //! `alloc` hands out uninitialized (the KV cache) is filled with NaN/`!0`
 //! bytes, so a read before a write poisons the logits instead of passing.
-//! Ops run when enqueued (one in-order stream, so the copy stream's waits
-//! hold trivially); graph capture records the ops with their arguments and
-//! replay runs the record. Not modelled: concurrency between the streams
-//! and the host (a missing wait cannot be caught here), kernel timing.
+//! Work is deferred as on a GPU: kernel ops and async copies queue, in
+//! order (both streams as one, a valid order of the GPU's), and run only
+//! when the host waits (`event_sync`, `sync`), reading and writing host
+//! buffers then. So a host buffer read before its copy's event was waited
+//! for holds stale data, and one rewritten before its H2D copy ran is
+//! copied rewritten: I3/I6 slips show up as wrong tokens. Host buffers are
+//! registered allocations too, so a queued copy into a freed buffer is an
+//! error, not a write into freed memory. Graph capture records the ops with
+//! their arguments; replay queues the record. Not modelled: kernel timing
+//! (events are stamped when the queue reaches them).
 
 use std::alloc::Layout;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -80,22 +86,33 @@ impl Drop for HostDevBuf {
     }
 }
 
-/// A host buffer the host device copies from and into.
+/// A host buffer the host device copies from and into: a registered
+/// allocation, so queued copies reach it by address and fail cleanly once
+/// it is freed.
 #[derive(Debug)]
-pub struct HostVec<T>(Vec<T>);
+pub struct HostVec<T> {
+    buf: HostDevBuf,
+    len: usize,
+    _values: std::marker::PhantomData<T>,
+}
 
 impl<T: Plain> HostMem<T> for HostVec<T> {
     fn as_slice(&self) -> &[T] {
-        &self.0
+        // SAFETY: `buf` holds `len` values of T, initialized at creation and
+        // only ever written as T; the queue touches it only inside the host
+        // device's calls, while no borrow taken here is alive (`&self`
+        // borrows end before the runtime calls the device again).
+        unsafe { std::slice::from_raw_parts(self.buf.ptr as *const T, self.len) }
     }
     fn as_mut_slice(&mut self) -> &mut [T] {
-        &mut self.0
+        // SAFETY: as above, and `&mut self` makes this the only host borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.ptr as *mut T, self.len) }
     }
 }
 
-/// An event: the instant it was recorded (ops before it have run by then).
+/// An event: stamped with the instant the queue reached it.
 #[derive(Debug, Default)]
-pub struct HostEvent(Cell<Option<Instant>>);
+pub struct HostEvent(Arc<Mutex<Option<Instant>>>);
 
 /// One enqueued kernel op (a captured graph is a list of them).
 #[derive(Debug, Clone, Copy)]
@@ -116,12 +133,27 @@ enum Op {
 #[derive(Debug)]
 pub struct HostGraph(Vec<Op>);
 
+/// Work waiting for the host to wait on it.
+#[derive(Debug)]
+enum Queued {
+    Op(Op),
+    /// A copy of `bytes` bytes between two registered addresses.
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Stamp(Arc<Mutex<Option<Instant>>>),
+}
+
 /// The host device. See the module docs.
 #[derive(Debug, Default)]
 pub struct HostDevice {
     mem: HostMemory,
     /// Ops recorded since `begin_capture`.
     capture: RefCell<Option<Vec<Op>>>,
+    /// Enqueued, not yet run.
+    queue: RefCell<Vec<Queued>>,
 }
 
 /// Bounds-checked access to the live allocations.
@@ -229,7 +261,36 @@ impl HostDevice {
             ops.push(op);
             return Ok(());
         }
-        self.run(&op)
+        self.queue.borrow_mut().push(Queued::Op(op));
+        Ok(())
+    }
+
+    /// Run everything enqueued, in order (what a wait for the last of it
+    /// would see done). The queue is emptied even on an error, as a faulted
+    /// device's work is gone.
+    fn drain(&self) -> Result<(), CudaError> {
+        let work = std::mem::take(&mut *self.queue.borrow_mut());
+        for q in work {
+            match q {
+                Queued::Op(op) => self.run(&op)?,
+                Queued::Copy { dst, src, bytes } => {
+                    disjoint(&[(dst, bytes), (src, bytes)])?;
+                    // SAFETY: both ranges lie in live allocations (checked
+                    // by `slice`/`slice_mut`) and do not overlap (above).
+                    let (d, s) = unsafe {
+                        (
+                            self.mem.slice_mut::<u8>(dst, bytes)?,
+                            self.mem.slice::<u8>(src, bytes)?,
+                        )
+                    };
+                    d.copy_from_slice(s);
+                }
+                Queued::Stamp(at) => {
+                    *at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                }
+            }
+        }
+        Ok(())
     }
 
     fn run(&self, op: &Op) -> Result<(), CudaError> {
@@ -280,7 +341,14 @@ impl Device for HostDevice {
     }
 
     fn host<T: Plain>(&self, len: usize) -> Result<HostVec<T>, CudaError> {
-        Ok(HostVec(vec![T::default(); len]))
+        let mut v = HostVec {
+            buf: self.mem.alloc(len * std::mem::size_of::<T>(), 0)?,
+            len,
+            _values: std::marker::PhantomData,
+        };
+        // Every value starts as T's default, as the CUDA host buffers do.
+        v.as_mut_slice().fill(T::default());
+        Ok(v)
     }
 
     fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
@@ -290,14 +358,31 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    /// Queued: `src` (a host buffer of this device) is read when the queue
+    /// runs, as a GPU's DMA reads pinned memory when the copy executes.
     unsafe fn htod<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
-        self.htod_sync(dst, src)
+        let bytes = std::mem::size_of_val(src);
+        self.mem.check::<u8>(src.as_ptr() as u64, bytes)?;
+        self.mem.check::<T>(dst, src.len())?;
+        self.queue.borrow_mut().push(Queued::Copy {
+            dst,
+            src: src.as_ptr() as u64,
+            bytes,
+        });
+        Ok(())
     }
 
+    /// Queued: `dst` (a host buffer of this device) is written when the
+    /// queue runs, i.e. when the host waits.
     unsafe fn dtoh<T: Plain>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
-        // SAFETY: `dst` is host memory, disjoint from every allocation here.
-        let s = unsafe { self.mem.slice::<T>(src, dst.len()) }?;
-        dst.copy_from_slice(s);
+        let bytes = std::mem::size_of_val(dst);
+        self.mem.check::<u8>(dst.as_ptr() as u64, bytes)?;
+        self.mem.check::<T>(src, dst.len())?;
+        self.queue.borrow_mut().push(Queued::Copy {
+            dst: dst.as_mut_ptr() as u64,
+            src,
+            bytes,
+        });
         Ok(())
     }
 
@@ -306,7 +391,10 @@ impl Device for HostDevice {
     }
 
     fn record(&self, ev: &HostEvent, _on: Stream) -> Result<(), CudaError> {
-        ev.0.set(Some(Instant::now()));
+        *ev.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.queue
+            .borrow_mut()
+            .push(Queued::Stamp(Arc::clone(&ev.0)));
         Ok(())
     }
 
@@ -315,15 +403,15 @@ impl Device for HostDevice {
     }
 
     fn event_sync(&self, _ev: &HostEvent) -> Result<(), CudaError> {
-        Ok(())
+        self.drain()
     }
 
     fn sync_compute(&self) -> Result<(), CudaError> {
-        Ok(())
+        self.drain()
     }
 
     fn sync(&self) -> Result<(), CudaError> {
-        Ok(())
+        self.drain()
     }
 
     fn begin_capture(&self) -> Result<(), CudaError> {
@@ -341,7 +429,10 @@ impl Device for HostDevice {
     }
 
     fn replay(&self, g: &HostGraph) -> Result<(), CudaError> {
-        g.0.iter().try_for_each(|op| self.run(op))
+        self.queue
+            .borrow_mut()
+            .extend(g.0.iter().copied().map(Queued::Op));
+        Ok(())
     }
 
     fn free_memory(&self) -> Result<usize, CudaError> {
@@ -357,9 +448,11 @@ impl Device for HostDevice {
     }
 
     fn instant(&self, ev: &HostEvent) -> Result<Instant, CudaError> {
-        ev.0.get().ok_or(CudaError::Config(
-            "a timing event that was never recorded".to_owned(),
-        ))
+        ev.0.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ok_or(CudaError::Config(
+                "a timing event the queue has not reached".to_owned(),
+            ))
     }
 
     fn gemm(&self, a: Gemm) -> Result<(), CudaError> {
@@ -426,16 +519,25 @@ mod tests {
         assert!(caught(disjoint(&[(0x1000, 16), (0x100f, 4)])).contains("overlaps"));
         let d = HostDevice::default();
         let b = d.alloc_zeroed(4 * 64).unwrap();
-        // A GEMM writing into its own input.
-        let r = d.gemm(Gemm {
+        // A GEMM writing into its own input: caught when the queue runs it.
+        d.gemm(Gemm {
             y: b.ptr(),
             x: b.ptr(),
             w: b.at::<f32>(32),
             n: 1,
             out: 2,
             inp: 2,
-        });
-        assert!(caught(r).contains("overlaps"));
+        })
+        .unwrap();
+        assert!(caught(d.sync()).contains("overlaps"));
+    }
+
+    /// `x`'s one f32, copied back through the queue (and the host waiting).
+    fn read(d: &HostDevice, out: &mut HostVec<f32>, x: u64) -> f32 {
+        // SAFETY: `out` is this device's host buffer, read after the wait.
+        unsafe { d.dtoh(out.as_mut_slice(), x) }.unwrap();
+        d.sync().unwrap();
+        out.as_slice()[0]
     }
 
     #[test]
@@ -446,10 +548,8 @@ mod tests {
             .unwrap();
         let tokens = d.upload(&[1u32]).unwrap();
         let x = d.alloc(4).unwrap();
-        let mut out = [0f32];
-        // SAFETY: `out` is a live host buffer read only after the copy.
-        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
-        assert!(out[0].is_nan(), "alloc poisons: {out:?}");
+        let mut out = d.host::<f32>(1).unwrap();
+        assert!(read(&d, &mut out, x.ptr()).is_nan(), "alloc poisons");
         let gather = EmbedGather {
             table: table.ptr(),
             tokens: tokens.ptr(),
@@ -462,12 +562,37 @@ mod tests {
         d.begin_capture().unwrap();
         d.embed_gather(gather).unwrap();
         let g = d.end_capture().unwrap().expect("one op captured");
-        // SAFETY: as above.
-        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
-        assert!(out[0].is_nan(), "captured, not run");
+        assert!(read(&d, &mut out, x.ptr()).is_nan(), "captured, not run");
         d.replay(&g).unwrap();
-        // SAFETY: as above.
-        unsafe { d.dtoh(&mut out, x.ptr()) }.unwrap();
-        assert_eq!(out, [-2.0]);
+        assert_eq!(read(&d, &mut out, x.ptr()), -2.0);
+    }
+
+    #[test]
+    fn copies_run_when_the_host_waits_and_fail_cleanly_into_freed_buffers() {
+        let d = HostDevice::default();
+        let dev = d.alloc_zeroed(4).unwrap();
+        let mut src = d.host::<u32>(1).unwrap();
+        let mut dst = d.host::<u32>(1).unwrap();
+        src.as_mut_slice()[0] = 7;
+        // SAFETY: both host buffers are this device's and outlive the queue.
+        unsafe {
+            d.htod(dev.ptr(), src.as_slice()).unwrap();
+            d.dtoh(dst.as_mut_slice(), dev.ptr()).unwrap();
+        }
+        // Rewritten before the queue ran: the copy reads the new value, as a
+        // GPU's DMA would (the I6 hazard), and nothing has arrived yet.
+        src.as_mut_slice()[0] = 9;
+        assert_eq!(dst.as_slice()[0], 0, "read before the wait");
+        let ev = d.event(true).unwrap();
+        d.record(&ev, Stream::Copy).unwrap();
+        assert!(d.instant(&ev).is_err(), "not reached yet");
+        d.event_sync(&ev).unwrap();
+        assert_eq!(dst.as_slice()[0], 9);
+        d.instant(&ev).unwrap();
+        // A copy queued into a buffer freed before the wait.
+        // SAFETY: as above, until `dst` is dropped (on purpose).
+        unsafe { d.dtoh(dst.as_mut_slice(), dev.ptr()) }.unwrap();
+        drop(dst);
+        assert!(caught(d.sync()).contains("outside"));
     }
 }
