@@ -5,10 +5,12 @@
 //! handed to `Engine::spawn`), so its compute/copy threads (CPU) or its
 //! context, streams and buffers (CUDA) are created by their owner. Without
 //! a CUDA driver or device, `start_cuda` returns `BackendUnavailable` with
-//! kestrel-cuda's message.
+//! kestrel-cuda's message. `start_cuda_host` runs the same CUDA runtime on
+//! kestrel-cuda's host device (no GPU needed).
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
+use kestrel_cuda::runtime::backend::Device;
+use kestrel_cuda::{CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime};
 use kestrel_pipeline::{Executor, LoopConfig, NgramSpec};
 
 use crate::config::{Backend, EngineConfig};
@@ -47,6 +49,7 @@ pub(crate) fn verifies_drafts(backend: Backend) -> bool {
     match backend {
         Backend::Cpu => <CpuRuntime as Runtime>::DRAFTS,
         Backend::Cuda => <CudaRuntime as Runtime>::DRAFTS,
+        Backend::CudaHost => <HostRuntime as Runtime>::DRAFTS,
     }
 }
 
@@ -70,6 +73,46 @@ pub(crate) fn start_cuda(
     speculate: Option<NgramSpec>,
     weights: kestrel_model::ModelWeights,
 ) -> Result<Engine, EngineError> {
+    start_cuda_on(
+        model,
+        loop_config,
+        config,
+        speculate,
+        weights,
+        CudaRuntime::new,
+    )
+}
+
+/// Starts an engine on the CUDA runtime's host device (no GPU).
+pub(crate) fn start_cuda_host(
+    model: ModelContext,
+    loop_config: LoopConfig,
+    config: &EngineConfig,
+    speculate: Option<NgramSpec>,
+    weights: kestrel_model::ModelWeights,
+) -> Result<Engine, EngineError> {
+    start_cuda_on(
+        model,
+        loop_config,
+        config,
+        speculate,
+        weights,
+        HostRuntime::new,
+    )
+}
+
+/// The CUDA runtime on the device `new` opens, configured from `config`.
+fn start_cuda_on<D: Device>(
+    model: ModelContext,
+    loop_config: LoopConfig,
+    config: &EngineConfig,
+    speculate: Option<NgramSpec>,
+    weights: kestrel_model::ModelWeights,
+    new: fn(
+        kestrel_model::ModelWeights,
+        CudaRuntimeConfig,
+    ) -> Result<kestrel_cuda::Runtime<D>, CudaError>,
+) -> Result<Engine, EngineError> {
     let cfg = CudaRuntimeConfig {
         max_rows: config.max_batch_size,
         num_pages: config.kv_pages,
@@ -78,22 +121,23 @@ pub(crate) fn start_cuda(
         enable_prefix_cache: config.enable_prefix_cache,
         ..CudaRuntimeConfig::default()
     };
-    Engine::spawn(model, loop_config, "cuda".into(), speculate, move || {
-        let mut rt = CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
+    let name = config.backend.as_str().into();
+    Engine::spawn(model, loop_config, name, speculate, move || {
+        let mut rt = new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
         rt.record_timings(true)
             .map_err(|e| unavailable("CUDA", e))?;
         Ok(rt)
     })
 }
 
-impl Runtime for CudaRuntime {
+impl<D: Device> Runtime for kestrel_cuda::Runtime<D> {
     /// The device sampler (`kernels/sample.cu`) has no per-token bias yet.
     const LOGIT_BIAS: bool = false;
     /// No multi-token verification on the device yet (`max_draft_tokens` 0).
     const DRAFTS: bool = false;
 
     fn kv_stats(&self) -> KvStats {
-        CudaRuntime::kv_stats(self)
+        kestrel_cuda::Runtime::kv_stats(self)
     }
 }
 

@@ -122,6 +122,9 @@ impl Engine {
             Backend::Cuda => {
                 crate::backend::start_cuda(model, loop_config, &config, speculate, weights)?
             }
+            Backend::CudaHost => {
+                crate::backend::start_cuda_host(model, loop_config, &config, speculate, weights)?
+            }
         };
         progress(LoadEvent::Ready);
         Ok(engine)
@@ -459,8 +462,8 @@ fn default_speculation(c: &EngineConfig) -> Result<Option<NgramSpec>, EngineErro
 fn prefill_chunk(c: &EngineConfig) -> Result<Option<NonZeroUsize>, EngineError> {
     match (c.prefill_chunk, c.backend) {
         (None, Backend::Cpu) => Ok(NonZeroUsize::new(crate::config::DEFAULT_PREFILL_CHUNK)),
-        (None, Backend::Cuda) => Ok(None),
-        (Some(n), Backend::Cuda) if n > 0 => Err(EngineError::invalid(
+        (None, Backend::Cuda | Backend::CudaHost) => Ok(None),
+        (Some(n), Backend::Cuda | Backend::CudaHost) if n > 0 => Err(EngineError::invalid(
             Field::Config("prefill_chunk"),
             format!(
                 "{n}: the CUDA runtime prefills whole prompts only (no chunked prefill yet); use 0"
