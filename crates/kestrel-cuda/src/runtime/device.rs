@@ -249,6 +249,9 @@ impl<D: Device> DeviceModel<D> {
                 down: up(&down)?,
             });
         }
+        // Neither scratch is zeroed: each forward writes what it reads of
+        // them first, and the host device's poisoned `alloc` makes CI fail
+        // if a change breaks that.
         let widest = c.hidden_size.max(qd).max(c.intermediate_size);
         let xq =
             d.alloc(MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * std::mem::size_of::<Q8Block>())?;
