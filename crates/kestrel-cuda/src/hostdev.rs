@@ -559,6 +559,58 @@ mod tests {
         assert!(caught(d.sync()).contains("overlaps"));
     }
 
+    /// An `mmvq` launch of more rows than the kernel's accumulators hold is
+    /// refused (as `CudaDevice` refuses it) and one within them writes only
+    /// its columns of rows `ldy` apart (a projection's part).
+    #[test]
+    fn mmvq_takes_at_most_its_rows_and_writes_only_its_columns() {
+        use crate::kernels::MMVQ_MAX_ROWS;
+        use crate::quant::Q8Block;
+        use kestrel_model::DType;
+        let d = HostDevice::default();
+        // One Q8_0 row of 32: scale 1.0, every weight 1.
+        let mut w = f16::from_f32(1.0).to_le_bytes().to_vec();
+        w.extend([1u8; 32]);
+        let w = d.upload(&w).unwrap();
+        let n = MMVQ_MAX_ROWS + 1;
+        let xq = d
+            .upload(&vec![
+                Q8Block {
+                    d: 0.5,
+                    s: 16.0,
+                    q: [1; 32],
+                };
+                n
+            ])
+            .unwrap();
+        let y = d.upload(&vec![7f32; 2 * n]).unwrap();
+        let a = Mmvq {
+            dtype: DType::Q8_0,
+            w: w.ptr(),
+            xq: xq.ptr(),
+            y: y.ptr(),
+            rows: 1,
+            cols: 32,
+            ldy: 2,
+            n,
+        };
+        d.mmvq(a).unwrap();
+        assert!(matches!(d.sync(), Err(CudaError::Unsupported(_))));
+        d.mmvq(Mmvq {
+            n: MMVQ_MAX_ROWS,
+            ..a
+        })
+        .unwrap();
+        let mut out = d.host::<f32>(2 * n).unwrap();
+        // SAFETY: `out` is this device's host buffer, read after the wait.
+        unsafe { d.dtoh(out.as_mut_slice(), y.ptr()) }.unwrap();
+        d.sync().unwrap();
+        for (r, row) in out.as_slice().chunks(2).enumerate() {
+            let want = if r < MMVQ_MAX_ROWS { 16.0 } else { 7.0 };
+            assert_eq!(row, [want, 7.0], "row {r}");
+        }
+    }
+
     /// `x`'s one f32, copied back through the queue (and the host waiting).
     fn read(d: &HostDevice, out: &mut HostVec<f32>, x: u64) -> f32 {
         // SAFETY: `out` is this device's host buffer, read after the wait.
