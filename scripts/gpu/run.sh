@@ -11,16 +11,19 @@
 # greedy parity and CUDA-event timings, the ignored GPU tests included), engine
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
 # CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
-# bench-full (the full CUDA bench), sanitizer (compute-sanitizer memcheck on
-# the tiny parity test), llama (build llama.cpp's CUDA llama-bench and
+# bench-full (the full CUDA bench), sanitizer (= memcheck initcheck racecheck
+# synccheck: compute-sanitizer's four tools, each on the tiny parity test and
+# on `kestrel generate --backend cuda` with the real model; racecheck fails
+# only on hazards in the project's own kernels, since cuBLAS's GEMM kernels
+# report hazards of their own), llama (build llama.cpp's CUDA llama-bench and
 # llama-batched-bench from the sdist parts pack.sh --llama made, into
 # $KESTREL_CACHE_DIR/llama.cpp), accept (issue 31's acceptance table: Kestrel
 # against llama.cpp -ngl 99 on SmolLM2 Q4_1 and synth:llama-1b q4_k_m and f16,
 # 1 and 32 streams, % of the HBM floor; models from $ACCEPT_MODELS, space-
 # separated, to split the step across calls; llama.cpp from $LLAMA_CPP_DIR or
 # the llama step's build; the table covers every model measured so far on
-# this machine and lands in $OUT/accept.md). unit, generate, bench and accept
-# need the default model: either
+# this machine and lands in $OUT/accept.md). unit, generate, bench, accept and
+# the sanitizers' real-model half need the default model: either
 # already in $KESTREL_CACHE_DIR, or all of target-gpu/model/part.* (pack.sh
 # --model) joined here with `cat` and checked against target-gpu/model/SHA256.
 #
@@ -210,6 +213,50 @@ step_accept() {
     return $rc
 }
 
+# The project's kernel entry points (kernels/*.cu), as a regex alternation.
+our_kernels() {
+    grep -hoE '__global__ void (__launch_bounds__\([^)]*\) )?[A-Za-z_0-9]+\(' "$root"/kernels/*.cu |
+        sed -E 's/.* ([A-Za-z_0-9]+)\($/\1/' | paste -sd'|'
+}
+
+# step_sanitize TOOL: compute-sanitizer TOOL on the tiny parity test, then on
+# the real model's greedy generation (skipped, and said so, without it).
+# memcheck, initcheck and synccheck fail on any error they report; racecheck
+# fails on a hazard reported in one of our kernels (cuBLAS's are not ours).
+step_sanitize() {
+    local tool=$1 rc=0 log=$OUT/logs/$1-detail.log
+    command -v compute-sanitizer >/dev/null || {
+        echo "compute-sanitizer: not on PATH (it ships with the CUDA toolkit)"
+        return 1
+    }
+    local cs=(compute-sanitizer --tool "$tool" --print-limit 100)
+    [ "$tool" = racecheck ] || cs+=(--error-exitcode 3)
+    : >"$log"
+    (cd "$root/crates/kestrel-cuda" && "${cs[@]}" "$bin/kestrel-cuda-runtime" \
+        gpu_greedy_parity_tiny --include-ignored --test-threads=1) >>"$log" 2>&1 || rc=1
+    local m
+    if m=$(find_model); then
+        "${cs[@]}" "$bin/kestrel" generate --model "$m" --max-new-tokens 8 --temperature 0 \
+            --backend cuda "The capital of France is" >>"$log" 2>&1 || rc=1
+    else
+        echo "$tool: no model, the real-model run is SKIPPED (see the generate step)" | tee -a "$log"
+    fi
+    grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" || true
+    # Without --error-exitcode racecheck exits with the program's status, so
+    # rc already says whether the tests and generation passed.
+    if [ "$tool" = racecheck ]; then
+        local ours
+        ours=$(our_kernels)
+        if grep -E "^=========.*\b($ours)\b" "$log"; then
+            echo "racecheck: hazards in our kernels (above)"
+            rc=1
+        else
+            echo "racecheck: no hazard in our kernels ($ours); any counted above are cuBLAS's"
+        fi
+    fi
+    return "$rc"
+}
+
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime engine generate bench)
 for s in "${steps[@]}"; do
@@ -234,9 +281,11 @@ for s in "${steps[@]}"; do
         bench-full) step bench-full "$root" step_bench bench-full ;;
         llama) step llama "$root" step_llama ;;
         accept) step accept "$root" step_accept ;;
+        memcheck | initcheck | racecheck | synccheck) step "$s" "$root" step_sanitize "$s" ;;
         sanitizer)
-            step sanitizer "$root/crates/kestrel-cuda" compute-sanitizer --tool memcheck \
-                "$bin/kestrel-cuda-runtime" gpu_greedy_parity_tiny --include-ignored --nocapture
+            for t in memcheck initcheck racecheck synccheck; do
+                step "$t" "$root" step_sanitize "$t"
+            done
             ;;
         *)
             echo "run.sh: unknown step $s" >&2

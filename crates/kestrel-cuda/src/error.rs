@@ -111,6 +111,16 @@ pub enum CudaError {
     /// into a slot whose previous step was not committed (I6).
     #[error("the slot protocol refused the call")]
     Slot(#[from] kestrel_pipeline::StateError),
+
+    /// The host device (CI's stand-in for a GPU, `hostdev`) caught an access
+    /// a GPU would fault on or silently corrupt: outside every live
+    /// allocation, or an output overlapping an input of the same op.
+    #[error("host device: {what}: {bytes} bytes at {addr:#x}")]
+    HostAccess {
+        what: &'static str,
+        addr: u64,
+        bytes: usize,
+    },
 }
 
 impl From<cudarc::cublas::result::CublasError> for CudaError {

@@ -8,12 +8,16 @@
 //! NVRTC, cuBLAS) is loaded at run time ([`libs`]): the crate builds and its
 //! host-side tests run on machines with no CUDA at all, and the runtime
 //! returns a typed [`CudaError`] (never a panic) when no driver or device is
-//! present.
+//! present. The runtime's bookkeeping is written once over a
+//! [`runtime::backend::Device`]; CI runs it on [`hostdev::HostDevice`], a
+//! host computation laid out as the GPU's ([`hostdev::HostRuntime`]).
 
 pub mod compile;
 pub mod error;
 pub mod ffi;
 pub mod host;
+pub mod hostdev;
+mod hostdev_kernels;
 pub mod kernels;
 pub mod libs;
 pub mod quant;
@@ -22,5 +26,6 @@ pub mod runtime;
 
 pub use compile::Arch;
 pub use error::CudaError;
+pub use hostdev::HostRuntime;
 pub use runtime::timing::StepTiming;
-pub use runtime::{CudaRuntime, CudaRuntimeConfig};
+pub use runtime::{CudaRuntime, CudaRuntimeConfig, Runtime};

@@ -182,30 +182,38 @@ pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y:
     let rb = encoded_bytes(dtype, 1, cols);
     let has_min = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
     let two = dtype == DType::Q6K;
+    // Per activation row, each lane's running sums; each weight block is
+    // decoded once for all n rows (the kernel's float steps per row and
+    // lane are unchanged).
+    let mut acc = vec![[0f32; 32]; n];
+    let mut mins = vec![[0f32; 32]; n];
     for o in 0..rows {
         let row = &w[o * rb..(o + 1) * rb];
-        for r in 0..n {
-            let lanes: [f32; 32] = std::array::from_fn(|lane| {
-                let (mut acc, mut mins) = (0f32, 0f32);
-                for b in (lane..nb).step_by(32) {
-                    let wb = load_block(dtype, row, b);
-                    let xb = &xq[r * nb + b];
-                    let isum = |range: std::ops::Range<usize>| -> f32 {
-                        range.map(|i| wb.w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
-                    };
-                    if two {
-                        acc = isum(0..16).mul_add(wb.d[0] * xb.d, acc);
-                        acc = isum(16..32).mul_add(wb.d[1] * xb.d, acc);
-                    } else {
-                        acc = isum(0..32).mul_add(wb.d[0] * xb.d, acc);
-                    }
-                    if has_min {
-                        mins = wb.m.mul_add(xb.s, mins);
-                    }
+        acc.iter_mut().for_each(|a| *a = [0.0; 32]);
+        mins.iter_mut().for_each(|m| *m = [0.0; 32]);
+        for b in 0..nb {
+            let lane = b % 32;
+            let wb = load_block(dtype, row, b);
+            for r in 0..n {
+                let xb = &xq[r * nb + b];
+                let isum = |range: std::ops::Range<usize>| -> f32 {
+                    range.map(|i| wb.w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
+                };
+                let a = &mut acc[r][lane];
+                if two {
+                    *a = isum(0..16).mul_add(wb.d[0] * xb.d, *a);
+                    *a = isum(16..32).mul_add(wb.d[1] * xb.d, *a);
+                } else {
+                    *a = isum(0..32).mul_add(wb.d[0] * xb.d, *a);
                 }
-                acc + mins
-            });
-            y[r * rows + o] = warp_sum(lanes);
+                if has_min {
+                    let m = &mut mins[r][lane];
+                    *m = wb.m.mul_add(xb.s, *m);
+                }
+            }
+        }
+        for r in 0..n {
+            y[r * rows + o] = warp_sum(std::array::from_fn(|l| acc[r][l] + mins[r][l]));
         }
     }
 }

@@ -1,20 +1,24 @@
 //! The CUDA runtime against the CPU runtime.
 //!
-//! Without a GPU (every CI run): `CudaRuntime::new` returns a typed error,
+//! Every CI run: the CUDA runtime's bookkeeping on kestrel-cuda's host
+//! device (`HostRuntime`) matches the CPU runtime's greedy tokens on
+//! synthetic models (tiny and SmolLM2-shaped, 32 steps, alone and batched,
+//! blocking and pipelined, graphs on and off), diverges on other weights,
+//! and records ordered step timings; the parity harness's own loop runs on
+//! the CPU runtime; without a GPU `CudaRuntime::new` returns a typed error,
 //! never a panic or an abort. The GPU tests are `#[ignore]`d (reported as
 //! ignored, not passed); with a GPU run them with `--include-ignored` (see
-//! docs/cuda.md): greedy tokens of synthetic
-//! models (tiny and SmolLM2-shaped) match the CPU runtime for 32 steps,
-//! alone and batched, blocking and pipelined, with graphs on and off, and
-//! with quantized weights held in their GGUF encoding; step timings from
-//! CUDA events are ordered host instants. The reference run on the CPU
-//! runtime runs everywhere (`cpu_reference_run_grows_its_kv`).
+//! docs/cuda.md): the same parity and timing checks on the device, and
+//! parity with quantized weights held in their GGUF encoding (run on the
+//! host device in CI too).
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig};
+use kestrel_cuda::runtime::backend::Device;
+use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
 use kestrel_model::{synthetic_weights, DType, Matrix, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId,
+    Drafts, ExecError, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams,
+    StepOutputs, TokenId,
 };
 
 #[test]
@@ -73,32 +77,77 @@ fn zero_sized_config_is_rejected_before_touching_cuda() {
     ));
 }
 
-/// Makes room, as the pipeline's scheduler does before every decode launch
-/// (`Executor::grow`), for the `decodes`-th decode step of each sequence:
-/// its KV then holds its prompt and `decodes` more tokens. A runtime that
-/// takes KV lazily (the CPU) needs it; one that reserved `max_len` at
-/// admission (CUDA) answers `true` within it.
-fn grow_for<E: Executor>(e: &mut E, prompts: &[Vec<TokenId>], ids: &[RequestId], decodes: usize) {
-    for (p, &id) in prompts.iter().zip(ids) {
-        assert!(
-            e.grow(id, p.len() + decodes),
-            "request {id}: no KV for decode {decodes}"
-        );
-    }
+/// One greedy step of a sequence: its token and how far ahead of the
+/// runner-up it was (logprob nats).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Greedy {
+    token: TokenId,
+    margin: f32,
 }
 
-/// Greedy tokens of `prompts` for `steps` decode steps, blocking (depth 1)
+/// Below this margin f16 rounding (weights, KV, GEMM inputs on the device
+/// side; observed logprob differences up to 0.01 nats on the SmolLM2 shape)
+/// and, with quantized weights, the device's int8 activation blocks (ties
+/// broken on the host device were at most 0.0096 nats apart on the CPU)
+/// may pick either of the two best tokens.
+const NEAR_TIE: f32 = 0.05;
+
+fn tokens(run: &[Vec<Greedy>]) -> Vec<Vec<TokenId>> {
+    run.iter()
+        .map(|s| s.iter().map(|g| g.token).collect())
+        .collect()
+}
+
+/// `got`'s greedy tokens equal `want`'s (the CPU's), each sequence up to
+/// the first step where `want` had a near-tie and `got` took the other
+/// token (from there on the two continue different texts). Returns the
+/// tokens compared and the total, for the caller's check that ties did not
+/// hide most of the run.
+fn assert_greedy_matches(got: &[Vec<Greedy>], want: &[Vec<Greedy>], what: &str) -> (usize, usize) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let (mut compared, mut total) = (0, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}: sequence {i}");
+        total += w.len();
+        for (j, (a, b)) in g.iter().zip(w).enumerate() {
+            if a.token != b.token && b.margin < NEAR_TIE {
+                eprintln!(
+                    "{what}: sequence {i} step {j}: {} vs the CPU's {} at a near-tie \
+                     ({} nats): compared up to here",
+                    a.token, b.token, b.margin
+                );
+                break;
+            }
+            assert_eq!(
+                a.token,
+                b.token,
+                "{what}: sequence {i} step {j} (CPU margin {} nats)\n got {:?}\nwant {:?}",
+                b.margin,
+                tokens(got),
+                tokens(want)
+            );
+            compared += 1;
+        }
+    }
+    (compared, total)
+}
+
+/// Greedy steps of `prompts` for `steps` decode steps, blocking (depth 1)
 /// or pipelined (step t+1 launched before step t is waited on).
 fn run<E: Executor<Params = SamplingParams>>(
     e: &mut E,
     prompts: &[Vec<TokenId>],
     steps: usize,
     pipelined: bool,
-) -> Vec<Vec<TokenId>>
+) -> Vec<Vec<Greedy>>
 where
     E::Error: std::fmt::Debug,
 {
-    let params = SamplingParams::greedy();
+    // Two alternatives per step give each token's margin.
+    let params = SamplingParams {
+        top_logprobs: 2,
+        ..SamplingParams::greedy()
+    };
     let ids: Vec<RequestId> = (1..=prompts.len() as RequestId).collect();
     let inputs: Vec<PrefillInput<'_, SamplingParams>> = prompts
         .iter()
@@ -116,33 +165,44 @@ where
     let mut out = vec![Vec::new(); prompts.len()];
     e.launch_prefill(0, &inputs).unwrap();
     e.finalize_sampling(0, None).unwrap();
-    let push = |o: &[TokenId], out: &mut Vec<Vec<TokenId>>| {
-        for (v, &t) in out.iter_mut().zip(o) {
-            v.push(t);
+    let push = |o: StepOutputs<'_>, out: &mut Vec<Vec<Greedy>>| {
+        assert_eq!(o.top_n, 2);
+        for ((v, &token), top) in out.iter_mut().zip(o.tokens).zip(o.top_logprobs.chunks(2)) {
+            v.push(Greedy {
+                token,
+                margin: top[0].1 - top[1].1,
+            });
         }
     };
+    // KV positions each sequence holds once every launched step has run.
+    let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    // As the scheduler does before every decode step (`Executor::grow`): a
+    // runtime that reserves only the prompt at admission (the CPU's) grows
+    // each sequence by the position the step writes.
+    let mut decode = |e: &mut E, slot| {
+        for (&id, len) in ids.iter().zip(&mut lens) {
+            *len += 1;
+            assert!(e.grow(id, *len), "KV for {len} tokens of request {id}");
+        }
+        e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
+        e.finalize_sampling(slot, None).unwrap();
+    };
     if pipelined {
-        grow_for(e, prompts, &ids, 1);
-        e.launch_decode(1, &ids, Drafts::NONE).unwrap();
-        e.finalize_sampling(1, None).unwrap();
-        push(e.wait_step(0).unwrap().tokens, &mut out);
+        decode(e, 1);
+        push(e.wait_step(0).unwrap(), &mut out);
         let mut slot = 0;
-        for s in 1..steps {
-            grow_for(e, prompts, &ids, s + 1);
-            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
-            e.finalize_sampling(slot, None).unwrap();
-            push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
+        for _ in 1..steps {
+            decode(e, slot);
+            push(e.wait_step(1 - slot).unwrap(), &mut out);
             slot = 1 - slot;
         }
-        push(e.wait_step(1 - slot).unwrap().tokens, &mut out);
+        push(e.wait_step(1 - slot).unwrap(), &mut out);
     } else {
-        push(e.wait_step(0).unwrap().tokens, &mut out);
+        push(e.wait_step(0).unwrap(), &mut out);
         for s in 0..steps {
             let slot = (s + 1) % 2;
-            grow_for(e, prompts, &ids, s + 1);
-            e.launch_decode(slot, &ids, Drafts::NONE).unwrap();
-            e.finalize_sampling(slot, None).unwrap();
-            push(e.wait_step(slot).unwrap().tokens, &mut out);
+            decode(e, slot);
+            push(e.wait_step(slot).unwrap(), &mut out);
         }
     }
     for id in ids {
@@ -159,8 +219,8 @@ fn prompts(vocab: u32) -> Vec<Vec<TokenId>> {
     ]
 }
 
-/// The CPU runtime the GPU is compared with.
-fn reference_cpu(w: ModelWeights) -> CpuRuntime {
+/// The CPU runtime the parity tests compare against (it grows KV lazily).
+fn cpu_runtime(w: ModelWeights) -> CpuRuntime {
     CpuRuntime::new(
         w,
         CpuRuntimeConfig {
@@ -173,20 +233,83 @@ fn reference_cpu(w: ModelWeights) -> CpuRuntime {
     .unwrap()
 }
 
-/// The parity tests' reference half, without a GPU: the CPU runtime takes
-/// KV lazily, so the run grows each sequence before each decode (without
-/// it, the third prompt's tenth decode failed with `KvLenExceedsReserved
-/// { row: 3, kv_len: 49, reserved_tokens: 48 }` before the GPU ran), and
-/// blocking and pipelined runs agree.
+/// The parity harness's own loop on the CPU runtime, in every CI run: the
+/// H100's first run of the GPU parity tests panicked here, before any CUDA
+/// result was compared, with `PreDispatch(Kv(KvLenExceedsReserved { row: 3,
+/// kv_len: 49, reserved_tokens: 48 }))` (the 39-token prompt's three pages
+/// full after nine decode steps). Blocking, pipelined and alone runs of the
+/// same greedy prompts agree, and no KV row is left behind.
 #[test]
-fn cpu_reference_run_grows_its_kv() {
+fn parity_harness_runs_on_the_cpu_runtime() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
-    let ps = prompts(w.config.vocab_size as u32);
-    let mut cpu = reference_cpu(w);
+    let vocab = w.config.vocab_size as u32;
+    let mut cpu = cpu_runtime(w);
+    let ps = prompts(vocab);
     let blocking = run(&mut cpu, &ps, 32, false);
-    assert!(blocking.iter().all(|t| t.len() == 33));
-    assert_eq!(run(&mut cpu, &ps, 32, true), blocking);
+    assert!(blocking.iter().all(|t| t.len() == 33), "{blocking:?}");
+    assert_eq!(run(&mut cpu, &ps, 32, true), blocking, "pipelined");
+    for (i, p) in ps.iter().enumerate() {
+        assert_eq!(
+            run(&mut cpu, std::slice::from_ref(p), 32, true)[0],
+            blocking[i],
+            "alone {i}"
+        );
+    }
+    assert!(blocking.iter().flatten().all(|g| g.margin >= 0.0));
     assert_eq!(cpu.num_allocated(), 0);
+}
+
+/// The configuration every parity run gives the CUDA runtime (on the GPU
+/// or the host device), as `cpu_runtime` the CPU's.
+fn cuda_config(graphs: bool) -> CudaRuntimeConfig {
+    CudaRuntimeConfig {
+        max_rows: 8,
+        num_pages: 256,
+        max_seq_len: 512,
+        cuda_graphs: graphs,
+        ..CudaRuntimeConfig::default()
+    }
+}
+
+/// Greedy tokens of `dev` equal the CPU runtime's on the same weights for
+/// 32 steps on the prompts `ps`: batched (blocking and pipelined) and each
+/// prompt alone.
+fn parity_against_cpu<E: Executor<Params = SamplingParams>>(
+    w: ModelWeights,
+    dev: &mut E,
+    ps: &[Vec<TokenId>],
+) where
+    E::Error: std::fmt::Debug,
+{
+    let mut cpu = cpu_runtime(w);
+    let want = run(&mut cpu, ps, 32, false);
+    let (mut compared, mut total) = (0, 0);
+    let mut count = |(c, t): (usize, usize)| {
+        compared += c;
+        total += t;
+    };
+    for pipelined in [false, true] {
+        count(assert_greedy_matches(
+            &run(dev, ps, 32, pipelined),
+            &want,
+            &format!("batched, pipelined={pipelined}"),
+        ));
+    }
+    for (i, p) in ps.iter().enumerate() {
+        count(assert_greedy_matches(
+            &run(dev, std::slice::from_ref(p), 32, true),
+            std::slice::from_ref(&want[i]),
+            &format!("alone {i}"),
+        ));
+    }
+    // Ties must not hide most of the run (a broken runtime would diverge
+    // at non-ties and fail above; this guards the tolerance itself).
+    assert!(
+        2 * compared >= total,
+        "only {compared} of {total} tokens compared"
+    );
+    eprintln!("{compared} of {total} greedy tokens compared");
+    assert_eq!(dev.num_allocated(), 0, "a KV row left behind");
 }
 
 fn parity(w: ModelWeights, graphs: bool) {
@@ -195,38 +318,93 @@ fn parity(w: ModelWeights, graphs: bool) {
 }
 
 fn parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
-    let mut cpu = reference_cpu(w.clone());
-    let mut gpu = CudaRuntime::new(
-        w,
-        CudaRuntimeConfig {
-            max_rows: 8,
-            num_pages: 256,
-            max_seq_len: 512,
-            cuda_graphs: graphs,
-            ..CudaRuntimeConfig::default()
-        },
-    )
-    .unwrap();
+    let mut gpu = CudaRuntime::new(w.clone(), cuda_config(graphs)).unwrap();
     eprintln!(
         "device {}, graph bytes {}",
         gpu.device_name(),
         gpu.graph_bytes()
     );
-    let want = run(&mut cpu, ps, 32, false);
-    for pipelined in [false, true] {
-        assert_eq!(
-            run(&mut gpu, ps, 32, pipelined),
-            want,
-            "batched, pipelined={pipelined}"
+    parity_against_cpu(w, &mut gpu, ps);
+}
+
+/// CI, no GPU: the CUDA runtime's bookkeeping (slots, KV, metadata packing,
+/// buckets, graph capture and replay, dispatch, sampling) and its kernel
+/// ops' arithmetic (`kestrel_cuda::reference`) on the host device, against
+/// the CPU runtime.
+fn host_parity(w: ModelWeights, graphs: bool) {
+    let ps = prompts(w.config.vocab_size as u32);
+    host_parity_on(w, graphs, &ps);
+}
+
+fn host_parity_on(w: ModelWeights, graphs: bool, ps: &[Vec<TokenId>]) {
+    let mut host = HostRuntime::new(w.clone(), cuda_config(graphs)).unwrap();
+    parity_against_cpu(w, &mut host, ps);
+}
+
+/// The prompts of the quantized-weights tests: [`prompts`] and a 70-token
+/// one, so the batched prefill (132 rows) is past `MMVQ_CROSSOVER_ROWS`.
+fn quantized_prompts() -> Vec<Vec<TokenId>> {
+    let vocab = ModelConfig::tiny().vocab_size as u32;
+    let mut ps = prompts(vocab);
+    ps.push((1..71).map(|t| t * 11 % vocab).collect());
+    assert!(ps.iter().map(Vec::len).sum::<usize>() > kestrel_cuda::quant::MMVQ_CROSSOVER_ROWS);
+    ps
+}
+
+/// The quantized models of the quantized-weights tests: tiny ones in four
+/// encodings, and a Q4_K one whose V and down projections are Q6_K (as
+/// Q4_K_M files have), which splits Q|K|V into two parts.
+fn quantized_models() -> Vec<(String, ModelWeights)> {
+    let mut out: Vec<(String, ModelWeights)> = [DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K]
+        .into_iter()
+        .map(|d| {
+            (
+                d.to_string(),
+                synthetic_weights(&ModelConfig::tiny(), d, 13),
+            )
+        })
+        .collect();
+    let mut w = synthetic_weights(&ModelConfig::tiny(), DType::Q4K, 17);
+    for l in &mut w.layers {
+        l.wv = Matrix::quantize(DType::Q6K, l.wv.rows, l.wv.cols, &l.wv.to_f32());
+        l.w_down = Matrix::quantize(DType::Q6K, l.w_down.rows, l.w_down.cols, &l.w_down.to_f32());
+    }
+    out.push(("Q4_K with Q6_K V and down".to_owned(), w));
+    out
+}
+
+#[test]
+fn host_device_greedy_parity_tiny() {
+    for graphs in [false, true] {
+        host_parity(
+            synthetic_weights(&ModelConfig::tiny(), DType::F32, 7),
+            graphs,
         );
     }
-    for (i, p) in ps.iter().enumerate() {
-        assert_eq!(
-            run(&mut gpu, std::slice::from_ref(p), 32, true)[0],
-            want[i],
-            "alone {i}"
-        );
-    }
+}
+
+#[test]
+fn host_device_greedy_parity_smollm2_shape() {
+    host_parity(
+        synthetic_weights(&ModelConfig::smollm2_135m_layers(4), DType::Q8_0, 11),
+        true,
+    );
+}
+
+/// The host device computes real results: the same runtime on other weights
+/// than the CPU's diverges, so the parity tests above can fail.
+#[test]
+fn host_device_parity_fails_on_other_weights() {
+    let c = ModelConfig::tiny();
+    let vocab = c.vocab_size as u32;
+    let mut host =
+        HostRuntime::new(synthetic_weights(&c, DType::F32, 8), cuda_config(true)).unwrap();
+    let mut cpu = cpu_runtime(synthetic_weights(&c, DType::F32, 7));
+    let ps = prompts(vocab);
+    assert_ne!(
+        tokens(&run(&mut host, &ps, 8, true)),
+        tokens(&run(&mut cpu, &ps, 8, false))
+    );
 }
 
 #[test]
@@ -252,29 +430,27 @@ fn gpu_greedy_parity_smollm2_shape() {
 /// Weights kept in their GGUF encoding: decode (4 rows) through `mmvq_*`
 /// on int8 activations, the batched prefill (132 tokens, past
 /// `MMVQ_CROSSOVER_ROWS`) through dequantized f16 tiles and cuBLAS, a lone
-/// prompt's through `mmvq_*` again; a Q4_K model whose V and down
-/// projections are Q6_K (as Q4_K_M files have) splits Q|K|V into two parts.
+/// prompt's through `mmvq_*` again (see `quantized_models`).
 #[test]
 #[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
 fn gpu_greedy_parity_quantized_weights() {
-    let vocab = ModelConfig::tiny().vocab_size as u32;
-    let mut ps = prompts(vocab);
-    ps.push((1..71).map(|t| t * 11 % vocab).collect());
-    assert!(ps.iter().map(Vec::len).sum::<usize>() > kestrel_cuda::quant::MMVQ_CROSSOVER_ROWS);
-    for dtype in [DType::Q4_1, DType::Q5_0, DType::Q4K, DType::Q6K] {
-        eprintln!("{dtype}");
-        parity_on(
-            synthetic_weights(&ModelConfig::tiny(), dtype, 13),
-            true,
-            &ps,
-        );
+    let ps = quantized_prompts();
+    for (what, w) in quantized_models() {
+        eprintln!("{what}");
+        parity_on(w, true, &ps);
     }
-    let mut w = synthetic_weights(&ModelConfig::tiny(), DType::Q4K, 17);
-    for l in &mut w.layers {
-        l.wv = Matrix::quantize(DType::Q6K, l.wv.rows, l.wv.cols, &l.wv.to_f32());
-        l.w_down = Matrix::quantize(DType::Q6K, l.w_down.rows, l.w_down.cols, &l.w_down.to_f32());
+}
+
+/// The same on the host device, in every CI run: the launch sequence of the
+/// quantized paths (`mmvq_*`, the dequantized tiles, the fused int8 norm and
+/// SwiGLU, `embed_gather_q`) with their kernels' host references.
+#[test]
+fn host_device_greedy_parity_quantized_weights() {
+    let ps = quantized_prompts();
+    for (what, w) in quantized_models() {
+        eprintln!("{what}");
+        host_parity_on(w, true, &ps);
     }
-    parity_on(w, true, &ps);
 }
 
 /// CUDA-event step timings, converted to host instants: one per committed
@@ -284,17 +460,19 @@ fn gpu_greedy_parity_quantized_weights() {
 #[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
 fn gpu_step_timings_are_ordered_host_instants() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
-    let vocab = w.config.vocab_size as u32;
-    let mut gpu = CudaRuntime::new(
-        w,
-        CudaRuntimeConfig {
-            max_rows: 8,
-            num_pages: 256,
-            max_seq_len: 512,
-            ..CudaRuntimeConfig::default()
-        },
-    )
-    .unwrap();
+    step_timings_are_ordered_host_instants(CudaRuntime::new(w, cuda_config(true)).unwrap());
+}
+
+/// The runtime's timing bookkeeping (recording, conversion at commit,
+/// draining) in CI: the host device stamps its events when recorded.
+#[test]
+fn host_device_step_timings_are_ordered_host_instants() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    step_timings_are_ordered_host_instants(HostRuntime::new(w, cuda_config(true)).unwrap());
+}
+
+fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
+    let vocab = gpu.vocab_size() as u32;
     run(&mut gpu, &prompts(vocab), 2, true);
     let mut t = Vec::new();
     gpu.drain_timings(&mut t);
@@ -351,4 +529,69 @@ fn gpu_step_timings_are_ordered_host_instants() {
     t.clear();
     gpu.drain_timings(&mut t);
     assert!(t.is_empty(), "stopped recording");
+}
+
+/// What the CUDA runtime does not do yet is refused before dispatch, by
+/// name, and leaves the runtime serving: drafts, a chunk short of the
+/// prompt, a re-admission with generated tokens, a batch past `max_rows`,
+/// an unknown request. On the host device, so in every CI run.
+#[test]
+fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
+    let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
+    let vocab = w.config.vocab_size as u32;
+    let mut host = HostRuntime::new(w, cuda_config(true)).unwrap();
+    let params = SamplingParams::greedy();
+    let prompt: Vec<TokenId> = (1..20).collect();
+    let input = |id, generated, max_tokens| PrefillInput {
+        id,
+        prompt: &prompt,
+        generated,
+        params: &params,
+        max_len: 64,
+        start: PrefillStart::Admit,
+        max_tokens,
+    };
+    let pre = |r: Result<(), ExecError<CudaError>>| match r {
+        Err(ExecError::PreDispatch(e)) => e,
+        other => panic!("expected a pre-dispatch refusal, got {other:?}"),
+    };
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(1, 0, 5)])),
+        CudaError::ChunkedPrefill(1)
+    ));
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(2, 3, usize::MAX)])),
+        CudaError::Readmission(2)
+    ));
+    let many: Vec<_> = (10..19).map(|id| input(id, 0, usize::MAX)).collect();
+    assert!(matches!(
+        pre(host.launch_prefill(0, &many)),
+        CudaError::BatchTooLarge {
+            rows: 9,
+            capacity: 8
+        }
+    ));
+    assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
+    // Serving goes on: a prefill, then the decode refusals, then a decode.
+    host.launch_prefill(0, &[input(3, 0, usize::MAX)]).unwrap();
+    host.finalize_sampling(0, None).unwrap();
+    host.wait_step(0).unwrap();
+    let drafts = Drafts {
+        indptr: &[0, 2],
+        tokens: &[5, 6],
+    };
+    assert!(matches!(
+        pre(host.launch_decode(1, &[3], drafts)),
+        CudaError::Drafts(2)
+    ));
+    assert!(matches!(
+        pre(host.launch_decode(1, &[3, 99], Drafts::NONE)),
+        CudaError::UnknownRequest(99)
+    ));
+    assert!(host.grow(3, prompt.len() + 1));
+    host.launch_decode(1, &[3], Drafts::NONE).unwrap();
+    host.finalize_sampling(1, None).unwrap();
+    assert!(host.wait_step(1).unwrap().tokens[0] < vocab);
+    host.release(3);
+    assert_eq!(host.num_allocated(), 0);
 }

@@ -8,10 +8,12 @@
 //! handed to `Engine::spawn`), so its compute/copy threads (CPU) or its
 //! context, streams and buffers (CUDA) are created by their owner. Without
 //! a CUDA driver or device, starting CUDA returns `BackendUnavailable` with
-//! kestrel-cuda's message.
+//! kestrel-cuda's message. `cuda-host` runs the same CUDA runtime on
+//! kestrel-cuda's host device (no GPU needed).
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
+use kestrel_cuda::runtime::backend::Device;
+use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig, HostRuntime};
 use kestrel_pipeline::{Capabilities, Executor, LoopConfig, NgramSpec};
 
 use crate::config::{Backend, EngineConfig};
@@ -24,6 +26,8 @@ use crate::Engine;
 pub(crate) enum RuntimeConfig {
     Cpu(CpuRuntimeConfig),
     Cuda(CudaRuntimeConfig),
+    /// The CUDA runtime on kestrel-cuda's host device (CI's stand-in).
+    CudaHost(CudaRuntimeConfig),
 }
 
 impl RuntimeConfig {
@@ -40,14 +44,21 @@ impl RuntimeConfig {
                 numerics: config.numerics,
                 ..CpuRuntimeConfig::default()
             }),
-            Backend::Cuda => RuntimeConfig::Cuda(CudaRuntimeConfig {
-                max_rows: config.max_batch_size,
-                num_pages: config.kv_pages,
-                page_size: config.page_size,
-                max_seq_len,
-                enable_prefix_cache: config.enable_prefix_cache,
-                ..CudaRuntimeConfig::default()
-            }),
+            Backend::Cuda | Backend::CudaHost => {
+                let cfg = CudaRuntimeConfig {
+                    max_rows: config.max_batch_size,
+                    num_pages: config.kv_pages,
+                    page_size: config.page_size,
+                    max_seq_len,
+                    enable_prefix_cache: config.enable_prefix_cache,
+                    ..CudaRuntimeConfig::default()
+                };
+                if config.backend == Backend::Cuda {
+                    RuntimeConfig::Cuda(cfg)
+                } else {
+                    RuntimeConfig::CudaHost(cfg)
+                }
+            }
         }
     }
 
@@ -56,7 +67,9 @@ impl RuntimeConfig {
     pub fn capabilities(&self) -> Capabilities {
         match self {
             RuntimeConfig::Cpu(cfg) => CpuRuntime::capabilities_of(cfg),
-            RuntimeConfig::Cuda(cfg) => CudaRuntime::capabilities_of(cfg),
+            RuntimeConfig::Cuda(cfg) | RuntimeConfig::CudaHost(cfg) => {
+                CudaRuntime::capabilities_of(cfg)
+            }
         }
     }
 
@@ -77,17 +90,47 @@ impl RuntimeConfig {
                     Ok(rt)
                 })
             }
-            RuntimeConfig::Cuda(cfg) => {
-                Engine::spawn(model, loop_config, "cuda".into(), speculate, move || {
-                    let mut rt =
-                        CudaRuntime::new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
-                    rt.record_timings(true)
-                        .map_err(|e| unavailable("CUDA", e))?;
-                    Ok(rt)
-                })
-            }
+            RuntimeConfig::Cuda(cfg) => spawn_cuda(
+                model,
+                loop_config,
+                speculate,
+                weights,
+                cfg,
+                "cuda",
+                CudaRuntime::new,
+            ),
+            RuntimeConfig::CudaHost(cfg) => spawn_cuda(
+                model,
+                loop_config,
+                speculate,
+                weights,
+                cfg,
+                "cuda-host",
+                HostRuntime::new,
+            ),
         }
     }
+}
+
+/// Starts an engine on the CUDA runtime over the device `new` opens.
+fn spawn_cuda<D: Device>(
+    model: ModelContext,
+    loop_config: LoopConfig,
+    speculate: Option<NgramSpec>,
+    weights: kestrel_model::ModelWeights,
+    cfg: CudaRuntimeConfig,
+    name: &'static str,
+    new: fn(
+        kestrel_model::ModelWeights,
+        CudaRuntimeConfig,
+    ) -> Result<kestrel_cuda::Runtime<D>, kestrel_cuda::CudaError>,
+) -> Result<Engine, EngineError> {
+    Engine::spawn(model, loop_config, name.into(), speculate, move || {
+        let mut rt = new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
+        rt.record_timings(true)
+            .map_err(|e| unavailable("CUDA", e))?;
+        Ok(rt)
+    })
 }
 
 /// The runtime's own typed error, kept as the source.
@@ -101,9 +144,9 @@ fn unavailable(
     }
 }
 
-impl Runtime for CudaRuntime {
+impl<D: Device> Runtime for kestrel_cuda::Runtime<D> {
     fn kv_stats(&self) -> KvStats {
-        CudaRuntime::kv_stats(self)
+        kestrel_cuda::Runtime::kv_stats(self)
     }
 }
 

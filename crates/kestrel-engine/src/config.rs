@@ -27,6 +27,10 @@ pub enum Backend {
     Cpu,
     /// `kestrel-cuda` ([`crate::EngineError::BackendUnavailable`] without a driver or device).
     Cuda,
+    /// `kestrel-cuda`'s runtime on its host device: every line of the CUDA
+    /// runtime's bookkeeping with the kernels computed on the CPU, one
+    /// thread (tests and CI without a GPU; slow, not for serving).
+    CudaHost,
 }
 
 impl Backend {
@@ -34,6 +38,7 @@ impl Backend {
         match self {
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda",
+            Backend::CudaHost => "cuda-host",
         }
     }
 }

@@ -18,12 +18,12 @@
 
 mod common;
 
-use common::{counter, rt, start_default, stream_all};
+use common::{counter, kv_released, rt, start_default, stream_all};
 
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
+    Backend, Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
     PipelineMode, PrefillPolicy, SamplingOptions,
 };
 
@@ -316,4 +316,69 @@ fn a_request_id_is_free_again_the_moment_its_request_ends() {
         }
         engine.shutdown(Duration::from_secs(1)).await;
     });
+}
+
+/// The CUDA runtime's bookkeeping (slots, KV, metadata, buckets, graphs,
+/// dispatch, device sampling) through the engine, on kestrel-cuda's host
+/// device (its kernels computed on the CPU: no GPU needed): blocking and
+/// pipelined, drain and ride-along agree on every request of the mixed
+/// batch, and a request alone equals it batched. Whole-prompt prefill (the
+/// CUDA runtime's only kind); the long prompt is left out, as the host
+/// device computes in one thread.
+#[test]
+fn the_cuda_runtime_on_its_host_device_agrees_blocking_and_pipelined() {
+    let configs = [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ];
+    let mut reference: Option<Vec<GenerateResponse>> = None;
+    for (mode, policy) in configs {
+        let engine = start_default(EngineConfig {
+            backend: Backend::CudaHost,
+            mode,
+            prefill_policy: policy,
+            max_batch_size: 16,
+            kv_pages: 512,
+            max_seq_len: Some(1024),
+            ..EngineConfig::default()
+        });
+        assert_eq!(engine.model_info().backend, "cuda-host");
+        let stop_id = engine.tokenize(" the", false).expect("tokenize")[0];
+        let reqs = batch(stop_id).split_off(1);
+        let out = run(&engine, &reqs);
+        for (i, (req, resp)) in reqs.iter().zip(&out).enumerate() {
+            assert!(
+                resp.token_ids.len() <= req.max_new_tokens.unwrap() as usize,
+                "{mode:?}: request {i} past max_new_tokens"
+            );
+            assert!(
+                !resp.token_ids.is_empty(),
+                "{mode:?}: request {i}: {resp:?}"
+            );
+        }
+        match &reference {
+            None => {
+                // A penalised, a seeded-sampled and a constrained request.
+                for i in [0, 1, 8] {
+                    let alone = run(&engine, std::slice::from_ref(&reqs[i]));
+                    assert_eq!(alone[0].token_ids, out[i].token_ids, "request {i} alone");
+                    assert_eq!(alone[0].logprobs, out[i].logprobs, "request {i} alone");
+                }
+                reference = Some(out);
+            }
+            Some(want) => {
+                for (i, (a, b)) in want.iter().zip(&out).enumerate() {
+                    assert_eq!(a.token_ids, b.token_ids, "{mode:?}/{policy:?}: request {i}");
+                    assert_eq!(a.text, b.text, "request {i}");
+                    assert_eq!(a.finish_reason, b.finish_reason, "request {i}");
+                    assert_eq!(a.logprobs, b.logprobs, "request {i}");
+                    assert_eq!(a.json, b.json, "request {i}");
+                }
+            }
+        }
+        rt().block_on(async {
+            kv_released(&engine).await;
+            engine.shutdown(Duration::from_secs(1)).await;
+        });
+    }
 }

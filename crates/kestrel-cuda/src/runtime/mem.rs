@@ -1,4 +1,5 @@
-//! Owned device and page-locked host buffers with raw, stable addresses.
+//! Owned device and page-locked host buffers with raw, stable addresses
+//! (the CUDA device's `Buf` and `Host`).
 //!
 //! The runtime hands raw pointers to kernels, cuBLAS and captured CUDA
 //! graphs, so buffers are plain allocations that never move while alive and
@@ -9,9 +10,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
+use super::backend::{DevMem, HostMem, Plain};
+
 /// A device allocation of `bytes` bytes.
 #[derive(Debug)]
-pub(crate) struct DevBuf {
+pub struct DevBuf {
     pub ptr: sys::CUdeviceptr,
     pub bytes: usize,
     ctx: Arc<CudaContext>,
@@ -30,6 +33,19 @@ impl DevBuf {
         })
     }
 
+    /// A buffer of `bytes` zero bytes (a synchronous memset: allocation
+    /// time only). Scratch and metadata that a kernel might read before the
+    /// step writes it (graph warm-up, padding rows) is allocated this way,
+    /// so no kernel ever reads memory nothing wrote (compute-sanitizer
+    /// initcheck), and a missed write shows up as zeros, not as garbage.
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
+        let b = Self::new(ctx, bytes)?;
+        // SAFETY: `b` owns at least `bytes.max(16)` bytes at `b.ptr` (its
+        // context is current: `new` bound it); the memset is synchronous.
+        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(16)) }?;
+        Ok(b)
+    }
+
     /// A buffer holding `data` (synchronous copy; load time only).
     pub fn from_slice<T: Copy>(ctx: &Arc<CudaContext>, data: &[T]) -> Result<Self, DriverError> {
         let b = Self::new(ctx, std::mem::size_of_val(data))?;
@@ -38,11 +54,11 @@ impl DevBuf {
         unsafe { result::memcpy_htod_sync(b.ptr, data) }?;
         Ok(b)
     }
+}
 
-    /// The address `elems` elements of `T` in.
-    pub fn at<T>(&self, elems: usize) -> sys::CUdeviceptr {
-        debug_assert!(elems * std::mem::size_of::<T>() <= self.bytes.max(16));
-        self.ptr + (elems * std::mem::size_of::<T>()) as u64
+impl DevMem for DevBuf {
+    fn ptr(&self) -> u64 {
+        self.ptr
     }
 }
 
@@ -57,7 +73,7 @@ impl Drop for DevBuf {
 
 /// A page-locked host buffer of `len` values of `T`.
 #[derive(Debug)]
-pub(crate) struct HostBuf<T: Copy + Default> {
+pub struct HostBuf<T: Copy + Default> {
     ptr: *mut T,
     len: usize,
     ctx: Arc<CudaContext>,
@@ -86,19 +102,17 @@ impl<T: Copy + Default> HostBuf<T> {
             ctx: Arc::clone(ctx),
         })
     }
+}
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
+impl<T: Plain> HostMem<T> for HostBuf<T> {
     /// The host values. Callers only touch a slot's buffers while the slot
     /// is idle or after its copy-done event (I6), so no DMA is in flight.
-    pub fn as_slice(&self) -> &[T] {
+    fn as_slice(&self) -> &[T] {
         // SAFETY: `ptr` points to `len` initialized values owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
+    fn as_mut_slice(&mut self) -> &mut [T] {
         // SAFETY: as above, and `&mut self` makes this the only host borrow.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }

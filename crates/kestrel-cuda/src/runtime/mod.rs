@@ -1,4 +1,7 @@
-//! [`CudaRuntime`]: the pipeline's [`Executor`] on an NVIDIA GPU.
+//! [`Runtime`]: the pipeline's [`Executor`] over a [`backend::Device`]:
+//! [`CudaRuntime`] on an NVIDIA GPU ([`cuda::CudaDevice`]), and
+//! [`crate::hostdev::HostRuntime`] on the host device CI runs. Every line
+//! below is shared by both; only the device calls differ.
 //!
 //! Shaped like kestrel-cpu's runtime and the design doc: one compute stream
 //! for both slots (I1); two [`slot::DecodeSlot`]s; one copy stream filling
@@ -13,6 +16,8 @@
 //! ([`Executor::record_timings`]) each step's forward and sampling are
 //! timed with CUDA events ([`timing`]).
 
+pub mod backend;
+pub mod cuda;
 mod device;
 mod mem;
 mod slot;
@@ -22,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, CudaContext};
 use kestrel_kv::{
     Admission, KvError, KvStats, PageTable, PageTableConfig, PagedIndices, SeqBook, Span,
 };
@@ -33,9 +38,11 @@ use kestrel_pipeline::{
     TokenMask,
 };
 
+use self::backend::{DevMem, Device, HostMem, Stream};
+use self::cuda::CudaDevice;
 use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
-use self::slot::{DecodeSlot, Graph, RenderBuffer, SlotDims, StepState, MAX_TOP};
-use self::timing::{DeviceClock, StepTiming};
+use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
+use self::timing::{StepEvents, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
 use crate::ffi::SampleParams;
 use crate::host::{
@@ -84,14 +91,16 @@ impl Default for CudaRuntimeConfig {
     }
 }
 
-/// The CUDA runtime. See the module docs.
-pub struct CudaRuntime {
+/// The runtime over a [`Device`]: every line of bookkeeping (slots, KV,
+/// metadata, buckets, dispatch, sampling, commit) is shared by the GPU
+/// ([`CudaRuntime`]) and the host device of CI
+/// ([`crate::hostdev::HostRuntime`]). See the module docs.
+pub struct Runtime<D: Device> {
     cfg: CudaRuntimeConfig,
-    // Declared first so buffers below are dropped before the model's context users.
-    slots: Vec<DecodeSlot>,
-    render: Vec<RenderBuffer>,
-    dev: DeviceModel,
-    copy_stream: Arc<CudaStream>,
+    // Declared first so buffers below are dropped before the device.
+    slots: Vec<DecodeSlot<D>>,
+    render: Vec<RenderBuffer<D>>,
+    dev: DeviceModel<D>,
     /// Page table and admitted sequences, each with its sampling parameters.
     book: SeqBook<RequestId, SamplingParams>,
     /// The slot protocol: slots in flight, the one launched and not
@@ -104,13 +113,14 @@ pub struct CudaRuntime {
     device_name: String,
     /// Completed steps' timings while recording (`record_timings`).
     timings: Option<Vec<StepTiming>>,
-    /// Created by the first `record_timings(true)`.
-    clock: Option<DeviceClock>,
 }
 
-impl std::fmt::Debug for CudaRuntime {
+/// The CUDA runtime: [`Runtime`] on a GPU.
+pub type CudaRuntime = Runtime<CudaDevice>;
+
+impl<D: Device> std::fmt::Debug for Runtime<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaRuntime")
+        f.debug_struct("Runtime")
             .field("device", &self.device_name)
             .field("cfg", &self.cfg)
             .field("seqs", &self.book.len())
@@ -165,11 +175,7 @@ impl CudaRuntime {
     /// graphs of both slots eagerly. Errors, never panics, without a driver.
     pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
         check_architecture(&weights.config)?;
-        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
-            return Err(CudaError::Config(format!(
-                "zero-sized dimension in {cfg:?}"
-            )));
-        }
+        check_config(&cfg)?;
         let ctx = open_device(cfg.device)?;
         libs::nvrtc_available()?;
         libs::cublas_available()?;
@@ -186,14 +192,45 @@ impl CudaRuntime {
         };
         let cache = cfg.ptx_cache.clone().or_else(default_cache_dir);
         let compiled = compile_all(arch, cache.as_deref())?;
-        let stream = ctx.new_stream()?;
-        let copy_stream = ctx.new_stream()?;
+        let d = CudaDevice::new(&ctx, &compiled)?;
+        let rt = Runtime::with_device(d, device_name, weights, cfg)?;
+        tracing::info!(
+            device = %rt.device_name,
+            arch = %arch.name(),
+            weight_bytes = rt.dev.weight_bytes,
+            ptx_cached = compiled.iter().all(|k| k.cached),
+            "kestrel-cuda model ready"
+        );
+        Ok(rt)
+    }
+}
+
+/// Refuses a config with a zero-sized dimension, before touching a device.
+fn check_config(cfg: &CudaRuntimeConfig) -> Result<(), CudaError> {
+    if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
+        return Err(CudaError::Config(format!(
+            "zero-sized dimension in {cfg:?}"
+        )));
+    }
+    Ok(())
+}
+
+impl<D: Device> Runtime<D> {
+    /// Upload the weights (f16) to `d`, allocate the KV cache and both
+    /// slots, and capture the decode graphs of both slots when configured.
+    pub(crate) fn with_device(
+        d: D,
+        device_name: String,
+        weights: ModelWeights,
+        cfg: CudaRuntimeConfig,
+    ) -> Result<Self, CudaError> {
+        check_architecture(&weights.config)?;
+        check_config(&cfg)?;
+        d.bind()?;
         let mc = &weights.config;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
         let dev = DeviceModel::new(
-            &ctx,
-            &stream,
-            &compiled,
+            d,
             &weights,
             KvGeometry {
                 num_pages: cfg.num_pages,
@@ -202,11 +239,10 @@ impl CudaRuntime {
                 max_pos: max_context,
             },
         )?;
-        // The uploads above are synchronous copies from pageable memory on the
-        // legacy stream, which may return before their last DMA lands; our
-        // streams are non-blocking (no implicit ordering with the legacy
-        // stream), so wait for the whole context before any kernel reads them.
-        ctx.synchronize()?;
+        // The uploads above may return before their last DMA lands (on CUDA
+        // they are copies from pageable memory on the legacy stream): wait
+        // for all of it before any kernel reads them.
+        dev.d.sync()?;
         let buckets = graph_buckets(cfg.max_rows);
         let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
         let dims = SlotDims {
@@ -224,10 +260,10 @@ impl CudaRuntime {
             },
         };
         let slots = (0..NUM_SLOTS)
-            .map(|_| DecodeSlot::new(&ctx, &dims))
+            .map(|_| DecodeSlot::new(&dev.d, &dims))
             .collect::<Result<Vec<_>, _>>()?;
         let render = (0..NUM_SLOTS)
-            .map(|_| RenderBuffer::new(&ctx, cfg.max_rows))
+            .map(|_| RenderBuffer::new(&dev.d, cfg.max_rows))
             .collect::<Result<Vec<_>, _>>()?;
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
@@ -236,19 +272,11 @@ impl CudaRuntime {
             enable_prefix_cache: cfg.enable_prefix_cache,
         })?;
         let book = SeqBook::new(table).with_max_seq_len(cfg.max_seq_len);
-        tracing::info!(
-            device = %device_name,
-            arch = %arch.name(),
-            weight_bytes = dev.weight_bytes,
-            ptx_cached = compiled.iter().all(|k| k.cached),
-            "kestrel-cuda model ready"
-        );
-        let mut rt = CudaRuntime {
+        let mut rt = Runtime {
             cfg,
             slots,
             render,
             dev,
-            copy_stream,
             book,
             protocol: PipelineState::new(NUM_SLOTS)?,
             buckets,
@@ -257,7 +285,6 @@ impl CudaRuntime {
             graph_bytes: 0,
             device_name,
             timings: None,
-            clock: None,
         };
         if rt.cfg.cuda_graphs {
             rt.rebuild_graphs()?;
@@ -302,18 +329,15 @@ impl CudaRuntime {
     /// Convert a waited step's events into host instants (all four have
     /// completed: the step's copy, which waited on its step-done event, has).
     fn step_timing(&self, slot: SlotId, state: &StepState) -> Result<StepTiming, CudaError> {
-        let clock = self.clock.as_ref().ok_or(CudaError::Config(
-            "timed step without a device clock".to_owned(),
-        ))?;
-        let ev = &self.slots[slot].timing;
+        let (d, ev) = (&self.dev.d, &self.slots[slot].timing);
         Ok(StepTiming {
             step: state.step,
             prefill: state.kind == StepKind::Prefill,
             rows: state.n,
-            forward_start: clock.instant(&ev.forward_start)?,
-            forward_end: clock.instant(&ev.forward_end)?,
-            sample_start: clock.instant(&ev.sample_start)?,
-            sample_end: clock.instant(&ev.sample_end)?,
+            forward_start: d.instant(&ev.forward_start)?,
+            forward_end: d.instant(&ev.forward_end)?,
+            sample_start: d.instant(&ev.sample_start)?,
+            sample_end: d.instant(&ev.sample_end)?,
         })
     }
 
@@ -322,12 +346,14 @@ impl CudaRuntime {
     fn mark(
         &self,
         slot: SlotId,
-        which: fn(&timing::StepEvents) -> &cudarc::driver::CudaEvent,
+        which: fn(&StepEvents<D>) -> &D::Event,
     ) -> Result<bool, CudaError> {
         if self.timings.is_none() {
             return Ok(false);
         }
-        which(&self.slots[slot].timing).record(&self.dev.stream)?;
+        self.dev
+            .d
+            .record(which(&self.slots[slot].timing), Stream::Compute)?;
         Ok(true)
     }
 
@@ -337,9 +363,7 @@ impl CudaRuntime {
 
     /// Block until both streams have executed everything enqueued.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.dev.sync()?;
-        self.copy_stream.synchronize()?;
-        Ok(())
+        self.dev.d.sync()
     }
 
     fn fwd_args(&self, slot: SlotId, n: usize) -> FwdArgs {
@@ -348,7 +372,7 @@ impl CudaRuntime {
         let m = &s.meta_dev;
         FwdArgs {
             n,
-            tokens: self.dev.pending.ptr,
+            tokens: self.dev.pending.ptr(),
             rows: m.at::<u32>(l.rows()),
             positions: m.at::<u32>(l.positions()),
             row_seq: m.at::<u32>(l.row_seq()),
@@ -356,14 +380,14 @@ impl CudaRuntime {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
-            x: s.ws.x.ptr,
-            xn: s.ws.xn.ptr,
-            qkv: s.ws.qkv.ptr,
-            attn: s.ws.attn.ptr,
-            delta: s.ws.delta.ptr,
-            gate_up: s.ws.gate_up.ptr,
-            act: s.ws.act.ptr,
-            hidden_last: s.hidden_last.ptr,
+            x: s.ws.x.ptr(),
+            xn: s.ws.xn.ptr(),
+            qkv: s.ws.qkv.ptr(),
+            attn: s.ws.attn.ptr(),
+            delta: s.ws.delta.ptr(),
+            gate_up: s.ws.gate_up.ptr(),
+            act: s.ws.act.ptr(),
+            hidden_last: s.hidden_last.ptr(),
         }
     }
 
@@ -372,7 +396,8 @@ impl CudaRuntime {
         let a = self.fwd_args(slot, bucket);
         self.dev.forward_layers(&a)?;
         let s = &self.slots[slot];
-        self.dev.lm_head(s.hidden_last.ptr, s.logits.ptr, bucket)
+        self.dev
+            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), bucket)
     }
 
     /// (Re)capture the decode forward of both slots for every bucket (at
@@ -380,9 +405,9 @@ impl CudaRuntime {
     /// runs once eagerly on all-padding metadata (rows write only the trash
     /// page), which also warms cuBLAS outside capture.
     pub fn rebuild_graphs(&mut self) -> Result<(), CudaError> {
-        self.dev.ctx.bind_to_thread()?;
+        self.dev.d.bind()?;
         self.synchronize()?;
-        let (free_before, _) = self.dev.ctx.mem_get_info()?;
+        let free_before = self.dev.d.free_memory()?;
         let buckets = self.buckets.clone();
         for slot in 0..NUM_SLOTS {
             self.slots[slot].graphs.clear();
@@ -402,31 +427,24 @@ impl CudaRuntime {
                     self.dev.page_size,
                     s.meta_host.as_mut_slice(),
                 )?;
-                // SAFETY: meta_dev holds total_words >= used words; the copy
-                // is synchronous, so the pinned source is free afterwards.
-                unsafe {
-                    result::memcpy_htod_sync(s.meta_dev.ptr, &s.meta_host.as_slice()[..used])
-                }?;
-                self.decode_forward(slot, b)?;
-                self.dev.sync()?;
+                // meta_dev holds total_words >= used words.
                 self.dev
-                    .stream
-                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                    .d
+                    .htod_sync(s.meta_dev.ptr(), &s.meta_host.as_slice()[..used])?;
+                self.decode_forward(slot, b)?;
+                self.dev.d.sync_compute()?;
+                self.dev.d.begin_capture()?;
                 let captured = self.decode_forward(slot, b);
-                let graph = self
-                    .dev
-                    .stream
-                    .end_capture(sys::CUgraphInstantiate_flags(0))?;
+                let graph = self.dev.d.end_capture()?;
                 captured?;
                 let graph = graph.ok_or_else(|| {
                     CudaError::Config(format!("capturing bucket {b} produced no graph"))
                 })?;
-                graph.upload()?;
-                self.slots[slot].graphs.insert(b, Graph(graph));
+                self.slots[slot].graphs.insert(b, graph);
             }
         }
-        self.dev.sync()?;
-        let (free_after, _) = self.dev.ctx.mem_get_info()?;
+        self.dev.d.sync()?;
+        let free_after = self.dev.d.free_memory()?;
         self.graph_bytes = free_before.saturating_sub(free_after);
         tracing::info!(
             buckets = ?buckets,
@@ -439,14 +457,17 @@ impl CudaRuntime {
     /// Copy `words` of the slot's pinned decode metadata and its params to the device.
     fn upload_meta(&self, slot: SlotId, words: usize, rows: usize) -> Result<(), CudaError> {
         let s = &self.slots[slot];
-        let st = self.dev.stream.cu_stream();
         // SAFETY: the pinned sources stay untouched until this slot's commit
         // (I6), after which these copies (earlier on the compute stream than
         // the step-done event the commit waited for) have completed; the
         // destinations hold at least as many bytes.
         unsafe {
-            result::memcpy_htod_async(s.meta_dev.ptr, &s.meta_host.as_slice()[..words], st)?;
-            result::memcpy_htod_async(s.params_dev.ptr, &s.params_host.as_slice()[..rows], st)?;
+            self.dev
+                .d
+                .htod(s.meta_dev.ptr(), &s.meta_host.as_slice()[..words])?;
+            self.dev
+                .d
+                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..rows])?;
         }
         Ok(())
     }
@@ -460,7 +481,7 @@ impl CudaRuntime {
     }
 }
 
-impl Executor for CudaRuntime {
+impl<D: Device> Executor for Runtime<D> {
     type Params = SamplingParams;
     type Error = CudaError;
 
@@ -519,7 +540,7 @@ impl Executor for CudaRuntime {
         if let Some(input) = seqs.iter().find(readmitted).filter(|_| !caps.readmission) {
             return Err(ExecError::PreDispatch(CudaError::Readmission(input.id)));
         }
-        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        self.dev.d.bind().map_err(fatal)?;
         let admissions = seqs.iter().map(|input| Admission {
             id: input.id,
             prompt: input.prompt,
@@ -556,10 +577,9 @@ impl Executor for CudaRuntime {
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
-        let ctx = Arc::clone(&self.dev.ctx);
         let s = &mut self.slots[slot];
-        s.ensure_prefill_capacity(&ctx, words.len())
-            .map_err(fatal)?;
+        s.ensure_prefill_capacity(&self.dev.d, words.len())
+            .map_err(ExecError::Fatal)?;
         s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
         for (p, input) in s.params_host.as_mut_slice().iter_mut().zip(seqs) {
             *p = SampleParams::from(input.params);
@@ -569,24 +589,19 @@ impl Executor for CudaRuntime {
         let timed = self
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
-        let st = self.dev.stream.cu_stream();
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
         // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
         // until this step's commit; destinations were sized above).
         unsafe {
-            result::memcpy_htod_async(
-                m.ptr,
-                &s.prefill_host.as_slice()[..layout.total_words()],
-                st,
-            )
-            .map_err(fatal)?;
-            result::memcpy_htod_async(
-                s.params_dev.ptr,
-                &s.params_host.as_slice()[..seqs.len()],
-                st,
-            )
-            .map_err(fatal)?;
+            self.dev
+                .d
+                .htod(m.ptr(), &s.prefill_host.as_slice()[..layout.total_words()])
+                .map_err(ExecError::Fatal)?;
+            self.dev
+                .d
+                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..seqs.len()])
+                .map_err(ExecError::Fatal)?;
         }
         self.dev
             .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
@@ -612,7 +627,7 @@ impl Executor for CudaRuntime {
             a += n;
         }
         self.dev
-            .lm_head(s.hidden_last.ptr, s.logits.ptr, seqs.len())
+            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), seqs.len())
             .map_err(fatal)?;
         if timed {
             self.mark(slot, |e| &e.forward_end)
@@ -699,13 +714,13 @@ impl Executor for CudaRuntime {
             s.meta_host.as_mut_slice(),
         )
         .map_err(|e| ExecError::Fatal(e.into()))?;
-        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        self.dev.d.bind().map_err(fatal)?;
         let timed = self
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
         self.upload_meta(slot, used, n).map_err(ExecError::Fatal)?;
         match self.slots[slot].graphs.get(&bucket) {
-            Some(g) => g.0.launch().map_err(fatal)?,
+            Some(g) => self.dev.d.replay(g).map_err(ExecError::Fatal)?,
             None => self
                 .decode_forward(slot, bucket)
                 .map_err(ExecError::Fatal)?,
@@ -733,20 +748,18 @@ impl Executor for CudaRuntime {
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<CudaError>> {
         self.protocol.check_sample(slot).map_err(fatal)?;
-        self.dev.ctx.bind_to_thread().map_err(fatal)?;
+        self.dev.d.bind().map_err(fatal)?;
         let vocab = self.dev.cfg.vocab_size;
         let s = &mut self.slots[slot];
         let Some(state) = s.state.as_ref() else {
             return Err(fatal(StateError::SlotBusy(slot)));
         };
         let (n, top_n, timed) = (state.n, state.top_n, state.timed);
+        let d = &self.dev.d;
         if timed {
-            s.timing
-                .sample_start
-                .record(&self.dev.stream)
-                .map_err(fatal)?;
+            d.record(&s.timing.sample_start, Stream::Compute)
+                .map_err(ExecError::Fatal)?;
         }
-        let st = self.dev.stream.cu_stream();
         // The mask goes H2D on the compute stream right before sampling.
         let (mask_flags, mask_words, wpr) = match masks {
             Some(m)
@@ -763,9 +776,8 @@ impl Executor for CudaRuntime {
                 // SAFETY: mask_dev, like mask_host, holds flags + words for
                 // max_batch rows, so the n + w copied words fit; the host
                 // source is not rewritten before this slot's commit (I6).
-                unsafe { result::memcpy_htod_async(s.mask_dev.ptr, &host[..n + w], st) }
-                    .map_err(fatal)?;
-                (s.mask_dev.ptr, s.mask_dev.at::<u32>(n), m.words_per_row)
+                unsafe { d.htod(s.mask_dev.ptr(), &host[..n + w]) }.map_err(ExecError::Fatal)?;
+                (s.mask_dev.ptr(), s.mask_dev.at::<u32>(n), m.words_per_row)
             }
             Some(m) => {
                 return Err(ExecError::Fatal(CudaError::Config(format!(
@@ -781,64 +793,55 @@ impl Executor for CudaRuntime {
         let a = SampleArgs {
             n,
             top_n,
-            logits: s.logits.ptr,
+            logits: s.logits.ptr(),
             mask_words,
             mask_flags,
             words_per_row: wpr,
-            params: s.params_dev.ptr,
+            params: s.params_dev.ptr(),
             rows: state.rows_ptr,
             positions: state.positions_ptr,
-            out_tokens: s.out_tokens.ptr,
-            out_logprobs: s.out_logprobs.ptr,
-            out_top_ids: s.out_top_ids.ptr,
-            out_top_lps: s.out_top_lps.ptr,
+            out_tokens: s.out_tokens.ptr(),
+            out_logprobs: s.out_logprobs.ptr(),
+            out_top_ids: s.out_top_ids.ptr(),
+            out_top_lps: s.out_top_lps.ptr(),
         };
         self.dev.sample(&a).map_err(fatal)?;
-        let s = &self.slots[slot];
+        let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
-            s.timing
-                .sample_end
-                .record(&self.dev.stream)
-                .map_err(fatal)?;
+            d.record(&s.timing.sample_end, Stream::Compute)
+                .map_err(ExecError::Fatal)?;
         }
-        // Step-done: after this step's last GPU write (I3).
-        s.step_done.record(&self.dev.stream).map_err(fatal)?;
-        self.copy_stream.wait(&s.step_done).map_err(fatal)?;
+        // Step-done: after this step's last device write (I3).
+        d.record(&s.step_done, Stream::Compute)
+            .map_err(ExecError::Fatal)?;
+        d.copy_waits(&s.step_done).map_err(ExecError::Fatal)?;
         let r = &mut self.render[slot];
-        let cs = self.copy_stream.cu_stream();
         // SAFETY: the copy stream waits on exactly this step's step-done
         // event, so the staging buffers hold its outputs; the pinned
         // destinations are this slot's and are read only after copy_done.
         unsafe {
-            result::memcpy_dtoh_async(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr, cs)
-                .map_err(fatal)?;
-            result::memcpy_dtoh_async(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr, cs)
-                .map_err(fatal)?;
+            d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
+                .map_err(ExecError::Fatal)?;
+            d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
+                .map_err(ExecError::Fatal)?;
             if top_n > 0 {
                 let k = n * top_n;
-                result::memcpy_dtoh_async(
-                    &mut r.top_ids.as_mut_slice()[..k],
-                    s.out_top_ids.ptr,
-                    cs,
-                )
-                .map_err(fatal)?;
-                result::memcpy_dtoh_async(
-                    &mut r.top_lps.as_mut_slice()[..k],
-                    s.out_top_lps.ptr,
-                    cs,
-                )
-                .map_err(fatal)?;
+                d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
+                    .map_err(ExecError::Fatal)?;
+                d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                    .map_err(ExecError::Fatal)?;
             }
         }
-        r.copy_done.record(&self.copy_stream).map_err(fatal)?;
+        d.record(&r.copy_done, Stream::Copy)
+            .map_err(ExecError::Fatal)?;
         self.protocol.sample(slot).map_err(fatal)?;
         Ok(())
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, CudaError> {
         self.protocol.check_wait(slot)?;
-        self.dev.ctx.bind_to_thread()?;
-        self.render[slot].copy_done.synchronize()?;
+        self.dev.d.bind()?;
+        self.dev.d.event_sync(&self.render[slot].copy_done)?;
         self.protocol.complete(slot)?;
         let state = self.slots[slot]
             .state
@@ -853,8 +856,8 @@ impl Executor for CudaRuntime {
                 Ok(t) => self.timings.get_or_insert_default().push(t),
                 Err(e) => tracing::warn!(error = %e, "dropping a step's device timing"),
             }
-            if let Some(c) = self.clock.as_mut().filter(|c| c.stale(Instant::now())) {
-                if let Err(e) = c.anchor() {
+            if self.dev.d.clock_stale(Instant::now()) {
+                if let Err(e) = self.dev.d.anchor_clock() {
                     tracing::warn!(error = %e, "re-anchoring the device clock failed");
                 }
             }
@@ -883,13 +886,7 @@ impl Executor for CudaRuntime {
 
     fn release_all(&mut self) {
         // Synchronize first: no stream may still touch a slot or a page.
-        if let Err(e) = self
-            .dev
-            .ctx
-            .bind_to_thread()
-            .map_err(CudaError::from)
-            .and_then(|_| self.synchronize())
-        {
+        if let Err(e) = self.dev.d.bind().and_then(|_| self.synchronize()) {
             tracing::error!(error = %e, "synchronize before release_all failed");
         }
         for s in &mut self.slots {
@@ -915,11 +912,8 @@ impl Executor for CudaRuntime {
             self.timings = None;
             return Ok(());
         }
-        self.dev.ctx.bind_to_thread()?;
-        match &mut self.clock {
-            Some(c) => c.anchor()?,
-            None => self.clock = Some(DeviceClock::new(&self.dev.ctx)?),
-        }
+        self.dev.d.bind()?;
+        self.dev.d.anchor_clock()?;
         self.timings.get_or_insert_default();
         Ok(())
     }
@@ -933,9 +927,9 @@ impl Executor for CudaRuntime {
     }
 }
 
-impl Drop for CudaRuntime {
+impl<D: Device> Drop for Runtime<D> {
     fn drop(&mut self) {
-        let _ = self.dev.ctx.bind_to_thread();
+        let _ = self.dev.d.bind();
         let _ = self.synchronize();
     }
 }

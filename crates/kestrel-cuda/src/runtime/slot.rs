@@ -9,17 +9,16 @@
 //! and the copy-done event; its slot is not reused before commit (I6).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, DriverError};
 use half::f16;
 use kestrel_kv::KvStep;
 use kestrel_pipeline::{RequestId, StepKind};
 
-use super::mem::{DevBuf, HostBuf};
+use super::backend::Device;
 use super::timing::StepEvents;
 use crate::ffi::SampleParams;
 use crate::host::{mask_words, DecodeLayout};
+use crate::CudaError;
 
 /// Most alternatives a row reports (as kestrel-cpu's `MAX_TOP_LOGPROBS`).
 pub(crate) const MAX_TOP: usize = 20;
@@ -40,22 +39,15 @@ pub(crate) struct SlotDims {
 }
 
 /// Forward scratch (the graph workspace): addresses captured by graphs.
-pub(crate) struct Workspace {
-    pub x: DevBuf,
-    pub xn: DevBuf,
-    pub qkv: DevBuf,
-    pub attn: DevBuf,
-    pub delta: DevBuf,
-    pub gate_up: DevBuf,
-    pub act: DevBuf,
+pub(crate) struct Workspace<D: Device> {
+    pub x: D::Buf,
+    pub xn: D::Buf,
+    pub qkv: D::Buf,
+    pub attn: D::Buf,
+    pub delta: D::Buf,
+    pub gate_up: D::Buf,
+    pub act: D::Buf,
 }
-
-/// A captured forward. `CudaGraph` is not `Send`; see the impl below.
-pub(crate) struct Graph(pub CudaGraph);
-
-// SAFETY: a graph exec is a driver handle usable from any thread with its
-// context bound; the runtime owning it is used by one thread at a time.
-unsafe impl Send for Graph {}
 
 /// The step launched on a slot, kept until its commit.
 #[derive(Debug)]
@@ -72,107 +64,108 @@ pub(crate) struct StepState {
     pub timed: bool,
 }
 
-pub(crate) struct DecodeSlot {
-    pub ws: Workspace,
-    pub hidden_last: DevBuf,
-    pub logits: DevBuf,
+pub(crate) struct DecodeSlot<D: Device> {
+    pub ws: Workspace<D>,
+    pub hidden_last: D::Buf,
+    pub logits: D::Buf,
     pub layout: DecodeLayout,
-    pub meta_host: HostBuf<u32>,
-    pub meta_dev: DevBuf,
-    pub prefill_host: HostBuf<u32>,
-    pub prefill_dev: DevBuf,
+    pub meta_host: D::Host<u32>,
+    pub meta_dev: D::Buf,
+    pub prefill_host: D::Host<u32>,
+    pub prefill_dev: D::Buf,
     pub prefill_words: Vec<u32>,
-    pub params_host: HostBuf<SampleParams>,
-    pub params_dev: DevBuf,
-    pub mask_host: HostBuf<u32>,
-    pub mask_dev: DevBuf,
-    pub out_tokens: DevBuf,
-    pub out_logprobs: DevBuf,
-    pub out_top_ids: DevBuf,
-    pub out_top_lps: DevBuf,
-    pub graphs: HashMap<usize, Graph>,
+    pub params_host: D::Host<SampleParams>,
+    pub params_dev: D::Buf,
+    pub mask_host: D::Host<u32>,
+    pub mask_dev: D::Buf,
+    pub out_tokens: D::Buf,
+    pub out_logprobs: D::Buf,
+    pub out_top_ids: D::Buf,
+    pub out_top_lps: D::Buf,
+    pub graphs: HashMap<usize, D::Graph>,
     /// The launched step's KV plan ([`kestrel_kv::SeqBook::plan_step`]),
     /// kept until its commit publishes a prefill's prompt pages.
     pub kv: KvStep<RequestId>,
-    pub step_done: CudaEvent,
+    pub step_done: D::Event,
     /// Recorded around the step only while the runtime records timings.
-    pub timing: StepEvents,
+    pub timing: StepEvents<D>,
     pub state: Option<StepState>,
 }
 
-impl DecodeSlot {
-    pub fn new(ctx: &Arc<CudaContext>, d: &SlotDims) -> Result<Self, DriverError> {
-        let r = d.fwd_rows;
-        let f32s = |n: usize| DevBuf::new(ctx, n * 4);
-        let f16s = |n: usize| DevBuf::new(ctx, n * std::mem::size_of::<f16>());
-        let mw = mask_words(d.max_batch, d.vocab);
+impl<D: Device> DecodeSlot<D> {
+    pub fn new(d: &D, dims: &SlotDims) -> Result<Self, CudaError> {
+        let r = dims.fwd_rows;
+        // Every device buffer of a slot starts zeroed: the graph warm-up of
+        // `rebuild_graphs` runs each bucket's forward before any step wrote
+        // these buffers, so no kernel reads memory nothing wrote.
+        let f32s = |n: usize| d.alloc_zeroed(n * 4);
+        let f16s = |n: usize| d.alloc_zeroed(n * std::mem::size_of::<f16>());
+        let u32s = |n: usize| d.alloc_zeroed(n * 4);
+        let mw = mask_words(dims.max_batch, dims.vocab);
         Ok(DecodeSlot {
             ws: Workspace {
-                x: f32s(r * d.hidden)?,
-                xn: f16s(r * d.hidden)?,
-                qkv: f32s(r * d.qkv)?,
-                attn: f16s(r * d.q_dim)?,
-                delta: f32s(r * d.hidden)?,
-                gate_up: f32s(r * 2 * d.ffn)?,
-                act: f16s(r * d.ffn)?,
+                x: f32s(r * dims.hidden)?,
+                xn: f16s(r * dims.hidden)?,
+                qkv: f32s(r * dims.qkv)?,
+                attn: f16s(r * dims.q_dim)?,
+                delta: f32s(r * dims.hidden)?,
+                gate_up: f32s(r * 2 * dims.ffn)?,
+                act: f16s(r * dims.ffn)?,
             },
-            hidden_last: f16s(d.max_batch * d.hidden)?,
-            logits: f32s(d.max_batch * d.vocab)?,
-            layout: d.layout,
-            meta_host: HostBuf::new(ctx, d.layout.total_words())?,
-            meta_dev: DevBuf::new(ctx, d.layout.total_words() * 4)?,
-            prefill_host: HostBuf::new(ctx, 0)?,
-            prefill_dev: DevBuf::new(ctx, 0)?,
+            hidden_last: f16s(dims.max_batch * dims.hidden)?,
+            logits: f32s(dims.max_batch * dims.vocab)?,
+            layout: dims.layout,
+            meta_host: d.host(dims.layout.total_words())?,
+            meta_dev: u32s(dims.layout.total_words())?,
+            prefill_host: d.host(0)?,
+            prefill_dev: u32s(0)?,
             prefill_words: Vec::new(),
-            params_host: HostBuf::new(ctx, d.max_batch)?,
-            params_dev: DevBuf::new(ctx, d.max_batch * std::mem::size_of::<SampleParams>())?,
-            mask_host: HostBuf::new(ctx, mw)?,
-            mask_dev: DevBuf::new(ctx, mw * 4)?,
-            out_tokens: DevBuf::new(ctx, d.max_batch * 4)?,
-            out_logprobs: f32s(d.max_batch)?,
-            out_top_ids: DevBuf::new(ctx, d.max_batch * MAX_TOP * 4)?,
-            out_top_lps: f32s(d.max_batch * MAX_TOP)?,
+            params_host: d.host(dims.max_batch)?,
+            params_dev: d.alloc_zeroed(dims.max_batch * std::mem::size_of::<SampleParams>())?,
+            mask_host: d.host(mw)?,
+            mask_dev: u32s(mw)?,
+            out_tokens: u32s(dims.max_batch)?,
+            out_logprobs: f32s(dims.max_batch)?,
+            out_top_ids: u32s(dims.max_batch * MAX_TOP)?,
+            out_top_lps: f32s(dims.max_batch * MAX_TOP)?,
             graphs: HashMap::new(),
             kv: KvStep::default(),
-            step_done: ctx.new_event(None)?,
-            timing: StepEvents::new(ctx)?,
+            step_done: d.event(false)?,
+            timing: StepEvents::new(d)?,
             state: None,
         })
     }
 
     /// Grow the prefill metadata buffers to `words` (only while the slot is
     /// idle: its previous copies have completed).
-    pub fn ensure_prefill_capacity(
-        &mut self,
-        ctx: &Arc<CudaContext>,
-        words: usize,
-    ) -> Result<(), DriverError> {
-        if self.prefill_host.len() < words {
+    pub fn ensure_prefill_capacity(&mut self, d: &D, words: usize) -> Result<(), CudaError> {
+        use super::backend::HostMem;
+        if self.prefill_host.as_slice().len() < words {
             let cap = words.next_power_of_two();
-            self.prefill_host = HostBuf::new(ctx, cap)?;
-            self.prefill_dev = DevBuf::new(ctx, cap * 4)?;
+            self.prefill_host = d.host(cap)?;
+            self.prefill_dev = d.alloc_zeroed(cap * 4)?;
         }
         Ok(())
     }
 }
 
-/// Page-locked host copies of one slot's sampled outputs.
-pub(crate) struct RenderBuffer {
-    pub tokens: HostBuf<u32>,
-    pub logprobs: HostBuf<f32>,
-    pub top_ids: HostBuf<u32>,
-    pub top_lps: HostBuf<f32>,
-    pub copy_done: CudaEvent,
+/// Host copies of one slot's sampled outputs (page-locked on CUDA).
+pub(crate) struct RenderBuffer<D: Device> {
+    pub tokens: D::Host<u32>,
+    pub logprobs: D::Host<f32>,
+    pub top_ids: D::Host<u32>,
+    pub top_lps: D::Host<f32>,
+    pub copy_done: D::Event,
 }
 
-impl RenderBuffer {
-    pub fn new(ctx: &Arc<CudaContext>, max_batch: usize) -> Result<Self, DriverError> {
+impl<D: Device> RenderBuffer<D> {
+    pub fn new(d: &D, max_batch: usize) -> Result<Self, CudaError> {
         Ok(RenderBuffer {
-            tokens: HostBuf::new(ctx, max_batch)?,
-            logprobs: HostBuf::new(ctx, max_batch)?,
-            top_ids: HostBuf::new(ctx, max_batch * MAX_TOP)?,
-            top_lps: HostBuf::new(ctx, max_batch * MAX_TOP)?,
-            copy_done: ctx.new_event(None)?,
+            tokens: d.host(max_batch)?,
+            logprobs: d.host(max_batch)?,
+            top_ids: d.host(max_batch * MAX_TOP)?,
+            top_lps: d.host(max_batch * MAX_TOP)?,
+            copy_done: d.event(false)?,
         })
     }
 }

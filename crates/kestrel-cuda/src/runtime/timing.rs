@@ -1,4 +1,5 @@
-//! Per-step device timings from CUDA events, on the host's clock.
+//! Per-step device timings from events, on the host's clock (the CUDA
+//! device's [`DeviceClock`]; the host device stamps its events directly).
 //!
 //! Each slot owns four timing events recorded on the compute stream around
 //! its step (forward start/end, sampling start/end); a [`DeviceClock`] pairs
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError};
 
+use super::backend::Device;
 use crate::CudaError;
 pub use kestrel_pipeline::StepTiming;
 
@@ -21,20 +23,20 @@ fn timing_event(ctx: &Arc<CudaContext>) -> Result<CudaEvent, DriverError> {
 }
 
 /// One slot's timing events, recorded on the compute stream.
-pub(crate) struct StepEvents {
-    pub forward_start: CudaEvent,
-    pub forward_end: CudaEvent,
-    pub sample_start: CudaEvent,
-    pub sample_end: CudaEvent,
+pub(crate) struct StepEvents<D: Device> {
+    pub forward_start: D::Event,
+    pub forward_end: D::Event,
+    pub sample_start: D::Event,
+    pub sample_end: D::Event,
 }
 
-impl StepEvents {
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
+impl<D: Device> StepEvents<D> {
+    pub fn new(d: &D) -> Result<Self, CudaError> {
         Ok(StepEvents {
-            forward_start: timing_event(ctx)?,
-            forward_end: timing_event(ctx)?,
-            sample_start: timing_event(ctx)?,
-            sample_end: timing_event(ctx)?,
+            forward_start: d.event(true)?,
+            forward_end: d.event(true)?,
+            sample_start: d.event(true)?,
+            sample_end: d.event(true)?,
         })
     }
 }

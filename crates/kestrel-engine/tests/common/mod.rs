@@ -31,6 +31,16 @@ pub fn start_default(config: EngineConfig) -> Engine {
     .expect("engine starts")
 }
 
+/// Waits (up to 10 s) until the engine holds no KV page: every finished
+/// sequence's pages return once no step refers to them.
+pub async fn kv_released(engine: &Engine) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.model_info().kv_pages_used != 0 {
+        assert!(std::time::Instant::now() < deadline, "KV still held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Counter `name` (a `kestrel_*_total` series) of the engine's metrics.
 pub fn counter(engine: &Engine, name: &str) -> u64 {
     engine

@@ -1,0 +1,728 @@
+//! The host device's kernel ops: each computes what its entry point in
+//! `kernels/*.cu` computes, on the same buffers (weights in their file's
+//! encoding, int8 activation blocks, f16 KV cache and GEMM inputs; f32
+//! residual stream, matmul outputs and logits), row by row in one thread.
+//! The ops of the quantized path, the norms and the fused RoPE + KV append
+//! call their kernels' host references ([`crate::reference`], which
+//! `tests/kernel_source.rs` holds bit for bit against the CUDA source); the
+//! GEMM (cuBLAS on the GPU), attention and SwiGLU sum in their own order,
+//! so values agree with the GPU's to rounding; greedy tokens are what
+//! parity checks.
+//!
+//! Every op slices its buffers through [`HostMemory`] (bounds-checked) after
+//! checking its output disjoint from its inputs ([`disjoint`]). Cost: the
+//! GEMM converts each weight row to f32 once per call and takes n dot
+//! products with it; `mmvq` decodes each weight block once per activation
+//! row (as the reference does); the rest is linear in the rows' sizes.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use kestrel_cpu::kernels::ops::exp as kexp;
+use kestrel_cpu::sampler::uniform;
+
+use crate::ffi::SampleParams;
+use crate::hostdev::{disjoint, HostMemory};
+use crate::kernels::MMVQ_MAX_ROWS;
+use crate::quant::{encoded_bytes, Q8Block, BLOCK};
+use crate::reference;
+use crate::runtime::backend::{
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, EmbedGather, EmbedGatherQ, Gemm, Mmvq,
+    PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Swiglu, SwigluQ8,
+};
+use crate::CudaError;
+
+const NEG: f32 = f32::NEG_INFINITY;
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    // Eight independent lanes (no mul_add: without the fma target feature
+    // it is a libm call per element), so the loop vectorizes.
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+fn max_u32(v: &[u32]) -> usize {
+    v.iter().copied().max().unwrap_or(0) as usize
+}
+
+/// The bytes `n` rows of `width` values, rows `ld` apart, span.
+fn strided(n: usize, width: usize, ld: usize, size: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        ((n - 1) * ld + width) * size
+    }
+}
+
+pub(crate) fn gemm(m: &HostMemory, a: &Gemm) -> Result<(), CudaError> {
+    let (n, out, inp, ldy) = (a.n, a.out, a.inp, a.ldy);
+    let y_len = strided(n, out, ldy, 4) / 4;
+    disjoint(&[(a.y, y_len * 4), (a.x, n * inp * 2), (a.w, out * inp * 2)])?;
+    // SAFETY: the output is disjoint from both inputs (checked above).
+    let (x, w, y) = unsafe {
+        (
+            m.slice::<f16>(a.x, n * inp)?,
+            m.slice::<f16>(a.w, out * inp)?,
+            m.slice_mut::<f32>(a.y, y_len)?,
+        )
+    };
+    let mut xf = vec![0f32; n * inp];
+    x.convert_to_f32_slice(&mut xf);
+    let mut wr = vec![0f32; inp];
+    for o in 0..out {
+        w[o * inp..(o + 1) * inp].convert_to_f32_slice(&mut wr);
+        for (r, xr) in xf.chunks_exact(inp).enumerate() {
+            y[r * ldy + o] = dot(xr, &wr);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn mmvq(m: &HostMemory, a: &Mmvq) -> Result<(), CudaError> {
+    let (n, rows, cols, ldy) = (a.n, a.rows, a.cols, a.ldy);
+    // The kernel's accumulators hold MMVQ_MAX_ROWS rows: refused as on the GPU.
+    if n > MMVQ_MAX_ROWS {
+        return Err(CudaError::Unsupported(format!(
+            "mmvq of {n} rows (at most {MMVQ_MAX_ROWS} a launch)"
+        )));
+    }
+    let (wb, nb) = (encoded_bytes(a.dtype, rows, cols), cols / BLOCK);
+    let y_len = strided(n, rows, ldy, 4) / 4;
+    disjoint(&[
+        (a.y, y_len * 4),
+        (a.w, wb),
+        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
+    ])?;
+    // SAFETY: the output is disjoint from both inputs (checked above).
+    let (w, xq, y) = unsafe {
+        (
+            m.slice::<u8>(a.w, wb)?,
+            m.slice::<Q8Block>(a.xq, n * nb)?,
+            m.slice_mut::<f32>(a.y, y_len)?,
+        )
+    };
+    let mut dense = vec![0f32; n * rows];
+    reference::mmvq(a.dtype, w, rows, cols, xq, &mut dense);
+    for (yr, dr) in y.chunks_mut(ldy).zip(dense.chunks_exact(rows)) {
+        yr[..rows].copy_from_slice(dr);
+    }
+    Ok(())
+}
+
+pub(crate) fn quantize_q8_h(m: &HostMemory, a: &QuantizeQ8H) -> Result<(), CudaError> {
+    let (n, cols) = (a.n, a.cols);
+    let nb = cols / BLOCK;
+    disjoint(&[
+        (a.x, n * cols * 2),
+        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
+    ])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (x, xq) = unsafe {
+        (
+            m.slice::<f16>(a.x, n * cols)?,
+            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
+        )
+    };
+    reference::quantize_q8_h(x, xq);
+    Ok(())
+}
+
+pub(crate) fn dequant_f16(m: &HostMemory, a: &DequantF16) -> Result<(), CudaError> {
+    let wb = encoded_bytes(a.dtype, a.row0 + a.nrows, a.cols);
+    let out_len = a.nrows * a.cols;
+    disjoint(&[(a.w, wb), (a.out, out_len * 2)])?;
+    // SAFETY: the output is disjoint from the weight (checked above).
+    let (w, out) = unsafe { (m.slice::<u8>(a.w, wb)?, m.slice_mut::<f16>(a.out, out_len)?) };
+    reference::dequant_f16(a.dtype, w, a.row0, a.cols, out);
+    Ok(())
+}
+
+/// The table rows `n` gathered rows read: `tokens[rows[i]]` (`rows` 0:
+/// `tokens[i]`), out-of-vocabulary ids (padding rows, corrupt ids) as 0,
+/// as `embed_gather` and `embed_gather_q` do.
+fn gathered_ids(
+    m: &HostMemory,
+    tokens: u64,
+    rows: u64,
+    vocab: usize,
+    n: usize,
+) -> Result<Vec<usize>, CudaError> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: read-only slices, dropped before any write.
+        let t = unsafe {
+            if rows != 0 {
+                let r = m.slice::<u32>(rows + 4 * i as u64, 1)?[0];
+                m.slice::<u32>(tokens + 4 * u64::from(r), 1)?[0]
+            } else {
+                m.slice::<u32>(tokens + 4 * i as u64, 1)?[0]
+            }
+        };
+        ids.push(if (t as usize) < vocab { t as usize } else { 0 });
+    }
+    Ok(ids)
+}
+
+pub(crate) fn embed_gather_q(m: &HostMemory, a: &EmbedGatherQ) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let ids = gathered_ids(m, a.tokens, a.rows, a.vocab, n)?;
+    let rb = encoded_bytes(a.dtype, 1, h);
+    disjoint(&[(a.x, n * h * 4), (a.table, a.vocab * rb)])?;
+    // SAFETY: `x` is disjoint from the table (checked above).
+    let (table, x) = unsafe {
+        (
+            m.slice::<u8>(a.table, a.vocab * rb)?,
+            m.slice_mut::<f32>(a.x, n * h)?,
+        )
+    };
+    for (row, &t) in x.chunks_exact_mut(h).zip(&ids) {
+        let src = &table[t * rb..(t + 1) * rb];
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = reference::dequant_elem(a.dtype, src, j);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn embed_gather(m: &HostMemory, a: &EmbedGather) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let ids = gathered_ids(m, a.tokens, a.rows, a.vocab, n)?;
+    disjoint(&[(a.x, n * h * 4), (a.table, a.vocab * h * 2)])?;
+    // SAFETY: `x` is disjoint from the table (checked above).
+    let (table, x) = unsafe {
+        (
+            m.slice::<f16>(a.table, a.vocab * h)?,
+            m.slice_mut::<f32>(a.x, n * h)?,
+        )
+    };
+    for (row, &t) in x.chunks_exact_mut(h).zip(&ids) {
+        table[t * h..(t + 1) * h].convert_to_f32_slice(row);
+    }
+    Ok(())
+}
+
+pub(crate) fn add_rms_norm(m: &HostMemory, a: &AddRmsNorm) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let out_rows = out_rows(m, a.out_row, n)?;
+    let out_len = out_rows
+        .iter()
+        .map(|&o| o.max(0) as usize + 1)
+        .max()
+        .unwrap_or(0)
+        * h;
+    let mut ranges = vec![(a.x, n * h * 4), (a.w, h * 4), (a.out, out_len * 2)];
+    if a.delta != 0 {
+        ranges.push((a.delta, n * h * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: x and out are disjoint from each other and the inputs (above).
+    let (x, w, out) = unsafe {
+        (
+            m.slice_mut::<f32>(a.x, n * h)?,
+            m.slice::<f32>(a.w, h)?,
+            m.slice_mut::<f16>(a.out, out_len)?,
+        )
+    };
+    let delta = if a.delta != 0 {
+        // SAFETY: disjoint from x and out (checked above).
+        Some(unsafe { m.slice::<f32>(a.delta, n * h) }?)
+    } else {
+        None
+    };
+    for (i, xr) in x.chunks_exact_mut(h).enumerate() {
+        let inv = reference::add_and_inv_rms(xr, delta.map(|d| &d[i * h..(i + 1) * h]), a.eps);
+        let o = out_rows[i];
+        if o < 0 {
+            continue;
+        }
+        let orow = &mut out[o as usize * h..(o as usize + 1) * h];
+        for ((ov, xv), wv) in orow.iter_mut().zip(xr.iter()).zip(w) {
+            *ov = f16::from_f32(xv * inv * wv);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn add_rms_norm_q8(m: &HostMemory, a: &AddRmsNormQ8) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let nb = h / BLOCK;
+    let out_rows = out_rows(m, a.out_row, n)?;
+    let out_len = out_rows
+        .iter()
+        .map(|&o| o.max(0) as usize + 1)
+        .max()
+        .unwrap_or(0)
+        * nb;
+    let mut ranges = vec![
+        (a.x, n * h * 4),
+        (a.w, h * 4),
+        (a.xq, out_len * std::mem::size_of::<Q8Block>()),
+    ];
+    if a.delta != 0 {
+        ranges.push((a.delta, n * h * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: x and xq are disjoint from each other and the inputs (above).
+    let (x, w, xq) = unsafe {
+        (
+            m.slice_mut::<f32>(a.x, n * h)?,
+            m.slice::<f32>(a.w, h)?,
+            m.slice_mut::<Q8Block>(a.xq, out_len)?,
+        )
+    };
+    let delta = if a.delta != 0 {
+        // SAFETY: disjoint from x and xq (checked above).
+        Some(unsafe { m.slice::<f32>(a.delta, n * h) }?)
+    } else {
+        None
+    };
+    let mut skipped = vec![Q8Block::default(); nb];
+    for (i, xr) in x.chunks_exact_mut(h).enumerate() {
+        let d = delta.map(|d| &d[i * h..(i + 1) * h]);
+        // A skipped row still takes its residual add (as the kernel does).
+        let o = out_rows[i];
+        let dst = if o < 0 {
+            &mut skipped[..]
+        } else {
+            &mut xq[o as usize * nb..(o as usize + 1) * nb]
+        };
+        reference::add_rms_norm_q8(xr, d, w, a.eps, dst);
+    }
+    Ok(())
+}
+
+/// Each row's output row: `out_row[i]` (`i32`, -1: none), or `i` when 0.
+fn out_rows(m: &HostMemory, out_row: u64, n: usize) -> Result<Vec<i32>, CudaError> {
+    Ok(if out_row != 0 {
+        // SAFETY: read-only; copied out before any write.
+        unsafe { m.slice::<i32>(out_row, n) }?.to_vec()
+    } else {
+        (0..n as i32).collect()
+    })
+}
+
+pub(crate) fn add_bias(m: &HostMemory, a: &AddBias) -> Result<(), CudaError> {
+    disjoint(&[(a.y, a.n * a.stride * 4), (a.b, a.d * 4)])?;
+    // SAFETY: y is disjoint from the bias (checked above).
+    let (y, b) = unsafe {
+        (
+            m.slice_mut::<f32>(a.y, a.n * a.stride)?,
+            m.slice::<f32>(a.b, a.d)?,
+        )
+    };
+    for row in y.chunks_exact_mut(a.stride) {
+        for (v, bv) in row[..a.d].iter_mut().zip(b) {
+            *v += bv;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), CudaError> {
+    let (n, hd) = (a.n, a.head_dim);
+    let kvd = a.num_k_heads * hd;
+    // SAFETY: read-only, copied out before any write.
+    let (pos, slots) = unsafe {
+        (
+            m.slice::<u32>(a.pos, n)?.to_vec(),
+            m.slice::<u32>(a.slot_mapping, n)?.to_vec(),
+        )
+    };
+    let table_len = (max_u32(&pos) + 1) * hd;
+    let cache_len = (max_u32(&slots) + 1) * kvd;
+    disjoint(&[
+        (a.qkv, n * a.stride * 4),
+        (a.table, table_len * 4),
+        (a.k_cache, cache_len * 2),
+        (a.v_cache, cache_len * 2),
+    ])?;
+    // SAFETY: qkv and both caches are disjoint from each other and the
+    // table (checked above).
+    let (qkv, table, kc, vc) = unsafe {
+        (
+            m.slice_mut::<f32>(a.qkv, n * a.stride)?,
+            m.slice::<f32>(a.table, table_len)?,
+            m.slice_mut::<f16>(a.k_cache, cache_len)?,
+            m.slice_mut::<f16>(a.v_cache, cache_len)?,
+        )
+    };
+    let width = (a.num_q_heads + 2 * a.num_k_heads) * hd;
+    for ((row, &p), &slot) in qkv.chunks_exact_mut(a.stride).zip(&pos).zip(&slots) {
+        let dst = slot as usize * kvd..(slot as usize + 1) * kvd;
+        reference::rope_kv_append(
+            &mut row[..width],
+            (a.num_q_heads, a.num_k_heads),
+            hd,
+            &table[p as usize * hd..(p as usize + 1) * hd],
+            a.interleaved,
+            &mut kc[dst.clone()],
+            &mut vc[dst],
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), CudaError> {
+    let (n, hd, ps) = (a.n, a.head_dim, a.page_size);
+    let kv_dim = a.num_kv_heads * hd;
+    let group = a.num_heads / a.num_kv_heads;
+    // Each row's (length, pages), read before any write.
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: read-only metadata slices.
+        let pages = unsafe {
+            let s = m.slice::<u32>(a.row_seq + 4 * i as u64, 1)?[0];
+            let len = m.slice::<u32>(a.row_pos + 4 * i as u64, 1)?[0] as usize + 1;
+            let start = m.slice::<u32>(a.kv_indptr + 4 * u64::from(s), 1)?[0];
+            let pages = m.slice::<u32>(a.kv_indices + 4 * u64::from(start), len.div_ceil(ps))?;
+            (len, pages.to_vec())
+        };
+        rows.push(pages);
+    }
+    let max_page = rows.iter().map(|(_, p)| max_u32(p)).max().unwrap_or(0);
+    let cache_len = (max_page + 1) * ps * kv_dim;
+    let out_len = n * a.num_heads * hd;
+    disjoint(&[
+        (a.out, out_len * 2),
+        (a.qkv, n * a.stride * 4),
+        (a.k_cache, cache_len * 2),
+        (a.v_cache, cache_len * 2),
+    ])?;
+    // SAFETY: the output is disjoint from every input (checked above).
+    let (qkv, kc, vc, out) = unsafe {
+        (
+            m.slice::<f32>(a.qkv, n * a.stride)?,
+            m.slice::<f16>(a.k_cache, cache_len)?,
+            m.slice::<f16>(a.v_cache, cache_len)?,
+            m.slice_mut::<f16>(a.out, out_len)?,
+        )
+    };
+    let (mut kf, mut scores, mut acc) = (vec![0f32; hd], Vec::new(), vec![0f32; hd]);
+    for (i, (len, pages)) in rows.iter().enumerate() {
+        for h in 0..a.num_heads {
+            let q = &qkv[i * a.stride + h * hd..i * a.stride + (h + 1) * hd];
+            let g = h / group;
+            let at = |j: usize| (pages[j / ps] as usize * ps + j % ps) * kv_dim + g * hd;
+            scores.clear();
+            for j in 0..*len {
+                kc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
+                scores.push(dot(q, &kf) * a.scale);
+            }
+            let mx = scores.iter().fold(NEG, |x, &s| x.max(s));
+            acc.iter_mut().for_each(|v| *v = 0.0);
+            let mut l = 0f32;
+            for (j, s) in scores.iter().enumerate() {
+                let p = kexp(s - mx);
+                l += p;
+                vc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
+                for (av, vv) in acc.iter_mut().zip(&kf) {
+                    *av += p * vv;
+                }
+            }
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            let o = &mut out[(i * a.num_heads + h) * hd..(i * a.num_heads + h + 1) * hd];
+            for (ov, av) in o.iter_mut().zip(&acc) {
+                *ov = f16::from_f32(av * inv);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn swiglu(m: &HostMemory, a: &Swiglu) -> Result<(), CudaError> {
+    let (n, f) = (a.n, a.f);
+    disjoint(&[(a.gate_up, n * 2 * f * 4), (a.out, n * f * 2)])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (gu, out) = unsafe {
+        (
+            m.slice::<f32>(a.gate_up, n * 2 * f)?,
+            m.slice_mut::<f16>(a.out, n * f)?,
+        )
+    };
+    for (row, o) in gu.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = row.split_at(f);
+        for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+            *ov = f16::from_f32(gv / (1.0 + kexp(-gv)) * uv);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn swiglu_q8(m: &HostMemory, a: &SwigluQ8) -> Result<(), CudaError> {
+    let (n, f) = (a.n, a.f);
+    let nb = f / BLOCK;
+    disjoint(&[
+        (a.gate_up, n * 2 * f * 4),
+        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
+    ])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (gu, xq) = unsafe {
+        (
+            m.slice::<f32>(a.gate_up, n * 2 * f)?,
+            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
+        )
+    };
+    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
+        reference::swiglu_q8(row, o);
+    }
+    Ok(())
+}
+
+pub(crate) fn reset_counts(m: &HostMemory, a: &ResetCounts) -> Result<(), CudaError> {
+    // SAFETY: read-only, copied out before any write.
+    let rows = unsafe { m.slice::<u32>(a.rows, a.n) }?.to_vec();
+    for r in rows {
+        // SAFETY: the only slice alive.
+        let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
+        c.fill(0);
+    }
+    Ok(())
+}
+
+pub(crate) fn sample_rows(m: &HostMemory, a: &SampleRows) -> Result<(), CudaError> {
+    let vocab = a.vocab;
+    for i in 0..a.n {
+        let at = |base: u64, size: usize| base + (i * size) as u64;
+        // SAFETY: read-only slices, copied out before the writes below.
+        let (p, kv_row, position, logits, mask, counts) = unsafe {
+            let p = m.slice::<SampleParams>(at(a.params, 40), 1)?[0];
+            let kv_row = m.slice::<u32>(at(a.rows, 4), 1)?[0];
+            let position = m.slice::<u32>(at(a.positions, 4), 1)?[0];
+            let logits = m.slice::<f32>(at(a.logits, vocab * 4), vocab)?.to_vec();
+            let constrained = a.mask_words != 0
+                && a.mask_flags != 0
+                && m.slice::<u32>(at(a.mask_flags, 4), 1)?[0] != 0;
+            let mask = if constrained {
+                let w = m.slice::<u32>(at(a.mask_words, a.words_per_row * 4), a.words_per_row)?;
+                Some(w.to_vec())
+            } else {
+                None
+            };
+            let counts = a.counts + 4 * u64::from(kv_row) * vocab as u64;
+            (p, kv_row, position, logits, mask, counts)
+        };
+        let (token, lp, top) = {
+            // SAFETY: read-only; dropped before the counts are written.
+            let c = unsafe { m.slice::<u32>(counts, vocab) }?;
+            sample_row(&logits, &p, mask.as_deref(), c, position, a.top_n)
+        };
+        // SAFETY: each write below is the only slice alive at that moment.
+        unsafe {
+            m.slice_mut::<u32>(at(a.out_tokens, 4), 1)?[0] = token;
+            m.slice_mut::<f32>(at(a.out_logprobs, 4), 1)?[0] = lp;
+            if a.top_n > 0 {
+                let ids = m.slice_mut::<u32>(at(a.out_top_ids, a.top_n * 4), a.top_n)?;
+                for (d, &(id, _)) in ids.iter_mut().zip(&top) {
+                    *d = id;
+                }
+                let lps = m.slice_mut::<f32>(at(a.out_top_lps, a.top_n * 4), a.top_n)?;
+                for (d, &(_, l)) in lps.iter_mut().zip(&top) {
+                    *d = l;
+                }
+            }
+            m.slice_mut::<u32>(a.pending + 4 * u64::from(kv_row), 1)?[0] = token;
+            m.slice_mut::<u32>(counts + 4 * u64::from(token), 1)?[0] += 1;
+        }
+    }
+    Ok(())
+}
+
+/// `fkey` of sample.cu: an order-preserving u32 key of an f32.
+fn fkey(f: f32) -> u32 {
+    let b = f.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// `upper_mid` of sample.cu.
+fn upper_mid(lo: u32, hi: u32) -> u32 {
+    hi - (hi - lo) / 2
+}
+
+/// Largest `x` in `lo..=hi` with `p(x)`, given `p(lo)`; with the iterations.
+pub(crate) fn bisect_last(mut lo: u32, mut hi: u32, p: impl Fn(u32) -> bool) -> (u32, u32) {
+    let mut iters = 0;
+    while lo < hi {
+        let mid = upper_mid(lo, hi);
+        if p(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+        iters += 1;
+    }
+    (lo, iters)
+}
+
+/// Smallest `x` in `lo..=hi` with `p(x)`, given `p(hi)`.
+fn bisect_first(mut lo: u32, mut hi: u32, p: impl Fn(u32) -> bool) -> u32 {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if p(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// `sample_rows` of `kernels/sample.cu` for one row, its block reductions
+/// done by one thread: mask, penalties, temperature; top-k and top-p by
+/// bisection on order-preserving keys (ties broken by id); min-p; the
+/// seeded draw in id order (or greedy); logprob and top-n (best first,
+/// lowest id on ties). Returns (token, logprob, top-n pairs).
+/// `tests/sample_emulation.rs` checks it against kestrel-cpu's sampler.
+pub fn sample_row(
+    logits: &[f32],
+    p: &SampleParams,
+    mask: Option<&[u32]>,
+    counts: &[u32],
+    position: u32,
+    top_n: usize,
+) -> (u32, f32, Vec<(u32, f32)>) {
+    let vocab = logits.len();
+    let mut v = logits.to_vec();
+    let greedy = p.temperature <= 0.0;
+    let inv_t = if greedy { 1.0 } else { 1.0 / p.temperature };
+    let (rp, fp, pp) = (
+        p.repetition_penalty,
+        p.frequency_penalty,
+        p.presence_penalty,
+    );
+    let pen = rp != 1.0 || fp != 0.0 || pp != 0.0;
+    // 1. mask, penalties, temperature.
+    for (t, l) in v.iter_mut().enumerate() {
+        if mask.is_some_and(|m| (m[t >> 5] >> (t & 31)) & 1 == 0) {
+            *l = NEG;
+        }
+        if pen && counts[t] > 0 {
+            if rp != 1.0 {
+                *l = if *l > 0.0 { *l / rp } else { *l * rp };
+            }
+            *l -= fp * counts[t] as f32 + pp;
+        }
+        *l = if *l > NEG { *l * inv_t } else { NEG };
+    }
+    let mx = v.iter().fold(NEG, |m, &l| m.max(l));
+    let count = v.iter().filter(|&&l| l > NEG).count() as u32;
+    if count == 0 {
+        return (0, NEG, vec![(0, NEG); top_n]);
+    }
+    let cut = |v: &mut [f32], k: u32, x: u32| {
+        for (t, l) in v.iter_mut().enumerate() {
+            let key = fkey(*l);
+            if !(key > k || (key == k && (t as u32) < x)) {
+                *l = NEG;
+            }
+        }
+    };
+    // 2. top-k.
+    if !greedy && p.top_k > 0 && p.top_k < count {
+        let k = p.top_k;
+        let ge = |m: u32| v.iter().filter(|&&l| fkey(l) >= m).count() as u32;
+        let (kk, _) = bisect_last(fkey(NEG) + 1, u32::MAX, |m| ge(m) >= k);
+        let gt = v.iter().filter(|&&l| fkey(l) > kk).count() as u32;
+        let need = k - gt;
+        let x = bisect_first(1, vocab as u32, |m| {
+            v[..m as usize].iter().filter(|&&l| fkey(l) == kk).count() as u32 >= need
+        });
+        cut(&mut v, kk, x);
+    }
+    let mass = |v: &[f32], f: &dyn Fn(usize, f32) -> bool| -> f64 {
+        v.iter()
+            .enumerate()
+            .filter(|&(t, &l)| l > NEG && f(t, l))
+            .map(|(_, &l)| f64::from(kexp(l - mx)))
+            .sum()
+    };
+    // 3. top-p.
+    if !greedy && p.top_p < 1.0 {
+        let z = mass(&v, &|_, _| true);
+        let target = f64::from(p.top_p) * z;
+        let lo = fkey(NEG) + 1;
+        if mass(&v, &|_, l| fkey(l) >= lo) >= target {
+            let (kk, _) = bisect_last(lo, u32::MAX, |m| mass(&v, &|_, l| fkey(l) >= m) >= target);
+            let gt = mass(&v, &|_, l| fkey(l) > kk);
+            let x = bisect_first(1, vocab as u32, |m| {
+                gt + mass(&v, &|t, l| (t as u32) < m && fkey(l) == kk) >= target
+            });
+            cut(&mut v, kk, x);
+        }
+    }
+    // 4. min-p.
+    if !greedy && p.min_p > 0.0 {
+        let floor = mx + p.min_p.ln();
+        v.iter_mut().filter(|l| **l < floor).for_each(|l| *l = NEG);
+    }
+    // 5. final distribution and the pick.
+    let z = mass(&v, &|_, _| true);
+    let lz = mx + z.ln() as f32;
+    let token = if greedy {
+        v.iter().position(|&l| l == mx).unwrap_or(0) as u32
+    } else {
+        let u = uniform(p.seed, position) * z;
+        let mut acc = 0f64;
+        let mut pick = None;
+        let mut last = 0;
+        for (t, &l) in v.iter().enumerate() {
+            if l > NEG {
+                last = t as u32;
+                acc += f64::from(kexp(l - mx));
+                if acc > u {
+                    pick = Some(t as u32);
+                    break;
+                }
+            }
+        }
+        pick.unwrap_or(last)
+    };
+    let lp = v[token as usize] - lz;
+    // 6. top-n, best first, lowest id on ties.
+    let mut top = Vec::with_capacity(top_n);
+    for _ in 0..top_n {
+        let best = v.iter().fold(NEG, |m, &l| m.max(l));
+        match v.iter().position(|&l| l == best && best > NEG) {
+            Some(id) => {
+                top.push((id as u32, best - lz));
+                v[id] = NEG;
+            }
+            None => top.push((0, NEG)),
+        }
+    }
+    (token, lp, top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bisection_over_all_of_u32_terminates() {
+        // The old midpoint `lo + (hi - lo + 1) / 2` wrapped to `lo` here.
+        assert_eq!(bisect_last(0, u32::MAX, |_| true), (u32::MAX, 32));
+        assert_eq!(bisect_last(0, u32::MAX, |m| m == 0).0, 0);
+        assert_eq!(bisect_last(7, 8, |m| m <= 8).0, 8);
+        let src = crate::kernels::SOURCES
+            .iter()
+            .find(|k| k.file == "sample.cu")
+            .expect("sample.cu")
+            .source;
+        assert!(src.contains("return hi - (hi - lo) / 2;"));
+        assert!(!src.contains("mid = lo + (hi - lo + 1)"));
+    }
+}

@@ -1,0 +1,331 @@
+//! [`Device`]: every operation the runtime issues to a device, one method
+//! per allocation, copy, event, graph and kernel op, so the runtime's
+//! bookkeeping (slots, KV, metadata packing, buckets, dispatch) is one body
+//! of code over two implementations: [`super::cuda::CudaDevice`] (cudarc:
+//! the GPU) and [`crate::hostdev::HostDevice`] (plain Rust on host memory
+//! laid out as the device's, run in CI).
+//!
+//! Buffers are addressed by raw `u64` addresses as kernels see them, so the
+//! runtime computes offsets once for both. Kernel-op argument structs mirror
+//! the parameters of their entry point in `kernels/*.cu` (a new kernel is a
+//! new struct and a new method). Every call only enqueues on the compute
+//! stream (I1), in order; `dtoh` goes to the copy stream.
+
+use std::time::Instant;
+
+use kestrel_model::DType;
+
+use crate::CudaError;
+
+/// Plain values that cross between host and device buffers.
+pub trait Plain: Copy + Default + Send + 'static {}
+impl Plain for u32 {}
+impl Plain for f32 {}
+impl Plain for crate::ffi::SampleParams {}
+
+/// A device allocation with a stable address.
+pub trait DevMem: Send {
+    /// Its first byte's address.
+    fn ptr(&self) -> u64;
+    /// The address `elems` elements of `T` in.
+    fn at<T>(&self, elems: usize) -> u64 {
+        self.ptr() + (elems * std::mem::size_of::<T>()) as u64
+    }
+}
+
+/// A host buffer the device copies from and into (page-locked on CUDA).
+pub trait HostMem<T: Plain>: Send {
+    fn as_slice(&self) -> &[T];
+    fn as_mut_slice(&mut self) -> &mut [T];
+}
+
+/// Which stream an event is recorded on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Compute,
+    Copy,
+}
+
+/// `y[n, out] (f32, rows `ldy` apart) = x[n, inp] (f16) * W[out, inp]^T
+/// (f16)`, f32 accumulation (cuBLAS).
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm {
+    pub y: u64,
+    pub ldy: usize,
+    pub x: u64,
+    pub w: u64,
+    pub n: usize,
+    pub out: usize,
+    pub inp: usize,
+}
+
+/// `mmvq_*` (the entry point of `dtype`, see `quant::mmvq_kernel`):
+/// `y[r * ldy + o] = W[o] . xq[r]` for `o < rows`, `r < n <= MMVQ_MAX_ROWS`;
+/// `w` holds `rows` encoded rows of `cols`, `xq` n rows of `cols / 32`
+/// [`crate::quant::Q8Block`]s.
+#[derive(Debug, Clone, Copy)]
+pub struct Mmvq {
+    pub dtype: DType,
+    pub w: u64,
+    pub xq: u64,
+    pub y: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub ldy: usize,
+    pub n: usize,
+}
+
+/// `quantize_q8_h`: f16 rows `x` (`cols` wide) to int8 blocks in `xq`.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizeQ8H {
+    pub x: u64,
+    pub xq: u64,
+    pub cols: usize,
+    pub n: usize,
+}
+
+/// `dequant_f16`: rows `row0..row0 + nrows` of the `dtype`-encoded weight
+/// `w` (`cols` wide) to f16 in `out`.
+#[derive(Debug, Clone, Copy)]
+pub struct DequantF16 {
+    pub w: u64,
+    pub dtype: DType,
+    pub row0: usize,
+    pub nrows: usize,
+    pub cols: usize,
+    pub out: u64,
+}
+
+/// `embed_gather`: `x[i] = table[tokens[rows ? rows[i] : i]]` (f16 -> f32).
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedGather {
+    pub table: u64,
+    pub tokens: u64,
+    /// 0: tokens are read directly.
+    pub rows: u64,
+    pub x: u64,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `embed_gather_q`: as [`EmbedGather`] from a `dtype`-encoded table.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedGatherQ {
+    pub table: u64,
+    pub dtype: DType,
+    pub tokens: u64,
+    /// 0: tokens are read directly.
+    pub rows: u64,
+    pub x: u64,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `add_rms_norm`: `x += delta` (delta 0: none), `out[out_row[i]] = rmsnorm(x) * w` (f16).
+#[derive(Debug, Clone, Copy)]
+pub struct AddRmsNorm {
+    pub x: u64,
+    pub delta: u64,
+    pub w: u64,
+    pub out: u64,
+    /// `i32` per row (-1: skip), 0: identity.
+    pub out_row: u64,
+    pub hidden: usize,
+    pub eps: f32,
+    pub n: usize,
+}
+
+/// `add_rms_norm_q8`: as [`AddRmsNorm`], the normalized rows quantized to
+/// int8 blocks in `xq` (`hidden / 32` per row) instead of f16.
+#[derive(Debug, Clone, Copy)]
+pub struct AddRmsNormQ8 {
+    pub x: u64,
+    pub delta: u64,
+    pub w: u64,
+    pub xq: u64,
+    /// `i32` per row (-1: skip), 0: identity.
+    pub out_row: u64,
+    pub hidden: usize,
+    pub eps: f32,
+    pub n: usize,
+}
+
+/// `add_bias`: `y[i * stride + j] += b[j]` for `j < d`.
+#[derive(Debug, Clone, Copy)]
+pub struct AddBias {
+    pub y: u64,
+    pub b: u64,
+    pub stride: usize,
+    pub d: usize,
+    pub n: usize,
+}
+
+/// `rope_kv_append`: rotate the Q heads of each `qkv` row (Q | K | V) at
+/// `pos[i]` in place; write its rotated K heads and its V (f16) to its
+/// `slot_mapping` slot of the caches (K is not written back to `qkv`).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeKvAppend {
+    pub qkv: u64,
+    pub stride: usize,
+    pub num_q_heads: usize,
+    pub num_k_heads: usize,
+    pub head_dim: usize,
+    /// `[max_pos][cos.. | sin..]`, f32.
+    pub table: u64,
+    pub pos: u64,
+    pub interleaved: bool,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub slot_mapping: u64,
+    pub n: usize,
+}
+
+/// `paged_attention`: one query row per token, causal by position, over
+/// the pages of its sequence (`row_seq`), GQA; output f16.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedAttention {
+    pub qkv: u64,
+    pub stride: usize,
+    pub out: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub row_seq: u64,
+    pub row_pos: u64,
+    pub kv_indptr: u64,
+    pub kv_indices: u64,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    pub scale: f32,
+    pub n: usize,
+}
+
+/// `swiglu`: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]` (f16).
+#[derive(Debug, Clone, Copy)]
+pub struct Swiglu {
+    pub gate_up: u64,
+    pub out: u64,
+    pub f: usize,
+    pub n: usize,
+}
+
+/// `swiglu_q8`: as [`Swiglu`], quantized to int8 blocks in `xq` (`f / 32`
+/// per row) instead of f16.
+#[derive(Debug, Clone, Copy)]
+pub struct SwigluQ8 {
+    pub gate_up: u64,
+    pub xq: u64,
+    pub f: usize,
+    pub n: usize,
+}
+
+/// `reset_counts`: zero the penalty counts of the KV rows `rows[..n]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ResetCounts {
+    pub counts: u64,
+    pub rows: u64,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `sample_rows` (see `kernels/sample.cu`): sample `n` rows, bump each
+/// row's counts and write its `pending` token.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRows {
+    pub logits: u64,
+    pub vocab: usize,
+    /// 0 with `mask_flags` 0: unconstrained.
+    pub mask_words: u64,
+    pub mask_flags: u64,
+    pub words_per_row: usize,
+    pub params: u64,
+    pub rows: u64,
+    pub positions: u64,
+    pub counts: u64,
+    pub pending: u64,
+    pub out_tokens: u64,
+    pub out_logprobs: u64,
+    pub out_top_ids: u64,
+    pub out_top_lps: u64,
+    pub top_n: usize,
+    pub n: usize,
+}
+
+/// The device operations of the runtime. See the module docs.
+///
+/// Implementations execute or enqueue in call order; `sync` waits for all of
+/// it. Between `begin_capture` and `end_capture` kernel ops are recorded,
+/// not run, with their arguments as given, and `replay` runs them again.
+pub trait Device: Send + Sized + 'static {
+    type Buf: DevMem;
+    type Host<T: Plain>: HostMem<T>;
+    type Event: Send;
+    type Graph: Send;
+
+    /// Make this device current on the calling thread.
+    fn bind(&self) -> Result<(), CudaError>;
+    /// `bytes` zero bytes (allocation time only: synchronous).
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buf, CudaError>;
+    /// `bytes` bytes whose content nothing reads before a kernel writes it.
+    fn alloc(&self, bytes: usize) -> Result<Self::Buf, CudaError>;
+    /// A buffer holding `data` (load time only: synchronous).
+    fn upload<T: Copy>(&self, data: &[T]) -> Result<Self::Buf, CudaError>;
+    /// A host buffer of `len` default values the device copies from/into.
+    fn host<T: Plain>(&self, len: usize) -> Result<Self::Host<T>, CudaError>;
+    /// A copy of `src` to `dst`, complete when this returns.
+    fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError>;
+    /// Enqueue a copy of `src` to `dst` on the compute stream.
+    ///
+    /// # Safety
+    /// `src` stays alive and unwritten until the copy has run (the runtime:
+    /// until the slot's commit, I6), and `dst` holds `size_of_val(src)` bytes.
+    unsafe fn htod<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError>;
+    /// Enqueue a copy of `src` into `dst` on the copy stream.
+    ///
+    /// # Safety
+    /// `dst` is not read or written by the host until an event recorded on
+    /// the copy stream after this call has completed; `src` holds as many bytes.
+    unsafe fn dtoh<T: Plain>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError>;
+    /// An event; `timed` ones can be converted to host instants.
+    fn event(&self, timed: bool) -> Result<Self::Event, CudaError>;
+    fn record(&self, ev: &Self::Event, on: Stream) -> Result<(), CudaError>;
+    /// The copy stream waits for `ev` before its later copies.
+    fn copy_waits(&self, ev: &Self::Event) -> Result<(), CudaError>;
+    /// Block the host until `ev` has completed.
+    fn event_sync(&self, ev: &Self::Event) -> Result<(), CudaError>;
+    /// Block until the compute stream has run everything enqueued.
+    fn sync_compute(&self) -> Result<(), CudaError>;
+    /// Block until both streams have run everything enqueued.
+    fn sync(&self) -> Result<(), CudaError>;
+    fn begin_capture(&self) -> Result<(), CudaError>;
+    /// The ops since `begin_capture`, as a graph (`None` if nothing was captured).
+    fn end_capture(&self) -> Result<Option<Self::Graph>, CudaError>;
+    fn replay(&self, g: &Self::Graph) -> Result<(), CudaError>;
+    /// Free device memory now, in bytes.
+    fn free_memory(&self) -> Result<usize, CudaError>;
+    /// Start (or re-anchor) the clock that turns timed events into instants.
+    fn anchor_clock(&mut self) -> Result<(), CudaError>;
+    /// Whether the clock should be re-anchored (or was never started).
+    fn clock_stale(&self, now: Instant) -> bool;
+    /// The host instant at which the completed, timed event `ev` completed.
+    fn instant(&self, ev: &Self::Event) -> Result<Instant, CudaError>;
+
+    fn gemm(&self, a: Gemm) -> Result<(), CudaError>;
+    fn mmvq(&self, a: Mmvq) -> Result<(), CudaError>;
+    fn quantize_q8_h(&self, a: QuantizeQ8H) -> Result<(), CudaError>;
+    fn dequant_f16(&self, a: DequantF16) -> Result<(), CudaError>;
+    fn embed_gather(&self, a: EmbedGather) -> Result<(), CudaError>;
+    fn embed_gather_q(&self, a: EmbedGatherQ) -> Result<(), CudaError>;
+    fn add_rms_norm(&self, a: AddRmsNorm) -> Result<(), CudaError>;
+    fn add_rms_norm_q8(&self, a: AddRmsNormQ8) -> Result<(), CudaError>;
+    fn add_bias(&self, a: AddBias) -> Result<(), CudaError>;
+    fn rope_kv_append(&self, a: RopeKvAppend) -> Result<(), CudaError>;
+    fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError>;
+    fn swiglu(&self, a: Swiglu) -> Result<(), CudaError>;
+    fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError>;
+    fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
+    fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError>;
+}

@@ -1,0 +1,528 @@
+//! [`CudaDevice`]: the [`Device`] on an NVIDIA GPU through cudarc: one
+//! compute stream (I1) for every kernel, GEMM (cuBLAS, workspace set so it
+//! can be captured) and H2D copy; one copy stream for the D2H copies into
+//! the render buffers; NVRTC-compiled kernels launched with raw addresses,
+//! so the same launches run eagerly and under CUDA-graph capture.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaStream,
+    LaunchConfig, PushKernelArg,
+};
+
+use super::backend::{
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, Device, EmbedGather, EmbedGatherQ, Gemm, Mmvq,
+    PagedAttention, Plain, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu,
+    SwigluQ8,
+};
+use super::mem::{DevBuf, HostBuf};
+use super::timing::DeviceClock;
+use crate::compile::CompiledKernel;
+use crate::kernels::{ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, SAMPLE_THREADS};
+use crate::quant::{mmvq_kernel, type_code, BLOCK};
+use crate::reference::NORM_THREADS;
+use crate::CudaError;
+
+/// cuBLAS workspace, set explicitly so GEMMs can be captured in graphs.
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// The loaded kernels, by entry point.
+struct Kernels {
+    _modules: Vec<Arc<CudaModule>>,
+    f: HashMap<&'static str, CudaFunction>,
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>, compiled: &[CompiledKernel]) -> Result<Self, CudaError> {
+        let mut modules = Vec::new();
+        let mut f = HashMap::new();
+        for k in compiled {
+            let m = ctx.load_module(cudarc::nvrtc::Ptx::from_src(k.ptx.clone()))?;
+            for name in k.source.functions {
+                f.insert(*name, m.load_function(name)?);
+            }
+            modules.push(m);
+        }
+        Ok(Kernels {
+            _modules: modules,
+            f,
+        })
+    }
+
+    fn get(&self, name: &'static str) -> &CudaFunction {
+        // Every name used below is registered in `kernels::SOURCES`, and
+        // `load` loaded all of them (a missing one failed at start).
+        &self.f[name]
+    }
+}
+
+/// A captured forward. `CudaGraph` is not `Send`; see the impl below.
+pub struct Graph(CudaGraph);
+
+// SAFETY: a graph exec is a driver handle usable from any thread with its
+// context bound; the runtime owning it is used by one thread at a time.
+unsafe impl Send for Graph {}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Graph")
+    }
+}
+
+/// One GPU: context, streams, kernels, cuBLAS and the event clock.
+pub struct CudaDevice {
+    pub ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    copy_stream: Arc<CudaStream>,
+    kernels: Kernels,
+    // Declared before its workspace so the handle is destroyed first.
+    blas: CudaBlas,
+    _blas_ws: DevBuf,
+    /// Created by the first `anchor_clock`.
+    clock: Option<DeviceClock>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ctx.ordinal())
+            .finish_non_exhaustive()
+    }
+}
+
+fn launch_cfg(grid: (u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn i(v: usize) -> i32 {
+    // Every dimension passed to a kernel is a model or batch size far below
+    // i32::MAX (checked at load), as the kernels' `int` parameters need.
+    v as i32
+}
+
+impl CudaDevice {
+    /// Load `compiled` into `ctx`, create both streams and cuBLAS.
+    pub fn new(ctx: &Arc<CudaContext>, compiled: &[CompiledKernel]) -> Result<Self, CudaError> {
+        let stream = ctx.new_stream()?;
+        let copy_stream = ctx.new_stream()?;
+        let kernels = Kernels::load(ctx, compiled)?;
+        let blas = CudaBlas::new(Arc::clone(&stream))?;
+        let blas_ws = DevBuf::new(ctx, CUBLAS_WORKSPACE)?;
+        // SAFETY: the handle is live and the workspace outlives it: both end
+        // up in `CudaDevice`, where `blas` is declared (so dropped) first.
+        unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                blas_ws.ptr as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE,
+            )
+        }
+        .result()?;
+        Ok(CudaDevice {
+            ctx: Arc::clone(ctx),
+            stream,
+            copy_stream,
+            kernels,
+            blas,
+            _blas_ws: blas_ws,
+            clock: None,
+        })
+    }
+
+    fn stream_of(&self, on: Stream) -> &Arc<CudaStream> {
+        match on {
+            Stream::Compute => &self.stream,
+            Stream::Copy => &self.copy_stream,
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf = DevBuf;
+    type Host<T: Plain> = HostBuf<T>;
+    type Event = CudaEvent;
+    type Graph = Graph;
+
+    fn bind(&self) -> Result<(), CudaError> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    fn alloc_zeroed(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        Ok(DevBuf::zeroed(&self.ctx, bytes)?)
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        Ok(DevBuf::new(&self.ctx, bytes)?)
+    }
+
+    fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf, CudaError> {
+        Ok(DevBuf::from_slice(&self.ctx, data)?)
+    }
+
+    fn host<T: Plain>(&self, len: usize) -> Result<HostBuf<T>, CudaError> {
+        Ok(HostBuf::new(&self.ctx, len)?)
+    }
+
+    fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        // SAFETY: callers pass a destination of at least size_of_val(src)
+        // bytes (a slot's metadata buffer); the copy is synchronous, so the
+        // source is free when it returns.
+        unsafe { result::memcpy_htod_sync(dst, src) }?;
+        Ok(())
+    }
+
+    unsafe fn htod<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        // SAFETY: the caller keeps `src` intact until the copy has run and
+        // sized `dst` (this method's contract).
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    unsafe fn dtoh<T: Plain>(&self, dst: &mut [T], src: u64) -> Result<(), CudaError> {
+        // SAFETY: the caller leaves `dst` alone until a later copy-stream
+        // event completes and sized `src` (this method's contract).
+        unsafe { result::memcpy_dtoh_async(dst, src, self.copy_stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    fn event(&self, timed: bool) -> Result<CudaEvent, CudaError> {
+        // CU_EVENT_DEFAULT: timing enabled (cudarc's default disables it).
+        let flags = timed.then_some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok(self.ctx.new_event(flags)?)
+    }
+
+    fn record(&self, ev: &CudaEvent, on: Stream) -> Result<(), CudaError> {
+        Ok(ev.record(self.stream_of(on))?)
+    }
+
+    fn copy_waits(&self, ev: &CudaEvent) -> Result<(), CudaError> {
+        Ok(self.copy_stream.wait(ev)?)
+    }
+
+    fn event_sync(&self, ev: &CudaEvent) -> Result<(), CudaError> {
+        Ok(ev.synchronize()?)
+    }
+
+    fn sync_compute(&self) -> Result<(), CudaError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// The whole context: both streams, and the legacy stream that the
+    /// synchronous load-time copies from pageable memory run on.
+    fn sync(&self) -> Result<(), CudaError> {
+        Ok(self.ctx.synchronize()?)
+    }
+
+    fn begin_capture(&self) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Option<Graph>, CudaError> {
+        let Some(g) = self.stream.end_capture(sys::CUgraphInstantiate_flags(0))? else {
+            return Ok(None);
+        };
+        g.upload()?;
+        Ok(Some(Graph(g)))
+    }
+
+    fn replay(&self, g: &Graph) -> Result<(), CudaError> {
+        Ok(g.0.launch()?)
+    }
+
+    fn free_memory(&self) -> Result<usize, CudaError> {
+        Ok(self.ctx.mem_get_info()?.0)
+    }
+
+    fn anchor_clock(&mut self) -> Result<(), CudaError> {
+        match &mut self.clock {
+            Some(c) => c.anchor(),
+            None => {
+                self.clock = Some(DeviceClock::new(&self.ctx)?);
+                Ok(())
+            }
+        }
+    }
+
+    fn clock_stale(&self, now: Instant) -> bool {
+        self.clock.as_ref().is_none_or(|c| c.stale(now))
+    }
+
+    fn instant(&self, ev: &CudaEvent) -> Result<Instant, CudaError> {
+        self.clock
+            .as_ref()
+            .ok_or(CudaError::Config(
+                "timed step without a device clock".to_owned(),
+            ))?
+            .instant(ev)
+    }
+
+    fn gemm(&self, a: Gemm) -> Result<(), CudaError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: `w` holds out*inp f16, `x` n*inp f16, `y` n rows of ldy >=
+        // out f32 (the workspace is sized for the largest n); alpha/beta are
+        // host scalars read during the call (pointer mode host) and captured
+        // by value.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                i(a.out),
+                i(a.n),
+                i(a.inp),
+                &alpha as *const f32 as *const _,
+                a.w as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                i(a.inp),
+                a.x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                i(a.inp),
+                &beta as *const f32 as *const _,
+                a.y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                i(a.ldy),
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }?;
+        Ok(())
+    }
+
+    fn mmvq(&self, a: Mmvq) -> Result<(), CudaError> {
+        let name = mmvq_kernel(a.dtype)
+            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
+        if a.n > MMVQ_MAX_ROWS {
+            return Err(CudaError::Unsupported(format!(
+                "mmvq of {} rows (at most {MMVQ_MAX_ROWS} a launch)",
+                a.n
+            )));
+        }
+        let (rows, cols, ldy, n) = (i(a.rows), i(a.cols), i(a.ldy), i(a.n));
+        let grid = a.rows.div_ceil(MMVQ_WARPS as usize) as u32;
+        let mut b = self.stream.launch_builder(self.kernels.get(name));
+        b.arg(&a.w).arg(&a.xq).arg(&a.y);
+        b.arg(&rows).arg(&cols).arg(&ldy).arg(&n);
+        // SAFETY: matches `mmvq_*`; the weight holds `rows` encoded rows of
+        // `cols`; `xq` holds n <= MMVQ_MAX_ROWS rows of cols / 32 blocks,
+        // `y` n rows of `ldy` floats from the part's output offset.
+        unsafe { b.launch(launch_cfg((grid, 1), MMVQ_WARPS * 32)) }?;
+        Ok(())
+    }
+
+    fn quantize_q8_h(&self, a: QuantizeQ8H) -> Result<(), CudaError> {
+        let (cols, n) = (i(a.cols), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("quantize_q8_h"));
+        b.arg(&a.x).arg(&a.xq).arg(&cols).arg(&n);
+        let grid = (a.cols / BLOCK).div_ceil(8) as u32;
+        // SAFETY: matches `quantize_q8_h` (8 warps, one block each); x holds
+        // n rows of cols f16 and xq n rows of cols / 32 blocks.
+        unsafe { b.launch(launch_cfg((grid, a.n as u32), 256)) }?;
+        Ok(())
+    }
+
+    fn dequant_f16(&self, a: DequantF16) -> Result<(), CudaError> {
+        let t = type_code(a.dtype);
+        let (r0, nr, cols) = (i(a.row0), i(a.nrows), i(a.cols));
+        let mut b = self.stream.launch_builder(self.kernels.get("dequant_f16"));
+        b.arg(&a.w).arg(&t).arg(&r0).arg(&nr).arg(&cols).arg(&a.out);
+        let blocks = (a.nrows * a.cols).div_ceil(256).min(65535) as u32;
+        // SAFETY: matches `dequant_f16` (grid-stride); rows row0..row0+nrows
+        // exist in the weight and `out` holds nrows * cols f16.
+        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+        Ok(())
+    }
+
+    fn embed_gather(&self, a: EmbedGather) -> Result<(), CudaError> {
+        let (h, vocab, n) = (i(a.hidden), i(a.vocab), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("embed_gather"));
+        b.arg(&a.table).arg(&a.tokens).arg(&a.rows).arg(&a.x);
+        b.arg(&h).arg(&vocab).arg(&n);
+        // SAFETY: argument types and order match `embed_gather`; every
+        // pointer addresses a live buffer sized for `n` rows.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn embed_gather_q(&self, a: EmbedGatherQ) -> Result<(), CudaError> {
+        let t = type_code(a.dtype);
+        let (h, vocab, n) = (i(a.hidden), i(a.vocab), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("embed_gather_q"));
+        b.arg(&a.table)
+            .arg(&t)
+            .arg(&a.tokens)
+            .arg(&a.rows)
+            .arg(&a.x);
+        b.arg(&h).arg(&vocab).arg(&n);
+        // SAFETY: matches `embed_gather_q`; the table holds vocab rows of
+        // hidden in type t (validated by the upload plan), x n rows.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn add_rms_norm(&self, a: AddRmsNorm) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("add_rms_norm"));
+        b.arg(&a.x)
+            .arg(&a.delta)
+            .arg(&a.w)
+            .arg(&a.out)
+            .arg(&a.out_row);
+        b.arg(&h).arg(&a.eps).arg(&n);
+        // SAFETY: matches `add_rms_norm`; x/delta/out hold n rows of hidden;
+        // NORM_THREADS is a multiple of 32 (its block sum's warps).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), NORM_THREADS as u32)) }?;
+        Ok(())
+    }
+
+    fn add_rms_norm_q8(&self, a: AddRmsNormQ8) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("add_rms_norm_q8"));
+        b.arg(&a.x)
+            .arg(&a.delta)
+            .arg(&a.w)
+            .arg(&a.xq)
+            .arg(&a.out_row);
+        b.arg(&h).arg(&a.eps).arg(&n);
+        // SAFETY: matches `add_rms_norm_q8`; x/delta hold n rows of hidden
+        // (a multiple of 32: the consumer is quantized), xq n rows of
+        // hidden / 32 blocks; NORM_THREADS is a multiple of 32.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), NORM_THREADS as u32)) }?;
+        Ok(())
+    }
+
+    fn add_bias(&self, a: AddBias) -> Result<(), CudaError> {
+        let (stride, d, n) = (i(a.stride), i(a.d), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("add_bias"));
+        b.arg(&a.y).arg(&a.b).arg(&stride).arg(&d).arg(&n);
+        // SAFETY: matches `add_bias`; the bias holds `d` floats, y n rows.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn rope_kv_append(&self, a: RopeKvAppend) -> Result<(), CudaError> {
+        let (stride, nq, nk, hd) = (
+            i(a.stride),
+            i(a.num_q_heads),
+            i(a.num_k_heads),
+            i(a.head_dim),
+        );
+        let (interleaved, n) = (i32::from(a.interleaved), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("rope_kv_append"));
+        b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd);
+        b.arg(&a.table).arg(&a.pos).arg(&interleaved);
+        b.arg(&a.k_cache)
+            .arg(&a.v_cache)
+            .arg(&a.slot_mapping)
+            .arg(&n);
+        // SAFETY: matches `rope_kv_append`; the table covers every position
+        // the runtime admits (max_seq_len rows); slot_mapping entries are
+        // below (num_pages + 1) * page_size, the layer's extent; qkv rows
+        // hold Q | K | V (stride = q_dim + 2 kv_dim).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 128)) }?;
+        Ok(())
+    }
+
+    fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
+        let stride = i(a.stride);
+        let (nq, nk, hd, ps, n) = (
+            i(a.num_heads),
+            i(a.num_kv_heads),
+            i(a.head_dim),
+            i(a.page_size),
+            i(a.n),
+        );
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("paged_attention"));
+        b.arg(&a.qkv)
+            .arg(&stride)
+            .arg(&a.out)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache);
+        b.arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&a.kv_indptr)
+            .arg(&a.kv_indices);
+        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale).arg(&n);
+        // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
+        // fit its shared arrays; indices come from the page table.
+        unsafe {
+            b.launch(launch_cfg(
+                (a.num_heads as u32, a.n as u32),
+                ATTENTION_THREADS,
+            ))
+        }?;
+        Ok(())
+    }
+
+    fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
+        let (f, n) = (i(a.f), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("swiglu"));
+        b.arg(&a.gate_up).arg(&a.out).arg(&f).arg(&n);
+        let blocks = ((a.n * a.f).div_ceil(256)).min(65535) as u32;
+        // SAFETY: matches `swiglu` (grid-stride loop over n*f).
+        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+        Ok(())
+    }
+
+    fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError> {
+        let (f, n) = (i(a.f), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("swiglu_q8"));
+        b.arg(&a.gate_up).arg(&a.xq).arg(&f).arg(&n);
+        let grid = (a.f / BLOCK).div_ceil(8) as u32;
+        // SAFETY: matches `swiglu_q8` (8 warps, one block each); f is a
+        // multiple of 32 (the down projection is quantized) and xq holds n
+        // rows of f / 32 blocks.
+        unsafe { b.launch(launch_cfg((grid, a.n as u32), 256)) }?;
+        Ok(())
+    }
+
+    fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("reset_counts"));
+        b.arg(&a.counts).arg(&a.rows).arg(&vocab).arg(&n);
+        // SAFETY: matches `reset_counts`; rows are KV rows < counts' rows.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError> {
+        let vocab = i(a.vocab);
+        let (wpr, top_n, n) = (i(a.words_per_row), i(a.top_n), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("sample_rows"));
+        b.arg(&a.logits)
+            .arg(&vocab)
+            .arg(&a.mask_words)
+            .arg(&a.mask_flags)
+            .arg(&wpr);
+        b.arg(&a.params).arg(&a.rows).arg(&a.positions);
+        b.arg(&a.counts).arg(&a.pending);
+        b.arg(&a.out_tokens)
+            .arg(&a.out_logprobs)
+            .arg(&a.out_top_ids)
+            .arg(&a.out_top_lps);
+        b.arg(&top_n).arg(&n);
+        // SAFETY: matches `sample_rows`; its block size is SAMPLE_THREADS
+        // (the scan buffer's size); outputs hold n rows (top_n wide).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), SAMPLE_THREADS)) }?;
+        Ok(())
+    }
+}
