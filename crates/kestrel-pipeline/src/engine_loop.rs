@@ -559,7 +559,7 @@ impl<E: Executor> EngineLoop<E> {
     /// Check I2 (FIFO), I4 (refs equal membership), I6 (slot busy until
     /// commit) and capacity against the executor. For tests and debug builds.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
-        self.state.check().map_err(InvariantError::Slots)?;
+        self.state.check()?;
         let mut slots = Vec::with_capacity(self.state.num_slots());
         slots.extend(self.state.queued().map(|c| c.slot));
         slots.extend(self.state.launch_handle().map(|h| h.slot));

@@ -77,5 +77,7 @@ pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };
 pub use speculate::NgramSpec;
-pub use state::{LaunchHandle, PendingCommit, PipelineState, StateError, StepKind};
+pub use state::{
+    LaunchHandle, PendingCommit, PipelineState, ProtocolViolation, StateError, StepKind,
+};
 pub use timing::StepTiming;

@@ -75,6 +75,20 @@ pub enum StateError {
     NotSampled(SlotId),
 }
 
+/// A broken structural invariant of [`PipelineState`] ([`PipelineState::check`]):
+/// always a bug, never a refused call (those are [`StateError`]s).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolViolation {
+    #[error("{in_flight} steps in flight with {num_slots} slots")]
+    TooManyInFlight { in_flight: usize, num_slots: usize },
+    #[error("slot {slot} holds two steps")]
+    SlotHoldsTwoSteps { slot: SlotId },
+    #[error("busy mask {busy:b} but records use {records:b}")]
+    BusyMismatch { busy: u32, records: u32 },
+    #[error("steps out of FIFO order: {steps:?}")]
+    OutOfFifoOrder { steps: Vec<u64> },
+}
+
 /// Slot and queue bookkeeping for the ping-pong pipeline.
 #[derive(Debug, Clone)]
 pub struct PipelineState {
@@ -285,15 +299,14 @@ impl PipelineState {
     }
 
     /// Check the structural invariants: total in flight <= slots, busy bits
-    /// equal the slots of all records, FIFO step order (I2). Returns a
-    /// description of the first violation.
-    pub fn check(&self) -> Result<(), String> {
+    /// equal the slots of all records, FIFO step order (I2). Returns the
+    /// first violation.
+    pub fn check(&self) -> Result<(), ProtocolViolation> {
         if self.in_flight() > self.num_slots {
-            return Err(format!(
-                "{} steps in flight with {} slots",
-                self.in_flight(),
-                self.num_slots
-            ));
+            return Err(ProtocolViolation::TooManyInFlight {
+                in_flight: self.in_flight(),
+                num_slots: self.num_slots,
+            });
         }
         let mut bits = 0u32;
         let mut steps = Vec::with_capacity(self.num_slots);
@@ -305,19 +318,19 @@ impl PipelineState {
             .chain(self.launch_handle.iter().map(|h| (h.slot, h.step)));
         for (slot, step) in records {
             if bits & (1 << slot) != 0 {
-                return Err(format!("slot {slot} holds two steps"));
+                return Err(ProtocolViolation::SlotHoldsTwoSteps { slot });
             }
             bits |= 1 << slot;
             steps.push(step);
         }
         if bits != self.busy {
-            return Err(format!(
-                "busy mask {:b} but records use {:b}",
-                self.busy, bits
-            ));
+            return Err(ProtocolViolation::BusyMismatch {
+                busy: self.busy,
+                records: bits,
+            });
         }
         if steps.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(format!("steps out of FIFO order: {steps:?}"));
+            return Err(ProtocolViolation::OutOfFifoOrder { steps });
         }
         Ok(())
     }

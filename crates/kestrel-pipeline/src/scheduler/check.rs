@@ -13,9 +13,9 @@ use crate::RequestId;
 /// A broken invariant: always a bug in the pipeline (or its executor).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvariantError {
-    /// The slot state machine's own check failed (it describes the violation).
-    #[error("slot protocol: {0}")]
-    Slots(String),
+    /// The slot state machine's own check failed.
+    #[error("slot protocol")]
+    Slots(#[from] crate::state::ProtocolViolation),
     #[error("request {id}: inflight_refs {refs} but in {steps} in-flight steps")]
     RefsMismatch { id: RequestId, refs: u8, steps: u8 },
     #[error("released sequence {idx} is still in an in-flight step")]
