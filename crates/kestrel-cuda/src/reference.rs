@@ -7,6 +7,7 @@
 //! kestrel-cpu's kernels.
 
 use half::f16;
+use kestrel_model::quant::{f16_at, scale_min_k4};
 use kestrel_model::DType;
 
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
@@ -59,24 +60,8 @@ pub fn quantize_q8_h(x: &[f16], out: &mut [Q8Block]) {
     quantize_q8(&v, out);
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
 fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-/// ggml `get_scale_min_k4`.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
 }
 
 /// A 32-element block's integer weights, the scales of its elements 0..16

@@ -28,16 +28,10 @@ use kestrel_cuda::reference;
 use kestrel_model::synthetic::Rng;
 use kestrel_model::{DType, Matrix};
 
-const QUANTIZED: [DType; 8] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
+/// Every block-quantized type Kestrel reads.
+fn quantized() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|d| d.is_quantized())
+}
 
 /// The inline PTX of the compiled sources and its host replacement.
 const PTX_REWRITES: [(&str, &str); 3] = [
@@ -210,7 +204,7 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
     };
     // 9 rows: the last block of 4 warps has one idle warp.
     let (rows, cols) = (9, 1024);
-    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
+    for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
         for n in [1, 3, MMVQ_MAX_ROWS] {
             let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);

@@ -17,7 +17,9 @@ use crate::{DType, Matrix};
 
 mod kquant;
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
+/// The little-endian f16 at byte `i` of a block, widened (every block
+/// scale in ggml's formats).
+pub fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
@@ -114,7 +116,7 @@ fn dequantize_q5_k(blk: &[u8], y: &mut [f32]) {
 }
 
 /// ggml `get_scale_min_k4`: 6-bit scale and min of sub-block `j` from the 12 packed bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -8,16 +8,10 @@ use crate::reference::*;
 use kestrel_cpu::kernels::{matmul, ops, Isa, Numerics, Weight};
 use kestrel_model::synthetic::Rng;
 
-const QUANTIZED: [DType; 8] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
+/// Every block-quantized type Kestrel reads.
+fn quantized() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|d| d.is_quantized())
+}
 
 fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = Rng(seed);
@@ -53,7 +47,7 @@ fn mmvq_matches_the_cpu_fast_numerics_for_every_quantized_type() {
     // `2 nb eps` of the terms' magnitudes.
     let (rows, cols) = (37, 1024);
     let nb = cols / BLOCK;
-    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
+    for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &values(rows * cols, 1 + t as u64, 1.0));
         let cpu_w = Weight::prepare("w", &m).expect("prepare");
         for n in [1, 3, 16] {
@@ -93,7 +87,7 @@ fn mmvq_is_the_exact_product_within_the_quantization_error() {
     // Independent of kestrel-cpu: against the f64 product of the
     // ggml-dequantized weights and the exact activations.
     let (rows, cols) = (5, 512);
-    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
+    for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &values(rows * cols, 50 + t as u64, 1.0));
         let wf = m.to_f32();
         let x = values(cols, 7, 1.0);
@@ -157,7 +151,7 @@ fn integer_blocks_decode_to_ggml_values() {
     // load_block's integers times its scales (plus its minimum) are the
     // ggml value of every element: the kernel's block decode is right.
     let cols = 512;
-    for (t, dtype) in QUANTIZED.into_iter().enumerate() {
+    for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, 1, cols, &values(cols, 70 + t as u64, 1.0));
         let want = m.to_f32();
         for b in 0..cols / BLOCK {
