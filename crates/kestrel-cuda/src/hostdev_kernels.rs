@@ -212,34 +212,67 @@ pub(crate) fn embed_gather(m: &HostMemory, a: &EmbedGather) -> Result<(), CudaEr
     Ok(())
 }
 
-pub(crate) fn add_rms_norm(m: &HostMemory, a: &AddRmsNorm) -> Result<(), CudaError> {
-    let (n, h) = (a.n, a.hidden);
-    let out_rows = out_rows(m, a.out_row, n)?;
+/// What both norms read and write but their output: the residual stream
+/// `x` (the add writes it), the weight `w`, the optional `delta`, and each
+/// row's output row.
+struct NormRows<'m> {
+    x: &'m mut [f32],
+    w: &'m [f32],
+    delta: Option<&'m [f32]>,
+    out_rows: Vec<i32>,
+    /// Output rows to hold: one past the largest row written.
+    out_len: usize,
+}
+
+/// Checks `x`, `w`, `delta` and the output (`out`, `row_bytes` a row) are
+/// disjoint, then takes every slice of a norm but its output.
+fn norm_rows<'m>(
+    m: &'m HostMemory,
+    (x, delta, w): (u64, u64, u64),
+    (out, row_bytes): (u64, usize),
+    out_row: u64,
+    (n, h): (usize, usize),
+) -> Result<NormRows<'m>, CudaError> {
+    let out_rows = out_rows(m, out_row, n)?;
     let out_len = out_rows
         .iter()
         .map(|&o| o.max(0) as usize + 1)
         .max()
-        .unwrap_or(0)
-        * h;
-    let mut ranges = vec![(a.x, n * h * 4), (a.w, h * 4), (a.out, out_len * 2)];
-    if a.delta != 0 {
-        ranges.push((a.delta, n * h * 4));
+        .unwrap_or(0);
+    let mut ranges = vec![(x, n * h * 4), (w, h * 4), (out, out_len * row_bytes)];
+    if delta != 0 {
+        ranges.push((delta, n * h * 4));
     }
     disjoint(&ranges)?;
-    // SAFETY: x and out are disjoint from each other and the inputs (above).
-    let (x, w, out) = unsafe {
-        (
-            m.slice_mut::<f32>(a.x, n * h)?,
-            m.slice::<f32>(a.w, h)?,
-            m.slice_mut::<f16>(a.out, out_len)?,
-        )
-    };
-    let delta = if a.delta != 0 {
-        // SAFETY: disjoint from x and out (checked above).
-        Some(unsafe { m.slice::<f32>(a.delta, n * h) }?)
+    // SAFETY: x is disjoint from w, delta and the output (checked above);
+    // w and delta are only read.
+    let (x, w) = unsafe { (m.slice_mut::<f32>(x, n * h)?, m.slice::<f32>(w, h)?) };
+    let delta = if delta != 0 {
+        // SAFETY: read-only, disjoint from x and the output (checked above).
+        Some(unsafe { m.slice::<f32>(delta, n * h) }?)
     } else {
         None
     };
+    Ok(NormRows {
+        x,
+        w,
+        delta,
+        out_rows,
+        out_len,
+    })
+}
+
+pub(crate) fn add_rms_norm(m: &HostMemory, a: &AddRmsNorm) -> Result<(), CudaError> {
+    let h = a.hidden;
+    let NormRows {
+        x,
+        w,
+        delta,
+        out_rows,
+        out_len,
+    } = norm_rows(m, (a.x, a.delta, a.w), (a.out, h * 2), a.out_row, (a.n, h))?;
+    // SAFETY: out is disjoint from x, w and delta (checked by norm_rows).
+    let out = unsafe { m.slice_mut::<f16>(a.out, out_len * h)? };
     for (i, xr) in x.chunks_exact_mut(h).enumerate() {
         let inv = reference::add_and_inv_rms(xr, delta.map(|d| &d[i * h..(i + 1) * h]), a.eps);
         let o = out_rows[i];
@@ -255,38 +288,24 @@ pub(crate) fn add_rms_norm(m: &HostMemory, a: &AddRmsNorm) -> Result<(), CudaErr
 }
 
 pub(crate) fn add_rms_norm_q8(m: &HostMemory, a: &AddRmsNormQ8) -> Result<(), CudaError> {
-    let (n, h) = (a.n, a.hidden);
+    let h = a.hidden;
     let nb = h / BLOCK;
-    let out_rows = out_rows(m, a.out_row, n)?;
-    let out_len = out_rows
-        .iter()
-        .map(|&o| o.max(0) as usize + 1)
-        .max()
-        .unwrap_or(0)
-        * nb;
-    let mut ranges = vec![
-        (a.x, n * h * 4),
-        (a.w, h * 4),
-        (a.xq, out_len * std::mem::size_of::<Q8Block>()),
-    ];
-    if a.delta != 0 {
-        ranges.push((a.delta, n * h * 4));
-    }
-    disjoint(&ranges)?;
-    // SAFETY: x and xq are disjoint from each other and the inputs (above).
-    let (x, w, xq) = unsafe {
-        (
-            m.slice_mut::<f32>(a.x, n * h)?,
-            m.slice::<f32>(a.w, h)?,
-            m.slice_mut::<Q8Block>(a.xq, out_len)?,
-        )
-    };
-    let delta = if a.delta != 0 {
-        // SAFETY: disjoint from x and xq (checked above).
-        Some(unsafe { m.slice::<f32>(a.delta, n * h) }?)
-    } else {
-        None
-    };
+    let row_bytes = nb * std::mem::size_of::<Q8Block>();
+    let NormRows {
+        x,
+        w,
+        delta,
+        out_rows,
+        out_len,
+    } = norm_rows(
+        m,
+        (a.x, a.delta, a.w),
+        (a.xq, row_bytes),
+        a.out_row,
+        (a.n, h),
+    )?;
+    // SAFETY: xq is disjoint from x, w and delta (checked by norm_rows).
+    let xq = unsafe { m.slice_mut::<Q8Block>(a.xq, out_len * nb)? };
     let mut skipped = vec![Q8Block::default(); nb];
     for (i, xr) in x.chunks_exact_mut(h).enumerate() {
         let d = delta.map(|d| &d[i * h..(i + 1) * h]);
