@@ -19,7 +19,7 @@ use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
     AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ, Gemm,
-    Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Swiglu, SwigluQ8,
+    Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, Swiglu, SwigluQ8,
 };
 use crate::host::{rope_table, stack_bias};
 use crate::kernels::{MAX_HEAD_DIM, MMVQ_MAX_ROWS};
@@ -123,24 +123,6 @@ pub(crate) struct FwdArgs {
     pub gate_up: u64,
     pub act: u64,
     pub hidden_last: u64,
-}
-
-/// Raw addresses of one sampling launch.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SampleArgs {
-    pub n: usize,
-    pub top_n: usize,
-    pub logits: u64,
-    pub mask_words: u64,
-    pub mask_flags: u64,
-    pub words_per_row: usize,
-    pub params: u64,
-    pub rows: u64,
-    pub positions: u64,
-    pub out_tokens: u64,
-    pub out_logprobs: u64,
-    pub out_top_ids: u64,
-    pub out_top_lps: u64,
 }
 
 /// Sizes of the device-side state [`DeviceModel::new`] allocates.
@@ -555,28 +537,6 @@ impl<D: Device> DeviceModel<D> {
             rows,
             vocab: self.cfg.vocab_size,
             n,
-        })
-    }
-
-    /// Sample `a.n` rows (see `kernels/sample.cu`).
-    pub fn sample(&self, a: &SampleArgs) -> Result<(), CudaError> {
-        self.d.sample_rows(SampleRows {
-            logits: a.logits,
-            vocab: self.cfg.vocab_size,
-            mask_words: a.mask_words,
-            mask_flags: a.mask_flags,
-            words_per_row: a.words_per_row,
-            params: a.params,
-            rows: a.rows,
-            positions: a.positions,
-            counts: self.counts.ptr(),
-            pending: self.pending.ptr(),
-            out_tokens: a.out_tokens,
-            out_logprobs: a.out_logprobs,
-            out_top_ids: a.out_top_ids,
-            out_top_lps: a.out_top_lps,
-            top_n: a.top_n,
-            n: a.n,
         })
     }
 }

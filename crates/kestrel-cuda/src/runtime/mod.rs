@@ -38,9 +38,9 @@ use kestrel_pipeline::{
     TokenMask,
 };
 
-use self::backend::{DevMem, Device, HostMem, Stream};
+use self::backend::{DevMem, Device, HostMem, SampleRows, Stream};
 use self::cuda::CudaDevice;
-use self::device::{DeviceModel, FwdArgs, KvGeometry, SampleArgs};
+use self::device::{DeviceModel, FwdArgs, KvGeometry};
 use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
 use self::timing::{StepEvents, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
@@ -790,10 +790,14 @@ impl<D: Device> Executor for Runtime<D> {
             }
             None => (0, 0, 0),
         };
-        let a = SampleArgs {
+        // Sample `n` rows (see `kernels/sample.cu`).
+        let a = SampleRows {
             n,
             top_n,
             logits: s.logits.ptr(),
+            vocab,
+            counts: self.dev.counts.ptr(),
+            pending: self.dev.pending.ptr(),
             mask_words,
             mask_flags,
             words_per_row: wpr,
@@ -805,7 +809,7 @@ impl<D: Device> Executor for Runtime<D> {
             out_top_ids: s.out_top_ids.ptr(),
             out_top_lps: s.out_top_lps.ptr(),
         };
-        self.dev.sample(&a).map_err(fatal)?;
+        self.dev.d.sample_rows(a).map_err(fatal)?;
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
             d.record(&s.timing.sample_end, Stream::Compute)
