@@ -9,7 +9,7 @@ use crate::DType;
 /// Everything that can go wrong while fetching, parsing or loading a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {path}")]
     Io {
         path: PathBuf,
         #[source]
@@ -62,7 +62,7 @@ pub enum ModelError {
         family: crate::Family,
         feature: String,
     },
-    #[error("failed to parse {path}: {source}")]
+    #[error("failed to parse {path}")]
     Json {
         path: PathBuf,
         #[source]
@@ -86,7 +86,7 @@ pub enum ModelError {
     },
     #[error("tensor `{tensor}` has dtype {dtype}, expected one of F32/F16/BF16")]
     UnsupportedSafetensorsDtype { tensor: String, dtype: String },
-    #[error("failed to read safetensors file {path}: {source}")]
+    #[error("failed to read safetensors file {path}")]
     Safetensors {
         path: PathBuf,
         #[source]
@@ -98,12 +98,12 @@ pub enum ModelError {
     // ----- tokenizer / chat template -----
     #[error("unsupported tokenizer: {reason}")]
     UnsupportedTokenizer { reason: String },
-    #[error("failed to build or load the tokenizer: {source}")]
+    #[error("failed to build or load the tokenizer")]
     Tokenizer {
         #[source]
         source: tokenizers::Error,
     },
-    #[error("chat template error: {source}")]
+    #[error("chat template error")]
     ChatTemplate {
         #[source]
         source: minijinja::Error,
