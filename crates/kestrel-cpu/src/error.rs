@@ -2,16 +2,9 @@
 //! [`CpuError`]; variants carry the numbers that were wrong so a caller can
 //! report them without re-deriving anything.
 
-use kestrel_model::DType;
-
 /// Errors of the CPU runtime's compute layer.
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
-    /// A weight's dtype is read only in the layout `Weight::prepare` makes
-    /// (Q5_0, Q5_1 and the K-quants), and was handed to `MatRef::new` as stored.
-    #[error("weight `{name}` ({dtype}) is read only after `Weight::prepare` repacks it")]
-    NeedsRepack { name: String, dtype: DType },
-
     /// A weight or buffer has a shape that disagrees with the model config.
     #[error("`{name}`: expected {expected}, got {got}")]
     Shape {

@@ -18,7 +18,7 @@ use crate::kernels::attention::{attend_group, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
 use crate::kernels::Weight;
-use crate::kernels::{Isa, Numerics};
+use crate::kernels::{Isa, Numerics, OutPtr};
 use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
@@ -142,22 +142,6 @@ impl Seqs<'_> {
     }
 }
 
-/// A shared output pointer for tasks writing disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: used only by parallel regions (`attention`, `act_mul`) whose
-// tasks each write a distinct range of the buffer, which outlives the region.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Check `m`'s shape and prepare it for the kernels.
 fn check_matrix(name: &str, m: &Matrix, rows: usize, cols: usize) -> Result<Weight, CpuError> {
     if m.rows != rows || m.cols != cols {
@@ -188,9 +172,8 @@ fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Resu
 
 impl CpuModel {
     /// Validate `weights` against their config, prepare them for the
-    /// kernels and start the compute team. Q4_0/Q4_1 matrices are repacked
-    /// with f32 scales (owned copies, 11-20% larger: see
-    /// [`crate::kernels::weight`]); every other matrix is used in place, so a
+    /// kernels and start the compute team. Every matrix is used in place, in
+    /// its file encoding (see [`crate::kernels::weight`]), so a
     /// memory-mapped GGUF's pages are shared, not copied.
     pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
         let c = weights.config.clone();

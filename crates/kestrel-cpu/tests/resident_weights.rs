@@ -31,19 +31,12 @@ fn file_tensor_bytes(w: &ModelWeights) -> usize {
     b
 }
 
-/// Measured at `000e955` (2 layers, hidden 256, FFN 512, vocab 512, tied;
-/// resident / file tensor bytes, f32 norms included): F32, F16, BF16, Q8_0
-/// 1.000 (used in place); Q4_0 1.110 (f32 scale: 20-byte blocks for 18);
-/// Q4_1 1.199 (24 for 20); Q5_0 1.090 (24 for 22); Q5_1 1.166 (28 for 24);
-/// Q4_K 1.331 (eight 24-byte sub-blocks for a 144-byte super-block); Q5_K
-/// 1.271 (8 x 28 for 176); Q6_K 1.218 (8 x 32 for 210). All of the excess
-/// is `kernels::weight::repack`'s f32 scales and scale products: the tied
-/// head shares the embedding's bytes (nothing is held twice) and the
-/// embedding is held in the same repacked encoding as the matrices, not
-/// dequantized. Ignored until the kernels read the GGUF blocks directly
-/// (issue 30, item 3); run with `--ignored` to print the ratios.
+/// Every type is held in its file encoding, shared with the loaded file:
+/// 1.000 for each (measured at `000e955`, before the kernels read the
+/// stored blocks directly: Q4_0 1.110, Q5_0 1.090, Q4_1 1.199, Q5_1 1.166,
+/// Q4_K 1.331, Q5_K 1.271, Q6_K 1.218, from f32 block scales and split
+/// K-quant super-blocks). The tied head shares the embedding's bytes.
 #[test]
-#[ignore = "the kernels read repacked blocks with f32 scales: up to 1.33x (issue 30, item 3)"]
 fn resident_weights_stay_within_5_percent_of_the_file_for_every_type() {
     // 256 columns everywhere: whole K-quant super-blocks.
     let cfg = config(512, 256, 512, 2, 4, 2, RopeStyle::Interleaved);

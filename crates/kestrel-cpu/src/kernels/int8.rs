@@ -1,7 +1,7 @@
 //! Fast numerics ([`Numerics::Fast`]): activations quantized to int8 per
 //! 32-element block, integer dot products with every quantized weight block
-//! (Q8_0, Q4_0, Q4_1, and the 32-element blocks `weight.rs` rewrites Q5_0,
-//! Q5_1 and the K-quants into; ggml's Q8_1 activations). This file is the
+//! (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the 32-element sub-blocks of the
+//! K-quants, read in place; ggml's Q8_1 activations). This file is the
 //! *definition* of the mode's results; `x86_int8.rs` reproduces it bit for
 //! bit with AVX2 and AVX-512 VNNI for finite activations. Dense encodings
 //! (F32/F16/BF16) keep the exact f32 path in either mode.
@@ -20,7 +20,7 @@
 //! kernels put one output (weight row, activation row) in each lane and run
 //! the definition's float steps lane by lane.
 
-use super::scalar::BLOCK;
+use super::scalar::{decode_block, BLOCK};
 use super::weight::Encoding;
 
 /// How the matrix kernels compute: int8 activations for the encodings that
@@ -70,102 +70,38 @@ pub(crate) fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
     }
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_bits(u32_at(b, i))
-}
-
 /// Whether `enc`'s blocks have a scale per 16 elements (Q6_K), not one.
 pub(crate) const fn two_scales(enc: Encoding) -> bool {
-    matches!(enc, Encoding::Q6KF)
+    matches!(enc, Encoding::Q6K)
 }
 
 /// Whether `enc`'s blocks have a minimum (`m_w * s_x` is added): Q4_1,
 /// Q5_1, Q4_K, Q5_K. Their integer weights are nonnegative, the other
-/// types' signed ([`int_weights`]).
+/// types' signed ([`decode_block`]).
 pub(crate) const fn has_min(enc: Encoding) -> bool {
     matches!(
         enc,
-        Encoding::Q4_1 | Encoding::Q4_1F | Encoding::Q4KF | Encoding::Q5_1F
+        Encoding::Q4_1 | Encoding::Q5_1 | Encoding::Q4K | Encoding::Q5K
     )
 }
 
-/// The largest `|w|` [`int_weights`] gives for `enc` (0 for dense ones).
+/// The largest `|w|` [`decode_block`] gives for `enc` (0 for dense ones).
 pub(crate) const fn max_abs_weight(enc: Encoding) -> i32 {
     match enc {
         Encoding::Q8_0 => 128,
-        Encoding::Q4_0 | Encoding::Q4_0F => 8,
-        Encoding::Q4_1 | Encoding::Q4_1F | Encoding::Q4KF => 15,
-        Encoding::Q5_0F => 16,
-        Encoding::Q5_1F => 31,
-        Encoding::Q6KF => 32,
+        Encoding::Q4_0 => 8,
+        Encoding::Q4_1 | Encoding::Q4K => 15,
+        Encoding::Q5_0 => 16,
+        Encoding::Q5_1 | Encoding::Q5K => 31,
+        Encoding::Q6K => 32,
         Encoding::F32 | Encoding::F16 | Encoding::Bf16 => 0,
     }
 }
 
-/// A block's integer weights, the scales of its elements 0..16 and 16..32
-/// (equal but for Q6_K), and its minimum (0 when none). The layouts are
-/// `weight.rs`'s [`Encoding`] docs.
-fn int_weights(enc: Encoding, b: &[u8]) -> ([i32; BLOCK], [f32; 2], f32) {
-    // Element i of 16 Q4_0-order nibble bytes, with bit 4 (and bit 5) of
-    // element i from bit i of the planes `h4` (and `h5`), minus `off`.
-    let quants = |qs: &[u8], h4: u32, h5: u32, off: i32| -> [i32; BLOCK] {
-        std::array::from_fn(|i| {
-            let q = if i < 16 {
-                qs[i] & 0x0F
-            } else {
-                qs[i - 16] >> 4
-            };
-            let high = ((h4 >> i) & 1) << 4 | ((h5 >> i) & 1) << 5;
-            (u32::from(q) | high) as i32 - off
-        })
-    };
-    let nibbles = |qs: &[u8], off: i32| quants(qs, 0, 0, off);
-    let one = |d: f32| [d, d];
-    match enc {
-        Encoding::Q8_0 => (
-            std::array::from_fn(|i| i32::from(b[2 + i] as i8)),
-            one(f16_at(b, 0)),
-            0.0,
-        ),
-        Encoding::Q4_0 => (nibbles(&b[2..18], 8), one(f16_at(b, 0)), 0.0),
-        Encoding::Q4_0F => (nibbles(&b[4..20], 8), one(f32_at(b, 0)), 0.0),
-        Encoding::Q4_1 => (nibbles(&b[4..20], 0), one(f16_at(b, 0)), f16_at(b, 2)),
-        Encoding::Q4_1F | Encoding::Q4KF => {
-            (nibbles(&b[8..24], 0), one(f32_at(b, 0)), f32_at(b, 4))
-        }
-        Encoding::Q5_0F => (
-            quants(&b[8..24], u32_at(b, 4), 0, 16),
-            one(f32_at(b, 0)),
-            0.0,
-        ),
-        Encoding::Q5_1F => (
-            quants(&b[12..28], u32_at(b, 8), 0, 0),
-            one(f32_at(b, 0)),
-            f32_at(b, 4),
-        ),
-        Encoding::Q6KF => (
-            quants(&b[16..32], u32_at(b, 8), u32_at(b, 12), 32),
-            [f32_at(b, 0), f32_at(b, 4)],
-            0.0,
-        ),
-        dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
-            unreachable!("{dense:?} has no integer dot")
-        }
-    }
-}
-
-/// The largest `|w|` of the block at the start of `b` (tests).
+/// The largest `|w|` of block `blk` of `row` (tests).
 #[cfg(test)]
-pub(crate) fn block_max_abs(enc: Encoding, b: &[u8]) -> i32 {
-    int_weights(enc, b)
+pub(crate) fn block_max_abs(enc: Encoding, row: &[u8], blk: usize) -> i32 {
+    decode_block(enc, row, blk)
         .0
         .iter()
         .map(|w| w.abs())
@@ -176,12 +112,11 @@ pub(crate) fn block_max_abs(enc: Encoding, b: &[u8]) -> i32 {
 /// Canonical fast-mode dot product of one encoded row with a quantized
 /// activation row (one [`Q8Block`] per weight block).
 pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
-    let bb = enc.block_bytes();
     let two = two_scales(enc);
     let mut acc = 0f32;
     let mut mins = 0f32;
     for (blk, xb) in xq.iter().enumerate() {
-        let (w, dw, mw) = int_weights(enc, &row[blk * bb..(blk + 1) * bb]);
+        let (w, dw, mw) = decode_block(enc, row, blk);
         let sum = |r: std::ops::Range<usize>| -> f32 {
             r.map(|i| w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
         };

@@ -13,7 +13,7 @@ use kestrel_model::Matrix;
 use super::int8::{self, LaneRows, Numerics, Q8Block};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
-use super::Isa;
+use super::{Isa, OutPtr};
 use crate::team::Team;
 use crate::CpuError;
 
@@ -31,19 +31,15 @@ pub struct MatRef<'a> {
 }
 
 impl<'a> MatRef<'a> {
-    /// Validate `m` for the kernels, as stored (see [`super::Weight`] for
-    /// the faster repacked form): supported dtype, whole blocks for
-    /// quantized dtypes, and enough bytes.
+    /// Validate `m` for the kernels, as stored (what [`super::Weight`]
+    /// holds): whole blocks for quantized dtypes, and enough bytes.
     pub fn new(name: &str, m: &'a Matrix) -> Result<Self, CpuError> {
-        let enc = Encoding::of(m.dtype).ok_or_else(|| CpuError::NeedsRepack {
-            name: name.to_owned(),
-            dtype: m.dtype,
-        })?;
+        let enc = Encoding::of(m.dtype);
         let (rows, cols, data) = (m.rows, m.cols, &m.data[..]);
-        if enc.is_quantized() && !cols.is_multiple_of(32) {
+        if enc.is_quantized() && !cols.is_multiple_of(enc.block_elems()) {
             return Err(CpuError::Shape {
                 name: name.to_owned(),
-                expected: "cols a multiple of 32".into(),
+                expected: format!("cols a multiple of {}", enc.block_elems()),
                 got: cols.to_string(),
             });
         }
@@ -81,15 +77,6 @@ pub struct MatmulJob<'a> {
     pub w: MatRef<'a>,
     pub y: &'a mut [f32],
 }
-
-/// A raw output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (distinct weight rows) through it and
-// the owning `&mut [f32]` outlives the parallel region (see `matmul_group`).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above; no element is read or written by two tasks.
-unsafe impl Sync for OutPtr {}
 
 /// `y = x w^T` for one matrix. See [`matmul_group`].
 pub fn matmul(
@@ -404,7 +391,8 @@ unsafe fn lanes_rows_task<B: x86_int8::Int8Block>(
 }
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
-/// `a.x`: whole tiles (4 x 1 or 2 x 2), then the rest one row at a time.
+/// `a.x`: whole tiles (one row: 8-row GEMV tiles, then 4 x 1; two: 2 x 2),
+/// then the rest one row at a time.
 /// Element `(r, c)` goes to `y[c * y_stride + r]`.
 ///
 /// # Safety
@@ -418,7 +406,8 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
     y_stride: usize,
 ) {
     macro_rules! sweep {
-        ($R:literal, $NB:literal) => {{
+        ($R:literal, $NB:literal, $a:expr, $rows:expr, $y:expr) => {{
+            let (a, rows, y): (x86_int8::Int8Args, usize, *mut f32) = ($a, $rows, $y);
             let done = rows / $R * $R;
             // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
             // contract); the rest starts at row `done <= rows`.
@@ -434,9 +423,13 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
         }};
     }
     if cn == 2 {
-        sweep!(2, 2)
+        sweep!(2, 2, a, rows, y)
     } else {
-        sweep!(4, 1)
+        // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
+        let done = rows / 8 * 8;
+        // SAFETY: rows 0..done from `a.w` and their outputs exist (fn contract).
+        unsafe { x86_int8::gemv8_256::<B>(a, rows / 8, y) };
+        sweep!(4, 1, a.skip_rows(done), rows - done, y.wrapping_add(done))
     }
 }
 
@@ -859,7 +852,7 @@ unsafe fn tile(
 }
 
 #[cfg(target_arch = "x86_64")]
-use super::{x86, x86_int8};
+use super::{x86, x86_blocks, x86_int8};
 
 /// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
 pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {

@@ -7,7 +7,7 @@
 //! count.
 
 // The one map from a weight's [`weight::Encoding`] to its x86 block type,
-// for the modules below (callers have `x86` and `Encoding` in scope).
+// for the modules below (callers have `x86_blocks` and `Encoding` in scope).
 
 /// `$go!(B)` with `B` the x86 `x86_int8::Int8Block` type of quantized
 /// encoding `$enc` (a dense one has no integer dot: unreachable).
@@ -15,15 +15,14 @@
 macro_rules! for_int8_block {
     ($enc:expr, $go:ident) => {
         match $enc {
-            Encoding::Q8_0 => $go!(x86::Q8_0B),
-            Encoding::Q4_0 => $go!(x86::Q4_0B),
-            Encoding::Q4_1 => $go!(x86::Q4_1B),
-            Encoding::Q4_0F => $go!(x86::Q4_0FB),
-            Encoding::Q4_1F => $go!(x86::Q4_1FB),
-            Encoding::Q5_0F => $go!(x86::Q5_0FB),
-            Encoding::Q5_1F => $go!(x86::Q5_1FB),
-            Encoding::Q4KF => $go!(x86::Q4KFB),
-            Encoding::Q6KF => $go!(x86::Q6KFB),
+            Encoding::Q8_0 => $go!(x86_blocks::Q8_0B),
+            Encoding::Q4_0 => $go!(x86_blocks::Q4_0B),
+            Encoding::Q4_1 => $go!(x86_blocks::Q4_1B),
+            Encoding::Q5_0 => $go!(x86_blocks::Q5_0B),
+            Encoding::Q5_1 => $go!(x86_blocks::Q5_1B),
+            Encoding::Q4K => $go!(x86_blocks::Q4KB),
+            Encoding::Q5K => $go!(x86_blocks::Q5KB),
+            Encoding::Q6K => $go!(x86_blocks::Q6KB),
             dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
                 unreachable!("{dense:?} has no integer dot")
             }
@@ -31,14 +30,14 @@ macro_rules! for_int8_block {
     };
 }
 
-/// `$go!(B)` with `B` the x86 `x86::Block` type of encoding `$enc`.
+/// `$go!(B)` with `B` the x86 `x86_blocks::Block` type of encoding `$enc`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! for_block {
     ($enc:expr, $go:ident) => {
         match $enc {
-            Encoding::F32 => $go!(x86::F32B),
-            Encoding::F16 => $go!(x86::F16B),
-            Encoding::Bf16 => $go!(x86::Bf16B),
+            Encoding::F32 => $go!(x86_blocks::F32B),
+            Encoding::F16 => $go!(x86_blocks::F16B),
+            Encoding::Bf16 => $go!(x86_blocks::Bf16B),
             quantized => for_int8_block!(quantized, $go),
         }
     };
@@ -53,6 +52,8 @@ pub mod weight;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_blocks;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
 
 use std::sync::OnceLock;
@@ -62,6 +63,24 @@ use crate::CpuError;
 pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
 pub use weight::{Encoding, Weight};
+
+/// A raw output pointer shared by the tasks of one parallel region (the
+/// matmuls' weight rows, attention's heads, `act_mul`'s ranges), each task
+/// writing elements that no other task reads or writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+// SAFETY: every region that shares one hands its tasks disjoint elements of
+// a buffer that it borrows mutably for longer than the region runs.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no element is accessed by two tasks.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    pub(crate) fn ptr(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// Which instruction set the matrix kernels use. All produce identical bits.
 /// Ordered by capability: each ISA's CPUs also run the ones before it.

@@ -3,7 +3,8 @@
 //! Canonical order: a row is consumed in 16-element chunks; element `16c + l`
 //! is fused-multiply-added into lane `l` (chunks in order), then the 16 lanes
 //! are summed by the fixed tree `l + (l+8)`, `+ (l+4)`, `+ (l+2)`, `+ (l+1)`.
-//! Dequantization is exact per element (see [`dequant_block`]). The SIMD
+//! Dequantization is exact per element (see [`dequant_block`]), read from
+//! the stored blocks in place. The SIMD
 //! kernels in `x86.rs` follow the same operations lane for lane.
 
 #![allow(clippy::needless_range_loop)] // element index drives both lane and source offset
@@ -31,91 +32,149 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-/// The 32 elements of the block starting at `b` (32 dense elements, or a
-/// quantized block). Canonical dequantization:
-/// Q8_0 `q * d`; Q4_0 `(q - 8) * d`; Q4_1 `fma(q, d, m)` (one rounding;
-/// the f32 reference's `q * d + m` differs by at most 1 ulp per weight).
-/// The f32-scale repackings give the same values as their GGUF blocks.
-/// The repacked-only encodings give ggml's reference values exactly:
-/// Q5_0F `(q - 16) * d`; Q5_1F and Q4KF `q * d + m` rounded twice (Q4_K and
-/// Q5_K store `-(dmin * m)`, and `a + -b == a - b` in IEEE arithmetic);
-/// Q6KF `(q - 32) * d` with `d` per 16 elements.
-pub(crate) fn dequant_block(enc: Encoding, b: &[u8], out: &mut [f32; BLOCK]) {
-    let q8_0 = |d: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
-        for (o, &q) in out.iter_mut().zip(qs) {
-            *o = (q as i8) as f32 * d;
-        }
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K/Q5_K super-block
+/// whose first 16 bytes are `head` (f16 `d`, f16 `dmin`, 12 packed bytes:
+/// ggml's `get_scale_min_k4`), as the f32 products `d * sc` and `dmin * m`.
+#[inline(always)]
+pub(crate) fn k_scale_min(head: &[u8; 16], j: usize) -> (f32, f32) {
+    let q = &head[4..16];
+    let (sc, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     };
-    let q4_0 = |d: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
-        for i in 0..16 {
-            let q = qs[i];
-            out[i] = ((q & 0x0F) as i32 - 8) as f32 * d;
-            out[i + 16] = ((q >> 4) as i32 - 8) as f32 * d;
-        }
+    (
+        f16_at(head, 0) * f32::from(sc),
+        f16_at(head, 2) * f32::from(m),
+    )
+}
+
+/// The 32 six-bit quants of sub-block `b` (0..8) of a Q6_K super-block
+/// `sb`, in element order (ggml's layout: halves of 128 elements, each from
+/// 64 low-nibble bytes and 32 bytes of 2-bit pairs).
+#[inline]
+pub(crate) fn q6k_quants(sb: &[u8], b: usize) -> [u8; BLOCK] {
+    let (n, s) = (b / 4, b % 4);
+    let ql = &sb[64 * n + 32 * (s % 2)..];
+    let qh = &sb[128 + 32 * n..];
+    std::array::from_fn(|l| ((ql[l] >> (4 * (s / 2))) & 0x0F) | (((qh[l] >> (2 * s)) & 3) << 4))
+}
+
+/// A quantized block's integer weights, the scales of its elements 0..16
+/// and 16..32 (equal but for Q6_K), and its minimum (0 when none): block
+/// `blk` (32 elements) of `row`, read in place (layouts: [`Encoding`]).
+/// Integer weights: Q8_0 `q`, Q4_0 `q - 8`, Q5_0 `q - 16`, Q6_K `q - 32`,
+/// Q4_1/Q5_1/Q4_K/Q5_K `q` (those have a minimum: Q4_1/Q5_1 `m`, Q4_K/Q5_K
+/// `-(dmin * m)`).
+pub(crate) fn decode_block(enc: Encoding, row: &[u8], blk: usize) -> ([i32; BLOCK], [f32; 2], f32) {
+    let b = &row[enc.block_offset(blk)..];
+    // Element i of 16 Q4_0-order nibble bytes, bit 4 from bit i of `qh`,
+    // minus `off`.
+    let q5 = |qs: &[u8], qh: u32, off: i32| -> [i32; BLOCK] {
+        std::array::from_fn(|i| {
+            let q = if i < 16 {
+                qs[i] & 0x0F
+            } else {
+                qs[i - 16] >> 4
+            };
+            (u32::from(q) | ((qh >> i) & 1) << 4) as i32 - off
+        })
     };
-    let q4_1 = |d: f32, m: f32, qs: &[u8], out: &mut [f32; BLOCK]| {
-        for i in 0..16 {
-            let q = qs[i];
-            out[i] = ((q & 0x0F) as f32).mul_add(d, m);
-            out[i + 16] = ((q >> 4) as f32).mul_add(d, m);
-        }
+    let one = |d: f32| [d, d];
+    // Sub-block j's nibbles of a Q4_K/Q5_K super-block.
+    let k_nibbles = |qs: &[u8], j: usize| -> [u8; BLOCK] {
+        std::array::from_fn(|l| (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F)
     };
-    // Element i of 32 from Q4_0-order nibbles and its fifth (and sixth) bits.
-    let nib = |qs: &[u8], i: usize| -> u32 {
-        if i < 16 {
-            u32::from(qs[i] & 0x0F)
-        } else {
-            u32::from(qs[i - 16] >> 4)
-        }
-    };
-    let q5 = |qh: u32, qs: &[u8], i: usize| nib(qs, i) | (((qh >> i) & 1) << 4);
+    let j = blk % 8;
     match enc {
-        Encoding::Q5_0F => {
-            let (d, qh) = (f32_at(b, 0), u32_at(b, 4));
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = (q5(qh, &b[8..24], i) as i32 - 16) as f32 * d;
-            }
+        Encoding::Q8_0 => (
+            std::array::from_fn(|i| i32::from(b[2 + i] as i8)),
+            one(f16_at(b, 0)),
+            0.0,
+        ),
+        Encoding::Q4_0 => (q5(&b[2..18], 0, 8), one(f16_at(b, 0)), 0.0),
+        Encoding::Q4_1 => (q5(&b[4..20], 0, 0), one(f16_at(b, 0)), f16_at(b, 2)),
+        Encoding::Q5_0 => (q5(&b[6..22], u32_at(b, 2), 16), one(f16_at(b, 0)), 0.0),
+        Encoding::Q5_1 => (
+            q5(&b[8..24], u32_at(b, 4), 0),
+            one(f16_at(b, 0)),
+            f16_at(b, 2),
+        ),
+        Encoding::Q4K | Encoding::Q5K => {
+            let head: &[u8; 16] = b[..16].try_into().expect("a K-quant head");
+            let (d, m) = k_scale_min(head, j);
+            let qs = if enc == Encoding::Q5K {
+                &b[48..176]
+            } else {
+                &b[16..144]
+            };
+            let nib = k_nibbles(qs, j);
+            let w = std::array::from_fn(|l| {
+                let high = if enc == Encoding::Q5K {
+                    ((b[16 + l] >> j) & 1) << 4
+                } else {
+                    0
+                };
+                i32::from(nib[l] | high)
+            });
+            (w, one(d), -m)
         }
-        Encoding::Q5_1F => {
-            let (d, m, qh) = (f32_at(b, 0), f32_at(b, 4), u32_at(b, 8));
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = q5(qh, &b[12..28], i) as f32 * d + m;
-            }
+        Encoding::Q6K => {
+            let q = q6k_quants(b, j);
+            let d = f16_at(b, 208);
+            let sc = |h: usize| d * f32::from(b[192 + 2 * j + h] as i8);
+            (
+                std::array::from_fn(|l| i32::from(q[l]) - 32),
+                [sc(0), sc(1)],
+                0.0,
+            )
         }
-        Encoding::Q4KF => {
-            let (d, m) = (f32_at(b, 0), f32_at(b, 4));
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = nib(&b[8..24], i) as f32 * d + m;
-            }
+        dense @ (Encoding::F32 | Encoding::F16 | Encoding::Bf16) => {
+            unreachable!("{dense:?} has no quantized blocks")
         }
-        Encoding::Q6KF => {
-            let (d0, d1) = (f32_at(b, 0), f32_at(b, 4));
-            let (b4, b5) = (u32_at(b, 8), u32_at(b, 12));
-            for (i, o) in out.iter_mut().enumerate() {
-                let q = nib(&b[16..32], i) | (((b4 >> i) & 1) << 4) | (((b5 >> i) & 1) << 5);
-                *o = (q as i32 - 32) as f32 * if i < 16 { d0 } else { d1 };
-            }
-        }
+    }
+}
+
+/// The 32 elements of block `blk` of `row` (32 dense elements, or a
+/// quantized block or K-quant sub-block). Canonical dequantization, from
+/// [`decode_block`]'s integer weights `w`, scale `d` and minimum `m`:
+/// Q8_0, Q4_0, Q5_0, Q6_K `w * d`; Q4_1 `fma(w, d, m)` (one rounding; the
+/// f32 reference's `q * d + m` differs by at most 1 ulp per weight);
+/// Q5_1, Q4_K, Q5_K `w * d + m` rounded twice (ggml's reference values
+/// exactly: Q4_K and Q5_K's `m` is `-(dmin * m)`, and `a + -b == a - b` in
+/// IEEE arithmetic).
+pub(crate) fn dequant_block(enc: Encoding, row: &[u8], blk: usize, out: &mut [f32; BLOCK]) {
+    let dense = &row[enc.block_offset(blk)..];
+    match enc {
         Encoding::F32 => {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = f32_at(b, 4 * i);
+                *o = f32_at(dense, 4 * i);
             }
         }
         Encoding::F16 => {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = f16_at(b, 2 * i);
+                *o = f16_at(dense, 2 * i);
             }
         }
         Encoding::Bf16 => {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = bf16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32();
+                *o = bf16::from_bits(u16::from_le_bytes([dense[2 * i], dense[2 * i + 1]])).to_f32();
             }
         }
-        Encoding::Q8_0 => q8_0(f16_at(b, 0), &b[2..34], out),
-        Encoding::Q4_0 => q4_0(f16_at(b, 0), &b[2..18], out),
-        Encoding::Q4_0F => q4_0(f32_at(b, 0), &b[4..20], out),
-        Encoding::Q4_1 => q4_1(f16_at(b, 0), f16_at(b, 2), &b[4..20], out),
-        Encoding::Q4_1F => q4_1(f32_at(b, 0), f32_at(b, 4), &b[8..24], out),
+        q => {
+            let (w, d, m) = decode_block(q, row, blk);
+            for (i, o) in out.iter_mut().enumerate() {
+                let (w, d) = (w[i] as f32, d[i / 16]);
+                *o = match q {
+                    Encoding::Q4_1 => w.mul_add(d, m),
+                    Encoding::Q5_1 | Encoding::Q4K | Encoding::Q5K => w * d + m,
+                    _ => w * d,
+                };
+            }
+        }
     }
 }
 
@@ -134,10 +193,9 @@ pub(crate) fn dense_elem(enc: Encoding, row: &[u8], i: usize) -> f32 {
 /// Dequantize a whole row (`out.len()` = cols) in canonical values.
 pub(crate) fn dequant_row(enc: Encoding, row: &[u8], out: &mut [f32]) {
     let nfull = out.len() / BLOCK;
-    let bb = enc.block_bytes();
     let mut buf = [0f32; BLOCK];
     for blk in 0..nfull {
-        dequant_block(enc, &row[blk * bb..(blk + 1) * bb], &mut buf);
+        dequant_block(enc, row, blk, &mut buf);
         out[blk * BLOCK..(blk + 1) * BLOCK].copy_from_slice(&buf);
     }
     for i in nfull * BLOCK..out.len() {
@@ -179,11 +237,10 @@ pub(crate) fn reduce16(a: &[f32; LANES]) -> f32 {
 /// Canonical dot product of one encoded row with `x` (`x.len()` = cols).
 pub(crate) fn dot(enc: Encoding, row: &[u8], x: &[f32]) -> f32 {
     let nfull = x.len() / BLOCK;
-    let bb = enc.block_bytes();
     let mut acc = [0f32; LANES];
     let mut w = [0f32; BLOCK];
     for blk in 0..nfull {
-        dequant_block(enc, &row[blk * bb..(blk + 1) * bb], &mut w);
+        dequant_block(enc, row, blk, &mut w);
         let xb = &x[blk * BLOCK..(blk + 1) * BLOCK];
         for l in 0..LANES {
             acc[l] = w[l].mul_add(xb[l], acc[l]);

@@ -1,10 +1,11 @@
 //! x86-64 SIMD tiles of the canonical dot product (see `scalar.rs`).
 //!
 //! A tile multiplies `R` weight rows by `NB` activation rows over whole
-//! 32-element blocks, dequantizing each block once into registers and reusing
-//! it for all `NB` activations. Lane `l` of each accumulator receives exactly
-//! the fused multiply-adds the scalar definition gives lane `l`, so results
-//! are bit-identical to `scalar::dot` whatever `R`, `NB` or the ISA.
+//! 32-element blocks, dequantizing each block once into registers
+//! (`x86_blocks.rs`) and reusing it for all `NB` activations. Lane `l` of
+//! each accumulator receives exactly the fused multiply-adds the scalar
+//! definition gives lane `l`, so results are bit-identical to `scalar::dot`
+//! whatever `R`, `NB` or the ISA.
 
 // Const-generic tiles index `acc[r][c]` alongside other per-(r, c) arrays.
 #![allow(clippy::needless_range_loop)]
@@ -12,620 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::scalar::LANES;
-
-/// One 32-element block encoding, dequantized into registers.
-pub(crate) trait Block {
-    /// Bytes per 32-element block.
-    const BYTES: usize;
-    /// Elements 0..16 and 16..32 of the block at `p`.
-    ///
-    /// # Safety
-    /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
-    /// AVX-512F/BW, AVX2, FMA and F16C.
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512);
-    /// Elements 0..8, 8..16, 16..24, 24..32 of the block at `p`.
-    ///
-    /// # Safety
-    /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
-    /// AVX2, FMA and F16C.
-    unsafe fn dq256(p: *const u8) -> [__m256; 4];
-}
-
-#[derive(Debug)]
-pub(crate) struct F32B;
-#[derive(Debug)]
-pub(crate) struct F16B;
-#[derive(Debug)]
-pub(crate) struct Bf16B;
-#[derive(Debug)]
-pub(crate) struct Q8_0B;
-#[derive(Debug)]
-pub(crate) struct Q4_0B;
-#[derive(Debug)]
-pub(crate) struct Q4_1B;
-#[derive(Debug)]
-pub(crate) struct Q4_0FB;
-#[derive(Debug)]
-pub(crate) struct Q4_1FB;
-#[derive(Debug)]
-pub(crate) struct Q5_0FB;
-#[derive(Debug)]
-pub(crate) struct Q5_1FB;
-#[derive(Debug)]
-pub(crate) struct Q4KFB;
-#[derive(Debug)]
-pub(crate) struct Q6KFB;
-
-/// The f16 scale at `p` as f32, and the one at `p + 2` (lanes 0 and 1).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn scales(p: *const u8) -> __m128 {
-    // SAFETY: the caller guarantees `p` is valid for the block's bytes, which
-    // start with at least 2 bytes of scale; reading 4 is within every block
-    // of a quantized dtype (Q8_0/Q4_0 blocks are 34/18 bytes).
-    unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned())) }
-}
-
-impl Block for F32B {
-    const BYTES: usize = 128;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 128 readable bytes at `p` (trait contract).
-        unsafe {
-            (
-                _mm512_loadu_ps(p as *const f32),
-                _mm512_loadu_ps(p.add(64) as *const f32),
-            )
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        let f = p as *const f32;
-        // SAFETY: 128 readable bytes at `p` (trait contract).
-        unsafe {
-            [
-                _mm256_loadu_ps(f),
-                _mm256_loadu_ps(f.add(8)),
-                _mm256_loadu_ps(f.add(16)),
-                _mm256_loadu_ps(f.add(24)),
-            ]
-        }
-    }
-}
-
-impl Block for F16B {
-    const BYTES: usize = 64;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 64 readable bytes at `p` (trait contract); f16 -> f32 is exact.
-        unsafe {
-            (
-                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
-                _mm512_cvtph_ps(_mm256_loadu_si256(p.add(32) as *const __m256i)),
-            )
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 64 readable bytes at `p` (trait contract).
-        unsafe {
-            let l = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(o) as *const __m128i));
-            [l(0), l(16), l(32), l(48)]
-        }
-    }
-}
-
-impl Block for Bf16B {
-    const BYTES: usize = 64;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 64 readable bytes at `p` (trait contract); bf16 -> f32 is a shift.
-        unsafe {
-            let l = |o: usize| {
-                let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(o) as *const __m256i));
-                _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
-            };
-            (l(0), l(32))
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 64 readable bytes at `p` (trait contract).
-        unsafe {
-            let l = |o: usize| {
-                let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(o) as *const __m128i));
-                _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
-            };
-            [l(0), l(16), l(32), l(48)]
-        }
-    }
-}
-
-impl Block for Q8_0B {
-    const BYTES: usize = 34;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 quants.
-        unsafe {
-            let d = _mm512_broadcastss_ps(scales(p));
-            let l = |o: usize| {
-                let q = _mm_loadu_si128(p.add(o) as *const __m128i);
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d)
-            };
-            (l(2), l(18))
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: 34 readable bytes at `p` (trait contract).
-        unsafe {
-            let d = _mm256_broadcastss_ps(scales(p));
-            let a = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let b = _mm_loadu_si128(p.add(18) as *const __m128i);
-            let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-            [c(a), c(_mm_srli_si128(a, 8)), c(b), c(_mm_srli_si128(b, 8))]
-        }
-    }
-}
-
-/// `[0.0, 1.0, .., 15.0]`: every value of a nibble.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-fn nibble_values() -> __m512 {
-    _mm512_setr_ps(
-        0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.,
-    )
-}
-
-/// Elements 0..16 (low nibbles) and 16..32 (high nibbles) of the 16 packed
-/// bytes at `q`, each mapped through the 16-entry `table`. One permute per
-/// 16 weights replaces masking, widening, converting and scaling them.
-///
-/// # Safety
-/// `q` must be valid for reading 16 bytes; the CPU must support AVX-512F.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn nibble_lookup(q: *const u8, table: __m512) -> (__m512, __m512) {
-    // SAFETY: 16 readable bytes at `q` (fn contract).
-    let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(q as *const __m128i) });
-    // vpermps reads only the low 4 bits of each index lane, so the low
-    // nibble needs no mask and the high one only a shift.
-    (
-        _mm512_permutexvar_ps(q, table),
-        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(q), table),
-    )
-}
-
-/// The f32 at `p` (a repacked block's scale) in every lane.
-///
-/// # Safety
-/// `p` must be valid for reading 4 bytes; the CPU must support AVX-512F.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn splat512(p: *const u8) -> __m512 {
-    // SAFETY: 4 readable bytes at `p` (fn contract); a broadcast load.
-    _mm512_set1_ps(unsafe { (p as *const f32).read_unaligned() })
-}
-
-/// As [`splat512`], 8 lanes.
-///
-/// # Safety
-/// `p` must be valid for reading 4 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn splat256(p: *const u8) -> __m256 {
-    // SAFETY: 4 readable bytes at `p` (fn contract).
-    _mm256_set1_ps(unsafe { (p as *const f32).read_unaligned() })
-}
-
-/// A Q4_0 block's 32 weights `(q - 8) * d` from scale `d` and the 16
-/// nibble bytes at `qs` (AVX-512).
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F/BW.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn q4_0_512(d: __m512, qs: *const u8) -> (__m512, __m512) {
-    // The block's 16 possible weights, looked up by nibble.
-    let table = _mm512_mul_ps(_mm512_sub_ps(nibble_values(), _mm512_set1_ps(8.0)), d);
-    // SAFETY: forwarded contract.
-    unsafe { nibble_lookup(qs, table) }
-}
-
-/// As [`q4_0_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2 and FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q4_0_256(d: __m256, qs: *const u8) -> [__m256; 4] {
-    // SAFETY: 16 readable bytes at `qs` (fn contract).
-    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
-    let mask = _mm_set1_epi8(0x0F);
-    let eight = _mm_set1_epi8(8);
-    let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
-    let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
-    let c = |v: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
-    [
-        c(lo),
-        c(_mm_srli_si128(lo, 8)),
-        c(hi),
-        c(_mm_srli_si128(hi, 8)),
-    ]
-}
-
-/// A Q4_1 block's 32 weights `fma(q, d, m)` from `d`, `m` and the 16
-/// nibble bytes at `qs` (AVX-512).
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F/BW.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn q4_1_512(d: __m512, m: __m512, qs: *const u8) -> (__m512, __m512) {
-    // The block's 16 possible weights, each the fused `q * d + m` of the
-    // scalar definition, then looked up by nibble.
-    let table = _mm512_fmadd_ps(nibble_values(), d, m);
-    // SAFETY: forwarded contract.
-    unsafe { nibble_lookup(qs, table) }
-}
-
-/// As [`q4_1_512`] with AVX2: elements 0..8, 8..16, 16..24, 24..32.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2 and FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q4_1_256(d: __m256, m: __m256, qs: *const u8) -> [__m256; 4] {
-    // SAFETY: 16 readable bytes at `qs` (fn contract).
-    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
-    let mask = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    let c = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), d, m);
-    [
-        c(lo),
-        c(_mm_srli_si128(lo, 8)),
-        c(hi),
-        c(_mm_srli_si128(hi, 8)),
-    ]
-}
-
-impl Block for Q4_0B {
-    const BYTES: usize = 18;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
-        unsafe { q4_0_512(_mm512_broadcastss_ps(scales(p)), p.add(2)) }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe { q4_0_256(_mm256_broadcastss_ps(scales(p)), p.add(2)) }
-    }
-}
-
-impl Block for Q4_0FB {
-    const BYTES: usize = 20;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
-        unsafe { q4_0_512(splat512(p), p.add(4)) }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe { q4_0_256(splat256(p), p.add(4)) }
-    }
-}
-
-impl Block for Q4_1B {
-    const BYTES: usize = 20;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
-        unsafe {
-            let dm = scales(p);
-            let d = _mm512_broadcastss_ps(dm);
-            let m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-            q4_1_512(d, m, p.add(4))
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe {
-            let dm = scales(p);
-            let d = _mm256_broadcastss_ps(dm);
-            let m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
-            q4_1_256(d, m, p.add(4))
-        }
-    }
-}
-
-impl Block for Q4_1FB {
-    const BYTES: usize = 24;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m +
-        // 16 nibble bytes. Two broadcast loads replace a conversion and
-        // three shuffles of the f16 block.
-        unsafe { q4_1_512(splat512(p), splat512(p.add(4)), p.add(8)) }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe { q4_1_256(splat256(p), splat256(p.add(4)), p.add(8)) }
-    }
-}
-
-/// The little-endian u32 at `p`.
-///
-/// # Safety
-/// `p` must be valid for reading 4 bytes.
-#[inline(always)]
-unsafe fn u32_at(p: *const u8) -> u32 {
-    // SAFETY: 4 readable bytes at `p` (fn contract); unaligned read.
-    u32::from_le(unsafe { (p as *const u32).read_unaligned() })
-}
-
-/// Elements 0..16 and 16..32 of a 5-bit block: the Q4_0-order nibbles at
-/// `qs` look up `t0` (weights of q = 0..16) where the element's fifth bit in
-/// `qh` is clear and `t1` (q = 16..32) where it is set. Two permutes per 16
-/// weights; the fifth bits are the blend masks as they are.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX-512F.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-#[inline]
-unsafe fn q5_lookup(qh: u32, qs: *const u8, t0: __m512, t1: __m512) -> (__m512, __m512) {
-    // SAFETY: 16 readable bytes at `qs` (fn contract).
-    let q = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(qs as *const __m128i) });
-    let hi = _mm512_srli_epi32::<4>(q);
-    // vpermps reads the low 4 bits of each index: no mask needed (as in
-    // `nibble_lookup`); lanes whose bit is set take `t1` instead.
-    (
-        _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(q, t0), qh as u16, q, t1),
-        _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(hi, t0), (qh >> 16) as u16, hi, t1),
-    )
-}
-
-/// The 32 nibbles of 16 Q4_0-order bytes at `qs` as i32, elements 0..8,
-/// 8..16, 16..24, 24..32.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn nibbles256(qs: *const u8) -> [__m256i; 4] {
-    // SAFETY: 16 readable bytes at `qs` (fn contract).
-    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
-    let mask = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(q, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-    [
-        _mm256_cvtepu8_epi32(lo),
-        _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)),
-        _mm256_cvtepu8_epi32(hi),
-        _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)),
-    ]
-}
-
-/// Byte e all ones where bit e of `bits` is set, zero elsewhere (ggml's
-/// `bytes_from_bits_32`: one shuffle, one or, one compare for 32 bits).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) fn bits_to_bytes256(bits: u32) -> __m256i {
-    // Byte e gets byte e / 8 of `bits`, then is all ones iff bit e % 8 is set.
-    let spread = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
-    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
-}
-
-/// The 32 Q4_0-order nibbles at `qs`, one byte each in element order.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
-    // SAFETY: 16 readable bytes at `qs` (fn contract).
-    let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
-    let mask = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16(q, 4), mask),
-        _mm_and_si128(q, mask),
-    )
-}
-
-/// The 32 five-bit quants of a block, one byte each in element order: the
-/// nibbles at `qs` with bit 4 of element e from bit e of `qh`.
-///
-/// # Safety
-/// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q5_bytes256(qh: u32, qs: *const u8) -> __m256i {
-    // SAFETY: forwarded contract.
-    let nib = unsafe { nibble_bytes256(qs) };
-    _mm256_or_si256(
-        nib,
-        _mm256_and_si256(bits_to_bytes256(qh), _mm256_set1_epi8(0x10)),
-    )
-}
-
-/// 32 bytes as i32 (sign-extended when `SIGNED`), elements 8g..8g+8 for g = 0..4.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn widen256<const SIGNED: bool>(q: __m256i) -> [__m256i; 4] {
-    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-    let w = |v: __m128i| {
-        if SIGNED {
-            _mm256_cvtepi8_epi32(v)
-        } else {
-            _mm256_cvtepu8_epi32(v)
-        }
-    };
-    [
-        w(lo),
-        w(_mm_srli_si128(lo, 8)),
-        w(hi),
-        w(_mm_srli_si128(hi, 8)),
-    ]
-}
-
-impl Block for Q5_0FB {
-    const BYTES: usize = 24;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
-        // 16 nibble bytes.
-        unsafe {
-            let d = splat512(p);
-            let nv = nibble_values();
-            // (q - 16) * d for q = 0..16 and, since (k + 16) - 16 == k, k * d
-            // for q = 16 + k: the scalar definition's exact operations.
-            let t0 = _mm512_mul_ps(_mm512_sub_ps(nv, _mm512_set1_ps(16.0)), d);
-            let t1 = _mm512_mul_ps(nv, d);
-            q5_lookup(u32_at(p.add(4)), p.add(8), t0, t1)
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe {
-            let d = splat256(p);
-            // q - 16 in -16..16 fits a signed byte: subtract before widening.
-            let q = _mm256_sub_epi8(
-                q5_bytes256(u32_at(p.add(4)), p.add(8)),
-                _mm256_set1_epi8(16),
-            );
-            widen256::<true>(q).map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d))
-        }
-    }
-}
-
-impl Block for Q5_1FB {
-    const BYTES: usize = 28;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
-        // u32 qh, 16 nibble bytes.
-        unsafe {
-            let (d, m) = (splat512(p), splat512(p.add(4)));
-            let nv = nibble_values();
-            // q * d + m, rounded twice, for q = 0..16 and 16..32.
-            let t0 = _mm512_add_ps(_mm512_mul_ps(nv, d), m);
-            let nv16 = _mm512_add_ps(nv, _mm512_set1_ps(16.0));
-            let t1 = _mm512_add_ps(_mm512_mul_ps(nv16, d), m);
-            q5_lookup(u32_at(p.add(8)), p.add(12), t0, t1)
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe {
-            let (d, m) = (splat256(p), splat256(p.add(4)));
-            let q = widen256::<false>(q5_bytes256(u32_at(p.add(8)), p.add(12)));
-            q.map(|q| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m))
-        }
-    }
-}
-
-impl Block for Q4KFB {
-    const BYTES: usize = 24;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m,
-        // 16 nibble bytes.
-        unsafe {
-            // q * d + m, rounded twice (ggml's `d * q - min`), by nibble.
-            let table = _mm512_add_ps(
-                _mm512_mul_ps(nibble_values(), splat512(p)),
-                splat512(p.add(4)),
-            );
-            nibble_lookup(p.add(8), table)
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe {
-            let (d, m) = (splat256(p), splat256(p.add(4)));
-            nibbles256(p.add(8)).map(|q| _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m))
-        }
-    }
-}
-
-impl Block for Q6KFB {
-    const BYTES: usize = 32;
-    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq512(p: *const u8) -> (__m512, __m512) {
-        // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
-        // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
-        unsafe {
-            let (d0, d1) = (splat512(p), splat512(p.add(4)));
-            let (b4, b5) = (u32_at(p.add(8)), u32_at(p.add(12)));
-            let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
-            let lo = _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
-            let hi = _mm512_srli_epi32::<4>(q);
-            let (v16, v32) = (_mm512_set1_epi32(16), _mm512_set1_epi32(32));
-            // The planes' bits are the masks of the lanes that gain 16 / 32.
-            let w = |nib: __m512i, k4: u16, k5: u16, d: __m512| {
-                let q = _mm512_mask_or_epi32(nib, k4, nib, v16);
-                let q = _mm512_mask_or_epi32(q, k5, q, v32);
-                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, v32)), d)
-            };
-            (
-                w(lo, b4 as u16, b5 as u16, d0),
-                w(hi, (b4 >> 16) as u16, (b5 >> 16) as u16, d1),
-            )
-        }
-    }
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn dq256(p: *const u8) -> [__m256; 4] {
-        // SAFETY: as above.
-        unsafe {
-            let (d0, d1) = (splat256(p), splat256(p.add(4)));
-            let b4 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(0x10));
-            let b5 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(12))), _mm256_set1_epi8(0x20));
-            let q = _mm256_or_si256(nibble_bytes256(p.add(16)), _mm256_or_si256(b4, b5));
-            // q - 32 in -32..32 fits a signed byte: subtract before widening.
-            let q = widen256::<true>(_mm256_sub_epi8(q, _mm256_set1_epi8(32)));
-            let w = |q: __m256i, d: __m256| _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-            [w(q[0], d0), w(q[1], d0), w(q[2], d1), w(q[3], d1)]
-        }
-    }
-}
+use super::x86_blocks::{locate, Block, F32B};
 
 /// Pointers and strides of one tile.
 #[derive(Debug, Clone, Copy)]
@@ -706,13 +94,14 @@ unsafe fn acc512<B: Block, const R: usize, const NB: usize>(a: TileArgs) -> [[__
     // Rows of a tile are adjacent, so the next tile starts R rows on; touch it
     // a few lines at a time while this one computes (decode is DRAM-bound).
     let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-    let step = R * B::BYTES;
+    let step = R * B::STRIDE;
     for blk in 0..a.nblocks {
         prefetch(ahead.wrapping_add(blk * step));
         prefetch(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
+            let (p, j) = locate::<B>(a.w.wrapping_add(r * a.row_bytes), blk);
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
-            let (wl, wh) = unsafe { B::dq512(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
+            let (wl, wh) = unsafe { B::dq512(p, j) };
             for (c, acc_rc) in acc_r.iter_mut().enumerate() {
                 // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
                 unsafe {
@@ -898,13 +287,14 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
 ) {
     let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
     let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-    let step = R * B::BYTES;
+    let step = R * B::STRIDE;
     for blk in 0..a.nblocks {
         prefetch(ahead.wrapping_add(blk * step));
         prefetch(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
+            let (p, j) = locate::<B>(a.w.wrapping_add(r * a.row_bytes), blk);
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
-            let w = unsafe { B::dq256(a.w.add(r * a.row_bytes + blk * B::BYTES)) };
+            let w = unsafe { B::dq256(p, j) };
             for (c, acc_rc) in acc_r.iter_mut().enumerate() {
                 // SAFETY: floats `blk*32 .. blk*32+32` of activation row `c` are in bounds.
                 unsafe {
@@ -933,10 +323,11 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
     }
 }
 
-/// Dequantize `nblocks` blocks of `B` at `src` into `out` (canonical values).
+/// Dequantize the `nblocks` 32-element blocks of the row of `B` at `src`
+/// into `out` (canonical values).
 ///
 /// # Safety
-/// `src` valid for `nblocks * B::BYTES` bytes, `out` for `nblocks * 32` f32s;
+/// `src` valid for those blocks' bytes, `out` for `nblocks * 32` f32s;
 /// the CPU must support AVX-512F/BW (when `avx512`) or AVX2, FMA and F16C.
 pub(crate) unsafe fn dequant_row<B: Block>(
     avx512: bool,
@@ -956,12 +347,13 @@ pub(crate) unsafe fn dequant_row<B: Block>(
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
     // Rows are dequantized in order: touch the row PREFETCH_ROWS ahead.
-    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::BYTES);
+    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::STRIDE);
     for blk in 0..nblocks {
-        prefetch(ahead.wrapping_add(blk * B::BYTES));
+        prefetch(ahead.wrapping_add(blk * B::STRIDE));
+        let (p, j) = locate::<B>(src, blk);
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {
-            let (lo, hi) = B::dq512(src.add(blk * B::BYTES));
+            let (lo, hi) = B::dq512(p, j);
             _mm512_storeu_ps(out.add(blk * 32), lo);
             _mm512_storeu_ps(out.add(blk * 32 + 16), hi);
         }
@@ -970,12 +362,13 @@ unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequant_row256<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
-    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::BYTES);
+    let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::STRIDE);
     for blk in 0..nblocks {
-        prefetch(ahead.wrapping_add(blk * B::BYTES));
+        prefetch(ahead.wrapping_add(blk * B::STRIDE));
+        let (p, j) = locate::<B>(src, blk);
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {
-            let v = B::dq256(src.add(blk * B::BYTES));
+            let v = B::dq256(p, j);
             for (i, x) in v.iter().enumerate() {
                 _mm256_storeu_ps(out.add(blk * 32 + 8 * i), *x);
             }

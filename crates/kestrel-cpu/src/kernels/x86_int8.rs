@@ -14,22 +14,18 @@
 use std::arch::x86_64::*;
 
 use super::int8::{self, LaneRows, Q8Block};
-use super::weight::Encoding;
-use super::x86::{
-    bits_to_bytes256, nibble_bytes256, prefetch, scales, Block, PREFETCH_TILES, Q4KFB, Q4_0B,
-    Q4_0FB, Q4_1B, Q4_1FB, Q5_0FB, Q5_1FB, Q6KFB, Q8_0B,
+use super::scalar::k_scale_min;
+use super::x86::{prefetch, PREFETCH_TILES};
+use super::x86_blocks::{
+    bits_to_bytes256, k_head, k_nibbles256, locate, nibble_bytes256, q5k_bytes256, q6k_bytes256,
+    q6k_scales, scales, Block, Q4KB, Q4_0B, Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
 };
 
 /// A weight block with an integer dot: its 32 weights as bytes in element
 /// order, its scale per i32 lane (lanes 0..4 hold elements 0..16, lanes
 /// 4..8 elements 16..32: one value but for Q6_K's two) and its minimum (0
 /// when none).
-pub(crate) trait Int8Block {
-    /// The encoding this block type decodes; the rules below are its
-    /// (`int8.rs`).
-    const ENC: Encoding;
-    /// Bytes per 32-element block.
-    const BYTES: usize;
+pub(crate) trait Int8Block: Block {
     /// Whether the block has a minimum (`m_w * s_x` is then added).
     const HAS_MIN: bool = int8::has_min(Self::ENC);
     /// Whether the weight bytes are signed (Q8_0, and `q - 8`, `q - 16`,
@@ -43,10 +39,12 @@ pub(crate) trait Int8Block {
     /// How many `vpmaddubsw` results (two products per i16) add up in i16
     /// without overflow ([`i16_steps`]).
     const STEPS: usize = i16_steps(Self::MAX_W, Self::TWO);
+    /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
+    ///
     /// # Safety
-    /// `p` must be valid for reading `Self::BYTES` bytes; the CPU must support
-    /// AVX2, FMA and F16C.
-    unsafe fn int8(p: *const u8) -> (__m256i, __m256, f32);
+    /// `p` must be valid for reading one stored block of [`Block::ENC`]; the
+    /// CPU must support AVX2, FMA and F16C.
+    unsafe fn int8(p: *const u8, j: usize) -> (__m256i, __m256, f32);
 }
 
 /// The most `vpmaddubsw` results (each lane two products of a weight and
@@ -61,16 +59,6 @@ const fn i16_steps(max_w: i32, two: bool) -> usize {
     steps
 }
 
-/// The f32 at `p`.
-///
-/// # Safety
-/// `p` must be valid for reading 4 bytes.
-#[inline(always)]
-unsafe fn f32_at(p: *const u8) -> f32 {
-    // SAFETY: 4 readable bytes at `p` (fn contract); unaligned read.
-    unsafe { (p as *const f32).read_unaligned() }
-}
-
 /// The u32 at `p`.
 ///
 /// # Safety
@@ -81,47 +69,21 @@ unsafe fn u32_at(p: *const u8) -> u32 {
     unsafe { (p as *const u32).read_unaligned() }
 }
 
-/// The f32 at `p` in every lane.
-///
-/// # Safety
-/// `p` must be valid for reading 4 bytes; the CPU must support AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn splat(p: *const u8) -> __m256 {
-    // SAFETY: forwarded contract.
-    _mm256_set1_ps(unsafe { f32_at(p) })
-}
-
-/// `f32 d`, `f32 m`, 16 nibble bytes: Q4_1 with f32 scales, and one Q4_K
-/// sub-block (whose `m` is `-(dmin * m)`; `weight.rs`).
-///
-/// # Safety
-/// 24 readable bytes at `p`; the CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn nibbles_d_m(p: *const u8) -> (__m256i, __m256, f32) {
-    // SAFETY: 24 readable bytes at `p` (fn contract).
-    unsafe { (nibble_bytes256(p.add(8)), splat(p), f32_at(p.add(4))) }
-}
-
-/// `impl Int8Block` for each block type: its encoding, and its decoding of
-/// the block at `p`
-/// (valid for `BYTES` bytes by the trait's contract; the CPU has AVX2, FMA
-/// and F16C).
+/// `impl Int8Block` for each block type: its decoding of block `$j` of
+/// the stored block at `$p` (valid for one stored block by the trait's
+/// contract; the CPU has AVX2, FMA and F16C).
 macro_rules! int8_blocks {
-    ($($B:ty: $enc:ident => |$p:ident| $decode:block)*) => {$(
+    ($($B:ty => |$p:ident, $j:ident| $decode:block)*) => {$(
         impl Int8Block for $B {
-            const ENC: Encoding = Encoding::$enc;
-            const BYTES: usize = <Self as Block>::BYTES;
             #[target_feature(enable = "avx2,fma,f16c")]
             #[inline]
-            unsafe fn int8($p: *const u8) -> (__m256i, __m256, f32) $decode
+            unsafe fn int8($p: *const u8, $j: usize) -> (__m256i, __m256, f32) $decode
         }
     )*};
 }
 
 int8_blocks! {
-    Q8_0B: Q8_0 => |p| {
+    Q8_0B => |p, _j| {
         // SAFETY: 34 readable bytes at `p` (trait contract): f16 d + 32 i8.
         unsafe {
             let q = _mm256_loadu_si256(p.add(2) as *const __m256i);
@@ -129,7 +91,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0B: Q4_0 => |p| {
+    Q4_0B => |p, _j| {
         // SAFETY: 18 readable bytes at `p` (trait contract): f16 d + 16 nibble bytes.
         unsafe {
             let q = _mm256_sub_epi8(nibble_bytes256(p.add(2)), _mm256_set1_epi8(8));
@@ -137,15 +99,7 @@ int8_blocks! {
         }
     }
 
-    Q4_0FB: Q4_0F => |p| {
-        // SAFETY: 20 readable bytes at `p` (trait contract): f32 d + 16 nibble bytes.
-        unsafe {
-            let q = _mm256_sub_epi8(nibble_bytes256(p.add(4)), _mm256_set1_epi8(8));
-            (q, splat(p), 0.0)
-        }
-    }
-
-    Q4_1B: Q4_1 => |p| {
+    Q4_1B => |p, _j| {
         // SAFETY: 20 readable bytes at `p` (trait contract): f16 d, m + 16 nibble bytes.
         unsafe {
             let dm = scales(p);
@@ -154,60 +108,56 @@ int8_blocks! {
         }
     }
 
-    Q4_1FB: Q4_1F => |p| {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
-        unsafe { nibbles_d_m(p) }
-    }
-
-    Q4KFB: Q4KF => |p| {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, f32 m + 16 nibble bytes.
-        unsafe { nibbles_d_m(p) }
-    }
-
-    Q5_0FB: Q5_0F => |p| {
-        // SAFETY: 24 readable bytes at `p` (trait contract): f32 d, u32 qh,
+    Q5_0B => |p, _j| {
+        // SAFETY: 22 readable bytes at `p` (trait contract): f16 d, u32 qh,
         // 16 nibble bytes.
         unsafe {
             // q - 16 as a signed byte: the nibble where bit 4 is set (16 + k
             // - 16 = k), the nibble with the high bits set (k - 16) where not.
             let high =
-                _mm256_andnot_si256(bits_to_bytes256(u32_at(p.add(4))), _mm256_set1_epi8(-16));
+                _mm256_andnot_si256(bits_to_bytes256(u32_at(p.add(2))), _mm256_set1_epi8(-16));
             (
-                _mm256_or_si256(nibble_bytes256(p.add(8)), high),
-                splat(p),
+                _mm256_or_si256(nibble_bytes256(p.add(6)), high),
+                _mm256_broadcastss_ps(scales(p)),
                 0.0,
             )
         }
     }
 
-    Q5_1FB: Q5_1F => |p| {
-        // SAFETY: 28 readable bytes at `p` (trait contract): f32 d, f32 m,
+    Q5_1B => |p, _j| {
+        // SAFETY: 24 readable bytes at `p` (trait contract): f16 d, f16 m,
         // u32 qh, 16 nibble bytes.
         unsafe {
-            let high = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(16));
-            let q = _mm256_or_si256(nibble_bytes256(p.add(12)), high);
-            (q, splat(p), f32_at(p.add(4)))
+            let dm = scales(p);
+            let high = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(4))), _mm256_set1_epi8(16));
+            let q = _mm256_or_si256(nibble_bytes256(p.add(8)), high);
+            (q, _mm256_broadcastss_ps(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
         }
     }
 
-    Q6KFB: Q6KF => |p| {
-        // SAFETY: 32 readable bytes at `p` (trait contract): f32 d0, f32 d1,
-        // u32 bit-4 plane, u32 bit-5 plane, 16 nibble bytes.
+    Q4KB => |p, j| {
+        // SAFETY: 144 readable bytes at `p` (trait contract); `j < 8`.
         unsafe {
-            // q - 32 as a signed byte: the low five bits where bit 5 is set
-            // (32 + k - 32 = k), those bits with the top three set (k - 32)
-            // where not.
-            let b4 = _mm256_and_si256(bits_to_bytes256(u32_at(p.add(8))), _mm256_set1_epi8(16));
-            let b5 =
-                _mm256_andnot_si256(bits_to_bytes256(u32_at(p.add(12))), _mm256_set1_epi8(-32));
-            let q = _mm256_or_si256(nibble_bytes256(p.add(16)), _mm256_or_si256(b4, b5));
+            let (d, m) = k_scale_min(&k_head(p), j);
+            (k_nibbles256(p.add(16), j), _mm256_set1_ps(d), -m)
+        }
+    }
+
+    Q5KB => |p, j| {
+        // SAFETY: 176 readable bytes at `p` (trait contract); `j < 8`.
+        unsafe {
+            let (d, m) = k_scale_min(&k_head(p), j);
+            (q5k_bytes256(p, j), _mm256_set1_ps(d), -m)
+        }
+    }
+
+    Q6KB => |p, j| {
+        // SAFETY: 210 readable bytes at `p` (trait contract); `j < 8`.
+        unsafe {
+            let q = _mm256_sub_epi8(q6k_bytes256(p, j), _mm256_set1_epi8(32));
+            let [d0, d1] = q6k_scales(p, j);
             // d0 in lanes 0..4 (elements 0..16), d1 in lanes 4..8.
-            let d01 = _mm_castsi128_ps(_mm_loadl_epi64(p as *const __m128i));
-            let d = _mm256_permutevar8x32_ps(
-                _mm256_castps128_ps256(d01),
-                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-            );
-            (q, d, 0.0)
+            (q, _mm256_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1), 0.0)
         }
     }
 }
@@ -244,8 +194,9 @@ pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     for r in 0..rows {
         for blk in 0..nblocks {
+            let (p, j) = locate::<B>(w.wrapping_add(r * row_bytes), blk);
             // SAFETY: block `blk` of row `r` is in bounds (fn contract).
-            let (q, d, m) = unsafe { B::int8(w.add(r * row_bytes + blk * B::BYTES)) };
+            let (q, d, m) = unsafe { B::int8(p, j) };
             let d = [
                 _mm256_cvtss_f32(d),
                 _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
@@ -369,7 +320,7 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
 ) {
     const { assert!(R * NB <= 4) };
     let ones = _mm256_set1_epi16(1);
-    let step = R * B::BYTES;
+    let step = R * B::STRIDE;
     // The output of lane `l` (lanes past `R * NB` repeat the last one).
     let rc = |l: usize| {
         let o = l.min(R * NB - 1);
@@ -395,8 +346,9 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
             let mut dw = [[0f32; 2]; R];
             let mut mw = [0f32; R];
             for r in 0..R {
+                let (at, j) = locate::<B>(w.wrapping_add(r * a.row_bytes), blk);
                 // SAFETY: block `blk` of row `r` lies within the sweep (fn contract).
-                let (wq, d, m) = unsafe { B::int8(w.add(r * a.row_bytes + blk * B::BYTES)) };
+                let (wq, d, m) = unsafe { B::int8(at, j) };
                 dw[r] = [
                     _mm256_cvtss_f32(d),
                     _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
@@ -446,6 +398,94 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
             // SAFETY: element (R t + r, c) is in bounds (fn contract).
             unsafe { *y.add(c * y_stride + R * t + r) = v };
         }
+    }
+}
+
+/// `8 * tiles` consecutive weight rows from `a.w` against the one quantized
+/// activation row `a.x`: row `i`'s output goes to `y[i]`. The GEMV of
+/// single-stream decode: eight rows per tile, one output per lane of a
+/// 256-bit register. Per block, each row's integer sums (8 lanes from
+/// `vpmaddubsw`/`vpmaddwd`) are folded to one lane per row by six `vphaddd`
+/// and two lane permutes, each row's scale and minimum are blended into
+/// its lane, and the definition's float steps run for the eight rows at
+/// once; the activation block is loaded once per eight rows.
+///
+/// # Safety
+/// `a.w` must be valid for `8 * tiles` rows of `a.nblocks` blocks of `B`,
+/// `a.x` for one row of `a.nblocks` blocks, `y` for writing `8 * tiles`
+/// floats; the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv8_256<B: Int8Block>(a: Int8Args, tiles: usize, y: *mut f32) {
+    let ones = _mm256_set1_epi16(1);
+    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    // Lane r of the tile: all ones in lane r.
+    let lane: [__m256; 8] = std::array::from_fn(|r| {
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(iota, _mm256_set1_epi32(r as i32)))
+    });
+    let step = 8 * B::STRIDE;
+    for t in 0..tiles {
+        let w = a.w.wrapping_add(8 * t * a.row_bytes);
+        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = _mm256_setzero_ps();
+        for blk in 0..a.nblocks {
+            // The tile `PREFETCH_TILES` ahead, streamed at this tile's pace.
+            for line in 0..step.div_ceil(64) {
+                prefetch(ahead.wrapping_add(blk * step + 64 * line));
+            }
+            // SAFETY: block `blk` of the activation row is in bounds (fn contract).
+            let xb = unsafe { &*a.x.add(blk) };
+            // SAFETY: `q` is 32 readable bytes.
+            let xq = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
+            let mut p = [_mm256_setzero_si256(); 8];
+            let mut dw = [_mm256_setzero_ps(); 2];
+            let mut mw = _mm256_setzero_ps();
+            for r in 0..8 {
+                let (at, j) = locate::<B>(w.wrapping_add(r * a.row_bytes), blk);
+                // SAFETY: block `blk` of row `r` of the tile is in bounds (fn contract).
+                let (wq, d, m) = unsafe { B::int8(at, j) };
+                // Signed weights as in `int8_sweep256`: |w| against x with w's sign.
+                let (wu, xs) = if B::SIGNED {
+                    (_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+                } else {
+                    (wq, xq)
+                };
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
+                if B::TWO {
+                    let d0 = _mm256_permute2f128_ps::<0x00>(d, d);
+                    let d1 = _mm256_permute2f128_ps::<0x11>(d, d);
+                    dw[0] = _mm256_blendv_ps(dw[0], d0, lane[r]);
+                    dw[1] = _mm256_blendv_ps(dw[1], d1, lane[r]);
+                } else {
+                    dw[0] = _mm256_blendv_ps(dw[0], d, lane[r]);
+                }
+                if B::HAS_MIN {
+                    mw = _mm256_blendv_ps(mw, _mm256_set1_ps(m), lane[r]);
+                }
+            }
+            // Lanes 0..4 of each `p` hold elements 0..16, lanes 4..8 16..32:
+            // `half0` gets row r's sum over 0..16 in lane r, `half1` 16..32.
+            let q0 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            let q1 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            let half0 = _mm256_permute2x128_si256::<0x20>(q0, q1);
+            let half1 = _mm256_permute2x128_si256::<0x31>(q0, q1);
+            let dx = _mm256_set1_ps(xb.d);
+            if B::TWO {
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0), _mm256_mul_ps(dw[0], dx), acc);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half1), _mm256_mul_ps(dw[1], dx), acc);
+            } else {
+                let sum = _mm256_add_epi32(half0, half1);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw[0], dx), acc);
+            }
+            // Without a minimum the definition's sum stays +0.0.
+            if B::HAS_MIN {
+                mins = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), mins);
+            }
+        }
+        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
+        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
     }
 }
 
@@ -704,6 +744,11 @@ mod tests {
             }
             expect(w, xq, &y, r * tiles, c, &format!("avx2 tile {r}x{c}"));
         }
+        let mut y = vec![f32::NAN; w.rows];
+        // SAFETY: `w` holds `w.rows >= 8 * (w.rows / 8)` rows of `B`, `xq`
+        // at least one row, `y` `w.rows` floats; AVX2 was checked by the caller.
+        unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
+        expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
         let mut unpacked = vec![I8Block::default(); w.rows * nb];
         // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `unpacked`
         // as many; AVX2 was checked by the caller.
@@ -772,14 +817,14 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let (rows, cols, n) = (4, 256, 16);
+        let (rows, cols, n) = (8, 256, 16);
         let mut xq = vec![Q8Block::default(); n * cols / 32];
         int8::quantize_row(&vec![1.0; n * cols], &mut xq);
         assert!(xq.iter().all(|b| b.q == [127; 32]));
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             // Types with a minimum quantize a block of 0 then 1s to the top
             // quant; the others quantize -1s to their most negative one.
-            let m = if int8::has_min(Encoding::prepared_of(dtype)) {
+            let m = if int8::has_min(Encoding::of(dtype)) {
                 let v: Vec<f32> = (0..rows * cols)
                     .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
                     .collect();
@@ -788,15 +833,14 @@ mod tests {
                 kestrel_model::Matrix::quantize(dtype, rows, cols, &vec![-1.0; rows * cols])
             };
             let prepared = Weight::prepare("w", &m).unwrap();
-            let mut mats = vec![prepared.mat()];
-            mats.extend(MatRef::new("w", &m).ok());
+            let mats = [prepared.mat()];
             for w in &mats {
                 macro_rules! go {
                     ($B:ty) => {{
                         // The block's integer weights do reach MAX_W.
                         let row = w.row(0);
                         let top = (0..w.cols / 32)
-                            .map(|b| int8::block_max_abs(w.enc, &row[b * w.enc.block_bytes()..]))
+                            .map(|b| int8::block_max_abs(w.enc, row, b))
                             .max()
                             .unwrap();
                         assert!(
@@ -807,7 +851,7 @@ mod tests {
                         check::<$B>(w, &xq, n)
                     }};
                 }
-                use super::super::x86;
+                use super::super::x86_blocks;
                 for_int8_block!(w.enc, go);
             }
         }
@@ -833,15 +877,14 @@ mod tests {
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             let m = random_matrix(&mut rng, dtype, rows, cols, 1.0);
             let prepared = Weight::prepare("w", &m).unwrap();
-            let mut mats = vec![prepared.mat()];
-            mats.extend(MatRef::new("w", &m).ok());
+            let mats = [prepared.mat()];
             for w in &mats {
                 macro_rules! go {
                     ($B:ty) => {
                         check::<$B>(w, &xq, n)
                     };
                 }
-                use super::super::x86;
+                use super::super::x86_blocks;
                 for_int8_block!(w.enc, go);
             }
         }
