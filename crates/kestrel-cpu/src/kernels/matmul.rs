@@ -322,7 +322,7 @@ const UNPACKED_BYTES: usize = 32 * 1024;
 /// the `n` rows; the CPU must support AVX2, FMA and F16C, and AVX-512 VNNI
 /// if `x.lanes == 16`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn lanes_rows_task<B: x86_int8::Int8Block>(
+unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
     w: &MatRef<'_>,
     x: &LaneRows,
     n: usize,
@@ -398,7 +398,7 @@ unsafe fn lanes_rows_task<B: x86_int8::Int8Block>(
 /// # Safety
 /// As [`x86_int8::int8_sweep256`] for those rows and activation rows.
 #[cfg(target_arch = "x86_64")]
-unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
+unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
     a: x86_int8::Int8Args,
     rows: usize,
     cn: usize,
@@ -428,7 +428,7 @@ unsafe fn int8_sweep256<B: x86_int8::Int8Block>(
         // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
         let done = rows / 8 * 8;
         // SAFETY: rows 0..done from `a.w` and their outputs exist (fn contract).
-        unsafe { x86_int8::gemv8_256::<B>(a, rows / 8, y) };
+        unsafe { x86_gemv::gemv8_256::<B>(a, rows / 8, y) };
         sweep!(4, 1, a.skip_rows(done), rows - done, y.wrapping_add(done))
     }
 }
@@ -852,7 +852,7 @@ unsafe fn tile(
 }
 
 #[cfg(target_arch = "x86_64")]
-use super::{x86, x86_blocks, x86_int8};
+use super::{x86, x86_blocks, x86_gemv, x86_int8};
 
 /// Dequantize row `r` of `w` into `out` (`cols` floats), canonical values.
 pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {

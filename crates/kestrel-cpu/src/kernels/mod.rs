@@ -54,6 +54,8 @@ pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_gemv;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
 
 use std::sync::OnceLock;

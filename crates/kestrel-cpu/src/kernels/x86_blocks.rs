@@ -350,7 +350,7 @@ impl Block for Q4_1B {
 /// # Safety
 /// `p` must be valid for reading 4 bytes.
 #[inline(always)]
-unsafe fn u32_at(p: *const u8) -> u32 {
+pub(crate) unsafe fn u32_at(p: *const u8) -> u32 {
     // SAFETY: 4 readable bytes at `p` (fn contract); unaligned read.
     u32::from_le(unsafe { (p as *const u32).read_unaligned() })
 }
@@ -395,7 +395,7 @@ pub(crate) unsafe fn nibble_bytes256(qs: *const u8) -> __m256i {
 /// `qs` must be valid for reading 16 bytes; the CPU must support AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q5_bytes256(qh: u32, qs: *const u8) -> __m256i {
+pub(crate) unsafe fn q5_bytes256(qh: u32, qs: *const u8) -> __m256i {
     // SAFETY: forwarded contract.
     let nib = unsafe { nibble_bytes256(qs) };
     _mm256_or_si256(

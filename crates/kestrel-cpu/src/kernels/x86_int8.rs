@@ -20,6 +20,7 @@ use super::x86_blocks::{
     bits_to_bytes256, k_head, k_nibbles256, locate, nibble_bytes256, q5k_bytes256, q6k_bytes256,
     q6k_scales, scales, Block, Q4KB, Q4_0B, Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
 };
+use super::x86_gemv::{Scales8, Tile8};
 
 /// A weight block with an integer dot: its 32 weights as bytes in element
 /// order, its scale per i32 lane (lanes 0..4 hold elements 0..16, lanes
@@ -184,7 +185,7 @@ pub(crate) struct I8Block {
 /// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
 /// CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
+pub(crate) unsafe fn unpack_rows256<B: Tile8>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
@@ -192,32 +193,37 @@ pub(crate) unsafe fn unpack_rows256<B: Int8Block>(
     out: *mut I8Block,
 ) {
     let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let mut sc = Scales8::zeros();
     for r in 0..rows {
-        for blk in 0..nblocks {
-            let (p, j) = locate::<B>(w.wrapping_add(r * row_bytes), blk);
-            // SAFETY: block `blk` of row `r` is in bounds (fn contract).
-            let (q, d, m) = unsafe { B::int8(p, j) };
-            let d = [
-                _mm256_cvtss_f32(d),
-                _mm256_cvtss_f32(_mm256_permute2f128_ps::<1>(d, d)),
-            ];
-            // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1 hold
-            // elements 0..16, lanes 2, 3 elements 16..32.
-            let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
-            let half = |i: i32| {
-                let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
-                let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
-                let sum = if i == 0 { lo } else { hi } as i32 - 16 * 128;
-                -128 * sum
-            };
-            // SAFETY: block `r * nblocks + blk` of `out` is in bounds (fn
-            // contract); `q` is its first 32 bytes.
-            unsafe {
-                let o = out.add(r * nblocks + blk);
-                _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
-                (*o).d = d;
-                (*o).m = m;
-                (*o).bias = [half(0), half(1)];
+        for s in 0..nblocks / B::SUB {
+            let p = w.wrapping_add(r * row_bytes + s * B::ENC.block_bytes());
+            // The stored block's scales once for its sub-blocks (the row in
+            // every lane).
+            // SAFETY: stored block `s` of row `r` is in bounds (fn contract).
+            unsafe { B::scales8(&[p; 8], &mut sc) };
+            for (j, scj) in sc.iter().enumerate().take(B::SUB) {
+                // SAFETY: as above, `j < SUB`.
+                let q = unsafe { B::quants(p, j) };
+                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(B::BIAS as i8));
+                let (d, m) = scj.lane0();
+                // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1 hold
+                // elements 0..16, lanes 2, 3 elements 16..32.
+                let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
+                let half = |i: i32| {
+                    let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
+                    let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
+                    let sum = if i == 0 { lo } else { hi } as i32 - 16 * 128;
+                    -128 * sum
+                };
+                // SAFETY: block `r * nblocks + s * SUB + j` of `out` is in
+                // bounds (fn contract); `q` is its first 32 bytes.
+                unsafe {
+                    let o = out.add(r * nblocks + s * B::SUB + j);
+                    _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
+                    (*o).d = d;
+                    (*o).m = m;
+                    (*o).bias = [half(0), half(1)];
+                }
             }
         }
     }
@@ -398,94 +404,6 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
             // SAFETY: element (R t + r, c) is in bounds (fn contract).
             unsafe { *y.add(c * y_stride + R * t + r) = v };
         }
-    }
-}
-
-/// `8 * tiles` consecutive weight rows from `a.w` against the one quantized
-/// activation row `a.x`: row `i`'s output goes to `y[i]`. The GEMV of
-/// single-stream decode: eight rows per tile, one output per lane of a
-/// 256-bit register. Per block, each row's integer sums (8 lanes from
-/// `vpmaddubsw`/`vpmaddwd`) are folded to one lane per row by six `vphaddd`
-/// and two lane permutes, each row's scale and minimum are blended into
-/// its lane, and the definition's float steps run for the eight rows at
-/// once; the activation block is loaded once per eight rows.
-///
-/// # Safety
-/// `a.w` must be valid for `8 * tiles` rows of `a.nblocks` blocks of `B`,
-/// `a.x` for one row of `a.nblocks` blocks, `y` for writing `8 * tiles`
-/// floats; the CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn gemv8_256<B: Int8Block>(a: Int8Args, tiles: usize, y: *mut f32) {
-    let ones = _mm256_set1_epi16(1);
-    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    // Lane r of the tile: all ones in lane r.
-    let lane: [__m256; 8] = std::array::from_fn(|r| {
-        _mm256_castsi256_ps(_mm256_cmpeq_epi32(iota, _mm256_set1_epi32(r as i32)))
-    });
-    let step = 8 * B::STRIDE;
-    for t in 0..tiles {
-        let w = a.w.wrapping_add(8 * t * a.row_bytes);
-        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = _mm256_setzero_ps();
-        for blk in 0..a.nblocks {
-            // The tile `PREFETCH_TILES` ahead, streamed at this tile's pace.
-            for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(blk * step + 64 * line));
-            }
-            // SAFETY: block `blk` of the activation row is in bounds (fn contract).
-            let xb = unsafe { &*a.x.add(blk) };
-            // SAFETY: `q` is 32 readable bytes.
-            let xq = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
-            let mut p = [_mm256_setzero_si256(); 8];
-            let mut dw = [_mm256_setzero_ps(); 2];
-            let mut mw = _mm256_setzero_ps();
-            for r in 0..8 {
-                let (at, j) = locate::<B>(w.wrapping_add(r * a.row_bytes), blk);
-                // SAFETY: block `blk` of row `r` of the tile is in bounds (fn contract).
-                let (wq, d, m) = unsafe { B::int8(at, j) };
-                // Signed weights as in `int8_sweep256`: |w| against x with w's sign.
-                let (wu, xs) = if B::SIGNED {
-                    (_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
-                } else {
-                    (wq, xq)
-                };
-                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones);
-                if B::TWO {
-                    let d0 = _mm256_permute2f128_ps::<0x00>(d, d);
-                    let d1 = _mm256_permute2f128_ps::<0x11>(d, d);
-                    dw[0] = _mm256_blendv_ps(dw[0], d0, lane[r]);
-                    dw[1] = _mm256_blendv_ps(dw[1], d1, lane[r]);
-                } else {
-                    dw[0] = _mm256_blendv_ps(dw[0], d, lane[r]);
-                }
-                if B::HAS_MIN {
-                    mw = _mm256_blendv_ps(mw, _mm256_set1_ps(m), lane[r]);
-                }
-            }
-            // Lanes 0..4 of each `p` hold elements 0..16, lanes 4..8 16..32:
-            // `half0` gets row r's sum over 0..16 in lane r, `half1` 16..32.
-            let q0 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            let q1 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-            let half0 = _mm256_permute2x128_si256::<0x20>(q0, q1);
-            let half1 = _mm256_permute2x128_si256::<0x31>(q0, q1);
-            let dx = _mm256_set1_ps(xb.d);
-            if B::TWO {
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0), _mm256_mul_ps(dw[0], dx), acc);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half1), _mm256_mul_ps(dw[1], dx), acc);
-            } else {
-                let sum = _mm256_add_epi32(half0, half1);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw[0], dx), acc);
-            }
-            // Without a minimum the definition's sum stays +0.0.
-            if B::HAS_MIN {
-                mins = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb.s), mins);
-            }
-        }
-        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
-        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
     }
 }
 
@@ -711,12 +629,13 @@ mod tests {
 
     use super::super::matmul::MatRef;
     use super::super::weight::{Encoding, Weight};
+    use super::super::x86_gemv::gemv8_256;
     use super::super::Isa;
     use super::*;
     use crate::synth::{random_matrix, Rng};
 
     /// Every tile shape of `B`'s sweeps against `int8::dot`, bit for bit.
-    fn check<B: Int8Block>(w: &MatRef<'_>, xq: &[Q8Block], n: usize) {
+    fn check<B: Tile8>(w: &MatRef<'_>, xq: &[Q8Block], n: usize) {
         let nb = w.cols / 32;
         let args = Int8Args {
             w: w.data.as_ptr(),

@@ -1,0 +1,81 @@
+//! Single-stream decode's matmuls at a real size, streaming from DRAM: the
+//! FFN-up and FFN-down shapes of a Llama 3.2 1B layer (8192x2048,
+//! 2048x8192), repeated in distinct buffers until the set outgrows every
+//! cache (256 MiB or more), each pass one GEMV per matrix in turn as a
+//! decode step runs them, fast numerics, on a compute [`kestrel_cpu::Team`]
+//! of `KESTREL_THREADS` (2). Throughput is the weights' bytes per second:
+//! against the machine's read bandwidth it says how close a decode step
+//! comes to the DRAM floor.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kestrel_cpu::kernels::{matmul, Weight};
+use kestrel_cpu::synth::{random_matrix, Rng};
+use kestrel_cpu::{Isa, Numerics};
+use kestrel_model::{Bytes, DType, Matrix};
+
+/// Bytes of weights one pass streams, at least.
+const SET_BYTES: usize = 256 << 20;
+
+fn bench(c: &mut Criterion) {
+    let threads = common::threads();
+    let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
+    let mut rng = Rng(7);
+    let mut g = c.benchmark_group("gemv_dram");
+    g.warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4))
+        .sample_size(10);
+    for dt in [
+        DType::Q4K,
+        DType::Q6K,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ] {
+        let shapes = [(8192, 2048), (2048, 8192)];
+        let protos: Vec<Matrix> = shapes
+            .iter()
+            .map(|&(r, c)| random_matrix(&mut rng, dt, r, c, 0.05))
+            .collect();
+        let pair_bytes: usize = protos.iter().map(|m| m.rows * m.row_bytes()).sum();
+        let copies = SET_BYTES.div_ceil(pair_bytes);
+        // Distinct buffers of the same blocks: every pass reads DRAM.
+        let set: Vec<Weight> = (0..copies)
+            .flat_map(|_| protos.iter())
+            .map(|m| {
+                let owned = Matrix {
+                    data: Bytes::Owned(Arc::from(&m.data[..])),
+                    ..m.clone()
+                };
+                Weight::prepare("w", &owned).unwrap()
+            })
+            .collect();
+        let x: Vec<Vec<f32>> = shapes.iter().map(|&(_, c)| rng.vec(c, 1.0)).collect();
+        let mut y = vec![0f32; 8192];
+        g.throughput(Throughput::Bytes((copies * pair_bytes) as u64));
+        g.bench_function(BenchmarkId::new(dt.name(), "1x"), |b| {
+            b.iter(|| {
+                for (i, w) in set.iter().enumerate() {
+                    let w = w.mat();
+                    matmul(
+                        Some(&pool),
+                        Isa::detect(),
+                        Numerics::Fast,
+                        w,
+                        &x[i % 2],
+                        1,
+                        &mut y[..w.rows],
+                    );
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

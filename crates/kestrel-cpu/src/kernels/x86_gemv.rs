@@ -1,0 +1,482 @@
+//! The single-stream GEMV of the fast numerics on AVX2 ([`gemv8_256`]):
+//! eight weight rows per tile, one output per lane of a 256-bit register,
+//! reading every weight type in its file encoding.
+//!
+//! Single-stream decode streams each weight byte once, so this kernel must
+//! keep up with DRAM: per weight byte it may spend only a few instructions.
+//! What costs is not the integer dot (`vpmaddubsw` + `vpmaddwd` per 32
+//! weights) but the scales around it: a K-quant's 6-bit sub-block scales
+//! and minimums packed in 12 bytes, and every type's f16 scales. Decoded per
+//! row and per 32-element block, they cost more than the bytes they save.
+//! So [`Tile8::scales8`] decodes them once per *stored* block for the
+//! tile's eight rows at once, lane `r` = row `r`: the K-quant unpacking
+//! (ggml's `kmask` steps) runs on eight rows' words in one register, and
+//! the f16 scales of eight rows convert with one `vcvtph2ps`. The 32-element
+//! loop then reads each sub-block's scales ready in lane order. Q4_0,
+//! Q5_0 and Q6_K weights (`q - 8/16/32`) are read unsigned and the bias
+//! comes off the integer sums once per eight rows (`BIAS * sum(x)`), not
+//! by signing every row's bytes. `x86_int8::unpack_rows256` (the
+//! many-stream path) decodes scales the same way, a row in every lane.
+//!
+//! Results are `int8.rs`'s definition bit for bit: per output, block by
+//! block in order, `acc = fma(float(isum), d_w * d_x, acc)` (Q6_K's halves
+//! first then second), minimums in a second sum. `d_w = d * sc` and
+//! `m_w = -(dmin * m)` are exact in f32 however they are formed.
+
+use std::arch::x86_64::*;
+
+use super::int8::Q8Block;
+use super::x86::{prefetch, PREFETCH_TILES};
+use super::x86_blocks::{
+    k_nibbles256, nibble_bytes256, q5_bytes256, q5k_bytes256, q6k_bytes256, u32_at, Q4KB, Q4_0B,
+    Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
+};
+use super::x86_int8::{Int8Args, Int8Block};
+
+/// Lane-per-row scales of one 32-element sub-block of eight weight rows:
+/// the scale of its elements 0..16 and of 16..32 (equal but for Q6_K) and
+/// its minimum term's factor `m_w` (zero when the type has none).
+#[derive(Clone, Copy)]
+pub(crate) struct Scales8 {
+    d0: __m256,
+    d1: __m256,
+    m: __m256,
+}
+
+impl Scales8 {
+    /// Lane 0's scales of elements 0..16 and 16..32, and its minimum factor.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn lane0(&self) -> ([f32; 2], f32) {
+        (
+            [_mm256_cvtss_f32(self.d0), _mm256_cvtss_f32(self.d1)],
+            _mm256_cvtss_f32(self.m),
+        )
+    }
+
+    /// Eight zero scales (what [`Tile8::scales8`] overwrites).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn zeros() -> [Scales8; 8] {
+        let zero = _mm256_setzero_ps();
+        [Scales8 {
+            d0: zero,
+            d1: zero,
+            m: zero,
+        }; 8]
+    }
+}
+
+/// A stored block type as the GEMV reads it: its sub-blocks' scales for
+/// eight rows at once, and a sub-block's integer weight bytes.
+pub(crate) trait Tile8: Int8Block {
+    /// 32-element sub-blocks per stored block (1, or 8 for the K-quants).
+    const SUB: usize = Self::ENC.block_elems() / 32;
+    /// The scales of every sub-block of the stored blocks at `p[0..8]`
+    /// (row `r`'s in lane `r`) into `out[..Self::SUB]`.
+    ///
+    /// # Safety
+    /// Each `p[r]` must be valid for reading one stored block of
+    /// [`super::x86_blocks::Block::ENC`]; the CPU must support AVX2, FMA and
+    /// F16C.
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]);
+    /// What [`Tile8::quants`] gives is `w + BIAS` (unsigned bytes) for
+    /// Q4_0, Q5_0 and Q6_K, whose integer weights are `q - 8`, `q - 16`,
+    /// `q - 32`: the kernel subtracts `BIAS * sum(x)` from the integer sums
+    /// once for eight rows instead of signing every row's bytes.
+    const BIAS: i32 = 0;
+    /// Whether [`Tile8::quants`] gives signed bytes (Q8_0 only).
+    const SIGNED_BYTES: bool = Self::SIGNED && Self::BIAS == 0;
+    /// Sub-block `j`'s 32 integer weights as bytes, plus [`Tile8::BIAS`]
+    /// (signed when [`Tile8::SIGNED_BYTES`]).
+    ///
+    /// # Safety
+    /// As [`Int8Block::int8`], `j < Self::SUB`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: forwarded contract.
+        unsafe { Self::int8(p, j).0 }
+    }
+}
+
+/// The u16 at `p[r] + off` of each row, as eight f32 from f16 (F16C).
+///
+/// # Safety
+/// Each `p[r] + off` must be valid for reading 2 bytes; the CPU must
+/// support AVX2 and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16x8(p: &[*const u8; 8], off: usize) -> __m256 {
+    // SAFETY: 2 readable bytes at each `p[r] + off` (fn contract).
+    let h = |r: usize| unsafe { (p[r].add(off) as *const i16).read_unaligned() };
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(0),
+        h(1),
+        h(2),
+        h(3),
+        h(4),
+        h(5),
+        h(6),
+        h(7),
+    ))
+}
+
+/// The u32 at `p[r] + off` of each row, row `r` in lane `r`.
+///
+/// # Safety
+/// Each `p[r] + off` must be valid for reading 4 bytes; the CPU must
+/// support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn u32x8(p: &[*const u8; 8], off: usize) -> __m256i {
+    // SAFETY: 4 readable bytes at each `p[r] + off` (fn contract).
+    let w = |r: usize| unsafe { (p[r].add(off) as *const i32).read_unaligned() };
+    _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+}
+
+/// Byte `k` (0..4) of each lane of `v`, unsigned, as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn byte_u(v: __m256i, k: i32) -> __m256 {
+    let b = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_set1_epi32(8 * k)),
+        _mm256_set1_epi32(0xFF),
+    );
+    _mm256_cvtepi32_ps(b)
+}
+
+/// Byte `k` (0..4) of each lane of `v`, signed, as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn byte_i(v: __m256i, k: i32) -> __m256 {
+    let b = _mm256_srai_epi32::<24>(_mm256_sllv_epi32(v, _mm256_set1_epi32(24 - 8 * k)));
+    _mm256_cvtepi32_ps(b)
+}
+
+/// One scale per block (f16 `d` at byte 0), no minimum: Q8_0, Q4_0, Q5_0.
+///
+/// # Safety
+/// As [`Tile8::scales8`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_only(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+    // SAFETY: every such block starts with its f16 `d` (fn contract).
+    let d = unsafe { f16x8(p, 0) };
+    out[0] = Scales8 {
+        d0: d,
+        d1: d,
+        m: _mm256_setzero_ps(),
+    };
+}
+
+/// f16 `d`, f16 `m` at bytes 0 and 2: Q4_1, Q5_1 (`m_w = m`).
+///
+/// # Safety
+/// As [`Tile8::scales8`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_min(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+    // SAFETY: every such block starts with f16 `d`, f16 `m` (fn contract).
+    let (d, m) = unsafe { (f16x8(p, 0), f16x8(p, 2)) };
+    out[0] = Scales8 { d0: d, d1: d, m };
+}
+
+/// A Q4_K/Q5_K super-block head (f16 `d`, f16 `dmin`, 12 bytes of packed
+/// 6-bit scales and minimums) of eight rows: sub-block `j`'s
+/// `d * sc[j]` and `-(dmin * m[j])`, unpacked as ggml's `kmask` steps on
+/// one register of eight rows' words.
+///
+/// # Safety
+/// As [`Tile8::scales8`] for a K-quant super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+    // SAFETY: the head is the super-block's first 16 bytes (fn contract).
+    let (d, dmin, u0, u1, u2) = unsafe {
+        (
+            f16x8(p, 0),
+            f16x8(p, 2),
+            u32x8(p, 4),
+            u32x8(p, 8),
+            u32x8(p, 12),
+        )
+    };
+    let (k1, k2, k3) = (
+        _mm256_set1_epi32(0x3f3f_3f3f),
+        _mm256_set1_epi32(0x0f0f_0f0f),
+        _mm256_set1_epi32(0x0303_0303),
+    );
+    let and = _mm256_and_si256;
+    // Bytes of `sc_lo` are sc[0..4], `sc_hi` sc[4..8], `m_lo` m[0..4],
+    // `m_hi` m[4..8] (`scalar::k_scale_min`'s bit layout).
+    let sc_lo = and(u0, k1);
+    let m_lo = and(u1, k1);
+    let sc_hi = _mm256_or_si256(
+        and(u2, k2),
+        _mm256_slli_epi32::<4>(and(_mm256_srli_epi32::<6>(u0), k3)),
+    );
+    let m_hi = _mm256_or_si256(
+        and(_mm256_srli_epi32::<4>(u2), k2),
+        _mm256_slli_epi32::<4>(and(_mm256_srli_epi32::<6>(u1), k3)),
+    );
+    let neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
+    for (j, o) in out.iter_mut().enumerate() {
+        let (sc, m) = if j < 4 { (sc_lo, m_lo) } else { (sc_hi, m_hi) };
+        let k = (j % 4) as i32;
+        let dw = _mm256_mul_ps(d, byte_u(sc, k));
+        *o = Scales8 {
+            d0: dw,
+            d1: dw,
+            m: _mm256_mul_ps(neg_dmin, byte_u(m, k)),
+        };
+    }
+}
+
+impl Tile8 for Q8_0B {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { scale_only(p, out) }
+    }
+}
+
+impl Tile8 for Q4_0B {
+    const BIAS: i32 = 8;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { scale_only(p, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, _j: usize) -> __m256i {
+        // SAFETY: f16 d, then 16 nibble bytes (trait contract).
+        unsafe { nibble_bytes256(p.add(2)) }
+    }
+}
+
+impl Tile8 for Q5_0B {
+    const BIAS: i32 = 16;
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { scale_only(p, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, _j: usize) -> __m256i {
+        // SAFETY: f16 d, u32 qh, then 16 nibble bytes (trait contract).
+        unsafe { q5_bytes256(u32_at(p.add(2)), p.add(6)) }
+    }
+}
+
+impl Tile8 for Q4_1B {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { scale_min(p, out) }
+    }
+}
+
+impl Tile8 for Q5_1B {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { scale_min(p, out) }
+    }
+}
+
+impl Tile8 for Q4KB {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { k_scales8(p, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: the nibbles are bytes 16..144 of the super-block (trait
+        // contract), `j < 8`.
+        unsafe { k_nibbles256(p.add(16), j) }
+    }
+}
+
+impl Tile8 for Q5KB {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: forwarded contract.
+        unsafe { k_scales8(p, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: one 176-byte super-block at `p` (trait contract), `j < 8`.
+        unsafe { q5k_bytes256(p, j) }
+    }
+}
+
+impl Tile8 for Q6KB {
+    const BIAS: i32 = 32;
+    /// Q6_K: 16 signed 8-bit scales at bytes 192..208 (two per sub-block,
+    /// elements 0..16 and 16..32), f16 `d` at 208.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+        // SAFETY: one 210-byte super-block at each `p[r]` (trait contract).
+        let (d, w) = unsafe { (f16x8(p, 208), [0, 1, 2, 3].map(|k| u32x8(p, 192 + 4 * k))) };
+        for (j, o) in out.iter_mut().enumerate() {
+            // Scale 2j + h is byte (2j + h) % 4 of word (2j + h) / 4.
+            let sc = |h: usize| byte_i(w[(2 * j + h) / 4], ((2 * j + h) % 4) as i32);
+            *o = Scales8 {
+                d0: _mm256_mul_ps(d, sc(0)),
+                d1: _mm256_mul_ps(d, sc(1)),
+                m: _mm256_setzero_ps(),
+            };
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: one 210-byte super-block at `p` (trait contract), `j < 8`.
+        unsafe { q6k_bytes256(p, j) }
+    }
+}
+
+/// `8 * tiles` consecutive weight rows from `a.w` against the one quantized
+/// activation row `a.x`: row `i`'s output goes to `y[i]`. Per stored block,
+/// the eight rows' scales are decoded at once ([`Tile8::scales8`]); per
+/// 32-element sub-block, each row's integer sums (8 lanes from
+/// `vpmaddubsw`/`vpmaddwd`) are folded to one lane per row by six `vphaddd`
+/// and two lane permutes, and the definition's float steps run for the
+/// eight rows at once; the activation block is loaded once per eight rows.
+///
+/// # Safety
+/// `a.w` must be valid for `8 * tiles` rows of `a.nblocks` 32-element
+/// blocks of `B`, `a.x` for one row of `a.nblocks` blocks, `y` for writing
+/// `8 * tiles` floats; the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32) {
+    let stored = a.nblocks / B::SUB;
+    // Bytes of one stored block of all eight rows: what the prefetch of the
+    // tile `PREFETCH_TILES` ahead (contiguous rows) streams per stored block.
+    let step = 8 * B::ENC.block_bytes();
+    let mut sc = Scales8::zeros();
+    for t in 0..tiles {
+        let w = a.w.wrapping_add(8 * t * a.row_bytes);
+        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = _mm256_setzero_ps();
+        for s in 0..stored {
+            for line in 0..step.div_ceil(64) {
+                prefetch(ahead.wrapping_add(s * step + 64 * line));
+            }
+            let p: [*const u8; 8] =
+                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * B::ENC.block_bytes()));
+            // SAFETY: stored block `s` of each of the tile's rows is in
+            // bounds (fn contract).
+            unsafe { B::scales8(&p, &mut sc) };
+            let xs = a.x.wrapping_add(s * B::SUB);
+            // SAFETY: stored block `s` of each row and the activation's
+            // blocks `s * SUB..` + SUB are in bounds (fn contract).
+            unsafe {
+                if B::SUB == 8 {
+                    // Unrolled: each sub-block's shifts and offsets constant.
+                    sub_block::<B>(&p, 0, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 1, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 2, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 3, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 4, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 5, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 6, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(&p, 7, xs, &sc, &mut acc, &mut mins);
+                } else {
+                    for j in 0..B::SUB {
+                        sub_block::<B>(&p, j, xs, &sc, &mut acc, &mut mins);
+                    }
+                }
+            }
+        }
+        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
+        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
+    }
+}
+
+/// Sub-block `j` of the stored blocks at `p[0..8]` against activation
+/// block `x[j]`: the definition's float steps for the eight rows' outputs
+/// in `acc` and `mins`. Each row's integer sums (8 lanes from
+/// `vpmaddubsw`/`vpmaddwd`) are folded to one lane per row by six `vphaddd`
+/// and two lane permutes.
+///
+/// # Safety
+/// Each `p[r]` valid for one stored block of `B`, `x` for `j + 1` blocks,
+/// `j < B::SUB`; the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sub_block<B: Tile8>(
+    p: &[*const u8; 8],
+    j: usize,
+    x: *const Q8Block,
+    sc: &[Scales8; 8],
+    acc: &mut __m256,
+    mins: &mut __m256,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let scj = &sc[j];
+    // SAFETY: block `j` of `x` is in bounds (fn contract).
+    let xb: &Q8Block = unsafe { &*x.add(j) };
+    // SAFETY: `q` is 32 readable bytes.
+    let xq = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
+    let p: [__m256i; 8] = std::array::from_fn(|r| {
+        // SAFETY: one stored block at `p[r]`, `j < SUB` (fn contract).
+        let wq = unsafe { B::quants(p[r], j) };
+        // Signed weights: |w| against x with w's sign (`vpmaddubsw`
+        // multiplies unsigned by signed bytes).
+        let (wu, xs) = if B::SIGNED_BYTES {
+            (_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+        } else {
+            (wq, xq)
+        };
+        _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones)
+    });
+    // Lanes 0..4 of each `p` hold elements 0..16, lanes 4..8 16..32:
+    // `half0` gets row r's sum over 0..16 in lane r, `half1` 16..32.
+    let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    let mut half0 = _mm256_permute2x128_si256::<0x20>(q0, q1);
+    let mut half1 = _mm256_permute2x128_si256::<0x31>(q0, q1);
+    if B::BIAS != 0 {
+        // sum(w x) = sum((w + BIAS) x) - BIAS sum(x), per half: the
+        // activation's half sums in every lane, once for the eight rows.
+        let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), ones);
+        let h = _mm256_hadd_epi32(xs, xs);
+        let h = _mm256_hadd_epi32(h, h);
+        let bias = _mm256_mullo_epi32(h, _mm256_set1_epi32(B::BIAS));
+        half0 = _mm256_sub_epi32(half0, _mm256_permute2x128_si256::<0x00>(bias, bias));
+        half1 = _mm256_sub_epi32(half1, _mm256_permute2x128_si256::<0x11>(bias, bias));
+    }
+    let dx = _mm256_set1_ps(xb.d);
+    if B::TWO {
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0), _mm256_mul_ps(scj.d0, dx), *acc);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half1), _mm256_mul_ps(scj.d1, dx), *acc);
+    } else {
+        let sum = _mm256_add_epi32(half0, half1);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scj.d0, dx), *acc);
+    }
+    // Without a minimum the definition's sum stays +0.0.
+    if B::HAS_MIN {
+        *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb.s), *mins);
+    }
+}
