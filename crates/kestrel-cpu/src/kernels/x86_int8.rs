@@ -39,7 +39,15 @@ pub(crate) trait Int8Block: Block {
     const MAX_W: i32 = int8::max_abs_weight(Self::ENC);
     /// How many `vpmaddubsw` results (two products per i16) add up in i16
     /// without overflow ([`i16_steps`]).
-    const STEPS: usize = i16_steps(Self::MAX_W, Self::TWO);
+    const STEPS: usize = i16_steps(127, Self::MAX_W, Self::TWO);
+    /// Whether [`lanes_sweep256`] reads the activations as `x + 128`
+    /// (unsigned) against the signed weights, no sign instructions, the
+    /// sums starting at [`I8Block`]'s `-128 * sum(w)`: signed types up to
+    /// `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose products with `x + 128 <= 255`
+    /// keep a pair within i16 (Q8_0's do not).
+    const FLIP: bool = Self::SIGNED && Self::MAX_W <= 32;
+    /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
+    const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
     ///
     /// # Safety
@@ -49,12 +57,12 @@ pub(crate) trait Int8Block: Block {
 }
 
 /// The most `vpmaddubsw` results (each lane two products of a weight and
-/// an activation, `|x| <= 127`) that add up in i16 for weights up to
+/// an activation, `|x| <= max_x`) that add up in i16 for weights up to
 /// `max_w`: 8, 4, 2 or 1 (a divisor of the block's eight four-element
 /// steps, and of the four of a half when `two`).
-const fn i16_steps(max_w: i32, two: bool) -> usize {
+const fn i16_steps(max_x: i32, max_w: i32, two: bool) -> usize {
     let mut steps = if two { 4 } else { 8 };
-    while steps > 1 && steps as i32 * 2 * 127 * max_w > i16::MAX as i32 {
+    while steps > 1 && steps as i32 * 2 * max_x * max_w > i16::MAX as i32 {
         steps /= 2;
     }
     steps
@@ -455,9 +463,10 @@ unsafe fn scatter<const N: usize>(
 /// [`LaneRows`] (`x`, unflipped; lanes `0..cn` written): element `(r, c)`
 /// goes to `y[c * y_stride + r]`. Per block and weight row, each four-byte
 /// group of weights is broadcast against the same group of the 8 rows
-/// (`vpmaddubsw`, signed weights by their magnitude against `x` with their
-/// sign), [`Int8Block::STEPS`] results added in i16 before `vpmaddwd`
-/// widens them, so lane `c` ends with the block's sum for row `c`.
+/// (`vpmaddubsw`: `x + 128` against signed weights when
+/// [`Int8Block::FLIP`], else Q8_0's weights by their magnitude against `x`
+/// with their sign), [`Int8Block::STEPS`] results added in i16 before
+/// `vpmaddwd` widens them, so lane `c` ends with the block's sum for row `c`.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`,
@@ -475,6 +484,7 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
 ) {
     debug_assert!(cn <= 8);
     let ones = _mm256_set1_epi16(1);
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
         let wt = unsafe { w.add(R * t * nblocks) };
@@ -493,10 +503,22 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
             for r in 0..R {
                 // SAFETY: block `b` of row `r` of the tile is in bounds.
                 let blk = unsafe { &*wt.add(r * nblocks + b) };
-                let mut sums = [_mm256_setzero_si256(); 2];
-                for k0 in (0..8).step_by(B::STEPS) {
+                let steps = if B::FLIP { B::FLIP_STEPS } else { B::STEPS };
+                // With `x + 128` the sums start at -128 * sum(w) per half
+                // (one start for a one-scale block).
+                let mut sums = if !B::FLIP {
+                    [_mm256_setzero_si256(); 2]
+                } else if B::TWO {
+                    [_mm256_set1_epi32(blk.bias[0]), _mm256_set1_epi32(blk.bias[1])]
+                } else {
+                    [
+                        _mm256_set1_epi32(blk.bias[0] + blk.bias[1]),
+                        _mm256_setzero_si256(),
+                    ]
+                };
+                for k0 in (0..8).step_by(steps) {
                     let mut s16 = _mm256_setzero_si256();
-                    for k in k0..k0 + B::STEPS {
+                    for k in k0..k0 + steps {
                         // SAFETY: bytes 4k..4k + 4 of `q`, and block b's
                         // 32-byte group k of `x`, are in bounds.
                         let (wv, xk) = unsafe {
@@ -507,7 +529,9 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
                                 _mm256_loadu_si256(xq.add(32 * k) as *const __m256i),
                             )
                         };
-                        let prod = if B::SIGNED {
+                        let prod = if B::FLIP {
+                            _mm256_maddubs_epi16(_mm256_xor_si256(xk, flip), wv)
+                        } else if B::SIGNED {
                             _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
                         } else {
                             _mm256_maddubs_epi16(wv, xk)
