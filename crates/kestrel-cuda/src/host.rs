@@ -9,6 +9,7 @@
 //! live sequence. Prefill metadata is sized per step (prefill is not graphed).
 
 use kestrel_kv::PagedIndices;
+use kestrel_model::LayerRope;
 use kestrel_pipeline::TokenMask;
 
 /// Batch sizes the decode forward is captured for: 1, 2, 4, 8, 16, then
@@ -271,12 +272,30 @@ pub fn pack_prefill(
 /// kestrel-cpu's `ops::rope_table` (f64, rounded once): row `p` is
 /// `[cos_0..cos_{d/2}, sin_0..sin_{d/2}]`.
 pub fn rope_table(max_pos: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+    let plain = LayerRope {
+        theta,
+        freq_factors: None,
+        linear_scale: 1.0,
+        window: None,
+    };
+    rope_table_of(&plain, max_pos, head_dim)
+}
+
+/// The table of one layer RoPE (Llama 3's frequency factors and linear
+/// scaling, Gemma 3's local base): cos/sin of
+/// `(pos / linear_scale) * theta^(-2i/head_dim) / factor_i` in f64, rounded
+/// once, as kestrel-cpu's `RopeSpec::table` (plain: its `ops::rope_table`).
+pub fn rope_table_of(r: &LayerRope<'_>, max_pos: usize, head_dim: usize) -> Vec<f32> {
     let half = head_dim / 2;
     let mut out = vec![0f32; max_pos * head_dim];
     for (pos, row) in out.chunks_exact_mut(head_dim).enumerate() {
+        let p = pos as f64 / r.linear_scale as f64;
         for i in 0..half {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let ang = pos as f64 * freq;
+            let mut freq = (r.theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            if let Some(ff) = r.freq_factors {
+                freq /= ff[i] as f64;
+            }
+            let ang = p * freq;
             row[i] = ang.cos() as f32;
             row[half + i] = ang.sin() as f32;
         }
