@@ -473,6 +473,25 @@ mod tests {
     }
 
     #[test]
+    fn factors_and_scale_slow_the_rotation() {
+        // As kestrel-cpu's RopeSpec test: pair 0 of position 8 with factor
+        // 2 and linear scale 4 turns by 8 / 4 * 1 / 2 = 1 radian.
+        let ff = [2.0f32; 4];
+        let r = LayerRope {
+            theta: 10_000.0,
+            freq_factors: Some(&ff),
+            linear_scale: 4.0,
+            window: None,
+        };
+        let t = rope_table_of(&r, 9, 8);
+        let row = &t[8 * 8..9 * 8];
+        assert_eq!((row[0], row[4]), (1f64.cos() as f32, 1f64.sin() as f32));
+        // Pair 1: 8 / 4 * 10000^(-1/4) / 2.
+        let a = 2.0 * 10_000f64.powf(-0.25) / 2.0;
+        assert_eq!((row[1], row[5]), (a.cos() as f32, a.sin() as f32));
+    }
+
+    #[test]
     fn biases_stack_with_zeros_where_absent() {
         let bias = stack_bias(&[(None, 2), (Some(&vec![3.0]), 1)]);
         assert_eq!(bias, vec![0.0, 0.0, 3.0]);

@@ -2,7 +2,8 @@
 //! `kernels/*.cu` computes, on the same buffers (weights in their file's
 //! encoding, int8 activation blocks, f16 KV cache and GEMM inputs; f32
 //! residual stream, matmul outputs and logits), row by row in one thread.
-//! The ops of the quantized path, the norms and the fused RoPE + KV append
+//! The ops of the quantized path, the norms (post-norms included), the
+//! fused RoPE + KV append (with its q/k norms), GELU-tanh and the softcap
 //! call their kernels' host references ([`crate::reference`], which
 //! `tests/kernel_source.rs` holds bit for bit against the CUDA source); the
 //! GEMM (cuBLAS on the GPU), attention and SwiGLU sum in their own order,

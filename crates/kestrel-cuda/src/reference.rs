@@ -512,4 +512,48 @@ mod tests {
             );
         }
     }
+
+    /// With q/k norms: kestrel-cpu's per-head `ops::rms_norm` then
+    /// `ops::rope`, to the rounding of the sum of squares' order (32 lanes
+    /// and a butterfly against 8 accumulators).
+    #[test]
+    fn rope_kv_append_with_qk_norms_follows_the_cpu_runtime() {
+        let (nq, nk, hd, eps) = (4, 2, 64, 1e-6);
+        let table = crate::host::rope_table(40, hd, 10_000.0);
+        let t = &table[21 * hd..22 * hd];
+        let (qn, kn) = (Rng(4).vec(hd, 1.0), Rng(5).vec(hd, 1.0));
+        let row = Rng(6).vec((nq + 2 * nk) * hd, 3.0);
+        let mut got = row.clone();
+        let (mut k, mut v) = (vec![f16::ZERO; nk * hd], vec![f16::ZERO; nk * hd]);
+        let norm = QkNorm {
+            q: &qn,
+            k: &kn,
+            eps,
+        };
+        rope_kv_append(
+            &mut got,
+            (nq, nk),
+            hd,
+            t,
+            false,
+            Some(norm),
+            (&mut k, &mut v),
+        );
+        let mut cpu = row.clone();
+        for (h, head) in cpu[..(nq + nk) * hd].chunks_exact_mut(hd).enumerate() {
+            let tmp = head.to_vec();
+            ops::rms_norm(&tmp, if h < nq { &qn } else { &kn }, eps, head);
+        }
+        ops::rope(&mut cpu[..(nq + nk) * hd], hd, t, RopeStyle::HalfSplit);
+        for (a, b) in got[..nq * hd].iter().zip(&cpu[..nq * hd]) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "Q: {a} vs {b}");
+        }
+        for (a, b) in k.iter().zip(&cpu[nq * hd..(nq + nk) * hd]) {
+            // f16: within one step of the CPU's value rounded.
+            assert!(
+                (a.to_f32() - b).abs() <= 1e-3 * b.abs().max(1.0),
+                "K: {a} vs {b}"
+            );
+        }
+    }
 }
