@@ -19,6 +19,9 @@
 #[path = "../../../tests/support/reference_python.rs"]
 mod reference_python;
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::runtime::backend::Device;
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
@@ -587,19 +590,36 @@ const FAMILY_CASES: [&str; 6] = [
 ];
 
 /// Each family fixture's weights (the real loader's config and features),
-/// or `None` (skipped, said so) without the Python side unless required.
+/// loaded once per process (the tests below share them; the script's
+/// directory is per process, so two tests writing it at once would clash):
+/// from `$KESTREL_FAMILY_FIXTURES` when set (a directory the script wrote
+/// beforehand, for a GPU machine without the Python side), else written
+/// now; `None` (skipped, said so) without the Python side unless required.
 fn family_models() -> Option<Vec<(&'static str, ModelWeights)>> {
-    let dir = reference_python::synthetic_fixtures("cuda families", "cuda-families", &[])?;
-    let out = FAMILY_CASES
-        .iter()
-        .map(|&name| {
-            let path = dir.join(format!("{name}.gguf"));
-            let loaded = kestrel_model::load(&path).expect("load family fixture");
-            (name, loaded.weights)
+    static MODELS: OnceLock<Option<Vec<(&'static str, ModelWeights)>>> = OnceLock::new();
+    MODELS
+        .get_or_init(|| {
+            let given = std::env::var_os("KESTREL_FAMILY_FIXTURES").map(PathBuf::from);
+            let dir = match &given {
+                Some(dir) => dir.clone(),
+                None => {
+                    reference_python::synthetic_fixtures("cuda families", "cuda-families", &[])?
+                }
+            };
+            let out = FAMILY_CASES
+                .iter()
+                .map(|&name| {
+                    let path = dir.join(format!("{name}.gguf"));
+                    let loaded = kestrel_model::load(&path).expect("load family fixture");
+                    (name, loaded.weights)
+                })
+                .collect();
+            if given.is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            Some(out)
         })
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    Some(out)
+        .clone()
 }
 
 /// CI, no GPU: every family the CPU runtime computes, through the CUDA
