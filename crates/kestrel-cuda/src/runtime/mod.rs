@@ -108,6 +108,9 @@ pub struct Runtime<D: Device> {
     protocol: PipelineState,
     buckets: Vec<usize>,
     decode_rows: Vec<DecodeRow>,
+    /// Each sampled row's `logit_bias` for the step being launched (kept
+    /// to reuse its allocation).
+    step_biases: Vec<LogitBias>,
     out_top: Vec<(TokenId, f32)>,
     graph_bytes: usize,
     device_name: String,
@@ -265,6 +268,7 @@ impl<D: Device> Runtime<D> {
             protocol: PipelineState::new(NUM_SLOTS)?,
             buckets,
             decode_rows: Vec::new(),
+            step_biases: Vec::new(),
             out_top: Vec::new(),
             graph_bytes: 0,
             device_name,
@@ -296,8 +300,8 @@ impl<D: Device> Runtime<D> {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before a device is opened: no draft verification, whole-prompt prefill only, and no
-    /// re-admission (each sequence's whole `max_len` is reserved at
+    /// known before a device is opened: logit bias, but no draft
+    /// verification, whole-prompt prefill only, and no re-admission (each sequence's whole `max_len` is reserved at
     /// admission, so `grow` never runs short and nothing is preempted).
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
         Capabilities {
@@ -455,11 +459,11 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
-    /// Pack `biases` (one per sampled row) into the slot's bias buffer and
-    /// enqueue its copy; returns whether any row has a bias.
-    fn upload_bias(&mut self, slot: SlotId, biases: &[LogitBias]) -> Result<bool, CudaError> {
+    /// Pack `step_biases` (one per sampled row) into the slot's bias buffer
+    /// and enqueue its copy; returns whether any row has a bias.
+    fn upload_bias(&mut self, slot: SlotId) -> Result<bool, CudaError> {
         let s = &mut self.slots[slot];
-        let words = s.pack_bias(&self.dev.d, biases)?;
+        let words = s.pack_bias(&self.dev.d, &self.step_biases)?;
         if words > 0 {
             // SAFETY: as in `upload_meta` (the pinned source is untouched
             // until this slot's commit, I6); bias_dev holds >= words words.
@@ -603,8 +607,10 @@ impl<D: Device> Executor for Runtime<D> {
                 .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..seqs.len()])
                 .map_err(ExecError::Fatal)?;
         }
-        let biases: Vec<LogitBias> = seqs.iter().map(|i| i.params.logit_bias.clone()).collect();
-        let bias = self.upload_bias(slot, &biases).map_err(ExecError::Fatal)?;
+        self.step_biases.clear();
+        let biases = seqs.iter().map(|i| i.params.logit_bias.clone());
+        self.step_biases.extend(biases);
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
         let (s, m) = (&self.slots[slot], &self.slots[slot].prefill_dev);
         self.dev
             .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
@@ -692,14 +698,14 @@ impl<D: Device> Executor for Runtime<D> {
         let s = &mut self.slots[slot];
         let (kv, params) = (&s.kv, s.params_host.as_mut_slice());
         let mut top_n = 0;
-        let mut biases = Vec::with_capacity(n);
+        self.step_biases.clear();
         for (i, (&id, p)) in rows.iter().zip(params.iter_mut()).enumerate() {
             // Planned above, so admitted; were it not, the lengths moved: fatal.
             let Some(meta) = self.book.get(id).map(|seq| &seq.meta) else {
                 return Err(fatal(CudaError::UnknownRequest(id)));
             };
             *p = SampleParams::from(meta);
-            biases.push(meta.logit_bias.clone());
+            self.step_biases.push(meta.logit_bias.clone());
             top_n = top_n.max(meta.top_logprobs as usize);
             self.decode_rows.push(DecodeRow {
                 kv_row: kv.rows[i],
@@ -725,7 +731,7 @@ impl<D: Device> Executor for Runtime<D> {
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
         self.upload_meta(slot, used, n).map_err(ExecError::Fatal)?;
-        let bias = self.upload_bias(slot, &biases).map_err(ExecError::Fatal)?;
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
         match self.slots[slot].graphs.get(&bucket) {
             Some(g) => self.dev.d.replay(g).map_err(ExecError::Fatal)?,
             None => self
