@@ -6,6 +6,9 @@
 // Grid (num_heads, rows), 4 warps per block: each warp streams a strided
 // subset of keys with an online softmax in f32, then the warps merge.
 // Cost O(len * head_dim) per (row, head); K/V read as f16, output f16.
+// Sliding window (Mistral, Gemma 3's local layers; issue 32 item 4): with
+// `window` > 0 a row attends only keys len - window .. len - 1 (the last
+// `window` positions, itself included), as kestrel-cpu's `attend_window`.
 
 #define ATT_MAX_E 8      // head_dim <= 256
 #define ATT_MAX_WARPS 4  // blockDim.x <= 128
@@ -19,7 +22,7 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_WARPS * 32) paged_attention
                                            const u32* __restrict__ kv_indptr,
                                            const u32* __restrict__ kv_indices,
                                            int num_heads, int num_kv_heads, int head_dim,
-                                           int page_size, float scale, int n) {
+                                           int page_size, float scale, int window, int n) {
     __shared__ float sh_m[ATT_MAX_WARPS];
     __shared__ float sh_l[ATT_MAX_WARPS];
     __shared__ float sh_acc[ATT_MAX_WARPS * ATT_MAX_E * 32];
@@ -41,7 +44,9 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_WARPS * 32) paged_attention
     int len = (int)row_pos[i] + 1;
     const u32* pages = kv_indices + kv_indptr[s];
     float m = KESTREL_NEG_INF, l = 0.0f;
-    for (int j = warp; j < len; j += nw) {
+    // Sliding window: the first key this row sees (0: the whole prefix).
+    int first = (window > 0 && len > window) ? len - window : 0;
+    for (int j = first + warp; j < len; j += nw) {
         u32 page = pages[j / page_size];
         size_t off = ((size_t)page * page_size + (j % page_size)) * kv_dim + (size_t)g * head_dim;
         float dot = 0.0f;

@@ -62,3 +62,19 @@ extern "C" __global__ void add_rms_norm_q8(float* __restrict__ x,
         warp_quantize(__fmul_rn(__fmul_rn(xr[j], inv), w[j]), xq + (size_t)o * nb + b);
     }
 }
+
+// RMSNorm of f32 rows in place, `x = x / sqrt(mean(x^2) + eps) * w` (no
+// residual add, no f16): Gemma's post-attention and post-FFN norms, applied
+// to a sublayer's output (`delta`) before `add_rms_norm` adds it to the
+// residual stream, as kestrel-cpu's `residual_add` with a post-norm. Each
+// thread rewrites only the elements it read, after the block sum.
+extern "C" __global__ void rms_norm_f32(float* __restrict__ x, const float* __restrict__ w,
+                                        int hidden, float eps, int n) {
+    __shared__ float sh[32];
+    int i = blockIdx.x;
+    if (i >= n) return;
+    float* xr = x + (size_t)i * hidden;
+    float inv = add_and_inv_rms(xr, nullptr, hidden, eps, sh);
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        xr[j] = __fmul_rn(__fmul_rn(xr[j], inv), w[j]);
+}

@@ -1,6 +1,6 @@
 // sample.cu: token sampling, one block per row, mirroring kestrel-cpu's
 // `sampler::sample` step for step: skills' bitmask (u32 words, bit t%32 of
-// word t/32 set = allowed) -> repetition / frequency / presence penalties
+// word t/32 set = allowed) -> logit_bias -> repetition / frequency / presence penalties
 // from the row's generated-token counts -> temperature -> top-k -> top-p ->
 // min-p -> draw (or argmax when greedy), with the logprob of the chosen token
 // and the top-n alternatives of the final distribution.
@@ -70,6 +70,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* 
                                        float* __restrict__ out_logprobs,
                                        u32* __restrict__ out_top_ids,
                                        float* __restrict__ out_top_lps,
+                                       const u32* __restrict__ bias_indptr,
+                                       const u32* __restrict__ bias,
                                        int top_n, int n) {
     __shared__ float shf[32];
     __shared__ double shd[32];
@@ -87,6 +89,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(float* 
     const float inv_t = greedy ? 1.0f : 1.0f / P.temperature;
     const float rp = P.repetition_penalty, fp = P.frequency_penalty, pp = P.presence_penalty;
     const bool pen = rp != 1.0f || fp != 0.0f || pp != 0.0f;
+
+    // 0. logit_bias (OpenAI's): row i's entries bias_indptr[i] ..
+    // bias_indptr[i + 1] of `bias`, (token, value bits) pairs with distinct
+    // tokens, added before the mask (which sets -inf regardless: no bias
+    // unmasks a token) and the penalties, as kestrel-cpu's `sample`.
+    if (bias_indptr) {
+        u32 b0 = bias_indptr[i], b1 = bias_indptr[i + 1];
+        for (u32 e = b0 + tid; e < b1; e += nt) {
+            u32 t = bias[2 * e];
+            if (t < (u32)vocab) v[t] = __fadd_rn(v[t], __uint_as_float(bias[2 * e + 1]));
+        }
+        __syncthreads();
+    }
 
     // 1. mask, penalties, temperature; max and candidate count.
     float lmax = KESTREL_NEG_INF;

@@ -8,7 +8,10 @@
 #
 # Steps: env (driver, toolkit, libraries), unit (kestrel-cuda host logic),
 # nvrtc (every kernel through the machine's NVRTC), runtime (CPU-vs-CUDA
-# greedy parity and CUDA-event timings, the ignored GPU tests included), engine
+# greedy parity and CUDA-event timings, the ignored GPU tests included; the
+# family fixtures from target-gpu/families when carried, see docs/cuda.md),
+# gemma (CPU-vs-CUDA greedy parity on Gemma 3 270M, joined from the carried
+# target-gpu/gemma/part.*), engine
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
 # CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
 # bench-full (the full CUDA bench), sanitizer (= memcheck initcheck racecheck
@@ -79,6 +82,12 @@ if [ -n "$cuda_lib" ]; then
     export LD_LIBRARY_PATH=$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PATH=${cuda_lib:+$(dirname "$cuda_lib")/bin:}/usr/local/cuda/bin:$PATH
+
+# Family fixtures written here by scripts/reference/synthetic_fixtures.py
+# (the GPU machine has no Python packages), for gpu_greedy_parity_families.
+if [ -d "$root/target-gpu/families" ]; then
+    export KESTREL_FAMILY_FIXTURES=$root/target-gpu/families
+fi
 
 model_name=SmolLM2-135M-Instruct.Q4_1.gguf
 model=$KESTREL_CACHE_DIR/$model_name
@@ -161,6 +170,21 @@ step_bench() {
         return 1
     }
     "$bin/xtask" bench --backend cuda --model "$m" --out "$OUT/$1" "${@:2}"
+}
+
+# Gemma 3 270M (the pinned `gemma3-270m`), joined from the carried parts;
+# the test hashes it against its pinned SHA-256 before loading it.
+step_gemma() {
+    local parts=$root/target-gpu/gemma gguf=$KESTREL_CACHE_DIR/gemma-3-270m-q4_k_m.gguf
+    if [ ! -f "$gguf" ]; then
+        compgen -G "$parts/part.*" >/dev/null || {
+            echo "no $gguf and no $parts/part.*: carry the split GGUF (docs/cuda.md)"
+            return 1
+        }
+        cat "$parts"/part.* >"$gguf.tmp" && mv "$gguf.tmp" "$gguf" || return 1
+    fi
+    (cd "$root/crates/kestrel-cuda" && "$bin/kestrel-cuda-runtime" gpu_greedy_parity_gemma3_270m \
+        --include-ignored --exact --nocapture)
 }
 
 llama_build=$KESTREL_CACHE_DIR/llama.cpp
@@ -269,9 +293,12 @@ for s in "${steps[@]}"; do
             ;;
         nvrtc) step nvrtc "$root/crates/kestrel-cuda" "$bin/kestrel-cuda-nvrtc" --nocapture ;;
         runtime)
+            # Gemma 3 270M has a step of its own (its model is carried apart).
             step runtime "$root/crates/kestrel-cuda" \
-                "$bin/kestrel-cuda-runtime" --include-ignored --nocapture --test-threads=1
+                "$bin/kestrel-cuda-runtime" --include-ignored --nocapture --test-threads=1 \
+                --skip gemma3_270m
             ;;
+        gemma) step gemma "$root" step_gemma ;;
         engine)
             step engine "$root/crates/kestrel-engine" \
                 "$bin/kestrel-engine-cuda_backend" --nocapture

@@ -50,17 +50,6 @@ pub enum CudaError {
         log: String,
     },
 
-    /// The model's family changes the decoder block in ways the CUDA
-    /// kernels do not implement (they run the Llama/Qwen2 block only).
-    #[error(
-        "the CUDA runtime cannot run a `{architecture}` model: it needs {} (the CUDA kernels run llama/qwen2-shaped blocks; use the CPU backend)",
-        features.join(", ")
-    )]
-    UnsupportedArchitecture {
-        architecture: String,
-        features: Vec<&'static str>,
-    },
-
     /// A prefill chunk short of its prompt's end, or the resumption of
     /// one: the CUDA runtime prefills whole prompts only.
     #[error("request {0}: the CUDA runtime prefills whole prompts only (no chunked prefill yet)")]

@@ -9,6 +9,7 @@
 //! live sequence. Prefill metadata is sized per step (prefill is not graphed).
 
 use kestrel_kv::PagedIndices;
+use kestrel_model::LayerRope;
 use kestrel_pipeline::TokenMask;
 
 /// Batch sizes the decode forward is captured for: 1, 2, 4, 8, 16, then
@@ -271,12 +272,30 @@ pub fn pack_prefill(
 /// kestrel-cpu's `ops::rope_table` (f64, rounded once): row `p` is
 /// `[cos_0..cos_{d/2}, sin_0..sin_{d/2}]`.
 pub fn rope_table(max_pos: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+    let plain = LayerRope {
+        theta,
+        freq_factors: None,
+        linear_scale: 1.0,
+        window: None,
+    };
+    rope_table_of(&plain, max_pos, head_dim)
+}
+
+/// The table of one layer RoPE (Llama 3's frequency factors and linear
+/// scaling, Gemma 3's local base): cos/sin of
+/// `(pos / linear_scale) * theta^(-2i/head_dim) / factor_i` in f64, rounded
+/// once, as kestrel-cpu's `RopeSpec::table` (plain: its `ops::rope_table`).
+pub fn rope_table_of(r: &LayerRope<'_>, max_pos: usize, head_dim: usize) -> Vec<f32> {
     let half = head_dim / 2;
     let mut out = vec![0f32; max_pos * head_dim];
     for (pos, row) in out.chunks_exact_mut(head_dim).enumerate() {
+        let p = pos as f64 / r.linear_scale as f64;
         for i in 0..half {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let ang = pos as f64 * freq;
+            let mut freq = (r.theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            if let Some(ff) = r.freq_factors {
+                freq /= ff[i] as f64;
+            }
+            let ang = p * freq;
             row[i] = ang.cos() as f32;
             row[half + i] = ang.sin() as f32;
         }
@@ -451,6 +470,25 @@ mod tests {
                 .zip(&cpu)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
+    }
+
+    #[test]
+    fn factors_and_scale_slow_the_rotation() {
+        // As kestrel-cpu's RopeSpec test: pair 0 of position 8 with factor
+        // 2 and linear scale 4 turns by 8 / 4 * 1 / 2 = 1 radian.
+        let ff = [2.0f32; 4];
+        let r = LayerRope {
+            theta: 10_000.0,
+            freq_factors: Some(&ff),
+            linear_scale: 4.0,
+            window: None,
+        };
+        let t = rope_table_of(&r, 9, 8);
+        let row = &t[8 * 8..9 * 8];
+        assert_eq!((row[0], row[4]), (1f64.cos() as f32, 1f64.sin() as f32));
+        // Pair 1: 8 / 4 * 10000^(-1/4) / 2.
+        let a = 2.0 * 10_000f64.powf(-0.25) / 2.0;
+        assert_eq!((row[1], row[5]), (a.cos() as f32, a.sin() as f32));
     }
 
     #[test]

@@ -28,11 +28,11 @@ use std::time::Instant;
 use kestrel_model::ModelWeights;
 
 use crate::hostdev_kernels as k;
-pub use crate::hostdev_kernels::sample_row;
+pub use crate::hostdev_kernels::{sample_row, SampleRow};
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ, Gemm,
-    HostMem, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows,
-    Stream, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ,
+    GeluMul, GeluMulQ8, Gemm, HostMem, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts,
+    RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -131,6 +131,11 @@ enum Op {
     PagedAttention(PagedAttention),
     Swiglu(Swiglu),
     SwigluQ8(SwigluQ8),
+    GeluMul(GeluMul),
+    GeluMulQ8(GeluMulQ8),
+    RmsNormF32(RmsNormF32),
+    ScaleF32(ScaleF32),
+    Softcap(Softcap),
     ResetCounts(ResetCounts),
     SampleRows(SampleRows),
 }
@@ -315,6 +320,11 @@ impl HostDevice {
             Op::PagedAttention(a) => k::paged_attention(m, a),
             Op::Swiglu(a) => k::swiglu(m, a),
             Op::SwigluQ8(a) => k::swiglu_q8(m, a),
+            Op::GeluMul(a) => k::gelu_mul(m, a),
+            Op::GeluMulQ8(a) => k::gelu_mul_q8(m, a),
+            Op::RmsNormF32(a) => k::rms_norm_f32(m, a),
+            Op::ScaleF32(a) => k::scale_f32(m, a),
+            Op::Softcap(a) => k::softcap(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
             Op::SampleRows(a) => k::sample_rows(m, a),
         }
@@ -504,6 +514,21 @@ impl Device for HostDevice {
     }
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError> {
         self.submit(Op::SwigluQ8(a))
+    }
+    fn gelu_mul(&self, a: GeluMul) -> Result<(), CudaError> {
+        self.submit(Op::GeluMul(a))
+    }
+    fn gelu_mul_q8(&self, a: GeluMulQ8) -> Result<(), CudaError> {
+        self.submit(Op::GeluMulQ8(a))
+    }
+    fn rms_norm_f32(&self, a: RmsNormF32) -> Result<(), CudaError> {
+        self.submit(Op::RmsNormF32(a))
+    }
+    fn scale_f32(&self, a: ScaleF32) -> Result<(), CudaError> {
+        self.submit(Op::ScaleF32(a))
+    }
+    fn softcap(&self, a: Softcap) -> Result<(), CudaError> {
+        self.submit(Op::Softcap(a))
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))

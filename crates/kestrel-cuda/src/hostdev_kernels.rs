@@ -2,7 +2,8 @@
 //! `kernels/*.cu` computes, on the same buffers (weights in their file's
 //! encoding, int8 activation blocks, f16 KV cache and GEMM inputs; f32
 //! residual stream, matmul outputs and logits), row by row in one thread.
-//! The ops of the quantized path, the norms and the fused RoPE + KV append
+//! The ops of the quantized path, the norms (post-norms included), the
+//! fused RoPE + KV append (with its q/k norms), GELU-tanh and the softcap
 //! call their kernels' host references ([`crate::reference`], which
 //! `tests/kernel_source.rs` holds bit for bit against the CUDA source); the
 //! GEMM (cuBLAS on the GPU), attention and SwiGLU sum in their own order,
@@ -26,8 +27,9 @@ use crate::kernels::MMVQ_MAX_ROWS;
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 use crate::reference;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, EmbedGather, EmbedGatherQ, Gemm, Mmvq,
-    PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8,
+    Gemm, Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows,
+    ScaleF32, Softcap, Swiglu, SwigluQ8,
 };
 use crate::CudaError;
 
@@ -360,12 +362,23 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
     };
     let table_len = (max_u32(&pos) + 1) * hd;
     let cache_len = (max_u32(&slots) + 1) * kvd;
-    disjoint(&[
+    let mut ranges = vec![
         (a.qkv, n * a.stride * 4),
         (a.table, table_len * 4),
         (a.k_cache, cache_len * 2),
         (a.v_cache, cache_len * 2),
-    ])?;
+    ];
+    if a.q_norm != 0 {
+        ranges.extend([(a.q_norm, hd * 4), (a.k_norm, hd * 4)]);
+    }
+    disjoint(&ranges)?;
+    let norm = if a.q_norm != 0 {
+        // SAFETY: read-only weights, disjoint from every output (checked above).
+        let (q, k) = unsafe { (m.slice::<f32>(a.q_norm, hd)?, m.slice::<f32>(a.k_norm, hd)?) };
+        Some(reference::QkNorm { q, k, eps: a.eps })
+    } else {
+        None
+    };
     // SAFETY: qkv and both caches are disjoint from each other and the
     // table (checked above).
     let (qkv, table, kc, vc) = unsafe {
@@ -385,8 +398,8 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
             hd,
             &table[p as usize * hd..(p as usize + 1) * hd],
             a.interleaved,
-            &mut kc[dst.clone()],
-            &mut vc[dst],
+            norm,
+            (&mut kc[dst.clone()], &mut vc[dst]),
         );
     }
     Ok(())
@@ -434,14 +447,20 @@ pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), 
             let g = h / group;
             let at = |j: usize| (pages[j / ps] as usize * ps + j % ps) * kv_dim + g * hd;
             scores.clear();
-            for j in 0..*len {
+            // Sliding window: only the last `window` keys.
+            let first = if a.window > 0 {
+                len.saturating_sub(a.window)
+            } else {
+                0
+            };
+            for j in first..*len {
                 kc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
                 scores.push(dot(q, &kf) * a.scale);
             }
             let mx = scores.iter().fold(NEG, |x, &s| x.max(s));
             acc.iter_mut().for_each(|v| *v = 0.0);
             let mut l = 0f32;
-            for (j, s) in scores.iter().enumerate() {
+            for (j, s) in (first..).zip(&scores) {
                 let p = kexp(s - mx);
                 l += p;
                 vc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
@@ -498,6 +517,71 @@ pub(crate) fn swiglu_q8(m: &HostMemory, a: &SwigluQ8) -> Result<(), CudaError> {
     Ok(())
 }
 
+pub(crate) fn gelu_mul(m: &HostMemory, a: &GeluMul) -> Result<(), CudaError> {
+    let (n, f) = (a.n, a.f);
+    disjoint(&[(a.gate_up, n * 2 * f * 4), (a.out, n * f * 2)])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (gu, out) = unsafe {
+        (
+            m.slice::<f32>(a.gate_up, n * 2 * f)?,
+            m.slice_mut::<f16>(a.out, n * f)?,
+        )
+    };
+    for (row, o) in gu.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        let (g, u) = row.split_at(f);
+        for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
+            *ov = f16::from_f32(reference::gelu_tanh_mul(gv, uv));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn gelu_mul_q8(m: &HostMemory, a: &GeluMulQ8) -> Result<(), CudaError> {
+    let (n, f) = (a.n, a.f);
+    let nb = f / BLOCK;
+    disjoint(&[
+        (a.gate_up, n * 2 * f * 4),
+        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
+    ])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (gu, xq) = unsafe {
+        (
+            m.slice::<f32>(a.gate_up, n * 2 * f)?,
+            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
+        )
+    };
+    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
+        reference::gelu_mul_q8(row, o);
+    }
+    Ok(())
+}
+
+pub(crate) fn rms_norm_f32(m: &HostMemory, a: &RmsNormF32) -> Result<(), CudaError> {
+    let h = a.hidden;
+    disjoint(&[(a.x, a.n * h * 4), (a.w, h * 4)])?;
+    // SAFETY: x (rewritten in place) is disjoint from w (checked above).
+    let (x, w) = unsafe { (m.slice_mut::<f32>(a.x, a.n * h)?, m.slice::<f32>(a.w, h)?) };
+    for row in x.chunks_exact_mut(h) {
+        reference::rms_norm_f32(row, w, a.eps);
+    }
+    Ok(())
+}
+
+pub(crate) fn scale_f32(m: &HostMemory, a: &ScaleF32) -> Result<(), CudaError> {
+    // SAFETY: the only slice alive.
+    let x = unsafe { m.slice_mut::<f32>(a.x, a.len)? };
+    x.iter_mut().for_each(|v| *v *= a.s);
+    Ok(())
+}
+
+pub(crate) fn softcap(m: &HostMemory, a: &Softcap) -> Result<(), CudaError> {
+    // SAFETY: the only slice alive.
+    let x = unsafe { m.slice_mut::<f32>(a.x, a.len)? };
+    x.iter_mut()
+        .for_each(|v| *v = reference::softcap(*v, a.cap));
+    Ok(())
+}
+
 pub(crate) fn reset_counts(m: &HostMemory, a: &ResetCounts) -> Result<(), CudaError> {
     // SAFETY: read-only, copied out before any write.
     let rows = unsafe { m.slice::<u32>(a.rows, a.n) }?.to_vec();
@@ -514,7 +598,7 @@ pub(crate) fn sample_rows(m: &HostMemory, a: &SampleRows) -> Result<(), CudaErro
     for i in 0..a.n {
         let at = |base: u64, size: usize| base + (i * size) as u64;
         // SAFETY: read-only slices, copied out before the writes below.
-        let (p, kv_row, position, logits, mask, counts) = unsafe {
+        let (p, kv_row, position, logits, mask, counts, bias) = unsafe {
             let p = m.slice::<SampleParams>(at(a.params, 40), 1)?[0];
             let kv_row = m.slice::<u32>(at(a.rows, 4), 1)?[0];
             let position = m.slice::<u32>(at(a.positions, 4), 1)?[0];
@@ -529,12 +613,27 @@ pub(crate) fn sample_rows(m: &HostMemory, a: &SampleRows) -> Result<(), CudaErro
                 None
             };
             let counts = a.counts + 4 * u64::from(kv_row) * vocab as u64;
-            (p, kv_row, position, logits, mask, counts)
+            let bias = if a.bias_indptr != 0 {
+                let ends = m.slice::<u32>(at(a.bias_indptr, 4), 2)?;
+                let (b0, b1) = (ends[0] as usize, ends[1] as usize);
+                let words = m.slice::<u32>(a.bias + 8 * b0 as u64, 2 * (b1 - b0))?;
+                let pairs = words.chunks_exact(2);
+                pairs.map(|w| (w[0], f32::from_bits(w[1]))).collect()
+            } else {
+                Vec::new()
+            };
+            (p, kv_row, position, logits, mask, counts, bias)
         };
         let (token, lp, top) = {
             // SAFETY: read-only; dropped before the counts are written.
             let c = unsafe { m.slice::<u32>(counts, vocab) }?;
-            sample_row(&logits, &p, mask.as_deref(), c, position, a.top_n)
+            let row = SampleRow {
+                mask: mask.as_deref(),
+                bias: &bias,
+                counts: c,
+                position,
+            };
+            sample_row(&logits, &p, row, a.top_n)
         };
         // SAFETY: each write below is the only slice alive at that moment.
         unsafe {
@@ -600,8 +699,21 @@ fn bisect_first(mut lo: u32, mut hi: u32, p: impl Fn(u32) -> bool) -> u32 {
     lo
 }
 
+/// What one row of `sample_rows` reads besides its logits and parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRow<'a> {
+    /// The constraint's bitmask, when the row is constrained.
+    pub mask: Option<&'a [u32]>,
+    /// `logit_bias`: (token, value) pairs, distinct tokens.
+    pub bias: &'a [(u32, f32)],
+    /// Generated-token counts (penalties).
+    pub counts: &'a [u32],
+    /// The RNG position of the draw.
+    pub position: u32,
+}
+
 /// `sample_rows` of `kernels/sample.cu` for one row, its block reductions
-/// done by one thread: mask, penalties, temperature; top-k and top-p by
+/// done by one thread: bias, mask, penalties, temperature; top-k and top-p by
 /// bisection on order-preserving keys (ties broken by id); min-p; the
 /// seeded draw in id order (or greedy); logprob and top-n (best first,
 /// lowest id on ties). Returns (token, logprob, top-n pairs).
@@ -609,13 +721,23 @@ fn bisect_first(mut lo: u32, mut hi: u32, p: impl Fn(u32) -> bool) -> u32 {
 pub fn sample_row(
     logits: &[f32],
     p: &SampleParams,
-    mask: Option<&[u32]>,
-    counts: &[u32],
-    position: u32,
+    row: SampleRow<'_>,
     top_n: usize,
 ) -> (u32, f32, Vec<(u32, f32)>) {
+    let SampleRow {
+        mask,
+        bias,
+        counts,
+        position,
+    } = row;
     let vocab = logits.len();
     let mut v = logits.to_vec();
+    // 0. logit_bias (the mask below sets -inf regardless).
+    for &(t, b) in bias {
+        if let Some(l) = v.get_mut(t as usize) {
+            *l += b;
+        }
+    }
     let greedy = p.temperature <= 0.0;
     let inv_t = if greedy { 1.0 } else { 1.0 / p.temperature };
     let (rp, fp, pp) = (

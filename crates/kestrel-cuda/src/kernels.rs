@@ -41,11 +41,18 @@ macro_rules! kernel {
 /// Every kernel file, in dependency-free order.
 pub const SOURCES: &[KernelSource] = &[
     kernel!("embedding.cu", ["embed_gather"]),
-    kernel!("rmsnorm.cu", ["add_rms_norm", "add_rms_norm_q8"]),
+    kernel!(
+        "rmsnorm.cu",
+        ["add_rms_norm", "add_rms_norm_q8", "rms_norm_f32"]
+    ),
     kernel!("rope.cu", ["add_bias"]),
     kernel!("rope_kv.cu", ["rope_kv_append"]),
     kernel!("attention.cu", ["paged_attention"]),
-    kernel!("swiglu.cu", ["swiglu", "swiglu_q8"]),
+    kernel!(
+        "swiglu.cu",
+        ["swiglu", "swiglu_q8", "gelu_mul", "gelu_mul_q8"]
+    ),
+    kernel!("gemma.cu", ["scale_f32", "softcap"]),
     kernel!(
         "quant.cu",
         [

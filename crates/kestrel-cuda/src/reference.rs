@@ -1,5 +1,7 @@
 //! Host references of the kernels added for issue 31 (`kernels/quant.cu`,
-//! `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`): each does its kernel's
+//! `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`) and for the families of
+//! issue 32 (q/k norms in `rope_kv_append`, `rms_norm_f32`, `gelu_mul_q8`,
+//! `softcap`): each does its kernel's
 //! arithmetic in the kernel's order (warp lanes, butterfly and block sums
 //! included), with plain slice signatures, so a host stand-in for the
 //! device can call them. `tests/kernel_source.rs` runs the CUDA source on
@@ -355,33 +357,63 @@ pub fn swiglu_q8(gate_up: &[f32], out: &mut [Q8Block]) {
     quantize_q8(&v, out);
 }
 
+/// The per-head RMSNorm weights of `rope_kv_append` (Qwen3, Gemma 3):
+/// Q heads', K heads' (`head_dim` each) and epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct QkNorm<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub eps: f32,
+}
+
+/// `1 / rms` of one head as `rope_kv_append`'s warp sums it: lane `j` takes
+/// elements `j, j + 32, ...` (fma), then the butterfly.
+pub fn head_inv_rms(head: &[f32], eps: f32) -> f32 {
+    let lanes: [f32; 32] = std::array::from_fn(|l| {
+        head.iter()
+            .skip(l)
+            .step_by(32)
+            .fold(0f32, |s, v| v.mul_add(*v, s))
+    });
+    1.0 / (warp_sum(lanes) / head.len() as f32 + eps).sqrt()
+}
+
 /// `rope_kv_append` of `rope_kv.cu` for one row: rotates the Q heads of
 /// `qkv` (Q | K | V, `(num_q_heads + 2 num_k_heads) * head_dim` values) in
 /// place and writes the rotated K heads and V as f16 to `k_out` and `v_out`
-/// (`num_k_heads * head_dim` each, the row's cache slot). `table_row` is the
-/// position's row of `host::rope_table`.
+/// (`num_k_heads * head_dim` each, the row's cache slot), each Q and K head
+/// RMS-normed first when `norm` is given. `table_row` is the position's row
+/// of its layer's RoPE table (`host::rope_table_of`).
 pub fn rope_kv_append(
     qkv: &mut [f32],
     heads: (usize, usize),
     head_dim: usize,
     table_row: &[f32],
     interleaved: bool,
-    k_out: &mut [f16],
-    v_out: &mut [f16],
+    norm: Option<QkNorm<'_>>,
+    (k_out, v_out): (&mut [f16], &mut [f16]),
 ) {
     let (nq, nk) = heads;
     let half = head_dim / 2;
     let (cos, sin) = table_row.split_at(half);
     let kv_dim = nk * head_dim;
     for head in 0..nq + nk {
+        let hp = head * head_dim;
+        let w = norm.map(|n| {
+            let w = if head < nq { n.q } else { n.k };
+            (w, head_inv_rms(&qkv[hp..hp + head_dim], n.eps))
+        });
         for k in 0..half {
             let (a, b) = if interleaved {
                 (2 * k, 2 * k + 1)
             } else {
                 (k, k + half)
             };
-            let hp = head * head_dim;
-            let (x0, x1) = (qkv[hp + a], qkv[hp + b]);
+            let (mut x0, mut x1) = (qkv[hp + a], qkv[hp + b]);
+            if let Some((w, inv)) = w {
+                x0 = x0 * inv * w[a];
+                x1 = x1 * inv * w[b];
+            }
             let y0 = x0 * cos[k] - x1 * sin[k];
             let y1 = x0 * sin[k] + x1 * cos[k];
             if head < nq {
@@ -398,6 +430,38 @@ pub fn rope_kv_append(
     for (o, x) in v_out.iter_mut().zip(v) {
         *o = f16::from_f32(*x);
     }
+}
+
+/// `rms_norm_f32` of `rmsnorm.cu` for one row, in place (a post-norm).
+pub fn rms_norm_f32(x: &mut [f32], w: &[f32], eps: f32) {
+    let inv = add_and_inv_rms(x, None, eps);
+    for (v, wv) in x.iter_mut().zip(w) {
+        *v = *v * inv * wv;
+    }
+}
+
+/// `gelu_tanh_mul` of `swiglu.cu` (kestrel-cpu's `block::gelu_tanh_mul`,
+/// step by step, with the host's tanh).
+pub fn gelu_tanh_mul(g: f32, u: f32) -> f32 {
+    let inner = 0.797_884_6f32 * (g + 0.044_715 * g * g * g);
+    0.5 * g * (1.0 + inner.tanh()) * u
+}
+
+/// `gelu_mul_q8` of `swiglu.cu` for one row, as [`swiglu_q8`].
+pub fn gelu_mul_q8(gate_up: &[f32], out: &mut [Q8Block]) {
+    let f = gate_up.len() / 2;
+    let (g, u) = gate_up.split_at(f);
+    let v: Vec<f32> = g
+        .iter()
+        .zip(u)
+        .map(|(&g, &u)| gelu_tanh_mul(g, u))
+        .collect();
+    quantize_q8(&v, out);
+}
+
+/// `softcap` of `gemma.cu`: `cap * tanh(x / cap)`.
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
 }
 
 #[cfg(test)]
@@ -419,7 +483,15 @@ mod tests {
             let t = &table[37 * hd..38 * hd];
             let mut got = row.clone();
             let (mut k, mut v) = (vec![f16::ZERO; nk * hd], vec![f16::ZERO; nk * hd]);
-            rope_kv_append(&mut got, (nq, nk), hd, t, interleaved, &mut k, &mut v);
+            rope_kv_append(
+                &mut got,
+                (nq, nk),
+                hd,
+                t,
+                interleaved,
+                None,
+                (&mut k, &mut v),
+            );
             let mut cpu = row.clone();
             ops::rope(&mut cpu[..(nq + nk) * hd], hd, t, style);
             assert_eq!(&got[..nq * hd], &cpu[..nq * hd], "{style:?} Q in place");
@@ -437,6 +509,50 @@ mod tests {
                 &got[nq * hd..],
                 &row[nq * hd..],
                 "K and V stay as they were in qkv"
+            );
+        }
+    }
+
+    /// With q/k norms: kestrel-cpu's per-head `ops::rms_norm` then
+    /// `ops::rope`, to the rounding of the sum of squares' order (32 lanes
+    /// and a butterfly against 8 accumulators).
+    #[test]
+    fn rope_kv_append_with_qk_norms_follows_the_cpu_runtime() {
+        let (nq, nk, hd, eps) = (4, 2, 64, 1e-6);
+        let table = crate::host::rope_table(40, hd, 10_000.0);
+        let t = &table[21 * hd..22 * hd];
+        let (qn, kn) = (Rng(4).vec(hd, 1.0), Rng(5).vec(hd, 1.0));
+        let row = Rng(6).vec((nq + 2 * nk) * hd, 3.0);
+        let mut got = row.clone();
+        let (mut k, mut v) = (vec![f16::ZERO; nk * hd], vec![f16::ZERO; nk * hd]);
+        let norm = QkNorm {
+            q: &qn,
+            k: &kn,
+            eps,
+        };
+        rope_kv_append(
+            &mut got,
+            (nq, nk),
+            hd,
+            t,
+            false,
+            Some(norm),
+            (&mut k, &mut v),
+        );
+        let mut cpu = row.clone();
+        for (h, head) in cpu[..(nq + nk) * hd].chunks_exact_mut(hd).enumerate() {
+            let tmp = head.to_vec();
+            ops::rms_norm(&tmp, if h < nq { &qn } else { &kn }, eps, head);
+        }
+        ops::rope(&mut cpu[..(nq + nk) * hd], hd, t, RopeStyle::HalfSplit);
+        for (a, b) in got[..nq * hd].iter().zip(&cpu[..nq * hd]) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "Q: {a} vs {b}");
+        }
+        for (a, b) in k.iter().zip(&cpu[nq * hd..(nq + nk) * hd]) {
+            // f16: within one step of the CPU's value rounded.
+            assert!(
+                (a.to_f32() - b).abs() <= 1e-3 * b.abs().max(1.0),
+                "K: {a} vs {b}"
             );
         }
     }

@@ -1,12 +1,14 @@
-//! The own CUDA source of the kernels added for issue 31 (`common.cuh`,
-//! `quant.cu`, `rmsnorm.cu`, `swiglu.cu`, `rope_kv.cu`, as embedded for
-//! NVRTC), built for the host by
+//! The own CUDA source of the kernels added for issues 31 and 32
+//! (`common.cuh`, `quant.cu`, `rmsnorm.cu`, `swiglu.cu`, `rope_kv.cu`,
+//! `gemma.cu`, as embedded for NVRTC), built for the host by
 //! a C++20 compiler with `tests/host/shim.h` standing in for CUDA and run
 //! block by block with one host thread per CUDA thread (real barriers for
 //! `__syncthreads` and warp shuffles), against the Rust references of
 //! `kestrel_cuda::reference`, bit for bit: `mmvq_*` for the eight quantized
 //! types, `dequant_f16` and `embed_gather_q` for every type,
-//! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`. The
+//! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append` (with
+//! and without q/k norms, both RoPE styles), and the families' `rms_norm_f32`,
+//! `gelu_mul`, `gelu_mul_q8`, `scale_f32`, `softcap`. The
 //! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
@@ -71,7 +73,14 @@ fn translation_unit() -> String {
     let mut text = String::from(include_str!("host/shim.h"));
     let mut rewritten = [0usize; 3];
     for src in std::iter::once(COMMON).chain(
-        ["rmsnorm.cu", "swiglu.cu", "quant.cu", "rope_kv.cu"].map(|f| {
+        [
+            "rmsnorm.cu",
+            "swiglu.cu",
+            "quant.cu",
+            "rope_kv.cu",
+            "gemma.cu",
+        ]
+        .map(|f| {
             SOURCES
                 .iter()
                 .find(|k| k.file == f)
@@ -369,7 +378,8 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
     let table = kestrel_cuda::host::rope_table(32, hd, 10_000.0);
     let (pos, slots) = ([5u32, 0, 31], [7u32, 2, 4]);
     let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    for interleaved in [true, false] {
+    let (qn, kn, eps) = (Rng(12).vec(hd, 1.0), Rng(13).vec(hd, 1.0), 1e-6f32);
+    for (interleaved, norm) in [(true, false), (false, false), (true, true), (false, true)] {
         let qkv = Rng(11).vec(n * stride, 2.0);
         let args = [
             "rope_kv".to_owned(),
@@ -379,6 +389,8 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
             i32::from(interleaved).to_string(),
             n.to_string(),
             "8".to_owned(),
+            i32::from(norm).to_string(),
+            format!("{eps:e}"),
         ];
         let out = run(
             &exe,
@@ -389,6 +401,8 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
                 ("table.bin", f32_bytes(&table)),
                 ("pos.bin", u32_bytes(&pos)),
                 ("slots.bin", u32_bytes(&slots)),
+                ("qn.bin", f32_bytes(&qn)),
+                ("kn.bin", f32_bytes(&kn)),
             ],
             &["qkv_out.bin", "k.bin", "v.bin"],
         );
@@ -402,15 +416,98 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
                 hd,
                 &table[p * hd..(p + 1) * hd],
                 interleaved,
-                &mut kc[s * kv_dim..(s + 1) * kv_dim],
-                &mut vc[s * kv_dim..(s + 1) * kv_dim],
+                norm.then_some(reference::QkNorm {
+                    q: &qn,
+                    k: &kn,
+                    eps,
+                }),
+                (
+                    &mut kc[s * kv_dim..(s + 1) * kv_dim],
+                    &mut vc[s * kv_dim..(s + 1) * kv_dim],
+                ),
             );
         }
         let f16_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
-        let what = |x: &str| format!("rope_kv_append {x}, interleaved={interleaved}");
+        let what = |x: &str| format!("rope_kv_append {x}, interleaved={interleaved}, norm={norm}");
         assert_same(&out[0], &f32_bytes(&want_qkv), 4, &what("qkv"));
         assert_same(&out[1], &f16_bytes(&kc), 2, &what("K cache"));
         assert_same(&out[2], &f16_bytes(&vc), 2, &what("V cache"));
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn family_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("family") else {
+        return;
+    };
+    let n = 3;
+    // rms_norm_f32 (post-norms): Gemma 3 270M's hidden size, 640.
+    let (hidden, eps) = (640, 1e-6f32);
+    let x = Rng(21).vec(n * hidden, 3.0);
+    let w = Rng(22).vec(hidden, 1.0);
+    let args = [
+        "post_norm".to_owned(),
+        hidden.to_string(),
+        n.to_string(),
+        format!("{eps:e}"),
+    ];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("x.bin", f32_bytes(&x)), ("w.bin", f32_bytes(&w))],
+        &["x_out.bin"],
+    );
+    let mut want = x.clone();
+    for row in want.chunks_exact_mut(hidden) {
+        reference::rms_norm_f32(row, &w, eps);
+    }
+    assert_same(&out[0], &f32_bytes(&want), 4, "rms_norm_f32");
+
+    // gelu_mul / gelu_mul_q8: Gemma 3 270M's FFN, 2048 (64 blocks).
+    let f = 2048;
+    let gu = Rng(23).vec(n * 2 * f, 6.0);
+    let args = ["gelu", &f.to_string(), &n.to_string()].map(String::from);
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("gu.bin", f32_bytes(&gu))],
+        &["h.bin", "q.bin"],
+    );
+    let mut want_h = Vec::with_capacity(n * f * 2);
+    let mut want_q = vec![Q8Block::default(); n * f / 32];
+    for (row, qr) in gu.chunks_exact(2 * f).zip(want_q.chunks_exact_mut(f / 32)) {
+        let (g, u) = row.split_at(f);
+        for (&g, &u) in g.iter().zip(u) {
+            want_h.extend(f16::from_f32(reference::gelu_tanh_mul(g, u)).to_le_bytes());
+        }
+        reference::gelu_mul_q8(row, qr);
+    }
+    assert_same(&out[0], &want_h, 2, "gelu_mul");
+    assert_same(&out[1], &q8_bytes(&want_q), 40, "gelu_mul_q8");
+
+    // scale_f32 (embedding scale) and softcap (final logits), past one
+    // grid-stride round (2 blocks of 64 threads, 300 floats).
+    let (s, cap, len) = ((640f32).sqrt(), 30f32, 300);
+    let x = Rng(24).vec(len, 80.0);
+    let args = [
+        "elementwise".to_owned(),
+        format!("{s:e}"),
+        format!("{cap:e}"),
+        len.to_string(),
+    ];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("x.bin", f32_bytes(&x))],
+        &["scaled.bin", "capped.bin"],
+    );
+    let scaled: Vec<f32> = x.iter().map(|v| v * s).collect();
+    let capped: Vec<f32> = x.iter().map(|&v| reference::softcap(v, cap)).collect();
+    assert_same(&out[0], &f32_bytes(&scaled), 4, "scale_f32");
+    assert_same(&out[1], &f32_bytes(&capped), 4, "softcap");
     let _ = std::fs::remove_dir_all(&dir);
 }

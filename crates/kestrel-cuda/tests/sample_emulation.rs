@@ -1,5 +1,6 @@
 //! The host device's `sample_rows` (`hostdev::sample_row`), an emulation of
-//! `kernels/sample.cu`'s selection logic, checked against kestrel-cpu's sampler (the reference) on random rows: masks, penalties,
+//! `kernels/sample.cu`'s selection logic, checked against kestrel-cpu's
+//! sampler (the reference) on random rows: masks, logit biases, penalties,
 //! temperature, top-k and top-p by bisection on order-preserving keys (with
 //! ties broken by id), min-p, the seeded draw, greedy, logprobs and top-n.
 //!
@@ -11,7 +12,8 @@
 
 use kestrel_cpu::sampler::{sample, PenaltyState, SamplingParams};
 use kestrel_cuda::ffi::SampleParams;
-use kestrel_cuda::hostdev::sample_row;
+use kestrel_cuda::hostdev::{sample_row, SampleRow};
+use kestrel_pipeline::LogitBias;
 
 const NEG: f32 = f32::NEG_INFINITY;
 
@@ -48,8 +50,14 @@ fn emulated_kernel_matches_the_cpu_sampler() {
             seed: splitmix(&mut z),
             top_logprobs: case % 6,
             logprobs: true,
-            // The CUDA sampler has no bias (the engine refuses one there).
-            logit_bias: Default::default(),
+            // Every fifth row biased: a ban, a boost (both in OpenAI's
+            // range) and a small nudge, on tokens masked or not.
+            logit_bias: if case % 5 == 2 {
+                let t = |z: &mut u64| (splitmix(z) % vocab as u64) as u32;
+                LogitBias::new([(t(&mut z), -100.0), (t(&mut z), 7.5), (t(&mut z), 0.5)])
+            } else {
+                LogitBias::default()
+            },
         };
         let mask: Option<Vec<u32>> = (case % 4 == 1).then(|| {
             (0..vocab.div_ceil(32))
@@ -65,14 +73,13 @@ fn emulated_kernel_matches_the_cpu_sampler() {
         }
         let position = case * 3 + 1;
         let top_n = p.top_logprobs as usize;
-        let (tok, lp, top) = sample_row(
-            &logits,
-            &SampleParams::from(&p),
-            mask.as_deref(),
-            &counts,
+        let row = SampleRow {
+            mask: mask.as_deref(),
+            bias: p.logit_bias.entries(),
+            counts: &counts,
             position,
-            top_n,
-        );
+        };
+        let (tok, lp, top) = sample_row(&logits, &SampleParams::from(&p), row, top_n);
         let mut cpu_logits = logits.clone();
         let cpu = sample(
             &mut cpu_logits,

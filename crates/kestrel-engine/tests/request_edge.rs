@@ -7,7 +7,8 @@
 //! a prompt too large for the context is refused before it is tokenized,
 //! a token-id prompt generates what its text does, and a scored prompt's
 //! logprobs line up with the logprobs of the tokens it was generated from.
-//! The burst also runs on the CUDA runtime's host device (`Backend::CudaHost`).
+//! The burst also runs on the CUDA runtime's host device (`Backend::CudaHost`),
+//! and `logit_bias` bans and forces tokens on both runtimes.
 
 mod common;
 
@@ -185,6 +186,46 @@ fn a_burst_that_fits_free_rows_plus_the_queue_is_never_refused() {
 #[test]
 fn a_burst_on_the_cuda_runtime_is_served_and_returns_every_page() {
     burst(engine_on(Backend::CudaHost, 16, 8));
+}
+
+/// `logit_bias` on the CPU runtime and on the CUDA runtime's host device
+/// (its device sampler, `sample.cu`'s algorithm): -100 bans the greedy
+/// first token, +100 makes one token win every step, and in a batch the
+/// biases stay with their own rows (an unbiased request beside two biased
+/// ones keeps its greedy text).
+#[test]
+fn logit_bias_bans_and_forces_tokens_on_both_runtimes() {
+    for backend in [Backend::Cpu, Backend::CudaHost] {
+        let engine = engine_on(backend, 4, 8);
+        let req = |bias: Vec<(u32, f32)>| GenerateRequest {
+            sampling: kestrel_engine::SamplingOptions {
+                temperature: Some(0.0),
+                logit_bias: bias,
+                ..Default::default()
+            },
+            ..GenerateRequest::text("The capital of France is", 3)
+        };
+        rt().block_on(async {
+            let plain = engine.generate(req(Vec::new())).await.unwrap().token_ids;
+            let first = plain[0];
+            let forced = engine.tokenize(" falcon", false).unwrap()[0];
+            assert_ne!(forced, first, "{backend:?}");
+            let (banned, boosted, unbiased) = tokio::join!(
+                engine.generate(req(vec![(first, -100.0)])),
+                engine.generate(req(vec![(7, 0.5), (forced, 100.0)])),
+                engine.generate(req(Vec::new())),
+            );
+            assert_ne!(banned.unwrap().token_ids[0], first, "{backend:?}: banned");
+            assert_eq!(
+                boosted.unwrap().token_ids,
+                [forced; 3],
+                "{backend:?}: forced"
+            );
+            assert_eq!(unbiased.unwrap().token_ids, plain, "{backend:?}: unbiased");
+            kv_released(&engine).await;
+            engine.shutdown(Duration::from_secs(1)).await;
+        });
+    }
 }
 
 /// 24 short requests at once on an engine of 16 rows and 8 queue places.

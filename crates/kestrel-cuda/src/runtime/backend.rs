@@ -165,6 +165,7 @@ pub struct AddBias {
 /// `rope_kv_append`: rotate the Q heads of each `qkv` row (Q | K | V) at
 /// `pos[i]` in place; write its rotated K heads and its V (f16) to its
 /// `slot_mapping` slot of the caches (K is not written back to `qkv`).
+/// With `q_norm`/`k_norm` each Q/K head is RMS-normed before its rotation.
 #[derive(Debug, Clone, Copy)]
 pub struct RopeKvAppend {
     pub qkv: u64,
@@ -176,6 +177,10 @@ pub struct RopeKvAppend {
     pub table: u64,
     pub pos: u64,
     pub interleaved: bool,
+    /// Per-head RMSNorm weights (`head_dim` f32 each), 0: no q/k norm.
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub eps: f32,
     pub k_cache: u64,
     pub v_cache: u64,
     pub slot_mapping: u64,
@@ -200,6 +205,8 @@ pub struct PagedAttention {
     pub head_dim: usize,
     pub page_size: usize,
     pub scale: f32,
+    /// Sliding window: keys of the last `window` positions only; 0: all.
+    pub window: usize,
     pub n: usize,
 }
 
@@ -220,6 +227,51 @@ pub struct SwigluQ8 {
     pub xq: u64,
     pub f: usize,
     pub n: usize,
+}
+
+/// `gelu_mul`: as [`Swiglu`] with GELU-tanh for SiLU (Gemma).
+#[derive(Debug, Clone, Copy)]
+pub struct GeluMul {
+    pub gate_up: u64,
+    pub out: u64,
+    pub f: usize,
+    pub n: usize,
+}
+
+/// `gelu_mul_q8`: as [`SwigluQ8`] with GELU-tanh for SiLU (Gemma).
+#[derive(Debug, Clone, Copy)]
+pub struct GeluMulQ8 {
+    pub gate_up: u64,
+    pub xq: u64,
+    pub f: usize,
+    pub n: usize,
+}
+
+/// `rms_norm_f32`: `x = rmsnorm(x) * w` in place, `n` f32 rows of `hidden`
+/// (Gemma's post-attention / post-FFN norm of a sublayer's output).
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNormF32 {
+    pub x: u64,
+    pub w: u64,
+    pub hidden: usize,
+    pub eps: f32,
+    pub n: usize,
+}
+
+/// `scale_f32`: `x[j] *= s` for `j < len` (the embedding scale).
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleF32 {
+    pub x: u64,
+    pub s: f32,
+    pub len: usize,
+}
+
+/// `softcap`: `x[j] = cap * tanh(x[j] / cap)` for `j < len` (final logits).
+#[derive(Debug, Clone, Copy)]
+pub struct Softcap {
+    pub x: u64,
+    pub cap: f32,
+    pub len: usize,
 }
 
 /// `reset_counts`: zero the penalty counts of the KV rows `rows[..n]`.
@@ -250,6 +302,10 @@ pub struct SampleRows {
     pub out_logprobs: u64,
     pub out_top_ids: u64,
     pub out_top_lps: u64,
+    /// `n + 1` u32 offsets into `bias` per row (`logit_bias`), 0: none.
+    pub bias_indptr: u64,
+    /// (token, f32 bits) u32 pairs.
+    pub bias: u64,
     pub top_n: usize,
     pub n: usize,
 }
@@ -326,6 +382,11 @@ pub trait Device: Send + Sized + 'static {
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError>;
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError>;
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError>;
+    fn gelu_mul(&self, a: GeluMul) -> Result<(), CudaError>;
+    fn gelu_mul_q8(&self, a: GeluMulQ8) -> Result<(), CudaError>;
+    fn rms_norm_f32(&self, a: RmsNormF32) -> Result<(), CudaError>;
+    fn scale_f32(&self, a: ScaleF32) -> Result<(), CudaError>;
+    fn softcap(&self, a: Softcap) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError>;
 }

@@ -15,9 +15,9 @@ use cudarc::driver::{
 };
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, Device, EmbedGather, EmbedGatherQ, Gemm, Mmvq,
-    PagedAttention, Plain, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu,
-    SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, Device, EmbedGather, EmbedGatherQ, GeluMul,
+    GeluMulQ8, Gemm, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts, RmsNormF32,
+    RopeKvAppend, SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8,
 };
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
@@ -428,6 +428,7 @@ impl Device for CudaDevice {
             .launch_builder(self.kernels.get("rope_kv_append"));
         b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd);
         b.arg(&a.table).arg(&a.pos).arg(&interleaved);
+        b.arg(&a.q_norm).arg(&a.k_norm).arg(&a.eps);
         b.arg(&a.k_cache)
             .arg(&a.v_cache)
             .arg(&a.slot_mapping)
@@ -435,7 +436,8 @@ impl Device for CudaDevice {
         // SAFETY: matches `rope_kv_append`; the table covers every position
         // the runtime admits (max_seq_len rows); slot_mapping entries are
         // below (num_pages + 1) * page_size, the layer's extent; qkv rows
-        // hold Q | K | V (stride = q_dim + 2 kv_dim).
+        // hold Q | K | V (stride = q_dim + 2 kv_dim); q_norm / k_norm are
+        // 0 or head_dim floats; 128 threads are 4 whole warps (one per head).
         unsafe { b.launch(launch_cfg((a.n as u32, 1), 128)) }?;
         Ok(())
     }
@@ -461,7 +463,14 @@ impl Device for CudaDevice {
             .arg(&a.row_pos)
             .arg(&a.kv_indptr)
             .arg(&a.kv_indices);
-        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale).arg(&n);
+        let window = i(a.window);
+        b.arg(&nq)
+            .arg(&nk)
+            .arg(&hd)
+            .arg(&ps)
+            .arg(&a.scale)
+            .arg(&window)
+            .arg(&n);
         // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
         // fit its shared arrays; indices come from the page table.
         unsafe {
@@ -495,6 +504,57 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn gelu_mul(&self, a: GeluMul) -> Result<(), CudaError> {
+        let (f, n) = (i(a.f), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("gelu_mul"));
+        b.arg(&a.gate_up).arg(&a.out).arg(&f).arg(&n);
+        let blocks = ((a.n * a.f).div_ceil(256)).min(65535) as u32;
+        // SAFETY: matches `gelu_mul` (grid-stride loop over n*f), as `swiglu`.
+        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+        Ok(())
+    }
+
+    fn gelu_mul_q8(&self, a: GeluMulQ8) -> Result<(), CudaError> {
+        let (f, n) = (i(a.f), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("gelu_mul_q8"));
+        b.arg(&a.gate_up).arg(&a.xq).arg(&f).arg(&n);
+        let grid = (a.f / BLOCK).div_ceil(8) as u32;
+        // SAFETY: matches `gelu_mul_q8` (8 warps, one block each), as
+        // `swiglu_q8`: f a multiple of 32, xq n rows of f / 32 blocks.
+        unsafe { b.launch(launch_cfg((grid, a.n as u32), 256)) }?;
+        Ok(())
+    }
+
+    fn rms_norm_f32(&self, a: RmsNormF32) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("rms_norm_f32"));
+        b.arg(&a.x).arg(&a.w).arg(&h).arg(&a.eps).arg(&n);
+        // SAFETY: matches `rms_norm_f32`; x holds n rows of hidden, w hidden
+        // floats; NORM_THREADS is a multiple of 32 (its block sum's warps).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), NORM_THREADS as u32)) }?;
+        Ok(())
+    }
+
+    fn scale_f32(&self, a: ScaleF32) -> Result<(), CudaError> {
+        let len = a.len as u64;
+        let mut b = self.stream.launch_builder(self.kernels.get("scale_f32"));
+        b.arg(&a.x).arg(&a.s).arg(&len);
+        let blocks = a.len.div_ceil(256).clamp(1, 65535) as u32;
+        // SAFETY: matches `scale_f32` (grid-stride); x holds len floats.
+        unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn softcap(&self, a: Softcap) -> Result<(), CudaError> {
+        let len = a.len as u64;
+        let mut b = self.stream.launch_builder(self.kernels.get("softcap"));
+        b.arg(&a.x).arg(&a.cap).arg(&len);
+        let blocks = a.len.div_ceil(256).clamp(1, 65535) as u32;
+        // SAFETY: matches `softcap` (grid-stride); x holds len floats.
+        unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         let (vocab, n) = (i(a.vocab), i(a.n));
         let mut b = self.stream.launch_builder(self.kernels.get("reset_counts"));
@@ -519,9 +579,11 @@ impl Device for CudaDevice {
             .arg(&a.out_logprobs)
             .arg(&a.out_top_ids)
             .arg(&a.out_top_lps);
+        b.arg(&a.bias_indptr).arg(&a.bias);
         b.arg(&top_n).arg(&n);
         // SAFETY: matches `sample_rows`; its block size is SAMPLE_THREADS
-        // (the scan buffer's size); outputs hold n rows (top_n wide).
+        // (the scan buffer's size); outputs hold n rows (top_n wide); the
+        // bias offsets (when not 0) hold n + 1 words indexing its pairs.
         unsafe { b.launch(launch_cfg((a.n as u32, 1), SAMPLE_THREADS)) }?;
         Ok(())
     }

@@ -3,7 +3,13 @@
 //! sequence of one forward (embed -> per layer: add+RMSNorm -> QKV matmul
 //! -> bias -> RoPE + KV append -> paged attention -> O matmul ->
 //! add+RMSNorm -> gate|up matmul -> SwiGLU -> down matmul; final
-//! add+RMSNorm -> LM head) and of sampling. A matmul of up to
+//! add+RMSNorm -> LM head) and of sampling. The family's
+//! [`kestrel_model::ArchFeatures`] add steps as kestrel-cpu's forward does,
+//! op for op: embedding scale, q/k norms (fused into RoPE + KV append), one
+//! RoPE table per distinct layer RoPE (frequency factors, linear scaling,
+//! local base), sliding windows and the attention scale (attention's
+//! arguments), post-attention / post-FFN norms of the sublayer outputs,
+//! GELU-tanh (`gelu_mul*`), and the final logit softcap. A matmul of up to
 //! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
 //! activations (quantized fused into the norm / SwiGLU that produces them);
 //! larger ones dequantize the weight tile by tile to f16 for the GEMM.
@@ -15,13 +21,14 @@
 //! stream makes safe for every slot's graphs.
 
 use half::f16;
-use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights, RopeStyle};
+use kestrel_model::{Activation, DType, LayerRope, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ, Gemm,
-    Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ,
+    GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RmsNormF32,
+    RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
 };
-use crate::host::{rope_table, stack_bias};
+use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
     layer_projections, matmul_path, part_bytes, plan_parts, MatmulPath, Q8Block, BLOCK,
@@ -94,6 +101,15 @@ struct Needs {
 struct Layer<D: Device> {
     attn_norm: D::Buf,
     ffn_norm: D::Buf,
+    /// Per-head q/k RMSNorm weights (Qwen3, Gemma 3).
+    qk_norm: Option<(D::Buf, D::Buf)>,
+    /// Norms of the attention / FFN outputs before their residual adds (Gemma).
+    post_attn_norm: Option<D::Buf>,
+    post_ffn_norm: Option<D::Buf>,
+    /// Index into `DeviceModel::ropes`.
+    rope: usize,
+    /// Keys this layer attends: the last `window` positions; 0: all.
+    window: usize,
     qkv: Proj<D>,
     bqkv: Option<D::Buf>,
     wo: Proj<D>,
@@ -147,7 +163,8 @@ pub(crate) struct DeviceModel<D: Device> {
     tile: D::Buf,
     output_norm: D::Buf,
     layers: Vec<Layer<D>>,
-    rope: D::Buf,
+    /// One cos/sin table per distinct layer RoPE (global, local).
+    ropes: Vec<D::Buf>,
     pub k_cache: D::Buf,
     pub v_cache: D::Buf,
     /// Generated-token counts per KV row (penalties), `[rows][vocab]`.
@@ -207,8 +224,51 @@ impl<D: Device> DeviceModel<D> {
             )?)
         };
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let fe = &c.features;
         let mut layers = Vec::with_capacity(c.num_layers);
-        for l in &w.layers {
+        // The distinct layer RoPEs (window aside), as kestrel-cpu's `ropes`.
+        let mut rope_specs: Vec<LayerRope<'_>> = Vec::new();
+        let mut ropes = Vec::new();
+        for (i, l) in w.layers.iter().enumerate() {
+            let lr = c.layer_rope(i);
+            let same = |r: &LayerRope<'_>| {
+                (r.theta, r.freq_factors, r.linear_scale)
+                    == (lr.theta, lr.freq_factors, lr.linear_scale)
+            };
+            let rope = match rope_specs.iter().position(same) {
+                Some(r) => r,
+                None => {
+                    ropes.push(d.upload(&rope_table_of(&lr, max_pos, c.head_dim))?);
+                    rope_specs.push(lr);
+                    rope_specs.len() - 1
+                }
+            };
+            let norm = |on: bool, v: &Option<Vec<f32>>, what: &str, len: usize| match v {
+                Some(v) if on && v.len() == len => d.upload(v).map(Some),
+                _ if on => Err(CudaError::Unsupported(format!(
+                    "layer {i}: {what} missing or not {len} floats"
+                ))),
+                _ => Ok(None),
+            };
+            let qk_norm = match (
+                norm(fe.qk_norm, &l.q_norm, "q_norm", c.head_dim)?,
+                norm(fe.qk_norm, &l.k_norm, "k_norm", c.head_dim)?,
+            ) {
+                (Some(q), Some(k)) => Some((q, k)),
+                _ => None,
+            };
+            let post_attn_norm = norm(
+                fe.post_norms,
+                &l.post_attn_norm,
+                "post_attn_norm",
+                c.hidden_size,
+            )?;
+            let post_ffn_norm = norm(
+                fe.post_norms,
+                &l.post_ffn_norm,
+                "post_ffn_norm",
+                c.hidden_size,
+            )?;
             let bqkv = if l.bq.is_some() || l.bk.is_some() || l.bv.is_some() {
                 Some(d.upload(&stack_bias(&[
                     (l.bq.as_ref(), qd),
@@ -224,6 +284,11 @@ impl<D: Device> DeviceModel<D> {
             layers.push(Layer {
                 attn_norm: d.upload(&l.attn_norm)?,
                 ffn_norm: d.upload(&l.ffn_norm)?,
+                qk_norm,
+                post_attn_norm,
+                post_ffn_norm,
+                rope,
+                window: lr.window.unwrap_or(0),
                 qkv: up(&qkv)?,
                 bqkv,
                 wo: up(&wo)?,
@@ -246,7 +311,6 @@ impl<D: Device> DeviceModel<D> {
             .any(|p| p.dtype != DType::F16);
         let tile = d.alloc(if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
         let output_norm = d.upload(&w.output_norm)?;
-        let rope = d.upload(&rope_table(max_pos, c.head_dim, c.rope_theta))?;
         // The KV cache is not zeroed: attention reads only positions that
         // rope_kv_append wrote, which compute-sanitizer initcheck keeps
         // checking.
@@ -263,7 +327,7 @@ impl<D: Device> DeviceModel<D> {
             tile,
             output_norm,
             layers,
-            rope,
+            ropes,
             k_cache,
             v_cache,
             counts,
@@ -385,7 +449,7 @@ impl<D: Device> DeviceModel<D> {
     pub fn forward_layers(&self, a: &FwdArgs) -> Result<(), CudaError> {
         let c = &self.cfg;
         let d = &self.d;
-        let (hd, f) = (c.head_dim, c.intermediate_size);
+        let hd = c.head_dim;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let stride = qd + 2 * kvd;
         let n = a.n;
@@ -411,6 +475,13 @@ impl<D: Device> DeviceModel<D> {
                 n,
             })?;
         }
+        if c.features.embedding_scale != 1.0 {
+            d.scale_f32(ScaleF32 {
+                x: a.x,
+                s: c.features.embedding_scale,
+                len: n * c.hidden_size,
+            })?;
+        }
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
         for (l, lw) in self.layers.iter().enumerate() {
             let delta = if l == 0 { 0 } else { a.delta };
@@ -434,9 +505,12 @@ impl<D: Device> DeviceModel<D> {
                 num_q_heads: c.num_heads,
                 num_k_heads: c.num_kv_heads,
                 head_dim: hd,
-                table: self.rope.ptr(),
+                table: self.ropes[lw.rope].ptr(),
                 pos: a.positions,
                 interleaved: c.rope_style == RopeStyle::Interleaved,
+                q_norm: lw.qk_norm.as_ref().map_or(0, |(q, _)| q.ptr()),
+                k_norm: lw.qk_norm.as_ref().map_or(0, |(_, k)| k.ptr()),
+                eps: c.rms_norm_eps,
                 k_cache,
                 v_cache,
                 slot_mapping: a.slot_mapping,
@@ -456,36 +530,21 @@ impl<D: Device> DeviceModel<D> {
                 num_kv_heads: c.num_kv_heads,
                 head_dim: hd,
                 page_size: self.page_size,
-                scale: 1.0f32 / (hd as f32).sqrt(),
+                scale: c.attn_scale(),
+                window: lw.window,
                 n,
             })?;
             if lw.wo.needs(n).q8 {
                 self.quantize_q8(a.attn, lw.wo.inp, n)?;
             }
             self.matmul(a.delta, &lw.wo.parts, lw.wo.out, a.attn, n)?;
+            self.post_norm(a.delta, lw.post_attn_norm.as_ref(), n)?;
             let need = lw.gate_up.needs(n);
             self.norm_into(a.x, a.delta, lw.ffn_norm.ptr(), a.xn, n, need)?;
             self.matmul(a.gate_up, &lw.gate_up.parts, lw.gate_up.out, a.xn, n)?;
-            let need = lw.down.needs(n);
-            if need.f16 || !need.q8 {
-                d.swiglu(Swiglu {
-                    gate_up: a.gate_up,
-                    out: a.act,
-                    f,
-                    n,
-                })?;
-                if need.q8 {
-                    self.quantize_q8(a.act, f, n)?;
-                }
-            } else {
-                d.swiglu_q8(SwigluQ8 {
-                    gate_up: a.gate_up,
-                    xq: self.xq.ptr(),
-                    f,
-                    n,
-                })?;
-            }
+            self.act_mul(a.gate_up, a.act, lw.down.needs(n), n)?;
             self.matmul(a.delta, &lw.down.parts, lw.down.out, a.act, n)?;
+            self.post_norm(a.delta, lw.post_ffn_norm.as_ref(), n)?;
         }
         self.add_rms_norm(
             a.x,
@@ -495,6 +554,54 @@ impl<D: Device> DeviceModel<D> {
             a.out_row,
             n,
         )
+    }
+
+    /// `act(gate) * up` of `n` rows into what `need` asks for: f16 rows in
+    /// `act`, int8 blocks in `self.xq` (fused when only they are needed);
+    /// SiLU, or GELU-tanh for Gemma.
+    fn act_mul(&self, gate_up: u64, act: u64, need: Needs, n: usize) -> Result<(), CudaError> {
+        let (d, f) = (&self.d, self.cfg.intermediate_size);
+        let gelu = self.cfg.features.activation == Activation::GeluTanh;
+        if need.f16 || !need.q8 {
+            if gelu {
+                d.gelu_mul(GeluMul {
+                    gate_up,
+                    out: act,
+                    f,
+                    n,
+                })?;
+            } else {
+                d.swiglu(Swiglu {
+                    gate_up,
+                    out: act,
+                    f,
+                    n,
+                })?;
+            }
+            if need.q8 {
+                self.quantize_q8(act, f, n)?;
+            }
+            return Ok(());
+        }
+        let xq = self.xq.ptr();
+        if gelu {
+            d.gelu_mul_q8(GeluMulQ8 { gate_up, xq, f, n })
+        } else {
+            d.swiglu_q8(SwigluQ8 { gate_up, xq, f, n })
+        }
+    }
+
+    /// A sublayer's output `delta` normed in place by its post-norm (Gemma),
+    /// before the next `add_rms_norm` adds it to the residual stream.
+    fn post_norm(&self, delta: u64, w: Option<&D::Buf>, n: usize) -> Result<(), CudaError> {
+        let Some(w) = w else { return Ok(()) };
+        self.d.rms_norm_f32(RmsNormF32 {
+            x: delta,
+            w: w.ptr(),
+            hidden: self.cfg.hidden_size,
+            eps: self.cfg.rms_norm_eps,
+            n,
+        })
     }
 
     fn add_rms_norm(
@@ -527,7 +634,15 @@ impl<D: Device> DeviceModel<D> {
         if needs(parts, n).q8 {
             self.quantize_q8(hidden_last, self.cfg.hidden_size, n)?;
         }
-        self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)
+        self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)?;
+        if let Some(cap) = self.cfg.features.final_logit_softcap {
+            self.d.softcap(Softcap {
+                x: logits,
+                cap,
+                len: n * self.cfg.vocab_size,
+            })?;
+        }
+        Ok(())
     }
 
     /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).

@@ -33,7 +33,7 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput,
+    Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
     PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
     TokenMask,
 };
@@ -108,6 +108,9 @@ pub struct Runtime<D: Device> {
     protocol: PipelineState,
     buckets: Vec<usize>,
     decode_rows: Vec<DecodeRow>,
+    /// Each sampled row's `logit_bias` for the step being launched (kept
+    /// to reuse its allocation).
+    step_biases: Vec<LogitBias>,
     out_top: Vec<(TokenId, f32)>,
     graph_bytes: usize,
     device_name: String,
@@ -142,20 +145,6 @@ fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     Ok(CudaContext::new(ordinal)?)
 }
 
-/// Refuses, before touching a device, a model whose block needs features
-/// the kernels lack (q/k norms, post-norms, GELU, sliding windows, RoPE
-/// scaling, ...): computing such a model as Llama would be garbage.
-pub fn check_architecture(config: &kestrel_model::ModelConfig) -> Result<(), CudaError> {
-    let features = config.features.non_llama();
-    if features.is_empty() {
-        return Ok(());
-    }
-    Err(CudaError::UnsupportedArchitecture {
-        architecture: config.architecture.clone(),
-        features,
-    })
-}
-
 fn fatal<E: Into<CudaError>>(e: E) -> ExecError<CudaError> {
     ExecError::Fatal(e.into())
 }
@@ -174,7 +163,6 @@ impl CudaRuntime {
     /// (f16), allocate the KV cache and both slots, and capture the decode
     /// graphs of both slots eagerly. Errors, never panics, without a driver.
     pub fn new(weights: ModelWeights, cfg: CudaRuntimeConfig) -> Result<Self, CudaError> {
-        check_architecture(&weights.config)?;
         check_config(&cfg)?;
         let ctx = open_device(cfg.device)?;
         libs::nvrtc_available()?;
@@ -224,7 +212,6 @@ impl<D: Device> Runtime<D> {
         weights: ModelWeights,
         cfg: CudaRuntimeConfig,
     ) -> Result<Self, CudaError> {
-        check_architecture(&weights.config)?;
         check_config(&cfg)?;
         d.bind()?;
         let mc = &weights.config;
@@ -281,6 +268,7 @@ impl<D: Device> Runtime<D> {
             protocol: PipelineState::new(NUM_SLOTS)?,
             buckets,
             decode_rows: Vec::new(),
+            step_biases: Vec::new(),
             out_top: Vec::new(),
             graph_bytes: 0,
             device_name,
@@ -312,15 +300,14 @@ impl<D: Device> Runtime<D> {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before a device is opened: no logit bias in the device sampler,
-    /// no draft verification, whole-prompt prefill only, and no
-    /// re-admission (each sequence's whole `max_len` is reserved at
+    /// known before a device is opened: logit bias, but no draft
+    /// verification, whole-prompt prefill only, and no re-admission (each sequence's whole `max_len` is reserved at
     /// admission, so `grow` never runs short and nothing is preempted).
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
         Capabilities {
             max_rows: cfg.max_rows,
             max_draft_tokens: 0,
-            logit_bias: false,
+            logit_bias: true,
             chunked_prefill: false,
             readmission: false,
         }
@@ -472,6 +459,23 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
+    /// Pack `step_biases` (one per sampled row) into the slot's bias buffer
+    /// and enqueue its copy; returns whether any row has a bias.
+    fn upload_bias(&mut self, slot: SlotId) -> Result<bool, CudaError> {
+        let s = &mut self.slots[slot];
+        let words = s.pack_bias(&self.dev.d, &self.step_biases)?;
+        if words > 0 {
+            // SAFETY: as in `upload_meta` (the pinned source is untouched
+            // until this slot's commit, I6); bias_dev holds >= words words.
+            unsafe {
+                self.dev
+                    .d
+                    .htod(s.bias_dev.ptr(), &s.bias_host.as_slice()[..words])?;
+            }
+        }
+        Ok(words > 0)
+    }
+
     /// Book a launched step: the slot's place in launch order (checked by
     /// `check_launch` before anything was enqueued), and its state until commit.
     fn record_launch(&mut self, slot: SlotId, state: StepState) -> Result<(), CudaError> {
@@ -603,6 +607,11 @@ impl<D: Device> Executor for Runtime<D> {
                 .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..seqs.len()])
                 .map_err(ExecError::Fatal)?;
         }
+        self.step_biases.clear();
+        let biases = seqs.iter().map(|i| i.params.logit_bias.clone());
+        self.step_biases.extend(biases);
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
+        let (s, m) = (&self.slots[slot], &self.slots[slot].prefill_dev);
         self.dev
             .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
             .map_err(fatal)?;
@@ -646,6 +655,7 @@ impl<D: Device> Executor for Runtime<D> {
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
             timed,
+            bias,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -688,12 +698,14 @@ impl<D: Device> Executor for Runtime<D> {
         let s = &mut self.slots[slot];
         let (kv, params) = (&s.kv, s.params_host.as_mut_slice());
         let mut top_n = 0;
+        self.step_biases.clear();
         for (i, (&id, p)) in rows.iter().zip(params.iter_mut()).enumerate() {
             // Planned above, so admitted; were it not, the lengths moved: fatal.
             let Some(meta) = self.book.get(id).map(|seq| &seq.meta) else {
                 return Err(fatal(CudaError::UnknownRequest(id)));
             };
             *p = SampleParams::from(meta);
+            self.step_biases.push(meta.logit_bias.clone());
             top_n = top_n.max(meta.top_logprobs as usize);
             self.decode_rows.push(DecodeRow {
                 kv_row: kv.rows[i],
@@ -719,6 +731,7 @@ impl<D: Device> Executor for Runtime<D> {
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
         self.upload_meta(slot, used, n).map_err(ExecError::Fatal)?;
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
         match self.slots[slot].graphs.get(&bucket) {
             Some(g) => self.dev.d.replay(g).map_err(ExecError::Fatal)?,
             None => self
@@ -738,6 +751,7 @@ impl<D: Device> Executor for Runtime<D> {
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
             timed,
+            bias,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -755,6 +769,11 @@ impl<D: Device> Executor for Runtime<D> {
             return Err(fatal(StateError::SlotBusy(slot)));
         };
         let (n, top_n, timed) = (state.n, state.top_n, state.timed);
+        let (bias_indptr, bias) = if state.bias {
+            (s.bias_dev.ptr(), s.bias_dev.at::<u32>(n + 1))
+        } else {
+            (0, 0)
+        };
         let d = &self.dev.d;
         if timed {
             d.record(&s.timing.sample_start, Stream::Compute)
@@ -808,6 +827,8 @@ impl<D: Device> Executor for Runtime<D> {
             out_logprobs: s.out_logprobs.ptr(),
             out_top_ids: s.out_top_ids.ptr(),
             out_top_lps: s.out_top_lps.ptr(),
+            bias_indptr,
+            bias,
         };
         self.dev.d.sample_rows(a).map_err(fatal)?;
         let (s, d) = (&self.slots[slot], &self.dev.d);

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use half::f16;
 use kestrel_kv::KvStep;
-use kestrel_pipeline::{RequestId, StepKind};
+use kestrel_pipeline::{LogitBias, RequestId, StepKind};
 
 use super::backend::Device;
 use super::timing::StepEvents;
@@ -62,6 +62,8 @@ pub(crate) struct StepState {
     pub step: u64,
     /// The slot's timing events were recorded for this step.
     pub timed: bool,
+    /// Some row has a `logit_bias` (packed in the slot's bias buffer).
+    pub bias: bool,
 }
 
 pub(crate) struct DecodeSlot<D: Device> {
@@ -78,6 +80,9 @@ pub(crate) struct DecodeSlot<D: Device> {
     pub params_dev: D::Buf,
     pub mask_host: D::Host<u32>,
     pub mask_dev: D::Buf,
+    /// The rows' `logit_bias` as `sample.cu` reads it (grown on demand).
+    pub bias_host: D::Host<u32>,
+    pub bias_dev: D::Buf,
     pub out_tokens: D::Buf,
     pub out_logprobs: D::Buf,
     pub out_top_ids: D::Buf,
@@ -124,6 +129,8 @@ impl<D: Device> DecodeSlot<D> {
             params_dev: d.alloc_zeroed(dims.max_batch * std::mem::size_of::<SampleParams>())?,
             mask_host: d.host(mw)?,
             mask_dev: u32s(mw)?,
+            bias_host: d.host(0)?,
+            bias_dev: u32s(0)?,
             out_tokens: u32s(dims.max_batch)?,
             out_logprobs: f32s(dims.max_batch)?,
             out_top_ids: u32s(dims.max_batch * MAX_TOP)?,
@@ -146,6 +153,38 @@ impl<D: Device> DecodeSlot<D> {
             self.prefill_dev = d.alloc_zeroed(cap * 4)?;
         }
         Ok(())
+    }
+
+    /// Pack the rows' `logit_bias` into the slot's pinned bias buffer as
+    /// `sample.cu` reads it (`n + 1` offsets, then (token, f32 bits)
+    /// pairs), growing it first (only while the slot is idle); returns the
+    /// words to copy, 0 when no row has a bias.
+    pub fn pack_bias(&mut self, d: &D, biases: &[LogitBias]) -> Result<usize, CudaError> {
+        use super::backend::HostMem;
+        let n = biases.len();
+        let entries: usize = biases.iter().map(|b| b.entries().len()).sum();
+        if entries == 0 {
+            return Ok(0);
+        }
+        let words = n + 1 + 2 * entries;
+        if self.bias_host.as_slice().len() < words {
+            let cap = words.next_power_of_two();
+            self.bias_host = d.host(cap)?;
+            self.bias_dev = d.alloc_zeroed(cap * 4)?;
+        }
+        let host = self.bias_host.as_mut_slice();
+        let (offsets, pairs) = host.split_at_mut(n + 1);
+        offsets[0] = 0;
+        let mut e = 0;
+        for (i, b) in biases.iter().enumerate() {
+            for &(t, v) in b.entries() {
+                pairs[2 * e] = t;
+                pairs[2 * e + 1] = v.to_bits();
+                e += 1;
+            }
+            offsets[i + 1] = e as u32;
+        }
+        Ok(words)
     }
 }
 

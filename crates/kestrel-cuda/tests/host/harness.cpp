@@ -9,8 +9,12 @@
 //   quant_h COLS N X OUT              Q8 blocks of f16 rows (quantize_q8_h)
 //   norm HIDDEN N EPS X DELTA W OUT_X OUT_Q  add_rms_norm_q8 (x updated)
 //   swiglu F N GATE_UP OUT            Q8 blocks (swiglu_q8)
-//   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS QKV TABLE POS SLOTS OUT_QKV OUT_K OUT_V
+//   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS NORM EPS QKV TABLE POS SLOTS QN KN OUT_QKV OUT_K OUT_V
 //                                     rope_kv_append into zeroed f16 caches
+//                                     (NORM 1: per-head q/k norms QN, KN)
+//   post_norm HIDDEN N EPS X W OUT_X  rms_norm_f32 in place
+//   gelu F N GATE_UP OUT_H OUT_Q      f16 rows (gelu_mul) and Q8 blocks (gelu_mul_q8)
+//   elementwise S CAP LEN X OUT_SCALED OUT_CAPPED  scale_f32 and softcap
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -120,20 +124,53 @@ int main(int argc, char** argv) {
         spit(argv[5], out);
         return 0;
     }
-    if (mode == "rope_kv" && argc == 15) {
+    if (mode == "rope_kv" && argc == 19) {
         int nq = I(2), nk = I(3), hd = I(4), interleaved = I(5), n = I(6), cache_slots = I(7);
-        std::vector<float> qkv = read_as<float>(argv[8]), table = read_as<float>(argv[9]);
-        std::vector<u32> pos = read_as<u32>(argv[10]), slots = read_as<u32>(argv[11]);
+        int norm = I(8);
+        float eps = std::strtof(argv[9], nullptr);
+        std::vector<float> qkv = read_as<float>(argv[10]), table = read_as<float>(argv[11]);
+        std::vector<u32> pos = read_as<u32>(argv[12]), slots = read_as<u32>(argv[13]);
+        std::vector<float> qn = read_as<float>(argv[14]), kn = read_as<float>(argv[15]);
         size_t kv_dim = (size_t)nk * hd;
         std::vector<h16> kc(cache_slots * kv_dim), vc(cache_slots * kv_dim);
         int stride = (nq + 2 * nk) * hd;
         launch({n, 1, 1}, 128, [&] {
             rope_kv_append(qkv.data(), stride, nq, nk, hd, table.data(), pos.data(), interleaved,
+                           norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps,
                            kc.data(), vc.data(), slots.data(), n);
         });
-        spit(argv[12], qkv);
-        spit(argv[13], kc);
-        spit(argv[14], vc);
+        spit(argv[16], qkv);
+        spit(argv[17], kc);
+        spit(argv[18], vc);
+        return 0;
+    }
+    if (mode == "post_norm" && argc == 8) {
+        int hidden = I(2), n = I(3);
+        float eps = std::strtof(argv[4], nullptr);
+        std::vector<float> x = read_as<float>(argv[5]), w = read_as<float>(argv[6]);
+        launch({n, 1, 1}, 256, [&] { rms_norm_f32(x.data(), w.data(), hidden, eps, n); });
+        spit(argv[7], x);
+        return 0;
+    }
+    if (mode == "gelu" && argc == 7) {
+        int f = I(2), n = I(3);
+        std::vector<float> gu = read_as<float>(argv[4]);
+        std::vector<h16> out_h((size_t)n * f);
+        std::vector<Q8> out_q((size_t)n * f / 32);
+        launch({3, 1, 1}, 256, [&] { gelu_mul(gu.data(), out_h.data(), f, n); });
+        launch({(f / 32 + 7) / 8, n, 1}, 256, [&] { gelu_mul_q8(gu.data(), out_q.data(), f, n); });
+        spit(argv[5], out_h);
+        spit(argv[6], out_q);
+        return 0;
+    }
+    if (mode == "elementwise" && argc == 8) {
+        float s = std::strtof(argv[2], nullptr), cap = std::strtof(argv[3], nullptr);
+        u64 len = (u64)std::atoll(argv[4]);
+        std::vector<float> x = read_as<float>(argv[5]), y = x;
+        launch({2, 1, 1}, 64, [&] { scale_f32(x.data(), s, len); });
+        launch({2, 1, 1}, 64, [&] { softcap(y.data(), cap, len); });
+        spit(argv[6], x);
+        spit(argv[7], y);
         return 0;
     }
     return 2;

@@ -78,6 +78,7 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
 static inline float __int_as_float(int i) {
