@@ -85,6 +85,10 @@ pub(crate) trait Tile8: Int8Block {
     /// `q - 32`: the kernel subtracts `BIAS * sum(x)` from the integer sums
     /// once for eight rows instead of signing every row's bytes.
     const BIAS: i32 = 0;
+    /// Whether a sub-block's products fold in i16 ([`sub_block`]): the
+    /// quants [`Tile8::quants`] gives are nibbles (0..16, unsigned), so
+    /// sixteen products with `|x| <= 127` stay within i16 (30,480).
+    const FOLD16: bool = false;
     /// Whether [`Tile8::quants`] gives signed bytes (Q8_0 only).
     const SIGNED_BYTES: bool = Self::SIGNED && Self::BIAS == 0;
     /// Sub-block `j`'s 32 integer weights as bytes, plus [`Tile8::BIAS`]
@@ -243,6 +247,7 @@ impl Tile8 for Q8_0B {
 }
 
 impl Tile8 for Q4_0B {
+    const FOLD16: bool = true;
     const BIAS: i32 = 8;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -277,6 +282,7 @@ impl Tile8 for Q5_0B {
 }
 
 impl Tile8 for Q4_1B {
+    const FOLD16: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -295,6 +301,7 @@ impl Tile8 for Q5_1B {
 }
 
 impl Tile8 for Q4KB {
+    const FOLD16: bool = true;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -439,7 +446,9 @@ unsafe fn sub_block<B: Tile8>(
     let xb: &Q8Block = unsafe { &*x.add(j) };
     // SAFETY: `q` is 32 readable bytes.
     let xq = unsafe { _mm256_loadu_si256(xb.q.as_ptr() as *const __m256i) };
-    let p: [__m256i; 8] = std::array::from_fn(|r| {
+    // Each row's products, `vpmaddubsw`'s sixteen i16 pair sums: lanes
+    // 0..8 over elements 0..16, lanes 8..16 over 16..32.
+    let prods: [__m256i; 8] = std::array::from_fn(|r| {
         // SAFETY: one stored block at `p[r]`, `j < SUB` (fn contract).
         let wq = unsafe { B::quants(p[r], j) };
         // Signed weights: |w| against x with w's sign (`vpmaddubsw`
@@ -449,14 +458,35 @@ unsafe fn sub_block<B: Tile8>(
         } else {
             (wq, xq)
         };
-        _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xs), ones)
+        _mm256_maddubs_epi16(wu, xs)
     });
-    // Lanes 0..4 of each `p` hold elements 0..16, lanes 4..8 16..32:
-    // `half0` gets row r's sum over 0..16 in lane r, `half1` 16..32.
-    let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    let mut half0 = _mm256_permute2x128_si256::<0x20>(q0, q1);
-    let mut half1 = _mm256_permute2x128_si256::<0x31>(q0, q1);
+    // `half0` gets row r's sum over elements 0..16 in lane r, `half1` over
+    // 16..32.
+    let (mut half0, mut half1) = if B::FOLD16 {
+        // Seven `vphaddw` leave row r's half sums in i16 lane r of each
+        // 128-bit half (sixteen products each, within i16), then widened.
+        let h = |a: __m256i, b: __m256i| _mm256_hadd_epi16(a, b);
+        let lo = h(h(prods[0], prods[1]), h(prods[2], prods[3]));
+        let hi = h(h(prods[4], prods[5]), h(prods[6], prods[7]));
+        let rows = h(lo, hi);
+        (
+            _mm256_cvtepi16_epi32(_mm256_castsi256_si128(rows)),
+            _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(rows)),
+        )
+    } else {
+        // Widened to i32 pairs (`vpmaddwd`), then six `vphaddd` and two
+        // lane permutes: lanes 0..4 of each hold elements 0..16, lanes
+        // 4..8 16..32.
+        let p = prods.map(|v| _mm256_madd_epi16(v, ones));
+        let q0 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let q1 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        (
+            _mm256_permute2x128_si256::<0x20>(q0, q1),
+            _mm256_permute2x128_si256::<0x31>(q0, q1),
+        )
+    };
     if B::BIAS != 0 {
         // sum(w x) = sum((w + BIAS) x) - BIAS sum(x), per half: the
         // activation's half sums in every lane, once for the eight rows.
