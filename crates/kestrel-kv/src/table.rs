@@ -460,7 +460,7 @@ impl PageTable {
         }
         // The next write lands at `len`: inside a kept page only when `len`
         // is not page-aligned, and that page must be this row's alone.
-        if let Some(&page) = r.pages.get(len / ps).filter(|_| len % ps != 0) {
+        if let Some(&page) = r.pages.get(len / ps).filter(|_| !len.is_multiple_of(ps)) {
             if self.pool.refcount(page) > 1 {
                 return Err(KvError::ShrinkIntoShared { row, len, page });
             }

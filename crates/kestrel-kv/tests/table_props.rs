@@ -197,7 +197,7 @@ impl Model {
                 let sealed = self.table.sealed_pages(row) * PS;
                 let next_page = self.table.pages(row).get(new_len / PS).copied();
                 let into_shared = next_page
-                    .filter(|&p| new_len % PS != 0 && self.table.refcount(p) > 1)
+                    .filter(|&p| !new_len.is_multiple_of(PS) && self.table.refcount(p) > 1)
                     .filter(|_| new_len >= sealed);
                 match self.table.shrink(row, new_len) {
                     Err(KvError::ShrinkIntoShared { row: r, len, page }) => {

@@ -33,9 +33,8 @@ use kestrel_kv::{
 };
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput,
-    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
-    TokenMask,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput, RequestId,
+    SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId, TokenMask,
 };
 
 use self::backend::{DevMem, Device, HostMem, SampleRows, Stream};
@@ -531,8 +530,7 @@ impl<D: Device> Executor for Runtime<D> {
         }
         // What the capabilities deny is refused by name, before anything.
         let caps = self.capabilities();
-        let chunked =
-            |i: &&PrefillInput<'_, _>| i.start != PrefillStart::Admit || !i.samples_from(0);
+        let chunked = |i: &&PrefillInput<'_, _>| !i.start.admits() || !i.samples_from(0);
         if let Some(input) = seqs.iter().find(chunked).filter(|_| !caps.chunked_prefill) {
             return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
         }
@@ -546,6 +544,7 @@ impl<D: Device> Executor for Runtime<D> {
             prompt: input.prompt,
             reserve: input.max_len,
             meta: input.params.clone(),
+            fork_of: input.start.fork_of(),
         });
         self.book
             .admit_all(admissions)

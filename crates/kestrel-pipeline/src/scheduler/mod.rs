@@ -138,8 +138,10 @@ impl<P> Scheduler<P> {
     }
 
     /// Accept a request (capped at `max_len` tokens): it waits for prefill.
-    pub fn enqueue(&mut self, req: Request<P>, max_len: usize) {
-        let seq = Sequence::waiting(req, self.next_arrival, max_len);
+    /// A fork (`fork_of`: another sample of its request, with the same
+    /// prompt) waits until that one's prompt has been launched to its end.
+    pub fn enqueue(&mut self, req: Request<P>, max_len: usize, fork_of: Option<RequestId>) {
+        let seq = Sequence::waiting(req, self.next_arrival, max_len, fork_of);
         self.next_arrival += 1;
         let id = seq.id;
         let idx = match self.free_idx.pop() {
