@@ -519,10 +519,11 @@ impl<E: Executor> EngineLoop<E> {
             &self.prefill_plan,
             budget.max_tokens,
         )?;
-        let Some(handle) = launched else {
+        if !launched {
             return Ok(false);
-        };
-        self.state.on_launch(handle)?;
+        }
+        // The one step counter: the pipeline state numbers the launch.
+        self.state.launch(slot, StepKind::Prefill)?;
         self.last_was_prefill = true;
         Ok(true)
     }
@@ -559,14 +560,12 @@ impl<E: Executor> EngineLoop<E> {
             debug_assert!(changed || !self.state.is_drained());
             return Ok(Launch::Deferred);
         }
-        match self.sched.launch_decode(&mut self.exec, &self.plan, slot)? {
-            Some(handle) => {
-                self.state.on_launch(handle)?;
-                self.last_was_prefill = false;
-                Ok(Launch::Launched)
-            }
-            None => Ok(Launch::Failed),
+        if !self.sched.launch_decode(&mut self.exec, &self.plan, slot)? {
+            return Ok(Launch::Failed);
         }
+        self.state.launch(slot, StepKind::Decode)?;
+        self.last_was_prefill = false;
+        Ok(Launch::Launched)
     }
 
     /// Sample the launched forward (with masks when needed) and queue it.

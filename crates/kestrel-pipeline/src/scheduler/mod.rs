@@ -110,7 +110,6 @@ pub(crate) struct Scheduler<P> {
     to_release: Vec<SeqIdx>,
     pub masks: MaskBuilder,
     pub stats: PipelineStats,
-    next_step: u64,
 }
 
 impl<P> Scheduler<P> {
@@ -129,7 +128,6 @@ impl<P> Scheduler<P> {
             to_release: Vec::new(),
             masks: MaskBuilder::new(vocab_size),
             stats: PipelineStats::default(),
-            next_step: 0,
         }
     }
 
@@ -202,12 +200,6 @@ impl<P> Scheduler<P> {
     ) -> Result<T, Fatal> {
         let seq = self.seq_mut(idx);
         f(&mut seq.life).map_err(|source| Fatal::phase(seq.id, source))
-    }
-
-    fn next_step(&mut self) -> u64 {
-        let s = self.next_step;
-        self.next_step += 1;
-        s
     }
 
     /// A launch of `rows` the executor refused: before dispatch, exactly

@@ -16,7 +16,6 @@
 use super::{Fatal, Scheduler, SeqIdx};
 use crate::executor::{ExecError, Executor, PrefillInput, PrefillStart, SlotId};
 use crate::phase::{Phase, MAX_INFLIGHT_REFS};
-use crate::state::{LaunchHandle, StepKind};
 use crate::TokenId;
 
 /// What the next prefill step would admit, if the KV allows.
@@ -163,14 +162,15 @@ impl<P> Scheduler<P> {
     /// batch of admissions the executor refuses before dispatch is tried
     /// again with its oldest alone; a lone row refused fails alone (an
     /// admission took no KV; a resumed sequence keeps its KV until it is
-    /// released as finalized): then `None`.
+    /// released as finalized): then `false`. The caller books the launch
+    /// in its `PipelineState`, which numbers the step.
     pub fn launch_prefill<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
         slot: SlotId,
         plan: &[SeqIdx],
         max_tokens: usize,
-    ) -> Result<Option<LaunchHandle>, Fatal> {
+    ) -> Result<bool, Fatal> {
         let mut rows = plan;
         loop {
             let inputs: Vec<PrefillInput<'_, P>> = rows
@@ -184,7 +184,7 @@ impl<P> Scheduler<P> {
                 Err(e) => {
                     drop(inputs);
                     self.launch_refused(exec, rows, e)?;
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
         }
@@ -228,10 +228,6 @@ impl<P> Scheduler<P> {
         }
         self.slots[slot].prefill(rows, samples);
         self.stats.prefill_steps += 1;
-        Ok(Some(LaunchHandle {
-            kind: StepKind::Prefill,
-            slot,
-            step: self.next_step(),
-        }))
+        Ok(true)
     }
 }
