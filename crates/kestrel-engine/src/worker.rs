@@ -449,6 +449,7 @@ impl<R: Runtime> Worker<R> {
         m.kv_free.set(kv.free_pages as u64);
         m.kv_cached.set(kv.cached_pages as u64);
         m.prefix_hit_tokens.set(kv.prefix_hit_tokens);
+        m.fork_shared_tokens.set(kv.fork_shared_tokens);
         m.kv_prompt_tokens.set(kv.prompt_tokens);
         let steps = self.lp.stats();
         m.prefill_steps.set(steps.prefill_steps);

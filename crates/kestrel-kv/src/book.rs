@@ -133,7 +133,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         seqs: impl IntoIterator<Item = Admission<'a, K, M>>,
     ) -> Result<(), KvError> {
         self.admitted.clear();
-        let (mut prompt_tokens, mut hit_tokens) = (0, 0);
+        let (mut prompt_tokens, mut hit_tokens, mut shared_tokens) = (0, 0, 0);
         for s in seqs {
             let reserve = s.reserve.max(s.prompt.len());
             let parent = s.fork_of.and_then(|p| self.seqs.get(&p));
@@ -152,6 +152,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
                     self.admitted.push((s.id, row));
                     prompt_tokens += s.prompt.len() as u64;
                     hit_tokens += cache_hit as u64;
+                    shared_tokens += (hit - cache_hit) as u64;
                     let entry = SeqEntry {
                         row,
                         len: hit,
@@ -172,6 +173,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         }
         self.stats.prompt_tokens += prompt_tokens;
         self.stats.prefix_hit_tokens += hit_tokens;
+        self.stats.fork_shared_tokens += shared_tokens;
         Ok(())
     }
 
@@ -360,6 +362,7 @@ mod tests {
         assert_eq!(b.table().refcount(b.table().pages(parent)[0]), 3);
         assert_eq!(b.kv_stats().used_pages, 3 + 1 + 1);
         assert_eq!(b.kv_stats().prefix_hit_tokens, 0, "a fork is no cache hit");
+        assert_eq!(b.kv_stats().fork_shared_tokens, 16);
         // The parent cannot roll back into the pages its forks read.
         let row = b.get(1).unwrap().row;
         assert!(matches!(
