@@ -250,3 +250,38 @@ fn n_out_of_range_is_an_invalid_argument_naming_it() {
         engine.shutdown(Duration::from_secs(1)).await;
     });
 }
+
+/// Under KV pressure, samples are preempted and prefilled again like any
+/// sequence (with their own tokens, not their parent's pages): four seeded
+/// samples in a cache too small for them all at once each emit what they
+/// emit in a roomy cache, and every page comes back.
+#[test]
+fn preempted_samples_emit_what_they_emit_in_a_roomy_cache() {
+    let prompt = "Kestrels hover over fields and dive on voles at dusk. ".repeat(5);
+    let req = sampled(&prompt, 4, 5, 64);
+    let run = |kv_pages| {
+        let engine = start_default(EngineConfig {
+            threads: 2,
+            max_batch_size: 8,
+            kv_pages,
+            page_size: PAGE,
+            max_seq_len: Some(1024),
+            ..EngineConfig::default()
+        });
+        rt().block_on(async {
+            let samples = finish_all(engine.stream_samples(req.clone()).unwrap()).await;
+            kv_released(&engine).await;
+            let preemptions = common::counter(&engine, "kestrel_preemptions_total");
+            engine.shutdown(Duration::from_secs(1)).await;
+            (samples, preemptions)
+        })
+    };
+    let (roomy, none) = run(512);
+    let (tight, preemptions) = run(16);
+    assert_eq!(none, 0);
+    assert!(preemptions > 0, "16 pages hold all four samples");
+    for (a, b) in roomy.iter().zip(&tight) {
+        assert_eq!((a.index, &a.token_ids), (b.index, &b.token_ids));
+        assert_eq!(b.token_ids.len(), 64);
+    }
+}
