@@ -215,8 +215,9 @@ impl FinishReason {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
-    /// Prompt tokens served from the prefix cache (0 until the runtime
-    /// reports it per request).
+    /// Prompt tokens whose KV was reused rather than computed: a
+    /// prefix-cache hit or, for a sample after the first (`n`), the prompt
+    /// pages it shares with the first (0 until the runtime reports it).
     pub cached_prompt_tokens: u32,
 }
 

@@ -213,7 +213,8 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         self.table.erase(seq.row)
     }
 
-    /// Prompt tokens of `id` served from the prefix cache (0 if unknown).
+    /// Prompt tokens of `id` whose KV it had at admission: its prefix-cache
+    /// hit, or a fork's shared pages (0 if unknown).
     pub fn cached_prompt_tokens(&self, id: K) -> usize {
         self.seqs.get(&id).map_or(0, |s| s.cached)
     }

@@ -298,8 +298,9 @@ pub trait Executor {
         seqs: &[PrefillInput<'_, Self::Params>],
     ) -> Result<(), ExecError<Self::Error>>;
 
-    /// Prompt tokens of an admitted sequence served from a prefix cache
-    /// (their prefill was skipped). Runtimes without one report 0.
+    /// Prompt tokens of an admitted sequence whose KV it had at admission
+    /// (their prefill was skipped): a prefix-cache hit, or the pages a
+    /// [`PrefillStart::Fork`] shares. Runtimes without either report 0.
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
         let _ = id;
         0
