@@ -297,6 +297,10 @@ impl<R: Runtime> Worker<R> {
         } else if max_new_tokens == 0 {
             // Only the prompt was asked for (validation allows 0 only with
             // prompt_logprobs): the request ends here, never queued.
+            self.shared
+                .metrics
+                .prompt_tokens
+                .fetch_add(prompt_tokens as u64, Relaxed);
             for sample in &mut samples {
                 let length = kestrel_pipeline::FinishReason::Length;
                 sample.skill.finish(Outcome::Finished(length));

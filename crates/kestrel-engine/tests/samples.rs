@@ -6,7 +6,9 @@
 //! with its seed emits; with the prefix cache off the samples still share
 //! the prompt's pages (fewer pages in use than the same requests apart);
 //! cancelling samples part-way (one stream dropped, or all by request id)
-//! gives every page back; `n` out of range is an INVALID_ARGUMENT naming it.
+//! gives every page back; preempted samples come back with their own
+//! tokens; each sample holds its own constraint state; `n` out of range is
+//! an INVALID_ARGUMENT naming it.
 
 mod common;
 
@@ -15,7 +17,7 @@ use common::{kv_released, rt, start_default, until_done};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Backend, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
+    Backend, Constraint, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
     GenerateResponse, GenerationStream, SamplingOptions, StreamEvent,
 };
 
@@ -284,4 +286,39 @@ fn preempted_samples_emit_what_they_emit_in_a_roomy_cache() {
         assert_eq!((a.index, &a.token_ids), (b.index, &b.token_ids));
         assert_eq!(b.token_ids.len(), 64);
     }
+}
+
+/// Each sample holds its own constraint state: every one of six sampled
+/// answers to a choice constraint is one of the choices, whichever it took.
+#[test]
+fn each_sample_holds_its_own_constraint() {
+    let engine = engine(Backend::Cpu, true);
+    let choices: Vec<String> = ["red", "green", "blue", "yellow"]
+        .map(String::from)
+        .to_vec();
+    let req = GenerateRequest {
+        constraint: Some(Constraint::Choice(choices.clone())),
+        sampling: SamplingOptions {
+            temperature: Some(1.5),
+            seed: Some(3),
+            ..SamplingOptions::default()
+        },
+        n: Some(6),
+        ..GenerateRequest::text("My favourite colour is", 8)
+    };
+    rt().block_on(async {
+        let samples = engine.generate_samples(req).await.unwrap();
+        assert_eq!(samples.len(), 6);
+        for r in &samples {
+            assert!(
+                choices.contains(&r.text),
+                "sample {}: {:?}",
+                r.index,
+                r.text
+            );
+            assert_eq!(r.finish_reason, FinishReason::Stop);
+        }
+        kv_released(&engine).await;
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
 }
