@@ -149,13 +149,14 @@ pub struct SimExecutor {
 
 impl SimExecutor {
     pub fn new(config: SimConfig) -> Self {
+        let pages = config.num_pages;
         Self {
-            config: config.clone(),
+            config,
             seqs: HashMap::new(),
             history: HashMap::new(),
             slots: (0..2).map(|_| SimSlot::default()).collect(),
-            refs: vec![0; config.num_pages],
-            free: (0..config.num_pages as u32).rev().collect(),
+            refs: vec![0; pages],
+            free: (0..pages as u32).rev().collect(),
             decode_launches: 0,
             prefill_launches: 0,
             waits: 0,
