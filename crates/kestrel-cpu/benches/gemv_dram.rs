@@ -37,13 +37,21 @@ fn bench(c: &mut Criterion) {
         DType::Q4_1,
     ] {
         let small = std::env::var("SMALL").is_ok();
-        let shapes = if small { [(1024, 2048), (1024, 2048)] } else { [(8192, 2048), (2048, 8192)] };
+        let shapes = if small {
+            [(1024, 2048), (1024, 2048)]
+        } else {
+            [(8192, 2048), (2048, 8192)]
+        };
         let protos: Vec<Matrix> = shapes
             .iter()
             .map(|&(r, c)| random_matrix(&mut rng, dt, r, c, 0.05))
             .collect();
         let pair_bytes: usize = protos.iter().map(|m| m.rows * m.row_bytes()).sum();
-        let copies = if small { 1 } else { SET_BYTES.div_ceil(pair_bytes) };
+        let copies = if small {
+            1
+        } else {
+            SET_BYTES.div_ceil(pair_bytes)
+        };
         // Distinct buffers of the same blocks: every pass reads DRAM.
         let set: Vec<Weight> = (0..copies)
             .flat_map(|_| protos.iter())

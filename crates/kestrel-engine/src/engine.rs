@@ -25,7 +25,7 @@ use crate::model::{Health, ModelContext, ModelInfo, Runtime};
 use crate::request::{GenerateRequest, GenerateResponse, StreamEvent};
 use crate::skill::{StreamingSkill, StreamingSkillParts};
 use crate::validate::{self, Field, ValidRequest};
-use crate::worker::{Command, Submission, Worker};
+use crate::worker::{Command, SampleSubmission, Submission, Worker};
 
 /// State shared by every handle and the engine thread (atomics and
 /// write-once cells only).
@@ -210,28 +210,60 @@ impl Engine {
         })
     }
 
-    /// Runs a request to completion.
+    /// Runs a request of one sample (`n` unset or 1) to completion.
     pub async fn generate(&self, req: GenerateRequest) -> Result<GenerateResponse, EngineError> {
         let mut stream = self.stream(req)?;
-        loop {
-            match stream.next_event().await {
-                Some(Ok(StreamEvent::Done(resp))) => return Ok(resp),
-                Some(Ok(StreamEvent::Delta { .. })) => {}
-                Some(Err(e)) => return Err(e),
-                None => return Err(EngineError::Stopped),
-            }
-        }
+        stream.finish().await
     }
 
-    /// Validates and queues a request; its events arrive on the returned
-    /// stream. Errors detectable before queueing (arguments, constraint,
-    /// context, a full queue, health) are returned here, at once; a request
-    /// refused later by the engine thread yields one `Err` item. Dropping
-    /// the stream before `Done` aborts the request.
+    /// Runs every sample of a request (`n`) to completion: the responses in
+    /// sample order. The first failure is returned (the other samples are
+    /// aborted as their streams drop).
+    pub async fn generate_samples(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<Vec<GenerateResponse>, EngineError> {
+        let mut out = Vec::new();
+        for mut stream in self.stream_samples(req)? {
+            out.push(stream.finish().await?);
+        }
+        Ok(out)
+    }
+
+    /// Validates and queues a request of one sample (`n` unset or 1; see
+    /// [`Engine::stream_samples`] for more); its events arrive on the
+    /// returned stream. Errors detectable before queueing (arguments,
+    /// constraint, context, a full queue, health) are returned here, at
+    /// once; a request refused later by the engine thread yields one `Err`
+    /// item. Dropping the stream before `Done` aborts the request.
     pub fn stream(&self, req: GenerateRequest) -> Result<GenerationStream, EngineError> {
+        if let Some(n) = req.n.filter(|&n| n > 1) {
+            validate::samples(Some(n))?;
+            return Err(EngineError::invalid(
+                Field::N,
+                format!("is {n}: Engine::stream gives one sample; use Engine::stream_samples"),
+            ));
+        }
+        let mut streams = self.stream_samples(req)?;
+        Ok(streams.remove(0))
+    }
+
+    /// Validates and queues a request and returns one stream per sample
+    /// (`n`, in sample order: stream `i` has [`GenerationStream::index`]
+    /// `i`). The samples are queued together (all or none, each taking a
+    /// place in the queue): the first is prefilled as any request, the
+    /// others fork from it once its prompt is launched, sharing its prompt
+    /// pages (`kestrel_pipeline::PrefillStart::Fork`). Dropping a stream
+    /// aborts its sample only; [`Engine::abort`] with the request id aborts
+    /// them all. Errors as [`Engine::stream`].
+    pub fn stream_samples(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<Vec<GenerationStream>, EngineError> {
         self.check_serving()?;
         let submitted = Instant::now();
-        let pipeline_id = self.shared.next_id.fetch_add(1, SeqCst);
+        let n = validate::samples(req.n)?;
+        let pipeline_id = self.shared.next_id.fetch_add(u64::from(n), SeqCst);
         let limits = validate::Limits {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
@@ -239,54 +271,66 @@ impl Engine {
             prompt_logprobs: self.shared.prompt_logprobs,
             speculate: self.shared.speculate,
         };
-        let valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
+        let mut valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;
         let limit = self.shared.loop_config.max_waiting;
-        // Reserve a queue place; the engine thread releases it on receipt.
-        // The loop's capacity (`max_waiting` beyond the batch rows free)
-        // and the waiting gauge are as of its last iteration.
-        let in_transit = self.shared.in_transit.fetch_add(1, SeqCst) + 1;
+        // Reserve a queue place per sample; the engine thread releases them
+        // on receipt. The loop's capacity (`max_waiting` beyond the batch
+        // rows free) and the waiting gauge are as of its last iteration.
+        let places = n as usize;
+        let in_transit = self.shared.in_transit.fetch_add(places, SeqCst) + places;
         let waiting = self.shared.metrics.waiting.get() as usize;
         if waiting + in_transit > self.shared.waiting_capacity.load(SeqCst) {
-            self.shared.in_transit.fetch_sub(1, SeqCst);
+            self.shared.in_transit.fetch_sub(places, SeqCst);
             self.shared.metrics.rejected.fetch_add(1, SeqCst);
             return Err(EngineError::QueueFull { limit });
         }
-        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-        let skill = StreamingSkill::new(
-            valid.skill,
-            StreamingSkillParts {
+        let mut samples = Vec::with_capacity(places);
+        let mut streams = Vec::with_capacity(places);
+        for (index, skill) in (0..n).zip(std::mem::take(&mut valid.skills)) {
+            let pipeline_id = valid.pipeline_id + u64::from(index);
+            let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+            let skill = StreamingSkill::new(
+                skill,
+                StreamingSkillParts {
+                    request_id: valid.request_id.clone(),
+                    pipeline_id,
+                    index,
+                    model: self.model.clone(),
+                    events: events.clone(),
+                    done: self.done_tx.clone(),
+                    metrics: Arc::clone(&self.shared.metrics),
+                    prompt_tokens: valid.prompt.len() as u32,
+                    submitted,
+                },
+            );
+            samples.push(SampleSubmission {
+                pipeline_id,
+                params: valid.sampling_of(index),
+                skill,
+                events,
+            });
+            streams.push(GenerationStream {
                 request_id: valid.request_id.clone(),
-                pipeline_id: valid.pipeline_id,
-                model: self.model.clone(),
-                events: events.clone(),
-                done: self.done_tx.clone(),
-                metrics: Arc::clone(&self.shared.metrics),
-                prompt_tokens: valid.prompt.len() as u32,
-                submitted,
-            },
-        );
+                pipeline_id,
+                index,
+                rx,
+                commands: self.commands.clone(),
+                finished: false,
+            });
+        }
         let sub = Submission {
-            request_id: valid.request_id.clone(),
-            pipeline_id: valid.pipeline_id,
+            request_id: valid.request_id,
             prompt: valid.prompt,
             max_new_tokens: valid.max_new_tokens,
-            params: valid.sampling,
             speculate: valid.speculate,
             prompt_logprobs: valid.prompt_logprobs,
-            skill,
-            events,
+            samples,
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
-            self.shared.in_transit.fetch_sub(1, SeqCst);
+            self.shared.in_transit.fetch_sub(places, SeqCst);
             return Err(EngineError::Stopped);
         }
-        Ok(GenerationStream {
-            request_id: valid.request_id,
-            pipeline_id: valid.pipeline_id,
-            rx,
-            commands: self.commands.clone(),
-            finished: false,
-        })
+        Ok(streams)
     }
 
     /// Asks the engine to abort `request_id`. Returns whether the command was
@@ -475,12 +519,13 @@ fn prefill_chunk(
     }
 }
 
-/// One request's events: `Delta`s, then exactly one `Done` or `Err`, then
-/// the end. Dropping it before the end aborts the request (the pipeline
+/// One sample's events: `Delta`s, then exactly one `Done` or `Err`, then
+/// the end. Dropping it before the end aborts the sample (the pipeline
 /// finalizes it and frees its KV once no in-flight step references it).
 pub struct GenerationStream {
     request_id: String,
     pipeline_id: u64,
+    index: u32,
     rx: UnboundedReceiver<Result<StreamEvent, EngineError>>,
     commands: Sender<Command>,
     finished: bool,
@@ -490,6 +535,7 @@ impl std::fmt::Debug for GenerationStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GenerationStream")
             .field("request_id", &self.request_id)
+            .field("index", &self.index)
             .field("finished", &self.finished)
             .finish_non_exhaustive()
     }
@@ -499,6 +545,23 @@ impl GenerationStream {
     /// The request id (given or assigned).
     pub fn request_id(&self) -> &str {
         &self.request_id
+    }
+
+    /// Which sample of its request this stream carries (`0..n`).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Reads the stream to its end: the final response, or the error.
+    pub async fn finish(&mut self) -> Result<GenerateResponse, EngineError> {
+        loop {
+            match self.next_event().await {
+                Some(Ok(StreamEvent::Done(resp))) => return Ok(resp),
+                Some(Ok(StreamEvent::Delta { .. })) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Err(EngineError::Stopped),
+            }
+        }
     }
 
     /// The next event, without a `StreamExt` dependency.

@@ -136,6 +136,7 @@ pub(crate) struct Metrics {
     pub kv_free: Gauge,
     pub kv_cached: Gauge,
     pub prefix_hit_tokens: Gauge,
+    pub fork_shared_tokens: Gauge,
     pub kv_prompt_tokens: Gauge,
     /// The loop's step counters (`PipelineStats`), copied each iteration.
     pub prefill_steps: Gauge,
@@ -171,6 +172,7 @@ impl Metrics {
             kv_free: Gauge::default(),
             kv_cached: Gauge::default(),
             prefix_hit_tokens: Gauge::default(),
+            fork_shared_tokens: Gauge::default(),
             kv_prompt_tokens: Gauge::default(),
             prefill_steps: Gauge::default(),
             decode_steps: Gauge::default(),
@@ -247,6 +249,12 @@ impl Metrics {
             "kestrel_prefill_steps_total",
             "Prefill steps launched (a prompt prefilled in chunks counts one per chunk).",
             self.prefill_steps.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_fork_shared_prompt_tokens_total",
+            "Prompt tokens a sample of an n > 1 request shared from its first sample's KV pages instead of computing.",
+            self.fork_shared_tokens.get(),
         );
         counter(
             &mut out,

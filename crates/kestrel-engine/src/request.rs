@@ -115,6 +115,14 @@ pub struct GenerateRequest {
     pub constraint: Option<Constraint>,
     /// Speculative decoding; the engine's default unless set.
     pub speculate: Speculation,
+    /// Samples of the prompt (OpenAI's `n`), 1 to
+    /// [`MAX_N`](crate::validate::MAX_N); `None`: 1. Each sample is a
+    /// sequence of its own (its seed, stop checks, constraint state), all
+    /// sharing the prompt's KV pages; sample `i` samples with
+    /// [`sample_seed`](crate::validate::sample_seed)`(seed, i)`. With greedy
+    /// sampling (temperature 0) every sample is the same, as with OpenAI and
+    /// vLLM. [`crate::Engine::stream_samples`] gives one stream per sample.
+    pub n: Option<u32>,
 }
 
 /// Speculative decoding for one request. Outputs are the same with and
@@ -159,6 +167,7 @@ impl GenerateRequest {
             min_tokens: 0,
             constraint: None,
             speculate: Speculation::Default,
+            n: None,
         }
     }
 }
@@ -206,8 +215,9 @@ impl FinishReason {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
-    /// Prompt tokens served from the prefix cache (0 until the runtime
-    /// reports it per request).
+    /// Prompt tokens whose KV was reused rather than computed: a
+    /// prefix-cache hit or, for a sample after the first (`n`), the prompt
+    /// pages it shares with the first (0 until the runtime reports it).
     pub cached_prompt_tokens: u32,
 }
 
@@ -241,6 +251,8 @@ pub struct TokenLogprob {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateResponse {
     pub request_id: String,
+    /// Which sample of the request this is (`0..n`).
+    pub index: u32,
     /// Output text (control tokens, EOS and a matched stop string excluded).
     pub text: String,
     /// Every generated token, including a final EOS or stop token.

@@ -28,6 +28,8 @@ pub(crate) struct StreamingSkill {
     inner: Skill,
     request_id: String,
     pipeline_id: u64,
+    /// Which sample of its request (`0..n`).
+    index: u32,
     model: ModelContext,
     events: EventSender,
     /// Tells the engine thread the request is resolved (to forget its id).
@@ -60,6 +62,7 @@ impl std::fmt::Debug for StreamingSkill {
 pub(crate) struct StreamingSkillParts {
     pub request_id: String,
     pub pipeline_id: u64,
+    pub index: u32,
     pub model: ModelContext,
     pub events: EventSender,
     pub done: std::sync::mpsc::Sender<u64>,
@@ -70,11 +73,17 @@ pub(crate) struct StreamingSkillParts {
 
 impl StreamingSkill {
     pub fn new(inner: Skill, p: StreamingSkillParts) -> Self {
-        let span = tracing::info_span!("request", id = %p.request_id, pid = p.pipeline_id);
+        let span = tracing::info_span!(
+            "request",
+            id = %p.request_id,
+            pid = p.pipeline_id,
+            index = p.index
+        );
         Self {
             inner,
             request_id: p.request_id,
             pipeline_id: p.pipeline_id,
+            index: p.index,
             model: p.model,
             events: p.events,
             done: p.done,
@@ -166,6 +175,7 @@ impl StreamingSkill {
         };
         GenerateResponse {
             request_id: self.request_id.clone(),
+            index: self.index,
             text,
             token_ids,
             finish_reason: reason,

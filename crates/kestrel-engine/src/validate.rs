@@ -51,6 +51,8 @@ pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 /// Largest prompt in bytes, whatever the context: a request this large is
 /// refused before it is tokenized.
 pub const MAX_PROMPT_BYTES: usize = 8 << 20;
+/// Most samples per request (`n`).
+pub const MAX_N: u32 = 16;
 
 /// A request field, as the engine names it. Edges map it to their own
 /// wire names (`max_new_tokens` is OpenAI's `max_tokens`, `messages` is the
@@ -101,6 +103,8 @@ pub enum Field {
     Text,
     /// Speculative decoding.
     Speculate,
+    /// Samples per request (`n`).
+    N,
     /// An engine setting (not a request field).
     Config(&'static str),
 }
@@ -137,23 +141,48 @@ impl fmt::Display for Field {
             Field::TokenId(i) => write!(f, "token_ids[{i}]"),
             Field::Text => f.write_str("text"),
             Field::Speculate => f.write_str("speculate"),
+            Field::N => f.write_str("n"),
             Field::Config(name) => f.write_str(name),
         }
     }
 }
 
 /// A request after [`validate`]: every rule checked, defaults resolved, the
-/// prompt tokenized and the skill (with its compiled constraint) built.
+/// prompt tokenized and a skill (with its compiled constraint) built per
+/// sample.
 pub(crate) struct ValidRequest {
     pub request_id: String,
+    /// Sample `i`'s pipeline id is `pipeline_id + i`.
     pub pipeline_id: u64,
     pub prompt: Vec<u32>,
     pub max_new_tokens: u32,
+    /// Sample 0's; sample `i` samples with [`ValidRequest::sampling_of`].
     pub sampling: SamplingParams,
     /// Alternatives per prompt position when the prompt is scored.
     pub prompt_logprobs: Option<u32>,
     pub speculate: Option<NgramSpec>,
-    pub skill: Skill,
+    /// One per sample (`n` of them), each with its own constraint state.
+    pub skills: Vec<Skill>,
+}
+
+impl ValidRequest {
+    /// The sampling parameters of sample `index`: the request's, with the
+    /// sample's seed.
+    pub fn sampling_of(&self, index: u32) -> SamplingParams {
+        SamplingParams {
+            seed: sample_seed(self.sampling.seed, index),
+            ..self.sampling.clone()
+        }
+    }
+}
+
+/// The one place a sample's seed is derived: sample `index` of a request
+/// whose seed is `seed` (given, or derived from its request id) samples
+/// with `seed + index` (wrapping), the derivation the OpenAI edge used when
+/// it submitted each sample as a request of its own, so seeded outputs are
+/// what they were. Sample 0 keeps the request's seed.
+pub fn sample_seed(seed: u64, index: u32) -> u64 {
+    seed.wrapping_add(u64::from(index))
 }
 
 /// What [`validate`] checks against besides the request.
@@ -176,7 +205,8 @@ fn bad<T>(field: Field, message: impl Into<String>) -> Result<T> {
 }
 
 /// Checks every rule and builds the submission; `pipeline_id` names the
-/// request inside the engine (and its `req-<n>` id when none was given).
+/// request's first sample inside the engine (and its `req-<n>` id when none
+/// was given), the others take the ids after it.
 pub(crate) fn validate(
     req: GenerateRequest,
     limits: &Limits<'_>,
@@ -188,6 +218,7 @@ pub(crate) fn validate(
         None => format!("req-{pipeline_id}"),
         Some(id) => request_id(id)?,
     };
+    let n = samples(req.n)?;
     let mut sampling = sampling(&req.sampling, &request_id)?;
     sampling.logit_bias = logit_bias(
         &req.sampling.logit_bias,
@@ -285,12 +316,18 @@ pub(crate) fn validate(
         top_logprobs: sampling.top_logprobs as usize,
     };
     let constraint_field = constraint_field(&spec);
-    let skill = Skill::new(limits.model.skills(), &spec, options).map_err(|source| {
-        EngineError::InvalidConstraint {
-            field: constraint_field,
-            source,
-        }
-    })?;
+    // A skill holds its sample's constraint state: one each, compiled from
+    // the same spec (a constraint that fails, fails on the first).
+    let skills = (0..n)
+        .map(|_| {
+            Skill::new(limits.model.skills(), &spec, options).map_err(|source| {
+                EngineError::InvalidConstraint {
+                    field: constraint_field,
+                    source,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(ValidRequest {
         request_id,
         pipeline_id,
@@ -299,8 +336,16 @@ pub(crate) fn validate(
         sampling,
         prompt_logprobs,
         speculate,
-        skill,
+        skills,
     })
+}
+
+/// `n`: 1 to [`MAX_N`] samples, 1 when not given.
+pub(crate) fn samples(n: Option<u32>) -> Result<u32> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_N => Ok(n),
+        n => bad(Field::N, format!("must be in [1, {MAX_N}], got {n}")),
+    }
 }
 
 /// `prompt_logprobs`: the range of `top_logprobs`, on a backend that scores prompts.

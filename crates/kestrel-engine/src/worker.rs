@@ -24,16 +24,24 @@ use crate::skill::{EventSender, StreamingSkill};
 use crate::validate::Field;
 
 /// A request validated on the caller's thread, ready for `EngineLoop::submit`
-/// once its prompt is scored (when it asked).
+/// (one sample) or `EngineLoop::submit_samples` (`n > 1`) once its prompt
+/// is scored (when it asked).
 pub(crate) struct Submission {
     pub request_id: String,
-    pub pipeline_id: u64,
     pub prompt: Vec<u32>,
     pub max_new_tokens: u32,
-    pub params: SamplingParams,
     pub speculate: Option<kestrel_pipeline::NgramSpec>,
     /// Alternatives per prompt position when the prompt is to be scored.
     pub prompt_logprobs: Option<u32>,
+    /// One per sample, in sample order (at least one).
+    pub samples: Vec<SampleSubmission>,
+}
+
+/// One sample of a [`Submission`]: a pipeline sequence of its own.
+pub(crate) struct SampleSubmission {
+    pub pipeline_id: u64,
+    /// The request's parameters with the sample's seed.
+    pub params: SamplingParams,
     pub skill: StreamingSkill,
     /// The client's channel, for errors raised before the skill owns it.
     pub events: EventSender,
@@ -59,8 +67,8 @@ pub(crate) struct Worker<R: Runtime> {
     lp: EngineLoop<R>,
     commands: Receiver<Command>,
     done_rx: Receiver<u64>,
-    /// Live requests: caller id -> pipeline id, and back.
-    live: HashMap<String, u64>,
+    /// Live requests: caller id -> its samples' pipeline ids, and back.
+    live: HashMap<String, Vec<u64>>,
     by_pipeline: HashMap<u64, String>,
     shared: Arc<Shared>,
     shutdown_deadline: Option<Instant>,
@@ -234,7 +242,7 @@ impl<R: Runtime> Worker<R> {
         match cmd {
             Command::Submit(sub) => self.submit(*sub),
             Command::Abort { request_id } => {
-                if let Some(&pid) = self.live.get(&request_id) {
+                for pid in self.live.get(&request_id).cloned().unwrap_or_default() {
                     self.lp.abort(pid);
                 }
             }
@@ -252,111 +260,118 @@ impl<R: Runtime> Worker<R> {
     fn submit(&mut self, sub: Submission) {
         let Submission {
             request_id,
-            pipeline_id: pid,
             prompt,
             max_new_tokens,
-            params,
             speculate,
             prompt_logprobs,
-            mut skill,
-            events,
+            mut samples,
         } = sub;
+        let places = samples.len();
         let prompt_tokens = prompt.len();
-        let refused = if self.shutdown_deadline.is_some() {
-            Some(EngineError::ShuttingDown)
-        } else if let Some(why) = self.lp.unhealthy() {
-            Some(EngineError::Fatal(why.clone()))
+        let events: Vec<EventSender> = samples.iter().map(|s| s.events.clone()).collect();
+        // Why the request is refused, as a maker: every sample's stream
+        // gets the error.
+        let refused: Option<Box<dyn Fn() -> EngineError>> = if self.shutdown_deadline.is_some() {
+            Some(Box::new(|| EngineError::ShuttingDown))
+        } else if let Some(why) = self.lp.unhealthy().cloned() {
+            Some(Box::new(move || EngineError::Fatal(why.clone())))
         } else if self.live.contains_key(&request_id) {
-            Some(EngineError::invalid(
-                Field::RequestId,
-                format!("request id {request_id:?} is already in use"),
-            ))
+            let message = format!("request id {request_id:?} is already in use");
+            Some(Box::new(move || {
+                EngineError::invalid(Field::RequestId, message.clone())
+            }))
         } else if let Some(Err(why)) = prompt_logprobs
             .map(|top| self.lp.executor().score_prompt(&prompt, top as usize))
-            .map(|scored| scored.map(|s| skill.set_prompt_logprobs(&prompt, s)))
+            .map(|scored| {
+                // Scored once; every sample's response carries the scores.
+                scored.map(|s| {
+                    for sample in &mut samples {
+                        sample.skill.set_prompt_logprobs(&prompt, s.clone());
+                    }
+                })
+            })
         {
             // Scoring runs on the runtime before the request exists in the
             // pipeline: a failure is this request's alone.
-            Some(EngineError::RequestFailed(why))
+            Some(Box::new(move || EngineError::RequestFailed(why.clone())))
         } else if max_new_tokens == 0 {
             // Only the prompt was asked for (validation allows 0 only with
             // prompt_logprobs): the request ends here, never queued.
-            skill.finish(Outcome::Finished(kestrel_pipeline::FinishReason::Length));
+            self.shared
+                .metrics
+                .prompt_tokens
+                .fetch_add(prompt_tokens as u64, Relaxed);
+            for sample in &mut samples {
+                let length = kestrel_pipeline::FinishReason::Length;
+                sample.skill.finish(Outcome::Finished(length));
+            }
             None
         } else {
-            let request = Request {
-                id: pid,
-                prompt,
-                max_new_tokens,
-                params,
-                speculate,
-                skill: Box::new(skill),
+            let pids: Vec<u64> = samples.iter().map(|s| s.pipeline_id).collect();
+            let mut requests: Vec<_> = samples
+                .drain(..)
+                .map(|s| Request {
+                    id: s.pipeline_id,
+                    prompt: prompt.clone(),
+                    max_new_tokens,
+                    params: s.params,
+                    speculate,
+                    skill: Box::new(s.skill),
+                })
+                .collect();
+            let submitted = match requests.len() {
+                1 => self.lp.submit(requests.remove(0)),
+                _ => self.lp.submit_samples(requests),
             };
-            match self.lp.submit(request) {
-                Ok(()) => None,
-                Err(e) => Some(self.map_submit_error(e, prompt_tokens, max_new_tokens as usize)),
+            match submitted {
+                Ok(()) => {
+                    self.shared
+                        .metrics
+                        .prompt_tokens
+                        .fetch_add(prompt_tokens as u64, Relaxed);
+                    for &pid in &pids {
+                        self.by_pipeline.insert(pid, request_id.clone());
+                    }
+                    self.live.insert(request_id.clone(), pids);
+                    None
+                }
+                Err(e) => {
+                    let max_seq_len = self.lp.config().max_seq_len;
+                    let max_new = max_new_tokens as usize;
+                    Some(Box::new(move || {
+                        submit_error(e.clone(), prompt_tokens, max_new, max_seq_len)
+                    }))
+                }
             }
         };
-        match refused {
-            None => {
-                self.shared
-                    .metrics
-                    .prompt_tokens
-                    .fetch_add(prompt_tokens as u64, Relaxed);
-                self.live.insert(request_id.clone(), pid);
-                self.by_pipeline.insert(pid, request_id);
-            }
-            Some(err) => {
-                tracing::debug!(id = %request_id, error = %err, "request refused");
-                self.shared.metrics.rejected.fetch_add(1, Relaxed);
-                let _ = events.send(Err(err));
+        if let Some(error) = refused {
+            tracing::debug!(id = %request_id, error = %error(), "request refused");
+            self.shared.metrics.rejected.fetch_add(1, Relaxed);
+            for tx in &events {
+                let _ = tx.send(Err(error()));
             }
         }
         self.shared
             .metrics
             .waiting
             .set(self.lp.num_waiting() as u64);
-        // Release the caller's queue reservation only now that the waiting
+        // Release the caller's queue reservations only now that the waiting
         // gauge counts the request: otherwise, for a moment, it is counted
         // nowhere and a full queue admits one more.
-        self.shared.in_transit.fetch_sub(1, SeqCst);
-    }
-
-    fn map_submit_error(
-        &self,
-        e: SubmitError,
-        prompt_tokens: usize,
-        max_new_tokens: usize,
-    ) -> EngineError {
-        match e {
-            SubmitError::QueueFull { limit } => EngineError::QueueFull { limit },
-            SubmitError::PromptTooLong { max_seq_len, .. } => EngineError::ContextOverflow {
-                prompt_tokens,
-                max_new_tokens,
-                limit: max_seq_len,
-            },
-            // The KV cache is smaller than this request's budget.
-            SubmitError::NeverFits { needed } => EngineError::ContextOverflow {
-                prompt_tokens,
-                max_new_tokens,
-                limit: needed.saturating_sub(1).min(self.lp.config().max_seq_len),
-            },
-            SubmitError::EmptyPrompt => EngineError::invalid(Field::Prompt, "the prompt is empty"),
-            SubmitError::ZeroMaxTokens => {
-                EngineError::invalid(Field::MaxNewTokens, "must be at least 1")
-            }
-            SubmitError::DuplicateId(id) => {
-                EngineError::invalid(Field::RequestId, format!("internal id {id} in use"))
-            }
-            SubmitError::Unhealthy(why) => EngineError::Fatal(why),
-        }
+        self.shared.in_transit.fetch_sub(places, SeqCst);
     }
 
     /// Forget ids of requests whose skill finished.
     fn reap_done(&mut self) {
         while let Ok(pid) = self.done_rx.try_recv() {
-            if let Some(id) = self.by_pipeline.remove(&pid) {
-                self.live.remove(&id);
+            let Some(id) = self.by_pipeline.remove(&pid) else {
+                continue;
+            };
+            if let Some(pids) = self.live.get_mut(&id) {
+                pids.retain(|&p| p != pid);
+                if pids.is_empty() {
+                    self.live.remove(&id);
+                }
             }
         }
     }
@@ -438,6 +453,7 @@ impl<R: Runtime> Worker<R> {
         m.kv_free.set(kv.free_pages as u64);
         m.kv_cached.set(kv.cached_pages as u64);
         m.prefix_hit_tokens.set(kv.prefix_hit_tokens);
+        m.fork_shared_tokens.set(kv.fork_shared_tokens);
         m.kv_prompt_tokens.set(kv.prompt_tokens);
         let steps = self.lp.stats();
         m.prefill_steps.set(steps.prefill_steps);
@@ -446,5 +462,40 @@ impl<R: Runtime> Worker<R> {
         m.draft_tokens.set(steps.draft_tokens);
         m.accepted_drafts.set(steps.accepted_drafts);
         m.preempted.set(self.lp.num_preempted() as u64);
+    }
+}
+
+/// The engine's error for a submission the loop refused.
+fn submit_error(
+    e: SubmitError,
+    prompt_tokens: usize,
+    max_new_tokens: usize,
+    max_seq_len: usize,
+) -> EngineError {
+    match e {
+        SubmitError::QueueFull { limit } => EngineError::QueueFull { limit },
+        SubmitError::PromptTooLong { max_seq_len, .. } => EngineError::ContextOverflow {
+            prompt_tokens,
+            max_new_tokens,
+            limit: max_seq_len,
+        },
+        // The KV cache is smaller than this request's budget.
+        SubmitError::NeverFits { needed } => EngineError::ContextOverflow {
+            prompt_tokens,
+            max_new_tokens,
+            limit: needed.saturating_sub(1).min(max_seq_len),
+        },
+        SubmitError::EmptyPrompt => EngineError::invalid(Field::Prompt, "the prompt is empty"),
+        SubmitError::ZeroMaxTokens => {
+            EngineError::invalid(Field::MaxNewTokens, "must be at least 1")
+        }
+        SubmitError::DuplicateId(id) => {
+            EngineError::invalid(Field::RequestId, format!("internal id {id} in use"))
+        }
+        SubmitError::Unhealthy(why) => EngineError::Fatal(why),
+        // The engine gives every sample the request's one prompt.
+        SubmitError::SamplePromptDiffers { id } => {
+            EngineError::invalid(Field::N, format!("sample {id}'s prompt differs"))
+        }
     }
 }

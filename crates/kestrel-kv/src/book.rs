@@ -25,7 +25,8 @@ pub struct SeqEntry<M> {
     /// Positions whose KV is written once every launched step has run (at
     /// admission: the prefix-cache hit; [`SeqBook::plan_step`] advances it).
     pub len: usize,
-    /// Prompt tokens served from the prefix cache at admission.
+    /// Prompt tokens whose KV it had at admission: its prefix-cache hit, or
+    /// for a fork the prompt pages it shares with its parent.
     pub cached: usize,
     /// The runtime's per-sequence data.
     pub meta: M,
@@ -44,6 +45,12 @@ pub struct Admission<'a, K, M> {
     pub reserve: usize,
     /// The runtime's per-sequence data.
     pub meta: M,
+    /// A sample of the same request whose prompt this one repeats (`n > 1`):
+    /// when it is admitted, the new sequence shares its full prompt pages by
+    /// reference count ([`PageTable::admit_fork`]) instead of looking the
+    /// prompt up in the prefix cache; when it is gone, admission is as
+    /// without it.
+    pub fork_of: Option<K>,
 }
 
 /// The page table plus the sequences holding rows in it. See the module docs.
@@ -126,13 +133,26 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         seqs: impl IntoIterator<Item = Admission<'a, K, M>>,
     ) -> Result<(), KvError> {
         self.admitted.clear();
-        let (mut prompt_tokens, mut hit_tokens) = (0, 0);
+        let (mut prompt_tokens, mut hit_tokens, mut shared_tokens) = (0, 0, 0);
         for s in seqs {
-            match self.table.admit(s.prompt, s.reserve.max(s.prompt.len())) {
-                Ok((row, hit)) => {
+            let reserve = s.reserve.max(s.prompt.len());
+            let parent = s.fork_of.and_then(|p| self.seqs.get(&p));
+            let admitted = match parent {
+                Some(p) => self
+                    .table
+                    .admit_fork(p.row, p.len, s.prompt, reserve)
+                    .map(|(row, shared)| (row, shared, 0)),
+                None => self
+                    .table
+                    .admit(s.prompt, reserve)
+                    .map(|(row, hit)| (row, hit, hit)),
+            };
+            match admitted {
+                Ok((row, hit, cache_hit)) => {
                     self.admitted.push((s.id, row));
                     prompt_tokens += s.prompt.len() as u64;
-                    hit_tokens += hit as u64;
+                    hit_tokens += cache_hit as u64;
+                    shared_tokens += (hit - cache_hit) as u64;
                     let entry = SeqEntry {
                         row,
                         len: hit,
@@ -153,6 +173,7 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         }
         self.stats.prompt_tokens += prompt_tokens;
         self.stats.prefix_hit_tokens += hit_tokens;
+        self.stats.fork_shared_tokens += shared_tokens;
         Ok(())
     }
 
@@ -192,7 +213,8 @@ impl<K: Hash + Eq + Copy, M> SeqBook<K, M> {
         self.table.erase(seq.row)
     }
 
-    /// Prompt tokens of `id` served from the prefix cache (0 if unknown).
+    /// Prompt tokens of `id` whose KV it had at admission: its prefix-cache
+    /// hit, or a fork's shared pages (0 if unknown).
     pub fn cached_prompt_tokens(&self, id: K) -> usize {
         self.seqs.get(&id).map_or(0, |s| s.cached)
     }
@@ -261,12 +283,14 @@ mod tests {
                 prompt: &p,
                 reserve: 8,
                 meta: 'a',
+                fork_of: None,
             },
             Admission {
                 id: 2,
                 prompt: &p[..3],
                 reserve: 4,
                 meta: 'b',
+                fork_of: None,
             },
         ];
         b.admit_all(ok).unwrap();
@@ -281,12 +305,14 @@ mod tests {
                 prompt: &p,
                 reserve: 4,
                 meta: 'c',
+                fork_of: None,
             },
             Admission {
                 id: 4,
                 prompt: &p,
                 reserve: 20,
                 meta: 'd',
+                fork_of: None,
             },
         ];
         assert!(b.admit_all(too_many).is_err());
@@ -305,6 +331,58 @@ mod tests {
         );
     }
 
+    /// Forks share their parent's full prompt pages with the prefix cache
+    /// off, compute the partial page themselves, and every page is free
+    /// again once parent and forks are gone, in any order.
+    #[test]
+    fn forks_share_full_prompt_pages_by_refcount() {
+        let table = PageTable::new(PageTableConfig {
+            max_rows: 5,
+            num_pages: 12,
+            page_size: 4,
+            enable_prefix_cache: false,
+        })
+        .unwrap();
+        let mut b: SeqBook<u64, char> = SeqBook::new(table);
+        let p: Vec<u32> = (0..10).collect();
+        let admit = |id, fork_of| Admission {
+            id,
+            prompt: &p,
+            reserve: 12,
+            meta: 'x',
+            fork_of,
+        };
+        b.admit_all([admit(1, None)]).unwrap();
+        // The parent's prefill was launched: its KV holds the prompt.
+        b.get_mut(1).unwrap().len = 10;
+        b.admit_all([admit(2, Some(1)), admit(3, Some(1))]).unwrap();
+        // Two full pages shared; the partial third and growth are private.
+        assert_eq!((b.cached_prompt_tokens(2), b.get(3).unwrap().len), (8, 8));
+        let (parent, fork) = (b.get(1).unwrap().row, b.get(2).unwrap().row);
+        assert_eq!(b.table().pages(fork)[..2], b.table().pages(parent)[..2]);
+        assert_eq!(b.table().refcount(b.table().pages(parent)[0]), 3);
+        assert_eq!(b.kv_stats().used_pages, 3 + 1 + 1);
+        assert_eq!(b.kv_stats().prefix_hit_tokens, 0, "a fork is no cache hit");
+        assert_eq!(b.kv_stats().fork_shared_tokens, 16);
+        // The parent cannot roll back into the pages its forks read.
+        let row = b.get(1).unwrap().row;
+        assert!(matches!(
+            b.table_mut().shrink(row, 7),
+            Err(KvError::ShrinkIntoShared { len: 7, .. })
+        ));
+        b.table().check_invariants().unwrap();
+        b.release(1).unwrap();
+        assert_eq!(b.kv_stats().used_pages, 4, "the shared pages stay");
+        // A fork of a parent that is gone is admitted as any prompt.
+        b.admit_all([admit(4, Some(1))]).unwrap();
+        assert_eq!(b.cached_prompt_tokens(4), 0);
+        for id in [3, 4, 2] {
+            b.release(id).unwrap();
+            b.table().check_invariants().unwrap();
+        }
+        assert_eq!((b.kv_stats().used_pages, b.table().free_pages()), (0, 12));
+    }
+
     #[test]
     fn capacity_queries_answer_from_the_table_and_the_cap() {
         let b = book();
@@ -320,6 +398,7 @@ mod tests {
             prompt: &p,
             reserve: 8,
             meta: 'a',
+            fork_of: None,
         };
         b.admit_all([a]).unwrap();
         let row = b.get(1).unwrap().row;
@@ -329,6 +408,7 @@ mod tests {
             prompt: &p,
             reserve: 8,
             meta: 'b',
+            fork_of: None,
         };
         b.admit_all([again]).unwrap();
         assert_eq!((b.num_allocated(), b.cached_prompt_tokens(2)), (2, 4));
@@ -345,6 +425,7 @@ mod tests {
             prompt: &p,
             reserve: 0,
             meta: 'a',
+            fork_of: None,
         };
         b.admit_all([a]).unwrap();
         // Reserving less than the prompt still covers the prompt: 2 pages.
@@ -370,6 +451,7 @@ mod tests {
             prompt: &tokens,
             reserve: 0,
             meta: 'a',
+            fork_of: None,
         };
         b.admit_all([again]).unwrap();
         assert_eq!(b.cached_prompt_tokens(1), 8);

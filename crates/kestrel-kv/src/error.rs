@@ -80,6 +80,20 @@ pub enum KvError {
         /// Tokens covered by the row's published pages.
         published_tokens: usize,
     },
+    /// Shrinking a row would leave its next position inside a page another
+    /// row shares (a fork's parent cut back into the pages its forks hold):
+    /// the row's next write would change their KV.
+    #[error(
+        "row {row}: cannot shrink to {len} tokens, page {page} holding position {len} is shared"
+    )]
+    ShrinkIntoShared {
+        /// The row.
+        row: RowId,
+        /// The requested length.
+        len: usize,
+        /// The shared page the next position falls in.
+        page: PageId,
+    },
     /// A page-index buffer entry does not fit the `u32` a paged-attention
     /// kernel consumes.
     #[error("page-index buffer overflow: {value} does not fit in u32")]

@@ -41,7 +41,7 @@
 //! // Admission: the capacity check, then the prompt's pages (cold cache).
 //! let prompt: Vec<u32> = (100..110).collect();
 //! assert!(book.can_reserve(&prompt, prompt.len()));
-//! let admit = Admission { id: 1, prompt: &prompt, reserve: prompt.len(), meta: () };
+//! let admit = Admission { id: 1, prompt: &prompt, reserve: prompt.len(), meta: (), fork_of: None };
 //! book.admit_all([admit])?;
 //! assert_eq!(book.cached_prompt_tokens(1), 0);
 //!
@@ -65,7 +65,7 @@
 //! assert_eq!(book.num_allocated(), 0);
 //!
 //! // Re-admitted with its tokens so far, it recomputes only past the filed pages.
-//! let again = Admission { id: 1, prompt: &tokens, reserve: tokens.len(), meta: () };
+//! let again = Admission { id: 1, prompt: &tokens, reserve: tokens.len(), meta: (), fork_of: None };
 //! book.admit_all([again])?;
 //! assert_eq!(book.cached_prompt_tokens(1), 8);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

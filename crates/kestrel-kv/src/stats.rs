@@ -16,4 +16,7 @@ pub struct KvStats {
     pub prefix_hit_tokens: u64,
     /// Prompt tokens admitted, cumulative.
     pub prompt_tokens: u64,
+    /// Prompt tokens a fork (another sample of its request, `n > 1`)
+    /// shared from its parent's pages instead of computing, cumulative.
+    pub fork_shared_tokens: u64,
 }

@@ -222,6 +222,7 @@ mod tests {
             prompt,
             reserve,
             meta: (),
+            fork_of: None,
         };
         b.admit_all([a]).unwrap();
     }

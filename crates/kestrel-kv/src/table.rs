@@ -1,7 +1,8 @@
 //! [`PageTable`]: batch rows (row 0 reserved), each a list of pages from one [`BlockPool`].
 //!
 //! Invariants: a page's refcount equals the number of rows listing it; a row's first
-//! `sealed` pages are full, hashed and immutable (shared prefix hits or pages it published);
+//! `sealed` pages are full, hashed and immutable (shared prefix hits, pages shared from a
+//! fork's parent, or pages it published); no row writes into a page another row shares;
 //! `num_allocated` counts rows in use, zombies included. Capacity questions are O(1), growth
 //! and erase O(pages touched), a prefix lookup O(prompt tokens), `write_indices` O(pages out).
 
@@ -264,6 +265,50 @@ impl PageTable {
         Ok((row, hit))
     }
 
+    /// Admits a fork of `parent`, a sequence whose first `parent_len` tokens have their KV
+    /// written (or written by a step already launched) and whose prompt starts with them: the
+    /// new row shares, by reference count, the parent's full pages covering at most
+    /// `prompt.len() - 1` of those tokens (one prompt token is always left to compute, so
+    /// the fork's prefill yields its own logits), then [`reserve`](Self::reserve)s pages for
+    /// `target_len` tokens. The shared pages are sealed in the new row (never written,
+    /// never cut by [`shrink`](Self::shrink)); the parent's last partial page is not shared:
+    /// the fork computes those tokens into a page of its own. Works with the prefix cache
+    /// off. All or nothing. Returns `(row, shared_tokens)`; O(shared pages).
+    ///
+    /// # Errors
+    /// [`KvError::UnknownRow`] for `parent`, [`KvError::NoFreeRow`], or the reservation's
+    /// error; nothing is taken then.
+    pub fn admit_fork(
+        &mut self,
+        parent: RowId,
+        parent_len: usize,
+        prompt: &[u32],
+        target_len: usize,
+    ) -> Result<(RowId, usize), KvError> {
+        let ps = self.cfg.page_size;
+        let shared = (parent_len.min(prompt.len().saturating_sub(1)) / ps)
+            .min(self.row(parent)?.pages.len());
+        let row = self.allocate()?;
+        let mut chain = ROOT_HASH;
+        for i in 0..shared {
+            let page = self.rows[parent as usize].pages[i];
+            self.pool.retain(page);
+            self.rows[row as usize].pages.push(page);
+            if let Some(prefix) = &self.prefix {
+                chain = prefix.lookup(chain, &prompt[i * ps..(i + 1) * ps]).0;
+            }
+        }
+        let r = &mut self.rows[row as usize];
+        r.sealed = shared;
+        r.chain = chain;
+        if let Err(e) = self.reserve(row, target_len) {
+            let erased = self.erase(row);
+            debug_assert!(erased.is_ok(), "the row was just allocated");
+            return Err(e);
+        }
+        Ok((row, shared * ps))
+    }
+
     /// Tokens of `prompt` that [`allocate_with_prefix`](Self::allocate_with_prefix) would
     /// reuse now, without taking anything. O(hit pages).
     pub fn peek_prefix(&self, prompt: &[u32]) -> usize {
@@ -398,7 +443,9 @@ impl PageTable {
     ///
     /// # Errors
     /// [`KvError::UnknownRow`]; [`KvError::ShrinkBelowPublished`] when `len` cuts into the
-    /// row's sealed pages (their content must not be overwritten).
+    /// row's sealed pages (their content must not be overwritten);
+    /// [`KvError::ShrinkIntoShared`] when position `len` (the next one written) falls in a
+    /// page another row shares.
     pub fn shrink(&mut self, row: RowId, len: usize) -> Result<usize, KvError> {
         let ps = self.cfg.page_size;
         let keep = self.pages_for(len);
@@ -410,6 +457,13 @@ impl PageTable {
                 len,
                 published_tokens: r.sealed * ps,
             });
+        }
+        // The next write lands at `len`: inside a kept page only when `len`
+        // is not page-aligned, and that page must be this row's alone.
+        if let Some(&page) = r.pages.get(len / ps).filter(|_| !len.is_multiple_of(ps)) {
+            if self.pool.refcount(page) > 1 {
+                return Err(KvError::ShrinkIntoShared { row, len, page });
+            }
         }
         let released = r.pages.len().saturating_sub(keep);
         for _ in 0..released {

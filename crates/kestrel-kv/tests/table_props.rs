@@ -1,6 +1,6 @@
 //! Property tests of [`PageTable`] against a model with simulated KV memory.
 //!
-//! Random operations (allocate with prefix, grow, shrink, erase, memory pressure that forces
+//! Random operations (allocate with prefix, grow, shrink, erase, fork a row, memory pressure that forces
 //! eviction, release_all, write_indices) run against a table and a model that "writes" each
 //! token into a simulated KV buffer at its page slot. After every operation: the table's own
 //! invariant audit passes, `free + used + cached == total`, `num_allocated` equals the model's
@@ -36,6 +36,11 @@ enum Op {
     Erase {
         idx: usize,
     },
+    /// Fork the `idx`-th live row (a sample of the same request, `n > 1`):
+    /// a new row whose prompt is its tokens, sharing its full pages.
+    Fork {
+        idx: usize,
+    },
     /// Take every available page in a scratch row, then give them back: evicts the cache.
     Pressure,
     ReleaseAll,
@@ -48,6 +53,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..8usize, 1..9usize).prop_map(|(idx, extra)| Op::Grow { idx, extra }),
         1 => (0..8usize, 0..6usize).prop_map(|(idx, cut)| Op::Shrink { idx, cut }),
         2 => (0..8usize).prop_map(|idx| Op::Erase { idx }),
+        2 => (0..8usize).prop_map(|idx| Op::Fork { idx }),
         1 => Just(Op::Pressure),
         1 => Just(Op::ReleaseAll),
         1 => Just(Op::WriteIndices),
@@ -189,9 +195,16 @@ impl Model {
                 let len = self.rows[&row].len();
                 let new_len = len.saturating_sub(cut);
                 let sealed = self.table.sealed_pages(row) * PS;
+                let next_page = self.table.pages(row).get(new_len / PS).copied();
+                let into_shared = next_page
+                    .filter(|&p| !new_len.is_multiple_of(PS) && self.table.refcount(p) > 1)
+                    .filter(|_| new_len >= sealed);
                 match self.table.shrink(row, new_len) {
+                    Err(KvError::ShrinkIntoShared { row: r, len, page }) => {
+                        assert_eq!((r, len, Some(page)), (row, new_len, into_shared));
+                    }
                     Ok(_) => {
-                        assert!(new_len >= sealed);
+                        assert!(new_len >= sealed && into_shared.is_none());
                         self.rows.get_mut(&row).unwrap().truncate(new_len);
                         assert_eq!(self.table.pages(row).len(), new_len.div_ceil(PS));
                     }
@@ -213,6 +226,39 @@ impl Model {
                 self.table.erase(row).unwrap();
                 self.rows.remove(&row);
                 assert_eq!(self.table.erase(row), Err(KvError::UnknownRow(row)));
+            }
+            Op::Fork { idx } => {
+                let Some(parent) = self.nth_row(idx) else {
+                    return;
+                };
+                let p = self.rows[&parent].clone();
+                let len = p.len();
+                let before = (self.table.used_pages(), self.table.num_allocated());
+                let (row, shared) = match self.table.admit_fork(parent, len, &p, len) {
+                    Ok(x) => x,
+                    Err(KvError::NoFreeRow { .. } | KvError::OutOfPages { .. }) => {
+                        let after = (self.table.used_pages(), self.table.num_allocated());
+                        assert_eq!(before, after, "a refused fork took something");
+                        return;
+                    }
+                    Err(e) => panic!("fork of a live row: {e}"),
+                };
+                let expect = (len.saturating_sub(1) / PS).min(self.table.pages(parent).len());
+                assert_eq!(shared, expect * PS);
+                assert_eq!(
+                    self.table.pages(row)[..expect],
+                    self.table.pages(parent)[..expect]
+                );
+                for (pos, &tok) in p[..shared].iter().enumerate() {
+                    assert_eq!(
+                        self.kv[self.slot(row, pos)],
+                        Some(tok),
+                        "fork reads wrong KV"
+                    );
+                }
+                self.write(row, &p, shared);
+                self.table.register_prefix(row, &p);
+                self.rows.insert(row, p);
             }
             Op::Pressure => {
                 let Ok(row) = self.table.allocate() else {
@@ -279,5 +325,12 @@ proptest! {
             model.apply(op);
             model.check();
         }
+        // No page leaks: once every row (parents and forks) is gone, no
+        // page is referenced.
+        for row in std::mem::take(&mut model.rows).into_keys() {
+            model.table.erase(row).unwrap();
+        }
+        model.table.check_invariants().unwrap();
+        prop_assert_eq!(model.table.used_pages(), 0);
     }
 }

@@ -111,6 +111,9 @@ pub enum SubmitError {
     QueueFull { limit: usize },
     #[error("request id {0} is already in use")]
     DuplicateId(RequestId),
+    /// [`EngineLoop::submit_samples`]: a sample's prompt is not the first's.
+    #[error("sample {id}'s prompt differs from its request's first sample")]
+    SamplePromptDiffers { id: RequestId },
     #[error("the engine is not serving")]
     Unhealthy(#[source] Cause),
 }
@@ -236,6 +239,52 @@ impl<E: Executor> EngineLoop<E> {
     /// Validate and enqueue a request. On error the request is dropped
     /// unresolved: the caller answers the client itself.
     pub fn submit(&mut self, req: Request<E::Params>) -> Result<(), SubmitError> {
+        let needed = self.check_submit(&req)?;
+        if self.sched.num_waiting() >= self.waiting_capacity() {
+            return Err(SubmitError::QueueFull {
+                limit: self.config.max_waiting,
+            });
+        }
+        self.sched.enqueue(req, needed, None);
+        Ok(())
+    }
+
+    /// Validate and enqueue the samples of one request (`n > 1`): the same
+    /// prompt, each its own sequence (seed, skill, stop checks, caps), all
+    /// queued or none (each takes a place in the waiting queue). The first
+    /// is prefilled as any request; every other one is a fork of it
+    /// ([`PrefillStart::Fork`](crate::PrefillStart::Fork)): it waits until
+    /// the first one's prompt has been launched to its end, then shares its
+    /// full prompt pages by reference count. No samples: nothing is queued.
+    pub fn submit_samples(&mut self, samples: Vec<Request<E::Params>>) -> Result<(), SubmitError> {
+        let Some(first) = samples.first() else {
+            return Ok(());
+        };
+        let mut needed = Vec::with_capacity(samples.len());
+        for (i, req) in samples.iter().enumerate() {
+            needed.push(self.check_submit(req)?);
+            if req.prompt != first.prompt {
+                return Err(SubmitError::SamplePromptDiffers { id: req.id });
+            }
+            if samples[..i].iter().any(|r| r.id == req.id) {
+                return Err(SubmitError::DuplicateId(req.id));
+            }
+        }
+        if self.sched.num_waiting() + samples.len() > self.waiting_capacity() {
+            return Err(SubmitError::QueueFull {
+                limit: self.config.max_waiting,
+            });
+        }
+        let parent = first.id;
+        for (i, (req, needed)) in samples.into_iter().zip(needed).enumerate() {
+            self.sched.enqueue(req, needed, (i > 0).then_some(parent));
+        }
+        Ok(())
+    }
+
+    /// Every rule of a submission but the queue's room; the KV tokens the
+    /// request may need.
+    fn check_submit(&self, req: &Request<E::Params>) -> Result<usize, SubmitError> {
         if let Some(why) = &self.unhealthy {
             return Err(SubmitError::Unhealthy(why.clone()));
         }
@@ -258,13 +307,7 @@ impl<E: Executor> EngineLoop<E> {
         if self.sched.contains(req.id) {
             return Err(SubmitError::DuplicateId(req.id));
         }
-        if self.sched.num_waiting() >= self.waiting_capacity() {
-            return Err(SubmitError::QueueFull {
-                limit: self.config.max_waiting,
-            });
-        }
-        self.sched.enqueue(req, needed);
-        Ok(())
+        Ok(needed)
     }
 
     /// Cancel a request. Returns false when the id is unknown (already done).
@@ -476,10 +519,11 @@ impl<E: Executor> EngineLoop<E> {
             &self.prefill_plan,
             budget.max_tokens,
         )?;
-        let Some(handle) = launched else {
+        if !launched {
             return Ok(false);
-        };
-        self.state.on_launch(handle)?;
+        }
+        // The one step counter: the pipeline state numbers the launch.
+        self.state.launch(slot, StepKind::Prefill)?;
         self.last_was_prefill = true;
         Ok(true)
     }
@@ -516,14 +560,12 @@ impl<E: Executor> EngineLoop<E> {
             debug_assert!(changed || !self.state.is_drained());
             return Ok(Launch::Deferred);
         }
-        match self.sched.launch_decode(&mut self.exec, &self.plan, slot)? {
-            Some(handle) => {
-                self.state.on_launch(handle)?;
-                self.last_was_prefill = false;
-                Ok(Launch::Launched)
-            }
-            None => Ok(Launch::Failed),
+        if !self.sched.launch_decode(&mut self.exec, &self.plan, slot)? {
+            return Ok(Launch::Failed);
         }
+        self.state.launch(slot, StepKind::Decode)?;
+        self.last_was_prefill = false;
+        Ok(Launch::Launched)
     }
 
     /// Sample the launched forward (with masks when needed) and queue it.

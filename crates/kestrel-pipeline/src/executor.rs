@@ -53,9 +53,40 @@ pub enum PrefillStart {
     /// A new sequence: allocate its KV and start after the prompt tokens the
     /// prefix cache serves ([`Executor::cached_prompt_tokens`]).
     Admit,
+    /// A new sequence that is another sample of `parent`'s request (`n >
+    /// 1`), with the same prompt, admitted once `parent`'s prompt has been
+    /// launched to its end: allocate its KV sharing, by reference count, the
+    /// parent's full pages of prompt KV (written by a step launched before
+    /// this one, so on one compute stream they are written before they are
+    /// read), and start after them, as after a prefix-cache hit
+    /// ([`Executor::cached_prompt_tokens`]). The parent's last, partial
+    /// page is not shared: the fork computes those few tokens (fewer than a
+    /// page, and at least the last prompt token, whose logits it samples
+    /// with its own seed) into a page of its own, so no page is ever
+    /// written by two sequences and no copy-on-write is needed. If `parent`
+    /// no longer holds KV, this is [`PrefillStart::Admit`].
+    Fork {
+        /// The sample whose prompt pages are shared.
+        parent: RequestId,
+    },
     /// An admitted sequence whose prompt's first `n` tokens are in KV (or
     /// written by an earlier step still in flight).
     Resume(usize),
+}
+
+impl PrefillStart {
+    /// Whether the step admits the sequence (takes its KV): `Admit` or `Fork`.
+    pub fn admits(&self) -> bool {
+        !matches!(self, PrefillStart::Resume(_))
+    }
+
+    /// The parent whose prompt pages a `Fork` shares.
+    pub fn fork_of(&self) -> Option<RequestId> {
+        match *self {
+            PrefillStart::Fork { parent } => Some(parent),
+            _ => None,
+        }
+    }
 }
 
 impl<P> PrefillInput<'_, P> {
@@ -267,8 +298,9 @@ pub trait Executor {
         seqs: &[PrefillInput<'_, Self::Params>],
     ) -> Result<(), ExecError<Self::Error>>;
 
-    /// Prompt tokens of an admitted sequence served from a prefix cache
-    /// (their prefill was skipped). Runtimes without one report 0.
+    /// Prompt tokens of an admitted sequence whose KV it had at admission
+    /// (their prefill was skipped): a prefix-cache hit, or the pages a
+    /// [`PrefillStart::Fork`] shares. Runtimes without either report 0.
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
         let _ = id;
         0

@@ -19,7 +19,9 @@
 //! - [`EngineLoop`]: the unified loop of the design doc (section 4.6) with
 //!   finalized + `inflight_refs` zombies, budgeted `can_dispatch`,
 //!   prefill policies `Drain` (I5) and `RideAlong` (Photon), pause/drain and
-//!   the engine-fatal fault model.
+//!   the engine-fatal fault model; `submit_samples` queues the `n` samples
+//!   of one request, the others forking from the first ([`PrefillStart::Fork`]:
+//!   they share its prompt pages).
 //! - [`NgramSpec`]: prompt-lookup speculative decoding (drafts verified in
 //!   one forward, accepted through the same commit path).
 //! - [`MaskFiller`]: how a step's masks are filled (sequentially by

@@ -64,11 +64,19 @@ pub(crate) struct Sequence<P> {
     /// How many drafts it proposes next, and when it next waits to draft.
     pub draft: DraftControl,
     pub skill: Box<dyn SequenceSkill>,
+    /// Another sample of the same request (`n > 1`) whose prompt pages this
+    /// one shares at its first admission ([`crate::PrefillStart::Fork`]).
+    pub fork_of: Option<RequestId>,
 }
 
 impl<P> Sequence<P> {
     /// A request just accepted (waiting), capped at `max_len` tokens.
-    pub fn waiting(req: Request<P>, arrival: u64, max_len: usize) -> Self {
+    pub fn waiting(
+        req: Request<P>,
+        arrival: u64,
+        max_len: usize,
+        fork_of: Option<RequestId>,
+    ) -> Self {
         Self {
             id: req.id,
             arrival,
@@ -85,6 +93,7 @@ impl<P> Sequence<P> {
                 .filter(|_| !req.skill.is_constrained() || req.skill.looks_ahead()),
             draft: DraftControl::default(),
             skill: req.skill,
+            fork_of,
         }
     }
 

@@ -8,7 +8,10 @@
 //! violations instead of trusting the loop. Its KV grows lazily, a page at a
 //! time, so a small cache makes the loop preempt; a re-admitted sequence
 //! must bring back exactly the tokens the device sampled for it (none lost
-//! or repeated). Faults can be injected per call.
+//! or repeated). Pages are refcounted: a fork ([`PrefillStart::Fork`])
+//! shares its parent's full prompt pages, which must hold the fork's
+//! prompt, and [`SimExecutor::used_pages`] counts each page once, so a leak
+//! of any reference shows. Faults can be injected per call.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -84,7 +87,11 @@ struct SimSeq {
     kv: Vec<TokenId>,
     /// The last sampled token, still "on the device": the next decode input.
     device_token: Option<TokenId>,
-    pages: usize,
+    /// Its pages, in position order (the first ones maybe shared with
+    /// forks or a parent).
+    pages: Vec<u32>,
+    /// Prompt tokens whose KV it shared from its parent at admission.
+    shared: usize,
 }
 
 /// Every token sampled for a request so far, across preemptions.
@@ -126,7 +133,10 @@ pub struct SimExecutor {
     seqs: HashMap<RequestId, SimSeq>,
     history: HashMap<RequestId, SimHistory>,
     slots: Vec<SimSlot>,
-    used_pages: usize,
+    /// References to each page.
+    refs: Vec<u32>,
+    /// Pages no sequence references.
+    free: Vec<u32>,
     decode_launches: u64,
     prefill_launches: u64,
     waits: u64,
@@ -139,12 +149,14 @@ pub struct SimExecutor {
 
 impl SimExecutor {
     pub fn new(config: SimConfig) -> Self {
+        let pages = config.num_pages;
         Self {
             config,
             seqs: HashMap::new(),
             history: HashMap::new(),
             slots: (0..2).map(|_| SimSlot::default()).collect(),
-            used_pages: 0,
+            refs: vec![0; pages],
+            free: (0..pages as u32).rev().collect(),
             decode_launches: 0,
             prefill_launches: 0,
             waits: 0,
@@ -159,8 +171,20 @@ impl SimExecutor {
         self.resumes
     }
 
+    /// Pages some sequence references (a shared page counts once).
     pub fn used_pages(&self) -> usize {
-        self.used_pages
+        self.config.num_pages - self.free.len()
+    }
+
+    /// Takes `n` free pages for `id` (the caller checked there are enough).
+    fn take_pages(&mut self, id: RequestId, n: usize) {
+        for _ in 0..n {
+            let page = self.free.pop().expect("pages counted before taking");
+            self.refs[page as usize] = 1;
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.pages.push(page);
+            }
+        }
     }
 
     pub fn config(&self) -> &SimConfig {
@@ -248,8 +272,7 @@ impl Executor for SimExecutor {
     }
 
     fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
-        self.seqs.len() < self.config.max_rows
-            && self.used_pages + self.pages_for(prompt.len()) <= self.config.num_pages
+        self.seqs.len() < self.config.max_rows && self.pages_for(prompt.len()) <= self.free.len()
     }
 
     fn grow(&mut self, id: RequestId, len: usize) -> bool {
@@ -259,12 +282,11 @@ impl Executor for SimExecutor {
                 .push(format!("growth of unknown request {id}"));
             return false;
         };
-        let more = need.saturating_sub(seq.pages);
-        if self.used_pages + more > self.config.num_pages {
+        let more = need.saturating_sub(seq.pages.len());
+        if more > self.free.len() {
             return false;
         }
-        seq.pages += more;
-        self.used_pages += more;
+        self.take_pages(id, more);
         true
     }
 
@@ -282,32 +304,53 @@ impl Executor for SimExecutor {
         if self.config.fail_prefill_launch.contains(&n) {
             return Err(ExecError::PreDispatch(SimError::Injected("prefill launch")));
         }
+        // A fork shares its parent's full pages of written prompt KV.
+        let shared_pages = |s: &PrefillInput<'_, SimParams>| {
+            let parent = s.start.fork_of().and_then(|p| self.seqs.get(&p));
+            parent.map_or(0, |p| {
+                let written = p.kv.len().min(s.prompt.len() - 1);
+                (written / self.config.page_size).min(p.pages.len())
+            })
+        };
         let pages: usize = seqs
             .iter()
-            .filter(|s| s.start == PrefillStart::Admit)
-            .map(|s| self.pages_for(s.prompt.len()))
+            .filter(|s| s.start.admits())
+            .map(|s| self.pages_for(s.prompt.len()) - shared_pages(s))
             .sum();
-        let admits = seqs
-            .iter()
-            .filter(|s| s.start == PrefillStart::Admit)
-            .count();
-        if self.seqs.len() + admits > self.config.max_rows
-            || self.used_pages + pages > self.config.num_pages
-        {
+        let admits = seqs.iter().filter(|s| s.start.admits()).count();
+        if self.seqs.len() + admits > self.config.max_rows || pages > self.free.len() {
             return Err(ExecError::PreDispatch(SimError::OutOfKv("prefill")));
         }
+        let shared: Vec<usize> = seqs.iter().map(shared_pages).collect();
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
         let page_size = self.config.page_size;
-        let s = &mut self.slots[slot];
+        let mut s = std::mem::take(&mut self.slots[slot]);
         s.members.clear();
         s.rows.clear();
         s.positions.clear();
         s.draft_indptr.clear();
         s.draft_tokens.clear();
-        for input in seqs {
+        for (input, &shared) in seqs.iter().zip(&shared) {
             let end = match input.start {
-                PrefillStart::Admit => {
-                    let end = input.chunk_end(0);
+                PrefillStart::Admit | PrefillStart::Fork { .. } => {
+                    // The shared pages must hold this prompt's KV.
+                    let from = shared * page_size;
+                    let mut pages = Vec::new();
+                    if let Some(parent) = input.start.fork_of().and_then(|p| self.seqs.get(&p)) {
+                        if parent.kv[..from] != input.prompt[..from] {
+                            self.violations.push(format!(
+                                "fork {} shares KV of {:?}, its prompt is {:?}",
+                                input.id,
+                                &parent.kv[..from],
+                                &input.prompt[..from]
+                            ));
+                        }
+                        pages.extend_from_slice(&parent.pages[..shared]);
+                    }
+                    for &page in &pages {
+                        self.refs[page as usize] += 1;
+                    }
+                    let end = input.chunk_end(from);
                     // A re-admission brings back every token sampled so far.
                     let h = self.history.entry(input.id).or_default();
                     if h.sampled.is_empty() && input.generated == 0 {
@@ -341,13 +384,15 @@ impl Executor for SimExecutor {
                                 kv
                             },
                             device_token: None,
-                            pages: input.prompt.len().div_ceil(page_size),
+                            pages,
+                            shared: from,
                         },
                     );
                     if prev.is_some() {
                         self.violations
                             .push(format!("request {} prefilled twice", input.id));
                     }
+                    self.take_pages(input.id, input.prompt.len().div_ceil(page_size) - shared);
                     end
                 }
                 PrefillStart::Resume(start) => {
@@ -376,10 +421,14 @@ impl Executor for SimExecutor {
                 s.positions.push(end);
             }
         }
-        self.used_pages += pages;
         s.phase = SlotPhase::Launched;
+        self.slots[slot] = s;
         self.record("prefill", slot);
         Ok(())
+    }
+
+    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
+        self.seqs.get(&id).map_or(0, |s| s.shared)
     }
 
     fn launch_decode(
@@ -434,7 +483,17 @@ impl Executor for SimExecutor {
             // now; sampling rolls back the rejected ones.
             seq.kv.push(input);
             seq.kv.extend_from_slice(drafts.row(r));
-            if seq.kv.len() > seq.pages * self.config.page_size {
+            // No sequence writes into a page another one reads.
+            let first = seq.kv.len() - 1 - drafts.row(r).len();
+            let ps = self.config.page_size;
+            let written = seq
+                .pages
+                .get(first / ps..seq.kv.len().div_ceil(ps).min(seq.pages.len()));
+            if written.is_some_and(|p| p.iter().any(|&p| self.refs[p as usize] > 1)) {
+                self.violations
+                    .push(format!("request {id}: KV written into a shared page"));
+            }
+            if seq.kv.len() > seq.pages.len() * self.config.page_size {
                 self.violations
                     .push(format!("request {id}: KV write past its reserved pages"));
             }
@@ -555,7 +614,9 @@ impl Executor for SimExecutor {
     fn release_all(&mut self) {
         self.seqs.clear();
         self.history.clear();
-        self.used_pages = 0;
+        self.refs.fill(0);
+        self.free.clear();
+        self.free.extend((0..self.config.num_pages as u32).rev());
         for s in &mut self.slots {
             s.phase = SlotPhase::Free;
         }
@@ -577,7 +638,14 @@ impl SimExecutor {
     /// Free `id`'s pages (released or preempted).
     fn evict(&mut self, id: RequestId) {
         match self.seqs.remove(&id) {
-            Some(seq) => self.used_pages -= seq.pages,
+            Some(seq) => {
+                for page in seq.pages {
+                    self.refs[page as usize] -= 1;
+                    if self.refs[page as usize] == 0 {
+                        self.free.push(page);
+                    }
+                }
+            }
             None => self
                 .violations
                 .push(format!("release of unknown request {id}")),

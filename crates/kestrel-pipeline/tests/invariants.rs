@@ -617,3 +617,89 @@ fn waiting_prompts_share_prefill_steps_within_the_budget() {
         assert!(e.executor().violations.is_empty(), "{case}");
     }
 }
+
+/// `n > 1`: the samples of one request fork from the first once its prompt
+/// is launched, share its full prompt pages (fewer pages in use than the
+/// same samples as separate requests), each emit the tokens a request of
+/// its own with its seed would, and leave no page referenced, whether they
+/// finish or one is cancelled part-way.
+#[test]
+fn forked_samples_share_prompt_pages_and_free_them() {
+    let prompt: Vec<u32> = (1..=37).collect();
+    let run = |forked: bool, abort: Option<u64>| {
+        let sim = SimConfig {
+            page_size: 4,
+            ..SimConfig::default()
+        };
+        let mut e = engine_with(
+            sim,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            |_| {},
+        );
+        let mut logs = Vec::new();
+        let reqs: Vec<_> = (0..3u64)
+            .map(|k| {
+                let (skill, log) = SimSkill::new(None, None);
+                logs.push(log);
+                Request {
+                    id: 10 + k,
+                    prompt: prompt.clone(),
+                    max_new_tokens: 12,
+                    params: SimParams {
+                        seed: 99 + k,
+                        ..Default::default()
+                    },
+                    speculate: None,
+                    skill: Box::new(skill),
+                }
+            })
+            .collect();
+        if forked {
+            e.submit_samples(reqs).unwrap();
+        } else {
+            for r in reqs {
+                e.submit(r).unwrap();
+            }
+        }
+        let mut peak = 0;
+        for i in 0.. {
+            if Some(i) == abort.map(|_| 4) {
+                assert!(e.abort(abort.unwrap()));
+            }
+            let tick = e.run_once();
+            assert!(
+                e.executor().violations.is_empty(),
+                "{:?}",
+                e.executor().violations
+            );
+            peak = peak.max(e.executor().used_pages());
+            if tick == Tick::Idle {
+                break;
+            }
+        }
+        assert_eq!(
+            (e.executor().used_pages(), e.executor().num_allocated()),
+            (0, 0)
+        );
+        let tokens: Vec<_> = logs
+            .iter()
+            .map(|l| l.lock().unwrap().tokens.clone())
+            .collect();
+        (peak, tokens)
+    };
+    let (apart_peak, apart) = run(false, None);
+    let (forked_peak, forked) = run(true, None);
+    assert_eq!(forked, apart, "a fork samples as a request of its own");
+    assert!(apart.iter().all(|t| !t.is_empty()));
+    // 37 prompt tokens: 9 full pages shared by the two forks.
+    assert!(
+        forked_peak + 2 * 9 <= apart_peak,
+        "forks share pages: {forked_peak} vs {apart_peak} apart"
+    );
+    // The parent or a fork cancelled mid-way: every page still comes back.
+    for id in [10, 11] {
+        let (_, tokens) = run(true, Some(id));
+        assert_eq!(tokens[2], apart[2]);
+    }
+}

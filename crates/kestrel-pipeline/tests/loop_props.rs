@@ -3,7 +3,9 @@
 //! After every iteration: I2, I4, I6, capacity, device-side protocol; at the
 //! end: every request resolved once, nothing allocated, and Blocking and
 //! Pipelined modes, with and without chunked prefill, emit the token streams
-//! of a cache large enough that nothing is ever preempted. The scenarios'
+//! of a cache large enough that nothing is ever preempted, and each sample
+//! of an `n > 1` request (forked from the first, sharing its prompt pages)
+//! the stream it gets as a request of its own. The scenarios'
 //! small caches (6 to 80 pages of 4 tokens, taken as sequences grow) make
 //! about one case in ten preempt (some 300 of the 3,000, 700 preemptions).
 
@@ -12,7 +14,7 @@ mod common;
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
 
-use common::{check_requests, run, ReqSpec, Scenario};
+use common::{check_requests, run, sample_id, spec_of, ReqSpec, Scenario};
 use kestrel_pipeline::testing::SIM_EOS;
 use kestrel_pipeline::{FailureKind, FinishReason, Outcome, PipelineMode, PrefillPolicy};
 use proptest::prelude::*;
@@ -27,6 +29,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
         prop::bool::weighted(0.3),
         prop::option::weighted(0.15, 0usize..60),
         prop::option::weighted(0.4, (1usize..8, 1usize..3)),
+        prop_oneof![4 => Just(1usize), 1 => 2usize..4],
     )
         .prop_map(
             |(
@@ -38,6 +41,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
                 constrained,
                 abort_at,
                 speculate,
+                samples,
             )| {
                 ReqSpec {
                     arrive_at,
@@ -48,6 +52,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
                     constrained,
                     abort_at,
                     speculate,
+                    samples,
                 }
             },
         )
@@ -86,6 +91,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 fail_decode_launch: HashSet::new(),
                 fail_prefill_launch: HashSet::new(),
                 fail_wait: HashSet::new(),
+                samples_apart: false,
             },
         )
 }
@@ -107,7 +113,12 @@ proptest! {
     /// prefill, however often it was preempted.
     #[test]
     fn modes_agree_and_invariants_hold(sc in scenario()) {
-        let mut roomy = Scenario { num_pages: 1 << 16, max_draft_tokens: 0, ..sc.clone() };
+        let mut roomy = Scenario {
+            num_pages: 1 << 16,
+            max_draft_tokens: 0,
+            samples_apart: true,
+            ..sc.clone()
+        };
         for r in &mut roomy.reqs {
             r.speculate = None;
         }
@@ -122,7 +133,7 @@ proptest! {
             check_requests(&sc, r);
             prop_assert!(!r.unhealthy);
             for (id, log) in &r.logs {
-                let spec = &sc.reqs[*id as usize];
+                let spec = spec_of(&sc, *id);
                 match &log.outcome {
                     Some(Outcome::Finished(FinishReason::Eos)) => prop_assert_eq!(log.tokens.last(), Some(&SIM_EOS)),
                     Some(Outcome::Finished(FinishReason::Length)) => prop_assert!(
@@ -134,11 +145,13 @@ proptest! {
                 }
             }
         }
-        for (id, spec) in sc.reqs.iter().enumerate() {
+        let ids = sc.reqs.iter().enumerate().flat_map(|(i, spec)| {
+            (0..spec.samples).map(move |k| (sample_id(i, k), spec))
+        });
+        for (id, spec) in ids {
             if spec.abort_at.is_some() {
                 continue;
             }
-            let id = id as u64;
             let base = runs[0].logs.get(&id).map(|l| &l.tokens);
             for r in &runs[1..] {
                 prop_assert_eq!(base, r.logs.get(&id).map(|l| &l.tokens), "request {} differs between modes", id);

@@ -82,6 +82,7 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
             Some(0) => Speculation::Off,
             Some(max_draft) => Speculation::Ngram { max_draft },
         },
+        n: req.n,
     })
 }
 
@@ -183,10 +184,21 @@ fn logprobs(lps: Vec<TokenLogprob>) -> Vec<pb::TokenLogprob> {
         .collect()
 }
 
-/// The proto message of a finished request.
+/// The proto message of a finished request's samples (`n`, in order):
+/// sample 0, the others in its `samples`.
+pub fn generate_responses(rs: Vec<GenerateResponse>) -> pb::GenerateResponse {
+    let mut rs = rs.into_iter().map(generate_response);
+    let mut first = rs.next().unwrap_or_default();
+    first.samples = rs.collect();
+    first
+}
+
+/// The proto message of one finished sample.
 pub fn generate_response(r: GenerateResponse) -> pb::GenerateResponse {
     pb::GenerateResponse {
         request_id: r.request_id,
+        index: r.index,
+        samples: Vec::new(),
         text: r.text,
         token_ids: r.token_ids,
         finish_reason: finish_reason(r.finish_reason).into(),
@@ -207,8 +219,8 @@ pub fn generate_response(r: GenerateResponse) -> pb::GenerateResponse {
     }
 }
 
-/// The proto message of one stream event.
-pub fn stream_event(ev: StreamEvent) -> pb::StreamGenerateResponse {
+/// The proto message of one stream event of sample `index`.
+pub fn stream_event(ev: StreamEvent, index: u32) -> pb::StreamGenerateResponse {
     use pb::stream_generate_response::Event;
     let event = match ev {
         StreamEvent::Delta {
@@ -219,6 +231,7 @@ pub fn stream_event(ev: StreamEvent) -> pb::StreamGenerateResponse {
             text,
             token_ids,
             logprobs: logprobs(lps),
+            index,
         }),
         StreamEvent::Done(resp) => Event::Done(generate_response(resp)),
     };
@@ -411,6 +424,7 @@ mod tests {
     fn responses_convert_every_field() {
         let resp = GenerateResponse {
             request_id: "r1".into(),
+            index: 0,
             text: "hi".into(),
             token_ids: vec![5, 6],
             finish_reason: FinishReason::Length,
@@ -459,19 +473,33 @@ mod tests {
         assert_eq!(p.json.as_deref(), Some(r#"{"a":1}"#));
 
         use pb::stream_generate_response::Event;
-        match stream_event(StreamEvent::Done(resp)).event {
+        match stream_event(StreamEvent::Done(resp.clone()), 0).event {
             Some(Event::Done(d)) => assert_eq!(d, p),
             other => panic!("{other:?}"),
         }
-        match stream_event(StreamEvent::Delta {
-            text: "é".into(),
-            token_ids: vec![9],
-            logprobs: vec![],
-        })
+        match stream_event(
+            StreamEvent::Delta {
+                text: "é".into(),
+                token_ids: vec![9],
+                logprobs: vec![],
+            },
+            2,
+        )
         .event
         {
-            Some(Event::Delta(d)) => assert_eq!((d.text.as_str(), d.token_ids), ("é", vec![9])),
+            Some(Event::Delta(d)) => {
+                assert_eq!((d.text.as_str(), d.token_ids, d.index), ("é", vec![9], 2))
+            }
             other => panic!("{other:?}"),
         }
+        // Samples: the first at the top, the others in `samples`, in order.
+        let second = GenerateResponse {
+            index: 1,
+            ..resp.clone()
+        };
+        let all = generate_responses(vec![resp, second]);
+        assert_eq!((all.index, all.samples.len()), (0, 1));
+        assert_eq!(all.samples[0].index, 1);
+        assert!(all.samples[0].samples.is_empty());
     }
 }

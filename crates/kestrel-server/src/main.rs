@@ -26,7 +26,7 @@ use kestrel_model::FetchStage;
 use kestrel_server::convert;
 use kestrel_server::pb;
 use kestrel_server::pb::generate_request::{Constraint, Input};
-use kestrel_server::service::{submit, ProtoStream};
+use kestrel_server::service::{submit_samples, ProtoStream};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
@@ -367,6 +367,7 @@ impl SamplingArgs {
             request_id: String::new(),
             constraint,
             speculate_ngram: self.speculate_ngram,
+            n: None,
         }
     }
 }
@@ -660,10 +661,10 @@ impl Target {
         match self {
             Target::Local { engine } => {
                 let req = convert::generate_request(req)?;
-                let stream = submit(engine, req)
+                let streams = submit_samples(engine, req)
                     .await
                     .map_err(|e| convert::engine_status(&e))?;
-                Ok(Box::pin(ProtoStream::new(stream)))
+                Ok(Box::pin(ProtoStream::new(streams)))
             }
             Target::Remote(client) => Ok(Box::pin(client.stream_generate(req).await?.into_inner())),
         }

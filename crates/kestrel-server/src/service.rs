@@ -34,16 +34,16 @@ impl KestrelService {
     }
 }
 
-/// Validates and submits `req` on the blocking pool: tokenizing a long
-/// prompt or compiling a grammar must not stall the async workers.
-pub async fn submit(
+/// Validates and submits every sample of `req` (`n`) on the blocking pool
+/// (tokenizing a long prompt or compiling a grammar must not stall the
+/// async workers): one stream per sample, in sample order.
+pub async fn submit_samples(
     engine: &Engine,
     req: GenerateRequest,
-) -> Result<GenerationStream, EngineError> {
+) -> Result<Vec<GenerationStream>, EngineError> {
     let engine = engine.clone();
-    match tokio::task::spawn_blocking(move || engine.stream(req)).await {
+    match tokio::task::spawn_blocking(move || engine.stream_samples(req)).await {
         Ok(r) => r,
-        // The blocking task panicked or the runtime is shutting down.
         Err(_) => Err(EngineError::Stopped),
     }
 }
@@ -97,22 +97,28 @@ fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
-/// The engine's event stream as proto messages. Dropping it drops the
-/// engine stream and so aborts the request. A constrained output that
-/// fails mid-generation ends with a `Done` carrying `FINISH_REASON_ERROR`
-/// and then the error status.
+/// The engine's event streams of a request's samples as proto messages,
+/// interleaved as they come (each message names its sample), ending once
+/// every sample's stream has. Dropping it drops the engine streams and so
+/// aborts the samples. A constrained output that fails mid-generation ends
+/// the call with a `Done` carrying `FINISH_REASON_ERROR` and then the error
+/// status; any other error ends it at once (the other samples are aborted).
 #[derive(Debug)]
 pub struct ProtoStream {
-    inner: GenerationStream,
+    /// The samples whose streams have not ended.
+    inner: Vec<GenerationStream>,
+    /// Where the next poll starts, so no sample starves the others.
+    next: usize,
     /// The status to end with after a failed output's final `Done`.
     pending_error: Option<Status>,
 }
 
 impl ProtoStream {
-    /// Wraps an engine stream.
-    pub fn new(inner: GenerationStream) -> Self {
+    /// Wraps a request's engine streams (one per sample).
+    pub fn new(inner: Vec<GenerationStream>) -> Self {
         Self {
             inner,
+            next: 0,
             pending_error: None,
         }
     }
@@ -127,25 +133,48 @@ impl Stream for ProtoStream {
     ) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if let Some(status) = this.pending_error.take() {
+            this.inner.clear();
             return Poll::Ready(Some(Err(status)));
         }
-        Pin::new(&mut this.inner).poll_next(cx).map(|item| {
-            item.map(|r| match r {
-                Ok(ev) => Ok(convert::stream_event(ev)),
+        let mut k = 0;
+        while k < this.inner.len() {
+            let i = (this.next + k) % this.inner.len();
+            let item = match Pin::new(&mut this.inner[i]).poll_next(cx) {
+                Poll::Pending => {
+                    k += 1;
+                    continue;
+                }
+                Poll::Ready(None) => {
+                    this.inner.remove(i);
+                    continue;
+                }
+                Poll::Ready(Some(item)) => item,
+            };
+            let index = this.inner[i].index();
+            this.next = i + 1;
+            return Poll::Ready(Some(match item {
+                Ok(ev) => Ok(convert::stream_event(ev, index)),
                 Err(e) => {
                     let status = convert::engine_status(&e);
                     match e {
                         EngineError::ConstraintFailed { partial, .. } => {
                             this.pending_error = Some(status);
-                            Ok(convert::stream_event(kestrel_engine::StreamEvent::Done(
-                                *partial,
-                            )))
+                            let done = kestrel_engine::StreamEvent::Done(*partial);
+                            Ok(convert::stream_event(done, index))
                         }
-                        _ => Err(status),
+                        _ => {
+                            this.inner.clear();
+                            Err(status)
+                        }
                     }
                 }
-            })
-        })
+            }));
+        }
+        if this.inner.is_empty() {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
     }
 }
 
@@ -158,17 +187,15 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         let deadline = deadline(&request);
         let req = convert::generate_request(request.into_inner())?;
         let run = async {
-            let mut stream = submit(&self.engine, req)
+            let streams = submit_samples(&self.engine, req)
                 .await
                 .map_err(|e| convert::engine_status(&e))?;
-            loop {
-                match stream.next_event().await {
-                    Some(Ok(kestrel_engine::StreamEvent::Done(resp))) => return Ok(resp),
-                    Some(Ok(kestrel_engine::StreamEvent::Delta { .. })) => {}
-                    Some(Err(e)) => return Err(convert::engine_status(&e)),
-                    None => return Err(convert::engine_status(&EngineError::Stopped)),
-                }
-            }
+            // The first failure ends the call; dropping the other streams
+            // aborts their samples.
+            let runs = streams.into_iter().map(|mut s| async move {
+                s.finish().await.map_err(|e| convert::engine_status(&e))
+            });
+            futures_util::future::try_join_all(runs).await
         };
         let resp = match deadline {
             None => run.await?,
@@ -177,7 +204,7 @@ impl pb::kestrel_server::Kestrel for KestrelService {
                 .await
                 .map_err(|_| Status::deadline_exceeded("the call's deadline passed"))??,
         };
-        Ok(Response::new(convert::generate_response(resp)))
+        Ok(Response::new(convert::generate_responses(resp)))
     }
 
     type StreamGenerateStream = ProtoStream;
@@ -187,10 +214,10 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::StreamGenerateStream>, Status> {
         let req = convert::generate_request(request.into_inner())?;
-        let stream = submit(&self.engine, req)
+        let streams = submit_samples(&self.engine, req)
             .await
             .map_err(|e| convert::engine_status(&e))?;
-        Ok(Response::new(ProtoStream::new(stream)))
+        Ok(Response::new(ProtoStream::new(streams)))
     }
 
     async fn abort(

@@ -156,6 +156,84 @@ async fn thirty_two_concurrent_greedy_streams_match_solo_runs() {
     }
 }
 
+/// `n`: Generate returns sample 0 with the others in `samples`;
+/// StreamGenerate interleaves the samples' deltas, each naming its sample,
+/// and ends after one `done` per sample. Each seeded sample is what a
+/// request of its own with seed + index gives.
+#[tokio::test]
+async fn n_samples_over_generate_and_stream_generate() {
+    use pb::stream_generate_response::Event;
+    let mut c = client(shared_server()).await;
+    let mut req = text_request("Write a short poem about the sea:", 10);
+    req.temperature = Some(0.9);
+    req.seed = Some(11);
+    req.ignore_eos = true;
+    req.n = Some(3);
+    let unary = c
+        .generate(req.clone())
+        .await
+        .expect("generate")
+        .into_inner();
+    assert_eq!(unary.index, 0);
+    let indices: Vec<u32> = unary.samples.iter().map(|s| s.index).collect();
+    assert_eq!(indices, [1, 2]);
+    let all: Vec<&pb::GenerateResponse> = std::iter::once(&unary).chain(&unary.samples).collect();
+    for s in &all {
+        assert_eq!(s.request_id, unary.request_id);
+        assert_eq!(s.token_ids.len(), 10);
+    }
+    assert!(unary.samples.iter().all(|s| s.samples.is_empty()));
+
+    let mut stream = c
+        .stream_generate(req.clone())
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut texts = vec![String::new(); 3];
+    let mut done: Vec<Option<pb::GenerateResponse>> = vec![None; 3];
+    while let Some(msg) = stream.message().await.expect("a message") {
+        match msg.event.expect("event set") {
+            Event::Delta(d) => {
+                assert!(done[d.index as usize].is_none(), "a delta after its done");
+                texts[d.index as usize].push_str(&d.text);
+            }
+            Event::Done(d) => {
+                let i = d.index as usize;
+                assert!(done[i].replace(d).is_none(), "two dones for sample {i}");
+            }
+        }
+    }
+    for (i, (text, d)) in texts.iter().zip(&done).enumerate() {
+        let d = d
+            .as_ref()
+            .unwrap_or_else(|| panic!("no done for sample {i}"));
+        assert_eq!(&d.text, text);
+        assert_eq!(
+            d.token_ids, all[i].token_ids,
+            "sample {i}: stream and unary"
+        );
+        let alone = c
+            .generate(pb::GenerateRequest {
+                n: None,
+                seed: Some(11 + i as u64),
+                ..req.clone()
+            })
+            .await
+            .expect("generate")
+            .into_inner();
+        assert_eq!(
+            alone.token_ids,
+            d.token_ids,
+            "sample {i} and seed {}",
+            11 + i
+        );
+    }
+    assert!(
+        all[0].token_ids != all[1].token_ids || all[1].token_ids != all[2].token_ids,
+        "each sample has its own seed"
+    );
+}
+
 #[tokio::test]
 async fn abort_rpc_ends_a_running_stream() {
     use pb::stream_generate_response::Event;
@@ -233,6 +311,14 @@ async fn each_invalid_field_is_invalid_argument() {
         (
             Box::new(|r| r.temperature = Some(-1.0)),
             "temperature must be in [0, 100], got -1".into(),
+        ),
+        (
+            Box::new(|r| r.n = Some(0)),
+            "n must be in [1, 16], got 0".into(),
+        ),
+        (
+            Box::new(|r| r.n = Some(17)),
+            "n must be in [1, 16], got 17".into(),
         ),
         (
             Box::new(|r| r.top_p = Some(0.0)),

@@ -478,10 +478,8 @@ unsafe fn sub_block<B: Tile8>(
         // lane permutes: lanes 0..4 of each hold elements 0..16, lanes
         // 4..8 16..32.
         let p = prods.map(|v| _mm256_madd_epi16(v, ones));
-        let q0 =
-            _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let q1 =
-            _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         (
             _mm256_permute2x128_si256::<0x20>(q0, q1),
             _mm256_permute2x128_si256::<0x31>(q0, q1),

@@ -509,7 +509,10 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
                 let mut sums = if !B::FLIP {
                     [_mm256_setzero_si256(); 2]
                 } else if B::TWO {
-                    [_mm256_set1_epi32(blk.bias[0]), _mm256_set1_epi32(blk.bias[1])]
+                    [
+                        _mm256_set1_epi32(blk.bias[0]),
+                        _mm256_set1_epi32(blk.bias[1]),
+                    ]
                 } else {
                     [
                         _mm256_set1_epi32(blk.bias[0] + blk.bias[1]),

@@ -396,12 +396,13 @@ impl Executor for CpuRuntime {
             .map_err(ExecError::PreDispatch)?;
         let admissions = seqs
             .iter()
-            .filter(|input| input.start == PrefillStart::Admit)
+            .filter(|input| input.start.admits())
             .map(|input| Admission {
                 id: input.id,
                 prompt: input.prompt,
                 reserve: input.prompt.len(),
                 meta: (),
+                fork_of: input.start.fork_of(),
             });
         if let Err(e) = self.book.admit_all(admissions) {
             self.metas[slot] = Some(meta);
@@ -412,7 +413,9 @@ impl Executor for CpuRuntime {
         let starts: Vec<usize> = seqs
             .iter()
             .map(|input| match input.start {
-                PrefillStart::Admit => self.book.cached_prompt_tokens(input.id),
+                PrefillStart::Admit | PrefillStart::Fork { .. } => {
+                    self.book.cached_prompt_tokens(input.id)
+                }
                 PrefillStart::Resume(start) => start,
             })
             .collect();
@@ -423,7 +426,7 @@ impl Executor for CpuRuntime {
         });
         if let Err(e) = self.book.plan_step(spans, &mut meta.kv) {
             // Nothing was dispatched: give back what this call admitted.
-            for input in seqs.iter().filter(|i| i.start == PrefillStart::Admit) {
+            for input in seqs.iter().filter(|i| i.start.admits()) {
                 self.release(input.id);
             }
             self.metas[slot] = Some(meta);

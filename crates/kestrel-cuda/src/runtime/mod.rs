@@ -34,8 +34,7 @@ use kestrel_kv::{
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
-    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
-    TokenMask,
+    RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId, TokenMask,
 };
 
 use self::backend::{DevMem, Device, HostMem, SampleRows, Stream};
@@ -535,8 +534,7 @@ impl<D: Device> Executor for Runtime<D> {
         }
         // What the capabilities deny is refused by name, before anything.
         let caps = self.capabilities();
-        let chunked =
-            |i: &&PrefillInput<'_, _>| i.start != PrefillStart::Admit || !i.samples_from(0);
+        let chunked = |i: &&PrefillInput<'_, _>| !i.start.admits() || !i.samples_from(0);
         if let Some(input) = seqs.iter().find(chunked).filter(|_| !caps.chunked_prefill) {
             return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
         }
@@ -550,6 +548,7 @@ impl<D: Device> Executor for Runtime<D> {
             prompt: input.prompt,
             reserve: input.max_len,
             meta: input.params.clone(),
+            fork_of: input.start.fork_of(),
         });
         self.book
             .admit_all(admissions)

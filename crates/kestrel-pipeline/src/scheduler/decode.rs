@@ -12,7 +12,6 @@ use super::{Fatal, Scheduler, SchedulerFault, SeqIdx};
 use crate::executor::{Drafts, Executor, SlotId};
 use crate::phase::{Lifecycle, Phase};
 use crate::skill::{FailureKind, Outcome};
-use crate::state::{LaunchHandle, StepKind};
 use crate::{Cause, TokenId};
 
 /// The sequences chosen for one decode step (a pure selection).
@@ -95,14 +94,15 @@ impl<P> Scheduler<P> {
     }
 
     /// Launch a decode forward for `plan` into `slot` (apply): increments
-    /// its members' refs. `None` when the executor refused it before
-    /// dispatch (its members failed).
+    /// its members' refs. `false` when the executor refused it before
+    /// dispatch (its members failed). The caller books the launch in its
+    /// `PipelineState`, which numbers the step.
     pub fn launch_decode<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
         plan: &StepPlan,
         slot: SlotId,
-    ) -> Result<Option<LaunchHandle>, Fatal> {
+    ) -> Result<bool, Fatal> {
         self.row_ids.clear();
         for &i in &plan.sequences {
             let id = self.seq(i).id;
@@ -126,7 +126,7 @@ impl<P> Scheduler<P> {
         };
         if let Err(e) = exec.launch_decode(slot, &self.row_ids, drafts) {
             self.launch_refused(exec, &plan.sequences, e)?;
-            return Ok(None);
+            return Ok(false);
         }
         let step = &mut self.slots[slot];
         step.rows.clear();
@@ -147,11 +147,7 @@ impl<P> Scheduler<P> {
         }
         self.stats.decode_steps += 1;
         self.stats.decode_rows += plan.sequences.len() as u64;
-        Ok(Some(LaunchHandle {
-            kind: StepKind::Decode,
-            slot,
-            step: self.next_step(),
-        }))
+        Ok(true)
     }
 
     /// Grow the KV of each sequence in `plan` (oldest first) to hold the

@@ -110,7 +110,6 @@ pub(crate) struct Scheduler<P> {
     to_release: Vec<SeqIdx>,
     pub masks: MaskBuilder,
     pub stats: PipelineStats,
-    next_step: u64,
 }
 
 impl<P> Scheduler<P> {
@@ -129,7 +128,6 @@ impl<P> Scheduler<P> {
             to_release: Vec::new(),
             masks: MaskBuilder::new(vocab_size),
             stats: PipelineStats::default(),
-            next_step: 0,
         }
     }
 
@@ -138,8 +136,10 @@ impl<P> Scheduler<P> {
     }
 
     /// Accept a request (capped at `max_len` tokens): it waits for prefill.
-    pub fn enqueue(&mut self, req: Request<P>, max_len: usize) {
-        let seq = Sequence::waiting(req, self.next_arrival, max_len);
+    /// A fork (`fork_of`: another sample of its request, with the same
+    /// prompt) waits until that one's prompt has been launched to its end.
+    pub fn enqueue(&mut self, req: Request<P>, max_len: usize, fork_of: Option<RequestId>) {
+        let seq = Sequence::waiting(req, self.next_arrival, max_len, fork_of);
         self.next_arrival += 1;
         let id = seq.id;
         let idx = match self.free_idx.pop() {
@@ -200,12 +200,6 @@ impl<P> Scheduler<P> {
     ) -> Result<T, Fatal> {
         let seq = self.seq_mut(idx);
         f(&mut seq.life).map_err(|source| Fatal::phase(seq.id, source))
-    }
-
-    fn next_step(&mut self) -> u64 {
-        let s = self.next_step;
-        self.next_step += 1;
-        s
     }
 
     /// A launch of `rows` the executor refused: before dispatch, exactly

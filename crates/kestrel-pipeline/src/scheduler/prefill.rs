@@ -7,14 +7,15 @@
 //! tokens it generated; none while it still holds it: new requests do not
 //! overtake a preempted one), else the oldest waiting requests: as many
 //! whole prompts as fit the step's token budget together (each one
-//! admissible), or the oldest alone, in chunks if it is longer. One step
+//! admissible), or the oldest alone, in chunks if it is longer. The other
+//! samples of a request (`n > 1`, forks) wait until the first one's prompt
+//! is launched to its end, then are admitted sharing its prompt pages. One step
 //! for many short prompts instead of one each: a bigger, cheaper forward,
 //! and under `RideAlong` fewer small decode steps between them.
 
 use super::{Fatal, Scheduler, SeqIdx};
 use crate::executor::{ExecError, Executor, PrefillInput, PrefillStart, SlotId};
 use crate::phase::{Phase, MAX_INFLIGHT_REFS};
-use crate::state::{LaunchHandle, StepKind};
 use crate::TokenId;
 
 /// What the next prefill step would admit, if the KV allows.
@@ -56,12 +57,34 @@ impl<P> Scheduler<P> {
 
     /// The sequence the next prefill step would admit first: the oldest
     /// preempted one once it has given its KV back, else the oldest waiting
-    /// one. `None` when there is nothing to admit now.
+    /// one unless it is a fork held back (see `fork_ready`). `None` when
+    /// there is nothing to admit now.
     fn next_admitted(&self) -> Option<SeqIdx> {
         match self.preempted.first() {
             Some(&idx) => (self.seq(idx).phase() == Phase::Preempted).then_some(idx),
-            None => self.waiting.front().copied(),
+            None => self
+                .waiting
+                .front()
+                .copied()
+                .filter(|&i| self.fork_ready(i)),
         }
+    }
+
+    /// Whether waiting sequence `idx` may be admitted now: a fork waits
+    /// while its parent is waiting or part-way through its prompt, so that
+    /// it is admitted in a later step than the one that ends the parent's
+    /// prompt and shares pages that step writes. A parent that is gone (or
+    /// preempted) holds nothing back: the fork is then admitted as any
+    /// request.
+    fn fork_ready(&self, idx: SeqIdx) -> bool {
+        let parent = self.seq(idx).fork_of.and_then(|p| self.by_id.get(&p));
+        let Some(&parent) = parent else {
+            return true;
+        };
+        !matches!(
+            self.seq(parent).phase(),
+            Phase::Waiting | Phase::Prefilling { .. }
+        )
     }
 
     /// What the next prefill step would admit first (see `next_admitted`).
@@ -104,6 +127,7 @@ impl<P> Scheduler<P> {
             if plan.len() >= budget.max_admits
                 || tokens + seq.tokens.len() > budget.max_tokens
                 || !exec.can_admit(&seq.tokens, seq.max_len)
+                || !self.fork_ready(next)
             {
                 break;
             }
@@ -122,8 +146,11 @@ impl<P> Scheduler<P> {
             generated: seq.committed() as usize,
             params: &seq.params,
             max_len: seq.max_len,
-            start: match seq.phase() {
-                Phase::Prefilling { done } => PrefillStart::Resume(done),
+            start: match (seq.phase(), seq.fork_of) {
+                (Phase::Prefilling { done }, _) => PrefillStart::Resume(done),
+                // Only a first admission shares: a re-admitted fork's
+                // tokens past the prompt are its own.
+                (Phase::Waiting, Some(parent)) => PrefillStart::Fork { parent },
                 _ => PrefillStart::Admit,
             },
             max_tokens,
@@ -135,14 +162,15 @@ impl<P> Scheduler<P> {
     /// batch of admissions the executor refuses before dispatch is tried
     /// again with its oldest alone; a lone row refused fails alone (an
     /// admission took no KV; a resumed sequence keeps its KV until it is
-    /// released as finalized): then `None`.
+    /// released as finalized): then `false`. The caller books the launch
+    /// in its `PipelineState`, which numbers the step.
     pub fn launch_prefill<E: Executor<Params = P>>(
         &mut self,
         exec: &mut E,
         slot: SlotId,
         plan: &[SeqIdx],
         max_tokens: usize,
-    ) -> Result<Option<LaunchHandle>, Fatal> {
+    ) -> Result<bool, Fatal> {
         let mut rows = plan;
         loop {
             let inputs: Vec<PrefillInput<'_, P>> = rows
@@ -156,7 +184,7 @@ impl<P> Scheduler<P> {
                 Err(e) => {
                     drop(inputs);
                     self.launch_refused(exec, rows, e)?;
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
         }
@@ -164,7 +192,9 @@ impl<P> Scheduler<P> {
         for &i in rows {
             let input = self.prefill_input(i, max_tokens);
             let from = match input.start {
-                PrefillStart::Admit => exec.cached_prompt_tokens(input.id),
+                PrefillStart::Admit | PrefillStart::Fork { .. } => {
+                    exec.cached_prompt_tokens(input.id)
+                }
                 PrefillStart::Resume(done) => done,
             };
             let (end, len) = (input.chunk_end(from), input.prompt.len());
@@ -198,10 +228,6 @@ impl<P> Scheduler<P> {
         }
         self.slots[slot].prefill(rows, samples);
         self.stats.prefill_steps += 1;
-        Ok(Some(LaunchHandle {
-            kind: StepKind::Prefill,
-            slot,
-            step: self.next_step(),
-        }))
+        Ok(true)
     }
 }

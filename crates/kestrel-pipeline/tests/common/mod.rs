@@ -25,6 +25,21 @@ pub struct ReqSpec {
     pub abort_at: Option<usize>,
     /// Speculation: drafts per step at most, and the shortest suffix matched.
     pub speculate: Option<(usize, usize)>,
+    /// Samples of the prompt (`n`): sample `k` is request [`sample_id`]`(i,
+    /// k)` with seed `seed + k`, all submitted together
+    /// (`EngineLoop::submit_samples`: the others fork from sample 0). An
+    /// abort cancels sample `abort_at % samples` only.
+    pub samples: usize,
+}
+
+/// The pipeline id of sample `k` of request `i`.
+pub fn sample_id(i: usize, k: usize) -> u64 {
+    (i as u64) << 3 | k as u64
+}
+
+/// The request spec of a pipeline id.
+pub fn spec_of(sc: &Scenario, id: u64) -> &ReqSpec {
+    &sc.reqs[(id >> 3) as usize]
 }
 
 #[derive(Debug, Clone)]
@@ -43,6 +58,9 @@ pub struct Scenario {
     pub fail_decode_launch: HashSet<u64>,
     pub fail_prefill_launch: HashSet<u64>,
     pub fail_wait: HashSet<u64>,
+    /// Submit each sample as a request of its own (no forks): the reference
+    /// a run with forks must agree with.
+    pub samples_apart: bool,
 }
 
 #[derive(Debug)]
@@ -106,37 +124,53 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
         while submitted < order.len() && sc.reqs[order[submitted]].arrive_at <= clock {
             let i = order[submitted];
             let spec = &sc.reqs[i];
-            let (skill, log) = SimSkill::new(
-                spec.stop_after,
-                spec.constrained.then_some(spec.seed ^ 0xabc),
-            );
-            let req = Request {
-                id: i as u64,
-                prompt: (0..spec.prompt_len as u32).map(|t| t % 60 + 1).collect(),
-                max_new_tokens: spec.max_new,
-                params: SimParams {
-                    seed: spec.seed,
-                    ..Default::default()
-                },
-                speculate: spec.speculate.map(|(k, min_ngram)| NgramSpec {
-                    min_ngram,
-                    ..NgramSpec::new(k)
-                }),
-                skill: Box::new(skill),
+            let mut samples = Vec::new();
+            for k in 0..spec.samples.max(1) {
+                let (skill, log) = SimSkill::new(
+                    spec.stop_after,
+                    spec.constrained.then_some(spec.seed ^ 0xabc),
+                );
+                let req = Request {
+                    id: sample_id(i, k),
+                    prompt: (0..spec.prompt_len as u32).map(|t| t % 60 + 1).collect(),
+                    max_new_tokens: spec.max_new,
+                    params: SimParams {
+                        seed: spec.seed.wrapping_add(k as u64),
+                        ..Default::default()
+                    },
+                    speculate: spec.speculate.map(|(k, min_ngram)| NgramSpec {
+                        min_ngram,
+                        ..NgramSpec::new(k)
+                    }),
+                    skill: Box::new(skill),
+                };
+                samples.push((req, log));
+            }
+            let ids: Vec<u64> = samples.iter().map(|(r, _)| r.id).collect();
+            let (reqs, sample_logs): (Vec<_>, Vec<_>) = samples.into_iter().unzip();
+            let submitted_ok = if sc.samples_apart {
+                reqs.into_iter()
+                    .map(|r| engine.submit(r))
+                    .collect::<Result<Vec<()>, _>>()
+                    .map(drop)
+            } else {
+                engine.submit_samples(reqs)
             };
-            match engine.submit(req) {
+            match submitted_ok {
                 Ok(()) => {
-                    logs.insert(i as u64, log);
+                    logs.extend(ids.into_iter().zip(sample_logs));
                 }
                 Err(e) => {
-                    rejected.insert(i as u64, e.to_string());
+                    for id in ids {
+                        rejected.insert(id, e.to_string());
+                    }
                 }
             }
             submitted += 1;
         }
         for (i, spec) in sc.reqs.iter().enumerate() {
-            if spec.abort_at == Some(clock) {
-                engine.abort(i as u64);
+            if let Some(at) = spec.abort_at.filter(|&at| at == clock) {
+                engine.abort(sample_id(i, at % spec.samples.max(1)));
             }
         }
         if sc.pause_at == Some(clock) && !paused_once {
@@ -171,7 +205,10 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
                 );
                 // Later arrivals are refused.
                 while submitted < order.len() {
-                    rejected.insert(order[submitted] as u64, "unhealthy".into());
+                    let i = order[submitted];
+                    for k in 0..sc.reqs[i].samples.max(1) {
+                        rejected.insert(sample_id(i, k), "unhealthy".into());
+                    }
                     submitted += 1;
                 }
                 return finish(logs, rejected, true, max_in_flight, engine.stats());
@@ -226,7 +263,7 @@ fn finish(
 /// Per-request checks that hold in every run.
 pub fn check_requests(sc: &Scenario, r: &RunResult) {
     for (id, log) in &r.logs {
-        let spec = &sc.reqs[*id as usize];
+        let spec = spec_of(sc, *id);
         assert!(
             log.violations.is_empty(),
             "request {id}: {:?}",
@@ -246,9 +283,10 @@ pub fn check_requests(sc: &Scenario, r: &RunResult) {
             "request {id} exceeded the context"
         );
     }
+    let samples: usize = sc.reqs.iter().map(|r| r.samples.max(1)).sum();
     assert_eq!(
         r.logs.len() + r.rejected.len(),
-        sc.reqs.len(),
+        samples,
         "every request answered"
     );
 }

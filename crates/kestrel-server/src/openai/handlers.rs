@@ -1,10 +1,10 @@
 //! Runs a [`Plan`] on the engine and answers in OpenAI's shapes: one JSON
 //! response, or server-sent events (`data: {chunk}` ... `data: [DONE]`).
 //!
-//! Every choice is its own engine request, submitted through
-//! [`crate::service::submit`] (the blocking pool); the samples of one
-//! prompt (`n > 1`) share its KV pages through the prefix cache (see
-//! [`submit_all`]). A stream is pumped by
+//! Every prompt is one engine request with `n` samples, submitted through
+//! [`crate::service::submit_samples`] (the blocking pool): one stream per
+//! choice, the samples of a prompt sharing its KV pages in the engine. A
+//! stream is pumped by
 //! one task per HTTP request; when the client goes away the task notices
 //! (`Sender::closed`) and returns, dropping the engine streams, which
 //! aborts the requests and frees their KV. A failed request never ends
@@ -117,35 +117,16 @@ fn echoes(app: &App, plan: &Plan) -> Result<Vec<String>, ApiError> {
 /// One choice's engine events (dropping it aborts the request).
 type Events = BoxStream<'static, Result<StreamEvent, EngineError>>;
 
-/// Submits every choice; on an error the streams already open are dropped,
-/// which aborts them.
-///
-/// With `n > 1` the first sample of each prompt goes ahead alone until its
-/// first event: its prefill has then ended and published the prompt's full
-/// KV pages to the prefix cache, so the other samples' prefills reuse them
-/// instead of computing and storing the prompt `n` times.
-/// The event read is put back in front of that sample's stream.
+/// Submits every prompt with its `n` samples: one stream per choice, in
+/// choice order (`p * n + i`). On an error the streams already open are
+/// dropped, which aborts them.
 async fn submit_all(app: &App, plan: &Plan) -> Result<Vec<Events>, ApiError> {
-    let n = plan.n as usize;
-    let submit = |i: usize| async move {
-        crate::service::submit(&app.engine, plan.request(i))
-            .await
-            .map_err(|e| ApiError::engine(&e, &plan.names[i / n]))
-    };
-    let mut leaders = Vec::with_capacity(plan.prompts.len());
-    for p in 0..plan.prompts.len() {
-        leaders.push(submit(p * n).await?);
-    }
-    if n == 1 {
-        return Ok(leaders.into_iter().map(|s| s.boxed()).collect());
-    }
     let mut out = Vec::with_capacity(plan.choices());
-    for (p, mut leader) in leaders.into_iter().enumerate() {
-        let first = leader.next().await;
-        out.push(futures_util::stream::iter(first).chain(leader).boxed());
-        for i in 1..n {
-            out.push(submit(p * n + i).await?.boxed());
-        }
+    for (req, names) in plan.prompts.iter().zip(&plan.names) {
+        let streams = crate::service::submit_samples(&app.engine, req.clone())
+            .await
+            .map_err(|e| ApiError::engine(&e, names))?;
+        out.extend(streams.into_iter().map(|s| s.boxed()));
     }
     Ok(out)
 }

@@ -7,7 +7,8 @@
 //! parameters (400 naming them), parameters accepted and ignored because
 //! they cannot change a text model's output ([`ignored`]), parameters
 //! OpenAI defines that Kestrel cannot honour (400 `unsupported_parameter`),
-//! `n` and `best_of` (HTTP-edge concepts, [`MAX_N`]), which constraint
+//! `best_of` (only `n` itself: every sample is returned; `n`'s range is
+//! the engine's, [`MAX_N`]), which constraint
 //! sources may combine, the legacy `functions` as tools, and the tool
 //! format. Pure, no I/O.
 
@@ -20,8 +21,8 @@ use serde_json::{Map, Value};
 use super::error::{ApiError, ParamNames};
 use super::tools::{self, ToolFormat, ToolSet};
 
-/// Most choices per prompt (`n`).
-pub const MAX_N: u32 = 16;
+/// Most choices per prompt (`n`): the engine's rule.
+pub use kestrel_engine::validate::MAX_N;
 /// Most prompts in one completions request.
 pub const MAX_PROMPTS: usize = 64;
 
@@ -36,8 +37,9 @@ pub enum Endpoint {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub endpoint: Endpoint,
-    /// One engine request per prompt, each submitted [`Plan::n`] times
-    /// (choice `p * n + i`; sample `i` uses `seed + i` when a seed is set).
+    /// One engine request per prompt, each with `n` ([`Plan::n`]) samples:
+    /// choice `p * n + i` is prompt `p`'s sample `i` (the engine samples it
+    /// with `seed + i`, `kestrel_engine::validate::sample_seed`).
     pub prompts: Vec<GenerateRequest>,
     /// How each prompt's parameters are spelled, for engine errors.
     pub names: Vec<ParamNames>,
@@ -53,16 +55,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The engine request for choice `index`.
-    pub fn request(&self, index: usize) -> GenerateRequest {
-        let n = self.n as usize;
-        let mut req = self.prompts[index / n].clone();
-        if let Some(seed) = req.sampling.seed {
-            req.sampling.seed = Some(seed.wrapping_add((index % n) as u64));
-        }
-        req
-    }
-
     /// Choices in the answer.
     pub fn choices(&self) -> usize {
         self.prompts.len() * self.n as usize
@@ -153,13 +145,8 @@ pub fn parse(
         (None, None) => None,
     };
 
+    // Its range is the engine's rule (a 400 naming `n` at submission).
     let n = f.take::<u32>("n")?.unwrap_or(1);
-    if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n must be in [1, {MAX_N}], got {n}"),
-        ));
-    }
     // Every sample is returned: `best_of` can only be `n` itself.
     if let Some(best_of) = f.take::<u32>("best_of")? {
         if best_of != n {
@@ -335,6 +322,7 @@ pub fn parse(
             constraint: constraint.clone(),
             // OpenAI has no such field: the server's default applies.
             speculate: Speculation::Default,
+            n: Some(n),
         });
         all_names.push(ParamNames {
             prompt: prompt_param,
@@ -839,10 +827,11 @@ mod tests {
             "stream_options": {"include_usage": true}
         }))
         .unwrap();
-        let r = p.request(2);
-        assert_eq!(r.max_new_tokens, Some(9));
+        let r = &p.prompts[0];
+        assert_eq!((r.max_new_tokens, r.n), (Some(9), Some(3)));
         assert_eq!(r.sampling.top_k, Some(0));
-        assert_eq!(r.sampling.seed, Some(1)); // u64::MAX + 2, wrapped
+        // -1 as its bits; the engine gives sample i seed + i.
+        assert_eq!(r.sampling.seed, Some(u64::MAX));
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(r.sampling.logprobs && r.sampling.top_logprobs == 2);
         let mut bias = r.sampling.logit_bias.clone();
@@ -873,7 +862,9 @@ mod tests {
             param(base(json!({"max_tokens": -1}))).as_deref(),
             Some("max_tokens")
         );
-        assert_eq!(param(base(json!({"n": 0}))).as_deref(), Some("n"));
+        assert_eq!(param(base(json!({"n": "two"}))).as_deref(), Some("n"));
+        // The range is the engine's rule: the request carries `n` as given.
+        assert_eq!(chat(base(json!({"n": 0}))).unwrap().prompts[0].n, Some(0));
         assert_eq!(
             param(base(json!({"frobnicate": 1}))).as_deref(),
             Some("frobnicate")
@@ -1001,7 +992,7 @@ mod tests {
             "audio": null, "prediction": null
         }))
         .unwrap();
-        assert_eq!(p.request(0).min_tokens, 3);
+        assert_eq!(p.prompts[0].min_tokens, 3);
         assert_eq!(p.choices(), 2);
         let c = parse(
             Endpoint::Completions,
@@ -1010,7 +1001,7 @@ mod tests {
             &ToolFormat::HERMES,
         )
         .unwrap();
-        assert_eq!(c.request(0).min_tokens, 2);
+        assert_eq!(c.prompts[0].min_tokens, 2);
     }
 
     #[test]
@@ -1153,8 +1144,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.choices(), 4);
-        assert_eq!(p.request(3).input, Prompt::Text("b".into()));
-        assert_eq!(p.request(3).sampling.seed, Some(8));
+        assert_eq!(p.prompts[1].input, Prompt::Text("b".into()));
+        assert_eq!(
+            (p.prompts[1].sampling.seed, p.prompts[1].n),
+            (Some(7), Some(2))
+        );
         assert_eq!(p.names[1].prompt, "prompt[1]");
         assert_eq!(p.names[1].top_logprobs, "logprobs");
         let tokens = |body: &[u8]| {
