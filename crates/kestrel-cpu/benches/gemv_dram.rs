@@ -5,7 +5,10 @@
 //! decode step runs them, fast numerics, on a compute [`kestrel_cpu::Team`]
 //! of `KESTREL_THREADS` (2). Throughput is the weights' bytes per second:
 //! against the machine's read bandwidth it says how close a decode step
-//! comes to the DRAM floor.
+//! comes to the DRAM floor. With `GEMV_IN_CACHE=1` the set is one pair of
+//! 1024x2048 matrices (a few MiB, in L3): the kernels' compute rate
+//! without DRAM, which says whether a type is bound by memory or by its
+//! decode.
 
 mod common;
 
@@ -25,6 +28,7 @@ fn bench(c: &mut Criterion) {
     let threads = common::threads();
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(7);
+    let in_cache = std::env::var_os("GEMV_IN_CACHE").is_some();
     let mut g = c.benchmark_group("gemv_dram");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4))
@@ -36,8 +40,7 @@ fn bench(c: &mut Criterion) {
         DType::Q4_0,
         DType::Q4_1,
     ] {
-        let small = std::env::var("SMALL").is_ok();
-        let shapes = if small {
+        let shapes = if in_cache {
             [(1024, 2048), (1024, 2048)]
         } else {
             [(8192, 2048), (2048, 8192)]
@@ -47,12 +50,13 @@ fn bench(c: &mut Criterion) {
             .map(|&(r, c)| random_matrix(&mut rng, dt, r, c, 0.05))
             .collect();
         let pair_bytes: usize = protos.iter().map(|m| m.rows * m.row_bytes()).sum();
-        let copies = if small {
+        let copies = if in_cache {
             1
         } else {
             SET_BYTES.div_ceil(pair_bytes)
         };
-        // Distinct buffers of the same blocks: every pass reads DRAM.
+        // Distinct buffers of the same blocks: every pass reads DRAM (but
+        // in cache).
         let set: Vec<Weight> = (0..copies)
             .flat_map(|_| protos.iter())
             .map(|m| {
