@@ -85,10 +85,12 @@ pub(crate) trait Tile8: Int8Block {
     /// `q - 32`: the kernel subtracts `BIAS * sum(x)` from the integer sums
     /// once for eight rows instead of signing every row's bytes.
     const BIAS: i32 = 0;
-    /// Whether a sub-block's products fold in i16 ([`sub_block`]): the
-    /// quants [`Tile8::quants`] gives are nibbles (0..16, unsigned), so
-    /// sixteen products with `|x| <= 127` stay within i16 (30,480).
-    const FOLD16: bool = false;
+    /// How many levels of a sub-block's fold run in i16 ([`sub_block`]):
+    /// level `l` sums `2^(l+1)` products, which must stay within i16 for
+    /// `|x| <= 127` and the largest quant [`Tile8::quants`] gives: 3 for
+    /// nibbles (0..16: 16 products <= 30,480), 2 for five-bit quants, 1 for
+    /// Q6_K's six-bit ones, 0 for Q8_0's signed bytes.
+    const I16_LEVELS: usize = 0;
     /// Whether [`Tile8::quants`] gives signed bytes (Q8_0 only).
     const SIGNED_BYTES: bool = Self::SIGNED && Self::BIAS == 0;
     /// Sub-block `j`'s 32 integer weights as bytes, plus [`Tile8::BIAS`]
@@ -247,7 +249,7 @@ impl Tile8 for Q8_0B {
 }
 
 impl Tile8 for Q4_0B {
-    const FOLD16: bool = true;
+    const I16_LEVELS: usize = 3;
     const BIAS: i32 = 8;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -265,6 +267,7 @@ impl Tile8 for Q4_0B {
 }
 
 impl Tile8 for Q5_0B {
+    const I16_LEVELS: usize = 2;
     const BIAS: i32 = 16;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -282,7 +285,7 @@ impl Tile8 for Q5_0B {
 }
 
 impl Tile8 for Q4_1B {
-    const FOLD16: bool = true;
+    const I16_LEVELS: usize = 3;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -292,6 +295,7 @@ impl Tile8 for Q4_1B {
 }
 
 impl Tile8 for Q5_1B {
+    const I16_LEVELS: usize = 2;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -301,7 +305,7 @@ impl Tile8 for Q5_1B {
 }
 
 impl Tile8 for Q4KB {
-    const FOLD16: bool = true;
+    const I16_LEVELS: usize = 3;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -319,6 +323,7 @@ impl Tile8 for Q4KB {
 }
 
 impl Tile8 for Q5KB {
+    const I16_LEVELS: usize = 2;
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
@@ -335,6 +340,7 @@ impl Tile8 for Q5KB {
 }
 
 impl Tile8 for Q6KB {
+    const I16_LEVELS: usize = 1;
     const BIAS: i32 = 32;
     /// Q6_K: 16 signed 8-bit scales at bytes 192..208 (two per sub-block,
     /// elements 0..16 and 16..32), f16 `d` at 208.
@@ -462,28 +468,50 @@ unsafe fn sub_block<B: Tile8>(
     });
     // `half0` gets row r's sum over elements 0..16 in lane r, `half1` over
     // 16..32.
-    let (mut half0, mut half1) = if B::FOLD16 {
-        // Seven `vphaddw` leave row r's half sums in i16 lane r of each
-        // 128-bit half (sixteen products each, within i16), then widened.
-        let h = |a: __m256i, b: __m256i| _mm256_hadd_epi16(a, b);
-        let lo = h(h(prods[0], prods[1]), h(prods[2], prods[3]));
-        let hi = h(h(prods[4], prods[5]), h(prods[6], prods[7]));
-        let rows = h(lo, hi);
-        (
-            _mm256_cvtepi16_epi32(_mm256_castsi256_si128(rows)),
-            _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(rows)),
-        )
-    } else {
-        // Widened to i32 pairs (`vpmaddwd`), then six `vphaddd` and two
-        // lane permutes: lanes 0..4 of each hold elements 0..16, lanes
-        // 4..8 16..32.
-        let p = prods.map(|v| _mm256_madd_epi16(v, ones));
-        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-        (
-            _mm256_permute2x128_si256::<0x20>(q0, q1),
-            _mm256_permute2x128_si256::<0x31>(q0, q1),
-        )
+    let h16 = |a: __m256i, b: __m256i| _mm256_hadd_epi16(a, b);
+    let h32 = |a: __m256i, b: __m256i| _mm256_hadd_epi32(a, b);
+    let wide = |v: __m256i| _mm256_madd_epi16(v, ones);
+    let p = &prods;
+    let (mut half0, mut half1) = match B::I16_LEVELS {
+        3 => {
+            // Seven `vphaddw` leave row r's half sums in i16 lane r of
+            // each 128-bit half, then widened.
+            let rows = h16(
+                h16(h16(p[0], p[1]), h16(p[2], p[3])),
+                h16(h16(p[4], p[5]), h16(p[6], p[7])),
+            );
+            (
+                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(rows)),
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(rows)),
+            )
+        }
+        levels => {
+            // `levels` rounds of `vphaddw`, widened to i32 pairs
+            // (`vpmaddwd`), the rest in `vphaddd`: each 128-bit half of `q0`
+            // ends with rows 0..4's sums over its half of the elements,
+            // `q1` rows 4..8's; two lane permutes put rows in lanes.
+            let (q0, q1) = match levels {
+                2 => (
+                    wide(h16(h16(p[0], p[1]), h16(p[2], p[3]))),
+                    wide(h16(h16(p[4], p[5]), h16(p[6], p[7]))),
+                ),
+                1 => (
+                    h32(wide(h16(p[0], p[1])), wide(h16(p[2], p[3]))),
+                    h32(wide(h16(p[4], p[5])), wide(h16(p[6], p[7]))),
+                ),
+                _ => {
+                    let w = p.map(wide);
+                    (
+                        h32(h32(w[0], w[1]), h32(w[2], w[3])),
+                        h32(h32(w[4], w[5]), h32(w[6], w[7])),
+                    )
+                }
+            };
+            (
+                _mm256_permute2x128_si256::<0x20>(q0, q1),
+                _mm256_permute2x128_si256::<0x31>(q0, q1),
+            )
+        }
     };
     if B::BIAS != 0 {
         // sum(w x) = sum((w + BIAS) x) - BIAS sum(x), per half: the
