@@ -46,6 +46,7 @@ macro_rules! for_block {
 pub mod attention;
 pub(crate) mod int8;
 pub mod matmul;
+mod matmul_int8;
 pub mod ops;
 pub(crate) mod scalar;
 pub mod weight;
@@ -57,6 +58,8 @@ pub(crate) mod x86_blocks;
 pub(crate) mod x86_gemv;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_lanes;
 
 use std::sync::OnceLock;
 

@@ -1,26 +1,23 @@
-//! AVX2 and AVX-512 VNNI forms of the fast numerics (`int8.rs` defines the
-//! results). The activation quantizer; [`int8_sweep256`], tiles of up to
-//! four outputs (weight row, activation row) read straight from the weight
-//! blocks with `vpmaddubsw`/`vpmaddwd` integer dots, each block's sums
-//! gathered one output per lane, for one to three activation rows; and, for
-//! many activation rows, [`unpack_rows256`] (weight rows unpacked once to
-//! [`I8Block`]s) with the lane-per-activation-row sweeps [`lanes_sweep256`]
-//! (8 rows, AVX2) and [`lanes_sweep512`] (16 rows, AVX-512 VNNI) over
-//! [`LaneRows`]: every weight block's four-byte groups are broadcast
-//! against the same group of each row, so a block's integer sums land one
-//! per lane without a horizontal step. Every kernel runs the definition's
-//! float steps lane by lane, so results are `int8::dot`'s bit for bit.
+//! The AVX2 fast numerics (`int8.rs` defines the results) straight from
+//! the weight blocks: [`Int8Block`], each block type's integer weights and
+//! scales; the activation quantizer ([`quantize_row256`]); and
+//! [`int8_sweep256`], tiles of up to four outputs (weight row, activation
+//! row) with `vpmaddubsw`/`vpmaddwd` integer dots, each block's sums
+//! gathered one output per lane, for two or three activation rows and the
+//! rows a GEMV tile leaves over. One row is `x86_gemv.rs`, four and more
+//! `x86_lanes.rs`. Every kernel runs the definition's float steps lane by
+//! lane, so results are `int8::dot`'s bit for bit; the tests here check
+//! all three files' kernels against it.
 
 use std::arch::x86_64::*;
 
-use super::int8::{self, LaneRows, Q8Block};
+use super::int8::{self, Q8Block};
 use super::scalar::k_scale_min;
 use super::x86::{prefetch, PREFETCH_TILES};
 use super::x86_blocks::{
     bits_to_bytes256, k_head, k_nibbles256, locate, nibble_bytes256, q5k_bytes256, q6k_bytes256,
     q6k_scales, scales, Block, Q4KB, Q4_0B, Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
 };
-use super::x86_gemv::{Scales8, Tile8};
 
 /// A weight block with an integer dot: its 32 weights as bytes in element
 /// order, its scale per i32 lane (lanes 0..4 hold elements 0..16, lanes
@@ -167,72 +164,6 @@ int8_blocks! {
             let [d0, d1] = q6k_scales(p, j);
             // d0 in lanes 0..4 (elements 0..16), d1 in lanes 4..8.
             (q, _mm256_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1), 0.0)
-        }
-    }
-}
-
-/// A weight block unpacked once for the lane sweeps ([`unpack_rows256`]):
-/// its integer weights as signed bytes (every type's fit: Q8_0's i8,
-/// `q - 8/16/32`, and the unsigned quants' 0..32), the scales of elements
-/// 0..16 and 16..32, the minimum (0 when none), and `-128 *` the weights'
-/// sum over each half (the start [`lanes_sweep512`] needs for activations
-/// given as `x + 128`). One cache line.
-#[repr(C, align(64))]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct I8Block {
-    q: [i8; 32],
-    d: [f32; 2],
-    m: f32,
-    bias: [i32; 2],
-}
-
-/// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out`, row after row.
-///
-/// # Safety
-/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
-/// CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn unpack_rows256<B: Tile8>(
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    nblocks: usize,
-    out: *mut I8Block,
-) {
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
-    let mut sc = Scales8::zeros();
-    for r in 0..rows {
-        for s in 0..nblocks / B::SUB {
-            let p = w.wrapping_add(r * row_bytes + s * B::ENC.block_bytes());
-            // The stored block's scales once for its sub-blocks (the row in
-            // every lane).
-            // SAFETY: stored block `s` of row `r` is in bounds (fn contract).
-            unsafe { B::scales8(&[p; 8], &mut sc) };
-            for (j, scj) in sc.iter().enumerate().take(B::SUB) {
-                // SAFETY: as above, `j < SUB`.
-                let q = unsafe { B::quants(p, j) };
-                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(B::BIAS as i8));
-                let (d, m) = scj.lane0();
-                // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1 hold
-                // elements 0..16, lanes 2, 3 elements 16..32.
-                let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
-                let half = |i: i32| {
-                    let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
-                    let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
-                    let sum = if i == 0 { lo } else { hi } as i32 - 16 * 128;
-                    -128 * sum
-                };
-                // SAFETY: block `r * nblocks + s * SUB + j` of `out` is in
-                // bounds (fn contract); `q` is its first 32 bytes.
-                unsafe {
-                    let o = out.add(r * nblocks + s * B::SUB + j);
-                    _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
-                    (*o).d = d;
-                    (*o).m = m;
-                    (*o).bias = [half(0), half(1)];
-                }
-            }
         }
     }
 }
@@ -415,248 +346,17 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
     }
 }
 
-/// Pointers into one group of [`LaneRows`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LaneArgs {
-    /// The group's first block of four-byte groups.
-    pub q: *const u8,
-    /// The group's first block of scales.
-    pub d: *const f32,
-    /// The group's first block of sums.
-    pub s: *const f32,
-}
-
-impl LaneArgs {
-    /// Group `g` of `x` (the pointers are only computed; the sweep that
-    /// reads them states its bounds).
-    pub fn group(x: &LaneRows, g: usize) -> Self {
-        let blocks = g * x.nblocks;
-        Self {
-            q: x.q.as_ptr().wrapping_add(blocks * 32 * x.lanes),
-            d: x.d.as_ptr().wrapping_add(blocks * x.lanes),
-            s: x.s.as_ptr().wrapping_add(blocks * x.lanes),
-        }
-    }
-}
-
-/// Write lanes `0..cn` of `v` (activation rows) as outputs of weight row
-/// `row`: lane `c` to `y[c * y_stride + row]`.
-///
-/// # Safety
-/// `y` must be valid for writing those elements; `cn <= N`.
-#[inline(always)]
-unsafe fn scatter<const N: usize>(
-    v: [f32; N],
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-    row: usize,
-) {
-    for (c, v) in v.into_iter().take(cn).enumerate() {
-        // SAFETY: in bounds (fn contract).
-        unsafe { *y.add(c * y_stride + row) = v };
-    }
-}
-
-/// `tiles` consecutive `R`-row tiles of unpacked weight rows (`w`, row
-/// after row, `nblocks` blocks each) against one 8-lane group of
-/// [`LaneRows`] (`x`, unflipped; lanes `0..cn` written): element `(r, c)`
-/// goes to `y[c * y_stride + r]`. Per block and weight row, each four-byte
-/// group of weights is broadcast against the same group of the 8 rows
-/// (`vpmaddubsw`: `x + 128` against signed weights when
-/// [`Int8Block::FLIP`], else Q8_0's weights by their magnitude against `x`
-/// with their sign), [`Int8Block::STEPS`] results added in i16 before
-/// `vpmaddwd` widens them, so lane `c` ends with the block's sum for row `c`.
-///
-/// # Safety
-/// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`,
-/// `x` for `nblocks` blocks of an 8-lane group, `y` for writing every
-/// element `(r, c < cn)`; `cn <= 8`; the CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
-    w: *const I8Block,
-    nblocks: usize,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    debug_assert!(cn <= 8);
-    let ones = _mm256_set1_epi16(1);
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
-    for t in 0..tiles {
-        // SAFETY: rows R t..R t + R are in bounds (fn contract).
-        let wt = unsafe { w.add(R * t * nblocks) };
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [_mm256_setzero_ps(); R];
-        for b in 0..nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract): 256
-            // bytes and 8 + 8 floats.
-            let (xq, dx, sx) = unsafe {
-                (
-                    x.q.add(256 * b),
-                    _mm256_loadu_ps(x.d.add(8 * b)),
-                    _mm256_loadu_ps(x.s.add(8 * b)),
-                )
-            };
-            for r in 0..R {
-                // SAFETY: block `b` of row `r` of the tile is in bounds.
-                let blk = unsafe { &*wt.add(r * nblocks + b) };
-                let steps = if B::FLIP { B::FLIP_STEPS } else { B::STEPS };
-                // With `x + 128` the sums start at -128 * sum(w) per half
-                // (one start for a one-scale block).
-                let mut sums = if !B::FLIP {
-                    [_mm256_setzero_si256(); 2]
-                } else if B::TWO {
-                    [
-                        _mm256_set1_epi32(blk.bias[0]),
-                        _mm256_set1_epi32(blk.bias[1]),
-                    ]
-                } else {
-                    [
-                        _mm256_set1_epi32(blk.bias[0] + blk.bias[1]),
-                        _mm256_setzero_si256(),
-                    ]
-                };
-                for k0 in (0..8).step_by(steps) {
-                    let mut s16 = _mm256_setzero_si256();
-                    for k in k0..k0 + steps {
-                        // SAFETY: bytes 4k..4k + 4 of `q`, and block b's
-                        // 32-byte group k of `x`, are in bounds.
-                        let (wv, xk) = unsafe {
-                            (
-                                _mm256_set1_epi32(
-                                    (blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned(),
-                                ),
-                                _mm256_loadu_si256(xq.add(32 * k) as *const __m256i),
-                            )
-                        };
-                        let prod = if B::FLIP {
-                            _mm256_maddubs_epi16(_mm256_xor_si256(xk, flip), wv)
-                        } else if B::SIGNED {
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
-                        } else {
-                            _mm256_maddubs_epi16(wv, xk)
-                        };
-                        s16 = _mm256_add_epi16(s16, prod);
-                    }
-                    let h = if B::TWO { k0 / 4 } else { 0 };
-                    sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(s16, ones));
-                }
-                let dd = |h: usize| _mm256_mul_ps(_mm256_set1_ps(blk.d[h]), dx);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[0]), dd(0), acc[r]);
-                if B::TWO {
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[1]), dd(1), acc[r]);
-                }
-                // Without a minimum the definition's sum stays +0.0.
-                if B::HAS_MIN {
-                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(blk.m), sx, mins[r]);
-                }
-            }
-        }
-        for r in 0..R {
-            let mut out = [0f32; 8];
-            // SAFETY: `out` is 8 writable floats; elements (R t + r, c <
-            // cn) are in bounds (fn contract).
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[r], mins[r]));
-                scatter(out, cn, y, y_stride, R * t + r);
-            }
-        }
-    }
-}
-
-/// As [`lanes_sweep256`] with AVX-512 VNNI for a 16-lane group of flipped
-/// [`LaneRows`] (`x + 128`, unsigned): `vpdpbusd` adds each four-byte group
-/// of weights (signed, broadcast) times the rows' same group, from the
-/// block's [`I8Block`] start `-128 * sum(w)`, which leaves `sum(w * x)`
-/// exactly. The activation groups of a block stay in registers across
-/// the tile's weight rows.
-///
-/// # Safety
-/// As [`lanes_sweep256`], for a 16-lane group and `cn <= 16`; the CPU must
-/// support AVX-512F/BW, AVX-512 VNNI, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn lanes_sweep512<B: Int8Block, const R: usize>(
-    w: *const I8Block,
-    nblocks: usize,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    debug_assert!(cn <= 16);
-    for t in 0..tiles {
-        // SAFETY: rows R t..R t + R are in bounds (fn contract).
-        let wt = unsafe { w.add(R * t * nblocks) };
-        let mut acc = [_mm512_setzero_ps(); R];
-        let mut mins = [_mm512_setzero_ps(); R];
-        for b in 0..nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract): 512
-            // bytes and 16 + 16 floats.
-            let (xk, dx, sx) = unsafe {
-                let q = x.q.add(512 * b);
-                (
-                    std::array::from_fn::<_, 8, _>(|k| _mm512_loadu_si512(q.add(64 * k).cast())),
-                    _mm512_loadu_ps(x.d.add(16 * b)),
-                    _mm512_loadu_ps(x.s.add(16 * b)),
-                )
-            };
-            for r in 0..R {
-                // SAFETY: block `b` of row `r` of the tile is in bounds.
-                let blk = unsafe { &*wt.add(r * nblocks + b) };
-                // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
-                let wk = |k: usize| unsafe {
-                    _mm512_set1_epi32((blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned())
-                };
-                let dot = |start: i32, ks: std::ops::Range<usize>| {
-                    ks.fold(_mm512_set1_epi32(start), |s, k| {
-                        _mm512_dpbusd_epi32(s, xk[k], wk(k))
-                    })
-                };
-                let dd = |h: usize| _mm512_mul_ps(_mm512_set1_ps(blk.d[h]), dx);
-                if B::TWO {
-                    let lo = dot(blk.bias[0], 0..4);
-                    let hi = dot(blk.bias[1], 4..8);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dd(0), acc[r]);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dd(1), acc[r]);
-                } else {
-                    let all = dot(blk.bias[0] + blk.bias[1], 0..8);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(all), dd(0), acc[r]);
-                }
-                // Without a minimum the definition's sum stays +0.0.
-                if B::HAS_MIN {
-                    mins[r] = _mm512_fmadd_ps(_mm512_set1_ps(blk.m), sx, mins[r]);
-                }
-            }
-        }
-        for r in 0..R {
-            let mut out = [0f32; 16];
-            // SAFETY: `out` is 16 writable floats; elements (R t + r, c <
-            // cn) are in bounds (fn contract).
-            unsafe {
-                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r], mins[r]));
-                scatter(out, cn, y, y_stride, R * t + r);
-            }
-        }
-    }
-}
-
-/// Whether this CPU has AVX-512 VNNI, which [`lanes_sweep512`] needs on top
-/// of [`super::Isa::Avx512`].
-pub(crate) fn has_avx512_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni")
-}
-
 #[cfg(test)]
 mod tests {
     use kestrel_model::DType;
 
+    use super::super::int8::LaneRows;
     use super::super::matmul::MatRef;
     use super::super::weight::{Encoding, Weight};
-    use super::super::x86_gemv::gemv8_256;
+    use super::super::x86_gemv::{gemv8_256, Tile8};
+    use super::super::x86_lanes::{
+        has_avx512_vnni, lanes_sweep256, lanes_sweep512, unpack_rows256, I8Block, LaneArgs,
+    };
     use super::super::Isa;
     use super::*;
     use crate::synth::{random_matrix, Rng};

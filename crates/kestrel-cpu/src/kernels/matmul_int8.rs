@@ -1,0 +1,309 @@
+//! The fast numerics' side of [`super::matmul`]: activations quantized to
+//! int8 blocks once per call ([`quantize_rows`], and one per SIMD lane from
+//! [`LANES_MIN_ROWS`] rows on), and a task's output rows computed from them
+//! ([`int8_rows_task`]): one activation row through the eight-row GEMV,
+//! two or three through small tiles straight from the weight blocks, more
+//! through weight rows unpacked once and swept against every lane group.
+
+use super::int8::{self, LaneRows, Q8Block};
+use super::matmul::MatRef;
+use super::weight::Encoding;
+#[cfg(target_arch = "x86_64")]
+use super::{x86_blocks, x86_gemv, x86_int8, x86_lanes};
+use super::{Isa, OutPtr};
+
+/// Quantized activations for [`int8_rows_task`]: `n` rows of blocks, and
+/// from [`LANES_MIN_ROWS`] rows on (x86 SIMD), the same rows one per lane.
+#[derive(Clone, Copy)]
+pub(super) struct Quantized<'a> {
+    pub(super) rows: &'a [Q8Block],
+    pub(super) lanes: Option<&'a LaneRows>,
+}
+
+/// Activation rows from which the lane sweeps run (weight rows unpacked
+/// once per task group, activation rows one per lane).
+const LANES_MIN_ROWS: usize = 4;
+
+/// The lane sweep's width for `n` activation rows on `isa`, if it runs:
+/// 16 with AVX-512 VNNI for more than 8 rows, or for Q8_0 weights
+/// (`q8_0`), else 8 (the 8-lane AVX2 sweep is faster where a 16-lane one
+/// would leave half its lanes idle, except for Q8_0, whose 8-bit weights
+/// cost the AVX2 sweep a sign step and a widening per four bytes).
+pub(super) fn lane_width(isa: Isa, n: usize, q8_0: bool) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
+        let wide = isa == Isa::Avx512 && x86_lanes::has_avx512_vnni() && (n > 8 || q8_0);
+        return Some(if wide { 16 } else { 8 });
+    }
+    let _ = (isa, n, q8_0);
+    None
+}
+
+thread_local! {
+    /// The calling thread's quantized activations (grows once to the
+    /// largest `n * cols / 32` blocks).
+    pub(super) static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The same rows one per lane (grows once likewise).
+    pub(super) static XLANES: std::cell::RefCell<LaneRows> = std::cell::RefCell::new(LaneRows::default());
+}
+
+/// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.
+pub(super) fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
+    assert_eq!(x.len(), 32 * out.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: `x` holds 32 floats per block of `out` (asserted); `isa`
+        // was checked supported by `matmul_group`, and both SIMD ISAs
+        // include AVX2, FMA and F16C.
+        unsafe { x86_int8::quantize_row256(x.as_ptr(), out.len(), out.as_mut_ptr()) };
+        return;
+    }
+    let _ = isa;
+    int8::quantize_row(x, out);
+}
+
+/// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
+/// from `xq`. With lanes ([`LANES_MIN_ROWS`] rows or more, x86 SIMD):
+/// [`lanes_rows_task`]. Otherwise one activation row: the task's rows in
+/// one sweep; two or three: 16 weight rows at a time (L1-resident) against
+/// the activation rows, two at a time. Every element is one canonical
+/// int8 dot.
+///
+/// # Safety
+/// As [`rows_task`]; `w.enc` has an integer dot and `xq` holds `n` rows of
+/// `w.cols / 32` blocks.
+pub(super) unsafe fn int8_rows_task(
+    isa: Isa,
+    w: &MatRef<'_>,
+    xq: Quantized<'_>,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    assert!(
+        xq.rows.len() >= n * nb,
+        "quantized rows for every activation row"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if let Some(lanes) = xq.lanes {
+        assert!(
+            lanes.nblocks == nb && lanes.d.len() >= n.div_ceil(lanes.lanes) * nb * lanes.lanes,
+            "lane rows for every activation row"
+        );
+        macro_rules! go {
+            ($B:ty) => {
+                // SAFETY: forwarded from this fn's contract; `lanes` holds
+                // the `n` rows (asserted); AVX2, FMA and F16C come with every
+                // SIMD ISA, checked supported by `matmul_group`, which chose
+                // 16 lanes only with AVX-512 VNNI.
+                unsafe { lanes_rows_task::<$B>(w, lanes, n, r0, r1, y) }
+            };
+        }
+        return for_int8_block!(w.enc, go);
+    }
+    let group = if n == 1 { r1 - r0 } else { 16 };
+    let mut g0 = r0;
+    while g0 < r1 {
+        let g1 = (g0 + group).min(r1);
+        let mut c = 0;
+        while c < n {
+            let cn = if n - c >= 2 { 2 } else { 1 };
+            // SAFETY: forwarded from this fn's contract, for rows g0..g1 and
+            // activation rows c..c + cn < n.
+            unsafe { int8_sweep(isa, w, &xq.rows[c * nb..(c + cn) * nb], g0..g1, c, y) };
+            c += cn;
+        }
+        g0 = g1;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Per-thread unpacked weight rows (grows once to the largest group
+    /// [`lanes_rows_task`] unpacks: 16 rows or [`UNPACKED_BYTES`]).
+    static IBUF: std::cell::RefCell<Vec<x86_lanes::I8Block>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bytes of unpacked weight rows [`lanes_rows_task`] sweeps at a time (they
+/// stay in L1 across the activation groups).
+#[cfg(target_arch = "x86_64")]
+const UNPACKED_BYTES: usize = 32 * 1024;
+
+/// [`int8_rows_task`] with lanes: weight rows unpacked a group at a time
+/// ([`x86_lanes::unpack_rows256`], at most 16 rows or [`UNPACKED_BYTES`]),
+/// then swept against every lane group of `x`: 16-lane groups with
+/// [`x86_lanes::lanes_sweep512`] in 4-row tiles, 8-lane ones with
+/// [`x86_lanes::lanes_sweep256`] in 2-row tiles, the rest a row at a time.
+///
+/// # Safety
+/// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
+/// the `n` rows; the CPU must support AVX2, FMA and F16C, and AVX-512 VNNI
+/// if `x.lanes == 16`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
+    w: &MatRef<'_>,
+    x: &LaneRows,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    let block = std::mem::size_of::<x86_lanes::I8Block>();
+    let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 16);
+    IBUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < group * nb {
+            b.resize(group * nb, x86_lanes::I8Block::default());
+        }
+        let mut g0 = r0;
+        while g0 < r1 {
+            let g1 = (g0 + group).min(r1);
+            let rows = g1 - g0;
+            let buf = b[..rows * nb].as_mut_ptr();
+            // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
+            // of `B`; `buf` holds `rows * nb` blocks.
+            unsafe {
+                x86_lanes::unpack_rows256::<B>(
+                    w.data.as_ptr().add(g0 * w.row_bytes),
+                    w.row_bytes,
+                    rows,
+                    nb,
+                    buf,
+                )
+            };
+            for g in 0..n.div_ceil(x.lanes) {
+                let cn = (n - g * x.lanes).min(x.lanes);
+                let args = x86_lanes::LaneArgs::group(x, g);
+                macro_rules! sweep {
+                    ($sweep:ident, $R:literal) => {{
+                        let done = rows / $R * $R;
+                        // SAFETY: `buf` holds rows g0..g1 unpacked, `x` group
+                        // `g` (fn contract); elements (g0..g1, lanes `g *
+                        // x.lanes..` + cn) of `y` belong to this task; the
+                        // tail starts at row `done <= rows`.
+                        unsafe {
+                            let out = y.0.add(g * x.lanes * w.rows + g0);
+                            x86_lanes::$sweep::<B, $R>(buf, nb, rows / $R, args, cn, out, w.rows);
+                            x86_lanes::$sweep::<B, 1>(
+                                buf.add(done * nb),
+                                nb,
+                                rows - done,
+                                args,
+                                cn,
+                                out.add(done),
+                                w.rows,
+                            );
+                        }
+                    }};
+                }
+                if x.lanes == 16 {
+                    sweep!(lanes_sweep512, 4)
+                } else {
+                    sweep!(lanes_sweep256, 2)
+                }
+            }
+            g0 = g1;
+        }
+    });
+}
+
+/// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
+/// `a.x`: whole tiles (one row: 8-row GEMV tiles, then 4 x 1; two: 2 x 2),
+/// then the rest one row at a time.
+/// Element `(r, c)` goes to `y[c * y_stride + r]`.
+///
+/// # Safety
+/// As [`x86_int8::int8_sweep256`] for those rows and activation rows.
+#[cfg(target_arch = "x86_64")]
+unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
+    a: x86_int8::Int8Args,
+    rows: usize,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    macro_rules! sweep {
+        ($R:literal, $NB:literal, $a:expr, $rows:expr, $y:expr) => {{
+            let (a, rows, y): (x86_int8::Int8Args, usize, *mut f32) = ($a, $rows, $y);
+            let done = rows / $R * $R;
+            // SAFETY: rows 0..rows from `a.w` and their outputs exist (fn
+            // contract); the rest starts at row `done <= rows`.
+            unsafe {
+                x86_int8::int8_sweep256::<B, $R, $NB>(a, rows / $R, y, y_stride);
+                x86_int8::int8_sweep256::<B, 1, $NB>(
+                    a.skip_rows(done),
+                    rows - done,
+                    y.add(done),
+                    y_stride,
+                );
+            }
+        }};
+    }
+    if cn == 2 {
+        sweep!(2, 2, a, rows, y)
+    } else {
+        // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
+        let done = rows / 8 * 8;
+        // SAFETY: rows 0..done from `a.w` and their outputs exist (fn contract).
+        unsafe { x86_gemv::gemv8_256::<B>(a, rows / 8, y) };
+        sweep!(4, 1, a.skip_rows(done), rows - done, y.wrapping_add(done))
+    }
+}
+
+/// Weight rows `rows` against the quantized activation rows `xq` (one or
+/// two, the first being activation row `c`).
+///
+/// # Safety
+/// As [`int8_rows_task`] for those rows.
+unsafe fn int8_sweep(
+    isa: Isa,
+    w: &MatRef<'_>,
+    xq: &[Q8Block],
+    rows: std::ops::Range<usize>,
+    c: usize,
+    y: OutPtr,
+) {
+    let nb = w.cols / 32;
+    let cn = xq.len() / nb;
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        let args = x86_int8::Int8Args {
+            // SAFETY: `rows.start < w.rows`: row `rows.start` starts within `w.data`.
+            w: unsafe { w.data.as_ptr().add(rows.start * w.row_bytes) },
+            row_bytes: w.row_bytes,
+            x: xq.as_ptr(),
+            nblocks: nb,
+        };
+        macro_rules! go {
+            ($B:ty) => {
+                // SAFETY: rows rows.start..rows.end exist and their elements
+                // in activation rows c..c + cn belong to this task (fn
+                // contract); `xq` holds cn rows; AVX2, FMA and F16C come with
+                // every SIMD ISA, checked supported by `matmul_group`.
+                unsafe {
+                    int8_sweep256::<$B>(
+                        args,
+                        rows.len(),
+                        cn,
+                        y.0.add(c * w.rows + rows.start),
+                        w.rows,
+                    )
+                }
+            };
+        }
+        for_int8_block!(w.enc, go);
+        return;
+    }
+    let _ = isa;
+    for r in rows {
+        for j in 0..cn {
+            let v = int8::dot(w.enc, w.row(r), &xq[j * nb..(j + 1) * nb]);
+            // SAFETY: element (r, c + j) belongs to this task.
+            unsafe { *y.0.add((c + j) * w.rows + r) = v };
+        }
+    }
+}
