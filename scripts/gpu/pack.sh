@@ -80,9 +80,10 @@ for line in sys.stdin:
 '
 }
 
-echo "pack.sh: building test binaries (kestrel-cuda, kestrel-engine cuda_backend)" >&2
+echo "pack.sh: building test binaries (kestrel-cuda, kestrel-engine cuda_backend, kestrel-server soak)" >&2
 exes=$(exes_of test --no-run -p kestrel-cuda)
 exes+=$'\n'$(exes_of test --no-run -p kestrel-engine --test cuda_backend)
+exes+=$'\n'$(exes_of test --no-run -p kestrel-server --test soak)
 echo "pack.sh: building kestrel and xtask (release)" >&2
 exes+=$'\n'$(exes_of build --release -p kestrel-server --bin kestrel)
 exes+=$'\n'$(exes_of build --release -p xtask --bin xtask)

@@ -13,7 +13,10 @@
 # gemma (CPU-vs-CUDA greedy parity on Gemma 3 270M, joined from the carried
 # target-gpu/gemma/part.*), engine
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
-# CUDA greedy text), bench (`cargo xtask bench --quick --backend cuda`),
+# CUDA greedy text), stress (the gRPC soak against Backend::Cuda: mixed,
+# cancelled, invalid, deadline and near-context-limit requests on a small KV
+# pool, then nothing left behind; $STRESS_REQUESTS, default 2000), bench
+# (`cargo xtask bench --quick --backend cuda`),
 # bench-full (the full CUDA bench), sanitizer (= memcheck initcheck racecheck
 # synccheck: compute-sanitizer's four tools, each on the tiny parity test and
 # on `kestrel generate --backend cuda` with the real model; racecheck fails
@@ -304,6 +307,17 @@ for s in "${steps[@]}"; do
                 "$bin/kestrel-engine-cuda_backend" --nocapture
             ;;
         generate) step generate "$root" step_generate ;;
+        stress)
+            # Issue 32's stress run: the gRPC soak (plain, streamed,
+            # constrained, cancelled, invalid, deadline and near-context-limit
+            # requests on a KV pool small on purpose) against Backend::Cuda,
+            # then no KV page, running sequence or request left behind.
+            find_model >/dev/null
+            step stress "$root/crates/kestrel-server" env KESTREL_SOAK_BACKEND=cuda \
+                KESTREL_SOAK_REQUESTS="${STRESS_REQUESTS:-2000}" \
+                KESTREL_SOAK_CLIENTS="${STRESS_CLIENTS:-48}" \
+                "$bin/kestrel-server-soak" soak_mixed_requests_leave_nothing_behind --nocapture
+            ;;
         bench) step bench "$root" step_bench bench-quick --quick ;;
         bench-full) step bench-full "$root" step_bench bench-full ;;
         llama) step llama "$root" step_llama ;;

@@ -1,12 +1,17 @@
 //! A soak through the real gRPC server on the real model: many mixed
 //! requests (plain, streamed, constrained, cancelled at random points,
-//! invalid, with deadlines) from concurrent clients, then the engine must
-//! be back where it started: every request answered exactly once with the
-//! status its kind allows, none hung, no KV page or running request left,
-//! health SERVING.
+//! invalid, with deadlines, and prompts near the context limit that fill
+//! it) from concurrent clients, on a KV pool made small on purpose (a few
+//! near-limit sequences exhaust it, so admission waits and running
+//! sequences are preempted), then the engine must be back where it
+//! started: every request answered exactly once with the status its kind
+//! allows, none hung, no KV page or running request left, health SERVING.
 //!
-//! CI runs a short one (`KESTREL_SOAK_REQUESTS`, default 200);
-//! `cargo xtask soak` runs the long one (10,000 requests) in release mode.
+//! CI runs a short one (`KESTREL_SOAK_REQUESTS`, default 200) on the CPU
+//! runtime and a shorter one on the CUDA runtime's host device;
+//! `cargo xtask soak` runs the long one (10,000 requests) in release mode,
+//! and `scripts/gpu/run.sh stress` runs it against a GPU
+//! (`KESTREL_SOAK_BACKEND=cpu|cuda|cuda-host`, default cpu).
 
 mod common;
 
@@ -31,6 +36,10 @@ enum Kind {
     Cancelled,
     Invalid,
     Deadline,
+    /// A prompt near the context limit with `max_new_tokens` unset: the
+    /// default fills what the context leaves (or the prompt alone
+    /// overflows it: INVALID_ARGUMENT).
+    NearLimit,
 }
 
 /// A small deterministic generator (no dependency for a test's dice).
@@ -51,12 +60,14 @@ impl Dice {
 }
 
 fn kind_of(roll: u64) -> Kind {
-    // Out of 100: 10% cancelled, 5% invalid, 5% with deadlines.
+    // Out of 100: 10% cancelled, 5% invalid, 5% with deadlines, 5% near
+    // the context limit.
     match roll {
         0..=9 => Kind::Cancelled,
         10..=14 => Kind::Invalid,
         15..=19 => Kind::Deadline,
-        20..=39 => Kind::Plain,
+        20..=24 => Kind::NearLimit,
+        25..=39 => Kind::Plain,
         40..=59 => Kind::Streamed,
         60..=69 => Kind::Chat,
         70..=79 => Kind::Choice,
@@ -71,6 +82,16 @@ const PROMPTS: [&str; 4] = [
     "List three colors:",
     "def fibonacci(n):",
 ];
+
+/// The context a soak sequence may fill (prompt + output), tokens.
+const MAX_SEQ_LEN: usize = 256;
+
+/// KV pages of the soak's engine (16 tokens each): four sequences at the
+/// context limit exhaust them.
+const KV_PAGES: usize = 4 * MAX_SEQ_LEN / 16;
+
+/// A sentence of about ten tokens, repeated into near-limit prompts.
+const FILLER: &str = "The quick brown fox jumps over the lazy dog again. ";
 
 /// The options of the choice-constrained requests.
 const COLORS: [&str; 3] = ["red", "green", "blue"];
@@ -106,6 +127,13 @@ fn request(kind: Kind, dice: &mut Dice) -> pb::GenerateRequest {
             _ => r.stop = vec![String::new()],
         },
         Kind::Cancelled => r.max_new_tokens = Some(64),
+        Kind::NearLimit => {
+            // 19..=26 sentences: about 190..260 tokens, so what is left of
+            // the 256-token context is small, or nothing.
+            let n = 19 + dice.below(8) as usize;
+            r = text_request(&FILLER.repeat(n), 1);
+            r.max_new_tokens = None;
+        }
         _ => {}
     }
     r
@@ -188,6 +216,11 @@ fn allowed(kind: Kind, code: Code) -> bool {
         // when it fires before the server's DEADLINE_EXCEEDED arrives (the
         // server's own answer is checked in `edge.rs` with a timer-less client).
         Kind::Deadline => matches!(code, Code::Ok | Code::DeadlineExceeded | Code::Cancelled),
+        // A prompt that leaves no room is refused by name.
+        Kind::NearLimit => matches!(
+            code,
+            Code::Ok | Code::InvalidArgument | Code::ResourceExhausted
+        ),
         // A full queue is a legitimate answer under load.
         _ => matches!(code, Code::Ok | Code::ResourceExhausted),
     }
@@ -203,9 +236,33 @@ fn soak_mixed_requests_leave_nothing_behind() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
+    let backend = match std::env::var("KESTREL_SOAK_BACKEND").as_deref() {
+        Err(_) | Ok("cpu") => kestrel_engine::Backend::Cpu,
+        Ok("cuda") => kestrel_engine::Backend::Cuda,
+        Ok("cuda-host") => kestrel_engine::Backend::CudaHost,
+        Ok(other) => panic!("KESTREL_SOAK_BACKEND: cpu, cuda or cuda-host, not {other:?}"),
+    };
+    soak(backend, total, clients);
+}
+
+/// The CUDA runtime's bookkeeping under the same soak, on its host device
+/// (kernels computed on the CPU: slow, so fewer requests).
+#[test]
+fn soak_on_the_cuda_runtime_host_device_leaves_nothing_behind() {
+    if std::env::var_os("KESTREL_SOAK_BACKEND").is_some() {
+        eprintln!("skipped: KESTREL_SOAK_BACKEND picks the one backend this run soaks");
+        return;
+    }
+    soak(kestrel_engine::Backend::CudaHost, 32, 8);
+}
+
+fn soak(backend: kestrel_engine::Backend, total: usize, clients: usize) {
     let server = start_server(kestrel_engine::EngineConfig {
+        backend,
         max_batch_size: 16,
         max_waiting: 64,
+        max_seq_len: Some(MAX_SEQ_LEN),
+        kv_pages: KV_PAGES,
         ..kestrel_engine::EngineConfig::default()
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -254,7 +311,7 @@ fn soak_mixed_requests_leave_nothing_behind() {
         eprintln!("soak: {kind:?} {:?}: {n}", Code::from_i32(*code));
     }
     eprintln!(
-        "soak: {total} requests from {clients} clients in {:.1} s",
+        "soak: {total} requests from {clients} clients on {backend} in {:.1} s",
         elapsed.as_secs_f64()
     );
 
@@ -268,6 +325,14 @@ fn soak_mixed_requests_leave_nothing_behind() {
             let metrics = server.engine.metrics_text();
             for gauge in ["kestrel_running_sequences 0", "kestrel_kv_pages_used 0"] {
                 assert!(metrics.contains(gauge), "{gauge} missing:\n{metrics}");
+            }
+            // How hard the small KV pool pressed (preemptions depend on
+            // timing, so reported, not required).
+            for line in metrics.lines().filter(|l| {
+                l.starts_with("kestrel_preemptions_total")
+                    || l.starts_with("kestrel_kv_pages_total")
+            }) {
+                eprintln!("soak: {line}");
             }
             break;
         }
