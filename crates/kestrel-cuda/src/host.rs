@@ -158,12 +158,21 @@ pub fn pack_decode(
 }
 
 /// One sequence of a prefill step: tokens `start..prompt.len()` are computed
-/// (the first `start` are served from the prefix cache).
+/// (the first `start` are in KV: served from the prefix cache or written by
+/// an earlier chunk).
 #[derive(Debug, Clone, Copy)]
 pub struct PrefillSeq<'a> {
     pub kv_row: u32,
+    /// The prompt up to this step's chunk end.
     pub prompt: &'a [u32],
     pub start: usize,
+    /// The chunk ends the whole prompt: the step samples the sequence's
+    /// next token from its last row.
+    pub samples: bool,
+    /// This step admits the sequence: its penalty counts are reset, then
+    /// count `generated` (the tokens a preempted sequence had sampled).
+    pub admitted: bool,
+    pub generated: &'a [u32],
 }
 
 /// Offsets of a prefill step's metadata (sized per step).
@@ -172,6 +181,12 @@ pub struct PrefillLayout {
     /// Token rows computed.
     pub tokens_n: usize,
     pub seqs: usize,
+    /// Sequences sampled (their chunk ends their prompt), in step order.
+    pub sampled: usize,
+    /// Sequences admitted by this step.
+    pub admitted: usize,
+    /// Generated tokens of the re-admitted sequences, counted for penalties.
+    pub counted: usize,
     pub pages: usize,
 }
 
@@ -188,18 +203,32 @@ impl PrefillLayout {
     pub fn slot_mapping(&self) -> usize {
         3 * self.tokens_n
     }
-    /// `i32` per token: the logits row it feeds, or -1.
+    /// `i32` per token: the logits row it feeds (the index of its sequence
+    /// among the sampled), or -1.
     pub fn out_row(&self) -> usize {
         4 * self.tokens_n
     }
+    /// KV row of each sampled sequence.
     pub fn kv_rows(&self) -> usize {
         5 * self.tokens_n
     }
+    /// RNG position of each sampled sequence (its prompt's length).
     pub fn sample_pos(&self) -> usize {
-        self.kv_rows() + self.seqs
+        self.kv_rows() + self.sampled
+    }
+    /// KV row of each admitted sequence (penalty counts reset).
+    pub fn admit_rows(&self) -> usize {
+        self.sample_pos() + self.sampled
+    }
+    /// Admitted sequence `i` counts `count_tokens[count_indptr[i]..count_indptr[i + 1]]`.
+    pub fn count_indptr(&self) -> usize {
+        self.admit_rows() + self.admitted
+    }
+    pub fn count_tokens(&self) -> usize {
+        self.count_indptr() + self.admitted + 1
     }
     pub fn kv_indptr(&self) -> usize {
-        self.sample_pos() + self.seqs
+        self.count_tokens() + self.counted
     }
     pub fn kv_indices(&self) -> usize {
         self.kv_indptr() + self.seqs + 1
@@ -210,7 +239,7 @@ impl PrefillLayout {
 }
 
 /// Pack a prefill step into `out` (resized as needed). `idx` holds each
-/// sequence's pages covering its whole prompt.
+/// sequence's pages covering its chunk.
 pub fn pack_prefill(
     seqs: &[PrefillSeq<'_>],
     idx: &PagedIndices,
@@ -223,17 +252,20 @@ pub fn pack_prefill(
             expected: seqs.len(),
         });
     }
-    let tokens_n: usize = seqs.iter().map(|s| s.prompt.len() - s.start).sum();
-    let pages = idx.kv_indptr[seqs.len()] as usize;
+    let admitted = seqs.iter().filter(|s| s.admitted);
     let l = PrefillLayout {
-        tokens_n,
+        tokens_n: seqs.iter().map(|s| s.prompt.len() - s.start).sum(),
         seqs: seqs.len(),
-        pages,
+        sampled: seqs.iter().filter(|s| s.samples).count(),
+        admitted: admitted.clone().count(),
+        counted: admitted.map(|s| s.generated.len()).sum(),
+        pages: idx.kv_indptr[seqs.len()] as usize,
     };
     out.clear();
     out.resize(l.total_words(), 0);
     let ps = page_size as u32;
-    let mut t = 0;
+    let (mut t, mut sampled, mut admit, mut counted) = (0, 0, 0, 0);
+    out[l.count_indptr()] = 0;
     for (s, seq) in seqs.iter().enumerate() {
         let a = idx.kv_indptr[s] as usize;
         let b = idx.kv_indptr[s + 1] as usize;
@@ -250,20 +282,31 @@ pub fn pack_prefill(
             out[l.positions() + t] = pos as u32;
             out[l.row_seq() + t] = s as u32;
             out[l.slot_mapping() + t] = idx.kv_indices[a + page_no] * ps + pos as u32 % ps;
-            out[l.out_row() + t] = if pos + 1 == seq.prompt.len() {
-                s as u32
+            out[l.out_row() + t] = if seq.samples && pos + 1 == seq.prompt.len() {
+                sampled as u32
             } else {
                 -1i32 as u32
             };
             t += 1;
         }
-        out[l.kv_rows() + s] = seq.kv_row;
-        out[l.sample_pos() + s] = seq.prompt.len() as u32;
+        if seq.samples {
+            out[l.kv_rows() + sampled] = seq.kv_row;
+            out[l.sample_pos() + sampled] = seq.prompt.len() as u32;
+            sampled += 1;
+        }
+        if seq.admitted {
+            out[l.admit_rows() + admit] = seq.kv_row;
+            let ct = l.count_tokens() + counted;
+            out[ct..ct + seq.generated.len()].copy_from_slice(seq.generated);
+            counted += seq.generated.len();
+            admit += 1;
+            out[l.count_indptr() + admit] = counted as u32;
+        }
     }
     let ip = l.kv_indptr();
     out[ip..ip + seqs.len() + 1].copy_from_slice(&idx.kv_indptr[..seqs.len() + 1]);
     let ki = l.kv_indices();
-    out[ki..ki + pages].copy_from_slice(&idx.kv_indices[..pages]);
+    out[ki..ki + l.pages].copy_from_slice(&idx.kv_indices[..l.pages]);
     Ok(l)
 }
 
@@ -417,11 +460,17 @@ mod tests {
                 kv_row: r1,
                 prompt: &p1,
                 start: 4,
+                samples: true,
+                admitted: false,
+                generated: &[],
             },
             PrefillSeq {
                 kv_row: r2,
                 prompt: &p2,
                 start: 0,
+                samples: true,
+                admitted: true,
+                generated: &[],
             },
         ];
         let mut out = Vec::new();
@@ -435,6 +484,56 @@ mod tests {
         assert_eq!(out[l.slot_mapping()], t.pages(r1)[1] * 4);
         assert_eq!(out[l.slot_mapping() + 3], t.pages(r2)[0] * 4 + 2);
         assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[5, 3]);
+        assert_eq!(&out[l.admit_rows()..l.admit_rows() + 1], &[r2]);
+        assert_eq!(out.len(), l.total_words());
+    }
+
+    /// A chunk short of its prompt's end feeds no logits row and is not
+    /// sampled; sampled sequences are numbered among themselves; a
+    /// re-admitted sequence's generated tokens are listed for its counts.
+    #[test]
+    fn prefill_packing_samples_only_chunks_that_end_their_prompt() {
+        let mut t = table();
+        let (r1, r2, r3) = (
+            t.allocate().unwrap(),
+            t.allocate().unwrap(),
+            t.allocate().unwrap(),
+        );
+        for r in [r1, r2, r3] {
+            t.reserve(r, 6).unwrap();
+        }
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 3), (r2, 6), (r3, 2)], &mut idx)
+            .unwrap();
+        let (p1, p2, p3) = ([10, 11, 12], [20, 21, 22, 23, 24, 25], [30, 31]);
+        let seq = |kv_row, prompt, start, samples, admitted, generated| PrefillSeq {
+            kv_row,
+            prompt,
+            start,
+            samples,
+            admitted,
+            generated,
+        };
+        let seqs = [
+            // The first chunk of a longer prompt: admitted, not sampled.
+            seq(r1, &p1[..], 0, false, true, &[][..]),
+            // A resumed chunk that ends its prompt.
+            seq(r2, &p2[..], 4, true, false, &[]),
+            // A re-admission that had generated 31, in one chunk.
+            seq(r3, &p3[..], 0, true, true, &p3[1..]),
+        ];
+        let mut out = Vec::new();
+        let l = pack_prefill(&seqs, &idx, 4, &mut out).unwrap();
+        assert_eq!((l.tokens_n, l.sampled, l.admitted, l.counted), (7, 2, 2, 1));
+        let m = u32::MAX;
+        let rows = &out[l.out_row()..l.out_row() + 7];
+        assert_eq!(rows, &[m, m, m, m, 0, m, 1]);
+        assert_eq!(&out[l.kv_rows()..l.kv_rows() + 2], &[r2, r3]);
+        assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[6, 2]);
+        assert_eq!(&out[l.admit_rows()..l.admit_rows() + 2], &[r1, r3]);
+        assert_eq!(&out[l.count_indptr()..l.count_indptr() + 3], &[0, 0, 1]);
+        assert_eq!(out[l.count_tokens()], 31);
+        assert_eq!(&out[l.positions() + 3..l.positions() + 5], &[4, 5]);
         assert_eq!(out.len(), l.total_words());
     }
 

@@ -30,9 +30,9 @@ use kestrel_model::ModelWeights;
 use crate::hostdev_kernels as k;
 pub use crate::hostdev_kernels::sample_row;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ, Gemm,
-    HostMem, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows,
-    Stream, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
+    EmbedGatherQ, Gemm, HostMem, Mmvq, PagedAttention, Plain, PrefillAttention, QuantizeQ8H,
+    ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu, SwigluQ8,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -129,9 +129,11 @@ enum Op {
     AddBias(AddBias),
     RopeKvAppend(RopeKvAppend),
     PagedAttention(PagedAttention),
+    PrefillAttention(PrefillAttention),
     Swiglu(Swiglu),
     SwigluQ8(SwigluQ8),
     ResetCounts(ResetCounts),
+    CountTokens(CountTokens),
     SampleRows(SampleRows),
 }
 
@@ -313,9 +315,11 @@ impl HostDevice {
             Op::AddBias(a) => k::add_bias(m, a),
             Op::RopeKvAppend(a) => k::rope_kv_append(m, a),
             Op::PagedAttention(a) => k::paged_attention(m, a),
+            Op::PrefillAttention(a) => k::prefill_attention(m, a),
             Op::Swiglu(a) => k::swiglu(m, a),
             Op::SwigluQ8(a) => k::swiglu_q8(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
+            Op::CountTokens(a) => k::count_tokens(m, a),
             Op::SampleRows(a) => k::sample_rows(m, a),
         }
     }
@@ -499,6 +503,9 @@ impl Device for HostDevice {
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
         self.submit(Op::PagedAttention(a))
     }
+    fn prefill_attention(&self, a: PrefillAttention) -> Result<(), CudaError> {
+        self.submit(Op::PrefillAttention(a))
+    }
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
         self.submit(Op::Swiglu(a))
     }
@@ -507,6 +514,9 @@ impl Device for HostDevice {
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))
+    }
+    fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError> {
+        self.submit(Op::CountTokens(a))
     }
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError> {
         self.submit(Op::SampleRows(a))

@@ -26,8 +26,9 @@ use crate::kernels::MMVQ_MAX_ROWS;
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 use crate::reference;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, EmbedGather, EmbedGatherQ, Gemm, Mmvq,
-    PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, EmbedGather, EmbedGatherQ, Gemm,
+    Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows,
+    Swiglu, SwigluQ8,
 };
 use crate::CudaError;
 
@@ -459,6 +460,68 @@ pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), 
     Ok(())
 }
 
+/// `prefill_attention`: its host reference ([`reference::prefill_attention`],
+/// held bit for bit against the kernel by `tests/kernel_source.rs`) on the
+/// metadata and cache the rows name.
+pub(crate) fn prefill_attention(m: &HostMemory, a: &PrefillAttention) -> Result<(), CudaError> {
+    let PrefillAttention { attn: a, window } = *a;
+    let (n, hd, ps) = (a.n, a.head_dim, a.page_size);
+    let kv_dim = a.num_kv_heads * hd;
+    // SAFETY: read-only metadata slices, copied before any write.
+    let (row_seq, row_pos) = unsafe {
+        (
+            m.slice::<u32>(a.row_seq, n)?.to_vec(),
+            m.slice::<u32>(a.row_pos, n)?.to_vec(),
+        )
+    };
+    // SAFETY: as above.
+    let kv_indptr = unsafe { m.slice::<u32>(a.kv_indptr, max_u32(&row_seq) + 2)?.to_vec() };
+    // The pages each sequence's furthest row reaches, past its first.
+    let reach = row_seq
+        .iter()
+        .zip(&row_pos)
+        .map(|(&s, &p)| kv_indptr[s as usize] as usize + (p as usize / ps + 1))
+        .max()
+        .unwrap_or(0);
+    // SAFETY: as above.
+    let kv_indices = unsafe { m.slice::<u32>(a.kv_indices, reach)?.to_vec() };
+    let cache_len = (max_u32(&kv_indices) + 1) * ps * kv_dim;
+    let out_len = n * a.num_heads * hd;
+    disjoint(&[
+        (a.out, out_len * 2),
+        (a.qkv, n * a.stride * 4),
+        (a.k_cache, cache_len * 2),
+        (a.v_cache, cache_len * 2),
+    ])?;
+    // SAFETY: the output is disjoint from every input (checked above).
+    let (qkv, kc, vc, out) = unsafe {
+        (
+            m.slice::<f32>(a.qkv, n * a.stride)?,
+            m.slice::<f16>(a.k_cache, cache_len)?,
+            m.slice::<f16>(a.v_cache, cache_len)?,
+            m.slice_mut::<f16>(a.out, out_len)?,
+        )
+    };
+    let shape = reference::AttnShape {
+        num_heads: a.num_heads,
+        num_kv_heads: a.num_kv_heads,
+        head_dim: hd,
+        page_size: ps,
+        scale: a.scale,
+        window,
+    };
+    let rows = reference::AttnRows {
+        qkv,
+        stride: a.stride,
+        row_seq: &row_seq,
+        row_pos: &row_pos,
+        kv_indptr: &kv_indptr,
+        kv_indices: &kv_indices,
+    };
+    reference::prefill_attention(&shape, &rows, kc, vc, out);
+    Ok(())
+}
+
 pub(crate) fn swiglu(m: &HostMemory, a: &Swiglu) -> Result<(), CudaError> {
     let (n, f) = (a.n, a.f);
     disjoint(&[(a.gate_up, n * 2 * f * 4), (a.out, n * f * 2)])?;
@@ -505,6 +568,25 @@ pub(crate) fn reset_counts(m: &HostMemory, a: &ResetCounts) -> Result<(), CudaEr
         // SAFETY: the only slice alive.
         let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
         c.fill(0);
+    }
+    Ok(())
+}
+
+/// `count_tokens`: its reference on each listed row's counts.
+pub(crate) fn count_tokens(m: &HostMemory, a: &CountTokens) -> Result<(), CudaError> {
+    // SAFETY: read-only, copied out before any write.
+    let (rows, indptr) = unsafe {
+        (
+            m.slice::<u32>(a.rows, a.n)?.to_vec(),
+            m.slice::<u32>(a.indptr, a.n + 1)?.to_vec(),
+        )
+    };
+    // SAFETY: as above.
+    let tokens = unsafe { m.slice::<u32>(a.tokens, max_u32(&indptr))?.to_vec() };
+    for (i, &r) in rows.iter().enumerate() {
+        // SAFETY: the only slice alive.
+        let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
+        reference::count_tokens(c, &tokens[indptr[i] as usize..indptr[i + 1] as usize]);
     }
     Ok(())
 }

@@ -203,6 +203,16 @@ pub struct PagedAttention {
     pub n: usize,
 }
 
+/// `prefill_attention`: [`PagedAttention`]'s rows and arguments, computed
+/// in tiles (several query rows of one sequence share each K/V tile: a
+/// prefill chunk after its cached prefix); rows attend their last `window`
+/// positions (0: all). See `kernels/prefill_attention.cu`.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillAttention {
+    pub attn: PagedAttention,
+    pub window: usize,
+}
+
 /// `swiglu`: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]` (f16).
 #[derive(Debug, Clone, Copy)]
 pub struct Swiglu {
@@ -227,6 +237,19 @@ pub struct SwigluQ8 {
 pub struct ResetCounts {
     pub counts: u64,
     pub rows: u64,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `count_tokens` (`kernels/penalty.cu`): KV row `rows[i]`'s counts gain
+/// one for each of `tokens[indptr[i]..indptr[i + 1]]` (a re-admitted
+/// sequence's generated tokens), for `i < n`.
+#[derive(Debug, Clone, Copy)]
+pub struct CountTokens {
+    pub counts: u64,
+    pub rows: u64,
+    pub indptr: u64,
+    pub tokens: u64,
     pub vocab: usize,
     pub n: usize,
 }
@@ -324,8 +347,10 @@ pub trait Device: Send + Sized + 'static {
     fn add_bias(&self, a: AddBias) -> Result<(), CudaError>;
     fn rope_kv_append(&self, a: RopeKvAppend) -> Result<(), CudaError>;
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError>;
+    fn prefill_attention(&self, a: PrefillAttention) -> Result<(), CudaError>;
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError>;
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
+    fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError>;
 }

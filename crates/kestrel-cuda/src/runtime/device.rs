@@ -18,8 +18,9 @@ use half::f16;
 use kestrel_model::{DType, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ, Gemm,
-    Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
+    EmbedGatherQ, Gemm, Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H, ResetCounts,
+    RopeKvAppend, Swiglu, SwigluQ8,
 };
 use crate::host::{rope_table, stack_bias};
 use crate::kernels::{MAX_HEAD_DIM, MMVQ_MAX_ROWS};
@@ -115,6 +116,11 @@ pub(crate) struct FwdArgs {
     pub kv_indices: u64,
     /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
     pub out_row: u64,
+    /// The rows come in runs of one sequence's consecutive positions
+    /// (prefill chunks): attention runs `prefill_attention`, which reads
+    /// each K/V tile once per run. Otherwise (decode: one row per
+    /// sequence) `paged_attention`.
+    pub tiled_attention: bool,
     pub x: u64,
     pub xn: u64,
     pub qkv: u64,
@@ -442,7 +448,7 @@ impl<D: Device> DeviceModel<D> {
                 slot_mapping: a.slot_mapping,
                 n,
             })?;
-            d.paged_attention(PagedAttention {
+            let attn = PagedAttention {
                 qkv: a.qkv,
                 stride,
                 out: a.attn,
@@ -458,7 +464,15 @@ impl<D: Device> DeviceModel<D> {
                 page_size: self.page_size,
                 scale: 1.0f32 / (hd as f32).sqrt(),
                 n,
-            })?;
+            };
+            if a.tiled_attention {
+                // window 0: the architectures this runtime accepts attend
+                // every position (`check_architecture`); a sliding-window
+                // layer passes its window here.
+                d.prefill_attention(PrefillAttention { attn, window: 0 })?;
+            } else {
+                d.paged_attention(attn)?;
+            }
             if lw.wo.needs(n).q8 {
                 self.quantize_q8(a.attn, lw.wo.inp, n)?;
             }
@@ -528,6 +542,30 @@ impl<D: Device> DeviceModel<D> {
             self.quantize_q8(hidden_last, self.cfg.hidden_size, n)?;
         }
         self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)
+    }
+
+    /// The penalty counts of the sequences a prefill admits (`rows[..n]`):
+    /// zeroed, then counting each one's generated tokens
+    /// (`tokens[indptr[i]..indptr[i + 1]]`, `counted` in all: a re-admission).
+    pub fn admit_counts(
+        &self,
+        rows: u64,
+        indptr: u64,
+        tokens: u64,
+        (n, counted): (usize, usize),
+    ) -> Result<(), CudaError> {
+        self.reset_counts(rows, n)?;
+        if counted == 0 {
+            return Ok(());
+        }
+        self.d.count_tokens(CountTokens {
+            counts: self.counts.ptr(),
+            rows,
+            indptr,
+            tokens,
+            vocab: self.cfg.vocab_size,
+            n,
+        })
     }
 
     /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).

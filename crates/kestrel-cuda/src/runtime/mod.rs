@@ -312,17 +312,16 @@ impl<D: Device> Runtime<D> {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before a device is opened: no logit bias in the device sampler,
-    /// no draft verification, whole-prompt prefill only, and no
-    /// re-admission (each sequence's whole `max_len` is reserved at
-    /// admission, so `grow` never runs short and nothing is preempted).
+    /// known before a device is opened: chunked prefill and re-admission of
+    /// preempted sequences (KV grows lazily); no logit bias in the device
+    /// sampler and no draft verification yet.
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
         Capabilities {
             max_rows: cfg.max_rows,
             max_draft_tokens: 0,
             logit_bias: false,
-            chunked_prefill: false,
-            readmission: false,
+            chunked_prefill: true,
+            readmission: true,
         }
     }
 
@@ -380,6 +379,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
+            tiled_attention: false,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),
             qkv: s.ws.qkv.ptr(),
@@ -501,10 +501,11 @@ impl<D: Device> Executor for Runtime<D> {
         self.book.num_allocated()
     }
 
-    /// Reserves the whole `max_len` at admission (so `grow` never runs short
-    /// and the pipeline never preempts on this runtime).
-    fn can_admit(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.book.can_reserve(prompt, max_len)
+    /// A new sequence takes its prompt's pages and grows step by step
+    /// (`grow`), as on the CPU; when pages run short the pipeline preempts
+    /// and re-admits (re-prefilling over the prompt and generated tokens).
+    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
+        self.book.can_reserve(prompt, prompt.len())
     }
 
     fn grow(&mut self, id: RequestId, len: usize) -> bool {
@@ -529,50 +530,59 @@ impl<D: Device> Executor for Runtime<D> {
                 capacity: self.cfg.max_rows,
             }));
         }
-        // What the capabilities deny is refused by name, before anything.
-        let caps = self.capabilities();
-        let chunked =
-            |i: &&PrefillInput<'_, _>| i.start != PrefillStart::Admit || !i.samples_from(0);
-        if let Some(input) = seqs.iter().find(chunked).filter(|_| !caps.chunked_prefill) {
-            return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
-        }
-        let readmitted = |i: &&PrefillInput<'_, _>| i.generated > 0;
-        if let Some(input) = seqs.iter().find(readmitted).filter(|_| !caps.readmission) {
-            return Err(ExecError::PreDispatch(CudaError::Readmission(input.id)));
-        }
         self.dev.d.bind().map_err(fatal)?;
-        let admissions = seqs.iter().map(|input| Admission {
+        // New sequences take their prompt's pages (they grow lazily, as on
+        // the CPU: `grow` before each decode step); a resumed chunk's
+        // sequence was admitted by its first.
+        let admit = |i: &&PrefillInput<'_, _>| i.start == PrefillStart::Admit;
+        let admissions = seqs.iter().filter(admit).map(|input| Admission {
             id: input.id,
             prompt: input.prompt,
-            reserve: input.max_len,
+            reserve: input.prompt.len(),
             meta: input.params.clone(),
         });
         self.book
             .admit_all(admissions)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Each prompt after its prefix-cache hit, to its end.
+        // Each input's chunk: after its prefix-cache hit, or where its last
+        // chunk ended (the book refuses one that does not resume there).
         let starts: Vec<usize> = seqs
             .iter()
-            .map(|input| self.book.cached_prompt_tokens(input.id))
+            .map(|input| match input.start {
+                PrefillStart::Admit => self.book.cached_prompt_tokens(input.id),
+                PrefillStart::Resume(start) => start,
+            })
             .collect();
         let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
-            let (prompt, end) = (input.prompt, input.prompt.len());
+            let (prompt, end) = (input.prompt, input.chunk_end(start));
             (input.id, Span::Chunk { prompt, start, end })
         });
         if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
             // Nothing was dispatched: give back what this call admitted.
-            for input in seqs {
+            for input in seqs.iter().filter(admit) {
                 self.release(input.id);
             }
             return Err(refused_plan(e, |i| seqs[i].id));
         }
+        // Which inputs' chunks end their prompts: only those are sampled.
+        let samples: Vec<bool> = seqs
+            .iter()
+            .zip(&starts)
+            .map(|(input, &start)| input.samples_from(start))
+            .collect();
         let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
         let kv = &self.slots[slot].kv;
-        let plan: Vec<PrefillSeq<'_>> = (0..kv.len())
-            .map(|i| PrefillSeq {
+        let plan: Vec<PrefillSeq<'_>> = seqs
+            .iter()
+            .zip(&starts)
+            .enumerate()
+            .map(|(i, (input, &start))| PrefillSeq {
                 kv_row: kv.rows[i],
                 prompt: kv.tokens(i),
-                start: kv.starts[i] as usize,
+                start,
+                samples: samples[i],
+                admitted: input.start == PrefillStart::Admit,
+                generated: &input.prompt[input.prompt.len() - input.generated..],
             })
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
@@ -581,7 +591,9 @@ impl<D: Device> Executor for Runtime<D> {
         s.ensure_prefill_capacity(&self.dev.d, words.len())
             .map_err(ExecError::Fatal)?;
         s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
-        for (p, input) in s.params_host.as_mut_slice().iter_mut().zip(seqs) {
+        // Sampling parameters of the sampled sequences, in step order.
+        let sampled = seqs.iter().zip(&samples).filter(|(_, &x)| x);
+        for (p, (input, _)) in s.params_host.as_mut_slice().iter_mut().zip(sampled) {
             *p = SampleParams::from(input.params);
         }
         s.prefill_words = words;
@@ -600,12 +612,22 @@ impl<D: Device> Executor for Runtime<D> {
                 .map_err(ExecError::Fatal)?;
             self.dev
                 .d
-                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..seqs.len()])
+                .htod(
+                    s.params_dev.ptr(),
+                    &s.params_host.as_slice()[..layout.sampled],
+                )
                 .map_err(ExecError::Fatal)?;
         }
-        self.dev
-            .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
-            .map_err(fatal)?;
+        if layout.admitted > 0 {
+            self.dev
+                .admit_counts(
+                    m.at::<u32>(layout.admit_rows()),
+                    m.at::<u32>(layout.count_indptr()),
+                    m.at::<u32>(layout.count_tokens()),
+                    (layout.admitted, layout.counted),
+                )
+                .map_err(fatal)?;
+        }
         let base = self.fwd_args(slot, 0);
         let chunk = self.cfg.forward_rows;
         let mut a = 0;
@@ -621,27 +643,32 @@ impl<D: Device> Executor for Runtime<D> {
                 kv_indptr: m.at::<u32>(layout.kv_indptr()),
                 kv_indices: m.at::<u32>(layout.kv_indices()),
                 out_row: m.at::<u32>(layout.out_row() + a),
+                tiled_attention: true,
                 ..base
             };
             self.dev.forward_layers(&args).map_err(fatal)?;
             a += n;
         }
-        self.dev
-            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), seqs.len())
-            .map_err(fatal)?;
+        if layout.sampled > 0 {
+            self.dev
+                .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.sampled)
+                .map_err(fatal)?;
+        }
         if timed {
             self.mark(slot, |e| &e.forward_end)
                 .map_err(ExecError::Fatal)?;
         }
+        let top_n = seqs
+            .iter()
+            .zip(&samples)
+            .filter(|(_, &x)| x)
+            .map(|(i, _)| i.params.top_logprobs as usize)
+            .max()
+            .unwrap_or(0);
         let state = StepState {
             kind: StepKind::Prefill,
-            n: seqs.len(),
-            top_n: seqs
-                .iter()
-                .map(|i| i.params.top_logprobs as usize)
-                .max()
-                .unwrap_or(0)
-                .min(MAX_TOP),
+            n: layout.sampled,
+            top_n: top_n.min(MAX_TOP),
             rows_ptr: m.at::<u32>(layout.kv_rows()),
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
@@ -760,8 +787,9 @@ impl<D: Device> Executor for Runtime<D> {
             d.record(&s.timing.sample_start, Stream::Compute)
                 .map_err(ExecError::Fatal)?;
         }
-        // The mask goes H2D on the compute stream right before sampling.
-        let (mask_flags, mask_words, wpr) = match masks {
+        // The mask goes H2D on the compute stream right before sampling (a
+        // step of prefill chunks that end no prompt samples nothing).
+        let (mask_flags, mask_words, wpr) = match masks.filter(|_| n > 0) {
             Some(m)
                 if m.words_per_row == TokenMask::words_for(vocab)
                     && m.words.len() >= n * m.words_per_row
@@ -809,7 +837,9 @@ impl<D: Device> Executor for Runtime<D> {
             out_top_ids: s.out_top_ids.ptr(),
             out_top_lps: s.out_top_lps.ptr(),
         };
-        self.dev.d.sample_rows(a).map_err(fatal)?;
+        if n > 0 {
+            self.dev.d.sample_rows(a).map_err(fatal)?;
+        }
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
             d.record(&s.timing.sample_end, Stream::Compute)
@@ -820,20 +850,22 @@ impl<D: Device> Executor for Runtime<D> {
             .map_err(ExecError::Fatal)?;
         d.copy_waits(&s.step_done).map_err(ExecError::Fatal)?;
         let r = &mut self.render[slot];
-        // SAFETY: the copy stream waits on exactly this step's step-done
-        // event, so the staging buffers hold its outputs; the pinned
-        // destinations are this slot's and are read only after copy_done.
-        unsafe {
-            d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
-                .map_err(ExecError::Fatal)?;
-            d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
-                .map_err(ExecError::Fatal)?;
-            if top_n > 0 {
-                let k = n * top_n;
-                d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
+        if n > 0 {
+            // SAFETY: the copy stream waits on exactly this step's step-done
+            // event, so the staging buffers hold its outputs; the pinned
+            // destinations are this slot's and are read only after copy_done.
+            unsafe {
+                d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
                     .map_err(ExecError::Fatal)?;
-                d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
                     .map_err(ExecError::Fatal)?;
+                if top_n > 0 {
+                    let k = n * top_n;
+                    d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
+                        .map_err(ExecError::Fatal)?;
+                    d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
             }
         }
         d.record(&r.copy_done, Stream::Copy)
@@ -885,6 +917,12 @@ impl<D: Device> Executor for Runtime<D> {
     fn release(&mut self, id: RequestId) {
         if let Err(e) = self.book.release(id) {
             tracing::error!(request = id, error = %e, "erasing a KV row failed");
+        }
+    }
+
+    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
+        if let Err(e) = self.book.preempt(id, tokens) {
+            tracing::error!(request = id, error = %e, "erasing a preempted KV row failed");
         }
     }
 

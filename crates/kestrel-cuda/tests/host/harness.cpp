@@ -11,6 +11,9 @@
 //   swiglu F N GATE_UP OUT            Q8 blocks (swiglu_q8)
 //   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS QKV TABLE POS SLOTS OUT_QKV OUT_K OUT_V
 //                                     rope_kv_append into zeroed f16 caches
+//   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
+//                                     f16 rows of prefill_attention
+//   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -134,6 +137,33 @@ int main(int argc, char** argv) {
         spit(argv[12], qkv);
         spit(argv[13], kc);
         spit(argv[14], vc);
+        return 0;
+    }
+    if (mode == "prefill_attn" && argc == 18) {
+        int nh = I(2), nkv = I(3), hd = I(4), ps = I(5);
+        float scale = std::strtof(argv[6], nullptr);
+        int window = I(7), stride = I(8), n = I(9);
+        std::vector<float> qkv = read_as<float>(argv[10]);
+        std::vector<u32> seq = read_as<u32>(argv[11]), pos = read_as<u32>(argv[12]);
+        std::vector<u32> indptr = read_as<u32>(argv[13]), indices = read_as<u32>(argv[14]);
+        std::vector<h16> kc = read_as<h16>(argv[15]), vc = read_as<h16>(argv[16]);
+        std::vector<h16> out((size_t)n * nh * hd);
+        launch({nh, (n + PF_Q_ROWS - 1) / PF_Q_ROWS, 1}, PF_WARPS * 32, [&] {
+            prefill_attention(qkv.data(), stride, out.data(), kc.data(), vc.data(), seq.data(),
+                              pos.data(), indptr.data(), indices.data(), nh, nkv, hd, ps, scale,
+                              window, n);
+        });
+        spit(argv[17], out);
+        return 0;
+    }
+    if (mode == "count" && argc == 9) {
+        int vocab = I(2), n = I(3);
+        std::vector<u32> rows = read_as<u32>(argv[4]), indptr = read_as<u32>(argv[5]);
+        std::vector<u32> tokens = read_as<u32>(argv[6]), counts = read_as<u32>(argv[7]);
+        launch({n, 1, 1}, 128, [&] {
+            count_tokens(counts.data(), rows.data(), indptr.data(), tokens.data(), vocab, n);
+        });
+        spit(argv[8], counts);
         return 0;
     }
     return 2;

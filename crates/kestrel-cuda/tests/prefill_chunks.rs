@@ -1,0 +1,229 @@
+//! Several query rows per sequence with a cached prefix, through the
+//! `Executor` calls the pipeline makes: chunked prefill (`PrefillStart::
+//! Resume`, a step whose chunk ends no prompt samples nothing) and the
+//! re-admission of a preempted sequence (`Executor::preempt`, then a
+//! prefill over its prompt and generated tokens whose penalties count the
+//! generated ones, KV grown lazily with `grow`).
+//!
+//! On the host device in every CI run (`HostRuntime`, the tiled
+//! `prefill_attention` and `count_tokens` through their references), and
+//! on the CPU runtime as the harness's own check. A GPU run of the same is
+//! `#[ignore]`d without one.
+
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig, HostRuntime};
+use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
+use kestrel_pipeline::{
+    Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId,
+};
+
+/// Each sequence's sampled tokens and their log-probabilities.
+type Sampled = Vec<(Vec<TokenId>, Vec<f32>)>;
+
+/// Greedy, with penalties: a re-admission whose counts missed its
+/// generated tokens would pick other tokens.
+fn params() -> SamplingParams {
+    SamplingParams {
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.4,
+        logprobs: true,
+        ..SamplingParams::greedy()
+    }
+}
+
+fn prompts(vocab: u32) -> Vec<Vec<TokenId>> {
+    vec![
+        (1..20).map(|t| t * 7 % vocab).collect(),
+        (1..5).map(|t| t * 13 % vocab).collect(),
+        (1..40).map(|t| t * 3 % vocab).collect(),
+    ]
+}
+
+/// One prefill of `seqs` (id, prompt, generated tokens at its end), in
+/// steps of `chunk` prompt tokens each, as the pipeline drives it: the
+/// first step admits, later ones resume where the last chunk ended; each
+/// sequence's token is pushed to `out` from the step its chunk ends its
+/// prompt. Alternates slots from `*slot`, blocking on each step.
+fn prefill<E: Executor<Params = SamplingParams>>(
+    e: &mut E,
+    slot: &mut usize,
+    seqs: &[(RequestId, &[TokenId], usize)],
+    chunk: usize,
+    out: &mut Sampled,
+) where
+    E::Error: std::fmt::Debug,
+{
+    let params = params();
+    let mut next: Vec<Option<PrefillStart>> = vec![Some(PrefillStart::Admit); seqs.len()];
+    while next.iter().any(Option::is_some) {
+        let live: Vec<usize> = (0..seqs.len()).filter(|&i| next[i].is_some()).collect();
+        let inputs: Vec<PrefillInput<'_, SamplingParams>> = live
+            .iter()
+            .map(|&i| PrefillInput {
+                id: seqs[i].0,
+                prompt: seqs[i].1,
+                generated: seqs[i].2,
+                params: &params,
+                max_len: seqs[i].1.len() + 64,
+                start: next[i].expect("live"),
+                max_tokens: chunk,
+            })
+            .collect();
+        e.launch_prefill(*slot, &inputs).unwrap();
+        // Where each chunk started and whether it ends its prompt.
+        let mut sampled = Vec::new();
+        for (input, &i) in inputs.iter().zip(&live) {
+            let start = match input.start {
+                PrefillStart::Admit => e.cached_prompt_tokens(input.id),
+                PrefillStart::Resume(s) => s,
+            };
+            let end = input.chunk_end(start);
+            if end == input.prompt.len() {
+                sampled.push(i);
+                next[i] = None;
+            } else {
+                next[i] = Some(PrefillStart::Resume(end));
+            }
+        }
+        e.finalize_sampling(*slot, None).unwrap();
+        let o = e.wait_step(*slot).unwrap();
+        assert_eq!(o.tokens.len(), sampled.len(), "one token per prompt ended");
+        let lps = o.logprobs.expect("logprobs");
+        for (k, &i) in sampled.iter().enumerate() {
+            let r = seqs[i].0 as usize - 1;
+            out[r].0.push(o.tokens[k]);
+            out[r].1.push(lps[k]);
+        }
+        *slot = 1 - *slot;
+    }
+}
+
+/// Every prompt prefilled in chunks of `chunk`, then decoded blocking until
+/// each has `steps + 1` tokens; with `preempt_after: Some(k)` sequence 1 is
+/// preempted once it has k tokens and re-admitted over its prompt and
+/// those tokens.
+fn run<E: Executor<Params = SamplingParams>>(
+    e: &mut E,
+    ps: &[Vec<TokenId>],
+    chunk: usize,
+    steps: usize,
+    preempt_after: Option<usize>,
+) -> Sampled
+where
+    E::Error: std::fmt::Debug,
+{
+    let ids: Vec<RequestId> = (1..=ps.len() as RequestId).collect();
+    let mut out: Sampled = vec![(Vec::new(), Vec::new()); ps.len()];
+    let mut slot = 0;
+    let all: Vec<(RequestId, &[TokenId], usize)> =
+        ids.iter().zip(ps).map(|(&id, p)| (id, &p[..], 0)).collect();
+    prefill(e, &mut slot, &all, chunk, &mut out);
+    let mut preempted = false;
+    loop {
+        let live: Vec<usize> = (0..ps.len()).filter(|&i| out[i].0.len() <= steps).collect();
+        if live.is_empty() {
+            break;
+        }
+        let rows: Vec<RequestId> = live.iter().map(|&i| ids[i]).collect();
+        for &i in &live {
+            // The step writes the last sampled token's position.
+            assert!(e.grow(ids[i], ps[i].len() + out[i].0.len()), "KV for {i}");
+        }
+        e.launch_decode(slot, &rows, Drafts::NONE).unwrap();
+        e.finalize_sampling(slot, None).unwrap();
+        let o = e.wait_step(slot).unwrap();
+        let lps = o.logprobs.expect("logprobs");
+        for (k, &i) in live.iter().enumerate() {
+            out[i].0.push(o.tokens[k]);
+            out[i].1.push(lps[k]);
+        }
+        slot = 1 - slot;
+        let k = out[0].0.len();
+        if !preempted && preempt_after == Some(k) && k <= steps {
+            preempted = true;
+            let mut tokens = ps[0].clone();
+            tokens.extend(&out[0].0);
+            e.preempt(ids[0], &tokens);
+            prefill(e, &mut slot, &[(ids[0], &tokens, k)], chunk, &mut out);
+        }
+    }
+    assert!(preempt_after.is_none() || preempted, "the preemption ran");
+    for id in ids {
+        e.release(id);
+    }
+    assert_eq!(e.num_allocated(), 0, "a KV row left behind");
+    out
+}
+
+fn weights() -> ModelWeights {
+    synthetic_weights(&ModelConfig::tiny(), DType::F32, 7)
+}
+
+fn cuda_config() -> CudaRuntimeConfig {
+    CudaRuntimeConfig {
+        max_rows: 8,
+        num_pages: 256,
+        max_seq_len: 512,
+        ..CudaRuntimeConfig::default()
+    }
+}
+
+/// Chunked prefill equals whole-prompt prefill exactly (each row's
+/// arithmetic does not depend on which step computes it), and a preempted,
+/// re-admitted sequence continues with the tokens it would have sampled;
+/// its log-probabilities agree to `tol` (0 on the CPU, whose prefill and
+/// decode compute a position alike; on a CUDA runtime the re-prefilled
+/// positions take the tiled kernel instead of the decode one, which sums
+/// in another order).
+fn chunks_and_readmission_match<E: Executor<Params = SamplingParams>>(e: &mut E, tol: f32)
+where
+    E::Error: std::fmt::Debug,
+{
+    let ps = prompts(ModelConfig::tiny().vocab_size as u32);
+    let whole = run(e, &ps, usize::MAX, 24, None);
+    assert!(whole.iter().all(|(t, _)| t.len() == 25));
+    for chunk in [5, 16] {
+        assert_eq!(run(e, &ps, chunk, 24, None), whole, "chunks of {chunk}");
+    }
+    for (chunk, after) in [(usize::MAX, 10), (7, 3)] {
+        let got = run(e, &ps, chunk, 24, Some(after));
+        let what = format!("chunks of {chunk}, preempted after {after} tokens");
+        for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&whole).enumerate() {
+            assert_eq!(gt, wt, "{what}: sequence {i}");
+            for (j, (a, b)) in gl.iter().zip(wl).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol,
+                    "{what}: sequence {i} token {j}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_runtime_chunks_and_readmits_exactly() {
+    let mut cpu = CpuRuntime::new(
+        weights(),
+        CpuRuntimeConfig {
+            max_rows: 8,
+            num_pages: 256,
+            max_seq_len: 512,
+            ..CpuRuntimeConfig::default()
+        },
+    )
+    .unwrap();
+    chunks_and_readmission_match(&mut cpu, 0.0);
+}
+
+#[test]
+fn host_device_chunks_and_readmits_like_whole_prompts() {
+    let mut host = HostRuntime::new(weights(), cuda_config()).unwrap();
+    chunks_and_readmission_match(&mut host, 1e-3);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p kestrel-cuda -- --include-ignored"]
+fn gpu_chunks_and_readmits_like_whole_prompts() {
+    let mut gpu = CudaRuntime::new(weights(), cuda_config()).unwrap();
+    chunks_and_readmission_match(&mut gpu, 1e-3);
+}
