@@ -187,7 +187,10 @@ where
     }
     for (chunk, after) in [(usize::MAX, 10), (7, 3)] {
         let got = run(e, &ps, chunk, 24, Some(after));
-        let what = format!("chunks of {chunk}, preempted after {after} tokens");
+        let what = match chunk {
+            usize::MAX => format!("whole prompts, preempted after {after} tokens"),
+            c => format!("chunks of {c}, preempted after {after} tokens"),
+        };
         for (i, ((gt, gl), (wt, wl))) in got.iter().zip(&whole).enumerate() {
             assert_eq!(gt, wt, "{what}: sequence {i}");
             for (j, (a, b)) in gl.iter().zip(wl).enumerate() {

@@ -7,6 +7,8 @@
 //! deltas add up to its final text (no token repeated or lost across a
 //! preemption); `/metrics` counts the preemptions; and once idle no page
 //! is held. Aborting requests while others are preempted frees everything.
+//! The CUDA runtime on its host device (`Backend::CudaHost`) preempts and
+//! re-admits the same way, with the same tokens as its roomy run.
 
 mod common;
 
@@ -15,7 +17,7 @@ use common::{counter, rt, start_default, stream_all, until_done};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
+    Backend, Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
     PipelineMode, PrefillPolicy, SamplingOptions, StreamEvent,
 };
 
@@ -23,7 +25,18 @@ const ROOMY: usize = 512;
 const TIGHT: usize = 10;
 
 fn engine(mode: PipelineMode, policy: PrefillPolicy, chunk: usize, kv_pages: usize) -> Engine {
+    engine_on(Backend::Cpu, mode, policy, chunk, kv_pages)
+}
+
+fn engine_on(
+    backend: Backend,
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    chunk: usize,
+    kv_pages: usize,
+) -> Engine {
     start_default(EngineConfig {
+        backend,
         threads: 2,
         mode,
         prefill_policy: policy,
@@ -182,6 +195,52 @@ fn aborts_under_pressure_free_every_page() {
         }
     });
     assert!(preemptions(&e) > 0);
+    wait_idle(&e);
+    rt().block_on(e.shutdown(Duration::from_secs(1)));
+}
+
+/// The CUDA runtime's re-admission path through the engine, on its host
+/// device: KV grows lazily, a preempted sequence files its written pages
+/// and is prefilled again (in chunks, the prefix cache serving its first
+/// pages) with the tokens it generated counted for its penalties; every
+/// request gets the tokens and text of a roomy cache, and no page is left.
+/// Log-probabilities agree to 1e-3 nats, not bit for bit: the re-prefilled
+/// positions run the tiled prefill attention instead of the decode kernel,
+/// which sums in another order (on the CPU both are one computation).
+#[test]
+fn the_cuda_runtime_on_its_host_device_preempts_and_completes_every_request() {
+    let reqs = batch();
+    let cuda_host = |chunk, pages| {
+        engine_on(
+            Backend::CudaHost,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            chunk,
+            pages,
+        )
+    };
+    let reference = {
+        let e = cuda_host(0, ROOMY);
+        let out = run(&e, &reqs);
+        assert_eq!(preemptions(&e), 0);
+        rt().block_on(e.shutdown(Duration::from_secs(1)));
+        out
+    };
+    let e = cuda_host(8, TIGHT);
+    let out = run(&e, &reqs);
+    let n = preemptions(&e);
+    assert!(n > 0, "nothing preempted");
+    for (want, got) in reference.iter().zip(&out) {
+        let at = format!("{n} preemptions: {}", got.request_id);
+        assert_eq!(want.token_ids, got.token_ids, "{at}");
+        assert_eq!(want.text, got.text, "{at}");
+        assert_eq!(want.finish_reason, got.finish_reason, "{at}");
+        assert_eq!(want.logprobs.len(), got.logprobs.len(), "{at}");
+        for (x, y) in want.logprobs.iter().zip(&got.logprobs) {
+            assert_eq!(x.token_id, y.token_id, "{at}");
+            assert!((x.logprob - y.logprob).abs() < 1e-3, "{at}: {x:?} vs {y:?}");
+        }
+    }
     wait_idle(&e);
     rt().block_on(e.shutdown(Duration::from_secs(1)));
 }

@@ -582,7 +582,7 @@ impl<D: Device> Executor for Runtime<D> {
                 start,
                 samples: samples[i],
                 admitted: input.start == PrefillStart::Admit,
-                generated: &input.prompt[input.prompt.len() - input.generated..],
+                generated: &input.prompt[input.prompt.len().saturating_sub(input.generated)..],
             })
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
