@@ -61,10 +61,18 @@ pub enum CudaError {
         features: Vec<&'static str>,
     },
 
-    /// A decode step carrying draft tokens (speculative decoding): the CUDA
-    /// runtime's capabilities say `max_draft_tokens == 0`, so the pipeline sends none.
-    #[error("a decode step with {0} draft tokens: the CUDA runtime does not verify drafts yet")]
-    Drafts(usize),
+    /// A decode step's drafts that are malformed (offsets not one per row
+    /// plus one, not ascending, not ending at the token count) or more than
+    /// `CudaRuntimeConfig::max_draft_tokens`.
+    #[error(
+        "malformed drafts: {rows} rows, {offsets} offsets, {tokens} tokens (at most {limit} per step)"
+    )]
+    BadDrafts {
+        rows: usize,
+        offsets: usize,
+        tokens: usize,
+        limit: usize,
+    },
 
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]

@@ -310,6 +310,124 @@ pub fn pack_prefill(
     Ok(l)
 }
 
+/// One member of a decode step that verifies drafts: its KV row, the
+/// position of its input token, and its drafts (positions after it).
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyRow<'a> {
+    pub kv_row: u32,
+    pub pos: u32,
+    pub drafts: &'a [u32],
+}
+
+/// Offsets of a verifying decode step's metadata (sized per step): one
+/// forward row per member and per draft, member by member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VerifyLayout {
+    /// Forward (and sampled) rows: members plus drafts.
+    pub rows: usize,
+    pub members: usize,
+    pub pages: usize,
+}
+
+impl VerifyLayout {
+    /// The forward's tokens, written on the device (`verify_inputs`).
+    pub fn tokens(&self) -> usize {
+        0
+    }
+    pub fn positions(&self) -> usize {
+        self.rows
+    }
+    pub fn row_seq(&self) -> usize {
+        2 * self.rows
+    }
+    pub fn slot_mapping(&self) -> usize {
+        3 * self.rows
+    }
+    /// `0..rows`: the sampled rows' counts rows in the draft scratch.
+    pub fn sample_rows(&self) -> usize {
+        4 * self.rows
+    }
+    /// Each row's RNG position (its position + 1, as decoding samples it).
+    pub fn sample_pos(&self) -> usize {
+        5 * self.rows
+    }
+    pub fn kv_rows(&self) -> usize {
+        6 * self.rows
+    }
+    /// Member `i`'s rows are `qo[i]..qo[i + 1]`.
+    pub fn qo(&self) -> usize {
+        self.kv_rows() + self.members
+    }
+    /// Every member's drafts, in member order.
+    pub fn drafts(&self) -> usize {
+        self.qo() + self.members + 1
+    }
+    pub fn kv_indptr(&self) -> usize {
+        self.drafts() + self.rows - self.members
+    }
+    pub fn kv_indices(&self) -> usize {
+        self.kv_indptr() + self.members + 1
+    }
+    pub fn total_words(&self) -> usize {
+        self.kv_indices() + self.pages
+    }
+}
+
+/// Pack a verifying decode step into `out` (resized as needed). `idx`
+/// holds each member's pages covering its input token and drafts.
+pub fn pack_verify(
+    members: &[VerifyRow<'_>],
+    idx: &PagedIndices,
+    page_size: usize,
+    out: &mut Vec<u32>,
+) -> Result<VerifyLayout, PackError> {
+    if idx.len() != members.len() {
+        return Err(PackError::IndicesMismatch {
+            got: idx.len(),
+            expected: members.len(),
+        });
+    }
+    let l = VerifyLayout {
+        rows: members.iter().map(|m| 1 + m.drafts.len()).sum(),
+        members: members.len(),
+        pages: idx.kv_indptr[members.len()] as usize,
+    };
+    out.clear();
+    out.resize(l.total_words(), 0);
+    let ps = page_size as u32;
+    let (mut q, mut d) = (0, 0);
+    for (i, m) in members.iter().enumerate() {
+        let (a, b) = (idx.kv_indptr[i] as usize, idx.kv_indptr[i + 1] as usize);
+        out[l.qo() + i] = q as u32;
+        for j in 0..=m.drafts.len() {
+            let pos = m.pos + j as u32;
+            let page_no = (pos / ps) as usize;
+            if a + page_no >= b {
+                return Err(PackError::PositionOutsidePages {
+                    row: i,
+                    pos,
+                    pages: b - a,
+                });
+            }
+            out[l.positions() + q] = pos;
+            out[l.row_seq() + q] = i as u32;
+            out[l.slot_mapping() + q] = idx.kv_indices[a + page_no] * ps + pos % ps;
+            out[l.sample_rows() + q] = q as u32;
+            out[l.sample_pos() + q] = pos + 1;
+            q += 1;
+        }
+        out[l.kv_rows() + i] = m.kv_row;
+        out[l.drafts() + d..l.drafts() + d + m.drafts.len()].copy_from_slice(m.drafts);
+        d += m.drafts.len();
+    }
+    out[l.qo() + members.len()] = q as u32;
+    let ip = l.kv_indptr();
+    out[ip..ip + members.len() + 1].copy_from_slice(&idx.kv_indptr[..members.len() + 1]);
+    let ki = l.kv_indices();
+    out[ki..ki + l.pages].copy_from_slice(&idx.kv_indices[..l.pages]);
+    Ok(l)
+}
+
 /// cos/sin table for positions `0..max_pos`, computed exactly as
 /// kestrel-cpu's `ops::rope_table` (f64, rounded once): row `p` is
 /// `[cos_0..cos_{d/2}, sin_0..sin_{d/2}]`.
@@ -486,6 +604,53 @@ mod tests {
         assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[5, 3]);
         assert_eq!(&out[l.admit_rows()..l.admit_rows() + 1], &[r2]);
         assert_eq!(out.len(), l.total_words());
+    }
+
+    #[test]
+    fn verify_packing_lays_out_each_member_and_its_drafts() {
+        let mut t = table();
+        let (r1, r2) = (t.allocate().unwrap(), t.allocate().unwrap());
+        t.reserve(r1, 7).unwrap();
+        t.reserve(r2, 2).unwrap();
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 7), (r2, 2)], &mut idx).unwrap();
+        // Member 1 at position 3 with drafts 8, 9, 10 (positions 4..=6:
+        // across a page boundary); member 2 at 1 without drafts.
+        let members = [
+            VerifyRow {
+                kv_row: r1,
+                pos: 3,
+                drafts: &[8, 9, 10],
+            },
+            VerifyRow {
+                kv_row: r2,
+                pos: 1,
+                drafts: &[],
+            },
+        ];
+        let mut out = Vec::new();
+        let l = pack_verify(&members, &idx, 4, &mut out).unwrap();
+        assert_eq!((l.rows, l.members), (5, 2));
+        assert_eq!(&out[l.positions()..l.positions() + 5], &[3, 4, 5, 6, 1]);
+        assert_eq!(&out[l.row_seq()..l.row_seq() + 5], &[0, 0, 0, 0, 1]);
+        assert_eq!(&out[l.sample_pos()..l.sample_pos() + 5], &[4, 5, 6, 7, 2]);
+        assert_eq!(&out[l.sample_rows()..l.sample_rows() + 5], &[0, 1, 2, 3, 4]);
+        assert_eq!(&out[l.qo()..l.qo() + 3], &[0, 4, 5]);
+        assert_eq!(&out[l.drafts()..l.drafts() + 3], &[8, 9, 10]);
+        assert_eq!(&out[l.kv_rows()..l.kv_rows() + 2], &[r1, r2]);
+        assert_eq!(out[l.slot_mapping() + 1], t.pages(r1)[1] * 4);
+        assert_eq!(out.len(), l.total_words());
+        let short = [VerifyRow {
+            kv_row: r2,
+            pos: 1,
+            drafts: &[5, 6, 7],
+        }];
+        let mut one = PagedIndices::default();
+        t.write_indices(&[(r2, 2)], &mut one).unwrap();
+        assert!(matches!(
+            pack_verify(&short, &one, 4, &mut out),
+            Err(PackError::PositionOutsidePages { pos: 4, .. })
+        ));
     }
 
     /// A chunk short of its prompt's end feeds no logits row and is not

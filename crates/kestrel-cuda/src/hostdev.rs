@@ -30,9 +30,10 @@ use kestrel_model::ModelWeights;
 use crate::hostdev_kernels as k;
 pub use crate::hostdev_kernels::sample_row;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
-    EmbedGatherQ, Gemm, HostMem, Mmvq, PagedAttention, Plain, PrefillAttention, QuantizeQ8H,
-    ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device,
+    DraftCounts, EmbedGather, EmbedGatherQ, Gemm, HostMem, Mmvq, PagedAttention, Plain,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu, SwigluQ8,
+    VerifyInputs,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -134,6 +135,9 @@ enum Op {
     SwigluQ8(SwigluQ8),
     ResetCounts(ResetCounts),
     CountTokens(CountTokens),
+    VerifyInputs(VerifyInputs),
+    DraftCounts(DraftCounts),
+    AcceptDrafts(AcceptDrafts),
     SampleRows(SampleRows),
 }
 
@@ -320,6 +324,9 @@ impl HostDevice {
             Op::SwigluQ8(a) => k::swiglu_q8(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
             Op::CountTokens(a) => k::count_tokens(m, a),
+            Op::VerifyInputs(a) => k::verify_inputs(m, a),
+            Op::DraftCounts(a) => k::draft_counts(m, a),
+            Op::AcceptDrafts(a) => k::accept_drafts(m, a),
             Op::SampleRows(a) => k::sample_rows(m, a),
         }
     }
@@ -517,6 +524,15 @@ impl Device for HostDevice {
     }
     fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError> {
         self.submit(Op::CountTokens(a))
+    }
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError> {
+        self.submit(Op::VerifyInputs(a))
+    }
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError> {
+        self.submit(Op::DraftCounts(a))
+    }
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError> {
+        self.submit(Op::AcceptDrafts(a))
     }
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError> {
         self.submit(Op::SampleRows(a))

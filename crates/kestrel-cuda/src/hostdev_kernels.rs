@@ -26,9 +26,9 @@ use crate::kernels::MMVQ_MAX_ROWS;
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 use crate::reference;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, EmbedGather, EmbedGatherQ, Gemm,
-    Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H, ResetCounts, RopeKvAppend, SampleRows,
-    Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DraftCounts,
+    EmbedGather, EmbedGatherQ, Gemm, Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H,
+    ResetCounts, RopeKvAppend, SampleRows, Swiglu, SwigluQ8, VerifyInputs,
 };
 use crate::CudaError;
 
@@ -587,6 +587,87 @@ pub(crate) fn count_tokens(m: &HostMemory, a: &CountTokens) -> Result<(), CudaEr
         // SAFETY: the only slice alive.
         let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
         reference::count_tokens(c, &tokens[indptr[i] as usize..indptr[i + 1] as usize]);
+    }
+    Ok(())
+}
+
+/// Member `i`'s row offsets `qo[i]..=qo[i + 1]` and KV rows, copied out.
+fn members(
+    m: &HostMemory,
+    qo: u64,
+    kv_rows: u64,
+    n: usize,
+) -> Result<(Vec<u32>, Vec<u32>), CudaError> {
+    // SAFETY: read-only, copied out before any write.
+    unsafe {
+        Ok((
+            m.slice::<u32>(qo, n + 1)?.to_vec(),
+            m.slice::<u32>(kv_rows, n)?.to_vec(),
+        ))
+    }
+}
+
+/// `verify_inputs`: its reference.
+pub(crate) fn verify_inputs(m: &HostMemory, a: &VerifyInputs) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let total = qo[a.n] as usize;
+    // SAFETY: read-only, copied out before any write.
+    let (pending, drafts) = unsafe {
+        (
+            m.slice::<u32>(a.pending, max_u32(&rows) + 1)?.to_vec(),
+            m.slice::<u32>(a.drafts, total - a.n)?.to_vec(),
+        )
+    };
+    // SAFETY: the only slice alive.
+    let tokens = unsafe { m.slice_mut::<u32>(a.tokens, total)? };
+    reference::verify_inputs(&pending, &rows, &qo, &drafts, tokens);
+    Ok(())
+}
+
+/// `draft_counts`: its reference, row by row.
+pub(crate) fn draft_counts(m: &HostMemory, a: &DraftCounts) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let v = a.vocab;
+    // SAFETY: read-only, copied out before any write.
+    let tokens = unsafe { m.slice::<u32>(a.tokens, qo[a.n] as usize)?.to_vec() };
+    for (i, &r) in rows.iter().enumerate() {
+        // SAFETY: as above.
+        let counts = unsafe {
+            m.slice::<u32>(a.counts + 4 * (r as u64 * v as u64), v)?
+                .to_vec()
+        };
+        let start = qo[i] as usize;
+        for q in start..(qo[i + 1] as usize).min(start + a.max_rows) {
+            // SAFETY: the only slice alive.
+            let out = unsafe { m.slice_mut::<u32>(a.scratch + 4 * (q * v) as u64, v)? };
+            reference::draft_counts(&counts, &tokens[start + 1..=q], out);
+        }
+    }
+    Ok(())
+}
+
+/// `accept_drafts`: its reference, member by member.
+pub(crate) fn accept_drafts(m: &HostMemory, a: &AcceptDrafts) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let total = qo[a.n] as usize;
+    // SAFETY: read-only, copied out before any write.
+    let (tokens, sampled) = unsafe {
+        (
+            m.slice::<u32>(a.tokens, total)?.to_vec(),
+            m.slice::<u32>(a.sampled, total)?.to_vec(),
+        )
+    };
+    for (i, &r) in rows.iter().enumerate() {
+        let (s, e) = (qo[i] as usize, qo[i + 1] as usize);
+        // SAFETY: the only slice alive.
+        let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab)? };
+        let (next, took) = reference::accept_drafts(&tokens[s + 1..e], &sampled[s..e], c);
+        // SAFETY: the only slice alive (one word).
+        let p = unsafe { m.slice_mut::<u32>(a.pending + 4 * u64::from(r), 1)? };
+        p[0] = next;
+        // SAFETY: as above.
+        let n = unsafe { m.slice_mut::<u32>(a.accepted + 4 * i as u64, 1)? };
+        n[0] = took;
     }
     Ok(())
 }

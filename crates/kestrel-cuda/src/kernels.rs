@@ -47,6 +47,10 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!("attention.cu", ["paged_attention"]),
     kernel!("prefill_attention.cu", ["prefill_attention"]),
     kernel!("penalty.cu", ["count_tokens"]),
+    kernel!(
+        "verify.cu",
+        ["verify_inputs", "draft_counts", "accept_drafts"]
+    ),
     kernel!("swiglu.cu", ["swiglu", "swiglu_q8"]),
     kernel!(
         "quant.cu",

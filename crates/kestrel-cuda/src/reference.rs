@@ -519,6 +519,44 @@ pub fn count_tokens(counts: &mut [u32], tokens: &[u32]) {
     }
 }
 
+// ---- verify.cu (draft verification) ----
+
+/// `verify_inputs` of `verify.cu`: the forward's tokens, member by member:
+/// its pending token, then its drafts (`qo` offsets its rows).
+pub fn verify_inputs(
+    pending: &[u32],
+    kv_rows: &[u32],
+    qo: &[u32],
+    drafts: &[u32],
+    tokens: &mut [u32],
+) {
+    for (i, &row) in kv_rows.iter().enumerate() {
+        let (a, b) = (qo[i] as usize, qo[i + 1] as usize);
+        tokens[a] = pending[row as usize];
+        tokens[a + 1..b].copy_from_slice(&drafts[a - i..b - 1 - i]);
+    }
+}
+
+/// `draft_counts` of `verify.cu` for one row: the member's counts plus the
+/// drafts accepted before it (`before`: d_1..d_j).
+pub fn draft_counts(counts: &[u32], before: &[u32], out: &mut [u32]) {
+    out.copy_from_slice(counts);
+    count_tokens(out, before);
+}
+
+/// `accept_drafts` of `verify.cu` for one member: with `drafts` d_1..d_m and
+/// `sampled` t_0..t_m, the tokens accepted (t_0..=t_k while t_j == d_{j+1}),
+/// counted into `counts`; returns (the member's next pending token, k + 1).
+pub fn accept_drafts(drafts: &[u32], sampled: &[u32], counts: &mut [u32]) -> (u32, u32) {
+    let k = sampled
+        .iter()
+        .zip(drafts)
+        .take_while(|(t, d)| t == d)
+        .count();
+    count_tokens(counts, &sampled[..=k]);
+    (sampled[k], k as u32 + 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@
 //! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append`,
 //! and issue 32's `prefill_attention` (ragged runs of query rows, cached
 //! prefixes, page and tile boundaries, GQA ratios, sliding windows) and
-//! `count_tokens` (a re-admitted sequence's penalty counts). The
+//! `count_tokens` (a re-admitted sequence's penalty counts), and the draft
+//! verification kernels of `verify.cu`. The
 //! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
@@ -81,6 +82,7 @@ fn translation_unit() -> String {
             "rope_kv.cu",
             "prefill_attention.cu",
             "penalty.cu",
+            "verify.cu",
         ]
         .map(|f| {
             SOURCES
@@ -610,5 +612,86 @@ fn count_tokens_is_its_reference() {
     }
     assert_eq!(want[2 * vocab], counts[2 * vocab] + 4, "token 0 four times");
     assert_same(&out[0], &u32_bytes(&want), 4, "count_tokens");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn draft_verification_kernels_are_their_references() {
+    let Some((dir, exe)) = harness("verify") else {
+        return;
+    };
+    // Three members on KV rows 3, 0, 2 of 4 (vocabulary 40): no drafts;
+    // drafts [5, 6] of which the first is accepted; drafts [7, 7, 9] all
+    // accepted (repeats: the scratch counts count 7 twice).
+    let vocab = 40usize;
+    let rows = [3u32, 0, 2];
+    let qo = [0u32, 1, 4, 8];
+    let drafts = [5u32, 6, 7, 7, 9];
+    let pending = [11u32, 0, 12, 13];
+    let counts: Vec<u32> = (0..4 * vocab as u32).map(|i| i % 2).collect();
+    // What sample_rows would return: row 4's 5 matches d_1, row 5's 1
+    // rejects 6; member 2 accepts everything and samples 8 after.
+    let sampled = [21u32, 5, 1, 30, 7, 7, 9, 8];
+    let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let args = ["verify", &vocab.to_string(), "3", "4"].map(String::from);
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("pending.bin", u32_bytes(&pending)),
+            ("rows.bin", u32_bytes(&rows)),
+            ("qo.bin", u32_bytes(&qo)),
+            ("drafts.bin", u32_bytes(&drafts)),
+            ("counts.bin", u32_bytes(&counts)),
+            ("sampled.bin", u32_bytes(&sampled)),
+        ],
+        &[
+            "tokens.bin",
+            "scratch.bin",
+            "counts_out.bin",
+            "pending_out.bin",
+            "acc.bin",
+        ],
+    );
+    let mut tokens = vec![0u32; 8];
+    reference::verify_inputs(&pending, &rows, &qo, &drafts, &mut tokens);
+    assert_eq!(tokens, [13, 11, 5, 6, 12, 7, 7, 9]);
+    assert_same(&out[0], &u32_bytes(&tokens), 4, "verify_inputs");
+    let mut scratch = vec![0u32; 8 * vocab];
+    let (mut want_counts, mut want_pending, mut accepted) = (counts.clone(), pending, Vec::new());
+    for (i, &r) in rows.iter().enumerate() {
+        let (s, e, r) = (qo[i] as usize, qo[i + 1] as usize, r as usize);
+        let base = counts[r * vocab..(r + 1) * vocab].to_vec();
+        for q in s..e {
+            let out = &mut scratch[q * vocab..(q + 1) * vocab];
+            reference::draft_counts(&base, &tokens[s + 1..=q], out);
+        }
+        let c = &mut want_counts[r * vocab..(r + 1) * vocab];
+        let (next, took) = reference::accept_drafts(&tokens[s + 1..e], &sampled[s..e], c);
+        want_pending[r] = next;
+        accepted.push(took);
+    }
+    assert_eq!(accepted, [1, 2, 4]);
+    assert_eq!(want_pending, [1, 0, 8, 21]);
+    assert_eq!(
+        scratch[7 * vocab + 7],
+        counts[2 * vocab + 7] + 2,
+        "7 counted twice"
+    );
+    assert_same(&out[1], &u32_bytes(&scratch), 4, "draft_counts");
+    assert_same(
+        &out[2],
+        &u32_bytes(&want_counts),
+        4,
+        "accept_drafts' counts",
+    );
+    assert_same(
+        &out[3],
+        &u32_bytes(&want_pending),
+        4,
+        "accept_drafts' pending",
+    );
+    assert_same(&out[4], &u32_bytes(&accepted), 4, "accept_drafts' accepted");
     let _ = std::fs::remove_dir_all(&dir);
 }

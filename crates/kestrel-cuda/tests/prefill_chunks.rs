@@ -1,9 +1,11 @@
 //! Several query rows per sequence with a cached prefix, through the
 //! `Executor` calls the pipeline makes: chunked prefill (`PrefillStart::
-//! Resume`, a step whose chunk ends no prompt samples nothing) and the
+//! Resume`, a step whose chunk ends no prompt samples nothing), the
 //! re-admission of a preempted sequence (`Executor::preempt`, then a
 //! prefill over its prompt and generated tokens whose penalties count the
-//! generated ones, KV grown lazily with `grow`).
+//! generated ones, KV grown lazily with `grow`), and decode steps that
+//! verify drafts (`Drafts`: each row's input token and drafts in one
+//! forward, sampled in order, the accepted returned per row).
 //!
 //! On the host device in every CI run (`HostRuntime`, the tiled
 //! `prefill_attention` and `count_tokens` through their references), and
@@ -155,6 +157,77 @@ where
     out
 }
 
+/// Every prompt prefilled whole, then decoded blocking with drafts until
+/// each has `steps + 1` tokens: each step, member `i` proposes the next
+/// (up to) 3 tokens of `want[i]` (what it decodes without drafts), the
+/// second of them replaced by a wrong token on every third step of member
+/// 1 (a rejection mid-row). Returns the tokens, logprobs and the drafts
+/// accepted in all.
+fn run_drafted<E: Executor<Params = SamplingParams>>(
+    e: &mut E,
+    ps: &[Vec<TokenId>],
+    steps: usize,
+    want: &Sampled,
+) -> (Sampled, usize)
+where
+    E::Error: std::fmt::Debug,
+{
+    let vocab = e.vocab_size() as u32;
+    let ids: Vec<RequestId> = (1..=ps.len() as RequestId).collect();
+    let mut out: Sampled = vec![(Vec::new(), Vec::new()); ps.len()];
+    let mut slot = 0;
+    let all: Vec<(RequestId, &[TokenId], usize)> =
+        ids.iter().zip(ps).map(|(&id, p)| (id, &p[..], 0)).collect();
+    prefill(e, &mut slot, &all, usize::MAX, &mut out);
+    let (mut accepted, mut step) = (0, 0);
+    loop {
+        let live: Vec<usize> = (0..ps.len()).filter(|&i| out[i].0.len() <= steps).collect();
+        if live.is_empty() {
+            break;
+        }
+        let (mut indptr, mut tokens) = (vec![0u32], Vec::new());
+        for &i in &live {
+            let have = out[i].0.len();
+            let mut d: Vec<TokenId> = want[i].0.iter().skip(have).take(3).copied().collect();
+            if i == 1 && step % 3 == 0 && d.len() > 1 {
+                d[1] = (d[1] + 1) % vocab;
+            }
+            // The input token's position and the drafts'.
+            let len = ps[i].len() + have + d.len();
+            assert!(e.grow(ids[i], len), "KV for {i}");
+            tokens.extend(d);
+            indptr.push(tokens.len() as u32);
+        }
+        let rows: Vec<RequestId> = live.iter().map(|&i| ids[i]).collect();
+        let drafts = Drafts {
+            indptr: &indptr,
+            tokens: &tokens,
+        };
+        e.launch_decode(slot, &rows, drafts).unwrap();
+        e.finalize_sampling(slot, None).unwrap();
+        let o = e.wait_step(slot).unwrap();
+        let lps = o.logprobs.expect("logprobs");
+        assert_eq!(o.num_rows(), live.len());
+        for (k, &i) in live.iter().enumerate() {
+            let r = o.row_range(k);
+            accepted += r.len() - 1;
+            out[i].0.extend_from_slice(&o.tokens[r.clone()]);
+            out[i].1.extend_from_slice(&lps[r]);
+        }
+        slot = 1 - slot;
+        step += 1;
+    }
+    for id in ids {
+        e.release(id);
+    }
+    assert_eq!(e.num_allocated(), 0, "a KV row left behind");
+    for o in &mut out {
+        o.0.truncate(steps + 1);
+        o.1.truncate(steps + 1);
+    }
+    (out, accepted)
+}
+
 fn weights() -> ModelWeights {
     synthetic_weights(&ModelConfig::tiny(), DType::F32, 7)
 }
@@ -170,11 +243,11 @@ fn cuda_config() -> CudaRuntimeConfig {
 
 /// Chunked prefill equals whole-prompt prefill exactly (each row's
 /// arithmetic does not depend on which step computes it), and a preempted,
-/// re-admitted sequence continues with the tokens it would have sampled;
-/// its log-probabilities agree to `tol` (0 on the CPU, whose prefill and
-/// decode compute a position alike; on a CUDA runtime the re-prefilled
-/// positions take the tiled kernel instead of the decode one, which sums
-/// in another order).
+/// re-admitted sequence continues with the tokens it would have sampled,
+/// and so does a run verifying drafts; log-probabilities agree to `tol` (0
+/// on the CPU, whose prefill and decode compute a position alike; on a
+/// CUDA runtime re-prefilled and drafted positions take the tiled kernel
+/// instead of the decode one, which sums in another order).
 fn chunks_and_readmission_match<E: Executor<Params = SamplingParams>>(e: &mut E, tol: f32)
 where
     E::Error: std::fmt::Debug,
@@ -184,6 +257,20 @@ where
     assert!(whole.iter().all(|(t, _)| t.len() == 25));
     for chunk in [5, 16] {
         assert_eq!(run(e, &ps, chunk, 24, None), whole, "chunks of {chunk}");
+    }
+    // Speculation changes no output: the drafts are the tokens decoding
+    // picks (most accepted), or one is wrong (the row keeps the tokens up
+    // to it and the one sampled in its place).
+    let (drafted, accepted) = run_drafted(e, &ps, 24, &whole);
+    assert!(accepted >= 24, "{accepted} drafts accepted");
+    for (i, ((gt, gl), (wt, wl))) in drafted.iter().zip(&whole).enumerate() {
+        assert_eq!(gt, wt, "drafted: sequence {i}");
+        for (j, (a, b)) in gl.iter().zip(wl).enumerate() {
+            assert!(
+                (a - b).abs() <= tol,
+                "drafted: sequence {i} token {j}: {a} vs {b}"
+            );
+        }
     }
     for (chunk, after) in [(usize::MAX, 10), (7, 3)] {
         let got = run(e, &ps, chunk, 24, Some(after));

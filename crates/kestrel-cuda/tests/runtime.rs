@@ -531,10 +531,10 @@ fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
     assert!(t.is_empty(), "stopped recording");
 }
 
-/// What the CUDA runtime does not do yet is refused before dispatch, by
-/// name, and leaves the runtime serving: drafts, a batch past `max_rows`,
-/// an unknown request. On the host device, so in every CI run. (Chunks and
-/// re-admissions run: `tests/prefill_chunks.rs`.)
+/// What the CUDA runtime cannot run is refused before dispatch, by name,
+/// and leaves the runtime serving: malformed drafts, a batch past
+/// `max_rows`, an unknown request. On the host device, so in every CI run.
+/// (Chunks, re-admissions and drafts run: `tests/prefill_chunks.rs`.)
 #[test]
 fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
@@ -568,13 +568,14 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     host.launch_prefill(0, &[input(3)]).unwrap();
     host.finalize_sampling(0, None).unwrap();
     host.wait_step(0).unwrap();
+    // Offsets that promise two drafts over one token.
     let drafts = Drafts {
         indptr: &[0, 2],
-        tokens: &[5, 6],
+        tokens: &[5],
     };
     assert!(matches!(
         pre(host.launch_decode(1, &[3], drafts)),
-        CudaError::Drafts(2)
+        CudaError::BadDrafts { tokens: 1, .. }
     ));
     assert!(matches!(
         pre(host.launch_decode(1, &[3, 99], Drafts::NONE)),

@@ -175,8 +175,8 @@ mod tests {
     use super::*;
 
     /// The capabilities the engine checks its configuration against are
-    /// the ones each runtime answers (CUDA: chunks and re-admission, no bias
-    /// or drafts; the CPU: all of them).
+    /// the ones each runtime answers (CUDA: chunks, re-admission and drafts,
+    /// no bias; the CPU: all of them).
     #[test]
     fn configured_capabilities_are_the_runtimes() {
         let cpu = RuntimeConfig::new(&EngineConfig::default(), 512).capabilities();
@@ -186,7 +186,7 @@ mod tests {
             ..EngineConfig::default()
         };
         let cuda = RuntimeConfig::new(&cuda_config, 512).capabilities();
-        assert!(!cuda.logit_bias && !cuda.drafts() && cuda.chunked_prefill && cuda.readmission);
+        assert!(!cuda.logit_bias && cuda.drafts() && cuda.chunked_prefill && cuda.readmission);
         assert_eq!(cuda.max_rows, cuda_config.max_batch_size);
     }
 }

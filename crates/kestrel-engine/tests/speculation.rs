@@ -6,6 +6,8 @@
 //! drafts are masked position by position: every request's tokens, text and
 //! log-probabilities with speculation equal those without, drafts are
 //! accepted (the counters say so), and a bad setting is refused by name.
+//! The CUDA runtime verifies drafts too: on its host device
+//! (`Backend::CudaHost`) speculation changes no token or text.
 
 mod common;
 
@@ -14,12 +16,17 @@ use common::{counter, rt, start_default};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, GenerateResponse,
-    PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
+    Backend, Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest,
+    GenerateResponse, PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
 };
 
 fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
+    engine_on(Backend::Cpu, mode, prefill_policy)
+}
+
+fn engine_on(backend: Backend, mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
     start_default(EngineConfig {
+        backend,
         threads: 2,
         mode,
         prefill_policy,
@@ -173,5 +180,44 @@ fn a_bad_speculation_setting_is_refused_by_name() {
         }
         other => panic!("{:?}", other.map(|_| ())),
     }
+    rt().block_on(e.shutdown(Duration::from_secs(1)));
+}
+
+/// The CUDA runtime's draft verification through the engine, on its host
+/// device: each row's input token and drafts in one forward (the tiled
+/// prefill attention after its cached prefix), sampled in order on scratch
+/// penalty counts, the accepted kept. Batched, pipelined: the same tokens
+/// and text as without speculation, drafts accepted (and some rejected).
+/// Log-probabilities agree to 1e-3 nats, not bit for bit: drafted positions
+/// run the tiled kernel instead of the decode one, which sums in another
+/// order (on the CPU both are one computation).
+#[test]
+fn the_cuda_runtime_on_its_host_device_verifies_drafts_without_changing_output() {
+    let e = engine_on(
+        Backend::CudaHost,
+        PipelineMode::Pipelined,
+        PrefillPolicy::RideAlong,
+    );
+    let plain = run(&e, &batch(Speculation::Off));
+    let drafted = run(&e, &batch(Speculation::Ngram { max_draft: 6 }));
+    for (a, b) in plain.iter().zip(&drafted) {
+        let at = &a.request_id;
+        assert_eq!(a.token_ids, b.token_ids, "{at}");
+        assert_eq!(a.text, b.text, "{at}");
+        assert_eq!(a.finish_reason, b.finish_reason, "{at}");
+        assert_eq!(a.logprobs.len(), b.logprobs.len(), "{at}");
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert_eq!(x.token_id, y.token_id, "{at}");
+            assert!((x.logprob - y.logprob).abs() < 1e-3, "{at}: {x:?} vs {y:?}");
+        }
+    }
+    let (proposed, accepted) = (
+        counter(&e, "kestrel_spec_draft_tokens_total"),
+        counter(&e, "kestrel_spec_accepted_tokens_total"),
+    );
+    assert!(
+        accepted >= 20 && accepted < proposed,
+        "{accepted} of {proposed} drafts accepted"
+    );
     rt().block_on(e.shutdown(Duration::from_secs(1)));
 }

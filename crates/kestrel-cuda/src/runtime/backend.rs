@@ -254,6 +254,48 @@ pub struct CountTokens {
     pub n: usize,
 }
 
+/// `verify_inputs` (`kernels/verify.cu`): member `i`'s forward rows
+/// `qo[i]..qo[i + 1]` get `pending[kv_rows[i]]`, then its drafts.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyInputs {
+    pub pending: u64,
+    pub kv_rows: u64,
+    pub qo: u64,
+    pub drafts: u64,
+    pub tokens: u64,
+    pub n: usize,
+}
+
+/// `draft_counts`: scratch counts row `qo[i] + j` = member `i`'s counts
+/// plus its drafts `1..=j` (read from `tokens`), for rows up to
+/// `max_rows` per member.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftCounts {
+    pub counts: u64,
+    pub kv_rows: u64,
+    pub qo: u64,
+    pub tokens: u64,
+    pub scratch: u64,
+    pub vocab: usize,
+    pub max_rows: usize,
+    pub n: usize,
+}
+
+/// `accept_drafts`: per member, the sampled tokens accepted (`accepted[i]`
+/// of them), counted into its counts, the last its pending token.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptDrafts {
+    pub qo: u64,
+    pub tokens: u64,
+    pub sampled: u64,
+    pub kv_rows: u64,
+    pub counts: u64,
+    pub pending: u64,
+    pub accepted: u64,
+    pub vocab: usize,
+    pub n: usize,
+}
+
 /// `sample_rows` (see `kernels/sample.cu`): sample `n` rows, bump each
 /// row's counts and write its `pending` token.
 #[derive(Debug, Clone, Copy)]
@@ -352,5 +394,8 @@ pub trait Device: Send + Sized + 'static {
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
     fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError>;
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError>;
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError>;
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError>;
 }

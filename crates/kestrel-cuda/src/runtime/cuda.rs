@@ -15,9 +15,9 @@ use cudarc::driver::{
 };
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, Device, EmbedGather, EmbedGatherQ,
-    Gemm, Mmvq, PagedAttention, Plain, PrefillAttention, QuantizeQ8H, ResetCounts, RopeKvAppend,
-    SampleRows, Stream, Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, Device, DraftCounts,
+    EmbedGather, EmbedGatherQ, Gemm, Mmvq, PagedAttention, Plain, PrefillAttention, QuantizeQ8H,
+    ResetCounts, RopeKvAppend, SampleRows, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
@@ -551,6 +551,44 @@ impl Device for CudaDevice {
         // SAFETY: matches `count_tokens`; rows are KV rows < counts' rows,
         // indptr holds n + 1 offsets into tokens; ids past vocab are skipped.
         unsafe { b.launch(launch_cfg((a.n as u32, 1), 128)) }?;
+        Ok(())
+    }
+
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError> {
+        let n = i(a.n);
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("verify_inputs"));
+        b.arg(&a.pending).arg(&a.kv_rows).arg(&a.qo);
+        b.arg(&a.drafts).arg(&a.tokens).arg(&n);
+        // SAFETY: matches `verify_inputs`; qo holds n + 1 offsets into
+        // tokens, drafts qo[n] - n tokens, kv_rows n rows of pending.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 32)) }?;
+        Ok(())
+    }
+
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("draft_counts"));
+        b.arg(&a.counts).arg(&a.kv_rows).arg(&a.qo).arg(&a.tokens);
+        b.arg(&a.scratch).arg(&vocab).arg(&n);
+        // SAFETY: matches `draft_counts`; scratch holds qo[n] rows of vocab
+        // counts, kv_rows are rows of counts; blocks past a member's rows return.
+        unsafe { b.launch(launch_cfg((a.n as u32, a.max_rows as u32), 256)) }?;
+        Ok(())
+    }
+
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("accept_drafts"));
+        b.arg(&a.qo).arg(&a.tokens).arg(&a.sampled).arg(&a.kv_rows);
+        b.arg(&a.counts).arg(&a.pending).arg(&a.accepted);
+        b.arg(&vocab).arg(&n);
+        // SAFETY: matches `accept_drafts` (one thread per member, members on
+        // distinct KV rows); sampled and tokens hold qo[n] rows, accepted n.
+        unsafe { b.launch(launch_cfg((a.n.div_ceil(64) as u32, 1), 64)) }?;
         Ok(())
     }
 

@@ -140,6 +140,9 @@ pub(crate) struct KvGeometry {
     pub kv_rows: usize,
     /// Positions the RoPE table covers.
     pub max_pos: usize,
+    /// Rows a verifying decode step samples at most (its draft scratch;
+    /// 0: no draft verification).
+    pub draft_rows: usize,
 }
 
 /// Weights and KV cache on one device, and the device itself.
@@ -160,6 +163,11 @@ pub(crate) struct DeviceModel<D: Device> {
     pub counts: D::Buf,
     /// Each KV row's next input token (written by sampling).
     pub pending: D::Buf,
+    /// A verifying step's per-row penalty counts (`draft_counts`) and the
+    /// pending tokens its sampling writes and nothing reads (the members'
+    /// own are `accept_drafts`'s): scratch, safe for both slots by I1.
+    pub draft_counts: D::Buf,
+    pub draft_pending: D::Buf,
     pub page_size: usize,
     /// The page past the pool that padding rows write to.
     pub trash_page: u32,
@@ -178,6 +186,7 @@ impl<D: Device> DeviceModel<D> {
             page_size,
             kv_rows,
             max_pos,
+            draft_rows,
         } = geo;
         let c = w.config.clone();
         if c.num_kv_heads == 0
@@ -261,6 +270,9 @@ impl<D: Device> DeviceModel<D> {
         let v_cache = d.alloc(kv_elems * 2)?;
         let counts = d.alloc_zeroed(kv_rows * c.vocab_size * 4)?;
         let pending = d.alloc_zeroed(kv_rows * 4)?;
+        // Written (draft_counts, sample_rows) before anything reads them.
+        let draft_counts = d.alloc(draft_rows * c.vocab_size * 4)?;
+        let draft_pending = d.alloc(draft_rows * 4)?;
         Ok(DeviceModel {
             cfg: c,
             embd,
@@ -274,6 +286,8 @@ impl<D: Device> DeviceModel<D> {
             v_cache,
             counts,
             pending,
+            draft_counts,
+            draft_pending,
             page_size,
             trash_page: num_pages as u32,
             weight_bytes,

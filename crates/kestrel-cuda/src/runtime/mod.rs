@@ -38,15 +38,18 @@ use kestrel_pipeline::{
     TokenMask,
 };
 
-use self::backend::{DevMem, Device, HostMem, SampleRows, Stream};
+use self::backend::{
+    AcceptDrafts, DevMem, Device, DraftCounts, HostMem, SampleRows, Stream, VerifyInputs,
+};
 use self::cuda::CudaDevice;
 use self::device::{DeviceModel, FwdArgs, KvGeometry};
-use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
+use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, VerifyStep, MAX_TOP};
 use self::timing::{StepEvents, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
 use crate::ffi::SampleParams;
 use crate::host::{
-    choose_bucket, graph_buckets, pack_decode, pack_prefill, DecodeLayout, DecodeRow, PrefillSeq,
+    choose_bucket, graph_buckets, pack_decode, pack_prefill, pack_verify, DecodeLayout, DecodeRow,
+    PrefillSeq, VerifyRow,
 };
 use crate::{libs, CudaError};
 
@@ -71,6 +74,10 @@ pub struct CudaRuntimeConfig {
     pub forward_rows: usize,
     /// Capture the decode forward in CUDA graphs (per slot, per bucket).
     pub cuda_graphs: bool,
+    /// Draft tokens one decode step may verify in all (speculative
+    /// decoding; 0: none). Sizes each slot's sampled rows (`max_rows` plus
+    /// this) and the draft scratch.
+    pub max_draft_tokens: usize,
     /// PTX cache directory (`None`: `<kestrel cache>/ptx`).
     pub ptx_cache: Option<PathBuf>,
 }
@@ -86,6 +93,7 @@ impl Default for CudaRuntimeConfig {
             enable_prefix_cache: true,
             forward_rows: 256,
             cuda_graphs: true,
+            max_draft_tokens: 32,
             ptx_cache: None,
         }
     }
@@ -109,6 +117,8 @@ pub struct Runtime<D: Device> {
     buckets: Vec<usize>,
     decode_rows: Vec<DecodeRow>,
     out_top: Vec<(TokenId, f32)>,
+    /// A verifying step's members' token offsets into its outputs.
+    row_indptr: Vec<u32>,
     graph_bytes: usize,
     device_name: String,
     /// Completed steps' timings while recording (`record_timings`).
@@ -229,6 +239,8 @@ impl<D: Device> Runtime<D> {
         d.bind()?;
         let mc = &weights.config;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        // Rows one step samples: the decode batch and its drafts.
+        let sampled_rows = cfg.max_rows + cfg.max_draft_tokens;
         let dev = DeviceModel::new(
             d,
             &weights,
@@ -237,6 +249,11 @@ impl<D: Device> Runtime<D> {
                 page_size: cfg.page_size,
                 kv_rows: cfg.max_rows + 1,
                 max_pos: max_context,
+                draft_rows: if cfg.max_draft_tokens > 0 {
+                    sampled_rows
+                } else {
+                    0
+                },
             },
         )?;
         // The uploads above may return before their last DMA lands (on CUDA
@@ -246,8 +263,9 @@ impl<D: Device> Runtime<D> {
         let buckets = graph_buckets(cfg.max_rows);
         let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
         let dims = SlotDims {
-            fwd_rows: cfg.max_rows.max(cfg.forward_rows),
-            max_batch: cfg.max_rows,
+            fwd_rows: sampled_rows.max(cfg.forward_rows),
+            max_batch: sampled_rows,
+            max_members: cfg.max_rows,
             hidden: mc.hidden_size,
             qkv: mc.q_dim() + 2 * mc.kv_dim(),
             q_dim: mc.q_dim(),
@@ -263,7 +281,7 @@ impl<D: Device> Runtime<D> {
             .map(|_| DecodeSlot::new(&dev.d, &dims))
             .collect::<Result<Vec<_>, _>>()?;
         let render = (0..NUM_SLOTS)
-            .map(|_| RenderBuffer::new(&dev.d, cfg.max_rows))
+            .map(|_| RenderBuffer::new(&dev.d, sampled_rows, cfg.max_rows))
             .collect::<Result<Vec<_>, _>>()?;
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
@@ -282,6 +300,7 @@ impl<D: Device> Runtime<D> {
             buckets,
             decode_rows: Vec::new(),
             out_top: Vec::new(),
+            row_indptr: Vec::new(),
             graph_bytes: 0,
             device_name,
             timings: None,
@@ -312,13 +331,13 @@ impl<D: Device> Runtime<D> {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before a device is opened: chunked prefill and re-admission of
-    /// preempted sequences (KV grows lazily); no logit bias in the device
-    /// sampler and no draft verification yet.
+    /// known before a device is opened: chunked prefill, re-admission of
+    /// preempted sequences (KV grows lazily) and draft verification up to
+    /// `cfg.max_draft_tokens`; no logit bias in the device sampler yet.
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
         Capabilities {
             max_rows: cfg.max_rows,
-            max_draft_tokens: 0,
+            max_draft_tokens: cfg.max_draft_tokens,
             logit_bias: false,
             chunked_prefill: true,
             readmission: true,
@@ -470,6 +489,151 @@ impl<D: Device> Runtime<D> {
                 .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..rows])?;
         }
         Ok(())
+    }
+
+    /// A decode step whose rows carry drafts (see [`Drafts`]): one eager
+    /// forward over each member's input token and drafts (query rows after
+    /// its cached prefix: the tiled prefill attention), logits at every
+    /// row; `finalize_sampling` samples them in order and accepts.
+    fn launch_verify(
+        &mut self,
+        slot: SlotId,
+        rows: &[RequestId],
+        drafts: Drafts<'_>,
+    ) -> Result<(), ExecError<CudaError>> {
+        let d = drafts.indptr;
+        let well_formed = d.len() == rows.len() + 1
+            && d[0] == 0
+            && d.windows(2).all(|w| w[0] <= w[1])
+            && d[rows.len()] as usize == drafts.tokens.len();
+        if !well_formed
+            || drafts.tokens.len() > self.cfg.max_draft_tokens
+            || rows.len() > self.cfg.max_rows
+        {
+            return Err(ExecError::PreDispatch(CudaError::BadDrafts {
+                rows: rows.len(),
+                offsets: d.len(),
+                tokens: drafts.tokens.len(),
+                limit: self.cfg.max_draft_tokens,
+            }));
+        }
+        self.protocol
+            .check_launch(slot)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        // Each member's input token and drafts get their KV written; the
+        // commit rolls back the rejected.
+        let spans = (0..rows.len()).map(|r| {
+            let drafts = drafts.row(r).len();
+            (rows[r], Span::Decode { drafts })
+        });
+        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
+            return Err(refused_plan(e, |i| rows[i]));
+        }
+        // Planned: from here a failure is a bug or a device fault (fatal).
+        let (book, s) = (&self.book, &mut self.slots[slot]);
+        let kv = &s.kv;
+        let members: Vec<VerifyRow<'_>> = (0..rows.len())
+            .map(|i| VerifyRow {
+                kv_row: kv.rows[i],
+                pos: kv.starts[i],
+                drafts: drafts.row(i),
+            })
+            .collect();
+        let mut words = std::mem::take(&mut s.prefill_words);
+        let layout = pack_verify(&members, &kv.indices, self.cfg.page_size, &mut words)
+            .map_err(|e| ExecError::Fatal(e.into()))?;
+        // Every row samples with its member's parameters.
+        let (params, mut top_n, mut q) = (s.params_host.as_mut_slice(), 0, 0);
+        for (i, &id) in rows.iter().enumerate() {
+            let Some(meta) = book.get(id).map(|seq| &seq.meta) else {
+                return Err(fatal(CudaError::UnknownRequest(id)));
+            };
+            top_n = top_n.max(meta.top_logprobs as usize);
+            for p in &mut params[q..q + 1 + drafts.row(i).len()] {
+                *p = SampleParams::from(meta);
+            }
+            q += 1 + drafts.row(i).len();
+        }
+        s.verify_qo.clear();
+        s.verify_qo
+            .extend_from_slice(&words[layout.qo()..layout.qo() + rows.len() + 1]);
+        s.ensure_prefill_capacity(&self.dev.d, words.len())
+            .map_err(ExecError::Fatal)?;
+        s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
+        s.prefill_words = words;
+        self.dev.d.bind().map_err(fatal)?;
+        let timed = self
+            .mark(slot, |e| &e.forward_start)
+            .map_err(ExecError::Fatal)?;
+        let s = &self.slots[slot];
+        let m = &s.prefill_dev;
+        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
+        // until this step's commit; destinations were sized above).
+        unsafe {
+            self.dev
+                .d
+                .htod(m.ptr(), &s.prefill_host.as_slice()[..layout.total_words()])
+                .map_err(ExecError::Fatal)?;
+            self.dev
+                .d
+                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..layout.rows])
+                .map_err(ExecError::Fatal)?;
+        }
+        let verify = VerifyStep {
+            members: rows.len(),
+            max_rows: 1
+                + (0..rows.len())
+                    .map(|i| drafts.row(i).len())
+                    .max()
+                    .unwrap_or(0),
+            qo: m.at::<u32>(layout.qo()),
+            kv_rows: m.at::<u32>(layout.kv_rows()),
+            tokens: m.at::<u32>(layout.tokens()),
+        };
+        self.dev
+            .d
+            .verify_inputs(VerifyInputs {
+                pending: self.dev.pending.ptr(),
+                kv_rows: verify.kv_rows,
+                qo: verify.qo,
+                drafts: m.at::<u32>(layout.drafts()),
+                tokens: verify.tokens,
+                n: rows.len(),
+            })
+            .map_err(fatal)?;
+        // One call: the slot's workspace holds max_rows + max_draft_tokens rows.
+        let args = FwdArgs {
+            n: layout.rows,
+            tokens: verify.tokens,
+            rows: 0,
+            positions: m.at::<u32>(layout.positions()),
+            row_seq: m.at::<u32>(layout.row_seq()),
+            slot_mapping: m.at::<u32>(layout.slot_mapping()),
+            kv_indptr: m.at::<u32>(layout.kv_indptr()),
+            kv_indices: m.at::<u32>(layout.kv_indices()),
+            out_row: 0,
+            tiled_attention: true,
+            ..self.fwd_args(slot, 0)
+        };
+        self.dev.forward_layers(&args).map_err(fatal)?;
+        self.dev
+            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.rows)
+            .map_err(fatal)?;
+        if timed {
+            self.mark(slot, |e| &e.forward_end)
+                .map_err(ExecError::Fatal)?;
+        }
+        let state = StepState {
+            kind: StepKind::Decode,
+            n: layout.rows,
+            top_n: top_n.min(MAX_TOP),
+            rows_ptr: m.at::<u32>(layout.sample_rows()),
+            positions_ptr: m.at::<u32>(layout.sample_pos()),
+            step: self.protocol.next_step(),
+            timed,
+            verify: Some(verify),
+        };
+        self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
 
     /// Book a launched step: the slot's place in launch order (checked by
@@ -673,6 +837,7 @@ impl<D: Device> Executor for Runtime<D> {
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
             timed,
+            verify: None,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -681,8 +846,8 @@ impl<D: Device> Executor for Runtime<D> {
         self.book.cached_prompt_tokens(id)
     }
 
-    /// Drafts are not verified here (`capabilities().max_draft_tokens` is
-    /// 0): a step that carries any is refused by name.
+    /// A step with drafts verifies them ([`Runtime::launch_verify`]);
+    /// otherwise the bucket's captured graph (or its eager forward) runs.
     fn launch_decode(
         &mut self,
         slot: SlotId,
@@ -690,9 +855,7 @@ impl<D: Device> Executor for Runtime<D> {
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<CudaError>> {
         if !drafts.is_empty() {
-            return Err(ExecError::PreDispatch(CudaError::Drafts(
-                drafts.tokens.len(),
-            )));
+            return self.launch_verify(slot, rows, drafts);
         }
         self.protocol
             .check_launch(slot)
@@ -765,6 +928,7 @@ impl<D: Device> Executor for Runtime<D> {
             positions_ptr: s.meta_dev.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
             timed,
+            verify: None,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -818,14 +982,36 @@ impl<D: Device> Executor for Runtime<D> {
             }
             None => (0, 0, 0),
         };
+        // A verifying step samples each row on scratch counts that include
+        // the drafts before it, then accepts (see `kernels/verify.cu`).
+        let verify = state.verify;
+        let (counts, pending) = match verify {
+            Some(v) => {
+                self.dev
+                    .d
+                    .draft_counts(DraftCounts {
+                        counts: self.dev.counts.ptr(),
+                        kv_rows: v.kv_rows,
+                        qo: v.qo,
+                        tokens: v.tokens,
+                        scratch: self.dev.draft_counts.ptr(),
+                        vocab,
+                        max_rows: v.max_rows,
+                        n: v.members,
+                    })
+                    .map_err(fatal)?;
+                (self.dev.draft_counts.ptr(), self.dev.draft_pending.ptr())
+            }
+            None => (self.dev.counts.ptr(), self.dev.pending.ptr()),
+        };
         // Sample `n` rows (see `kernels/sample.cu`).
         let a = SampleRows {
             n,
             top_n,
             logits: s.logits.ptr(),
             vocab,
-            counts: self.dev.counts.ptr(),
-            pending: self.dev.pending.ptr(),
+            counts,
+            pending,
             mask_words,
             mask_flags,
             words_per_row: wpr,
@@ -839,6 +1025,22 @@ impl<D: Device> Executor for Runtime<D> {
         };
         if n > 0 {
             self.dev.d.sample_rows(a).map_err(fatal)?;
+        }
+        if let Some(v) = verify {
+            self.dev
+                .d
+                .accept_drafts(AcceptDrafts {
+                    qo: v.qo,
+                    tokens: v.tokens,
+                    sampled: s.out_tokens.ptr(),
+                    kv_rows: v.kv_rows,
+                    counts: self.dev.counts.ptr(),
+                    pending: self.dev.pending.ptr(),
+                    accepted: s.out_accepted.ptr(),
+                    vocab,
+                    n: v.members,
+                })
+                .map_err(fatal)?;
         }
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
@@ -866,6 +1068,11 @@ impl<D: Device> Executor for Runtime<D> {
                     d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
                         .map_err(ExecError::Fatal)?;
                 }
+                if let Some(v) = verify {
+                    let acc = &mut r.accepted.as_mut_slice()[..v.members];
+                    d.dtoh(acc, s.out_accepted.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
             }
         }
         d.record(&r.copy_done, Stream::Copy)
@@ -883,8 +1090,38 @@ impl<D: Device> Executor for Runtime<D> {
             .state
             .take()
             .ok_or(StateError::SlotBusy(slot))?;
-        // The step's KV is written: a prefill publishes its prompt pages.
-        self.book.commit_step(&self.slots[slot].kv, None)?;
+        // A verifying step's outputs, compacted to each member's accepted
+        // tokens (row `qo[i] + j` moves to `row_indptr[i] + j`).
+        self.row_indptr.clear();
+        let mut n_out = state.n;
+        if let Some(v) = state.verify {
+            let (qo, r) = (&self.slots[slot].verify_qo, &mut self.render[slot]);
+            let t = state.top_n;
+            self.row_indptr.push(0);
+            let mut w = 0usize;
+            for (i, &k) in r.accepted.as_slice()[..v.members]
+                .to_vec()
+                .iter()
+                .enumerate()
+            {
+                let (a, k) = (qo[i] as usize, k as usize);
+                r.tokens.as_mut_slice().copy_within(a..a + k, w);
+                r.logprobs.as_mut_slice().copy_within(a..a + k, w);
+                r.top_ids
+                    .as_mut_slice()
+                    .copy_within(a * t..(a + k) * t, w * t);
+                r.top_lps
+                    .as_mut_slice()
+                    .copy_within(a * t..(a + k) * t, w * t);
+                w += k;
+                self.row_indptr.push(w as u32);
+            }
+            n_out = w;
+        }
+        // The step's KV is written: a prefill publishes its prompt pages, a
+        // verifying member keeps the positions of the tokens it accepted.
+        let accepted = state.verify.map(|_| &self.row_indptr[..]);
+        self.book.commit_step(&self.slots[slot].kv, accepted)?;
         if state.timed && self.timings.is_some() {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
@@ -899,7 +1136,7 @@ impl<D: Device> Executor for Runtime<D> {
             }
         }
         let r = &self.render[slot];
-        let (n, top_n) = (state.n, state.top_n);
+        let (n, top_n) = (n_out, state.top_n);
         self.out_top.clear();
         let ids = &r.top_ids.as_slice()[..n * top_n];
         let lps = &r.top_lps.as_slice()[..n * top_n];
@@ -910,7 +1147,7 @@ impl<D: Device> Executor for Runtime<D> {
             logprobs: Some(&r.logprobs.as_slice()[..n]),
             top_logprobs: &self.out_top,
             top_n,
-            row_indptr: &[],
+            row_indptr: &self.row_indptr,
         })
     }
 

@@ -14,6 +14,10 @@
 //   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
 //                                     f16 rows of prefill_attention
 //   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
+//   verify VOCAB N MAXROWS PENDING KV_ROWS QO DRAFTS COUNTS SAMPLED
+//          OUT_TOKENS OUT_SCRATCH OUT_COUNTS OUT_PENDING OUT_ACCEPTED
+//                                     verify_inputs, draft_counts, then
+//                                     accept_drafts of SAMPLED
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -164,6 +168,31 @@ int main(int argc, char** argv) {
             count_tokens(counts.data(), rows.data(), indptr.data(), tokens.data(), vocab, n);
         });
         spit(argv[8], counts);
+        return 0;
+    }
+    if (mode == "verify" && argc == 16) {
+        int vocab = I(2), n = I(3), maxrows = I(4);
+        std::vector<u32> pending = read_as<u32>(argv[5]), rows = read_as<u32>(argv[6]);
+        std::vector<u32> qo = read_as<u32>(argv[7]), drafts = read_as<u32>(argv[8]);
+        std::vector<u32> counts = read_as<u32>(argv[9]), sampled = read_as<u32>(argv[10]);
+        size_t total = qo[n];
+        std::vector<u32> tokens(total), scratch(total * vocab), accepted(n);
+        launch({n, 1, 1}, 32, [&] {
+            verify_inputs(pending.data(), rows.data(), qo.data(), drafts.data(), tokens.data(), n);
+        });
+        launch({n, maxrows, 1}, 256, [&] {
+            draft_counts(counts.data(), rows.data(), qo.data(), tokens.data(), scratch.data(),
+                         vocab, n);
+        });
+        launch({(n + 63) / 64, 1, 1}, 64, [&] {
+            accept_drafts(qo.data(), tokens.data(), sampled.data(), rows.data(), counts.data(),
+                          pending.data(), accepted.data(), vocab, n);
+        });
+        spit(argv[11], tokens);
+        spit(argv[12], scratch);
+        spit(argv[13], counts);
+        spit(argv[14], pending);
+        spit(argv[15], accepted);
         return 0;
     }
     return 2;
