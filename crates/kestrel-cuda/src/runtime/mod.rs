@@ -1095,22 +1095,26 @@ impl<D: Device> Executor for Runtime<D> {
         self.row_indptr.clear();
         let mut n_out = state.n;
         if let Some(v) = state.verify {
-            let (qo, r) = (&self.slots[slot].verify_qo, &mut self.render[slot]);
+            let qo = &self.slots[slot].verify_qo;
+            let RenderBuffer {
+                tokens,
+                logprobs,
+                top_ids,
+                top_lps,
+                accepted,
+                ..
+            } = &mut self.render[slot];
             let t = state.top_n;
             self.row_indptr.push(0);
             let mut w = 0usize;
-            for (i, &k) in r.accepted.as_slice()[..v.members]
-                .to_vec()
-                .iter()
-                .enumerate()
-            {
+            for (i, &k) in accepted.as_slice()[..v.members].iter().enumerate() {
                 let (a, k) = (qo[i] as usize, k as usize);
-                r.tokens.as_mut_slice().copy_within(a..a + k, w);
-                r.logprobs.as_mut_slice().copy_within(a..a + k, w);
-                r.top_ids
+                tokens.as_mut_slice().copy_within(a..a + k, w);
+                logprobs.as_mut_slice().copy_within(a..a + k, w);
+                top_ids
                     .as_mut_slice()
                     .copy_within(a * t..(a + k) * t, w * t);
-                r.top_lps
+                top_lps
                     .as_mut_slice()
                     .copy_within(a * t..(a + k) * t, w * t);
                 w += k;
