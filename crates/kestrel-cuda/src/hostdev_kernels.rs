@@ -2,12 +2,15 @@
 //! `kernels/*.cu` computes, on the same buffers (weights in their file's
 //! encoding, int8 activation blocks, f16 KV cache and GEMM inputs; f32
 //! residual stream, matmul outputs and logits), row by row in one thread.
-//! The ops of the quantized path, the norms and the fused RoPE + KV append
-//! call their kernels' host references ([`crate::reference`], which
-//! `tests/kernel_source.rs` holds bit for bit against the CUDA source); the
-//! GEMM (cuBLAS on the GPU), attention and SwiGLU sum in their own order,
-//! so values agree with the GPU's to rounding; greedy tokens are what
-//! parity checks.
+//! The ops of the quantized path, the norms, the fused RoPE + KV append,
+//! the tiled prefill attention and the penalty and draft kernels call their
+//! kernels' host references ([`crate::reference`], which
+//! `tests/kernel_source.rs` holds bit for bit against the CUDA source);
+//! decode attention runs the prefill attention's reference too (the same
+//! attention, so a position computes alike in any step, as on the CPU);
+//! the GEMM (cuBLAS on the GPU) and SwiGLU sum in their own order, so
+//! values agree with the GPU's to rounding; greedy tokens are what parity
+//! checks.
 //!
 //! Every op slices its buffers through [`HostMemory`] (bounds-checked) after
 //! checking its output disjoint from its inputs ([`disjoint`]). Cost: the
@@ -393,71 +396,21 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
     Ok(())
 }
 
+/// `paged_attention` (one query row per sequence) in the arithmetic of
+/// `prefill_attention`'s reference: the two kernels compute the same
+/// attention (up to the order of their sums on a GPU), and here a position
+/// comes out bit for bit alike whichever step computes it (decode, a
+/// prefill chunk, a re-prefill after preemption, a drafted row), as on the
+/// CPU runtime, so the engine's equivalence tests hold on the host device
+/// exactly.
 pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), CudaError> {
-    let (n, hd, ps) = (a.n, a.head_dim, a.page_size);
-    let kv_dim = a.num_kv_heads * hd;
-    let group = a.num_heads / a.num_kv_heads;
-    // Each row's (length, pages), read before any write.
-    let mut rows = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: read-only metadata slices.
-        let pages = unsafe {
-            let s = m.slice::<u32>(a.row_seq + 4 * i as u64, 1)?[0];
-            let len = m.slice::<u32>(a.row_pos + 4 * i as u64, 1)?[0] as usize + 1;
-            let start = m.slice::<u32>(a.kv_indptr + 4 * u64::from(s), 1)?[0];
-            let pages = m.slice::<u32>(a.kv_indices + 4 * u64::from(start), len.div_ceil(ps))?;
-            (len, pages.to_vec())
-        };
-        rows.push(pages);
-    }
-    let max_page = rows.iter().map(|(_, p)| max_u32(p)).max().unwrap_or(0);
-    let cache_len = (max_page + 1) * ps * kv_dim;
-    let out_len = n * a.num_heads * hd;
-    disjoint(&[
-        (a.out, out_len * 2),
-        (a.qkv, n * a.stride * 4),
-        (a.k_cache, cache_len * 2),
-        (a.v_cache, cache_len * 2),
-    ])?;
-    // SAFETY: the output is disjoint from every input (checked above).
-    let (qkv, kc, vc, out) = unsafe {
-        (
-            m.slice::<f32>(a.qkv, n * a.stride)?,
-            m.slice::<f16>(a.k_cache, cache_len)?,
-            m.slice::<f16>(a.v_cache, cache_len)?,
-            m.slice_mut::<f16>(a.out, out_len)?,
-        )
-    };
-    let (mut kf, mut scores, mut acc) = (vec![0f32; hd], Vec::new(), vec![0f32; hd]);
-    for (i, (len, pages)) in rows.iter().enumerate() {
-        for h in 0..a.num_heads {
-            let q = &qkv[i * a.stride + h * hd..i * a.stride + (h + 1) * hd];
-            let g = h / group;
-            let at = |j: usize| (pages[j / ps] as usize * ps + j % ps) * kv_dim + g * hd;
-            scores.clear();
-            for j in 0..*len {
-                kc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
-                scores.push(dot(q, &kf) * a.scale);
-            }
-            let mx = scores.iter().fold(NEG, |x, &s| x.max(s));
-            acc.iter_mut().for_each(|v| *v = 0.0);
-            let mut l = 0f32;
-            for (j, s) in scores.iter().enumerate() {
-                let p = kexp(s - mx);
-                l += p;
-                vc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
-                for (av, vv) in acc.iter_mut().zip(&kf) {
-                    *av += p * vv;
-                }
-            }
-            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-            let o = &mut out[(i * a.num_heads + h) * hd..(i * a.num_heads + h + 1) * hd];
-            for (ov, av) in o.iter_mut().zip(&acc) {
-                *ov = f16::from_f32(av * inv);
-            }
-        }
-    }
-    Ok(())
+    prefill_attention(
+        m,
+        &PrefillAttention {
+            attn: *a,
+            window: 0,
+        },
+    )
 }
 
 /// `prefill_attention`: its host reference ([`reference::prefill_attention`],

@@ -203,30 +203,41 @@ fn aborts_under_pressure_free_every_page() {
 /// device: KV grows lazily, a preempted sequence files its written pages
 /// and is prefilled again (in chunks, the prefix cache serving its first
 /// pages) with the tokens it generated counted for its penalties; every
-/// request gets the tokens and text of a roomy cache, and no page is left.
-/// Log-probabilities agree to 1e-3 nats, not bit for bit: the re-prefilled
-/// positions run the tiled prefill attention instead of the decode kernel,
-/// which sums in another order (on the CPU both are one computation).
+/// request gets exactly the tokens, text and log-probabilities of a roomy
+/// cache, and no page is left. 24 tokens a request (the host device is
+/// slow), chunks of 8 in both runs: every forward then takes the same
+/// matmul path per row (`mmvq_*`), so a position computes alike in any
+/// step, as on the CPU.
 #[test]
 fn the_cuda_runtime_on_its_host_device_preempts_and_completes_every_request() {
-    let reqs = batch();
-    let cuda_host = |chunk, pages| {
+    let reqs: Vec<GenerateRequest> = batch()
+        .into_iter()
+        .map(|mut r| {
+            r.max_new_tokens = Some(24);
+            if let Some(Constraint::Regex(re)) = &mut r.constraint {
+                // Short enough to end within 24 tokens.
+                *re = "[a-z]+( [a-z]+){8,12}".into();
+            }
+            r
+        })
+        .collect();
+    let cuda_host = |pages| {
         engine_on(
             Backend::CudaHost,
             PipelineMode::Pipelined,
             PrefillPolicy::RideAlong,
-            chunk,
+            8,
             pages,
         )
     };
     let reference = {
-        let e = cuda_host(0, ROOMY);
+        let e = cuda_host(ROOMY);
         let out = run(&e, &reqs);
         assert_eq!(preemptions(&e), 0);
         rt().block_on(e.shutdown(Duration::from_secs(1)));
         out
     };
-    let e = cuda_host(8, TIGHT);
+    let e = cuda_host(TIGHT);
     let out = run(&e, &reqs);
     let n = preemptions(&e);
     assert!(n > 0, "nothing preempted");
@@ -234,12 +245,8 @@ fn the_cuda_runtime_on_its_host_device_preempts_and_completes_every_request() {
         let at = format!("{n} preemptions: {}", got.request_id);
         assert_eq!(want.token_ids, got.token_ids, "{at}");
         assert_eq!(want.text, got.text, "{at}");
+        assert_eq!(want.logprobs, got.logprobs, "{at}");
         assert_eq!(want.finish_reason, got.finish_reason, "{at}");
-        assert_eq!(want.logprobs.len(), got.logprobs.len(), "{at}");
-        for (x, y) in want.logprobs.iter().zip(&got.logprobs) {
-            assert_eq!(x.token_id, y.token_id, "{at}");
-            assert!((x.logprob - y.logprob).abs() < 1e-3, "{at}: {x:?} vs {y:?}");
-        }
     }
     wait_idle(&e);
     rt().block_on(e.shutdown(Duration::from_secs(1)));

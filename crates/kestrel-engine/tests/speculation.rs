@@ -21,12 +21,7 @@ use kestrel_engine::{
 };
 
 fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
-    engine_on(Backend::Cpu, mode, prefill_policy)
-}
-
-fn engine_on(backend: Backend, mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
     start_default(EngineConfig {
-        backend,
         threads: 2,
         mode,
         prefill_policy,
@@ -186,31 +181,26 @@ fn a_bad_speculation_setting_is_refused_by_name() {
 /// The CUDA runtime's draft verification through the engine, on its host
 /// device: each row's input token and drafts in one forward (the tiled
 /// prefill attention after its cached prefix), sampled in order on scratch
-/// penalty counts, the accepted kept. Batched, pipelined: the same tokens
-/// and text as without speculation, drafts accepted (and some rejected).
-/// Log-probabilities agree to 1e-3 nats, not bit for bit: drafted positions
-/// run the tiled kernel instead of the decode one, which sums in another
-/// order (on the CPU both are one computation).
+/// penalty counts, the accepted kept. Batched, pipelined: exactly the
+/// tokens, text and log-probabilities of decoding without speculation,
+/// drafts accepted (and some rejected). Prefill in chunks of 16, so every
+/// forward takes the same matmul path per row (`mmvq_*`) and a position
+/// computes alike in any step, as on the CPU.
 #[test]
 fn the_cuda_runtime_on_its_host_device_verifies_drafts_without_changing_output() {
-    let e = engine_on(
-        Backend::CudaHost,
-        PipelineMode::Pipelined,
-        PrefillPolicy::RideAlong,
-    );
+    let e = start_default(EngineConfig {
+        backend: Backend::CudaHost,
+        mode: PipelineMode::Pipelined,
+        prefill_policy: PrefillPolicy::RideAlong,
+        prefill_chunk: Some(16),
+        max_batch_size: 8,
+        kv_pages: 512,
+        max_seq_len: Some(1024),
+        ..EngineConfig::default()
+    });
     let plain = run(&e, &batch(Speculation::Off));
     let drafted = run(&e, &batch(Speculation::Ngram { max_draft: 6 }));
-    for (a, b) in plain.iter().zip(&drafted) {
-        let at = &a.request_id;
-        assert_eq!(a.token_ids, b.token_ids, "{at}");
-        assert_eq!(a.text, b.text, "{at}");
-        assert_eq!(a.finish_reason, b.finish_reason, "{at}");
-        assert_eq!(a.logprobs.len(), b.logprobs.len(), "{at}");
-        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
-            assert_eq!(x.token_id, y.token_id, "{at}");
-            assert!((x.logprob - y.logprob).abs() < 1e-3, "{at}: {x:?} vs {y:?}");
-        }
-    }
+    same(&plain, &drafted, "cuda-host");
     let (proposed, accepted) = (
         counter(&e, "kestrel_spec_draft_tokens_total"),
         counter(&e, "kestrel_spec_accepted_tokens_total"),
