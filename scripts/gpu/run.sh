@@ -4,14 +4,15 @@
 # there and unpacks them to target-gpu/pack/bin/ first).
 # Run from the repository root:
 #
-#   target-gpu/pack/run.sh [STEP...]     (default: env unit nvrtc runtime engine generate bench)
+#   target-gpu/pack/run.sh [STEP...]     (default: env unit nvrtc runtime chunks engine generate bench)
 #
 # Steps: env (driver, toolkit, libraries), unit (kestrel-cuda host logic),
 # nvrtc (every kernel through the machine's NVRTC), runtime (CPU-vs-CUDA
 # greedy parity and CUDA-event timings, the ignored GPU tests included; the
 # family fixtures from target-gpu/families when carried, see docs/cuda.md),
 # gemma (CPU-vs-CUDA greedy parity on Gemma 3 270M, joined from the carried
-# target-gpu/gemma/part.*), engine
+# target-gpu/gemma/part.*), chunks (chunked prefill and re-admission through
+# the tiled prefill kernel), engine
 # (Backend::Cuda through Engine::start), generate (the real model, CPU vs
 # CUDA greedy text), stress (the gRPC soak against Backend::Cuda: mixed,
 # cancelled, invalid, deadline and near-context-limit requests on a small KV
@@ -28,7 +29,11 @@
 # 1 and 32 streams, % of the HBM floor; models from $ACCEPT_MODELS, space-
 # separated, to split the step across calls; llama.cpp from $LLAMA_CPP_DIR or
 # the llama step's build; the table covers every model measured so far on
-# this machine and lands in $OUT/accept.md). unit, generate, bench, accept and
+# this machine and lands in $OUT/accept.md), prompt (issue 32's prompt-processing
+# table in one run: pp512, pp4096 and the time to first token of a 3072-token
+# prompt on $PROMPT_MODEL, default synth:llama-1b:f16, against llama.cpp's
+# llama-bench -ngl 99 on the same lengths when the llama step's build or
+# $LLAMA_CPP_DIR is there; $OUT/prompt/prompt.md). unit, generate, bench, accept and
 # the sanitizers' real-model half need the default model: either
 # already in $KESTREL_CACHE_DIR, or all of target-gpu/model/part.* (pack.sh
 # --model) joined here with `cat` and checked against target-gpu/model/SHA256.
@@ -240,6 +245,17 @@ step_accept() {
     return $rc
 }
 
+step_prompt() {
+    local dir=${LLAMA_CPP_DIR:-$llama_build/bin} peer=()
+    if [ -x "$dir/llama-bench" ]; then
+        peer=(--peer llama.cpp "$dir")
+    else
+        echo "no llama-bench in $dir (run the llama step or set LLAMA_CPP_DIR): Kestrel's column only"
+    fi
+    "$bin/xtask" bench --backend cuda --prompt-table --model "${PROMPT_MODEL:-synth:llama-1b:f16}" \
+        "${peer[@]}" --out "$OUT/prompt"
+}
+
 # The project's kernel entry points (kernels/*.cu), as a regex alternation.
 our_kernels() {
     grep -hoE '__global__ void (__launch_bounds__\([^)]*\) )?[A-Za-z_0-9]+\(' "$root"/kernels/*.cu |
@@ -285,7 +301,7 @@ step_sanitize() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime engine generate bench)
+[ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime chunks engine generate bench)
 for s in "${steps[@]}"; do
     case $s in
         env) step env "$root" run_env ;;
@@ -302,6 +318,10 @@ for s in "${steps[@]}"; do
                 --skip gemma3_270m
             ;;
         gemma) step gemma "$root" step_gemma ;;
+        chunks)
+            step chunks "$root/crates/kestrel-cuda" \
+                "$bin/kestrel-cuda-prefill_chunks" --include-ignored --nocapture --test-threads=1
+            ;;
         engine)
             step engine "$root/crates/kestrel-engine" \
                 "$bin/kestrel-engine-cuda_backend" --nocapture
@@ -322,6 +342,7 @@ for s in "${steps[@]}"; do
         bench-full) step bench-full "$root" step_bench bench-full ;;
         llama) step llama "$root" step_llama ;;
         accept) step accept "$root" step_accept ;;
+        prompt) step prompt "$root" step_prompt ;;
         memcheck | initcheck | racecheck | synccheck) step "$s" "$root" step_sanitize "$s" ;;
         sanitizer)
             for t in memcheck initcheck racecheck synccheck; do

@@ -50,22 +50,18 @@ pub enum CudaError {
         log: String,
     },
 
-    /// A prefill chunk short of its prompt's end, or the resumption of
-    /// one: the CUDA runtime prefills whole prompts only.
-    #[error("request {0}: the CUDA runtime prefills whole prompts only (no chunked prefill yet)")]
-    ChunkedPrefill(RequestId),
-
-    /// A sequence re-admitted after a preemption (its generated tokens in
-    /// its prompt): the CUDA runtime reserves each sequence's whole length
-    /// at admission, so it never runs short and the pipeline never preempts
-    /// on it; replaying generated tokens into its penalties is not written.
-    #[error("request {0}: the CUDA runtime does not re-admit preempted sequences")]
-    Readmission(RequestId),
-
-    /// A decode step carrying draft tokens (speculative decoding): the CUDA
-    /// runtime's capabilities say `max_draft_tokens == 0`, so the pipeline sends none.
-    #[error("a decode step with {0} draft tokens: the CUDA runtime does not verify drafts yet")]
-    Drafts(usize),
+    /// A decode step's drafts that are malformed (offsets not one per row
+    /// plus one, not ascending, not ending at the token count) or more than
+    /// `CudaRuntimeConfig::max_draft_tokens`.
+    #[error(
+        "malformed drafts: {rows} rows, {offsets} offsets, {tokens} tokens (at most {limit} per step)"
+    )]
+    BadDrafts {
+        rows: usize,
+        offsets: usize,
+        tokens: usize,
+        limit: usize,
+    },
 
     /// The model's shape or dtypes are outside what the kernels implement.
     #[error("unsupported model for the CUDA kernels: {0}")]

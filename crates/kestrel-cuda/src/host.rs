@@ -159,12 +159,21 @@ pub fn pack_decode(
 }
 
 /// One sequence of a prefill step: tokens `start..prompt.len()` are computed
-/// (the first `start` are served from the prefix cache).
+/// (the first `start` are in KV: served from the prefix cache or written by
+/// an earlier chunk).
 #[derive(Debug, Clone, Copy)]
 pub struct PrefillSeq<'a> {
     pub kv_row: u32,
+    /// The prompt up to this step's chunk end.
     pub prompt: &'a [u32],
     pub start: usize,
+    /// The chunk ends the whole prompt: the step samples the sequence's
+    /// next token from its last row.
+    pub samples: bool,
+    /// This step admits the sequence: its penalty counts are reset, then
+    /// count `generated` (the tokens a preempted sequence had sampled).
+    pub admitted: bool,
+    pub generated: &'a [u32],
 }
 
 /// Offsets of a prefill step's metadata (sized per step).
@@ -173,6 +182,12 @@ pub struct PrefillLayout {
     /// Token rows computed.
     pub tokens_n: usize,
     pub seqs: usize,
+    /// Sequences sampled (their chunk ends their prompt), in step order.
+    pub sampled: usize,
+    /// Sequences admitted by this step.
+    pub admitted: usize,
+    /// Generated tokens of the re-admitted sequences, counted for penalties.
+    pub counted: usize,
     pub pages: usize,
 }
 
@@ -189,18 +204,32 @@ impl PrefillLayout {
     pub fn slot_mapping(&self) -> usize {
         3 * self.tokens_n
     }
-    /// `i32` per token: the logits row it feeds, or -1.
+    /// `i32` per token: the logits row it feeds (the index of its sequence
+    /// among the sampled), or -1.
     pub fn out_row(&self) -> usize {
         4 * self.tokens_n
     }
+    /// KV row of each sampled sequence.
     pub fn kv_rows(&self) -> usize {
         5 * self.tokens_n
     }
+    /// RNG position of each sampled sequence (its prompt's length).
     pub fn sample_pos(&self) -> usize {
-        self.kv_rows() + self.seqs
+        self.kv_rows() + self.sampled
+    }
+    /// KV row of each admitted sequence (penalty counts reset).
+    pub fn admit_rows(&self) -> usize {
+        self.sample_pos() + self.sampled
+    }
+    /// Admitted sequence `i` counts `count_tokens[count_indptr[i]..count_indptr[i + 1]]`.
+    pub fn count_indptr(&self) -> usize {
+        self.admit_rows() + self.admitted
+    }
+    pub fn count_tokens(&self) -> usize {
+        self.count_indptr() + self.admitted + 1
     }
     pub fn kv_indptr(&self) -> usize {
-        self.sample_pos() + self.seqs
+        self.count_tokens() + self.counted
     }
     pub fn kv_indices(&self) -> usize {
         self.kv_indptr() + self.seqs + 1
@@ -211,7 +240,7 @@ impl PrefillLayout {
 }
 
 /// Pack a prefill step into `out` (resized as needed). `idx` holds each
-/// sequence's pages covering its whole prompt.
+/// sequence's pages covering its chunk.
 pub fn pack_prefill(
     seqs: &[PrefillSeq<'_>],
     idx: &PagedIndices,
@@ -224,17 +253,20 @@ pub fn pack_prefill(
             expected: seqs.len(),
         });
     }
-    let tokens_n: usize = seqs.iter().map(|s| s.prompt.len() - s.start).sum();
-    let pages = idx.kv_indptr[seqs.len()] as usize;
+    let admitted = seqs.iter().filter(|s| s.admitted);
     let l = PrefillLayout {
-        tokens_n,
+        tokens_n: seqs.iter().map(|s| s.prompt.len() - s.start).sum(),
         seqs: seqs.len(),
-        pages,
+        sampled: seqs.iter().filter(|s| s.samples).count(),
+        admitted: admitted.clone().count(),
+        counted: admitted.map(|s| s.generated.len()).sum(),
+        pages: idx.kv_indptr[seqs.len()] as usize,
     };
     out.clear();
     out.resize(l.total_words(), 0);
     let ps = page_size as u32;
-    let mut t = 0;
+    let (mut t, mut sampled, mut admit, mut counted) = (0, 0, 0, 0);
+    out[l.count_indptr()] = 0;
     for (s, seq) in seqs.iter().enumerate() {
         let a = idx.kv_indptr[s] as usize;
         let b = idx.kv_indptr[s + 1] as usize;
@@ -251,20 +283,149 @@ pub fn pack_prefill(
             out[l.positions() + t] = pos as u32;
             out[l.row_seq() + t] = s as u32;
             out[l.slot_mapping() + t] = idx.kv_indices[a + page_no] * ps + pos as u32 % ps;
-            out[l.out_row() + t] = if pos + 1 == seq.prompt.len() {
-                s as u32
+            out[l.out_row() + t] = if seq.samples && pos + 1 == seq.prompt.len() {
+                sampled as u32
             } else {
                 -1i32 as u32
             };
             t += 1;
         }
-        out[l.kv_rows() + s] = seq.kv_row;
-        out[l.sample_pos() + s] = seq.prompt.len() as u32;
+        if seq.samples {
+            out[l.kv_rows() + sampled] = seq.kv_row;
+            out[l.sample_pos() + sampled] = seq.prompt.len() as u32;
+            sampled += 1;
+        }
+        if seq.admitted {
+            out[l.admit_rows() + admit] = seq.kv_row;
+            let ct = l.count_tokens() + counted;
+            out[ct..ct + seq.generated.len()].copy_from_slice(seq.generated);
+            counted += seq.generated.len();
+            admit += 1;
+            out[l.count_indptr() + admit] = counted as u32;
+        }
     }
     let ip = l.kv_indptr();
     out[ip..ip + seqs.len() + 1].copy_from_slice(&idx.kv_indptr[..seqs.len() + 1]);
     let ki = l.kv_indices();
-    out[ki..ki + pages].copy_from_slice(&idx.kv_indices[..pages]);
+    out[ki..ki + l.pages].copy_from_slice(&idx.kv_indices[..l.pages]);
+    Ok(l)
+}
+
+/// One member of a decode step that verifies drafts: its KV row, the
+/// position of its input token, and its drafts (positions after it).
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyRow<'a> {
+    pub kv_row: u32,
+    pub pos: u32,
+    pub drafts: &'a [u32],
+}
+
+/// Offsets of a verifying decode step's metadata (sized per step): one
+/// forward row per member and per draft, member by member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VerifyLayout {
+    /// Forward (and sampled) rows: members plus drafts.
+    pub rows: usize,
+    pub members: usize,
+    pub pages: usize,
+}
+
+impl VerifyLayout {
+    /// The forward's tokens, written on the device (`verify_inputs`).
+    pub fn tokens(&self) -> usize {
+        0
+    }
+    pub fn positions(&self) -> usize {
+        self.rows
+    }
+    pub fn row_seq(&self) -> usize {
+        2 * self.rows
+    }
+    pub fn slot_mapping(&self) -> usize {
+        3 * self.rows
+    }
+    /// `0..rows`: the sampled rows' counts rows in the draft scratch.
+    pub fn sample_rows(&self) -> usize {
+        4 * self.rows
+    }
+    /// Each row's RNG position (its position + 1, as decoding samples it).
+    pub fn sample_pos(&self) -> usize {
+        5 * self.rows
+    }
+    pub fn kv_rows(&self) -> usize {
+        6 * self.rows
+    }
+    /// Member `i`'s rows are `qo[i]..qo[i + 1]`.
+    pub fn qo(&self) -> usize {
+        self.kv_rows() + self.members
+    }
+    /// Every member's drafts, in member order.
+    pub fn drafts(&self) -> usize {
+        self.qo() + self.members + 1
+    }
+    pub fn kv_indptr(&self) -> usize {
+        self.drafts() + self.rows - self.members
+    }
+    pub fn kv_indices(&self) -> usize {
+        self.kv_indptr() + self.members + 1
+    }
+    pub fn total_words(&self) -> usize {
+        self.kv_indices() + self.pages
+    }
+}
+
+/// Pack a verifying decode step into `out` (resized as needed). `idx`
+/// holds each member's pages covering its input token and drafts.
+pub fn pack_verify(
+    members: &[VerifyRow<'_>],
+    idx: &PagedIndices,
+    page_size: usize,
+    out: &mut Vec<u32>,
+) -> Result<VerifyLayout, PackError> {
+    if idx.len() != members.len() {
+        return Err(PackError::IndicesMismatch {
+            got: idx.len(),
+            expected: members.len(),
+        });
+    }
+    let l = VerifyLayout {
+        rows: members.iter().map(|m| 1 + m.drafts.len()).sum(),
+        members: members.len(),
+        pages: idx.kv_indptr[members.len()] as usize,
+    };
+    out.clear();
+    out.resize(l.total_words(), 0);
+    let ps = page_size as u32;
+    let (mut q, mut d) = (0, 0);
+    for (i, m) in members.iter().enumerate() {
+        let (a, b) = (idx.kv_indptr[i] as usize, idx.kv_indptr[i + 1] as usize);
+        out[l.qo() + i] = q as u32;
+        for j in 0..=m.drafts.len() {
+            let pos = m.pos + j as u32;
+            let page_no = (pos / ps) as usize;
+            if a + page_no >= b {
+                return Err(PackError::PositionOutsidePages {
+                    row: i,
+                    pos,
+                    pages: b - a,
+                });
+            }
+            out[l.positions() + q] = pos;
+            out[l.row_seq() + q] = i as u32;
+            out[l.slot_mapping() + q] = idx.kv_indices[a + page_no] * ps + pos % ps;
+            out[l.sample_rows() + q] = q as u32;
+            out[l.sample_pos() + q] = pos + 1;
+            q += 1;
+        }
+        out[l.kv_rows() + i] = m.kv_row;
+        out[l.drafts() + d..l.drafts() + d + m.drafts.len()].copy_from_slice(m.drafts);
+        d += m.drafts.len();
+    }
+    out[l.qo() + members.len()] = q as u32;
+    let ip = l.kv_indptr();
+    out[ip..ip + members.len() + 1].copy_from_slice(&idx.kv_indptr[..members.len() + 1]);
+    let ki = l.kv_indices();
+    out[ki..ki + l.pages].copy_from_slice(&idx.kv_indices[..l.pages]);
     Ok(l)
 }
 
@@ -436,11 +597,17 @@ mod tests {
                 kv_row: r1,
                 prompt: &p1,
                 start: 4,
+                samples: true,
+                admitted: false,
+                generated: &[],
             },
             PrefillSeq {
                 kv_row: r2,
                 prompt: &p2,
                 start: 0,
+                samples: true,
+                admitted: true,
+                generated: &[],
             },
         ];
         let mut out = Vec::new();
@@ -454,6 +621,103 @@ mod tests {
         assert_eq!(out[l.slot_mapping()], t.pages(r1)[1] * 4);
         assert_eq!(out[l.slot_mapping() + 3], t.pages(r2)[0] * 4 + 2);
         assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[5, 3]);
+        assert_eq!(&out[l.admit_rows()..l.admit_rows() + 1], &[r2]);
+        assert_eq!(out.len(), l.total_words());
+    }
+
+    #[test]
+    fn verify_packing_lays_out_each_member_and_its_drafts() {
+        let mut t = table();
+        let (r1, r2) = (t.allocate().unwrap(), t.allocate().unwrap());
+        t.reserve(r1, 7).unwrap();
+        t.reserve(r2, 2).unwrap();
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 7), (r2, 2)], &mut idx).unwrap();
+        // Member 1 at position 3 with drafts 8, 9, 10 (positions 4..=6:
+        // across a page boundary); member 2 at 1 without drafts.
+        let members = [
+            VerifyRow {
+                kv_row: r1,
+                pos: 3,
+                drafts: &[8, 9, 10],
+            },
+            VerifyRow {
+                kv_row: r2,
+                pos: 1,
+                drafts: &[],
+            },
+        ];
+        let mut out = Vec::new();
+        let l = pack_verify(&members, &idx, 4, &mut out).unwrap();
+        assert_eq!((l.rows, l.members), (5, 2));
+        assert_eq!(&out[l.positions()..l.positions() + 5], &[3, 4, 5, 6, 1]);
+        assert_eq!(&out[l.row_seq()..l.row_seq() + 5], &[0, 0, 0, 0, 1]);
+        assert_eq!(&out[l.sample_pos()..l.sample_pos() + 5], &[4, 5, 6, 7, 2]);
+        assert_eq!(&out[l.sample_rows()..l.sample_rows() + 5], &[0, 1, 2, 3, 4]);
+        assert_eq!(&out[l.qo()..l.qo() + 3], &[0, 4, 5]);
+        assert_eq!(&out[l.drafts()..l.drafts() + 3], &[8, 9, 10]);
+        assert_eq!(&out[l.kv_rows()..l.kv_rows() + 2], &[r1, r2]);
+        assert_eq!(out[l.slot_mapping() + 1], t.pages(r1)[1] * 4);
+        assert_eq!(out.len(), l.total_words());
+        let short = [VerifyRow {
+            kv_row: r2,
+            pos: 1,
+            drafts: &[5, 6, 7],
+        }];
+        let mut one = PagedIndices::default();
+        t.write_indices(&[(r2, 2)], &mut one).unwrap();
+        assert!(matches!(
+            pack_verify(&short, &one, 4, &mut out),
+            Err(PackError::PositionOutsidePages { pos: 4, .. })
+        ));
+    }
+
+    /// A chunk short of its prompt's end feeds no logits row and is not
+    /// sampled; sampled sequences are numbered among themselves; a
+    /// re-admitted sequence's generated tokens are listed for its counts.
+    #[test]
+    fn prefill_packing_samples_only_chunks_that_end_their_prompt() {
+        let mut t = table();
+        let (r1, r2, r3) = (
+            t.allocate().unwrap(),
+            t.allocate().unwrap(),
+            t.allocate().unwrap(),
+        );
+        for r in [r1, r2, r3] {
+            t.reserve(r, 6).unwrap();
+        }
+        let mut idx = PagedIndices::default();
+        t.write_indices(&[(r1, 3), (r2, 6), (r3, 2)], &mut idx)
+            .unwrap();
+        let (p1, p2, p3) = ([10, 11, 12], [20, 21, 22, 23, 24, 25], [30, 31]);
+        let seq = |kv_row, prompt, start, samples, admitted, generated| PrefillSeq {
+            kv_row,
+            prompt,
+            start,
+            samples,
+            admitted,
+            generated,
+        };
+        let seqs = [
+            // The first chunk of a longer prompt: admitted, not sampled.
+            seq(r1, &p1[..], 0, false, true, &[][..]),
+            // A resumed chunk that ends its prompt.
+            seq(r2, &p2[..], 4, true, false, &[]),
+            // A re-admission that had generated 31, in one chunk.
+            seq(r3, &p3[..], 0, true, true, &p3[1..]),
+        ];
+        let mut out = Vec::new();
+        let l = pack_prefill(&seqs, &idx, 4, &mut out).unwrap();
+        assert_eq!((l.tokens_n, l.sampled, l.admitted, l.counted), (7, 2, 2, 1));
+        let m = u32::MAX;
+        let rows = &out[l.out_row()..l.out_row() + 7];
+        assert_eq!(rows, &[m, m, m, m, 0, m, 1]);
+        assert_eq!(&out[l.kv_rows()..l.kv_rows() + 2], &[r2, r3]);
+        assert_eq!(&out[l.sample_pos()..l.sample_pos() + 2], &[6, 2]);
+        assert_eq!(&out[l.admit_rows()..l.admit_rows() + 2], &[r1, r3]);
+        assert_eq!(&out[l.count_indptr()..l.count_indptr() + 3], &[0, 0, 1]);
+        assert_eq!(out[l.count_tokens()], 31);
+        assert_eq!(&out[l.positions() + 3..l.positions() + 5], &[4, 5]);
         assert_eq!(out.len(), l.total_words());
     }
 

@@ -30,9 +30,10 @@ use kestrel_model::ModelWeights;
 use crate::hostdev_kernels as k;
 pub use crate::hostdev_kernels::{sample_row, SampleRow};
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ,
-    GeluMul, GeluMulQ8, Gemm, HostMem, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts,
-    RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device,
+    DraftCounts, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, HostMem, Mmvq,
+    PagedAttention, Plain, PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend,
+    SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -129,6 +130,7 @@ enum Op {
     AddBias(AddBias),
     RopeKvAppend(RopeKvAppend),
     PagedAttention(PagedAttention),
+    PrefillAttention(PrefillAttention),
     Swiglu(Swiglu),
     SwigluQ8(SwigluQ8),
     GeluMul(GeluMul),
@@ -137,6 +139,10 @@ enum Op {
     ScaleF32(ScaleF32),
     Softcap(Softcap),
     ResetCounts(ResetCounts),
+    CountTokens(CountTokens),
+    VerifyInputs(VerifyInputs),
+    DraftCounts(DraftCounts),
+    AcceptDrafts(AcceptDrafts),
     SampleRows(SampleRows),
 }
 
@@ -318,6 +324,7 @@ impl HostDevice {
             Op::AddBias(a) => k::add_bias(m, a),
             Op::RopeKvAppend(a) => k::rope_kv_append(m, a),
             Op::PagedAttention(a) => k::paged_attention(m, a),
+            Op::PrefillAttention(a) => k::prefill_attention(m, a),
             Op::Swiglu(a) => k::swiglu(m, a),
             Op::SwigluQ8(a) => k::swiglu_q8(m, a),
             Op::GeluMul(a) => k::gelu_mul(m, a),
@@ -326,6 +333,10 @@ impl HostDevice {
             Op::ScaleF32(a) => k::scale_f32(m, a),
             Op::Softcap(a) => k::softcap(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
+            Op::CountTokens(a) => k::count_tokens(m, a),
+            Op::VerifyInputs(a) => k::verify_inputs(m, a),
+            Op::DraftCounts(a) => k::draft_counts(m, a),
+            Op::AcceptDrafts(a) => k::accept_drafts(m, a),
             Op::SampleRows(a) => k::sample_rows(m, a),
         }
     }
@@ -509,6 +520,9 @@ impl Device for HostDevice {
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
         self.submit(Op::PagedAttention(a))
     }
+    fn prefill_attention(&self, a: PrefillAttention) -> Result<(), CudaError> {
+        self.submit(Op::PrefillAttention(a))
+    }
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
         self.submit(Op::Swiglu(a))
     }
@@ -532,6 +546,18 @@ impl Device for HostDevice {
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))
+    }
+    fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError> {
+        self.submit(Op::CountTokens(a))
+    }
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError> {
+        self.submit(Op::VerifyInputs(a))
+    }
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError> {
+        self.submit(Op::DraftCounts(a))
+    }
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError> {
+        self.submit(Op::AcceptDrafts(a))
     }
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError> {
         self.submit(Op::SampleRows(a))

@@ -3,12 +3,15 @@
 //! encoding, int8 activation blocks, f16 KV cache and GEMM inputs; f32
 //! residual stream, matmul outputs and logits), row by row in one thread.
 //! The ops of the quantized path, the norms (post-norms included), the
-//! fused RoPE + KV append (with its q/k norms), GELU-tanh and the softcap
-//! call their kernels' host references ([`crate::reference`], which
-//! `tests/kernel_source.rs` holds bit for bit against the CUDA source); the
-//! GEMM (cuBLAS on the GPU), attention and SwiGLU sum in their own order,
-//! so values agree with the GPU's to rounding; greedy tokens are what
-//! parity checks.
+//! fused RoPE + KV append (with its q/k norms), GELU-tanh, the softcap, the
+//! tiled prefill attention and the penalty and draft kernels call their
+//! kernels' host references ([`crate::reference`], which
+//! `tests/kernel_source.rs` holds bit for bit against the CUDA source);
+//! decode attention runs the prefill attention's reference too (the same
+//! attention, so a position computes alike in any step, as on the CPU);
+//! the GEMM (cuBLAS on the GPU) and SwiGLU sum in their own order, so
+//! values agree with the GPU's to rounding; greedy tokens are what parity
+//! checks.
 //!
 //! Every op slices its buffers through [`HostMemory`] (bounds-checked) after
 //! checking its output disjoint from its inputs ([`disjoint`]). Cost: the
@@ -27,9 +30,10 @@ use crate::kernels::MMVQ_MAX_ROWS;
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 use crate::reference;
 use crate::runtime::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8,
-    Gemm, Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows,
-    ScaleF32, Softcap, Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DraftCounts,
+    EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, PrefillAttention,
+    QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap, Swiglu,
+    SwigluQ8, VerifyInputs,
 };
 use crate::CudaError;
 
@@ -405,25 +409,44 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
     Ok(())
 }
 
+/// `paged_attention` (one query row per sequence) in the arithmetic of
+/// `prefill_attention`'s reference: the two kernels compute the same
+/// attention (up to the order of their sums on a GPU), and here a position
+/// comes out bit for bit alike whichever step computes it (decode, a
+/// prefill chunk, a re-prefill after preemption, a drafted row), as on the
+/// CPU runtime, so the engine's equivalence tests hold on the host device
+/// exactly.
 pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), CudaError> {
+    prefill_attention(m, &PrefillAttention { attn: *a })
+}
+
+/// `prefill_attention`: its host reference ([`reference::prefill_attention`],
+/// held bit for bit against the kernel by `tests/kernel_source.rs`) on the
+/// metadata and cache the rows name.
+pub(crate) fn prefill_attention(m: &HostMemory, a: &PrefillAttention) -> Result<(), CudaError> {
+    let a = a.attn;
+    let window = a.window;
     let (n, hd, ps) = (a.n, a.head_dim, a.page_size);
     let kv_dim = a.num_kv_heads * hd;
-    let group = a.num_heads / a.num_kv_heads;
-    // Each row's (length, pages), read before any write.
-    let mut rows = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: read-only metadata slices.
-        let pages = unsafe {
-            let s = m.slice::<u32>(a.row_seq + 4 * i as u64, 1)?[0];
-            let len = m.slice::<u32>(a.row_pos + 4 * i as u64, 1)?[0] as usize + 1;
-            let start = m.slice::<u32>(a.kv_indptr + 4 * u64::from(s), 1)?[0];
-            let pages = m.slice::<u32>(a.kv_indices + 4 * u64::from(start), len.div_ceil(ps))?;
-            (len, pages.to_vec())
-        };
-        rows.push(pages);
-    }
-    let max_page = rows.iter().map(|(_, p)| max_u32(p)).max().unwrap_or(0);
-    let cache_len = (max_page + 1) * ps * kv_dim;
+    // SAFETY: read-only metadata slices, copied before any write.
+    let (row_seq, row_pos) = unsafe {
+        (
+            m.slice::<u32>(a.row_seq, n)?.to_vec(),
+            m.slice::<u32>(a.row_pos, n)?.to_vec(),
+        )
+    };
+    // SAFETY: as above.
+    let kv_indptr = unsafe { m.slice::<u32>(a.kv_indptr, max_u32(&row_seq) + 2)?.to_vec() };
+    // The pages each sequence's furthest row reaches, past its first.
+    let reach = row_seq
+        .iter()
+        .zip(&row_pos)
+        .map(|(&s, &p)| kv_indptr[s as usize] as usize + (p as usize / ps + 1))
+        .max()
+        .unwrap_or(0);
+    // SAFETY: as above.
+    let kv_indices = unsafe { m.slice::<u32>(a.kv_indices, reach)?.to_vec() };
+    let cache_len = (max_u32(&kv_indices) + 1) * ps * kv_dim;
     let out_len = n * a.num_heads * hd;
     disjoint(&[
         (a.out, out_len * 2),
@@ -440,41 +463,23 @@ pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), 
             m.slice_mut::<f16>(a.out, out_len)?,
         )
     };
-    let (mut kf, mut scores, mut acc) = (vec![0f32; hd], Vec::new(), vec![0f32; hd]);
-    for (i, (len, pages)) in rows.iter().enumerate() {
-        for h in 0..a.num_heads {
-            let q = &qkv[i * a.stride + h * hd..i * a.stride + (h + 1) * hd];
-            let g = h / group;
-            let at = |j: usize| (pages[j / ps] as usize * ps + j % ps) * kv_dim + g * hd;
-            scores.clear();
-            // Sliding window: only the last `window` keys.
-            let first = if a.window > 0 {
-                len.saturating_sub(a.window)
-            } else {
-                0
-            };
-            for j in first..*len {
-                kc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
-                scores.push(dot(q, &kf) * a.scale);
-            }
-            let mx = scores.iter().fold(NEG, |x, &s| x.max(s));
-            acc.iter_mut().for_each(|v| *v = 0.0);
-            let mut l = 0f32;
-            for (j, s) in (first..).zip(&scores) {
-                let p = kexp(s - mx);
-                l += p;
-                vc[at(j)..at(j) + hd].convert_to_f32_slice(&mut kf);
-                for (av, vv) in acc.iter_mut().zip(&kf) {
-                    *av += p * vv;
-                }
-            }
-            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
-            let o = &mut out[(i * a.num_heads + h) * hd..(i * a.num_heads + h + 1) * hd];
-            for (ov, av) in o.iter_mut().zip(&acc) {
-                *ov = f16::from_f32(av * inv);
-            }
-        }
-    }
+    let shape = reference::AttnShape {
+        num_heads: a.num_heads,
+        num_kv_heads: a.num_kv_heads,
+        head_dim: hd,
+        page_size: ps,
+        scale: a.scale,
+        window,
+    };
+    let rows = reference::AttnRows {
+        qkv,
+        stride: a.stride,
+        row_seq: &row_seq,
+        row_pos: &row_pos,
+        kv_indptr: &kv_indptr,
+        kv_indices: &kv_indices,
+    };
+    reference::prefill_attention(&shape, &rows, kc, vc, out);
     Ok(())
 }
 
@@ -589,6 +594,106 @@ pub(crate) fn reset_counts(m: &HostMemory, a: &ResetCounts) -> Result<(), CudaEr
         // SAFETY: the only slice alive.
         let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
         c.fill(0);
+    }
+    Ok(())
+}
+
+/// `count_tokens`: its reference on each listed row's counts.
+pub(crate) fn count_tokens(m: &HostMemory, a: &CountTokens) -> Result<(), CudaError> {
+    // SAFETY: read-only, copied out before any write.
+    let (rows, indptr) = unsafe {
+        (
+            m.slice::<u32>(a.rows, a.n)?.to_vec(),
+            m.slice::<u32>(a.indptr, a.n + 1)?.to_vec(),
+        )
+    };
+    // SAFETY: as above.
+    let tokens = unsafe { m.slice::<u32>(a.tokens, max_u32(&indptr))?.to_vec() };
+    for (i, &r) in rows.iter().enumerate() {
+        // SAFETY: the only slice alive.
+        let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab) }?;
+        reference::count_tokens(c, &tokens[indptr[i] as usize..indptr[i + 1] as usize]);
+    }
+    Ok(())
+}
+
+/// Member `i`'s row offsets `qo[i]..=qo[i + 1]` and KV rows, copied out.
+fn members(
+    m: &HostMemory,
+    qo: u64,
+    kv_rows: u64,
+    n: usize,
+) -> Result<(Vec<u32>, Vec<u32>), CudaError> {
+    // SAFETY: read-only, copied out before any write.
+    unsafe {
+        Ok((
+            m.slice::<u32>(qo, n + 1)?.to_vec(),
+            m.slice::<u32>(kv_rows, n)?.to_vec(),
+        ))
+    }
+}
+
+/// `verify_inputs`: its reference.
+pub(crate) fn verify_inputs(m: &HostMemory, a: &VerifyInputs) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let total = qo[a.n] as usize;
+    // SAFETY: read-only, copied out before any write.
+    let (pending, drafts) = unsafe {
+        (
+            m.slice::<u32>(a.pending, max_u32(&rows) + 1)?.to_vec(),
+            m.slice::<u32>(a.drafts, total - a.n)?.to_vec(),
+        )
+    };
+    // SAFETY: the only slice alive.
+    let tokens = unsafe { m.slice_mut::<u32>(a.tokens, total)? };
+    reference::verify_inputs(&pending, &rows, &qo, &drafts, tokens);
+    Ok(())
+}
+
+/// `draft_counts`: its reference, row by row.
+pub(crate) fn draft_counts(m: &HostMemory, a: &DraftCounts) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let v = a.vocab;
+    // SAFETY: read-only, copied out before any write.
+    let tokens = unsafe { m.slice::<u32>(a.tokens, qo[a.n] as usize)?.to_vec() };
+    for (i, &r) in rows.iter().enumerate() {
+        // SAFETY: as above.
+        let counts = unsafe {
+            m.slice::<u32>(a.counts + 4 * (r as u64 * v as u64), v)?
+                .to_vec()
+        };
+        let start = qo[i] as usize;
+        for q in start..(qo[i + 1] as usize).min(start + a.max_rows) {
+            // SAFETY: the only slice alive.
+            let out = unsafe { m.slice_mut::<u32>(a.scratch + 4 * (q * v) as u64, v)? };
+            reference::draft_counts(&counts, &tokens[start + 1..=q], out);
+        }
+    }
+    Ok(())
+}
+
+/// `accept_drafts`: its reference, member by member.
+pub(crate) fn accept_drafts(m: &HostMemory, a: &AcceptDrafts) -> Result<(), CudaError> {
+    let (qo, rows) = members(m, a.qo, a.kv_rows, a.n)?;
+    let total = qo[a.n] as usize;
+    // SAFETY: read-only, copied out before any write.
+    let (tokens, sampled) = unsafe {
+        (
+            m.slice::<u32>(a.tokens, total)?.to_vec(),
+            m.slice::<u32>(a.sampled, total)?.to_vec(),
+        )
+    };
+    for (i, &r) in rows.iter().enumerate() {
+        let (s, e) = (qo[i] as usize, qo[i + 1] as usize);
+        // SAFETY: the only slice alive.
+        let c = unsafe { m.slice_mut::<u32>(a.counts + 4 * (r as u64 * a.vocab as u64), a.vocab)? };
+        let (next, took) = reference::accept_drafts(&tokens[s + 1..e], &sampled[s..e], c);
+        // SAFETY: the only slice alive (one word).
+        let p = unsafe { m.slice_mut::<u32>(a.pending + 4 * u64::from(r), 1)? };
+        p[0] = next;
+        // SAFETY: as above.
+        let n = unsafe { m.slice_mut::<u32>(a.accepted + 4 * i as u64, 1)? };
+        n[0] = took;
     }
     Ok(())
 }

@@ -48,6 +48,12 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!("rope.cu", ["add_bias"]),
     kernel!("rope_kv.cu", ["rope_kv_append"]),
     kernel!("attention.cu", ["paged_attention"]),
+    kernel!("prefill_attention.cu", ["prefill_attention"]),
+    kernel!("penalty.cu", ["count_tokens"]),
+    kernel!(
+        "verify.cu",
+        ["verify_inputs", "draft_counts", "accept_drafts"]
+    ),
     kernel!(
         "swiglu.cu",
         ["swiglu", "swiglu_q8", "gelu_mul", "gelu_mul_q8"]
@@ -76,6 +82,10 @@ pub const SOURCES: &[KernelSource] = &[
 pub const SAMPLE_THREADS: u32 = 1024;
 /// Threads per block of `paged_attention` (at most 4 warps: shared-memory sizing).
 pub const ATTENTION_THREADS: u32 = 128;
+/// Query rows per block of `prefill_attention` (its shared Q tile).
+pub const PREFILL_Q_ROWS: usize = 8;
+/// Threads per block of `prefill_attention` (two rows per warp).
+pub const PREFILL_THREADS: u32 = 128;
 /// Most activation rows one `mmvq_*` launch takes (its accumulators).
 pub const MMVQ_MAX_ROWS: usize = 16;
 /// Warps (weight rows) per block of `mmvq_*`.
@@ -130,6 +140,14 @@ mod tests {
             ATTENTION_THREADS / 32
         )));
         assert!(att.contains(&format!("#define ATT_MAX_E {} ", MAX_HEAD_DIM / 32)));
+        let pf = src("prefill_attention.cu");
+        assert!(pf.contains(&format!("#define PF_Q_ROWS {PREFILL_Q_ROWS}\n")));
+        assert!(pf.contains(&format!("#define PF_WARPS {}\n", PREFILL_THREADS / 32)));
+        assert!(pf.contains(&format!("#define PF_MAX_HD {MAX_HEAD_DIM}\n")));
+        assert!(pf.contains(&format!(
+            "#define PF_KEYS {}\n",
+            crate::reference::PREFILL_KEYS
+        )));
         let q = src("quant.cu");
         assert!(q.contains(&format!("#define MMVQ_MAX_ROWS {MMVQ_MAX_ROWS}\n")));
         assert!(q.contains(&format!("#define MMVQ_WARPS {MMVQ_WARPS}\n")));

@@ -464,6 +464,163 @@ pub fn softcap(x: f32, cap: f32) -> f32 {
     cap * (x / cap).tanh()
 }
 
+// ---- prefill_attention.cu (issue 32: several query rows per sequence) ----
+
+/// Keys per tile of `prefill_attention` (`PF_KEYS`): a row's softmax is
+/// merged tile by tile at multiples of this, whatever block the row is in.
+pub const PREFILL_KEYS: usize = 32;
+
+/// The shape of one [`prefill_attention`] (the kernel's scalar arguments).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    pub scale: f32,
+    /// A row attends its last `window` positions; 0: all of them.
+    pub window: usize,
+}
+
+/// The query rows of one [`prefill_attention`] and their sequences' pages:
+/// row `i`'s Q heads start at `qkv[i * stride]`; it belongs to sequence
+/// `row_seq[i]` (pages `kv_indices[kv_indptr[s]..]`) at `row_pos[i]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnRows<'a> {
+    pub qkv: &'a [f32],
+    pub stride: usize,
+    pub row_seq: &'a [u32],
+    pub row_pos: &'a [u32],
+    pub kv_indptr: &'a [u32],
+    pub kv_indices: &'a [u32],
+}
+
+/// The first key a row at `pos` attends (`pf_lo`).
+pub fn attention_lo(pos: u32, window: usize) -> usize {
+    let len = pos as usize + 1;
+    if window > 0 && len > window {
+        len - window
+    } else {
+        0
+    }
+}
+
+/// `prefill_attention` of `prefill_attention.cu`: for every row and head,
+/// the causal (and windowed) softmax over the row's keys in tiles of
+/// [`PREFILL_KEYS`] aligned at multiples of it, each tile's max and
+/// butterfly sum as the warp takes them, the output accumulated key by key
+/// with fused multiply-adds; `out` gets `row_seq.len() * num_heads *
+/// head_dim` f16 values.
+pub fn prefill_attention(
+    s: &AttnShape,
+    rows: &AttnRows<'_>,
+    k_cache: &[f16],
+    v_cache: &[f16],
+    out: &mut [f16],
+) {
+    let hd = s.head_dim;
+    let kv_dim = s.num_kv_heads * hd;
+    let group = s.num_heads / s.num_kv_heads;
+    let mut acc = vec![0f32; hd];
+    for (i, (&seq, &pos)) in rows.row_seq.iter().zip(rows.row_pos).enumerate() {
+        let pages = &rows.kv_indices[rows.kv_indptr[seq as usize] as usize..];
+        let (lo, len) = (attention_lo(pos, s.window), pos as usize + 1);
+        for h in 0..s.num_heads {
+            let q = &rows.qkv[i * rows.stride + h * hd..][..hd];
+            let off = |key: usize| {
+                let page = pages[key / s.page_size] as usize;
+                (page * s.page_size + key % s.page_size) * kv_dim + h / group * hd
+            };
+            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            let mut k0 = lo / PREFILL_KEYS * PREFILL_KEYS;
+            while k0 < len {
+                let (va, vb) = (lo.saturating_sub(k0), (len - k0).min(PREFILL_KEYS));
+                let mut sc = [f32::NEG_INFINITY; PREFILL_KEYS];
+                for (j, scj) in sc.iter_mut().enumerate().take(vb).skip(va) {
+                    let k = &k_cache[off(k0 + j)..][..hd];
+                    let dot = q
+                        .iter()
+                        .zip(k)
+                        .fold(0f32, |d, (&qd, kd)| qd.mul_add(kd.to_f32(), d));
+                    *scj = dot * s.scale;
+                }
+                let mn = m.max(sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+                let corr = kexp(m - mn);
+                let mut p = [0f32; PREFILL_KEYS];
+                for j in va..vb {
+                    p[j] = kexp(sc[j] - mn);
+                }
+                l = l.mul_add(corr, warp_sum(p));
+                acc.iter_mut().for_each(|a| *a *= corr);
+                for (j, &pj) in p.iter().enumerate().take(vb).skip(va) {
+                    let v = &v_cache[off(k0 + j)..][..hd];
+                    for (a, vd) in acc.iter_mut().zip(v) {
+                        *a = pj.mul_add(vd.to_f32(), *a);
+                    }
+                }
+                m = mn;
+                k0 += PREFILL_KEYS;
+            }
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            let o = &mut out[(i * s.num_heads + h) * hd..][..hd];
+            for (ov, a) in o.iter_mut().zip(&acc) {
+                *ov = f16::from_f32(a * inv);
+            }
+        }
+    }
+}
+
+// ---- penalty.cu ----
+
+/// `count_tokens` of `penalty.cu` for one row: `counts[t] += 1` for each
+/// of `tokens` below the vocabulary (`counts.len()`).
+pub fn count_tokens(counts: &mut [u32], tokens: &[u32]) {
+    for &t in tokens {
+        if let Some(c) = counts.get_mut(t as usize) {
+            *c += 1;
+        }
+    }
+}
+
+// ---- verify.cu (draft verification) ----
+
+/// `verify_inputs` of `verify.cu`: the forward's tokens, member by member:
+/// its pending token, then its drafts (`qo` offsets its rows).
+pub fn verify_inputs(
+    pending: &[u32],
+    kv_rows: &[u32],
+    qo: &[u32],
+    drafts: &[u32],
+    tokens: &mut [u32],
+) {
+    for (i, &row) in kv_rows.iter().enumerate() {
+        let (a, b) = (qo[i] as usize, qo[i + 1] as usize);
+        tokens[a] = pending[row as usize];
+        tokens[a + 1..b].copy_from_slice(&drafts[a - i..b - 1 - i]);
+    }
+}
+
+/// `draft_counts` of `verify.cu` for one row: the member's counts plus the
+/// drafts accepted before it (`before`: d_1..d_j).
+pub fn draft_counts(counts: &[u32], before: &[u32], out: &mut [u32]) {
+    out.copy_from_slice(counts);
+    count_tokens(out, before);
+}
+
+/// `accept_drafts` of `verify.cu` for one member: with `drafts` d_1..d_m and
+/// `sampled` t_0..t_m, the tokens accepted (t_0..=t_k while t_j == d_{j+1}),
+/// counted into `counts`; returns (the member's next pending token, k + 1).
+pub fn accept_drafts(drafts: &[u32], sampled: &[u32], counts: &mut [u32]) -> (u32, u32) {
+    let k = sampled
+        .iter()
+        .zip(drafts)
+        .take_while(|(t, d)| t == d)
+        .count();
+    count_tokens(counts, &sampled[..=k]);
+    (sampled[k], k as u32 + 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,6 +711,81 @@ mod tests {
                 (a.to_f32() - b).abs() <= 1e-3 * b.abs().max(1.0),
                 "K: {a} vs {b}"
             );
+        }
+    }
+
+    /// The tiled online softmax is attention: against a two-pass softmax
+    /// in f64 over each row's visible keys (GQA 2:1, a cached prefix, a
+    /// window that cuts into a tile, pages of 4 in scattered order).
+    #[test]
+    fn prefill_attention_is_softmax_attention() {
+        let (nh, nkv, hd, ps) = (4usize, 2usize, 32usize, 4usize);
+        let kv_dim = nkv * hd;
+        for window in [0usize, 23] {
+            let shape = AttnShape {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                page_size: ps,
+                scale: 0.2,
+                window,
+            };
+            let (q_start, n) = (30usize, 40usize);
+            let pages: Vec<u32> = (0..(q_start + n).div_ceil(ps) as u32).rev().collect();
+            let slots = pages.len() * ps;
+            let to16 = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+            let kc = to16(Rng(1).vec(slots * kv_dim, 1.0));
+            let vc = to16(Rng(2).vec(slots * kv_dim, 1.0));
+            let qkv = Rng(3).vec(n * nh * hd, 1.5);
+            let row_seq = vec![0u32; n];
+            let row_pos: Vec<u32> = (q_start as u32..(q_start + n) as u32).collect();
+            let kv_indptr = [0u32, pages.len() as u32];
+            let rows = AttnRows {
+                qkv: &qkv,
+                stride: nh * hd,
+                row_seq: &row_seq,
+                row_pos: &row_pos,
+                kv_indptr: &kv_indptr,
+                kv_indices: &pages,
+            };
+            let mut out = vec![f16::ZERO; n * nh * hd];
+            prefill_attention(&shape, &rows, &kc, &vc, &mut out);
+            for (i, &pos) in row_pos.iter().enumerate() {
+                let keys = attention_lo(pos, window)..pos as usize + 1;
+                if window > 0 {
+                    assert_eq!(keys.len(), window.min(pos as usize + 1));
+                }
+                for h in 0..nh {
+                    let q = &qkv[(i * nh + h) * hd..][..hd];
+                    let at =
+                        |k: usize| (pages[k / ps] as usize * ps + k % ps) * kv_dim + h / 2 * hd;
+                    let sc: Vec<f64> = keys
+                        .clone()
+                        .map(|k| {
+                            let kr = &kc[at(k)..][..hd];
+                            let dot: f64 =
+                                q.iter().zip(kr).map(|(&a, b)| a as f64 * b.to_f64()).sum();
+                            dot * 0.2
+                        })
+                        .collect();
+                    let mx = sc.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                    let w: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+                    let total: f64 = w.iter().sum();
+                    for d in 0..hd {
+                        let want: f64 = keys
+                            .clone()
+                            .zip(&w)
+                            .map(|(k, p)| p * vc[at(k) + d].to_f64())
+                            .sum::<f64>()
+                            / total;
+                        let got = out[(i * nh + h) * hd + d].to_f64();
+                        assert!(
+                            (got - want).abs() < 2e-3,
+                            "window {window} row {i} head {h} dim {d}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -7,8 +7,12 @@
 //! `kestrel_cuda::reference`, bit for bit: `mmvq_*` for the eight quantized
 //! types, `dequant_f16` and `embed_gather_q` for every type,
 //! `quantize_q8_h`, `add_rms_norm_q8`, `swiglu_q8`, `rope_kv_append` (with
-//! and without q/k norms, both RoPE styles), and the families' `rms_norm_f32`,
-//! `gelu_mul`, `gelu_mul_q8`, `scale_f32`, `softcap`. The
+//! and without q/k norms, both RoPE styles), the families' `rms_norm_f32`,
+//! `gelu_mul`, `gelu_mul_q8`, `scale_f32`, `softcap`, and issue 32's
+//! `prefill_attention` (ragged runs of query rows, cached prefixes, page and
+//! tile boundaries, GQA ratios, sliding windows) and `count_tokens` (a
+//! re-admitted sequence's penalty counts), and the draft verification
+//! kernels of `verify.cu`. The
 //! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
@@ -79,6 +83,9 @@ fn translation_unit() -> String {
             "quant.cu",
             "rope_kv.cu",
             "gemma.cu",
+            "prefill_attention.cu",
+            "penalty.cu",
+            "verify.cu",
         ]
         .map(|f| {
             SOURCES
@@ -509,5 +516,273 @@ fn family_kernels_are_their_reference_bit_for_bit() {
     let capped: Vec<f32> = x.iter().map(|&v| reference::softcap(v, cap)).collect();
     assert_same(&out[0], &f32_bytes(&scaled), 4, "scale_f32");
     assert_same(&out[1], &f32_bytes(&capped), 4, "softcap");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One sequence of a `prefill_attention` case: query rows at positions
+/// `q_start..q_start + rows` (keys below `q_start` are a cached prefix).
+struct PfSeq {
+    q_start: usize,
+    rows: usize,
+}
+
+/// Runs `prefill_attention` on the host against its reference for `seqs`
+/// (their rows in order, so runs of a sequence straddle blocks of
+/// `PREFILL_Q_ROWS`), each sequence's pages scattered over the pool; cache
+/// slots no row may read hold NaN, so reading one would poison the output.
+fn prefill_case(exe: &Path, dir: &Path, shape: reference::AttnShape, seqs: &[PfSeq], seed: u64) {
+    let (nh, nkv, hd, ps) = (
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.page_size,
+    );
+    let kv_dim = nkv * hd;
+    let stride = (nh + 2 * nkv) * hd;
+    let mut rng = Rng(seed);
+    let need: Vec<usize> = seqs
+        .iter()
+        .map(|s| (s.q_start + s.rows).div_ceil(ps))
+        .collect();
+    let num_pages = need.iter().sum::<usize>() + 3;
+    // Pages handed out from the pool's end backwards, every other one, so
+    // no sequence's pages are contiguous.
+    let mut order: Vec<u32> = (0..num_pages as u32).rev().collect();
+    order.sort_by_key(|p| p % 2);
+    let (mut indptr, mut indices) = (vec![0u32], Vec::new());
+    for &n in &need {
+        indices.extend(order.drain(..n));
+        indptr.push(indices.len() as u32);
+    }
+    let slots = num_pages * ps;
+    let (mut kc, mut vc) = (
+        vec![f16::NAN; slots * kv_dim],
+        vec![f16::NAN; slots * kv_dim],
+    );
+    let (mut row_seq, mut row_pos) = (Vec::new(), Vec::new());
+    for (s, seq) in seqs.iter().enumerate() {
+        let pages = &indices[indptr[s] as usize..indptr[s + 1] as usize];
+        for pos in 0..seq.q_start + seq.rows {
+            let slot = pages[pos / ps] as usize * ps + pos % ps;
+            let (k, v) = (rng.vec(kv_dim, 1.5), rng.vec(kv_dim, 1.0));
+            for d in 0..kv_dim {
+                kc[slot * kv_dim + d] = f16::from_f32(k[d]);
+                vc[slot * kv_dim + d] = f16::from_f32(v[d]);
+            }
+        }
+        row_seq.extend(std::iter::repeat_n(s as u32, seq.rows));
+        row_pos.extend((seq.q_start..seq.q_start + seq.rows).map(|p| p as u32));
+    }
+    let n = row_seq.len();
+    let qkv = rng.vec(n * stride, 2.0);
+    let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let f16_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
+    let args = [
+        "prefill_attn".to_owned(),
+        nh.to_string(),
+        nkv.to_string(),
+        hd.to_string(),
+        ps.to_string(),
+        format!("{:e}", shape.scale),
+        shape.window.to_string(),
+        stride.to_string(),
+        n.to_string(),
+    ];
+    let out = run(
+        exe,
+        dir,
+        &args,
+        &[
+            ("qkv.bin", f32_bytes(&qkv)),
+            ("seq.bin", u32_bytes(&row_seq)),
+            ("pos.bin", u32_bytes(&row_pos)),
+            ("indptr.bin", u32_bytes(&indptr)),
+            ("indices.bin", u32_bytes(&indices)),
+            ("k.bin", f16_bytes(&kc)),
+            ("v.bin", f16_bytes(&vc)),
+        ],
+        &["out.bin"],
+    );
+    let mut want = vec![f16::ZERO; n * nh * hd];
+    let rows = reference::AttnRows {
+        qkv: &qkv,
+        stride,
+        row_seq: &row_seq,
+        row_pos: &row_pos,
+        kv_indptr: &indptr,
+        kv_indices: &indices,
+    };
+    reference::prefill_attention(&shape, &rows, &kc, &vc, &mut want);
+    assert!(want.iter().all(|h| h.is_finite()), "the reference read NaN");
+    let what = format!(
+        "prefill_attention {nh}/{nkv} heads of {hd}, pages of {ps}, window {}",
+        shape.window
+    );
+    assert_same(&out[0], &f16_bytes(&want), 2, &what);
+}
+
+#[test]
+fn prefill_attention_is_its_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("prefill_attn") else {
+        return;
+    };
+    let shape = |nh, nkv, hd: usize, ps, window| reference::AttnShape {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        page_size: ps,
+        scale: 1.0 / (hd as f32).sqrt(),
+        window,
+    };
+    // GQA 3:1, SmolLM2's head width: a whole prompt of 21 rows, a chunk of
+    // 45 rows after a 37-token cached prefix (tiles and pages straddled),
+    // and a single row (a decode-like run inside a block of rows).
+    let mixed = [
+        PfSeq {
+            q_start: 0,
+            rows: 21,
+        },
+        PfSeq {
+            q_start: 37,
+            rows: 45,
+        },
+        PfSeq {
+            q_start: 5,
+            rows: 1,
+        },
+    ];
+    prefill_case(&exe, &dir, shape(6, 2, 64, 16, 0), &mixed, 1);
+    // No grouping, 128 wide, pages of 4, a sliding window of 20 keys over a
+    // chunk at 50 (the window's start moves through a tile).
+    let windowed = [PfSeq {
+        q_start: 50,
+        rows: 13,
+    }];
+    prefill_case(&exe, &dir, shape(4, 4, 128, 4, 20), &windowed, 2);
+    // GQA 8:1 at the widest head (the shared tiles' limit), 9 rows at 3.
+    let wide = [PfSeq {
+        q_start: 3,
+        rows: 9,
+    }];
+    prefill_case(&exe, &dir, shape(8, 1, 256, 16, 0), &wide, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn count_tokens_is_its_reference() {
+    let Some((dir, exe)) = harness("count") else {
+        return;
+    };
+    // KV rows 2 and 0 of 3 (vocabulary 300): 200 tokens for row 2 with
+    // repeats (threads of a block add to one count at once), none for row
+    // 0, and ids past the vocabulary, which are skipped.
+    let vocab = 300usize;
+    let rows = [2u32, 0];
+    let mut tokens: Vec<u32> = (0..200u32).map(|i| (i * 7) % 50).collect();
+    tokens.extend([300, 299, 1000]);
+    let indptr = [0u32, tokens.len() as u32, tokens.len() as u32];
+    let counts: Vec<u32> = (0..3 * vocab as u32).map(|i| i % 3).collect();
+    let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let args = ["count".to_owned(), vocab.to_string(), "2".to_owned()];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("rows.bin", u32_bytes(&rows)),
+            ("indptr.bin", u32_bytes(&indptr)),
+            ("tokens.bin", u32_bytes(&tokens)),
+            ("counts.bin", u32_bytes(&counts)),
+        ],
+        &["out.bin"],
+    );
+    let mut want = counts.clone();
+    for (i, &r) in rows.iter().enumerate() {
+        let row = &mut want[r as usize * vocab..(r as usize + 1) * vocab];
+        reference::count_tokens(row, &tokens[indptr[i] as usize..indptr[i + 1] as usize]);
+    }
+    assert_eq!(want[2 * vocab], counts[2 * vocab] + 4, "token 0 four times");
+    assert_same(&out[0], &u32_bytes(&want), 4, "count_tokens");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn draft_verification_kernels_are_their_references() {
+    let Some((dir, exe)) = harness("verify") else {
+        return;
+    };
+    // Three members on KV rows 3, 0, 2 of 4 (vocabulary 40): no drafts;
+    // drafts [5, 6] of which the first is accepted; drafts [7, 7, 9] all
+    // accepted (repeats: the scratch counts count 7 twice).
+    let vocab = 40usize;
+    let rows = [3u32, 0, 2];
+    let qo = [0u32, 1, 4, 8];
+    let drafts = [5u32, 6, 7, 7, 9];
+    let pending = [11u32, 0, 12, 13];
+    let counts: Vec<u32> = (0..4 * vocab as u32).map(|i| i % 2).collect();
+    // What sample_rows would return: row 4's 5 matches d_1, row 5's 1
+    // rejects 6; member 2 accepts everything and samples 8 after.
+    let sampled = [21u32, 5, 1, 30, 7, 7, 9, 8];
+    let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let args = ["verify", &vocab.to_string(), "3", "4"].map(String::from);
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("pending.bin", u32_bytes(&pending)),
+            ("rows.bin", u32_bytes(&rows)),
+            ("qo.bin", u32_bytes(&qo)),
+            ("drafts.bin", u32_bytes(&drafts)),
+            ("counts.bin", u32_bytes(&counts)),
+            ("sampled.bin", u32_bytes(&sampled)),
+        ],
+        &[
+            "tokens.bin",
+            "scratch.bin",
+            "counts_out.bin",
+            "pending_out.bin",
+            "acc.bin",
+        ],
+    );
+    let mut tokens = vec![0u32; 8];
+    reference::verify_inputs(&pending, &rows, &qo, &drafts, &mut tokens);
+    assert_eq!(tokens, [13, 11, 5, 6, 12, 7, 7, 9]);
+    assert_same(&out[0], &u32_bytes(&tokens), 4, "verify_inputs");
+    let mut scratch = vec![0u32; 8 * vocab];
+    let (mut want_counts, mut want_pending, mut accepted) = (counts.clone(), pending, Vec::new());
+    for (i, &r) in rows.iter().enumerate() {
+        let (s, e, r) = (qo[i] as usize, qo[i + 1] as usize, r as usize);
+        let base = counts[r * vocab..(r + 1) * vocab].to_vec();
+        for q in s..e {
+            let out = &mut scratch[q * vocab..(q + 1) * vocab];
+            reference::draft_counts(&base, &tokens[s + 1..=q], out);
+        }
+        let c = &mut want_counts[r * vocab..(r + 1) * vocab];
+        let (next, took) = reference::accept_drafts(&tokens[s + 1..e], &sampled[s..e], c);
+        want_pending[r] = next;
+        accepted.push(took);
+    }
+    assert_eq!(accepted, [1, 2, 4]);
+    assert_eq!(want_pending, [1, 0, 8, 21]);
+    assert_eq!(
+        scratch[7 * vocab + 7],
+        counts[2 * vocab + 7] + 2,
+        "7 counted twice"
+    );
+    assert_same(&out[1], &u32_bytes(&scratch), 4, "draft_counts");
+    assert_same(
+        &out[2],
+        &u32_bytes(&want_counts),
+        4,
+        "accept_drafts' counts",
+    );
+    assert_same(
+        &out[3],
+        &u32_bytes(&want_pending),
+        4,
+        "accept_drafts' pending",
+    );
+    assert_same(&out[4], &u32_bytes(&accepted), 4, "accept_drafts' accepted");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -514,10 +514,10 @@ fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
     assert!(t.is_empty(), "stopped recording");
 }
 
-/// What the CUDA runtime does not do yet is refused before dispatch, by
-/// name, and leaves the runtime serving: drafts, a chunk short of the
-/// prompt, a re-admission with generated tokens, a batch past `max_rows`,
-/// an unknown request. On the host device, so in every CI run.
+/// What the CUDA runtime cannot run is refused before dispatch, by name,
+/// and leaves the runtime serving: malformed drafts, a batch past
+/// `max_rows`, an unknown request. On the host device, so in every CI run.
+/// (Chunks, re-admissions and drafts run: `tests/prefill_chunks.rs`.)
 #[test]
 fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 7);
@@ -525,28 +525,20 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     let mut host = HostRuntime::new(w, cuda_config(true)).unwrap();
     let params = SamplingParams::greedy();
     let prompt: Vec<TokenId> = (1..20).collect();
-    let input = |id, generated, max_tokens| PrefillInput {
+    let input = |id| PrefillInput {
         id,
         prompt: &prompt,
-        generated,
+        generated: 0,
         params: &params,
         max_len: 64,
         start: PrefillStart::Admit,
-        max_tokens,
+        max_tokens: usize::MAX,
     };
     let pre = |r: Result<(), ExecError<CudaError>>| match r {
         Err(ExecError::PreDispatch(e)) => e,
         other => panic!("expected a pre-dispatch refusal, got {other:?}"),
     };
-    assert!(matches!(
-        pre(host.launch_prefill(0, &[input(1, 0, 5)])),
-        CudaError::ChunkedPrefill(1)
-    ));
-    assert!(matches!(
-        pre(host.launch_prefill(0, &[input(2, 3, usize::MAX)])),
-        CudaError::Readmission(2)
-    ));
-    let many: Vec<_> = (10..19).map(|id| input(id, 0, usize::MAX)).collect();
+    let many: Vec<_> = (10..19).map(input).collect();
     assert!(matches!(
         pre(host.launch_prefill(0, &many)),
         CudaError::BatchTooLarge {
@@ -556,16 +548,17 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     ));
     assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
     // Serving goes on: a prefill, then the decode refusals, then a decode.
-    host.launch_prefill(0, &[input(3, 0, usize::MAX)]).unwrap();
+    host.launch_prefill(0, &[input(3)]).unwrap();
     host.finalize_sampling(0, None).unwrap();
     host.wait_step(0).unwrap();
+    // Offsets that promise two drafts over one token.
     let drafts = Drafts {
         indptr: &[0, 2],
-        tokens: &[5, 6],
+        tokens: &[5],
     };
     assert!(matches!(
         pre(host.launch_decode(1, &[3], drafts)),
-        CudaError::Drafts(2)
+        CudaError::BadDrafts { tokens: 1, .. }
     ));
     assert!(matches!(
         pre(host.launch_decode(1, &[3, 99], Drafts::NONE)),

@@ -175,8 +175,7 @@ mod tests {
     use super::*;
 
     /// The capabilities the engine checks its configuration against are
-    /// the ones each runtime answers (CUDA: logit bias, but no drafts,
-    /// chunks or re-admission; the CPU: all of them).
+    /// the ones each runtime answers (CUDA and the CPU: all of them).
     #[test]
     fn configured_capabilities_are_the_runtimes() {
         let cpu = RuntimeConfig::new(&EngineConfig::default(), 512).capabilities();
@@ -186,7 +185,7 @@ mod tests {
             ..EngineConfig::default()
         };
         let cuda = RuntimeConfig::new(&cuda_config, 512).capabilities();
-        assert!(cuda.logit_bias && !cuda.drafts() && !cuda.chunked_prefill && !cuda.readmission);
+        assert!(cuda.logit_bias && cuda.drafts() && cuda.chunked_prefill && cuda.readmission);
         assert_eq!(cuda.max_rows, cuda_config.max_batch_size);
     }
 }

@@ -76,9 +76,9 @@ pub struct EngineConfig {
     pub prefill_policy: PrefillPolicy,
     /// Chunked prefill: prompt tokens per prefill step at most, so decoding
     /// sequences wait one chunk's forward rather than a long prompt's.
-    /// `None`: the backend's default ([`DEFAULT_PREFILL_CHUNK`] on the CPU;
-    /// whole prompts on CUDA, which has no chunked prefill yet); `Some(0)`:
-    /// whole prompts.
+    /// `None`: the backend's default ([`DEFAULT_PREFILL_CHUNK`] where the
+    /// runtime prefills in chunks, as the CPU and CUDA ones do; whole
+    /// prompts elsewhere); `Some(0)`: whole prompts.
     pub prefill_chunk: Option<usize>,
     pub enable_prefix_cache: bool,
     /// The CPU runtime's matmul numerics: int8 activations

@@ -321,22 +321,25 @@ fn a_request_id_is_free_again_the_moment_its_request_ends() {
 /// The CUDA runtime's bookkeeping (slots, KV, metadata, buckets, graphs,
 /// dispatch, device sampling) through the engine, on kestrel-cuda's host
 /// device (its kernels computed on the CPU: no GPU needed): blocking and
-/// pipelined, drain and ride-along agree on every request of the mixed
-/// batch, and a request alone equals it batched. Whole-prompt prefill (the
-/// CUDA runtime's only kind); the long prompt is left out, as the host
-/// device computes in one thread.
+/// pipelined, drain and ride-along, and chunked prefill (chunks of 3, so
+/// every prompt is prefilled in several steps through the tiled prefill
+/// kernel, resuming after its cached prefix) agree on every request of the
+/// mixed batch, and a request alone equals it batched. The long prompt is
+/// left out, as the host device computes in one thread.
 #[test]
 fn the_cuda_runtime_on_its_host_device_agrees_blocking_and_pipelined() {
     let configs = [
-        (PipelineMode::Blocking, PrefillPolicy::Drain),
-        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+        (PipelineMode::Blocking, PrefillPolicy::Drain, 0),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 0),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong, 3),
     ];
     let mut reference: Option<Vec<GenerateResponse>> = None;
-    for (mode, policy) in configs {
+    for (mode, policy, chunk) in configs {
         let engine = start_default(EngineConfig {
             backend: Backend::CudaHost,
             mode,
             prefill_policy: policy,
+            prefill_chunk: Some(chunk),
             max_batch_size: 16,
             kv_pages: 512,
             max_seq_len: Some(1024),
@@ -368,7 +371,10 @@ fn the_cuda_runtime_on_its_host_device_agrees_blocking_and_pipelined() {
             }
             Some(want) => {
                 for (i, (a, b)) in want.iter().zip(&out).enumerate() {
-                    assert_eq!(a.token_ids, b.token_ids, "{mode:?}/{policy:?}: request {i}");
+                    assert_eq!(
+                        a.token_ids, b.token_ids,
+                        "{mode:?}/{policy:?}/chunk {chunk}: request {i}"
+                    );
                     assert_eq!(a.text, b.text, "request {i}");
                     assert_eq!(a.finish_reason, b.finish_reason, "request {i}");
                     assert_eq!(a.logprobs, b.logprobs, "request {i}");

@@ -7,6 +7,8 @@
 //! deltas add up to its final text (no token repeated or lost across a
 //! preemption); `/metrics` counts the preemptions; and once idle no page
 //! is held. Aborting requests while others are preempted frees everything.
+//! The CUDA runtime on its host device (`Backend::CudaHost`) preempts and
+//! re-admits the same way, with the same tokens as its roomy run.
 
 mod common;
 
@@ -15,7 +17,7 @@ use common::{counter, rt, start_default, stream_all, until_done};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
+    Backend, Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse,
     PipelineMode, PrefillPolicy, SamplingOptions, StreamEvent,
 };
 
@@ -23,7 +25,18 @@ const ROOMY: usize = 512;
 const TIGHT: usize = 10;
 
 fn engine(mode: PipelineMode, policy: PrefillPolicy, chunk: usize, kv_pages: usize) -> Engine {
+    engine_on(Backend::Cpu, mode, policy, chunk, kv_pages)
+}
+
+fn engine_on(
+    backend: Backend,
+    mode: PipelineMode,
+    policy: PrefillPolicy,
+    chunk: usize,
+    kv_pages: usize,
+) -> Engine {
     start_default(EngineConfig {
+        backend,
         threads: 2,
         mode,
         prefill_policy: policy,
@@ -182,6 +195,59 @@ fn aborts_under_pressure_free_every_page() {
         }
     });
     assert!(preemptions(&e) > 0);
+    wait_idle(&e);
+    rt().block_on(e.shutdown(Duration::from_secs(1)));
+}
+
+/// The CUDA runtime's re-admission path through the engine, on its host
+/// device: KV grows lazily, a preempted sequence files its written pages
+/// and is prefilled again (in chunks, the prefix cache serving its first
+/// pages) with the tokens it generated counted for its penalties; every
+/// request gets exactly the tokens, text and log-probabilities of a roomy
+/// cache, and no page is left. 24 tokens a request (the host device is
+/// slow), chunks of 8 in both runs: every forward then takes the same
+/// matmul path per row (`mmvq_*`), so a position computes alike in any
+/// step, as on the CPU.
+#[test]
+fn the_cuda_runtime_on_its_host_device_preempts_and_completes_every_request() {
+    let reqs: Vec<GenerateRequest> = batch()
+        .into_iter()
+        .map(|mut r| {
+            r.max_new_tokens = Some(24);
+            if let Some(Constraint::Regex(re)) = &mut r.constraint {
+                // Short enough to end within 24 tokens.
+                *re = "[a-z]+( [a-z]+){8,12}".into();
+            }
+            r
+        })
+        .collect();
+    let cuda_host = |pages| {
+        engine_on(
+            Backend::CudaHost,
+            PipelineMode::Pipelined,
+            PrefillPolicy::RideAlong,
+            8,
+            pages,
+        )
+    };
+    let reference = {
+        let e = cuda_host(ROOMY);
+        let out = run(&e, &reqs);
+        assert_eq!(preemptions(&e), 0);
+        rt().block_on(e.shutdown(Duration::from_secs(1)));
+        out
+    };
+    let e = cuda_host(TIGHT);
+    let out = run(&e, &reqs);
+    let n = preemptions(&e);
+    assert!(n > 0, "nothing preempted");
+    for (want, got) in reference.iter().zip(&out) {
+        let at = format!("{n} preemptions: {}", got.request_id);
+        assert_eq!(want.token_ids, got.token_ids, "{at}");
+        assert_eq!(want.text, got.text, "{at}");
+        assert_eq!(want.logprobs, got.logprobs, "{at}");
+        assert_eq!(want.finish_reason, got.finish_reason, "{at}");
+    }
     wait_idle(&e);
     rt().block_on(e.shutdown(Duration::from_secs(1)));
 }

@@ -6,6 +6,8 @@
 //! drafts are masked position by position: every request's tokens, text and
 //! log-probabilities with speculation equal those without, drafts are
 //! accepted (the counters say so), and a bad setting is refused by name.
+//! The CUDA runtime verifies drafts too: on its host device
+//! (`Backend::CudaHost`) speculation changes no token or text.
 
 mod common;
 
@@ -14,8 +16,8 @@ use common::{counter, rt, start_default};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, GenerateResponse,
-    PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
+    Backend, Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest,
+    GenerateResponse, PipelineMode, PrefillPolicy, SamplingOptions, Speculation,
 };
 
 fn engine(mode: PipelineMode, prefill_policy: PrefillPolicy) -> Engine {
@@ -173,5 +175,47 @@ fn a_bad_speculation_setting_is_refused_by_name() {
         }
         other => panic!("{:?}", other.map(|_| ())),
     }
+    rt().block_on(e.shutdown(Duration::from_secs(1)));
+}
+
+/// The CUDA runtime's draft verification through the engine, on its host
+/// device: each row's input token and drafts in one forward (the tiled
+/// prefill attention after its cached prefix), sampled in order on scratch
+/// penalty counts, the accepted kept. The batch without its two code
+/// prompts (the host device is slow), batched, pipelined: exactly the
+/// tokens, text and log-probabilities of decoding without speculation,
+/// drafts accepted (and some rejected). Prefill in chunks of 16, so every
+/// forward takes the same matmul path per row (`mmvq_*`) and a position
+/// computes alike in any step, as on the CPU.
+#[test]
+fn the_cuda_runtime_on_its_host_device_verifies_drafts_without_changing_output() {
+    let e = start_default(EngineConfig {
+        backend: Backend::CudaHost,
+        mode: PipelineMode::Pipelined,
+        prefill_policy: PrefillPolicy::RideAlong,
+        prefill_chunk: Some(16),
+        max_batch_size: 8,
+        kv_pages: 512,
+        max_seq_len: Some(1024),
+        ..EngineConfig::default()
+    });
+    // Requests 1 and 4 are the code prompts.
+    let short = |s| -> Vec<GenerateRequest> {
+        let b = batch(s).into_iter().enumerate();
+        b.filter(|(i, _)| ![1, 4].contains(i))
+            .map(|(_, r)| r)
+            .collect()
+    };
+    let plain = run(&e, &short(Speculation::Off));
+    let drafted = run(&e, &short(Speculation::Ngram { max_draft: 6 }));
+    same(&plain, &drafted, "cuda-host");
+    let (proposed, accepted) = (
+        counter(&e, "kestrel_spec_draft_tokens_total"),
+        counter(&e, "kestrel_spec_accepted_tokens_total"),
+    );
+    assert!(
+        accepted >= 20 && accepted < proposed,
+        "{accepted} of {proposed} drafts accepted"
+    );
     rt().block_on(e.shutdown(Duration::from_secs(1)));
 }

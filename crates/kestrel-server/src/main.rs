@@ -172,7 +172,7 @@ struct EngineArgs {
     prefill_policy: Option<PrefillArg>,
     /// Chunked prefill: prompt tokens per prefill step at most, taking turns
     /// with decode steps so running streams are not stalled by a long
-    /// prompt; 0 prefills whole prompts [default: 256 on cpu, 0 on cuda].
+    /// prompt; 0 prefills whole prompts [default: 256].
     #[arg(long, value_name = "TOKENS")]
     prefill_chunk: Option<usize>,
     /// Disable the prefix cache.

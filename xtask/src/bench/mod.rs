@@ -13,6 +13,7 @@ mod dram;
 mod harness;
 mod peer;
 mod plots;
+mod prompt;
 mod report;
 mod runtime;
 mod stats;
@@ -106,6 +107,11 @@ pub struct BenchArgs {
     /// with `--backend cuda`, a CUDA build, run with `-ngl 99`).
     #[arg(long, num_args = 2, value_names = ["ENGINE", "DIR"])]
     peer: Option<Vec<String>>,
+    /// Only the prompt-processing table (pp512, pp4096, time to first token
+    /// of a 3072-token prompt; with --peer, llama.cpp's llama-bench on the
+    /// same lengths), no decode workloads.
+    #[arg(long)]
+    prompt_table: bool,
 }
 
 /// Validated options.
@@ -121,6 +127,7 @@ pub struct Options {
     pub model: Option<String>,
     pub peer: Option<PathBuf>,
     pub numerics: Numerics,
+    pub prompt_table: bool,
 }
 
 impl Options {
@@ -188,6 +195,7 @@ impl Options {
             model: a.model.clone(),
             peer,
             numerics: a.numerics.map_or(Numerics::default(), Numerics::from),
+            prompt_table: a.prompt_table,
         })
     }
 }
@@ -286,9 +294,16 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         prompts: &prompts,
         max_streams,
     };
+    if opts.prompt_table {
+        let len = prompt::PROBE_SEQ_LEN;
+        return match opts.backend {
+            Backend::Cpu => bench.prompt_table(cpu_runtime(&model, &opts, 1, len)?),
+            Backend::Cuda => bench.prompt_table(cuda_runtime(&model, 1, len)?),
+        };
+    }
     match opts.backend {
-        Backend::Cpu => bench.run(|| cpu_runtime(&model, &opts, max_streams)),
-        Backend::Cuda => bench.run(|| cuda_runtime(&model, max_streams)),
+        Backend::Cpu => bench.run(|| cpu_runtime(&model, &opts, max_streams, MAX_SEQ_LEN)),
+        Backend::Cuda => bench.run(|| cuda_runtime(&model, max_streams, MAX_SEQ_LEN)),
     }
 }
 
@@ -303,6 +318,13 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
+    /// The prompt-processing table alone ([`prompt`]), on one engine.
+    fn prompt_table<R: BenchRuntime>(&self, rt: R) -> anyhow::Result<()> {
+        let config = EngineConfig::PipelinedRideAlong;
+        let mut engine = build_engine(rt, config, 1, prompt::PROBE_SEQ_LEN)?;
+        prompt::run(&mut engine, self.ctx, self.opts, self.model_path)
+    }
+
     /// Build one engine per configuration on runtimes from `make`, run every
     /// workload in rotation, then report.
     fn run<R: BenchRuntime>(
@@ -318,7 +340,7 @@ impl Bench<'_> {
         } = *self;
         let mut engines = EngineConfig::ALL
             .iter()
-            .map(|&c| Ok((c, build_engine(make()?, c, max_streams)?)))
+            .map(|&c| Ok((c, build_engine(make()?, c, max_streams, MAX_SEQ_LEN)?)))
             .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
         let weight_bytes = engines[0].1.executor().inner.weight_bytes();
         let backend = engines[0].1.executor().inner.describe();
@@ -431,7 +453,7 @@ impl Bench<'_> {
             Some(dir) => {
                 eprintln!("running llama.cpp from {}", dir.display());
                 let ride = pipelined_engine(&mut engines);
-                let prefill = prefill_probe(ride, ctx, 512)?;
+                let prefill = prefill_probe(ride, ctx, 512, 9_000_000)?;
                 let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
                 let mut streams = streams;
                 streams.dedup();
@@ -482,15 +504,16 @@ fn cpu_runtime(
     model: &LoadedModel,
     opts: &Options,
     max_streams: usize,
+    max_seq_len: usize,
 ) -> anyhow::Result<CpuRuntime> {
     CpuRuntime::new(
         model.weights.clone(),
         CpuRuntimeConfig {
             threads: opts.threads,
             max_rows: max_streams,
-            num_pages: num_pages(max_streams),
+            num_pages: num_pages(max_streams, max_seq_len),
             page_size: PAGE_SIZE,
-            max_seq_len: MAX_SEQ_LEN,
+            max_seq_len,
             numerics: opts.numerics,
             ..CpuRuntimeConfig::default()
         },
@@ -500,14 +523,18 @@ fn cpu_runtime(
 
 /// Device 0, CUDA graphs on, the same KV geometry as the CPU runtime. Without
 /// a driver or device this is the runtime's own error, verbatim.
-fn cuda_runtime(model: &LoadedModel, max_streams: usize) -> anyhow::Result<CudaRuntime> {
+fn cuda_runtime(
+    model: &LoadedModel,
+    max_streams: usize,
+    max_seq_len: usize,
+) -> anyhow::Result<CudaRuntime> {
     CudaRuntime::new(
         model.weights.clone(),
         CudaRuntimeConfig {
             max_rows: max_streams,
-            num_pages: num_pages(max_streams),
+            num_pages: num_pages(max_streams, max_seq_len),
             page_size: PAGE_SIZE,
-            max_seq_len: MAX_SEQ_LEN,
+            max_seq_len,
             ..CudaRuntimeConfig::default()
         },
     )
@@ -518,14 +545,15 @@ const MAX_SEQ_LEN: usize = 1024;
 const PAGE_SIZE: usize = 16;
 
 /// Every stream at full length at once, plus slack for prefix-cached pages.
-fn num_pages(max_streams: usize) -> usize {
-    max_streams * MAX_SEQ_LEN / PAGE_SIZE + 64
+fn num_pages(max_streams: usize, max_seq_len: usize) -> usize {
+    max_streams * max_seq_len / PAGE_SIZE + 64
 }
 
 fn build_engine<R: BenchRuntime>(
     rt: R,
     config: EngineConfig,
     max_streams: usize,
+    max_seq_len: usize,
 ) -> anyhow::Result<BenchEngine<R>> {
     let engine = EngineLoop::new(
         Instrumented {
@@ -537,7 +565,7 @@ fn build_engine<R: BenchRuntime>(
             prefill_policy: config.prefill_policy(),
             max_batch_size: max_streams,
             max_waiting: 1024,
-            max_seq_len: MAX_SEQ_LEN,
+            max_seq_len,
             // The tables measure whole-prompt prefill (pp512 is one step).
             prefill_chunk: None,
             debug_checks: false,
@@ -566,11 +594,12 @@ fn pipelined_engine<R: BenchRuntime>(
 }
 
 /// Prompt-processing rate: median of three prefills of `len` fresh tokens
-/// (no prefix-cache hits), forward time only.
+/// (no prefix-cache hits), forward time only; requests `first_id..+3`.
 fn prefill_probe<R: BenchRuntime>(
     engine: &mut BenchEngine<R>,
     ctx: &Arc<SkillContext>,
     len: usize,
+    first_id: u64,
 ) -> anyhow::Result<f64> {
     let vocab = engine.executor().vocab_size();
     let mut rates = Vec::new();
@@ -585,7 +614,7 @@ fn prefill_probe<R: BenchRuntime>(
             .record_timings(true)
             .context("recording step timings")?;
         engine.submit(Request {
-            id: 9_000_000 + salt,
+            id: first_id + salt,
             prompt,
             max_new_tokens: 1,
             params: SamplingParams::greedy(),

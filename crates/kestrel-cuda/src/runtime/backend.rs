@@ -210,6 +210,15 @@ pub struct PagedAttention {
     pub n: usize,
 }
 
+/// `prefill_attention`: [`PagedAttention`]'s rows and arguments (its
+/// `window` included), computed in tiles (several query rows of one
+/// sequence share each K/V tile: a prefill chunk after its cached prefix).
+/// See `kernels/prefill_attention.cu`.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillAttention {
+    pub attn: PagedAttention,
+}
+
 /// `swiglu`: `out[i, j] = silu(gate_up[i, j]) * gate_up[i, f + j]` (f16).
 #[derive(Debug, Clone, Copy)]
 pub struct Swiglu {
@@ -279,6 +288,61 @@ pub struct Softcap {
 pub struct ResetCounts {
     pub counts: u64,
     pub rows: u64,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `count_tokens` (`kernels/penalty.cu`): KV row `rows[i]`'s counts gain
+/// one for each of `tokens[indptr[i]..indptr[i + 1]]` (a re-admitted
+/// sequence's generated tokens), for `i < n`.
+#[derive(Debug, Clone, Copy)]
+pub struct CountTokens {
+    pub counts: u64,
+    pub rows: u64,
+    pub indptr: u64,
+    pub tokens: u64,
+    pub vocab: usize,
+    pub n: usize,
+}
+
+/// `verify_inputs` (`kernels/verify.cu`): member `i`'s forward rows
+/// `qo[i]..qo[i + 1]` get `pending[kv_rows[i]]`, then its drafts.
+#[derive(Debug, Clone, Copy)]
+pub struct VerifyInputs {
+    pub pending: u64,
+    pub kv_rows: u64,
+    pub qo: u64,
+    pub drafts: u64,
+    pub tokens: u64,
+    pub n: usize,
+}
+
+/// `draft_counts`: scratch counts row `qo[i] + j` = member `i`'s counts
+/// plus its drafts `1..=j` (read from `tokens`), for rows up to
+/// `max_rows` per member.
+#[derive(Debug, Clone, Copy)]
+pub struct DraftCounts {
+    pub counts: u64,
+    pub kv_rows: u64,
+    pub qo: u64,
+    pub tokens: u64,
+    pub scratch: u64,
+    pub vocab: usize,
+    pub max_rows: usize,
+    pub n: usize,
+}
+
+/// `accept_drafts`: per member, the sampled tokens accepted (`accepted[i]`
+/// of them), counted into its counts, the last its pending token.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptDrafts {
+    pub qo: u64,
+    pub tokens: u64,
+    pub sampled: u64,
+    pub kv_rows: u64,
+    pub counts: u64,
+    pub pending: u64,
+    pub accepted: u64,
     pub vocab: usize,
     pub n: usize,
 }
@@ -380,6 +444,7 @@ pub trait Device: Send + Sized + 'static {
     fn add_bias(&self, a: AddBias) -> Result<(), CudaError>;
     fn rope_kv_append(&self, a: RopeKvAppend) -> Result<(), CudaError>;
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError>;
+    fn prefill_attention(&self, a: PrefillAttention) -> Result<(), CudaError>;
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError>;
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError>;
     fn gelu_mul(&self, a: GeluMul) -> Result<(), CudaError>;
@@ -388,5 +453,9 @@ pub trait Device: Send + Sized + 'static {
     fn scale_f32(&self, a: ScaleF32) -> Result<(), CudaError>;
     fn softcap(&self, a: Softcap) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
+    fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError>;
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError>;
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError>;
     fn sample_rows(&self, a: SampleRows) -> Result<(), CudaError>;
 }

@@ -15,14 +15,17 @@ use cudarc::driver::{
 };
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, Device, EmbedGather, EmbedGatherQ, GeluMul,
-    GeluMulQ8, Gemm, Mmvq, PagedAttention, Plain, QuantizeQ8H, ResetCounts, RmsNormF32,
-    RopeKvAppend, SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8,
+    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, Device, DraftCounts,
+    EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, Plain,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32,
+    Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
 use crate::compile::CompiledKernel;
-use crate::kernels::{ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, SAMPLE_THREADS};
+use crate::kernels::{
+    ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, PREFILL_Q_ROWS, PREFILL_THREADS, SAMPLE_THREADS,
+};
 use crate::quant::{mmvq_kernel, type_code, BLOCK};
 use crate::reference::NORM_THREADS;
 use crate::CudaError;
@@ -482,6 +485,39 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn prefill_attention(&self, pa: PrefillAttention) -> Result<(), CudaError> {
+        let a = pa.attn;
+        let stride = i(a.stride);
+        let (nq, nk, hd, ps, window, n) = (
+            i(a.num_heads),
+            i(a.num_kv_heads),
+            i(a.head_dim),
+            i(a.page_size),
+            i(a.window),
+            i(a.n),
+        );
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("prefill_attention"));
+        b.arg(&a.qkv)
+            .arg(&stride)
+            .arg(&a.out)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache);
+        b.arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&a.kv_indptr)
+            .arg(&a.kv_indices);
+        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale);
+        b.arg(&window).arg(&n);
+        let tiles = a.n.div_ceil(PREFILL_Q_ROWS) as u32;
+        // SAFETY: matches `prefill_attention`; head_dim <= 256 (checked at
+        // load) fits its shared Q and K/V tiles, PREFILL_THREADS its rows
+        // per warp; every row's pages cover its position (the page table).
+        unsafe { b.launch(launch_cfg((a.num_heads as u32, tiles), PREFILL_THREADS)) }?;
+        Ok(())
+    }
+
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
         let (f, n) = (i(a.f), i(a.n));
         let mut b = self.stream.launch_builder(self.kernels.get("swiglu"));
@@ -561,6 +597,59 @@ impl Device for CudaDevice {
         b.arg(&a.counts).arg(&a.rows).arg(&vocab).arg(&n);
         // SAFETY: matches `reset_counts`; rows are KV rows < counts' rows.
         unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("count_tokens"));
+        b.arg(&a.counts)
+            .arg(&a.rows)
+            .arg(&a.indptr)
+            .arg(&a.tokens)
+            .arg(&vocab)
+            .arg(&n);
+        // SAFETY: matches `count_tokens`; rows are KV rows < counts' rows,
+        // indptr holds n + 1 offsets into tokens; ids past vocab are skipped.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 128)) }?;
+        Ok(())
+    }
+
+    fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError> {
+        let n = i(a.n);
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("verify_inputs"));
+        b.arg(&a.pending).arg(&a.kv_rows).arg(&a.qo);
+        b.arg(&a.drafts).arg(&a.tokens).arg(&n);
+        // SAFETY: matches `verify_inputs`; qo holds n + 1 offsets into
+        // tokens, drafts qo[n] - n tokens, kv_rows n rows of pending.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 32)) }?;
+        Ok(())
+    }
+
+    fn draft_counts(&self, a: DraftCounts) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("draft_counts"));
+        b.arg(&a.counts).arg(&a.kv_rows).arg(&a.qo).arg(&a.tokens);
+        b.arg(&a.scratch).arg(&vocab).arg(&n);
+        // SAFETY: matches `draft_counts`; scratch holds qo[n] rows of vocab
+        // counts, kv_rows are rows of counts; blocks past a member's rows return.
+        unsafe { b.launch(launch_cfg((a.n as u32, a.max_rows as u32), 256)) }?;
+        Ok(())
+    }
+
+    fn accept_drafts(&self, a: AcceptDrafts) -> Result<(), CudaError> {
+        let (vocab, n) = (i(a.vocab), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("accept_drafts"));
+        b.arg(&a.qo).arg(&a.tokens).arg(&a.sampled).arg(&a.kv_rows);
+        b.arg(&a.counts).arg(&a.pending).arg(&a.accepted);
+        b.arg(&vocab).arg(&n);
+        // SAFETY: matches `accept_drafts` (one thread per member, members on
+        // distinct KV rows); sampled and tokens hold qo[n] rows, accepted n.
+        unsafe { b.launch(launch_cfg((a.n.div_ceil(64) as u32, 1), 64)) }?;
         Ok(())
     }
 

@@ -24,9 +24,9 @@ use half::f16;
 use kestrel_model::{Activation, DType, LayerRope, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, DequantF16, DevMem, Device, EmbedGather, EmbedGatherQ,
-    GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, QuantizeQ8H, ResetCounts, RmsNormF32,
-    RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
+    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
+    EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H,
+    ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
 };
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{MAX_HEAD_DIM, MMVQ_MAX_ROWS};
@@ -131,6 +131,11 @@ pub(crate) struct FwdArgs {
     pub kv_indices: u64,
     /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
     pub out_row: u64,
+    /// The rows come in runs of one sequence's consecutive positions
+    /// (prefill chunks): attention runs `prefill_attention`, which reads
+    /// each K/V tile once per run. Otherwise (decode: one row per
+    /// sequence) `paged_attention`.
+    pub tiled_attention: bool,
     pub x: u64,
     pub xn: u64,
     pub qkv: u64,
@@ -150,6 +155,9 @@ pub(crate) struct KvGeometry {
     pub kv_rows: usize,
     /// Positions the RoPE table covers.
     pub max_pos: usize,
+    /// Rows a verifying decode step samples at most (its draft scratch;
+    /// 0: no draft verification).
+    pub draft_rows: usize,
 }
 
 /// Weights and KV cache on one device, and the device itself.
@@ -171,6 +179,11 @@ pub(crate) struct DeviceModel<D: Device> {
     pub counts: D::Buf,
     /// Each KV row's next input token (written by sampling).
     pub pending: D::Buf,
+    /// A verifying step's per-row penalty counts (`draft_counts`) and the
+    /// pending tokens its sampling writes and nothing reads (the members'
+    /// own are `accept_drafts`'s): scratch, safe for both slots by I1.
+    pub draft_counts: D::Buf,
+    pub draft_pending: D::Buf,
     pub page_size: usize,
     /// The page past the pool that padding rows write to.
     pub trash_page: u32,
@@ -189,6 +202,7 @@ impl<D: Device> DeviceModel<D> {
             page_size,
             kv_rows,
             max_pos,
+            draft_rows,
         } = geo;
         let c = w.config.clone();
         if c.num_kv_heads == 0
@@ -319,6 +333,9 @@ impl<D: Device> DeviceModel<D> {
         let v_cache = d.alloc(kv_elems * 2)?;
         let counts = d.alloc_zeroed(kv_rows * c.vocab_size * 4)?;
         let pending = d.alloc_zeroed(kv_rows * 4)?;
+        // Written (draft_counts, sample_rows) before anything reads them.
+        let draft_counts = d.alloc(draft_rows * c.vocab_size * 4)?;
+        let draft_pending = d.alloc(draft_rows * 4)?;
         Ok(DeviceModel {
             cfg: c,
             embd,
@@ -332,6 +349,8 @@ impl<D: Device> DeviceModel<D> {
             v_cache,
             counts,
             pending,
+            draft_counts,
+            draft_pending,
             page_size,
             trash_page: num_pages as u32,
             weight_bytes,
@@ -516,7 +535,7 @@ impl<D: Device> DeviceModel<D> {
                 slot_mapping: a.slot_mapping,
                 n,
             })?;
-            d.paged_attention(PagedAttention {
+            let attn = PagedAttention {
                 qkv: a.qkv,
                 stride,
                 out: a.attn,
@@ -533,7 +552,12 @@ impl<D: Device> DeviceModel<D> {
                 scale: c.attn_scale(),
                 window: lw.window,
                 n,
-            })?;
+            };
+            if a.tiled_attention {
+                d.prefill_attention(PrefillAttention { attn })?;
+            } else {
+                d.paged_attention(attn)?;
+            }
             if lw.wo.needs(n).q8 {
                 self.quantize_q8(a.attn, lw.wo.inp, n)?;
             }
@@ -643,6 +667,30 @@ impl<D: Device> DeviceModel<D> {
             })?;
         }
         Ok(())
+    }
+
+    /// The penalty counts of the sequences a prefill admits (`rows[..n]`):
+    /// zeroed, then counting each one's generated tokens
+    /// (`tokens[indptr[i]..indptr[i + 1]]`, `counted` in all: a re-admission).
+    pub fn admit_counts(
+        &self,
+        rows: u64,
+        indptr: u64,
+        tokens: u64,
+        (n, counted): (usize, usize),
+    ) -> Result<(), CudaError> {
+        self.reset_counts(rows, n)?;
+        if counted == 0 {
+            return Ok(());
+        }
+        self.d.count_tokens(CountTokens {
+            counts: self.counts.ptr(),
+            rows,
+            indptr,
+            tokens,
+            vocab: self.cfg.vocab_size,
+            n,
+        })
     }
 
     /// Zero the penalty counts of the KV rows in `rows[..n]` (new sequences).

@@ -22,6 +22,7 @@ mod device;
 mod mem;
 mod slot;
 pub mod timing;
+mod verify;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,10 +35,11 @@ use kestrel_kv::{
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
-    RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId, TokenMask,
+    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
+    TokenMask,
 };
 
-use self::backend::{DevMem, Device, HostMem, SampleRows, Stream};
+use self::backend::{AcceptDrafts, DevMem, Device, DraftCounts, HostMem, SampleRows, Stream};
 use self::cuda::CudaDevice;
 use self::device::{DeviceModel, FwdArgs, KvGeometry};
 use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
@@ -70,6 +72,10 @@ pub struct CudaRuntimeConfig {
     pub forward_rows: usize,
     /// Capture the decode forward in CUDA graphs (per slot, per bucket).
     pub cuda_graphs: bool,
+    /// Draft tokens one decode step may verify in all (speculative
+    /// decoding; 0: none). Sizes each slot's sampled rows (`max_rows` plus
+    /// this) and the draft scratch.
+    pub max_draft_tokens: usize,
     /// PTX cache directory (`None`: `<kestrel cache>/ptx`).
     pub ptx_cache: Option<PathBuf>,
 }
@@ -85,6 +91,7 @@ impl Default for CudaRuntimeConfig {
             enable_prefix_cache: true,
             forward_rows: 256,
             cuda_graphs: true,
+            max_draft_tokens: 32,
             ptx_cache: None,
         }
     }
@@ -111,6 +118,8 @@ pub struct Runtime<D: Device> {
     /// to reuse its allocation).
     step_biases: Vec<LogitBias>,
     out_top: Vec<(TokenId, f32)>,
+    /// A verifying step's members' token offsets into its outputs.
+    row_indptr: Vec<u32>,
     graph_bytes: usize,
     device_name: String,
     /// Completed steps' timings while recording (`record_timings`).
@@ -215,6 +224,8 @@ impl<D: Device> Runtime<D> {
         d.bind()?;
         let mc = &weights.config;
         let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        // Rows one step samples: the decode batch and its drafts.
+        let sampled_rows = cfg.max_rows + cfg.max_draft_tokens;
         let dev = DeviceModel::new(
             d,
             &weights,
@@ -223,6 +234,11 @@ impl<D: Device> Runtime<D> {
                 page_size: cfg.page_size,
                 kv_rows: cfg.max_rows + 1,
                 max_pos: max_context,
+                draft_rows: if cfg.max_draft_tokens > 0 {
+                    sampled_rows
+                } else {
+                    0
+                },
             },
         )?;
         // The uploads above may return before their last DMA lands (on CUDA
@@ -232,8 +248,9 @@ impl<D: Device> Runtime<D> {
         let buckets = graph_buckets(cfg.max_rows);
         let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
         let dims = SlotDims {
-            fwd_rows: cfg.max_rows.max(cfg.forward_rows),
-            max_batch: cfg.max_rows,
+            fwd_rows: sampled_rows.max(cfg.forward_rows),
+            max_batch: sampled_rows,
+            max_members: cfg.max_rows,
             hidden: mc.hidden_size,
             qkv: mc.q_dim() + 2 * mc.kv_dim(),
             q_dim: mc.q_dim(),
@@ -249,7 +266,7 @@ impl<D: Device> Runtime<D> {
             .map(|_| DecodeSlot::new(&dev.d, &dims))
             .collect::<Result<Vec<_>, _>>()?;
         let render = (0..NUM_SLOTS)
-            .map(|_| RenderBuffer::new(&dev.d, cfg.max_rows))
+            .map(|_| RenderBuffer::new(&dev.d, sampled_rows, cfg.max_rows))
             .collect::<Result<Vec<_>, _>>()?;
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
@@ -269,6 +286,7 @@ impl<D: Device> Runtime<D> {
             decode_rows: Vec::new(),
             step_biases: Vec::new(),
             out_top: Vec::new(),
+            row_indptr: Vec::new(),
             graph_bytes: 0,
             device_name,
             timings: None,
@@ -299,16 +317,16 @@ impl<D: Device> Runtime<D> {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before a device is opened: logit bias, but no draft
-    /// verification, whole-prompt prefill only, and no re-admission (each sequence's whole `max_len` is reserved at
-    /// admission, so `grow` never runs short and nothing is preempted).
+    /// known before a device is opened: logit bias, chunked prefill,
+    /// re-admission of preempted sequences (KV grows lazily) and draft
+    /// verification up to `cfg.max_draft_tokens`.
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
         Capabilities {
             max_rows: cfg.max_rows,
-            max_draft_tokens: 0,
+            max_draft_tokens: cfg.max_draft_tokens,
             logit_bias: true,
-            chunked_prefill: false,
-            readmission: false,
+            chunked_prefill: true,
+            readmission: true,
         }
     }
 
@@ -366,6 +384,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
+            tiled_attention: false,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),
             qkv: s.ws.qkv.ptr(),
@@ -504,10 +523,11 @@ impl<D: Device> Executor for Runtime<D> {
         self.book.num_allocated()
     }
 
-    /// Reserves the whole `max_len` at admission (so `grow` never runs short
-    /// and the pipeline never preempts on this runtime).
-    fn can_admit(&self, prompt: &[TokenId], max_len: usize) -> bool {
-        self.book.can_reserve(prompt, max_len)
+    /// A new sequence takes its prompt's pages and grows step by step
+    /// (`grow`), as on the CPU; when pages run short the pipeline preempts
+    /// and re-admits (re-prefilling over the prompt and generated tokens).
+    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
+        self.book.can_reserve(prompt, prompt.len())
     }
 
     fn grow(&mut self, id: RequestId, len: usize) -> bool {
@@ -532,50 +552,62 @@ impl<D: Device> Executor for Runtime<D> {
                 capacity: self.cfg.max_rows,
             }));
         }
-        // What the capabilities deny is refused by name, before anything.
-        let caps = self.capabilities();
-        let chunked = |i: &&PrefillInput<'_, _>| !i.start.admits() || !i.samples_from(0);
-        if let Some(input) = seqs.iter().find(chunked).filter(|_| !caps.chunked_prefill) {
-            return Err(ExecError::PreDispatch(CudaError::ChunkedPrefill(input.id)));
-        }
-        let readmitted = |i: &&PrefillInput<'_, _>| i.generated > 0;
-        if let Some(input) = seqs.iter().find(readmitted).filter(|_| !caps.readmission) {
-            return Err(ExecError::PreDispatch(CudaError::Readmission(input.id)));
-        }
         self.dev.d.bind().map_err(fatal)?;
-        let admissions = seqs.iter().map(|input| Admission {
+        // New sequences take their prompt's pages (they grow lazily, as on
+        // the CPU: `grow` before each decode step); a resumed chunk's
+        // sequence was admitted by its first.
+        let admit = |i: &&PrefillInput<'_, _>| i.start.admits();
+        let admissions = seqs.iter().filter(admit).map(|input| Admission {
             id: input.id,
             prompt: input.prompt,
-            reserve: input.max_len,
+            reserve: input.prompt.len(),
             meta: input.params.clone(),
             fork_of: input.start.fork_of(),
         });
         self.book
             .admit_all(admissions)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Each prompt after its prefix-cache hit, to its end.
+        // Each input's chunk: after its prefix-cache hit, or where its last
+        // chunk ended (the book refuses one that does not resume there).
         let starts: Vec<usize> = seqs
             .iter()
-            .map(|input| self.book.cached_prompt_tokens(input.id))
+            .map(|input| match input.start {
+                PrefillStart::Admit | PrefillStart::Fork { .. } => {
+                    self.book.cached_prompt_tokens(input.id)
+                }
+                PrefillStart::Resume(start) => start,
+            })
             .collect();
         let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
-            let (prompt, end) = (input.prompt, input.prompt.len());
+            let (prompt, end) = (input.prompt, input.chunk_end(start));
             (input.id, Span::Chunk { prompt, start, end })
         });
         if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
             // Nothing was dispatched: give back what this call admitted.
-            for input in seqs {
+            for input in seqs.iter().filter(admit) {
                 self.release(input.id);
             }
             return Err(refused_plan(e, |i| seqs[i].id));
         }
+        // Which inputs' chunks end their prompts: only those are sampled.
+        let samples: Vec<bool> = seqs
+            .iter()
+            .zip(&starts)
+            .map(|(input, &start)| input.samples_from(start))
+            .collect();
         let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
         let kv = &self.slots[slot].kv;
-        let plan: Vec<PrefillSeq<'_>> = (0..kv.len())
-            .map(|i| PrefillSeq {
+        let plan: Vec<PrefillSeq<'_>> = seqs
+            .iter()
+            .zip(&starts)
+            .enumerate()
+            .map(|(i, (input, &start))| PrefillSeq {
                 kv_row: kv.rows[i],
                 prompt: kv.tokens(i),
-                start: kv.starts[i] as usize,
+                start,
+                samples: samples[i],
+                admitted: input.start.admits(),
+                generated: &input.prompt[input.prompt.len().saturating_sub(input.generated)..],
             })
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
@@ -584,7 +616,9 @@ impl<D: Device> Executor for Runtime<D> {
         s.ensure_prefill_capacity(&self.dev.d, words.len())
             .map_err(ExecError::Fatal)?;
         s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
-        for (p, input) in s.params_host.as_mut_slice().iter_mut().zip(seqs) {
+        // Sampling parameters of the sampled sequences, in step order.
+        let sampled = seqs.iter().zip(&samples).filter(|(_, &x)| x);
+        for (p, (input, _)) in s.params_host.as_mut_slice().iter_mut().zip(sampled) {
             *p = SampleParams::from(input.params);
         }
         s.prefill_words = words;
@@ -592,6 +626,12 @@ impl<D: Device> Executor for Runtime<D> {
         let timed = self
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
+        // The sampled sequences' biases, in the order of their parameters.
+        self.step_biases.clear();
+        let biases = seqs.iter().zip(&samples).filter(|(_, &x)| x);
+        self.step_biases
+            .extend(biases.map(|(i, _)| i.params.logit_bias.clone()));
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
         // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
@@ -603,17 +643,22 @@ impl<D: Device> Executor for Runtime<D> {
                 .map_err(ExecError::Fatal)?;
             self.dev
                 .d
-                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..seqs.len()])
+                .htod(
+                    s.params_dev.ptr(),
+                    &s.params_host.as_slice()[..layout.sampled],
+                )
                 .map_err(ExecError::Fatal)?;
         }
-        self.step_biases.clear();
-        let biases = seqs.iter().map(|i| i.params.logit_bias.clone());
-        self.step_biases.extend(biases);
-        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
-        let (s, m) = (&self.slots[slot], &self.slots[slot].prefill_dev);
-        self.dev
-            .reset_counts(m.at::<u32>(layout.kv_rows()), seqs.len())
-            .map_err(fatal)?;
+        if layout.admitted > 0 {
+            self.dev
+                .admit_counts(
+                    m.at::<u32>(layout.admit_rows()),
+                    m.at::<u32>(layout.count_indptr()),
+                    m.at::<u32>(layout.count_tokens()),
+                    (layout.admitted, layout.counted),
+                )
+                .map_err(fatal)?;
+        }
         let base = self.fwd_args(slot, 0);
         let chunk = self.cfg.forward_rows;
         let mut a = 0;
@@ -629,32 +674,38 @@ impl<D: Device> Executor for Runtime<D> {
                 kv_indptr: m.at::<u32>(layout.kv_indptr()),
                 kv_indices: m.at::<u32>(layout.kv_indices()),
                 out_row: m.at::<u32>(layout.out_row() + a),
+                tiled_attention: true,
                 ..base
             };
             self.dev.forward_layers(&args).map_err(fatal)?;
             a += n;
         }
-        self.dev
-            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), seqs.len())
-            .map_err(fatal)?;
+        if layout.sampled > 0 {
+            self.dev
+                .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.sampled)
+                .map_err(fatal)?;
+        }
         if timed {
             self.mark(slot, |e| &e.forward_end)
                 .map_err(ExecError::Fatal)?;
         }
+        let top_n = seqs
+            .iter()
+            .zip(&samples)
+            .filter(|(_, &x)| x)
+            .map(|(i, _)| i.params.top_logprobs as usize)
+            .max()
+            .unwrap_or(0);
         let state = StepState {
             kind: StepKind::Prefill,
-            n: seqs.len(),
-            top_n: seqs
-                .iter()
-                .map(|i| i.params.top_logprobs as usize)
-                .max()
-                .unwrap_or(0)
-                .min(MAX_TOP),
+            n: layout.sampled,
+            top_n: top_n.min(MAX_TOP),
             rows_ptr: m.at::<u32>(layout.kv_rows()),
             positions_ptr: m.at::<u32>(layout.sample_pos()),
             step: self.protocol.next_step(),
             timed,
             bias,
+            verify: None,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -663,8 +714,8 @@ impl<D: Device> Executor for Runtime<D> {
         self.book.cached_prompt_tokens(id)
     }
 
-    /// Drafts are not verified here (`capabilities().max_draft_tokens` is
-    /// 0): a step that carries any is refused by name.
+    /// A step with drafts verifies them (`launch_verify`, `verify.rs`);
+    /// otherwise the bucket's captured graph (or its eager forward) runs.
     fn launch_decode(
         &mut self,
         slot: SlotId,
@@ -672,9 +723,7 @@ impl<D: Device> Executor for Runtime<D> {
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<CudaError>> {
         if !drafts.is_empty() {
-            return Err(ExecError::PreDispatch(CudaError::Drafts(
-                drafts.tokens.len(),
-            )));
+            return self.launch_verify(slot, rows, drafts);
         }
         self.protocol
             .check_launch(slot)
@@ -751,6 +800,7 @@ impl<D: Device> Executor for Runtime<D> {
             step: self.protocol.next_step(),
             timed,
             bias,
+            verify: None,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
@@ -778,8 +828,9 @@ impl<D: Device> Executor for Runtime<D> {
             d.record(&s.timing.sample_start, Stream::Compute)
                 .map_err(ExecError::Fatal)?;
         }
-        // The mask goes H2D on the compute stream right before sampling.
-        let (mask_flags, mask_words, wpr) = match masks {
+        // The mask goes H2D on the compute stream right before sampling (a
+        // step of prefill chunks that end no prompt samples nothing).
+        let (mask_flags, mask_words, wpr) = match masks.filter(|_| n > 0) {
             Some(m)
                 if m.words_per_row == TokenMask::words_for(vocab)
                     && m.words.len() >= n * m.words_per_row
@@ -808,14 +859,36 @@ impl<D: Device> Executor for Runtime<D> {
             }
             None => (0, 0, 0),
         };
+        // A verifying step samples each row on scratch counts that include
+        // the drafts before it, then accepts (see `kernels/verify.cu`).
+        let verify = state.verify;
+        let (counts, pending) = match verify {
+            Some(v) => {
+                self.dev
+                    .d
+                    .draft_counts(DraftCounts {
+                        counts: self.dev.counts.ptr(),
+                        kv_rows: v.kv_rows,
+                        qo: v.qo,
+                        tokens: v.tokens,
+                        scratch: self.dev.draft_counts.ptr(),
+                        vocab,
+                        max_rows: v.max_rows,
+                        n: v.members,
+                    })
+                    .map_err(fatal)?;
+                (self.dev.draft_counts.ptr(), self.dev.draft_pending.ptr())
+            }
+            None => (self.dev.counts.ptr(), self.dev.pending.ptr()),
+        };
         // Sample `n` rows (see `kernels/sample.cu`).
         let a = SampleRows {
             n,
             top_n,
             logits: s.logits.ptr(),
             vocab,
-            counts: self.dev.counts.ptr(),
-            pending: self.dev.pending.ptr(),
+            counts,
+            pending,
             mask_words,
             mask_flags,
             words_per_row: wpr,
@@ -829,7 +902,25 @@ impl<D: Device> Executor for Runtime<D> {
             bias_indptr,
             bias,
         };
-        self.dev.d.sample_rows(a).map_err(fatal)?;
+        if n > 0 {
+            self.dev.d.sample_rows(a).map_err(fatal)?;
+        }
+        if let Some(v) = verify {
+            self.dev
+                .d
+                .accept_drafts(AcceptDrafts {
+                    qo: v.qo,
+                    tokens: v.tokens,
+                    sampled: s.out_tokens.ptr(),
+                    kv_rows: v.kv_rows,
+                    counts: self.dev.counts.ptr(),
+                    pending: self.dev.pending.ptr(),
+                    accepted: s.out_accepted.ptr(),
+                    vocab,
+                    n: v.members,
+                })
+                .map_err(fatal)?;
+        }
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
             d.record(&s.timing.sample_end, Stream::Compute)
@@ -840,20 +931,27 @@ impl<D: Device> Executor for Runtime<D> {
             .map_err(ExecError::Fatal)?;
         d.copy_waits(&s.step_done).map_err(ExecError::Fatal)?;
         let r = &mut self.render[slot];
-        // SAFETY: the copy stream waits on exactly this step's step-done
-        // event, so the staging buffers hold its outputs; the pinned
-        // destinations are this slot's and are read only after copy_done.
-        unsafe {
-            d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
-                .map_err(ExecError::Fatal)?;
-            d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
-                .map_err(ExecError::Fatal)?;
-            if top_n > 0 {
-                let k = n * top_n;
-                d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
+        if n > 0 {
+            // SAFETY: the copy stream waits on exactly this step's step-done
+            // event, so the staging buffers hold its outputs; the pinned
+            // destinations are this slot's and are read only after copy_done.
+            unsafe {
+                d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
                     .map_err(ExecError::Fatal)?;
-                d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
                     .map_err(ExecError::Fatal)?;
+                if top_n > 0 {
+                    let k = n * top_n;
+                    d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
+                        .map_err(ExecError::Fatal)?;
+                    d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
+                if let Some(v) = verify {
+                    let acc = &mut r.accepted.as_mut_slice()[..v.members];
+                    d.dtoh(acc, s.out_accepted.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
             }
         }
         d.record(&r.copy_done, Stream::Copy)
@@ -871,8 +969,42 @@ impl<D: Device> Executor for Runtime<D> {
             .state
             .take()
             .ok_or(StateError::SlotBusy(slot))?;
-        // The step's KV is written: a prefill publishes its prompt pages.
-        self.book.commit_step(&self.slots[slot].kv, None)?;
+        // A verifying step's outputs, compacted to each member's accepted
+        // tokens (row `qo[i] + j` moves to `row_indptr[i] + j`).
+        self.row_indptr.clear();
+        let mut n_out = state.n;
+        if let Some(v) = state.verify {
+            let qo = &self.slots[slot].verify_qo;
+            let RenderBuffer {
+                tokens,
+                logprobs,
+                top_ids,
+                top_lps,
+                accepted,
+                ..
+            } = &mut self.render[slot];
+            let t = state.top_n;
+            self.row_indptr.push(0);
+            let mut w = 0usize;
+            for (i, &k) in accepted.as_slice()[..v.members].iter().enumerate() {
+                let (a, k) = (qo[i] as usize, k as usize);
+                tokens.as_mut_slice().copy_within(a..a + k, w);
+                logprobs.as_mut_slice().copy_within(a..a + k, w);
+                top_ids
+                    .as_mut_slice()
+                    .copy_within(a * t..(a + k) * t, w * t);
+                top_lps
+                    .as_mut_slice()
+                    .copy_within(a * t..(a + k) * t, w * t);
+                w += k;
+                self.row_indptr.push(w as u32);
+            }
+            n_out = w;
+        }
+        // The step's KV is written: a prefill publishes its prompt pages, a
+        // verifying member keeps the positions of the tokens it accepted.
+        let accepted = state.verify.map(|_| &self.row_indptr[..]);
+        self.book.commit_step(&self.slots[slot].kv, accepted)?;
         if state.timed && self.timings.is_some() {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
@@ -887,7 +1019,7 @@ impl<D: Device> Executor for Runtime<D> {
             }
         }
         let r = &self.render[slot];
-        let (n, top_n) = (state.n, state.top_n);
+        let (n, top_n) = (n_out, state.top_n);
         self.out_top.clear();
         let ids = &r.top_ids.as_slice()[..n * top_n];
         let lps = &r.top_lps.as_slice()[..n * top_n];
@@ -898,13 +1030,19 @@ impl<D: Device> Executor for Runtime<D> {
             logprobs: Some(&r.logprobs.as_slice()[..n]),
             top_logprobs: &self.out_top,
             top_n,
-            row_indptr: &[],
+            row_indptr: &self.row_indptr,
         })
     }
 
     fn release(&mut self, id: RequestId) {
         if let Err(e) = self.book.release(id) {
             tracing::error!(request = id, error = %e, "erasing a KV row failed");
+        }
+    }
+
+    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
+        if let Err(e) = self.book.preempt(id, tokens) {
+            tracing::error!(request = id, error = %e, "erasing a preempted KV row failed");
         }
     }
 

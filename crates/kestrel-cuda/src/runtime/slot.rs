@@ -28,8 +28,10 @@ pub(crate) const MAX_TOP: usize = 20;
 pub(crate) struct SlotDims {
     /// Rows of one forward call: max(decode batch, prefill chunk).
     pub fwd_rows: usize,
-    /// Rows sampled at once (decode batch, prefill sequences).
+    /// Rows sampled at once (decode batch and its drafts, prefill sequences).
     pub max_batch: usize,
+    /// Sequences in one step (the decode batch).
+    pub max_members: usize,
     pub hidden: usize,
     pub qkv: usize,
     pub q_dim: usize,
@@ -64,6 +66,20 @@ pub(crate) struct StepState {
     pub timed: bool,
     /// Some row has a `logit_bias` (packed in the slot's bias buffer).
     pub bias: bool,
+    /// A decode step that verifies drafts.
+    pub verify: Option<VerifyStep>,
+}
+
+/// Device addresses of a verifying decode step's metadata (see
+/// `kernels/verify.cu` and `host::VerifyLayout`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VerifyStep {
+    pub members: usize,
+    /// Rows of the member with the most drafts.
+    pub max_rows: usize,
+    pub qo: u64,
+    pub kv_rows: u64,
+    pub tokens: u64,
 }
 
 pub(crate) struct DecodeSlot<D: Device> {
@@ -87,6 +103,10 @@ pub(crate) struct DecodeSlot<D: Device> {
     pub out_logprobs: D::Buf,
     pub out_top_ids: D::Buf,
     pub out_top_lps: D::Buf,
+    /// Each member's accepted tokens of a verifying step.
+    pub out_accepted: D::Buf,
+    /// The launched verifying step's member row offsets (host copy).
+    pub verify_qo: Vec<u32>,
     pub graphs: HashMap<usize, D::Graph>,
     /// The launched step's KV plan ([`kestrel_kv::SeqBook::plan_step`]),
     /// kept until its commit publishes a prefill's prompt pages.
@@ -135,6 +155,8 @@ impl<D: Device> DecodeSlot<D> {
             out_logprobs: f32s(dims.max_batch)?,
             out_top_ids: u32s(dims.max_batch * MAX_TOP)?,
             out_top_lps: f32s(dims.max_batch * MAX_TOP)?,
+            out_accepted: u32s(dims.max_members)?,
+            verify_qo: Vec::new(),
             graphs: HashMap::new(),
             kv: KvStep::default(),
             step_done: d.event(false)?,
@@ -194,16 +216,19 @@ pub(crate) struct RenderBuffer<D: Device> {
     pub logprobs: D::Host<f32>,
     pub top_ids: D::Host<u32>,
     pub top_lps: D::Host<f32>,
+    /// Each member's accepted tokens of a verifying step.
+    pub accepted: D::Host<u32>,
     pub copy_done: D::Event,
 }
 
 impl<D: Device> RenderBuffer<D> {
-    pub fn new(d: &D, max_batch: usize) -> Result<Self, CudaError> {
+    pub fn new(d: &D, max_batch: usize, max_members: usize) -> Result<Self, CudaError> {
         Ok(RenderBuffer {
             tokens: d.host(max_batch)?,
             logprobs: d.host(max_batch)?,
             top_ids: d.host(max_batch * MAX_TOP)?,
             top_lps: d.host(max_batch * MAX_TOP)?,
+            accepted: d.host(max_members)?,
             copy_done: d.event(false)?,
         })
     }

@@ -15,6 +15,13 @@
 //   post_norm HIDDEN N EPS X W OUT_X  rms_norm_f32 in place
 //   gelu F N GATE_UP OUT_H OUT_Q      f16 rows (gelu_mul) and Q8 blocks (gelu_mul_q8)
 //   elementwise S CAP LEN X OUT_SCALED OUT_CAPPED  scale_f32 and softcap
+//   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
+//                                     f16 rows of prefill_attention
+//   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
+//   verify VOCAB N MAXROWS PENDING KV_ROWS QO DRAFTS COUNTS SAMPLED
+//          OUT_TOKENS OUT_SCRATCH OUT_COUNTS OUT_PENDING OUT_ACCEPTED
+//                                     verify_inputs, draft_counts, then
+//                                     accept_drafts of SAMPLED
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -171,6 +178,58 @@ int main(int argc, char** argv) {
         launch({2, 1, 1}, 64, [&] { softcap(y.data(), cap, len); });
         spit(argv[6], x);
         spit(argv[7], y);
+        return 0;
+    }
+    if (mode == "prefill_attn" && argc == 18) {
+        int nh = I(2), nkv = I(3), hd = I(4), ps = I(5);
+        float scale = std::strtof(argv[6], nullptr);
+        int window = I(7), stride = I(8), n = I(9);
+        std::vector<float> qkv = read_as<float>(argv[10]);
+        std::vector<u32> seq = read_as<u32>(argv[11]), pos = read_as<u32>(argv[12]);
+        std::vector<u32> indptr = read_as<u32>(argv[13]), indices = read_as<u32>(argv[14]);
+        std::vector<h16> kc = read_as<h16>(argv[15]), vc = read_as<h16>(argv[16]);
+        std::vector<h16> out((size_t)n * nh * hd);
+        launch({nh, (n + PF_Q_ROWS - 1) / PF_Q_ROWS, 1}, PF_WARPS * 32, [&] {
+            prefill_attention(qkv.data(), stride, out.data(), kc.data(), vc.data(), seq.data(),
+                              pos.data(), indptr.data(), indices.data(), nh, nkv, hd, ps, scale,
+                              window, n);
+        });
+        spit(argv[17], out);
+        return 0;
+    }
+    if (mode == "count" && argc == 9) {
+        int vocab = I(2), n = I(3);
+        std::vector<u32> rows = read_as<u32>(argv[4]), indptr = read_as<u32>(argv[5]);
+        std::vector<u32> tokens = read_as<u32>(argv[6]), counts = read_as<u32>(argv[7]);
+        launch({n, 1, 1}, 128, [&] {
+            count_tokens(counts.data(), rows.data(), indptr.data(), tokens.data(), vocab, n);
+        });
+        spit(argv[8], counts);
+        return 0;
+    }
+    if (mode == "verify" && argc == 16) {
+        int vocab = I(2), n = I(3), maxrows = I(4);
+        std::vector<u32> pending = read_as<u32>(argv[5]), rows = read_as<u32>(argv[6]);
+        std::vector<u32> qo = read_as<u32>(argv[7]), drafts = read_as<u32>(argv[8]);
+        std::vector<u32> counts = read_as<u32>(argv[9]), sampled = read_as<u32>(argv[10]);
+        size_t total = qo[n];
+        std::vector<u32> tokens(total), scratch(total * vocab), accepted(n);
+        launch({n, 1, 1}, 32, [&] {
+            verify_inputs(pending.data(), rows.data(), qo.data(), drafts.data(), tokens.data(), n);
+        });
+        launch({n, maxrows, 1}, 256, [&] {
+            draft_counts(counts.data(), rows.data(), qo.data(), tokens.data(), scratch.data(),
+                         vocab, n);
+        });
+        launch({(n + 63) / 64, 1, 1}, 64, [&] {
+            accept_drafts(qo.data(), tokens.data(), sampled.data(), rows.data(), counts.data(),
+                          pending.data(), accepted.data(), vocab, n);
+        });
+        spit(argv[11], tokens);
+        spit(argv[12], scratch);
+        spit(argv[13], counts);
+        spit(argv[14], pending);
+        spit(argv[15], accepted);
         return 0;
     }
     return 2;

@@ -12,6 +12,7 @@
 // (blocks never overlap). Each intrinsic is its IEEE definition; the test
 // rewrites the sources' three inline-PTX statements (f16 conversions, dp4a)
 // into the host_* functions below. Compile with -ffp-contract=off.
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #define __host__
 #define __restrict__ __restrict
 #define __shared__ static
+#define __launch_bounds__(...)
 
 struct Dim3 {
     int x, y, z;
@@ -109,6 +111,24 @@ static inline T __shfl_xor_sync(unsigned, T v, int o) {
     w.bar.arrive_and_wait();
     T r;
     std::memcpy(&r, &w.slot[lane ^ o], sizeof r);
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+// Global-memory atomics: the threads of a block are real threads.
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+
+// Lane `src`'s value to every lane (the same two-phase exchange).
+template <class T>
+static inline T __shfl_sync(unsigned, T v, int src) {
+    Warp& w = *g_warps[threadIdx.x / 32];
+    int lane = threadIdx.x & 31;
+    std::memcpy(&w.slot[lane], &v, sizeof v);
+    w.bar.arrive_and_wait();
+    T r;
+    std::memcpy(&r, &w.slot[src & 31], sizeof r);
     w.bar.arrive_and_wait();
     return r;
 }
