@@ -28,7 +28,7 @@ use std::time::Instant;
 use kestrel_model::ModelWeights;
 
 use crate::hostdev_kernels as k;
-pub use crate::hostdev_kernels::{sample_row, SampleRow};
+pub use crate::hostdev_sample::{sample_row, SampleRow};
 use crate::runtime::backend::{
     AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device,
     DraftCounts, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, HostMem, Mmvq,
@@ -337,7 +337,7 @@ impl HostDevice {
             Op::VerifyInputs(a) => k::verify_inputs(m, a),
             Op::DraftCounts(a) => k::draft_counts(m, a),
             Op::AcceptDrafts(a) => k::accept_drafts(m, a),
-            Op::SampleRows(a) => k::sample_rows(m, a),
+            Op::SampleRows(a) => crate::hostdev_sample::sample_rows(m, a),
         }
     }
 }

@@ -20,6 +20,8 @@ pub mod backend;
 pub mod cuda;
 mod device;
 mod mem;
+mod prefill;
+mod sampling;
 mod slot;
 pub mod timing;
 mod verify;
@@ -29,26 +31,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, CudaContext};
-use kestrel_kv::{
-    Admission, KvError, KvStats, PageTable, PageTableConfig, PagedIndices, SeqBook, Span,
-};
+use kestrel_kv::{KvError, KvStats, PageTable, PageTableConfig, PagedIndices, SeqBook, Span};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
-    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
-    TokenMask,
+    RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
 
-use self::backend::{AcceptDrafts, DevMem, Device, DraftCounts, HostMem, SampleRows, Stream};
+use self::backend::{DevMem, Device, HostMem, Stream};
 use self::cuda::CudaDevice;
 use self::device::{DeviceModel, FwdArgs, KvGeometry};
 use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
 use self::timing::{StepEvents, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
 use crate::ffi::SampleParams;
-use crate::host::{
-    choose_bucket, graph_buckets, pack_decode, pack_prefill, DecodeLayout, DecodeRow, PrefillSeq,
-};
+use crate::host::{choose_bucket, graph_buckets, pack_decode, DecodeLayout, DecodeRow};
 use crate::{libs, CudaError};
 
 const NUM_SLOTS: usize = 2;
@@ -543,171 +540,7 @@ impl<D: Device> Executor for Runtime<D> {
         slot: SlotId,
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<CudaError>> {
-        self.protocol
-            .check_launch(slot)
-            .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        if seqs.len() > self.cfg.max_rows {
-            return Err(ExecError::PreDispatch(CudaError::BatchTooLarge {
-                rows: seqs.len(),
-                capacity: self.cfg.max_rows,
-            }));
-        }
-        self.dev.d.bind().map_err(fatal)?;
-        // New sequences take their prompt's pages (they grow lazily, as on
-        // the CPU: `grow` before each decode step); a resumed chunk's
-        // sequence was admitted by its first.
-        let admit = |i: &&PrefillInput<'_, _>| i.start.admits();
-        let admissions = seqs.iter().filter(admit).map(|input| Admission {
-            id: input.id,
-            prompt: input.prompt,
-            reserve: input.prompt.len(),
-            meta: input.params.clone(),
-            fork_of: input.start.fork_of(),
-        });
-        self.book
-            .admit_all(admissions)
-            .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Each input's chunk: after its prefix-cache hit, or where its last
-        // chunk ended (the book refuses one that does not resume there).
-        let starts: Vec<usize> = seqs
-            .iter()
-            .map(|input| match input.start {
-                PrefillStart::Admit | PrefillStart::Fork { .. } => {
-                    self.book.cached_prompt_tokens(input.id)
-                }
-                PrefillStart::Resume(start) => start,
-            })
-            .collect();
-        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
-            let (prompt, end) = (input.prompt, input.chunk_end(start));
-            (input.id, Span::Chunk { prompt, start, end })
-        });
-        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
-            // Nothing was dispatched: give back what this call admitted.
-            for input in seqs.iter().filter(admit) {
-                self.release(input.id);
-            }
-            return Err(refused_plan(e, |i| seqs[i].id));
-        }
-        // Which inputs' chunks end their prompts: only those are sampled.
-        let samples: Vec<bool> = seqs
-            .iter()
-            .zip(&starts)
-            .map(|(input, &start)| input.samples_from(start))
-            .collect();
-        let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
-        let kv = &self.slots[slot].kv;
-        let plan: Vec<PrefillSeq<'_>> = seqs
-            .iter()
-            .zip(&starts)
-            .enumerate()
-            .map(|(i, (input, &start))| PrefillSeq {
-                kv_row: kv.rows[i],
-                prompt: kv.tokens(i),
-                start,
-                samples: samples[i],
-                admitted: input.start.admits(),
-                generated: &input.prompt[input.prompt.len().saturating_sub(input.generated)..],
-            })
-            .collect();
-        let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
-            .map_err(|e| ExecError::Fatal(e.into()))?;
-        let s = &mut self.slots[slot];
-        s.ensure_prefill_capacity(&self.dev.d, words.len())
-            .map_err(ExecError::Fatal)?;
-        s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
-        // Sampling parameters of the sampled sequences, in step order.
-        let sampled = seqs.iter().zip(&samples).filter(|(_, &x)| x);
-        for (p, (input, _)) in s.params_host.as_mut_slice().iter_mut().zip(sampled) {
-            *p = SampleParams::from(input.params);
-        }
-        s.prefill_words = words;
-        // Past this point device work is enqueued: every error is fatal.
-        let timed = self
-            .mark(slot, |e| &e.forward_start)
-            .map_err(ExecError::Fatal)?;
-        // The sampled sequences' biases, in the order of their parameters.
-        self.step_biases.clear();
-        let biases = seqs.iter().zip(&samples).filter(|(_, &x)| x);
-        self.step_biases
-            .extend(biases.map(|(i, _)| i.params.logit_bias.clone()));
-        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
-        let s = &self.slots[slot];
-        let m = &s.prefill_dev;
-        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
-        // until this step's commit; destinations were sized above).
-        unsafe {
-            self.dev
-                .d
-                .htod(m.ptr(), &s.prefill_host.as_slice()[..layout.total_words()])
-                .map_err(ExecError::Fatal)?;
-            self.dev
-                .d
-                .htod(
-                    s.params_dev.ptr(),
-                    &s.params_host.as_slice()[..layout.sampled],
-                )
-                .map_err(ExecError::Fatal)?;
-        }
-        if layout.admitted > 0 {
-            self.dev
-                .admit_counts(
-                    m.at::<u32>(layout.admit_rows()),
-                    m.at::<u32>(layout.count_indptr()),
-                    m.at::<u32>(layout.count_tokens()),
-                    (layout.admitted, layout.counted),
-                )
-                .map_err(fatal)?;
-        }
-        let base = self.fwd_args(slot, 0);
-        let chunk = self.cfg.forward_rows;
-        let mut a = 0;
-        while a < layout.tokens_n {
-            let n = chunk.min(layout.tokens_n - a);
-            let args = FwdArgs {
-                n,
-                tokens: m.at::<u32>(layout.tokens() + a),
-                rows: 0,
-                positions: m.at::<u32>(layout.positions() + a),
-                row_seq: m.at::<u32>(layout.row_seq() + a),
-                slot_mapping: m.at::<u32>(layout.slot_mapping() + a),
-                kv_indptr: m.at::<u32>(layout.kv_indptr()),
-                kv_indices: m.at::<u32>(layout.kv_indices()),
-                out_row: m.at::<u32>(layout.out_row() + a),
-                tiled_attention: true,
-                ..base
-            };
-            self.dev.forward_layers(&args).map_err(fatal)?;
-            a += n;
-        }
-        if layout.sampled > 0 {
-            self.dev
-                .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.sampled)
-                .map_err(fatal)?;
-        }
-        if timed {
-            self.mark(slot, |e| &e.forward_end)
-                .map_err(ExecError::Fatal)?;
-        }
-        let top_n = seqs
-            .iter()
-            .zip(&samples)
-            .filter(|(_, &x)| x)
-            .map(|(i, _)| i.params.top_logprobs as usize)
-            .max()
-            .unwrap_or(0);
-        let state = StepState {
-            kind: StepKind::Prefill,
-            n: layout.sampled,
-            top_n: top_n.min(MAX_TOP),
-            rows_ptr: m.at::<u32>(layout.kv_rows()),
-            positions_ptr: m.at::<u32>(layout.sample_pos()),
-            step: self.protocol.next_step(),
-            timed,
-            bias,
-            verify: None,
-        };
-        self.record_launch(slot, state).map_err(ExecError::Fatal)
+        self.prefill(slot, seqs)
     }
 
     fn cached_prompt_tokens(&self, id: RequestId) -> usize {
@@ -810,154 +643,7 @@ impl<D: Device> Executor for Runtime<D> {
         slot: SlotId,
         masks: Option<&MaskBatch<'_>>,
     ) -> Result<(), ExecError<CudaError>> {
-        self.protocol.check_sample(slot).map_err(fatal)?;
-        self.dev.d.bind().map_err(fatal)?;
-        let vocab = self.dev.cfg.vocab_size;
-        let s = &mut self.slots[slot];
-        let Some(state) = s.state.as_ref() else {
-            return Err(fatal(StateError::SlotBusy(slot)));
-        };
-        let (n, top_n, timed) = (state.n, state.top_n, state.timed);
-        let (bias_indptr, bias) = if state.bias {
-            (s.bias_dev.ptr(), s.bias_dev.at::<u32>(n + 1))
-        } else {
-            (0, 0)
-        };
-        let d = &self.dev.d;
-        if timed {
-            d.record(&s.timing.sample_start, Stream::Compute)
-                .map_err(ExecError::Fatal)?;
-        }
-        // The mask goes H2D on the compute stream right before sampling (a
-        // step of prefill chunks that end no prompt samples nothing).
-        let (mask_flags, mask_words, wpr) = match masks.filter(|_| n > 0) {
-            Some(m)
-                if m.words_per_row == TokenMask::words_for(vocab)
-                    && m.words.len() >= n * m.words_per_row
-                    && m.constrained.len() >= n =>
-            {
-                let host = s.mask_host.as_mut_slice();
-                for (f, &c) in host[..n].iter_mut().zip(m.constrained) {
-                    *f = u32::from(c);
-                }
-                let w = n * m.words_per_row;
-                host[n..n + w].copy_from_slice(&m.words[..w]);
-                // SAFETY: mask_dev, like mask_host, holds flags + words for
-                // max_batch rows, so the n + w copied words fit; the host
-                // source is not rewritten before this slot's commit (I6).
-                unsafe { d.htod(s.mask_dev.ptr(), &host[..n + w]) }.map_err(ExecError::Fatal)?;
-                (s.mask_dev.ptr(), s.mask_dev.at::<u32>(n), m.words_per_row)
-            }
-            Some(m) => {
-                return Err(ExecError::Fatal(CudaError::Config(format!(
-                    "mask of {} words per row ({} words, {} row flags) for {n} rows \
-                     of a vocabulary of {vocab}",
-                    m.words_per_row,
-                    m.words.len(),
-                    m.constrained.len()
-                ))))
-            }
-            None => (0, 0, 0),
-        };
-        // A verifying step samples each row on scratch counts that include
-        // the drafts before it, then accepts (see `kernels/verify.cu`).
-        let verify = state.verify;
-        let (counts, pending) = match verify {
-            Some(v) => {
-                self.dev
-                    .d
-                    .draft_counts(DraftCounts {
-                        counts: self.dev.counts.ptr(),
-                        kv_rows: v.kv_rows,
-                        qo: v.qo,
-                        tokens: v.tokens,
-                        scratch: self.dev.draft_counts.ptr(),
-                        vocab,
-                        max_rows: v.max_rows,
-                        n: v.members,
-                    })
-                    .map_err(fatal)?;
-                (self.dev.draft_counts.ptr(), self.dev.draft_pending.ptr())
-            }
-            None => (self.dev.counts.ptr(), self.dev.pending.ptr()),
-        };
-        // Sample `n` rows (see `kernels/sample.cu`).
-        let a = SampleRows {
-            n,
-            top_n,
-            logits: s.logits.ptr(),
-            vocab,
-            counts,
-            pending,
-            mask_words,
-            mask_flags,
-            words_per_row: wpr,
-            params: s.params_dev.ptr(),
-            rows: state.rows_ptr,
-            positions: state.positions_ptr,
-            out_tokens: s.out_tokens.ptr(),
-            out_logprobs: s.out_logprobs.ptr(),
-            out_top_ids: s.out_top_ids.ptr(),
-            out_top_lps: s.out_top_lps.ptr(),
-            bias_indptr,
-            bias,
-        };
-        if n > 0 {
-            self.dev.d.sample_rows(a).map_err(fatal)?;
-        }
-        if let Some(v) = verify {
-            self.dev
-                .d
-                .accept_drafts(AcceptDrafts {
-                    qo: v.qo,
-                    tokens: v.tokens,
-                    sampled: s.out_tokens.ptr(),
-                    kv_rows: v.kv_rows,
-                    counts: self.dev.counts.ptr(),
-                    pending: self.dev.pending.ptr(),
-                    accepted: s.out_accepted.ptr(),
-                    vocab,
-                    n: v.members,
-                })
-                .map_err(fatal)?;
-        }
-        let (s, d) = (&self.slots[slot], &self.dev.d);
-        if timed {
-            d.record(&s.timing.sample_end, Stream::Compute)
-                .map_err(ExecError::Fatal)?;
-        }
-        // Step-done: after this step's last device write (I3).
-        d.record(&s.step_done, Stream::Compute)
-            .map_err(ExecError::Fatal)?;
-        d.copy_waits(&s.step_done).map_err(ExecError::Fatal)?;
-        let r = &mut self.render[slot];
-        if n > 0 {
-            // SAFETY: the copy stream waits on exactly this step's step-done
-            // event, so the staging buffers hold its outputs; the pinned
-            // destinations are this slot's and are read only after copy_done.
-            unsafe {
-                d.dtoh(&mut r.tokens.as_mut_slice()[..n], s.out_tokens.ptr())
-                    .map_err(ExecError::Fatal)?;
-                d.dtoh(&mut r.logprobs.as_mut_slice()[..n], s.out_logprobs.ptr())
-                    .map_err(ExecError::Fatal)?;
-                if top_n > 0 {
-                    let k = n * top_n;
-                    d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
-                        .map_err(ExecError::Fatal)?;
-                    d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
-                        .map_err(ExecError::Fatal)?;
-                }
-                if let Some(v) = verify {
-                    let acc = &mut r.accepted.as_mut_slice()[..v.members];
-                    d.dtoh(acc, s.out_accepted.ptr())
-                        .map_err(ExecError::Fatal)?;
-                }
-            }
-        }
-        d.record(&r.copy_done, Stream::Copy)
-            .map_err(ExecError::Fatal)?;
-        self.protocol.sample(slot).map_err(fatal)?;
-        Ok(())
+        self.sample(slot, masks)
     }
 
     fn wait_step(&mut self, slot: SlotId) -> Result<StepOutputs<'_>, CudaError> {

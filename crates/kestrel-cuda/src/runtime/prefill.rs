@@ -1,0 +1,194 @@
+//! A prefill step ([`Executor::launch_prefill`]): new sequences admitted
+//! (their prompt's pages, growing lazily after; a fork sharing its
+//! parent's full prompt pages), each input's chunk planned after its
+//! prefix-cache hit or where its last chunk ended, the metadata packed and
+//! copied, re-admitted sequences' generated tokens counted back into their
+//! penalties, the forward in `forward_rows` chunks through the tiled
+//! prefill attention, logits only for the chunks that end their prompts.
+
+use kestrel_kv::{Admission, Span};
+use kestrel_pipeline::{
+    ExecError, Executor, PrefillInput, PrefillStart, SamplingParams, SlotId, StepKind,
+};
+
+use super::backend::{DevMem, Device, HostMem};
+use super::device::FwdArgs;
+use super::slot::{StepState, MAX_TOP};
+use super::{fatal, refused_plan, Runtime};
+use crate::ffi::SampleParams;
+use crate::host::{pack_prefill, PrefillSeq};
+use crate::CudaError;
+
+impl<D: Device> Runtime<D> {
+    pub(super) fn prefill(
+        &mut self,
+        slot: SlotId,
+        seqs: &[PrefillInput<'_, SamplingParams>],
+    ) -> Result<(), ExecError<CudaError>> {
+        self.protocol
+            .check_launch(slot)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        if seqs.len() > self.cfg.max_rows {
+            return Err(ExecError::PreDispatch(CudaError::BatchTooLarge {
+                rows: seqs.len(),
+                capacity: self.cfg.max_rows,
+            }));
+        }
+        self.dev.d.bind().map_err(fatal)?;
+        // New sequences take their prompt's pages (they grow lazily, as on
+        // the CPU: `grow` before each decode step); a resumed chunk's
+        // sequence was admitted by its first.
+        let admit = |i: &&PrefillInput<'_, _>| i.start.admits();
+        let admissions = seqs.iter().filter(admit).map(|input| Admission {
+            id: input.id,
+            prompt: input.prompt,
+            reserve: input.prompt.len(),
+            meta: input.params.clone(),
+            fork_of: input.start.fork_of(),
+        });
+        self.book
+            .admit_all(admissions)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        // Each input's chunk: after its prefix-cache hit, or where its last
+        // chunk ended (the book refuses one that does not resume there).
+        let starts: Vec<usize> = seqs
+            .iter()
+            .map(|input| match input.start {
+                PrefillStart::Admit | PrefillStart::Fork { .. } => {
+                    self.book.cached_prompt_tokens(input.id)
+                }
+                PrefillStart::Resume(start) => start,
+            })
+            .collect();
+        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
+            let (prompt, end) = (input.prompt, input.chunk_end(start));
+            (input.id, Span::Chunk { prompt, start, end })
+        });
+        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
+            // Nothing was dispatched: give back what this call admitted.
+            for input in seqs.iter().filter(admit) {
+                self.release(input.id);
+            }
+            return Err(refused_plan(e, |i| seqs[i].id));
+        }
+        // Which inputs' chunks end their prompts: only those are sampled.
+        let samples: Vec<bool> = seqs
+            .iter()
+            .zip(&starts)
+            .map(|(input, &start)| input.samples_from(start))
+            .collect();
+        let mut words = std::mem::take(&mut self.slots[slot].prefill_words);
+        let kv = &self.slots[slot].kv;
+        let plan: Vec<PrefillSeq<'_>> = seqs
+            .iter()
+            .zip(&starts)
+            .enumerate()
+            .map(|(i, (input, &start))| PrefillSeq {
+                kv_row: kv.rows[i],
+                prompt: kv.tokens(i),
+                start,
+                samples: samples[i],
+                admitted: input.start.admits(),
+                generated: &input.prompt[input.prompt.len().saturating_sub(input.generated)..],
+            })
+            .collect();
+        let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
+            .map_err(|e| ExecError::Fatal(e.into()))?;
+        let s = &mut self.slots[slot];
+        s.ensure_prefill_capacity(&self.dev.d, words.len())
+            .map_err(ExecError::Fatal)?;
+        s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
+        // Sampling parameters of the sampled sequences, in step order.
+        let sampled = seqs.iter().zip(&samples).filter(|(_, &x)| x);
+        for (p, (input, _)) in s.params_host.as_mut_slice().iter_mut().zip(sampled) {
+            *p = SampleParams::from(input.params);
+        }
+        s.prefill_words = words;
+        // Past this point device work is enqueued: every error is fatal.
+        let timed = self
+            .mark(slot, |e| &e.forward_start)
+            .map_err(ExecError::Fatal)?;
+        // The sampled sequences' biases, in the order of their parameters.
+        self.step_biases.clear();
+        let biases = seqs.iter().zip(&samples).filter(|(_, &x)| x);
+        self.step_biases
+            .extend(biases.map(|(i, _)| i.params.logit_bias.clone()));
+        let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
+        let s = &self.slots[slot];
+        let m = &s.prefill_dev;
+        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
+        // until this step's commit; destinations were sized above).
+        unsafe {
+            self.dev
+                .d
+                .htod(m.ptr(), &s.prefill_host.as_slice()[..layout.total_words()])
+                .map_err(ExecError::Fatal)?;
+            self.dev
+                .d
+                .htod(
+                    s.params_dev.ptr(),
+                    &s.params_host.as_slice()[..layout.sampled],
+                )
+                .map_err(ExecError::Fatal)?;
+        }
+        if layout.admitted > 0 {
+            self.dev
+                .admit_counts(
+                    m.at::<u32>(layout.admit_rows()),
+                    m.at::<u32>(layout.count_indptr()),
+                    m.at::<u32>(layout.count_tokens()),
+                    (layout.admitted, layout.counted),
+                )
+                .map_err(fatal)?;
+        }
+        let base = self.fwd_args(slot, 0);
+        let chunk = self.cfg.forward_rows;
+        let mut a = 0;
+        while a < layout.tokens_n {
+            let n = chunk.min(layout.tokens_n - a);
+            let args = FwdArgs {
+                n,
+                tokens: m.at::<u32>(layout.tokens() + a),
+                rows: 0,
+                positions: m.at::<u32>(layout.positions() + a),
+                row_seq: m.at::<u32>(layout.row_seq() + a),
+                slot_mapping: m.at::<u32>(layout.slot_mapping() + a),
+                kv_indptr: m.at::<u32>(layout.kv_indptr()),
+                kv_indices: m.at::<u32>(layout.kv_indices()),
+                out_row: m.at::<u32>(layout.out_row() + a),
+                tiled_attention: true,
+                ..base
+            };
+            self.dev.forward_layers(&args).map_err(fatal)?;
+            a += n;
+        }
+        if layout.sampled > 0 {
+            self.dev
+                .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.sampled)
+                .map_err(fatal)?;
+        }
+        if timed {
+            self.mark(slot, |e| &e.forward_end)
+                .map_err(ExecError::Fatal)?;
+        }
+        let top_n = seqs
+            .iter()
+            .zip(&samples)
+            .filter(|(_, &x)| x)
+            .map(|(i, _)| i.params.top_logprobs as usize)
+            .max()
+            .unwrap_or(0);
+        let state = StepState {
+            kind: StepKind::Prefill,
+            n: layout.sampled,
+            top_n: top_n.min(MAX_TOP),
+            rows_ptr: m.at::<u32>(layout.kv_rows()),
+            positions_ptr: m.at::<u32>(layout.sample_pos()),
+            step: self.protocol.next_step(),
+            timed,
+            bias,
+            verify: None,
+        };
+        self.record_launch(slot, state).map_err(ExecError::Fatal)
+    }
+}
