@@ -8,7 +8,7 @@
 //! computing its first mask) run last and only on input that passed the
 //! cheap ones, with the prompt's size capped before it is tokenized.
 //!
-//! This file holds the limits, the validated request and [`validate`] itself;
+//! This file holds the limits, the validated request and `validate` itself;
 //! `field.rs` the [`Field`] a refusal names, `sampling.rs` the sampling,
 //! logit-bias and speculation rules, `prompt.rs` the prompt, stop and
 //! constraint rules.
