@@ -3,63 +3,67 @@
 // cuBLAS down projection (`swiglu`) or quantized per 32-element block to
 // int8 for the down projection's `mmvq_*` kernel (`swiglu_q8`, fused). Same
 // formula and exp as kestrel-cpu: g / (1 + e^-g) * u. `gelu_mul` /
-// `gelu_mul_q8` (below) are the same with Gemma's GELU-tanh.
+// `gelu_mul_q8` are the same with Gemma's GELU-tanh (one body each,
+// `gated_f16` / `gated_q8`, templated on the activation).
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, kexp(-g))), u);
 }
 
-extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __restrict__ out,
-                                  int f, int n) {
-    size_t total = (size_t)n * f;
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (size_t)gridDim.x * blockDim.x) {
-        size_t i = idx / f, j = idx % f;
-        out[idx] = f2h(silu_mul(gate_up[i * 2 * f + j], gate_up[i * 2 * f + f + j]));
-    }
-}
-
-// One warp per 32-element block: grid (ceil(f / 32 / 8), n), 256 threads;
-// `f` a multiple of 32. Row i of `xq` holds f / 32 blocks.
-extern "C" __global__ void swiglu_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
-                                     int f, int n) {
-    int i = blockIdx.y;
-    int nb = f >> 5;
-    int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (i >= n || b >= nb) return;
-    size_t j = (size_t)b * 32 + (threadIdx.x & 31);
-    const float* row = gate_up + (size_t)i * 2 * f;
-    warp_quantize(silu_mul(row[j], row[f + j]), xq + (size_t)i * nb + b);
-}
-
 // GELU (tanh approximation) instead of SiLU, Gemma's `gelu_pytorch_tanh`:
 // `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u`, the float steps of
 // kestrel-cpu's `block::gelu_tanh_mul` in its order (tanhf is the device's,
-// within 2 ulp of the CPU's libm tanh). Same layouts and launch shapes as
-// `swiglu` / `swiglu_q8`.
+// within 2 ulp of the CPU's libm tanh).
 __device__ __forceinline__ float gelu_tanh_mul(float g, float u) {
     float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
     float inner = __fmul_rn(0.7978846f, __fadd_rn(g, cube));
     return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner))), u);
 }
 
-extern "C" __global__ void gelu_mul(const float* __restrict__ gate_up, h16* __restrict__ out,
-                                    int f, int n) {
+// The gated activation `act(gate, up)` of every row, written as f16: a
+// grid-stride loop over n*f.
+template <float (*act)(float, float)>
+__device__ __forceinline__ void gated_f16(const float* __restrict__ gate_up,
+                                          h16* __restrict__ out, int f, int n) {
     size_t total = (size_t)n * f;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx / f, j = idx % f;
-        out[idx] = f2h(gelu_tanh_mul(gate_up[i * 2 * f + j], gate_up[i * 2 * f + f + j]));
+        out[idx] = f2h(act(gate_up[i * 2 * f + j], gate_up[i * 2 * f + f + j]));
     }
 }
 
-extern "C" __global__ void gelu_mul_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
-                                       int f, int n) {
+// The same quantized per 32-element block: one warp per block, grid
+// (ceil(f / 32 / 8), n), 256 threads; `f` a multiple of 32. Row i of `xq`
+// holds f / 32 blocks.
+template <float (*act)(float, float)>
+__device__ __forceinline__ void gated_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+                                         int f, int n) {
     int i = blockIdx.y;
     int nb = f >> 5;
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (i >= n || b >= nb) return;
     size_t j = (size_t)b * 32 + (threadIdx.x & 31);
     const float* row = gate_up + (size_t)i * 2 * f;
-    warp_quantize(gelu_tanh_mul(row[j], row[f + j]), xq + (size_t)i * nb + b);
+    warp_quantize(act(row[j], row[f + j]), xq + (size_t)i * nb + b);
+}
+
+extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __restrict__ out,
+                                  int f, int n) {
+    gated_f16<silu_mul>(gate_up, out, f, n);
+}
+
+extern "C" __global__ void swiglu_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+                                     int f, int n) {
+    gated_q8<silu_mul>(gate_up, xq, f, n);
+}
+
+extern "C" __global__ void gelu_mul(const float* __restrict__ gate_up, h16* __restrict__ out,
+                                    int f, int n) {
+    gated_f16<gelu_tanh_mul>(gate_up, out, f, n);
+}
+
+extern "C" __global__ void gelu_mul_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+                                       int f, int n) {
+    gated_q8<gelu_tanh_mul>(gate_up, xq, f, n);
 }

@@ -479,82 +479,70 @@ pub(crate) fn prefill_attention(m: &HostMemory, a: &PrefillAttention) -> Result<
     Ok(())
 }
 
-pub(crate) fn swiglu(m: &HostMemory, a: &Swiglu) -> Result<(), CudaError> {
-    let (n, f) = (a.n, a.f);
-    disjoint(&[(a.gate_up, n * 2 * f * 4), (a.out, n * f * 2)])?;
+/// `gated_f16` of `swiglu.cu`: `act(gate, up)` of each row's halves, as f16.
+fn gated_f16(
+    m: &HostMemory,
+    (gate_up, out, f, n): (u64, u64, usize, usize),
+    act: impl Fn(f32, f32) -> f32,
+) -> Result<(), CudaError> {
+    disjoint(&[(gate_up, n * 2 * f * 4), (out, n * f * 2)])?;
     // SAFETY: the output is disjoint from the input (checked above).
     let (gu, out) = unsafe {
         (
-            m.slice::<f32>(a.gate_up, n * 2 * f)?,
-            m.slice_mut::<f16>(a.out, n * f)?,
+            m.slice::<f32>(gate_up, n * 2 * f)?,
+            m.slice_mut::<f16>(out, n * f)?,
         )
     };
     for (row, o) in gu.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
         let (g, u) = row.split_at(f);
         for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
-            *ov = f16::from_f32(gv / (1.0 + kexp(-gv)) * uv);
+            *ov = f16::from_f32(act(gv, uv));
         }
     }
     Ok(())
+}
+
+/// `gated_q8` of `swiglu.cu`: each row's gated activation quantized per
+/// 32-element block (`row_q8`, the activation's reference).
+fn gated_q8(
+    m: &HostMemory,
+    (gate_up, xq, f, n): (u64, u64, usize, usize),
+    row_q8: impl Fn(&[f32], &mut [Q8Block]),
+) -> Result<(), CudaError> {
+    let nb = f / BLOCK;
+    disjoint(&[
+        (gate_up, n * 2 * f * 4),
+        (xq, n * nb * std::mem::size_of::<Q8Block>()),
+    ])?;
+    // SAFETY: the output is disjoint from the input (checked above).
+    let (gu, xq) = unsafe {
+        (
+            m.slice::<f32>(gate_up, n * 2 * f)?,
+            m.slice_mut::<Q8Block>(xq, n * nb)?,
+        )
+    };
+    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
+        row_q8(row, o);
+    }
+    Ok(())
+}
+
+pub(crate) fn swiglu(m: &HostMemory, a: &Swiglu) -> Result<(), CudaError> {
+    gated_f16(m, (a.gate_up, a.out, a.f, a.n), |g, u| {
+        g / (1.0 + kexp(-g)) * u
+    })
 }
 
 pub(crate) fn swiglu_q8(m: &HostMemory, a: &SwigluQ8) -> Result<(), CudaError> {
-    let (n, f) = (a.n, a.f);
-    let nb = f / BLOCK;
-    disjoint(&[
-        (a.gate_up, n * 2 * f * 4),
-        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
-    ])?;
-    // SAFETY: the output is disjoint from the input (checked above).
-    let (gu, xq) = unsafe {
-        (
-            m.slice::<f32>(a.gate_up, n * 2 * f)?,
-            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
-        )
-    };
-    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
-        reference::swiglu_q8(row, o);
-    }
-    Ok(())
+    gated_q8(m, (a.gate_up, a.xq, a.f, a.n), reference::swiglu_q8)
 }
 
 pub(crate) fn gelu_mul(m: &HostMemory, a: &GeluMul) -> Result<(), CudaError> {
-    let (n, f) = (a.n, a.f);
-    disjoint(&[(a.gate_up, n * 2 * f * 4), (a.out, n * f * 2)])?;
-    // SAFETY: the output is disjoint from the input (checked above).
-    let (gu, out) = unsafe {
-        (
-            m.slice::<f32>(a.gate_up, n * 2 * f)?,
-            m.slice_mut::<f16>(a.out, n * f)?,
-        )
-    };
-    for (row, o) in gu.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
-        let (g, u) = row.split_at(f);
-        for ((ov, &gv), &uv) in o.iter_mut().zip(g).zip(u) {
-            *ov = f16::from_f32(reference::gelu_tanh_mul(gv, uv));
-        }
-    }
-    Ok(())
+    gated_f16(m, (a.gate_up, a.out, a.f, a.n), reference::gelu_tanh_mul)
 }
 
 pub(crate) fn gelu_mul_q8(m: &HostMemory, a: &GeluMulQ8) -> Result<(), CudaError> {
-    let (n, f) = (a.n, a.f);
-    let nb = f / BLOCK;
-    disjoint(&[
-        (a.gate_up, n * 2 * f * 4),
-        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
-    ])?;
-    // SAFETY: the output is disjoint from the input (checked above).
-    let (gu, xq) = unsafe {
-        (
-            m.slice::<f32>(a.gate_up, n * 2 * f)?,
-            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
-        )
-    };
-    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
-        reference::gelu_mul_q8(row, o);
-    }
-    Ok(())
+    gated_q8(m, (a.gate_up, a.xq, a.f, a.n), reference::gelu_mul_q8)
 }
 
 pub(crate) fn rms_norm_f32(m: &HostMemory, a: &RmsNormF32) -> Result<(), CudaError> {

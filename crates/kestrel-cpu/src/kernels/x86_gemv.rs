@@ -239,133 +239,72 @@ unsafe fn k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
     }
 }
 
-impl Tile8 for Q8_0B {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { scale_only(p, out) }
+/// Q6_K's scales: 16 signed 8-bit scales at bytes 192..208 (two per
+/// sub-block, elements 0..16 and 16..32), f16 `d` at 208.
+///
+/// # Safety
+/// As [`Tile8::scales8`] for a Q6_K super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+    // SAFETY: one 210-byte super-block at each `p[r]` (fn contract).
+    let (d, w) = unsafe { (f16x8(p, 208), [0, 1, 2, 3].map(|k| u32x8(p, 192 + 4 * k))) };
+    for (j, o) in out.iter_mut().enumerate() {
+        // Scale 2j + h is byte (2j + h) % 4 of word (2j + h) / 4.
+        let sc = |h: usize| byte_i(w[(2 * j + h) / 4], ((2 * j + h) % 4) as i32);
+        *o = Scales8 {
+            d0: _mm256_mul_ps(d, sc(0)),
+            d1: _mm256_mul_ps(d, sc(1)),
+            m: _mm256_setzero_ps(),
+        };
     }
 }
 
-impl Tile8 for Q4_0B {
-    const I16_LEVELS: usize = 3;
-    const BIAS: i32 = 8;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { scale_only(p, out) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn quants(p: *const u8, _j: usize) -> __m256i {
-        // SAFETY: f16 d, then 16 nibble bytes (trait contract).
-        unsafe { nibble_bytes256(p.add(2)) }
-    }
-}
-
-impl Tile8 for Q5_0B {
-    const I16_LEVELS: usize = 2;
-    const BIAS: i32 = 16;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { scale_only(p, out) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn quants(p: *const u8, _j: usize) -> __m256i {
-        // SAFETY: f16 d, u32 qh, then 16 nibble bytes (trait contract).
-        unsafe { q5_bytes256(u32_at(p.add(2)), p.add(6)) }
-    }
-}
-
-impl Tile8 for Q4_1B {
-    const I16_LEVELS: usize = 3;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { scale_min(p, out) }
-    }
-}
-
-impl Tile8 for Q5_1B {
-    const I16_LEVELS: usize = 2;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { scale_min(p, out) }
-    }
-}
-
-impl Tile8 for Q4KB {
-    const I16_LEVELS: usize = 3;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { k_scales8(p, out) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
-        // SAFETY: the nibbles are bytes 16..144 of the super-block (trait
-        // contract), `j < 8`.
-        unsafe { k_nibbles256(p.add(16), j) }
-    }
-}
-
-impl Tile8 for Q5KB {
-    const I16_LEVELS: usize = 2;
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: forwarded contract.
-        unsafe { k_scales8(p, out) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
-        // SAFETY: one 176-byte super-block at `p` (trait contract), `j < 8`.
-        unsafe { q5k_bytes256(p, j) }
-    }
-}
-
-impl Tile8 for Q6KB {
-    const I16_LEVELS: usize = 1;
-    const BIAS: i32 = 32;
-    /// Q6_K: 16 signed 8-bit scales at bytes 192..208 (two per sub-block,
-    /// elements 0..16 and 16..32), f16 `d` at 208.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-        // SAFETY: one 210-byte super-block at each `p[r]` (trait contract).
-        let (d, w) = unsafe { (f16x8(p, 208), [0, 1, 2, 3].map(|k| u32x8(p, 192 + 4 * k))) };
-        for (j, o) in out.iter_mut().enumerate() {
-            // Scale 2j + h is byte (2j + h) % 4 of word (2j + h) / 4.
-            let sc = |h: usize| byte_i(w[(2 * j + h) / 4], ((2 * j + h) % 4) as i32);
-            *o = Scales8 {
-                d0: _mm256_mul_ps(d, sc(0)),
-                d1: _mm256_mul_ps(d, sc(1)),
-                m: _mm256_setzero_ps(),
-            };
+/// `impl Tile8` for each block type: its fold depth, its bias, the function
+/// decoding its scales (above), and where [`Int8Block::int8`]'s bytes are
+/// not what the GEMV reads, its quants at `$p` (one stored block, by the
+/// trait's contract; `$j < SUB`; the CPU has AVX2, FMA and F16C).
+macro_rules! tile8 {
+    ($($B:ty: levels $l:literal, bias $b:literal, $scales:ident $(, |$p:ident, $j:ident| $q:expr)?;)*) => {$(
+        impl Tile8 for $B {
+            const I16_LEVELS: usize = $l;
+            const BIAS: i32 = $b;
+            #[target_feature(enable = "avx2,fma,f16c")]
+            #[inline]
+            unsafe fn scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
+                // SAFETY: forwarded contract.
+                unsafe { $scales(p, out) }
+            }
+            $(
+                #[target_feature(enable = "avx2,fma,f16c")]
+                #[inline]
+                unsafe fn quants($p: *const u8, $j: usize) -> __m256i {
+                    // SAFETY: the block's bytes named below are within the
+                    // stored block at `p` (trait contract).
+                    unsafe { $q }
+                }
+            )?
         }
-    }
+    )*};
+}
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn quants(p: *const u8, j: usize) -> __m256i {
-        // SAFETY: one 210-byte super-block at `p` (trait contract), `j < 8`.
-        unsafe { q6k_bytes256(p, j) }
-    }
+tile8! {
+    // f16 d, 32 i8.
+    Q8_0B: levels 0, bias 0, scale_only;
+    // f16 d, 16 nibble bytes: q = w + 8.
+    Q4_0B: levels 3, bias 8, scale_only, |p, _j| nibble_bytes256(p.add(2));
+    // f16 d, u32 qh, 16 nibble bytes: q = w + 16.
+    Q5_0B: levels 2, bias 16, scale_only, |p, _j| q5_bytes256(u32_at(p.add(2)), p.add(6));
+    // f16 d, f16 m, 16 nibble bytes.
+    Q4_1B: levels 3, bias 0, scale_min;
+    // f16 d, f16 m, u32 qh, 16 nibble bytes.
+    Q5_1B: levels 2, bias 0, scale_min;
+    // 16-byte head, then 128 bytes of nibbles (two sub-blocks per 32).
+    Q4KB: levels 3, bias 0, k_scales8, |p, j| k_nibbles256(p.add(16), j);
+    // 16-byte head, 32 bytes of fifth bits, 128 bytes of nibbles.
+    Q5KB: levels 2, bias 0, k_scales8, |p, j| q5k_bytes256(p, j);
+    // 128 bytes of low nibbles, 64 of high bit pairs, scales, d: q = w + 32.
+    Q6KB: levels 1, bias 32, q6k_scales8, |p, j| q6k_bytes256(p, j);
 }
 
 /// `8 * tiles` consecutive weight rows from `a.w` against the one quantized

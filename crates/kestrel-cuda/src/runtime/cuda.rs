@@ -146,6 +146,41 @@ impl CudaDevice {
             Stream::Copy => &self.copy_stream,
         }
     }
+
+    /// A `gated_f16` kernel of `swiglu.cu` (`swiglu`, `gelu_mul`) over n
+    /// rows of a fused gate|up output of width 2f, written as f16.
+    fn gated_f16(
+        &self,
+        kernel: &'static str,
+        (gate_up, out, f, n): (u64, u64, usize, usize),
+    ) -> Result<(), CudaError> {
+        let (fi, ni) = (i(f), i(n));
+        let mut b = self.stream.launch_builder(self.kernels.get(kernel));
+        b.arg(&gate_up).arg(&out).arg(&fi).arg(&ni);
+        let blocks = ((n * f).div_ceil(256)).min(65535) as u32;
+        // SAFETY: matches `gated_f16` (a grid-stride loop over n*f); the
+        // caller's op names n rows of 2f floats in and n*f halves out.
+        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
+        Ok(())
+    }
+
+    /// A `gated_q8` kernel of `swiglu.cu` (`swiglu_q8`, `gelu_mul_q8`): the
+    /// same activation quantized into n rows of f / 32 int8 blocks.
+    fn gated_q8(
+        &self,
+        kernel: &'static str,
+        (gate_up, xq, f, n): (u64, u64, usize, usize),
+    ) -> Result<(), CudaError> {
+        let (fi, ni) = (i(f), i(n));
+        let mut b = self.stream.launch_builder(self.kernels.get(kernel));
+        b.arg(&gate_up).arg(&xq).arg(&fi).arg(&ni);
+        let grid = (f / BLOCK).div_ceil(8) as u32;
+        // SAFETY: matches `gated_q8` (8 warps, one block each); f is a
+        // multiple of 32 (the down projection is quantized) and xq holds n
+        // rows of f / 32 blocks.
+        unsafe { b.launch(launch_cfg((grid, n as u32), 256)) }?;
+        Ok(())
+    }
 }
 
 impl Device for CudaDevice {
@@ -519,46 +554,19 @@ impl Device for CudaDevice {
     }
 
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
-        let (f, n) = (i(a.f), i(a.n));
-        let mut b = self.stream.launch_builder(self.kernels.get("swiglu"));
-        b.arg(&a.gate_up).arg(&a.out).arg(&f).arg(&n);
-        let blocks = ((a.n * a.f).div_ceil(256)).min(65535) as u32;
-        // SAFETY: matches `swiglu` (grid-stride loop over n*f).
-        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
-        Ok(())
+        self.gated_f16("swiglu", (a.gate_up, a.out, a.f, a.n))
     }
 
     fn swiglu_q8(&self, a: SwigluQ8) -> Result<(), CudaError> {
-        let (f, n) = (i(a.f), i(a.n));
-        let mut b = self.stream.launch_builder(self.kernels.get("swiglu_q8"));
-        b.arg(&a.gate_up).arg(&a.xq).arg(&f).arg(&n);
-        let grid = (a.f / BLOCK).div_ceil(8) as u32;
-        // SAFETY: matches `swiglu_q8` (8 warps, one block each); f is a
-        // multiple of 32 (the down projection is quantized) and xq holds n
-        // rows of f / 32 blocks.
-        unsafe { b.launch(launch_cfg((grid, a.n as u32), 256)) }?;
-        Ok(())
+        self.gated_q8("swiglu_q8", (a.gate_up, a.xq, a.f, a.n))
     }
 
     fn gelu_mul(&self, a: GeluMul) -> Result<(), CudaError> {
-        let (f, n) = (i(a.f), i(a.n));
-        let mut b = self.stream.launch_builder(self.kernels.get("gelu_mul"));
-        b.arg(&a.gate_up).arg(&a.out).arg(&f).arg(&n);
-        let blocks = ((a.n * a.f).div_ceil(256)).min(65535) as u32;
-        // SAFETY: matches `gelu_mul` (grid-stride loop over n*f), as `swiglu`.
-        unsafe { b.launch(launch_cfg((blocks.max(1), 1), 256)) }?;
-        Ok(())
+        self.gated_f16("gelu_mul", (a.gate_up, a.out, a.f, a.n))
     }
 
     fn gelu_mul_q8(&self, a: GeluMulQ8) -> Result<(), CudaError> {
-        let (f, n) = (i(a.f), i(a.n));
-        let mut b = self.stream.launch_builder(self.kernels.get("gelu_mul_q8"));
-        b.arg(&a.gate_up).arg(&a.xq).arg(&f).arg(&n);
-        let grid = (a.f / BLOCK).div_ceil(8) as u32;
-        // SAFETY: matches `gelu_mul_q8` (8 warps, one block each), as
-        // `swiglu_q8`: f a multiple of 32, xq n rows of f / 32 blocks.
-        unsafe { b.launch(launch_cfg((grid, a.n as u32), 256)) }?;
-        Ok(())
+        self.gated_q8("gelu_mul_q8", (a.gate_up, a.xq, a.f, a.n))
     }
 
     fn rms_norm_f32(&self, a: RmsNormF32) -> Result<(), CudaError> {

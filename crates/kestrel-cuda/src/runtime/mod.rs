@@ -474,6 +474,24 @@ impl<D: Device> Runtime<D> {
         Ok(())
     }
 
+    /// Enqueue the copies of a prefill-shaped step's metadata (the first
+    /// `words` of the slot's prefill buffer) and of its first `params` rows'
+    /// sampling parameters.
+    fn upload_prefill(&self, slot: SlotId, words: usize, params: usize) -> Result<(), CudaError> {
+        let s = &self.slots[slot];
+        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
+        // until this step's commit); the caller sized both destinations.
+        unsafe {
+            self.dev
+                .d
+                .htod(s.prefill_dev.ptr(), &s.prefill_host.as_slice()[..words])?;
+            self.dev
+                .d
+                .htod(s.params_dev.ptr(), &s.params_host.as_slice()[..params])?;
+        }
+        Ok(())
+    }
+
     /// Pack `step_biases` (one per sampled row) into the slot's bias buffer
     /// and enqueue its copy; returns whether any row has a bias.
     fn upload_bias(&mut self, slot: SlotId) -> Result<bool, CudaError> {

@@ -114,23 +114,10 @@ impl<D: Device> Runtime<D> {
         self.step_biases
             .extend(biases.map(|(i, _)| i.params.logit_bias.clone()));
         let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
+        self.upload_prefill(slot, layout.total_words(), layout.sampled)
+            .map_err(ExecError::Fatal)?;
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
-        // SAFETY: as in `upload_meta` (I6 keeps the pinned sources intact
-        // until this step's commit; destinations were sized above).
-        unsafe {
-            self.dev
-                .d
-                .htod(m.ptr(), &s.prefill_host.as_slice()[..layout.total_words()])
-                .map_err(ExecError::Fatal)?;
-            self.dev
-                .d
-                .htod(
-                    s.params_dev.ptr(),
-                    &s.params_host.as_slice()[..layout.sampled],
-                )
-                .map_err(ExecError::Fatal)?;
-        }
         if layout.admitted > 0 {
             self.dev
                 .admit_counts(
