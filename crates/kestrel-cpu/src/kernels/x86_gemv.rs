@@ -15,7 +15,7 @@
 //! loop then reads each sub-block's scales ready in lane order. Q4_0,
 //! Q5_0 and Q6_K weights (`q - 8/16/32`) are read unsigned and the bias
 //! comes off the integer sums once per eight rows (`BIAS * sum(x)`), not
-//! by signing every row's bytes. `x86_int8::unpack_rows256` (the
+//! by signing every row's bytes. `x86_lanes::unpack_rows256` (the
 //! many-stream path) decodes scales the same way, a row in every lane.
 //!
 //! Results are `int8.rs`'s definition bit for bit: per output, block by
