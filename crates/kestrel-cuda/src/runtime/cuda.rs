@@ -147,6 +147,43 @@ impl CudaDevice {
         }
     }
 
+    /// Launch `kernel`, `paged_attention` or `prefill_attention` (both
+    /// take [`PagedAttention`]'s arguments in the same order), with `cfg`.
+    ///
+    /// # Safety
+    /// `cfg` must be the launch shape `kernel` is written for, and `a`'s
+    /// buffers and metadata what it reads and writes.
+    unsafe fn attention(
+        &self,
+        kernel: &'static str,
+        a: &PagedAttention,
+        cfg: LaunchConfig,
+    ) -> Result<(), CudaError> {
+        let (stride, window, n) = (i(a.stride), i(a.window), i(a.n));
+        let (nq, nk, hd, ps) = (
+            i(a.num_heads),
+            i(a.num_kv_heads),
+            i(a.head_dim),
+            i(a.page_size),
+        );
+        let mut b = self.stream.launch_builder(self.kernels.get(kernel));
+        b.arg(&a.qkv)
+            .arg(&stride)
+            .arg(&a.out)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache);
+        b.arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&a.kv_indptr)
+            .arg(&a.kv_indices);
+        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale);
+        b.arg(&window).arg(&n);
+        // SAFETY: forwarded contract (the arguments above are the kernel's,
+        // in its order).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// A `gated_f16` kernel of `swiglu.cu` (`swiglu`, `gelu_mul`) over n
     /// rows of a fused gate|up output of width 2f, written as f16.
     fn gated_f16(
@@ -481,76 +518,21 @@ impl Device for CudaDevice {
     }
 
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
-        let stride = i(a.stride);
-        let (nq, nk, hd, ps, n) = (
-            i(a.num_heads),
-            i(a.num_kv_heads),
-            i(a.head_dim),
-            i(a.page_size),
-            i(a.n),
-        );
-        let mut b = self
-            .stream
-            .launch_builder(self.kernels.get("paged_attention"));
-        b.arg(&a.qkv)
-            .arg(&stride)
-            .arg(&a.out)
-            .arg(&a.k_cache)
-            .arg(&a.v_cache);
-        b.arg(&a.row_seq)
-            .arg(&a.row_pos)
-            .arg(&a.kv_indptr)
-            .arg(&a.kv_indices);
-        let window = i(a.window);
-        b.arg(&nq)
-            .arg(&nk)
-            .arg(&hd)
-            .arg(&ps)
-            .arg(&a.scale)
-            .arg(&window)
-            .arg(&n);
-        // SAFETY: matches `paged_attention`; head_dim <= 256 and 4 warps
-        // fit its shared arrays; indices come from the page table.
-        unsafe {
-            b.launch(launch_cfg(
-                (a.num_heads as u32, a.n as u32),
-                ATTENTION_THREADS,
-            ))
-        }?;
-        Ok(())
+        let cfg = launch_cfg((a.num_heads as u32, a.n as u32), ATTENTION_THREADS);
+        // SAFETY: `paged_attention`'s launch shape; head_dim <= 256 and 4
+        // warps fit its shared arrays; indices come from the page table.
+        unsafe { self.attention("paged_attention", &a, cfg) }
     }
 
     fn prefill_attention(&self, pa: PrefillAttention) -> Result<(), CudaError> {
         let a = pa.attn;
-        let stride = i(a.stride);
-        let (nq, nk, hd, ps, window, n) = (
-            i(a.num_heads),
-            i(a.num_kv_heads),
-            i(a.head_dim),
-            i(a.page_size),
-            i(a.window),
-            i(a.n),
-        );
-        let mut b = self
-            .stream
-            .launch_builder(self.kernels.get("prefill_attention"));
-        b.arg(&a.qkv)
-            .arg(&stride)
-            .arg(&a.out)
-            .arg(&a.k_cache)
-            .arg(&a.v_cache);
-        b.arg(&a.row_seq)
-            .arg(&a.row_pos)
-            .arg(&a.kv_indptr)
-            .arg(&a.kv_indices);
-        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale);
-        b.arg(&window).arg(&n);
         let tiles = a.n.div_ceil(PREFILL_Q_ROWS) as u32;
-        // SAFETY: matches `prefill_attention`; head_dim <= 256 (checked at
-        // load) fits its shared Q and K/V tiles, PREFILL_THREADS its rows
-        // per warp; every row's pages cover its position (the page table).
-        unsafe { b.launch(launch_cfg((a.num_heads as u32, tiles), PREFILL_THREADS)) }?;
-        Ok(())
+        let cfg = launch_cfg((a.num_heads as u32, tiles), PREFILL_THREADS);
+        // SAFETY: `prefill_attention`'s launch shape; head_dim <= 256
+        // (checked at load) fits its shared Q and K/V tiles, PREFILL_THREADS
+        // its rows per warp; every row's pages cover its position (the page
+        // table).
+        unsafe { self.attention("prefill_attention", &a, cfg) }
     }
 
     fn swiglu(&self, a: Swiglu) -> Result<(), CudaError> {
