@@ -593,6 +593,29 @@ fn pipelined_engine<R: BenchRuntime>(
     &mut engines[i].1
 }
 
+/// Submit `prompt` as request `id` for one greedy token and run the engine
+/// until it is idle again (`what` names the probe in the error).
+fn one_token<R: BenchRuntime>(
+    engine: &mut BenchEngine<R>,
+    id: u64,
+    prompt: Vec<u32>,
+    skill: Skill,
+    what: &str,
+) -> anyhow::Result<()> {
+    engine.submit(Request {
+        id,
+        prompt,
+        max_new_tokens: 1,
+        params: SamplingParams::greedy(),
+        speculate: None,
+        skill: Box::new(skill),
+    })?;
+    if engine.run_until_idle() != Tick::Idle {
+        bail!("{what} did not finish");
+    }
+    Ok(())
+}
+
 /// Prompt-processing rate: median of three prefills of `len` fresh tokens
 /// (no prefix-cache hits), forward time only; requests `first_id..+3`.
 fn prefill_probe<R: BenchRuntime>(
@@ -613,17 +636,7 @@ fn prefill_probe<R: BenchRuntime>(
             .inner
             .record_timings(true)
             .context("recording step timings")?;
-        engine.submit(Request {
-            id: first_id + salt,
-            prompt,
-            max_new_tokens: 1,
-            params: SamplingParams::greedy(),
-            speculate: None,
-            skill: Box::new(skill),
-        })?;
-        if engine.run_until_idle() != Tick::Idle {
-            bail!("prefill probe did not finish");
-        }
+        one_token(engine, first_id + salt, prompt, skill, "prefill probe")?;
         let mut t = Vec::new();
         engine.executor_mut().inner.drain_timings(&mut t);
         engine

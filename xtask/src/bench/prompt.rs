@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use kestrel_pipeline::{Executor as _, Request, SamplingParams, Tick};
+use kestrel_pipeline::Executor as _;
 use kestrel_skills::{Skill, SkillContext, SkillOptions, SkillSpec};
 use serde::Serialize;
 
 use super::harness::BenchEngine;
+use super::one_token;
 use super::runtime::BenchRuntime;
 use super::{prefill_probe, Options};
 
@@ -66,17 +67,7 @@ fn ttft_probe<R: BenchRuntime>(
             .collect();
         let skill = Skill::new(ctx, &SkillSpec::text(), SkillOptions::default())?;
         let t0 = Instant::now();
-        engine.submit(Request {
-            id: 9_100_000 + salt,
-            prompt,
-            max_new_tokens: 1,
-            params: SamplingParams::greedy(),
-            speculate: None,
-            skill: Box::new(skill),
-        })?;
-        if engine.run_until_idle() != Tick::Idle {
-            bail!("TTFT probe did not finish");
-        }
+        one_token(engine, 9_100_000 + salt, prompt, skill, "TTFT probe")?;
         secs.push(t0.elapsed().as_secs_f64());
     }
     secs.sort_by(f64::total_cmp);
