@@ -11,7 +11,9 @@
 use kestrel_model::Matrix;
 
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{int8_rows_task, lane_width, quantize_rows, Quantized, XLANES, XQ};
+use super::matmul_int8::{
+    int8_rows_task, lane_width, lanes_flipped, quantize_rows, Quantized, XLANES, XQ,
+};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::{Isa, OutPtr};
@@ -180,8 +182,10 @@ pub fn matmul_group(
         match lane_width(isa, n, q8_0) {
             Some(lanes) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
-                // The 16-lane (AVX-512 VNNI) sweep takes `x + 128`.
-                l.fill(rows, n, cols / 32, lanes, lanes == 16);
+                // The 16-lane sweep takes `x + 128`, the 8-lane one for the
+                // signed types but Q8_0 ([`lanes_flipped`]).
+                let flipped = lanes == 16 || jobs.iter().any(|j| lanes_flipped(j.w.enc));
+                l.fill(rows, n, cols / 32, lanes, flipped);
                 region(Some(Quantized {
                     rows,
                     lanes: Some(&l),

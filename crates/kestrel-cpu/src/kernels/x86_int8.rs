@@ -41,7 +41,8 @@ pub(crate) trait Int8Block: Block {
     /// (unsigned) against the signed weights, no sign instructions, the
     /// sums starting at [`I8Block`]'s `-128 * sum(w)`: signed types up to
     /// `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose products with `x + 128 <= 255`
-    /// keep a pair within i16 (Q8_0's do not).
+    /// keep a pair within i16 (Q8_0's do not; the unsigned types take `x`
+    /// as it is against their weights as the unsigned operand).
     const FLIP: bool = Self::SIGNED && Self::MAX_W <= 32;
     /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
     const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
@@ -400,13 +401,16 @@ mod tests {
         // as many; AVX2 was checked by the caller.
         unsafe { unpack_rows256::<B>(args.w, w.row_bytes, w.rows, nb, unpacked.as_mut_ptr()) };
         let wide = Isa::Avx512.is_supported() && has_avx512_vnni();
-        for lanes in [8, 16] {
+        // 8-lane sweeps on activations as they come and flipped (each type
+        // reads one form and flips the other as it loads); 16-lane ones
+        // (flipped only).
+        for (lanes, flipped) in [(8, false), (8, true), (16, true)] {
             if lanes == 16 && !wide {
                 continue;
             }
             for cn in 1..=n.min(lanes) {
                 let mut x = LaneRows::default();
-                x.fill(xq, cn, nb, lanes, lanes == 16);
+                x.fill(xq, cn, nb, lanes, flipped);
                 for r in [1, 2, 4] {
                     let tiles = w.rows / r;
                     let mut y = vec![f32::NAN; cn * w.rows];
@@ -424,14 +428,8 @@ mod tests {
                             _ => lanes_sweep512::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
                         }
                     }
-                    expect(
-                        w,
-                        xq,
-                        &y,
-                        r * tiles,
-                        cn,
-                        &format!("{lanes}-lane tile {r}x{cn}"),
-                    );
+                    let what = format!("{lanes}-lane tile {r}x{cn} flipped {flipped}");
+                    expect(w, xq, &y, r * tiles, cn, &what);
                 }
             }
         }

@@ -87,6 +87,8 @@ pub(crate) struct LaneArgs {
     pub d: *const f32,
     /// The group's first block of sums.
     pub s: *const f32,
+    /// Whether the bytes are `x + 128` ([`LaneRows::flipped`]).
+    pub flipped: bool,
 }
 
 impl LaneArgs {
@@ -98,6 +100,7 @@ impl LaneArgs {
             q: x.q.as_ptr().wrapping_add(blocks * 32 * x.lanes),
             d: x.d.as_ptr().wrapping_add(blocks * x.lanes),
             s: x.s.as_ptr().wrapping_add(blocks * x.lanes),
+            flipped: x.flipped,
         }
     }
 }
@@ -123,13 +126,20 @@ unsafe fn scatter<const N: usize>(
 
 /// `tiles` consecutive `R`-row tiles of unpacked weight rows (`w`, row
 /// after row, `nblocks` blocks each) against one 8-lane group of
-/// [`LaneRows`] (`x`, unflipped; lanes `0..cn` written): element `(r, c)`
-/// goes to `y[c * y_stride + r]`. Per block and weight row, each four-byte
-/// group of weights is broadcast against the same group of the 8 rows
-/// (`vpmaddubsw`: `x + 128` against signed weights when
-/// [`Int8Block::FLIP`], else Q8_0's weights by their magnitude against `x`
-/// with their sign), [`Int8Block::STEPS`] results added in i16 before
-/// `vpmaddwd` widens them, so lane `c` ends with the block's sum for row `c`.
+/// [`LaneRows`] (`x`; lanes `0..cn` written): element `(r, c)` goes to
+/// `y[c * y_stride + r]`.
+///
+/// A register tile of `R x 8` outputs: per block and four-element step,
+/// the group's activations are loaded once for the tile's rows and each
+/// row's four weight bytes broadcast against them (`vpmaddubsw`): for
+/// [`Int8Block::FLIP`] types `x + 128` against the signed weights, the sums
+/// starting at [`I8Block`]'s `-128 * sum(w)`; for the unsigned types the
+/// weights against `x`; for Q8_0 the weights' magnitude against `x` with
+/// their sign. Activations laid out the other way are flipped as they
+/// load. [`Int8Block::FLIP_STEPS`] or [`Int8Block::STEPS`] products add in
+/// i16 before `vpmaddwd` widens them; each block's sums then take the
+/// definition's float step lane by lane, and the minimums' sum (a sum of
+/// its own) runs in a second pass over the tile's blocks.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`,
@@ -146,75 +156,103 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
     y_stride: usize,
 ) {
     debug_assert!(cn <= 8);
+    // SAFETY: forwarded from this fn's contract.
+    unsafe {
+        if x.flipped == B::FLIP {
+            lanes_tiles256::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride)
+        } else {
+            lanes_tiles256::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride)
+        }
+    }
+}
+
+/// [`lanes_sweep256`], its activations flipped as they load if `FIX`.
+///
+/// # Safety
+/// As [`lanes_sweep256`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
+    w: *const I8Block,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     let ones = _mm256_set1_epi16(1);
     let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let steps = if B::FLIP { B::FLIP_STEPS } else { B::STEPS };
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
         let wt = unsafe { w.add(R * t * nblocks) };
         let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [_mm256_setzero_ps(); R];
         for b in 0..nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract): 256
-            // bytes and 8 + 8 floats.
-            let (xq, dx, sx) = unsafe {
-                (
-                    x.q.add(256 * b),
-                    _mm256_loadu_ps(x.d.add(8 * b)),
-                    _mm256_loadu_ps(x.s.add(8 * b)),
-                )
-            };
-            for r in 0..R {
-                // SAFETY: block `b` of row `r` of the tile is in bounds.
-                let blk = unsafe { &*wt.add(r * nblocks + b) };
-                let steps = if B::FLIP { B::FLIP_STEPS } else { B::STEPS };
-                // With `x + 128` the sums start at -128 * sum(w) per half
-                // (one start for a one-scale block).
-                let mut sums = if !B::FLIP {
-                    [_mm256_setzero_si256(); 2]
-                } else if B::TWO {
-                    [
-                        _mm256_set1_epi32(blk.bias[0]),
-                        _mm256_set1_epi32(blk.bias[1]),
-                    ]
-                } else {
-                    [
-                        _mm256_set1_epi32(blk.bias[0] + blk.bias[1]),
-                        _mm256_setzero_si256(),
-                    ]
-                };
-                for k0 in (0..8).step_by(steps) {
-                    let mut s16 = _mm256_setzero_si256();
-                    for k in k0..k0 + steps {
-                        // SAFETY: bytes 4k..4k + 4 of `q`, and block b's
-                        // 32-byte group k of `x`, are in bounds.
-                        let (wv, xk) = unsafe {
-                            (
-                                _mm256_set1_epi32(
-                                    (blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned(),
-                                ),
-                                _mm256_loadu_si256(xq.add(32 * k) as *const __m256i),
-                            )
-                        };
+            // SAFETY: block `b` of each row of the tile is in bounds.
+            let blk: [&I8Block; R] = std::array::from_fn(|r| unsafe { &*wt.add(r * nblocks + b) });
+            // With `x + 128` the sums start at -128 * sum(w) per half (one
+            // start for a one-scale block).
+            let mut sums = [[_mm256_setzero_si256(); R]; 2];
+            if B::FLIP {
+                for r in 0..R {
+                    let [lo, hi] = blk[r].bias;
+                    if B::TWO {
+                        sums[0][r] = _mm256_set1_epi32(lo);
+                        sums[1][r] = _mm256_set1_epi32(hi);
+                    } else {
+                        sums[0][r] = _mm256_set1_epi32(lo + hi);
+                    }
+                }
+            }
+            for k0 in (0..8).step_by(steps) {
+                let mut s16 = [_mm256_setzero_si256(); R];
+                for k in k0..k0 + steps {
+                    // SAFETY: block b's 32-byte group k of `x` is in bounds
+                    // (fn contract).
+                    let xk =
+                        unsafe { _mm256_loadu_si256(x.q.add(256 * b + 32 * k) as *const __m256i) };
+                    let xk = if FIX { _mm256_xor_si256(xk, flip) } else { xk };
+                    for r in 0..R {
+                        // SAFETY: bytes 4k..4k + 4 of the block's 32 are in bounds.
+                        let wv = _mm256_set1_epi32(unsafe {
+                            (blk[r].q.as_ptr().add(4 * k) as *const i32).read_unaligned()
+                        });
                         let prod = if B::FLIP {
-                            _mm256_maddubs_epi16(_mm256_xor_si256(xk, flip), wv)
+                            _mm256_maddubs_epi16(xk, wv)
                         } else if B::SIGNED {
                             _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
                         } else {
                             _mm256_maddubs_epi16(wv, xk)
                         };
-                        s16 = _mm256_add_epi16(s16, prod);
+                        s16[r] = _mm256_add_epi16(s16[r], prod);
                     }
-                    let h = if B::TWO { k0 / 4 } else { 0 };
-                    sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(s16, ones));
                 }
-                let dd = |h: usize| _mm256_mul_ps(_mm256_set1_ps(blk.d[h]), dx);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[0]), dd(0), acc[r]);
+                let h = if B::TWO { k0 / 4 } else { 0 };
+                for r in 0..R {
+                    sums[h][r] = _mm256_add_epi32(sums[h][r], _mm256_madd_epi16(s16[r], ones));
+                }
+            }
+            // SAFETY: block b's 8 scales are in bounds.
+            let dx = unsafe { _mm256_loadu_ps(x.d.add(8 * b)) };
+            for r in 0..R {
+                let dd = |h: usize| _mm256_mul_ps(_mm256_set1_ps(blk[r].d[h]), dx);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[0][r]), dd(0), acc[r]);
                 if B::TWO {
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[1]), dd(1), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[1][r]), dd(1), acc[r]);
                 }
-                // Without a minimum the definition's sum stays +0.0.
-                if B::HAS_MIN {
-                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(blk.m), sx, mins[r]);
+            }
+        }
+        // Without a minimum the definition's sum stays +0.0.
+        let mut mins = [_mm256_setzero_ps(); R];
+        if B::HAS_MIN {
+            for b in 0..nblocks {
+                // SAFETY: block b's 8 sums are in bounds.
+                let sx = unsafe { _mm256_loadu_ps(x.s.add(8 * b)) };
+                for r in 0..R {
+                    // SAFETY: block `b` of row `r` of the tile is in bounds.
+                    let m = unsafe { (*wt.add(r * nblocks + b)).m };
+                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(m), sx, mins[r]);
                 }
             }
         }
