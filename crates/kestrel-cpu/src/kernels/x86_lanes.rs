@@ -249,10 +249,10 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
             for b in 0..nblocks {
                 // SAFETY: block b's 8 sums are in bounds.
                 let sx = unsafe { _mm256_loadu_ps(x.s.add(8 * b)) };
-                for r in 0..R {
+                for (r, mr) in mins.iter_mut().enumerate() {
                     // SAFETY: block `b` of row `r` of the tile is in bounds.
                     let m = unsafe { (*wt.add(r * nblocks + b)).m };
-                    mins[r] = _mm256_fmadd_ps(_mm256_set1_ps(m), sx, mins[r]);
+                    *mr = _mm256_fmadd_ps(_mm256_set1_ps(m), sx, *mr);
                 }
             }
         }
