@@ -146,7 +146,8 @@ const UNPACKED_BYTES: usize = 128 * 1024;
 /// ([`x86_lanes::unpack_rows256`], at most 32 rows or [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (16-lane
 /// groups with [`x86_lanes::lanes_sweep512`], 8-lane ones with
-/// [`x86_lanes::lanes_sweep256`]), the rest a row at a time.
+/// [`x86_lanes::lanes_sweep256`]; Q8_0's in 2-row ones), the rest a row at
+/// a time.
 ///
 /// # Safety
 /// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
@@ -189,15 +190,15 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
                 let cn = (n - g * x.lanes).min(x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);
                 let out = y.0.wrapping_add(g * x.lanes * w.rows + g0);
-                let done = rows / 4 * 4;
                 macro_rules! sweep {
-                    ($sweep:ident) => {{
+                    ($sweep:ident, $R:literal) => {{
+                        let done = rows / $R * $R;
                         // SAFETY: `buf` holds rows g0..g1 unpacked, `x` group
                         // `g` (fn contract); elements (g0..g1, lanes `g *
                         // x.lanes..` + cn) of `y` belong to this task; the
                         // tail starts at row `done <= rows`.
                         unsafe {
-                            x86_lanes::$sweep::<B, 4>(buf, nb, rows / 4, args, cn, out, w.rows);
+                            x86_lanes::$sweep::<B, $R>(buf, nb, rows / $R, args, cn, out, w.rows);
                             x86_lanes::$sweep::<B, 1>(
                                 buf.add(done * nb),
                                 nb,
@@ -210,10 +211,14 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
                         }
                     }};
                 }
+                // Q8_0's sign steps double the 8-lane sweep's work per row:
+                // two-row tiles measured faster for it, four for the rest.
                 if x.lanes == 16 {
-                    sweep!(lanes_sweep512)
+                    sweep!(lanes_sweep512, 4)
+                } else if B::ENC == Encoding::Q8_0 {
+                    sweep!(lanes_sweep256, 2)
                 } else {
-                    sweep!(lanes_sweep256)
+                    sweep!(lanes_sweep256, 4)
                 }
             }
             g0 = g1;
