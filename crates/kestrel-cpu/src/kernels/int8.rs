@@ -85,6 +85,14 @@ pub(crate) const fn has_min(enc: Encoding) -> bool {
     )
 }
 
+/// Whether the 8-lane AVX2 sweep reads `enc`'s weights against activations
+/// `x + 128`: the signed types up to `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose
+/// products with `x + 128 <= 255` keep a pair within i16 (Q8_0's do not;
+/// the unsigned types take `x` as it is).
+pub(crate) const fn lanes_flipped(enc: Encoding) -> bool {
+    !has_min(enc) && max_abs_weight(enc) <= 32
+}
+
 /// The largest `|w|` [`decode_block`] gives for `enc` (0 for dense ones).
 pub(crate) const fn max_abs_weight(enc: Encoding) -> i32 {
     match enc {

@@ -11,9 +11,7 @@
 use kestrel_model::Matrix;
 
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{
-    int8_rows_task, lane_width, lanes_flipped, quantize_rows, Quantized, XLANES, XQ,
-};
+use super::matmul_int8::{int8_rows_task, lane_width, quantize_rows, Quantized, XLANES, XQ};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::{Isa, OutPtr};
@@ -183,8 +181,8 @@ pub fn matmul_group(
             Some(lanes) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
                 // The 16-lane sweep takes `x + 128`, the 8-lane one for the
-                // signed types but Q8_0 ([`lanes_flipped`]).
-                let flipped = lanes == 16 || jobs.iter().any(|j| lanes_flipped(j.w.enc));
+                // signed types but Q8_0 ([`int8::lanes_flipped`]).
+                let flipped = lanes == 16 || jobs.iter().any(|j| int8::lanes_flipped(j.w.enc));
                 l.fill(rows, n, cols / 32, lanes, flipped);
                 region(Some(Quantized {
                     rows,

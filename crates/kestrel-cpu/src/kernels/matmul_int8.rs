@@ -39,13 +39,6 @@ pub(super) fn lane_width(isa: Isa, n: usize, q8_0: bool) -> Option<usize> {
     None
 }
 
-/// Whether the 8-lane sweep reads `enc`'s weights against `x + 128`
-/// (`x86_int8::Int8Block::FLIP`: the signed types up to `|w| <= 32`); it
-/// flips activations laid out the other way as it loads them.
-pub(super) fn lanes_flipped(enc: Encoding) -> bool {
-    !int8::has_min(enc) && int8::max_abs_weight(enc) <= 32
-}
-
 thread_local! {
     /// The calling thread's quantized activations (grows once to the
     /// largest `n * cols / 32` blocks).

@@ -39,11 +39,9 @@ pub(crate) trait Int8Block: Block {
     const STEPS: usize = i16_steps(127, Self::MAX_W, Self::TWO);
     /// Whether [`lanes_sweep256`] reads the activations as `x + 128`
     /// (unsigned) against the signed weights, no sign instructions, the
-    /// sums starting at [`I8Block`]'s `-128 * sum(w)`: signed types up to
-    /// `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose products with `x + 128 <= 255`
-    /// keep a pair within i16 (Q8_0's do not; the unsigned types take `x`
-    /// as it is against their weights as the unsigned operand).
-    const FLIP: bool = Self::SIGNED && Self::MAX_W <= 32;
+    /// sums starting at [`I8Block`]'s `-128 * sum(w)`
+    /// ([`int8::lanes_flipped`]).
+    const FLIP: bool = int8::lanes_flipped(Self::ENC);
     /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
     const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
