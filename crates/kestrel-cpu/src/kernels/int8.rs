@@ -85,12 +85,15 @@ pub(crate) const fn has_min(enc: Encoding) -> bool {
     )
 }
 
-/// Whether the 8-lane AVX2 sweep reads `enc`'s weights against activations
-/// `x + 128`: the signed types up to `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose
-/// products with `x + 128 <= 255` keep a pair within i16 (Q8_0's do not;
-/// the unsigned types take `x` as it is).
-pub(crate) const fn lanes_flipped(enc: Encoding) -> bool {
-    !has_min(enc) && max_abs_weight(enc) <= 32
+/// Whether the lane sweeps read `enc`'s weights against activations
+/// `x + 128` (unsigned bytes) rather than `x`: with VNNI (`vnni`:
+/// `vpdpbusd`, i32 sums) every signed type, its unpacked sums starting at
+/// `-128 * sum(w)`, and the unsigned types (those with a minimum) take `x`;
+/// on AVX2 (`vpmaddubsw`, i16 pair sums) only the signed types up to
+/// `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose products with `x + 128 <= 255`
+/// keep a pair within i16 (Q8_0's do not: it takes `x` with sign steps).
+pub(crate) const fn lanes_flipped(enc: Encoding, vnni: bool) -> bool {
+    !has_min(enc) && (vnni || max_abs_weight(enc) <= 32)
 }
 
 /// The largest `|w|` [`decode_block`] gives for `enc` (0 for dense ones).

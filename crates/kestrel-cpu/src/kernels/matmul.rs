@@ -11,7 +11,7 @@
 use kestrel_model::Matrix;
 
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{int8_rows_task, lane_width, quantize_rows, Quantized, XLANES, XQ};
+use super::matmul_int8::{int8_rows_task, lane_sweep, quantize_rows, Quantized, XLANES, XQ};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::{Isa, OutPtr};
@@ -176,17 +176,18 @@ pub fn matmul_group(
         }
         quantize_rows(isa, x, &mut b[..nb]);
         let rows = &b[..nb];
-        let q8_0 = jobs.iter().all(|j| j.w.enc == Encoding::Q8_0);
-        match lane_width(isa, n, q8_0) {
-            Some(lanes) => XLANES.with(|l| {
+        match lane_sweep(isa, n) {
+            Some(sweep) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
-                // The 16-lane sweep takes `x + 128`, the 8-lane one for the
-                // signed types but Q8_0 ([`int8::lanes_flipped`]).
-                let flipped = lanes == 16 || jobs.iter().any(|j| int8::lanes_flipped(j.w.enc));
-                l.fill(rows, n, cols / 32, lanes, flipped);
+                // `x + 128` if any job's sweep reads it (the others flip it
+                // back as they load).
+                let flipped = jobs
+                    .iter()
+                    .any(|j| int8::lanes_flipped(j.w.enc, sweep.vnni));
+                l.fill(rows, n, cols / 32, sweep.lanes, flipped);
                 region(Some(Quantized {
                     rows,
-                    lanes: Some(&l),
+                    lanes: Some((&l, sweep)),
                 }))
             }),
             None => region(Some(Quantized { rows, lanes: None })),

@@ -13,29 +13,37 @@ use super::{x86_blocks, x86_gemv, x86_int8, x86_lanes};
 use super::{Isa, OutPtr};
 
 /// Quantized activations for [`int8_rows_task`]: `n` rows of blocks, and
-/// from [`LANES_MIN_ROWS`] rows on (x86 SIMD), the same rows one per lane.
+/// from [`LANES_MIN_ROWS`] rows on (x86 SIMD), the same rows one per lane
+/// for the [`LaneSweep`] they were laid out for.
 #[derive(Clone, Copy)]
 pub(super) struct Quantized<'a> {
     pub(super) rows: &'a [Q8Block],
-    pub(super) lanes: Option<&'a LaneRows>,
+    pub(super) lanes: Option<(&'a LaneRows, LaneSweep)>,
 }
 
 /// Activation rows from which the lane sweeps run (weight rows unpacked
 /// once per task group, activation rows one per lane).
 const LANES_MIN_ROWS: usize = 4;
 
-/// The lane sweep's width for `n` activation rows on `isa`, if it runs:
-/// 16 with AVX-512 VNNI for more than 8 rows, or for Q8_0 weights
-/// (`q8_0`), else 8 (the 8-lane AVX2 sweep is faster where a 16-lane one
-/// would leave half its lanes idle, except for Q8_0, whose 8-bit weights
-/// cost the AVX2 sweep a sign step and a widening per four bytes).
-pub(super) fn lane_width(isa: Isa, n: usize, q8_0: bool) -> Option<usize> {
+/// How the lane sweeps run: activation rows per lane group, and whether
+/// with AVX-512 VNNI (`vpdpbusd`) or AVX2 (`vpmaddubsw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LaneSweep {
+    pub(super) lanes: usize,
+    pub(super) vnni: bool,
+}
+
+/// The lane sweep for `n` activation rows on `isa`, if one runs: with
+/// AVX-512 VNNI, 16 lanes for more than 8 rows, else 8 (a 16-lane sweep
+/// of 8 rows leaves half its lanes idle); otherwise AVX2's 8.
+pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
-        let wide = isa == Isa::Avx512 && x86_lanes::has_avx512_vnni() && (n > 8 || q8_0);
-        return Some(if wide { 16 } else { 8 });
+        let vnni = isa == Isa::Avx512 && x86_lanes::has_avx512_vnni();
+        let lanes = if vnni && n > 8 { 16 } else { 8 };
+        return Some(LaneSweep { lanes, vnni });
     }
-    let _ = (isa, n, q8_0);
+    let _ = (isa, n);
     None
 }
 
@@ -87,7 +95,7 @@ pub(super) unsafe fn int8_rows_task(
         "quantized rows for every activation row"
     );
     #[cfg(target_arch = "x86_64")]
-    if let Some(lanes) = xq.lanes {
+    if let Some((lanes, sweep)) = xq.lanes {
         assert!(
             lanes.nblocks == nb && lanes.d.len() >= n.div_ceil(lanes.lanes) * nb * lanes.lanes,
             "lane rows for every activation row"
@@ -96,9 +104,15 @@ pub(super) unsafe fn int8_rows_task(
             ($B:ty) => {
                 // SAFETY: forwarded from this fn's contract; `lanes` holds
                 // the `n` rows (asserted); AVX2, FMA and F16C come with every
-                // SIMD ISA, checked supported by `matmul_group`, which chose
-                // 16 lanes only with AVX-512 VNNI.
-                unsafe { lanes_rows_task::<$B>(w, lanes, n, r0, r1, y) }
+                // SIMD ISA, checked supported by `matmul_group`, whose
+                // `sweep` ([`lane_sweep`]) is VNNI only with AVX-512 VNNI.
+                unsafe {
+                    if sweep.vnni {
+                        lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y)
+                    } else {
+                        lanes_rows_task::<$B, false>(w, lanes, n, r0, r1, y)
+                    }
+                }
             };
         }
         return for_int8_block!(w.enc, go);
@@ -137,17 +151,18 @@ const UNPACKED_BYTES: usize = 128 * 1024;
 
 /// [`int8_rows_task`] with lanes: weight rows unpacked a group at a time
 /// ([`x86_lanes::unpack_rows256`], at most 32 rows or [`UNPACKED_BYTES`]),
-/// then swept against every lane group of `x` in 4-row tiles (16-lane
-/// groups with [`x86_lanes::lanes_sweep512`], 8-lane ones with
-/// [`x86_lanes::lanes_sweep256`]; Q8_0's in 2-row ones), the rest a row at
+/// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
+/// [`x86_lanes::lanes_vnni512`] for 16-lane groups and
+/// [`x86_lanes::lanes_vnni256`] for 8-lane ones; otherwise
+/// [`x86_lanes::lanes_sweep256`], Q8_0's in 2-row tiles), the rest a row at
 /// a time.
 ///
 /// # Safety
 /// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
-/// the `n` rows; the CPU must support AVX2, FMA and F16C, and AVX-512 VNNI
-/// if `x.lanes == 16`.
+/// the `n` rows in 8 lanes, or 16 with `VNNI`; the CPU must support AVX2,
+/// FMA and F16C, and AVX-512 VNNI and VL if `VNNI`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
+unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     w: &MatRef<'_>,
     x: &LaneRows,
     n: usize,
@@ -168,16 +183,15 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
             let g1 = (g0 + group).min(r1);
             let rows = g1 - g0;
             let buf = b[..rows * nb].as_mut_ptr();
+            let w0 = w.data.as_ptr().wrapping_add(g0 * w.row_bytes);
             // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
             // of `B`; `buf` holds `rows * nb` blocks.
             unsafe {
-                x86_lanes::unpack_rows256::<B>(
-                    w.data.as_ptr().add(g0 * w.row_bytes),
-                    w.row_bytes,
-                    rows,
-                    nb,
-                    buf,
-                )
+                if int8::lanes_flipped(B::ENC, VNNI) {
+                    x86_lanes::unpack_rows256::<B, true>(w0, w.row_bytes, rows, nb, buf)
+                } else {
+                    x86_lanes::unpack_rows256::<B, false>(w0, w.row_bytes, rows, nb, buf)
+                }
             };
             for g in 0..n.div_ceil(x.lanes) {
                 let cn = (n - g * x.lanes).min(x.lanes);
@@ -204,10 +218,12 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8>(
                         }
                     }};
                 }
-                // Q8_0's sign steps double the 8-lane sweep's work per row:
+                // Q8_0's sign steps double the AVX2 sweep's work per row:
                 // two-row tiles measured faster for it, four for the rest.
-                if x.lanes == 16 {
-                    sweep!(lanes_sweep512, 4)
+                if VNNI && x.lanes == 16 {
+                    sweep!(lanes_vnni512, 4)
+                } else if VNNI {
+                    sweep!(lanes_vnni256, 4)
                 } else if B::ENC == Encoding::Q8_0 {
                     sweep!(lanes_sweep256, 2)
                 } else {

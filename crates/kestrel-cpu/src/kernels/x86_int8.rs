@@ -41,7 +41,7 @@ pub(crate) trait Int8Block: Block {
     /// (unsigned) against the signed weights, no sign instructions, the
     /// sums starting at [`I8Block`]'s `-128 * sum(w)`
     /// ([`int8::lanes_flipped`]).
-    const FLIP: bool = int8::lanes_flipped(Self::ENC);
+    const FLIP: bool = int8::lanes_flipped(Self::ENC, false);
     /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
     const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
@@ -354,7 +354,8 @@ mod tests {
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
-        has_avx512_vnni, lanes_sweep256, lanes_sweep512, unpack_rows256, I8Block, LaneArgs,
+        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, unpack_rows256, I8Block,
+        LaneArgs,
     };
     use super::super::Isa;
     use super::*;
@@ -394,40 +395,75 @@ mod tests {
         // at least one row, `y` `w.rows` floats; AVX2 was checked by the caller.
         unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
         expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
-        let mut unpacked = vec![I8Block::default(); w.rows * nb];
-        // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `unpacked`
-        // as many; AVX2 was checked by the caller.
-        unsafe { unpack_rows256::<B>(args.w, w.row_bytes, w.rows, nb, unpacked.as_mut_ptr()) };
-        let wide = Isa::Avx512.is_supported() && has_avx512_vnni();
-        // 8-lane sweeps on activations as they come and flipped (each type
-        // reads one form and flips the other as it loads); 16-lane ones
-        // (flipped only).
-        for (lanes, flipped) in [(8, false), (8, true), (16, true)] {
-            if lanes == 16 && !wide {
+        // Unpacked with and without the `x + 128` start: each sweep reads
+        // the one its type's rule asks for (`int8::lanes_flipped`).
+        let unpacked = [false, true].map(|bias| {
+            let mut u = vec![I8Block::default(); w.rows * nb];
+            // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `u`
+            // as many; AVX2 was checked by the caller.
+            unsafe {
+                if bias {
+                    unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
+                } else {
+                    unpack_rows256::<B, false>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
+                }
+            };
+            u
+        });
+        let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
+        // Every sweep on activations as they come and flipped (each type
+        // reads one form and flips the other as it loads).
+        for (lanes, on_vnni) in [(8, false), (8, true), (16, true)] {
+            if on_vnni && !vnni {
                 continue;
             }
-            for cn in 1..=n.min(lanes) {
-                let mut x = LaneRows::default();
-                x.fill(xq, cn, nb, lanes, flipped);
-                for r in [1, 2, 4] {
-                    let tiles = w.rows / r;
-                    let mut y = vec![f32::NAN; cn * w.rows];
-                    let (p, a, out) = (unpacked.as_ptr(), LaneArgs::group(&x, 0), y.as_mut_ptr());
-                    // SAFETY: `unpacked` holds `w.rows >= r * tiles` rows,
-                    // `x` one group of `nb` blocks, `y` is `cn x w.rows`;
-                    // the ISA was checked above.
-                    unsafe {
-                        match (lanes, r) {
-                            (8, 1) => lanes_sweep256::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
-                            (8, 2) => lanes_sweep256::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
-                            (8, _) => lanes_sweep256::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
-                            (_, 1) => lanes_sweep512::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
-                            (_, 2) => lanes_sweep512::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
-                            _ => lanes_sweep512::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+            let bias = int8::lanes_flipped(B::ENC, on_vnni);
+            for flipped in [false, true] {
+                for cn in 1..=n.min(lanes) {
+                    let mut x = LaneRows::default();
+                    x.fill(xq, cn, nb, lanes, flipped);
+                    for r in [1, 2, 4] {
+                        let tiles = w.rows / r;
+                        let mut y = vec![f32::NAN; cn * w.rows];
+                        let p = unpacked[usize::from(bias)].as_ptr();
+                        let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
+                        // SAFETY: `p` holds `w.rows >= r * tiles` rows, `x`
+                        // one group of `nb` blocks, `y` is `cn x w.rows`;
+                        // the ISA was checked above.
+                        unsafe {
+                            match (lanes, on_vnni, r) {
+                                (8, false, 1) => {
+                                    lanes_sweep256::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (8, false, 2) => {
+                                    lanes_sweep256::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (8, false, _) => {
+                                    lanes_sweep256::<B, 4>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (8, _, 1) => {
+                                    lanes_vnni256::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (8, _, 2) => {
+                                    lanes_vnni256::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (8, _, _) => {
+                                    lanes_vnni256::<B, 4>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (_, _, 1) => {
+                                    lanes_vnni512::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                (_, _, 2) => {
+                                    lanes_vnni512::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
+                                }
+                                _ => lanes_vnni512::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            }
                         }
+                        let what = format!(
+                            "{lanes}-lane (vnni {on_vnni}) tile {r}x{cn} flipped {flipped}"
+                        );
+                        expect(w, xq, &y, r * tiles, cn, &what);
                     }
-                    let what = format!("{lanes}-lane tile {r}x{cn} flipped {flipped}");
-                    expect(w, xq, &y, r * tiles, cn, &what);
                 }
             }
         }

@@ -3,12 +3,13 @@
 //! swept against [`LaneRows`], one activation row per SIMD lane: every
 //! weight block's four-byte groups are broadcast against the same group of
 //! each row, so a block's integer sums land one per lane without a
-//! horizontal step ([`lanes_sweep256`], 8 rows; [`lanes_sweep512`], 16).
+//! horizontal step ([`lanes_sweep256`], 8 rows; with AVX-512 VNNI
+//! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16).
 //! Results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
 
 use std::arch::x86_64::*;
 
-use super::int8::LaneRows;
+use super::int8::{self, LaneRows};
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
@@ -16,8 +17,8 @@ use super::x86_int8::Int8Block;
 /// its integer weights as signed bytes (every type's fit: Q8_0's i8,
 /// `q - 8/16/32`, and the unsigned quants' 0..32), the scales of elements
 /// 0..16 and 16..32, the minimum (0 when none), and `-128 *` the weights'
-/// sum over each half (the start [`lanes_sweep512`] needs for activations
-/// given as `x + 128`). One cache line.
+/// sum over each half (the start of a sweep that reads the signed weights
+/// against `x + 128`; 0 where none does). One cache line.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct I8Block {
@@ -28,13 +29,15 @@ pub(crate) struct I8Block {
 }
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out`, row after row.
+/// `w + r * row_bytes`) into `out`, row after row; [`I8Block`]'s start
+/// `-128 * sum(w)` only if `BIAS` (the sweep reads `x + 128`:
+/// [`int8::lanes_flipped`]), else 0.
 ///
 /// # Safety
 /// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
 /// CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn unpack_rows256<B: Tile8>(
+pub(crate) unsafe fn unpack_rows256<B: Tile8, const BIAS: bool>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
@@ -55,14 +58,15 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8>(
                 let q = unsafe { B::quants(p, j) };
                 let q = _mm256_sub_epi8(q, _mm256_set1_epi8(B::BIAS as i8));
                 let (d, m) = scj.lane0();
-                // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1 hold
-                // elements 0..16, lanes 2, 3 elements 16..32.
-                let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
-                let half = |i: i32| {
+                let bias = if BIAS {
+                    // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1
+                    // hold elements 0..16, lanes 2, 3 elements 16..32.
+                    let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
                     let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
                     let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
-                    let sum = if i == 0 { lo } else { hi } as i32 - 16 * 128;
-                    -128 * sum
+                    [lo, hi].map(|sum| -128 * (sum as i32 - 16 * 128))
+                } else {
+                    [0; 2]
                 };
                 // SAFETY: block `r * nblocks + s * SUB + j` of `out` is in
                 // bounds (fn contract); `q` is its first 32 bytes.
@@ -71,7 +75,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8>(
                     _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
                     (*o).d = d;
                     (*o).m = m;
-                    (*o).bias = [half(0), half(1)];
+                    (*o).bias = bias;
                 }
             }
         }
@@ -268,85 +272,176 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
     }
 }
 
-/// As [`lanes_sweep256`] with AVX-512 VNNI for a 16-lane group of flipped
-/// [`LaneRows`] (`x + 128`, unsigned): `vpdpbusd` adds each four-byte group
-/// of weights (signed, broadcast) times the rows' same group, from the
-/// block's [`I8Block`] start `-128 * sum(w)`, which leaves `sum(w * x)`
-/// exactly. The activation groups of a block stay in registers across
-/// the tile's weight rows.
+/// The lane sweep with AVX-512 VNNI, at one register width (`$lanes`
+/// activation rows): `vpdpbusd` adds four products of unsigned by signed
+/// bytes to each i32 lane, so a block's sums land in i32 with no i16 step.
+/// The signed types ([`Int8Block::SIGNED`]: Q4_0, Q5_0, Q6_K and Q8_0)
+/// read `x + 128` against their weights, from [`I8Block`]'s start
+/// `-128 * sum(w)`, which leaves `sum(w * x)` exactly; the unsigned ones
+/// (the types with a minimum) read their weights against `x`, from 0.
+/// Activations laid out the other way are flipped as they load
+/// ([`int8::lanes_flipped`]). The activation groups of a block stay in
+/// registers across the tile's `R` weight rows, each row's four-byte
+/// groups broadcast against them; the minimums' sum runs beside.
 ///
 /// # Safety
-/// As [`lanes_sweep256`], for a 16-lane group and `cn <= 16`; the CPU must
-/// support AVX-512F/BW, AVX-512 VNNI, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn lanes_sweep512<B: Int8Block, const R: usize>(
-    w: *const I8Block,
-    nblocks: usize,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    debug_assert!(cn <= 16);
-    for t in 0..tiles {
-        // SAFETY: rows R t..R t + R are in bounds (fn contract).
-        let wt = unsafe { w.add(R * t * nblocks) };
-        let mut acc = [_mm512_setzero_ps(); R];
-        let mut mins = [_mm512_setzero_ps(); R];
-        for b in 0..nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract): 512
-            // bytes and 16 + 16 floats.
-            let (xk, dx, sx) = unsafe {
-                let q = x.q.add(512 * b);
-                (
-                    std::array::from_fn::<_, 8, _>(|k| _mm512_loadu_si512(q.add(64 * k).cast())),
-                    _mm512_loadu_ps(x.d.add(16 * b)),
-                    _mm512_loadu_ps(x.s.add(16 * b)),
-                )
-            };
-            for r in 0..R {
-                // SAFETY: block `b` of row `r` of the tile is in bounds.
-                let blk = unsafe { &*wt.add(r * nblocks + b) };
-                // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
-                let wk = |k: usize| unsafe {
-                    _mm512_set1_epi32((blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned())
-                };
-                let dot = |start: i32, ks: std::ops::Range<usize>| {
-                    ks.fold(_mm512_set1_epi32(start), |s, k| {
-                        _mm512_dpbusd_epi32(s, xk[k], wk(k))
-                    })
-                };
-                let dd = |h: usize| _mm512_mul_ps(_mm512_set1_ps(blk.d[h]), dx);
-                if B::TWO {
-                    let lo = dot(blk.bias[0], 0..4);
-                    let hi = dot(blk.bias[1], 4..8);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), dd(0), acc[r]);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), dd(1), acc[r]);
-                } else {
-                    let all = dot(blk.bias[0] + blk.bias[1], 0..8);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(all), dd(0), acc[r]);
-                }
-                // Without a minimum the definition's sum stays +0.0.
-                if B::HAS_MIN {
-                    mins[r] = _mm512_fmadd_ps(_mm512_set1_ps(blk.m), sx, mins[r]);
+/// As [`lanes_sweep256`], for a `$lanes`-lane group and `cn <= $lanes`; the
+/// CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+macro_rules! lanes_vnni {
+    ($name:ident, $lanes:literal, $vi:ty, $vf:ty,
+     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
+     $xor:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident,
+     $add_ps:ident, $setzero_ps:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(crate) unsafe fn $name<B: Int8Block, const R: usize>(
+            w: *const I8Block,
+            nblocks: usize,
+            tiles: usize,
+            x: LaneArgs,
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            /// The sweep, its activations flipped as they load if `FIX`.
+            ///
+            /// # Safety
+            /// As the outer fn.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            #[inline]
+            unsafe fn sweep<B: Int8Block, const R: usize, const FIX: bool>(
+                w: *const I8Block,
+                nblocks: usize,
+                tiles: usize,
+                x: LaneArgs,
+                cn: usize,
+                y: *mut f32,
+                y_stride: usize,
+            ) {
+                let flip = $set1_epi8(0x80u8 as i8);
+                for t in 0..tiles {
+                    // SAFETY: rows R t..R t + R are in bounds (fn contract).
+                    let wt = unsafe { w.add(R * t * nblocks) };
+                    let mut acc = [$setzero_ps(); R];
+                    let mut mins = [$setzero_ps(); R];
+                    for b in 0..nblocks {
+                        // SAFETY: block `b` of the group is in bounds (fn
+                        // contract): 32 * $lanes bytes and $lanes + $lanes floats.
+                        let (xk, dx, sx) = unsafe {
+                            let q = x.q.add(32 * $lanes * b);
+                            (
+                                std::array::from_fn::<$vi, 8, _>(|k| {
+                                    let v = $loadu(q.add(4 * $lanes * k).cast());
+                                    if FIX {
+                                        $xor(v, flip)
+                                    } else {
+                                        v
+                                    }
+                                }),
+                                $loadu_ps(x.d.add($lanes * b)),
+                                $loadu_ps(x.s.add($lanes * b)),
+                            )
+                        };
+                        for r in 0..R {
+                            // SAFETY: block `b` of row `r` of the tile is in bounds.
+                            let blk = unsafe { &*wt.add(r * nblocks + b) };
+                            // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
+                            let wk = |k: usize| unsafe {
+                                $set1_epi32(
+                                    (blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned(),
+                                )
+                            };
+                            let dot = |start: i32, ks: std::ops::Range<usize>| {
+                                ks.fold($set1_epi32(start), |s, k| {
+                                    if B::SIGNED {
+                                        $dpbusd(s, xk[k], wk(k))
+                                    } else {
+                                        $dpbusd(s, wk(k), xk[k])
+                                    }
+                                })
+                            };
+                            let start = |h: usize| if B::SIGNED { blk.bias[h] } else { 0 };
+                            let dd = |h: usize| $mul_ps($set1_ps(blk.d[h]), dx);
+                            if B::TWO {
+                                let lo = dot(start(0), 0..4);
+                                let hi = dot(start(1), 4..8);
+                                acc[r] = $fmadd_ps($cvt(lo), dd(0), acc[r]);
+                                acc[r] = $fmadd_ps($cvt(hi), dd(1), acc[r]);
+                            } else {
+                                let all = dot(start(0) + start(1), 0..8);
+                                acc[r] = $fmadd_ps($cvt(all), dd(0), acc[r]);
+                            }
+                            // Without a minimum the definition's sum stays +0.0.
+                            if B::HAS_MIN {
+                                mins[r] = $fmadd_ps($set1_ps(blk.m), sx, mins[r]);
+                            }
+                        }
+                    }
+                    for r in 0..R {
+                        let mut out = [0f32; $lanes];
+                        // SAFETY: `out` is $lanes writable floats; elements (R t
+                        // + r, c < cn) are in bounds (fn contract).
+                        unsafe {
+                            $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r], mins[r]));
+                            scatter(out, cn, y, y_stride, R * t + r);
+                        }
+                    }
                 }
             }
-        }
-        for r in 0..R {
-            let mut out = [0f32; 16];
-            // SAFETY: `out` is 16 writable floats; elements (R t + r, c <
-            // cn) are in bounds (fn contract).
+
+            debug_assert!(cn <= $lanes);
+            // SAFETY: forwarded from this fn's contract.
             unsafe {
-                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r], mins[r]));
-                scatter(out, cn, y, y_stride, R * t + r);
+                if x.flipped == int8::lanes_flipped(B::ENC, true) {
+                    sweep::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride)
+                } else {
+                    sweep::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride)
+                }
             }
         }
-    }
+    };
 }
 
-/// Whether this CPU has AVX-512 VNNI, which [`lanes_sweep512`] needs on top
-/// of [`super::Isa::Avx512`].
+lanes_vnni!(
+    lanes_vnni256,
+    8,
+    __m256i,
+    __m256,
+    _mm256_loadu_si256,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_epi32,
+    _mm256_set1_epi8,
+    _mm256_xor_si256,
+    _mm256_dpbusd_epi32,
+    _mm256_cvtepi32_ps,
+    _mm256_set1_ps,
+    _mm256_mul_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_setzero_ps
+);
+lanes_vnni!(
+    lanes_vnni512,
+    16,
+    __m512i,
+    __m512,
+    _mm512_loadu_si512,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_epi32,
+    _mm512_set1_epi8,
+    _mm512_xor_si512,
+    _mm512_dpbusd_epi32,
+    _mm512_cvtepi32_ps,
+    _mm512_set1_ps,
+    _mm512_mul_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_setzero_ps
+);
+
+/// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
+/// [`lanes_vnni512`] need on top of [`super::Isa::Avx512`].
 pub(crate) fn has_avx512_vnni() -> bool {
-    is_x86_feature_detected!("avx512vnni")
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
