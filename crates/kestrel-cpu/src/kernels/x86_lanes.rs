@@ -10,6 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::int8::{self, LaneRows};
+use super::x86::prefetch;
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
@@ -27,6 +28,10 @@ pub(crate) struct I8Block {
     m: f32,
     bias: [i32; 2],
 }
+
+/// How many rows ahead [`unpack_rows256`] prefetches (rows are contiguous;
+/// past the group it reads the next one's).
+const UNPACK_AHEAD_ROWS: usize = 4;
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
 /// `w + r * row_bytes`) into `out`, row after row; [`I8Block`]'s start
@@ -49,6 +54,12 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const BIAS: bool>(
     for r in 0..rows {
         for s in 0..nblocks / B::SUB {
             let p = w.wrapping_add(r * row_bytes + s * B::ENC.block_bytes());
+            // Decode streams the weights from DRAM once: ask for the same
+            // block `UNPACK_AHEAD_ROWS` rows on.
+            let ahead = p.wrapping_add(UNPACK_AHEAD_ROWS * row_bytes);
+            for line in 0..B::ENC.block_bytes().div_ceil(64) {
+                prefetch(ahead.wrapping_add(64 * line));
+            }
             // The stored block's scales once for its sub-blocks (the row in
             // every lane).
             // SAFETY: stored block `s` of row `r` is in bounds (fn contract).
