@@ -70,7 +70,7 @@ pub(super) fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
     int8::quantize_row(x, out);
 }
 
-/// [`Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
+/// [`super::int8::Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
 /// from `xq`. With lanes ([`LANES_MIN_ROWS`] rows or more, x86 SIMD):
 /// [`lanes_rows_task`]. Otherwise one activation row: the task's rows in
 /// one sweep; two or three: 16 weight rows at a time (L1-resident) against
@@ -78,7 +78,7 @@ pub(super) fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
 /// int8 dot.
 ///
 /// # Safety
-/// As [`rows_task`]; `w.enc` has an integer dot and `xq` holds `n` rows of
+/// As `matmul.rs`'s `rows_task`; `w.enc` has an integer dot and `xq` holds `n` rows of
 /// `w.cols / 32` blocks.
 pub(super) unsafe fn int8_rows_task(
     isa: Isa,

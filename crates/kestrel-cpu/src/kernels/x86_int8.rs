@@ -37,9 +37,9 @@ pub(crate) trait Int8Block: Block {
     /// How many `vpmaddubsw` results (two products per i16) add up in i16
     /// without overflow ([`i16_steps`]).
     const STEPS: usize = i16_steps(127, Self::MAX_W, Self::TWO);
-    /// Whether [`lanes_sweep256`] reads the activations as `x + 128`
+    /// Whether [`super::x86_lanes::lanes_sweep256`] reads the activations as `x + 128`
     /// (unsigned) against the signed weights, no sign instructions, the
-    /// sums starting at [`I8Block`]'s `-128 * sum(w)`
+    /// sums starting at [`super::x86_lanes::I8Block`]'s `-128 * sum(w)`
     /// ([`int8::lanes_flipped`]).
     const FLIP: bool = int8::lanes_flipped(Self::ENC, false);
     /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).

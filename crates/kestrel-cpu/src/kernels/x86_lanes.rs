@@ -299,10 +299,11 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
 /// As [`lanes_sweep256`], for a `$lanes`-lane group and `cn <= $lanes`; the
 /// CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
 macro_rules! lanes_vnni {
-    ($name:ident, $lanes:literal, $vi:ty, $vf:ty,
+    ($(#[$doc:meta])* $name:ident, $lanes:literal, $vi:ty,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
      $xor:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident,
      $add_ps:ident, $setzero_ps:ident) => {
+        $(#[$doc])*
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(crate) unsafe fn $name<B: Int8Block, const R: usize>(
             w: *const I8Block,
@@ -413,10 +414,11 @@ macro_rules! lanes_vnni {
 }
 
 lanes_vnni!(
+    /// [`lanes_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to 8
+    /// activation rows.
     lanes_vnni256,
     8,
     __m256i,
-    __m256,
     _mm256_loadu_si256,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
@@ -432,10 +434,11 @@ lanes_vnni!(
     _mm256_setzero_ps
 );
 lanes_vnni!(
+    /// [`lanes_vnni`] on 16 lanes (512-bit registers): more than 8
+    /// activation rows.
     lanes_vnni512,
     16,
     __m512i,
-    __m512,
     _mm512_loadu_si512,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
