@@ -42,6 +42,11 @@ pub(crate) trait Int8Block: Block {
     /// sums starting at [`super::x86_lanes::I8Block`]'s `-128 * sum(w)`
     /// ([`int8::lanes_flipped`]).
     const FLIP: bool = int8::lanes_flipped(Self::ENC, false);
+    /// Whether the VNNI sweeps ([`super::x86_lanes::lanes_vnni256`],
+    /// [`super::x86_lanes::lanes_vnni512`]) read the activations as
+    /// `x + 128` against the signed weights from the same start; if not,
+    /// the unsigned weights against `x` ([`int8::lanes_flipped`]).
+    const FLIP_VNNI: bool = int8::lanes_flipped(Self::ENC, true);
     /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
     const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
@@ -427,36 +432,23 @@ mod tests {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let p = unpacked[usize::from(bias)].as_ptr();
                         let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
+                        macro_rules! run {
+                            ($sweep:ident) => {
+                                match r {
+                                    1 => $sweep::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                                    2 => $sweep::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                                    _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                                }
+                            };
+                        }
                         // SAFETY: `p` holds `w.rows >= r * tiles` rows, `x`
                         // one group of `nb` blocks, `y` is `cn x w.rows`;
                         // the ISA was checked above.
                         unsafe {
-                            match (lanes, on_vnni, r) {
-                                (8, false, 1) => {
-                                    lanes_sweep256::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (8, false, 2) => {
-                                    lanes_sweep256::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (8, false, _) => {
-                                    lanes_sweep256::<B, 4>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (8, _, 1) => {
-                                    lanes_vnni256::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (8, _, 2) => {
-                                    lanes_vnni256::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (8, _, _) => {
-                                    lanes_vnni256::<B, 4>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (_, _, 1) => {
-                                    lanes_vnni512::<B, 1>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                (_, _, 2) => {
-                                    lanes_vnni512::<B, 2>(p, nb, tiles, a, cn, out, w.rows)
-                                }
-                                _ => lanes_vnni512::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            match (lanes, on_vnni) {
+                                (8, false) => run!(lanes_sweep256),
+                                (8, true) => run!(lanes_vnni256),
+                                _ => run!(lanes_vnni512),
                             }
                         }
                         let what = format!(

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::int8::{self, LaneRows};
+use super::int8::LaneRows;
 use super::x86::prefetch;
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
@@ -36,7 +36,7 @@ const UNPACK_AHEAD_ROWS: usize = 4;
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
 /// `w + r * row_bytes`) into `out`, row after row; [`I8Block`]'s start
 /// `-128 * sum(w)` only if `BIAS` (the sweep reads `x + 128`:
-/// [`int8::lanes_flipped`]), else 0.
+/// [`super::int8::lanes_flipped`]), else 0.
 ///
 /// # Safety
 /// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
@@ -286,12 +286,11 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
 /// The lane sweep with AVX-512 VNNI, at one register width (`$lanes`
 /// activation rows): `vpdpbusd` adds four products of unsigned by signed
 /// bytes to each i32 lane, so a block's sums land in i32 with no i16 step.
-/// The signed types ([`Int8Block::SIGNED`]: Q4_0, Q5_0, Q6_K and Q8_0)
+/// The signed types ([`Int8Block::FLIP_VNNI`]: Q4_0, Q5_0, Q6_K and Q8_0)
 /// read `x + 128` against their weights, from [`I8Block`]'s start
 /// `-128 * sum(w)`, which leaves `sum(w * x)` exactly; the unsigned ones
 /// (the types with a minimum) read their weights against `x`, from 0.
-/// Activations laid out the other way are flipped as they load
-/// ([`int8::lanes_flipped`]). The activation groups of a block stay in
+/// Activations laid out the other way are flipped as they load. The activation groups of a block stay in
 /// registers across the tile's `R` weight rows, each row's four-byte
 /// groups broadcast against them; the minimums' sum runs beside.
 ///
@@ -364,14 +363,14 @@ macro_rules! lanes_vnni {
                             };
                             let dot = |start: i32, ks: std::ops::Range<usize>| {
                                 ks.fold($set1_epi32(start), |s, k| {
-                                    if B::SIGNED {
+                                    if B::FLIP_VNNI {
                                         $dpbusd(s, xk[k], wk(k))
                                     } else {
                                         $dpbusd(s, wk(k), xk[k])
                                     }
                                 })
                             };
-                            let start = |h: usize| if B::SIGNED { blk.bias[h] } else { 0 };
+                            let start = |h: usize| if B::FLIP_VNNI { blk.bias[h] } else { 0 };
                             let dd = |h: usize| $mul_ps($set1_ps(blk.d[h]), dx);
                             if B::TWO {
                                 let lo = dot(start(0), 0..4);
@@ -403,7 +402,7 @@ macro_rules! lanes_vnni {
             debug_assert!(cn <= $lanes);
             // SAFETY: forwarded from this fn's contract.
             unsafe {
-                if x.flipped == int8::lanes_flipped(B::ENC, true) {
+                if x.flipped == B::FLIP_VNNI {
                     sweep::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride)
                 } else {
                     sweep::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride)
