@@ -85,15 +85,23 @@ pub(crate) const fn has_min(enc: Encoding) -> bool {
     )
 }
 
-/// Whether the lane sweeps read `enc`'s weights against activations
-/// `x + 128` (unsigned bytes) rather than `x`: with VNNI (`vnni`:
-/// `vpdpbusd`, i32 sums) every signed type, its unpacked sums starting at
-/// `-128 * sum(w)`, and the unsigned types (those with a minimum) take `x`;
-/// on AVX2 (`vpmaddubsw`, i16 pair sums) only the signed types up to
-/// `|w| <= 32` (Q4_0, Q5_0, Q6_K), whose products with `x + 128 <= 255`
-/// keep a pair within i16 (Q8_0's do not: it takes `x` with sign steps).
-pub(crate) const fn lanes_flipped(enc: Encoding, vnni: bool) -> bool {
-    !has_min(enc) && (vnni || max_abs_weight(enc) <= 32)
+/// What the lane sweeps add to `enc`'s integer weights so they read them
+/// as unsigned bytes against the signed activations (`vpdpbusd` and
+/// `vpmaddubsw` take one unsigned operand): 0 for the types with a minimum
+/// (their weights are nonnegative); 8, 16, 32 for Q4_0, Q5_0, Q6_K (whose
+/// weights are `q - 8/16/32`: the stored `q`); for Q8_0 128 with VNNI
+/// (`vnni`: i32 sums), 0 on AVX2, whose i16 pair sums could not hold
+/// `2 * 255 * 127` (it signs the activations by the weights instead). The
+/// sums then start at `-offset * sum(x)` ([`LaneRows`]' sums), which leaves
+/// `sum(w * x)` exactly.
+pub(crate) const fn lane_offset(enc: Encoding, vnni: bool) -> i32 {
+    match enc {
+        Encoding::Q4_0 => 8,
+        Encoding::Q5_0 => 16,
+        Encoding::Q6K => 32,
+        Encoding::Q8_0 if vnni => 128,
+        _ => 0,
+    }
 }
 
 /// The largest `|w|` [`decode_block`] gives for `enc` (0 for dense ones).
@@ -146,32 +154,33 @@ pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
 /// that hold `lanes` activation rows' blocks in one register: group `g`
 /// (rows `lanes * g ..`, the last real row repeated past the end) stores,
 /// per block `b`, the bytes `4k..4k + 4` of every lane's row for `k` in
-/// `0..8` (`32 * lanes` bytes, lane-major within `k`), and the rows' `d`
-/// and `s` (`lanes` floats each).
+/// `0..8` (`32 * lanes` bytes, lane-major within `k`), the rows' `d` and
+/// `s` (`lanes` floats each), and the integer sums of their elements 0..16
+/// and 16..32 (`lanes` each, the first half's first: where a sweep's sums
+/// start, [`lane_offset`]).
 #[derive(Debug, Default)]
 pub(crate) struct LaneRows {
     /// Rows per group.
     pub lanes: usize,
     /// Blocks per row.
     pub nblocks: usize,
-    /// `q ^ 0x80` (unsigned `q + 128`) instead of `q`.
-    pub flipped: bool,
     pub q: Vec<u8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    pub sums: Vec<i32>,
 }
 
 impl LaneRows {
     /// Lay out the `n` rows of `xq` (`nblocks` blocks each) `lanes` to a
-    /// group, their bytes flipped to `q + 128` if `flipped`.
-    pub fn fill(&mut self, xq: &[Q8Block], n: usize, nblocks: usize, lanes: usize, flipped: bool) {
+    /// group.
+    pub fn fill(&mut self, xq: &[Q8Block], n: usize, nblocks: usize, lanes: usize) {
         assert!(n >= 1 && xq.len() >= n * nblocks);
         let groups = n.div_ceil(lanes);
-        (self.lanes, self.nblocks, self.flipped) = (lanes, nblocks, flipped);
+        (self.lanes, self.nblocks) = (lanes, nblocks);
         self.q.resize(groups * nblocks * BLOCK * lanes, 0);
         self.d.resize(groups * nblocks * lanes, 0.0);
         self.s.resize(groups * nblocks * lanes, 0.0);
-        let flip = if flipped { 0x8080_8080u32 } else { 0 };
+        self.sums.resize(groups * nblocks * 2 * lanes, 0);
         for g in 0..groups {
             for b in 0..nblocks {
                 let at = g * nblocks + b;
@@ -181,12 +190,16 @@ impl LaneRows {
                     // Whole four-byte groups (this runs before every many-row
                     // fast matmul: byte by byte it was 2-3% of a decode step).
                     for (k, four) in xb.q.chunks_exact(4).enumerate() {
-                        let v = u32::from_ne_bytes(std::array::from_fn(|e| four[e] as u8)) ^ flip;
                         let at = (k * lanes + lane) * 4;
-                        q[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+                        q[at..at + 4]
+                            .copy_from_slice(&std::array::from_fn::<u8, 4, _>(|e| four[e] as u8));
                     }
                     self.d[at * lanes + lane] = xb.d;
                     self.s[at * lanes + lane] = xb.s;
+                    for (h, half) in xb.q.chunks_exact(16).enumerate() {
+                        self.sums[(2 * at + h) * lanes + lane] =
+                            half.iter().map(|&v| i32::from(v)).sum();
+                    }
                 }
             }
         }

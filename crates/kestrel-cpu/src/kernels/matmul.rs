@@ -179,12 +179,7 @@ pub fn matmul_group(
         match lane_sweep(isa, n) {
             Some(sweep) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
-                // `x + 128` if any job's sweep reads it (the others flip it
-                // back as they load).
-                let flipped = jobs
-                    .iter()
-                    .any(|j| int8::lanes_flipped(j.w.enc, sweep.vnni));
-                l.fill(rows, n, cols / 32, sweep.lanes, flipped);
+                l.fill(rows, n, cols / 32, sweep.lanes);
                 region(Some(Quantized {
                     rows,
                     lanes: Some((&l, sweep)),

@@ -186,13 +186,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             let w0 = w.data.as_ptr().wrapping_add(g0 * w.row_bytes);
             // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
             // of `B`; `buf` holds `rows * nb` blocks.
-            unsafe {
-                if int8::lanes_flipped(B::ENC, VNNI) {
-                    x86_lanes::unpack_rows256::<B, true>(w0, w.row_bytes, rows, nb, buf)
-                } else {
-                    x86_lanes::unpack_rows256::<B, false>(w0, w.row_bytes, rows, nb, buf)
-                }
-            };
+            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, buf) };
             for g in 0..n.div_ceil(x.lanes) {
                 let cn = (n - g * x.lanes).min(x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);

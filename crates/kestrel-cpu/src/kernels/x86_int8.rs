@@ -34,21 +34,18 @@ pub(crate) trait Int8Block: Block {
     const TWO: bool = int8::two_scales(Self::ENC);
     /// The largest `|w|` of the block's integer weights.
     const MAX_W: i32 = int8::max_abs_weight(Self::ENC);
-    /// How many `vpmaddubsw` results (two products per i16) add up in i16
-    /// without overflow ([`i16_steps`]).
-    const STEPS: usize = i16_steps(127, Self::MAX_W, Self::TWO);
-    /// Whether [`super::x86_lanes::lanes_sweep256`] reads the activations as `x + 128`
-    /// (unsigned) against the signed weights, no sign instructions, the
-    /// sums starting at [`super::x86_lanes::I8Block`]'s `-128 * sum(w)`
-    /// ([`int8::lanes_flipped`]).
-    const FLIP: bool = int8::lanes_flipped(Self::ENC, false);
-    /// Whether the VNNI sweeps ([`super::x86_lanes::lanes_vnni256`],
-    /// [`super::x86_lanes::lanes_vnni512`]) read the activations as
-    /// `x + 128` against the signed weights from the same start; if not,
-    /// the unsigned weights against `x` ([`int8::lanes_flipped`]).
-    const FLIP_VNNI: bool = int8::lanes_flipped(Self::ENC, true);
-    /// [`Int8Block::STEPS`] for activations `x + 128` ([`Int8Block::FLIP`]).
-    const FLIP_STEPS: usize = i16_steps(255, Self::MAX_W, Self::TWO);
+    /// What [`super::x86_lanes::lanes_sweep256`] adds to the weights to read
+    /// them unsigned ([`int8::lane_offset`]): all but Q8_0's, which it
+    /// reads signed (with sign steps).
+    const LANE_OFFSET: i32 = int8::lane_offset(Self::ENC, false);
+    /// [`Int8Block::LANE_OFFSET`] for the VNNI sweeps
+    /// ([`super::x86_lanes::lanes_vnni256`], [`super::x86_lanes::lanes_vnni512`]):
+    /// every type's weights unsigned.
+    const VNNI_OFFSET: i32 = int8::lane_offset(Self::ENC, true);
+    /// How many `vpmaddubsw` results (two products per i16) of
+    /// [`super::x86_lanes::lanes_sweep256`] add up in i16 without overflow
+    /// ([`i16_steps`]; `|w| + LANE_OFFSET` bounds its weights).
+    const LANE_STEPS: usize = i16_steps(127, Self::MAX_W + Self::LANE_OFFSET, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
     ///
     /// # Safety
@@ -356,6 +353,7 @@ mod tests {
 
     use super::super::int8::LaneRows;
     use super::super::matmul::MatRef;
+    use super::super::scalar::decode_block;
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
@@ -400,14 +398,13 @@ mod tests {
         // at least one row, `y` `w.rows` floats; AVX2 was checked by the caller.
         unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
         expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
-        // Unpacked with and without the `x + 128` start: each sweep reads
-        // the one its type's rule asks for (`int8::lanes_flipped`).
-        let unpacked = [false, true].map(|bias| {
+        // Unpacked for each sweep's offsets.
+        let unpacked = [false, true].map(|vnni| {
             let mut u = vec![I8Block::default(); w.rows * nb];
             // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `u`
             // as many; AVX2 was checked by the caller.
             unsafe {
-                if bias {
+                if vnni {
                     unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
                 } else {
                     unpack_rows256::<B, false>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
@@ -416,46 +413,39 @@ mod tests {
             u
         });
         let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
-        // Every sweep on activations as they come and flipped (each type
-        // reads one form and flips the other as it loads).
         for (lanes, on_vnni) in [(8, false), (8, true), (16, true)] {
             if on_vnni && !vnni {
                 continue;
             }
-            let bias = int8::lanes_flipped(B::ENC, on_vnni);
-            for flipped in [false, true] {
-                for cn in 1..=n.min(lanes) {
-                    let mut x = LaneRows::default();
-                    x.fill(xq, cn, nb, lanes, flipped);
-                    for r in [1, 2, 4] {
-                        let tiles = w.rows / r;
-                        let mut y = vec![f32::NAN; cn * w.rows];
-                        let p = unpacked[usize::from(bias)].as_ptr();
-                        let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
-                        macro_rules! run {
-                            ($sweep:ident) => {
-                                match r {
-                                    1 => $sweep::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
-                                    2 => $sweep::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
-                                    _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
-                                }
-                            };
-                        }
-                        // SAFETY: `p` holds `w.rows >= r * tiles` rows, `x`
-                        // one group of `nb` blocks, `y` is `cn x w.rows`;
-                        // the ISA was checked above.
-                        unsafe {
-                            match (lanes, on_vnni) {
-                                (8, false) => run!(lanes_sweep256),
-                                (8, true) => run!(lanes_vnni256),
-                                _ => run!(lanes_vnni512),
+            for cn in 1..=n.min(lanes) {
+                let mut x = LaneRows::default();
+                x.fill(xq, cn, nb, lanes);
+                for r in [1, 2, 4] {
+                    let tiles = w.rows / r;
+                    let mut y = vec![f32::NAN; cn * w.rows];
+                    let p = unpacked[usize::from(on_vnni)].as_ptr();
+                    let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
+                    macro_rules! run {
+                        ($sweep:ident) => {
+                            match r {
+                                1 => $sweep::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                                2 => $sweep::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                                _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
                             }
-                        }
-                        let what = format!(
-                            "{lanes}-lane (vnni {on_vnni}) tile {r}x{cn} flipped {flipped}"
-                        );
-                        expect(w, xq, &y, r * tiles, cn, &what);
+                        };
                     }
+                    // SAFETY: `p` holds `w.rows >= r * tiles` rows unpacked
+                    // for this sweep, `x` one group of `nb` blocks, `y` is
+                    // `cn x w.rows`; the ISA was checked above.
+                    unsafe {
+                        match (lanes, on_vnni) {
+                            (8, false) => run!(lanes_sweep256),
+                            (8, true) => run!(lanes_vnni256),
+                            _ => run!(lanes_vnni512),
+                        }
+                    }
+                    let what = format!("{lanes}-lane (vnni {on_vnni}) tile {r}x{cn}");
+                    expect(w, xq, &y, r * tiles, cn, &what);
                 }
             }
         }
@@ -478,9 +468,11 @@ mod tests {
         }
     }
 
-    /// Weights at their type's largest `|w|`, all of one sign, against
-    /// activations all at 127: every i16 sum the sweeps keep reaches its
-    /// bound (`i16_steps`), and still gives the definition.
+    /// Weights at their type's largest `|w|` against activations all at
+    /// 127: every i16 sum the sweeps keep reaches its bound (`i16_steps`),
+    /// and still gives the definition. The signed types' blocks hold their
+    /// most negative weight and, elsewhere, their most positive one (the lane
+    /// sweep reads `w + offset`, largest there).
     #[test]
     fn extreme_blocks_stay_within_i16() {
         if !Isa::Avx2.is_supported() {
@@ -493,15 +485,20 @@ mod tests {
         assert!(xq.iter().all(|b| b.q == [127; 32]));
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             // Types with a minimum quantize a block of 0 then 1s to the top
-            // quant; the others quantize -1s to their most negative one.
-            let m = if int8::has_min(Encoding::of(dtype)) {
-                let v: Vec<f32> = (0..rows * cols)
+            // quant; the others quantize -1 to their most negative one,
+            // -2^(b-1), and 1 - 2^(1-b) to the most positive, 2^(b-1) - 1.
+            let enc = Encoding::of(dtype);
+            let v: Vec<f32> = if int8::has_min(enc) {
+                (0..rows * cols)
                     .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
-                    .collect();
-                kestrel_model::Matrix::quantize(dtype, rows, cols, &v)
+                    .collect()
             } else {
-                kestrel_model::Matrix::quantize(dtype, rows, cols, &vec![-1.0; rows * cols])
+                let most = int8::max_abs_weight(enc) as f32;
+                (0..rows * cols)
+                    .map(|i| if i % 16 == 0 { -1.0 } else { 1.0 - 1.0 / most })
+                    .collect()
             };
+            let m = kestrel_model::Matrix::quantize(dtype, rows, cols, &v);
             let prepared = Weight::prepare("w", &m).unwrap();
             let mats = [prepared.mat()];
             for w in &mats {
@@ -517,6 +514,15 @@ mod tests {
                             top >= <$B as Int8Block>::MAX_W - 1,
                             "{dtype:?}: |w| reaches {top} of {}",
                             <$B as Int8Block>::MAX_W
+                        );
+                        let high = (0..w.cols / 32)
+                            .flat_map(|b| decode_block(w.enc, row, b).0)
+                            .max()
+                            .unwrap();
+                        assert!(
+                            high >= <$B as Int8Block>::MAX_W - 2,
+                            "{dtype:?}: w reaches {high} of {}",
+                            <$B as Int8Block>::MAX_W - 1
                         );
                         check::<$B>(w, &xq, n)
                     }};

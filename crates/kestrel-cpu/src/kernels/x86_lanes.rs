@@ -4,7 +4,9 @@
 //! weight block's four-byte groups are broadcast against the same group of
 //! each row, so a block's integer sums land one per lane without a
 //! horizontal step ([`lanes_sweep256`], 8 rows; with AVX-512 VNNI
-//! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16).
+//! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16). The weights are
+//! unpacked as unsigned bytes `w + offset` ([`super::int8::lane_offset`];
+//! all but Q8_0's on AVX2), their sums starting at `-offset * sum(x)`.
 //! Results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
 
 use std::arch::x86_64::*;
@@ -15,18 +17,15 @@ use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
 /// A weight block unpacked once for the lane sweeps ([`unpack_rows256`]):
-/// its integer weights as signed bytes (every type's fit: Q8_0's i8,
-/// `q - 8/16/32`, and the unsigned quants' 0..32), the scales of elements
-/// 0..16 and 16..32, the minimum (0 when none), and `-128 *` the weights'
-/// sum over each half (the start of a sweep that reads the signed weights
-/// against `x + 128`; 0 where none does). One cache line.
+/// its integer weights plus the sweep's offset as bytes (unsigned but for
+/// Q8_0's on AVX2), the scales of elements 0..16 and 16..32, and the
+/// minimum (0 when none). One cache line.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct I8Block {
     q: [i8; 32],
     d: [f32; 2],
     m: f32,
-    bias: [i32; 2],
 }
 
 /// How many rows ahead [`unpack_rows256`] prefetches (rows are contiguous;
@@ -34,22 +33,24 @@ pub(crate) struct I8Block {
 const UNPACK_AHEAD_ROWS: usize = 4;
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out`, row after row; [`I8Block`]'s start
-/// `-128 * sum(w)` only if `BIAS` (the sweep reads `x + 128`:
-/// [`super::int8::lanes_flipped`]), else 0.
+/// `w + r * row_bytes`) into `out`, row after row, for [`lanes_vnni256`]
+/// and [`lanes_vnni512`] if `VNNI`, else [`lanes_sweep256`] (the weights
+/// plus [`Int8Block::VNNI_OFFSET`] or [`Int8Block::LANE_OFFSET`]).
 ///
 /// # Safety
 /// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
 /// CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn unpack_rows256<B: Tile8, const BIAS: bool>(
+pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     nblocks: usize,
     out: *mut I8Block,
 ) {
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    // `quants` gives `w + BIAS`.
+    let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
+    let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
     let mut sc = Scales8::zeros();
     for r in 0..rows {
         for s in 0..nblocks / B::SUB {
@@ -67,18 +68,12 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const BIAS: bool>(
             for (j, scj) in sc.iter().enumerate().take(B::SUB) {
                 // SAFETY: as above, `j < SUB`.
                 let q = unsafe { B::quants(p, j) };
-                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(B::BIAS as i8));
-                let (d, m) = scj.lane0();
-                let bias = if BIAS {
-                    // Sums of eight `q + 128` per 64-bit lane: lanes 0, 1
-                    // hold elements 0..16, lanes 2, 3 elements 16..32.
-                    let sad = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
-                    let lo = _mm256_extract_epi64::<0>(sad) + _mm256_extract_epi64::<1>(sad);
-                    let hi = _mm256_extract_epi64::<2>(sad) + _mm256_extract_epi64::<3>(sad);
-                    [lo, hi].map(|sum| -128 * (sum as i32 - 16 * 128))
+                let q = if offset != B::BIAS {
+                    _mm256_add_epi8(q, shift)
                 } else {
-                    [0; 2]
+                    q
                 };
+                let (d, m) = scj.lane0();
                 // SAFETY: block `r * nblocks + s * SUB + j` of `out` is in
                 // bounds (fn contract); `q` is its first 32 bytes.
                 unsafe {
@@ -86,7 +81,6 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const BIAS: bool>(
                     _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
                     (*o).d = d;
                     (*o).m = m;
-                    (*o).bias = bias;
                 }
             }
         }
@@ -102,8 +96,8 @@ pub(crate) struct LaneArgs {
     pub d: *const f32,
     /// The group's first block of sums.
     pub s: *const f32,
-    /// Whether the bytes are `x + 128` ([`LaneRows::flipped`]).
-    pub flipped: bool,
+    /// The group's first block of integer sums per half.
+    pub sums: *const i32,
 }
 
 impl LaneArgs {
@@ -115,7 +109,7 @@ impl LaneArgs {
             q: x.q.as_ptr().wrapping_add(blocks * 32 * x.lanes),
             d: x.d.as_ptr().wrapping_add(blocks * x.lanes),
             s: x.s.as_ptr().wrapping_add(blocks * x.lanes),
-            flipped: x.flipped,
+            sums: x.sums.as_ptr().wrapping_add(blocks * 2 * x.lanes),
         }
     }
 }
@@ -146,20 +140,20 @@ unsafe fn scatter<const N: usize>(
 ///
 /// A register tile of `R x 8` outputs: per block and four-element step,
 /// the group's activations are loaded once for the tile's rows and each
-/// row's four weight bytes broadcast against them (`vpmaddubsw`): for
-/// [`Int8Block::FLIP`] types `x + 128` against the signed weights, the sums
-/// starting at [`I8Block`]'s `-128 * sum(w)`; for the unsigned types the
-/// weights against `x`; for Q8_0 the weights' magnitude against `x` with
-/// their sign. Activations laid out the other way are flipped as they
-/// load. [`Int8Block::FLIP_STEPS`] or [`Int8Block::STEPS`] products add in
-/// i16 before `vpmaddwd` widens them; each block's sums then take the
-/// definition's float step lane by lane, and the minimums' sum (a sum of
-/// its own) runs in a second pass over the tile's blocks.
+/// row's four weight bytes broadcast against them (`vpmaddubsw`): the
+/// unsigned weights `w + offset` ([`Int8Block::LANE_OFFSET`]) against `x`,
+/// the sums starting at `-offset * sum(x)` (once per block for the tile);
+/// for Q8_0 the weights' magnitude against `x` with their sign.
+/// [`Int8Block::LANE_STEPS`] products add in i16 before `vpmaddwd` widens
+/// them; each block's sums then take the definition's float step lane by
+/// lane, and the minimums' sum (a sum of its own) runs in a second pass
+/// over the tile's blocks.
 ///
 /// # Safety
-/// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`,
-/// `x` for `nblocks` blocks of an 8-lane group, `y` for writing every
-/// element `(r, c < cn)`; `cn <= 8`; the CPU must support AVX2, FMA and F16C.
+/// `w` must be valid for `R * tiles * nblocks` blocks unpacked from `B`
+/// (not `VNNI`), `x` for `nblocks` blocks of an 8-lane group, `y` for
+/// writing every element `(r, c < cn)`; `cn <= 8`; the CPU must support
+/// AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
     w: *const I8Block,
@@ -171,34 +165,10 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
     y_stride: usize,
 ) {
     debug_assert!(cn <= 8);
-    // SAFETY: forwarded from this fn's contract.
-    unsafe {
-        if x.flipped == B::FLIP {
-            lanes_tiles256::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride)
-        } else {
-            lanes_tiles256::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride)
-        }
-    }
-}
-
-/// [`lanes_sweep256`], its activations flipped as they load if `FIX`.
-///
-/// # Safety
-/// As [`lanes_sweep256`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
-    w: *const I8Block,
-    nblocks: usize,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
     let ones = _mm256_set1_epi16(1);
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
-    let steps = if B::FLIP { B::FLIP_STEPS } else { B::STEPS };
+    let offset = B::LANE_OFFSET;
+    let neg_offset = _mm256_set1_epi32(-offset);
+    let signed = B::SIGNED && offset == 0;
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
         let wt = unsafe { w.add(R * t * nblocks) };
@@ -206,36 +176,34 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
         for b in 0..nblocks {
             // SAFETY: block `b` of each row of the tile is in bounds.
             let blk: [&I8Block; R] = std::array::from_fn(|r| unsafe { &*wt.add(r * nblocks + b) });
-            // With `x + 128` the sums start at -128 * sum(w) per half (one
-            // start for a one-scale block).
-            let mut sums = [[_mm256_setzero_si256(); R]; 2];
-            if B::FLIP {
-                for r in 0..R {
-                    let [lo, hi] = blk[r].bias;
-                    if B::TWO {
-                        sums[0][r] = _mm256_set1_epi32(lo);
-                        sums[1][r] = _mm256_set1_epi32(hi);
-                    } else {
-                        sums[0][r] = _mm256_set1_epi32(lo + hi);
-                    }
+            // The sums start at -offset * sum(x) per half (one start for a
+            // one-scale block), the same for every row.
+            let mut start = [_mm256_setzero_si256(); 2];
+            if offset != 0 {
+                // SAFETY: block b's 2 x 8 integer sums are in bounds.
+                let [lo, hi] = [0, 1].map(|h| unsafe {
+                    _mm256_loadu_si256(x.sums.add(16 * b + 8 * h) as *const __m256i)
+                });
+                if B::TWO {
+                    start = [lo, hi].map(|v| _mm256_mullo_epi32(v, neg_offset));
+                } else {
+                    start[0] = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset);
                 }
             }
-            for k0 in (0..8).step_by(steps) {
+            let mut sums = start.map(|v| [v; R]);
+            for k0 in (0..8).step_by(B::LANE_STEPS) {
                 let mut s16 = [_mm256_setzero_si256(); R];
-                for k in k0..k0 + steps {
+                for k in k0..k0 + B::LANE_STEPS {
                     // SAFETY: block b's 32-byte group k of `x` is in bounds
                     // (fn contract).
                     let xk =
                         unsafe { _mm256_loadu_si256(x.q.add(256 * b + 32 * k) as *const __m256i) };
-                    let xk = if FIX { _mm256_xor_si256(xk, flip) } else { xk };
                     for r in 0..R {
                         // SAFETY: bytes 4k..4k + 4 of the block's 32 are in bounds.
                         let wv = _mm256_set1_epi32(unsafe {
                             (blk[r].q.as_ptr().add(4 * k) as *const i32).read_unaligned()
                         });
-                        let prod = if B::FLIP {
-                            _mm256_maddubs_epi16(xk, wv)
-                        } else if B::SIGNED {
+                        let prod = if signed {
                             _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
                         } else {
                             _mm256_maddubs_epi16(wv, xk)
@@ -286,22 +254,22 @@ unsafe fn lanes_tiles256<B: Int8Block, const R: usize, const FIX: bool>(
 /// The lane sweep with AVX-512 VNNI, at one register width (`$lanes`
 /// activation rows): `vpdpbusd` adds four products of unsigned by signed
 /// bytes to each i32 lane, so a block's sums land in i32 with no i16 step.
-/// The signed types ([`Int8Block::FLIP_VNNI`]: Q4_0, Q5_0, Q6_K and Q8_0)
-/// read `x + 128` against their weights, from [`I8Block`]'s start
-/// `-128 * sum(w)`, which leaves `sum(w * x)` exactly; the unsigned ones
-/// (the types with a minimum) read their weights against `x`, from 0.
-/// Activations laid out the other way are flipped as they load. The activation groups of a block stay in
-/// registers across the tile's `R` weight rows, each row's four-byte
-/// groups broadcast against them; the minimums' sum runs beside.
+/// Every type's weights come unpacked unsigned, `w + offset`
+/// ([`Int8Block::VNNI_OFFSET`]), against `x`, the sums starting at
+/// `-offset * sum(x)` (once per block for the tile), which leaves
+/// `sum(w * x)` exactly. The activation groups of a block stay in registers
+/// across the tile's `R` weight rows, each row's four-byte groups broadcast
+/// against them; the minimums' sum runs beside.
 ///
 /// # Safety
-/// As [`lanes_sweep256`], for a `$lanes`-lane group and `cn <= $lanes`; the
-/// CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+/// As [`lanes_sweep256`], for a `$lanes`-lane group, `cn <= $lanes` and `w`
+/// unpacked for VNNI; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI,
+/// AVX2, FMA and F16C.
 macro_rules! lanes_vnni {
     ($(#[$doc:meta])* $name:ident, $lanes:literal, $vi:ty,
-     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
-     $xor:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident,
-     $add_ps:ident, $setzero_ps:ident) => {
+     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $setzero:ident,
+     $add_epi32:ident, $mullo:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident,
+     $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
         $(#[$doc])*
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(crate) unsafe fn $name<B: Int8Block, const R: usize>(
@@ -313,99 +281,73 @@ macro_rules! lanes_vnni {
             y: *mut f32,
             y_stride: usize,
         ) {
-            /// The sweep, its activations flipped as they load if `FIX`.
-            ///
-            /// # Safety
-            /// As the outer fn.
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            #[inline]
-            unsafe fn sweep<B: Int8Block, const R: usize, const FIX: bool>(
-                w: *const I8Block,
-                nblocks: usize,
-                tiles: usize,
-                x: LaneArgs,
-                cn: usize,
-                y: *mut f32,
-                y_stride: usize,
-            ) {
-                let flip = $set1_epi8(0x80u8 as i8);
-                for t in 0..tiles {
-                    // SAFETY: rows R t..R t + R are in bounds (fn contract).
-                    let wt = unsafe { w.add(R * t * nblocks) };
-                    let mut acc = [$setzero_ps(); R];
-                    let mut mins = [$setzero_ps(); R];
-                    for b in 0..nblocks {
-                        // SAFETY: block `b` of the group is in bounds (fn
-                        // contract): 32 * $lanes bytes and $lanes + $lanes floats.
-                        let (xk, dx, sx) = unsafe {
-                            let q = x.q.add(32 * $lanes * b);
-                            (
-                                std::array::from_fn::<$vi, 8, _>(|k| {
-                                    let v = $loadu(q.add(4 * $lanes * k).cast());
-                                    if FIX {
-                                        $xor(v, flip)
-                                    } else {
-                                        v
-                                    }
-                                }),
-                                $loadu_ps(x.d.add($lanes * b)),
-                                $loadu_ps(x.s.add($lanes * b)),
-                            )
-                        };
-                        for r in 0..R {
-                            // SAFETY: block `b` of row `r` of the tile is in bounds.
-                            let blk = unsafe { &*wt.add(r * nblocks + b) };
-                            // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
-                            let wk = |k: usize| unsafe {
-                                $set1_epi32(
-                                    (blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned(),
-                                )
-                            };
-                            let dot = |start: i32, ks: std::ops::Range<usize>| {
-                                ks.fold($set1_epi32(start), |s, k| {
-                                    if B::FLIP_VNNI {
-                                        $dpbusd(s, xk[k], wk(k))
-                                    } else {
-                                        $dpbusd(s, wk(k), xk[k])
-                                    }
-                                })
-                            };
-                            let start = |h: usize| if B::FLIP_VNNI { blk.bias[h] } else { 0 };
-                            let dd = |h: usize| $mul_ps($set1_ps(blk.d[h]), dx);
-                            if B::TWO {
-                                let lo = dot(start(0), 0..4);
-                                let hi = dot(start(1), 4..8);
-                                acc[r] = $fmadd_ps($cvt(lo), dd(0), acc[r]);
-                                acc[r] = $fmadd_ps($cvt(hi), dd(1), acc[r]);
-                            } else {
-                                let all = dot(start(0) + start(1), 0..8);
-                                acc[r] = $fmadd_ps($cvt(all), dd(0), acc[r]);
-                            }
-                            // Without a minimum the definition's sum stays +0.0.
-                            if B::HAS_MIN {
-                                mins[r] = $fmadd_ps($set1_ps(blk.m), sx, mins[r]);
-                            }
+            debug_assert!(cn <= $lanes);
+            let offset = B::VNNI_OFFSET;
+            let neg_offset = $set1_epi32(-offset);
+            for t in 0..tiles {
+                // SAFETY: rows R t..R t + R are in bounds (fn contract).
+                let wt = unsafe { w.add(R * t * nblocks) };
+                let mut acc = [$setzero_ps(); R];
+                let mut mins = [$setzero_ps(); R];
+                for b in 0..nblocks {
+                    // SAFETY: block `b` of the group is in bounds (fn
+                    // contract): 32 * $lanes bytes, $lanes + $lanes floats
+                    // and 2 * $lanes integer sums.
+                    let (xk, dx, sx, [lo, hi]) = unsafe {
+                        let q = x.q.add(32 * $lanes * b);
+                        (
+                            std::array::from_fn::<$vi, 8, _>(|k| {
+                                $loadu(q.add(4 * $lanes * k).cast())
+                            }),
+                            $loadu_ps(x.d.add($lanes * b)),
+                            $loadu_ps(x.s.add($lanes * b)),
+                            [0, 1].map(|h| $loadu(x.sums.add($lanes * (2 * b + h)).cast())),
+                        )
+                    };
+                    // The sums start at -offset * sum(x) per half (one start
+                    // for a one-scale block), the same for every row.
+                    let mut start = [$setzero(); 2];
+                    if offset != 0 {
+                        if B::TWO {
+                            start = [lo, hi].map(|v| $mullo(v, neg_offset));
+                        } else {
+                            start[0] = $mullo($add_epi32(lo, hi), neg_offset);
                         }
                     }
                     for r in 0..R {
-                        let mut out = [0f32; $lanes];
-                        // SAFETY: `out` is $lanes writable floats; elements (R t
-                        // + r, c < cn) are in bounds (fn contract).
-                        unsafe {
-                            $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r], mins[r]));
-                            scatter(out, cn, y, y_stride, R * t + r);
+                        // SAFETY: block `b` of row `r` of the tile is in bounds.
+                        let blk = unsafe { &*wt.add(r * nblocks + b) };
+                        // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
+                        let wk = |k: usize| unsafe {
+                            $set1_epi32((blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned())
+                        };
+                        let dot = |start: $vi, ks: std::ops::Range<usize>| {
+                            ks.fold(start, |s, k| $dpbusd(s, wk(k), xk[k]))
+                        };
+                        let dd = |h: usize| $mul_ps($set1_ps(blk.d[h]), dx);
+                        if B::TWO {
+                            let lo = dot(start[0], 0..4);
+                            let hi = dot(start[1], 4..8);
+                            acc[r] = $fmadd_ps($cvt(lo), dd(0), acc[r]);
+                            acc[r] = $fmadd_ps($cvt(hi), dd(1), acc[r]);
+                        } else {
+                            let all = dot(start[0], 0..8);
+                            acc[r] = $fmadd_ps($cvt(all), dd(0), acc[r]);
+                        }
+                        // Without a minimum the definition's sum stays +0.0.
+                        if B::HAS_MIN {
+                            mins[r] = $fmadd_ps($set1_ps(blk.m), sx, mins[r]);
                         }
                     }
                 }
-            }
-
-            debug_assert!(cn <= $lanes);
-            // SAFETY: forwarded from this fn's contract.
-            unsafe {
-                if x.flipped == B::FLIP_VNNI {
-                    sweep::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride)
-                } else {
-                    sweep::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride)
+                for r in 0..R {
+                    let mut out = [0f32; $lanes];
+                    // SAFETY: `out` is $lanes writable floats; elements (R t
+                    // + r, c < cn) are in bounds (fn contract).
+                    unsafe {
+                        $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r], mins[r]));
+                        scatter(out, cn, y, y_stride, R * t + r);
+                    }
                 }
             }
         }
@@ -422,8 +364,9 @@ lanes_vnni!(
     _mm256_loadu_ps,
     _mm256_storeu_ps,
     _mm256_set1_epi32,
-    _mm256_set1_epi8,
-    _mm256_xor_si256,
+    _mm256_setzero_si256,
+    _mm256_add_epi32,
+    _mm256_mullo_epi32,
     _mm256_dpbusd_epi32,
     _mm256_cvtepi32_ps,
     _mm256_set1_ps,
@@ -442,8 +385,9 @@ lanes_vnni!(
     _mm512_loadu_ps,
     _mm512_storeu_ps,
     _mm512_set1_epi32,
-    _mm512_set1_epi8,
-    _mm512_xor_si512,
+    _mm512_setzero_si512,
+    _mm512_add_epi32,
+    _mm512_mullo_epi32,
     _mm512_dpbusd_epi32,
     _mm512_cvtepi32_ps,
     _mm512_set1_ps,
