@@ -179,7 +179,10 @@ pub fn matmul_group(
         match lane_sweep(isa, n) {
             Some(sweep) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
-                l.fill(rows, n, cols / 32, sweep.lanes);
+                let sums = jobs
+                    .iter()
+                    .any(|j| int8::lane_offset(j.w.enc, sweep.vnni) != 0);
+                l.fill(rows, n, cols / 32, sweep.lanes, sums);
                 region(Some(Quantized {
                     rows,
                     lanes: Some((&l, sweep)),

@@ -419,7 +419,7 @@ mod tests {
             }
             for cn in 1..=n.min(lanes) {
                 let mut x = LaneRows::default();
-                x.fill(xq, cn, nb, lanes);
+                x.fill(xq, cn, nb, lanes, true);
                 for r in [1, 2, 4] {
                     let tiles = w.rows / r;
                     let mut y = vec![f32::NAN; cn * w.rows];
