@@ -199,9 +199,11 @@ impl LaneRows {
                     }
                     self.d[at * lanes + lane] = xb.d;
                     self.s[at * lanes + lane] = xb.s;
-                    for (h, half) in xb.q.chunks_exact(16).enumerate().filter(|_| sums) {
-                        self.sums[(2 * at + h) * lanes + lane] =
-                            half.iter().map(|&v| i32::from(v)).sum();
+                    if sums {
+                        for (h, half) in xb.q.chunks_exact(16).enumerate() {
+                            self.sums[(2 * at + h) * lanes + lane] =
+                                half.iter().map(|&v| i32::from(v)).sum();
+                        }
                     }
                 }
             }

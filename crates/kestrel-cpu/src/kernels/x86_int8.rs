@@ -45,7 +45,7 @@ pub(crate) trait Int8Block: Block {
     /// How many `vpmaddubsw` results (two products per i16) of
     /// [`super::x86_lanes::lanes_sweep256`] add up in i16 without overflow
     /// ([`i16_steps`]; `|w| + LANE_OFFSET` bounds its weights).
-    const LANE_STEPS: usize = i16_steps(127, Self::MAX_W + Self::LANE_OFFSET, Self::TWO);
+    const LANE_STEPS: usize = i16_steps(Self::MAX_W + Self::LANE_OFFSET, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
     ///
     /// # Safety
@@ -54,13 +54,13 @@ pub(crate) trait Int8Block: Block {
     unsafe fn int8(p: *const u8, j: usize) -> (__m256i, __m256, f32);
 }
 
-/// The most `vpmaddubsw` results (each lane two products of a weight and
-/// an activation, `|x| <= max_x`) that add up in i16 for weights up to
-/// `max_w`: 8, 4, 2 or 1 (a divisor of the block's eight four-element
-/// steps, and of the four of a half when `two`).
-const fn i16_steps(max_x: i32, max_w: i32, two: bool) -> usize {
+/// The most `vpmaddubsw` results (each lane two products of a weight up
+/// to `max_w` and an activation, `|x| <= 127`) that add up in i16: 8, 4, 2
+/// or 1 (a divisor of the block's eight four-element steps, and of the
+/// four of a half when `two`).
+const fn i16_steps(max_w: i32, two: bool) -> usize {
     let mut steps = if two { 4 } else { 8 };
-    while steps > 1 && steps as i32 * 2 * max_x * max_w > i16::MAX as i32 {
+    while steps > 1 && steps as i32 * 2 * 127 * max_w > i16::MAX as i32 {
         steps /= 2;
     }
     steps

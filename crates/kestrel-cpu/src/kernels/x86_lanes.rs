@@ -291,9 +291,8 @@ macro_rules! lanes_vnni {
                 let mut mins = [$setzero_ps(); R];
                 for b in 0..nblocks {
                     // SAFETY: block `b` of the group is in bounds (fn
-                    // contract): 32 * $lanes bytes, $lanes + $lanes floats
-                    // and 2 * $lanes integer sums.
-                    let (xk, dx, sx, [lo, hi]) = unsafe {
+                    // contract): 32 * $lanes bytes and $lanes + $lanes floats.
+                    let (xk, dx, sx) = unsafe {
                         let q = x.q.add(32 * $lanes * b);
                         (
                             std::array::from_fn::<$vi, 8, _>(|k| {
@@ -301,13 +300,17 @@ macro_rules! lanes_vnni {
                             }),
                             $loadu_ps(x.d.add($lanes * b)),
                             $loadu_ps(x.s.add($lanes * b)),
-                            [0, 1].map(|h| $loadu(x.sums.add($lanes * (2 * b + h)).cast())),
                         )
                     };
                     // The sums start at -offset * sum(x) per half (one start
                     // for a one-scale block), the same for every row.
                     let mut start = [$setzero(); 2];
                     if offset != 0 {
+                        let [lo, hi] = [0, 1].map(|h| {
+                            // SAFETY: block b's 2 x $lanes integer sums are
+                            // in bounds (fn contract).
+                            unsafe { $loadu(x.sums.add($lanes * (2 * b + h)).cast()) }
+                        });
                         if B::TWO {
                             start = [lo, hi].map(|v| $mullo(v, neg_offset));
                         } else {
