@@ -44,14 +44,16 @@ pub(crate) struct Scales8 {
 }
 
 impl Scales8 {
-    /// Lane 0's scales of elements 0..16 and 16..32, and its minimum factor.
+    /// Each lane's scales of elements 0..16 and 16..32, and its minimum
+    /// factor.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(crate) fn lane0(&self) -> ([f32; 2], f32) {
-        (
-            [_mm256_cvtss_f32(self.d0), _mm256_cvtss_f32(self.d1)],
-            _mm256_cvtss_f32(self.m),
-        )
+    pub(crate) fn lanes(&self) -> [([f32; 2], f32); 8] {
+        // SAFETY: `__m256` and `[f32; 8]` have the same size, and every bit
+        // pattern is valid for both.
+        let [d0, d1, m] = [self.d0, self.d1, self.m]
+            .map(|v| unsafe { std::mem::transmute::<__m256, [f32; 8]>(v) });
+        std::array::from_fn(|i| ([d0[i], d1[i]], m[i]))
     }
 
     /// Eight zero scales (what [`Tile8::scales8`] overwrites).
