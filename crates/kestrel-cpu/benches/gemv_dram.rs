@@ -1,11 +1,13 @@
-//! Single-stream decode's matmuls at a real size, streaming from DRAM: the
-//! FFN-up and FFN-down shapes of a Llama 3.2 1B layer (8192x2048,
-//! 2048x8192), repeated in distinct buffers until the set outgrows every
-//! cache (256 MiB or more), each pass one GEMV per matrix in turn as a
-//! decode step runs them, fast numerics, on a compute [`kestrel_cpu::Team`]
-//! of `KESTREL_THREADS` (2). Throughput is the weights' bytes per second:
-//! against the machine's read bandwidth it says how close a decode step
-//! comes to the DRAM floor. With `GEMV_IN_CACHE=1` the set is one pair of
+//! Decode's matmuls at a real size, streaming from DRAM: the FFN-up and
+//! FFN-down shapes of a Llama 3.2 1B layer (8192x2048, 2048x8192),
+//! repeated in distinct buffers until the set outgrows every cache (256 MiB
+//! or more), each pass one matmul per matrix in turn as a decode step runs
+//! them, fast numerics, on a compute [`kestrel_cpu::Team`] of
+//! `KESTREL_THREADS` (2), against one activation row (`1x`, the GEMV of one
+//! stream) and eight (`8x`, eight streams' lane sweep, whose unpack reads
+//! the weights). Throughput is the weights' bytes per second: against the
+//! machine's read bandwidth it says how close a decode step comes to the
+//! DRAM floor. With `GEMV_IN_CACHE=1` the set is one pair of
 //! 1024x2048 matrices (a few MiB, in L3): the kernels' compute rate
 //! without DRAM, which says whether a type is bound by memory or by its
 //! decode.
@@ -67,25 +69,27 @@ fn bench(c: &mut Criterion) {
                 Weight::prepare("w", &owned).unwrap()
             })
             .collect();
-        let x: Vec<Vec<f32>> = shapes.iter().map(|&(_, c)| rng.vec(c, 1.0)).collect();
-        let mut y = vec![0f32; 8192];
-        g.throughput(Throughput::Bytes((copies * pair_bytes) as u64));
-        g.bench_function(BenchmarkId::new(dt.name(), "1x"), |b| {
-            b.iter(|| {
-                for (i, w) in set.iter().enumerate() {
-                    let w = w.mat();
-                    matmul(
-                        Some(&pool),
-                        Isa::detect(),
-                        Numerics::Fast,
-                        w,
-                        &x[i % 2],
-                        1,
-                        &mut y[..w.rows],
-                    );
-                }
-            })
-        });
+        for n in [1, 8] {
+            let x: Vec<Vec<f32>> = shapes.iter().map(|&(_, c)| rng.vec(n * c, 1.0)).collect();
+            let mut y = vec![0f32; n * 8192];
+            g.throughput(Throughput::Bytes((copies * pair_bytes) as u64));
+            g.bench_function(BenchmarkId::new(dt.name(), format!("{n}x")), |b| {
+                b.iter(|| {
+                    for (i, w) in set.iter().enumerate() {
+                        let w = w.mat();
+                        matmul(
+                            Some(&pool),
+                            Isa::detect(),
+                            Numerics::Fast,
+                            w,
+                            &x[i % 2],
+                            n,
+                            &mut y[..n * w.rows],
+                        );
+                    }
+                })
+            });
+        }
     }
     g.finish();
 }

@@ -171,6 +171,33 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     y: OutPtr,
 ) {
     let nb = w.cols / 32;
+    if VNNI && B::ENC == Encoding::Q8_0 && n <= x.lanes {
+        let w0 = w.data.as_ptr().wrapping_add(r0 * w.row_bytes);
+        let (rows, args, out) = (
+            r1 - r0,
+            x86_lanes::LaneArgs::group(x, 0),
+            y.0.wrapping_add(r0),
+        );
+        let done = rows / 4 * 4;
+        // SAFETY: rows r0..r1 exist and hold `nb` Q8_0 blocks (fn
+        // contract), `x` its one group of the `n` rows with their sums
+        // (Q8_0's VNNI offset is nonzero); elements (r0..r1, 0..n) of `y`
+        // belong to this task; the tail starts at row `done <= rows`.
+        unsafe {
+            x86_lanes::q8_0_vnni256::<4>(w0, w.row_bytes, nb, rows / 4, args, n, out, w.rows);
+            x86_lanes::q8_0_vnni256::<1>(
+                w0.wrapping_add(done * w.row_bytes),
+                w.row_bytes,
+                nb,
+                rows - done,
+                args,
+                n,
+                out.wrapping_add(done),
+                w.rows,
+            );
+        }
+        return;
+    }
     let block = std::mem::size_of::<x86_lanes::I8Block>();
     let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 32);
     IBUF.with(|b| {

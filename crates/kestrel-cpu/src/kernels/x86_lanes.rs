@@ -413,6 +413,88 @@ lanes_vnni!(
     _mm512_setzero_ps
 );
 
+/// `tiles` consecutive `R`-row tiles of Q8_0 weight rows straight from
+/// their stored blocks (row `r` at `w + r * row_bytes`, `nblocks` blocks)
+/// against one 8-lane group of [`LaneRows`], as [`lanes_vnni256`] computes
+/// them from unpacked rows: each four-byte group broadcast from the block
+/// and made unsigned there (`w + 128`, a `vpxor` on a port the products
+/// leave idle), the block's f16 scale converted as it is read. With one
+/// lane group (8 activation rows or fewer) nothing reuses an unpack, and
+/// unpacking cost as much as the sweep.
+///
+/// # Safety
+/// `w` must be valid for `R * tiles` rows of `nblocks` Q8_0 blocks, `x` for
+/// `nblocks` blocks of an 8-lane group with its integer sums, `y` for
+/// writing every element `(r, c < cn)`; `cn <= 8`; the CPU must support
+/// AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 8);
+    const BLOCK: usize = 34;
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let neg_offset = _mm256_set1_epi32(-128);
+    for t in 0..tiles {
+        let wt = w.wrapping_add(R * t * row_bytes);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nblocks {
+            // SAFETY: block `b` of the group is in bounds (fn contract): 256
+            // bytes, 8 floats and 16 integer sums.
+            let (xk, dx, start) = unsafe {
+                let q = x.q.add(256 * b);
+                let [lo, hi] =
+                    [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
+                (
+                    std::array::from_fn::<__m256i, 8, _>(|k| {
+                        _mm256_loadu_si256(q.add(32 * k).cast())
+                    }),
+                    _mm256_loadu_ps(x.d.add(8 * b)),
+                    _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset),
+                )
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wt.wrapping_add(r * row_bytes + BLOCK * b);
+                // The next tile's same block, for when it is read.
+                prefetch(blk.wrapping_add(R * row_bytes));
+                // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
+                // bytes) is in bounds (fn contract).
+                let (all, d) = unsafe {
+                    let wk = |k: usize| {
+                        let four = (blk.add(2 + 4 * k) as *const i32).read_unaligned();
+                        _mm256_xor_si256(_mm256_set1_epi32(four), flip)
+                    };
+                    let h = (blk as *const u16).read_unaligned();
+                    (
+                        (0..8).fold(start, |s, k| _mm256_dpbusd_epi32(s, wk(k), xk[k])),
+                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))),
+                    )
+                };
+                let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+            }
+        }
+        for (r, acc) in acc.into_iter().enumerate() {
+            let mut out = [0f32; 8];
+            // SAFETY: `out` is 8 writable floats; elements (R t + r, c < cn)
+            // are in bounds (fn contract). Without a minimum the
+            // definition's sum stays +0.0.
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, _mm256_setzero_ps()));
+                scatter(out, cn, y, y_stride, R * t + r);
+            }
+        }
+    }
+}
+
 /// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
 /// [`lanes_vnni512`] need on top of [`super::Isa::Avx512`].
 pub(crate) fn has_avx512_vnni() -> bool {
