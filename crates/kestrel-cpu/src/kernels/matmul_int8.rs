@@ -171,7 +171,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     y: OutPtr,
 ) {
     let nb = w.cols / 32;
-    if VNNI && B::ENC == Encoding::Q8_0 && n <= x.lanes {
+    // One lane group of Q8_0 or Q4_K with VNNI: straight from the stored
+    // blocks (nothing would reuse an unpack).
+    if VNNI && n <= x.lanes && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
         let w0 = w.data.as_ptr().wrapping_add(r0 * w.row_bytes);
         let (rows, args, out) = (
             r1 - r0,
@@ -179,22 +181,32 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             y.0.wrapping_add(r0),
         );
         let done = rows / 4 * 4;
-        // SAFETY: rows r0..r1 exist and hold `nb` Q8_0 blocks (fn
-        // contract), `x` its one group of the `n` rows with their sums
-        // (Q8_0's VNNI offset is nonzero); elements (r0..r1, 0..n) of `y`
-        // belong to this task; the tail starts at row `done <= rows`.
-        unsafe {
-            x86_lanes::q8_0_vnni256::<4>(w0, w.row_bytes, nb, rows / 4, args, n, out, w.rows);
-            x86_lanes::q8_0_vnni256::<1>(
-                w0.wrapping_add(done * w.row_bytes),
-                w.row_bytes,
-                nb,
-                rows - done,
-                args,
-                n,
-                out.wrapping_add(done),
-                w.rows,
-            );
+        macro_rules! direct {
+            ($sweep:ident) => {
+                // SAFETY: rows r0..r1 exist and hold `nb` blocks of the
+                // sweep's type (fn contract), `x` its one group of the `n`
+                // rows with their sums (filled for Q8_0's nonzero VNNI
+                // offset); elements (r0..r1, 0..n) of `y` belong to this
+                // task; the tail starts at row `done <= rows`.
+                unsafe {
+                    x86_lanes::$sweep::<4>(w0, w.row_bytes, nb, rows / 4, args, n, out, w.rows);
+                    x86_lanes::$sweep::<1>(
+                        w0.wrapping_add(done * w.row_bytes),
+                        w.row_bytes,
+                        nb,
+                        rows - done,
+                        args,
+                        n,
+                        out.wrapping_add(done),
+                        w.rows,
+                    );
+                }
+            };
+        }
+        if B::ENC == Encoding::Q8_0 {
+            direct!(q8_0_vnni256)
+        } else {
+            direct!(q4_k_vnni256)
         }
         return;
     }

@@ -44,16 +44,14 @@ pub(crate) struct Scales8 {
 }
 
 impl Scales8 {
-    /// Each lane's scales of elements 0..16 and 16..32, and its minimum
-    /// factor.
+    /// The scales of elements 0..16 and 16..32, and the minimum factors,
+    /// lane by lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(crate) fn lanes(&self) -> [([f32; 2], f32); 8] {
+    pub(crate) fn lanes(&self) -> [[f32; 8]; 3] {
         // SAFETY: `__m256` and `[f32; 8]` have the same size, and every bit
         // pattern is valid for both.
-        let [d0, d1, m] = [self.d0, self.d1, self.m]
-            .map(|v| unsafe { std::mem::transmute::<__m256, [f32; 8]>(v) });
-        std::array::from_fn(|i| ([d0[i], d1[i]], m[i]))
+        [self.d0, self.d1, self.m].map(|v| unsafe { std::mem::transmute::<__m256, [f32; 8]>(v) })
     }
 
     /// Eight zero scales (what [`Tile8::scales8`] overwrites).

@@ -357,7 +357,7 @@ mod tests {
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
-        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q8_0_vnni256,
+        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_vnni256,
         unpack_rows256, I8Block, LaneArgs,
     };
     use super::super::Isa;
@@ -446,27 +446,31 @@ mod tests {
                     }
                     let what = format!("{lanes}-lane (vnni {on_vnni}) tile {r}x{cn}");
                     expect(w, xq, &y, r * tiles, cn, &what);
-                    if B::ENC == Encoding::Q8_0 && on_vnni && lanes == 8 {
+                    if on_vnni && lanes == 8 && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let (wp, rb, out) = (args.w, w.row_bytes, y.as_mut_ptr());
+                        macro_rules! direct {
+                            ($sweep:ident) => {
+                                match r {
+                                    1 => $sweep::<1>(wp, rb, nb, tiles, a, cn, out, w.rows),
+                                    2 => $sweep::<2>(wp, rb, nb, tiles, a, cn, out, w.rows),
+                                    _ => $sweep::<4>(wp, rb, nb, tiles, a, cn, out, w.rows),
+                                }
+                            };
+                        }
                         // SAFETY: `w` holds `w.rows >= r * tiles` rows of
-                        // `nb` Q8_0 blocks, `x` one group of `nb` blocks with
-                        // its sums, `y` is `cn x w.rows`; VNNI was checked.
+                        // `nb` blocks of the sweep's type, `x` one group of
+                        // `nb` blocks with its sums, `y` is `cn x w.rows`;
+                        // VNNI was checked.
                         unsafe {
-                            match r {
-                                1 => q8_0_vnni256::<1>(wp, rb, nb, tiles, a, cn, out, w.rows),
-                                2 => q8_0_vnni256::<2>(wp, rb, nb, tiles, a, cn, out, w.rows),
-                                _ => q8_0_vnni256::<4>(wp, rb, nb, tiles, a, cn, out, w.rows),
+                            if B::ENC == Encoding::Q8_0 {
+                                direct!(q8_0_vnni256)
+                            } else {
+                                direct!(q4_k_vnni256)
                             }
                         }
-                        expect(
-                            w,
-                            xq,
-                            &y,
-                            r * tiles,
-                            cn,
-                            &format!("Q8_0 stored-block tile {r}x{cn}"),
-                        );
+                        let what = format!("stored-block tile {r}x{cn}");
+                        expect(w, xq, &y, r * tiles, cn, &what);
                     }
                 }
             }

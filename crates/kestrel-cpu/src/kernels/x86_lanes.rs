@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::int8::LaneRows;
 use super::x86::prefetch;
+use super::x86_blocks::Q4KB;
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
@@ -73,8 +74,8 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
             // SAFETY: stored blocks s0..s0 + n of row `r` are in bounds (fn
             // contract); `p` repeats the last one.
             unsafe { B::scales8(&std::array::from_fn(p), &mut sc) };
-            let one_scale = sc[0].lanes();
-            for (i, &lane) in one_scale.iter().enumerate().take(n) {
+            let [d0, d1, m] = sc[0].lanes();
+            for i in 0..n {
                 for (j, scj) in sc.iter().enumerate().take(B::SUB) {
                     // SAFETY: as above, `j < SUB`.
                     let q = unsafe { B::quants(p(i), j) };
@@ -83,7 +84,13 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                     } else {
                         q
                     };
-                    let (d, m) = if B::SUB == 1 { lane } else { scj.lanes()[0] };
+                    // Block `s0 + i`'s lane, or the super-block's.
+                    let (d, m) = if B::SUB == 1 {
+                        ([d0[i], d1[i]], m[i])
+                    } else {
+                        let [d0, d1, m] = scj.lanes();
+                        ([d0[0], d1[0]], m[0])
+                    };
                     // SAFETY: block `r * nblocks + (s0 + i) * SUB + j` of
                     // `out` is in bounds (fn contract); `q` is its first 32
                     // bytes.
@@ -489,6 +496,97 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
             // definition's sum stays +0.0.
             unsafe {
                 _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, _mm256_setzero_ps()));
+                scatter(out, cn, y, y_stride, R * t + r);
+            }
+        }
+    }
+}
+
+/// [`q8_0_vnni256`] for Q4_K: per super-block, the tile's rows' scales
+/// decoded at once ([`Tile8::scales8`], row `r` in lane `r`); per 32-element
+/// sub-block, each four-byte group broadcast from the stored nibbles and
+/// masked in place: low nibbles as they are, high nibbles sixteen times
+/// their value, their scale taking the 1/16 (a power of two: the product
+/// with the activations' scale, and every step after it, come out as the
+/// definition's). Sums of at most 32 x 240 x 127 stay exact in f32.
+///
+/// # Safety
+/// As [`q8_0_vnni256`], for rows of `nblocks / 8` Q4_K super-blocks (no
+/// integer sums needed).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 8 && R <= 8);
+    const BLOCK: usize = 144;
+    let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
+    let mut sc = Scales8::zeros();
+    for t in 0..tiles {
+        let wt = w.wrapping_add(R * t * row_bytes);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [_mm256_setzero_ps(); R];
+        for s in 0..nblocks / 8 {
+            let sb = |r: usize| wt.wrapping_add(r.min(R - 1) * row_bytes + BLOCK * s);
+            // The next tile's same super-blocks, for when they are read.
+            for r in 0..R {
+                for line in 0..BLOCK.div_ceil(64) {
+                    prefetch(sb(r).wrapping_add(R * row_bytes + 64 * line));
+                }
+            }
+            // SAFETY: super-block `s` of each row of the tile is in bounds
+            // (fn contract); lanes past the tile repeat its last row.
+            unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
+            for (j, sc) in sc.iter().enumerate() {
+                let b = 8 * s + j;
+                // SAFETY: block `b` of the group is in bounds (fn contract):
+                // 256 bytes and 8 + 8 floats.
+                let (xk, dx, sx) = unsafe {
+                    let q = x.q.add(256 * b);
+                    (
+                        std::array::from_fn::<__m256i, 8, _>(|k| {
+                            _mm256_loadu_si256(q.add(32 * k).cast())
+                        }),
+                        _mm256_loadu_ps(x.d.add(8 * b)),
+                        _mm256_loadu_ps(x.s.add(8 * b)),
+                    )
+                };
+                let [d, _, m] = sc.lanes();
+                let (mask, unit) = if j % 2 == 0 {
+                    (masks[0], 1.0)
+                } else {
+                    (masks[1], 1.0 / 16.0)
+                };
+                for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
+                    // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
+                    let q = sb(r).wrapping_add(16 + 32 * (j / 2));
+                    // SAFETY: those 32 bytes are in the super-block.
+                    let all = unsafe {
+                        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
+                            let four = (q.add(4 * k) as *const i32).read_unaligned();
+                            let wk = _mm256_and_si256(_mm256_set1_epi32(four), mask);
+                            _mm256_dpbusd_epi32(sum, wk, xk[k])
+                        })
+                    };
+                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit), dx);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+                    *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
+                }
+            }
+        }
+        for (r, (acc, mins)) in acc.into_iter().zip(mins).enumerate() {
+            let mut out = [0f32; 8];
+            // SAFETY: `out` is 8 writable floats; elements (R t + r, c < cn)
+            // are in bounds (fn contract).
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, mins));
                 scatter(out, cn, y, y_stride, R * t + r);
             }
         }
