@@ -174,7 +174,12 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // One lane group of Q8_0 or Q4_K with VNNI: straight from the stored
     // blocks (nothing would reuse an unpack).
     if VNNI && n <= x.lanes && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
-        let w0 = w.data.as_ptr().wrapping_add(r0 * w.row_bytes);
+        let stored = x86_lanes::StoredRows {
+            w: w.data.as_ptr(),
+            row_bytes: w.row_bytes,
+            nblocks: nb,
+        }
+        .skip(r0);
         let (rows, args, out) = (
             r1 - r0,
             x86_lanes::LaneArgs::group(x, 0),
@@ -189,11 +194,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                 // offset); elements (r0..r1, 0..n) of `y` belong to this
                 // task; the tail starts at row `done <= rows`.
                 unsafe {
-                    x86_lanes::$sweep::<4>(w0, w.row_bytes, nb, rows / 4, args, n, out, w.rows);
+                    x86_lanes::$sweep::<4>(stored, rows / 4, args, n, out, w.rows);
                     x86_lanes::$sweep::<1>(
-                        w0.wrapping_add(done * w.row_bytes),
-                        w.row_bytes,
-                        nb,
+                        stored.skip(done),
                         rows - done,
                         args,
                         n,

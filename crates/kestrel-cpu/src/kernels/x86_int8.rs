@@ -358,7 +358,7 @@ mod tests {
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
         has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_vnni256,
-        unpack_rows256, I8Block, LaneArgs,
+        unpack_rows256, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -448,13 +448,18 @@ mod tests {
                     expect(w, xq, &y, r * tiles, cn, &what);
                     if on_vnni && lanes == 8 && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
                         let mut y = vec![f32::NAN; cn * w.rows];
-                        let (wp, rb, out) = (args.w, w.row_bytes, y.as_mut_ptr());
+                        let wp = StoredRows {
+                            w: args.w,
+                            row_bytes: w.row_bytes,
+                            nblocks: nb,
+                        };
+                        let out = y.as_mut_ptr();
                         macro_rules! direct {
                             ($sweep:ident) => {
                                 match r {
-                                    1 => $sweep::<1>(wp, rb, nb, tiles, a, cn, out, w.rows),
-                                    2 => $sweep::<2>(wp, rb, nb, tiles, a, cn, out, w.rows),
-                                    _ => $sweep::<4>(wp, rb, nb, tiles, a, cn, out, w.rows),
+                                    1 => $sweep::<1>(wp, tiles, a, cn, out, w.rows),
+                                    2 => $sweep::<2>(wp, tiles, a, cn, out, w.rows),
+                                    _ => $sweep::<4>(wp, tiles, a, cn, out, w.rows),
                                 }
                             };
                         }

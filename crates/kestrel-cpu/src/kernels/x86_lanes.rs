@@ -259,15 +259,8 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
                 }
             }
         }
-        for r in 0..R {
-            let mut out = [0f32; 8];
-            // SAFETY: `out` is 8 writable floats; elements (R t + r, c <
-            // cn) are in bounds (fn contract).
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[r], mins[r]));
-                scatter(out, cn, y, y_stride, R * t + r);
-            }
-        }
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
     }
 }
 
@@ -420,26 +413,86 @@ lanes_vnni!(
     _mm512_setzero_ps
 );
 
-/// `tiles` consecutive `R`-row tiles of Q8_0 weight rows straight from
-/// their stored blocks (row `r` at `w + r * row_bytes`, `nblocks` blocks)
-/// against one 8-lane group of [`LaneRows`], as [`lanes_vnni256`] computes
-/// them from unpacked rows: each four-byte group broadcast from the block
-/// and made unsigned there (`w + 128`, a `vpxor` on a port the products
-/// leave idle), the block's f16 scale converted as it is read. With one
+/// Weight rows in their stored encoding: row `r` at `w + r * row_bytes`,
+/// `nblocks` 32-element blocks each.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoredRows {
+    pub w: *const u8,
+    pub row_bytes: usize,
+    pub nblocks: usize,
+}
+
+impl StoredRows {
+    /// The rows from row `r` on (the pointer is only computed).
+    pub fn skip(self, r: usize) -> Self {
+        Self {
+            w: self.w.wrapping_add(r * self.row_bytes),
+            ..self
+        }
+    }
+}
+
+/// Block `b` of an 8-lane group: its eight 32-byte steps (four bytes of
+/// each lane's row) and its eight scales.
+///
+/// # Safety
+/// Block `b` of the group must be in bounds; the CPU must support AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn group8(x: LaneArgs, b: usize) -> ([__m256i; 8], __m256) {
+    // SAFETY: 256 bytes and 8 floats of block `b` (fn contract).
+    unsafe {
+        let q = x.q.add(256 * b);
+        (
+            std::array::from_fn(|k| _mm256_loadu_si256(q.add(32 * k).cast())),
+            _mm256_loadu_ps(x.d.add(8 * b)),
+        )
+    }
+}
+
+/// Tile `t`'s `R` rows of 8-lane sums (and minimums' sums) to `y` as
+/// [`scatter`] writes them.
+///
+/// # Safety
+/// As [`scatter`] for rows `R t..R t + R`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn store_tile8<const R: usize>(
+    acc: [__m256; R],
+    mins: [__m256; R],
+    t: usize,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    for (r, (acc, mins)) in acc.into_iter().zip(mins).enumerate() {
+        let mut out = [0f32; 8];
+        // SAFETY: `out` is 8 writable floats; elements (R t + r, c < cn) are
+        // in bounds (fn contract).
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, mins));
+            scatter(out, cn, y, y_stride, R * t + r);
+        }
+    }
+}
+
+/// `tiles` consecutive `R`-row tiles of Q8_0 rows straight from their
+/// stored blocks against one 8-lane group of [`LaneRows`], as
+/// [`lanes_vnni256`] computes them from unpacked rows: each four-byte
+/// group broadcast from the block and made unsigned there (`w + 128`, a
+/// `vpxor` on a port the products leave idle), the block's f16 scale
+/// converted as it is read, the next tile's block prefetched. With one
 /// lane group (8 activation rows or fewer) nothing reuses an unpack, and
 /// unpacking cost as much as the sweep.
 ///
 /// # Safety
-/// `w` must be valid for `R * tiles` rows of `nblocks` Q8_0 blocks, `x` for
-/// `nblocks` blocks of an 8-lane group with its integer sums, `y` for
+/// `w` must be valid for `R * tiles` rows of Q8_0 blocks, `x` for
+/// `w.nblocks` blocks of an 8-lane group with its integer sums, `y` for
 /// writing every element `(r, c < cn)`; `cn <= 8`; the CPU must support
 /// AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    nblocks: usize,
+    w: StoredRows,
     tiles: usize,
     x: LaneArgs,
     cn: usize,
@@ -451,27 +504,22 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
     let flip = _mm256_set1_epi8(i8::MIN);
     let neg_offset = _mm256_set1_epi32(-128);
     for t in 0..tiles {
-        let wt = w.wrapping_add(R * t * row_bytes);
+        let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract): 256
-            // bytes, 8 floats and 16 integer sums.
-            let (xk, dx, start) = unsafe {
-                let q = x.q.add(256 * b);
+        for b in 0..w.nblocks {
+            // SAFETY: block `b` of the group, and its 16 integer sums, are in
+            // bounds (fn contract).
+            let ((xk, dx), start) = unsafe {
                 let [lo, hi] =
                     [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
                 (
-                    std::array::from_fn::<__m256i, 8, _>(|k| {
-                        _mm256_loadu_si256(q.add(32 * k).cast())
-                    }),
-                    _mm256_loadu_ps(x.d.add(8 * b)),
+                    group8(x, b),
                     _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset),
                 )
             };
             for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = wt.wrapping_add(r * row_bytes + BLOCK * b);
-                // The next tile's same block, for when it is read.
-                prefetch(blk.wrapping_add(R * row_bytes));
+                let blk = wt.skip(r).w.wrapping_add(BLOCK * b);
+                prefetch(blk.wrapping_add(R * w.row_bytes));
                 // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
                 // bytes) is in bounds (fn contract).
                 let (all, d) = unsafe {
@@ -489,16 +537,9 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
             }
         }
-        for (r, acc) in acc.into_iter().enumerate() {
-            let mut out = [0f32; 8];
-            // SAFETY: `out` is 8 writable floats; elements (R t + r, c < cn)
-            // are in bounds (fn contract). Without a minimum the
-            // definition's sum stays +0.0.
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, _mm256_setzero_ps()));
-                scatter(out, cn, y, y_stride, R * t + r);
-            }
-        }
+        // Without a minimum the definition's sum stays +0.0.
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, [_mm256_setzero_ps(); R], t, cn, y, y_stride) };
     }
 }
 
@@ -511,14 +552,11 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
 /// definition's). Sums of at most 32 x 240 x 127 stay exact in f32.
 ///
 /// # Safety
-/// As [`q8_0_vnni256`], for rows of `nblocks / 8` Q4_K super-blocks (no
+/// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
 /// integer sums needed).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
-    w: *const u8,
-    row_bytes: usize,
-    nblocks: usize,
+    w: StoredRows,
     tiles: usize,
     x: LaneArgs,
     cn: usize,
@@ -530,15 +568,15 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
     let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
-        let wt = w.wrapping_add(R * t * row_bytes);
+        let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [_mm256_setzero_ps(); R];
-        for s in 0..nblocks / 8 {
-            let sb = |r: usize| wt.wrapping_add(r.min(R - 1) * row_bytes + BLOCK * s);
+        for s in 0..w.nblocks / 8 {
+            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(BLOCK * s);
             // The next tile's same super-blocks, for when they are read.
             for r in 0..R {
                 for line in 0..BLOCK.div_ceil(64) {
-                    prefetch(sb(r).wrapping_add(R * row_bytes + 64 * line));
+                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
                 }
             }
             // SAFETY: super-block `s` of each row of the tile is in bounds
@@ -546,18 +584,9 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
             unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
             for (j, sc) in sc.iter().enumerate() {
                 let b = 8 * s + j;
-                // SAFETY: block `b` of the group is in bounds (fn contract):
-                // 256 bytes and 8 + 8 floats.
-                let (xk, dx, sx) = unsafe {
-                    let q = x.q.add(256 * b);
-                    (
-                        std::array::from_fn::<__m256i, 8, _>(|k| {
-                            _mm256_loadu_si256(q.add(32 * k).cast())
-                        }),
-                        _mm256_loadu_ps(x.d.add(8 * b)),
-                        _mm256_loadu_ps(x.s.add(8 * b)),
-                    )
-                };
+                // SAFETY: block `b` of the group and its 8 sums are in
+                // bounds (fn contract).
+                let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
                 let [d, _, m] = sc.lanes();
                 let (mask, unit) = if j % 2 == 0 {
                     (masks[0], 1.0)
@@ -581,15 +610,8 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
                 }
             }
         }
-        for (r, (acc, mins)) in acc.into_iter().zip(mins).enumerate() {
-            let mut out = [0f32; 8];
-            // SAFETY: `out` is 8 writable floats; elements (R t + r, c < cn)
-            // are in bounds (fn contract).
-            unsafe {
-                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, mins));
-                scatter(out, cn, y, y_stride, R * t + r);
-            }
-        }
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
     }
 }
 
