@@ -173,7 +173,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     let nb = w.cols / 32;
     // One lane group of Q8_0 or Q4_K with VNNI: straight from the stored
     // blocks (nothing would reuse an unpack).
-    if VNNI && n <= x.lanes && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
+    if n <= x.lanes && matches!((VNNI, B::ENC), (_, Encoding::Q8_0) | (true, Encoding::Q4K)) {
         let stored = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,
@@ -185,16 +185,16 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             x86_lanes::LaneArgs::group(x, 0),
             y.0.wrapping_add(r0),
         );
-        let done = rows / 4 * 4;
         macro_rules! direct {
-            ($sweep:ident) => {
+            ($sweep:ident, $R:literal) => {{
+                let done = rows / $R * $R;
                 // SAFETY: rows r0..r1 exist and hold `nb` blocks of the
                 // sweep's type (fn contract), `x` its one group of the `n`
                 // rows with their sums (filled for Q8_0's nonzero VNNI
                 // offset); elements (r0..r1, 0..n) of `y` belong to this
                 // task; the tail starts at row `done <= rows`.
                 unsafe {
-                    x86_lanes::$sweep::<4>(stored, rows / 4, args, n, out, w.rows);
+                    x86_lanes::$sweep::<$R>(stored, rows / $R, args, n, out, w.rows);
                     x86_lanes::$sweep::<1>(
                         stored.skip(done),
                         rows - done,
@@ -204,12 +204,14 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         w.rows,
                     );
                 }
-            };
+            }};
         }
-        if B::ENC == Encoding::Q8_0 {
-            direct!(q8_0_vnni256)
-        } else {
-            direct!(q4_k_vnni256)
+        // Q8_0's sign steps double the AVX2 sweep's work per row: two-row
+        // tiles, as for the unpacked rows below.
+        match (VNNI, B::ENC) {
+            (true, Encoding::Q8_0) => direct!(q8_0_vnni256, 4),
+            (true, _) => direct!(q4_k_vnni256, 4),
+            _ => direct!(q8_0_lanes256, 2),
         }
         return;
     }

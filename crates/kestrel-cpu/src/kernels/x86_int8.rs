@@ -357,8 +357,8 @@ mod tests {
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
-        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_vnni256,
-        unpack_rows256, I8Block, LaneArgs, StoredRows,
+        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_lanes256,
+        q8_0_vnni256, unpack_rows256, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -446,7 +446,12 @@ mod tests {
                     }
                     let what = format!("{lanes}-lane (vnni {on_vnni}) tile {r}x{cn}");
                     expect(w, xq, &y, r * tiles, cn, &what);
-                    if on_vnni && lanes == 8 && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
+                    if lanes == 8
+                        && matches!(
+                            (on_vnni, B::ENC),
+                            (_, Encoding::Q8_0) | (true, Encoding::Q4K)
+                        )
+                    {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
                             w: args.w,
@@ -466,12 +471,12 @@ mod tests {
                         // SAFETY: `w` holds `w.rows >= r * tiles` rows of
                         // `nb` blocks of the sweep's type, `x` one group of
                         // `nb` blocks with its sums, `y` is `cn x w.rows`;
-                        // VNNI was checked.
+                        // the ISA was checked above.
                         unsafe {
-                            if B::ENC == Encoding::Q8_0 {
-                                direct!(q8_0_vnni256)
-                            } else {
-                                direct!(q4_k_vnni256)
+                            match (on_vnni, B::ENC) {
+                                (true, Encoding::Q8_0) => direct!(q8_0_vnni256),
+                                (true, _) => direct!(q4_k_vnni256),
+                                _ => direct!(q8_0_lanes256),
                             }
                         }
                         let what = format!("stored-block tile {r}x{cn}");

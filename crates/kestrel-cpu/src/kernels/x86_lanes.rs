@@ -543,6 +543,61 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
     }
 }
 
+/// [`q8_0_vnni256`] on AVX2, as [`lanes_sweep256`] takes Q8_0: each
+/// four-byte group broadcast from the stored block, its magnitude against
+/// the activations with its sign (`vpmaddubsw`), widened every step.
+///
+/// # Safety
+/// As [`q8_0_vnni256`] (no integer sums needed), the CPU supporting AVX2,
+/// FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
+    w: StoredRows,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 8);
+    const BLOCK: usize = 34;
+    let ones = _mm256_set1_epi16(1);
+    for t in 0..tiles {
+        let wt = w.skip(R * t);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..w.nblocks {
+            // SAFETY: block `b` of the group is in bounds (fn contract).
+            let (xk, dx) = unsafe { group8(x, b) };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wt.skip(r).w.wrapping_add(BLOCK * b);
+                prefetch(blk.wrapping_add(R * w.row_bytes));
+                // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
+                // bytes) is in bounds (fn contract).
+                let (all, d) = unsafe {
+                    let h = (blk as *const u16).read_unaligned();
+                    (
+                        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
+                            let four = (blk.add(2 + 4 * k) as *const i32).read_unaligned();
+                            let wv = _mm256_set1_epi32(four);
+                            let prod = _mm256_maddubs_epi16(
+                                _mm256_sign_epi8(wv, wv),
+                                _mm256_sign_epi8(xk[k], wv),
+                            );
+                            _mm256_add_epi32(sum, _mm256_madd_epi16(prod, ones))
+                        }),
+                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))),
+                    )
+                };
+                let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+            }
+        }
+        // Without a minimum the definition's sum stays +0.0.
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, [_mm256_setzero_ps(); R], t, cn, y, y_stride) };
+    }
+}
+
 /// [`q8_0_vnni256`] for Q4_K: per super-block, the tile's rows' scales
 /// decoded at once ([`Tile8::scales8`], row `r` in lane `r`); per 32-element
 /// sub-block, each four-byte group broadcast from the stored nibbles and
