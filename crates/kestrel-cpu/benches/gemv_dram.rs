@@ -4,8 +4,7 @@
 //! or more), each pass one matmul per matrix in turn as a decode step runs
 //! them, fast numerics, on a compute [`kestrel_cpu::Team`] of
 //! `KESTREL_THREADS` (2), against one activation row (`1x`, the GEMV of one
-//! stream) and eight (`8x`, eight streams' lane sweep, whose unpack reads
-//! the weights). Throughput is the weights' bytes per second: against the
+//! stream) and eight (`8x`, eight streams' lane sweep). Throughput is the weights' bytes per second: against the
 //! machine's read bandwidth it says how close a decode step comes to the
 //! DRAM floor. With `GEMV_IN_CACHE=1` the set is one pair of
 //! 1024x2048 matrices (a few MiB, in L3): the kernels' compute rate

@@ -3,7 +3,9 @@
 //! [`LANES_MIN_ROWS`] rows on), and a task's output rows computed from them
 //! ([`int8_rows_task`]): one activation row through the eight-row GEMV,
 //! two or three through small tiles straight from the weight blocks, more
-//! through weight rows unpacked once and swept against every lane group.
+//! through the lane sweeps: weight rows unpacked once and swept against
+//! every lane group, or with one lane group (Q8_0; Q4_K with VNNI) swept
+//! straight from the stored blocks.
 
 use super::int8::{self, LaneRows, Q8Block};
 use super::matmul::MatRef;
@@ -149,8 +151,12 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 const UNPACKED_BYTES: usize = 128 * 1024;
 
-/// [`int8_rows_task`] with lanes: weight rows unpacked a group at a time
-/// ([`x86_lanes::unpack_rows256`], at most 32 rows or [`UNPACKED_BYTES`]),
+/// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and (with
+/// `VNNI`) Q4_K rows are swept straight from their stored blocks
+/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
+/// [`x86_lanes::q8_0_lanes256`]). Otherwise weight rows are unpacked a
+/// group at a time ([`x86_lanes::unpack_rows256`], at most 32 rows or
+/// [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
 /// [`x86_lanes::lanes_vnni512`] for 16-lane groups and
 /// [`x86_lanes::lanes_vnni256`] for 8-lane ones; otherwise
@@ -171,8 +177,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     y: OutPtr,
 ) {
     let nb = w.cols / 32;
-    // One lane group of Q8_0 or Q4_K with VNNI: straight from the stored
-    // blocks (nothing would reuse an unpack).
+    // One lane group of Q8_0, or of Q4_K with VNNI: straight from the
+    // stored blocks (nothing would reuse an unpack).
     if n <= x.lanes && matches!((VNNI, B::ENC), (_, Encoding::Q8_0) | (true, Encoding::Q4K)) {
         let stored = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
