@@ -179,7 +179,10 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     let nb = w.cols / 32;
     // One lane group of Q8_0, or of Q4_K with VNNI: straight from the
     // stored blocks (nothing would reuse an unpack).
-    if n <= x.lanes && matches!((VNNI, B::ENC), (_, Encoding::Q8_0) | (true, Encoding::Q4K)) {
+    if x.lanes == 8
+        && n <= 8
+        && matches!((VNNI, B::ENC), (_, Encoding::Q8_0) | (true, Encoding::Q4K))
+    {
         let stored = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,

@@ -46,7 +46,7 @@ pub fn assert_matmul_batch_invariant(
             matmul(None, Isa::detect(), numerics, w, x, 1, &mut y);
             y
         };
-        for (threads, n) in [(1, 8), (2, 32), (2, 70), (3, 5), (2, 3)] {
+        for (threads, n) in [(1, 8), (2, 12), (2, 32), (2, 70), (3, 5), (2, 3)] {
             let p = Team::new(threads, "test").unwrap();
             let mut y = vec![0f32; n * rows];
             let x = &xs[..n * cols];
