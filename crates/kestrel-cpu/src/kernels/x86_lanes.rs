@@ -15,8 +15,9 @@
 use std::arch::x86_64::*;
 
 use super::int8::LaneRows;
+use super::weight::Encoding;
 use super::x86::prefetch;
-use super::x86_blocks::Q4KB;
+use super::x86_blocks::{scales, Q4KB};
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
@@ -480,13 +481,56 @@ unsafe fn store_tile8<const R: usize>(
 }
 
 /// `tiles` consecutive `R`-row tiles of Q8_0 rows straight from their
-/// stored blocks against one 8-lane group of [`LaneRows`], as
-/// [`lanes_vnni256`] computes them from unpacked rows: each four-byte
-/// group broadcast from the block and made unsigned there (`w + 128`, a
-/// `vpxor` on a port the products leave idle), the block's f16 scale
-/// converted as it is read, the next tile's block prefetched. With one
-/// lane group (8 activation rows or fewer) nothing reuses an unpack, and
-/// unpacking cost as much as the sweep.
+/// stored blocks against one 8-lane group of [`LaneRows`]: per block, the
+/// group's activations loaded once for the tile, `start(b)` where each
+/// row's integer sums start, `dot(q, xk, start)` a row's sums from its 32
+/// stored bytes `q`; the block's f16 scale read as the sums take the
+/// definition's float step, the next tile's block prefetched.
+///
+/// # Safety
+/// As [`q8_0_vnni256`], the CPU supporting what `start` and `dot` use.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_stored<const R: usize>(
+    w: StoredRows,
+    tiles: usize,
+    x: LaneArgs,
+    out: (usize, *mut f32, usize),
+    start: impl Fn(usize) -> __m256i,
+    dot: impl Fn(*const u8, &[__m256i; 8], __m256i) -> __m256i,
+) {
+    let (cn, y, y_stride) = out;
+    debug_assert!(cn <= 8);
+    let block = Encoding::Q8_0.block_bytes();
+    for t in 0..tiles {
+        let wt = w.skip(R * t);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..w.nblocks {
+            // SAFETY: block `b` of the group is in bounds (fn contract).
+            let (xk, dx) = unsafe { group8(x, b) };
+            let start = start(b);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let blk = wt.skip(r).w.wrapping_add(block * b);
+                prefetch(blk.wrapping_add(R * w.row_bytes));
+                // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
+                // bytes) is in bounds (fn contract).
+                let (all, d) = unsafe { (dot(blk.add(2), &xk, start), _mm_cvtss_f32(scales(blk))) };
+                let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+            }
+        }
+        // Without a minimum the definition's sum stays +0.0.
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, [_mm256_setzero_ps(); R], t, cn, y, y_stride) };
+    }
+}
+
+/// [`q8_0_stored`] with VNNI, as [`lanes_vnni256`] computes Q8_0 from
+/// unpacked rows: each four-byte group broadcast from the block and made
+/// unsigned there (`w + 128`, a `vpxor` on a port the products leave
+/// idle), the sums starting at `-128 * sum(x)`. With one lane group (8
+/// activation rows or fewer) nothing reuses an unpack, and unpacking cost
+/// as much as the sweep.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles` rows of Q8_0 blocks, `x` for
@@ -502,53 +546,27 @@ pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(cn <= 8);
-    const BLOCK: usize = 34;
     let flip = _mm256_set1_epi8(i8::MIN);
     let neg_offset = _mm256_set1_epi32(-128);
-    for t in 0..tiles {
-        let wt = w.skip(R * t);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..w.nblocks {
-            // SAFETY: block `b` of the group, and its 16 integer sums, are in
-            // bounds (fn contract).
-            let ((xk, dx), start) = unsafe {
-                let [lo, hi] =
-                    [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
-                (
-                    group8(x, b),
-                    _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset),
-                )
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = wt.skip(r).w.wrapping_add(BLOCK * b);
-                prefetch(blk.wrapping_add(R * w.row_bytes));
-                // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
-                // bytes) is in bounds (fn contract).
-                let (all, d) = unsafe {
-                    let wk = |k: usize| {
-                        let four = (blk.add(2 + 4 * k) as *const i32).read_unaligned();
-                        _mm256_xor_si256(_mm256_set1_epi32(four), flip)
-                    };
-                    let h = (blk as *const u16).read_unaligned();
-                    (
-                        (0..8).fold(start, |s, k| _mm256_dpbusd_epi32(s, wk(k), xk[k])),
-                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))),
-                    )
-                };
-                let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
-            }
-        }
-        // Without a minimum the definition's sum stays +0.0.
-        // SAFETY: rows R t..R t + R of `y` (fn contract).
-        unsafe { store_tile8(acc, [_mm256_setzero_ps(); R], t, cn, y, y_stride) };
-    }
+    // SAFETY: block `b`'s 16 integer sums are in bounds (fn contract).
+    let start = |b: usize| unsafe {
+        let [lo, hi] = [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
+        _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset)
+    };
+    // SAFETY: `q` holds the block's 32 bytes (q8_0_stored's contract).
+    let dot = |q: *const u8, xk: &[__m256i; 8], start| unsafe {
+        (0..8).fold(start, |s, k| {
+            let four = (q.add(4 * k) as *const i32).read_unaligned();
+            _mm256_dpbusd_epi32(s, _mm256_xor_si256(_mm256_set1_epi32(four), flip), xk[k])
+        })
+    };
+    // SAFETY: forwarded contract; this CPU has VNNI.
+    unsafe { q8_0_stored::<R>(w, tiles, x, (cn, y, y_stride), start, dot) }
 }
 
-/// [`q8_0_vnni256`] on AVX2, as [`lanes_sweep256`] takes Q8_0: each
-/// four-byte group broadcast from the stored block, its magnitude against
-/// the activations with its sign (`vpmaddubsw`), widened every step.
+/// [`q8_0_stored`] on AVX2, as [`lanes_sweep256`] takes Q8_0: each
+/// four-byte group's magnitude against the activations with its sign
+/// (`vpmaddubsw`), widened every step.
 ///
 /// # Safety
 /// As [`q8_0_vnni256`] (no integer sums needed), the CPU supporting AVX2,
@@ -562,42 +580,25 @@ pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(cn <= 8);
-    const BLOCK: usize = 34;
     let ones = _mm256_set1_epi16(1);
-    for t in 0..tiles {
-        let wt = w.skip(R * t);
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..w.nblocks {
-            // SAFETY: block `b` of the group is in bounds (fn contract).
-            let (xk, dx) = unsafe { group8(x, b) };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = wt.skip(r).w.wrapping_add(BLOCK * b);
-                prefetch(blk.wrapping_add(R * w.row_bytes));
-                // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
-                // bytes) is in bounds (fn contract).
-                let (all, d) = unsafe {
-                    let h = (blk as *const u16).read_unaligned();
-                    (
-                        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
-                            let four = (blk.add(2 + 4 * k) as *const i32).read_unaligned();
-                            let wv = _mm256_set1_epi32(four);
-                            let prod = _mm256_maddubs_epi16(
-                                _mm256_sign_epi8(wv, wv),
-                                _mm256_sign_epi8(xk[k], wv),
-                            );
-                            _mm256_add_epi32(sum, _mm256_madd_epi16(prod, ones))
-                        }),
-                        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))),
-                    )
-                };
-                let dd = _mm256_mul_ps(_mm256_set1_ps(d), dx);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
-            }
-        }
-        // Without a minimum the definition's sum stays +0.0.
-        // SAFETY: rows R t..R t + R of `y` (fn contract).
-        unsafe { store_tile8(acc, [_mm256_setzero_ps(); R], t, cn, y, y_stride) };
+    // SAFETY: `q` holds the block's 32 bytes (q8_0_stored's contract).
+    let dot = |q: *const u8, xk: &[__m256i; 8], start| unsafe {
+        (0..8).fold(start, |sum, k| {
+            let wv = _mm256_set1_epi32((q.add(4 * k) as *const i32).read_unaligned());
+            let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk[k], wv));
+            _mm256_add_epi32(sum, _mm256_madd_epi16(prod, ones))
+        })
+    };
+    // SAFETY: forwarded contract.
+    unsafe {
+        q8_0_stored::<R>(
+            w,
+            tiles,
+            x,
+            (cn, y, y_stride),
+            |_| _mm256_setzero_si256(),
+            dot,
+        )
     }
 }
 
@@ -622,7 +623,7 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
     y_stride: usize,
 ) {
     debug_assert!(cn <= 8 && R <= 8);
-    const BLOCK: usize = 144;
+    let block = Encoding::Q4K.block_bytes();
     let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
@@ -630,10 +631,10 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
         let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [_mm256_setzero_ps(); R];
         for s in 0..w.nblocks / 8 {
-            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(BLOCK * s);
+            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
             // The next tile's same super-blocks, for when they are read.
             for r in 0..R {
-                for line in 0..BLOCK.div_ceil(64) {
+                for line in 0..block.div_ceil(64) {
                     prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
                 }
             }
