@@ -67,23 +67,15 @@ fn forced_avx2_is_used_where_the_cpu_has_it() {
 
 #[test]
 fn an_isa_the_cpu_lacks_is_refused_by_the_model_and_warned_about_elsewhere() {
-    let (lacking, best) = match [Isa::Avx512, Isa::Avx2]
-        .into_iter()
-        .find(|i| !i.is_supported())
-    {
-        Some(i) => (
-            i,
-            if Isa::Avx2.is_supported() {
-                "Avx2"
-            } else {
-                "Scalar"
-            },
-        ),
-        None => {
-            eprintln!("skipped: this CPU supports every ISA");
-            return;
-        }
+    let ladder = [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Scalar];
+    let Some(lacking) = ladder.into_iter().rev().find(|i| !i.is_supported()) else {
+        eprintln!("skipped: this CPU supports every ISA");
+        return;
     };
+    let best = format!(
+        "{:?}",
+        ladder.into_iter().find(|i| i.is_supported()).unwrap()
+    );
     let value = format!("{lacking:?}").to_lowercase();
     let line = run_probe(&value);
     let want_err =
@@ -98,7 +90,9 @@ fn an_isa_the_cpu_lacks_is_refused_by_the_model_and_warned_about_elsewhere() {
 fn an_unknown_name_is_refused() {
     let line = run_probe("sse9");
     assert!(
-        line.contains(r#"model=Err("KESTREL_ISA=\"sse9\" names no ISA (scalar, avx2, avx512)")"#),
+        line.contains(
+            r#"model=Err("KESTREL_ISA=\"sse9\" names no ISA (scalar, avx2, avx512, amx)")"#
+        ),
         "{line}"
     );
 }

@@ -244,7 +244,7 @@ impl TaskSplit {
 /// accesses at rows `r0..r1`.
 unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1: usize, y: OutPtr) {
     let (rt, ct) = match isa {
-        Isa::Avx512 => (4, 4),
+        Isa::Avx512 | Isa::Amx => (4, 4),
         Isa::Avx2 => (2, 2),
         Isa::Scalar => (1, 1),
     };
@@ -333,7 +333,7 @@ unsafe fn sweep(
     y: OutPtr,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rn == 4 {
+    if isa >= Isa::Avx512 && rn == 4 {
         debug_assert!(
             src.enc == Encoding::F32 && w.cols.is_multiple_of(32),
             "the buffered path's rows"
@@ -374,7 +374,7 @@ unsafe fn gemv_sweep(
     y: OutPtr,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && w.cols.is_multiple_of(32) {
+    if isa >= Isa::Avx512 && w.cols.is_multiple_of(32) {
         let tiles = (r1 - r0) / 4;
         let args = x86::TileArgs {
             // SAFETY: `r0 < r1 <= w.rows`, so row `r0` starts within `w.data`.
@@ -420,7 +420,7 @@ fn dequant_row_simd(isa: Isa, w: &MatRef<'_>, r: usize, out: &mut [f32]) {
                 // `cols` floats; `isa` was checked supported by the caller.
                 unsafe {
                     x86::dequant_row::<$B>(
-                        isa == Isa::Avx512,
+                        isa >= Isa::Avx512,
                         row.as_ptr(),
                         w.cols / 32,
                         out.as_mut_ptr(),
@@ -538,7 +538,7 @@ unsafe fn tile(
     let _ = src;
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => simd_tile!(tile512, 4, 4, w, src, x, r, rn, c, cn, y),
+        Isa::Avx512 | Isa::Amx => simd_tile!(tile512, 4, 4, w, src, x, r, rn, c, cn, y),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => simd_tile!(tile256, 2, 2, w, src, x, r, rn, c, cn, y),
         _ => {

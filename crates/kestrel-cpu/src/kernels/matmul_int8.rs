@@ -11,7 +11,7 @@ use super::int8::{self, LaneRows, Q8Block};
 use super::matmul::MatRef;
 use super::weight::Encoding;
 #[cfg(target_arch = "x86_64")]
-use super::{x86_blocks, x86_gemv, x86_int8, x86_lanes};
+use super::{x86_amx, x86_blocks, x86_gemv, x86_int8, x86_lanes};
 use super::{Isa, OutPtr};
 
 /// Quantized activations for [`int8_rows_task`]: `n` rows of blocks, and
@@ -27,23 +27,27 @@ pub(super) struct Quantized<'a> {
 /// once per task group, activation rows one per lane).
 const LANES_MIN_ROWS: usize = 4;
 
-/// How the lane sweeps run: activation rows per lane group, and whether
-/// with AVX-512 VNNI (`vpdpbusd`) or AVX2 (`vpmaddubsw`).
+/// How the lane sweeps run: activation rows per lane group, whether with
+/// AVX-512 VNNI (`vpdpbusd`) or AVX2 (`vpmaddubsw`), and whether 16-lane
+/// groups run on AMX tiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct LaneSweep {
     pub(super) lanes: usize,
     pub(super) vnni: bool,
+    pub(super) amx: bool,
 }
 
 /// The lane sweep for `n` activation rows on `isa`, if one runs: with
-/// AVX-512 VNNI, 16 lanes for more than 8 rows, else 8 (a 16-lane sweep
-/// of 8 rows leaves half its lanes idle); otherwise AVX2's 8.
+/// AVX-512 VNNI, 16 lanes for more than 8 rows (on AMX tiles with
+/// [`Isa::Amx`]), else 8 (a 16-lane sweep of 8 rows leaves half its lanes
+/// idle); otherwise AVX2's 8.
 pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
-        let vnni = isa == Isa::Avx512 && x86_lanes::has_avx512_vnni();
+        let vnni = isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni();
         let lanes = if vnni && n > 8 { 16 } else { 8 };
-        return Some(LaneSweep { lanes, vnni });
+        let amx = isa == Isa::Amx && lanes == 16;
+        return Some(LaneSweep { lanes, vnni, amx });
     }
     let _ = (isa, n);
     None
@@ -110,9 +114,9 @@ pub(super) unsafe fn int8_rows_task(
                 // `sweep` ([`lane_sweep`]) is VNNI only with AVX-512 VNNI.
                 unsafe {
                     if sweep.vnni {
-                        lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y)
+                        lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y, sweep.amx)
                     } else {
-                        lanes_rows_task::<$B, false>(w, lanes, n, r0, r1, y)
+                        lanes_rows_task::<$B, false>(w, lanes, n, r0, r1, y, false)
                     }
                 }
             };
@@ -175,7 +179,10 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     r0: usize,
     r1: usize,
     y: OutPtr,
+    amx: bool,
 ) {
+    // Two-scale blocks measured no faster on tiles (`x86_amx.rs`).
+    let amx = amx && !B::TWO;
     let nb = w.cols / 32;
     // One lane group of Q8_0, or of Q4_K with VNNI: straight from the
     // stored blocks (nothing would reuse an unpack).
@@ -226,6 +233,12 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     }
     let block = std::mem::size_of::<x86_lanes::I8Block>();
     let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 32);
+    // AMX tiles take 16 rows at a time.
+    let group = if amx {
+        group.max(x86_amx::AMX_ROWS) / x86_amx::AMX_ROWS * x86_amx::AMX_ROWS
+    } else {
+        group
+    };
     IBUF.with(|b| {
         let mut b = b.borrow_mut();
         if b.len() < group * nb {
@@ -237,18 +250,36 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             let rows = g1 - g0;
             let buf = b[..rows * nb].as_mut_ptr();
             let w0 = w.data.as_ptr().wrapping_add(g0 * w.row_bytes);
+            let tile = if amx { x86_amx::AMX_ROWS } else { 1 };
             // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
             // of `B`; `buf` holds `rows * nb` blocks.
-            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, buf) };
+            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, tile, buf) };
             for g in 0..n.div_ceil(x.lanes) {
                 let cn = (n - g * x.lanes).min(x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);
                 let out = y.0.wrapping_add(g * x.lanes * w.rows + g0);
+                // On AMX, whole 16-row tiles first; the sweeps below take
+                // the rest.
+                let skip = if amx && x.lanes == 16 {
+                    let tiles = rows / x86_amx::AMX_ROWS;
+                    // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
+                    // tiles; `amx` comes from `lane_sweep` on `Isa::Amx`,
+                    // which `has_amx` granted.
+                    unsafe { x86_amx::lanes_amx::<B>(buf, nb, tiles, args, cn, out, w.rows) };
+                    tiles * x86_amx::AMX_ROWS
+                } else {
+                    0
+                };
+                let (buf, out, rows) = (
+                    buf.wrapping_add(skip * nb),
+                    out.wrapping_add(skip),
+                    rows - skip,
+                );
                 macro_rules! sweep {
                     ($sweep:ident, $R:literal) => {{
                         let done = rows / $R * $R;
-                        // SAFETY: `buf` holds rows g0..g1 unpacked, `x` group
-                        // `g` (fn contract); elements (g0..g1, lanes `g *
+                        // SAFETY: `buf` holds rows g0 + skip..g1 unpacked, `x` group
+                        // `g` (fn contract); elements (g0 + skip..g1, lanes `g *
                         // x.lanes..` + cn) of `y` belong to this task; the
                         // tail starts at row `done <= rows`.
                         unsafe {

@@ -53,6 +53,8 @@ pub mod weight;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_gemv;
@@ -97,11 +99,15 @@ pub enum Isa {
     Avx2,
     /// x86-64 AVX-512 F/BW (plus AVX2/FMA/F16C).
     Avx512,
+    /// [`Isa::Avx512`] with AVX-512 VNNI and AMX-INT8 tiles the OS grants
+    /// (Sapphire Rapids on, Linux): the 16-lane int8 sweeps run on tiles
+    /// (`x86_amx.rs`).
+    Amx,
 }
 
 impl Isa {
-    /// The environment variable that forces an ISA: `scalar`, `avx2` or
-    /// `avx512`. Lets an AVX-512 machine measure the AVX2 kernels, or any
+    /// The environment variable that forces an ISA: `scalar`, `avx2`,
+    /// `avx512` or `amx`. Lets an AVX-512 machine measure the AVX2 kernels, or any
     /// machine the scalar definition.
     pub const ENV: &'static str = "KESTREL_ISA";
 
@@ -137,6 +143,7 @@ impl Isa {
             "scalar" => Isa::Scalar,
             "avx2" => Isa::Avx2,
             "avx512" => Isa::Avx512,
+            "amx" => Isa::Amx,
             _ => {
                 return Err(IsaRequestError::Unknown {
                     value: value.to_owned(),
@@ -154,11 +161,7 @@ impl Isa {
 
     /// Whether this CPU can run kernels of `self`.
     pub fn is_supported(self) -> bool {
-        match self {
-            Isa::Scalar => true,
-            Isa::Avx2 => matches!(Self::best_supported(), Isa::Avx2 | Isa::Avx512),
-            Isa::Avx512 => Self::best_supported() == Isa::Avx512,
-        }
+        self <= Self::best_supported()
     }
 
     fn best_supported() -> Isa {
@@ -168,6 +171,9 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c");
             if avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+                if x86_lanes::has_avx512_vnni() && x86_amx::has_amx() {
+                    return Isa::Amx;
+                }
                 return Isa::Avx512;
             }
             if avx2 {
@@ -181,7 +187,7 @@ impl Isa {
 /// Why a forced ISA ([`Isa::ENV`]) was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IsaRequestError {
-    #[error("{env}={value:?} names no ISA (scalar, avx2, avx512)", env = Isa::ENV)]
+    #[error("{env}={value:?} names no ISA (scalar, avx2, avx512, amx)", env = Isa::ENV)]
     Unknown { value: String },
     #[error("{env} asks for {requested:?}, but this CPU supports at most {best:?}", env = Isa::ENV)]
     Unsupported { requested: Isa, best: Isa },

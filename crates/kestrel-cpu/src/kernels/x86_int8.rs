@@ -355,6 +355,7 @@ mod tests {
     use super::super::matmul::MatRef;
     use super::super::scalar::decode_block;
     use super::super::weight::{Encoding, Weight};
+    use super::super::x86_amx::{lanes_amx, AMX_ROWS};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
         has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_lanes256,
@@ -405,9 +406,9 @@ mod tests {
             // as many; AVX2 was checked by the caller.
             unsafe {
                 if vnni {
-                    unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
+                    unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, 1, u.as_mut_ptr())
                 } else {
-                    unpack_rows256::<B, false>(args.w, w.row_bytes, w.rows, nb, u.as_mut_ptr())
+                    unpack_rows256::<B, false>(args.w, w.row_bytes, w.rows, nb, 1, u.as_mut_ptr())
                 }
             };
             u
@@ -483,6 +484,42 @@ mod tests {
                         expect(w, xq, &y, r * tiles, cn, &what);
                     }
                 }
+            }
+        }
+        if Isa::Amx.is_supported() && w.rows >= AMX_ROWS && !B::TWO {
+            let mut tiled = vec![I8Block::default(); w.rows * nb];
+            // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `tiled`
+            // as many; AVX2 was checked by the caller.
+            unsafe {
+                unpack_rows256::<B, true>(
+                    args.w,
+                    w.row_bytes,
+                    w.rows,
+                    nb,
+                    AMX_ROWS,
+                    tiled.as_mut_ptr(),
+                )
+            };
+            for cn in 1..=n.min(16) {
+                let mut x = LaneRows::default();
+                x.fill(xq, cn, nb, 16, true);
+                let tiles = w.rows / AMX_ROWS;
+                let mut y = vec![f32::NAN; cn * w.rows];
+                // SAFETY: `tiled` holds `w.rows >= 16 * tiles` rows
+                // unpacked for VNNI in 16-row tiles, `x` one 16-lane group
+                // of `nb` blocks, `y` is `cn x w.rows`; AMX was checked above.
+                unsafe {
+                    lanes_amx::<B>(
+                        tiled.as_ptr(),
+                        nb,
+                        tiles,
+                        LaneArgs::group(&x, 0),
+                        cn,
+                        y.as_mut_ptr(),
+                        w.rows,
+                    )
+                };
+                expect(w, xq, &y, AMX_ROWS * tiles, cn, &format!("amx x{cn}"));
             }
         }
     }
@@ -585,6 +622,20 @@ mod tests {
             {
                 check_type(&mut rng, dtype, 9, cols, 16);
             }
+        }
+    }
+
+    /// The AMX sweep (one-scale types; and every other sweep) on whole
+    /// 16-row tiles and a tail, where the CPU and OS grant AMX.
+    #[test]
+    fn amx_int8_sweep_gives_the_definition_for_every_type() {
+        if !Isa::Amx.is_supported() {
+            eprintln!("skipped: no AMX here");
+            return;
+        }
+        let mut rng = Rng(22);
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            check_type(&mut rng, dtype, 35, 512, 16);
         }
     }
 

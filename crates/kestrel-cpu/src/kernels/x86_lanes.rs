@@ -28,29 +28,53 @@ use super::x86_int8::Int8Block;
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct I8Block {
-    q: [i8; 32],
-    d: [f32; 2],
-    m: f32,
+    pub(super) q: [i8; 32],
+    pub(super) d: [f32; 2],
+    pub(super) m: f32,
 }
 
 /// How many rows ahead [`unpack_rows256`] prefetches (rows are contiguous;
 /// past the group it reads the next one's).
 const UNPACK_AHEAD_ROWS: usize = 4;
 
+/// Where [`unpack_rows256`] puts block `b` of row `r` (of `rows` rows of
+/// `nblocks` blocks): row after row; with `tile` rows to a tile (the AMX
+/// sweep's 16), the whole tiles first, each block's rows in consecutive
+/// [`I8Block`]s (a tile operand of contiguous lines), then the rest row
+/// after row.
+#[inline(always)]
+pub(crate) fn unpacked_index(
+    r: usize,
+    b: usize,
+    rows: usize,
+    nblocks: usize,
+    tile: usize,
+) -> usize {
+    let tiled = rows / tile * tile;
+    if r < tiled {
+        (r / tile * nblocks + b) * tile + r % tile
+    } else {
+        r * nblocks + b
+    }
+}
+
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out`, row after row, for [`lanes_vnni256`]
-/// and [`lanes_vnni512`] if `VNNI`, else [`lanes_sweep256`] (the weights
-/// plus [`Int8Block::VNNI_OFFSET`] or [`Int8Block::LANE_OFFSET`]).
+/// `w + r * row_bytes`) into `out` as [`unpacked_index`] with `tile` lays
+/// them out (1: row after row), for [`lanes_vnni256`] and
+/// [`lanes_vnni512`] (and the AMX sweep) if `VNNI`, else
+/// [`lanes_sweep256`] (the weights plus [`Int8Block::VNNI_OFFSET`] or
+/// [`Int8Block::LANE_OFFSET`]).
 ///
 /// # Safety
-/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks; the
-/// CPU must support AVX2, FMA and F16C.
+/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks;
+/// `tile >= 1`; the CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     nblocks: usize,
+    tile: usize,
     out: *mut I8Block,
 ) {
     // `quants` gives `w + BIAS`.
@@ -95,11 +119,11 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                         let [d0, d1, m] = scj.lanes();
                         ([d0[0], d1[0]], m[0])
                     };
-                    // SAFETY: block `r * nblocks + (s0 + i) * SUB + j` of
-                    // `out` is in bounds (fn contract); `q` is its first 32
-                    // bytes.
+                    let at = unpacked_index(r, (s0 + i) * B::SUB + j, rows, nblocks, tile);
+                    // SAFETY: block `at < rows * nblocks` of `out` is in
+                    // bounds (fn contract); `q` is its first 32 bytes.
                     unsafe {
-                        let o = out.add(r * nblocks + (s0 + i) * B::SUB + j);
+                        let o = out.add(at);
                         _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
                         (*o).d = d;
                         (*o).m = m;
@@ -144,7 +168,7 @@ impl LaneArgs {
 /// # Safety
 /// `y` must be valid for writing those elements; `cn <= N`.
 #[inline(always)]
-unsafe fn scatter<const N: usize>(
+pub(super) unsafe fn scatter<const N: usize>(
     v: [f32; N],
     cn: usize,
     y: *mut f32,

@@ -1,0 +1,271 @@
+//! The 16-lane sweep on AMX-INT8 tiles ([`lanes_amx`]), for one-scale
+//! blocks (every int8 type but Q6_K): the same unpacked weights
+//! ([`I8Block`], unsigned `w + offset`) and 16-lane [`LaneRows`] group as
+//! [`super::x86_lanes::lanes_vnni512`], with each block's integer sums for
+//! 16 weight rows x 16 activation rows from one `tdpbusd` instead of 128
+//! `vpdpbusd`.
+//!
+//! Why it lines up: a 16-lane group's block is already a `tdpbusd` right
+//! operand (eight rows of four-byte groups, one per lane), and the weights
+//! unpacked in 16-row tiles ([`super::x86_lanes::unpacked_index`]) put a
+//! block's 16 rows in 16 consecutive lines, its left operand. The integer
+//! sums are exact in i32; the VNNI sweep's start, `-offset * sum(x)`, is
+//! added to them before its float step, which follows row by row; so the
+//! results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
+//!
+//! What it costs (the 2-vCPU Emerald Rapids VM of `docs/bench/cpu-1b.md`):
+//! a block's tile work, zero + two loads + `tdpbusd` + store, runs about
+//! 25 ns and does not overlap itself, so the products run a few blocks
+//! ahead of their float steps. Two-scale blocks (Q6_K) would take two
+//! half-depth products each and measured no faster than VNNI: not here.
+//!
+//! Tiles need the process's permission (Linux's `ARCH_REQ_XCOMP_PERM`,
+//! [`has_amx`]) and a tile configuration per thread ([`configure`]). Rust
+//! has no stable AMX intrinsics; the tile instructions are inline `asm!`
+//! (the compiler never uses tile registers, so none of its state is
+//! touched).
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+use super::x86::prefetch;
+use super::x86_int8::Int8Block;
+use super::x86_lanes::{scatter, I8Block, LaneArgs};
+
+/// Weight rows (and outputs) per [`lanes_amx`] tile.
+pub(crate) const AMX_ROWS: usize = 16;
+
+/// Whether AMX-INT8 runs in this process: the CPU reports AMX-TILE and
+/// AMX-INT8 (CPUID leaf 7), and Linux grants the tile data state (asked
+/// once; a kernel without AMX support refuses, and so does one where some
+/// thread's signal stack is too small for the state).
+pub(crate) fn has_amx() -> bool {
+    static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMX.get_or_init(|| {
+        let edx = __cpuid_count(7, 0).edx;
+        let (tile, int8) = (edx & (1 << 24) != 0, edx & (1 << 25) != 0);
+        tile && int8 && request_tile_state()
+    })
+}
+
+/// Ask Linux for the AMX tile data state (`XFEATURE_XTILEDATA`).
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, feature) reads no memory; it
+    // only extends the process's permitted xstate features, or fails.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// Elsewhere the state's permission is not known to be granted: no tiles.
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false
+}
+
+/// A tile configuration (`ldtilecfg`'s 64-byte layout, palette 1).
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// [`lanes_amx`]'s tiles: two sets, `tmm0..3` and `tmm3..6`, of left
+/// operand (16 weight rows x 32 bytes), right operand (8 rows of 16 lanes'
+/// four-byte groups) and sums (16 x 16 i32).
+const CONFIG: TileConfig = {
+    let mut c = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [0; 16],
+        rows: [0; 16],
+    };
+    let mut set = 0;
+    while set < 2 {
+        let t = 3 * set;
+        (c.rows[t], c.colsb[t]) = (16, 32);
+        (c.rows[t + 1], c.colsb[t + 1]) = (8, 64);
+        (c.rows[t + 2], c.colsb[t + 2]) = (16, 64);
+        set += 1;
+    }
+    c
+};
+
+thread_local! {
+    /// Whether this thread's tiles hold [`CONFIG`].
+    static CONFIGURED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Load [`CONFIG`] into this thread's tile state, once per thread (nothing
+/// else in the process configures tiles).
+///
+/// # Safety
+/// [`has_amx`] must have returned true.
+unsafe fn configure() {
+    CONFIGURED.with(|c| {
+        if !c.get() {
+            // SAFETY: AMX is granted (fn contract); `CONFIG` is a valid,
+            // aligned 64-byte palette-1 configuration.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+            c.set(true);
+        }
+    });
+}
+
+/// 64-byte aligned scratch for tiles moved through memory.
+#[repr(C, align(64))]
+struct Aligned<T>(T);
+
+/// How many blocks [`lanes_amx`] runs its products ahead of their float
+/// steps (the tiles' stores are done when the float step reads them, and
+/// the tile unit works beside the vector ports; 1 and 8 measured slower),
+/// and the ring of sums tiles that lag takes.
+const LAG: usize = 4;
+const RING: usize = 8;
+
+/// How many blocks ahead [`lanes_amx`] prefetches its tile operands.
+const AHEAD: usize = 4;
+
+/// One block's products on the tile set of sums `tmm$c`, left `tmm$l` and
+/// right `tmm$r`: the sums zeroed, the left operand's 16 rows at `$a` and
+/// the right's 8 at `$xq`, 64 bytes apart; the sums stored to `$out`.
+macro_rules! tile_product {
+    ($c:literal, $l:literal, $r:literal, $a:expr, $xq:expr, $out:expr) => {
+        asm!(
+            concat!("tilezero tmm", $c),
+            concat!("tileloadd tmm", $l, ", [{a} + {line} * 1]"),
+            concat!("tileloadd tmm", $r, ", [{xq} + {line} * 1]"),
+            concat!("tdpbusd tmm", $c, ", tmm", $l, ", tmm", $r),
+            concat!("tilestored [{out} + {line} * 1], tmm", $c),
+            a = in(reg) $a,
+            xq = in(reg) $xq,
+            out = in(reg) $out,
+            line = in(reg) 64usize,
+            options(nostack),
+        )
+    };
+}
+
+/// `tiles` consecutive 16-row tiles of unpacked weight rows (`w`, laid out
+/// in 16-row tiles by [`super::x86_lanes::unpack_rows256`], `nblocks`
+/// blocks each, unpacked for VNNI) against one 16-lane group of
+/// [`LaneRows`](super::int8::LaneRows) (`x`; lanes `0..cn` written):
+/// element `(r, c)` goes to `y[c * y_stride + r]`.
+///
+/// Per block: the sums tile zeroed, `tdpbusd` adding the 16 rows'
+/// unsigned weights times the lanes' signed activations, the tile stored
+/// to a ring slot (consecutive blocks on the two tile sets); [`LAG`] blocks
+/// later that block's float step, row by row: the start `-offset * sum(x)`
+/// added, then [`super::x86_lanes::lanes_vnni512`]'s step. The minimums'
+/// sums run in a pass of their own.
+///
+/// # Safety
+/// As [`super::x86_lanes::lanes_vnni512`] for `16 * tiles` rows laid out
+/// in tiles, `B` of one scale per block; [`has_amx`] must have returned
+/// true.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn lanes_amx<B: Int8Block>(
+    w: *const I8Block,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 16 && !B::TWO);
+    // SAFETY: AMX is granted (fn contract).
+    unsafe { configure() };
+    let neg_offset = _mm512_set1_epi32(-B::VNNI_OFFSET);
+    // Per ring slot: a sums tile.
+    let mut sums = Aligned([[[0i32; 16]; AMX_ROWS]; RING]);
+    for t in 0..tiles {
+        // SAFETY: tile `t` (16 rows of `nblocks` blocks) is in bounds (fn
+        // contract).
+        let wt = unsafe { w.add(AMX_ROWS * t * nblocks) };
+        let mut acc = [_mm512_setzero_ps(); AMX_ROWS];
+        for i in 0..nblocks + LAG {
+            if i < nblocks {
+                let (b, k) = (i, i % RING);
+                // Block `b` of the tile's 16 rows: 16 consecutive blocks.
+                let a = wt.wrapping_add(AMX_ROWS * b) as *const u8;
+                let xq = x.q.wrapping_add(32 * 16 * b);
+                // Tile loads wait on their lines: ask for the operands
+                // `AHEAD` blocks on into L1.
+                for line in 0..16 {
+                    prefetch(a.wrapping_add(AHEAD * 1024 + 64 * line));
+                }
+                for line in 0..8 {
+                    prefetch(xq.wrapping_add(AHEAD * 512 + 64 * line));
+                }
+                let out = sums.0[k].as_mut_ptr();
+                // SAFETY: the tiles are configured (above); the left
+                // operand's 16 rows of 32 bytes at `a` are block `b` of the
+                // tile's rows, the right operand's 8 x 64 bytes block b of
+                // the lane group (in bounds, fn contract); `out` is 16 x 64
+                // writable bytes.
+                unsafe {
+                    if b % 2 == 0 {
+                        tile_product!(2, 0, 1, a, xq, out);
+                    } else {
+                        tile_product!(5, 3, 4, a, xq, out);
+                    }
+                }
+            }
+            if i >= LAG {
+                let (b, k) = (i - LAG, (i - LAG) % RING);
+                // SAFETY: block b's 16 scales are in bounds (fn contract).
+                let dx = unsafe { _mm512_loadu_ps(x.d.add(16 * b)) };
+                // The sums start at -offset * sum(x), the same for every row.
+                // SAFETY: block b's 2 x 16 integer sums are in bounds (fn
+                // contract).
+                let [lo, hi] = [0, 1]
+                    .map(|h| unsafe { _mm512_loadu_si512(x.sums.add(16 * (2 * b + h)).cast()) });
+                let start = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), neg_offset);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: block `b` of row `r` of the tile is in bounds.
+                    let blk = unsafe { &*wt.add(AMX_ROWS * b + r) };
+                    let dd = _mm512_mul_ps(_mm512_set1_ps(blk.d[0]), dx);
+                    // SAFETY: a sums row is 64 aligned bytes.
+                    let s = unsafe { _mm512_load_si512(sums.0[k][r].as_ptr().cast()) };
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s, start));
+                    *acc = _mm512_fmadd_ps(s, dd, *acc);
+                }
+            }
+        }
+        // Without a minimum the definition's sum stays +0.0.
+        let mut mins = [_mm512_setzero_ps(); AMX_ROWS];
+        if B::HAS_MIN {
+            for b in 0..nblocks {
+                // SAFETY: block b's 16 sums are in bounds (fn contract).
+                let sx = unsafe { _mm512_loadu_ps(x.s.add(16 * b)) };
+                for (r, mr) in mins.iter_mut().enumerate() {
+                    // SAFETY: block `b` of row `r` of the tile is in bounds.
+                    let m = unsafe { (*wt.add(AMX_ROWS * b + r)).m };
+                    *mr = _mm512_fmadd_ps(_mm512_set1_ps(m), sx, *mr);
+                }
+            }
+        }
+        for r in 0..AMX_ROWS {
+            let mut out = [0f32; 16];
+            // SAFETY: `out` is 16 writable floats; elements (16 t + r, c <
+            // cn) are in bounds (fn contract).
+            unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r], mins[r]));
+                scatter(out, cn, y, y_stride, AMX_ROWS * t + r);
+            }
+        }
+    }
+}
