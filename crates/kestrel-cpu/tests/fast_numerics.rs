@@ -60,6 +60,9 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             (33, 512, 9),
             (42, 1536, 6),
             (70, 256, 20),
+            // AMX tiles (64 blocks a row and up): whole 16-row tiles, a
+            // tail, a partial second lane group.
+            (70, 2048, 20),
         ] {
             if cols % dtype.block_elems() != 0 {
                 continue;

@@ -181,9 +181,10 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     y: OutPtr,
     amx: bool,
 ) {
-    // Two-scale blocks measured no faster on tiles (`x86_amx.rs`).
-    let amx = amx && !B::TWO;
     let nb = w.cols / 32;
+    // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
+    // short rows.
+    let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
     // One lane group of Q8_0, or of Q4_K with VNNI: straight from the
     // stored blocks (nothing would reuse an unpack).
     if x.lanes == 8

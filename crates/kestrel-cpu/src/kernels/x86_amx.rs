@@ -36,6 +36,12 @@ use super::x86_lanes::{scatter, I8Block, LaneArgs};
 /// Weight rows (and outputs) per [`lanes_amx`] tile.
 pub(crate) const AMX_ROWS: usize = 16;
 
+/// The fewest blocks per row the tiles take: they paid from the 1B shape's
+/// 2048-column rows (64 blocks) on; with them at 32 and at 0, the 135M
+/// default model (576- and 1536-column rows, 18 and 48 blocks) ran 32
+/// streams no faster than on VNNI, so it keeps the VNNI sweep.
+pub(crate) const AMX_MIN_BLOCKS: usize = 64;
+
 /// Whether AMX-INT8 runs in this process: the CPU reports AMX-TILE and
 /// AMX-INT8 (CPUID leaf 7), and Linux grants the tile data state (asked
 /// once; a kernel without AMX support refuses, and so does one where some
