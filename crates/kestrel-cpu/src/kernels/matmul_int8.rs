@@ -111,7 +111,8 @@ pub(super) unsafe fn int8_rows_task(
                 // SAFETY: forwarded from this fn's contract; `lanes` holds
                 // the `n` rows (asserted); AVX2, FMA and F16C come with every
                 // SIMD ISA, checked supported by `matmul_group`, whose
-                // `sweep` ([`lane_sweep`]) is VNNI only with AVX-512 VNNI.
+                // `sweep` ([`lane_sweep`]) is VNNI only with AVX-512 VNNI
+                // and AMX only on `Isa::Amx` (which `has_amx` granted).
                 unsafe {
                     if sweep.vnni {
                         lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y, sweep.amx)
@@ -234,7 +235,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     }
     let block = std::mem::size_of::<x86_lanes::I8Block>();
     let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 32);
-    // AMX tiles take 16 rows at a time.
+    // AMX tiles take 16 rows at a time (for rows over 8 KiB unpacked, past
+    // UNPACKED_BYTES).
     let group = if amx {
         group.max(x86_amx::AMX_ROWS) / x86_amx::AMX_ROWS * x86_amx::AMX_ROWS
     } else {
