@@ -1,6 +1,7 @@
 //! The 16-lane sweep on AMX-INT8 tiles ([`lanes_amx`]), for one-scale
 //! blocks (every int8 type but Q6_K): the same unpacked weights
-//! ([`I8Block`], unsigned `w + offset`) and 16-lane [`LaneRows`] group as
+//! ([`I8Block`], unsigned `w + offset`) and 16-lane
+//! [`LaneRows`](super::int8::LaneRows) group as
 //! [`super::x86_lanes::lanes_vnni512`], with each block's integer sums for
 //! 16 weight rows x 16 activation rows from one `tdpbusd` instead of 128
 //! `vpdpbusd`.
@@ -87,7 +88,7 @@ struct TileConfig {
     rows: [u8; 16],
 }
 
-/// [`lanes_amx`]'s tiles: two sets, `tmm0..3` and `tmm3..6`, of left
+/// [`lanes_amx`]'s tiles: two sets, `tmm0`-`tmm2` and `tmm3`-`tmm5`, of left
 /// operand (16 weight rows x 32 bytes), right operand (8 rows of 16 lanes'
 /// four-byte groups) and sums (16 x 16 i32).
 const CONFIG: TileConfig = {
