@@ -211,7 +211,7 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 let xq = x.q.wrapping_add(32 * 16 * b);
                 // Ask for the operands `AHEAD` blocks on into L1 (no
                 // difference measured with the unpacked group in L2, where
-                // the 1B shape's is; the tile loads stall on misses).
+                // the 1B shape's is).
                 for line in 0..16 {
                     prefetch(a.wrapping_add(AHEAD * 1024 + 64 * line));
                 }
