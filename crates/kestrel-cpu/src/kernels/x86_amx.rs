@@ -8,7 +8,7 @@
 //!
 //! Why it lines up: a 16-lane group's block is already a `tdpbusd` right
 //! operand (eight rows of four-byte groups, one per lane), and the weights
-//! unpacked in 16-row tiles ([`super::x86_lanes::unpacked_index`]) put a
+//! unpacked in 16-row tiles ([`super::x86_lanes::unpacked_row`]) put a
 //! block's 16 rows in 16 consecutive lines, its left operand. The integer
 //! sums are exact in i32; the VNNI sweep's start, `-offset * sum(x)`, is
 //! added to them before its float step, which follows row by row; so the

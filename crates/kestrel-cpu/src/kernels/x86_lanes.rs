@@ -37,29 +37,22 @@ pub(crate) struct I8Block {
 /// past the group it reads the next one's).
 const UNPACK_AHEAD_ROWS: usize = 4;
 
-/// Where [`unpack_rows256`] puts block `b` of row `r` (of `rows` rows of
-/// `nblocks` blocks): row after row; with `tile` rows to a tile (the AMX
-/// sweep's 16), the whole tiles first, each block's rows in consecutive
-/// [`I8Block`]s (a tile operand of contiguous lines), then the rest row
-/// after row.
+/// Where [`unpack_rows256`] puts row `r`'s blocks (of `rows` rows of
+/// `nblocks` blocks): block `b` at `base + b * step`. Row after row; with
+/// `tile` rows to a tile (the AMX sweep's 16), the whole tiles first, each
+/// block's rows in consecutive [`I8Block`]s (a tile operand of contiguous
+/// lines), then the rest row after row.
 #[inline(always)]
-pub(crate) fn unpacked_index(
-    r: usize,
-    b: usize,
-    rows: usize,
-    nblocks: usize,
-    tile: usize,
-) -> usize {
-    let tiled = rows / tile * tile;
-    if r < tiled {
-        (r / tile * nblocks + b) * tile + r % tile
+pub(crate) fn unpacked_row(r: usize, rows: usize, nblocks: usize, tile: usize) -> (usize, usize) {
+    if r < rows / tile * tile {
+        (r / tile * nblocks * tile + r % tile, tile)
     } else {
-        r * nblocks + b
+        (r * nblocks, 1)
     }
 }
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out` as [`unpacked_index`] with `tile` lays
+/// `w + r * row_bytes`) into `out` as [`unpacked_row`] with `tile` lays
 /// them out (1: row after row), for [`lanes_vnni256`] and
 /// [`lanes_vnni512`] (and the AMX sweep) if `VNNI`, else
 /// [`lanes_sweep256`] (the weights plus [`Int8Block::VNNI_OFFSET`] or
@@ -85,6 +78,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     let stored = nblocks / B::SUB;
     for r in 0..rows {
         let row = w.wrapping_add(r * row_bytes);
+        let (base, step) = unpacked_row(r, rows, nblocks, tile);
         let mut s0 = 0;
         while s0 < stored {
             // One-scale blocks eight at a time, their scales decoded at once
@@ -119,7 +113,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                         let [d0, d1, m] = scj.lanes();
                         ([d0[0], d1[0]], m[0])
                     };
-                    let at = unpacked_index(r, (s0 + i) * B::SUB + j, rows, nblocks, tile);
+                    let at = base + ((s0 + i) * B::SUB + j) * step;
                     // SAFETY: block `at < rows * nblocks` of `out` is in
                     // bounds (fn contract); `q` is its first 32 bytes.
                     unsafe {
