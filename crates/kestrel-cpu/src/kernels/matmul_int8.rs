@@ -253,28 +253,30 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             let rows = g1 - g0;
             let buf = b[..rows * nb].as_mut_ptr();
             let w0 = w.data.as_ptr().wrapping_add(g0 * w.row_bytes);
-            let tile = if amx { x86_amx::AMX_ROWS } else { 1 };
             // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
-            // of `B`; `buf` holds `rows * nb` blocks.
-            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, tile, buf) };
+            // of `B`; `buf` holds `rows * nb` blocks; tiles only with VNNI
+            // and one-scale `B` (`amx` above).
+            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, amx, buf) };
             for g in 0..n.div_ceil(x.lanes) {
                 let cn = (n - g * x.lanes).min(x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);
                 let out = y.0.wrapping_add(g * x.lanes * w.rows + g0);
                 // On AMX, whole 16-row tiles first; the sweeps below take
                 // the rest.
-                let skip = if amx && x.lanes == 16 {
+                let skip = if amx {
                     let tiles = rows / x86_amx::AMX_ROWS;
+                    let tiled = buf.cast::<x86_lanes::TileBlock>();
                     // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
-                    // tiles; `amx` comes from `lane_sweep` on `Isa::Amx`,
-                    // which `has_amx` granted.
-                    unsafe { x86_amx::lanes_amx::<B>(buf, nb, tiles, args, cn, out, w.rows) };
+                    // tiles, unpacked as `tiles * nb` tile blocks; `amx`
+                    // comes from `lane_sweep` on `Isa::Amx`, which
+                    // `has_amx` granted.
+                    unsafe { x86_amx::lanes_amx::<B>(tiled, nb, tiles, args, cn, out, w.rows) };
                     tiles * x86_amx::AMX_ROWS
                 } else {
                     0
                 };
                 let (buf, out, rows) = (
-                    buf.wrapping_add(skip * nb),
+                    buf.wrapping_add(x86_lanes::after_tiles(skip, nb)),
                     out.wrapping_add(skip),
                     rows - skip,
                 );

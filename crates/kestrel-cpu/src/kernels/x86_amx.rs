@@ -1,15 +1,14 @@
 //! The 16-lane sweep on AMX-INT8 tiles ([`lanes_amx`]), for one-scale
-//! blocks (every int8 type but Q6_K): the same unpacked weights
-//! ([`I8Block`], unsigned `w + offset`) and 16-lane
-//! [`LaneRows`](super::int8::LaneRows) group as
+//! blocks (every int8 type but Q6_K): the same unpacked weights (unsigned
+//! `w + offset`) and 16-lane [`LaneRows`](super::int8::LaneRows) group as
 //! [`super::x86_lanes::lanes_vnni512`], with each block's integer sums for
 //! 16 weight rows x 16 activation rows from one `tdpbusd` instead of 128
 //! `vpdpbusd`.
 //!
 //! Why it lines up: a 16-lane group's block is already a `tdpbusd` right
 //! operand (eight rows of four-byte groups, one per lane), and the weights
-//! unpacked in 16-row tiles ([`super::x86_lanes::unpacked_row`]) put a
-//! block's 16 rows in 16 consecutive lines, its left operand. The integer
+//! unpacked in 16-row tiles ([`TileBlock`]) put a block's 16 rows' quants
+//! in 8 consecutive lines, its left operand. The integer
 //! sums are exact in i32; the VNNI sweep's start, `-offset * sum(x)`, is
 //! added to them before its float step, which follows row by row; so the
 //! results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
@@ -32,10 +31,10 @@ use std::cell::Cell;
 
 use super::x86::prefetch;
 use super::x86_int8::Int8Block;
-use super::x86_lanes::{scatter, I8Block, LaneArgs};
+use super::x86_lanes::{scatter, LaneArgs, TileBlock, TILE_SLOTS};
 
 /// Weight rows (and outputs) per [`lanes_amx`] tile.
-pub(crate) const AMX_ROWS: usize = 16;
+pub(crate) const AMX_ROWS: usize = super::x86_lanes::TILE_ROWS;
 
 /// The fewest blocks per row the tiles take: they paid from the 1B shape's
 /// 2048-column rows (64 blocks) on; with them at 32 and at 0, the 135M
@@ -146,28 +145,31 @@ const RING: usize = 8;
 const AHEAD: usize = 4;
 
 /// One block's products on the tile set of sums `tmm$c`, left `tmm$l` and
-/// right `tmm$r`: the sums zeroed, the left operand's 16 rows at `$a` and
-/// the right's 8 at `$xq`, 64 bytes apart; the sums stored to `$out`.
+/// right `tmm$r`: the sums zeroed, the left operand's 16 rows at `$a`, 32
+/// bytes apart, and the right's 8 at `$xq`, 64 apart; the sums stored to
+/// `$out`, 64 apart.
 macro_rules! tile_product {
     ($c:literal, $l:literal, $r:literal, $a:expr, $xq:expr, $out:expr) => {
         asm!(
             concat!("tilezero tmm", $c),
-            concat!("tileloadd tmm", $l, ", [{a} + {line} * 1]"),
+            concat!("tileloadd tmm", $l, ", [{a} + {row} * 1]"),
             concat!("tileloadd tmm", $r, ", [{xq} + {line} * 1]"),
             concat!("tdpbusd tmm", $c, ", tmm", $l, ", tmm", $r),
             concat!("tilestored [{out} + {line} * 1], tmm", $c),
             a = in(reg) $a,
             xq = in(reg) $xq,
             out = in(reg) $out,
+            row = in(reg) 32usize,
             line = in(reg) 64usize,
             options(nostack),
         )
     };
 }
 
-/// `tiles` consecutive 16-row tiles of unpacked weight rows (`w`, laid out
-/// in 16-row tiles by [`super::x86_lanes::unpack_rows256`], `nblocks`
-/// blocks each, unpacked for VNNI) against one 16-lane group of
+/// `tiles` consecutive 16-row tiles of unpacked weight rows (`w`: tile
+/// `t`'s block `b` the [`TileBlock`] at `t * nblocks + b`, as
+/// [`super::x86_lanes::unpack_rows256`] lays them out for VNNI) against
+/// one 16-lane group of
 /// [`LaneRows`](super::int8::LaneRows) (`x`; lanes `0..cn` written):
 /// element `(r, c)` goes to `y[c * y_stride + r]`.
 ///
@@ -179,12 +181,12 @@ macro_rules! tile_product {
 /// sums run in a pass of their own.
 ///
 /// # Safety
-/// As [`super::x86_lanes::lanes_vnni512`] for `16 * tiles` rows laid out
-/// in tiles, `B` of one scale per block; [`has_amx`] must have returned
-/// true.
+/// `w` must be valid for `tiles * nblocks` [`TileBlock`]s of `B` (one
+/// scale per block); otherwise as [`super::x86_lanes::lanes_vnni512`];
+/// [`has_amx`] must have returned true.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn lanes_amx<B: Int8Block>(
-    w: *const I8Block,
+    w: *const TileBlock,
     nblocks: usize,
     tiles: usize,
     x: LaneArgs,
@@ -199,29 +201,28 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
     // Per ring slot: a sums tile.
     let mut sums = Aligned([[[0i32; 16]; AMX_ROWS]; RING]);
     for t in 0..tiles {
-        // SAFETY: tile `t` (16 rows of `nblocks` blocks) is in bounds (fn
-        // contract).
-        let wt = unsafe { w.add(AMX_ROWS * t * nblocks) };
+        // SAFETY: tile `t`'s `nblocks` blocks are in bounds (fn contract).
+        let wt = unsafe { w.add(t * nblocks) };
         let mut acc = [_mm512_setzero_ps(); AMX_ROWS];
         for i in 0..nblocks + LAG {
             if i < nblocks {
                 let (b, k) = (i, i % RING);
-                // Block `b` of the tile's 16 rows: 16 consecutive blocks.
-                let a = wt.wrapping_add(AMX_ROWS * b) as *const u8;
+                // Block `b` of the tile's 16 rows.
+                let a = wt.wrapping_add(b) as *const u8;
                 let xq = x.q.wrapping_add(32 * 16 * b);
                 // Ask for the operands `AHEAD` blocks on into L1 (no
                 // difference measured with the unpacked group in L2, where
                 // the 1B shape's is).
-                for line in 0..16 {
-                    prefetch(a.wrapping_add(AHEAD * 1024 + 64 * line));
+                for line in 0..TILE_SLOTS {
+                    prefetch(a.wrapping_add(AHEAD * size_of::<TileBlock>() + 64 * line));
                 }
                 for line in 0..8 {
                     prefetch(xq.wrapping_add(AHEAD * 512 + 64 * line));
                 }
                 let out = sums.0[k].as_mut_ptr();
                 // SAFETY: the tiles are configured (above); the left
-                // operand's 16 rows of 32 bytes at `a` are block `b` of the
-                // tile's rows, the right operand's 8 x 64 bytes block b of
+                // operand's 16 rows of 32 bytes at `a` are block `b`'s
+                // quants, the right operand's 8 x 64 bytes block b of
                 // the lane group (in bounds, fn contract); `out` is 16 x 64
                 // writable bytes.
                 unsafe {
@@ -242,10 +243,10 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 let [lo, hi] = [0, 1]
                     .map(|h| unsafe { _mm512_loadu_si512(x.sums.add(16 * (2 * b + h)).cast()) });
                 let start = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), neg_offset);
+                // SAFETY: block `b` of the tile is in bounds.
+                let blk = unsafe { &*wt.add(b) };
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    // SAFETY: block `b` of row `r` of the tile is in bounds.
-                    let blk = unsafe { &*wt.add(AMX_ROWS * b + r) };
-                    let dd = _mm512_mul_ps(_mm512_set1_ps(blk.d[0]), dx);
+                    let dd = _mm512_mul_ps(_mm512_set1_ps(blk.d[r]), dx);
                     // SAFETY: a sums row is 64 aligned bytes.
                     let s = unsafe { _mm512_load_si512(sums.0[k][r].as_ptr().cast()) };
                     let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s, start));
@@ -259,9 +260,9 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
             for b in 0..nblocks {
                 // SAFETY: block b's 16 sums are in bounds (fn contract).
                 let sx = unsafe { _mm512_loadu_ps(x.s.add(16 * b)) };
-                for (r, mr) in mins.iter_mut().enumerate() {
-                    // SAFETY: block `b` of row `r` of the tile is in bounds.
-                    let m = unsafe { (*wt.add(AMX_ROWS * b + r)).m };
+                // SAFETY: block `b` of the tile is in bounds.
+                let m = unsafe { &(*wt.add(b)).m };
+                for (mr, &m) in mins.iter_mut().zip(m) {
                     *mr = _mm512_fmadd_ps(_mm512_set1_ps(m), sx, *mr);
                 }
             }

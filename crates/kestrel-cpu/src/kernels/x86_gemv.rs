@@ -38,9 +38,9 @@ use super::x86_int8::{Int8Args, Int8Block};
 /// its minimum term's factor `m_w` (zero when the type has none).
 #[derive(Clone, Copy)]
 pub(crate) struct Scales8 {
-    d0: __m256,
-    d1: __m256,
-    m: __m256,
+    pub(super) d0: __m256,
+    pub(super) d1: __m256,
+    pub(super) m: __m256,
 }
 
 impl Scales8 {

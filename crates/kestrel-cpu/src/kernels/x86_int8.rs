@@ -358,8 +358,8 @@ mod tests {
     use super::super::x86_amx::{lanes_amx, AMX_ROWS};
     use super::super::x86_gemv::{gemv8_256, Tile8};
     use super::super::x86_lanes::{
-        has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256, q8_0_lanes256,
-        q8_0_vnni256, unpack_rows256, I8Block, LaneArgs, StoredRows,
+        after_tiles, has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256,
+        q8_0_lanes256, q8_0_vnni256, unpack_rows256, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -406,9 +406,23 @@ mod tests {
             // as many; AVX2 was checked by the caller.
             unsafe {
                 if vnni {
-                    unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, 1, u.as_mut_ptr())
+                    unpack_rows256::<B, true>(
+                        args.w,
+                        w.row_bytes,
+                        w.rows,
+                        nb,
+                        false,
+                        u.as_mut_ptr(),
+                    )
                 } else {
-                    unpack_rows256::<B, false>(args.w, w.row_bytes, w.rows, nb, 1, u.as_mut_ptr())
+                    unpack_rows256::<B, false>(
+                        args.w,
+                        w.row_bytes,
+                        w.rows,
+                        nb,
+                        false,
+                        u.as_mut_ptr(),
+                    )
                 }
             };
             u
@@ -491,35 +505,40 @@ mod tests {
             // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `tiled`
             // as many; AVX2 was checked by the caller.
             unsafe {
-                unpack_rows256::<B, true>(
-                    args.w,
-                    w.row_bytes,
-                    w.rows,
-                    nb,
-                    AMX_ROWS,
-                    tiled.as_mut_ptr(),
-                )
+                unpack_rows256::<B, true>(args.w, w.row_bytes, w.rows, nb, true, tiled.as_mut_ptr())
             };
             for cn in 1..=n.min(16) {
                 let mut x = LaneRows::default();
                 x.fill(xq, cn, nb, 16, true);
                 let tiles = w.rows / AMX_ROWS;
+                let rest = w.rows - AMX_ROWS * tiles;
                 let mut y = vec![f32::NAN; cn * w.rows];
                 // SAFETY: `tiled` holds `w.rows >= 16 * tiles` rows
-                // unpacked for VNNI in 16-row tiles, `x` one 16-lane group
-                // of `nb` blocks, `y` is `cn x w.rows`; AMX was checked above.
+                // unpacked for VNNI, the whole tiles as tile blocks, then
+                // the `rest` rows row after row from `after_tiles` on; `x`
+                // is one 16-lane group of `nb` blocks, `y` `cn x w.rows`;
+                // AMX was checked above (AVX-512 VNNI with it).
                 unsafe {
                     lanes_amx::<B>(
-                        tiled.as_ptr(),
+                        tiled.as_ptr().cast(),
                         nb,
                         tiles,
                         LaneArgs::group(&x, 0),
                         cn,
                         y.as_mut_ptr(),
                         w.rows,
-                    )
+                    );
+                    lanes_vnni512::<B, 1>(
+                        tiled.as_ptr().add(after_tiles(AMX_ROWS * tiles, nb)),
+                        nb,
+                        rest,
+                        LaneArgs::group(&x, 0),
+                        cn,
+                        y.as_mut_ptr().add(AMX_ROWS * tiles),
+                        w.rows,
+                    );
                 };
-                expect(w, xq, &y, AMX_ROWS * tiles, cn, &format!("amx x{cn}"));
+                expect(w, xq, &y, w.rows, cn, &format!("amx x{cn}"));
             }
         }
     }

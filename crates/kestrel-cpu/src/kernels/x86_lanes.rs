@@ -33,52 +33,80 @@ pub(crate) struct I8Block {
     pub(super) m: f32,
 }
 
+/// Weight rows per [`TileBlock`] (the AMX sweep's tile).
+pub(crate) const TILE_ROWS: usize = 16;
+
+/// One block of [`TILE_ROWS`] weight rows unpacked for the AMX sweep
+/// (`super::x86_amx::lanes_amx`), one-scale types only: the rows' integer
+/// weights plus offset, 32 bytes each and contiguous (the tile's left
+/// operand, 8 lines), then their scales and minimums, a line each. Ten
+/// lines where sixteen [`I8Block`]s take sixteen, and the float steps read
+/// a block's 16 scales from one line.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TileBlock {
+    pub(super) q: [[u8; 32]; TILE_ROWS],
+    pub(super) d: [f32; TILE_ROWS],
+    pub(super) m: [f32; TILE_ROWS],
+}
+
+/// [`I8Block`] slots one [`TileBlock`] takes in an unpack buffer.
+pub(crate) const TILE_SLOTS: usize =
+    std::mem::size_of::<TileBlock>() / std::mem::size_of::<I8Block>();
+const _: () =
+    assert!(TILE_SLOTS * std::mem::size_of::<I8Block>() == std::mem::size_of::<TileBlock>());
+
 /// How many rows ahead [`unpack_rows256`] prefetches (rows are contiguous;
 /// past the group it reads the next one's).
 const UNPACK_AHEAD_ROWS: usize = 4;
 
-/// Where [`unpack_rows256`] puts row `r`'s blocks (of `rows` rows of
-/// `nblocks` blocks): block `b` at `base + b * step`. Row after row; with
-/// `tile` rows to a tile (the AMX sweep's 16), the whole tiles first, each
-/// block's rows in consecutive [`I8Block`]s (a tile operand of contiguous
-/// lines), then the rest row after row.
+/// Where [`unpack_rows256`] puts the rows after a group's whole tiles
+/// (`tiled` rows of `nblocks` blocks laid out as [`TileBlock`]s): row
+/// after row of [`I8Block`]s from the returned slot on.
 #[inline(always)]
-pub(crate) fn unpacked_row(r: usize, rows: usize, nblocks: usize, tile: usize) -> (usize, usize) {
-    if r < rows / tile * tile {
-        (r / tile * nblocks * tile + r % tile, tile)
-    } else {
-        (r * nblocks, 1)
-    }
+pub(crate) fn after_tiles(tiled: usize, nblocks: usize) -> usize {
+    tiled / TILE_ROWS * nblocks * TILE_SLOTS
 }
 
 /// Unpack `rows` weight rows of `nblocks` blocks of `B` (row `r` at
-/// `w + r * row_bytes`) into `out` as [`unpacked_row`] with `tile` lays
-/// them out (1: row after row), for [`lanes_vnni256`] and
-/// [`lanes_vnni512`] (and the AMX sweep) if `VNNI`, else
-/// [`lanes_sweep256`] (the weights plus [`Int8Block::VNNI_OFFSET`] or
-/// [`Int8Block::LANE_OFFSET`]).
+/// `w + r * row_bytes`) into `out`, for [`lanes_vnni256`] and
+/// [`lanes_vnni512`] if `VNNI`, else [`lanes_sweep256`] (the weights plus
+/// [`Int8Block::VNNI_OFFSET`] or [`Int8Block::LANE_OFFSET`]): row after row
+/// of [`I8Block`]s, or with `tiles` (the AMX sweep's layout, VNNI and
+/// one-scale `B` only) the whole [`TILE_ROWS`]-row tiles first as
+/// [`TileBlock`]s (tile `t`'s block `b` at `t * nblocks + b`), then the
+/// rest row after row from slot [`after_tiles`] on.
 ///
 /// # Safety
-/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks;
-/// `tile >= 1`; the CPU must support AVX2, FMA and F16C.
+/// `w` must be valid for those rows, `out` for `rows * nblocks` blocks
+/// (at least what either layout takes); the CPU must support AVX2, FMA and
+/// F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     w: *const u8,
     row_bytes: usize,
     rows: usize,
     nblocks: usize,
-    tile: usize,
+    tiles: bool,
     out: *mut I8Block,
 ) {
-    // `quants` gives `w + BIAS`.
     let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
     let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
+    let tiled = if tiles {
+        debug_assert!(VNNI && !B::TWO);
+        let tiled = rows / TILE_ROWS * TILE_ROWS;
+        // SAFETY: forwarded contract, for rows 0..tiled.
+        unsafe { unpack_tiles::<B>(w, row_bytes, tiled, nblocks, shift, out.cast()) };
+        tiled
+    } else {
+        0
+    };
     let mut sc = Scales8::zeros();
     let block_bytes = B::ENC.block_bytes();
     let stored = nblocks / B::SUB;
-    for r in 0..rows {
+    for r in tiled..rows {
         let row = w.wrapping_add(r * row_bytes);
-        let (base, step) = unpacked_row(r, rows, nblocks, tile);
+        let own = out.wrapping_add(after_tiles(tiled, nblocks) + (r - tiled) * nblocks);
         let mut s0 = 0;
         while s0 < stored {
             // One-scale blocks eight at a time, their scales decoded at once
@@ -113,11 +141,11 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                         let [d0, d1, m] = scj.lanes();
                         ([d0[0], d1[0]], m[0])
                     };
-                    let at = base + ((s0 + i) * B::SUB + j) * step;
-                    // SAFETY: block `at < rows * nblocks` of `out` is in
-                    // bounds (fn contract); `q` is its first 32 bytes.
+                    // SAFETY: row `r`'s block `(s0 + i) * SUB + j` lies
+                    // within the layout's `rows * nblocks` slots of `out`
+                    // (fn contract); `q` is its first 32 bytes.
                     unsafe {
-                        let o = out.add(at);
+                        let o = own.add((s0 + i) * B::SUB + j);
                         _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
                         (*o).d = d;
                         (*o).m = m;
@@ -125,6 +153,66 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                 }
             }
             s0 += n;
+        }
+    }
+}
+
+/// [`unpack_rows256`]'s whole tiles: `rows` (a multiple of [`TILE_ROWS`])
+/// weight rows unpacked for VNNI into [`TileBlock`]s at `out`, eight rows
+/// at a time: per stored block, the eight rows' scales decoded at once
+/// ([`Tile8::scales8`], row `i` in lane `i`) and stored as they come, a
+/// vector each, beside the rows' quants (plus `shift`). A K-quant's
+/// scales are decoded once for eight rows, not once per row.
+///
+/// # Safety
+/// As [`unpack_rows256`] for those rows, `B` one-scale; `out` valid for
+/// `rows / TILE_ROWS * nblocks` tile blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_tiles<B: Tile8>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    nblocks: usize,
+    shift: __m256i,
+    out: *mut TileBlock,
+) {
+    let mut sc = Scales8::zeros();
+    let block_bytes = B::ENC.block_bytes();
+    for r0 in (0..rows).step_by(8) {
+        let (tile, half) = (out.wrapping_add(r0 / TILE_ROWS * nblocks), r0 % TILE_ROWS);
+        for s in 0..nblocks / B::SUB {
+            let p: [*const u8; 8] =
+                std::array::from_fn(|i| w.wrapping_add((r0 + i) * row_bytes + s * block_bytes));
+            // Decode streams the weights from DRAM once: ask for the next
+            // eight rows' same block.
+            for pi in p {
+                for line in 0..block_bytes.div_ceil(64) {
+                    prefetch(pi.wrapping_add(8 * row_bytes + 64 * line));
+                }
+            }
+            // SAFETY: stored block `s` of rows r0..r0 + 8 is in bounds (fn
+            // contract).
+            unsafe { B::scales8(&p, &mut sc) };
+            for (j, scj) in sc.iter().enumerate().take(B::SUB) {
+                // SAFETY: tile block `s * SUB + j` of rows r0..r0 + 8 is in
+                // bounds (fn contract): its lines `half..half + 8` of
+                // quants, of scales and of minimums; each `p[i]` one stored
+                // block, `j < SUB`.
+                unsafe {
+                    let o = tile.add(s * B::SUB + j);
+                    _mm256_storeu_ps((*o).d.as_mut_ptr().add(half), scj.d0);
+                    _mm256_storeu_ps((*o).m.as_mut_ptr().add(half), scj.m);
+                    for (i, &pi) in p.iter().enumerate() {
+                        let q = B::quants(pi, j);
+                        let q = if B::VNNI_OFFSET != B::BIAS {
+                            _mm256_add_epi8(q, shift)
+                        } else {
+                            q
+                        };
+                        _mm256_storeu_si256((*o).q[half + i].as_mut_ptr() as *mut __m256i, q);
+                    }
+                }
+            }
         }
     }
 }
