@@ -31,7 +31,7 @@ use std::cell::Cell;
 
 use super::x86::prefetch;
 use super::x86_int8::Int8Block;
-use super::x86_lanes::{scatter, LaneArgs, TileBlock, TILE_SLOTS};
+use super::x86_lanes::{LaneArgs, TileBlock, TILE_SLOTS};
 
 /// Weight rows (and outputs) per [`lanes_amx`] tile.
 pub(crate) const AMX_ROWS: usize = super::x86_lanes::TILE_ROWS;
@@ -267,14 +267,60 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 }
             }
         }
-        for r in 0..AMX_ROWS {
-            let mut out = [0f32; 16];
-            // SAFETY: `out` is 16 writable floats; elements (16 t + r, c <
-            // cn) are in bounds (fn contract).
-            unsafe {
-                _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r], mins[r]));
-                scatter(out, cn, y, y_stride, AMX_ROWS * t + r);
-            }
+        // Lane `c`'s 16 outputs are consecutive in `y`: one store each
+        // (scattered element by element, rows `y_stride` apart, they cost a
+        // tenth of the sweep).
+        let lanes = transpose16(std::array::from_fn(|r| _mm512_add_ps(acc[r], mins[r])));
+        for (c, v) in lanes.into_iter().take(cn).enumerate() {
+            // SAFETY: elements (16 t..16 t + 16, c < cn) are in bounds (fn
+            // contract).
+            unsafe { _mm512_storeu_ps(y.add(c * y_stride + AMX_ROWS * t), v) };
         }
     }
+}
+
+/// The 16 x 16 transpose: element `c` of `v[r]` to element `r` of the
+/// result's `c`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(v: [__m512; 16]) -> [__m512; 16] {
+    // Within 128-bit lanes: pairs of rows interleaved, then pairs of
+    // pairs, so that `b[4 q + k]` holds in 128-bit lane `l` rows 4q..4q+4
+    // of column 4l + k.
+    let a: [__m512; 16] = std::array::from_fn(|i| {
+        let (x, y) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    let b: [__m512; 16] = std::array::from_fn(|i| {
+        let base = i / 4 * 4 + i % 4 / 2;
+        let (x, y) = (_mm512_castps_pd(a[base]), _mm512_castps_pd(a[base + 2]));
+        _mm512_castpd_ps(if i % 2 == 0 {
+            _mm512_unpacklo_pd(x, y)
+        } else {
+            _mm512_unpackhi_pd(x, y)
+        })
+    });
+    // Across 128-bit lanes: `c[8 h + 4 p + k]` holds rows 8h..8h+8 of
+    // columns k + 4p and k + 4p + 8, then the result's `k + 4p (+ 8)` all
+    // 16 rows.
+    let c: [__m512; 16] = std::array::from_fn(|i| {
+        let (x, y) = (b[i % 4 + i / 8 * 8], b[i % 4 + i / 8 * 8 + 4]);
+        if i / 4 % 2 == 0 {
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y)
+        } else {
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y)
+        }
+    });
+    std::array::from_fn(|i| {
+        let (x, y) = (c[i % 8], c[i % 8 + 8]);
+        if i / 8 == 0 {
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y)
+        } else {
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y)
+        }
+    })
 }
