@@ -198,8 +198,10 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
     // SAFETY: AMX is granted (fn contract).
     unsafe { configure() };
     let neg_offset = _mm512_set1_epi32(-B::VNNI_OFFSET);
-    // Per ring slot: a sums tile.
-    let mut sums = Aligned([[[0i32; 16]; AMX_ROWS]; RING]);
+    // Per ring slot: a sums tile, written by `tilestored` before its float
+    // step reads it (left uninitialized: zeroing it was a memset per call).
+    let mut ring = std::mem::MaybeUninit::<Aligned<[[[i32; 16]; AMX_ROWS]; RING]>>::uninit();
+    let sums = ring.as_mut_ptr().cast::<[[i32; 16]; AMX_ROWS]>();
     for t in 0..tiles {
         // SAFETY: tile `t`'s `nblocks` blocks are in bounds (fn contract).
         let wt = unsafe { w.add(t * nblocks) };
@@ -219,7 +221,7 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 for line in 0..8 {
                     prefetch(xq.wrapping_add(AHEAD * 512 + 64 * line));
                 }
-                let out = sums.0[k].as_mut_ptr();
+                let out = sums.wrapping_add(k);
                 // SAFETY: the tiles are configured (above); the left
                 // operand's 16 rows of 32 bytes at `a` are block `b`'s
                 // quants, the right operand's 8 x 64 bytes block b of
@@ -247,8 +249,10 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 let blk = unsafe { &*wt.add(b) };
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let dd = _mm512_mul_ps(_mm512_set1_ps(blk.d[r]), dx);
-                    // SAFETY: a sums row is 64 aligned bytes.
-                    let s = unsafe { _mm512_load_si512(sums.0[k][r].as_ptr().cast()) };
+                    // SAFETY: slot `k`'s row `r` is 64 aligned bytes, stored
+                    // by block b's product `LAG` blocks ago.
+                    let s =
+                        unsafe { _mm512_load_si512(sums.add(k).cast::<[i32; 16]>().add(r).cast()) };
                     let s = _mm512_cvtepi32_ps(_mm512_add_epi32(s, start));
                     *acc = _mm512_fmadd_ps(s, dd, *acc);
                 }
