@@ -1,5 +1,6 @@
 //! The many-row side of the fast numerics on x86 (AVX2 and AVX-512 VNNI):
-//! weight rows unpacked once to [`I8Block`]s ([`unpack_rows256`]), then
+//! weight rows unpacked once to [`I8Block`]s ([`unpack_rows256`]; for the
+//! AMX sweep whole 16-row tiles to [`TileBlock`]s), then
 //! swept against [`LaneRows`], one activation row per SIMD lane: every
 //! weight block's four-byte groups are broadcast against the same group of
 //! each row, so a block's integer sums land one per lane without a
