@@ -264,6 +264,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                 // On AMX, whole 16-row tiles first; the sweeps below take
                 // the rest.
                 let skip = if amx {
+                    debug_assert_eq!(x.lanes, 16, "AMX sweeps 16-lane groups");
                     let tiles = rows / x86_amx::AMX_ROWS;
                     let tiled = buf.cast::<x86_lanes::TileBlock>();
                     // SAFETY: as for `sweep!` below, for rows g0..g0 + 16

@@ -91,6 +91,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     tiles: bool,
     out: *mut I8Block,
 ) {
+    // `quants` gives `w + BIAS`.
     let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
     let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
     let tiled = if tiles {
@@ -195,10 +196,10 @@ unsafe fn unpack_tiles<B: Tile8>(
             // contract).
             unsafe { B::scales8(&p, &mut sc) };
             for (j, scj) in sc.iter().enumerate().take(B::SUB) {
-                // SAFETY: tile block `s * SUB + j` of rows r0..r0 + 8 is in
-                // bounds (fn contract): its lines `half..half + 8` of
-                // quants, of scales and of minimums; each `p[i]` one stored
-                // block, `j < SUB`.
+                // SAFETY: tile block `s * SUB + j` is in bounds (fn
+                // contract), its quant rows, scales and minimums
+                // `half..half + 8` those of rows r0..r0 + 8; each `p[i]` is
+                // one stored block, `j < SUB`.
                 unsafe {
                     let o = tile.add(s * B::SUB + j);
                     _mm256_storeu_ps((*o).d.as_mut_ptr().add(half), scj.d0);
