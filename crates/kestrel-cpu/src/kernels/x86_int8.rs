@@ -402,29 +402,14 @@ mod tests {
         // Unpacked for each sweep's offsets.
         let unpacked = [false, true].map(|vnni| {
             let mut u = vec![I8Block::default(); w.rows * nb];
+            let unpack = if vnni {
+                unpack_rows256::<B, true>
+            } else {
+                unpack_rows256::<B, false>
+            };
             // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `u`
             // as many; AVX2 was checked by the caller.
-            unsafe {
-                if vnni {
-                    unpack_rows256::<B, true>(
-                        args.w,
-                        w.row_bytes,
-                        w.rows,
-                        nb,
-                        false,
-                        u.as_mut_ptr(),
-                    )
-                } else {
-                    unpack_rows256::<B, false>(
-                        args.w,
-                        w.row_bytes,
-                        w.rows,
-                        nb,
-                        false,
-                        u.as_mut_ptr(),
-                    )
-                }
-            };
+            unsafe { unpack(args.w, w.row_bytes, w.rows, nb, false, u.as_mut_ptr()) };
             u
         });
         let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
