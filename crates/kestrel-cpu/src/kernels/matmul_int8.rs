@@ -320,12 +320,13 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
 }
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
-/// `a.x`: whole tiles (one row: 8-row GEMV tiles, then 4 x 1; two: 2 x 2),
-/// then the rest one row at a time.
-/// Element `(r, c)` goes to `y[c * y_stride + r]`.
+/// `a.x`: whole tiles (one row: 8-row GEMV tiles, Q4_K's and Q6_K's with
+/// `vnni` on 512-bit registers, then 4 x 1; two: 2 x 2), then the rest one row at a
+/// time. Element `(r, c)` goes to `y[c * y_stride + r]`.
 ///
 /// # Safety
-/// As [`x86_int8::int8_sweep256`] for those rows and activation rows.
+/// As [`x86_int8::int8_sweep256`] for those rows and activation rows; with
+/// `vnni` the CPU must support AVX-512F/BW/VL and AVX-512 VNNI.
 #[cfg(target_arch = "x86_64")]
 unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
     a: x86_int8::Int8Args,
@@ -333,6 +334,7 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
     cn: usize,
     y: *mut f32,
     y_stride: usize,
+    vnni: bool,
 ) {
     macro_rules! sweep {
         ($R:literal, $NB:literal, $a:expr, $rows:expr, $y:expr) => {{
@@ -356,8 +358,16 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
     } else {
         // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
         let done = rows / 8 * 8;
-        // SAFETY: rows 0..done from `a.w` and their outputs exist (fn contract).
-        unsafe { x86_gemv::gemv8_256::<B>(a, rows / 8, y) };
+        // SAFETY: rows 0..done from `a.w` and their outputs exist (fn
+        // contract), of Q4_K or Q6_K for the VNNI GEMVs, whose features
+        // `vnni` vouches for.
+        unsafe {
+            match B::ENC {
+                Encoding::Q4K if vnni => x86_gemv::gemv8_q4k_vnni512(a, rows / 8, y),
+                Encoding::Q6K if vnni => x86_gemv::gemv8_q6k_vnni512(a, rows / 8, y),
+                _ => x86_gemv::gemv8_256::<B>(a, rows / 8, y),
+            }
+        };
         sweep!(4, 1, a.skip_rows(done), rows - done, y.wrapping_add(done))
     }
 }
@@ -386,12 +396,14 @@ unsafe fn int8_sweep(
             x: xq.as_ptr(),
             nblocks: nb,
         };
+        let vnni = isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni();
         macro_rules! go {
             ($B:ty) => {
                 // SAFETY: rows rows.start..rows.end exist and their elements
                 // in activation rows c..c + cn belong to this task (fn
                 // contract); `xq` holds cn rows; AVX2, FMA and F16C come with
-                // every SIMD ISA, checked supported by `matmul_group`.
+                // every SIMD ISA, checked supported by `matmul_group`, and
+                // `vnni` only with AVX-512 and its VNNI.
                 unsafe {
                     int8_sweep256::<$B>(
                         args,
@@ -399,6 +411,7 @@ unsafe fn int8_sweep(
                         cn,
                         y.0.add(c * w.rows + rows.start),
                         w.rows,
+                        vnni,
                     )
                 }
             };
