@@ -322,46 +322,73 @@ tile8! {
 /// `8 * tiles` floats; the CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32) {
-    let stored = a.nblocks / B::SUB;
-    // Bytes of one stored block of all eight rows: what the prefetch of the
-    // tile `PREFETCH_TILES` ahead (contiguous rows) streams per stored block.
-    let step = 8 * B::ENC.block_bytes();
-    let mut sc = Scales8::zeros();
-    for t in 0..tiles {
-        let w = a.w.wrapping_add(8 * t * a.row_bytes);
-        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = _mm256_setzero_ps();
-        for s in 0..stored {
-            for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(s * step + 64 * line));
-            }
-            let p: [*const u8; 8] =
-                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * B::ENC.block_bytes()));
-            // SAFETY: stored block `s` of each of the tile's rows is in
-            // bounds (fn contract).
-            unsafe { B::scales8(&p, &mut sc) };
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
             let xs = a.x.wrapping_add(s * B::SUB);
             // SAFETY: stored block `s` of each row and the activation's
             // blocks `s * SUB..` + SUB are in bounds (fn contract).
             unsafe {
                 if B::SUB == 8 {
                     // Unrolled: each sub-block's shifts and offsets constant.
-                    sub_block::<B>(&p, 0, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 1, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 2, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 3, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 4, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 5, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 6, xs, &sc, &mut acc, &mut mins);
-                    sub_block::<B>(&p, 7, xs, &sc, &mut acc, &mut mins);
+                    sub_block::<B>(p, 0, xs, sc, acc, mins);
+                    sub_block::<B>(p, 1, xs, sc, acc, mins);
+                    sub_block::<B>(p, 2, xs, sc, acc, mins);
+                    sub_block::<B>(p, 3, xs, sc, acc, mins);
+                    sub_block::<B>(p, 4, xs, sc, acc, mins);
+                    sub_block::<B>(p, 5, xs, sc, acc, mins);
+                    sub_block::<B>(p, 6, xs, sc, acc, mins);
+                    sub_block::<B>(p, 7, xs, sc, acc, mins);
                 } else {
                     for j in 0..B::SUB {
-                        sub_block::<B>(&p, j, xs, &sc, &mut acc, &mut mins);
+                        sub_block::<B>(p, j, xs, sc, acc, mins);
                     }
                 }
             }
+        };
+    // SAFETY: forwarded contract.
+    unsafe { tiles8::<B>(a, tiles, y, block) }
+}
+
+/// The GEMVs' walk: `tiles` 8-row tiles from `a.w`, and per stored block
+/// `s` of a tile, the same bytes of the tile `PREFETCH_TILES` ahead
+/// prefetched (rows are contiguous), the eight rows' block addresses `p`
+/// and their scales decoded at once ([`Tile8::scales8`]) handed to
+/// `block(s, p, scales, acc, mins)`, which takes the definition's float
+/// steps into `acc` and `mins`; tile `t`'s outputs, `acc + mins`, go to
+/// `y[8t..8t + 8]`.
+///
+/// # Safety
+/// As [`gemv8_256`]; `block` must be safe to call for every stored block.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tiles8<B: Tile8>(
+    a: Int8Args,
+    tiles: usize,
+    y: *mut f32,
+    mut block: impl FnMut(usize, &[*const u8; 8], &[Scales8; 8], &mut __m256, &mut __m256),
+) {
+    let block_bytes = B::ENC.block_bytes();
+    // Bytes of one stored block of all eight rows: what the prefetch
+    // streams per stored block.
+    let step = 8 * block_bytes;
+    let mut sc = Scales8::zeros();
+    for t in 0..tiles {
+        let w = a.w.wrapping_add(8 * t * a.row_bytes);
+        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = _mm256_setzero_ps();
+        for s in 0..a.nblocks / B::SUB {
+            for line in 0..step.div_ceil(64) {
+                prefetch(ahead.wrapping_add(s * step + 64 * line));
+            }
+            let p: [*const u8; 8] =
+                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * block_bytes));
+            // SAFETY: stored block `s` of each of the tile's rows is in
+            // bounds (fn contract).
+            unsafe { B::scales8(&p, &mut sc) };
+            block(s, &p, &sc, &mut acc, &mut mins);
         }
+        // Without a minimum the definition's sum stays +0.0.
         // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
         unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
     }
@@ -526,24 +553,9 @@ fn chunks(lo: __m512i, hi: __m512i, c: i32, d: i32) -> __m512i {
 /// AVX-512 VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
-    let block_bytes = super::weight::Encoding::Q4K.block_bytes();
-    let step = 8 * block_bytes;
     let nibbles = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
-    let mut sc = Scales8::zeros();
-    for t in 0..tiles {
-        let w = a.w.wrapping_add(8 * t * a.row_bytes);
-        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = _mm256_setzero_ps();
-        for s in 0..a.nblocks / 8 {
-            for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(s * step + 64 * line));
-            }
-            let p: [*const u8; 8] =
-                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * block_bytes));
-            // SAFETY: stored block `s` of each of the tile's rows is in
-            // bounds (fn contract).
-            unsafe { Q4KB::scales8(&p, &mut sc) };
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
             for i in 0..4 {
                 // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
                 // bounds (fn contract).
@@ -570,14 +582,14 @@ pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
                 for (h, sum) in sub.into_iter().enumerate() {
                     let scj = &sc[2 * i + h];
                     let dd = _mm256_mul_ps(scj.d0, _mm256_set1_ps(xb[h].d));
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc);
-                    mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb[h].s), mins);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, *acc);
+                    *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb[h].s), *mins);
                 }
             }
-        }
-        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
-        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
-    }
+        };
+    // SAFETY: forwarded contract; `block` reads stored block `s` of the
+    // tile's rows and activation blocks `8s..8s + 8`, in bounds.
+    unsafe { tiles8::<Q4KB>(a, tiles, y, block) }
 }
 
 /// [`gemv8_256`] for Q6_K with AVX-512 VNNI: sub-blocks `b` and `b + 2`
@@ -596,8 +608,6 @@ pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
 /// AVX-512 VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q6k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
-    let block_bytes = super::weight::Encoding::Q6K.block_bytes();
-    let step = 8 * block_bytes;
     // Per 16-bit lane, for sub-blocks `b = 4n + s2` (first 256-bit half)
     // and `b + 2` (second): the `ql` nibbles' shift, and per `s2` the `qh`
     // bit pairs'.
@@ -610,20 +620,9 @@ pub(crate) unsafe fn gemv8_q6k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
         _mm512_set1_epi8(3),
         _mm512_set1_epi8(1),
     );
-    let mut sc = Scales8::zeros();
-    for t in 0..tiles {
-        let w = a.w.wrapping_add(8 * t * a.row_bytes);
-        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
-        let mut acc = _mm256_setzero_ps();
-        for s in 0..a.nblocks / 8 {
-            for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(s * step + 64 * line));
-            }
-            let p: [*const u8; 8] =
-                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * block_bytes));
-            // SAFETY: stored block `s` of each of the tile's rows is in
-            // bounds (fn contract).
-            unsafe { Q6KB::scales8(&p, &mut sc) };
+    // No minimum: `mins` stays zero.
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, _: &mut __m256| {
             for n in 0..2 {
                 // Sub-blocks 4n + k (k < 4): per pair `s2` (4n + s2 and
                 // 4n + s2 + 2), each's two halves' sums for the eight rows.
@@ -684,13 +683,12 @@ pub(crate) unsafe fn gemv8_q6k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
                 for (k, [h0, h1]) in sums.into_iter().enumerate() {
                     let scj = &sc[4 * n + k];
                     let dx = _mm256_set1_ps(dx[k]);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(scj.d0, dx), acc);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(scj.d1, dx), acc);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(scj.d0, dx), *acc);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(scj.d1, dx), *acc);
                 }
             }
-        }
-        // Without a minimum the definition's sum stays +0.0.
-        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
-        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, _mm256_setzero_ps())) };
-    }
+        };
+    // SAFETY: forwarded contract; `block` reads stored block `s` of the
+    // tile's rows and activation blocks `8s..8s + 8`, in bounds.
+    unsafe { tiles8::<Q6KB>(a, tiles, y, block) }
 }
