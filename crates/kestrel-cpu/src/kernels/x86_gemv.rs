@@ -1,7 +1,9 @@
 //! The single-stream GEMV of the fast numerics on AVX2 ([`gemv8_256`]):
 //! eight weight rows per tile, one output per lane of a 256-bit register,
 //! reading every weight type in its file encoding; with AVX-512 VNNI,
-//! Q4_K's two sub-blocks to a 512-bit register ([`gemv8_q4k_vnni512`]).
+//! Q4_K's and Q6_K's two sub-blocks to a 512-bit register
+//! ([`gemv8_q4k_vnni512`], [`gemv8_q6k_vnni512`]). All three walk the
+//! weights the same way ([`tiles8`]).
 //!
 //! Single-stream decode streams each weight byte once, so this kernel must
 //! keep up with DRAM: per weight byte it may spend only a few instructions.
@@ -522,8 +524,9 @@ fn fold8(p: [__m512i; 8]) -> (__m512i, __m512i) {
     )
 }
 
-/// Two folds' ([`fold8`]) 128-bit chunks `c` and `d` as one register per
-/// chunk, rows 0..8: `[lo.c, hi.c, lo.d, hi.d]`.
+/// Chunks `c` and `d` of a fold's ([`fold8`]) two halves, rows 0..8 each:
+/// `[lo.c, hi.c, lo.d, hi.d]`, chunk `c` in the low 256 bits, `d` in the
+/// high.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn chunks(lo: __m512i, hi: __m512i, c: i32, d: i32) -> __m512i {
