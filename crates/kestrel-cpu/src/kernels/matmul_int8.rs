@@ -321,8 +321,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
 /// `a.x`: whole tiles (one row: 8-row GEMV tiles, Q4_K's and Q6_K's with
-/// `vnni` on 512-bit registers, then 4 x 1; two: 2 x 2), then the rest one row at a
-/// time. Element `(r, c)` goes to `y[c * y_stride + r]`.
+/// `vnni` on 512-bit registers, then 4 x 1; two: 2 x 2), then the rest one
+/// row at a time. Element `(r, c)` goes to `y[c * y_stride + r]`.
 ///
 /// # Safety
 /// As [`x86_int8::int8_sweep256`] for those rows and activation rows; with
