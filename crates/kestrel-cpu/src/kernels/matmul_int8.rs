@@ -256,7 +256,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
             // of `B`; `buf` holds `rows * nb` blocks; tiles only with VNNI
             // and one-scale `B` (`amx` above).
-            unsafe { x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, amx, buf) };
+            let has_lowest = unsafe {
+                x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, amx, buf)
+            };
             for g in 0..n.div_ceil(x.lanes) {
                 let cn = (n - g * x.lanes).min(x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);
@@ -287,7 +289,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         // SAFETY: `buf` holds rows g0 + skip..g1 unpacked, `x` group
                         // `g` (fn contract); elements (g0 + skip..g1, lanes `g *
                         // x.lanes..` + cn) of `y` belong to this task; the
-                        // tail starts at row `done <= rows`.
+                        // tail starts at row `done <= rows`; the `absx` sweep
+                        // only where the unpack saw no -128.
                         unsafe {
                             x86_lanes::$sweep::<B, $R>(buf, nb, rows / $R, args, cn, out, w.rows);
                             x86_lanes::$sweep::<B, 1>(
@@ -302,16 +305,15 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         }
                     }};
                 }
-                // Q8_0's sign steps double the AVX2 sweep's work per row:
-                // two-row tiles measured faster for it, four for the rest.
-                if VNNI && x.lanes == 16 {
-                    sweep!(lanes_vnni512, 4)
-                } else if VNNI {
-                    sweep!(lanes_vnni256, 4)
-                } else if B::ENC == Encoding::Q8_0 {
-                    sweep!(lanes_sweep256, 2)
-                } else {
-                    sweep!(lanes_sweep256, 4)
+                // Q8_0's sign steps add to the AVX2 sweep's work per row:
+                // two-row tiles measured faster for it (with -128 among
+                // the weights), four for the rest.
+                match (VNNI, x.lanes, B::ENC) {
+                    (true, 16, _) => sweep!(lanes_vnni512, 4),
+                    (true, _, _) => sweep!(lanes_vnni256, 4),
+                    (false, _, Encoding::Q8_0) if !has_lowest => sweep!(lanes_sweep256_absx, 4),
+                    (false, _, Encoding::Q8_0) => sweep!(lanes_sweep256, 2),
+                    (false, _, _) => sweep!(lanes_sweep256, 4),
                 }
             }
             g0 = g1;

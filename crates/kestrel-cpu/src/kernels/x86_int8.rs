@@ -351,15 +351,16 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
 mod tests {
     use kestrel_model::DType;
 
-    use super::super::int8::LaneRows;
-    use super::super::matmul::MatRef;
+    use super::super::int8::{LaneRows, Numerics};
+    use super::super::matmul::{matmul, MatRef};
     use super::super::scalar::decode_block;
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_amx::{lanes_amx, AMX_ROWS};
     use super::super::x86_gemv::{gemv8_256, gemv8_q4k_vnni512, gemv8_q6k_vnni512, Tile8};
     use super::super::x86_lanes::{
-        after_tiles, has_avx512_vnni, lanes_sweep256, lanes_vnni256, lanes_vnni512, q4_k_vnni256,
-        q8_0_lanes256, q8_0_vnni256, unpack_rows256, I8Block, LaneArgs, StoredRows,
+        after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
+        lanes_vnni512, q4_k_vnni256, q8_0_lanes256, q8_0_vnni256, unpack_rows256, I8Block,
+        LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -421,9 +422,19 @@ mod tests {
             };
             // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `u`
             // as many; AVX2 was checked by the caller.
-            unsafe { unpack(args.w, w.row_bytes, w.rows, nb, false, u.as_mut_ptr()) };
-            u
+            let lowest = unsafe { unpack(args.w, w.row_bytes, w.rows, nb, false, u.as_mut_ptr()) };
+            (u, lowest)
         });
+        let has_lowest = (0..w.rows).any(|row| {
+            (0..nb).any(|b| {
+                B::ENC == Encoding::Q8_0 && decode_block(w.enc, w.row(row), b).0.contains(&-128)
+            })
+        });
+        assert_eq!(
+            unpacked[0].1, has_lowest,
+            "AVX2 unpack: -128 among the weights"
+        );
+        assert!(!unpacked[1].1, "VNNI unpack reports no -128");
         let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
         for (lanes, on_vnni) in [(8, false), (8, true), (16, true)] {
             if on_vnni && !vnni {
@@ -435,7 +446,7 @@ mod tests {
                 for r in [1, 2, 4] {
                     let tiles = w.rows / r;
                     let mut y = vec![f32::NAN; cn * w.rows];
-                    let p = unpacked[usize::from(on_vnni)].as_ptr();
+                    let p = unpacked[usize::from(on_vnni)].0.as_ptr();
                     let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
                     macro_rules! run {
                         ($sweep:ident) => {
@@ -458,6 +469,26 @@ mod tests {
                     }
                     let what = format!("{lanes}-lane (vnni {on_vnni}) tile {r}x{cn}");
                     expect(w, xq, &y, r * tiles, cn, &what);
+                    if !on_vnni && B::ENC == Encoding::Q8_0 && !has_lowest {
+                        let mut y = vec![f32::NAN; cn * w.rows];
+                        let out = y.as_mut_ptr();
+                        // SAFETY: as above; no weight is -128 (checked).
+                        unsafe {
+                            match r {
+                                1 => lanes_sweep256_absx::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                                2 => lanes_sweep256_absx::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                                _ => lanes_sweep256_absx::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            }
+                        };
+                        expect(
+                            w,
+                            xq,
+                            &y,
+                            r * tiles,
+                            cn,
+                            &format!("8-lane |x| tile {r}x{cn}"),
+                        );
+                    }
                     if lanes == 8
                         && matches!(
                             (on_vnni, B::ENC),
@@ -638,6 +669,40 @@ mod tests {
             {
                 check_type(&mut rng, dtype, 9, cols, 16);
             }
+        }
+    }
+
+    /// Q8_0 rows holding -128 (no quantizer writes it; a file may): the
+    /// AVX2 unpack reports it, and the many-row matmul keeps such rows off
+    /// the `|x|` sweep (`w * sgn(x)` would not fit a byte); with or without
+    /// it, held to AVX2, the definition bit for bit.
+    #[test]
+    fn q8_0_lowest_weight_keeps_the_definition() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: this CPU has no AVX2");
+            return;
+        }
+        let mut rng = Rng(23);
+        // 12 activation rows: two 8-lane groups, so the weights unpack.
+        let (rows, cols, n) = (16, 256, 12);
+        let x = rng.vec(n * cols, 2.0);
+        let mut xq = vec![Q8Block::default(); n * cols / 32];
+        int8::quantize_row(&x, &mut xq);
+        let plain = random_matrix(&mut rng, DType::Q8_0, rows, cols, 1.0);
+        let mut data = plain.data.to_vec();
+        // Row 7, block 3 (2 bytes of f16 scale, then 32 weights), weight 5.
+        data[7 * plain.row_bytes() + 3 * 34 + 2 + 5] = 0x80;
+        let lowest = kestrel_model::Matrix {
+            data: data.into(),
+            ..plain.clone()
+        };
+        for (m, what) in [(&plain, "no -128"), (&lowest, "-128")] {
+            let prepared = Weight::prepare("w", m).unwrap();
+            let w = prepared.mat();
+            check::<super::super::x86_blocks::Q8_0B>(&w, &xq, n);
+            let mut y = vec![f32::NAN; n * rows];
+            matmul(None, Isa::Avx2, Numerics::Fast, w, &x, n, &mut y);
+            expect(&w, &xq, &y, rows, n, &format!("avx2 matmul, {what}"));
         }
     }
 

@@ -76,7 +76,9 @@ pub(crate) fn after_tiles(tiled: usize, nblocks: usize) -> usize {
 /// of [`I8Block`]s, or with `tiles` (the AMX sweep's layout, VNNI and
 /// one-scale `B` only) the whole [`TILE_ROWS`]-row tiles first as
 /// [`TileBlock`]s (tile `t`'s block `b` at `t * nblocks + b`), then the
-/// rest row after row from slot [`after_tiles`] on.
+/// rest row after row from slot [`after_tiles`] on. Returns whether some
+/// weight is -128, for Q8_0 without `VNNI` (which [`lanes_sweep256_absx`]
+/// cannot take); `false` for every other sweep.
 ///
 /// # Safety
 /// `w` must be valid for those rows, `out` for `rows * nblocks` blocks
@@ -90,7 +92,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     nblocks: usize,
     tiles: bool,
     out: *mut I8Block,
-) {
+) -> bool {
     // `quants` gives `w + BIAS`.
     let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
     let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
@@ -106,6 +108,9 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     let mut sc = Scales8::zeros();
     let block_bytes = B::ENC.block_bytes();
     let stored = nblocks / B::SUB;
+    // For AVX2's Q8_0 sweeps: whether a weight is -128 (bytes equal to it).
+    let watch = !VNNI && B::ENC == Encoding::Q8_0;
+    let (lowest, mut seen) = (_mm256_set1_epi8(i8::MIN), _mm256_setzero_si256());
     for r in tiled..rows {
         let row = w.wrapping_add(r * row_bytes);
         let own = out.wrapping_add(after_tiles(tiled, nblocks) + (r - tiled) * nblocks);
@@ -136,6 +141,9 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
                     } else {
                         q
                     };
+                    if watch {
+                        seen = _mm256_or_si256(seen, _mm256_cmpeq_epi8(q, lowest));
+                    }
                     // Block `s0 + i`'s lane, or the super-block's.
                     let (d, m) = if B::SUB == 1 {
                         ([d0[i], d1[i]], m[i])
@@ -157,6 +165,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
             s0 += n;
         }
     }
+    _mm256_testz_si256(seen, seen) == 0
 }
 
 /// [`unpack_rows256`]'s whole tiles: `rows` (a multiple of [`TILE_ROWS`])
@@ -296,6 +305,50 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
+    // SAFETY: forwarded contract.
+    unsafe { sweep256::<B, R, false>(w, nblocks, tiles, x, cn, y, y_stride) }
+}
+
+/// [`lanes_sweep256`] for Q8_0 rows none of whose weights is -128 (what
+/// [`unpack_rows256`] reports): the activations' magnitude `|x|` (once per
+/// step for the tile) against each row's weights with the activations'
+/// sign, `w * sgn(x)`, which fits a signed byte when `w > -128`. One sign
+/// step per product where [`lanes_sweep256`] takes two (`|w|` and
+/// `x * sgn(w)`); the pair sums stay below `2 * 127 * 127`.
+///
+/// # Safety
+/// As [`lanes_sweep256`], `B` Q8_0 and no weight of the unpacked rows -128.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn lanes_sweep256_absx<B: Int8Block, const R: usize>(
+    w: *const I8Block,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(B::SIGNED && B::LANE_OFFSET == 0);
+    // SAFETY: forwarded contract.
+    unsafe { sweep256::<B, R, true>(w, nblocks, tiles, x, cn, y, y_stride) }
+}
+
+/// The AVX2 lane sweep ([`lanes_sweep256`]; with `ABS_X`
+/// [`lanes_sweep256_absx`]).
+///
+/// # Safety
+/// As [`lanes_sweep256`]; with `ABS_X`, as [`lanes_sweep256_absx`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
+    w: *const I8Block,
+    nblocks: usize,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     debug_assert!(cn <= 8);
     let ones = _mm256_set1_epi16(1);
     let offset = B::LANE_OFFSET;
@@ -330,12 +383,15 @@ pub(crate) unsafe fn lanes_sweep256<B: Int8Block, const R: usize>(
                     // (fn contract).
                     let xk =
                         unsafe { _mm256_loadu_si256(x.q.add(256 * b + 32 * k) as *const __m256i) };
+                    let abs_xk = if ABS_X { _mm256_abs_epi8(xk) } else { xk };
                     for r in 0..R {
                         // SAFETY: bytes 4k..4k + 4 of the block's 32 are in bounds.
                         let wv = _mm256_set1_epi32(unsafe {
                             (blk[r].q.as_ptr().add(4 * k) as *const i32).read_unaligned()
                         });
-                        let prod = if signed {
+                        let prod = if ABS_X {
+                            _mm256_maddubs_epi16(abs_xk, _mm256_sign_epi8(wv, xk))
+                        } else if signed {
                             _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xk, wv))
                         } else {
                             _mm256_maddubs_epi16(wv, xk)
