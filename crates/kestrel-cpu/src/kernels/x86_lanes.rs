@@ -7,7 +7,9 @@
 //! horizontal step ([`lanes_sweep256`], 8 rows; with AVX-512 VNNI
 //! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16). The weights are
 //! unpacked as unsigned bytes `w + offset` ([`super::int8::lane_offset`];
-//! all but Q8_0's on AVX2), their sums starting at `-offset * sum(x)`.
+//! all but Q8_0's on AVX2, swept signed: `|x|` against `w * sgn(x)`,
+//! [`lanes_sweep256_absx`], unless a weight is -128), their sums starting
+//! at `-offset * sum(x)`.
 //! With one lane group nothing reuses an unpacked row: Q8_0, and with VNNI
 //! Q4_K, are swept straight from their stored blocks ([`StoredRows`];
 //! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`]).
