@@ -175,7 +175,7 @@ pub fn attend_group(
 
     // Softmax per head: max, exp of (score - max) in place, and the sum
     // of the weights in key order.
-    for (sh, inv_h) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
+    for sh in scores.chunks_exact_mut(len) {
         if simd {
             // SAFETY: AVX2 and FMA were detected (`simd`).
             unsafe { exp_shifted_avx2(sh) };
@@ -183,8 +183,14 @@ pub fn attend_group(
             let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             sh.iter_mut().for_each(|s| *s = exp(*s - max));
         }
-        let sum = sh.iter().fold(0f32, |acc, &s| acc + s);
-        *inv_h = 1.0 / sum;
+    }
+    for (hs, inv) in scores.chunks(4 * len).zip(inv.chunks_mut(4)) {
+        match inv.len() {
+            4 => key_order_sums::<4>(hs, len, inv),
+            3 => key_order_sums::<3>(hs, len, inv),
+            2 => key_order_sums::<2>(hs, len, inv),
+            _ => key_order_sums::<1>(hs, len, inv),
+        }
     }
 
     // Weighted sum of V rows, each row loaded once for the whole group.
@@ -215,6 +221,25 @@ pub fn attend_group(
         for x in oh.iter_mut() {
             *x *= inv_h;
         }
+    }
+}
+
+/// `inv[h] = 1 / sum_j w[h][j]` for `H` heads of weights (`w` head-major,
+/// `len` per head), each sum in key order: the heads' chains interleaved,
+/// so one head's additions wait on each other and not on another head's
+/// (a single chain runs at one addition per add latency: on long prompts
+/// as slow as the score pass).
+#[inline]
+fn key_order_sums<const H: usize>(w: &[f32], len: usize, inv: &mut [f32]) {
+    let w: [&[f32]; H] = std::array::from_fn(|h| &w[h * len..(h + 1) * len]);
+    let mut sums = [0f32; H];
+    for j in 0..len {
+        for h in 0..H {
+            sums[h] += w[h][j];
+        }
+    }
+    for (i, s) in inv.iter_mut().zip(sums) {
+        *i = 1.0 / s;
     }
 }
 
