@@ -165,8 +165,9 @@ const UNPACKED_BYTES: usize = 128 * 1024;
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
 /// [`x86_lanes::lanes_vnni512`] for 16-lane groups and
 /// [`x86_lanes::lanes_vnni256`] for 8-lane ones; otherwise
-/// [`x86_lanes::lanes_sweep256`], Q8_0's in 2-row tiles), the rest a row at
-/// a time.
+/// [`x86_lanes::lanes_sweep256`], or for Q8_0
+/// [`x86_lanes::lanes_sweep256_absx`] unless the unpack saw a -128, then
+/// `lanes_sweep256` in 2-row tiles), the rest a row at a time.
 ///
 /// # Safety
 /// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
