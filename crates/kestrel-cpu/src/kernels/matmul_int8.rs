@@ -44,13 +44,20 @@ pub(super) struct LaneSweep {
 pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
-        let vnni = isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni();
+        let vnni = uses_vnni(isa);
         let lanes = if vnni && n > 8 { 16 } else { 8 };
         let amx = isa == Isa::Amx && lanes == 16;
         return Some(LaneSweep { lanes, vnni, amx });
     }
     let _ = (isa, n);
     None
+}
+
+/// Whether the int8 kernels on `isa` run with AVX-512 VNNI (`vpdpbusd`):
+/// AVX-512 or AMX, on a CPU that has VNNI and VL.
+#[cfg(target_arch = "x86_64")]
+fn uses_vnni(isa: Isa) -> bool {
+    isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni()
 }
 
 thread_local! {
@@ -306,9 +313,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         }
                     }};
                 }
-                // Q8_0's sign steps add to the AVX2 sweep's work per row:
-                // two-row tiles measured faster for it (with -128 among
-                // the weights), four for the rest.
+                // AVX2's two-sign Q8_0 sweep (rows holding -128) measured
+                // faster in two-row tiles; the |x| one (Q8_0/512 93 against
+                // 87 G/s in two) and the rest in four.
                 match (VNNI, x.lanes, B::ENC) {
                     (true, 16, _) => sweep!(lanes_vnni512, 4),
                     (true, _, _) => sweep!(lanes_vnni256, 4),
@@ -399,7 +406,7 @@ unsafe fn int8_sweep(
             x: xq.as_ptr(),
             nblocks: nb,
         };
-        let vnni = isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni();
+        let vnni = uses_vnni(isa);
         macro_rules! go {
             ($B:ty) => {
                 // SAFETY: rows rows.start..rows.end exist and their elements

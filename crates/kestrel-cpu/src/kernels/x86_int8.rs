@@ -425,11 +425,9 @@ mod tests {
             let lowest = unsafe { unpack(args.w, w.row_bytes, w.rows, nb, false, u.as_mut_ptr()) };
             (u, lowest)
         });
-        let has_lowest = (0..w.rows).any(|row| {
-            (0..nb).any(|b| {
-                B::ENC == Encoding::Q8_0 && decode_block(w.enc, w.row(row), b).0.contains(&-128)
-            })
-        });
+        let has_lowest = B::ENC == Encoding::Q8_0
+            && (0..w.rows)
+                .any(|row| (0..nb).any(|b| decode_block(w.enc, w.row(row), b).0.contains(&-128)));
         assert_eq!(
             unpacked[0].1, has_lowest,
             "AVX2 unpack: -128 among the weights"
