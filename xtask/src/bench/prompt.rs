@@ -188,10 +188,9 @@ pub fn run<R: BenchRuntime>(
     let mut pp = Vec::new();
     for (k, len) in PP_LENS.into_iter().enumerate() {
         eprintln!("prefill probe: {len} tokens");
-        pp.push((
-            len,
-            prefill_probe(engine, ctx, len, 9_000_010 + 10 * k as u64)?,
-        ));
+        let rate = prefill_probe(engine, ctx, len, 9_000_010 + 10 * k as u64)?;
+        eprintln!("prefill probe: {len} tokens at {rate:.1} tokens/s");
+        pp.push((len, rate));
     }
     eprintln!("TTFT probe: {TTFT_LEN} tokens");
     let ttft = ttft_probe(engine, ctx, TTFT_LEN)?;

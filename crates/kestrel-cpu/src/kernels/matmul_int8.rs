@@ -4,7 +4,7 @@
 //! ([`int8_rows_task`]): one activation row through the eight-row GEMV,
 //! two or three through small tiles straight from the weight blocks, more
 //! through the lane sweeps: weight rows unpacked once and swept against
-//! every lane group, or with one lane group (Q8_0; Q4_K with VNNI) swept
+//! every lane group, or with one lane group (Q8_0, Q4_K) swept
 //! straight from the stored blocks.
 
 use super::int8::{self, LaneRows, Q8Block};
@@ -163,10 +163,10 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 const UNPACKED_BYTES: usize = 128 * 1024;
 
-/// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and (with
-/// `VNNI`) Q4_K rows are swept straight from their stored blocks
+/// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
+/// are swept straight from their stored blocks
 /// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
-/// [`x86_lanes::q8_0_lanes256`]). Otherwise weight rows are unpacked a
+/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]). Otherwise weight rows are unpacked a
 /// group at a time ([`x86_lanes::unpack_rows256`], at most 32 rows or
 /// [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
@@ -194,12 +194,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
     // short rows.
     let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
-    // One lane group of Q8_0, or of Q4_K with VNNI: straight from the
+    // One lane group of Q8_0 or Q4_K: straight from the
     // stored blocks (nothing would reuse an unpack).
-    if x.lanes == 8
-        && n <= 8
-        && matches!((VNNI, B::ENC), (_, Encoding::Q8_0) | (true, Encoding::Q4K))
-    {
+    if x.lanes == 8 && n <= 8 && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
         let stored = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,
@@ -237,6 +234,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         match (VNNI, B::ENC) {
             (true, Encoding::Q8_0) => direct!(q8_0_vnni256, 4),
             (true, _) => direct!(q4_k_vnni256, 4),
+            (false, Encoding::Q4K) => direct!(q4_k_lanes256, 4),
             _ => direct!(q8_0_lanes256, 2),
         }
         return;

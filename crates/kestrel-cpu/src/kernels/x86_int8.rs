@@ -359,8 +359,8 @@ mod tests {
     use super::super::x86_gemv::{gemv8_256, gemv8_q4k_vnni512, gemv8_q6k_vnni512, Tile8};
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
-        lanes_vnni512, q4_k_vnni256, q8_0_lanes256, q8_0_vnni256, unpack_rows256, I8Block,
-        LaneArgs, StoredRows,
+        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q8_0_lanes256, q8_0_vnni256, unpack_rows256,
+        I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -488,10 +488,7 @@ mod tests {
                         );
                     }
                     if lanes == 8
-                        && matches!(
-                            (on_vnni, B::ENC),
-                            (_, Encoding::Q8_0) | (true, Encoding::Q4K)
-                        )
+                        && matches!((on_vnni, B::ENC), (_, Encoding::Q8_0) | (_, Encoding::Q4K))
                     {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
@@ -517,6 +514,7 @@ mod tests {
                             match (on_vnni, B::ENC) {
                                 (true, Encoding::Q8_0) => direct!(q8_0_vnni256),
                                 (true, _) => direct!(q4_k_vnni256),
+                                (false, Encoding::Q4K) => direct!(q4_k_lanes256),
                                 _ => direct!(q8_0_lanes256),
                             }
                         }

@@ -10,9 +10,10 @@
 //! all but Q8_0's on AVX2, swept signed: `|x|` against `w * sgn(x)`,
 //! [`lanes_sweep256_absx`], unless a weight is -128), their sums starting
 //! at `-offset * sum(x)`.
-//! With one lane group nothing reuses an unpacked row: Q8_0, and with VNNI
-//! Q4_K, are swept straight from their stored blocks ([`StoredRows`];
-//! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`]).
+//! With one lane group nothing reuses an unpacked row: Q8_0 and Q4_K are
+//! swept straight from their stored blocks ([`StoredRows`];
+//! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`],
+//! [`q4_k_lanes256`]).
 //! Results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
 
 use std::arch::x86_64::*;
@@ -830,6 +831,83 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
                         })
                     };
                     let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit), dx);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+                    *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
+                }
+            }
+        }
+        // SAFETY: rows R t..R t + R of `y` (fn contract).
+        unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
+    }
+}
+
+/// [`q4_k_vnni256`] on AVX2: `vpmaddubsw`'s i16 pair sums could not hold
+/// a high nibble taken sixteen times its value, so per super-block each
+/// row's 128 stored bytes are split into its 256 nibbles once (a load, a
+/// shift and two masks per 64 weights, into an L1 buffer), and each
+/// sub-block's four-byte groups broadcast from there against the group's
+/// activations, the eight products of a sub-block summed in i16 (16
+/// products of at most 15 x 127 each) before `vpmaddwd` widens them, as in
+/// [`lanes_sweep256`]. With one lane group, unpacking the rows to
+/// [`I8Block`]s took a third as long as the sweep that read them.
+///
+/// # Safety
+/// As [`q4_k_vnni256`], the CPU supporting AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
+    w: StoredRows,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(cn <= 8 && R <= 8);
+    let block = Encoding::Q4K.block_bytes();
+    let (low, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+    let mut sc = Scales8::zeros();
+    // Row `r`'s nibbles of one super-block: sub-block `j` at `nib[r][j]`.
+    let mut nib = [[_mm256_setzero_si256(); 8]; R];
+    for t in 0..tiles {
+        let wt = w.skip(R * t);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [_mm256_setzero_ps(); R];
+        for s in 0..w.nblocks / 8 {
+            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
+            // The next tile's same super-blocks, for when they are read.
+            for r in 0..R {
+                for line in 0..block.div_ceil(64) {
+                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
+                }
+            }
+            // SAFETY: super-block `s` of each row of the tile is in bounds
+            // (fn contract); lanes past the tile repeat its last row.
+            unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
+            for (r, nib) in nib.iter_mut().enumerate() {
+                for h in 0..4 {
+                    // SAFETY: stored bytes 16 + 32 h.. + 32 are in the
+                    // super-block (fn contract).
+                    let v = unsafe { _mm256_loadu_si256(sb(r).add(16 + 32 * h).cast()) };
+                    nib[2 * h] = _mm256_and_si256(v, low);
+                    nib[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                }
+            }
+            for (j, sc) in sc.iter().enumerate() {
+                let b = 8 * s + j;
+                // SAFETY: block `b` of the group and its 8 sums are in
+                // bounds (fn contract).
+                let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
+                let [d, _, m] = sc.lanes();
+                for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
+                    let q = nib[r][j..].as_ptr().cast::<i32>();
+                    // SAFETY: four-byte group `k < 8` of the sub-block's 32
+                    // bytes.
+                    let s16 = (0..8).fold(_mm256_setzero_si256(), |s16, k| unsafe {
+                        let wk = _mm256_set1_epi32(q.add(k).read_unaligned());
+                        _mm256_add_epi16(s16, _mm256_maddubs_epi16(wk, xk[k]))
+                    });
+                    let all = _mm256_madd_epi16(s16, ones);
+                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r]), dx);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
                     *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
                 }
