@@ -769,29 +769,34 @@ pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
     }
 }
 
-/// [`q8_0_vnni256`] for Q4_K: per super-block, the tile's rows' scales
-/// decoded at once ([`Tile8::scales8`], row `r` in lane `r`); per 32-element
-/// sub-block, each four-byte group broadcast from the stored nibbles and
-/// masked in place: low nibbles as they are, high nibbles sixteen times
-/// their value, their scale taking the 1/16 (a power of two: the product
-/// with the activations' scale, and every step after it, come out as the
-/// definition's). Sums of at most 32 x 240 x 127 stay exact in f32.
+/// `tiles` consecutive `R`-row tiles of Q4_K rows straight from their
+/// stored blocks against one 8-lane group of [`LaneRows`]: per
+/// super-block, the next tile's same bytes prefetched, the tile's rows'
+/// scales decoded at once ([`Tile8::scales8`], row `r` in lane `r`) and
+/// `split(sb, state)` handed the rows' super-blocks; per 32-element
+/// sub-block `j`, the group's activations loaded once for the tile and
+/// `dot(state, r, j, sb[r], xk)` row `r`'s integer sums, whose scale takes
+/// `unit[j % 2]` in the definition's float step (a power of two, which
+/// leaves the step's results as they were); the minimums' sum beside.
 ///
 /// # Safety
-/// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
-/// integer sums needed).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
+/// As [`q4_k_vnni256`], the CPU supporting what `split` and `dot` use.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_k_stored<const R: usize, S>(
     w: StoredRows,
     tiles: usize,
     x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
+    out: (usize, *mut f32, usize),
+    unit: [f32; 2],
+    mut state: S,
+    split: impl Fn(&[*const u8; R], &mut S),
+    dot: impl Fn(&S, usize, usize, *const u8, &[__m256i; 8]) -> __m256i,
 ) {
+    let (cn, y, y_stride) = out;
     debug_assert!(cn <= 8 && R <= 8);
     let block = Encoding::Q4K.block_bytes();
-    let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
         let wt = w.skip(R * t);
@@ -808,29 +813,16 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract); lanes past the tile repeat its last row.
             unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
+            split(&std::array::from_fn(sb), &mut state);
             for (j, sc) in sc.iter().enumerate() {
                 let b = 8 * s + j;
                 // SAFETY: block `b` of the group and its 8 sums are in
                 // bounds (fn contract).
                 let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
                 let [d, _, m] = sc.lanes();
-                let (mask, unit) = if j % 2 == 0 {
-                    (masks[0], 1.0)
-                } else {
-                    (masks[1], 1.0 / 16.0)
-                };
                 for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
-                    // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
-                    let q = sb(r).wrapping_add(16 + 32 * (j / 2));
-                    // SAFETY: those 32 bytes are in the super-block.
-                    let all = unsafe {
-                        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
-                            let four = (q.add(4 * k) as *const i32).read_unaligned();
-                            let wk = _mm256_and_si256(_mm256_set1_epi32(four), mask);
-                            _mm256_dpbusd_epi32(sum, wk, xk[k])
-                        })
-                    };
-                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit), dx);
+                    let all = dot(&state, r, j, sb(r), &xk);
+                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit[j % 2]), dx);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
                     *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
                 }
@@ -838,6 +830,52 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
         }
         // SAFETY: rows R t..R t + R of `y` (fn contract).
         unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
+    }
+}
+
+/// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
+/// broadcast from the stored nibbles and masked in place: low nibbles as
+/// they are, high nibbles sixteen times their value, their scale taking
+/// the 1/16 (a power of two: the product with the activations' scale, and
+/// every step after it, come out as the definition's). Sums of at most 32
+/// x 240 x 127 stay exact in f32.
+///
+/// # Safety
+/// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
+/// integer sums needed).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
+    w: StoredRows,
+    tiles: usize,
+    x: LaneArgs,
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
+    // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
+    // SAFETY: those 32 bytes are in the super-block at `sb`
+    // (q4_k_stored's contract).
+    let dot = |_: &(), _, j: usize, sb: *const u8, xk: &[__m256i; 8]| unsafe {
+        let q = sb.add(16 + 32 * (j / 2));
+        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
+            let four = (q.add(4 * k) as *const i32).read_unaligned();
+            let wk = _mm256_and_si256(_mm256_set1_epi32(four), masks[j % 2]);
+            _mm256_dpbusd_epi32(sum, wk, xk[k])
+        })
+    };
+    // SAFETY: forwarded contract; this CPU has VNNI.
+    unsafe {
+        q4_k_stored::<R, ()>(
+            w,
+            tiles,
+            x,
+            (cn, y, y_stride),
+            [1.0, 1.0 / 16.0],
+            (),
+            |_, _| {},
+            dot,
+        )
     }
 }
 
@@ -862,60 +900,31 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(cn <= 8 && R <= 8);
-    let block = Encoding::Q4K.block_bytes();
     let (low, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
-    let mut sc = Scales8::zeros();
     // Row `r`'s nibbles of one super-block: sub-block `j` at `nib[r][j]`.
-    let mut nib = [[_mm256_setzero_si256(); 8]; R];
-    for t in 0..tiles {
-        let wt = w.skip(R * t);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [_mm256_setzero_ps(); R];
-        for s in 0..w.nblocks / 8 {
-            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
-            // The next tile's same super-blocks, for when they are read.
-            for r in 0..R {
-                for line in 0..block.div_ceil(64) {
-                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
-                }
-            }
-            // SAFETY: super-block `s` of each row of the tile is in bounds
-            // (fn contract); lanes past the tile repeat its last row.
-            unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
-            for (r, nib) in nib.iter_mut().enumerate() {
-                for h in 0..4 {
-                    // SAFETY: stored bytes 16 + 32 h.. + 32 are in the
-                    // super-block (fn contract).
-                    let v = unsafe { _mm256_loadu_si256(sb(r).add(16 + 32 * h).cast()) };
-                    nib[2 * h] = _mm256_and_si256(v, low);
-                    nib[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                }
-            }
-            for (j, sc) in sc.iter().enumerate() {
-                let b = 8 * s + j;
-                // SAFETY: block `b` of the group and its 8 sums are in
-                // bounds (fn contract).
-                let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
-                let [d, _, m] = sc.lanes();
-                for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
-                    let q = nib[r][j..].as_ptr().cast::<i32>();
-                    // SAFETY: four-byte group `k < 8` of the sub-block's 32
-                    // bytes.
-                    let s16 = (0..8).fold(_mm256_setzero_si256(), |s16, k| unsafe {
-                        let wk = _mm256_set1_epi32(q.add(k).read_unaligned());
-                        _mm256_add_epi16(s16, _mm256_maddubs_epi16(wk, xk[k]))
-                    });
-                    let all = _mm256_madd_epi16(s16, ones);
-                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r]), dx);
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
-                    *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
-                }
+    let nib = [[_mm256_setzero_si256(); 8]; R];
+    let split = |sb: &[*const u8; R], nib: &mut [[__m256i; 8]; R]| {
+        for (sb, nib) in sb.iter().zip(nib) {
+            for h in 0..4 {
+                // SAFETY: stored bytes 16 + 32 h.. + 32 are in the
+                // super-block (q4_k_stored's contract).
+                let v = unsafe { _mm256_loadu_si256(sb.add(16 + 32 * h).cast()) };
+                nib[2 * h] = _mm256_and_si256(v, low);
+                nib[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
             }
         }
-        // SAFETY: rows R t..R t + R of `y` (fn contract).
-        unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
-    }
+    };
+    let dot = |nib: &[[__m256i; 8]; R], r: usize, j: usize, _, xk: &[__m256i; 8]| {
+        let q = nib[r][j..].as_ptr().cast::<i32>();
+        // SAFETY: four-byte group `k < 8` of the sub-block's 32 bytes.
+        let s16 = (0..8).fold(_mm256_setzero_si256(), |s16, k| unsafe {
+            let wk = _mm256_set1_epi32(q.add(k).read_unaligned());
+            _mm256_add_epi16(s16, _mm256_maddubs_epi16(wk, xk[k]))
+        });
+        _mm256_madd_epi16(s16, ones)
+    };
+    // SAFETY: forwarded contract.
+    unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
 }
 
 /// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
