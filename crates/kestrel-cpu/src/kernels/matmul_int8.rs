@@ -229,8 +229,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                 }
             }};
         }
-        // Q8_0's sign steps double the AVX2 sweep's work per row: two-row
-        // tiles, as for the unpacked rows below.
+        // On AVX2, Q8_0's two sign steps per product (the stored blocks are
+        // not checked for -128, which the |x| sweep needs) double the work
+        // per row: two-row tiles, as for unpacked rows holding a -128 below.
         match (VNNI, B::ENC) {
             (true, Encoding::Q8_0) => direct!(q8_0_vnni256, 4),
             (true, _) => direct!(q4_k_vnni256, 4),
