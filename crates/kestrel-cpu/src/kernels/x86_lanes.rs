@@ -773,7 +773,8 @@ pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
 /// stored blocks against one 8-lane group of [`LaneRows`]: per
 /// super-block, the next tile's same bytes prefetched, the tile's rows'
 /// scales decoded at once ([`Tile8::scales8`], row `r` in lane `r`) and
-/// `split(sb, state)` handed the rows' super-blocks; per 32-element
+/// `split(sb, state)` handed their super-blocks (lanes past the tile
+/// repeat its last row); per 32-element
 /// sub-block `j`, the group's activations loaded once for the tile and
 /// `dot(state, r, j, sb[r], xk)` row `r`'s integer sums, whose scale takes
 /// `unit[j % 2]` in the definition's float step (a power of two, which
@@ -791,7 +792,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
     out: (usize, *mut f32, usize),
     unit: [f32; 2],
     mut state: S,
-    split: impl Fn(&[*const u8; R], &mut S),
+    split: impl Fn(&[*const u8; 8], &mut S),
     dot: impl Fn(&S, usize, usize, *const u8, &[__m256i; 8]) -> __m256i,
 ) {
     let (cn, y, y_stride) = out;
@@ -810,10 +811,11 @@ unsafe fn q4_k_stored<const R: usize, S>(
                     prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
                 }
             }
+            let sbs = std::array::from_fn(sb);
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract); lanes past the tile repeat its last row.
-            unsafe { Q4KB::scales8(&std::array::from_fn(sb), &mut sc) };
-            split(&std::array::from_fn(sb), &mut state);
+            unsafe { Q4KB::scales8(&sbs, &mut sc) };
+            split(&sbs, &mut state);
             for (j, sc) in sc.iter().enumerate() {
                 let b = 8 * s + j;
                 // SAFETY: block `b` of the group and its 8 sums are in
@@ -821,7 +823,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
                 let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
                 let [d, _, m] = sc.lanes();
                 for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
-                    let all = dot(&state, r, j, sb(r), &xk);
+                    let all = dot(&state, r, j, sbs[r], &xk);
                     let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit[j % 2]), dx);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
                     *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
@@ -881,8 +883,8 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
 
 /// [`q4_k_vnni256`] on AVX2: `vpmaddubsw`'s i16 pair sums could not hold
 /// a high nibble taken sixteen times its value, so per super-block each
-/// row's 128 stored bytes are split into its 256 nibbles once (a load, a
-/// shift and two masks per 64 weights, into an L1 buffer), and each
+/// row's 128 stored bytes are split into its 256 nibbles once
+/// ([`Tile8::quants`], into an L1 buffer), and each
 /// sub-block's four-byte groups broadcast from there against the group's
 /// activations, the eight products of a sub-block summed in i16 (16
 /// products of at most 15 x 127 each) before `vpmaddwd` widens them, as in
@@ -900,17 +902,15 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let (low, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+    let ones = _mm256_set1_epi16(1);
     // Row `r`'s nibbles of one super-block: sub-block `j` at `nib[r][j]`.
     let nib = [[_mm256_setzero_si256(); 8]; R];
-    let split = |sb: &[*const u8; R], nib: &mut [[__m256i; 8]; R]| {
-        for (sb, nib) in sb.iter().zip(nib) {
-            for h in 0..4 {
-                // SAFETY: stored bytes 16 + 32 h.. + 32 are in the
-                // super-block (q4_k_stored's contract).
-                let v = unsafe { _mm256_loadu_si256(sb.add(16 + 32 * h).cast()) };
-                nib[2 * h] = _mm256_and_si256(v, low);
-                nib[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+    let split = |sb: &[*const u8; 8], nib: &mut [[__m256i; 8]; R]| {
+        for (&sb, nib) in sb.iter().zip(nib) {
+            for (j, q) in nib.iter_mut().enumerate() {
+                // SAFETY: one Q4_K super-block at `sb` (q4_k_stored's
+                // contract), `j < 8`.
+                *q = unsafe { Q4KB::quants(sb, j) };
             }
         }
     };
