@@ -3,8 +3,11 @@
 //! bandwidth over the bytes it streams per token. The floor counts the
 //! model file's bytes ([`file_bytes_per_token`]: what any engine must
 //! read), not Kestrel's own resident copy, which the report shows beside
-//! it. [`read_bandwidth`] measures the bandwidth with the bench's thread
-//! count.
+//! it. A [`Probe`] measures the bandwidth with the bench's thread count
+//! once, before the runs; on a shared machine it moves by a quarter
+//! and more within minutes, so the probe also reads it beside each
+//! one-stream run ([`ProbedRun`]), and the report sets each run against the
+//! bandwidth of its own minute.
 
 use std::path::Path;
 use std::time::Instant;
@@ -17,9 +20,11 @@ use serde::Serialize;
 pub const BUFFER_BYTES: usize = 1 << 30;
 /// Passes timed; the fastest counts (the others met neighbours or faults).
 pub const PASSES: usize = 5;
+/// Passes timed before and after each one-stream run.
+pub const BESIDE_PASSES: usize = 3;
 
 /// The measured bandwidth and what it implies for one stream.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct DramFloor {
     /// Best read bandwidth over [`PASSES`], bytes per second.
     pub read_bytes_per_s: f64,
@@ -30,6 +35,20 @@ pub struct DramFloor {
     pub file_bytes_per_token: Option<usize>,
     /// The weight bytes Kestrel holds resident and streams per decode step.
     pub resident_bytes_per_token: usize,
+    /// The bandwidth read beside each one-stream run, in run order.
+    pub runs: Vec<ProbedRun>,
+}
+
+/// One one-stream run with the read bandwidth measured beside it: the
+/// mean of the best of [`BESIDE_PASSES`] reads just before it and just
+/// after.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbedRun {
+    pub workload: String,
+    /// The engine configuration ([`super::workload::EngineConfig::short`]).
+    pub config: &'static str,
+    pub rep: usize,
+    pub read_bytes_per_s: f64,
 }
 
 impl DramFloor {
@@ -47,6 +66,18 @@ impl DramFloor {
     /// The same limit for Kestrel's resident bytes.
     pub fn resident_tokens_per_s(&self) -> f64 {
         self.read_bytes_per_s / self.resident_bytes_per_token as f64
+    }
+
+    /// The mean bandwidth read beside `workload`'s runs on `config`, if
+    /// any were probed.
+    pub fn beside(&self, workload: &str, config: &str) -> Option<f64> {
+        let reads: Vec<f64> = self
+            .runs
+            .iter()
+            .filter(|r| r.workload == workload && r.config == config)
+            .map(|r| r.read_bytes_per_s)
+            .collect();
+        (!reads.is_empty()).then(|| reads.iter().sum::<f64>() / reads.len() as f64)
     }
 }
 
@@ -69,24 +100,46 @@ pub fn file_bytes_per_token(path: &Path) -> Option<usize> {
     Some(bytes)
 }
 
-/// The best of [`PASSES`] timed reads of a [`BUFFER_BYTES`] buffer split
-/// over `threads` threads, in bytes per second.
-pub fn read_bandwidth(threads: usize) -> f64 {
-    let threads = threads.max(1);
-    // Non-zero contents, so every page is really allocated before timing.
-    let buf: Vec<u64> = (0..BUFFER_BYTES / 8).map(|i| i as u64 | 1).collect();
-    let chunk = buf.len().div_ceil(threads);
-    let mut best = f64::MAX;
-    for _ in 0..PASSES {
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            for part in buf.chunks(chunk) {
-                s.spawn(move || std::hint::black_box(sum(part)));
-            }
-        });
-        best = best.min(start.elapsed().as_secs_f64());
+/// A [`BUFFER_BYTES`] buffer, allocated once, whose reads split over the
+/// bench's threads time the machine's read bandwidth.
+pub struct Probe {
+    buf: Vec<u64>,
+    threads: usize,
+}
+
+impl Probe {
+    pub fn new(threads: usize) -> Self {
+        // Non-zero contents, so every page is really allocated before timing.
+        let buf = (0..BUFFER_BYTES / 8).map(|i| i as u64 | 1).collect();
+        Self {
+            buf,
+            threads: threads.max(1),
+        }
     }
-    BUFFER_BYTES as f64 / best
+
+    /// The best of `passes` timed reads of the buffer, in bytes per second.
+    pub fn read(&self, passes: usize) -> f64 {
+        let chunk = self.buf.len().div_ceil(self.threads);
+        let mut best = f64::MAX;
+        for _ in 0..passes.max(1) {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for part in self.buf.chunks(chunk) {
+                    s.spawn(move || std::hint::black_box(sum(part)));
+                }
+            });
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        BUFFER_BYTES as f64 / best
+    }
+
+    /// The bandwidth beside `run`: the mean of [`BESIDE_PASSES`] reads
+    /// before it and as many after.
+    pub fn beside<T>(&self, run: impl FnOnce() -> T) -> (T, f64) {
+        let before = self.read(BESIDE_PASSES);
+        let out = run();
+        (out, (before + self.read(BESIDE_PASSES)) / 2.0)
+    }
 }
 
 /// A sum the compiler vectorizes, eight independent lanes wide, so the
@@ -151,11 +204,37 @@ mod tests {
             threads: 2,
             file_bytes_per_token: Some(100_000_000),
             resident_bytes_per_token: 125_000_000,
+            runs: Vec::new(),
         };
         assert_eq!(f.tokens_per_s(), 200.0);
         assert_eq!(f.resident_tokens_per_s(), 160.0);
         f.file_bytes_per_token = None;
         assert_eq!(f.tokens_per_s(), 160.0);
         assert_eq!(sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), 45);
+    }
+
+    #[test]
+    fn beside_averages_a_rows_own_runs() {
+        let run = |config, rep, gbs: f64| ProbedRun {
+            workload: "1 stream, text".into(),
+            config,
+            rep,
+            read_bytes_per_s: gbs * 1e9,
+        };
+        let f = DramFloor {
+            read_bytes_per_s: 20e9,
+            threads: 2,
+            file_bytes_per_token: Some(100_000_000),
+            resident_bytes_per_token: 100_000_000,
+            runs: vec![
+                run("blocking", 0, 18.0),
+                run("pipe/ride", 0, 30.0),
+                run("blocking", 1, 22.0),
+            ],
+        };
+        assert_eq!(f.beside("1 stream, text", "blocking"), Some(20e9));
+        assert_eq!(f.beside("1 stream, text", "pipe/ride"), Some(30e9));
+        assert_eq!(f.beside("1 stream, text", "pipe/drain"), None);
+        assert_eq!(f.beside("8 streams, text", "blocking"), None);
     }
 }

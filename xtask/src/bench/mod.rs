@@ -344,15 +344,22 @@ impl Bench<'_> {
             .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
         let weight_bytes = engines[0].1.executor().inner.weight_bytes();
         let backend = engines[0].1.executor().inner.describe();
-        // Not in the smoke run: it reads a GiB several times.
-        let dram = match engines[0].1.executor().inner.bytes_per_token() {
-            Some(resident_bytes_per_token) if !opts.quick => Some(dram::DramFloor {
-                read_bytes_per_s: dram::read_bandwidth(opts.threads),
-                threads: opts.threads,
-                file_bytes_per_token: dram::file_bytes_per_token(model_path),
-                resident_bytes_per_token,
-            }),
-            _ => None,
+        // Not in the smoke run: it reads a GiB several times. The probe's
+        // buffer stays for the one-stream runs, each read beside it.
+        let (mut dram, probe) = match engines[0].1.executor().inner.bytes_per_token() {
+            Some(resident_bytes_per_token) if !opts.quick => {
+                let probe = dram::Probe::new(opts.threads);
+                let floor = dram::DramFloor {
+                    read_bytes_per_s: probe.read(dram::PASSES),
+                    threads: opts.threads,
+                    file_bytes_per_token: dram::file_bytes_per_token(model_path),
+                    resident_bytes_per_token,
+                    runs: Vec::new(),
+                };
+                let one_stream = opts.workloads.iter().any(|w| w.streams == 1);
+                (Some(floor), one_stream.then_some(probe))
+            }
+            _ => (None, None),
         };
 
         // Warm-up: fault in weights, spin up thread pools; not recorded.
@@ -398,10 +405,23 @@ impl Bench<'_> {
                         rep + 1
                     ));
                     let mut tokens = 0u64;
-                    let data = harness::run_workload(engine, prompts, w, &opts.plan, |n| {
-                        tokens += n;
-                    })
-                    .with_context(|| format!("{} on {}", config.label(), w.label()))?;
+                    let mut run = || {
+                        harness::run_workload(engine, prompts, w, &opts.plan, |n| tokens += n)
+                            .with_context(|| format!("{} on {}", config.label(), w.label()))
+                    };
+                    let data = match (&probe, &mut dram) {
+                        (Some(probe), Some(dram)) if w.streams == 1 => {
+                            let (data, read_bytes_per_s) = probe.beside(run);
+                            dram.runs.push(dram::ProbedRun {
+                                workload: w.label(),
+                                config: config.short(),
+                                rep,
+                                read_bytes_per_s,
+                            });
+                            data?
+                        }
+                        _ => run()?,
+                    };
                     summaries.push(stats::RunSummary {
                         workload: w.label(),
                         config: *config,
@@ -428,6 +448,7 @@ impl Bench<'_> {
             }
         }
         bar.finish_and_clear();
+        drop(probe);
 
         let mut results: Vec<ConfigResult> = Vec::new();
         let mut model_rows: Vec<CostModelRow> = Vec::new();

@@ -283,15 +283,32 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
         );
         let _ = writeln!(
             s,
-            "| workload | configuration | steady decode tokens/s | of the floor (file bytes) | \
-             Kestrel resident weights MB | of Kestrel's floor (resident bytes) |"
+            "Beside each one-stream run the bandwidth was read again (best of {} reads just \
+             before it and just after, the two averaged): the machine's own minute, which on a \
+             shared machine moves by a quarter and more; the last two columns set the run \
+             against it.\n",
+            super::dram::BESIDE_PASSES,
         );
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "| workload | configuration | steady decode tokens/s | of the floor (file bytes) | \
+             Kestrel resident weights MB | of Kestrel's floor (resident bytes) | read GB/s beside \
+             the runs | of that floor (file bytes) |"
+        );
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
         for r in doc.results.iter().filter(|r| r.streams == 1) {
             let tps = r.steady_decode_tokens_per_s();
+            let beside = d.beside(&r.workload, r.config.short());
+            let (beside_gbs, beside_share) = match beside {
+                Some(bw) => (
+                    format!("{:.1}", bw / 1e9),
+                    format!("{:.0}%", 100.0 * tps * d.bytes_per_token() as f64 / bw),
+                ),
+                None => ("-".into(), "-".into()),
+            };
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.1} | {:.0}% | {:.1} | {:.0}% |",
+                "| {} | {} | {:.1} | {:.0}% | {:.1} | {:.0}% | {beside_gbs} | {beside_share} |",
                 r.workload,
                 r.config.short(),
                 tps,
