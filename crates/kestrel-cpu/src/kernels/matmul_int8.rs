@@ -330,7 +330,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
 
 /// `rows` weight rows from `a.w` against `cn` (1 or 2) activation rows from
 /// `a.x`: whole tiles (one row: 8-row GEMV tiles, Q4_K's and Q6_K's with
-/// `vnni` on 512-bit registers, then 4 x 1; two: 2 x 2), then the rest one
+/// `vnni` on 512-bit registers, Q4_K's without in row pairs, then 4 x 1;
+/// two: 2 x 2), then the rest one
 /// row at a time. Element `(r, c)` goes to `y[c * y_stride + r]`.
 ///
 /// # Safety
@@ -368,11 +369,12 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
         // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
         let done = rows / 8 * 8;
         // SAFETY: rows 0..done from `a.w` and their outputs exist (fn
-        // contract), of Q4_K or Q6_K for the VNNI GEMVs, whose features
-        // `vnni` vouches for.
+        // contract), of Q4_K or Q6_K for the Q4_K and VNNI GEMVs, whose
+        // features `vnni` vouches for (AVX2 the caller's).
         unsafe {
             match B::ENC {
                 Encoding::Q4K if vnni => x86_gemv::gemv8_q4k_vnni512(a, rows / 8, y),
+                Encoding::Q4K => x86_gemv::gemv8_q4k_pair256(a, rows / 8, y),
                 Encoding::Q6K if vnni => x86_gemv::gemv8_q6k_vnni512(a, rows / 8, y),
                 _ => x86_gemv::gemv8_256::<B>(a, rows / 8, y),
             }

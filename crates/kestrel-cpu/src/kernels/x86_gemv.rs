@@ -506,6 +506,76 @@ unsafe fn sub_block<B: Tile8>(
     }
 }
 
+/// [`gemv8_256`] for Q4_K on AVX2 with rows paired in 128-bit halves: per
+/// 32-byte group `i` of a super-block (sub-block `2i` in its low nibbles,
+/// `2i + 1` in its high ones), rows `r` and `r + 4` share a register, the
+/// first's sixteen bytes in the low half and the second's in the high,
+/// against each activation half broadcast to both halves; the products of
+/// a sub-block's two sixteen-element halves add in i16 (`vpaddw`), so a
+/// register holds two rows' whole-sub-block pair sums and the fold to one
+/// lane per row takes three `vphaddw` and one `vpmaddwd` for eight rows,
+/// where [`sub_block`] takes seven `vphaddw` and a widening of both halves
+/// (sums stay below `4 * 2 * 2 * 15 * 127 = 30480` in i16). Rows land in
+/// lane order (rows 0..4 in the low half, 4..8 in the high), and each
+/// sub-block takes the definition's float steps in order, as
+/// [`sub_block`] does: bit for bit the same outputs.
+///
+/// # Safety
+/// As [`gemv8_256`] for Q4_K rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv8_q4k_pair256(a: Int8Args, tiles: usize, y: *mut f32) {
+    let (low4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
+            for i in 0..4 {
+                // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
+                // bounds (fn contract).
+                let xb: [&Q8Block; 2] =
+                    std::array::from_fn(|h| unsafe { &*a.x.add(8 * s + 2 * i + h) });
+                // Each block's elements 0..16 and 16..32, in both halves.
+                let xh = xb.map(|b| {
+                    // SAFETY: each `q` is 32 readable bytes.
+                    [0, 16].map(|e| unsafe {
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(b.q.as_ptr().add(e).cast()))
+                    })
+                });
+                // Per row pair (r, r + 4): sub-block 2i's pair sums, then
+                // 2i + 1's.
+                let mut pairs = [[_mm256_setzero_si256(); 4]; 2];
+                for r in 0..4 {
+                    // SAFETY: the nibbles are bytes 16..144 of the stored
+                    // block at each `p[r]` (fn contract); group `i` is 32
+                    // of them, read as two halves of sixteen.
+                    let [v0, v1] = [0, 16].map(|e| unsafe {
+                        _mm256_loadu2_m128i(
+                            p[r + 4].add(16 + 32 * i + e).cast(),
+                            p[r].add(16 + 32 * i + e).cast(),
+                        )
+                    });
+                    let lo = [v0, v1].map(|v| _mm256_and_si256(v, low4));
+                    let hi = [v0, v1].map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
+                    for (h, q) in [lo, hi].into_iter().enumerate() {
+                        pairs[h][r] = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(q[0], xh[h][0]),
+                            _mm256_maddubs_epi16(q[1], xh[h][1]),
+                        );
+                    }
+                }
+                for (h, q) in pairs.into_iter().enumerate() {
+                    let h16 = |u, v| _mm256_hadd_epi16(u, v);
+                    let sum = _mm256_madd_epi16(h16(h16(q[0], q[1]), h16(q[2], q[3])), ones);
+                    let scj = &sc[2 * i + h];
+                    let dd = _mm256_mul_ps(scj.d0, _mm256_set1_ps(xb[h].d));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, *acc);
+                    *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb[h].s), *mins);
+                }
+            }
+        };
+    // SAFETY: forwarded contract; `block` reads stored block `s` of the
+    // tile's rows and activation blocks `8s..8s + 8`, in bounds.
+    unsafe { tiles8::<Q4KB>(a, tiles, y, block) }
+}
+
 /// Eight rows' 512-bit `vpdpbusd` sums folded by shuffles and adds (no
 /// `vphaddd`): per 128-bit chunk `c`, rows 0..4's sums over its four lanes
 /// in the first result's chunk `c`, rows 4..8's in the second's.

@@ -356,7 +356,9 @@ mod tests {
     use super::super::scalar::decode_block;
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_amx::{lanes_amx, AMX_ROWS};
-    use super::super::x86_gemv::{gemv8_256, gemv8_q4k_vnni512, gemv8_q6k_vnni512, Tile8};
+    use super::super::x86_gemv::{
+        gemv8_256, gemv8_q4k_pair256, gemv8_q4k_vnni512, gemv8_q6k_vnni512, Tile8,
+    };
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
         lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q8_0_lanes256, q8_0_vnni256, unpack_rows256,
@@ -400,6 +402,12 @@ mod tests {
         // at least one row, `y` `w.rows` floats; AVX2 was checked by the caller.
         unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
         expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
+        if B::ENC == Encoding::Q4K {
+            let mut y = vec![f32::NAN; w.rows];
+            // SAFETY: as for `gemv8_256` above, on Q4_K rows.
+            unsafe { gemv8_q4k_pair256(args, w.rows / 8, y.as_mut_ptr()) };
+            expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 paired gemv 8x1");
+        }
         let gemv_vnni = match B::ENC {
             Encoding::Q4K => Some(gemv8_q4k_vnni512 as unsafe fn(_, _, _)),
             Encoding::Q6K => Some(gemv8_q6k_vnni512 as unsafe fn(_, _, _)),
