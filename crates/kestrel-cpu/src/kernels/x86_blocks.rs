@@ -481,12 +481,16 @@ pub(crate) unsafe fn q6k_bytes256(sb: *const u8, b: usize) -> __m256i {
         _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (s / 2) as i32)),
         _mm256_set1_epi8(0x0F),
     );
-    let hi = _mm256_and_si256(
-        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)),
-        _mm256_set1_epi8(3),
-    );
-    // Each byte of `hi` holds 0..4: a 16-bit shift stays within its byte.
-    _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
+    // Bits 2s, 2s + 1 of each `qh` byte moved to bits 4, 5 by one 16-bit
+    // shift (none for s = 2), then masked: what a shift brings across from
+    // the lane's other byte lands outside 0x30.
+    let hi = match s {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm256_srli_epi16::<2>(qh),
+    };
+    _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)))
 }
 
 /// The 16 bytes of a K-quant super-block's head (`d`, `dmin`, packed

@@ -17,8 +17,9 @@
 //! the f16 scales of eight rows convert with one `vcvtph2ps`. The 32-element
 //! loop then reads each sub-block's scales ready in lane order. Q4_0,
 //! Q5_0 and Q6_K weights (`q - 8/16/32`) are read unsigned and the bias
-//! comes off the integer sums once per eight rows (`BIAS * sum(x)`), not
-//! by signing every row's bytes. `x86_lanes::unpack_rows256` (the
+//! comes off the integer sums once per eight rows (`BIAS * sum(x)`, formed
+//! once per activation block for every tile), not by signing every row's
+//! bytes. `x86_lanes::unpack_rows256` (the
 //! many-stream path) decodes scales the same way, a row in every lane.
 //!
 //! Results are `int8.rs`'s definition bit for bit: per output, block by
@@ -324,25 +325,40 @@ tile8! {
 /// `8 * tiles` floats; the CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32) {
+    // `BIAS * sum(x)` per activation block and half, the same for every
+    // tile: formed once here, not per tile in `sub_block`.
+    let biases: Vec<[i32; 2]> = if B::BIAS == 0 {
+        Vec::new()
+    } else {
+        (0..a.nblocks)
+            .map(|b| {
+                // SAFETY: block `b < a.nblocks` of the activation row is in
+                // bounds (fn contract).
+                let q = unsafe { &(*a.x.add(b)).q };
+                [&q[..16], &q[16..]].map(|h| B::BIAS * h.iter().map(|&v| i32::from(v)).sum::<i32>())
+            })
+            .collect()
+    };
     let block =
         |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
             let xs = a.x.wrapping_add(s * B::SUB);
+            let bias = biases.as_ptr().wrapping_add(s * B::SUB);
             // SAFETY: stored block `s` of each row and the activation's
             // blocks `s * SUB..` + SUB are in bounds (fn contract).
             unsafe {
                 if B::SUB == 8 {
                     // Unrolled: each sub-block's shifts and offsets constant.
-                    sub_block::<B>(p, 0, xs, sc, acc, mins);
-                    sub_block::<B>(p, 1, xs, sc, acc, mins);
-                    sub_block::<B>(p, 2, xs, sc, acc, mins);
-                    sub_block::<B>(p, 3, xs, sc, acc, mins);
-                    sub_block::<B>(p, 4, xs, sc, acc, mins);
-                    sub_block::<B>(p, 5, xs, sc, acc, mins);
-                    sub_block::<B>(p, 6, xs, sc, acc, mins);
-                    sub_block::<B>(p, 7, xs, sc, acc, mins);
+                    sub_block::<B>(p, 0, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 1, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 2, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 3, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 4, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 5, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 6, xs, bias, sc, acc, mins);
+                    sub_block::<B>(p, 7, xs, bias, sc, acc, mins);
                 } else {
                     for j in 0..B::SUB {
-                        sub_block::<B>(p, j, xs, sc, acc, mins);
+                        sub_block::<B>(p, j, xs, bias, sc, acc, mins);
                     }
                 }
             }
@@ -404,13 +420,16 @@ unsafe fn tiles8<B: Tile8>(
 ///
 /// # Safety
 /// Each `p[r]` valid for one stored block of `B`, `x` for `j + 1` blocks,
-/// `j < B::SUB`; the CPU must support AVX2, FMA and F16C.
+/// and when `B::BIAS != 0` `bias` for `j + 1` pairs of `BIAS * sum(x)` over
+/// those blocks' halves, `j < B::SUB`; the CPU must support AVX2, FMA and
+/// F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn sub_block<B: Tile8>(
     p: &[*const u8; 8],
     j: usize,
     x: *const Q8Block,
+    bias: *const [i32; 2],
     sc: &[Scales8; 8],
     acc: &mut __m256,
     mins: &mut __m256,
@@ -483,14 +502,12 @@ unsafe fn sub_block<B: Tile8>(
         }
     };
     if B::BIAS != 0 {
-        // sum(w x) = sum((w + BIAS) x) - BIAS sum(x), per half: the
-        // activation's half sums in every lane, once for the eight rows.
-        let xs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), ones);
-        let h = _mm256_hadd_epi32(xs, xs);
-        let h = _mm256_hadd_epi32(h, h);
-        let bias = _mm256_mullo_epi32(h, _mm256_set1_epi32(B::BIAS));
-        half0 = _mm256_sub_epi32(half0, _mm256_permute2x128_si256::<0x00>(bias, bias));
-        half1 = _mm256_sub_epi32(half1, _mm256_permute2x128_si256::<0x11>(bias, bias));
+        // sum(w x) = sum((w + BIAS) x) - BIAS sum(x), per half, the same
+        // for the eight rows.
+        // SAFETY: block `j`'s biases are in bounds (fn contract).
+        let [b0, b1] = unsafe { *bias.add(j) };
+        half0 = _mm256_sub_epi32(half0, _mm256_set1_epi32(b0));
+        half1 = _mm256_sub_epi32(half1, _mm256_set1_epi32(b1));
     }
     let dx = _mm256_set1_ps(xb.d);
     if B::TWO {
