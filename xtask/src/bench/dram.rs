@@ -133,8 +133,9 @@ impl Probe {
         BUFFER_BYTES as f64 / best
     }
 
-    /// The bandwidth beside `run`: the mean of [`BESIDE_PASSES`] reads
-    /// before it and as many after.
+    /// `run`'s result and the bandwidth beside it: the mean of the best of
+    /// [`BESIDE_PASSES`] reads just before it and the best of as many just
+    /// after.
     pub fn beside<T>(&self, run: impl FnOnce() -> T) -> (T, f64) {
         let before = self.read(BESIDE_PASSES);
         let out = run();

@@ -369,8 +369,9 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
         // Whole 8-row GEMV tiles, then the rest as 4 x 1 and 1 x 1 tiles.
         let done = rows / 8 * 8;
         // SAFETY: rows 0..done from `a.w` and their outputs exist (fn
-        // contract), of Q4_K or Q6_K for the Q4_K and VNNI GEMVs, whose
-        // features `vnni` vouches for (AVX2 the caller's).
+        // contract), of Q4_K for `gemv8_q4k_pair256` (AVX2, as every
+        // kernel here) and of Q4_K or Q6_K for the VNNI GEMVs, whose
+        // features `vnni` vouches for.
         unsafe {
             match B::ENC {
                 Encoding::Q4K if vnni => x86_gemv::gemv8_q4k_vnni512(a, rows / 8, y),
