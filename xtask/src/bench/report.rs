@@ -281,14 +281,16 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
             d.resident_bytes_per_token as f64 / d.bytes_per_token() as f64,
             d.resident_tokens_per_s(),
         );
-        let _ = writeln!(
-            s,
-            "Beside each one-stream run the bandwidth was read again (best of {} reads just \
-             before it and just after, the two averaged): the machine's own minute, which on a \
-             shared machine moves by a quarter and more; the last two columns set the run \
-             against it.\n",
-            super::dram::BESIDE_PASSES,
-        );
+        if !d.runs.is_empty() {
+            let _ = writeln!(
+                s,
+                "Beside each one-stream run the bandwidth was read again (best of {} reads just \
+                 before it and just after, the two averaged): the machine's own minute, which on \
+                 a shared machine moves by a quarter and more; the last two columns set the run \
+                 against it.\n",
+                super::dram::BESIDE_PASSES,
+            );
+        }
         let _ = writeln!(
             s,
             "| workload | configuration | steady decode tokens/s | of the floor (file bytes) | \
