@@ -60,7 +60,12 @@ impl DramFloor {
 
     /// The most tokens per second one stream of any engine could decode.
     pub fn tokens_per_s(&self) -> f64 {
-        self.read_bytes_per_s / self.bytes_per_token() as f64
+        self.tokens_per_s_at(self.read_bytes_per_s)
+    }
+
+    /// The same limit at another read bandwidth (one read beside a run).
+    pub fn tokens_per_s_at(&self, read_bytes_per_s: f64) -> f64 {
+        read_bytes_per_s / self.bytes_per_token() as f64
     }
 
     /// The same limit for Kestrel's resident bytes.

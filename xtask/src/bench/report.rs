@@ -304,7 +304,7 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
             let (beside_gbs, beside_share) = match beside {
                 Some(bw) => (
                     format!("{:.1}", bw / 1e9),
-                    format!("{:.0}%", 100.0 * tps * d.bytes_per_token() as f64 / bw),
+                    format!("{:.0}%", 100.0 * tps / d.tokens_per_s_at(bw)),
                 ),
                 None => ("-".into(), "-".into()),
             };

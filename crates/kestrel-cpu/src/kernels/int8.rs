@@ -49,6 +49,16 @@ pub(crate) struct Q8Block {
     pub q: [i8; BLOCK],
 }
 
+impl Q8Block {
+    /// The integer sums of elements 0..16 and 16..32: where a sweep of
+    /// weights read as `w + offset` takes `offset * sum(x)` off, half by
+    /// half ([`lane_offset`]).
+    pub(crate) fn half_sums(&self) -> [i32; 2] {
+        let sum = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum();
+        [sum(&self.q[..16]), sum(&self.q[16..])]
+    }
+}
+
 /// Whether [`Numerics::Fast`] has an integer dot for `enc`: every encoding
 /// made of quantized 32-element blocks.
 pub(crate) const fn has_int8_dot(enc: Encoding) -> bool {
@@ -200,9 +210,8 @@ impl LaneRows {
                     self.d[at * lanes + lane] = xb.d;
                     self.s[at * lanes + lane] = xb.s;
                     if sums {
-                        for (h, half) in xb.q.chunks_exact(16).enumerate() {
-                            self.sums[(2 * at + h) * lanes + lane] =
-                                half.iter().map(|&v| i32::from(v)).sum();
+                        for (h, sum) in xb.half_sums().into_iter().enumerate() {
+                            self.sums[(2 * at + h) * lanes + lane] = sum;
                         }
                     }
                 }

@@ -58,6 +58,28 @@ impl Scales8 {
         [self.d0, self.d1, self.m].map(|v| unsafe { std::mem::transmute::<__m256, [f32; 8]>(v) })
     }
 
+    /// The definition's float step for one one-scale sub-block of the
+    /// eight rows, whose integer sums are `sum` (row `r` in lane `r`)
+    /// against activation block `xb`: `acc += float(sum) * (d * d_x)`, one
+    /// fused rounding, and with a minimum (`min`) `mins += m_w * s_x`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn step(
+        &self,
+        sum: __m256i,
+        xb: &Q8Block,
+        min: bool,
+        acc: &mut __m256,
+        mins: &mut __m256,
+    ) {
+        let dd = _mm256_mul_ps(self.d0, _mm256_set1_ps(xb.d));
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, *acc);
+        // Without a minimum the definition's sum stays +0.0.
+        if min {
+            *mins = _mm256_fmadd_ps(self.m, _mm256_set1_ps(xb.s), *mins);
+        }
+    }
+
     /// Eight zero scales (what [`Tile8::scales8`] overwrites).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -326,17 +348,15 @@ tile8! {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32) {
     // `BIAS * sum(x)` per activation block and half, the same for every
-    // tile: formed once here, not per tile in `sub_block`.
+    // tile: formed once here, not per tile in `sub_block` (a few hundred
+    // bytes per call, for the biased types only).
     let biases: Vec<[i32; 2]> = if B::BIAS == 0 {
         Vec::new()
     } else {
         (0..a.nblocks)
-            .map(|b| {
-                // SAFETY: block `b < a.nblocks` of the activation row is in
-                // bounds (fn contract).
-                let q = unsafe { &(*a.x.add(b)).q };
-                [&q[..16], &q[16..]].map(|h| B::BIAS * h.iter().map(|&v| i32::from(v)).sum::<i32>())
-            })
+            // SAFETY: block `b < a.nblocks` of the activation row is in
+            // bounds (fn contract).
+            .map(|b| unsafe { &*a.x.add(b) }.half_sums().map(|h| B::BIAS * h))
             .collect()
     };
     let block =
@@ -509,17 +529,14 @@ unsafe fn sub_block<B: Tile8>(
         half0 = _mm256_sub_epi32(half0, _mm256_set1_epi32(b0));
         half1 = _mm256_sub_epi32(half1, _mm256_set1_epi32(b1));
     }
-    let dx = _mm256_set1_ps(xb.d);
     if B::TWO {
+        // Q6_K: a scale per half, no minimum (`mins` stays +0.0).
+        debug_assert!(!B::HAS_MIN);
+        let dx = _mm256_set1_ps(xb.d);
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half0), _mm256_mul_ps(scj.d0, dx), *acc);
         *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half1), _mm256_mul_ps(scj.d1, dx), *acc);
     } else {
-        let sum = _mm256_add_epi32(half0, half1);
-        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scj.d0, dx), *acc);
-    }
-    // Without a minimum the definition's sum stays +0.0.
-    if B::HAS_MIN {
-        *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb.s), *mins);
+        scj.step(_mm256_add_epi32(half0, half1), xb, B::HAS_MIN, acc, mins);
     }
 }
 
@@ -581,10 +598,7 @@ pub(crate) unsafe fn gemv8_q4k_pair256(a: Int8Args, tiles: usize, y: *mut f32) {
                 for (h, q) in pairs.into_iter().enumerate() {
                     let h16 = |u, v| _mm256_hadd_epi16(u, v);
                     let sum = _mm256_madd_epi16(h16(h16(q[0], q[1]), h16(q[2], q[3])), ones);
-                    let scj = &sc[2 * i + h];
-                    let dd = _mm256_mul_ps(scj.d0, _mm256_set1_ps(xb[h].d));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, *acc);
-                    *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb[h].s), *mins);
+                    sc[2 * i + h].step(sum, xb[h], true, acc, mins);
                 }
             }
         };
@@ -670,10 +684,7 @@ pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
                     _mm256_srai_epi32::<4>(_mm512_extracti64x4_epi64::<1>(sums)),
                 ];
                 for (h, sum) in sub.into_iter().enumerate() {
-                    let scj = &sc[2 * i + h];
-                    let dd = _mm256_mul_ps(scj.d0, _mm256_set1_ps(xb[h].d));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, *acc);
-                    *mins = _mm256_fmadd_ps(scj.m, _mm256_set1_ps(xb[h].s), *mins);
+                    sc[2 * i + h].step(sum, xb[h], true, acc, mins);
                 }
             }
         };
