@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One-stream decode against llama.cpp in alternated rounds, for machines
+# whose bandwidth moves within minutes (docs/bench/README.md): per round,
+# Kestrel's one-stream bench (pipelined, prefill riding along; its share of
+# the DRAM floor read just before and after the run) and then llama.cpp's
+# tg128 on the same GGUF and threads. One line per round; judge the spread,
+# not one round.
+#
+#   scripts/bench/peer-rounds.sh MODEL ROUNDS LLAMA_BIN_DIR [VAR=VALUE ...]
+#
+# MODEL is what `xtask bench --model` takes (a GGUF path or
+# synth:SHAPE:TYPE); VAR=VALUE pairs go to Kestrel's runs only (e.g.
+# KESTREL_ISA=avx2 against an AVX2-only llama.cpp build). Needs
+# `cargo build --release -p xtask` first; results go under results/rounds-*.
+set -euo pipefail
+
+if [ $# -lt 3 ]; then
+    sed -n '2,15p' "$0"
+    exit 2
+fi
+model=$1 rounds=$2 llama=$3
+shift 3
+root=$(cd "$(dirname "$0")/../.." && pwd)
+xtask=$root/target/release/xtask
+out=$root/results/rounds-$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$out"
+
+case $model in
+synth:*)
+    IFS=: read -r _ shape type _ <<<"$model"
+    gguf=$("$xtask" synth-model --shape "$shape" --type "$type" | tail -n 1)
+    ;;
+*) gguf=$model ;;
+esac
+
+echo "model $gguf, $rounds rounds, llama.cpp from $llama${*:+, Kestrel with $*}"
+for i in $(seq 1 "$rounds"); do
+    dir=$out/kestrel-$i
+    env "$@" "$xtask" bench --model "$model" --streams 1 --threads 2 --reps 1 \
+        --requests-per-stream 1 --min-tokens 128 --max-tokens 128 --json-share 0 \
+        --out "$dir" >"$dir.log" 2>&1
+    # The floor table's pipe/ride row: tokens/s, GB/s beside, share of it.
+    read -r tps gbs share < <(sed -n '/read GB\/s beside/,$p' "$dir/results.md" |
+        awk -F'|' '/pipe\/ride/ {print $4, $8, $9; exit}')
+    peer=$("$llama/llama-bench" -m "$gguf" -t 2 -ngl 0 -p 0 -n 128 -r 2 -o jsonl 2>/dev/null |
+        python3 -c 'import json, sys; print(round(json.loads(sys.stdin.readline())["avg_ts"], 1))')
+    ratio=$(python3 -c "print(round($tps / $peer, 2))")
+    echo "round $i: Kestrel $tps tokens/s ($share of the floor at $gbs GB/s beside) | llama.cpp tg128 $peer | $ratio x"
+done
