@@ -10,11 +10,10 @@
 //! Writes `prompt.md` and `prompt.json` under `--out` and prints the table.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use kestrel_pipeline::Executor as _;
 use kestrel_skills::{Skill, SkillContext, SkillOptions, SkillSpec};
 use serde::Serialize;
@@ -75,7 +74,8 @@ fn ttft_probe<R: BenchRuntime>(
 }
 
 /// llama.cpp's prompt-processing rates (tokens/s) for `lens`, from
-/// `llama-bench` in `dir` (or its `bin/`), and the command run.
+/// `llama-bench` in `dir` (or its `bin/`; on the CPU its faster of
+/// repacking on and off, [`super::peer::llama_bench`]), and the command run.
 fn llama_pp(
     dir: &Path,
     model: &Path,
@@ -92,33 +92,12 @@ fn llama_pp(
         .map(usize::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let mut cmd = Command::new(bench);
-    cmd.args(["-m", &model.to_string_lossy(), "-t", &threads.to_string()])
-        .args(["-ngl", &gpu_layers.to_string(), "-p", &p, "-n", "0"])
-        .args(["-r", "3", "-o", "jsonl"]);
-    let shown = format!("{cmd:?}").replace('"', "");
-    let out = cmd.output().with_context(|| format!("running {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let mut rates = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("parsing llama-bench output `{line}`"))?;
-        let get = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
-        if let (Some(n), Some(g), Some(ts)) = (get("n_prompt"), get("n_gen"), get("avg_ts")) {
-            if n > 0.0 && g == 0.0 {
-                rates.push((n as usize, ts));
-            }
-        }
-    }
+    let (shown, rates) = super::peer::llama_bench(&bench, model, threads, gpu_layers, &p, "0")?;
+    let rates = rates
+        .into_iter()
+        .filter(|&(n, g, _)| n > 0 && g == 0)
+        .map(|(n, _, ts)| (n, ts))
+        .collect();
     Ok((shown, rates))
 }
 
