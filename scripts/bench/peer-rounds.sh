@@ -3,8 +3,9 @@
 # whose bandwidth moves within minutes (docs/bench/README.md): per round,
 # Kestrel's one-stream bench (pipelined, prefill riding along; its share of
 # the DRAM floor read just before and after the run) and then llama.cpp's
-# tg128 on the same GGUF and threads. One line per round; judge the spread,
-# not one round.
+# tg128 on the same GGUF and threads, the faster of its weight repacking on
+# and off (as `xtask bench --peer` takes). One line per round; judge the
+# spread, not one round.
 #
 #   scripts/bench/peer-rounds.sh MODEL ROUNDS LLAMA_BIN_DIR [VAR=VALUE ...]
 #
@@ -15,7 +16,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,15p' "$0"
+    sed -n '2,16p' "$0"
     exit 2
 fi
 model=$1 rounds=$2 llama=$3
@@ -42,8 +43,8 @@ for i in $(seq 1 "$rounds"); do
     # The floor table's pipe/ride row: tokens/s, GB/s beside, share of it.
     read -r tps gbs share < <(sed -n '/read GB\/s beside/,$p' "$dir/results.md" |
         awk -F'|' '/pipe\/ride/ {print $4, $8, $9; exit}')
-    peer=$("$llama/llama-bench" -m "$gguf" -t 2 -ngl 0 -p 0 -n 128 -r 2 -o jsonl 2>/dev/null |
-        python3 -c 'import json, sys; print(round(json.loads(sys.stdin.readline())["avg_ts"], 1))')
+    peer=$("$llama/llama-bench" -m "$gguf" -t 2 -ngl 0 -p 0 -n 128 -r 2 --repack 0,1 -o jsonl 2>/dev/null |
+        python3 -c 'import json, sys; print(round(max(json.loads(l)["avg_ts"] for l in sys.stdin if l.startswith("{")), 1))')
     ratio=$(python3 -c "print(round($tps / $peer, 2))")
     echo "round $i: Kestrel $tps tokens/s ($share of the floor at $gbs GB/s beside) | llama.cpp tg128 $peer | $ratio x"
 done
