@@ -16,7 +16,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,16p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
 fi
 model=$1 rounds=$2 llama=$3
