@@ -44,7 +44,8 @@ pub struct LlamaCpp {
     pub tg128_tokens_per_s: Option<f64>,
 }
 
-fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+/// llama.cpp's binary `name` in `dir` or its `bin/`.
+pub(super) fn find(dir: &Path, name: &str) -> Option<PathBuf> {
     [dir.join(name), dir.join("bin").join(name)]
         .into_iter()
         .find(|p| p.is_file())
@@ -95,7 +96,6 @@ pub fn run_llama_cpp(
         .join(",");
     let t = threads.to_string();
     let ngl = gpu_layers.to_string();
-    let cpu = gpu_layers == 0;
     let mut cmd = Command::new(&batched);
     cmd.args([
         "-m",
@@ -123,7 +123,7 @@ pub fn run_llama_cpp(
     ]);
     let (mut batched_command, out) = run(&mut cmd)?;
     let mut rows = batched_rows(&out)?;
-    if cpu {
+    if repacks(gpu_layers) {
         // Again without repacking; each metric keeps the faster run.
         let (_, out) = run(cmd.arg("-nr"))?;
         for r in batched_rows(&out)? {
@@ -154,6 +154,12 @@ pub fn run_llama_cpp(
         }
     }
     Ok(result)
+}
+
+/// Whether llama.cpp's weight repacking applies, so that its benchmarks run
+/// with it on and off (module doc): on the CPU, `gpu_layers == 0`.
+fn repacks(gpu_layers: u32) -> bool {
+    gpu_layers == 0
 }
 
 /// One `llama-bench` test: `(n_prompt, n_gen, tokens/s)`.
@@ -197,7 +203,7 @@ pub(super) fn llama_bench(
     cmd.args(["-m", &model.to_string_lossy(), "-t", &threads.to_string()])
         .args(["-ngl", &gpu_layers.to_string(), "-p", prompt, "-n", gen])
         .args(["-r", "3", "-o", "jsonl"]);
-    if gpu_layers == 0 {
+    if repacks(gpu_layers) {
         cmd.args(["--repack", "0,1"]);
     }
     let (shown, out) = run(&mut cmd)?;

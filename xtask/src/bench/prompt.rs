@@ -83,9 +83,7 @@ fn llama_pp(
     gpu_layers: u32,
     lens: &[usize],
 ) -> anyhow::Result<(String, Vec<(usize, f64)>)> {
-    let bench = [dir.join("llama-bench"), dir.join("bin").join("llama-bench")]
-        .into_iter()
-        .find(|p| p.is_file())
+    let bench = super::peer::find(dir, "llama-bench")
         .with_context(|| format!("no llama-bench in {} (or its bin/)", dir.display()))?;
     let p = lens
         .iter()
