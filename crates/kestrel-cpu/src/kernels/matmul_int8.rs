@@ -163,6 +163,15 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 const UNPACKED_BYTES: usize = 128 * 1024;
 
+/// The most rows [`lanes_rows_task`] unpacks at a time, and the rows of
+/// its output stage per lane.
+#[cfg(target_arch = "x86_64")]
+const STAGE_ROWS: usize = 32;
+
+/// Lanes of [`lanes_rows_task`]'s output stage: two 16-lane groups.
+#[cfg(target_arch = "x86_64")]
+const STAGE_LANES: usize = 32;
+
 /// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
 /// are swept straight from their stored blocks
 /// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
@@ -170,11 +179,19 @@ const UNPACKED_BYTES: usize = 128 * 1024;
 /// group at a time ([`x86_lanes::unpack_rows256`], at most 32 rows or
 /// [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
-/// [`x86_lanes::lanes_vnni512`] for 16-lane groups and
-/// [`x86_lanes::lanes_vnni256`] for 8-lane ones; otherwise
-/// [`x86_lanes::lanes_sweep256`], or for Q8_0
+/// [`x86_lanes::lanes_vnni512`] for 16-lane groups, two at a time while
+/// two are left, and [`x86_lanes::lanes_vnni256`] for 8-lane ones;
+/// otherwise [`x86_lanes::lanes_sweep256`], or for Q8_0
 /// [`x86_lanes::lanes_sweep256_absx`] unless the unpack saw a -128, then
 /// `lanes_sweep256` in 2-row tiles), the rest a row at a time.
+///
+/// The sweeps write to a stage of [`STAGE_LANES`] x [`STAGE_ROWS`] floats,
+/// copied out a whole lane (the group's rows) at a time. Written straight
+/// to `y`, a tile's four rows land in each of 16 or 32 output rows a whole
+/// output row apart, for the usual widths a multiple of 4 KiB: all in one
+/// L1 set, where the stores evicted each other (Zen 5, 1B shapes: the
+/// two-group sweep writing straight ran at 0.8-0.9x of one group's at
+/// 2048 columns, staged at 1.3-1.45x).
 ///
 /// # Safety
 /// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
@@ -241,7 +258,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         return;
     }
     let block = std::mem::size_of::<x86_lanes::I8Block>();
-    let group = (UNPACKED_BYTES / (nb * block)).clamp(1, 32);
+    let group = (UNPACKED_BYTES / (nb * block)).clamp(1, STAGE_ROWS);
     // AMX tiles take 16 rows at a time (for rows over 8 KiB unpacked, past
     // UNPACKED_BYTES).
     let group = if amx {
@@ -249,6 +266,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     } else {
         group
     };
+    assert!(group <= STAGE_ROWS && 2 * x.lanes <= STAGE_LANES);
+    let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
     IBUF.with(|b| {
         let mut b = b.borrow_mut();
         if b.len() < group * nb {
@@ -266,10 +285,19 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             let has_lowest = unsafe {
                 x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, amx, buf)
             };
-            for g in 0..n.div_ceil(x.lanes) {
-                let cn = (n - g * x.lanes).min(x.lanes);
+            // Every sweep writes its outputs to `stage` (lane after lane,
+            // STAGE_ROWS apiece), copied out whole lanes at a time.
+            let mut g = 0;
+            while g < n.div_ceil(x.lanes) {
+                // With 16-lane VNNI sweeps (not AMX's), two groups at once.
+                let gs = if VNNI && x.lanes == 16 && !amx && (g + 1) * x.lanes < n {
+                    2
+                } else {
+                    1
+                };
+                let cn = (n - g * x.lanes).min(gs * x.lanes);
                 let args = x86_lanes::LaneArgs::group(x, g);
-                let out = y.0.wrapping_add(g * x.lanes * w.rows + g0);
+                let out = stage.as_mut_ptr();
                 // On AMX, whole 16-row tiles first; the sweeps below take
                 // the rest.
                 let skip = if amx {
@@ -280,7 +308,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     // tiles, unpacked as `tiles * nb` tile blocks; `amx`
                     // comes from `lane_sweep` on `Isa::Amx`, which
                     // `has_amx` granted.
-                    unsafe { x86_amx::lanes_amx::<B>(tiled, nb, tiles, args, cn, out, w.rows) };
+                    unsafe { x86_amx::lanes_amx::<B>(tiled, nb, tiles, args, cn, out, STAGE_ROWS) };
                     tiles * x86_amx::AMX_ROWS
                 } else {
                     0
@@ -290,24 +318,28 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     out.wrapping_add(skip),
                     rows - skip,
                 );
-                macro_rules! sweep {
-                    ($sweep:ident, $R:literal) => {{
+                // `$sweep` in `$R`-row tiles, then the rest a row at a time,
+                // with `$x` (one group's `LaneArgs`, or `G` of them).
+                macro_rules! tiles {
+                    ($sweep:ident $(::<$G:literal>)?, $R:literal, $x:expr) => {{
                         let done = rows / $R * $R;
-                        // SAFETY: `buf` holds rows g0 + skip..g1 unpacked, `x` group
-                        // `g` (fn contract); elements (g0 + skip..g1, lanes `g *
-                        // x.lanes..` + cn) of `y` belong to this task; the
+                        // SAFETY: `buf` holds rows g0 + skip..g1 unpacked,
+                        // `x` the groups from `g` on (fn contract); `stage`
+                        // is STAGE_ROWS >= rows by STAGE_LANES >= cn; the
                         // tail starts at row `done <= rows`; the `absx` sweep
                         // only where the unpack saw no -128.
                         unsafe {
-                            x86_lanes::$sweep::<B, $R>(buf, nb, rows / $R, args, cn, out, w.rows);
-                            x86_lanes::$sweep::<B, 1>(
+                            x86_lanes::$sweep::<B, $R $(, $G)?>(
+                                buf, nb, rows / $R, $x, cn, out, STAGE_ROWS,
+                            );
+                            x86_lanes::$sweep::<B, 1 $(, $G)?>(
                                 buf.add(done * nb),
                                 nb,
                                 rows - done,
-                                args,
+                                $x,
                                 cn,
                                 out.add(done),
-                                w.rows,
+                                STAGE_ROWS,
                             );
                         }
                     }};
@@ -316,12 +348,31 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                 // faster in two-row tiles; the |x| one (Q8_0/512 93 against
                 // 87 G/s in two) and the rest in four.
                 match (VNNI, x.lanes, B::ENC) {
-                    (true, 16, _) => sweep!(lanes_vnni512, 4),
-                    (true, _, _) => sweep!(lanes_vnni256, 4),
-                    (false, _, Encoding::Q8_0) if !has_lowest => sweep!(lanes_sweep256_absx, 4),
-                    (false, _, Encoding::Q8_0) => sweep!(lanes_sweep256, 2),
-                    (false, _, _) => sweep!(lanes_sweep256, 4),
+                    (true, 16, _) if gs == 2 => {
+                        let pair = [g, g + 1].map(|g| x86_lanes::LaneArgs::group(x, g));
+                        tiles!(lanes_vnni512::<2>, 4, pair)
+                    }
+                    (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args]),
+                    (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args]),
+                    (false, _, Encoding::Q8_0) if !has_lowest => {
+                        tiles!(lanes_sweep256_absx, 4, args)
+                    }
+                    (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
+                    (false, _, _) => tiles!(lanes_sweep256, 4, args),
                 }
+                for c in 0..cn {
+                    // SAFETY: lane c's rows 0..rows of `stage` were written
+                    // above; elements (g0..g1, activation row g * x.lanes +
+                    // c < n) of `y` belong to this task.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            stage.as_ptr().add(c * STAGE_ROWS),
+                            y.0.add((g * x.lanes + c) * w.rows + g0),
+                            g1 - g0,
+                        )
+                    };
+                }
+                g += gs;
             }
             g0 = g1;
         }

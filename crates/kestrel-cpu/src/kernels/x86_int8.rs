@@ -442,11 +442,13 @@ mod tests {
         );
         assert!(!unpacked[1].1, "VNNI unpack reports no -128");
         let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
-        for (lanes, on_vnni) in [(8, false), (8, true), (16, true)] {
+        // The VNNI sweeps of 16 lanes also take two groups at once.
+        for (lanes, on_vnni, groups) in [(8, false, 1), (8, true, 1), (16, true, 1), (16, true, 2)]
+        {
             if on_vnni && !vnni {
                 continue;
             }
-            for cn in 1..=n.min(lanes) {
+            for cn in (groups - 1) * lanes + 1..=n.min(groups * lanes) {
                 let mut x = LaneRows::default();
                 x.fill(xq, cn, nb, lanes, true);
                 for r in [1, 2, 4] {
@@ -462,18 +464,26 @@ mod tests {
                                 _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
                             }
                         };
+                        ($sweep:ident::<$G:literal>, $a:expr) => {
+                            match r {
+                                1 => $sweep::<B, 1, $G>(p, nb, tiles, $a, cn, out, w.rows),
+                                2 => $sweep::<B, 2, $G>(p, nb, tiles, $a, cn, out, w.rows),
+                                _ => $sweep::<B, 4, $G>(p, nb, tiles, $a, cn, out, w.rows),
+                            }
+                        };
                     }
                     // SAFETY: `p` holds `w.rows >= r * tiles` rows unpacked
-                    // for this sweep, `x` one group of `nb` blocks, `y` is
-                    // `cn x w.rows`; the ISA was checked above.
+                    // for this sweep, `x` `groups` groups of `nb` blocks,
+                    // `y` is `cn x w.rows`; the ISA was checked above.
                     unsafe {
-                        match (lanes, on_vnni) {
-                            (8, false) => run!(lanes_sweep256),
-                            (8, true) => run!(lanes_vnni256),
-                            _ => run!(lanes_vnni512),
+                        match (lanes, on_vnni, groups) {
+                            (8, false, _) => run!(lanes_sweep256),
+                            (8, true, _) => run!(lanes_vnni256::<1>, [a]),
+                            (_, _, 1) => run!(lanes_vnni512::<1>, [a]),
+                            _ => run!(lanes_vnni512::<2>, [a, LaneArgs::group(&x, 1)]),
                         }
                     }
-                    let what = format!("{lanes}-lane (vnni {on_vnni}) tile {r}x{cn}");
+                    let what = format!("{lanes}-lane x{groups} (vnni {on_vnni}) tile {r}x{cn}");
                     expect(w, xq, &y, r * tiles, cn, &what);
                     if !on_vnni && B::ENC == Encoding::Q8_0 && !has_lowest {
                         let mut y = vec![f32::NAN; cn * w.rows];
@@ -560,11 +570,11 @@ mod tests {
                         y.as_mut_ptr(),
                         w.rows,
                     );
-                    lanes_vnni512::<B, 1>(
+                    lanes_vnni512::<B, 1, 1>(
                         tiled.as_ptr().add(after_tiles(AMX_ROWS * tiles, nb)),
                         nb,
                         rest,
-                        LaneArgs::group(&x, 0),
+                        [LaneArgs::group(&x, 0)],
                         cn,
                         y.as_mut_ptr().add(AMX_ROWS * tiles),
                         w.rows,
@@ -603,7 +613,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let (rows, cols, n) = (8, 256, 16);
+        let (rows, cols, n) = (8, 256, 32);
         let mut xq = vec![Q8Block::default(); n * cols / 32];
         int8::quantize_row(&vec![1.0; n * cols], &mut xq);
         assert!(xq.iter().all(|b| b.q == [127; 32]));
@@ -671,7 +681,7 @@ mod tests {
                 .into_iter()
                 .filter(|c| c % dtype.block_elems() == 0)
             {
-                check_type(&mut rng, dtype, 9, cols, 16);
+                check_type(&mut rng, dtype, 9, cols, 32);
             }
         }
     }

@@ -5,7 +5,8 @@
 //! weight block's four-byte groups are broadcast against the same group of
 //! each row, so a block's integer sums land one per lane without a
 //! horizontal step ([`lanes_sweep256`], 8 rows; with AVX-512 VNNI
-//! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16). The weights are
+//! [`lanes_vnni256`], 8, and [`lanes_vnni512`], 16, or two groups of 16
+//! for each broadcast). The weights are
 //! unpacked as unsigned bytes `w + offset` ([`super::int8::lane_offset`];
 //! all but Q8_0's on AVX2, swept signed: `|x|` against `w * sgn(x)`,
 //! [`lanes_sweep256_absx`], unless a weight is -128), their sums starting
@@ -436,19 +437,30 @@ unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
 }
 
 /// The lane sweep with AVX-512 VNNI, at one register width (`$lanes`
-/// activation rows): `vpdpbusd` adds four products of unsigned by signed
-/// bytes to each i32 lane, so a block's sums land in i32 with no i16 step.
-/// Every type's weights come unpacked unsigned, `w + offset`
+/// activation rows per group), against `G` consecutive lane groups at
+/// once: `vpdpbusd` adds four products of unsigned by signed bytes to each
+/// i32 lane, so a block's sums land in i32 with no i16 step. Every type's
+/// weights come unpacked unsigned, `w + offset`
 /// ([`Int8Block::VNNI_OFFSET`]), against `x`, the sums starting at
-/// `-offset * sum(x)` (once per block for the tile), which leaves
-/// `sum(w * x)` exactly. The activation groups of a block stay in registers
-/// across the tile's `R` weight rows, each row's four-byte groups broadcast
-/// against them; the minimums' sum runs beside.
+/// `-offset * sum(x)` (once per block and group for the tile), which
+/// leaves `sum(w * x)` exactly. Per block and four-byte step, each group's
+/// activations are loaded once for the tile's `R` rows and each row's four
+/// weight bytes broadcast once for the `G` groups: a `vpdpbusd` needs its
+/// broadcast and its activations from memory, and the load ports, not the
+/// multipliers, bound a sweep of one group (Zen 5: one `vpdpbusd` per cycle
+/// of the two it can issue), so two groups take a broadcast to two. The
+/// minimums' sum runs beside.
+///
+/// Lanes `0..cn` of the `G` groups (group `g` lanes `g * $lanes..`; every
+/// group holds one of them) are written: element `(r, c)` to
+/// `y[c * y_stride + r]`.
 ///
 /// # Safety
-/// As [`lanes_sweep256`], for a `$lanes`-lane group, `cn <= $lanes` and `w`
-/// unpacked for VNNI; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI,
-/// AVX2, FMA and F16C.
+/// `w` must be valid for `R * tiles * nblocks` blocks unpacked for VNNI
+/// from `B`, each of `x` for `nblocks` blocks of a `$lanes`-lane group,
+/// `y` for writing every element `(r, c < cn)`; `(G - 1) * $lanes < cn <=
+/// G * $lanes`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2,
+/// FMA and F16C.
 macro_rules! lanes_vnni {
     ($(#[$doc:meta])* $name:ident, $lanes:literal, $vi:ty,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $setzero:ident,
@@ -456,84 +468,96 @@ macro_rules! lanes_vnni {
      $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
         $(#[$doc])*
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(crate) unsafe fn $name<B: Int8Block, const R: usize>(
+        pub(crate) unsafe fn $name<B: Int8Block, const R: usize, const G: usize>(
             w: *const I8Block,
             nblocks: usize,
             tiles: usize,
-            x: LaneArgs,
+            x: [LaneArgs; G],
             cn: usize,
             y: *mut f32,
             y_stride: usize,
         ) {
-            debug_assert!(cn <= $lanes);
+            debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
             let offset = B::VNNI_OFFSET;
             let neg_offset = $set1_epi32(-offset);
+            let halves = if B::TWO { 2 } else { 1 };
             for t in 0..tiles {
                 // SAFETY: rows R t..R t + R are in bounds (fn contract).
                 let wt = unsafe { w.add(R * t * nblocks) };
-                let mut acc = [$setzero_ps(); R];
-                let mut mins = [$setzero_ps(); R];
+                let mut acc = [[$setzero_ps(); G]; R];
+                let mut mins = [[$setzero_ps(); G]; R];
                 for b in 0..nblocks {
-                    // SAFETY: block `b` of the group is in bounds (fn
-                    // contract): 32 * $lanes bytes and $lanes + $lanes floats.
-                    let (xk, dx, sx) = unsafe {
-                        let q = x.q.add(32 * $lanes * b);
-                        (
-                            std::array::from_fn::<$vi, 8, _>(|k| {
-                                $loadu(q.add(4 * $lanes * k).cast())
-                            }),
-                            $loadu_ps(x.d.add($lanes * b)),
-                            $loadu_ps(x.s.add($lanes * b)),
-                        )
-                    };
                     // The sums start at -offset * sum(x) per half (one start
                     // for a one-scale block), the same for every row.
-                    let mut start = [$setzero(); 2];
-                    if offset != 0 {
-                        let [lo, hi] = [0, 1].map(|h| {
-                            // SAFETY: block b's 2 x $lanes integer sums are
-                            // in bounds (fn contract).
-                            unsafe { $loadu(x.sums.add($lanes * (2 * b + h)).cast()) }
+                    let start = x.map(|x| {
+                        let mut start = [$setzero(); 2];
+                        if offset != 0 {
+                            let [lo, hi] = [0, 1].map(|h| {
+                                // SAFETY: block b's 2 x $lanes integer sums
+                                // are in bounds (fn contract).
+                                unsafe { $loadu(x.sums.add($lanes * (2 * b + h)).cast()) }
+                            });
+                            if B::TWO {
+                                start = [lo, hi].map(|v| $mullo(v, neg_offset));
+                            } else {
+                                start[0] = $mullo($add_epi32(lo, hi), neg_offset);
+                            }
+                        }
+                        start
+                    });
+                    let blk: [&I8Block; R] = std::array::from_fn(|r| {
+                        // SAFETY: block `b` of each row of the tile is in
+                        // bounds (fn contract).
+                        unsafe { &*wt.add(r * nblocks + b) }
+                    });
+                    let mut sums = [start; R];
+                    for k in 0..8 {
+                        let h = if B::TWO { k / 4 } else { 0 };
+                        // SAFETY: block b's four-byte step k of every group
+                        // is in bounds (fn contract).
+                        let xk = x.map(|x| unsafe {
+                            $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast())
                         });
-                        if B::TWO {
-                            start = [lo, hi].map(|v| $mullo(v, neg_offset));
-                        } else {
-                            start[0] = $mullo($add_epi32(lo, hi), neg_offset);
+                        for (r, sr) in sums.iter_mut().enumerate() {
+                            // SAFETY: bytes 4k..4k + 4 of the block's 32 are
+                            // in bounds.
+                            let wk = $set1_epi32(unsafe {
+                                (blk[r].q.as_ptr().add(4 * k) as *const i32).read_unaligned()
+                            });
+                            for (s, xk) in sr.iter_mut().zip(xk) {
+                                s[h] = $dpbusd(s[h], wk, xk);
+                            }
                         }
                     }
-                    for r in 0..R {
-                        // SAFETY: block `b` of row `r` of the tile is in bounds.
-                        let blk = unsafe { &*wt.add(r * nblocks + b) };
-                        // SAFETY: bytes 4k..4k + 4 of `q` are in bounds.
-                        let wk = |k: usize| unsafe {
-                            $set1_epi32((blk.q.as_ptr().add(4 * k) as *const i32).read_unaligned())
+                    for (g, x) in x.iter().enumerate() {
+                        // SAFETY: block b's $lanes scales and sums of the
+                        // group are in bounds (fn contract).
+                        let (dx, sx) = unsafe {
+                            ($loadu_ps(x.d.add($lanes * b)), $loadu_ps(x.s.add($lanes * b)))
                         };
-                        let dot = |start: $vi, ks: std::ops::Range<usize>| {
-                            ks.fold(start, |s, k| $dpbusd(s, wk(k), xk[k]))
-                        };
-                        let dd = |h: usize| $mul_ps($set1_ps(blk.d[h]), dx);
-                        if B::TWO {
-                            let lo = dot(start[0], 0..4);
-                            let hi = dot(start[1], 4..8);
-                            acc[r] = $fmadd_ps($cvt(lo), dd(0), acc[r]);
-                            acc[r] = $fmadd_ps($cvt(hi), dd(1), acc[r]);
-                        } else {
-                            let all = dot(start[0], 0..8);
-                            acc[r] = $fmadd_ps($cvt(all), dd(0), acc[r]);
-                        }
-                        // Without a minimum the definition's sum stays +0.0.
-                        if B::HAS_MIN {
-                            mins[r] = $fmadd_ps($set1_ps(blk.m), sx, mins[r]);
+                        for r in 0..R {
+                            for h in 0..halves {
+                                let dd = $mul_ps($set1_ps(blk[r].d[h]), dx);
+                                acc[r][g] = $fmadd_ps($cvt(sums[r][g][h]), dd, acc[r][g]);
+                            }
+                            // Without a minimum the definition's sum stays +0.0.
+                            if B::HAS_MIN {
+                                mins[r][g] = $fmadd_ps($set1_ps(blk[r].m), sx, mins[r][g]);
+                            }
                         }
                     }
                 }
                 for r in 0..R {
-                    let mut out = [0f32; $lanes];
-                    // SAFETY: `out` is $lanes writable floats; elements (R t
-                    // + r, c < cn) are in bounds (fn contract).
-                    unsafe {
-                        $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r], mins[r]));
-                        scatter(out, cn, y, y_stride, R * t + r);
+                    for g in 0..G {
+                        let mut out = [0f32; $lanes];
+                        let lanes = (cn - g * $lanes).min($lanes);
+                        // SAFETY: `out` is $lanes writable floats; elements
+                        // (R t + r, g * $lanes + c) for c < lanes are in
+                        // bounds (fn contract).
+                        unsafe {
+                            $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r][g], mins[r][g]));
+                            scatter(out, lanes, y.add(g * $lanes * y_stride), y_stride, R * t + r);
+                        }
                     }
                 }
             }
