@@ -172,6 +172,19 @@ const STAGE_ROWS: usize = 32;
 #[cfg(target_arch = "x86_64")]
 const STAGE_LANES: usize = 32;
 
+/// Copy lanes `0..lanes` of `stage` (rows `0..rows` each, [`STAGE_ROWS`]
+/// apart) to `y`, lane `c` at `y + c * y_stride`.
+///
+/// # Safety
+/// `y` must be valid for writing those `lanes x rows` elements.
+#[cfg(target_arch = "x86_64")]
+unsafe fn unstage(stage: &[f32], lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
+    for (c, lane) in stage.chunks_exact(STAGE_ROWS).take(lanes).enumerate() {
+        // SAFETY: in bounds (fn contract); `stage` is not `y`.
+        unsafe { std::ptr::copy_nonoverlapping(lane.as_ptr(), y.add(c * y_stride), rows) };
+    }
+}
+
 /// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
 /// are swept straight from their stored blocks
 /// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
@@ -211,49 +224,67 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
     // short rows.
     let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
-    // One lane group of Q8_0 or Q4_K: straight from the
-    // stored blocks (nothing would reuse an unpack).
-    if x.lanes == 8 && n <= 8 && matches!(B::ENC, Encoding::Q8_0 | Encoding::Q4K) {
-        let stored = x86_lanes::StoredRows {
+    // One lane group of Q8_0 or Q4_K, or with VNNI sweeps (not AMX's) up
+    // to two 16-lane groups of Q4_K: straight from the stored blocks
+    // (nothing would reuse an unpack).
+    let direct = match (x.lanes, B::ENC) {
+        (8, Encoding::Q8_0 | Encoding::Q4K) => n <= 8,
+        (16, Encoding::Q4K) => VNNI && !amx && n <= 2 * 16,
+        _ => false,
+    };
+    let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
+    if direct {
+        let all = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,
             nblocks: nb,
-        }
-        .skip(r0);
-        let (rows, args, out) = (
-            r1 - r0,
-            x86_lanes::LaneArgs::group(x, 0),
-            y.0.wrapping_add(r0),
-        );
-        macro_rules! direct {
-            ($sweep:ident, $R:literal) => {{
-                let done = rows / $R * $R;
-                // SAFETY: rows r0..r1 exist and hold `nb` blocks of the
-                // sweep's type (fn contract), `x` its one group of the `n`
-                // rows with their sums (filled for Q8_0's nonzero VNNI
-                // offset); elements (r0..r1, 0..n) of `y` belong to this
-                // task; the tail starts at row `done <= rows`.
-                unsafe {
-                    x86_lanes::$sweep::<$R>(stored, rows / $R, args, n, out, w.rows);
-                    x86_lanes::$sweep::<1>(
-                        stored.skip(done),
-                        rows - done,
-                        args,
-                        n,
-                        out.wrapping_add(done),
-                        w.rows,
-                    );
+        };
+        let args = x86_lanes::LaneArgs::group(x, 0);
+        let out = stage.as_mut_ptr();
+        // STAGE_ROWS rows at a time, staged as below.
+        let mut c0 = r0;
+        while c0 < r1 {
+            let (stored, rows) = (all.skip(c0), (r1 - c0).min(STAGE_ROWS));
+            macro_rules! direct {
+                ($sweep:ident::<$R:literal $(, $G:literal)?>, $x:expr) => {{
+                    let done = rows / $R * $R;
+                    // SAFETY: rows c0..c0 + rows exist and hold `nb` blocks
+                    // of the sweep's type (fn contract), `x` its groups of
+                    // the `n` rows with their sums (filled for Q8_0's
+                    // nonzero VNNI offset); `stage` is STAGE_ROWS >= rows by
+                    // STAGE_LANES >= n; the tail starts at row `done <= rows`.
+                    unsafe {
+                        x86_lanes::$sweep::<$R $(, $G)?>(stored, rows / $R, $x, n, out, STAGE_ROWS);
+                        x86_lanes::$sweep::<1 $(, $G)?>(
+                            stored.skip(done),
+                            rows - done,
+                            $x,
+                            n,
+                            out.wrapping_add(done),
+                            STAGE_ROWS,
+                        );
+                    }
+                }};
+            }
+            // On AVX2, Q8_0's two sign steps per product (the stored blocks
+            // are not checked for -128, which the |x| sweep needs) double the
+            // work per row: two-row tiles, as for unpacked rows holding a
+            // -128 below.
+            match (VNNI, x.lanes, B::ENC) {
+                (true, 16, _) if n > 16 => {
+                    let pair = [0, 1].map(|g| x86_lanes::LaneArgs::group(x, g));
+                    direct!(q4_k_vnni512::<4, 2>, pair)
                 }
-            }};
-        }
-        // On AVX2, Q8_0's two sign steps per product (the stored blocks are
-        // not checked for -128, which the |x| sweep needs) double the work
-        // per row: two-row tiles, as for unpacked rows holding a -128 below.
-        match (VNNI, B::ENC) {
-            (true, Encoding::Q8_0) => direct!(q8_0_vnni256, 4),
-            (true, _) => direct!(q4_k_vnni256, 4),
-            (false, Encoding::Q4K) => direct!(q4_k_lanes256, 4),
-            _ => direct!(q8_0_lanes256, 2),
+                (true, 16, _) => direct!(q4_k_vnni512::<4, 1>, [args]),
+                (true, _, Encoding::Q8_0) => direct!(q8_0_vnni256::<4>, args),
+                (true, _, _) => direct!(q4_k_vnni256::<4>, args),
+                (false, _, Encoding::Q4K) => direct!(q4_k_lanes256::<4>, args),
+                _ => direct!(q8_0_lanes256::<2>, args),
+            }
+            // SAFETY: lanes 0..n of `stage` hold rows 0..rows; elements
+            // (c0..c0 + rows, 0..n) of `y` belong to this task.
+            unsafe { unstage(&stage, n, rows, y.0.wrapping_add(c0), w.rows) };
+            c0 += rows;
         }
         return;
     }
@@ -267,7 +298,6 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         group
     };
     assert!(group <= STAGE_ROWS && 2 * x.lanes <= STAGE_LANES);
-    let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
     IBUF.with(|b| {
         let mut b = b.borrow_mut();
         if b.len() < group * nb {
@@ -360,18 +390,18 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
                     (false, _, _) => tiles!(lanes_sweep256, 4, args),
                 }
-                for c in 0..cn {
-                    // SAFETY: lane c's rows 0..rows of `stage` were written
-                    // above; elements (g0..g1, activation row g * x.lanes +
-                    // c < n) of `y` belong to this task.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            stage.as_ptr().add(c * STAGE_ROWS),
-                            y.0.add((g * x.lanes + c) * w.rows + g0),
-                            g1 - g0,
-                        )
-                    };
-                }
+                // SAFETY: lanes 0..cn of `stage` hold rows 0..g1 - g0;
+                // elements (g0..g1, activation rows g * x.lanes.. + cn) of
+                // `y` belong to this task.
+                unsafe {
+                    unstage(
+                        &stage,
+                        cn,
+                        g1 - g0,
+                        y.0.wrapping_add(g * x.lanes * w.rows + g0),
+                        w.rows,
+                    )
+                };
                 g += gs;
             }
             g0 = g1;

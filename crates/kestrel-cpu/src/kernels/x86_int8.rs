@@ -361,8 +361,8 @@ mod tests {
     };
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
-        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q8_0_lanes256, q8_0_vnni256, unpack_rows256,
-        I8Block, LaneArgs, StoredRows,
+        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
+        unpack_rows256, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -537,6 +537,36 @@ mod tests {
                             }
                         }
                         let what = format!("stored-block tile {r}x{cn}");
+                        expect(w, xq, &y, r * tiles, cn, &what);
+                    }
+                    if lanes == 16 && B::ENC == Encoding::Q4K {
+                        let mut y = vec![f32::NAN; cn * w.rows];
+                        let wp = StoredRows {
+                            w: args.w,
+                            row_bytes: w.row_bytes,
+                            nblocks: nb,
+                        };
+                        let out = y.as_mut_ptr();
+                        let pair = [0, 1].map(|g| LaneArgs::group(&x, g));
+                        macro_rules! direct {
+                            ($G:literal, $x:expr) => {
+                                match r {
+                                    1 => q4_k_vnni512::<1, $G>(wp, tiles, $x, cn, out, w.rows),
+                                    2 => q4_k_vnni512::<2, $G>(wp, tiles, $x, cn, out, w.rows),
+                                    _ => q4_k_vnni512::<4, $G>(wp, tiles, $x, cn, out, w.rows),
+                                }
+                            };
+                        }
+                        // SAFETY: as for the 8-lane stored-block sweeps
+                        // above, `x` `groups` 16-lane groups.
+                        unsafe {
+                            if groups == 2 {
+                                direct!(2, pair)
+                            } else {
+                                direct!(1, [a])
+                            }
+                        }
+                        let what = format!("16-lane x{groups} stored-block tile {r}x{cn}");
                         expect(w, xq, &y, r * tiles, cn, &what);
                     }
                 }

@@ -905,6 +905,109 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
     }
 }
 
+/// [`q4_k_vnni256`] on 16 lanes against `G` consecutive lane groups at
+/// once (as [`lanes_vnni512`]): up to 32 activation rows, where an unpack
+/// would be read by one sweep only. Each row's four-byte group is
+/// broadcast from the stored nibbles and masked once for the `G` groups.
+/// Lanes `0..cn` of the groups are written, element `(r, c)` to
+/// `y[c * y_stride + r]`.
+///
+/// # Safety
+/// `w` must be valid for `R * tiles` rows of `w.nblocks / 8` Q4_K
+/// super-blocks, each of `x` for `w.nblocks` blocks of a 16-lane group, `y`
+/// for writing every element `(r, c < cn)`; `(G - 1) * 16 < cn <= 16 * G`,
+/// `R <= 8`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA
+/// and F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
+    w: StoredRows,
+    tiles: usize,
+    x: [LaneArgs; G],
+    cn: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!((G - 1) * 16 < cn && cn <= 16 * G && R <= 8);
+    let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
+    // High nibbles count sixteen times their value: their scale takes 1/16.
+    let unit = [1.0, 1.0 / 16.0];
+    let block = Encoding::Q4K.block_bytes();
+    let mut sc = Scales8::zeros();
+    for t in 0..tiles {
+        let wt = w.skip(R * t);
+        let mut acc = [[_mm512_setzero_ps(); G]; R];
+        let mut mins = [[_mm512_setzero_ps(); G]; R];
+        for s in 0..w.nblocks / 8 {
+            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
+            // The next tile's same super-blocks, for when they are read.
+            for r in 0..R {
+                for line in 0..block.div_ceil(64) {
+                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
+                }
+            }
+            let sbs = std::array::from_fn(sb);
+            // SAFETY: super-block `s` of each row of the tile is in bounds
+            // (fn contract); lanes past the tile repeat its last row.
+            unsafe { Q4KB::scales8(&sbs, &mut sc) };
+            for (j, sc) in sc.iter().enumerate() {
+                let b = 8 * s + j;
+                let mut sums = [[_mm512_setzero_si512(); G]; R];
+                for k in 0..8 {
+                    // SAFETY: block b's four-byte step k of every group is
+                    // in bounds (fn contract).
+                    let xk =
+                        x.map(|x| unsafe { _mm512_loadu_si512(x.q.add(512 * b + 64 * k).cast()) });
+                    for (r, sr) in sums.iter_mut().enumerate() {
+                        // Sub-block j: nibble j % 2 of the stored bytes
+                        // 32 (j / 2).., in the super-block at sbs[r].
+                        // SAFETY: in bounds (fn contract).
+                        let four = unsafe {
+                            (sbs[r].add(16 + 32 * (j / 2) + 4 * k) as *const i32).read_unaligned()
+                        };
+                        let wk = _mm512_and_si512(_mm512_set1_epi32(four), masks[j % 2]);
+                        for (s, xk) in sr.iter_mut().zip(xk) {
+                            *s = _mm512_dpbusd_epi32(*s, wk, xk);
+                        }
+                    }
+                }
+                let [d, _, m] = sc.lanes();
+                for (g, x) in x.iter().enumerate() {
+                    // SAFETY: block b's 16 scales and sums of the group are
+                    // in bounds (fn contract).
+                    let (dx, sx) = unsafe {
+                        (
+                            _mm512_loadu_ps(x.d.add(16 * b)),
+                            _mm512_loadu_ps(x.s.add(16 * b)),
+                        )
+                    };
+                    for r in 0..R {
+                        let dd = _mm512_mul_ps(_mm512_set1_ps(d[r] * unit[j % 2]), dx);
+                        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][g]), dd, acc[r][g]);
+                        mins[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), sx, mins[r][g]);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for g in 0..G {
+                let mut out = [0f32; 16];
+                // SAFETY: `out` is 16 writable floats; elements (R t + r,
+                // 16 g + c) for the group's lanes are in bounds (fn contract).
+                unsafe {
+                    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_add_ps(acc[r][g], mins[r][g]));
+                    scatter(
+                        out,
+                        (cn - 16 * g).min(16),
+                        y.add(16 * g * y_stride),
+                        y_stride,
+                        R * t + r,
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// [`q4_k_vnni256`] on AVX2: `vpmaddubsw`'s i16 pair sums could not hold
 /// a high nibble taken sixteen times its value, so per super-block each
 /// row's 128 stored bytes are split into its 256 nibbles once
