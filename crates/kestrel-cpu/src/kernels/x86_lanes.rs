@@ -488,23 +488,27 @@ macro_rules! lanes_vnni {
                 let mut mins = [[$setzero_ps(); G]; R];
                 for b in 0..nblocks {
                     // The sums start at -offset * sum(x) per half (one start
-                    // for a one-scale block), the same for every row.
-                    let start = x.map(|x| {
-                        let mut start = [$setzero(); 2];
-                        if offset != 0 {
-                            let [lo, hi] = [0, 1].map(|h| {
-                                // SAFETY: block b's 2 x $lanes integer sums
-                                // are in bounds (fn contract).
-                                unsafe { $loadu(x.sums.add($lanes * (2 * b + h)).cast()) }
-                            });
+                    // for a one-scale block), the same for every row. (No
+                    // closures over vectors here or below: one left
+                    // uninlined passes its vectors through memory.)
+                    let mut start = [[$setzero(); 2]; G];
+                    if offset != 0 {
+                        for (st, x) in start.iter_mut().zip(&x) {
+                            // SAFETY: block b's 2 x $lanes integer sums are
+                            // in bounds (fn contract).
+                            let (lo, hi) = unsafe {
+                                (
+                                    $loadu(x.sums.add($lanes * 2 * b).cast()),
+                                    $loadu(x.sums.add($lanes * (2 * b + 1)).cast()),
+                                )
+                            };
                             if B::TWO {
-                                start = [lo, hi].map(|v| $mullo(v, neg_offset));
+                                *st = [$mullo(lo, neg_offset), $mullo(hi, neg_offset)];
                             } else {
-                                start[0] = $mullo($add_epi32(lo, hi), neg_offset);
+                                st[0] = $mullo($add_epi32(lo, hi), neg_offset);
                             }
                         }
-                        start
-                    });
+                    }
                     let blk: [&I8Block; R] = std::array::from_fn(|r| {
                         // SAFETY: block `b` of each row of the tile is in
                         // bounds (fn contract).
@@ -513,11 +517,12 @@ macro_rules! lanes_vnni {
                     let mut sums = [start; R];
                     for k in 0..8 {
                         let h = if B::TWO { k / 4 } else { 0 };
-                        // SAFETY: block b's four-byte step k of every group
-                        // is in bounds (fn contract).
-                        let xk = x.map(|x| unsafe {
-                            $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast())
-                        });
+                        let mut xk = [$setzero(); G];
+                        for (xk, x) in xk.iter_mut().zip(&x) {
+                            // SAFETY: block b's four-byte step k of every
+                            // group is in bounds (fn contract).
+                            *xk = unsafe { $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast()) };
+                        }
                         for (r, sr) in sums.iter_mut().enumerate() {
                             // SAFETY: bytes 4k..4k + 4 of the block's 32 are
                             // in bounds.
@@ -953,10 +958,12 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                 let b = 8 * s + j;
                 let mut sums = [[_mm512_setzero_si512(); G]; R];
                 for k in 0..8 {
-                    // SAFETY: block b's four-byte step k of every group is
-                    // in bounds (fn contract).
-                    let xk =
-                        x.map(|x| unsafe { _mm512_loadu_si512(x.q.add(512 * b + 64 * k).cast()) });
+                    let mut xk = [_mm512_setzero_si512(); G];
+                    for (xk, x) in xk.iter_mut().zip(&x) {
+                        // SAFETY: block b's four-byte step k of every group
+                        // is in bounds (fn contract).
+                        *xk = unsafe { _mm512_loadu_si512(x.q.add(512 * b + 64 * k).cast()) };
+                    }
                     for (r, sr) in sums.iter_mut().enumerate() {
                         // Sub-block j: nibble j % 2 of the stored bytes
                         // 32 (j / 2).., in the super-block at sbs[r].
