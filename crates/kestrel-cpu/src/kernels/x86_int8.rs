@@ -505,9 +505,10 @@ mod tests {
                             &format!("8-lane |x| tile {r}x{cn}"),
                         );
                     }
-                    if lanes == 8
-                        && matches!((on_vnni, B::ENC), (_, Encoding::Q8_0) | (_, Encoding::Q4K))
-                    {
+                    if matches!(
+                        (lanes, B::ENC),
+                        (8, Encoding::Q8_0 | Encoding::Q4K) | (16, Encoding::Q4K)
+                    ) {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
                             w: args.w,
@@ -515,58 +516,31 @@ mod tests {
                             nblocks: nb,
                         };
                         let out = y.as_mut_ptr();
+                        let pair = [a, LaneArgs::group(&x, 1)];
                         macro_rules! direct {
-                            ($sweep:ident) => {
+                            ($sweep:ident $(::<$G:literal>)?, $x:expr) => {
                                 match r {
-                                    1 => $sweep::<1>(wp, tiles, a, cn, out, w.rows),
-                                    2 => $sweep::<2>(wp, tiles, a, cn, out, w.rows),
-                                    _ => $sweep::<4>(wp, tiles, a, cn, out, w.rows),
+                                    1 => $sweep::<1 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
+                                    2 => $sweep::<2 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
+                                    _ => $sweep::<4 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
                                 }
                             };
                         }
                         // SAFETY: `w` holds `w.rows >= r * tiles` rows of
-                        // `nb` blocks of the sweep's type, `x` one group of
-                        // `nb` blocks with its sums, `y` is `cn x w.rows`;
-                        // the ISA was checked above.
+                        // `nb` blocks of the sweep's type, `x` `groups`
+                        // groups of `nb` blocks with their sums, `y` is `cn
+                        // x w.rows`; the ISA was checked above.
                         unsafe {
-                            match (on_vnni, B::ENC) {
-                                (true, Encoding::Q8_0) => direct!(q8_0_vnni256),
-                                (true, _) => direct!(q4_k_vnni256),
-                                (false, Encoding::Q4K) => direct!(q4_k_lanes256),
-                                _ => direct!(q8_0_lanes256),
+                            match (lanes, groups, on_vnni, B::ENC) {
+                                (16, 2, ..) => direct!(q4_k_vnni512::<2>, pair),
+                                (16, ..) => direct!(q4_k_vnni512::<1>, [a]),
+                                (_, _, true, Encoding::Q8_0) => direct!(q8_0_vnni256, a),
+                                (_, _, true, _) => direct!(q4_k_vnni256, a),
+                                (_, _, false, Encoding::Q4K) => direct!(q4_k_lanes256, a),
+                                _ => direct!(q8_0_lanes256, a),
                             }
                         }
-                        let what = format!("stored-block tile {r}x{cn}");
-                        expect(w, xq, &y, r * tiles, cn, &what);
-                    }
-                    if lanes == 16 && B::ENC == Encoding::Q4K {
-                        let mut y = vec![f32::NAN; cn * w.rows];
-                        let wp = StoredRows {
-                            w: args.w,
-                            row_bytes: w.row_bytes,
-                            nblocks: nb,
-                        };
-                        let out = y.as_mut_ptr();
-                        let pair = [0, 1].map(|g| LaneArgs::group(&x, g));
-                        macro_rules! direct {
-                            ($G:literal, $x:expr) => {
-                                match r {
-                                    1 => q4_k_vnni512::<1, $G>(wp, tiles, $x, cn, out, w.rows),
-                                    2 => q4_k_vnni512::<2, $G>(wp, tiles, $x, cn, out, w.rows),
-                                    _ => q4_k_vnni512::<4, $G>(wp, tiles, $x, cn, out, w.rows),
-                                }
-                            };
-                        }
-                        // SAFETY: as for the 8-lane stored-block sweeps
-                        // above, `x` `groups` 16-lane groups.
-                        unsafe {
-                            if groups == 2 {
-                                direct!(2, pair)
-                            } else {
-                                direct!(1, [a])
-                            }
-                        }
-                        let what = format!("16-lane x{groups} stored-block tile {r}x{cn}");
+                        let what = format!("{lanes}-lane x{groups} stored-block tile {r}x{cn}");
                         expect(w, xq, &y, r * tiles, cn, &what);
                     }
                 }

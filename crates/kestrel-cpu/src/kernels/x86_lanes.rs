@@ -826,24 +826,15 @@ unsafe fn q4_k_stored<const R: usize, S>(
 ) {
     let (cn, y, y_stride) = out;
     debug_assert!(cn <= 8 && R <= 8);
-    let block = Encoding::Q4K.block_bytes();
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
         let mut mins = [_mm256_setzero_ps(); R];
         for s in 0..w.nblocks / 8 {
-            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
-            // The next tile's same super-blocks, for when they are read.
-            for r in 0..R {
-                for line in 0..block.div_ceil(64) {
-                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
-                }
-            }
-            let sbs = std::array::from_fn(sb);
             // SAFETY: super-block `s` of each row of the tile is in bounds
-            // (fn contract); lanes past the tile repeat its last row.
-            unsafe { Q4KB::scales8(&sbs, &mut sc) };
+            // (fn contract).
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, &mut sc) };
             split(&sbs, &mut state);
             for (j, sc) in sc.iter().enumerate() {
                 let b = 8 * s + j;
@@ -862,6 +853,34 @@ unsafe fn q4_k_stored<const R: usize, S>(
         // SAFETY: rows R t..R t + R of `y` (fn contract).
         unsafe { store_tile8(acc, mins, t, cn, y, y_stride) };
     }
+}
+
+/// Super-block `s` of the `R` rows from `wt` (lanes past them repeat the
+/// last row), their eight sub-blocks' scales decoded into `sc` (row `r` in
+/// lane `r`); the same super-blocks of the next `R` rows are asked for,
+/// to be in cache when that tile reads them.
+///
+/// # Safety
+/// Super-block `s` of each of the `R` rows must be in bounds, `R <= 8`;
+/// the CPU must support AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_k_tile<const R: usize>(
+    wt: StoredRows,
+    s: usize,
+    sc: &mut [Scales8; 8],
+) -> [*const u8; 8] {
+    let block = Encoding::Q4K.block_bytes();
+    let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
+    for r in 0..R {
+        for line in 0..block.div_ceil(64) {
+            prefetch(sb(r).wrapping_add(R * wt.row_bytes + 64 * line));
+        }
+    }
+    let sbs = std::array::from_fn(sb);
+    // SAFETY: in bounds (fn contract).
+    unsafe { Q4KB::scales8(&sbs, sc) };
+    sbs
 }
 
 /// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
@@ -936,24 +955,15 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
     let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
     // High nibbles count sixteen times their value: their scale takes 1/16.
     let unit = [1.0, 1.0 / 16.0];
-    let block = Encoding::Q4K.block_bytes();
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [[_mm512_setzero_ps(); G]; R];
         let mut mins = [[_mm512_setzero_ps(); G]; R];
         for s in 0..w.nblocks / 8 {
-            let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
-            // The next tile's same super-blocks, for when they are read.
-            for r in 0..R {
-                for line in 0..block.div_ceil(64) {
-                    prefetch(sb(r).wrapping_add(R * w.row_bytes + 64 * line));
-                }
-            }
-            let sbs = std::array::from_fn(sb);
             // SAFETY: super-block `s` of each row of the tile is in bounds
-            // (fn contract); lanes past the tile repeat its last row.
-            unsafe { Q4KB::scales8(&sbs, &mut sc) };
+            // (fn contract).
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, &mut sc) };
             for (j, sc) in sc.iter().enumerate() {
                 let b = 8 * s + j;
                 let mut sums = [[_mm512_setzero_si512(); G]; R];
