@@ -4,8 +4,9 @@
 //! ([`int8_rows_task`]): one activation row through the eight-row GEMV,
 //! two or three through small tiles straight from the weight blocks, more
 //! through the lane sweeps: weight rows unpacked once and swept against
-//! every lane group, or with one lane group (Q8_0, Q4_K) swept
-//! straight from the stored blocks.
+//! every lane group (two 16-lane groups at a time with VNNI), or with one
+//! lane group (Q8_0, Q4_K), and with VNNI up to two 16-lane groups of
+//! Q4_K, swept straight from the stored blocks.
 
 use super::int8::{self, LaneRows, Q8Block};
 use super::matmul::MatRef;
@@ -188,7 +189,9 @@ unsafe fn unstage(stage: &[f32], lanes: usize, rows: usize, y: *mut f32, y_strid
 /// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
 /// are swept straight from their stored blocks
 /// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
-/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]). Otherwise weight rows are unpacked a
+/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
+/// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
+/// groups ([`x86_lanes::q4_k_vnni512`]). Otherwise weight rows are unpacked a
 /// group at a time ([`x86_lanes::unpack_rows256`], at most 32 rows or
 /// [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`

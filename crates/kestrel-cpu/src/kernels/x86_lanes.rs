@@ -462,7 +462,7 @@ unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
 /// G * $lanes`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2,
 /// FMA and F16C.
 macro_rules! lanes_vnni {
-    ($(#[$doc:meta])* $name:ident, $lanes:literal, $vi:ty,
+    ($(#[$doc:meta])* $name:ident, $lanes:literal,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $setzero:ident,
      $add_epi32:ident, $mullo:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident,
      $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
@@ -575,7 +575,6 @@ lanes_vnni!(
     /// activation rows.
     lanes_vnni256,
     8,
-    __m256i,
     _mm256_loadu_si256,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
@@ -596,7 +595,6 @@ lanes_vnni!(
     /// activation rows.
     lanes_vnni512,
     16,
-    __m512i,
     _mm512_loadu_si512,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
