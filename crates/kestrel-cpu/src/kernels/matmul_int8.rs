@@ -275,7 +275,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             // -128 below.
             match (VNNI, x.lanes, B::ENC) {
                 (true, 16, _) if n > 16 => {
-                    let pair = [0, 1].map(|g| x86_lanes::LaneArgs::group(x, g));
+                    let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
                     direct!(q4_k_vnni512::<4, 2>, pair)
                 }
                 (true, 16, _) => direct!(q4_k_vnni512::<4, 1>, [args]),
@@ -382,7 +382,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                 // 87 G/s in two) and the rest in four.
                 match (VNNI, x.lanes, B::ENC) {
                     (true, 16, _) if gs == 2 => {
-                        let pair = [g, g + 1].map(|g| x86_lanes::LaneArgs::group(x, g));
+                        let pair = [args, x86_lanes::LaneArgs::group(x, g + 1)];
                         tiles!(lanes_vnni512::<2>, 4, pair)
                     }
                     (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args]),
