@@ -824,7 +824,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
 ) {
     let (cn, y, y_stride) = out;
     debug_assert!(cn <= 8 && R <= 8);
-    let mut sc = Scales8::zeros();
+    let (mut sc, mut dm) = (Scales8::zeros(), [[[0.0; 8]; 2]; 8]);
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -832,17 +832,16 @@ unsafe fn q4_k_stored<const R: usize, S>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, &mut sc) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut sc, &mut dm) };
             split(&sbs, &mut state);
-            for (j, sc) in sc.iter().enumerate() {
+            for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
                 // SAFETY: block `b` of the group and its 8 sums are in
                 // bounds (fn contract).
                 let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
-                let [d, _, m] = sc.lanes();
                 for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
                     let all = dot(&state, r, j, sbs[r], &xk);
-                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r] * unit[j % 2]), dx);
+                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r]), dx);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
                     *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
                 }
@@ -854,9 +853,13 @@ unsafe fn q4_k_stored<const R: usize, S>(
 }
 
 /// Super-block `s` of the `R` rows from `wt` (lanes past them repeat the
-/// last row), their eight sub-blocks' scales decoded into `sc` (row `r` in
-/// lane `r`); the same super-blocks of the next `R` rows are asked for,
-/// to be in cache when that tile reads them.
+/// last row), their eight sub-blocks' scales decoded (in `sc`) and set out
+/// in `dm`: sub-block `j`'s row scales times `unit[j % 2]` and its
+/// minimums' factors, row `r` in lane `r`. The sweeps' float steps
+/// broadcast them from there, a load each, not a multiply and a shuffle on
+/// the vector pipes the dot products need (Q4_K/32 +4%). The same
+/// super-blocks of the next `R` rows are asked for, to be in cache when
+/// that tile reads them.
 ///
 /// # Safety
 /// Super-block `s` of each of the `R` rows must be in bounds, `R <= 8`;
@@ -866,7 +869,9 @@ unsafe fn q4_k_stored<const R: usize, S>(
 unsafe fn q4_k_tile<const R: usize>(
     wt: StoredRows,
     s: usize,
+    unit: [f32; 2],
     sc: &mut [Scales8; 8],
+    dm: &mut [[[f32; 8]; 2]; 8],
 ) -> [*const u8; 8] {
     let block = Encoding::Q4K.block_bytes();
     let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
@@ -878,6 +883,14 @@ unsafe fn q4_k_tile<const R: usize>(
     let sbs = std::array::from_fn(sb);
     // SAFETY: in bounds (fn contract).
     unsafe { Q4KB::scales8(&sbs, sc) };
+    for ((j, sc), dm) in sc.iter().enumerate().zip(dm) {
+        let d = _mm256_mul_ps(sc.d0, _mm256_set1_ps(unit[j % 2]));
+        // SAFETY: each `dm[j][i]` is 8 writable floats.
+        unsafe {
+            _mm256_storeu_ps(dm[0].as_mut_ptr(), d);
+            _mm256_storeu_ps(dm[1].as_mut_ptr(), sc.m);
+        }
+    }
     sbs
 }
 
@@ -953,7 +966,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
     let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
     // High nibbles count sixteen times their value: their scale takes 1/16.
     let unit = [1.0, 1.0 / 16.0];
-    let mut sc = Scales8::zeros();
+    let (mut sc, mut dm) = (Scales8::zeros(), [[[0.0; 8]; 2]; 8]);
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [[_mm512_setzero_ps(); G]; R];
@@ -961,8 +974,8 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, &mut sc) };
-            for (j, sc) in sc.iter().enumerate() {
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut sc, &mut dm) };
+            for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
                 let mut sums = [[_mm512_setzero_si512(); G]; R];
                 for k in 0..8 {
@@ -985,7 +998,6 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                         }
                     }
                 }
-                let [d, _, m] = sc.lanes();
                 for (g, x) in x.iter().enumerate() {
                     // SAFETY: block b's 16 scales and sums of the group are
                     // in bounds (fn contract).
@@ -996,7 +1008,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                         )
                     };
                     for r in 0..R {
-                        let dd = _mm512_mul_ps(_mm512_set1_ps(d[r] * unit[j % 2]), dx);
+                        let dd = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx);
                         acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][g]), dd, acc[r][g]);
                         mins[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), sx, mins[r][g]);
                     }
