@@ -4,7 +4,7 @@
 //! interleaved with the others' as a busy pool leaves them. Each iteration
 //! moves to the next of 8 layers' K/V arrays: 50 MB in all at context 128,
 //! 200 MB at 512, against a 32 MB L3, so K/V come from memory as in a real
-//! decode step.
+//! decode step. And one long prompt's row at the 1B shape (`prefill_row_1b`).
 //! `cargo bench -p kestrel-cpu --bench attention`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -63,7 +63,43 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    prefill(&mut g, &mut rng);
     g.finish();
+}
+
+/// A long prompt's attention at the Llama 3.2 1B shape (32 query heads over
+/// 8 kv heads, head_dim 64): the query row at position `ctx - 1` of one
+/// sequence (pages in order), every kv group, against one layer's K/V (a
+/// prefill chunk's last row; 8 MiB of K at 4096 keys, so they come from L3
+/// as they do when the prompt's rows run one after another).
+fn prefill(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, rng: &mut Rng) {
+    const PAGE: usize = 16;
+    const NKV: usize = 8;
+    const GROUP: usize = 4;
+    const HD: usize = 64;
+    let isa = Isa::detect();
+    for ctx in [512usize, 4096] {
+        let pages: Vec<u32> = (0..ctx.div_ceil(PAGE) as u32).collect();
+        let floats = pages.len() * PAGE * NKV * HD;
+        let (k, v) = (rng.vec(floats, 1.0), rng.vec(floats, 1.0));
+        let q = rng.vec(NKV * GROUP * HD, 4.0);
+        let mut scores = vec![0f32; scores_len(GROUP, ctx)];
+        let mut out = vec![0f32; GROUP * HD];
+        let seq = PagedSeq {
+            pages: &pages,
+            page_size: PAGE,
+            num_kv_heads: NKV,
+            head_dim: HD,
+        };
+        g.throughput(Throughput::Elements((NKV * ctx) as u64));
+        g.bench_with_input(BenchmarkId::new("prefill_row_1b", ctx), &ctx, |b, &ctx| {
+            b.iter(|| {
+                for (kg, qg) in q.chunks_exact(GROUP * HD).enumerate() {
+                    attend_group(isa, qg, &k, &v, seq, kg, ctx, 0.125, &mut scores, &mut out);
+                }
+            })
+        });
+    }
 }
 
 criterion_group!(benches, bench);

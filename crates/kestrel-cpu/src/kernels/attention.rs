@@ -10,7 +10,11 @@
 //! on the group size or on how pages are laid out. Walking page by page keeps
 //! the page lookup (a division) out of the per-key loop, and several
 //! independent dot products per K row keep the FMA units busy where one dot
-//! alone would wait on its own accumulator chain.
+//! alone would wait on its own accumulator chain. With AVX-512 a 512-bit
+//! register holds two heads' eight `dot8` lanes (the score pass) or 16
+//! output floats (the weighted sum, the softmax's `exp`): the same operations
+//! lane for lane, half the instructions (`prefill_row_1b` in the attention
+//! bench).
 //!
 //! At many streams a decode step's KV is far larger than the caches, so the
 //! kernel is bound by memory: each page holds one kv head's rows as one
@@ -93,6 +97,10 @@ const TO_L1: i32 = 0;
 #[cfg(not(target_arch = "x86_64"))]
 const TO_L2: i32 = 0;
 
+/// The widest head the AVX-512 route takes (Gemma 3's 256; wider heads
+/// take the AVX2 one).
+const MAX_WIDE_HD: usize = 256;
+
 /// Up to this many V bytes per kv head, the score pass pulls each V page into
 /// L2 as it goes, so the weighted sum finds V there (a quarter of a Zen 4
 /// core's L2; longer sequences rely on the sum's own one-page-ahead hints).
@@ -127,14 +135,28 @@ pub fn attend_group(
     let (scores, inv) = scores[..scores_len(group, len)].split_at_mut(group * len);
 
     // Scores, head-major (`scores[h * len + j]`).
-    // Both SIMD ISAs include AVX2 + FMA, which is all these kernels use.
+    // Both SIMD ISAs include AVX2 + FMA, which the 8-lane kernels use; the
+    // 16-lane ones (`wide`) AVX-512F besides.
     let simd = hd.is_multiple_of(8) && isa != Isa::Scalar && isa.is_supported();
+    // With AVX-512, two heads' 8-lane accumulators share a 512-bit register.
+    let wide = simd && matches!(isa, Isa::Avx512 | Isa::Amx) && hd <= MAX_WIDE_HD;
     let v_ahead = len * hd * 4 <= V_AHEAD_BYTES;
     let mut h0 = 0;
     while h0 < group {
         let gn = (group - h0).min(4);
         let qs = &q[h0 * hd..(h0 + gn) * hd];
         let sc = &mut scores[h0 * len..(h0 + gn) * len];
+        // The heads paired for the wide route: pair `p`'s chunk `c` (8
+        // floats) of head `2p` then of `2p + 1` (zeros past the group).
+        let mut qp = [0f32; 4 * MAX_WIDE_HD];
+        if wide {
+            for (h, qh) in qs.chunks_exact(hd).enumerate() {
+                for (c, qc) in qh.chunks_exact(8).enumerate() {
+                    let at = (h / 2) * 2 * hd + 16 * c + 8 * (h % 2);
+                    qp[at..at + 8].copy_from_slice(qc);
+                }
+            }
+        }
         seq.for_each_page(len, g, |j0, count, base, next| {
             let mut t = 0;
             // Into L2 ahead of need, two rows per pair of keys: the next
@@ -143,6 +165,23 @@ pub fn attend_group(
             // sum, this page's V.
             let k_next = next.filter(|_| h0 == 0).map(|n| k.as_ptr().wrapping_add(n));
             let v_now = (h0 == 0 && v_ahead).then(|| v.as_ptr().wrapping_add(base));
+            if wide {
+                while t + 4 <= count {
+                    if let Some(a) = k_next {
+                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 4 * hd);
+                    }
+                    if let Some(a) = v_now {
+                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 4 * hd);
+                    }
+                    let o = base + t * hd;
+                    let ks = &k[o..o + 4 * hd];
+                    match gn {
+                        3 | 4 => dots4_wide::<2>(&qp, gn, ks, sc, len, j0 + t, scale),
+                        _ => dots4_wide::<1>(&qp, gn, ks, sc, len, j0 + t, scale),
+                    }
+                    t += 4;
+                }
+            }
             if simd {
                 while t + 2 <= count {
                     if let Some(a) = k_next {
@@ -176,7 +215,10 @@ pub fn attend_group(
     // Softmax per head: max, exp of (score - max) in place, and the sum
     // of the weights in key order.
     for sh in scores.chunks_exact_mut(len) {
-        if simd {
+        if wide {
+            // SAFETY: AVX-512F was detected (`wide`).
+            unsafe { exp_shifted_avx512(sh) };
+        } else if simd {
             // SAFETY: AVX2 and FMA were detected (`simd`).
             unsafe { exp_shifted_avx2(sh) };
         } else {
@@ -195,14 +237,17 @@ pub fn attend_group(
 
     // Weighted sum of V rows, each row loaded once for the whole group.
     if simd && hd.is_multiple_of(16) {
+        // With AVX-512, 64 output floats of a head per step (four 512-bit
+        // registers) where hd allows.
+        let wide = wide && hd.is_multiple_of(64);
         for (h0, oh) in (0..group).step_by(4).zip(out.chunks_mut(4 * hd)) {
             let gn = (group - h0).min(4);
             let (p, inv) = (&scores[h0 * len..(h0 + gn) * len], &inv[h0..h0 + gn]);
             match gn {
-                4 => pv::<4>(p, inv, v, seq, g, len, oh),
-                3 => pv::<3>(p, inv, v, seq, g, len, oh),
-                2 => pv::<2>(p, inv, v, seq, g, len, oh),
-                _ => pv::<1>(p, inv, v, seq, g, len, oh),
+                4 => pv::<4>(wide, p, inv, v, seq, g, len, oh),
+                3 => pv::<3>(wide, p, inv, v, seq, g, len, oh),
+                2 => pv::<2>(wide, p, inv, v, seq, g, len, oh),
+                _ => pv::<1>(wide, p, inv, v, seq, g, len, oh),
             }
         }
         return;
@@ -248,9 +293,11 @@ fn key_order_sums<const H: usize>(w: &[f32], len: usize, inv: &mut [f32]) {
 /// registers across the page's keys and parked in `out` between pages, so
 /// each V page is read from memory once: the same FMAs in the same key order
 /// as the [`axpy`] formulation.
-/// Caller: `head_dim % 16 == 0` and a SIMD `isa`.
+/// Caller: `head_dim % 16 == 0` and a SIMD `isa`; with `wide`,
+/// `head_dim % 64 == 0` and AVX-512.
 #[allow(clippy::too_many_arguments)]
 fn pv<const G: usize>(
+    wide: bool,
     p: &[f32],
     inv: &[f32],
     v: &[f32],
@@ -268,9 +315,14 @@ fn pv<const G: usize>(
     });
     #[cfg(target_arch = "x86_64")]
     // SAFETY: every page's rows were bounds-checked above, `p`, `inv` and
-    // `out` hold `G` heads (asserted), and the caller checked AVX2 and FMA.
+    // `out` hold `G` heads (asserted), and the caller checked AVX2 and FMA,
+    // and with `wide` AVX-512F and `hd % 64 == 0`.
     unsafe {
-        pv_avx2::<G>(p, inv, v.as_ptr(), seq, g, len, out)
+        if wide {
+            pv_avx512::<G>(p, inv, v.as_ptr(), seq, g, len, out)
+        } else {
+            pv_avx2::<G>(p, inv, v.as_ptr(), seq, g, len, out)
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("no SIMD isa is supported off x86-64");
@@ -347,6 +399,74 @@ unsafe fn pv_avx2<const G: usize>(
     }
 }
 
+/// [`pv_avx2`] with 512-bit registers, 64 output floats of each head per
+/// step: the same FMAs, lane for lane, in the same key order.
+///
+/// # Safety
+/// As [`pv_avx2`], with `hd % 64 == 0` and AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn pv_avx512<const G: usize>(
+    p: &[f32],
+    inv: &[f32],
+    v: *const f32,
+    seq: PagedSeq<'_>,
+    g: usize,
+    len: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = seq.head_dim;
+    let o = out.as_mut_ptr();
+    seq.for_each_page(len, g, |j0, count, base, next| {
+        for d0 in (0..hd).step_by(64) {
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            // Pages after the first continue the sums parked in `out`.
+            if j0 > 0 {
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    // SAFETY: floats h hd + d0 .. + 64 of `out` (G heads).
+                    *acc_h = std::array::from_fn(|i| unsafe {
+                        _mm512_loadu_ps(o.add(h * hd + d0 + 16 * i))
+                    });
+                }
+            }
+            for t in 0..count {
+                if let (0, Some(n)) = (d0, next) {
+                    prefetch_row::<TO_L1>(v.wrapping_add(n + t * hd), hd);
+                }
+                // SAFETY: row `t` of this page lies in `v` (checked by `pv`).
+                let vr: [__m512; 4] = std::array::from_fn(|i| unsafe {
+                    _mm512_loadu_ps(v.add(base + t * hd + d0 + 16 * i))
+                });
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    let w = _mm512_set1_ps(p[h * len + j0 + t]);
+                    for (a, vr) in acc_h.iter_mut().zip(vr) {
+                        *a = _mm512_fmadd_ps(w, vr, *a);
+                    }
+                }
+            }
+            for (h, acc_h) in acc.iter().enumerate() {
+                for (i, a) in acc_h.iter().enumerate() {
+                    // SAFETY: floats h hd + d0 .. + 64 of `out` (G heads).
+                    unsafe { _mm512_storeu_ps(o.add(h * hd + d0 + 16 * i), *a) };
+                }
+            }
+        }
+    });
+    for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
+        let s = _mm512_set1_ps(inv_h);
+        for c in oh.chunks_exact_mut(16) {
+            // SAFETY: `c` holds 16 floats.
+            unsafe {
+                _mm512_storeu_ps(
+                    c.as_mut_ptr(),
+                    _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), s),
+                )
+            };
+        }
+    }
+}
+
 /// `s = exp(s - max(s))` in place, returning the max: the same operations
 /// as [`exp`] on 8 lanes (bit-identical for finite scores).
 ///
@@ -383,6 +503,68 @@ unsafe fn exp_shifted_avx2(s: &mut [f32]) -> f32 {
         *x = exp(*x - max);
     }
     max
+}
+
+/// [`exp_shifted_avx2`] on 16 lanes, the tail masked: the same operations
+/// lane for lane ([`exp16`]).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn exp_shifted_avx512(s: &mut [f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = s.len();
+    let tail = |i: usize| -> __mmask16 { (((1u32 << (n - i).min(16)) - 1) & 0xffff) as u16 };
+    let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+    for i in (0..n).step_by(16) {
+        // SAFETY: the mask covers floats i..min(i + 16, n) of `s`.
+        let x = unsafe { _mm512_mask_loadu_ps(mv, tail(i), s.as_ptr().add(i)) };
+        mv = _mm512_max_ps(mv, x);
+    }
+    let max = _mm512_reduce_max_ps(mv);
+    let maxv = _mm512_set1_ps(max);
+    for i in (0..n).step_by(16) {
+        // SAFETY: as above, for reading and writing.
+        unsafe {
+            let p = s.as_mut_ptr().add(i);
+            let x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tail(i), p), maxv);
+            _mm512_mask_storeu_ps(p, tail(i), exp16(x));
+        }
+    }
+    max
+}
+
+/// [`exp`] on 16 lanes, operation for operation (as [`exp8`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use super::ops::exp_consts as k;
+    use std::arch::x86_64::*;
+    let xc = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(k::LO)),
+        _mm512_set1_ps(k::HI),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(xc, _mm512_set1_ps(k::LOG2E)),
+    );
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-k::LN2_HI), xc);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-k::LN2_LO), r);
+    let mut p = _mm512_set1_ps(k::P[0]);
+    for &c in &k::P[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(
+        _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
+        _mm512_set1_ps(1.0),
+    );
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(k::LO));
+    _mm512_maskz_mov_ps(!under, e)
 }
 
 /// [`exp`] on 8 lanes, operation for operation.
@@ -504,6 +686,108 @@ unsafe fn dots2_avx2<const G: usize>(
     (d0, d1)
 }
 
+/// [`dots2`] with AVX-512 for four key rows `ks` (positions `j..j + 4`)
+/// and the group's `gn <= 2P` heads, paired in `qp` (as `attend_group`
+/// lays them out): each 512-bit accumulator holds a key's two heads' eight
+/// [`dot8`] lanes, so one FMA does two heads' chunk, lane for lane the
+/// same products in the same order; each pair's eight 8-lane accumulators
+/// then go through [`reduce8`], `dot8`'s tree, which leaves a head's four
+/// scores side by side for one store.
+/// Caller: `hd % 8 == 0`, `hd <= MAX_WIDE_HD`, AVX-512F.
+#[inline]
+fn dots4_wide<const P: usize>(
+    qp: &[f32],
+    gn: usize,
+    ks: &[f32],
+    sc: &mut [f32],
+    len: usize,
+    j: usize,
+    scale: f32,
+) {
+    let hd = ks.len() / 4;
+    assert!(hd.is_multiple_of(8) && ks.len() == 4 * hd && qp.len() >= 2 * P * hd);
+    assert!(gn <= 2 * P && j + 4 <= len && sc.len() >= gn * len);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `qp` holds `P` pairs of `hd` floats, `ks` four rows and `sc`
+    // scores `j..j + 4` of `gn` heads (asserted above); the caller checked
+    // AVX-512F.
+    unsafe {
+        dots4_avx512::<P>(
+            qp.as_ptr(),
+            hd,
+            ks.as_ptr(),
+            gn,
+            sc.as_mut_ptr().add(j),
+            len,
+            scale,
+        )
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (qp, gn, ks, sc, len, j, scale);
+        unreachable!("no SIMD isa is supported off x86-64");
+    }
+}
+
+/// Writes `sc[h * len + t] = dot8(q_h, k_t) * scale` for keys `t < 4` and
+/// heads `h < gn`.
+///
+/// # Safety
+/// `qp` must be valid for `2 * P * hd` floats, `ks` for `4 * hd`, `sc` for
+/// writing floats `h * len..h * len + 4` for `h < gn <= 2P`; `hd % 8 ==
+/// 0`, and the CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn dots4_avx512<const P: usize>(
+    qp: *const f32,
+    hd: usize,
+    ks: *const f32,
+    gn: usize,
+    sc: *mut f32,
+    len: usize,
+    scale: f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 4]; P];
+    for c in (0..hd).step_by(8) {
+        // SAFETY: `c + 8 <= hd` floats of each key row and of each pair's
+        // two heads are in bounds (fn contract).
+        unsafe {
+            let kc: [__m512; 4] = std::array::from_fn(|t| {
+                let k8 = _mm256_castps_pd(_mm256_loadu_ps(ks.add(t * hd + c)));
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(k8))
+            });
+            for (p, acc_p) in acc.iter_mut().enumerate() {
+                let qc = _mm512_loadu_ps(qp.add(2 * p * hd + 2 * c));
+                for (a, kc) in acc_p.iter_mut().zip(kc) {
+                    *a = _mm512_fmadd_ps(qc, kc, *a);
+                }
+            }
+        }
+    }
+    let scale = _mm256_set1_ps(scale);
+    for (p, acc_p) in acc.iter().enumerate() {
+        // Key t's head 2p in accumulator 2t, head 2p + 1 in 2t + 1:
+        // `reduce8`'s order (0, 2, 4, 6, 1, 3, 5, 7) puts head 2p's four
+        // keys in the low 128 bits and head 2p + 1's in the high.
+        let mut v = [_mm256_setzero_ps(); 8];
+        for (t, a) in acc_p.iter().enumerate() {
+            v[2 * t] = _mm512_castps512_ps256(*a);
+            v[2 * t + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+        }
+        let r = _mm256_mul_ps(reduce8(v), scale);
+        // SAFETY: four scores of each head below `gn` (fn contract).
+        unsafe {
+            if 2 * p < gn {
+                _mm_storeu_ps(sc.add(2 * p * len), _mm256_castps256_ps128(r));
+            }
+            if 2 * p + 1 < gn {
+                _mm_storeu_ps(sc.add((2 * p + 1) * len), _mm256_extractf128_ps::<1>(r));
+            }
+        }
+    }
+}
+
 /// Eight accumulators `v[0..8]` reduced by `dot8`'s tree at once,
 /// ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) each, returned in the lane order
 /// `v[0], v[2], v[4], v[6], v[1], v[3], v[5], v[7]`: 21 operations where one
@@ -593,6 +877,8 @@ mod tests {
             (2, 16, 2, 8, 30),
             (5, 32, 1, 8, 19),
             (1, 64, 2, 16, 50),
+            (4, 128, 2, 16, 43),
+            (3, 256, 1, 8, 21),
         ] {
             let pages: Vec<u32> = (0..len.div_ceil(page_size) as u32)
                 .rev()
@@ -639,6 +925,19 @@ mod tests {
         assert_eq!(got_max, max);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.to_bits(), w.to_bits(), "x = {}", xs[i]);
+        }
+        if !matches!(Isa::detect(), Isa::Avx512 | Isa::Amx) {
+            return;
+        }
+        // And on 16 lanes, every tail length.
+        for n in [xs.len(), xs.len() - 1, xs.len() - 9, 15, 1] {
+            let mut got = xs[xs.len() - n..].to_vec();
+            let max = got.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            // SAFETY: AVX-512F was detected above.
+            assert_eq!(unsafe { exp_shifted_avx512(&mut got) }, max, "n = {n}");
+            for (g, &x) in got.iter().zip(&xs[xs.len() - n..]) {
+                assert_eq!(g.to_bits(), exp(x - max).to_bits(), "x = {x}, n = {n}");
+            }
         }
     }
 }
