@@ -60,6 +60,11 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             (33, 512, 9),
             (42, 1536, 6),
             (70, 256, 20),
+            // Tasks of 144 rows (two threads): more than one 128-row chunk
+            // of unpacked rows (two 16-lane groups and a third) and of
+            // stored ones (up to 32 rows).
+            (1040, 512, 40),
+            (1040, 512, 24),
             // AMX tiles (64 blocks a row and up): whole 16-row tiles, a
             // tail, a partial second lane group.
             (70, 2048, 20),

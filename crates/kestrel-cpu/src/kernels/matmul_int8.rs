@@ -151,23 +151,28 @@ pub(super) unsafe fn int8_rows_task(
 #[cfg(target_arch = "x86_64")]
 thread_local! {
     /// Per-thread unpacked weight rows (grows once to the largest group
-    /// [`lanes_rows_task`] unpacks: 32 rows or [`UNPACKED_BYTES`]).
+    /// [`lanes_rows_task`] unpacks: [`STAGE_ROWS`] rows or
+    /// [`UNPACKED_BYTES`]).
     static IBUF: std::cell::RefCell<Vec<x86_lanes::I8Block>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Bytes of unpacked weight rows [`lanes_rows_task`] sweeps at a time: they
 /// stay in L2 across the activation groups, while a tile's rows and a lane
-/// group's blocks stream through L1 (a quarter of this measured 10-25%
-/// slower on Zen 3: fewer rows per unpack left 8192-column rows two at a
-/// time, below the four-row tiles).
+/// group's blocks stream through L1; the more rows, the fewer times every
+/// activation group streams past them (at 512 activation rows more than
+/// L2 holds). Measured on Zen 5 (1 MiB L2): 384 KiB and 128 rows against
+/// 128 KiB and 32 rows, `gemm` Q4_K/512 +2-5%, Q6_K/32 +23%, Q6_K/8
+/// +40%, and end to end (1B Q4_K_M) 32 streams and pp512 +2-4%. (On Zen 3
+/// a quarter of the old 128 KiB measured 10-25% slower; this size was not
+/// measured on its 512 KiB L2.)
 #[cfg(target_arch = "x86_64")]
-const UNPACKED_BYTES: usize = 128 * 1024;
+const UNPACKED_BYTES: usize = 384 * 1024;
 
-/// The most rows [`lanes_rows_task`] unpacks at a time, and the rows of
-/// its output stage per lane.
+/// The most rows [`lanes_rows_task`] unpacks (or, straight from the stored
+/// blocks, sweeps) at a time, and the rows of its output stage per lane.
 #[cfg(target_arch = "x86_64")]
-const STAGE_ROWS: usize = 32;
+const STAGE_ROWS: usize = 128;
 
 /// Lanes of [`lanes_rows_task`]'s output stage: two 16-lane groups.
 #[cfg(target_arch = "x86_64")]
@@ -192,7 +197,7 @@ unsafe fn unstage(stage: &[f32], lanes: usize, rows: usize, y: *mut f32, y_strid
 /// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
 /// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
 /// groups ([`x86_lanes::q4_k_vnni512`]). Otherwise weight rows are unpacked a
-/// group at a time ([`x86_lanes::unpack_rows256`], at most 32 rows or
+/// group at a time ([`x86_lanes::unpack_rows256`], at most [`STAGE_ROWS`] rows or
 /// [`UNPACKED_BYTES`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
 /// [`x86_lanes::lanes_vnni512`] for 16-lane groups, two at a time while
