@@ -328,144 +328,107 @@ fn pv<const G: usize>(
     unreachable!("no SIMD isa is supported off x86-64");
 }
 
-/// # Safety
-/// See [`pv`]: all V rows of `seq`'s pages below `len` must lie in `v`,
-/// and the CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pv_avx2<const G: usize>(
-    p: &[f32],
-    inv: &[f32],
-    v: *const f32,
-    seq: PagedSeq<'_>,
-    g: usize,
-    len: usize,
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let hd = seq.head_dim;
-    seq.for_each_page(len, g, |j0, count, base, next| {
-        for d0 in (0..hd).step_by(16) {
-            let mut acc = [[_mm256_setzero_ps(); 2]; G];
-            // Pages after the first continue the sums parked in `out`.
-            if j0 > 0 {
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    let o = &out[h * hd + d0..h * hd + d0 + 16];
-                    // SAFETY: `o` holds 16 floats.
-                    *acc_h = unsafe {
-                        [
-                            _mm256_loadu_ps(o.as_ptr()),
-                            _mm256_loadu_ps(o.as_ptr().add(8)),
-                        ]
-                    };
-                }
-            }
-            for t in 0..count {
-                if let (0, Some(n)) = (d0, next) {
-                    prefetch_row::<TO_L1>(v.wrapping_add(n + t * hd), hd);
-                }
-                // SAFETY: row `t` of this page lies in `v` (checked by `pv`).
-                let (v0, v1) = unsafe {
-                    let vp = v.add(base + t * hd + d0);
-                    (_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8)))
-                };
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    let w = _mm256_set1_ps(p[h * len + j0 + t]);
-                    acc_h[0] = _mm256_fmadd_ps(w, v0, acc_h[0]);
-                    acc_h[1] = _mm256_fmadd_ps(w, v1, acc_h[1]);
-                }
-            }
-            for (h, acc_h) in acc.iter().enumerate() {
-                let o = &mut out[h * hd + d0..h * hd + d0 + 16];
-                // SAFETY: `o` holds 16 floats.
-                unsafe {
-                    _mm256_storeu_ps(o.as_mut_ptr(), acc_h[0]);
-                    _mm256_storeu_ps(o.as_mut_ptr().add(8), acc_h[1]);
-                }
-            }
-        }
-    });
-    for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
-        let s = _mm256_set1_ps(inv_h);
-        for o in oh.chunks_exact_mut(8) {
-            // SAFETY: `o` holds 8 floats.
-            unsafe {
-                _mm256_storeu_ps(
-                    o.as_mut_ptr(),
-                    _mm256_mul_ps(_mm256_loadu_ps(o.as_ptr()), s),
-                )
-            };
-        }
-    }
-}
-
-/// [`pv_avx2`] with 512-bit registers, 64 output floats of each head per
-/// step: the same FMAs, lane for lane, in the same key order.
-///
-/// # Safety
-/// As [`pv_avx2`], with `hd % 64 == 0` and AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn pv_avx512<const G: usize>(
-    p: &[f32],
-    inv: &[f32],
-    v: *const f32,
-    seq: PagedSeq<'_>,
-    g: usize,
-    len: usize,
-    out: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let hd = seq.head_dim;
-    let o = out.as_mut_ptr();
-    seq.for_each_page(len, g, |j0, count, base, next| {
-        for d0 in (0..hd).step_by(64) {
-            let mut acc = [[_mm512_setzero_ps(); 4]; G];
-            // Pages after the first continue the sums parked in `out`.
-            if j0 > 0 {
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    // SAFETY: floats h hd + d0 .. + 64 of `out` (G heads).
-                    *acc_h = std::array::from_fn(|i| unsafe {
-                        _mm512_loadu_ps(o.add(h * hd + d0 + 16 * i))
-                    });
-                }
-            }
-            for t in 0..count {
-                if let (0, Some(n)) = (d0, next) {
-                    prefetch_row::<TO_L1>(v.wrapping_add(n + t * hd), hd);
-                }
-                // SAFETY: row `t` of this page lies in `v` (checked by `pv`).
-                let vr: [__m512; 4] = std::array::from_fn(|i| unsafe {
-                    _mm512_loadu_ps(v.add(base + t * hd + d0 + 16 * i))
-                });
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    let w = _mm512_set1_ps(p[h * len + j0 + t]);
-                    for (a, vr) in acc_h.iter_mut().zip(vr) {
-                        *a = _mm512_fmadd_ps(w, vr, *a);
+/// The weighted sum's kernel for one ISA, written once for both widths:
+/// `$n` registers of `$w` lanes per head and step, held across a page's
+/// keys and parked in `out` between pages.
+macro_rules! pv_lanes {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $w:literal, $n:literal,
+     $setzero:ident, $loadu:ident, $storeu:ident, $set1:ident, $fmadd:ident, $mul:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// See [`pv`]: all V rows of `seq`'s pages below `len` must lie in
+        /// `v`, `hd` must be a multiple of the floats a step takes, and the
+        /// CPU must support the function's target features.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const G: usize>(
+            p: &[f32],
+            inv: &[f32],
+            v: *const f32,
+            seq: PagedSeq<'_>,
+            g: usize,
+            len: usize,
+            out: &mut [f32],
+        ) {
+            use std::arch::x86_64::*;
+            let hd = seq.head_dim;
+            let o = out.as_mut_ptr();
+            seq.for_each_page(len, g, |j0, count, base, next| {
+                for d0 in (0..hd).step_by($n * $w) {
+                    let mut acc = [[$setzero(); $n]; G];
+                    // Pages after the first continue the sums parked in `out`.
+                    if j0 > 0 {
+                        for (h, acc_h) in acc.iter_mut().enumerate() {
+                            for (i, a) in acc_h.iter_mut().enumerate() {
+                                // SAFETY: floats h hd + d0 .. + $n $w of
+                                // `out` (G heads, hd a multiple of $n $w).
+                                *a = unsafe { $loadu(o.add(h * hd + d0 + $w * i)) };
+                            }
+                        }
+                    }
+                    for t in 0..count {
+                        if let (0, Some(n)) = (d0, next) {
+                            prefetch_row::<TO_L1>(v.wrapping_add(n + t * hd), hd);
+                        }
+                        let mut vr = [$setzero(); $n];
+                        for (i, vr) in vr.iter_mut().enumerate() {
+                            // SAFETY: row `t` of this page lies in `v`
+                            // (checked by `pv`).
+                            *vr = unsafe { $loadu(v.add(base + t * hd + d0 + $w * i)) };
+                        }
+                        for (h, acc_h) in acc.iter_mut().enumerate() {
+                            let w = $set1(p[h * len + j0 + t]);
+                            for (a, vr) in acc_h.iter_mut().zip(vr) {
+                                *a = $fmadd(w, vr, *a);
+                            }
+                        }
+                    }
+                    for (h, acc_h) in acc.iter().enumerate() {
+                        for (i, a) in acc_h.iter().enumerate() {
+                            // SAFETY: as for the loads above.
+                            unsafe { $storeu(o.add(h * hd + d0 + $w * i), *a) };
+                        }
                     }
                 }
-            }
-            for (h, acc_h) in acc.iter().enumerate() {
-                for (i, a) in acc_h.iter().enumerate() {
-                    // SAFETY: floats h hd + d0 .. + 64 of `out` (G heads).
-                    unsafe { _mm512_storeu_ps(o.add(h * hd + d0 + 16 * i), *a) };
+            });
+            for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
+                let s = $set1(inv_h);
+                for c in oh.chunks_exact_mut($w) {
+                    // SAFETY: `c` holds $w floats.
+                    unsafe { $storeu(c.as_mut_ptr(), $mul($loadu(c.as_ptr()), s)) };
                 }
             }
         }
-    });
-    for (oh, &inv_h) in out.chunks_exact_mut(hd).take(G).zip(inv) {
-        let s = _mm512_set1_ps(inv_h);
-        for c in oh.chunks_exact_mut(16) {
-            // SAFETY: `c` holds 16 floats.
-            unsafe {
-                _mm512_storeu_ps(
-                    c.as_mut_ptr(),
-                    _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), s),
-                )
-            };
-        }
-    }
+    };
 }
+
+pv_lanes!(
+    /// 16 output floats of each head per step in two 256-bit registers.
+    pv_avx2,
+    "avx2,fma",
+    8,
+    2,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_mul_ps
+);
+pv_lanes!(
+    /// 64 output floats of each head per step in four 512-bit registers.
+    pv_avx512,
+    "avx512f,avx2,fma",
+    16,
+    4,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_mul_ps
+);
 
 /// `s = exp(s - max(s))` in place, returning the max: the same operations
 /// as [`exp`] on 8 lanes (bit-identical for finite scores).
@@ -535,70 +498,73 @@ unsafe fn exp_shifted_avx512(s: &mut [f32]) -> f32 {
     max
 }
 
-/// [`exp`] on 16 lanes, operation for operation (as [`exp8`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
-    use super::ops::exp_consts as k;
-    use std::arch::x86_64::*;
-    let xc = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(k::LO)),
-        _mm512_set1_ps(k::HI),
-    );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(xc, _mm512_set1_ps(k::LOG2E)),
-    );
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-k::LN2_HI), xc);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-k::LN2_LO), r);
-    let mut p = _mm512_set1_ps(k::P[0]);
-    for &c in &k::P[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let y = _mm512_add_ps(
-        _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r),
-        _mm512_set1_ps(1.0),
-    );
-    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_cvtps_epi32(n),
-        _mm512_set1_epi32(127),
-    ));
-    let e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-    let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(k::LO));
-    _mm512_maskz_mov_ps(!under, e)
+/// [`exp`] on a register of lanes, operation for operation, written once
+/// for both widths: the ISA's vector type `$v` and its intrinsics, `$round`
+/// rounding to nearest and `$zero_below(x, e, lo)` zeroing `e` where
+/// `x < lo`.
+macro_rules! exp_lanes {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $v:ident, $min:ident, $max:ident,
+     $set1:ident, $mul:ident, $fmadd:ident, $add:ident, $cvt:ident, $add_epi32:ident,
+     $set1_epi32:ident, $slli:ident, $cast:ident, $round:expr, $zero_below:expr) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        fn $name(x: std::arch::x86_64::$v) -> std::arch::x86_64::$v {
+            use super::ops::exp_consts as k;
+            use std::arch::x86_64::*;
+            let xc = $min($max(x, $set1(k::LO)), $set1(k::HI));
+            let n = ($round)($mul(xc, $set1(k::LOG2E)));
+            let r = $fmadd(n, $set1(-k::LN2_HI), xc);
+            let r = $fmadd(n, $set1(-k::LN2_LO), r);
+            let mut p = $set1(k::P[0]);
+            for &c in &k::P[1..] {
+                p = $fmadd(p, r, $set1(c));
+            }
+            let y = $add($fmadd($mul(p, r), r, r), $set1(1.0));
+            let bits = $slli::<23>($add_epi32($cvt(n), $set1_epi32(127)));
+            ($zero_below)(x, $mul(y, $cast(bits)), $set1(k::LO))
+        }
+    };
 }
 
-/// [`exp`] on 8 lanes, operation for operation.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    use super::ops::exp_consts as k;
-    use std::arch::x86_64::*;
-    let xc = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(k::LO)),
-        _mm256_set1_ps(k::HI),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        xc,
-        _mm256_set1_ps(k::LOG2E),
-    ));
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-k::LN2_HI), xc);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-k::LN2_LO), r);
-    let mut p = _mm256_set1_ps(k::P[0]);
-    for &c in &k::P[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(
-        _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r),
-        _mm256_set1_ps(1.0),
-    );
-    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_cvtps_epi32(n),
-        _mm256_set1_epi32(127),
-    ));
-    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(k::LO));
-    _mm256_andnot_ps(under, e)
-}
+exp_lanes!(
+    /// [`exp`] on 16 lanes.
+    exp16,
+    "avx512f,avx2,fma",
+    __m512,
+    _mm512_min_ps,
+    _mm512_max_ps,
+    _mm512_set1_ps,
+    _mm512_mul_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_cvtps_epi32,
+    _mm512_add_epi32,
+    _mm512_set1_epi32,
+    _mm512_slli_epi32,
+    _mm512_castsi512_ps,
+    |v| _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v),
+    |x, e, lo| _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, lo), e)
+);
+exp_lanes!(
+    /// [`exp`] on 8 lanes.
+    exp8,
+    "avx2,fma",
+    __m256,
+    _mm256_min_ps,
+    _mm256_max_ps,
+    _mm256_set1_ps,
+    _mm256_mul_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_cvtps_epi32,
+    _mm256_add_epi32,
+    _mm256_set1_epi32,
+    _mm256_slli_epi32,
+    _mm256_castsi256_ps,
+    |v| _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v),
+    |x, e, lo| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, lo), e)
+);
 
 /// `G` query heads against the two key rows in `ks` (positions `j` and
 /// `j + 1`, contiguous): `sc[h * len + j] = dot8(q_h, k0) * scale` (and `k1`
