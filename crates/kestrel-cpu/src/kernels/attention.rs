@@ -146,50 +146,39 @@ pub fn attend_group(
         let gn = (group - h0).min(4);
         let qs = &q[h0 * hd..(h0 + gn) * hd];
         let sc = &mut scores[h0 * len..(h0 + gn) * len];
-        // The heads paired for the wide route: pair `p`'s chunk `c` (8
-        // floats) of head `2p` then of `2p + 1` (zeros past the group).
-        let mut qp = [0f32; 4 * MAX_WIDE_HD];
-        if wide {
-            for (h, qh) in qs.chunks_exact(hd).enumerate() {
-                for (c, qc) in qh.chunks_exact(8).enumerate() {
-                    let at = (h / 2) * 2 * hd + 16 * c + 8 * (h % 2);
-                    qp[at..at + 8].copy_from_slice(qc);
-                }
-            }
-        }
+        // The wide route's heads in pairs (built only for it).
+        let qp = wide.then(|| pair_heads(qs, hd));
         seq.for_each_page(len, g, |j0, count, base, next| {
             let mut t = 0;
-            // Into L2 ahead of need, two rows per pair of keys: the next
-            // page's K (a page is one contiguous block per kv head, but
-            // hardware prefetchers stop at its end) and, for the weighted
-            // sum, this page's V.
+            // Into L2 ahead of need, the rows of the keys about to be
+            // scored: the next page's K (a page is one contiguous block per
+            // kv head, but hardware prefetchers stop at its end) and, for
+            // the weighted sum, this page's V.
             let k_next = next.filter(|_| h0 == 0).map(|n| k.as_ptr().wrapping_add(n));
             let v_now = (h0 == 0 && v_ahead).then(|| v.as_ptr().wrapping_add(base));
-            if wide {
+            let ahead = |t: usize, keys: usize| {
+                if let Some(a) = k_next {
+                    prefetch_row::<TO_L2>(a.wrapping_add(t * hd), keys * hd);
+                }
+                if let Some(a) = v_now {
+                    prefetch_row::<TO_L2>(a.wrapping_add(t * hd), keys * hd);
+                }
+            };
+            if let Some(qp) = &qp {
                 while t + 4 <= count {
-                    if let Some(a) = k_next {
-                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 4 * hd);
-                    }
-                    if let Some(a) = v_now {
-                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 4 * hd);
-                    }
+                    ahead(t, 4);
                     let o = base + t * hd;
                     let ks = &k[o..o + 4 * hd];
                     match gn {
-                        3 | 4 => dots4_wide::<2>(&qp, gn, ks, sc, len, j0 + t, scale),
-                        _ => dots4_wide::<1>(&qp, gn, ks, sc, len, j0 + t, scale),
+                        3 | 4 => dots4_wide::<2>(qp, gn, ks, sc, len, j0 + t, scale),
+                        _ => dots4_wide::<1>(qp, gn, ks, sc, len, j0 + t, scale),
                     }
                     t += 4;
                 }
             }
             if simd {
                 while t + 2 <= count {
-                    if let Some(a) = k_next {
-                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 2 * hd);
-                    }
-                    if let Some(a) = v_now {
-                        prefetch_row::<TO_L2>(a.wrapping_add(t * hd), 2 * hd);
-                    }
+                    ahead(t, 2);
                     let o = base + t * hd;
                     let ks = &k[o..o + 2 * hd];
                     match gn {
@@ -267,6 +256,20 @@ pub fn attend_group(
             *x *= inv_h;
         }
     }
+}
+
+/// The group's (up to four) query heads `qs` of `hd <= MAX_WIDE_HD` floats
+/// in pairs, as the wide score pass reads them: pair `p`'s chunk `c` (8
+/// floats) of head `2p` then of `2p + 1` (zeros past the group).
+fn pair_heads(qs: &[f32], hd: usize) -> [f32; 4 * MAX_WIDE_HD] {
+    let mut qp = [0f32; 4 * MAX_WIDE_HD];
+    for (h, qh) in qs.chunks_exact(hd).enumerate() {
+        for (c, qc) in qh.chunks_exact(8).enumerate() {
+            let at = (h / 2) * 2 * hd + 16 * c + 8 * (h % 2);
+            qp[at..at + 8].copy_from_slice(qc);
+        }
+    }
+    qp
 }
 
 /// `inv[h] = 1 / sum_j w[h][j]` for `H` heads of weights (`w` head-major,

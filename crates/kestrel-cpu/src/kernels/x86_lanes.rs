@@ -824,7 +824,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
 ) {
     let (cn, y, y_stride) = out;
     debug_assert!(cn <= 8 && R <= 8);
-    let (mut sc, mut dm) = (Scales8::zeros(), [[[0.0; 8]; 2]; 8]);
+    let mut dm: SubScales = [[[0.0; 8]; 2]; 8];
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -832,7 +832,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut sc, &mut dm) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
             split(&sbs, &mut state);
             for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
@@ -852,14 +852,18 @@ unsafe fn q4_k_stored<const R: usize, S>(
     }
 }
 
+/// A Q4_K super-block's eight sub-blocks of eight rows, as [`q4_k_tile`]
+/// sets them out: per sub-block the row scales (taking `unit`) and the
+/// minimums' factors, row `r` in lane `r`.
+type SubScales = [[[f32; 8]; 2]; 8];
+
 /// Super-block `s` of the `R` rows from `wt` (lanes past them repeat the
-/// last row), their eight sub-blocks' scales decoded (in `sc`) and set out
-/// in `dm`: sub-block `j`'s row scales times `unit[j % 2]` and its
-/// minimums' factors, row `r` in lane `r`. The sweeps' float steps
-/// broadcast them from there, a load each, not a multiply and a shuffle on
-/// the vector pipes the dot products need (Q4_K/32 +4%). The same
-/// super-blocks of the next `R` rows are asked for, to be in cache when
-/// that tile reads them.
+/// last row), their eight sub-blocks' scales decoded and set out in `dm`:
+/// sub-block `j`'s row scales times `unit[j % 2]` and its minimums'
+/// factors. The sweeps' float steps broadcast them from there, a load
+/// each, not a multiply and a shuffle on the vector pipes the dot products
+/// need (`gemm` Q4_K/32 +4% on Zen 5). The same super-blocks of the next
+/// `R` rows are asked for, to be in cache when that tile reads them.
 ///
 /// # Safety
 /// Super-block `s` of each of the `R` rows must be in bounds, `R <= 8`;
@@ -870,8 +874,7 @@ unsafe fn q4_k_tile<const R: usize>(
     wt: StoredRows,
     s: usize,
     unit: [f32; 2],
-    sc: &mut [Scales8; 8],
-    dm: &mut [[[f32; 8]; 2]; 8],
+    dm: &mut SubScales,
 ) -> [*const u8; 8] {
     let block = Encoding::Q4K.block_bytes();
     let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
@@ -881,8 +884,9 @@ unsafe fn q4_k_tile<const R: usize>(
         }
     }
     let sbs = std::array::from_fn(sb);
+    let mut sc = Scales8::zeros();
     // SAFETY: in bounds (fn contract).
-    unsafe { Q4KB::scales8(&sbs, sc) };
+    unsafe { Q4KB::scales8(&sbs, &mut sc) };
     for ((j, sc), dm) in sc.iter().enumerate().zip(dm) {
         let d = _mm256_mul_ps(sc.d0, _mm256_set1_ps(unit[j % 2]));
         // SAFETY: each `dm[j][i]` is 8 writable floats.
@@ -966,7 +970,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
     let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
     // High nibbles count sixteen times their value: their scale takes 1/16.
     let unit = [1.0, 1.0 / 16.0];
-    let (mut sc, mut dm) = (Scales8::zeros(), [[[0.0; 8]; 2]; 8]);
+    let mut dm: SubScales = [[[0.0; 8]; 2]; 8];
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [[_mm512_setzero_ps(); G]; R];
@@ -974,7 +978,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut sc, &mut dm) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
             for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
                 let mut sums = [[_mm512_setzero_si512(); G]; R];
