@@ -68,6 +68,11 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             // AMX tiles (64 blocks a row and up): whole 16-row tiles, a
             // tail, a partial second lane group.
             (70, 2048, 20),
+            // Rows past 1.5 chunks of blocks (the 16-lane VNNI sweeps take
+            // them a chunk at a time, 104 blocks and then 96 here, the sums
+            // carried): a pair of groups and a partial third, tasks with
+            // a tail row.
+            (42, 6400, 33),
         ] {
             if cols % dtype.block_elems() != 0 {
                 continue;

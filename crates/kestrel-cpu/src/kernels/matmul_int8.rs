@@ -155,6 +155,30 @@ thread_local! {
     /// [`UNPACKED_BYTES`]).
     static IBUF: std::cell::RefCell<Vec<x86_lanes::I8Block>> =
         const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread sums carried between chunks of blocks
+    /// ([`x86_lanes::Carry`]): two floats per unpacked row and activation
+    /// row (lanes rounded up to whole groups).
+    static CARRY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Blocks per chunk when [`lanes_rows_task`] sweeps rows a chunk of blocks
+/// at a time (16-lane VNNI sweeps, past 1.5 chunks): the 16-lane groups'
+/// activations run 40 bytes a block per lane (quants, scale, sum), so two
+/// groups over a whole 14336-column row (8B FFN down) take 573 KiB and,
+/// beside the unpacked rows, no longer stay in L2 (1 MiB on Zen 5) from
+/// one tile of rows to the next: each tile read them from L3 again.
+#[cfg(target_arch = "x86_64")]
+const CHUNK_BLOCKS: usize = 128;
+
+/// Blocks per chunk of an `nb`-block row for [`lanes_rows_task`]: `nb`
+/// unless `chunked` and `nb` is past 1.5 [`CHUNK_BLOCKS`], then near-equal
+/// chunks of whole stored blocks (`sub` 32-element blocks each).
+#[cfg(target_arch = "x86_64")]
+fn chunk_blocks(nb: usize, sub: usize, chunked: bool) -> usize {
+    if !chunked || 2 * nb <= 3 * CHUNK_BLOCKS {
+        return nb;
+    }
+    nb.div_ceil(nb.div_ceil(CHUNK_BLOCKS)).div_ceil(sub) * sub
 }
 
 /// Bytes of unpacked weight rows [`lanes_rows_task`] sweeps at a time: they
@@ -296,8 +320,11 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         }
         return;
     }
+    // Past CHUNK_BLOCKS, 16-lane VNNI sweeps (not AMX's) take the rows a
+    // chunk of `kc` blocks at a time, the sums carried between chunks.
+    let kc = chunk_blocks(nb, B::SUB, VNNI && x.lanes == 16 && !amx);
     let block = std::mem::size_of::<x86_lanes::I8Block>();
-    let group = (UNPACKED_BYTES / (nb * block)).clamp(1, STAGE_ROWS);
+    let group = (UNPACKED_BYTES / (kc * block)).clamp(1, STAGE_ROWS);
     // AMX tiles take 16 rows at a time (for rows over 8 KiB unpacked, past
     // UNPACKED_BYTES).
     let group = if amx {
@@ -306,114 +333,147 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         group
     };
     assert!(group <= STAGE_ROWS && 2 * x.lanes <= STAGE_LANES);
-    IBUF.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.len() < group * nb {
-            b.resize(group * nb, x86_lanes::I8Block::default());
-        }
-        let mut g0 = r0;
-        while g0 < r1 {
-            let g1 = (g0 + group).min(r1);
-            let rows = g1 - g0;
-            let buf = b[..rows * nb].as_mut_ptr();
-            let w0 = w.data.as_ptr().wrapping_add(g0 * w.row_bytes);
-            // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
-            // of `B`; `buf` holds `rows * nb` blocks; tiles only with VNNI
-            // and one-scale `B` (`amx` above).
-            let has_lowest = unsafe {
-                x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, nb, amx, buf)
-            };
-            // Every sweep writes its outputs to `stage` (lane after lane,
-            // STAGE_ROWS apiece), copied out whole lanes at a time.
-            let mut g = 0;
-            while g < n.div_ceil(x.lanes) {
-                // With 16-lane VNNI sweeps (not AMX's), two groups at once.
-                let gs = if VNNI && x.lanes == 16 && !amx && (g + 1) * x.lanes < n {
-                    2
-                } else {
-                    1
-                };
-                let cn = (n - g * x.lanes).min(gs * x.lanes);
-                let args = x86_lanes::LaneArgs::group(x, g);
-                let out = stage.as_mut_ptr();
-                // On AMX, whole 16-row tiles first; the sweeps below take
-                // the rest.
-                let skip = if amx {
-                    debug_assert_eq!(x.lanes, 16, "AMX sweeps 16-lane groups");
-                    let tiles = rows / x86_amx::AMX_ROWS;
-                    let tiled = buf.cast::<x86_lanes::TileBlock>();
-                    // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
-                    // tiles, unpacked as `tiles * nb` tile blocks; `amx`
-                    // comes from `lane_sweep` on `Isa::Amx`, which
-                    // `has_amx` granted.
-                    unsafe { x86_amx::lanes_amx::<B>(tiled, nb, tiles, args, cn, out, STAGE_ROWS) };
-                    tiles * x86_amx::AMX_ROWS
-                } else {
-                    0
-                };
-                let (buf, out, rows) = (
-                    buf.wrapping_add(x86_lanes::after_tiles(skip, nb)),
-                    out.wrapping_add(skip),
-                    rows - skip,
-                );
-                // `$sweep` in `$R`-row tiles, then the rest a row at a time,
-                // with `$x` (one group's `LaneArgs`, or `G` of them).
-                macro_rules! tiles {
-                    ($sweep:ident $(::<$G:literal>)?, $R:literal, $x:expr) => {{
+    // Carried sums: row after row, each row's for every lane group.
+    let carry_stride = 2 * n.div_ceil(x.lanes) * x.lanes;
+    IBUF.with_borrow_mut(|b| {
+        CARRY.with_borrow_mut(|c| {
+            if b.len() < group * kc {
+                b.resize(group * kc, x86_lanes::I8Block::default());
+            }
+            if kc < nb && c.len() < group * carry_stride {
+                c.resize(group * carry_stride, 0.0);
+            }
+            let mut g0 = r0;
+            while g0 < r1 {
+                let g1 = (g0 + group).min(r1);
+                let rows = g1 - g0;
+                for k0 in (0..nb).step_by(kc) {
+                    let kn = kc.min(nb - k0);
+                    let buf = b[..rows * kn].as_mut_ptr();
+                    let w0 = w
+                        .data
+                        .as_ptr()
+                        .wrapping_add(g0 * w.row_bytes + k0 / B::SUB * B::ENC.block_bytes());
+                    // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
+                    // of `B`, blocks k0..k0 + kn whole stored ones from `w0` on
+                    // (`chunk_blocks`); `buf` holds `rows * kn` blocks; tiles only
+                    // with VNNI and one-scale `B` (`amx` above).
+                    let has_lowest = unsafe {
+                        x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, kn, amx, buf)
+                    };
+                    // Every sweep writes its outputs to `stage` (lane after lane,
+                    // STAGE_ROWS apiece), copied out whole lanes at a time.
+                    let mut g = 0;
+                    while g < n.div_ceil(x.lanes) {
+                        // With 16-lane VNNI sweeps (not AMX's), two groups at once.
+                        let gs = if VNNI && x.lanes == 16 && !amx && (g + 1) * x.lanes < n {
+                            2
+                        } else {
+                            1
+                        };
+                        let cn = (n - g * x.lanes).min(gs * x.lanes);
+                        let args = x86_lanes::LaneArgs::group(x, g).skip_blocks(k0, x.lanes);
+                        let carry = (kn < nb).then(|| x86_lanes::Carry {
+                            p: c.as_mut_ptr().wrapping_add(2 * g * x.lanes),
+                            stride: carry_stride,
+                            first: k0 == 0,
+                            last: k0 + kn == nb,
+                        });
+                        let out = stage.as_mut_ptr();
+                        // On AMX, whole 16-row tiles first; the sweeps below take
+                        // the rest.
+                        let skip = if amx {
+                            debug_assert!(
+                                x.lanes == 16 && kn == nb,
+                                "AMX sweeps whole 16-lane rows"
+                            );
+                            let tiles = rows / x86_amx::AMX_ROWS;
+                            let tiled = buf.cast::<x86_lanes::TileBlock>();
+                            // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
+                            // tiles, unpacked as `tiles * nb` tile blocks; `amx`
+                            // comes from `lane_sweep` on `Isa::Amx`, which
+                            // `has_amx` granted.
+                            unsafe {
+                                x86_amx::lanes_amx::<B>(tiled, kn, tiles, args, cn, out, STAGE_ROWS)
+                            };
+                            tiles * x86_amx::AMX_ROWS
+                        } else {
+                            0
+                        };
+                        let (buf, out, rows) = (
+                            buf.wrapping_add(x86_lanes::after_tiles(skip, kn)),
+                            out.wrapping_add(skip),
+                            rows - skip,
+                        );
+                        // `$sweep` in `$R`-row tiles, then the rest a row at a time,
+                        // with `$x` (one group's `LaneArgs`, or `G` of them) and for
+                        // the VNNI sweeps `$carry`.
+                        macro_rules! tiles {
+                    ($sweep:ident $(::<$G:literal>)?, $R:literal, $x:expr $(, $carry:expr)?) => {{
                         let done = rows / $R * $R;
-                        // SAFETY: `buf` holds rows g0 + skip..g1 unpacked,
-                        // `x` the groups from `g` on (fn contract); `stage`
-                        // is STAGE_ROWS >= rows by STAGE_LANES >= cn; the
-                        // tail starts at row `done <= rows`; the `absx` sweep
-                        // only where the unpack saw no -128.
+                        // SAFETY: `buf` holds rows g0 + skip..g1's blocks
+                        // k0..k0 + kn unpacked, `x` the groups from `g` on
+                        // from block k0 (fn contract); `stage` is
+                        // STAGE_ROWS >= rows by STAGE_LANES >= cn; the tail
+                        // starts at row `done <= rows`; the `absx` sweep only
+                        // where the unpack saw no -128; a carry holds `rows`
+                        // rows for every group, left by chunk k0 - kc unless
+                        // `first`.
                         unsafe {
                             x86_lanes::$sweep::<B, $R $(, $G)?>(
-                                buf, nb, rows / $R, $x, cn, out, STAGE_ROWS,
+                                buf, kn, rows / $R, $x, cn, out, STAGE_ROWS $(, $carry)?
                             );
                             x86_lanes::$sweep::<B, 1 $(, $G)?>(
-                                buf.add(done * nb),
-                                nb,
+                                buf.add(done * kn),
+                                kn,
                                 rows - done,
                                 $x,
                                 cn,
                                 out.add(done),
                                 STAGE_ROWS,
+                                $($carry.map(|c: x86_lanes::Carry| c.rows_from(done)))?
                             );
                         }
                     }};
                 }
-                // AVX2's two-sign Q8_0 sweep (rows holding -128) measured
-                // faster in two-row tiles; the |x| one (Q8_0/512 93 against
-                // 87 G/s in two) and the rest in four.
-                match (VNNI, x.lanes, B::ENC) {
-                    (true, 16, _) if gs == 2 => {
-                        let pair = [args, x86_lanes::LaneArgs::group(x, g + 1)];
-                        tiles!(lanes_vnni512::<2>, 4, pair)
+                        // AVX2's two-sign Q8_0 sweep (rows holding -128) measured
+                        // faster in two-row tiles; the |x| one (Q8_0/512 93 against
+                        // 87 G/s in two) and the rest in four.
+                        match (VNNI, x.lanes, B::ENC) {
+                            (true, 16, _) if gs == 2 => {
+                                let next =
+                                    x86_lanes::LaneArgs::group(x, g + 1).skip_blocks(k0, x.lanes);
+                                tiles!(lanes_vnni512::<2>, 4, [args, next], carry)
+                            }
+                            (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args], carry),
+                            (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args], carry),
+                            (false, _, Encoding::Q8_0) if !has_lowest => {
+                                tiles!(lanes_sweep256_absx, 4, args)
+                            }
+                            (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
+                            (false, _, _) => tiles!(lanes_sweep256, 4, args),
+                        }
+                        // The outputs are staged once the last chunk is swept.
+                        if k0 + kn == nb {
+                            // SAFETY: lanes 0..cn of `stage` hold rows 0..g1 - g0;
+                            // elements (g0..g1, activation rows g * x.lanes.. + cn)
+                            // of `y` belong to this task.
+                            unsafe {
+                                unstage(
+                                    &stage,
+                                    cn,
+                                    g1 - g0,
+                                    y.0.wrapping_add(g * x.lanes * w.rows + g0),
+                                    w.rows,
+                                )
+                            };
+                        }
+                        g += gs;
                     }
-                    (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args]),
-                    (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args]),
-                    (false, _, Encoding::Q8_0) if !has_lowest => {
-                        tiles!(lanes_sweep256_absx, 4, args)
-                    }
-                    (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
-                    (false, _, _) => tiles!(lanes_sweep256, 4, args),
                 }
-                // SAFETY: lanes 0..cn of `stage` hold rows 0..g1 - g0;
-                // elements (g0..g1, activation rows g * x.lanes.. + cn) of
-                // `y` belong to this task.
-                unsafe {
-                    unstage(
-                        &stage,
-                        cn,
-                        g1 - g0,
-                        y.0.wrapping_add(g * x.lanes * w.rows + g0),
-                        w.rows,
-                    )
-                };
-                g += gs;
+                g0 = g1;
             }
-            g0 = g1;
-        }
+        })
     });
 }
 

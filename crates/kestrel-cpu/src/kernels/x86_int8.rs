@@ -362,7 +362,7 @@ mod tests {
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
         lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
-        unpack_rows256, I8Block, LaneArgs, StoredRows,
+        unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -465,10 +465,19 @@ mod tests {
                             }
                         };
                         ($sweep:ident::<$G:literal>, $a:expr) => {
+                            run!($sweep::<$G>, $a, p, nb, out, None)
+                        };
+                        ($sweep:ident::<$G:literal>, $a:expr, $p:expr, $nb:expr, $out:expr, $carry:expr) => {
                             match r {
-                                1 => $sweep::<B, 1, $G>(p, nb, tiles, $a, cn, out, w.rows),
-                                2 => $sweep::<B, 2, $G>(p, nb, tiles, $a, cn, out, w.rows),
-                                _ => $sweep::<B, 4, $G>(p, nb, tiles, $a, cn, out, w.rows),
+                                1 => {
+                                    $sweep::<B, 1, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
+                                2 => {
+                                    $sweep::<B, 2, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
+                                _ => {
+                                    $sweep::<B, 4, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
                             }
                         };
                     }
@@ -485,6 +494,60 @@ mod tests {
                     }
                     let what = format!("{lanes}-lane x{groups} (vnni {on_vnni}) tile {r}x{cn}");
                     expect(w, xq, &y, r * tiles, cn, &what);
+                    if on_vnni && nb >= 2 * B::SUB {
+                        // In two chunks of whole stored blocks, unpacked
+                        // apart, the sums carried from one to the next.
+                        let k1 = nb / B::SUB / 2 * B::SUB;
+                        let stride = 2 * groups * lanes;
+                        let mut kept = vec![f32::NAN; w.rows * stride];
+                        let mut y = vec![f32::NAN; cn * w.rows];
+                        let out = y.as_mut_ptr();
+                        for (k0, kn) in [(0, k1), (k1, nb - k1)] {
+                            let mut u = vec![I8Block::default(); w.rows * kn];
+                            let from = |g| LaneArgs::group(&x, g).skip_blocks(k0, lanes);
+                            let carry = Some(Carry {
+                                p: kept.as_mut_ptr(),
+                                stride,
+                                first: k0 == 0,
+                                last: k0 + kn == nb,
+                            });
+                            let p = u.as_ptr();
+                            // SAFETY: blocks k0..k0 + kn of each row are
+                            // whole stored blocks of `B` from that pointer
+                            // on, `u` holds `w.rows * kn` blocks; `kept` the
+                            // sums of `w.rows` rows for `groups` groups,
+                            // left by the first chunk for the second; as
+                            // above otherwise.
+                            unsafe {
+                                let at = args.w.add(k0 / B::SUB * B::ENC.block_bytes());
+                                unpack_rows256::<B, true>(
+                                    at,
+                                    w.row_bytes,
+                                    w.rows,
+                                    kn,
+                                    false,
+                                    u.as_mut_ptr(),
+                                );
+                                match (lanes, groups) {
+                                    (8, _) => {
+                                        run!(lanes_vnni256::<1>, [from(0)], p, kn, out, carry)
+                                    }
+                                    (_, 1) => {
+                                        run!(lanes_vnni512::<1>, [from(0)], p, kn, out, carry)
+                                    }
+                                    _ => run!(
+                                        lanes_vnni512::<2>,
+                                        [from(0), from(1)],
+                                        p,
+                                        kn,
+                                        out,
+                                        carry
+                                    ),
+                                }
+                            }
+                        }
+                        expect(w, xq, &y, r * tiles, cn, &format!("{what}, in two chunks"));
+                    }
                     if !on_vnni && B::ENC == Encoding::Q8_0 && !has_lowest {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let out = y.as_mut_ptr();
@@ -582,6 +645,7 @@ mod tests {
                         cn,
                         y.as_mut_ptr().add(AMX_ROWS * tiles),
                         w.rows,
+                        None,
                     );
                 };
                 expect(w, xq, &y, w.rows, cn, &format!("amx x{cn}"));

@@ -259,6 +259,51 @@ impl LaneArgs {
     }
 }
 
+impl LaneArgs {
+    /// The same group from block `b0` on, for `lanes`-lane groups.
+    pub fn skip_blocks(self, b0: usize, lanes: usize) -> Self {
+        Self {
+            q: self.q.wrapping_add(b0 * 32 * lanes),
+            d: self.d.wrapping_add(b0 * lanes),
+            s: self.s.wrapping_add(b0 * lanes),
+            sums: self.sums.wrapping_add(b0 * 2 * lanes),
+        }
+    }
+}
+
+/// Where a VNNI lane sweep ([`lanes_vnni512`], [`lanes_vnni256`]) over
+/// one chunk of its rows' blocks starts and leaves the definition's two
+/// sums, for rows swept a chunk of blocks at a time
+/// (`matmul_int8::lanes_rows_task`: past `CHUNK_BLOCKS`, so that one
+/// chunk of every lane group's activations stays in L2 for more weight
+/// rows). The first chunk starts the sums at +0.0 as a whole row does,
+/// later ones read back what the one before left here, the last writes
+/// the outputs. Each sum still runs block after block, so the results are
+/// the same bit for bit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Carry {
+    /// Row `r`'s sums against group `g` of the sweep's groups: the first
+    /// sum's lanes at `p + r * stride + 2 * g * lanes`, the minimums'
+    /// right after them.
+    pub p: *mut f32,
+    /// Floats from one row's sums to the next row's.
+    pub stride: usize,
+    /// Whether this chunk starts the rows (the sums start at +0.0).
+    pub first: bool,
+    /// Whether it ends them (the outputs are written, not the sums).
+    pub last: bool,
+}
+
+impl Carry {
+    /// The sums of the rows from row `r` on (the pointer is only computed).
+    pub fn rows_from(self, r: usize) -> Self {
+        Self {
+            p: self.p.wrapping_add(r * self.stride),
+            ..self
+        }
+    }
+}
+
 /// Write lanes `0..cn` of `v` (activation rows) as outputs of weight row
 /// `row`: lane `c` to `y[c * y_stride + row]`.
 ///
@@ -453,14 +498,18 @@ unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
 ///
 /// Lanes `0..cn` of the `G` groups (group `g` lanes `g * $lanes..`; every
 /// group holds one of them) are written: element `(r, c)` to
-/// `y[c * y_stride + r]`.
+/// `y[c * y_stride + r]`; with a [`Carry`] (`nblocks` one chunk of the
+/// rows' blocks), only by the last chunk, the sums starting from and
+/// left in the carry otherwise.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles * nblocks` blocks unpacked for VNNI
 /// from `B`, each of `x` for `nblocks` blocks of a `$lanes`-lane group,
 /// `y` for writing every element `(r, c < cn)`; `(G - 1) * $lanes < cn <=
-/// G * $lanes`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2,
-/// FMA and F16C.
+/// G * $lanes`; a carry valid for reading and writing its `R * tiles`
+/// rows' sums for the `G` groups, holding what the chunk before left there
+/// unless `first`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI,
+/// AVX2, FMA and F16C.
 macro_rules! lanes_vnni {
     ($(#[$doc:meta])* $name:ident, $lanes:literal,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $setzero:ident,
@@ -468,6 +517,7 @@ macro_rules! lanes_vnni {
      $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
         $(#[$doc])*
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $name<B: Int8Block, const R: usize, const G: usize>(
             w: *const I8Block,
             nblocks: usize,
@@ -476,8 +526,11 @@ macro_rules! lanes_vnni {
             cn: usize,
             y: *mut f32,
             y_stride: usize,
+            carry: Option<Carry>,
         ) {
             debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
+            // Row `r`'s sums against group `g` in the carry.
+            let kept = |c: Carry, r: usize, g: usize| c.p.wrapping_add(r * c.stride + 2 * g * $lanes);
             let offset = B::VNNI_OFFSET;
             let neg_offset = $set1_epi32(-offset);
             let halves = if B::TWO { 2 } else { 1 };
@@ -486,6 +539,19 @@ macro_rules! lanes_vnni {
                 let wt = unsafe { w.add(R * t * nblocks) };
                 let mut acc = [[$setzero_ps(); G]; R];
                 let mut mins = [[$setzero_ps(); G]; R];
+                if let Some(c) = carry.filter(|c| !c.first) {
+                    for r in 0..R {
+                        for g in 0..G {
+                            let p = kept(c, R * t + r, g);
+                            // SAFETY: the carry holds row R t + r's sums for
+                            // group g (fn contract).
+                            unsafe {
+                                acc[r][g] = $loadu_ps(p);
+                                mins[r][g] = $loadu_ps(p.add($lanes));
+                            }
+                        }
+                    }
+                }
                 for b in 0..nblocks {
                     // The sums start at -offset * sum(x) per half (one start
                     // for a one-scale block), the same for every row. (No
@@ -551,6 +617,19 @@ macro_rules! lanes_vnni {
                             }
                         }
                     }
+                }
+                if let Some(c) = carry.filter(|c| !c.last) {
+                    for r in 0..R {
+                        for g in 0..G {
+                            let p = kept(c, R * t + r, g);
+                            // SAFETY: as above.
+                            unsafe {
+                                $storeu_ps(p, acc[r][g]);
+                                $storeu_ps(p.add($lanes), mins[r][g]);
+                            }
+                        }
+                    }
+                    continue;
                 }
                 for r in 0..R {
                     for g in 0..G {
