@@ -261,7 +261,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // (nothing would reuse an unpack).
     let direct = match (x.lanes, B::ENC) {
         (8, Encoding::Q8_0 | Encoding::Q4K) => n <= 8,
-        (16, Encoding::Q4K) => VNNI && !amx && n <= 2 * 16,
+        (8, Encoding::Q4_0 | Encoding::Q4_1) => VNNI && n <= 8,
+        (16, Encoding::Q4K | Encoding::Q4_0 | Encoding::Q4_1) => VNNI && !amx && n <= 2 * 16,
         _ => false,
     };
     let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
@@ -278,7 +279,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
         while c0 < r1 {
             let (stored, rows) = (all.skip(c0), (r1 - c0).min(STAGE_ROWS));
             macro_rules! direct {
-                ($sweep:ident::<$R:literal $(, $G:literal)?>, $x:expr) => {{
+                ($sweep:ident::<$($B:ident,)? $R:literal $(, $G:literal)?>, $x:expr) => {{
                     let done = rows / $R * $R;
                     // SAFETY: rows c0..c0 + rows exist and hold `nb` blocks
                     // of the sweep's type (fn contract), `x` its groups of
@@ -286,8 +287,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     // nonzero VNNI offset); `stage` is STAGE_ROWS >= rows by
                     // STAGE_LANES >= n; the tail starts at row `done <= rows`.
                     unsafe {
-                        x86_lanes::$sweep::<$R $(, $G)?>(stored, rows / $R, $x, n, out, STAGE_ROWS);
-                        x86_lanes::$sweep::<1 $(, $G)?>(
+                        x86_lanes::$sweep::<$($B,)? $R $(, $G)?>(stored, rows / $R, $x, n, out, STAGE_ROWS);
+                        x86_lanes::$sweep::<$($B,)? 1 $(, $G)?>(
                             stored.skip(done),
                             rows - done,
                             $x,
@@ -302,7 +303,14 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             // are not checked for -128, which the |x| sweep needs) double the
             // work per row: two-row tiles, as for unpacked rows holding a
             // -128 below.
+            let legacy = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1);
             match (VNNI, x.lanes, B::ENC) {
+                (true, 16, _) if legacy && n > 16 => {
+                    let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
+                    direct!(q4_vnni512::<B, 4, 2>, pair)
+                }
+                (true, 16, _) if legacy => direct!(q4_vnni512::<B, 4, 1>, [args]),
+                (true, _, _) if legacy => direct!(q4_vnni256::<B, 4, 1>, [args]),
                 (true, 16, _) if n > 16 => {
                     let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
                     direct!(q4_k_vnni512::<4, 2>, pair)

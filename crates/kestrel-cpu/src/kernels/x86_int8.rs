@@ -361,8 +361,8 @@ mod tests {
     };
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
-        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
-        unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
+        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q4_vnni256, q4_vnni512,
+        q8_0_lanes256, q8_0_vnni256, unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -568,10 +568,12 @@ mod tests {
                             &format!("8-lane |x| tile {r}x{cn}"),
                         );
                     }
+                    let legacy = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1);
                     if matches!(
                         (lanes, B::ENC),
                         (8, Encoding::Q8_0 | Encoding::Q4K) | (16, Encoding::Q4K)
-                    ) {
+                    ) || (on_vnni && legacy)
+                    {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
                             w: args.w,
@@ -581,11 +583,11 @@ mod tests {
                         let out = y.as_mut_ptr();
                         let pair = [a, LaneArgs::group(&x, 1)];
                         macro_rules! direct {
-                            ($sweep:ident $(::<$G:literal>)?, $x:expr) => {
+                            ($sweep:ident $(::<$($B:ident,)? $G:literal>)?, $x:expr) => {
                                 match r {
-                                    1 => $sweep::<1 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
-                                    2 => $sweep::<2 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
-                                    _ => $sweep::<4 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
+                                    1 => $sweep::<$($($B,)?)? 1 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
+                                    2 => $sweep::<$($($B,)?)? 2 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
+                                    _ => $sweep::<$($($B,)?)? 4 $(, $G)?>(wp, tiles, $x, cn, out, w.rows),
                                 }
                             };
                         }
@@ -595,6 +597,9 @@ mod tests {
                         // x w.rows`; the ISA was checked above.
                         unsafe {
                             match (lanes, groups, on_vnni, B::ENC) {
+                                (16, 2, ..) if legacy => direct!(q4_vnni512::<B, 2>, pair),
+                                (16, ..) if legacy => direct!(q4_vnni512::<B, 1>, [a]),
+                                _ if legacy => direct!(q4_vnni256::<B, 1>, [a]),
                                 (16, 2, ..) => direct!(q4_k_vnni512::<2>, pair),
                                 (16, ..) => direct!(q4_k_vnni512::<1>, [a]),
                                 (_, _, true, Encoding::Q8_0) => direct!(q8_0_vnni256, a),

@@ -1164,6 +1164,192 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
 }
 
+/// The VNNI lane sweep ([`lanes_vnni`]) straight from stored Q4_0 and
+/// Q4_1 blocks, at one register width (`$lanes` activation rows per
+/// group), against `G` lane groups: up to 32 activation rows, where an
+/// unpack would be read by one sweep only (the default 135M model is Q4_1:
+/// at 32 streams the unpack took 20% of a decode's samples, the sweep that
+/// read it 32%). A block's elements 0..16 are its 16 stored bytes' low
+/// nibbles, 16..32 their high ones: each row's four-byte group is
+/// broadcast from the stored bytes, shifted down for the high nibbles, and
+/// masked once for the `G` groups (Q4_0's nibbles are its weights plus
+/// [`Int8Block::VNNI_OFFSET`], the sums starting at `-8 * sum(x)`); the
+/// scale and minimum come from the block's f16s. Every sum and float step
+/// is [`lanes_vnni`]'s, so the results are the definition's bit for bit.
+/// Lanes `0..cn` of the groups are written, element `(r, c)` to
+/// `y[c * y_stride + r]`.
+///
+/// # Safety
+/// `w` must be valid for `R * tiles` rows of `w.nblocks` blocks of `B`
+/// (Q4_0 or Q4_1), each of `x` for `w.nblocks` blocks of a `$lanes`-lane
+/// group (with their integer sums for Q4_0), `y` for writing every element
+/// `(r, c < cn)`; `(G - 1) * $lanes < cn <= G * $lanes`; the CPU must
+/// support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+macro_rules! q4_stored_vnni {
+    ($(#[$doc:meta])* $name:ident, $lanes:literal,
+     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
+     $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $srli_epi16:ident,
+     $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident, $add_ps:ident,
+     $setzero_ps:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(crate) unsafe fn $name<B: Int8Block, const R: usize, const G: usize>(
+            w: StoredRows,
+            tiles: usize,
+            x: [LaneArgs; G],
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1));
+            debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
+            let block = B::ENC.block_bytes();
+            // The 16 quant bytes end the block, after the scale's f16 (and
+            // the minimum's).
+            let quants = block - 16;
+            let nibble = $set1_epi8(0x0f);
+            let neg_offset = $set1_epi32(-B::VNNI_OFFSET);
+            for t in 0..tiles {
+                let wt = w.skip(R * t);
+                let mut acc = [[$setzero_ps(); G]; R];
+                let mut mins = [[$setzero_ps(); G]; R];
+                for b in 0..w.nblocks {
+                    let blk: [*const u8; R] =
+                        std::array::from_fn(|r| wt.skip(r).w.wrapping_add(b * block));
+                    // The same blocks of the next tile's rows, a line (three
+                    // or more blocks) at a time.
+                    if b % 3 == 0 {
+                        for p in blk {
+                            prefetch(p.wrapping_add(R * w.row_bytes));
+                        }
+                    }
+                    // The sums start at -offset * sum(x) (Q4_0), the same for
+                    // every row.
+                    let mut start = [$setzero(); G];
+                    if B::VNNI_OFFSET != 0 {
+                        for (st, x) in start.iter_mut().zip(&x) {
+                            // SAFETY: block b's 2 x $lanes integer sums are
+                            // in bounds (fn contract).
+                            let (lo, hi) = unsafe {
+                                (
+                                    $loadu(x.sums.add($lanes * 2 * b).cast()),
+                                    $loadu(x.sums.add($lanes * (2 * b + 1)).cast()),
+                                )
+                            };
+                            *st = $mullo($add_epi32(lo, hi), neg_offset);
+                        }
+                    }
+                    let mut sums = [start; R];
+                    for k in 0..8 {
+                        let mut xk = [$setzero(); G];
+                        for (xk, x) in xk.iter_mut().zip(&x) {
+                            // SAFETY: block b's four-byte step k of every
+                            // group is in bounds (fn contract).
+                            *xk = unsafe { $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast()) };
+                        }
+                        for (r, sr) in sums.iter_mut().enumerate() {
+                            // Elements 4k..4k + 4: nibble k / 4 of quant
+                            // bytes 4 (k % 4)...
+                            // SAFETY: those four bytes are in row r's block
+                            // b (fn contract).
+                            let four = $set1_epi32(unsafe {
+                                (blk[r].add(quants + 4 * (k % 4)) as *const i32).read_unaligned()
+                            });
+                            let four = if k < 4 { four } else { $srli_epi16::<4>(four) };
+                            let wk = $and(four, nibble);
+                            for (s, xk) in sr.iter_mut().zip(xk) {
+                                *s = $dpbusd(*s, wk, xk);
+                            }
+                        }
+                    }
+                    // Each row's scale and (Q4_1) minimum.
+                    let dm: [[f32; 2]; R] = std::array::from_fn(|r| {
+                        // SAFETY: row r's block b starts with its scale's
+                        // f16, Q4_1's minimum's next (fn contract).
+                        let v = unsafe { scales(blk[r]) };
+                        [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v))]
+                    });
+                    for (g, x) in x.iter().enumerate() {
+                        // SAFETY: block b's $lanes scales and sums of the
+                        // group are in bounds (fn contract).
+                        let (dx, sx) = unsafe {
+                            ($loadu_ps(x.d.add($lanes * b)), $loadu_ps(x.s.add($lanes * b)))
+                        };
+                        for r in 0..R {
+                            let dd = $mul_ps($set1_ps(dm[r][0]), dx);
+                            acc[r][g] = $fmadd_ps($cvt(sums[r][g]), dd, acc[r][g]);
+                            // Without a minimum the definition's sum stays +0.0.
+                            if B::HAS_MIN {
+                                mins[r][g] = $fmadd_ps($set1_ps(dm[r][1]), sx, mins[r][g]);
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for g in 0..G {
+                        let mut out = [0f32; $lanes];
+                        let lanes = (cn - g * $lanes).min($lanes);
+                        // SAFETY: `out` is $lanes writable floats; elements
+                        // (R t + r, g * $lanes + c) for c < lanes are in
+                        // bounds (fn contract).
+                        unsafe {
+                            $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r][g], mins[r][g]));
+                            scatter(out, lanes, y.add(g * $lanes * y_stride), y_stride, R * t + r);
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+q4_stored_vnni!(
+    /// [`q4_stored_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to
+    /// 8 activation rows.
+    q4_vnni256,
+    8,
+    _mm256_loadu_si256,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_epi32,
+    _mm256_set1_epi8,
+    _mm256_setzero_si256,
+    _mm256_add_epi32,
+    _mm256_mullo_epi32,
+    _mm256_and_si256,
+    _mm256_srli_epi16,
+    _mm256_dpbusd_epi32,
+    _mm256_cvtepi32_ps,
+    _mm256_set1_ps,
+    _mm256_mul_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_setzero_ps
+);
+q4_stored_vnni!(
+    /// [`q4_stored_vnni`] on 16 lanes (512-bit registers): 9 to 32
+    /// activation rows.
+    q4_vnni512,
+    16,
+    _mm512_loadu_si512,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_epi32,
+    _mm512_set1_epi8,
+    _mm512_setzero_si512,
+    _mm512_add_epi32,
+    _mm512_mullo_epi32,
+    _mm512_and_si512,
+    _mm512_srli_epi16,
+    _mm512_dpbusd_epi32,
+    _mm512_cvtepi32_ps,
+    _mm512_set1_ps,
+    _mm512_mul_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_setzero_ps
+);
+
 /// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
 /// [`lanes_vnni512`] need on top of [`super::Isa::Avx512`].
 pub(crate) fn has_avx512_vnni() -> bool {
