@@ -262,7 +262,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     let direct = match (x.lanes, B::ENC) {
         (8, Encoding::Q8_0 | Encoding::Q4K) => n <= 8,
         (8, Encoding::Q4_0 | Encoding::Q4_1) => VNNI && n <= 8,
-        (16, Encoding::Q4K | Encoding::Q4_0 | Encoding::Q4_1) => VNNI && !amx && n <= 2 * 16,
+        (16, Encoding::Q4K | Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0) => {
+            VNNI && !amx && n <= 2 * 16
+        }
         _ => false,
     };
     let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
@@ -303,14 +305,16 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             // are not checked for -128, which the |x| sweep needs) double the
             // work per row: two-row tiles, as for unpacked rows holding a
             // -128 below.
-            let legacy = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1);
+            let one_scale = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0);
             match (VNNI, x.lanes, B::ENC) {
-                (true, 16, _) if legacy && n > 16 => {
+                (true, 16, _) if one_scale && n > 16 => {
                     let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
-                    direct!(q4_vnni512::<B, 4, 2>, pair)
+                    direct!(stored_vnni512::<B, 4, 2>, pair)
                 }
-                (true, 16, _) if legacy => direct!(q4_vnni512::<B, 4, 1>, [args]),
-                (true, _, _) if legacy => direct!(q4_vnni256::<B, 4, 1>, [args]),
+                (true, 16, _) if one_scale => direct!(stored_vnni512::<B, 4, 1>, [args]),
+                (true, _, Encoding::Q4_0 | Encoding::Q4_1) => {
+                    direct!(stored_vnni256::<B, 4, 1>, [args])
+                }
                 (true, 16, _) if n > 16 => {
                     let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
                     direct!(q4_k_vnni512::<4, 2>, pair)

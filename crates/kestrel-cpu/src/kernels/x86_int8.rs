@@ -361,8 +361,8 @@ mod tests {
     };
     use super::super::x86_lanes::{
         after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
-        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q4_vnni256, q4_vnni512,
-        q8_0_lanes256, q8_0_vnni256, unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
+        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
+        stored_vnni256, stored_vnni512, unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -568,11 +568,18 @@ mod tests {
                             &format!("8-lane |x| tile {r}x{cn}"),
                         );
                     }
-                    let legacy = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1);
+                    // The one-scale sweeps straight from stored blocks:
+                    // Q4_0 and Q4_1, and Q8_0 on 16 lanes.
+                    let legacy = on_vnni
+                        && match B::ENC {
+                            Encoding::Q4_0 | Encoding::Q4_1 => true,
+                            Encoding::Q8_0 => lanes == 16,
+                            _ => false,
+                        };
                     if matches!(
                         (lanes, B::ENC),
                         (8, Encoding::Q8_0 | Encoding::Q4K) | (16, Encoding::Q4K)
-                    ) || (on_vnni && legacy)
+                    ) || legacy
                     {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
@@ -597,9 +604,9 @@ mod tests {
                         // x w.rows`; the ISA was checked above.
                         unsafe {
                             match (lanes, groups, on_vnni, B::ENC) {
-                                (16, 2, ..) if legacy => direct!(q4_vnni512::<B, 2>, pair),
-                                (16, ..) if legacy => direct!(q4_vnni512::<B, 1>, [a]),
-                                _ if legacy => direct!(q4_vnni256::<B, 1>, [a]),
+                                (16, 2, ..) if legacy => direct!(stored_vnni512::<B, 2>, pair),
+                                (16, ..) if legacy => direct!(stored_vnni512::<B, 1>, [a]),
+                                _ if legacy => direct!(stored_vnni256::<B, 1>, [a]),
                                 (16, 2, ..) => direct!(q4_k_vnni512::<2>, pair),
                                 (16, ..) => direct!(q4_k_vnni512::<1>, [a]),
                                 (_, _, true, Encoding::Q8_0) => direct!(q8_0_vnni256, a),

@@ -1164,16 +1164,17 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
 }
 
-/// The VNNI lane sweep ([`lanes_vnni`]) straight from stored Q4_0 and
-/// Q4_1 blocks, at one register width (`$lanes` activation rows per
+/// The VNNI lane sweep ([`lanes_vnni`]) straight from stored Q4_0, Q4_1
+/// and Q8_0 blocks, at one register width (`$lanes` activation rows per
 /// group), against `G` lane groups: up to 32 activation rows, where an
 /// unpack would be read by one sweep only (the default 135M model is Q4_1:
 /// at 32 streams the unpack took 20% of a decode's samples, the sweep that
-/// read it 32%). A block's elements 0..16 are its 16 stored bytes' low
-/// nibbles, 16..32 their high ones: each row's four-byte group is
-/// broadcast from the stored bytes, shifted down for the high nibbles, and
-/// masked once for the `G` groups (Q4_0's nibbles are its weights plus
-/// [`Int8Block::VNNI_OFFSET`], the sums starting at `-8 * sum(x)`); the
+/// read it 32%). Each row's four-byte group is broadcast from the stored
+/// bytes and made the unsigned `w + offset` ([`Int8Block::VNNI_OFFSET`])
+/// in place, once for the `G` groups: a Q4 block's elements 0..16 are its
+/// 16 quant bytes' low nibbles, 16..32 their high ones (shifted down), both
+/// masked (Q4_0's nibbles are its weights plus 8); Q8_0's bytes take 128
+/// (their top bit flipped). The sums start at `-offset * sum(x)`; the
 /// scale and minimum come from the block's f16s. Every sum and float step
 /// is [`lanes_vnni`]'s, so the results are the definition's bit for bit.
 /// Lanes `0..cn` of the groups are written, element `(r, c)` to
@@ -1181,14 +1182,15 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles` rows of `w.nblocks` blocks of `B`
-/// (Q4_0 or Q4_1), each of `x` for `w.nblocks` blocks of a `$lanes`-lane
-/// group (with their integer sums for Q4_0), `y` for writing every element
-/// `(r, c < cn)`; `(G - 1) * $lanes < cn <= G * $lanes`; the CPU must
-/// support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
-macro_rules! q4_stored_vnni {
+/// (Q4_0, Q4_1 or Q8_0), each of `x` for `w.nblocks` blocks of a
+/// `$lanes`-lane group (with their integer sums for Q4_0 and Q8_0), `y`
+/// for writing every element `(r, c < cn)`; `(G - 1) * $lanes < cn <= G *
+/// $lanes`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA
+/// and F16C.
+macro_rules! stored_vnni {
     ($(#[$doc:meta])* $name:ident, $lanes:literal,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
-     $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $srli_epi16:ident,
+     $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $xor:ident, $srli_epi16:ident,
      $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident, $add_ps:ident,
      $setzero_ps:ident) => {
         $(#[$doc])*
@@ -1201,13 +1203,13 @@ macro_rules! q4_stored_vnni {
             y: *mut f32,
             y_stride: usize,
         ) {
-            debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1));
+            debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0));
             debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
-            let block = B::ENC.block_bytes();
-            // The 16 quant bytes end the block, after the scale's f16 (and
-            // the minimum's).
-            let quants = block - 16;
-            let nibble = $set1_epi8(0x0f);
+            let (block, q8) = (B::ENC.block_bytes(), B::ENC == Encoding::Q8_0);
+            // The quant bytes end the block (32 or 16), after the scale's
+            // f16 (and the minimum's).
+            let quants = if q8 { 2 } else { block - 16 };
+            let (nibble, top) = ($set1_epi8(0x0f), $set1_epi8(i8::MIN));
             let neg_offset = $set1_epi32(-B::VNNI_OFFSET);
             for t in 0..tiles {
                 let wt = w.skip(R * t);
@@ -1223,8 +1225,8 @@ macro_rules! q4_stored_vnni {
                             prefetch(p.wrapping_add(R * w.row_bytes));
                         }
                     }
-                    // The sums start at -offset * sum(x) (Q4_0), the same for
-                    // every row.
+                    // The sums start at -offset * sum(x) (Q4_0, Q8_0), the
+                    // same for every row.
                     let mut start = [$setzero(); G];
                     if B::VNNI_OFFSET != 0 {
                         for (st, x) in start.iter_mut().zip(&x) {
@@ -1248,15 +1250,21 @@ macro_rules! q4_stored_vnni {
                             *xk = unsafe { $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast()) };
                         }
                         for (r, sr) in sums.iter_mut().enumerate() {
-                            // Elements 4k..4k + 4: nibble k / 4 of quant
-                            // bytes 4 (k % 4)...
+                            // Elements 4k..4k + 4: Q8_0's quant bytes 4k..,
+                            // a Q4's nibble k / 4 of quant bytes 4 (k % 4)...
+                            let at = quants + if q8 { 4 * k } else { 4 * (k % 4) };
                             // SAFETY: those four bytes are in row r's block
                             // b (fn contract).
                             let four = $set1_epi32(unsafe {
-                                (blk[r].add(quants + 4 * (k % 4)) as *const i32).read_unaligned()
+                                (blk[r].add(at) as *const i32).read_unaligned()
                             });
-                            let four = if k < 4 { four } else { $srli_epi16::<4>(four) };
-                            let wk = $and(four, nibble);
+                            let wk = if q8 {
+                                $xor(four, top)
+                            } else if k < 4 {
+                                $and(four, nibble)
+                            } else {
+                                $and($srli_epi16::<4>(four), nibble)
+                            };
                             for (s, xk) in sr.iter_mut().zip(xk) {
                                 *s = $dpbusd(*s, wk, xk);
                             }
@@ -1303,10 +1311,10 @@ macro_rules! q4_stored_vnni {
     };
 }
 
-q4_stored_vnni!(
-    /// [`q4_stored_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to
+stored_vnni!(
+    /// [`stored_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to
     /// 8 activation rows.
-    q4_vnni256,
+    stored_vnni256,
     8,
     _mm256_loadu_si256,
     _mm256_loadu_ps,
@@ -1317,6 +1325,7 @@ q4_stored_vnni!(
     _mm256_add_epi32,
     _mm256_mullo_epi32,
     _mm256_and_si256,
+    _mm256_xor_si256,
     _mm256_srli_epi16,
     _mm256_dpbusd_epi32,
     _mm256_cvtepi32_ps,
@@ -1326,10 +1335,10 @@ q4_stored_vnni!(
     _mm256_add_ps,
     _mm256_setzero_ps
 );
-q4_stored_vnni!(
-    /// [`q4_stored_vnni`] on 16 lanes (512-bit registers): 9 to 32
+stored_vnni!(
+    /// [`stored_vnni`] on 16 lanes (512-bit registers): 9 to 32
     /// activation rows.
-    q4_vnni512,
+    stored_vnni512,
     16,
     _mm512_loadu_si512,
     _mm512_loadu_ps,
@@ -1340,6 +1349,7 @@ q4_stored_vnni!(
     _mm512_add_epi32,
     _mm512_mullo_epi32,
     _mm512_and_si512,
+    _mm512_xor_si512,
     _mm512_srli_epi16,
     _mm512_dpbusd_epi32,
     _mm512_cvtepi32_ps,
