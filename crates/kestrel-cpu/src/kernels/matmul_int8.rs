@@ -220,9 +220,13 @@ unsafe fn unstage(stage: &[f32], lanes: usize, rows: usize, y: *mut f32, y_strid
 /// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
 /// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
 /// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
-/// groups ([`x86_lanes::q4_k_vnni512`]). Otherwise weight rows are unpacked a
+/// groups ([`x86_lanes::q4_k_vnni512`]) and Q4_0, Q4_1 and Q8_0 rows up to
+/// 32 activation rows ([`x86_lanes::stored_vnni256`],
+/// [`x86_lanes::stored_vnni512`]; Q8_0's 8-lane group as above). Otherwise
+/// weight rows are unpacked a
 /// group at a time ([`x86_lanes::unpack_rows256`], at most [`STAGE_ROWS`] rows or
-/// [`UNPACKED_BYTES`]),
+/// [`UNPACKED_BYTES`]; rows past 1.5 [`CHUNK_BLOCKS`] a chunk of blocks at a
+/// time on 16-lane VNNI sweeps, the sums carried, [`x86_lanes::Carry`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
 /// [`x86_lanes::lanes_vnni512`] for 16-lane groups, two at a time while
 /// two are left, and [`x86_lanes::lanes_vnni256`] for 8-lane ones;
@@ -257,8 +261,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // short rows.
     let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
     // One lane group of Q8_0 or Q4_K, or with VNNI sweeps (not AMX's) up
-    // to two 16-lane groups of Q4_K: straight from the stored blocks
-    // (nothing would reuse an unpack).
+    // to two 16-lane groups of Q4_K, Q4_0, Q4_1 or Q8_0 (Q4_0 and Q4_1 on
+    // 8 lanes too): straight from the stored blocks (nothing would reuse
+    // an unpack).
     let direct = match (x.lanes, B::ENC) {
         (8, Encoding::Q8_0 | Encoding::Q4K) => n <= 8,
         (8, Encoding::Q4_0 | Encoding::Q4_1) => VNNI && n <= 8,

@@ -14,7 +14,11 @@
 //! With one lane group nothing reuses an unpacked row: Q8_0 and Q4_K are
 //! swept straight from their stored blocks ([`StoredRows`];
 //! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`],
-//! [`q4_k_lanes256`]).
+//! [`q4_k_lanes256`]); with VNNI so are up to 32 rows of Q4_K
+//! ([`q4_k_vnni512`]) and of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
+//! [`stored_vnni512`]: the VNNI sweep's body reading stored blocks). Long
+//! rows can be swept a chunk of blocks at a time, the sums carried between
+//! chunks ([`Carry`]).
 //! Results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
 
 use std::arch::x86_64::*;
@@ -485,40 +489,53 @@ unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
 /// activation rows per group), against `G` consecutive lane groups at
 /// once: `vpdpbusd` adds four products of unsigned by signed bytes to each
 /// i32 lane, so a block's sums land in i32 with no i16 step. Every type's
-/// weights come unpacked unsigned, `w + offset`
-/// ([`Int8Block::VNNI_OFFSET`]), against `x`, the sums starting at
-/// `-offset * sum(x)` (once per block and group for the tile), which
-/// leaves `sum(w * x)` exactly. Per block and four-byte step, each group's
-/// activations are loaded once for the tile's `R` rows and each row's four
-/// weight bytes broadcast once for the `G` groups: a `vpdpbusd` needs its
-/// broadcast and its activations from memory, and the load ports, not the
-/// multipliers, bound a sweep of one group (Zen 5: one `vpdpbusd` per cycle
-/// of the two it can issue), so two groups take a broadcast to two. The
-/// minimums' sum runs beside.
+/// weights come unsigned, `w + offset` ([`Int8Block::VNNI_OFFSET`]),
+/// against `x`, the sums starting at `-offset * sum(x)` (once per block
+/// and group for the tile), which leaves `sum(w * x)` exactly. Per block
+/// and four-byte step, each group's activations are loaded once for the
+/// tile's `R` rows and each row's four weight bytes broadcast once for the
+/// `G` groups: a `vpdpbusd` needs its broadcast and its activations from
+/// memory, and the load ports, not the multipliers, bound a sweep of one
+/// group (Zen 5: one `vpdpbusd` per cycle of the two it can issue), so two
+/// groups take a broadcast to two. The minimums' sum runs beside.
+///
+/// `$unpacked` sweeps rows unpacked to [`I8Block`]s. `$stored` sweeps
+/// Q4_0, Q4_1 and Q8_0 rows straight from their stored blocks, where an
+/// unpack would be read by one sweep only (up to 32 activation rows; the
+/// default 135M model is Q4_1: at 32 streams its unpack took 20% of a
+/// decode's samples, the sweep reading it 32%): each row's four bytes are
+/// made `w + offset` in place once for the `G` groups (a Q4 block's
+/// elements 0..16 are its 16 quant bytes' low nibbles, 16..32 their high
+/// ones, shifted down, both masked; Q8_0's bytes take 128, their top bit
+/// flipped), its scale and minimum read from the block's f16s. Both run
+/// `$sweep`'s one body, so every sum and float step is the same.
 ///
 /// Lanes `0..cn` of the `G` groups (group `g` lanes `g * $lanes..`; every
 /// group holds one of them) are written: element `(r, c)` to
 /// `y[c * y_stride + r]`; with a [`Carry`] (`nblocks` one chunk of the
-/// rows' blocks), only by the last chunk, the sums starting from and
-/// left in the carry otherwise.
+/// rows' blocks; unpacked rows only), only by the last chunk, the sums
+/// starting from and left in the carry otherwise.
 ///
 /// # Safety
-/// `w` must be valid for `R * tiles * nblocks` blocks unpacked for VNNI
-/// from `B`, each of `x` for `nblocks` blocks of a `$lanes`-lane group,
-/// `y` for writing every element `(r, c < cn)`; `(G - 1) * $lanes < cn <=
-/// G * $lanes`; a carry valid for reading and writing its `R * tiles`
-/// rows' sums for the `G` groups, holding what the chunk before left there
-/// unless `first`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI,
-/// AVX2, FMA and F16C.
+/// `$unpacked`: `w` must be valid for `R * tiles * nblocks` blocks
+/// unpacked for VNNI from `B`; `$stored`: `w` for `R * tiles` rows of
+/// `w.nblocks` blocks of `B` (Q4_0, Q4_1 or Q8_0). Each of `x` must be
+/// valid for those blocks of a `$lanes`-lane group (with their integer
+/// sums where the offset is not 0), `y` for writing every element `(r, c
+/// < cn)`; `(G - 1) * $lanes < cn <= G * $lanes`; a carry valid for
+/// reading and writing its `R * tiles` rows' sums for the `G` groups,
+/// holding what the chunk before left there unless `first`; the CPU must
+/// support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
 macro_rules! lanes_vnni {
-    ($(#[$doc:meta])* $name:ident, $lanes:literal,
-     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $setzero:ident,
-     $add_epi32:ident, $mullo:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident,
+    ($(#[$doc:meta])* $unpacked:ident, $stored:ident, $sweep:ident, $lanes:literal,
+     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
+     $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $xor:ident,
+     $srli_epi16:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident,
      $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
         $(#[$doc])*
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $name<B: Int8Block, const R: usize, const G: usize>(
+        pub(crate) unsafe fn $unpacked<B: Int8Block, const R: usize, const G: usize>(
             w: *const I8Block,
             nblocks: usize,
             tiles: usize,
@@ -528,15 +545,54 @@ macro_rules! lanes_vnni {
             y_stride: usize,
             carry: Option<Carry>,
         ) {
+            let block = std::mem::size_of::<I8Block>();
+            let rows = (w.cast(), nblocks * block, block, nblocks);
+            // SAFETY: forwarded contract.
+            unsafe { $sweep::<B, R, G, false>(rows, tiles, x, cn, y, y_stride, carry) }
+        }
+
+        $(#[$doc])*
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(crate) unsafe fn $stored<B: Int8Block, const R: usize, const G: usize>(
+            w: StoredRows,
+            tiles: usize,
+            x: [LaneArgs; G],
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0));
+            let rows = (w.w, w.row_bytes, B::ENC.block_bytes(), w.nblocks);
+            // SAFETY: forwarded contract.
+            unsafe { $sweep::<B, R, G, true>(rows, tiles, x, cn, y, y_stride, None) }
+        }
+
+        /// The body of both (`rows`: the first row, bytes from one row
+        /// to the next and from one block to the next, blocks a row).
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[inline]
+        unsafe fn $sweep<B: Int8Block, const R: usize, const G: usize, const STORED: bool>(
+            rows: (*const u8, usize, usize, usize),
+            tiles: usize,
+            x: [LaneArgs; G],
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+            carry: Option<Carry>,
+        ) {
             debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
+            let (w, row_bytes, block, nblocks) = rows;
             // Row `r`'s sums against group `g` in the carry.
             let kept = |c: Carry, r: usize, g: usize| c.p.wrapping_add(r * c.stride + 2 * g * $lanes);
             let offset = B::VNNI_OFFSET;
             let neg_offset = $set1_epi32(-offset);
             let halves = if B::TWO { 2 } else { 1 };
+            // Stored: Q8_0's quants follow its scale, a Q4's 16 end the block.
+            let q8 = B::ENC == Encoding::Q8_0;
+            let quants = if q8 { 2 } else { block.saturating_sub(16) };
+            let (nibble, top) = ($set1_epi8(0x0f), $set1_epi8(i8::MIN));
             for t in 0..tiles {
-                // SAFETY: rows R t..R t + R are in bounds (fn contract).
-                let wt = unsafe { w.add(R * t * nblocks) };
+                let wt = w.wrapping_add(R * t * row_bytes);
                 let mut acc = [[$setzero_ps(); G]; R];
                 let mut mins = [[$setzero_ps(); G]; R];
                 if let Some(c) = carry.filter(|c| !c.first) {
@@ -575,11 +631,16 @@ macro_rules! lanes_vnni {
                             }
                         }
                     }
-                    let blk: [&I8Block; R] = std::array::from_fn(|r| {
-                        // SAFETY: block `b` of each row of the tile is in
-                        // bounds (fn contract).
-                        unsafe { &*wt.add(r * nblocks + b) }
-                    });
+                    let blk: [*const u8; R] =
+                        std::array::from_fn(|r| wt.wrapping_add(r * row_bytes + b * block));
+                    // Stored rows stream from memory: the same blocks of the
+                    // next tile's rows, a line (three or more blocks) at a
+                    // time.
+                    if STORED && b % 3 == 0 {
+                        for p in blk {
+                            prefetch(p.wrapping_add(R * row_bytes));
+                        }
+                    }
                     let mut sums = [start; R];
                     for k in 0..8 {
                         let h = if B::TWO { k / 4 } else { 0 };
@@ -589,17 +650,66 @@ macro_rules! lanes_vnni {
                             // group is in bounds (fn contract).
                             *xk = unsafe { $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast()) };
                         }
+                        // Elements 4k..4k + 4: an unpacked block's bytes 4k..
+                        // (`I8Block::q` leads), Q8_0's quant bytes 4k.., a
+                        // Q4's nibble k / 4 of quant bytes 4 (k % 4)...
+                        let at = if !STORED {
+                            4 * k
+                        } else if q8 {
+                            quants + 4 * k
+                        } else {
+                            quants + 4 * (k % 4)
+                        };
                         for (r, sr) in sums.iter_mut().enumerate() {
-                            // SAFETY: bytes 4k..4k + 4 of the block's 32 are
-                            // in bounds.
-                            let wk = $set1_epi32(unsafe {
-                                (blk[r].q.as_ptr().add(4 * k) as *const i32).read_unaligned()
+                            // SAFETY: those four bytes are in row r's block b
+                            // (fn contract).
+                            let four = $set1_epi32(unsafe {
+                                (blk[r].add(at) as *const i32).read_unaligned()
                             });
+                            let wk = if !STORED {
+                                four
+                            } else if q8 {
+                                $xor(four, top)
+                            } else if k < 4 {
+                                $and(four, nibble)
+                            } else {
+                                $and($srli_epi16::<4>(four), nibble)
+                            };
                             for (s, xk) in sr.iter_mut().zip(xk) {
                                 s[h] = $dpbusd(s[h], wk, xk);
                             }
                         }
                     }
+                    // A stored block's scale and minimum, from its f16s (an
+                    // unpacked block's are read in place below, broadcast
+                    // from memory).
+                    let stored: [[f32; 2]; R] = std::array::from_fn(|r| {
+                        if !STORED {
+                            return [0.0; 2];
+                        }
+                        // SAFETY: row r's block b starts with its scale's
+                        // f16, Q4_1's minimum's next (fn contract).
+                        let v = unsafe { scales(blk[r]) };
+                        [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v))]
+                    });
+                    // Row r's scale of half h, and its minimum.
+                    let scale = |r: usize, h: usize| {
+                        if STORED {
+                            stored[r][0]
+                        } else {
+                            // SAFETY: row r's block b is an I8Block (fn
+                            // contract).
+                            unsafe { (*blk[r].cast::<I8Block>()).d[h] }
+                        }
+                    };
+                    let min = |r: usize| {
+                        if STORED {
+                            stored[r][1]
+                        } else {
+                            // SAFETY: as above.
+                            unsafe { (*blk[r].cast::<I8Block>()).m }
+                        }
+                    };
                     for (g, x) in x.iter().enumerate() {
                         // SAFETY: block b's $lanes scales and sums of the
                         // group are in bounds (fn contract).
@@ -608,12 +718,12 @@ macro_rules! lanes_vnni {
                         };
                         for r in 0..R {
                             for h in 0..halves {
-                                let dd = $mul_ps($set1_ps(blk[r].d[h]), dx);
+                                let dd = $mul_ps($set1_ps(scale(r, h)), dx);
                                 acc[r][g] = $fmadd_ps($cvt(sums[r][g][h]), dd, acc[r][g]);
                             }
                             // Without a minimum the definition's sum stays +0.0.
                             if B::HAS_MIN {
-                                mins[r][g] = $fmadd_ps($set1_ps(blk[r].m), sx, mins[r][g]);
+                                mins[r][g] = $fmadd_ps($set1_ps(min(r)), sx, mins[r][g]);
                             }
                         }
                     }
@@ -653,14 +763,20 @@ lanes_vnni!(
     /// [`lanes_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to 8
     /// activation rows.
     lanes_vnni256,
+    stored_vnni256,
+    sweep_vnni256,
     8,
     _mm256_loadu_si256,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
     _mm256_set1_epi32,
+    _mm256_set1_epi8,
     _mm256_setzero_si256,
     _mm256_add_epi32,
     _mm256_mullo_epi32,
+    _mm256_and_si256,
+    _mm256_xor_si256,
+    _mm256_srli_epi16,
     _mm256_dpbusd_epi32,
     _mm256_cvtepi32_ps,
     _mm256_set1_ps,
@@ -673,14 +789,20 @@ lanes_vnni!(
     /// [`lanes_vnni`] on 16 lanes (512-bit registers): more than 8
     /// activation rows.
     lanes_vnni512,
+    stored_vnni512,
+    sweep_vnni512,
     16,
     _mm512_loadu_si512,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
     _mm512_set1_epi32,
+    _mm512_set1_epi8,
     _mm512_setzero_si512,
     _mm512_add_epi32,
     _mm512_mullo_epi32,
+    _mm512_and_si512,
+    _mm512_xor_si512,
+    _mm512_srli_epi16,
     _mm512_dpbusd_epi32,
     _mm512_cvtepi32_ps,
     _mm512_set1_ps,
@@ -1163,202 +1285,6 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     // SAFETY: forwarded contract.
     unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
 }
-
-/// The VNNI lane sweep ([`lanes_vnni`]) straight from stored Q4_0, Q4_1
-/// and Q8_0 blocks, at one register width (`$lanes` activation rows per
-/// group), against `G` lane groups: up to 32 activation rows, where an
-/// unpack would be read by one sweep only (the default 135M model is Q4_1:
-/// at 32 streams the unpack took 20% of a decode's samples, the sweep that
-/// read it 32%). Each row's four-byte group is broadcast from the stored
-/// bytes and made the unsigned `w + offset` ([`Int8Block::VNNI_OFFSET`])
-/// in place, once for the `G` groups: a Q4 block's elements 0..16 are its
-/// 16 quant bytes' low nibbles, 16..32 their high ones (shifted down), both
-/// masked (Q4_0's nibbles are its weights plus 8); Q8_0's bytes take 128
-/// (their top bit flipped). The sums start at `-offset * sum(x)`; the
-/// scale and minimum come from the block's f16s. Every sum and float step
-/// is [`lanes_vnni`]'s, so the results are the definition's bit for bit.
-/// Lanes `0..cn` of the groups are written, element `(r, c)` to
-/// `y[c * y_stride + r]`.
-///
-/// # Safety
-/// `w` must be valid for `R * tiles` rows of `w.nblocks` blocks of `B`
-/// (Q4_0, Q4_1 or Q8_0), each of `x` for `w.nblocks` blocks of a
-/// `$lanes`-lane group (with their integer sums for Q4_0 and Q8_0), `y`
-/// for writing every element `(r, c < cn)`; `(G - 1) * $lanes < cn <= G *
-/// $lanes`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA
-/// and F16C.
-macro_rules! stored_vnni {
-    ($(#[$doc:meta])* $name:ident, $lanes:literal,
-     $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
-     $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $xor:ident, $srli_epi16:ident,
-     $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident, $fmadd_ps:ident, $add_ps:ident,
-     $setzero_ps:ident) => {
-        $(#[$doc])*
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(crate) unsafe fn $name<B: Int8Block, const R: usize, const G: usize>(
-            w: StoredRows,
-            tiles: usize,
-            x: [LaneArgs; G],
-            cn: usize,
-            y: *mut f32,
-            y_stride: usize,
-        ) {
-            debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0));
-            debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
-            let (block, q8) = (B::ENC.block_bytes(), B::ENC == Encoding::Q8_0);
-            // The quant bytes end the block (32 or 16), after the scale's
-            // f16 (and the minimum's).
-            let quants = if q8 { 2 } else { block - 16 };
-            let (nibble, top) = ($set1_epi8(0x0f), $set1_epi8(i8::MIN));
-            let neg_offset = $set1_epi32(-B::VNNI_OFFSET);
-            for t in 0..tiles {
-                let wt = w.skip(R * t);
-                let mut acc = [[$setzero_ps(); G]; R];
-                let mut mins = [[$setzero_ps(); G]; R];
-                for b in 0..w.nblocks {
-                    let blk: [*const u8; R] =
-                        std::array::from_fn(|r| wt.skip(r).w.wrapping_add(b * block));
-                    // The same blocks of the next tile's rows, a line (three
-                    // or more blocks) at a time.
-                    if b % 3 == 0 {
-                        for p in blk {
-                            prefetch(p.wrapping_add(R * w.row_bytes));
-                        }
-                    }
-                    // The sums start at -offset * sum(x) (Q4_0, Q8_0), the
-                    // same for every row.
-                    let mut start = [$setzero(); G];
-                    if B::VNNI_OFFSET != 0 {
-                        for (st, x) in start.iter_mut().zip(&x) {
-                            // SAFETY: block b's 2 x $lanes integer sums are
-                            // in bounds (fn contract).
-                            let (lo, hi) = unsafe {
-                                (
-                                    $loadu(x.sums.add($lanes * 2 * b).cast()),
-                                    $loadu(x.sums.add($lanes * (2 * b + 1)).cast()),
-                                )
-                            };
-                            *st = $mullo($add_epi32(lo, hi), neg_offset);
-                        }
-                    }
-                    let mut sums = [start; R];
-                    for k in 0..8 {
-                        let mut xk = [$setzero(); G];
-                        for (xk, x) in xk.iter_mut().zip(&x) {
-                            // SAFETY: block b's four-byte step k of every
-                            // group is in bounds (fn contract).
-                            *xk = unsafe { $loadu(x.q.add(32 * $lanes * b + 4 * $lanes * k).cast()) };
-                        }
-                        for (r, sr) in sums.iter_mut().enumerate() {
-                            // Elements 4k..4k + 4: Q8_0's quant bytes 4k..,
-                            // a Q4's nibble k / 4 of quant bytes 4 (k % 4)...
-                            let at = quants + if q8 { 4 * k } else { 4 * (k % 4) };
-                            // SAFETY: those four bytes are in row r's block
-                            // b (fn contract).
-                            let four = $set1_epi32(unsafe {
-                                (blk[r].add(at) as *const i32).read_unaligned()
-                            });
-                            let wk = if q8 {
-                                $xor(four, top)
-                            } else if k < 4 {
-                                $and(four, nibble)
-                            } else {
-                                $and($srli_epi16::<4>(four), nibble)
-                            };
-                            for (s, xk) in sr.iter_mut().zip(xk) {
-                                *s = $dpbusd(*s, wk, xk);
-                            }
-                        }
-                    }
-                    // Each row's scale and (Q4_1) minimum.
-                    let dm: [[f32; 2]; R] = std::array::from_fn(|r| {
-                        // SAFETY: row r's block b starts with its scale's
-                        // f16, Q4_1's minimum's next (fn contract).
-                        let v = unsafe { scales(blk[r]) };
-                        [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v))]
-                    });
-                    for (g, x) in x.iter().enumerate() {
-                        // SAFETY: block b's $lanes scales and sums of the
-                        // group are in bounds (fn contract).
-                        let (dx, sx) = unsafe {
-                            ($loadu_ps(x.d.add($lanes * b)), $loadu_ps(x.s.add($lanes * b)))
-                        };
-                        for r in 0..R {
-                            let dd = $mul_ps($set1_ps(dm[r][0]), dx);
-                            acc[r][g] = $fmadd_ps($cvt(sums[r][g]), dd, acc[r][g]);
-                            // Without a minimum the definition's sum stays +0.0.
-                            if B::HAS_MIN {
-                                mins[r][g] = $fmadd_ps($set1_ps(dm[r][1]), sx, mins[r][g]);
-                            }
-                        }
-                    }
-                }
-                for r in 0..R {
-                    for g in 0..G {
-                        let mut out = [0f32; $lanes];
-                        let lanes = (cn - g * $lanes).min($lanes);
-                        // SAFETY: `out` is $lanes writable floats; elements
-                        // (R t + r, g * $lanes + c) for c < lanes are in
-                        // bounds (fn contract).
-                        unsafe {
-                            $storeu_ps(out.as_mut_ptr(), $add_ps(acc[r][g], mins[r][g]));
-                            scatter(out, lanes, y.add(g * $lanes * y_stride), y_stride, R * t + r);
-                        }
-                    }
-                }
-            }
-        }
-    };
-}
-
-stored_vnni!(
-    /// [`stored_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to
-    /// 8 activation rows.
-    stored_vnni256,
-    8,
-    _mm256_loadu_si256,
-    _mm256_loadu_ps,
-    _mm256_storeu_ps,
-    _mm256_set1_epi32,
-    _mm256_set1_epi8,
-    _mm256_setzero_si256,
-    _mm256_add_epi32,
-    _mm256_mullo_epi32,
-    _mm256_and_si256,
-    _mm256_xor_si256,
-    _mm256_srli_epi16,
-    _mm256_dpbusd_epi32,
-    _mm256_cvtepi32_ps,
-    _mm256_set1_ps,
-    _mm256_mul_ps,
-    _mm256_fmadd_ps,
-    _mm256_add_ps,
-    _mm256_setzero_ps
-);
-stored_vnni!(
-    /// [`stored_vnni`] on 16 lanes (512-bit registers): 9 to 32
-    /// activation rows.
-    stored_vnni512,
-    16,
-    _mm512_loadu_si512,
-    _mm512_loadu_ps,
-    _mm512_storeu_ps,
-    _mm512_set1_epi32,
-    _mm512_set1_epi8,
-    _mm512_setzero_si512,
-    _mm512_add_epi32,
-    _mm512_mullo_epi32,
-    _mm512_and_si512,
-    _mm512_xor_si512,
-    _mm512_srli_epi16,
-    _mm512_dpbusd_epi32,
-    _mm512_cvtepi32_ps,
-    _mm512_set1_ps,
-    _mm512_mul_ps,
-    _mm512_fmadd_ps,
-    _mm512_add_ps,
-    _mm512_setzero_ps
-);
 
 /// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
 /// [`lanes_vnni512`] need on top of [`super::Isa::Avx512`].
