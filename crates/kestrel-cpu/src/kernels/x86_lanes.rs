@@ -261,9 +261,7 @@ impl LaneArgs {
             sums: x.sums.as_ptr().wrapping_add(blocks * 2 * x.lanes),
         }
     }
-}
 
-impl LaneArgs {
     /// The same group from block `b0` on, for `lanes`-lane groups.
     pub fn skip_blocks(self, b0: usize, lanes: usize) -> Self {
         Self {
