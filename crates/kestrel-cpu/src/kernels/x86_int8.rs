@@ -570,7 +570,7 @@ mod tests {
                     }
                     // The one-scale sweeps straight from stored blocks:
                     // Q4_0 and Q4_1, and Q8_0 on 16 lanes.
-                    let legacy = on_vnni
+                    let one_scale = on_vnni
                         && match B::ENC {
                             Encoding::Q4_0 | Encoding::Q4_1 => true,
                             Encoding::Q8_0 => lanes == 16,
@@ -579,7 +579,7 @@ mod tests {
                     if matches!(
                         (lanes, B::ENC),
                         (8, Encoding::Q8_0 | Encoding::Q4K) | (16, Encoding::Q4K)
-                    ) || legacy
+                    ) || one_scale
                     {
                         let mut y = vec![f32::NAN; cn * w.rows];
                         let wp = StoredRows {
@@ -604,9 +604,9 @@ mod tests {
                         // x w.rows`; the ISA was checked above.
                         unsafe {
                             match (lanes, groups, on_vnni, B::ENC) {
-                                (16, 2, ..) if legacy => direct!(stored_vnni512::<B, 2>, pair),
-                                (16, ..) if legacy => direct!(stored_vnni512::<B, 1>, [a]),
-                                _ if legacy => direct!(stored_vnni256::<B, 1>, [a]),
+                                (16, 2, ..) if one_scale => direct!(stored_vnni512::<B, 2>, pair),
+                                (16, ..) if one_scale => direct!(stored_vnni512::<B, 1>, [a]),
+                                _ if one_scale => direct!(stored_vnni256::<B, 1>, [a]),
                                 (16, 2, ..) => direct!(q4_k_vnni512::<2>, pair),
                                 (16, ..) => direct!(q4_k_vnni512::<1>, [a]),
                                 (_, _, true, Encoding::Q8_0) => direct!(q8_0_vnni256, a),
