@@ -69,9 +69,10 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             // tail, a partial second lane group.
             (70, 2048, 20),
             // Rows past 1.5 chunks of blocks (the 16-lane VNNI sweeps take
-            // them a chunk at a time, 104 blocks and then 96 here, the sums
-            // carried): a pair of groups and a partial third, tasks with
-            // a tail row.
+            // them a chunk at a time, the sums carried: 104 blocks and then
+            // 96 for the K-quants' whole super-blocks, 100 and 100 for the
+            // rest): a pair of groups and a partial third, tasks with a
+            // tail row.
             (42, 6400, 33),
         ] {
             if cols % dtype.block_elems() != 0 {
