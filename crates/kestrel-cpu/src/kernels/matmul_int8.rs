@@ -150,15 +150,23 @@ pub(super) unsafe fn int8_rows_task(
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// Per-thread unpacked weight rows (grows once to the largest group
-    /// [`lanes_rows_task`] unpacks: [`STAGE_ROWS`] rows or
-    /// [`UNPACKED_BYTES`]).
-    static IBUF: std::cell::RefCell<Vec<x86_lanes::I8Block>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-    /// Per-thread sums carried between chunks of blocks
-    /// ([`x86_lanes::Carry`]): two floats per unpacked row and activation
-    /// row (lanes rounded up to whole groups).
-    static CARRY: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread buffers of [`lanes_rows_task`] (each grows once to the
+    /// largest it needs).
+    static UNPACKED: std::cell::RefCell<Unpacked> = const {
+        std::cell::RefCell::new(Unpacked { blocks: Vec::new(), carry: Vec::new() })
+    };
+}
+
+/// [`lanes_rows_task`]'s per-thread buffers.
+#[cfg(target_arch = "x86_64")]
+struct Unpacked {
+    /// Unpacked weight rows: a group of them ([`STAGE_ROWS`] rows or
+    /// [`UNPACKED_BYTES`]), one chunk of blocks each.
+    blocks: Vec<x86_lanes::I8Block>,
+    /// Sums carried between chunks of blocks ([`x86_lanes::Carry`]): two
+    /// floats per unpacked row and activation row (lanes rounded up to
+    /// whole groups).
+    carry: Vec<f32>,
 }
 
 /// Blocks per chunk when [`lanes_rows_task`] sweeps rows a chunk of blocks
@@ -352,80 +360,80 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     assert!(group <= STAGE_ROWS && 2 * x.lanes <= STAGE_LANES);
     // Carried sums: row after row, each row's for every lane group.
     let carry_stride = 2 * n.div_ceil(x.lanes) * x.lanes;
-    IBUF.with_borrow_mut(|b| {
-        CARRY.with_borrow_mut(|c| {
-            if b.len() < group * kc {
-                b.resize(group * kc, x86_lanes::I8Block::default());
-            }
-            if kc < nb && c.len() < group * carry_stride {
-                c.resize(group * carry_stride, 0.0);
-            }
-            let mut g0 = r0;
-            while g0 < r1 {
-                let g1 = (g0 + group).min(r1);
-                let rows = g1 - g0;
-                for k0 in (0..nb).step_by(kc) {
-                    let kn = kc.min(nb - k0);
-                    let buf = b[..rows * kn].as_mut_ptr();
-                    let w0 = w
-                        .data
-                        .as_ptr()
-                        .wrapping_add(g0 * w.row_bytes + k0 / B::SUB * B::ENC.block_bytes());
-                    // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
-                    // of `B`, blocks k0..k0 + kn whole stored ones from `w0` on
-                    // (`chunk_blocks`); `buf` holds `rows * kn` blocks; tiles only
-                    // with VNNI and one-scale `B` (`amx` above).
-                    let has_lowest = unsafe {
-                        x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, kn, amx, buf)
+    UNPACKED.with_borrow_mut(|u| {
+        let Unpacked {
+            blocks: b,
+            carry: c,
+        } = u;
+        if b.len() < group * kc {
+            b.resize(group * kc, x86_lanes::I8Block::default());
+        }
+        if kc < nb && c.len() < group * carry_stride {
+            c.resize(group * carry_stride, 0.0);
+        }
+        let mut g0 = r0;
+        while g0 < r1 {
+            let g1 = (g0 + group).min(r1);
+            let rows = g1 - g0;
+            for k0 in (0..nb).step_by(kc) {
+                let kn = kc.min(nb - k0);
+                let buf = b[..rows * kn].as_mut_ptr();
+                let w0 = w
+                    .data
+                    .as_ptr()
+                    .wrapping_add(g0 * w.row_bytes + k0 / B::SUB * B::ENC.block_bytes());
+                // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
+                // of `B`, blocks k0..k0 + kn whole stored ones from `w0` on
+                // (`chunk_blocks`); `buf` holds `rows * kn` blocks; tiles only
+                // with VNNI and one-scale `B` (`amx` above).
+                let has_lowest = unsafe {
+                    x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, kn, amx, buf)
+                };
+                // Every sweep writes its outputs to `stage` (lane after lane,
+                // STAGE_ROWS apiece), copied out whole lanes at a time.
+                let mut g = 0;
+                while g < n.div_ceil(x.lanes) {
+                    // With 16-lane VNNI sweeps (not AMX's), two groups at once.
+                    let gs = if VNNI && x.lanes == 16 && !amx && (g + 1) * x.lanes < n {
+                        2
+                    } else {
+                        1
                     };
-                    // Every sweep writes its outputs to `stage` (lane after lane,
-                    // STAGE_ROWS apiece), copied out whole lanes at a time.
-                    let mut g = 0;
-                    while g < n.div_ceil(x.lanes) {
-                        // With 16-lane VNNI sweeps (not AMX's), two groups at once.
-                        let gs = if VNNI && x.lanes == 16 && !amx && (g + 1) * x.lanes < n {
-                            2
-                        } else {
-                            1
+                    let cn = (n - g * x.lanes).min(gs * x.lanes);
+                    let args = x86_lanes::LaneArgs::group(x, g).skip_blocks(k0, x.lanes);
+                    let carry = (kn < nb).then(|| x86_lanes::Carry {
+                        p: c.as_mut_ptr().wrapping_add(2 * g * x.lanes),
+                        stride: carry_stride,
+                        first: k0 == 0,
+                        last: k0 + kn == nb,
+                    });
+                    let out = stage.as_mut_ptr();
+                    // On AMX, whole 16-row tiles first; the sweeps below take
+                    // the rest.
+                    let skip = if amx {
+                        debug_assert!(x.lanes == 16 && kn == nb, "AMX sweeps whole 16-lane rows");
+                        let tiles = rows / x86_amx::AMX_ROWS;
+                        let tiled = buf.cast::<x86_lanes::TileBlock>();
+                        // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
+                        // tiles, unpacked as `tiles * nb` tile blocks; `amx`
+                        // comes from `lane_sweep` on `Isa::Amx`, which
+                        // `has_amx` granted.
+                        unsafe {
+                            x86_amx::lanes_amx::<B>(tiled, kn, tiles, args, cn, out, STAGE_ROWS)
                         };
-                        let cn = (n - g * x.lanes).min(gs * x.lanes);
-                        let args = x86_lanes::LaneArgs::group(x, g).skip_blocks(k0, x.lanes);
-                        let carry = (kn < nb).then(|| x86_lanes::Carry {
-                            p: c.as_mut_ptr().wrapping_add(2 * g * x.lanes),
-                            stride: carry_stride,
-                            first: k0 == 0,
-                            last: k0 + kn == nb,
-                        });
-                        let out = stage.as_mut_ptr();
-                        // On AMX, whole 16-row tiles first; the sweeps below take
-                        // the rest.
-                        let skip = if amx {
-                            debug_assert!(
-                                x.lanes == 16 && kn == nb,
-                                "AMX sweeps whole 16-lane rows"
-                            );
-                            let tiles = rows / x86_amx::AMX_ROWS;
-                            let tiled = buf.cast::<x86_lanes::TileBlock>();
-                            // SAFETY: as for `sweep!` below, for rows g0..g0 + 16
-                            // tiles, unpacked as `tiles * nb` tile blocks; `amx`
-                            // comes from `lane_sweep` on `Isa::Amx`, which
-                            // `has_amx` granted.
-                            unsafe {
-                                x86_amx::lanes_amx::<B>(tiled, kn, tiles, args, cn, out, STAGE_ROWS)
-                            };
-                            tiles * x86_amx::AMX_ROWS
-                        } else {
-                            0
-                        };
-                        let (buf, out, rows) = (
-                            buf.wrapping_add(x86_lanes::after_tiles(skip, kn)),
-                            out.wrapping_add(skip),
-                            rows - skip,
-                        );
-                        // `$sweep` in `$R`-row tiles, then the rest a row at a time,
-                        // with `$x` (one group's `LaneArgs`, or `G` of them) and for
-                        // the VNNI sweeps `$carry`.
-                        macro_rules! tiles {
+                        tiles * x86_amx::AMX_ROWS
+                    } else {
+                        0
+                    };
+                    let (buf, out, rows) = (
+                        buf.wrapping_add(x86_lanes::after_tiles(skip, kn)),
+                        out.wrapping_add(skip),
+                        rows - skip,
+                    );
+                    // `$sweep` in `$R`-row tiles, then the rest a row at a time,
+                    // with `$x` (one group's `LaneArgs`, or `G` of them) and for
+                    // the VNNI sweeps `$carry`.
+                    macro_rules! tiles {
                     ($sweep:ident $(::<$G:literal>)?, $R:literal, $x:expr $(, $carry:expr)?) => {{
                         let done = rows / $R * $R;
                         // SAFETY: `buf` holds rows g0 + skip..g1's blocks
@@ -453,44 +461,43 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         }
                     }};
                 }
-                        // AVX2's two-sign Q8_0 sweep (rows holding -128) measured
-                        // faster in two-row tiles; the |x| one (Q8_0/512 93 against
-                        // 87 G/s in two) and the rest in four.
-                        match (VNNI, x.lanes, B::ENC) {
-                            (true, 16, _) if gs == 2 => {
-                                let next =
-                                    x86_lanes::LaneArgs::group(x, g + 1).skip_blocks(k0, x.lanes);
-                                tiles!(lanes_vnni512::<2>, 4, [args, next], carry)
-                            }
-                            (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args], carry),
-                            (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args], carry),
-                            (false, _, Encoding::Q8_0) if !has_lowest => {
-                                tiles!(lanes_sweep256_absx, 4, args)
-                            }
-                            (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
-                            (false, _, _) => tiles!(lanes_sweep256, 4, args),
+                    // AVX2's two-sign Q8_0 sweep (rows holding -128) measured
+                    // faster in two-row tiles; the |x| one (Q8_0/512 93 against
+                    // 87 G/s in two) and the rest in four.
+                    match (VNNI, x.lanes, B::ENC) {
+                        (true, 16, _) if gs == 2 => {
+                            let next =
+                                x86_lanes::LaneArgs::group(x, g + 1).skip_blocks(k0, x.lanes);
+                            tiles!(lanes_vnni512::<2>, 4, [args, next], carry)
                         }
-                        // The outputs are staged once the last chunk is swept.
-                        if k0 + kn == nb {
-                            // SAFETY: lanes 0..cn of `stage` hold rows 0..g1 - g0;
-                            // elements (g0..g1, activation rows g * x.lanes.. + cn)
-                            // of `y` belong to this task.
-                            unsafe {
-                                unstage(
-                                    &stage,
-                                    cn,
-                                    g1 - g0,
-                                    y.0.wrapping_add(g * x.lanes * w.rows + g0),
-                                    w.rows,
-                                )
-                            };
+                        (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args], carry),
+                        (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args], carry),
+                        (false, _, Encoding::Q8_0) if !has_lowest => {
+                            tiles!(lanes_sweep256_absx, 4, args)
                         }
-                        g += gs;
+                        (false, _, Encoding::Q8_0) => tiles!(lanes_sweep256, 2, args),
+                        (false, _, _) => tiles!(lanes_sweep256, 4, args),
                     }
+                    // The outputs are staged once the last chunk is swept.
+                    if k0 + kn == nb {
+                        // SAFETY: lanes 0..cn of `stage` hold rows 0..g1 - g0;
+                        // elements (g0..g1, activation rows g * x.lanes.. + cn)
+                        // of `y` belong to this task.
+                        unsafe {
+                            unstage(
+                                &stage,
+                                cn,
+                                g1 - g0,
+                                y.0.wrapping_add(g * x.lanes * w.rows + g0),
+                                w.rows,
+                            )
+                        };
+                    }
+                    g += gs;
                 }
-                g0 = g1;
             }
-        })
+            g0 = g1;
+        }
     });
 }
 

@@ -544,9 +544,9 @@ macro_rules! lanes_vnni {
             carry: Option<Carry>,
         ) {
             let block = std::mem::size_of::<I8Block>();
-            let rows = (w.cast(), nblocks * block, block, nblocks);
+            let rows = StoredRows { w: w.cast(), row_bytes: nblocks * block, nblocks };
             // SAFETY: forwarded contract.
-            unsafe { $sweep::<B, R, G, false>(rows, tiles, x, cn, y, y_stride, carry) }
+            unsafe { $sweep::<B, R, G, false>(rows, block, tiles, x, cn, y, y_stride, carry) }
         }
 
         $(#[$doc])*
@@ -560,17 +560,19 @@ macro_rules! lanes_vnni {
             y_stride: usize,
         ) {
             debug_assert!(matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0));
-            let rows = (w.w, w.row_bytes, B::ENC.block_bytes(), w.nblocks);
+            let block = B::ENC.block_bytes();
             // SAFETY: forwarded contract.
-            unsafe { $sweep::<B, R, G, true>(rows, tiles, x, cn, y, y_stride, None) }
+            unsafe { $sweep::<B, R, G, true>(w, block, tiles, x, cn, y, y_stride, None) }
         }
 
-        /// The body of both (`rows`: the first row, bytes from one row
-        /// to the next and from one block to the next, blocks a row).
+        /// The body of both: `rows` laid out as [`StoredRows`] says, a
+        /// block every `block` bytes.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         #[inline]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $sweep<B: Int8Block, const R: usize, const G: usize, const STORED: bool>(
-            rows: (*const u8, usize, usize, usize),
+            rows: StoredRows,
+            block: usize,
             tiles: usize,
             x: [LaneArgs; G],
             cn: usize,
@@ -579,7 +581,7 @@ macro_rules! lanes_vnni {
             carry: Option<Carry>,
         ) {
             debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
-            let (w, row_bytes, block, nblocks) = rows;
+            let StoredRows { w, row_bytes, nblocks } = rows;
             // Row `r`'s sums against group `g` in the carry.
             let kept = |c: Carry, r: usize, g: usize| c.p.wrapping_add(r * c.stride + 2 * g * $lanes);
             let offset = B::VNNI_OFFSET;
@@ -587,7 +589,7 @@ macro_rules! lanes_vnni {
             let halves = if B::TWO { 2 } else { 1 };
             // Stored: Q8_0's quants follow its scale, a Q4's 16 end the block.
             let q8 = B::ENC == Encoding::Q8_0;
-            let quants = if q8 { 2 } else { block.saturating_sub(16) };
+            let quants = if q8 { 2 } else { block - 16 };
             let (nibble, top) = ($set1_epi8(0x0f), $set1_epi8(i8::MIN));
             for t in 0..tiles {
                 let wt = w.wrapping_add(R * t * row_bytes);
