@@ -29,7 +29,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::x86::prefetch;
+use super::x86::prefetch_l1;
 use super::x86_int8::Int8Block;
 use super::x86_lanes::{LaneArgs, TileBlock, TILE_SLOTS};
 
@@ -216,10 +216,10 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 // difference measured with the unpacked group in L2, where
                 // the 1B shape's is).
                 for line in 0..TILE_SLOTS {
-                    prefetch(a.wrapping_add(AHEAD * size_of::<TileBlock>() + 64 * line));
+                    prefetch_l1(a.wrapping_add(AHEAD * size_of::<TileBlock>() + 64 * line));
                 }
                 for line in 0..8 {
-                    prefetch(xq.wrapping_add(AHEAD * 512 + 64 * line));
+                    prefetch_l1(xq.wrapping_add(AHEAD * 512 + 64 * line));
                 }
                 let out = sums.wrapping_add(k);
                 // SAFETY: the tiles are configured (above); the left
