@@ -50,9 +50,10 @@ pub(crate) fn prefetch(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) };
 }
 
-/// Hint the line at `p`, already in L2, into L1 (`prefetcht0`): for
-/// operands a kernel reads again from cache a few steps on. Never faults,
-/// whatever `p` is.
+/// Hint the line at `p` into L1 (`prefetcht0`): for operands a kernel
+/// bound by its multiplies reads a few steps on, where a load from L2
+/// would cost (AMX's operands, already in L2; the one-scale stored lane
+/// sweep's next tile). Never faults, whatever `p` is.
 #[inline(always)]
 pub(crate) fn prefetch_l1(p: *const u8) {
     // SAFETY: as `prefetch`.
