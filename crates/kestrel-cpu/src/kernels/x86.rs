@@ -44,7 +44,7 @@ const PREFETCH_ROWS: usize = 8;
 /// L2 misses have more; the demand load then hits L2. Never faults,
 /// whatever `p` is.
 #[inline(always)]
-pub(crate) fn prefetch(p: *const u8) {
+pub(crate) fn prefetch_l2(p: *const u8) {
     // SAFETY: prefetch is a hint: it does not dereference architecturally and
     // cannot fault, so any address (even past an allocation) is fine.
     unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) };
@@ -56,7 +56,7 @@ pub(crate) fn prefetch(p: *const u8) {
 /// sweep's next tile). Never faults, whatever `p` is.
 #[inline(always)]
 pub(crate) fn prefetch_l1(p: *const u8) {
-    // SAFETY: as `prefetch`.
+    // SAFETY: as `prefetch_l2`.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
 }
 
@@ -112,8 +112,8 @@ unsafe fn acc512<B: Block, const R: usize, const NB: usize>(a: TileArgs) -> [[__
     let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
     let step = R * B::STRIDE;
     for blk in 0..a.nblocks {
-        prefetch(ahead.wrapping_add(blk * step));
-        prefetch(ahead.wrapping_add(blk * step + 64));
+        prefetch_l2(ahead.wrapping_add(blk * step));
+        prefetch_l2(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let (p, j) = locate::<B>(a.w.wrapping_add(r * a.row_bytes), blk);
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
@@ -305,8 +305,8 @@ pub(crate) unsafe fn tile256<B: Block, const R: usize, const NB: usize>(
     let ahead = a.w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
     let step = R * B::STRIDE;
     for blk in 0..a.nblocks {
-        prefetch(ahead.wrapping_add(blk * step));
-        prefetch(ahead.wrapping_add(blk * step + 64));
+        prefetch_l2(ahead.wrapping_add(blk * step));
+        prefetch_l2(ahead.wrapping_add(blk * step + 64));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let (p, j) = locate::<B>(a.w.wrapping_add(r * a.row_bytes), blk);
             // SAFETY: block `blk` of row `r` lies within the tile (fn contract).
@@ -365,7 +365,7 @@ unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32
     // Rows are dequantized in order: touch the row PREFETCH_ROWS ahead.
     let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::STRIDE);
     for blk in 0..nblocks {
-        prefetch(ahead.wrapping_add(blk * B::STRIDE));
+        prefetch_l2(ahead.wrapping_add(blk * B::STRIDE));
         let (p, j) = locate::<B>(src, blk);
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {
@@ -380,7 +380,7 @@ unsafe fn dequant_row512<B: Block>(src: *const u8, nblocks: usize, out: *mut f32
 unsafe fn dequant_row256<B: Block>(src: *const u8, nblocks: usize, out: *mut f32) {
     let ahead = src.wrapping_add(PREFETCH_ROWS * nblocks * B::STRIDE);
     for blk in 0..nblocks {
-        prefetch(ahead.wrapping_add(blk * B::STRIDE));
+        prefetch_l2(ahead.wrapping_add(blk * B::STRIDE));
         let (p, j) = locate::<B>(src, blk);
         // SAFETY: block `blk` and its 32 output floats are in bounds (fn contract).
         unsafe {

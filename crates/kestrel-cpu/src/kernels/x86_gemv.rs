@@ -30,7 +30,7 @@
 use std::arch::x86_64::*;
 
 use super::int8::Q8Block;
-use super::x86::{prefetch, PREFETCH_TILES};
+use super::x86::{prefetch_l2, PREFETCH_TILES};
 use super::x86_blocks::{
     k_nibbles256, nibble_bytes256, q5_bytes256, q5k_bytes256, q6k_bytes256, u32_at, Q4KB, Q4_0B,
     Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
@@ -417,7 +417,7 @@ unsafe fn tiles8<B: Tile8>(
         let mut mins = _mm256_setzero_ps();
         for s in 0..a.nblocks / B::SUB {
             for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(s * step + 64 * line));
+                prefetch_l2(ahead.wrapping_add(s * step + 64 * line));
             }
             let p: [*const u8; 8] =
                 std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * block_bytes));

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::int8::{self, Q8Block};
 use super::scalar::k_scale_min;
-use super::x86::{prefetch, PREFETCH_TILES};
+use super::x86::{prefetch_l2, PREFETCH_TILES};
 use super::x86_blocks::{
     bits_to_bytes256, k_head, k_nibbles256, locate, nibble_bytes256, q5k_bytes256, q6k_bytes256,
     q6k_scales, scales, Block, Q4KB, Q4_0B, Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
@@ -281,7 +281,7 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
         for blk in 0..a.nblocks {
             // Every line of the tile's next-but-`PREFETCH_TILES` blocks.
             for line in 0..step.div_ceil(64) {
-                prefetch(ahead.wrapping_add(blk * step + 64 * line));
+                prefetch_l2(ahead.wrapping_add(blk * step + 64 * line));
             }
             // SAFETY: block `blk` of activation rows 0..NB is in bounds.
             let xb: [&Q8Block; NB] =

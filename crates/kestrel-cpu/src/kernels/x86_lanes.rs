@@ -25,7 +25,7 @@ use std::arch::x86_64::*;
 
 use super::int8::LaneRows;
 use super::weight::Encoding;
-use super::x86::{prefetch, prefetch_l1};
+use super::x86::{prefetch_l1, prefetch_l2};
 use super::x86_blocks::{scales, Q4KB};
 use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
@@ -134,7 +134,7 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
             // blocks `UNPACK_AHEAD_ROWS` rows on.
             let ahead = p(0).wrapping_add(UNPACK_AHEAD_ROWS * row_bytes);
             for line in 0..(n * block_bytes).div_ceil(64) {
-                prefetch(ahead.wrapping_add(64 * line));
+                prefetch_l2(ahead.wrapping_add(64 * line));
             }
             // SAFETY: stored blocks s0..s0 + n of row `r` are in bounds (fn
             // contract); `p` repeats the last one.
@@ -206,7 +206,7 @@ unsafe fn unpack_tiles<B: Tile8>(
             // eight rows' same block.
             for pi in p {
                 for line in 0..block_bytes.div_ceil(64) {
-                    prefetch(pi.wrapping_add(8 * row_bytes + 64 * line));
+                    prefetch_l2(pi.wrapping_add(8 * row_bytes + 64 * line));
                 }
             }
             // SAFETY: stored block `s` of rows r0..r0 + 8 is in bounds (fn
@@ -908,7 +908,7 @@ unsafe fn q8_0_stored<const R: usize>(
             let start = start(b);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let blk = wt.skip(r).w.wrapping_add(block * b);
-                prefetch(blk.wrapping_add(R * w.row_bytes));
+                prefetch_l2(blk.wrapping_add(R * w.row_bytes));
                 // SAFETY: block `b` of row `r` of the tile (f16 d, then 32
                 // bytes) is in bounds (fn contract).
                 let (all, d) = unsafe { (dot(blk.add(2), &xk, start), _mm_cvtss_f32(scales(blk))) };
@@ -1083,7 +1083,7 @@ unsafe fn q4_k_tile<const R: usize>(
     let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
     for r in 0..R {
         for line in 0..block.div_ceil(64) {
-            prefetch(sb(r).wrapping_add(R * wt.row_bytes + 64 * line));
+            prefetch_l2(sb(r).wrapping_add(R * wt.row_bytes + 64 * line));
         }
     }
     let sbs = std::array::from_fn(sb);
