@@ -544,11 +544,14 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
         // SAFETY: rows 0..done from `a.w` and their outputs exist (fn
         // contract), of Q4_K for `gemv8_q4k_pair256` (AVX2, as every
         // kernel here) and of Q4_K or Q6_K for the VNNI GEMVs, whose
-        // features `vnni` vouches for.
+        // features `vnni` vouches for (and `has_gfni` for GFNI's).
         unsafe {
             match B::ENC {
                 Encoding::Q4K if vnni => x86_gemv::gemv8_q4k_vnni512(a, rows / 8, y),
                 Encoding::Q4K => x86_gemv::gemv8_q4k_pair256(a, rows / 8, y),
+                Encoding::Q6K if vnni && x86_lanes::has_gfni() => {
+                    x86_gemv::gemv8_q6k_gfni512(a, rows / 8, y)
+                }
                 Encoding::Q6K if vnni => x86_gemv::gemv8_q6k_vnni512(a, rows / 8, y),
                 _ => x86_gemv::gemv8_256::<B>(a, rows / 8, y),
             }

@@ -702,7 +702,8 @@ pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
 /// [`gemv8_q4k_vnni512`]'s, per 16-element half; `32 * sum(x)` per half
 /// comes off once for the eight rows, and the float steps run in the
 /// sub-blocks' order, each half with its scale, as [`sub_block`] does: bit
-/// for bit the same outputs.
+/// for bit the same outputs. With GFNI, [`gemv8_q6k_gfni512`] forms the
+/// quants in three operations where this takes six.
 ///
 /// # Safety
 /// As [`gemv8_256`] for Q6_K rows; the CPU must support AVX-512F/BW/VL and
@@ -716,11 +717,86 @@ pub(crate) unsafe fn gemv8_q6k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
         |u: i16, v: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(u), _mm256_set1_epi16(v));
     let ql_shift = halves(0, 4);
     let qh_shift = [halves(0, 4), halves(2, 6)];
-    let (low4, low2, ones) = (
-        _mm512_set1_epi8(0x0F),
-        _mm512_set1_epi8(3),
-        _mm512_set1_epi8(1),
+    let (low4, low2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    let quants = |ql: __m512i, qh: __m512i, s2: usize| {
+        let lo = _mm512_and_si512(_mm512_srlv_epi16(ql, ql_shift), low4);
+        let hi = _mm512_and_si512(_mm512_srlv_epi16(qh, qh_shift[s2]), low2);
+        // Each byte of `hi` holds 0..4: a 16-bit shift stays within its
+        // byte.
+        _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { q6k_vnni512(a, tiles, y, quants) }
+}
+
+/// [`gemv8_q6k_vnni512`] with GFNI: each byte's bits are picked and placed
+/// by one `vgf2p8affineqb` (an 8x8 bit matrix per 64-bit lane, so one per
+/// 256-bit half): the `ql` nibble to bits 0..4, the `qh` bit pair to bits
+/// 4..6, then an OR: three operations per row and 64 weights where the
+/// shifts and masks take six. The same quants, so the same outputs.
+///
+/// # Safety
+/// As [`gemv8_q6k_vnni512`]; the CPU must also support GFNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c")]
+pub(crate) unsafe fn gemv8_q6k_gfni512(a: Int8Args, tiles: usize, y: *mut f32) {
+    let ql_bits = halves64(
+        bit_matrix(&[(0, 0), (1, 1), (2, 2), (3, 3)]),
+        bit_matrix(&[(0, 4), (1, 5), (2, 6), (3, 7)]),
     );
+    let qh_bits = [(0, 4), (2, 6)].map(|(u, v)| {
+        halves64(
+            bit_matrix(&[(4, u), (5, u + 1)]),
+            bit_matrix(&[(4, v), (5, v + 1)]),
+        )
+    });
+    let quants = |ql: __m512i, qh: __m512i, s2: usize| {
+        _mm512_or_si512(
+            _mm512_gf2p8affine_epi64_epi8::<0>(ql, ql_bits),
+            _mm512_gf2p8affine_epi64_epi8::<0>(qh, qh_bits[s2]),
+        )
+    };
+    // SAFETY: forwarded contract.
+    unsafe { q6k_vnni512(a, tiles, y, quants) }
+}
+
+/// The `vgf2p8affineqb` matrix that sets output bit `o` of each byte to its
+/// input bit `i` for each `(o, i)` in `picks`, and every other bit to 0
+/// (output bit `o` is the parity of the input and the matrix's byte
+/// `7 - o`).
+const fn bit_matrix(picks: &[(u32, u32)]) -> i64 {
+    let mut m = 0u64;
+    let mut k = 0;
+    while k < picks.len() {
+        let (o, i) = picks[k];
+        m |= (1u64 << i) << (8 * (7 - o));
+        k += 1;
+    }
+    m as i64
+}
+
+/// `u` in each 64-bit lane of the low 256 bits, `v` in the high.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+fn halves64(u: i64, v: i64) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi64(u), _mm256_set1_epi64x(v))
+}
+
+/// The Q6_K VNNI GEMV's body ([`gemv8_q6k_vnni512`]), the six-bit quants
+/// of a row's sub-blocks `4n + s2` (low 256 bits) and `4n + s2 + 2` (high)
+/// formed by `quants(ql, qh, s2)` from its 32 `ql` and 32 `qh` bytes of
+/// them, each broadcast to both halves.
+///
+/// # Safety
+/// As [`gemv8_q6k_vnni512`], the CPU supporting what `quants` uses.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q6k_vnni512(
+    a: Int8Args,
+    tiles: usize,
+    y: *mut f32,
+    quants: impl Fn(__m512i, __m512i, usize) -> __m512i,
+) {
+    let ones = _mm512_set1_epi8(1);
     // No minimum: `mins` stays zero.
     let block =
         |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, _: &mut __m256| {
@@ -749,17 +825,7 @@ pub(crate) unsafe fn gemv8_q6k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
                                 _mm256_loadu_si256(p[r].add(128 + 32 * n).cast()),
                             )
                         };
-                        let lo = _mm512_and_si512(
-                            _mm512_srlv_epi16(_mm512_broadcast_i64x4(ql), ql_shift),
-                            low4,
-                        );
-                        let hi = _mm512_and_si512(
-                            _mm512_srlv_epi16(_mm512_broadcast_i64x4(qh), qh_shift[s2]),
-                            low2,
-                        );
-                        // Each byte of `hi` holds 0..4: a 16-bit shift stays
-                        // within its byte.
-                        let q = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(hi));
+                        let q = quants(_mm512_broadcast_i64x4(ql), _mm512_broadcast_i64x4(qh), s2);
                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xx)
                     });
                     // The activations' sums per 16-element half, chunk by

@@ -357,10 +357,11 @@ mod tests {
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_amx::{lanes_amx, AMX_ROWS};
     use super::super::x86_gemv::{
-        gemv8_256, gemv8_q4k_pair256, gemv8_q4k_vnni512, gemv8_q6k_vnni512, Tile8,
+        gemv8_256, gemv8_q4k_pair256, gemv8_q4k_vnni512, gemv8_q6k_gfni512, gemv8_q6k_vnni512,
+        Tile8,
     };
     use super::super::x86_lanes::{
-        after_tiles, has_avx512_vnni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
+        after_tiles, has_avx512_vnni, has_gfni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
         lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
         stored_vnni256, stored_vnni512, unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
     };
@@ -408,17 +409,24 @@ mod tests {
             unsafe { gemv8_q4k_pair256(args, w.rows / 8, y.as_mut_ptr()) };
             expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 paired gemv 8x1");
         }
-        let gemv_vnni = match B::ENC {
-            Encoding::Q4K => Some(gemv8_q4k_vnni512 as unsafe fn(_, _, _)),
-            Encoding::Q6K => Some(gemv8_q6k_vnni512 as unsafe fn(_, _, _)),
-            _ => None,
+        let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
+        let gemv_vnni: &[(unsafe fn(_, _, _), bool, &str)] = match B::ENC {
+            Encoding::Q4K => &[(gemv8_q4k_vnni512, vnni, "vnni gemv 8x1")],
+            Encoding::Q6K => &[
+                (gemv8_q6k_vnni512, vnni, "vnni gemv 8x1"),
+                (gemv8_q6k_gfni512, vnni && has_gfni(), "gfni gemv 8x1"),
+            ],
+            _ => &[],
         };
-        if let Some(gemv) = gemv_vnni.filter(|_| Isa::Avx512.is_supported() && has_avx512_vnni()) {
+        for &(gemv, supported, what) in gemv_vnni {
+            if !supported {
+                continue;
+            }
             let mut y = vec![f32::NAN; w.rows];
             // SAFETY: as for `gemv8_256` above, the rows of the GEMV's
-            // type; AVX-512 VNNI checked just now.
+            // type; AVX-512 VNNI (and for GFNI's, GFNI) checked just now.
             unsafe { gemv(args, w.rows / 8, y.as_mut_ptr()) };
-            expect(w, xq, &y, w.rows / 8 * 8, 1, "vnni gemv 8x1");
+            expect(w, xq, &y, w.rows / 8 * 8, 1, what);
         }
         // Unpacked for each sweep's offsets.
         let unpacked = [false, true].map(|vnni| {
@@ -441,7 +449,6 @@ mod tests {
             "AVX2 unpack: -128 among the weights"
         );
         assert!(!unpacked[1].1, "VNNI unpack reports no -128");
-        let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
         // The VNNI sweeps of 16 lanes also take two groups at once.
         for (lanes, on_vnni, groups) in [(8, false, 1), (8, true, 1), (16, true, 1), (16, true, 2)]
         {

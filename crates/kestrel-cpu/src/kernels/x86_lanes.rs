@@ -1293,3 +1293,9 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
 pub(crate) fn has_avx512_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
 }
+
+/// Whether this CPU has GFNI (its byte affine transform picks Q6_K's bits
+/// in [`super::x86_gemv::gemv8_q6k_gfni512`]).
+pub(crate) fn has_gfni() -> bool {
+    is_x86_feature_detected!("gfni")
+}
