@@ -154,17 +154,56 @@ unsafe fn f16x8(p: &[*const u8; 8], off: usize) -> __m256 {
     ))
 }
 
-/// The u32 at `p[r] + off` of each row, row `r` in lane `r`.
+/// The four u32 words at `p[r] + off..+ 16` of each row: word `k` in
+/// result `k`, row `r` in lane `r`. Loaded as 16 bytes a row, two rows to
+/// a register, and transposed in eight unpacks: a dozen shuffles where
+/// inserting each word into its lane takes 32 two-uop `vpinsrd` (a
+/// super-block's scales were a seventh of the Q4_K GEMV's time).
 ///
 /// # Safety
-/// Each `p[r] + off` must be valid for reading 4 bytes; the CPU must
+/// Each `p[r] + off` must be valid for reading 16 bytes; the CPU must
 /// support AVX2.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn u32x8(p: &[*const u8; 8], off: usize) -> __m256i {
-    // SAFETY: 4 readable bytes at each `p[r] + off` (fn contract).
-    let w = |r: usize| unsafe { (p[r].add(off) as *const i32).read_unaligned() };
-    _mm256_setr_epi32(w(0), w(1), w(2), w(3), w(4), w(5), w(6), w(7))
+unsafe fn words8(p: &[*const u8; 8], off: usize) -> [__m256i; 4] {
+    // Rows r (low half) and r + 4 (high half).
+    // SAFETY: 16 readable bytes at each `p[r] + off` (fn contract).
+    let rows: [__m256i; 4] = std::array::from_fn(|r| unsafe {
+        _mm256_loadu2_m128i(p[r + 4].add(off).cast(), p[r].add(off).cast())
+    });
+    // Per half: words 0, 1 of rows 0, 1 (then 2, 3) in `lo01`, words 2, 3
+    // in `hi01`.
+    let (lo01, hi01) = (
+        _mm256_unpacklo_epi32(rows[0], rows[1]),
+        _mm256_unpackhi_epi32(rows[0], rows[1]),
+    );
+    let (lo23, hi23) = (
+        _mm256_unpacklo_epi32(rows[2], rows[3]),
+        _mm256_unpackhi_epi32(rows[2], rows[3]),
+    );
+    [
+        _mm256_unpacklo_epi64(lo01, lo23),
+        _mm256_unpackhi_epi64(lo01, lo23),
+        _mm256_unpacklo_epi64(hi01, hi23),
+        _mm256_unpackhi_epi64(hi01, hi23),
+    ]
+}
+
+/// The two f16 of each lane's word of `w` (low, high) as two rows of f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn f16_pairs(w: __m256i) -> (__m256, __m256) {
+    // Per 128-bit half: the four low halves, then the four high ones.
+    let split = _mm256_setr_epi8(
+        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7,
+        10, 11, 14, 15,
+    );
+    // Quad words: rows 0..4's lows, 4..8's lows, 0..4's highs, 4..8's.
+    let v = _mm256_permute4x64_epi64::<0xD8>(_mm256_shuffle_epi8(w, split));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(v)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(v)),
+    )
 }
 
 /// Byte `k` (0..4) of each lane of `v`, unsigned, as f32.
@@ -225,15 +264,8 @@ unsafe fn scale_min(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
 #[inline]
 unsafe fn k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
     // SAFETY: the head is the super-block's first 16 bytes (fn contract).
-    let (d, dmin, u0, u1, u2) = unsafe {
-        (
-            f16x8(p, 0),
-            f16x8(p, 2),
-            u32x8(p, 4),
-            u32x8(p, 8),
-            u32x8(p, 12),
-        )
-    };
+    let [dd, u0, u1, u2] = unsafe { words8(p, 0) };
+    let (d, dmin) = f16_pairs(dd);
     let (k1, k2, k3) = (
         _mm256_set1_epi32(0x3f3f_3f3f),
         _mm256_set1_epi32(0x0f0f_0f0f),
@@ -274,7 +306,7 @@ unsafe fn k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
 #[inline]
 unsafe fn q6k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
     // SAFETY: one 210-byte super-block at each `p[r]` (fn contract).
-    let (d, w) = unsafe { (f16x8(p, 208), [0, 1, 2, 3].map(|k| u32x8(p, 192 + 4 * k))) };
+    let (d, w) = unsafe { (f16x8(p, 208), words8(p, 192)) };
     for (j, o) in out.iter_mut().enumerate() {
         // Scale 2j + h is byte (2j + h) % 4 of word (2j + h) / 4.
         let sc = |h: usize| byte_i(w[(2 * j + h) / 4], ((2 * j + h) % 4) as i32);
