@@ -2,8 +2,9 @@
 //! eight weight rows per tile, one output per lane of a 256-bit register,
 //! reading every weight type in its file encoding; with AVX-512 VNNI,
 //! Q4_K's and Q6_K's two sub-blocks to a 512-bit register
-//! ([`gemv8_q4k_vnni512`], [`gemv8_q6k_vnni512`]). All three walk the
-//! weights the same way ([`tiles8`]).
+//! ([`gemv8_q4k_vnni512`], [`gemv8_q6k_vnni512`]; with GFNI
+//! [`gemv8_q6k_gfni512`]). All of them walk the weights the same way
+//! ([`tiles8`]).
 //!
 //! Single-stream decode streams each weight byte once, so this kernel must
 //! keep up with DRAM: per weight byte it may spend only a few instructions.
@@ -12,7 +13,8 @@
 //! and minimums packed in 12 bytes, and every type's f16 scales. Decoded per
 //! row and per 32-element block, they cost more than the bytes they save.
 //! So [`Tile8::scales8`] decodes them once per *stored* block for the
-//! tile's eight rows at once, lane `r` = row `r`: the K-quant unpacking
+//! tile's eight rows at once, lane `r` = row `r` (a K-quant's words
+//! transposed from the rows' whole 16-byte loads, [`words8`]): the K-quant unpacking
 //! (ggml's `kmask` steps) runs on eight rows' words in one register, and
 //! the f16 scales of eight rows convert with one `vcvtph2ps`. The 32-element
 //! loop then reads each sub-block's scales ready in lane order. Q4_0,
@@ -158,7 +160,7 @@ unsafe fn f16x8(p: &[*const u8; 8], off: usize) -> __m256 {
 /// result `k`, row `r` in lane `r`. Loaded as 16 bytes a row, two rows to
 /// a register, and transposed in eight unpacks: a dozen shuffles where
 /// inserting each word into its lane takes 32 two-uop `vpinsrd` (a
-/// super-block's scales were a seventh of the Q4_K GEMV's time).
+/// super-block's scales were about an eighth of the Q4_K GEMV's time).
 ///
 /// # Safety
 /// Each `p[r] + off` must be valid for reading 16 bytes; the CPU must
