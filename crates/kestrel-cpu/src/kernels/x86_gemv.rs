@@ -14,10 +14,11 @@
 //! row and per 32-element block, they cost more than the bytes they save.
 //! So [`Tile8::scales8`] decodes them once per *stored* block for the
 //! tile's eight rows at once, lane `r` = row `r` (a K-quant's words
-//! transposed from the rows' whole 16-byte loads, [`words8`]): the K-quant unpacking
-//! (ggml's `kmask` steps) runs on eight rows' words in one register, and
-//! the f16 scales of eight rows convert with one `vcvtph2ps`. The 32-element
-//! loop then reads each sub-block's scales ready in lane order. Q4_0,
+//! transposed from the rows' whole 16-byte loads, [`words8`]): the K-quant
+//! unpacking (ggml's `kmask` steps) runs on eight rows' words in one
+//! register, and the f16 scales of eight rows convert with one
+//! `vcvtph2ps`. The 32-element loop then reads each sub-block's scales
+//! ready in lane order. Q4_0,
 //! Q5_0 and Q6_K weights (`q - 8/16/32`) are read unsigned and the bias
 //! comes off the integer sums once per eight rows (`BIAS * sum(x)`, formed
 //! once per activation block for every tile), not by signing every row's
