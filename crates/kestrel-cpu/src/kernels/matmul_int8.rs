@@ -10,6 +10,7 @@
 
 use super::int8::{self, LaneRows, Q8Block};
 use super::matmul::MatRef;
+use super::rows8::Expanded;
 use super::weight::Encoding;
 #[cfg(target_arch = "x86_64")]
 use super::{x86_amx, x86_blocks, x86_gemv, x86_int8, x86_lanes};
@@ -22,6 +23,8 @@ use super::{Isa, OutPtr};
 pub(super) struct Quantized<'a> {
     pub(super) rows: &'a [Q8Block],
     pub(super) lanes: Option<(&'a LaneRows, LaneSweep)>,
+    /// The one row spread for interleaved rows' GEMV (`rows8.rs`).
+    pub(super) rows8: Option<&'a Expanded>,
 }
 
 /// Activation rows from which the lane sweeps run (weight rows unpacked
@@ -57,7 +60,7 @@ pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
 /// Whether the int8 kernels on `isa` run with AVX-512 VNNI (`vpdpbusd`):
 /// AVX-512 or AMX, on a CPU that has VNNI and VL.
 #[cfg(target_arch = "x86_64")]
-fn uses_vnni(isa: Isa) -> bool {
+pub(super) fn uses_vnni(isa: Isa) -> bool {
     isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni()
 }
 
@@ -67,6 +70,8 @@ thread_local! {
     pub(super) static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The same rows one per lane (grows once likewise).
     pub(super) static XLANES: std::cell::RefCell<LaneRows> = std::cell::RefCell::new(LaneRows::default());
+    /// One row spread for interleaved rows' GEMV (grows once likewise).
+    pub(super) static XROWS8: std::cell::RefCell<Expanded> = std::cell::RefCell::new(Expanded::default());
 }
 
 /// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.

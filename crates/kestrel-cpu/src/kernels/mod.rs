@@ -48,6 +48,7 @@ pub(crate) mod int8;
 pub mod matmul;
 mod matmul_int8;
 pub mod ops;
+mod rows8;
 pub(crate) mod scalar;
 pub mod weight;
 #[cfg(target_arch = "x86_64")]
@@ -69,7 +70,7 @@ use crate::CpuError;
 
 pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
-pub use weight::{Encoding, Weight};
+pub use weight::{Encoding, Layout, Weight};
 
 /// A raw output pointer shared by the tasks of one parallel region (the
 /// matmuls' weight rows, attention's heads, `act_mul`'s ranges), each task
