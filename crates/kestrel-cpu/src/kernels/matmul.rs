@@ -170,8 +170,11 @@ pub fn matmul_group(
                             }
                         }
                     };
+                    // The VNNI lane sweeps read interleaved rows as they lie.
+                    let lanes_read_rows8 = xq.is_some_and(|q| q.lanes.is_some_and(|l| l.1.vnni));
                     match w.layout {
                         Layout::Rows => plain(w, r0, r1, *y),
+                        Layout::Rows8 if lanes_read_rows8 => plain(w, r0, r1, *y),
                         Layout::Rows8 => {
                             let gemv = xq.and_then(|q| Some((q.rows, q.rows8?)));
                             // SAFETY: as above; `plain` writes all of a
@@ -206,8 +209,9 @@ pub fn matmul_group(
         }
         quantize_rows(isa, x, &mut b[..nb]);
         let rows = &b[..nb];
-        // One activation row against interleaved rows: spread for their GEMV.
-        if n == 1 && jobs.iter().any(|j| j.w.layout == Layout::Rows8) {
+        // A few activation rows against interleaved rows: spread for their
+        // GEMV.
+        if n <= rows8::GEMV_ROWS && jobs.iter().any(|j| j.w.layout == Layout::Rows8) {
             return XROWS8.with_borrow_mut(|e| {
                 e.fill(rows);
                 region(Some(Quantized {

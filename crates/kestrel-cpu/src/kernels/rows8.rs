@@ -64,9 +64,15 @@ fn pieces(enc: Encoding) -> impl Iterator<Item = (usize, usize)> {
 /// for the kernels on `isa` with `numerics`: where the interleaved GEMV
 /// runs ([`native`]), in fast numerics (exact numerics would regroup on
 /// every call), rows a nonzero multiple of 16 (the task split's unit, so a
-/// task's rows are whole tiles).
+/// task's rows are whole tiles); not Q4_K on AMX, whose many-row sweeps
+/// run on tiles unpacked from stored rows (interleaved, they would run on
+/// VNNI: not measured on an AMX machine).
 pub(crate) fn wanted(isa: Isa, numerics: Numerics, enc: Encoding, rows: usize) -> bool {
-    numerics == Numerics::Fast && rows > 0 && rows.is_multiple_of(16) && native(isa, enc)
+    numerics == Numerics::Fast
+        && rows > 0
+        && rows.is_multiple_of(16)
+        && native(isa, enc)
+        && !(isa == Isa::Amx && enc == Encoding::Q4K)
 }
 
 /// Whether the interleaved GEMV runs for `enc` on `isa`: Q4_K with AVX-512
@@ -119,7 +125,6 @@ pub(crate) fn deinterleave(enc: Encoding, src: &[u8], row_bytes: usize, out: &mu
 fn deinterleave_with(enc: Encoding, src: &[u8], row_bytes: usize, out: &mut [u8], simd: bool) {
     assert!(src.len() == out.len() && src.len().is_multiple_of(8 * row_bytes));
     let bb = enc.block_bytes();
-    let (h0, hl) = head(enc);
     let tiles = src
         .chunks_exact(8 * row_bytes)
         .zip(out.chunks_exact_mut(8 * row_bytes));
@@ -135,30 +140,55 @@ fn deinterleave_with(enc: Encoding, src: &[u8], row_bytes: usize, out: &mut [u8]
                 continue;
             }
             #[cfg(target_arch = "x86_64")]
-            {
-                for r in 0..8 {
-                    let sb = &mut rows[r * row_bytes + s * bb..][..bb];
-                    sb[h0..h0 + hl].copy_from_slice(&group[hl * r..][..hl]);
-                }
-                let dst: [*mut u8; 8] =
-                    std::array::from_fn(|r| rows[r * row_bytes + s * bb..].as_mut_ptr());
-                // Eight chunks of eight rows (256 bytes) at a time: row r's
-                // quant bytes 32g..32g + 32, at their place in the stored
-                // super-block (Q4_K's after the head, Q6_K's before it).
-                for g in 0..(bb - hl) / 32 {
-                    let q = 32 * g;
-                    let at = if q < h0 { q } else { q + hl };
-                    // SAFETY: the group's bytes 8 hl + 256 g.. + 256 are in
-                    // `group` (`8 * bb` bytes); each row's 32 bytes from
-                    // `at` lie in its stored super-block (`bb` bytes of
-                    // `rows` from `dst[r]`), apart from `group`; `simd`
-                    // only where AVX2 was detected (fn contract).
-                    unsafe {
-                        transpose8x8(group.as_ptr().add(8 * hl + 256 * g), dst.map(|d| d.add(at)))
-                    };
-                }
-            }
+            // SAFETY: the group is `8 * bb` bytes of `tile`; row r's stored
+            // super-block `s` is `bb` bytes of `rows` from `r * row_bytes +
+            // s * bb`, apart from `src`; `simd` only where AVX2 was detected
+            // (fn contract).
+            unsafe {
+                regroup(enc, group.as_ptr(), rows[s * bb..].as_mut_ptr(), row_bytes)
+            };
         }
+    }
+}
+
+/// One tile's group of super-blocks (interleaved, at `group`) as stored:
+/// row `r`'s super-block at `dst + r * stride`.
+///
+/// # Safety
+/// `group` must be readable for eight super-blocks of `enc` (Q4_K or Q6_K)
+/// and each `dst + r * stride` writable for one, not overlapping it; the
+/// CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn regroup(enc: Encoding, group: *const u8, dst: *mut u8, stride: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { regroup_into(enc, group, |r| dst.wrapping_add(r * stride)) }
+}
+
+/// [`regroup`] with row `r`'s super-block at `dst(r)`.
+///
+/// # Safety
+/// As [`regroup`], for each `dst(r)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn regroup_into(enc: Encoding, group: *const u8, dst: impl Fn(usize) -> *mut u8) {
+    let (h0, hl) = head(enc);
+    let dst: [*mut u8; 8] = std::array::from_fn(dst);
+    for (r, &d) in dst.iter().enumerate() {
+        // SAFETY: row r's head is `hl` bytes of the group from `hl * r`, and
+        // of its stored super-block from `h0` (fn contract).
+        unsafe { std::ptr::copy_nonoverlapping(group.add(hl * r), d.add(h0), hl) };
+    }
+    // Eight chunks of eight rows (256 bytes) at a time: row r's quant bytes
+    // 32g..32g + 32, at their place in the stored super-block (Q4_K's after
+    // the head, Q6_K's before it).
+    for g in 0..(enc.block_bytes() - hl) / 32 {
+        let q = 32 * g;
+        let at = if q < h0 { q } else { q + hl };
+        // SAFETY: the group's bytes 8 hl + 256 g.. + 256 and each row's 32
+        // from `at` are in bounds (fn contract); AVX2 likewise.
+        unsafe { transpose8x8(group.add(8 * hl + 256 * g), dst.map(|d| d.add(at))) };
     }
 }
 
@@ -206,7 +236,8 @@ unsafe fn transpose8x8(src: *const u8, dst: [*mut u8; 8]) {
     }
 }
 
-/// One activation row's int8 blocks as the interleaved GEMVs read them.
+/// The interleaved GEMVs' activation rows (up to [`GEMV_ROWS`]) as they
+/// read them, row after row.
 #[derive(Debug, Default)]
 pub(crate) struct Expanded {
     /// Per block, four 64-byte vectors: vector `k` holds the block's dword
@@ -218,7 +249,7 @@ pub(crate) struct Expanded {
 }
 
 impl Expanded {
-    /// Expand the blocks `xq` (one activation row).
+    /// Spread the blocks `xq` (whole activation rows, one after another).
     pub(crate) fn fill(&mut self, xq: &[Q8Block]) {
         self.q.clear();
         self.half32.clear();
@@ -233,6 +264,10 @@ impl Expanded {
         }
     }
 }
+
+/// The most activation rows the interleaved GEMVs take at once (each
+/// weight load serving them all); more go to the lane sweeps.
+pub(crate) const GEMV_ROWS: usize = 3;
 
 /// Tiles [`task`] regroups at a time for the row-by-row kernels: 128 rows,
 /// the most the lane sweeps take at once.
@@ -287,38 +322,51 @@ pub(super) unsafe fn task(
         }
     };
     #[cfg(target_arch = "x86_64")]
-    if let Some((xq, e)) = gemv.filter(|_| n == 1 && native(isa, w.enc)) {
+    if let Some((xq, e)) = gemv.filter(|_| n <= GEMV_ROWS && native(isa, w.enc)) {
         let nb = w.cols / 32;
-        assert!(xq.len() >= nb && e.q.len() >= 4 * nb && e.half32.len() >= nb);
-        let run = |t: usize, tiles: usize, out: *mut f32| {
+        assert!(xq.len() >= n * nb && e.q.len() >= 4 * n * nb && e.half32.len() >= n * nb);
+        // Tiles t..t + tiles, activation row c's outputs at `out + c * stride`.
+        let run = |t: usize, tiles: usize, out: *mut f32, stride: usize| {
             let a = super::x86_int8::Int8Args {
                 w: w.data[8 * t * rb..].as_ptr(),
                 row_bytes: rb,
                 x: xq.as_ptr(),
                 nblocks: nb,
             };
+            macro_rules! go {
+                ($C:literal) => {
+                    match w.enc {
+                        Encoding::Q4K => {
+                            super::x86_gemv::gemv8_q4k_rows8::<$C>(a, e, tiles, out, stride)
+                        }
+                        _ => super::x86_gemv::gemv8_q6k_rows8::<$C>(a, e, tiles, out, stride),
+                    }
+                };
+            }
             // SAFETY: tiles t..t + tiles are in `w.data` (t + tiles <= t1 <=
             // w.rows / 8, `MatRef` checked by `matmul_group`) and
-            // interleaved; `xq` and `e` hold the row's `nb` blocks
-            // (asserted); `out` takes 8 * tiles outputs (below); `native`
-            // vouched for AVX-512 VNNI (and GFNI for Q6_K).
+            // interleaved; `xq` and `e` hold the `n` rows' `nb` blocks
+            // (asserted); `out` takes 8 * tiles outputs per row (below);
+            // `native` vouched for AVX-512 VNNI (and GFNI for Q6_K).
             unsafe {
-                match w.enc {
-                    Encoding::Q4K => super::x86_gemv::gemv8_q4k_rows8(a, e, tiles, out),
-                    _ => super::x86_gemv::gemv8_q6k_rows8(a, e, tiles, out),
+                match n {
+                    1 => go!(1),
+                    2 => go!(2),
+                    _ => go!(3),
                 }
             }
         };
         // Whole tiles within r0..r1 straight to `y`, a cut one through `tmp`.
         let (a, b) = (r0.div_ceil(8), r1 / 8);
         if a < b {
-            // SAFETY: outputs 8a..8b of `y` are this task's (fn contract).
-            run(a, b - a, unsafe { y.0.add(8 * a) });
+            // SAFETY: outputs (8a..8b, 0..n) of `y` are this task's (fn
+            // contract).
+            run(a, b - a, unsafe { y.0.add(8 * a) }, w.rows);
         }
         for t in (t0..t1).filter(|t| !(a..b).contains(t)) {
-            let mut tmp = [0f32; 8];
-            run(t, 1, tmp.as_mut_ptr());
-            scatter(t, 1, &tmp);
+            let mut tmp = [0f32; 8 * GEMV_ROWS];
+            run(t, 1, tmp.as_mut_ptr(), 8);
+            scatter(t, 1, &tmp[..8 * n]);
         }
         return;
     }
@@ -412,7 +460,16 @@ mod tests {
     fn interleaved_rows_give_the_stored_rows_outputs() {
         use crate::kernels::{matmul_group, MatmulJob};
         let isas = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
-        for (dtype, cols) in [(DType::Q4K, 512), (DType::Q6K, 768)] {
+        let few: Vec<usize> = (1..=40).chain([64, 512]).collect();
+        // Rows long enough that 16-lane sweeps take them a chunk of blocks
+        // at a time (`CHUNK_BLOCKS`), for a few counts.
+        let cases = [
+            (DType::Q4K, 512, &few[..]),
+            (DType::Q6K, 768, &few[..]),
+            (DType::Q4K, 7168, &[1, 3, 17, 33][..]),
+            (DType::Q6K, 7168, &[2, 5, 17, 64][..]),
+        ];
+        for (dtype, cols, ns) in cases {
             let mut rng = Rng(21);
             let m = random_matrix(&mut rng, dtype, 48, cols, 0.1);
             let head = random_matrix(&mut rng, DType::F16, 20, cols, 0.1);
@@ -424,7 +481,7 @@ mod tests {
                 ..plain
             };
             let head = MatRef::new("head", &head).unwrap();
-            for n in (1..=40).chain([64, 512]) {
+            for &n in ns {
                 let x = rng.vec(n * cols, 1.0);
                 for isa in isas.into_iter().filter(|i| i.is_supported()) {
                     for numerics in [Numerics::Fast, Numerics::Exact] {

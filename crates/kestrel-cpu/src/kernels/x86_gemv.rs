@@ -908,37 +908,41 @@ unsafe fn q6k_vnni512(
     unsafe { tiles8::<Q6KB>(a, tiles, y, block) }
 }
 
-/// [`gemv8_q4k_vnni512`] on rows interleaved eight at a time (`rows8.rs`):
-/// per 32-byte quant group `i` of a super-block, four 64-byte loads hold
-/// chunks `8i + 2k` and `8i + 2k + 1` of the eight rows (lanes 0..8 and
-/// 8..16), masked to their low nibbles (sub-block `2i`) and high nibbles
-/// in place (`2i + 1`), each against the activation's matching dwords
-/// spread across lanes (`x.q`): row `r`'s sums land in lanes `r` and
-/// `r + 8`, one add apart, with no fold. The heads' scales decode as
-/// [`gemv8_q4k_vnni512`]'s (the eight 16-byte heads side by side) and the
-/// float steps run in the same order: bit for bit the same outputs.
+/// [`gemv8_q4k_vnni512`] on rows interleaved eight at a time (`rows8.rs`),
+/// against `C` activation rows (1..=3): per 32-byte quant group `i` of a
+/// super-block, four 64-byte loads hold chunks `8i + 2k` and `8i + 2k + 1`
+/// of the eight rows (lanes 0..8 and 8..16), masked to their low nibbles
+/// (sub-block `2i`) and high nibbles in place (`2i + 1`), each against
+/// every activation row's matching dwords spread across lanes (`x.q`):
+/// row `r`'s sums land in lanes `r` and `r + 8`, one add apart, with no
+/// fold, and each weight load serves the `C` rows. The heads' scales
+/// decode as [`gemv8_q4k_vnni512`]'s (the eight 16-byte heads side by
+/// side) and the float steps run in the same order: bit for bit the same
+/// outputs. Activation row `c`'s outputs go to `y + c * y_stride`.
 ///
 /// # Safety
 /// `a.w` must point at `tiles` interleaved tiles of Q4_K rows
 /// (`a.nblocks / 8` super-blocks of `a.row_bytes` each per row), `a.x` at
-/// `a.nblocks` activation blocks and `x.q` at their `4 * a.nblocks`
-/// spread vectors, `y` be writable for `8 * tiles` floats; the CPU must
+/// `C` rows of `a.nblocks` activation blocks and `x` hold them spread
+/// ([`super::rows8::Expanded::fill`] with `a.nblocks`), `y + c * y_stride`
+/// be writable for `8 * tiles` floats for each `c < C`; the CPU must
 /// support AVX-512F/BW/VL and AVX-512 VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn gemv8_q4k_rows8(
+pub(crate) unsafe fn gemv8_q4k_rows8<const C: usize>(
     a: Int8Args,
     x: &super::rows8::Expanded,
     tiles: usize,
     y: *mut f32,
+    y_stride: usize,
 ) {
     let group = 8 * super::weight::Encoding::Q4K.block_bytes();
-    let nsb = a.nblocks / 8;
+    let (nb, nsb) = (a.nblocks, a.nblocks / 8);
     let (lo4, hi4) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0xF0u8 as i8));
     let xe = x.q.as_ptr();
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); C];
+        let mut mins = [_mm256_setzero_ps(); C];
         for s in 0..nsb {
             let base = a.w.wrapping_add(8 * t * a.row_bytes + s * group);
             // The stream, PREFETCH_TILES groups ahead.
@@ -951,60 +955,74 @@ pub(crate) unsafe fn gemv8_q4k_rows8(
             unsafe { k_scales8(&p, &mut sc) };
             for i in 0..4 {
                 let (ba, bb) = (8 * s + 2 * i, 8 * s + 2 * i + 1);
-                let mut aa = _mm512_setzero_si512();
-                let mut ab = _mm512_setzero_si512();
+                let mut aa = [_mm512_setzero_si512(); C];
+                let mut ab = [_mm512_setzero_si512(); C];
                 for k in 0..4 {
                     // SAFETY: quant bytes 128 + 256 i + 64 k.. + 64 are in
-                    // the group (1152 bytes), spread vectors `4 ba + k`,
-                    // `4 bb + k` in `x.q` (fn contract).
-                    let (wv, xa, xb) = unsafe {
-                        (
-                            _mm512_loadu_si512(base.add(128 + 256 * i + 64 * k).cast()),
-                            _mm512_loadu_si512(xe.add(4 * ba + k).cast()),
-                            _mm512_loadu_si512(xe.add(4 * bb + k).cast()),
-                        )
-                    };
-                    aa = _mm512_dpbusd_epi32(aa, _mm512_and_si512(wv, lo4), xa);
-                    ab = _mm512_dpbusd_epi32(ab, _mm512_and_si512(wv, hi4), xb);
+                    // the group (1152 bytes) (fn contract).
+                    let wv = unsafe { _mm512_loadu_si512(base.add(128 + 256 * i + 64 * k).cast()) };
+                    let (wa, wb) = (_mm512_and_si512(wv, lo4), _mm512_and_si512(wv, hi4));
+                    for c in 0..C {
+                        // SAFETY: spread vectors `4 (c nb + ba) + k` and
+                        // `4 (c nb + bb) + k` are in `x.q` (fn contract).
+                        let (xa, xb) = unsafe {
+                            (
+                                _mm512_loadu_si512(xe.add(4 * (c * nb + ba) + k).cast()),
+                                _mm512_loadu_si512(xe.add(4 * (c * nb + bb) + k).cast()),
+                            )
+                        };
+                        aa[c] = _mm512_dpbusd_epi32(aa[c], wa, xa);
+                        ab[c] = _mm512_dpbusd_epi32(ab[c], wb, xb);
+                    }
                 }
                 let halves = |v| {
                     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
                 };
-                // The high nibbles were read in place: sixteen times theirs.
-                let (sa, sb) = (halves(aa), _mm256_srai_epi32::<4>(halves(ab)));
-                // SAFETY: activation blocks `ba`, `bb` are in bounds.
-                let (xa, xb) = unsafe { (&*a.x.add(ba), &*a.x.add(bb)) };
-                sc[2 * i].step(sa, xa, true, &mut acc, &mut mins);
-                sc[2 * i + 1].step(sb, xb, true, &mut acc, &mut mins);
+                for c in 0..C {
+                    // The high nibbles were read in place: sixteen times theirs.
+                    let (sa, sb) = (halves(aa[c]), _mm256_srai_epi32::<4>(halves(ab[c])));
+                    // SAFETY: activation blocks `ba`, `bb` of row `c` are
+                    // in bounds (fn contract).
+                    let (xa, xb) = unsafe { (&*a.x.add(c * nb + ba), &*a.x.add(c * nb + bb)) };
+                    sc[2 * i].step(sa, xa, true, &mut acc[c], &mut mins[c]);
+                    sc[2 * i + 1].step(sb, xb, true, &mut acc[c], &mut mins[c]);
+                }
             }
         }
-        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
-        unsafe { _mm256_storeu_ps(y.add(8 * t), _mm256_add_ps(acc, mins)) };
+        for c in 0..C {
+            // SAFETY: outputs 8t..8t + 8 of row `c` are in bounds (fn
+            // contract).
+            unsafe {
+                _mm256_storeu_ps(y.add(c * y_stride + 8 * t), _mm256_add_ps(acc[c], mins[c]))
+            };
+        }
     }
 }
 
-/// [`gemv8_q6k_gfni512`] on rows interleaved eight at a time (`rows8.rs`):
-/// 64-byte loads of eight rows' `ql` chunks (two per row) give, by one
-/// `vgf2p8affineqb` each, their low nibbles (sub-block `4n + s2`) or high
-/// ones (`4n + s2 + 2`), and loads of their `qh` chunks the matching bit
-/// pairs, ORed in: the six-bit quants (`w + 32`) of eight rows against the
-/// activation's spread dwords (`x.q`), row `r`'s sums in lanes `r` and
-/// `r + 8` per 16-element half. `32 * sum(x)` per half (`x.half32`) comes
-/// off, and the float steps run in [`gemv8_q6k_gfni512`]'s order: bit for
-/// bit the same outputs.
+/// [`gemv8_q6k_gfni512`] on rows interleaved eight at a time (`rows8.rs`),
+/// against `C` activation rows (1..=3): 64-byte loads of eight rows' `ql`
+/// chunks (two per row) give, by one `vgf2p8affineqb` each, their low
+/// nibbles (sub-block `4n + s2`) or high ones (`4n + s2 + 2`), and loads
+/// of their `qh` chunks the matching bit pairs, ORed in: the six-bit
+/// quants (`w + 32`) of eight rows against each activation row's spread
+/// dwords (`x.q`), row `r`'s sums in lanes `r` and `r + 8` per 16-element
+/// half. `32 * sum(x)` per half (`x.half32`) comes off, and the float
+/// steps run in [`gemv8_q6k_gfni512`]'s order: bit for bit the same
+/// outputs.
 ///
 /// # Safety
-/// As [`gemv8_q4k_rows8`] for interleaved Q6_K rows, `x.half32` holding
-/// `a.nblocks` pairs; the CPU must support GFNI too.
+/// As [`gemv8_q4k_rows8`] for interleaved Q6_K rows; the CPU must support
+/// GFNI too.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni,avx2,fma,f16c")]
-pub(crate) unsafe fn gemv8_q6k_rows8(
+pub(crate) unsafe fn gemv8_q6k_rows8<const C: usize>(
     a: Int8Args,
     x: &super::rows8::Expanded,
     tiles: usize,
     y: *mut f32,
+    y_stride: usize,
 ) {
     let group = 8 * super::weight::Encoding::Q6K.block_bytes();
-    let nsb = a.nblocks / 8;
+    let (nb, nsb) = (a.nblocks, a.nblocks / 8);
     let m = |picks: &[(u32, u32)]| _mm512_set1_epi64(bit_matrix(picks));
     let ql_lo = m(&[(0, 0), (1, 1), (2, 2), (3, 3)]);
     let ql_hi = m(&[(0, 4), (1, 5), (2, 6), (3, 7)]);
@@ -1016,7 +1034,7 @@ pub(crate) unsafe fn gemv8_q6k_rows8(
     let (xe, bias) = (x.q.as_ptr(), x.half32.as_ptr());
     let mut sc = Scales8::zeros();
     for t in 0..tiles {
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); C];
         for s in 0..nsb {
             let base = a.w.wrapping_add(8 * t * a.row_bytes + s * group);
             for line in 0..group.div_ceil(64) {
@@ -1027,28 +1045,25 @@ pub(crate) unsafe fn gemv8_q6k_rows8(
             // bytes each at `p[r]` (fn contract).
             unsafe { q6k_heads8(&p, 0, &mut sc) };
             for n in 0..2 {
-                // sums[k][h]: sub-block 4n + k, half h, row r in lane r.
-                let mut sums = [[_mm256_setzero_si256(); 2]; 4];
+                // sums[c][k][h]: row c, sub-block 4n + k, half h, weight
+                // row r in lane r.
+                let mut sums = [[[_mm256_setzero_si256(); 2]; 4]; C];
                 for s2 in 0..2 {
                     let (ka, kb) = (s2, s2 + 2);
                     let (ba, bb) = (8 * s + 4 * n + ka, 8 * s + 4 * n + kb);
-                    // [sub-block][half]: chunks 0, 1 (k = 0, 1) are elements
-                    // 0..16, chunks 2, 3 elements 16..32.
-                    let mut part = [[_mm512_setzero_si512(); 2]; 2];
+                    // [row][sub-block][half]: chunks 0, 1 (k = 0, 1) are
+                    // elements 0..16, chunks 2, 3 elements 16..32.
+                    let mut part = [[[_mm512_setzero_si512(); 2]; 2]; C];
                     for k in 0..4 {
                         // SAFETY: `ql` chunk 16 n + 8 s2 + 2 k and `qh`
                         // chunk 8 n + 2 k (and each's next) of the eight
-                        // rows are in the group (1680 bytes), spread
-                        // vectors `4 ba + k`, `4 bb + k` in `x.q` (fn
-                        // contract).
-                        let (l, h, xa, xb) = unsafe {
+                        // rows are in the group (1680 bytes) (fn contract).
+                        let (l, h) = unsafe {
                             (
                                 _mm512_loadu_si512(
                                     base.add(144 + 32 * (16 * n + 8 * s2 + 2 * k)).cast(),
                                 ),
                                 _mm512_loadu_si512(base.add(1168 + 32 * (8 * n + 2 * k)).cast()),
-                                _mm512_loadu_si512(xe.add(4 * ba + k).cast()),
-                                _mm512_loadu_si512(xe.add(4 * bb + k).cast()),
                             )
                         };
                         let qa = _mm512_or_si512(
@@ -1059,32 +1074,60 @@ pub(crate) unsafe fn gemv8_q6k_rows8(
                             _mm512_gf2p8affine_epi64_epi8::<0>(l, ql_hi),
                             _mm512_gf2p8affine_epi64_epi8::<0>(h, qh[kb]),
                         );
-                        part[0][k / 2] = _mm512_dpbusd_epi32(part[0][k / 2], qa, xa);
-                        part[1][k / 2] = _mm512_dpbusd_epi32(part[1][k / 2], qb, xb);
+                        for (c, part) in part.iter_mut().enumerate() {
+                            // SAFETY: spread vectors `4 (c nb + ba) + k`,
+                            // `4 (c nb + bb) + k` are in `x.q` (fn contract).
+                            let (xa, xb) = unsafe {
+                                (
+                                    _mm512_loadu_si512(xe.add(4 * (c * nb + ba) + k).cast()),
+                                    _mm512_loadu_si512(xe.add(4 * (c * nb + bb) + k).cast()),
+                                )
+                            };
+                            part[0][k / 2] = _mm512_dpbusd_epi32(part[0][k / 2], qa, xa);
+                            part[1][k / 2] = _mm512_dpbusd_epi32(part[1][k / 2], qb, xb);
+                        }
                     }
-                    for (e, (kk, b)) in [(ka, ba), (kb, bb)].into_iter().enumerate() {
-                        // SAFETY: pair `b` is in `x.half32` (fn contract).
-                        let off = unsafe { *bias.add(b) };
-                        for hh in 0..2 {
-                            let v = part[e][hh];
-                            let v = _mm256_add_epi32(
-                                _mm512_castsi512_si256(v),
-                                _mm512_extracti64x4_epi64::<1>(v),
-                            );
-                            sums[kk][hh] = _mm256_sub_epi32(v, _mm256_set1_epi32(off[hh]));
+                    for c in 0..C {
+                        for (e, (kk, b)) in [(ka, ba), (kb, bb)].into_iter().enumerate() {
+                            // SAFETY: pair `c nb + b` is in `x.half32` (fn
+                            // contract).
+                            let off = unsafe { *bias.add(c * nb + b) };
+                            for hh in 0..2 {
+                                let v = part[c][e][hh];
+                                let v = _mm256_add_epi32(
+                                    _mm512_castsi512_si256(v),
+                                    _mm512_extracti64x4_epi64::<1>(v),
+                                );
+                                sums[c][kk][hh] = _mm256_sub_epi32(v, _mm256_set1_epi32(off[hh]));
+                            }
                         }
                     }
                 }
-                for (k, [h0, h1]) in sums.into_iter().enumerate() {
-                    let scj = &sc[4 * n + k];
-                    // SAFETY: activation block 8s + 4n + k is in bounds.
-                    let dx = _mm256_set1_ps(unsafe { (*a.x.add(8 * s + 4 * n + k)).d });
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(scj.d0, dx), acc);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(scj.d1, dx), acc);
+                for (c, sums) in sums.into_iter().enumerate() {
+                    for (k, [h0, h1]) in sums.into_iter().enumerate() {
+                        let scj = &sc[4 * n + k];
+                        // SAFETY: activation block 8s + 4n + k of row `c`
+                        // is in bounds (fn contract).
+                        let dx =
+                            _mm256_set1_ps(unsafe { (*a.x.add(c * nb + 8 * s + 4 * n + k)).d });
+                        acc[c] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(h0),
+                            _mm256_mul_ps(scj.d0, dx),
+                            acc[c],
+                        );
+                        acc[c] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(h1),
+                            _mm256_mul_ps(scj.d1, dx),
+                            acc[c],
+                        );
+                    }
                 }
             }
         }
-        // SAFETY: outputs 8t..8t + 8 are in bounds (fn contract).
-        unsafe { _mm256_storeu_ps(y.add(8 * t), acc) };
+        for (c, acc) in acc.into_iter().enumerate() {
+            // SAFETY: outputs 8t..8t + 8 of row `c` are in bounds (fn
+            // contract).
+            unsafe { _mm256_storeu_ps(y.add(c * y_stride + 8 * t), acc) };
+        }
     }
 }
