@@ -160,6 +160,7 @@ fn deinterleave_with(enc: Encoding, src: &[u8], row_bytes: usize, out: &mut [u8]
 /// CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[inline]
 pub(crate) unsafe fn regroup(enc: Encoding, group: *const u8, dst: *mut u8, stride: usize) {
     // SAFETY: forwarded contract.
     unsafe { regroup_into(enc, group, |r| dst.wrapping_add(r * stride)) }

@@ -101,27 +101,6 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     tiles: bool,
     out: *mut I8Block,
 ) -> bool {
-    // SAFETY: forwarded contract; rows `nblocks` apart.
-    unsafe { unpack_rows_strided::<B, VNNI>(w, row_bytes, rows, nblocks, tiles, out, nblocks) }
-}
-
-/// [`unpack_rows256`] with the rows after the tiles `out_stride` blocks
-/// apart in `out` (at least `nblocks`; `nblocks` with `tiles`).
-///
-/// # Safety
-/// As [`unpack_rows256`], `out` valid for the rows at that stride.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn unpack_rows_strided<B: Tile8, const VNNI: bool>(
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    nblocks: usize,
-    tiles: bool,
-    out: *mut I8Block,
-    out_stride: usize,
-) -> bool {
-    debug_assert!(out_stride >= nblocks && (!tiles || out_stride == nblocks));
     // `quants` gives `w + BIAS`.
     let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
     let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
@@ -142,7 +121,7 @@ unsafe fn unpack_rows_strided<B: Tile8, const VNNI: bool>(
     let (lowest, mut seen) = (_mm256_set1_epi8(i8::MIN), _mm256_setzero_si256());
     for r in tiled..rows {
         let row = w.wrapping_add(r * row_bytes);
-        let own = out.wrapping_add(after_tiles(tiled, nblocks) + (r - tiled) * out_stride);
+        let own = out.wrapping_add(after_tiles(tiled, nblocks) + (r - tiled) * nblocks);
         let mut s0 = 0;
         while s0 < stored {
             // One-scale blocks eight at a time, their scales decoded at once
@@ -200,10 +179,13 @@ unsafe fn unpack_rows_strided<B: Tile8, const VNNI: bool>(
 /// [`unpack_rows256`] for Q4_K or Q6_K rows interleaved eight at a time
 /// (`rows8.rs`; the matrix at `w`, `row_bytes` a row as stored): rows
 /// `g0..g0 + rows`, blocks `k0..k0 + kn` (whole super-blocks), into `out`
-/// row after row, `kn` blocks each. Each tile's super-block is regrouped
-/// as stored into an L1 buffer ([`super::rows8::regroup`]) and its rows
-/// unpacked from there, while the next tile's same super-block is asked
-/// for (the stream, as the stored unpack asks for rows ahead).
+/// row after row, `kn` blocks each, as [`unpack_rows256`] writes them. Each
+/// tile's super-block is regrouped as stored into an L1 buffer
+/// ([`super::rows8::regroup`]), the eight rows' scales decoded at once
+/// (row `r` in lane `r`, where the stored unpack decodes a row at a time)
+/// and their quants unpacked from there, while the next tile's same
+/// super-block is asked for (the stream, as the stored unpack asks for rows
+/// ahead).
 ///
 /// # Safety
 /// `w` must be valid for the tiles holding those rows, `out` for
@@ -221,9 +203,21 @@ pub(crate) unsafe fn unpack_rows8<B: Tile8, const VNNI: bool>(
     out: *mut I8Block,
 ) {
     debug_assert!(B::SUB == 8 && k0.is_multiple_of(8) && kn.is_multiple_of(8));
+    // `quants` gives `w + BIAS`.
+    let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
+    let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
     let block = B::ENC.block_bytes();
-    let mut buf = [0u8; 8 * 256];
-    assert!(8 * block <= buf.len());
+    // Rows 256 bytes apart, 64-aligned: the regrouping's 32-byte stores
+    // stay aligned (at the stored 210 bytes apart, Q6_K's split cache
+    // lines).
+    #[repr(C, align(64))]
+    struct Buf([u8; 8 * 256]);
+    let mut buf = Buf([0; 8 * 256]);
+    // One pointer, written through by the regrouping and read through `p`.
+    let base = buf.0.as_mut_ptr();
+    assert!(block <= 256);
+    let p: [*const u8; 8] = std::array::from_fn(|r| base.wrapping_add(256 * r).cast_const());
+    let mut sc = Scales8::zeros();
     for t in g0 / 8..(g0 + rows).div_ceil(8) {
         let (lo, hi) = (g0.max(8 * t), (g0 + rows).min(8 * t + 8));
         for s in k0 / 8..(k0 + kn) / 8 {
@@ -232,22 +226,32 @@ pub(crate) unsafe fn unpack_rows8<B: Tile8, const VNNI: bool>(
                 prefetch_l2(group.wrapping_add(8 * row_bytes + 64 * line));
             }
             // SAFETY: tile t's super-block s is in bounds (fn contract);
-            // `buf` takes eight stored super-blocks; AVX2 (fn contract).
-            unsafe { super::rows8::regroup(B::ENC, group, buf.as_mut_ptr(), block) };
-            // SAFETY: `buf` holds rows 8t..8t + 8's super-block s as
-            // stored, `block` bytes apart; rows lo..hi's blocks 8s - k0..
-            // + 8 of `out` are within its `rows * kn` (fn contract).
-            unsafe {
-                unpack_rows_strided::<B, VNNI>(
-                    buf.as_ptr().add((lo - 8 * t) * block),
-                    block,
-                    hi - lo,
-                    8,
-                    false,
-                    out.add((lo - g0) * kn + 8 * s - k0),
-                    kn,
-                )
-            };
+            // `buf` takes eight stored super-blocks 256 bytes apart; AVX2
+            // (fn contract).
+            unsafe { super::rows8::regroup(B::ENC, group, base, 256) };
+            // SAFETY: `p[r]` is row 8t + r's super-block s as stored.
+            unsafe { B::scales8(&p, &mut sc) };
+            let lanes = sc.map(|j| j.lanes());
+            for r in lo..hi {
+                let i = r - 8 * t;
+                for (j, [d0, d1, m]) in lanes.iter().enumerate() {
+                    // SAFETY: as above, `j < SUB`.
+                    let q = unsafe { B::quants(p[i], j) };
+                    let q = if offset != B::BIAS {
+                        _mm256_add_epi8(q, shift)
+                    } else {
+                        q
+                    };
+                    // SAFETY: row r's block 8s + j - k0 of the chunk lies
+                    // within `out`'s `rows * kn` (fn contract).
+                    unsafe {
+                        let o = out.add((r - g0) * kn + 8 * s - k0 + j);
+                        _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
+                        (*o).d = [d0[i], d1[i]];
+                        (*o).m = m[i];
+                    }
+                }
+            }
         }
     }
 }
