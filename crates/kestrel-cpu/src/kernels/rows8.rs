@@ -6,9 +6,10 @@
 //! holds four bytes of each of eight rows twice over (chunks `c` and
 //! `c + 1`), against the activation's matching dwords spread across lanes
 //! once per call ([`Expanded`]): `vpdpbusd` leaves row `r`'s sum in lanes
-//! `r` and `r + 8`, and no fold is needed. Measured in L2 on one Zen 4
-//! thread (`docs/bench/cpu-1b.md`): Q4_K 1.58x and Q6_K 1.42x the
-//! row-by-row GEMVs' rate, bit for bit their outputs.
+//! `r` and `r + 8`, and no fold is needed. Measured in L2 on one thread
+//! (`docs/bench/cpu-1b.md`, section "Rows interleaved eight at a time"):
+//! Q4_K 1.27x and Q6_K about 1.3x the row-by-row GEMVs' rate on a Zen 4,
+//! 1.17x and 1.1x on an Emerald Rapids Xeon, bit for bit their outputs.
 //!
 //! The layout, per tile of rows `8t..8t + 8` and super-block `s` (tile
 //! after tile, each tile's super-blocks in order, eight super-blocks'
