@@ -10,10 +10,7 @@
 //! matrices (0.3-0.9 MB, in L2 with `KESTREL_THREADS=1`): the kernels'
 //! compute rate without DRAM, which says whether a type is bound by
 //! memory or by its decode. (A larger set sat in L3, which a 2-vCPU VM's
-//! neighbours share: on a Zen 4 it read at about the DRAM rate.) Weights
-//! take the layout a loaded model gives them (`Weight::for_kernels`: Q4_K
-//! and Q6_K rows interleaved where the VNNI GEMV reads them); with
-//! `GEMV_STORED=1` they stay as stored, for an A/B in one binary.
+//! neighbours share: on a Zen 4 it read at about the DRAM rate.)
 
 mod common;
 
@@ -34,7 +31,6 @@ fn bench(c: &mut Criterion) {
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(7);
     let in_cache = std::env::var_os("GEMV_IN_CACHE").is_some();
-    let stored = std::env::var_os("GEMV_STORED").is_some();
     let mut g = c.benchmark_group("gemv_dram");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4))
@@ -70,12 +66,7 @@ fn bench(c: &mut Criterion) {
                     data: Bytes::Owned(Arc::from(&m.data[..])),
                     ..m.clone()
                 };
-                let w = Weight::prepare("w", &owned).unwrap();
-                if stored {
-                    w
-                } else {
-                    w.for_kernels(Isa::detect(), Numerics::Fast)
-                }
+                Weight::prepare("w", &owned).unwrap()
             })
             .collect();
         for n in [1, 8] {

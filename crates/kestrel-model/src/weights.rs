@@ -150,25 +150,6 @@ impl Bytes {
         }
     }
 
-    /// Tell the OS this window's pages are not needed now: a mapped file's
-    /// pages leave the process's resident set (read again from the file if
-    /// touched later), for bytes a caller has copied into a layout of its
-    /// own. Owned bytes, and other platforms, are left as they are; the
-    /// advice is only a hint, so its failure is ignored.
-    pub fn release_pages(&self) {
-        #[cfg(unix)]
-        if let Bytes::Mapped { map, offset, len } = self {
-            // SAFETY: the map is read-only and file-backed (`Mmap`), so
-            // `MADV_DONTNEED` discards no data: a later read of these bytes
-            // (through any `Bytes` sharing the map) faults the file's
-            // contents back in, unchanged. The range is within the map
-            // (`slice` checked it).
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, *offset, *len)
-            };
-        }
-    }
-
     /// Whether the bytes are a window of a memory map (no copy was made).
     pub fn is_mapped(&self) -> bool {
         matches!(self, Bytes::Mapped { .. })

@@ -11,12 +11,9 @@
 use kestrel_model::Matrix;
 
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{
-    int8_rows_task, lane_sweep, quantize_rows, Quantized, XLANES, XQ, XROWS8,
-};
-use super::rows8;
+use super::matmul_int8::{int8_rows_task, lane_sweep, quantize_rows, Quantized, XLANES, XQ};
 use super::scalar::{self, LANES};
-use super::weight::{Encoding, Layout};
+use super::weight::Encoding;
 use super::{Isa, OutPtr};
 use crate::team::Team;
 use crate::CpuError;
@@ -28,7 +25,6 @@ const COL_BLOCK: usize = 64;
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
     pub enc: Encoding,
-    pub layout: Layout,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
@@ -58,7 +54,6 @@ impl<'a> MatRef<'a> {
         }
         Ok(MatRef {
             enc,
-            layout: Layout::Rows,
             rows,
             cols,
             row_bytes,
@@ -66,9 +61,8 @@ impl<'a> MatRef<'a> {
         })
     }
 
-    /// Encoded bytes of row `r` (of a [`Layout::Rows`] matrix).
+    /// Encoded bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
-        assert_eq!(self.layout, Layout::Rows, "rows are whole only as stored");
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
@@ -129,11 +123,6 @@ pub fn matmul_group(
             j.w.row_bytes == j.w.enc.row_bytes(cols) && j.w.data.len() >= j.w.bytes(),
             "a MatRef's bytes must hold rows x row_bytes of its encoding"
         );
-        assert!(
-            j.w.layout == Layout::Rows
-                || (matches!(j.w.enc, Encoding::Q4K | Encoding::Q6K) && j.w.rows.is_multiple_of(8)),
-            "interleaved rows are Q4_K or Q6_K, whole tiles of eight"
-        );
         total_rows += j.w.rows;
     }
     let threads = team.map_or(1, Team::threads);
@@ -155,35 +144,13 @@ pub fn matmul_group(
             for (w, y) in ptrs.iter().flatten() {
                 let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
                 if r0 < r1 {
-                    // `y` is the `n x w.rows` buffer of this job, borrowed
-                    // mutably for the whole call; task `t` alone writes rows
-                    // r0..r1 (tasks cover disjoint row ranges).
-                    let xq = xq.filter(|_| int8::has_int8_dot(w.enc));
-                    // Rows `r0..r1` of `w` as stored: `y`'s, or a chunk of
-                    // an interleaved matrix's regrouped (`rows8::task`).
-                    let plain = |w: &MatRef<'_>, r0: usize, r1: usize, y: OutPtr| {
-                        // SAFETY: as below, for `y` and rows r0..r1 of `w`.
-                        unsafe {
-                            match xq {
-                                Some(xq) => int8_rows_task(isa, w, xq, n, r0, r1, y),
-                                None => rows_task(isa, *w, x, n, r0, r1, y),
-                            }
-                        }
-                    };
-                    // The VNNI lane sweeps read interleaved rows as they lie.
-                    let lanes_read_rows8 = xq.is_some_and(|q| q.lanes.is_some_and(|l| l.1.vnni));
-                    match w.layout {
-                        Layout::Rows => plain(w, r0, r1, *y),
-                        Layout::Rows8 if lanes_read_rows8 => plain(w, r0, r1, *y),
-                        Layout::Rows8 => {
-                            let gemv = xq.and_then(|q| Some((q.rows, q.rows8?)));
-                            // SAFETY: as above; `plain` writes all of a
-                            // regrouped chunk's rows to its own buffer.
-                            unsafe {
-                                rows8::task(isa, w, n, r0, r1, *y, gemv, |m, out| {
-                                    plain(m, 0, m.rows, out)
-                                })
-                            }
+                    // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
+                    // mutably for the whole call; task `t` alone writes rows r0..r1
+                    // (tasks cover disjoint row ranges).
+                    unsafe {
+                        match xq.filter(|_| int8::has_int8_dot(w.enc)) {
+                            Some(xq) => int8_rows_task(isa, w, xq, n, r0, r1, *y),
+                            None => rows_task(isa, *w, x, n, r0, r1, *y),
                         }
                     }
                 }
@@ -209,18 +176,6 @@ pub fn matmul_group(
         }
         quantize_rows(isa, x, &mut b[..nb]);
         let rows = &b[..nb];
-        // A few activation rows against interleaved rows: spread for their
-        // GEMV.
-        if n <= rows8::GEMV_ROWS && jobs.iter().any(|j| j.w.layout == Layout::Rows8) {
-            return XROWS8.with_borrow_mut(|e| {
-                e.fill(rows);
-                region(Some(Quantized {
-                    rows,
-                    lanes: None,
-                    rows8: Some(e),
-                }))
-            });
-        }
         match lane_sweep(isa, n) {
             Some(sweep) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
@@ -231,14 +186,9 @@ pub fn matmul_group(
                 region(Some(Quantized {
                     rows,
                     lanes: Some((&l, sweep)),
-                    rows8: None,
                 }))
             }),
-            None => region(Some(Quantized {
-                rows,
-                lanes: None,
-                rows8: None,
-            })),
+            None => region(Some(Quantized { rows, lanes: None })),
         }
     });
 }

@@ -10,8 +10,7 @@
 
 use super::int8::{self, LaneRows, Q8Block};
 use super::matmul::MatRef;
-use super::rows8::Expanded;
-use super::weight::{Encoding, Layout};
+use super::weight::Encoding;
 #[cfg(target_arch = "x86_64")]
 use super::{x86_amx, x86_blocks, x86_gemv, x86_int8, x86_lanes};
 use super::{Isa, OutPtr};
@@ -23,8 +22,6 @@ use super::{Isa, OutPtr};
 pub(super) struct Quantized<'a> {
     pub(super) rows: &'a [Q8Block],
     pub(super) lanes: Option<(&'a LaneRows, LaneSweep)>,
-    /// Up to `rows8::GEMV_ROWS` rows spread for interleaved rows' GEMV.
-    pub(super) rows8: Option<&'a Expanded>,
 }
 
 /// Activation rows from which the lane sweeps run (weight rows unpacked
@@ -60,7 +57,7 @@ pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
 /// Whether the int8 kernels on `isa` run with AVX-512 VNNI (`vpdpbusd`):
 /// AVX-512 or AMX, on a CPU that has VNNI and VL.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn uses_vnni(isa: Isa) -> bool {
+fn uses_vnni(isa: Isa) -> bool {
     isa >= Isa::Avx512 && x86_lanes::has_avx512_vnni()
 }
 
@@ -70,8 +67,6 @@ thread_local! {
     pub(super) static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The same rows one per lane (grows once likewise).
     pub(super) static XLANES: std::cell::RefCell<LaneRows> = std::cell::RefCell::new(LaneRows::default());
-    /// One row spread for interleaved rows' GEMV (grows once likewise).
-    pub(super) static XROWS8: std::cell::RefCell<Expanded> = std::cell::RefCell::new(Expanded::default());
 }
 
 /// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.
@@ -270,12 +265,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     amx: bool,
 ) {
     let nb = w.cols / 32;
-    // Interleaved rows (`rows8.rs`) come here only to VNNI sweeps.
-    let rows8 = w.layout == Layout::Rows8;
-    assert!(!rows8 || (VNNI && matches!(B::ENC, Encoding::Q4K | Encoding::Q6K)));
     // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
-    // short rows; interleaved rows are not unpacked to tiles.
-    let amx = amx && !B::TWO && !rows8 && nb >= x86_amx::AMX_MIN_BLOCKS;
+    // short rows.
+    let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
     // One lane group of Q8_0 or Q4_K, or with VNNI sweeps (not AMX's) up
     // to two 16-lane groups of Q4_K, Q4_0, Q4_1 or Q8_0 (Q4_0 and Q4_1 on
     // 8 lanes too): straight from the stored blocks (nothing would reuse
@@ -291,8 +283,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
     if direct {
         let all = x86_lanes::StoredRows {
-            rows8,
-            ..x86_lanes::StoredRows::new(w.data.as_ptr(), w.row_bytes, nb)
+            w: w.data.as_ptr(),
+            row_bytes: w.row_bytes,
+            nblocks: nb,
         };
         let args = x86_lanes::LaneArgs::group(x, 0);
         let out = stage.as_mut_ptr();
@@ -355,7 +348,6 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     // Past CHUNK_BLOCKS, 16-lane VNNI sweeps (not AMX's) take the rows a
     // chunk of `kc` blocks at a time, the sums carried between chunks.
     let kc = chunk_blocks(nb, B::SUB, VNNI && x.lanes == 16 && !amx);
-    let w_rb = w.row_bytes;
     let block = std::mem::size_of::<x86_lanes::I8Block>();
     let group = (UNPACKED_BYTES / (kc * block)).clamp(1, STAGE_ROWS);
     // AMX tiles take 16 rows at a time (for rows over 8 KiB unpacked, past
@@ -392,17 +384,10 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     .wrapping_add(g0 * w.row_bytes + k0 / B::SUB * B::ENC.block_bytes());
                 // SAFETY: rows g0..g1 exist (fn contract) and hold `nb` blocks
                 // of `B`, blocks k0..k0 + kn whole stored ones from `w0` on
-                // (`chunk_blocks`), or interleaved whole super-blocks from
-                // `w.data` on; `buf` holds `rows * kn` blocks; tiles only
+                // (`chunk_blocks`); `buf` holds `rows * kn` blocks; tiles only
                 // with VNNI and one-scale `B` (`amx` above).
                 let has_lowest = unsafe {
-                    if rows8 {
-                        let w = w.data.as_ptr();
-                        x86_lanes::unpack_rows8::<B, VNNI>(w, w_rb, g0, rows, k0, kn, buf);
-                        false
-                    } else {
-                        x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, kn, amx, buf)
-                    }
+                    x86_lanes::unpack_rows256::<B, VNNI>(w0, w.row_bytes, rows, kn, amx, buf)
                 };
                 // Every sweep writes its outputs to `stage` (lane after lane,
                 // STAGE_ROWS apiece), copied out whole lanes at a time.

@@ -48,7 +48,6 @@ pub(crate) mod int8;
 pub mod matmul;
 mod matmul_int8;
 pub mod ops;
-mod rows8;
 pub(crate) mod scalar;
 pub mod weight;
 #[cfg(target_arch = "x86_64")]
@@ -70,7 +69,7 @@ use crate::CpuError;
 
 pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
-pub use weight::{Encoding, Layout, Weight};
+pub use weight::{Encoding, Weight};
 
 /// A raw output pointer shared by the tasks of one parallel region (the
 /// matmuls' weight rows, attention's heads, `act_mul`'s ranges), each task

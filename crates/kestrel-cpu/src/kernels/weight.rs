@@ -6,15 +6,10 @@
 //! sub-block scales) are read in place, each 32-element sub-block's scale
 //! products (`d * sc`, `dmin * m`) formed in registers exactly as ggml
 //! forms them, so every weight decodes to ggml's reference value bit for
-//! bit (`kestrel_model::quant::dequantize`). One regrouping is made, of
-//! no byte added: where the single-stream GEMV reads Q4_K and Q6_K faster
-//! with rows interleaved eight at a time ([`Layout::Rows8`], `rows8.rs`),
-//! the loader regroups those matrices' bytes ([`Weight::for_kernels`]).
+//! bit (`kestrel_model::quant::dequantize`).
 use kestrel_model::{Bytes, DType, Matrix};
 
-use super::int8::Numerics;
 use super::matmul::MatRef;
-use super::Isa;
 use crate::CpuError;
 
 /// How the kernels read a weight row's bytes: a GGUF dtype as stored. The
@@ -124,24 +119,11 @@ impl Encoding {
     }
 }
 
-/// How a matrix's rows lie in its bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// Row after row, each as the file stores it.
-    Rows,
-    /// Q4_K or Q6_K rows interleaved eight at a time (`rows8.rs`): the
-    /// same blocks and bytes, regrouped so the single-stream GEMV reads
-    /// eight rows' quants in one 64-byte load.
-    Rows8,
-}
-
 /// A validated weight matrix as the kernels read it: its stored bytes,
-/// shared (a memory-mapped GGUF is not copied), or for [`Layout::Rows8`]
-/// the same bytes regrouped.
+/// shared (a memory-mapped GGUF is not copied).
 #[derive(Debug, Clone)]
 pub struct Weight {
     enc: Encoding,
-    layout: Layout,
     rows: usize,
     cols: usize,
     data: Bytes,
@@ -173,40 +155,16 @@ impl Weight {
         }
         Ok(Weight {
             enc,
-            layout: Layout::Rows,
             rows: m.rows,
             cols: m.cols,
             data: m.data.clone(),
         })
     }
 
-    /// This matrix with its rows interleaved eight at a time
-    /// ([`Layout::Rows8`]) where [`super::rows8::wanted`] says the kernels
-    /// on `isa` with `numerics` read it faster so, else itself. The
-    /// regrouped bytes are owned, as many as the file's, and a mapped
-    /// file's pages they came from are released ([`Bytes::release_pages`]),
-    /// so the process holds the weight once.
-    pub fn for_kernels(self, isa: Isa, numerics: Numerics) -> Weight {
-        if self.layout != Layout::Rows || !super::rows8::wanted(isa, numerics, self.enc, self.rows)
-        {
-            return self;
-        }
-        let row_bytes = self.enc.row_bytes(self.cols);
-        let data = &self.data[..self.rows * row_bytes];
-        let interleaved = super::rows8::interleave(self.enc, data, self.rows, row_bytes);
-        self.data.release_pages();
-        Weight {
-            layout: Layout::Rows8,
-            data: interleaved.into(),
-            ..self
-        }
-    }
-
     /// The kernels' view of this matrix.
     pub fn mat(&self) -> MatRef<'_> {
         MatRef {
             enc: self.enc,
-            layout: self.layout,
             rows: self.rows,
             cols: self.cols,
             row_bytes: self.enc.row_bytes(self.cols),

@@ -589,7 +589,11 @@ mod tests {
                     ) || one_scale
                     {
                         let mut y = vec![f32::NAN; cn * w.rows];
-                        let wp = StoredRows::new(args.w, w.row_bytes, nb);
+                        let wp = StoredRows {
+                            w: args.w,
+                            row_bytes: w.row_bytes,
+                            nblocks: nb,
+                        };
                         let out = y.as_mut_ptr();
                         let pair = [a, LaneArgs::group(&x, 1)];
                         macro_rules! direct {

@@ -176,86 +176,6 @@ pub(crate) unsafe fn unpack_rows256<B: Tile8, const VNNI: bool>(
     _mm256_testz_si256(seen, seen) == 0
 }
 
-/// [`unpack_rows256`] for Q4_K or Q6_K rows interleaved eight at a time
-/// (`rows8.rs`; the matrix at `w`, `row_bytes` a row as stored): rows
-/// `g0..g0 + rows`, blocks `k0..k0 + kn` (whole super-blocks), into `out`
-/// row after row, `kn` blocks each, as [`unpack_rows256`] writes them. Each
-/// tile's super-block is regrouped as stored into an L1 buffer
-/// ([`super::rows8::regroup`]), the eight rows' scales decoded at once
-/// (row `r` in lane `r`, where the stored unpack decodes a row at a time)
-/// and their quants unpacked from there, while the next tile's same
-/// super-block is asked for (the stream, as the stored unpack asks for rows
-/// ahead).
-///
-/// # Safety
-/// `w` must be valid for the tiles holding those rows, `out` for
-/// `rows * kn` blocks; `k0` and `kn` multiples of 8; the CPU must support
-/// AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn unpack_rows8<B: Tile8, const VNNI: bool>(
-    w: *const u8,
-    row_bytes: usize,
-    g0: usize,
-    rows: usize,
-    k0: usize,
-    kn: usize,
-    out: *mut I8Block,
-) {
-    debug_assert!(B::SUB == 8 && k0.is_multiple_of(8) && kn.is_multiple_of(8));
-    // `quants` gives `w + BIAS`.
-    let offset = if VNNI { B::VNNI_OFFSET } else { B::LANE_OFFSET };
-    let shift = _mm256_set1_epi8((offset - B::BIAS) as i8);
-    let block = B::ENC.block_bytes();
-    // Rows 256 bytes apart, 64-aligned: the regrouping's 32-byte stores
-    // stay aligned (at the stored 210 bytes apart, Q6_K's split cache
-    // lines).
-    #[repr(C, align(64))]
-    struct Buf([u8; 8 * 256]);
-    let mut buf = Buf([0; 8 * 256]);
-    // One pointer, written through by the regrouping and read through `p`.
-    let base = buf.0.as_mut_ptr();
-    assert!(block <= 256);
-    let p: [*const u8; 8] = std::array::from_fn(|r| base.wrapping_add(256 * r).cast_const());
-    let mut sc = Scales8::zeros();
-    for t in g0 / 8..(g0 + rows).div_ceil(8) {
-        let (lo, hi) = (g0.max(8 * t), (g0 + rows).min(8 * t + 8));
-        for s in k0 / 8..(k0 + kn) / 8 {
-            let group = w.wrapping_add(8 * (t * row_bytes + s * block));
-            for line in 0..(8 * block).div_ceil(64) {
-                prefetch_l2(group.wrapping_add(8 * row_bytes + 64 * line));
-            }
-            // SAFETY: tile t's super-block s is in bounds (fn contract);
-            // `buf` takes eight stored super-blocks 256 bytes apart; AVX2
-            // (fn contract).
-            unsafe { super::rows8::regroup(B::ENC, group, base, 256) };
-            // SAFETY: `p[r]` is row 8t + r's super-block s as stored.
-            unsafe { B::scales8(&p, &mut sc) };
-            let lanes = sc.map(|j| j.lanes());
-            for r in lo..hi {
-                let i = r - 8 * t;
-                for (j, [d0, d1, m]) in lanes.iter().enumerate() {
-                    // SAFETY: as above, `j < SUB`.
-                    let q = unsafe { B::quants(p[i], j) };
-                    let q = if offset != B::BIAS {
-                        _mm256_add_epi8(q, shift)
-                    } else {
-                        q
-                    };
-                    // SAFETY: row r's block 8s + j - k0 of the chunk lies
-                    // within `out`'s `rows * kn` (fn contract).
-                    unsafe {
-                        let o = out.add((r - g0) * kn + 8 * s - k0 + j);
-                        _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q);
-                        (*o).d = [d0[i], d1[i]];
-                        (*o).m = m[i];
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// [`unpack_rows256`]'s whole tiles: `rows` (a multiple of [`TILE_ROWS`])
 /// weight rows unpacked for VNNI into [`TileBlock`]s at `out`, eight rows
 /// at a time: per stored block, the eight rows' scales decoded at once
@@ -624,7 +544,7 @@ macro_rules! lanes_vnni {
             carry: Option<Carry>,
         ) {
             let block = std::mem::size_of::<I8Block>();
-            let rows = StoredRows::new(w.cast(), nblocks * block, nblocks);
+            let rows = StoredRows { w: w.cast(), row_bytes: nblocks * block, nblocks };
             // SAFETY: forwarded contract.
             unsafe { $sweep::<B, R, G, false>(rows, block, tiles, x, cn, y, y_stride, carry) }
         }
@@ -661,7 +581,7 @@ macro_rules! lanes_vnni {
             carry: Option<Carry>,
         ) {
             debug_assert!((G - 1) * $lanes < cn && cn <= G * $lanes);
-            let StoredRows { w, row_bytes, nblocks, .. } = rows;
+            let StoredRows { w, row_bytes, nblocks } = rows;
             // Row `r`'s sums against group `g` in the carry.
             let kept = |c: Carry, r: usize, g: usize| c.p.wrapping_add(r * c.stride + 2 * g * $lanes);
             let offset = B::VNNI_OFFSET;
@@ -895,67 +815,20 @@ lanes_vnni!(
 );
 
 /// Weight rows in their stored encoding: row `r` at `w + r * row_bytes`,
-/// `nblocks` 32-element blocks each; or (`rows8`, Q4_K only) interleaved
-/// eight at a time (`rows8.rs`), `w` a tile's start and the rows starting
-/// at its row `first`.
+/// `nblocks` 32-element blocks each.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StoredRows {
     pub w: *const u8,
     pub row_bytes: usize,
     pub nblocks: usize,
-    pub rows8: bool,
-    pub first: usize,
 }
 
 impl StoredRows {
-    /// Rows as stored, row `r` at `w + r * row_bytes`.
-    pub fn new(w: *const u8, row_bytes: usize, nblocks: usize) -> Self {
-        Self {
-            w,
-            row_bytes,
-            nblocks,
-            rows8: false,
-            first: 0,
-        }
-    }
-
-    /// The rows from row `r` on (pointers are only computed).
+    /// The rows from row `r` on (the pointer is only computed).
     pub fn skip(self, r: usize) -> Self {
-        if self.rows8 {
-            return Self {
-                first: self.first + r,
-                ..self
-            };
-        }
         Self {
             w: self.w.wrapping_add(r * self.row_bytes),
             ..self
-        }
-    }
-
-    /// Row `r`'s Q4_K super-block `s`: its 16-byte head, and its quant
-    /// bytes' four-byte chunk `c` at `quants + c * self.chunk_stride()`.
-    #[inline(always)]
-    pub fn q4_k(self, r: usize, s: usize) -> (*const u8, *const u8) {
-        let block = Encoding::Q4K.block_bytes();
-        if self.rows8 {
-            let row = self.first + r;
-            let (t, i) = (row / 8, row % 8);
-            let group = self.w.wrapping_add(8 * (t * self.row_bytes + s * block));
-            (group.wrapping_add(16 * i), group.wrapping_add(128 + 4 * i))
-        } else {
-            let sb = self.w.wrapping_add(r * self.row_bytes + s * block);
-            (sb, sb.wrapping_add(16))
-        }
-    }
-
-    /// Bytes from one four-byte quant chunk of a row to its next.
-    #[inline(always)]
-    pub fn chunk_stride(self) -> usize {
-        if self.rows8 {
-            32
-        } else {
-            4
         }
     }
 }
@@ -1131,10 +1004,9 @@ pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
 /// super-block, the next tile's same bytes prefetched, the tile's rows'
 /// scales decoded at once ([`Tile8::scales8`], row `r` in lane `r`) and
 /// `split(sb, state)` handed their super-blocks (lanes past the tile
-/// repeat its last row; stored rows only); per 32-element
+/// repeat its last row); per 32-element
 /// sub-block `j`, the group's activations loaded once for the tile and
-/// `dot(state, r, j, quants[r], xk)` row `r`'s integer sums (its quant
-/// bytes as [`StoredRows::q4_k`] gives them), whose scale takes
+/// `dot(state, r, j, sb[r], xk)` row `r`'s integer sums, whose scale takes
 /// `unit[j % 2]` in the definition's float step (a power of two, which
 /// leaves the step's results as they were); the minimums' sum beside.
 ///
@@ -1163,7 +1035,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let (sbs, quants) = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
             split(&sbs, &mut state);
             for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
@@ -1171,7 +1043,7 @@ unsafe fn q4_k_stored<const R: usize, S>(
                 // bounds (fn contract).
                 let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
                 for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
-                    let all = dot(&state, r, j, quants[r], &xk);
+                    let all = dot(&state, r, j, sbs[r], &xk);
                     let dd = _mm256_mul_ps(_mm256_set1_ps(d[r]), dx);
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
                     *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
@@ -1194,9 +1066,7 @@ type SubScales = [[[f32; 8]; 2]; 8];
 /// factors. The sweeps' float steps broadcast them from there, a load
 /// each, not a multiply and a shuffle on the vector pipes the dot products
 /// need (`gemm` Q4_K/32 +4% on Zen 5). The same super-blocks of the next
-/// `R` rows are asked for (interleaved, the next tile's, once per tile), to
-/// be in cache when that tile reads them. Returns the rows' heads and
-/// quant bytes ([`StoredRows::q4_k`]).
+/// `R` rows are asked for, to be in cache when that tile reads them.
 ///
 /// # Safety
 /// Super-block `s` of each of the `R` rows must be in bounds, `R <= 8`;
@@ -1208,26 +1078,18 @@ unsafe fn q4_k_tile<const R: usize>(
     s: usize,
     unit: [f32; 2],
     dm: &mut SubScales,
-) -> ([*const u8; 8], [*const u8; 8]) {
+) -> [*const u8; 8] {
     let block = Encoding::Q4K.block_bytes();
-    let at: [(*const u8, *const u8); 8] = std::array::from_fn(|r| wt.q4_k(r.min(R - 1), s));
-    if !wt.rows8 {
-        for &(sb, _) in &at[..R] {
-            for line in 0..block.div_ceil(64) {
-                prefetch_l2(sb.wrapping_add(R * wt.row_bytes + 64 * line));
-            }
-        }
-    } else if wt.first.is_multiple_of(8) {
-        let next = wt.skip(8).q4_k(0, s).0;
-        for line in 0..(8 * block).div_ceil(64) {
-            prefetch_l2(next.wrapping_add(64 * line));
+    let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
+    for r in 0..R {
+        for line in 0..block.div_ceil(64) {
+            prefetch_l2(sb(r).wrapping_add(R * wt.row_bytes + 64 * line));
         }
     }
-    let (heads, quants) = (at.map(|a| a.0), at.map(|a| a.1));
+    let sbs = std::array::from_fn(sb);
     let mut sc = Scales8::zeros();
-    // SAFETY: in bounds (fn contract); each head is 16 bytes, as a stored
-    // super-block's first 16.
-    unsafe { Q4KB::scales8(&heads, &mut sc) };
+    // SAFETY: in bounds (fn contract).
+    unsafe { Q4KB::scales8(&sbs, &mut sc) };
     for ((j, sc), dm) in sc.iter().enumerate().zip(dm) {
         let d = _mm256_mul_ps(sc.d0, _mm256_set1_ps(unit[j % 2]));
         // SAFETY: each `dm[j][i]` is 8 writable floats.
@@ -1236,7 +1098,7 @@ unsafe fn q4_k_tile<const R: usize>(
             _mm256_storeu_ps(dm[1].as_mut_ptr(), sc.m);
         }
     }
-    (heads, quants)
+    sbs
 }
 
 /// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
@@ -1259,14 +1121,13 @@ pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
     y_stride: usize,
 ) {
     let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
-    let cs = w.chunk_stride();
-    // Sub-block j: nibble j % 2 of quant chunks 8 (j / 2)..
-    // SAFETY: those chunks are the row's super-block's (q4_k_stored's
-    // contract).
-    let dot = |_: &(), _, j: usize, q: *const u8, xk: &[__m256i; 8]| unsafe {
-        let q = q.add(cs * 8 * (j / 2));
+    // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
+    // SAFETY: those 32 bytes are in the super-block at `sb`
+    // (q4_k_stored's contract).
+    let dot = |_: &(), _, j: usize, sb: *const u8, xk: &[__m256i; 8]| unsafe {
+        let q = sb.add(16 + 32 * (j / 2));
         (0..8).fold(_mm256_setzero_si256(), |sum, k| {
-            let four = (q.add(cs * k) as *const i32).read_unaligned();
+            let four = (q.add(4 * k) as *const i32).read_unaligned();
             let wk = _mm256_and_si256(_mm256_set1_epi32(four), masks[j % 2]);
             _mm256_dpbusd_epi32(sum, wk, xk[k])
         })
@@ -1310,7 +1171,6 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
 ) {
     debug_assert!((G - 1) * 16 < cn && cn <= 16 * G && R <= 8);
     let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
-    let cs = w.chunk_stride();
     // High nibbles count sixteen times their value: their scale takes 1/16.
     let unit = [1.0, 1.0 / 16.0];
     let mut dm: SubScales = [[[0.0; 8]; 2]; 8];
@@ -1321,7 +1181,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let (_, quants) = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
             for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
                 let mut sums = [[_mm512_setzero_si512(); G]; R];
@@ -1332,12 +1192,13 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                         // is in bounds (fn contract).
                         *xk = unsafe { _mm512_loadu_si512(x.q.add(512 * b + 64 * k).cast()) };
                     }
-                    let at = cs * (8 * (j / 2) + k);
                     for (r, sr) in sums.iter_mut().enumerate() {
-                        // Sub-block j: nibble j % 2 of quant chunk
-                        // 8 (j / 2) + k of row r.
+                        // Sub-block j: nibble j % 2 of the stored bytes
+                        // 32 (j / 2).., in the super-block at sbs[r].
                         // SAFETY: in bounds (fn contract).
-                        let four = unsafe { (quants[r].add(at) as *const i32).read_unaligned() };
+                        let four = unsafe {
+                            (sbs[r].add(16 + 32 * (j / 2) + 4 * k) as *const i32).read_unaligned()
+                        };
                         let wk = _mm512_and_si512(_mm512_set1_epi32(four), masks[j % 2]);
                         for (s, xk) in sr.iter_mut().zip(xk) {
                             *s = _mm512_dpbusd_epi32(*s, wk, xk);
@@ -1402,7 +1263,6 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(!w.rows8, "stored rows: `split` reads whole super-blocks");
     let ones = _mm256_set1_epi16(1);
     // Row `r`'s nibbles of one super-block: sub-block `j` at `nib[r][j]`.
     let nib = [[_mm256_setzero_si256(); 8]; R];

@@ -1,7 +1,6 @@
 //! [`CpuModel::new`]: weights validated against their config (every
 //! matrix's shape, every norm and bias vector a family needs) and prepared
-//! for the kernels (in place, or regrouped where the kernels read that
-//! faster), then the compute team started.
+//! for the kernels in place, then the compute team started.
 
 use kestrel_model::{LayerWeights, Matrix, ModelWeights};
 
@@ -43,10 +42,7 @@ impl CpuModel {
     /// Validate `weights` against their config, prepare them for the
     /// kernels and start the compute team. Every matrix is used in place, in
     /// its file encoding (see [`crate::kernels::weight`]), so a
-    /// memory-mapped GGUF's pages are shared, not copied; but where the
-    /// single-stream GEMV reads Q4_K and Q6_K faster with rows interleaved,
-    /// those matrices' bytes are regrouped into memory of their own and the
-    /// file's pages released ([`Weight::for_kernels`]): the same count.
+    /// memory-mapped GGUF's pages are shared, not copied.
     pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
         let c = weights.config.clone();
         let (h, f) = (c.hidden_size, c.intermediate_size);
@@ -65,18 +61,11 @@ impl CpuModel {
                 ),
             });
         }
-        let isa = match opts.isa.filter(|i| i.is_supported()) {
-            Some(isa) => isa,
-            None => Isa::try_detect()?,
-        };
-        // Matrices only multiplied (not looked up by row) take the layout
-        // the kernels read fastest.
-        let for_kernels = |w: Weight| w.for_kernels(isa, opts.numerics);
         let token_embd = check_matrix("token_embd", &weights.token_embd, c.vocab_size, h)?;
         let lm_head = if c.tie_word_embeddings {
             token_embd.clone()
         } else {
-            for_kernels(check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?)
+            check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?
         };
         check_vec("output_norm", Some(&weights.output_norm), h, true)?;
         if weights.layers.len() != c.num_layers {
@@ -133,13 +122,13 @@ impl CpuModel {
                 post_ffn_norm,
             } = l;
             layers.push(Layer {
-                wq: for_kernels(check_matrix(&n("wq"), &wq, qd, h)?),
-                wk: for_kernels(check_matrix(&n("wk"), &wk, kvd, h)?),
-                wv: for_kernels(check_matrix(&n("wv"), &wv, kvd, h)?),
-                wo: for_kernels(check_matrix(&n("wo"), &wo, h, qd)?),
-                w_gate: for_kernels(check_matrix(&n("w_gate"), &w_gate, f, h)?),
-                w_up: for_kernels(check_matrix(&n("w_up"), &w_up, f, h)?),
-                w_down: for_kernels(check_matrix(&n("w_down"), &w_down, h, f)?),
+                wq: check_matrix(&n("wq"), &wq, qd, h)?,
+                wk: check_matrix(&n("wk"), &wk, kvd, h)?,
+                wv: check_matrix(&n("wv"), &wv, kvd, h)?,
+                wo: check_matrix(&n("wo"), &wo, h, qd)?,
+                w_gate: check_matrix(&n("w_gate"), &w_gate, f, h)?,
+                w_up: check_matrix(&n("w_up"), &w_up, f, h)?,
+                w_down: check_matrix(&n("w_down"), &w_down, h, f)?,
                 attn_norm,
                 ffn_norm,
                 bq,
@@ -160,6 +149,10 @@ impl CpuModel {
             opts.threads
         };
         let team = Team::new(threads, "kestrel-cpu").map_err(CpuError::ThreadSpawn)?;
+        let isa = match opts.isa.filter(|i| i.is_supported()) {
+            Some(isa) => isa,
+            None => Isa::try_detect()?,
+        };
         let model = CpuModel {
             cfg: c,
             token_embd,
