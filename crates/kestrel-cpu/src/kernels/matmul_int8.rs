@@ -266,7 +266,8 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
 /// `lanes_sweep256` in 2-row tiles), the rest a row at a time.
 ///
 /// The sweeps write to a stage of [`STAGE_LANES`] x [`STAGE_ROWS`] floats,
-/// copied out a whole lane (the group's rows) at a time. Written straight
+/// copied out a whole lane (the group's rows) at a time, the lines it will
+/// write hinted into L2 before the sweep ([`prefetch_unstage`]). Written straight
 /// to `y`, a tile's four rows land in each of 16 or 32 output rows a whole
 /// output row apart, for the usual widths a multiple of 4 KiB: all in one
 /// L1 set, where the stores evicted each other (Zen 5, 1B shapes: the
@@ -431,6 +432,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         last: k0 + kn == nb,
                     });
                     let out = stage.as_mut_ptr();
+                    // Only here: the stored sweeps' outputs (8-32 rows) stay
+                    // cached from step to step, and hinted they measured
+                    // level to 7% slower (`gemm` Q4_K/32).
                     if k0 + kn == nb {
                         let y = y.0.wrapping_add(g * x.lanes * w.rows + g0);
                         prefetch_unstage(cn, g1 - g0, y, w.rows);
