@@ -637,8 +637,22 @@ fn one_token<R: BenchRuntime>(
     Ok(())
 }
 
+/// The `len`-token prompt of probe request `id`: tokens in `500..vocab -
+/// 500`, the first decided by `id`, so that the prompts of different
+/// requests share no prefix (the prompt table's 64-token warm-up was once
+/// the head of its pp512 prompts, and its pp512 prompts the head of its
+/// pp4096 ones: the prefix cache took 64 and 512 tokens off the forwards
+/// those rates were computed for, 14% too fast).
+fn probe_prompt(len: usize, vocab: usize, id: u64) -> Vec<u32> {
+    let span = vocab as u64 - 1000;
+    (0..len as u64)
+        .map(|i| ((i * 2_654_435_761 + id * 97 + 1000) % span) as u32 + 500)
+        .collect()
+}
+
 /// Prompt-processing rate: median of three prefills of `len` fresh tokens
-/// (no prefix-cache hits), forward time only; requests `first_id..+3`.
+/// (no prefix-cache hits: [`probe_prompt`]), forward time only; requests
+/// `first_id..+3`.
 fn prefill_probe<R: BenchRuntime>(
     engine: &mut BenchEngine<R>,
     ctx: &Arc<SkillContext>,
@@ -648,9 +662,7 @@ fn prefill_probe<R: BenchRuntime>(
     let vocab = engine.executor().vocab_size();
     let mut rates = Vec::new();
     for salt in 0..3u64 {
-        let prompt: Vec<u32> = (0..len as u64)
-            .map(|i| ((i * 2_654_435_761 + salt * 97 + 1000) % (vocab as u64 - 1000)) as u32 + 500)
-            .collect();
+        let prompt = probe_prompt(len, vocab, first_id + salt);
         let skill = Skill::new(ctx, &SkillSpec::text(), SkillOptions::default())?;
         engine
             .executor_mut()

@@ -234,4 +234,36 @@ mod tests {
         let alone = rows(&pp, 0.050, &[]);
         assert!(alone.iter().all(|r| r.ratio.is_none() && r.met.is_none()));
     }
+
+    #[test]
+    fn the_tables_probe_prompts_share_no_prefix() {
+        // The request ids `run` gives its probes: warm-up, pp512, pp4096
+        // (three each); the decode bench's probe reuses the warm-up's.
+        let ids: Vec<u64> = [9_000_000u64, 9_000_010, 9_000_020]
+            .iter()
+            .flat_map(|&id| id..id + 3)
+            .collect();
+        for vocab in [49_152, 128_256, 262_144] {
+            let firsts: Vec<u32> = ids
+                .iter()
+                .map(|&id| super::super::probe_prompt(4, vocab, id)[0])
+                .collect();
+            let mut distinct = firsts.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(
+                distinct.len(),
+                ids.len(),
+                "vocab {vocab}: first tokens {firsts:?}"
+            );
+            assert!(firsts
+                .iter()
+                .all(|&t| (500..vocab as u32 - 500).contains(&t)));
+        }
+        // The head of a longer prompt of the same request is the shorter one.
+        assert_eq!(
+            super::super::probe_prompt(64, 128_256, 7),
+            super::super::probe_prompt(512, 128_256, 7)[..64]
+        );
+    }
 }
