@@ -474,7 +474,7 @@ impl Bench<'_> {
             Some(dir) => {
                 eprintln!("running llama.cpp from {}", dir.display());
                 let ride = pipelined_engine(&mut engines);
-                let prefill = prefill_probe(ride, ctx, 512, 9_000_000)?;
+                let prefill = prefill_probe(ride, ctx, 512, PROBE_ID)?;
                 let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
                 let mut streams = streams;
                 streams.dedup();
@@ -636,6 +636,11 @@ fn one_token<R: BenchRuntime>(
     }
     Ok(())
 }
+
+/// The first request id of the prefill probes (`prefill_probe` takes three
+/// from its `first_id`; the prompt table's probes follow ten apart,
+/// [`prompt::probe_id`]).
+const PROBE_ID: u64 = 9_000_000;
 
 /// The `len`-token prompt of probe request `id`: tokens in `500..vocab -
 /// 500`, the first decided by `id`, so that the prompts of different

@@ -153,6 +153,12 @@ pub fn markdown(rows: &[PromptRow], backend: &str, model: &str) -> String {
     s
 }
 
+/// The first request id of the table's probe `k`: 0 the warm-up, then one
+/// per [`PP_LENS`] entry (three requests each, ten apart).
+fn probe_id(k: usize) -> u64 {
+    super::PROBE_ID + 10 * k as u64
+}
+
 /// Measure, compare and report (see the module docs).
 pub fn run<R: BenchRuntime>(
     engine: &mut BenchEngine<R>,
@@ -161,11 +167,11 @@ pub fn run<R: BenchRuntime>(
     model_path: &Path,
 ) -> anyhow::Result<()> {
     // Warm-up (weights faulted in, kernels loaded, workspaces grown).
-    prefill_probe(engine, ctx, 64, 9_000_000)?;
+    prefill_probe(engine, ctx, 64, probe_id(0))?;
     let mut pp = Vec::new();
     for (k, len) in PP_LENS.into_iter().enumerate() {
         eprintln!("prefill probe: {len} tokens");
-        let rate = prefill_probe(engine, ctx, len, 9_000_010 + 10 * k as u64)?;
+        let rate = prefill_probe(engine, ctx, len, probe_id(k + 1))?;
         eprintln!("prefill probe: {len} tokens at {rate:.1} tokens/s");
         pp.push((len, rate));
     }
@@ -237,11 +243,10 @@ mod tests {
 
     #[test]
     fn the_tables_probe_prompts_share_no_prefix() {
-        // The request ids `run` gives its probes: warm-up, pp512, pp4096
-        // (three each); the decode bench's probe reuses the warm-up's.
-        let ids: Vec<u64> = [9_000_000u64, 9_000_010, 9_000_020]
-            .iter()
-            .flat_map(|&id| id..id + 3)
+        // The request ids `run` gives its probes: warm-up, then each of
+        // PP_LENS (three each); the decode bench's probe reuses the warm-up's.
+        let ids: Vec<u64> = (0..=PP_LENS.len())
+            .flat_map(|k| probe_id(k)..probe_id(k) + 3)
             .collect();
         for vocab in [49_152, 128_256, 262_144] {
             let firsts: Vec<u32> = ids

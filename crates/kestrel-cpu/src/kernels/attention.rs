@@ -23,7 +23,7 @@
 //! into L2, and the weighted sum reads each V page once (`cargo bench -p kestrel-cpu --bench attention`).
 
 use super::ops::{axpy, dot8, exp};
-use super::Isa;
+use super::{prefetch_row, Isa, TO_L1, TO_L2};
 
 /// Where one sequence's KV lives in one layer of a [`crate::KvStore`].
 #[derive(Debug, Clone, Copy)]
@@ -74,28 +74,6 @@ impl PagedSeq<'_> {
         debug_assert!(j0 >= len, "pages cover {j0} of {len} positions");
     }
 }
-
-/// Hint the `floats` floats from `p` (one K or V row) into L1 (`HINT` =
-/// [`TO_L1`]) or L2 ([`TO_L2`]). A no-op off x86-64; never faults, whatever
-/// `p` is.
-#[inline(always)]
-fn prefetch_row<const HINT: i32>(p: *const f32, floats: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for i in (0..floats).step_by(16) {
-        // SAFETY: prefetch is a hint: it does not dereference
-        // architecturally and cannot fault, so any address is fine.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(i) as *const i8) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, floats);
-}
-
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{_MM_HINT_T0 as TO_L1, _MM_HINT_T1 as TO_L2};
-#[cfg(not(target_arch = "x86_64"))]
-const TO_L1: i32 = 0;
-#[cfg(not(target_arch = "x86_64"))]
-const TO_L2: i32 = 0;
 
 /// The widest head the AVX-512 route takes (Gemma 3's 256; wider heads
 /// take the AVX2 one).

@@ -230,19 +230,18 @@ unsafe fn unstage(stage: &[f32], lanes: usize, rows: usize, y: *mut f32, y_strid
 /// for ownership, the store buffer fills with them, and the sweep after
 /// stalls until it drains (the first load that cannot be forwarded from a
 /// store waits for every older store). With it the lines wait in L2 and
-/// the stores commit at once. Measured on the Emerald Rapids Xeon
-/// (2026-11-29, `gemm` Q4_K/512): 268, 276 -> 293, 307 G multiply-adds a
-/// second, alternated (hinted into L1, 286, 303); with the outputs not
-/// written at all 317, 328.
+/// the stores commit at once. Measured on the Emerald Rapids Xeon (2
+/// cores, AVX-512 VNNI, no AMX; 2026-11-29, `cargo bench -p kestrel-cpu
+/// --bench gemm`, Q4_K 8192x2048 against 512 rows): 268, 276 -> 293, 307
+/// G multiply-adds a second, alternated (hinted into L1, 286, 303); with
+/// the outputs not written at all 317, 328.
 #[cfg(target_arch = "x86_64")]
 fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
     for c in 0..lanes {
         let lane = y.wrapping_add(c * y_stride);
-        for i in (0..rows).step_by(16) {
-            super::x86::prefetch_l2(lane.wrapping_add(i).cast());
-        }
+        super::prefetch_row::<{ super::TO_L2 }>(lane, rows);
         // The lane's last line, when its rows do not start on a line.
-        super::x86::prefetch_l2(lane.wrapping_add(rows - 1).cast());
+        super::prefetch_row::<{ super::TO_L2 }>(lane.wrapping_add(rows - 1), 1);
     }
 }
 

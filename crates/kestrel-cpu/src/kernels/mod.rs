@@ -71,6 +71,28 @@ pub use int8::Numerics;
 pub use matmul::{matmul, matmul_group, MatRef, MatmulJob};
 pub use weight::{Encoding, Weight};
 
+/// Hint the `floats` floats from `p` (a K or V row, a lane of matmul
+/// outputs) into L1 (`HINT` = [`TO_L1`]) or L2 ([`TO_L2`]), a line every
+/// 16 floats from `p`. A no-op off x86-64; never faults, whatever `p` is.
+#[inline(always)]
+pub(crate) fn prefetch_row<const HINT: i32>(p: *const f32, floats: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..floats).step_by(16) {
+        // SAFETY: prefetch is a hint: it does not dereference
+        // architecturally and cannot fault, so any address is fine.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(i) as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, floats);
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use std::arch::x86_64::{_MM_HINT_T0 as TO_L1, _MM_HINT_T1 as TO_L2};
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const TO_L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const TO_L2: i32 = 0;
+
 /// A raw output pointer shared by the tasks of one parallel region (the
 /// matmuls' weight rows, attention's heads, `act_mul`'s ranges), each task
 /// writing elements that no other task reads or writes.
