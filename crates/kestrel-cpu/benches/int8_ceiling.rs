@@ -1,7 +1,7 @@
-//! The machine's ceiling for int8 multiply-adds on AVX2: how many a second
-//! its cores can issue at all, the figure the many-row lane sweeps (and any
-//! peer's AVX2 kernels) are judged against, as `gemv_dram` judges the
-//! GEMVs against DRAM.
+//! The machine's ceiling for int8 multiply-adds on AVX2 and on AVX-512
+//! VNNI: how many a second its cores can issue at all, the figure the
+//! many-row lane sweeps (and any peer's kernels) are judged against, as
+//! `gemv_dram` judges the GEMVs against DRAM.
 //!
 //! AVX2's widest integer product is `vpmaddubsw` (32 byte products summed
 //! in pairs to 16 i16 lanes); it cannot accumulate, so `n` of them need at
@@ -13,6 +13,19 @@
 //! the two agree, the threads share one core's vector units. On
 //! AVX-512 machines the loops still run (AVX2 is a subset); elsewhere the
 //! bench is empty.
+//!
+//! With AVX-512 VNNI, two more: `vpdpbusd` on 512-bit registers alone (64
+//! multiply-adds each, accumulating; twelve independent chains, since one
+//! takes about six cycles and a core issues two a cycle: with eight or ten
+//! chains the loop measures their latency, not the pipes), and the same
+//! `vpdpbusd`s with the float steps the fast numerics' definition adds in
+//! the 16-lane sweeps: per 32-element block of each (weight row, lane
+//! group), eight `vpdpbusd`, one `vcvtdq2ps`, one `vmulps` (`d_w * d_x`)
+//! and two FMAs (the scaled sum, the minimum's): twelve vector operations
+//! where the multiplies alone are eight. Where the float operations share
+//! the multiplying pipes (on an Emerald Rapids Xeon this loop runs at two
+//! thirds of the bare one), it is the most a sweep of the definition can
+//! retire, the figure `gemm`'s many-row Q4_K rates are judged against.
 
 mod common;
 
@@ -82,6 +95,106 @@ mod loops {
         }
     }
 
+    /// Twelve independent `vpdpbusd` into `zmm2..=zmm13`.
+    macro_rules! twelve_dpbusd {
+        () => {
+            concat!(
+                "vpdpbusd zmm2, zmm0, zmm1\n",
+                "vpdpbusd zmm3, zmm0, zmm1\n",
+                "vpdpbusd zmm4, zmm0, zmm1\n",
+                "vpdpbusd zmm5, zmm0, zmm1\n",
+                "vpdpbusd zmm6, zmm0, zmm1\n",
+                "vpdpbusd zmm7, zmm0, zmm1\n",
+                "vpdpbusd zmm8, zmm0, zmm1\n",
+                "vpdpbusd zmm9, zmm0, zmm1\n",
+                "vpdpbusd zmm10, zmm0, zmm1\n",
+                "vpdpbusd zmm11, zmm0, zmm1\n",
+                "vpdpbusd zmm12, zmm0, zmm1\n",
+                "vpdpbusd zmm13, zmm0, zmm1\n",
+            )
+        };
+    }
+
+    /// [`super::TRIPS`] trips of twelve independent `vpdpbusd` on 512-bit
+    /// registers.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512 VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub unsafe fn dpbusd_only() {
+        // SAFETY: register-only AVX-512 arithmetic (the CPU has AVX-512F
+        // and VNNI: fn contract); every register written is declared
+        // clobbered, and the loop counter is an in-out operand.
+        unsafe {
+            asm!(
+                "vpxord zmm0, zmm0, zmm0",
+                "vpxord zmm1, zmm1, zmm1",
+                "2:",
+                twelve_dpbusd!(),
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) super::TRIPS => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _,
+                options(nostack, nomem),
+            );
+        }
+    }
+
+    /// [`super::TRIPS`] trips of [`dpbusd_only`]'s twelve `vpdpbusd` chains
+    /// twice over (three blocks' worth at eight a block), with the
+    /// definition's float steps for those three blocks: three `vcvtdq2ps`
+    /// of sums, three `vmulps` (`d_w * d_x`), three FMAs into scaled sums
+    /// and three into minimums'.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512 VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub unsafe fn dpbusd_float_steps() {
+        // SAFETY: as in `dpbusd_only`; the float registers hold whatever
+        // the integer sums convert to.
+        unsafe {
+            asm!(
+                "vpxord zmm0, zmm0, zmm0",
+                "vpxord zmm1, zmm1, zmm1",
+                "vxorps zmm14, zmm14, zmm14",
+                "vxorps zmm15, zmm15, zmm15",
+                "vxorps zmm16, zmm16, zmm16",
+                "vxorps zmm17, zmm17, zmm17",
+                "vxorps zmm18, zmm18, zmm18",
+                "vxorps zmm19, zmm19, zmm19",
+                "2:",
+                twelve_dpbusd!(),
+                "vcvtdq2ps zmm20, zmm2",
+                "vcvtdq2ps zmm21, zmm3",
+                "vcvtdq2ps zmm22, zmm4",
+                "vmulps zmm23, zmm1, zmm0",
+                "vmulps zmm24, zmm1, zmm0",
+                "vmulps zmm25, zmm1, zmm0",
+                twelve_dpbusd!(),
+                "vfmadd231ps zmm14, zmm20, zmm23",
+                "vfmadd231ps zmm15, zmm21, zmm24",
+                "vfmadd231ps zmm16, zmm22, zmm25",
+                "vfmadd231ps zmm17, zmm0, zmm1",
+                "vfmadd231ps zmm18, zmm0, zmm1",
+                "vfmadd231ps zmm19, zmm0, zmm1",
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) super::TRIPS => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
+                out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+                out("zmm24") _, out("zmm25") _,
+                options(nostack, nomem),
+            );
+        }
+    }
+
     /// [`super::TRIPS`] trips of eight independent `vpmaddubsw`.
     ///
     /// # Safety
@@ -136,6 +249,26 @@ fn bench(c: &mut Criterion) {
             g.throughput(Throughput::Elements(MACS * n as u64));
             g.bench_with_input(BenchmarkId::new(name, format!("{n}t")), &n, |b, &n| {
                 // SAFETY: AVX2 was detected above.
+                b.iter(|| pool.for_each(n, |_| unsafe { f() }))
+            });
+        }
+    }
+    let vnni = std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vnni");
+    // Multiply-adds per trip: 12 or 24 `vpdpbusd` of 64 each.
+    let vnni_loops: [(&str, unsafe fn(), u64); 2] = [
+        ("vpdpbusd-zmm", loops::dpbusd_only, 12 * 64),
+        (
+            "vpdpbusd-zmm+float-steps",
+            loops::dpbusd_float_steps,
+            24 * 64,
+        ),
+    ];
+    for (name, f, per_trip) in vnni_loops.into_iter().filter(|_| vnni) {
+        for &n in &counts {
+            g.throughput(Throughput::Elements(TRIPS as u64 * per_trip * n as u64));
+            g.bench_with_input(BenchmarkId::new(name, format!("{n}t")), &n, |b, &n| {
+                // SAFETY: AVX-512F and AVX-512 VNNI were detected above.
                 b.iter(|| pool.for_each(n, |_| unsafe { f() }))
             });
         }
