@@ -20,6 +20,7 @@
 //! kernels put one output (weight row, activation row) in each lane and run
 //! the definition's float steps lane by lane.
 
+use super::line_buf::LineBuf;
 use super::scalar::{decode_block, BLOCK};
 use super::weight::Encoding;
 
@@ -167,17 +168,19 @@ pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
 /// `0..8` (`32 * lanes` bytes, lane-major within `k`), the rows' `d` and
 /// `s` (`lanes` floats each), and, when a sweep reads them, the integer
 /// sums of their elements 0..16 and 16..32 (`lanes` each, the first half's
-/// first: where a sweep's sums start, [`lane_offset`]).
+/// first: where a sweep's sums start, [`lane_offset`]). Each array starts
+/// on a cache line ([`LineBuf`]), so the sweeps' vector loads never split
+/// across two.
 #[derive(Debug, Default)]
 pub(crate) struct LaneRows {
     /// Rows per group.
     pub lanes: usize,
     /// Blocks per row.
     pub nblocks: usize,
-    pub q: Vec<u8>,
-    pub d: Vec<f32>,
-    pub s: Vec<f32>,
-    pub sums: Vec<i32>,
+    pub q: LineBuf<u8>,
+    pub d: LineBuf<f32>,
+    pub s: LineBuf<f32>,
+    pub sums: LineBuf<i32>,
 }
 
 impl LaneRows {
@@ -190,14 +193,20 @@ impl LaneRows {
         assert!(n >= 1 && xq.len() >= n * nblocks);
         let groups = n.div_ceil(lanes);
         (self.lanes, self.nblocks) = (lanes, nblocks);
-        self.q.resize(groups * nblocks * BLOCK * lanes, 0);
-        self.d.resize(groups * nblocks * lanes, 0.0);
-        self.s.resize(groups * nblocks * lanes, 0.0);
-        self.sums.resize(groups * nblocks * 2 * lanes, 0);
+        self.q.resize(groups * nblocks * BLOCK * lanes);
+        self.d.resize(groups * nblocks * lanes);
+        self.s.resize(groups * nblocks * lanes);
+        self.sums.resize(groups * nblocks * 2 * lanes);
+        let (all_q, d, s) = (
+            self.q.as_mut_slice(),
+            self.d.as_mut_slice(),
+            self.s.as_mut_slice(),
+        );
+        let all_sums = self.sums.as_mut_slice();
         for g in 0..groups {
             for b in 0..nblocks {
                 let at = g * nblocks + b;
-                let q = &mut self.q[at * BLOCK * lanes..(at + 1) * BLOCK * lanes];
+                let q = &mut all_q[at * BLOCK * lanes..(at + 1) * BLOCK * lanes];
                 for lane in 0..lanes {
                     let xb = &xq[(g * lanes + lane).min(n - 1) * nblocks + b];
                     // Whole four-byte groups (this runs before every many-row
@@ -207,11 +216,11 @@ impl LaneRows {
                         q[at..at + 4]
                             .copy_from_slice(&std::array::from_fn::<u8, 4, _>(|e| four[e] as u8));
                     }
-                    self.d[at * lanes + lane] = xb.d;
-                    self.s[at * lanes + lane] = xb.s;
+                    d[at * lanes + lane] = xb.d;
+                    s[at * lanes + lane] = xb.s;
                     if sums {
                         for (h, sum) in xb.half_sums().into_iter().enumerate() {
-                            self.sums[(2 * at + h) * lanes + lane] = sum;
+                            all_sums[(2 * at + h) * lanes + lane] = sum;
                         }
                     }
                 }

@@ -9,6 +9,8 @@
 //! Q4_K, swept straight from the stored blocks.
 
 use super::int8::{self, LaneRows, Q8Block};
+#[cfg(target_arch = "x86_64")]
+use super::line_buf::LineBuf;
 use super::matmul::MatRef;
 use super::weight::Encoding;
 #[cfg(target_arch = "x86_64")]
@@ -153,7 +155,7 @@ thread_local! {
     /// Per-thread buffers of [`lanes_rows_task`] (each grows once to the
     /// largest it needs).
     static UNPACKED: std::cell::RefCell<Unpacked> = const {
-        std::cell::RefCell::new(Unpacked { blocks: Vec::new(), carry: Vec::new() })
+        std::cell::RefCell::new(Unpacked { blocks: Vec::new(), carry: LineBuf::new() })
     };
 }
 
@@ -165,8 +167,8 @@ struct Unpacked {
     blocks: Vec<x86_lanes::I8Block>,
     /// Sums carried between chunks of blocks ([`x86_lanes::Carry`]): two
     /// floats per unpacked row and activation row (lanes rounded up to
-    /// whole groups).
-    carry: Vec<f32>,
+    /// whole groups), on whole lines as the lanes' rows are.
+    carry: LineBuf<f32>,
 }
 
 /// Blocks per chunk when [`lanes_rows_task`] sweeps rows a chunk of blocks
@@ -392,7 +394,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             b.resize(group * kc, x86_lanes::I8Block::default());
         }
         if kc < nb && c.len() < group * carry_stride {
-            c.resize(group * carry_stride, 0.0);
+            c.resize(group * carry_stride);
         }
         let mut g0 = r0;
         while g0 < r1 {

@@ -45,6 +45,7 @@ macro_rules! for_block {
 
 pub mod attention;
 pub(crate) mod int8;
+mod line_buf;
 pub mod matmul;
 mod matmul_int8;
 pub mod ops;
