@@ -34,7 +34,7 @@ unsafe impl LineElem for f32 {}
 
 /// A growable buffer of `T` starting on a 64-byte line (see the module
 /// docs). Grows with zeros, never shrinks its storage.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct LineBuf<T: LineElem> {
     lines: Vec<Line>,
     len: usize,
