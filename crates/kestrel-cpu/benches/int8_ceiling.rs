@@ -68,8 +68,9 @@ mod loops {
     #[target_feature(enable = "avx2")]
     pub unsafe fn products_summed() {
         // SAFETY: register-only AVX2 arithmetic (the CPU has AVX2: fn
-        // contract); every register written is declared clobbered, and the
-        // loop counter is an in-out operand.
+        // contract); the registers written are vector ones, which the
+        // SysV ABI's clobber set declares all clobbered (on any target),
+        // and the loop counter (`rcx`) is an in-out operand.
         unsafe {
             asm!(
                 "vpxor ymm0, ymm0, ymm0",
@@ -83,13 +84,10 @@ mod loops {
                 product_add!(7, 15),
                 product_add!(8, 10),
                 product_add!(9, 11),
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
-                n = inout(reg) super::TRIPS => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                inout("rcx") super::TRIPS => _,
+                clobber_abi("sysv64"),
                 options(nostack, nomem),
             );
         }
@@ -123,21 +121,17 @@ mod loops {
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub unsafe fn dpbusd_only() {
         // SAFETY: register-only AVX-512 arithmetic (the CPU has AVX-512F
-        // and VNNI: fn contract); every register written is declared
-        // clobbered, and the loop counter is an in-out operand.
+        // and VNNI: fn contract); otherwise as in `products_summed`.
         unsafe {
             asm!(
                 "vpxord zmm0, zmm0, zmm0",
                 "vpxord zmm1, zmm1, zmm1",
                 "2:",
                 twelve_dpbusd!(),
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
-                n = inout(reg) super::TRIPS => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
-                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                out("zmm12") _, out("zmm13") _,
+                inout("rcx") super::TRIPS => _,
+                clobber_abi("sysv64"),
                 options(nostack, nomem),
             );
         }
@@ -180,16 +174,10 @@ mod loops {
                 "vfmadd231ps zmm17, zmm0, zmm1",
                 "vfmadd231ps zmm18, zmm0, zmm1",
                 "vfmadd231ps zmm19, zmm0, zmm1",
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
-                n = inout(reg) super::TRIPS => _,
-                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
-                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
-                out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
-                out("zmm24") _, out("zmm25") _,
+                inout("rcx") super::TRIPS => _,
+                clobber_abi("sysv64"),
                 options(nostack, nomem),
             );
         }
@@ -215,12 +203,10 @@ mod loops {
                 "vpmaddubsw ymm7, ymm0, ymm1",
                 "vpmaddubsw ymm8, ymm0, ymm1",
                 "vpmaddubsw ymm9, ymm0, ymm1",
-                "dec {n}",
+                "dec rcx",
                 "jnz 2b",
-                n = inout(reg) super::TRIPS => _,
-                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                out("ymm8") _, out("ymm9") _,
+                inout("rcx") super::TRIPS => _,
+                clobber_abi("sysv64"),
                 options(nostack, nomem),
             );
         }
