@@ -42,6 +42,33 @@ const MACS: u64 = (TRIPS * 8 * 32) as u64;
 mod loops {
     use std::arch::asm;
 
+    /// [`super::TRIPS`] trips of the loop body `$body` (assembly lines
+    /// after a `2:` label), after the set-up lines `$setup`: the trip
+    /// counter, the clobbers and the options every loop here shares.
+    /// Expands to an `unsafe` block: the caller's CPU must support every
+    /// instruction in it.
+    macro_rules! trips {
+        ([$($setup:expr),* $(,)?], [$($body:expr),* $(,)?]) => {
+            // SAFETY: register-only arithmetic (the CPU supports it: the
+            // caller's contract); the registers written are vector ones,
+            // which the SysV ABI's clobber set declares all clobbered (on
+            // any target), and the loop counter (`rcx`) is an in-out
+            // operand.
+            unsafe {
+                asm!(
+                    $($setup,)*
+                    "2:",
+                    $($body,)*
+                    "dec rcx",
+                    "jnz 2b",
+                    inout("rcx") super::TRIPS => _,
+                    clobber_abi("sysv64"),
+                    options(nostack, nomem),
+                )
+            }
+        };
+    }
+
     /// One `vpmaddubsw` into `ymm{t}`, added into accumulator `ymm{acc}`.
     macro_rules! product_add {
         ($acc:literal, $t:literal) => {
@@ -67,15 +94,9 @@ mod loops {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub unsafe fn products_summed() {
-        // SAFETY: register-only AVX2 arithmetic (the CPU has AVX2: fn
-        // contract); the registers written are vector ones, which the
-        // SysV ABI's clobber set declares all clobbered (on any target),
-        // and the loop counter (`rcx`) is an in-out operand.
-        unsafe {
-            asm!(
-                "vpxor ymm0, ymm0, ymm0",
-                "vpxor ymm1, ymm1, ymm1",
-                "2:",
+        trips!(
+            ["vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1"],
+            [
                 product_add!(2, 10),
                 product_add!(3, 11),
                 product_add!(4, 12),
@@ -84,13 +105,8 @@ mod loops {
                 product_add!(7, 15),
                 product_add!(8, 10),
                 product_add!(9, 11),
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") super::TRIPS => _,
-                clobber_abi("sysv64"),
-                options(nostack, nomem),
-            );
-        }
+            ]
+        );
     }
 
     /// Twelve independent `vpdpbusd` into `zmm2..=zmm13`.
@@ -120,21 +136,10 @@ mod loops {
     /// The CPU must support AVX-512F and AVX-512 VNNI.
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub unsafe fn dpbusd_only() {
-        // SAFETY: register-only AVX-512 arithmetic (the CPU has AVX-512F
-        // and VNNI: fn contract); otherwise as in `products_summed`.
-        unsafe {
-            asm!(
-                "vpxord zmm0, zmm0, zmm0",
-                "vpxord zmm1, zmm1, zmm1",
-                "2:",
-                twelve_dpbusd!(),
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") super::TRIPS => _,
-                clobber_abi("sysv64"),
-                options(nostack, nomem),
-            );
-        }
+        trips!(
+            ["vpxord zmm0, zmm0, zmm0", "vpxord zmm1, zmm1, zmm1"],
+            [twelve_dpbusd!()]
+        );
     }
 
     /// [`super::TRIPS`] trips of [`dpbusd_only`]'s twelve `vpdpbusd` chains
@@ -147,10 +152,8 @@ mod loops {
     /// The CPU must support AVX-512F and AVX-512 VNNI.
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub unsafe fn dpbusd_float_steps() {
-        // SAFETY: as in `dpbusd_only`; the float registers hold whatever
-        // the integer sums convert to.
-        unsafe {
-            asm!(
+        trips!(
+            [
                 "vpxord zmm0, zmm0, zmm0",
                 "vpxord zmm1, zmm1, zmm1",
                 "vxorps zmm14, zmm14, zmm14",
@@ -159,7 +162,8 @@ mod loops {
                 "vxorps zmm17, zmm17, zmm17",
                 "vxorps zmm18, zmm18, zmm18",
                 "vxorps zmm19, zmm19, zmm19",
-                "2:",
+            ],
+            [
                 twelve_dpbusd!(),
                 "vcvtdq2ps zmm20, zmm2",
                 "vcvtdq2ps zmm21, zmm3",
@@ -174,13 +178,8 @@ mod loops {
                 "vfmadd231ps zmm17, zmm0, zmm1",
                 "vfmadd231ps zmm18, zmm0, zmm1",
                 "vfmadd231ps zmm19, zmm0, zmm1",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") super::TRIPS => _,
-                clobber_abi("sysv64"),
-                options(nostack, nomem),
-            );
-        }
+            ]
+        );
     }
 
     /// [`super::TRIPS`] trips of eight independent `vpmaddubsw`.
@@ -189,12 +188,9 @@ mod loops {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub unsafe fn products_only() {
-        // SAFETY: as in `products_summed`.
-        unsafe {
-            asm!(
-                "vpxor ymm0, ymm0, ymm0",
-                "vpxor ymm1, ymm1, ymm1",
-                "2:",
+        trips!(
+            ["vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1"],
+            [
                 "vpmaddubsw ymm2, ymm0, ymm1",
                 "vpmaddubsw ymm3, ymm0, ymm1",
                 "vpmaddubsw ymm4, ymm0, ymm1",
@@ -203,13 +199,8 @@ mod loops {
                 "vpmaddubsw ymm7, ymm0, ymm1",
                 "vpmaddubsw ymm8, ymm0, ymm1",
                 "vpmaddubsw ymm9, ymm0, ymm1",
-                "dec rcx",
-                "jnz 2b",
-                inout("rcx") super::TRIPS => _,
-                clobber_abi("sysv64"),
-                options(nostack, nomem),
-            );
-        }
+            ]
+        );
     }
 }
 
