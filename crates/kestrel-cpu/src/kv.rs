@@ -35,8 +35,43 @@ impl KvStoreConfig {
 #[derive(Debug)]
 pub struct KvStore {
     cfg: KvStoreConfig,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<LineArray>,
+    v: Vec<LineArray>,
+}
+
+/// A zeroed f32 array whose first element starts a 64-byte cache line.
+///
+/// Attention loads a kv head's rows (`head_dim` floats, a whole number of
+/// lines at every supported width) as 64-byte vectors; from a plain `Vec`
+/// (a large allocation starts 16 bytes into its pages) each of those loads
+/// would straddle two lines. The array over-allocates one line and starts
+/// at the first line boundary. It stays a `vec![0.0; n]` underneath so the
+/// allocator's zeroed pages are touched only as the cache fills: an idle
+/// KV cache costs address space, not resident memory.
+#[derive(Debug)]
+struct LineArray {
+    buf: Vec<f32>,
+    start: usize,
+    len: usize,
+}
+
+impl LineArray {
+    const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
+
+    fn zeroed(len: usize) -> Self {
+        let buf = vec![0f32; len + Self::LINE_FLOATS];
+        let start = buf.as_ptr().align_offset(64);
+        debug_assert!(start < Self::LINE_FLOATS);
+        LineArray { buf, start, len }
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
 }
 
 impl KvStore {
@@ -50,8 +85,12 @@ impl KvStore {
         let per_layer = cfg.num_pages * cfg.page_size * cfg.num_kv_heads * cfg.head_dim;
         Ok(KvStore {
             cfg,
-            k: (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..cfg.num_layers).map(|_| vec![0f32; per_layer]).collect(),
+            k: (0..cfg.num_layers)
+                .map(|_| LineArray::zeroed(per_layer))
+                .collect(),
+            v: (0..cfg.num_layers)
+                .map(|_| LineArray::zeroed(per_layer))
+                .collect(),
         })
     }
 
@@ -94,12 +133,12 @@ impl KvStore {
 
     /// Layer `l`'s K and V arrays.
     pub fn layer(&self, l: usize) -> (&[f32], &[f32]) {
-        (&self.k[l], &self.v[l])
+        (self.k[l].as_slice(), self.v[l].as_slice())
     }
 
     /// Layer `l`'s K and V arrays, mutable.
     pub fn layer_mut(&mut self, l: usize) -> (&mut [f32], &mut [f32]) {
-        (&mut self.k[l], &mut self.v[l])
+        (self.k[l].as_mut_slice(), self.v[l].as_mut_slice())
     }
 
     /// Copy the first `len` slots of page `src` to page `dst` in every layer
@@ -118,9 +157,50 @@ impl KvStore {
         for g in 0..self.cfg.num_kv_heads {
             let (from, to) = (self.cfg.offset(src, 0, g), self.cfg.offset(dst, 0, g));
             for arr in self.k.iter_mut().chain(self.v.iter_mut()) {
-                arr.copy_within(from..from + n, to);
+                arr.as_mut_slice().copy_within(from..from + n, to);
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_start_on_a_line_and_copy_pages_within_themselves() {
+        let cfg = KvStoreConfig {
+            num_layers: 2,
+            num_pages: 3,
+            page_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let mut kv = KvStore::new(cfg).unwrap();
+        for l in 0..2 {
+            let (k, v) = kv.layer(l);
+            assert_eq!((k.len(), v.len()), (3 * 4 * 2 * 8, 3 * 4 * 2 * 8));
+            assert_eq!(k.as_ptr() as usize % 64, 0);
+            assert_eq!(v.as_ptr() as usize % 64, 0);
+            assert!(k.iter().chain(v).all(|&x| x == 0.0));
+        }
+        let (k, _) = kv.layer_mut(1);
+        for (i, x) in k.iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        kv.copy_page(0, 2, 3).unwrap();
+        let (k, v) = kv.layer(1);
+        for g in 0..2 {
+            let (from, to) = (cfg.offset(0, 0, g), cfg.offset(2, 0, g));
+            assert_eq!(k[to..to + 3 * 8], k[from..from + 3 * 8]);
+            assert_eq!(
+                k[to + 3 * 8],
+                (to + 3 * 8) as f32,
+                "slot past len untouched"
+            );
+        }
+        assert!(v.iter().all(|&x| x == 0.0));
+        assert!(kv.copy_page(0, 3, 1).is_err());
     }
 }
