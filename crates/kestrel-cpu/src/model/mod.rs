@@ -580,8 +580,13 @@ impl CpuModel {
     }
 
     /// Paged attention of layer `l` for all `n` rows into `s.attn`. Tasks
-    /// are (row, kv head) pairs, dealt round-robin to a fixed number of
-    /// workers, each with its own score row.
+    /// are (kv head, row) pairs, dealt round-robin to a fixed number of
+    /// workers, each with its own score row. Kv-head-major order: a
+    /// worker's consecutive tasks attend the same kv head's K and V (a
+    /// prefill chunk's rows share one sequence), which its previous task
+    /// left in the core's caches; row-major order would walk all of a
+    /// row's kv heads first, and at long prompts their K and V together
+    /// overflow L2, so every row re-read its keys from L3 or DRAM.
     fn attention(&self, l: usize, n: usize, seqs: &Seqs<'_>, kv: &KvStore, s: &mut Scratch) {
         let c = &self.cfg;
         let hd = c.head_dim;
@@ -611,7 +616,7 @@ impl CpuModel {
                 unsafe { std::slice::from_raw_parts_mut(scores_ptr.ptr().add(w * mc), mc) };
             let mut t = w;
             while t < ntasks {
-                let (i, g) = (t / nkv, t % nkv);
+                let (g, i) = (t / n, t % n);
                 let seq = PagedSeq {
                     pages: seqs.pages(row_seq[i] as usize),
                     page_size: kv.page_size(),
