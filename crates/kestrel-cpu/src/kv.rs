@@ -9,6 +9,7 @@
 //! which sequence is the page table's business (`kestrel-kv`); this store only
 //! reads and writes the pages it is told.
 
+use crate::kernels::LineBuf;
 use crate::CpuError;
 
 /// Geometry of a [`KvStore`].
@@ -35,43 +36,12 @@ impl KvStoreConfig {
 #[derive(Debug)]
 pub struct KvStore {
     cfg: KvStoreConfig,
-    k: Vec<LineArray>,
-    v: Vec<LineArray>,
-}
-
-/// A zeroed f32 array whose first element starts a 64-byte cache line.
-///
-/// Attention loads a kv head's rows (`head_dim` floats, a whole number of
-/// lines at every supported width) as 64-byte vectors; from a plain `Vec`
-/// (a large allocation starts 16 bytes into its pages) each of those loads
-/// would straddle two lines. The array over-allocates one line and starts
-/// at the first line boundary. It stays a `vec![0.0; n]` underneath so the
-/// allocator's zeroed pages are touched only as the cache fills: an idle
-/// KV cache costs address space, not resident memory.
-#[derive(Debug)]
-struct LineArray {
-    buf: Vec<f32>,
-    start: usize,
-    len: usize,
-}
-
-impl LineArray {
-    const LINE_FLOATS: usize = 64 / std::mem::size_of::<f32>();
-
-    fn zeroed(len: usize) -> Self {
-        let buf = vec![0f32; len + Self::LINE_FLOATS];
-        let start = buf.as_ptr().align_offset(64);
-        debug_assert!(start < Self::LINE_FLOATS);
-        LineArray { buf, start, len }
-    }
-
-    fn as_slice(&self) -> &[f32] {
-        &self.buf[self.start..self.start + self.len]
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [f32] {
-        &mut self.buf[self.start..self.start + self.len]
-    }
+    /// One array per layer, each on whole cache lines ([`LineBuf`]):
+    /// attention loads a kv head's rows (`head_dim` floats, whole lines)
+    /// as 64-byte vectors, which from a plain `Vec` (16 bytes into its
+    /// pages) would each straddle two lines.
+    k: Vec<LineBuf<f32>>,
+    v: Vec<LineBuf<f32>>,
 }
 
 impl KvStore {
@@ -86,10 +56,10 @@ impl KvStore {
         Ok(KvStore {
             cfg,
             k: (0..cfg.num_layers)
-                .map(|_| LineArray::zeroed(per_layer))
+                .map(|_| LineBuf::zeroed(per_layer))
                 .collect(),
             v: (0..cfg.num_layers)
-                .map(|_| LineArray::zeroed(per_layer))
+                .map(|_| LineBuf::zeroed(per_layer))
                 .collect(),
         })
     }
@@ -133,12 +103,12 @@ impl KvStore {
 
     /// Layer `l`'s K and V arrays.
     pub fn layer(&self, l: usize) -> (&[f32], &[f32]) {
-        (self.k[l].as_slice(), self.v[l].as_slice())
+        (&self.k[l], &self.v[l])
     }
 
     /// Layer `l`'s K and V arrays, mutable.
     pub fn layer_mut(&mut self, l: usize) -> (&mut [f32], &mut [f32]) {
-        (self.k[l].as_mut_slice(), self.v[l].as_mut_slice())
+        (&mut self.k[l], &mut self.v[l])
     }
 
     /// Copy the first `len` slots of page `src` to page `dst` in every layer
@@ -157,7 +127,7 @@ impl KvStore {
         for g in 0..self.cfg.num_kv_heads {
             let (from, to) = (self.cfg.offset(src, 0, g), self.cfg.offset(dst, 0, g));
             for arr in self.k.iter_mut().chain(self.v.iter_mut()) {
-                arr.as_mut_slice().copy_within(from..from + n, to);
+                arr.copy_within(from..from + n, to);
             }
         }
         Ok(())

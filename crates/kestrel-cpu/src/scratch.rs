@@ -2,8 +2,11 @@
 //! number of token rows per call and a maximum context length, then reused:
 //! a steady-state decode step allocates nothing. Size is dominated by
 //! `max_rows * (4 * hidden + 3 * intermediate + ...)` floats plus one score
-//! row of `max_context` floats per worker thread.
+//! row of `max_context` floats per worker thread. The float buffers start
+//! on cache lines ([`LineBuf`]), so the kernels' 64-byte vector loads and
+//! stores of a row never straddle two.
 
+use crate::kernels::LineBuf;
 use crate::model::CpuModel;
 
 /// Reusable activation memory for [`CpuModel::forward_decode`] and
@@ -12,24 +15,24 @@ use crate::model::CpuModel;
 pub struct Scratch {
     pub(crate) max_rows: usize,
     pub(crate) max_context: usize,
-    pub(crate) x: Vec<f32>,
-    pub(crate) xn: Vec<f32>,
-    pub(crate) q: Vec<f32>,
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
-    pub(crate) attn: Vec<f32>,
-    pub(crate) tmp: Vec<f32>,
-    pub(crate) gate: Vec<f32>,
-    pub(crate) up: Vec<f32>,
+    pub(crate) x: LineBuf<f32>,
+    pub(crate) xn: LineBuf<f32>,
+    pub(crate) q: LineBuf<f32>,
+    pub(crate) k: LineBuf<f32>,
+    pub(crate) v: LineBuf<f32>,
+    pub(crate) attn: LineBuf<f32>,
+    pub(crate) tmp: LineBuf<f32>,
+    pub(crate) gate: LineBuf<f32>,
+    pub(crate) up: LineBuf<f32>,
     /// `model.rope_tables()` tables of `head_dim` floats per row.
-    pub(crate) rope: Vec<f32>,
+    pub(crate) rope: LineBuf<f32>,
     /// One head's worth, for the per-head q/k norms.
-    pub(crate) head_tmp: Vec<f32>,
+    pub(crate) head_tmp: LineBuf<f32>,
     pub(crate) row_seq: Vec<u32>,
     pub(crate) row_pos: Vec<u32>,
     pub(crate) logit_rows: Vec<u32>,
     /// One score row of `max_context` per worker thread.
-    pub(crate) scores: Vec<f32>,
+    pub(crate) scores: LineBuf<f32>,
 }
 
 impl Scratch {
@@ -45,21 +48,21 @@ impl Scratch {
         Scratch {
             max_rows: r,
             max_context,
-            x: vec![0.0; r * h],
-            xn: vec![0.0; r * h],
-            q: vec![0.0; r * qd],
-            k: vec![0.0; r * kvd],
-            v: vec![0.0; r * kvd],
-            attn: vec![0.0; r * qd],
-            tmp: vec![0.0; r * h],
-            gate: vec![0.0; r * f],
-            up: vec![0.0; r * f],
-            rope: vec![0.0; r * hd * model.rope_tables()],
-            head_tmp: vec![0.0; hd],
+            x: LineBuf::zeroed(r * h),
+            xn: LineBuf::zeroed(r * h),
+            q: LineBuf::zeroed(r * qd),
+            k: LineBuf::zeroed(r * kvd),
+            v: LineBuf::zeroed(r * kvd),
+            attn: LineBuf::zeroed(r * qd),
+            tmp: LineBuf::zeroed(r * h),
+            gate: LineBuf::zeroed(r * f),
+            up: LineBuf::zeroed(r * f),
+            rope: LineBuf::zeroed(r * hd * model.rope_tables()),
+            head_tmp: LineBuf::zeroed(hd),
             row_seq: vec![0; r],
             row_pos: vec![0; r],
             logit_rows: vec![0; r],
-            scores: vec![0.0; model.threads() * model.scores_per_worker(max_context)],
+            scores: LineBuf::zeroed(model.threads() * model.scores_per_worker(max_context)),
         }
     }
 

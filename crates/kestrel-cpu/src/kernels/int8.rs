@@ -197,12 +197,8 @@ impl LaneRows {
         self.d.resize(groups * nblocks * lanes);
         self.s.resize(groups * nblocks * lanes);
         self.sums.resize(groups * nblocks * 2 * lanes);
-        let (all_q, d, s) = (
-            self.q.as_mut_slice(),
-            self.d.as_mut_slice(),
-            self.s.as_mut_slice(),
-        );
-        let all_sums = self.sums.as_mut_slice();
+        let (all_q, d, s) = (&mut self.q[..], &mut self.d[..], &mut self.s[..]);
+        let all_sums = &mut self.sums[..];
         for g in 0..groups {
             for b in 0..nblocks {
                 let at = g * nblocks + b;

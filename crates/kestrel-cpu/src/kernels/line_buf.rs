@@ -8,90 +8,81 @@
 //! pages), and there every 64-byte load split across two lines: measured
 //! on an Emerald Rapids Xeon (2026-11-29), the two-group Q4_K sweep against
 //! activations 48 bytes into a line ran at 0.8x of a C replica of the same
-//! instruction stream on aligned data.
+//! instruction stream on aligned data. The KV cache's arrays and the
+//! forward pass's activation rows are `LineBuf`s for the same reason.
 
-use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
 
-/// One cache line of storage.
-#[repr(C, align(64))]
-#[derive(Debug, Clone, Copy)]
-struct Line([u8; 64]);
-
-/// Element types a [`LineBuf`] holds: plain numbers, valid for every bit
-/// pattern (all zeros included), aligned to at most a line.
-///
-/// # Safety
-/// Implementors must be `Copy` types without padding or invalid bit
-/// patterns, with `align_of::<Self>() <= 64`.
-pub(crate) unsafe trait LineElem: Copy {}
-// SAFETY: primitive numbers: every bit pattern is a value, no padding,
-// alignment at most 4.
-unsafe impl LineElem for u8 {}
-// SAFETY: as above.
-unsafe impl LineElem for i32 {}
-// SAFETY: as above.
-unsafe impl LineElem for f32 {}
-
-/// A growable buffer of `T` starting on a 64-byte line (see the module
-/// docs). Grows with zeros, never shrinks its storage.
-#[derive(Debug)]
-pub(crate) struct LineBuf<T: LineElem> {
-    lines: Vec<Line>,
-    len: usize,
-    elem: PhantomData<T>,
+/// Elements per 64-byte line, for the element sizes a [`LineBuf`] holds.
+const fn line_elems<T>() -> usize {
+    64 / std::mem::size_of::<T>()
 }
 
-impl<T: LineElem> Default for LineBuf<T> {
+/// A buffer of `T` whose first element starts a 64-byte line (see the
+/// module docs). It is a plain zeroed `Vec` one line longer than needed,
+/// used from its first line boundary on: no `unsafe`, and the allocator's
+/// zeroed pages (a large `vec![0; n]` is `calloc`) are only touched as
+/// they are written, so a large buffer held for the worst case (the KV
+/// cache, a long prompt's activations) costs address space, not resident
+/// memory, until used. Grows with zeros, never shrinks its storage.
+#[derive(Debug)]
+pub(crate) struct LineBuf<T> {
+    buf: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Default for LineBuf<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T: LineElem> LineBuf<T> {
+impl<T: Copy + Default> LineBuf<T> {
     /// An empty buffer (no allocation).
     pub(crate) const fn new() -> Self {
         Self {
-            lines: Vec::new(),
+            buf: Vec::new(),
+            start: 0,
             len: 0,
-            elem: PhantomData,
         }
+    }
+
+    /// `len` zeros (`T::default()`).
+    pub(crate) fn zeroed(len: usize) -> Self {
+        let mut b = Self::new();
+        b.resize(len);
+        b
     }
 
     /// Make the buffer `len` elements long: the first `min(len, old len)`
     /// keep their values, the rest read as whatever the storage held
     /// (zeros where it grew).
     pub(crate) fn resize(&mut self, len: usize) {
-        let bytes = len * std::mem::size_of::<T>();
-        let lines = bytes.div_ceil(64);
-        if self.lines.len() < lines {
-            self.lines.resize(lines, Line([0; 64]));
+        if self.start + len > self.buf.len() {
+            let buf = vec![T::default(); len + line_elems::<T>()];
+            let start = buf.as_ptr().align_offset(64);
+            debug_assert!(start < line_elems::<T>());
+            let old = std::mem::replace(&mut self.buf, buf);
+            self.buf[start..start + self.len]
+                .copy_from_slice(&old[self.start..self.start + self.len]);
+            self.start = start;
         }
         self.len = len;
     }
+}
 
-    pub(crate) fn len(&self) -> usize {
-        self.len
+impl<T> Deref for LineBuf<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.buf[self.start..self.start + self.len]
     }
+}
 
-    pub(crate) fn as_ptr(&self) -> *const T {
-        self.lines.as_ptr().cast()
-    }
-
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut T {
-        self.lines.as_mut_ptr().cast()
-    }
-
-    #[cfg(test)]
-    fn as_slice(&self) -> &[T] {
-        // SAFETY: `lines` holds at least `len * size_of::<T>()` initialized
-        // bytes (`resize`), on a 64-byte boundary, which `T`'s alignment
-        // divides; every bit pattern is a `T` (`LineElem`).
-        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as in `as_slice`, borrowed mutably through `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len) }
+impl<T> DerefMut for LineBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 
@@ -104,14 +95,17 @@ mod tests {
         let mut b = LineBuf::<f32>::default();
         b.resize(5);
         assert_eq!(b.as_ptr() as usize % 64, 0);
-        assert_eq!(b.as_slice(), &[0.0; 5]);
-        b.as_mut_slice()[4] = 2.5;
+        assert_eq!(&b[..], &[0.0; 5]);
+        b[4] = 2.5;
         b.resize(1000);
         assert_eq!(b.as_ptr() as usize % 64, 0);
         assert_eq!(b.len(), 1000);
-        assert_eq!(b.as_slice()[4], 2.5);
-        assert!(b.as_slice()[5..].iter().all(|&v| v == 0.0));
+        assert_eq!(b[4], 2.5);
+        assert!(b[5..].iter().all(|&v| v == 0.0));
         b.resize(3);
-        assert_eq!(b.as_slice().len(), 3);
+        assert_eq!(b.len(), 3);
+        let big = LineBuf::<u8>::zeroed(1 << 22);
+        assert_eq!(big.as_ptr() as usize % 64, 0);
+        assert!(big.iter().all(|&v| v == 0));
     }
 }

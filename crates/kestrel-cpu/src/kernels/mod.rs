@@ -46,6 +46,7 @@ macro_rules! for_block {
 pub mod attention;
 pub(crate) mod int8;
 mod line_buf;
+pub(crate) use line_buf::LineBuf;
 pub mod matmul;
 mod matmul_int8;
 pub mod ops;
