@@ -8,7 +8,7 @@
 
 use kestrel_model::LayerRope;
 
-use crate::kernels::attention::PagedSeq;
+use crate::kernels::attention::{lane_sum16, PagedSeq};
 use crate::kernels::ops::{axpy, dot8, exp};
 
 /// The RoPE of a set of layers, owned (see [`LayerRope`]).
@@ -94,7 +94,7 @@ pub(crate) fn attend_window(
         }
         let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         sh.iter_mut().for_each(|s| *s = exp(*s - max));
-        let inv = 1.0 / sh.iter().fold(0f32, |acc, &s| acc + s);
+        let inv = 1.0 / lane_sum16(sh);
         let oh = &mut out[h * hd..(h + 1) * hd];
         oh.fill(0.0);
         for (j, &p) in (first..len).zip(sh.iter()) {

@@ -5,9 +5,10 @@
 //! pass over K (scores) and one over V, each K/V row loaded once for all the
 //! query heads of its group; scores live in caller scratch.
 //!
-//! The arithmetic per head is fixed (the order of [`dot8`], a sequential
-//! softmax sum, FMAs into the output in key order), so results do not depend
-//! on the group size or on how pages are laid out. Walking page by page keeps
+//! The arithmetic per head is fixed (the order of [`dot8`], the softmax sum
+//! in 16 lanes ([`lane_sum16`]), FMAs into the output in key order), so
+//! results do not depend on the group size, the ISA or how pages are laid
+//! out. Walking page by page keeps
 //! the page lookup (a division) out of the per-key loop, and several
 //! independent dot products per K row keep the FMA units busy where one dot
 //! alone would wait on its own accumulator chain. With AVX-512 a 512-bit
@@ -180,26 +181,20 @@ pub fn attend_group(
     }
 
     // Softmax per head: max, exp of (score - max) in place, and the sum
-    // of the weights in key order.
-    for sh in scores.chunks_exact_mut(len) {
-        if wide {
+    // of the weights ([`lane_sum16`]) as they are made.
+    for (sh, inv) in scores.chunks_exact_mut(len).zip(inv.iter_mut()) {
+        let sum = if wide {
             // SAFETY: AVX-512F was detected (`wide`).
-            unsafe { exp_shifted_avx512(sh) };
+            unsafe { exp_shifted_avx512(sh) }
         } else if simd {
             // SAFETY: AVX2 and FMA were detected (`simd`).
-            unsafe { exp_shifted_avx2(sh) };
+            unsafe { exp_shifted_avx2(sh) }
         } else {
             let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             sh.iter_mut().for_each(|s| *s = exp(*s - max));
-        }
-    }
-    for (hs, inv) in scores.chunks(4 * len).zip(inv.chunks_mut(4)) {
-        match inv.len() {
-            4 => key_order_sums::<4>(hs, len, inv),
-            3 => key_order_sums::<3>(hs, len, inv),
-            2 => key_order_sums::<2>(hs, len, inv),
-            _ => key_order_sums::<1>(hs, len, inv),
-        }
+            lane_sum16(sh)
+        };
+        *inv = 1.0 / sum;
     }
 
     // Weighted sum of V rows, each row loaded once for the whole group.
@@ -250,23 +245,30 @@ fn pair_heads(qs: &[f32], hd: usize) -> [f32; 4 * MAX_WIDE_HD] {
     qp
 }
 
-/// `inv[h] = 1 / sum_j w[h][j]` for `H` heads of weights (`w` head-major,
-/// `len` per head), each sum in key order: the heads' chains interleaved,
-/// so one head's additions wait on each other and not on another head's
-/// (a single chain runs at one addition per add latency: on long prompts
-/// as slow as the score pass).
-#[inline]
-fn key_order_sums<const H: usize>(w: &[f32], len: usize, inv: &mut [f32]) {
-    let w: [&[f32]; H] = std::array::from_fn(|h| &w[h * len..(h + 1) * len]);
-    let mut sums = [0f32; H];
-    for j in 0..len {
-        for (s, wh) in sums.iter_mut().zip(&w) {
-            *s += wh[j];
+/// The softmax normalizer of one head: the sum of its weights `w` (one
+/// per key) in the definition's order, 16 partial sums, lane `l` adding
+/// the weights of keys `l, l + 16, l + 32, ...` in key order, then
+/// [`tree16`]. A vector register adds 16 (or 8) keys' weights at once as
+/// `exp` makes them, where a sum in key order was one chain of dependent
+/// additions, at one addition per add latency (on long prompts a tenth of
+/// a small model's samples).
+pub(crate) fn lane_sum16(w: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for c in w.chunks(16) {
+        for (a, &x) in lanes.iter_mut().zip(c) {
+            *a += x;
         }
     }
-    for (i, s) in inv.iter_mut().zip(sums) {
-        *i = 1.0 / s;
-    }
+    tree16(lanes)
+}
+
+/// The 16 partial sums of [`lane_sum16`] added halves first: lanes `l`
+/// and `l + 8`, then `l + 4`, `l + 2`, `l + 1`.
+fn tree16(p: [f32; 16]) -> f32 {
+    let s8: [f32; 8] = std::array::from_fn(|l| p[l] + p[l + 8]);
+    let s4: [f32; 4] = std::array::from_fn(|l| s8[l] + s8[l + 4]);
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
 }
 
 /// `out[h] = inv[h] * sum_j p[h][j] * v_j` for `G` heads (`p` head-major,
@@ -411,8 +413,9 @@ pv_lanes!(
     _mm512_mul_ps
 );
 
-/// `s = exp(s - max(s))` in place, returning the max: the same operations
-/// as [`exp`] on 8 lanes (bit-identical for finite scores).
+/// `s = exp(s - max(s))` in place, returning the weights' sum
+/// ([`lane_sum16`]): the same operations as [`exp`] on 8 lanes
+/// (bit-identical for finite scores) and the sum's additions in its order.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -435,18 +438,30 @@ unsafe fn exp_shifted_avx2(s: &mut [f32]) -> f32 {
         .chain(&lanes)
         .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let maxv = _mm256_set1_ps(max);
+    // Lanes 0..8 of `lane_sum16`'s partial sums take the even chunks of
+    // eight keys, lanes 8..16 the odd ones.
+    let mut sums = [_mm256_setzero_ps(); 2];
+    let whole = s.len() - s.len() % 8;
     let mut chunks = s.chunks_exact_mut(8);
-    for c in &mut chunks {
+    for (i, c) in (&mut chunks).enumerate() {
         // SAFETY: `c` holds 8 floats.
         unsafe {
-            let x = _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), maxv);
-            _mm256_storeu_ps(c.as_mut_ptr(), exp8(x));
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), maxv));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            sums[i % 2] = _mm256_add_ps(sums[i % 2], e);
         }
     }
-    for x in chunks.into_remainder() {
-        *x = exp(*x - max);
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sums[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), sums[1]);
     }
-    max
+    for (j, x) in (whole..).zip(chunks.into_remainder()) {
+        *x = exp(*x - max);
+        lanes[j % 16] += *x;
+    }
+    tree16(lanes)
 }
 
 /// [`exp_shifted_avx2`] on 16 lanes, the tail masked: the same operations
@@ -468,15 +483,22 @@ unsafe fn exp_shifted_avx512(s: &mut [f32]) -> f32 {
     }
     let max = _mm512_reduce_max_ps(mv);
     let maxv = _mm512_set1_ps(max);
+    // `lane_sum16`'s partial sums, one per lane; the tail's missing keys
+    // add nothing.
+    let mut sums = _mm512_setzero_ps();
     for i in (0..n).step_by(16) {
         // SAFETY: as above, for reading and writing.
         unsafe {
             let p = s.as_mut_ptr().add(i);
-            let x = _mm512_sub_ps(_mm512_maskz_loadu_ps(tail(i), p), maxv);
-            _mm512_mask_storeu_ps(p, tail(i), exp16(x));
+            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail(i), p), maxv));
+            _mm512_mask_storeu_ps(p, tail(i), e);
+            sums = _mm512_mask_add_ps(sums, tail(i), sums, e);
         }
     }
-    max
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sums) };
+    tree16(lanes)
 }
 
 /// [`exp`] on a register of lanes, operation for operation, written once
@@ -791,11 +813,8 @@ mod tests {
                 })
                 .collect();
             let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let mut sum = 0f32;
-            for x in s.iter_mut() {
-                *x = exp(*x - max);
-                sum += *x;
-            }
+            s.iter_mut().for_each(|x| *x = exp(*x - max));
+            let sum = lane_sum16(&s);
             for (j, &p) in s.iter().enumerate() {
                 let o = seq.offset(j, g);
                 axpy(p, &v[o..o + hd], oh);
@@ -858,32 +877,35 @@ mod tests {
     }
 
     #[test]
-    fn simd_softmax_weights_equal_scalar_exp() {
+    fn simd_softmax_weights_and_sums_equal_the_definition() {
         if Isa::detect() == Isa::Scalar {
             return;
         }
         let mut xs: Vec<f32> = (0..4000).map(|i| (i as f32 - 3000.0) * 0.037).collect();
         xs.extend([-1e30, -200.0, -87.31, -87.29, 0.0, -0.0, 1e-30, 88.0]);
-        let max = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let want: Vec<f32> = xs.iter().map(|&x| exp(x - max)).collect();
-        let mut got = xs.clone();
-        // SAFETY: AVX2 and FMA were detected above.
-        let got_max = unsafe { exp_shifted_avx2(&mut got) };
-        assert_eq!(got_max, max);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "x = {}", xs[i]);
-        }
-        if !matches!(Isa::detect(), Isa::Avx512 | Isa::Amx) {
-            return;
-        }
-        // And on 16 lanes, every tail length.
-        for n in [xs.len(), xs.len() - 1, xs.len() - 9, 15, 1] {
-            let mut got = xs[xs.len() - n..].to_vec();
-            let max = got.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            // SAFETY: AVX-512F was detected above.
-            assert_eq!(unsafe { exp_shifted_avx512(&mut got) }, max, "n = {n}");
-            for (g, &x) in got.iter().zip(&xs[xs.len() - n..]) {
-                assert_eq!(g.to_bits(), exp(x - max).to_bits(), "x = {x}, n = {n}");
+        let wide = matches!(Isa::detect(), Isa::Avx512 | Isa::Amx);
+        // Every tail length of both widths, odd and even chunk counts.
+        for n in [xs.len(), xs.len() - 1, xs.len() - 9, 31, 24, 17, 15, 8, 1] {
+            let x = &xs[xs.len() - n..];
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let want: Vec<f32> = x.iter().map(|&v| exp(v - max)).collect();
+            let want_sum = lane_sum16(&want);
+            let mut runs: Vec<(&str, Vec<f32>, f32)> = Vec::new();
+            let mut got = x.to_vec();
+            // SAFETY: AVX2 and FMA were detected above.
+            let sum = unsafe { exp_shifted_avx2(&mut got) };
+            runs.push(("avx2", got, sum));
+            if wide {
+                let mut got = x.to_vec();
+                // SAFETY: AVX-512F was detected above.
+                let sum = unsafe { exp_shifted_avx512(&mut got) };
+                runs.push(("avx512", got, sum));
+            }
+            for (isa, got, sum) in runs {
+                assert_eq!(sum.to_bits(), want_sum.to_bits(), "{isa} n = {n}");
+                for (g, (w, v)) in got.iter().zip(want.iter().zip(x)) {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{isa} x = {v}, n = {n}");
+                }
             }
         }
     }
