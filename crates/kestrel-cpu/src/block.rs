@@ -8,8 +8,8 @@
 
 use kestrel_model::LayerRope;
 
-use crate::kernels::attention::{lane_sum16, PagedSeq};
-use crate::kernels::ops::{axpy, dot8, exp};
+use crate::kernels::attention::{exp_shifted, PagedSeq};
+use crate::kernels::ops::{axpy, dot8};
 
 /// The RoPE of a set of layers, owned (see [`LayerRope`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -92,9 +92,7 @@ pub(crate) fn attend_window(
             let o = seq.offset(j, g);
             *s = dot8(qh, &k[o..o + hd]) * scale;
         }
-        let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        sh.iter_mut().for_each(|s| *s = exp(*s - max));
-        let inv = 1.0 / lane_sum16(sh);
+        let inv = 1.0 / exp_shifted(sh);
         let oh = &mut out[h * hd..(h + 1) * hd];
         oh.fill(0.0);
         for (j, &p) in (first..len).zip(sh.iter()) {

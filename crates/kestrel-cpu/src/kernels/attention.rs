@@ -190,9 +190,7 @@ pub fn attend_group(
             // SAFETY: AVX2 and FMA were detected (`simd`).
             unsafe { exp_shifted_avx2(sh) }
         } else {
-            let max = sh.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            sh.iter_mut().for_each(|s| *s = exp(*s - max));
-            lane_sum16(sh)
+            exp_shifted(sh)
         };
         *inv = 1.0 / sum;
     }
@@ -245,6 +243,15 @@ fn pair_heads(qs: &[f32], hd: usize) -> [f32; 4 * MAX_WIDE_HD] {
     qp
 }
 
+/// One head's softmax weights in place, `s = exp(s - max(s))`, returning
+/// their sum ([`lane_sum16`]): the definition the SIMD routes
+/// (`exp_shifted_avx2`, `exp_shifted_avx512`) reproduce.
+pub(crate) fn exp_shifted(s: &mut [f32]) -> f32 {
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    s.iter_mut().for_each(|x| *x = exp(*x - max));
+    lane_sum16(s)
+}
+
 /// The softmax normalizer of one head: the sum of its weights `w` (one
 /// per key) in the definition's order, 16 partial sums, lane `l` adding
 /// the weights of keys `l, l + 16, l + 32, ...` in key order, then
@@ -252,7 +259,7 @@ fn pair_heads(qs: &[f32], hd: usize) -> [f32; 4 * MAX_WIDE_HD] {
 /// `exp` makes them, where a sum in key order was one chain of dependent
 /// additions, at one addition per add latency (on long prompts a tenth of
 /// a small model's samples).
-pub(crate) fn lane_sum16(w: &[f32]) -> f32 {
+fn lane_sum16(w: &[f32]) -> f32 {
     let mut lanes = [0f32; 16];
     for c in w.chunks(16) {
         for (a, &x) in lanes.iter_mut().zip(c) {
