@@ -23,7 +23,7 @@ fn int8_dtypes() -> impl Iterator<Item = DType> {
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx]
         .into_iter()
         .filter(|i| i.is_supported())
         .collect()

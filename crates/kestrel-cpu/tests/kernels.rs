@@ -29,7 +29,7 @@ fn canonical_dot(w: &[f32], x: &[f32]) -> f32 {
 }
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx]
         .into_iter()
         .filter(|i| i.is_supported())
         .collect()

@@ -245,7 +245,7 @@ impl TaskSplit {
 unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1: usize, y: OutPtr) {
     let (rt, ct) = match isa {
         Isa::Avx512 | Isa::Amx => (4, 4),
-        Isa::Avx2 => (2, 2),
+        Isa::Avx2 | Isa::AvxVnni => (2, 2),
         Isa::Scalar => (1, 1),
     };
     // With many activation rows, dequantize each weight-row tile once into an
@@ -540,7 +540,7 @@ unsafe fn tile(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Amx => simd_tile!(tile512, 4, 4, w, src, x, r, rn, c, cn, y),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => simd_tile!(tile256, 2, 2, w, src, x, r, rn, c, cn, y),
+        Isa::Avx2 | Isa::AvxVnni => simd_tile!(tile256, 2, 2, w, src, x, r, rn, c, cn, y),
         _ => {
             for i in 0..rn {
                 for j in 0..cn {

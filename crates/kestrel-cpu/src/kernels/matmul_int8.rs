@@ -31,26 +31,34 @@ pub(super) struct Quantized<'a> {
 const LANES_MIN_ROWS: usize = 4;
 
 /// How the lane sweeps run: activation rows per lane group, whether with
-/// AVX-512 VNNI (`vpdpbusd`) or AVX2 (`vpmaddubsw`), and whether 16-lane
-/// groups run on AMX tiles.
+/// `vpdpbusd` (AVX-512 VNNI's, or with `avx_vnni` AVX-VNNI's on 8 lanes)
+/// or AVX2's `vpmaddubsw`, and whether 16-lane groups run on AMX tiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct LaneSweep {
     pub(super) lanes: usize,
     pub(super) vnni: bool,
+    pub(super) avx_vnni: bool,
     pub(super) amx: bool,
 }
 
 /// The lane sweep for `n` activation rows on `isa`, if one runs: with
 /// AVX-512 VNNI, 16 lanes for more than 8 rows (on AMX tiles with
 /// [`Isa::Amx`]), else 8 (a 16-lane sweep of 8 rows leaves half its lanes
-/// idle); otherwise AVX2's 8.
+/// idle); otherwise 8, with AVX-VNNI's `vpdpbusd` on [`Isa::AvxVnni`],
+/// else AVX2's `vpmaddubsw`.
 pub(super) fn lane_sweep(isa: Isa, n: usize) -> Option<LaneSweep> {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && n >= LANES_MIN_ROWS {
-        let vnni = uses_vnni(isa);
-        let lanes = if vnni && n > 8 { 16 } else { 8 };
+        let avx_vnni = isa == Isa::AvxVnni;
+        let vnni = uses_vnni(isa) || avx_vnni;
+        let lanes = if vnni && !avx_vnni && n > 8 { 16 } else { 8 };
         let amx = isa == Isa::Amx && lanes == 16;
-        return Some(LaneSweep { lanes, vnni, amx });
+        return Some(LaneSweep {
+            lanes,
+            vnni,
+            avx_vnni,
+            amx,
+        });
     }
     let _ = (isa, n);
     None
@@ -122,12 +130,13 @@ pub(super) unsafe fn int8_rows_task(
                 // the `n` rows (asserted); AVX2, FMA and F16C come with every
                 // SIMD ISA, checked supported by `matmul_group`, whose
                 // `sweep` ([`lane_sweep`]) is VNNI only with AVX-512 VNNI
-                // and AMX only on `Isa::Amx` (which `has_amx` granted).
+                // or on `Isa::AvxVnni` (granted on its flag), and AMX only
+                // on `Isa::Amx` (which `has_amx` granted).
                 unsafe {
                     if sweep.vnni {
-                        lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y, sweep.amx)
+                        lanes_rows_task::<$B, true>(w, lanes, n, r0, r1, y, sweep)
                     } else {
-                        lanes_rows_task::<$B, false>(w, lanes, n, r0, r1, y, false)
+                        lanes_rows_task::<$B, false>(w, lanes, n, r0, r1, y, sweep)
                     }
                 }
             };
@@ -277,8 +286,9 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
 ///
 /// # Safety
 /// As [`int8_rows_task`], with `B` the block type of `w.enc`, `x` holding
-/// the `n` rows in 8 lanes, or 16 with `VNNI`; the CPU must support AVX2,
-/// FMA and F16C, and AVX-512 VNNI and VL if `VNNI`.
+/// the `n` rows in 8 lanes, or 16 with `VNNI`; `sweep` from
+/// [`lane_sweep`]; the CPU must support AVX2, FMA and F16C, and if `VNNI`
+/// AVX-512 VNNI and VL, or AVX-VNNI where `sweep.avx_vnni`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     w: &MatRef<'_>,
@@ -287,8 +297,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     r0: usize,
     r1: usize,
     y: OutPtr,
-    amx: bool,
+    sweep: LaneSweep,
 ) {
+    let (amx, avx_vnni) = (sweep.amx, sweep.avx_vnni);
     let nb = w.cols / 32;
     // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
     // short rows.
@@ -350,6 +361,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     direct!(stored_vnni512::<B, 4, 2>, pair)
                 }
                 (true, 16, _) if one_scale => direct!(stored_vnni512::<B, 4, 1>, [args]),
+                (true, _, Encoding::Q4_0 | Encoding::Q4_1) if avx_vnni => {
+                    direct!(stored_avxvnni256::<B, 4, 1>, [args])
+                }
                 (true, _, Encoding::Q4_0 | Encoding::Q4_1) => {
                     direct!(stored_vnni256::<B, 4, 1>, [args])
                 }
@@ -358,7 +372,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     direct!(q4_k_vnni512::<4, 2>, pair)
                 }
                 (true, 16, _) => direct!(q4_k_vnni512::<4, 1>, [args]),
+                (true, _, Encoding::Q8_0) if avx_vnni => direct!(q8_0_avxvnni256::<4>, args),
                 (true, _, Encoding::Q8_0) => direct!(q8_0_vnni256::<4>, args),
+                (true, _, _) if avx_vnni => direct!(q4_k_avxvnni256::<4>, args),
                 (true, _, _) => direct!(q4_k_vnni256::<4>, args),
                 (false, _, Encoding::Q4K) => direct!(q4_k_lanes256::<4>, args),
                 _ => direct!(q8_0_lanes256::<2>, args),
@@ -503,6 +519,9 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                             tiles!(lanes_vnni512::<2>, 4, [args, next], carry)
                         }
                         (true, 16, _) => tiles!(lanes_vnni512::<1>, 4, [args], carry),
+                        (true, _, _) if avx_vnni => {
+                            tiles!(lanes_avxvnni256::<1>, 4, [args], carry)
+                        }
                         (true, _, _) => tiles!(lanes_vnni256::<1>, 4, [args], carry),
                         (false, _, Encoding::Q8_0) if !has_lowest => {
                             tiles!(lanes_sweep256_absx, 4, args)

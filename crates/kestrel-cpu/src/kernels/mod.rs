@@ -121,6 +121,12 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// [`Isa::Avx2`] with AVX-VNNI, the VEX `vpdpbusd` on 256-bit
+    /// registers (Intel's client cores since Alder Lake, Sierra Forest:
+    /// no AVX-512): the 8-lane int8 sweeps multiply with it, as AVX-512
+    /// VNNI's do. Not implied by [`Isa::Avx512`] (Zen 4 and Ice Lake have
+    /// AVX-512 VNNI but not AVX-VNNI), so it is granted on its own flag.
+    AvxVnni,
     /// x86-64 AVX-512 F/BW (plus AVX2/FMA/F16C).
     Avx512,
     /// [`Isa::Avx512`] with AVX-512 VNNI and AMX-INT8 tiles the OS grants
@@ -131,8 +137,8 @@ pub enum Isa {
 
 impl Isa {
     /// The environment variable that forces an ISA: `scalar`, `avx2`,
-    /// `avx512` or `amx`. Lets an AVX-512 machine measure the AVX2 kernels, or any
-    /// machine the scalar definition.
+    /// `avxvnni`, `avx512` or `amx`. Lets an AVX-512 machine measure the
+    /// AVX2 kernels, or any machine the scalar definition.
     pub const ENV: &'static str = "KESTREL_ISA";
 
     /// The ISA the kernels use, decided once per process: [`Isa::ENV`] if
@@ -166,6 +172,7 @@ impl Isa {
         let isa = match value.trim().to_ascii_lowercase().as_str() {
             "scalar" => Isa::Scalar,
             "avx2" => Isa::Avx2,
+            "avxvnni" => Isa::AvxVnni,
             "avx512" => Isa::Avx512,
             "amx" => Isa::Amx,
             _ => {
@@ -180,12 +187,25 @@ impl Isa {
                 best,
             });
         }
+        if isa == Isa::AvxVnni && !Self::has_avx_vnni() {
+            return Err(IsaRequestError::NoAvxVnni);
+        }
         Ok(isa)
     }
 
     /// Whether this CPU can run kernels of `self`.
     pub fn is_supported(self) -> bool {
-        self <= Self::best_supported()
+        self <= Self::best_supported() && (self != Isa::AvxVnni || Self::has_avx_vnni())
+    }
+
+    /// Whether this CPU has AVX2 (with FMA and F16C) and AVX-VNNI.
+    fn has_avx_vnni() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Self::Avx2.is_supported() && x86_lanes::has_avx_vnni()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
     }
 
     fn best_supported() -> Isa {
@@ -200,6 +220,9 @@ impl Isa {
                 }
                 return Isa::Avx512;
             }
+            if avx2 && x86_lanes::has_avx_vnni() {
+                return Isa::AvxVnni;
+            }
             if avx2 {
                 return Isa::Avx2;
             }
@@ -211,10 +234,12 @@ impl Isa {
 /// Why a forced ISA ([`Isa::ENV`]) was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IsaRequestError {
-    #[error("{env}={value:?} names no ISA (scalar, avx2, avx512, amx)", env = Isa::ENV)]
+    #[error("{env}={value:?} names no ISA (scalar, avx2, avxvnni, avx512, amx)", env = Isa::ENV)]
     Unknown { value: String },
     #[error("{env} asks for {requested:?}, but this CPU supports at most {best:?}", env = Isa::ENV)]
     Unsupported { requested: Isa, best: Isa },
+    #[error("{env} asks for AvxVnni, but this CPU has no AVX-VNNI (avxvnni)", env = Isa::ENV)]
+    NoAvxVnni,
 }
 
 #[cfg(test)]

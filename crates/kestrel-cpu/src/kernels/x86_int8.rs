@@ -361,9 +361,11 @@ mod tests {
         Tile8,
     };
     use super::super::x86_lanes::{
-        after_tiles, has_avx512_vnni, has_gfni, lanes_sweep256, lanes_sweep256_absx, lanes_vnni256,
-        lanes_vnni512, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_lanes256, q8_0_vnni256,
-        stored_vnni256, stored_vnni512, unpack_rows256, Carry, I8Block, LaneArgs, StoredRows,
+        after_tiles, has_avx512_vnni, has_avx_vnni, has_gfni, lanes_avxvnni256, lanes_sweep256,
+        lanes_sweep256_absx, lanes_vnni256, lanes_vnni512, q4_k_avxvnni256, q4_k_lanes256,
+        q4_k_vnni256, q4_k_vnni512, q8_0_avxvnni256, q8_0_lanes256, q8_0_vnni256,
+        stored_avxvnni256, stored_vnni256, stored_vnni512, unpack_rows256, Carry, I8Block,
+        LaneArgs, StoredRows,
     };
     use super::super::Isa;
     use super::*;
@@ -449,10 +451,17 @@ mod tests {
             "AVX2 unpack: -128 among the weights"
         );
         assert!(!unpacked[1].1, "VNNI unpack reports no -128");
-        // The VNNI sweeps of 16 lanes also take two groups at once.
-        for (lanes, on_vnni, groups) in [(8, false, 1), (8, true, 1), (16, true, 1), (16, true, 2)]
-        {
-            if on_vnni && !vnni {
+        // The VNNI sweeps of 16 lanes also take two groups at once; the
+        // 8-lane ones run once more with AVX-VNNI's encoding (`avx`).
+        let avx_vnni = Isa::Avx2.is_supported() && has_avx_vnni();
+        for (lanes, on_vnni, groups, avx) in [
+            (8, false, 1, false),
+            (8, true, 1, false),
+            (8, true, 1, true),
+            (16, true, 1, false),
+            (16, true, 2, false),
+        ] {
+            if if avx { !avx_vnni } else { on_vnni && !vnni } {
                 continue;
             }
             for cn in (groups - 1) * lanes + 1..=n.min(groups * lanes) {
@@ -494,12 +503,15 @@ mod tests {
                     unsafe {
                         match (lanes, on_vnni, groups) {
                             (8, false, _) => run!(lanes_sweep256),
+                            (8, true, _) if avx => run!(lanes_avxvnni256::<1>, [a]),
                             (8, true, _) => run!(lanes_vnni256::<1>, [a]),
                             (_, _, 1) => run!(lanes_vnni512::<1>, [a]),
                             _ => run!(lanes_vnni512::<2>, [a, LaneArgs::group(&x, 1)]),
                         }
                     }
-                    let what = format!("{lanes}-lane x{groups} (vnni {on_vnni}) tile {r}x{cn}");
+                    let what = format!(
+                        "{lanes}-lane x{groups} (vnni {on_vnni}, avx-vnni {avx}) tile {r}x{cn}"
+                    );
                     expect(w, xq, &y, r * tiles, cn, &what);
                     if on_vnni && nb >= 2 * B::SUB {
                         // In two chunks of whole stored blocks, unpacked
@@ -536,6 +548,9 @@ mod tests {
                                     u.as_mut_ptr(),
                                 );
                                 match (lanes, groups) {
+                                    (8, _) if avx => {
+                                        run!(lanes_avxvnni256::<1>, [from(0)], p, kn, out, carry)
+                                    }
                                     (8, _) => {
                                         run!(lanes_vnni256::<1>, [from(0)], p, kn, out, carry)
                                     }
@@ -613,10 +628,15 @@ mod tests {
                             match (lanes, groups, on_vnni, B::ENC) {
                                 (16, 2, ..) if one_scale => direct!(stored_vnni512::<B, 2>, pair),
                                 (16, ..) if one_scale => direct!(stored_vnni512::<B, 1>, [a]),
+                                _ if one_scale && avx => {
+                                    direct!(stored_avxvnni256::<B, 1>, [a])
+                                }
                                 _ if one_scale => direct!(stored_vnni256::<B, 1>, [a]),
                                 (16, 2, ..) => direct!(q4_k_vnni512::<2>, pair),
                                 (16, ..) => direct!(q4_k_vnni512::<1>, [a]),
+                                (_, _, true, Encoding::Q8_0) if avx => direct!(q8_0_avxvnni256, a),
                                 (_, _, true, Encoding::Q8_0) => direct!(q8_0_vnni256, a),
+                                (_, _, true, _) if avx => direct!(q4_k_avxvnni256, a),
                                 (_, _, true, _) => direct!(q4_k_vnni256, a),
                                 (_, _, false, Encoding::Q4K) => direct!(q4_k_lanes256, a),
                                 _ => direct!(q8_0_lanes256, a),

@@ -523,15 +523,16 @@ unsafe fn sweep256<B: Int8Block, const R: usize, const ABS_X: bool>(
 /// < cn)`; `(G - 1) * $lanes < cn <= G * $lanes`; a carry valid for
 /// reading and writing its `R * tiles` rows' sums for the `G` groups,
 /// holding what the chunk before left there unless `first`; the CPU must
-/// support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+/// support `$features` (AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C;
+/// for the AVX-VNNI instance AVX2, FMA, F16C and AVX-VNNI).
 macro_rules! lanes_vnni {
-    ($(#[$doc:meta])* $unpacked:ident, $stored:ident, $sweep:ident, $lanes:literal,
+    ($(#[$doc:meta])* $features:literal, $unpacked:ident, $stored:ident, $sweep:ident, $lanes:literal,
      $loadu:ident, $loadu_ps:ident, $storeu_ps:ident, $set1_epi32:ident, $set1_epi8:ident,
      $setzero:ident, $add_epi32:ident, $mullo:ident, $and:ident, $xor:ident,
      $srli_epi16:ident, $dpbusd:ident, $cvt:ident, $set1_ps:ident, $mul_ps:ident,
      $fmadd_ps:ident, $add_ps:ident, $setzero_ps:ident) => {
         $(#[$doc])*
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $unpacked<B: Int8Block, const R: usize, const G: usize>(
             w: *const I8Block,
@@ -550,7 +551,7 @@ macro_rules! lanes_vnni {
         }
 
         $(#[$doc])*
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         pub(crate) unsafe fn $stored<B: Int8Block, const R: usize, const G: usize>(
             w: StoredRows,
             tiles: usize,
@@ -567,7 +568,7 @@ macro_rules! lanes_vnni {
 
         /// The body of both: `rows` laid out as [`StoredRows`] says, a
         /// block every `block` bytes.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         #[inline]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $sweep<B: Int8Block, const R: usize, const G: usize, const STORED: bool>(
@@ -764,6 +765,7 @@ macro_rules! lanes_vnni {
 lanes_vnni!(
     /// [`lanes_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to 8
     /// activation rows.
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     lanes_vnni256,
     stored_vnni256,
     sweep_vnni256,
@@ -790,6 +792,7 @@ lanes_vnni!(
 lanes_vnni!(
     /// [`lanes_vnni`] on 16 lanes (512-bit registers): more than 8
     /// activation rows.
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     lanes_vnni512,
     stored_vnni512,
     sweep_vnni512,
@@ -812,6 +815,35 @@ lanes_vnni!(
     _mm512_fmadd_ps,
     _mm512_add_ps,
     _mm512_setzero_ps
+);
+lanes_vnni!(
+    /// [`lanes_vnni`] on 8 lanes with AVX-VNNI (the VEX `vpdpbusd` of
+    /// Intel's client cores since Alder Lake and of Sierra Forest, which
+    /// have no AVX-512): [`lanes_vnni256`]'s body, instruction for
+    /// instruction but the encoding, so the same sums bit for bit.
+    "avx2,fma,f16c,avxvnni",
+    lanes_avxvnni256,
+    stored_avxvnni256,
+    sweep_avxvnni256,
+    8,
+    _mm256_loadu_si256,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_epi32,
+    _mm256_set1_epi8,
+    _mm256_setzero_si256,
+    _mm256_add_epi32,
+    _mm256_mullo_epi32,
+    _mm256_and_si256,
+    _mm256_xor_si256,
+    _mm256_srli_epi16,
+    _mm256_dpbusd_avx_epi32,
+    _mm256_cvtepi32_ps,
+    _mm256_set1_ps,
+    _mm256_mul_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_setzero_ps
 );
 
 /// Weight rows in their stored encoding: row `r` at `w + r * row_bytes`,
@@ -922,44 +954,67 @@ unsafe fn q8_0_stored<const R: usize>(
     }
 }
 
-/// [`q8_0_stored`] with VNNI, as [`lanes_vnni256`] computes Q8_0 from
-/// unpacked rows: each four-byte group broadcast from the block and made
-/// unsigned there (`w + 128`, a `vpxor` on a port the products leave
-/// idle), the sums starting at `-128 * sum(x)`. With one lane group (8
-/// activation rows or fewer) nothing reuses an unpack, and unpacking cost
-/// as much as the sweep.
-///
-/// # Safety
-/// `w` must be valid for `R * tiles` rows of Q8_0 blocks, `x` for
-/// `w.nblocks` blocks of an 8-lane group with its integer sums, `y` for
-/// writing every element `(r, c < cn)`; `cn <= 8`; the CPU must support
-/// AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q8_0_vnni256<const R: usize>(
-    w: StoredRows,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let flip = _mm256_set1_epi8(i8::MIN);
-    let neg_offset = _mm256_set1_epi32(-128);
-    // SAFETY: block `b`'s 16 integer sums are in bounds (fn contract).
-    let start = |b: usize| unsafe {
-        let [lo, hi] = [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
-        _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset)
+/// Defines a [`q8_0_stored`] sweep with VNNI: `$name`, for a CPU with
+/// `$features`, multiplying with `$dpbusd` (AVX-512 VL's or AVX-VNNI's).
+macro_rules! q8_0_vnni {
+    ($(#[$doc:meta])* $features:literal, $name:ident, $dpbusd:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name<const R: usize>(
+            w: StoredRows,
+            tiles: usize,
+            x: LaneArgs,
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            let flip = _mm256_set1_epi8(i8::MIN);
+            let neg_offset = _mm256_set1_epi32(-128);
+            // SAFETY: block `b`'s 16 integer sums are in bounds (fn contract).
+            let start = |b: usize| unsafe {
+                let [lo, hi] = [0, 1].map(|h| _mm256_loadu_si256(x.sums.add(8 * (2 * b + h)).cast()));
+                _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), neg_offset)
+            };
+            // SAFETY: `q` holds the block's 32 bytes (q8_0_stored's contract).
+            let dot = |q: *const u8, xk: &[__m256i; 8], start| unsafe {
+                (0..8).fold(start, |s, k| {
+                    let four = (q.add(4 * k) as *const i32).read_unaligned();
+                    $dpbusd(s, _mm256_xor_si256(_mm256_set1_epi32(four), flip), xk[k])
+                })
+            };
+            // SAFETY: forwarded contract; this CPU has VNNI.
+            unsafe { q8_0_stored::<R>(w, tiles, x, (cn, y, y_stride), start, dot) }
+        }
     };
-    // SAFETY: `q` holds the block's 32 bytes (q8_0_stored's contract).
-    let dot = |q: *const u8, xk: &[__m256i; 8], start| unsafe {
-        (0..8).fold(start, |s, k| {
-            let four = (q.add(4 * k) as *const i32).read_unaligned();
-            _mm256_dpbusd_epi32(s, _mm256_xor_si256(_mm256_set1_epi32(four), flip), xk[k])
-        })
-    };
-    // SAFETY: forwarded contract; this CPU has VNNI.
-    unsafe { q8_0_stored::<R>(w, tiles, x, (cn, y, y_stride), start, dot) }
 }
+
+q8_0_vnni!(
+    /// [`q8_0_stored`] with VNNI, as [`lanes_vnni256`] computes Q8_0 from
+    /// unpacked rows: each four-byte group broadcast from the block and made
+    /// unsigned there (`w + 128`, a `vpxor` on a port the products leave
+    /// idle), the sums starting at `-128 * sum(x)`. With one lane group (8
+    /// activation rows or fewer) nothing reuses an unpack, and unpacking cost
+    /// as much as the sweep.
+    ///
+    /// # Safety
+    /// `w` must be valid for `R * tiles` rows of Q8_0 blocks, `x` for
+    /// `w.nblocks` blocks of an 8-lane group with its integer sums, `y` for
+    /// writing every element `(r, c < cn)`; `cn <= 8`; the CPU must support
+    /// AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA and F16C.
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    q8_0_vnni256,
+    _mm256_dpbusd_epi32
+);
+q8_0_vnni!(
+    /// [`q8_0_vnni256`] with AVX-VNNI (as [`lanes_avxvnni256`]): the same
+    /// body and sums.
+    ///
+    /// # Safety
+    /// As [`q8_0_vnni256`], the CPU supporting AVX2, FMA, F16C and AVX-VNNI.
+    "avx2,fma,f16c,avxvnni",
+    q8_0_avxvnni256,
+    _mm256_dpbusd_avx_epi32
+);
 
 /// [`q8_0_stored`] on AVX2, as [`lanes_sweep256`] takes Q8_0: each
 /// four-byte group's magnitude against the activations with its sign
@@ -1101,51 +1156,74 @@ unsafe fn q4_k_tile<const R: usize>(
     sbs
 }
 
-/// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
-/// broadcast from the stored nibbles and masked in place: low nibbles as
-/// they are, high nibbles sixteen times their value, their scale taking
-/// the 1/16 (a power of two: the product with the activations' scale, and
-/// every step after it, come out as the definition's). Sums of at most 32
-/// x 240 x 127 stay exact in f32.
-///
-/// # Safety
-/// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
-/// integer sums needed).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_vnni256<const R: usize>(
-    w: StoredRows,
-    tiles: usize,
-    x: LaneArgs,
-    cn: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
-    // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
-    // SAFETY: those 32 bytes are in the super-block at `sb`
-    // (q4_k_stored's contract).
-    let dot = |_: &(), _, j: usize, sb: *const u8, xk: &[__m256i; 8]| unsafe {
-        let q = sb.add(16 + 32 * (j / 2));
-        (0..8).fold(_mm256_setzero_si256(), |sum, k| {
-            let four = (q.add(4 * k) as *const i32).read_unaligned();
-            let wk = _mm256_and_si256(_mm256_set1_epi32(four), masks[j % 2]);
-            _mm256_dpbusd_epi32(sum, wk, xk[k])
-        })
+/// Defines a [`q4_k_stored`] sweep with VNNI: `$name`, for a CPU with
+/// `$features`, multiplying with `$dpbusd` (AVX-512 VL's or AVX-VNNI's).
+macro_rules! q4_k_vnni {
+    ($(#[$doc:meta])* $features:literal, $name:ident, $dpbusd:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name<const R: usize>(
+            w: StoredRows,
+            tiles: usize,
+            x: LaneArgs,
+            cn: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            let masks = [_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0xf0u8 as i8)];
+            // Sub-block j: nibble j % 2 of the stored bytes 32 (j / 2)..
+            // SAFETY: those 32 bytes are in the super-block at `sb`
+            // (q4_k_stored's contract).
+            let dot = |_: &(), _, j: usize, sb: *const u8, xk: &[__m256i; 8]| unsafe {
+                let q = sb.add(16 + 32 * (j / 2));
+                (0..8).fold(_mm256_setzero_si256(), |sum, k| {
+                    let four = (q.add(4 * k) as *const i32).read_unaligned();
+                    let wk = _mm256_and_si256(_mm256_set1_epi32(four), masks[j % 2]);
+                    $dpbusd(sum, wk, xk[k])
+                })
+            };
+            // SAFETY: forwarded contract; this CPU has VNNI.
+            unsafe {
+                q4_k_stored::<R, ()>(
+                    w,
+                    tiles,
+                    x,
+                    (cn, y, y_stride),
+                    [1.0, 1.0 / 16.0],
+                    (),
+                    |_, _| {},
+                    dot,
+                )
+            }
+        }
     };
-    // SAFETY: forwarded contract; this CPU has VNNI.
-    unsafe {
-        q4_k_stored::<R, ()>(
-            w,
-            tiles,
-            x,
-            (cn, y, y_stride),
-            [1.0, 1.0 / 16.0],
-            (),
-            |_, _| {},
-            dot,
-        )
-    }
 }
+
+q4_k_vnni!(
+    /// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
+    /// broadcast from the stored nibbles and masked in place: low nibbles as
+    /// they are, high nibbles sixteen times their value, their scale taking
+    /// the 1/16 (a power of two: the product with the activations' scale, and
+    /// every step after it, come out as the definition's). Sums of at most 32
+    /// x 240 x 127 stay exact in f32.
+    ///
+    /// # Safety
+    /// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
+    /// integer sums needed).
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    q4_k_vnni256,
+    _mm256_dpbusd_epi32
+);
+q4_k_vnni!(
+    /// [`q4_k_vnni256`] with AVX-VNNI (as [`lanes_avxvnni256`]): the same
+    /// body and sums.
+    ///
+    /// # Safety
+    /// As [`q4_k_vnni256`], the CPU supporting AVX2, FMA, F16C and AVX-VNNI.
+    "avx2,fma,f16c,avxvnni",
+    q4_k_avxvnni256,
+    _mm256_dpbusd_avx_epi32
+);
 
 /// [`q4_k_vnni256`] on 16 lanes against `G` consecutive lane groups at
 /// once (as [`lanes_vnni512`]): up to 32 activation rows, where an unpack
@@ -1286,6 +1364,13 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
     };
     // SAFETY: forwarded contract.
     unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
+}
+
+/// Whether this CPU has AVX-VNNI (VEX `vpdpbusd` on 256-bit registers),
+/// which [`lanes_avxvnni256`], [`stored_avxvnni256`],
+/// [`q8_0_avxvnni256`] and [`q4_k_avxvnni256`] need on top of AVX2.
+pub(crate) fn has_avx_vnni() -> bool {
+    is_x86_feature_detected!("avxvnni")
 }
 
 /// Whether this CPU has AVX-512 VNNI and VL, which [`lanes_vnni256`] and
