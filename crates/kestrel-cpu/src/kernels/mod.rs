@@ -269,5 +269,21 @@ mod tests {
             Isa::resolve("sse4", Isa::Avx512),
             Err(IsaRequestError::Unknown { .. })
         ));
+        // AVX-VNNI: above AVX2 on the ladder, and asked of the CPU's own
+        // flag even under AVX-512 (Zen 4 has AVX-512 VNNI, not AVX-VNNI).
+        assert_eq!(
+            Isa::resolve("avxvnni", Isa::Avx2),
+            Err(IsaRequestError::Unsupported {
+                requested: Isa::AvxVnni,
+                best: Isa::Avx2
+            })
+        );
+        let want = if Isa::has_avx_vnni() {
+            Ok(Isa::AvxVnni)
+        } else {
+            Err(IsaRequestError::NoAvxVnni)
+        };
+        assert_eq!(Isa::resolve("AvxVnni", Isa::Avx512), want);
+        assert_eq!(Isa::AvxVnni.is_supported(), Isa::has_avx_vnni());
     }
 }
