@@ -16,7 +16,11 @@
 //! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`],
 //! [`q4_k_lanes256`]); with VNNI so are up to 32 rows of Q4_K
 //! ([`q4_k_vnni512`]) and of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
-//! [`stored_vnni512`]: the VNNI sweep's body reading stored blocks). Long
+//! [`stored_vnni512`]: the VNNI sweep's body reading stored blocks). On
+//! AVX2 CPUs with AVX-VNNI (`super::Isa::AvxVnni`) the 8-lane VNNI
+//! sweeps run as second instances compiled for it ([`lanes_avxvnni256`],
+//! [`stored_avxvnni256`], [`q8_0_avxvnni256`], [`q4_k_avxvnni256`]: the
+//! same bodies with the VEX `vpdpbusd`). Long
 //! rows can be swept a chunk of blocks at a time, the sums carried between
 //! chunks ([`Carry`]).
 //! Results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
