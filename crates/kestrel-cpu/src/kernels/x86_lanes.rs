@@ -766,32 +766,59 @@ macro_rules! lanes_vnni {
     };
 }
 
-lanes_vnni!(
+/// [`lanes_vnni`] on 8 lanes (256-bit registers) for a CPU with
+/// `$features`, multiplying with `$dpbusd`.
+macro_rules! lanes_vnni8 {
+    ($(#[$doc:meta])* $features:literal, $unpacked:ident, $stored:ident, $sweep:ident,
+     $dpbusd:ident) => {
+        lanes_vnni!(
+            $(#[$doc])*
+            $features,
+            $unpacked,
+            $stored,
+            $sweep,
+            8,
+            _mm256_loadu_si256,
+            _mm256_loadu_ps,
+            _mm256_storeu_ps,
+            _mm256_set1_epi32,
+            _mm256_set1_epi8,
+            _mm256_setzero_si256,
+            _mm256_add_epi32,
+            _mm256_mullo_epi32,
+            _mm256_and_si256,
+            _mm256_xor_si256,
+            _mm256_srli_epi16,
+            $dpbusd,
+            _mm256_cvtepi32_ps,
+            _mm256_set1_ps,
+            _mm256_mul_ps,
+            _mm256_fmadd_ps,
+            _mm256_add_ps,
+            _mm256_setzero_ps
+        );
+    };
+}
+
+lanes_vnni8!(
     /// [`lanes_vnni`] on 8 lanes (256-bit registers, AVX-512 VL): up to 8
     /// activation rows.
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     lanes_vnni256,
     stored_vnni256,
     sweep_vnni256,
-    8,
-    _mm256_loadu_si256,
-    _mm256_loadu_ps,
-    _mm256_storeu_ps,
-    _mm256_set1_epi32,
-    _mm256_set1_epi8,
-    _mm256_setzero_si256,
-    _mm256_add_epi32,
-    _mm256_mullo_epi32,
-    _mm256_and_si256,
-    _mm256_xor_si256,
-    _mm256_srli_epi16,
-    _mm256_dpbusd_epi32,
-    _mm256_cvtepi32_ps,
-    _mm256_set1_ps,
-    _mm256_mul_ps,
-    _mm256_fmadd_ps,
-    _mm256_add_ps,
-    _mm256_setzero_ps
+    _mm256_dpbusd_epi32
+);
+lanes_vnni8!(
+    /// [`lanes_vnni`] on 8 lanes with AVX-VNNI (the VEX `vpdpbusd` of
+    /// Intel's client cores since Alder Lake and of Sierra Forest, which
+    /// have no AVX-512): [`lanes_vnni256`]'s body, instruction for
+    /// instruction but the encoding, so the same sums bit for bit.
+    "avx2,fma,f16c,avxvnni",
+    lanes_avxvnni256,
+    stored_avxvnni256,
+    sweep_avxvnni256,
+    _mm256_dpbusd_avx_epi32
 );
 lanes_vnni!(
     /// [`lanes_vnni`] on 16 lanes (512-bit registers): more than 8
@@ -819,35 +846,6 @@ lanes_vnni!(
     _mm512_fmadd_ps,
     _mm512_add_ps,
     _mm512_setzero_ps
-);
-lanes_vnni!(
-    /// [`lanes_vnni`] on 8 lanes with AVX-VNNI (the VEX `vpdpbusd` of
-    /// Intel's client cores since Alder Lake and of Sierra Forest, which
-    /// have no AVX-512): [`lanes_vnni256`]'s body, instruction for
-    /// instruction but the encoding, so the same sums bit for bit.
-    "avx2,fma,f16c,avxvnni",
-    lanes_avxvnni256,
-    stored_avxvnni256,
-    sweep_avxvnni256,
-    8,
-    _mm256_loadu_si256,
-    _mm256_loadu_ps,
-    _mm256_storeu_ps,
-    _mm256_set1_epi32,
-    _mm256_set1_epi8,
-    _mm256_setzero_si256,
-    _mm256_add_epi32,
-    _mm256_mullo_epi32,
-    _mm256_and_si256,
-    _mm256_xor_si256,
-    _mm256_srli_epi16,
-    _mm256_dpbusd_avx_epi32,
-    _mm256_cvtepi32_ps,
-    _mm256_set1_ps,
-    _mm256_mul_ps,
-    _mm256_fmadd_ps,
-    _mm256_add_ps,
-    _mm256_setzero_ps
 );
 
 /// Weight rows in their stored encoding: row `r` at `w + r * row_bytes`,
