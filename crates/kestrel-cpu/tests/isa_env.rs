@@ -54,27 +54,17 @@ fn forced_scalar_is_used_everywhere() {
 }
 
 #[test]
-fn forced_avx2_is_used_where_the_cpu_has_it() {
-    if !Isa::Avx2.is_supported() {
-        eprintln!("skipped: this CPU has no AVX2");
-        return;
+fn forced_avx2_and_avx_vnni_are_used_where_the_cpu_has_them() {
+    for (value, isa) in [("avx2", Isa::Avx2), ("avxvnni", Isa::AvxVnni)] {
+        if !isa.is_supported() {
+            eprintln!("skipped {value}: this CPU lacks it");
+            continue;
+        }
+        assert_eq!(
+            run_probe(value),
+            format!("PROBE detect={isa:?} try_detect=Ok({isa:?}) model=Ok({isa:?})")
+        );
     }
-    assert_eq!(
-        run_probe("avx2"),
-        "PROBE detect=Avx2 try_detect=Ok(Avx2) model=Ok(Avx2)"
-    );
-}
-
-#[test]
-fn forced_avx_vnni_is_used_where_the_cpu_has_it() {
-    if !Isa::AvxVnni.is_supported() {
-        eprintln!("skipped: this CPU has no AVX-VNNI");
-        return;
-    }
-    assert_eq!(
-        run_probe("avxvnni"),
-        "PROBE detect=AvxVnni try_detect=Ok(AvxVnni) model=Ok(AvxVnni)"
-    );
 }
 
 #[test]

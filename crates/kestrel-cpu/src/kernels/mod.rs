@@ -198,11 +198,12 @@ impl Isa {
         self <= Self::best_supported() && (self != Isa::AvxVnni || Self::has_avx_vnni())
     }
 
-    /// Whether this CPU has AVX2 (with FMA and F16C) and AVX-VNNI.
+    /// Whether this CPU has the AVX-VNNI flag (AVX2 comes from the ladder:
+    /// both callers have checked `AvxVnni` against the best ISA first).
     fn has_avx_vnni() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            Self::Avx2.is_supported() && x86_lanes::has_avx_vnni()
+            x86_lanes::has_avx_vnni()
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
@@ -220,11 +221,12 @@ impl Isa {
                 }
                 return Isa::Avx512;
             }
-            if avx2 && x86_lanes::has_avx_vnni() {
-                return Isa::AvxVnni;
-            }
             if avx2 {
-                return Isa::Avx2;
+                return if x86_lanes::has_avx_vnni() {
+                    Isa::AvxVnni
+                } else {
+                    Isa::Avx2
+                };
             }
         }
         Isa::Scalar
