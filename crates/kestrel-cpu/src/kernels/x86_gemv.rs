@@ -33,7 +33,7 @@
 use std::arch::x86_64::*;
 
 use super::int8::Q8Block;
-use super::x86::{prefetch_l2, PREFETCH_TILES};
+use super::x86::{gemv_prefetch_tiles, prefetch_l2};
 use super::x86_blocks::{
     k_nibbles256, nibble_bytes256, q5_bytes256, q5k_bytes256, q6k_bytes256, u32_at, Q4KB, Q4_0B,
     Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
@@ -423,7 +423,7 @@ pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32)
 }
 
 /// The GEMVs' walk: `tiles` 8-row tiles from `a.w`, and per stored block
-/// `s` of a tile, the same bytes of the tile `PREFETCH_TILES` ahead
+/// `s` of a tile, the same bytes of the tile [`gemv_prefetch_tiles`] ahead
 /// prefetched (rows are contiguous), the eight rows' block addresses `p`
 /// and their scales decoded at once ([`Tile8::scales8`]) handed to
 /// `block(s, p, scales, acc, mins)`, which takes the definition's float
@@ -445,9 +445,10 @@ unsafe fn tiles8<B: Tile8>(
     // streams per stored block.
     let step = 8 * block_bytes;
     let mut sc = Scales8::zeros();
+    let ahead_bytes = gemv_prefetch_tiles() * 8 * a.row_bytes;
     for t in 0..tiles {
         let w = a.w.wrapping_add(8 * t * a.row_bytes);
-        let ahead = w.wrapping_add(PREFETCH_TILES * 8 * a.row_bytes);
+        let ahead = w.wrapping_add(ahead_bytes);
         let mut acc = _mm256_setzero_ps();
         let mut mins = _mm256_setzero_ps();
         for s in 0..a.nblocks / B::SUB {
