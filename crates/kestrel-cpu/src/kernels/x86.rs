@@ -34,33 +34,36 @@ pub(crate) struct TileArgs {
 pub(crate) const PREFETCH_TILES: usize = 4;
 
 /// How many 8-row tiles ahead the single-stream GEMVs (`x86_gemv.rs`)
-/// prefetch their weight stream with [`prefetch_l2`]: [`PREFETCH_TILES`]
-/// where `prefetcht1` fills L2 only, one where it fills L1 too. AMD's cores
-/// before Zen 4 (Zen 1-3) fill L1 with it (Zen 4 made it an L2 hint), and
-/// four tiles ahead, up to 4 * 8 rows * 6.7 KB of an 8192-column Q6_K
-/// matrix, is more than their 32 KiB L1: the prefetched lines pushed out
-/// the tile being swept. On a Zen 3 EPYC the Q4_K and Q6_K GEMVs streamed
-/// 9.5-10.8 and 7.7-7.9 GiB/s four tiles ahead, 12.3-12.6 and 10.1-10.6
-/// one tile ahead (`docs/bench/cpu-1b.md`, "Zen 3"). Those cores are the
-/// AMD ones without AVX-512, so that is the test. Read once (CPUID traps to
-/// the hypervisor in a VM).
-pub(crate) fn gemv_prefetch_tiles() -> usize {
-    static TILES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *TILES.get_or_init(|| {
-        let amd = __cpuid(0);
+/// prefetch their weight stream with [`prefetch_l2`]: [`PREFETCH_TILES`],
+/// but one for the K-quants (`k_quant`) where `prefetcht1` fills L1 too.
+/// AMD's cores before Zen 4 (Zen 1-3) fill L1 with it (Zen 4 made it an
+/// L2 hint); those are the AMD cores without AVX-512, so that is the test.
+/// On a Zen 3 EPYC the Q4_K and Q6_K GEMVs streamed 9.5-10.8 and 7.7-9.0
+/// GiB/s from DRAM four tiles ahead, 11.1-12.6 and 10.1-11.0 one tile
+/// ahead, and a 1B Q4_K_M stream decoded 20-46% faster; the one-scale
+/// types (Q8_0, Q4_0, Q4_1) measured level within the noise in the kernel
+/// and slower in the decode step (the default model's Q4_1 stream 96-110
+/// -> 88-90 tokens/s), so they keep four (`docs/bench/cpu-1b.md`, "Zen 3
+/// again"). Read once (CPUID traps to the hypervisor in a VM).
+pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
+    static FILLS_L1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let fills_l1 = *FILLS_L1.get_or_init(|| {
+        let id = __cpuid(0);
         // "AuthenticAMD" in EBX, EDX, ECX.
-        let amd = (amd.ebx, amd.edx, amd.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-        prefetch_tiles_for(amd, is_x86_feature_detected!("avx512f"))
-    })
-}
-
-/// [`gemv_prefetch_tiles`] for a CPU of AMD's or not, with AVX-512 or not.
-fn prefetch_tiles_for(amd: bool, avx512f: bool) -> usize {
-    if amd && !avx512f {
+        let amd = (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        prefetcht1_fills_l1(amd, is_x86_feature_detected!("avx512f"))
+    });
+    if k_quant && fills_l1 {
         1
     } else {
         PREFETCH_TILES
     }
+}
+
+/// Whether `prefetcht1` fills L1 on a CPU of AMD's or not, with AVX-512
+/// or not: on AMD's cores before Zen 4, the ones without AVX-512.
+fn prefetcht1_fills_l1(amd: bool, avx512f: bool) -> bool {
+    amd && !avx512f
 }
 
 /// How many rows ahead the row dequantizers prefetch.
@@ -427,22 +430,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gemv_prefetch_reaches_one_tile_where_prefetcht1_fills_l1() {
-        // AMD without AVX-512 (Zen 1-3): one tile; Zen 4 and later, and
-        // every Intel core, keep four.
-        assert_eq!(prefetch_tiles_for(true, false), 1);
-        assert_eq!(prefetch_tiles_for(true, true), PREFETCH_TILES);
-        assert_eq!(prefetch_tiles_for(false, false), PREFETCH_TILES);
-        assert_eq!(prefetch_tiles_for(false, true), PREFETCH_TILES);
-        let amd = std::fs::read_to_string("/proc/cpuinfo")
-            .map(|c| c.contains("AuthenticAMD"))
-            .unwrap_or(false);
-        if std::path::Path::new("/proc/cpuinfo").exists() {
+    fn prefetcht1_fills_l1_on_amd_cores_without_avx512() {
+        assert!(prefetcht1_fills_l1(true, false), "Zen 1-3");
+        assert!(!prefetcht1_fills_l1(true, true), "Zen 4 and later");
+        assert!(!prefetcht1_fills_l1(false, false));
+        assert!(!prefetcht1_fills_l1(false, true));
+        // CPUID's vendor read as /proc/cpuinfo names it.
+        if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+            let short = prefetcht1_fills_l1(
+                info.contains("AuthenticAMD"),
+                is_x86_feature_detected!("avx512f"),
+            );
             assert_eq!(
-                gemv_prefetch_tiles(),
-                prefetch_tiles_for(amd, is_x86_feature_detected!("avx512f")),
-                "CPUID's vendor read as /proc/cpuinfo names it"
+                gemv_prefetch_tiles(true),
+                if short { 1 } else { PREFETCH_TILES }
             );
         }
+        assert_eq!(gemv_prefetch_tiles(false), PREFETCH_TILES);
     }
 }

@@ -445,7 +445,7 @@ unsafe fn tiles8<B: Tile8>(
     // streams per stored block.
     let step = 8 * block_bytes;
     let mut sc = Scales8::zeros();
-    let ahead_bytes = gemv_prefetch_tiles() * 8 * a.row_bytes;
+    let ahead_bytes = gemv_prefetch_tiles(B::SUB == 8) * 8 * a.row_bytes;
     for t in 0..tiles {
         let w = a.w.wrapping_add(8 * t * a.row_bytes);
         let ahead = w.wrapping_add(ahead_bytes);
