@@ -38,13 +38,14 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 /// but one for the K-quants (`k_quant`) where `prefetcht1` fills L1 too.
 /// AMD's cores before Zen 4 (Zen 1-3) fill L1 with it (Zen 4 made it an
 /// L2 hint); those are the AMD cores without AVX-512, so that is the test.
-/// On a Zen 3 EPYC the Q4_K and Q6_K GEMVs streamed 9.5-10.8 and 7.7-9.0
-/// GiB/s from DRAM four tiles ahead, 11.1-12.6 and 10.1-11.0 one tile
-/// ahead, and a 1B Q4_K_M stream decoded 20-46% faster; the one-scale
-/// types (Q8_0, Q4_0, Q4_1) measured level within the noise in the kernel
-/// and slower in the decode step (the default model's Q4_1 stream 96-110
-/// -> 88-90 tokens/s), so they keep four (`docs/bench/cpu-1b.md`, "Zen 3
-/// again"). Read once (CPUID traps to the hypervisor in a VM).
+/// On a Zen 3 EPYC the Q4_K and Q6_K GEMVs streamed 9.2-10.8 and 7.6-9.0
+/// GiB/s from DRAM four tiles ahead, 11.0-12.6 and 10.1-11.0 one tile
+/// ahead, and a 1B Q4_K_M stream decoded 14.7, 11.0 -> 17.6, 16.1 tokens/s
+/// (alternated); the one-scale types (Q8_0, Q4_0, Q4_1) measured level
+/// within the noise in the kernel and slower in the decode step (the
+/// default model's Q4_1 stream 96-110 -> 88-90 tokens/s), so they keep
+/// four (`docs/bench/cpu-1b.md`, "Zen 3 again"). Read once (CPUID traps
+/// to the hypervisor in a VM).
 pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
     static FILLS_L1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let fills_l1 = *FILLS_L1.get_or_init(|| {
@@ -74,8 +75,9 @@ const PREFETCH_ROWS: usize = 8;
 /// its line arrives from DRAM, so a stream prefetched that way has only
 /// those in flight (on a Zen 4 EPYC the 1B Q4_K GEMV streamed 16 GiB/s
 /// with `prefetcht0`, 27 GiB/s with `prefetcht1`: `docs/bench/cpu-1b.md`).
-/// L2 misses have more; the demand load then hits L2. Never faults,
-/// whatever `p` is.
+/// L2 misses have more; the demand load then hits L2 (on AMD's cores
+/// before Zen 4 `prefetcht1` fills L1 as well: [`gemv_prefetch_tiles`]).
+/// Never faults, whatever `p` is.
 #[inline(always)]
 pub(crate) fn prefetch_l2(p: *const u8) {
     // SAFETY: prefetch is a hint: it does not dereference architecturally and
