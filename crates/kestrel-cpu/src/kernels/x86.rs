@@ -37,7 +37,9 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 /// prefetch their weight stream with [`prefetch_l2`]: [`PREFETCH_TILES`],
 /// but one for the K-quants (`k_quant`) where `prefetcht1` fills L1 too.
 /// AMD's cores before Zen 4 (Zen 1-3) fill L1 with it (Zen 4 made it an
-/// L2 hint); those are the AMD cores without AVX-512, so that is the test.
+/// L2 hint); those are the AMD cores without AVX-512, so that is the test
+/// (measured on Zen 3 only; Zen 1 and 2 take it on that documented
+/// behaviour).
 /// On a Zen 3 EPYC the Q4_K and Q6_K GEMVs streamed 9.2-10.8 and 7.6-9.0
 /// GiB/s from DRAM four tiles ahead, 11.0-12.6 and 10.1-11.0 one tile
 /// ahead, and a 1B Q4_K_M stream decoded 14.7, 11.0 -> 17.6, 16.1 tokens/s
@@ -48,13 +50,16 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 /// to the hypervisor in a VM).
 pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
     static FILLS_L1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !k_quant {
+        return PREFETCH_TILES;
+    }
     let fills_l1 = *FILLS_L1.get_or_init(|| {
         let id = __cpuid(0);
         // "AuthenticAMD" in EBX, EDX, ECX.
         let amd = (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
         prefetcht1_fills_l1(amd, is_x86_feature_detected!("avx512f"))
     });
-    if k_quant && fills_l1 {
+    if fills_l1 {
         1
     } else {
         PREFETCH_TILES
