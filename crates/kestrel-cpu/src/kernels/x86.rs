@@ -49,21 +49,20 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 /// four (`docs/bench/cpu-1b.md`, "Zen 3 again"). Read once (CPUID traps
 /// to the hypervisor in a VM).
 pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
-    static FILLS_L1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static K_QUANT_TILES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if !k_quant {
         return PREFETCH_TILES;
     }
-    let fills_l1 = *FILLS_L1.get_or_init(|| {
+    *K_QUANT_TILES.get_or_init(|| {
         let id = __cpuid(0);
         // "AuthenticAMD" in EBX, EDX, ECX.
         let amd = (id.ebx, id.edx, id.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-        prefetcht1_fills_l1(amd, is_x86_feature_detected!("avx512f"))
-    });
-    if fills_l1 {
-        1
-    } else {
-        PREFETCH_TILES
-    }
+        if prefetcht1_fills_l1(amd, is_x86_feature_detected!("avx512f")) {
+            1
+        } else {
+            PREFETCH_TILES
+        }
+    })
 }
 
 /// Whether `prefetcht1` fills L1 on a CPU of AMD's or not, with AVX-512
