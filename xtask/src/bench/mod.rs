@@ -469,33 +469,38 @@ impl Bench<'_> {
             results.extend(per_config);
         }
 
-        let peer = match &opts.peer {
-            None => None,
-            Some(dir) => {
-                eprintln!("running llama.cpp from {}", dir.display());
-                let ride = pipelined_engine(&mut engines);
-                let prefill = prefill_probe(ride, ctx, 512, PROBE_ID)?;
-                let streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
-                let mut streams = streams;
-                streams.dedup();
-                let gen = (opts.plan.min_tokens + opts.plan.max_tokens) as usize / 2;
-                let llama = peer::run_llama_cpp(
-                    dir,
-                    model_path,
-                    opts.threads,
-                    // llama.cpp's CUDA build with every layer offloaded
-                    // against our CUDA backend, CPU-only against our CPU one.
-                    match opts.backend {
-                        Backend::Cpu => 0,
-                        Backend::Cuda => 99,
-                    },
-                    &streams,
-                    prompts.mean_text_prompt_len().round() as usize,
-                    gen,
-                )?;
-                Some(report::PeerReport::new(llama, prefill, &results))
+        // A peer that fails (llama.cpp's AMX build dies on some VMs) must
+        // not cost the Kestrel runs above: the report is written without
+        // it, saying why, and the bench fails after writing.
+        let (mut peer, mut peer_error) = (None, None);
+        if let Some(dir) = &opts.peer {
+            eprintln!("running llama.cpp from {}", dir.display());
+            let ride = pipelined_engine(&mut engines);
+            let prefill = prefill_probe(ride, ctx, 512, PROBE_ID)?;
+            let mut streams: Vec<usize> = opts.workloads.iter().map(|w| w.streams).collect();
+            streams.dedup();
+            let gen = (opts.plan.min_tokens + opts.plan.max_tokens) as usize / 2;
+            match peer::run_llama_cpp(
+                dir,
+                model_path,
+                opts.threads,
+                // llama.cpp's CUDA build with every layer offloaded
+                // against our CUDA backend, CPU-only against our CPU one.
+                match opts.backend {
+                    Backend::Cpu => 0,
+                    Backend::Cuda => 99,
+                },
+                &streams,
+                prompts.mean_text_prompt_len().round() as usize,
+                gen,
+            ) {
+                Ok(llama) => peer = Some(report::PeerReport::new(llama, prefill, &results)),
+                Err(e) => {
+                    eprintln!("llama.cpp failed (Kestrel's report is still written): {e:#}");
+                    peer_error = Some(e);
+                }
             }
-        };
+        }
 
         let meta = report::Meta::new(opts, model_path, weight_bytes, backend, dram);
         let doc = report::Report {
@@ -504,6 +509,7 @@ impl Bench<'_> {
             results,
             cost_model: model_rows,
             peer,
+            peer_error: peer_error.as_ref().map(|e| format!("{e:#}")),
         };
         std::fs::create_dir_all(&opts.out)
             .with_context(|| format!("creating {}", opts.out.display()))?;
@@ -517,7 +523,13 @@ impl Bench<'_> {
         )?;
         println!("{md}");
         println!("wrote {}", opts.out.display());
-        Ok(())
+        match peer_error {
+            Some(e) => Err(e.context(format!(
+                "the peer failed; Kestrel's results are in {}",
+                opts.out.display()
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

@@ -153,6 +153,9 @@ pub struct Report {
     pub results: Vec<ConfigResult>,
     pub cost_model: Vec<CostModelRow>,
     pub peer: Option<PeerReport>,
+    /// Why `--peer`'s benchmark gave no figures (its error and causes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_error: Option<String>,
 }
 
 fn pct(x: f64) -> String {
@@ -343,6 +346,13 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
              steady period; end to end counts (prompt + generated) tokens over the wall, like \
              llama-batched-bench's S. Kestrel's pp512 is the forward time of a 512-token prefill \
              of fresh tokens."
+        );
+    }
+
+    if let Some(e) = &doc.peer_error {
+        let _ = writeln!(
+            s,
+            "\n## Against llama.cpp (same GGUF, same threads)\n\nNo figures: the peer failed: {e}"
         );
     }
 
