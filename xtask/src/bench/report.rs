@@ -158,6 +158,9 @@ pub struct Report {
     pub peer_error: Option<String>,
 }
 
+/// The report's section on `--peer`, with figures or with why there are none.
+const PEER_HEADING: &str = "## Against llama.cpp (same GGUF, same threads)";
+
 fn pct(x: f64) -> String {
     format!("{x:+.1}%")
 }
@@ -325,7 +328,7 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
     }
 
     if let Some(p) = &doc.peer {
-        let _ = writeln!(s, "\n## Against llama.cpp (same GGUF, same threads)\n");
+        let _ = writeln!(s, "\n{PEER_HEADING}\n");
         let _ = writeln!(s, "| metric | Kestrel | llama.cpp | Kestrel / llama.cpp |");
         let _ = writeln!(s, "|---|---:|---:|---:|");
         for r in &p.rows {
@@ -350,10 +353,7 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
     }
 
     if let Some(e) = &doc.peer_error {
-        let _ = writeln!(
-            s,
-            "\n## Against llama.cpp (same GGUF, same threads)\n\nNo figures: the peer failed: {e}"
-        );
+        let _ = writeln!(s, "\n{PEER_HEADING}\n\nNo figures: the peer failed: {e}");
     }
 
     let _ = writeln!(s, "\n## Pictures\n");
