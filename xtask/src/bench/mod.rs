@@ -495,10 +495,8 @@ impl Bench<'_> {
                 gen,
             ) {
                 Ok(llama) => peer = Some(report::PeerReport::new(llama, prefill, &results)),
-                Err(e) => {
-                    eprintln!("llama.cpp failed (Kestrel's report is still written): {e:#}");
-                    peer_error = Some(e);
-                }
+                // Said in the report and in the error returned below.
+                Err(e) => peer_error = Some(e),
             }
         }
 
