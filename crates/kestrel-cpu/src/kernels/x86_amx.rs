@@ -15,8 +15,10 @@
 //!
 //! What it costs (the 2-vCPU Emerald Rapids VM of `docs/bench/cpu-1b.md`):
 //! a block's tile work, zero + two loads + `tdpbusd` + store, runs about
-//! 25 ns and does not overlap itself, so the products run a few blocks
-//! ahead of their float steps. Two-scale blocks (Q6_K) would take two
+//! 25 ns, so the products run a few blocks ahead of their float steps, and
+//! each block's sums are stored only after the next block's product is
+//! issued (a store straight after its own product waited for it, and the
+//! next product for the store: `perf` put half the sweep's samples there). Two-scale blocks (Q6_K) would take two
 //! half-depth products each and measured no faster than VNNI: not here.
 //!
 //! Tiles need the process's permission (Linux's `ARCH_REQ_XCOMP_PERM`,
@@ -146,20 +148,30 @@ const AHEAD: usize = 4;
 
 /// One block's products on the tile set of sums `tmm$c`, left `tmm$l` and
 /// right `tmm$r`: the sums zeroed, the left operand's 16 rows at `$a`, 32
-/// bytes apart, and the right's 8 at `$xq`, 64 apart; the sums stored to
-/// `$out`, 64 apart.
+/// bytes apart, and the right's 8 at `$xq`, 64 apart, multiplied into
+/// them. The sums are stored by [`tile_store`] one block later.
 macro_rules! tile_product {
-    ($c:literal, $l:literal, $r:literal, $a:expr, $xq:expr, $out:expr) => {
+    ($c:literal, $l:literal, $r:literal, $a:expr, $xq:expr) => {
         asm!(
             concat!("tilezero tmm", $c),
             concat!("tileloadd tmm", $l, ", [{a} + {row} * 1]"),
             concat!("tileloadd tmm", $r, ", [{xq} + {line} * 1]"),
             concat!("tdpbusd tmm", $c, ", tmm", $l, ", tmm", $r),
-            concat!("tilestored [{out} + {line} * 1], tmm", $c),
             a = in(reg) $a,
             xq = in(reg) $xq,
-            out = in(reg) $out,
             row = in(reg) 32usize,
+            line = in(reg) 64usize,
+            options(nostack),
+        )
+    };
+}
+
+/// The sums tile `tmm$c` stored to `$out`, 64 bytes apart.
+macro_rules! tile_store {
+    ($c:literal, $out:expr) => {
+        asm!(
+            concat!("tilestored [{out} + {line} * 1], tmm", $c),
+            out = in(reg) $out,
             line = in(reg) 64usize,
             options(nostack),
         )
@@ -208,7 +220,7 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
         let mut acc = [_mm512_setzero_ps(); AMX_ROWS];
         for i in 0..nblocks + LAG {
             if i < nblocks {
-                let (b, k) = (i, i % RING);
+                let b = i;
                 // Block `b` of the tile's 16 rows.
                 let a = wt.wrapping_add(b) as *const u8;
                 let xq = x.q.wrapping_add(32 * 16 * b);
@@ -221,17 +233,35 @@ pub(crate) unsafe fn lanes_amx<B: Int8Block>(
                 for line in 0..8 {
                     prefetch_l1(xq.wrapping_add(AHEAD * 512 + 64 * line));
                 }
-                let out = sums.wrapping_add(k);
                 // SAFETY: the tiles are configured (above); the left
                 // operand's 16 rows of 32 bytes at `a` are block `b`'s
                 // quants, the right operand's 8 x 64 bytes block b of
-                // the lane group (in bounds, fn contract); `out` is 16 x 64
-                // writable bytes.
+                // the lane group (in bounds, fn contract).
                 unsafe {
                     if b % 2 == 0 {
-                        tile_product!(2, 0, 1, a, xq, out);
+                        tile_product!(2, 0, 1, a, xq);
                     } else {
-                        tile_product!(5, 3, 4, a, xq, out);
+                        tile_product!(5, 3, 4, a, xq);
+                    }
+                }
+            }
+            // The previous block's sums, stored once this block's product is
+            // issued on the other tile set: stored straight after their own
+            // product, the store waited for it and the next block's tile
+            // work waited for the store (the `gemm` bench's 1B FFN up +6%
+            // on an AMX Xeon; storing two blocks later on four sums tiles
+            // measured the same).
+            if i >= 1 && i <= nblocks {
+                let b = i - 1;
+                let out = sums.wrapping_add(b % RING);
+                // SAFETY: the tiles are configured; block b's product (the
+                // iteration before) left its sums in its set's tile, which no
+                // product since has reused; `out` is 16 x 64 writable bytes.
+                unsafe {
+                    if b % 2 == 0 {
+                        tile_store!(2, out);
+                    } else {
+                        tile_store!(5, out);
                     }
                 }
             }
