@@ -9,7 +9,9 @@
 //! DRAM floor. With `GEMV_IN_CACHE=1` the set is one pair of 192x2048
 //! matrices (0.3-0.9 MB, in L2 with `KESTREL_THREADS=1`): the kernels'
 //! compute rate without DRAM, which says whether a type is bound by
-//! memory or by its decode. (A larger set sat in L3, which a 2-vCPU VM's
+//! memory or by its decode. The set sits on huge pages as the engine's
+//! weights do (`WeightPages::Huge`); `GEMV_PAGES=mapped` leaves it on 4 KiB
+//! pages, as a file's mapping is. (A larger set sat in L3, which a 2-vCPU VM's
 //! neighbours share: on a Zen 4 it read at about the DRAM rate.)
 
 mod common;
@@ -20,7 +22,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kestrel_cpu::kernels::{matmul, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
-use kestrel_cpu::{Isa, Numerics};
+use kestrel_cpu::{Isa, Numerics, WeightPages};
 use kestrel_model::{Bytes, DType, Matrix};
 
 /// Bytes of weights one pass streams, at least.
@@ -31,6 +33,10 @@ fn bench(c: &mut Criterion) {
     let pool = kestrel_cpu::Team::new(threads, "bench").unwrap();
     let mut rng = Rng(7);
     let in_cache = std::env::var_os("GEMV_IN_CACHE").is_some();
+    let pages = match std::env::var("GEMV_PAGES").as_deref() {
+        Ok("mapped") => WeightPages::Mapped,
+        _ => WeightPages::Huge,
+    };
     let mut g = c.benchmark_group("gemv_dram");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4))
@@ -58,16 +64,20 @@ fn bench(c: &mut Criterion) {
             SET_BYTES.div_ceil(pair_bytes)
         };
         // Distinct buffers of the same blocks: every pass reads DRAM (but
-        // in cache).
-        let set: Vec<Weight> = (0..copies)
+        // in cache), placed as the engine places a model's weights.
+        let mut owned: Vec<Matrix> = (0..copies)
             .flat_map(|_| protos.iter())
-            .map(|m| {
-                let owned = Matrix {
-                    data: Bytes::Owned(Arc::from(&m.data[..])),
-                    ..m.clone()
-                };
-                Weight::prepare("w", &owned).unwrap()
+            .map(|m| Matrix {
+                data: Bytes::Owned(Arc::from(&m.data[..])),
+                ..m.clone()
             })
+            .collect();
+        pages
+            .place(&mut owned.iter_mut().collect::<Vec<_>>())
+            .unwrap();
+        let set: Vec<Weight> = owned
+            .iter()
+            .map(|m| Weight::prepare("w", m).unwrap())
             .collect();
         for n in [1, 8] {
             let x: Vec<Vec<f32>> = shapes.iter().map(|&(_, c)| rng.vec(n * c, 1.0)).collect();

@@ -46,6 +46,15 @@ pub enum CpuError {
     #[error(transparent)]
     Isa(#[from] crate::kernels::IsaRequestError),
 
+    /// The memory the weights are copied into could not be mapped
+    /// ([`crate::WeightPages::Huge`]).
+    #[error("mapping {bytes} bytes for the weights failed")]
+    WeightMemory {
+        bytes: usize,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Starting the compute team's helper threads failed.
     #[error("starting the compute threads failed")]
     ThreadSpawn(#[source] std::io::Error),

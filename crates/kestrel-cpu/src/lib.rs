@@ -21,7 +21,7 @@ pub mod team;
 
 pub use kv::{KvStore, KvStoreConfig};
 pub use model::{
-    CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch, SUPPORTED_DTYPES,
+    CpuModel, CpuModelOptions, DecodeBatch, LogitsMode, PrefillBatch, WeightPages, SUPPORTED_DTYPES,
 };
 pub use perplexity::{perplexity, prompt_logprobs, Perplexity, PerplexityConfig, PositionLogprobs};
 pub use sampler::{sample, PenaltyState, SampledToken, SamplingParams, TopLogprobs};

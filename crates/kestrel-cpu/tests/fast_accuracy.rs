@@ -121,6 +121,7 @@ fn cpu_model(loaded: &LoadedModel, numerics: Numerics) -> CpuModel {
         threads: 2,
         isa: None,
         numerics,
+        ..CpuModelOptions::default()
     };
     CpuModel::new(loaded.weights.clone(), opts).unwrap()
 }

@@ -12,6 +12,7 @@ use common::{indices, reference_logits, Pages};
 use kestrel_cpu::synth::{config, random_model, Rng};
 use kestrel_cpu::{
     CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, Numerics, PrefillBatch, Scratch,
+    WeightPages,
 };
 use kestrel_model::{DType, ModelConfig, ModelWeights, RopeStyle};
 
@@ -164,6 +165,42 @@ fn chunked_prefill_equals_one_shot_bitwise() {
         .iter()
         .zip(&chunked)
         .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// The weights copied onto huge pages (the default) and read in place give
+/// the same logits, bit for bit, for a model in K-quants with an untied
+/// head (placed apart from the embedding, though `random_model` gives it the
+/// embedding's bytes).
+#[test]
+fn weights_on_huge_pages_give_the_same_logits_as_in_place() {
+    // 256 columns: whole K-quant super-blocks.
+    let mut cfg = config(97, 256, 512, 2, 4, 2, RopeStyle::Interleaved);
+    cfg.tie_word_embeddings = false;
+    let w = random_model(&cfg, DType::Q4K, DType::Q6K, 5);
+    let toks = tokens(17, 2, cfg.vocab_size);
+    let logits = |pages: WeightPages| {
+        let m = CpuModel::new(
+            w.clone(),
+            CpuModelOptions {
+                threads: 2,
+                numerics: Numerics::Fast,
+                weight_pages: pages,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut s = Scratch::new(&m, 32, 64);
+        let mut kv = KvStore::for_model(&w.config, 32, 4).unwrap();
+        let (mut p, mut pl) = (Pages::new(32, 4, 3), vec![]);
+        p.grow(&mut pl, toks.len());
+        prefill(&m, &mut kv, &mut s, &pl, 0, &toks, LogitsMode::All)
+    };
+    let (huge, mapped) = (logits(WeightPages::Huge), logits(WeightPages::Mapped));
+    assert!(huge.iter().all(|x| x.is_finite()));
+    assert_eq!(
+        huge.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        mapped.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 #[test]

@@ -42,6 +42,7 @@ impl RuntimeConfig {
                 max_seq_len,
                 enable_prefix_cache: config.enable_prefix_cache,
                 numerics: config.numerics,
+                weight_pages: config.weight_pages,
                 ..CpuRuntimeConfig::default()
             }),
             Backend::Cuda | Backend::CudaHost => {

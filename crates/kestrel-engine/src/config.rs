@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use kestrel_cpu::Numerics;
+use kestrel_cpu::{Numerics, WeightPages};
 use kestrel_pipeline::{PipelineMode, PrefillPolicy};
 
 /// Where the model comes from.
@@ -86,6 +86,11 @@ pub struct EngineConfig {
     /// the mode the f32 golden files hold). The CUDA runtime's f16 GEMMs do
     /// not read it.
     pub numerics: Numerics,
+    /// Where the CPU runtime keeps the weights: copied onto huge pages
+    /// ([`WeightPages::Huge`], the default; faster streaming) or read in
+    /// place from the file's mapping ([`WeightPages::Mapped`]; shared with
+    /// other processes mapping the file). The CUDA runtime does not read it.
+    pub weight_pages: WeightPages,
     /// Default speculative decoding for requests that do not choose:
     /// prompt lookup with up to this many draft tokens per step (1 to
     /// [`crate::MAX_DRAFT`]); `None`: off. CPU backend only.
@@ -96,7 +101,8 @@ impl Default for EngineConfig {
     /// Default model on the CPU, one thread per core, 32 rows, pages for
     /// 32 x 2048 tokens (4096 pages of 16), 256 waiting, the model's
     /// context, pipelined with ride-along prefill in chunks of the
-    /// backend's default, prefix cache on, fast numerics, no speculation.
+    /// backend's default, prefix cache on, fast numerics, weights on huge
+    /// pages, no speculation.
     fn default() -> Self {
         let page_size = 16;
         Self {
@@ -113,6 +119,7 @@ impl Default for EngineConfig {
             prefill_chunk: None,
             enable_prefix_cache: true,
             numerics: Numerics::Fast,
+            weight_pages: WeightPages::Huge,
             speculate: None,
         }
     }

@@ -42,5 +42,5 @@ pub use request::{
 };
 pub use validate::{seed_for_request_id, Field};
 
-pub use kestrel_cpu::Numerics;
+pub use kestrel_cpu::{Numerics, WeightPages};
 pub use kestrel_pipeline::{Cause, LoopConfig, PipelineMode, PrefillPolicy};

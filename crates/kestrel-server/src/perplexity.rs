@@ -68,6 +68,7 @@ pub(crate) fn run(args: PerplexityArgs) -> anyhow::Result<()> {
             threads: args.threads.unwrap_or(0),
             isa: None,
             numerics,
+            ..CpuModelOptions::default()
         },
     )
     .context("cannot build the CPU model")?;

@@ -12,7 +12,9 @@
 use std::path::Path;
 use std::time::Instant;
 
-use kestrel_model::GgufFile;
+use anyhow::Context;
+use kestrel_cpu::WeightPages;
+use kestrel_model::{DType, GgufFile, Matrix};
 use serde::Serialize;
 
 /// Bytes read per pass: far past any last-level cache of the machines
@@ -105,31 +107,43 @@ pub fn file_bytes_per_token(path: &Path) -> Option<usize> {
     Some(bytes)
 }
 
-/// A [`BUFFER_BYTES`] buffer, allocated once, whose reads split over the
-/// bench's threads time the machine's read bandwidth.
+/// A [`BUFFER_BYTES`] buffer, allocated once and placed as the engine
+/// places a model's weights (on huge pages, [`WeightPages::Huge`]: on 4 KiB
+/// pages a VM's reads ran a third slower, so a probe there would set the
+/// floor low), whose reads split over the bench's threads time the
+/// machine's read bandwidth.
 pub struct Probe {
-    buf: Vec<u64>,
+    buf: Matrix,
     threads: usize,
 }
 
 impl Probe {
-    pub fn new(threads: usize) -> Self {
+    pub fn new(threads: usize) -> anyhow::Result<Self> {
         // Non-zero contents, so every page is really allocated before timing.
-        let buf = (0..BUFFER_BYTES / 8).map(|i| i as u64 | 1).collect();
-        Self {
+        let bytes: Vec<u8> = (0..BUFFER_BYTES).map(|i| (i as u8) | 1).collect();
+        let mut buf = Matrix {
+            dtype: DType::F32,
+            rows: 1,
+            cols: BUFFER_BYTES / 4,
+            data: bytes.into(),
+        };
+        WeightPages::Huge
+            .place(&mut [&mut buf])
+            .context("placing the read probe's buffer")?;
+        Ok(Self {
             buf,
             threads: threads.max(1),
-        }
+        })
     }
 
     /// The best of `passes` timed reads of the buffer, in bytes per second.
     pub fn read(&self, passes: usize) -> f64 {
-        let chunk = self.buf.len().div_ceil(self.threads);
+        let chunk = BUFFER_BYTES.div_ceil(self.threads).next_multiple_of(64);
         let mut best = f64::MAX;
         for _ in 0..passes.max(1) {
             let start = Instant::now();
             std::thread::scope(|s| {
-                for part in self.buf.chunks(chunk) {
+                for part in self.buf.data.chunks(chunk) {
                     s.spawn(move || std::hint::black_box(sum(part)));
                 }
             });
@@ -148,18 +162,16 @@ impl Probe {
     }
 }
 
-/// A sum the compiler vectorizes, eight independent lanes wide, so the
-/// loop is bound by loads rather than by one add chain.
-fn sum(v: &[u64]) -> u64 {
+/// A sum the compiler vectorizes, eight independent u64 lanes per 64-byte
+/// line, so the loop is bound by loads rather than by one add chain.
+fn sum(v: &[u8]) -> u64 {
     let mut acc = [0u64; 8];
-    let chunks = v.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(*x);
+    for line in v.chunks_exact(64) {
+        for (a, x) in acc.iter_mut().zip(line.chunks_exact(8)) {
+            *a = a.wrapping_add(u64::from_ne_bytes(x.try_into().expect("8 bytes")));
         }
     }
-    acc.iter().chain(rest).fold(0, |a, x| a.wrapping_add(*x))
+    acc.iter().fold(0, |a, x| a.wrapping_add(*x))
 }
 
 #[cfg(test)]
@@ -216,7 +228,8 @@ mod tests {
         assert_eq!(f.resident_tokens_per_s(), 160.0);
         f.file_bytes_per_token = None;
         assert_eq!(f.tokens_per_s(), 160.0);
-        assert_eq!(sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9]), 45);
+        // Two lines of sixteen words.
+        assert_eq!(sum(&[1; 128]), 16 * u64::from_ne_bytes([1; 8]));
     }
 
     #[test]

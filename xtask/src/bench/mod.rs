@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cpu::Numerics;
+use kestrel_cpu::{Numerics, WeightPages};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{EngineLoop, Executor as _, LoopConfig, Request, SamplingParams, Tick};
@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// [default: fast, the engine's default].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
+    /// CPU: read the weights in place from the file's mapping (4 KiB pages)
+    /// instead of copying them onto huge pages (the engine's default).
+    #[arg(long)]
+    mapped_weights: bool,
     /// Also run a peer engine's benchmark on the same GGUF and threads:
     /// `--peer llama.cpp DIR` (DIR holds `llama-batched-bench`, `llama-bench`;
     /// with `--backend cuda`, a CUDA build, run with `-ngl 99`).
@@ -127,6 +131,7 @@ pub struct Options {
     pub model: Option<String>,
     pub peer: Option<PathBuf>,
     pub numerics: Numerics,
+    pub weight_pages: WeightPages,
     pub prompt_table: bool,
 }
 
@@ -181,6 +186,9 @@ impl Options {
         if a.numerics.is_some() && a.backend != Backend::Cpu {
             bail!("--numerics chooses the CPU runtime's matmuls: use it with --backend cpu");
         }
+        if a.mapped_weights && a.backend != Backend::Cpu {
+            bail!("--mapped-weights places the CPU runtime's weights: use it with --backend cpu");
+        }
         Ok(Self {
             quick: a.quick,
             backend: a.backend,
@@ -195,6 +203,11 @@ impl Options {
             model: a.model.clone(),
             peer,
             numerics: a.numerics.map_or(Numerics::default(), Numerics::from),
+            weight_pages: if a.mapped_weights {
+                WeightPages::Mapped
+            } else {
+                WeightPages::Huge
+            },
             prompt_table: a.prompt_table,
         })
     }
@@ -348,7 +361,7 @@ impl Bench<'_> {
         // buffer stays for the one-stream runs, each read beside it.
         let (mut dram, probe) = match engines[0].1.executor().inner.bytes_per_token() {
             Some(resident_bytes_per_token) if !opts.quick => {
-                let probe = dram::Probe::new(opts.threads);
+                let probe = dram::Probe::new(opts.threads)?;
                 let floor = dram::DramFloor {
                     read_bytes_per_s: probe.read(dram::PASSES),
                     threads: opts.threads,
@@ -546,6 +559,7 @@ fn cpu_runtime(
             page_size: PAGE_SIZE,
             max_seq_len,
             numerics: opts.numerics,
+            weight_pages: opts.weight_pages,
             ..CpuRuntimeConfig::default()
         },
     )

@@ -35,9 +35,10 @@ impl BenchRuntime for CpuRuntime {
 
     fn describe(&self) -> String {
         format!(
-            "cpu (isa={:?}, numerics={:?})",
+            "cpu (isa={:?}, numerics={:?}, weights={:?})",
             self.isa(),
-            self.config().numerics
+            self.config().numerics,
+            self.config().weight_pages
         )
     }
 }

@@ -40,11 +40,35 @@ fn check_vec(name: &str, v: Option<&Vec<f32>>, len: usize, needed: bool) -> Resu
 
 impl CpuModel {
     /// Validate `weights` against their config, prepare them for the
-    /// kernels and start the compute team. Every matrix is used in place, in
-    /// its file encoding (see [`crate::kernels::weight`]), so a
-    /// memory-mapped GGUF's pages are shared, not copied.
-    pub fn new(weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
+    /// kernels and start the compute team. Every matrix is kept in its file
+    /// encoding (see [`crate::kernels::weight`]), copied onto huge pages or
+    /// read from the file's mapping as `opts.weight_pages` says
+    /// ([`crate::WeightPages`]).
+    pub fn new(mut weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
         let c = weights.config.clone();
+        {
+            let ModelWeights {
+                token_embd,
+                lm_head,
+                layers,
+                ..
+            } = &mut weights;
+            // A tied head is the embedding (below): placed once.
+            let head = (!c.tie_word_embeddings).then_some(lm_head);
+            let mut all: Vec<&mut Matrix> = std::iter::once(token_embd).chain(head).collect();
+            for l in layers.iter_mut() {
+                all.extend([
+                    &mut l.wq,
+                    &mut l.wk,
+                    &mut l.wv,
+                    &mut l.wo,
+                    &mut l.w_gate,
+                    &mut l.w_up,
+                    &mut l.w_down,
+                ]);
+            }
+            opts.weight_pages.place(&mut all)?;
+        }
         let (h, f) = (c.hidden_size, c.intermediate_size);
         let qd = c.num_heads * c.head_dim;
         let kvd = c.num_kv_heads * c.head_dim;

@@ -24,6 +24,9 @@ use crate::team::Team;
 use crate::{CpuError, KvStore, Scratch};
 
 mod load;
+mod pages;
+
+pub use pages::WeightPages;
 
 /// Options of [`CpuModel::new`].
 #[derive(Debug, Clone, Default)]
@@ -38,6 +41,9 @@ pub struct CpuModelOptions {
     /// Int8 activations for the quantized weights ([`Numerics::Fast`], the
     /// default), or exact f32 matmuls ([`Numerics::Exact`]).
     pub numerics: Numerics,
+    /// Where the weights' bytes live: copied onto huge pages (the default)
+    /// or read from the file's mapping ([`WeightPages`]).
+    pub weight_pages: WeightPages,
 }
 
 /// One decode step: one new token per row (row `i` is sequence `i` of the

@@ -31,7 +31,7 @@ use kestrel_pipeline::{
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::kernels::{Isa, Numerics};
-use crate::model::CpuModelOptions;
+use crate::model::{CpuModelOptions, WeightPages};
 use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
 
@@ -54,6 +54,8 @@ pub struct CpuRuntimeConfig {
     pub forward_rows: usize,
     /// The matmuls' numerics ([`Numerics::Fast`] by default).
     pub numerics: Numerics,
+    /// Where the weights' bytes live ([`WeightPages::Huge`] by default).
+    pub weight_pages: WeightPages,
     /// Draft tokens one decode step may verify in all (speculative
     /// decoding; 0: none). The step's rows and drafts run as one forward.
     pub max_draft_tokens: usize,
@@ -70,6 +72,7 @@ impl Default for CpuRuntimeConfig {
             enable_prefix_cache: true,
             forward_rows: 256,
             numerics: Numerics::Fast,
+            weight_pages: WeightPages::Huge,
             max_draft_tokens: 32,
         }
     }
@@ -188,6 +191,7 @@ impl CpuRuntime {
                 threads: cfg.threads,
                 isa: None,
                 numerics: cfg.numerics,
+                weight_pages: cfg.weight_pages,
             },
         )?);
         let weight_bytes = model.weight_bytes();

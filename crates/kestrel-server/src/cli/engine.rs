@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_engine::{
     Backend, Engine, EngineConfig, LoadEvent, ModelSource, Numerics, PipelineMode, PrefillPolicy,
+    WeightPages,
 };
 use kestrel_model::FetchStage;
 
@@ -59,6 +60,11 @@ pub(crate) struct EngineArgs {
     /// reference's numbers) [default: fast].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
+    /// CPU: read the weights in place from the model file's mapping, shared
+    /// with other processes that map it, instead of copying them onto huge
+    /// pages (the default: one copy per process, read faster).
+    #[arg(long)]
+    mapped_weights: bool,
     /// Default speculative decoding for requests that do not choose:
     /// `ngram:K` drafts up to K (1 to 16) tokens per step by prompt lookup
     /// and verifies them in one forward (same outputs, faster on text that
@@ -146,6 +152,11 @@ impl EngineArgs {
             prefill_chunk: self.prefill_chunk.or(d.prefill_chunk),
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
             numerics: self.numerics.map_or(d.numerics, Numerics::from),
+            weight_pages: if self.mapped_weights {
+                WeightPages::Mapped
+            } else {
+                d.weight_pages
+            },
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
         }
     }

@@ -1,0 +1,137 @@
+//! Where the weights' bytes live: copied out of the file's mapping into one
+//! anonymous mapping advised for transparent huge pages
+//! ([`WeightPages::Huge`], the default), or left in the file's mapping
+//! ([`WeightPages::Mapped`]). Either way they stay in their file encoding,
+//! byte for byte (`kernels::weight`).
+//!
+//! Why: a decode step streams every weight once, so the kernels walk the
+//! weights page after page. On 4 KiB pages every page costs a TLB miss, and
+//! under a hypervisor each miss a two-level page walk. On a 2-vCPU KVM Xeon
+//! (2026-12-02) a 1 GiB two-thread read ran at 18-20 GB/s on 4 KiB pages and
+//! 28 GB/s on 2 MiB ones, and the `gemv_dram` bench's one-row GEMVs at
+//! 15-16 GiB/s against 17.5-19 (`docs/bench/cpu-1b.md`, section "Weights on
+//! huge pages"). A file's mapping cannot take huge pages (the page cache is
+//! in 4 KiB pages), so the bytes are copied once at load.
+//!
+//! What it costs: the copy (a read of the file, as the first decode step
+//! would do anyway), and processes that load the same file no longer share
+//! its page cache: `Mapped` keeps that sharing. Where the kernel has no
+//! transparent huge pages (or they are off) the copy still runs, on 4 KiB
+//! pages, and reads as fast as the mapping did.
+
+use std::sync::Arc;
+
+use kestrel_model::{Bytes, Matrix};
+use memmap2::{Advice, MmapOptions};
+
+use crate::CpuError;
+
+/// Where [`crate::CpuModel::new`] keeps the weights' bytes (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightPages {
+    /// Copied into anonymous memory on transparent huge pages (faster
+    /// streaming; one copy per process).
+    #[default]
+    Huge,
+    /// Read in place from the file's mapping (4 KiB pages, shared with every
+    /// process that maps the file).
+    Mapped,
+}
+
+/// A transparent huge page (x86-64's and most Linux kernels' PMD size).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Each matrix starts on a cache line in the copy.
+const ALIGN: usize = 64;
+
+impl WeightPages {
+    /// Put `matrices`' bytes where `self` says (for [`WeightPages::Mapped`]
+    /// nothing moves). [`crate::CpuModel::new`] places its weights so; the
+    /// kernel benches place theirs the same way.
+    pub fn place(self, matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
+        match self {
+            WeightPages::Huge => place_on_huge_pages(matrices),
+            WeightPages::Mapped => Ok(()),
+        }
+    }
+}
+
+/// Copy every matrix of `matrices` into one anonymous mapping advised for
+/// huge pages (from a 2 MiB boundary on), and point each at its copy. The
+/// bytes are unchanged; the matrices' old bytes (the file's mapping) are
+/// released as their last holders drop.
+fn place_on_huge_pages(matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
+    let offsets: Vec<usize> = matrices
+        .iter()
+        .scan(0usize, |end, m| {
+            let at = (*end).next_multiple_of(ALIGN);
+            *end = at + m.data.len();
+            Some(at)
+        })
+        .collect();
+    let total = match (offsets.last(), matrices.last()) {
+        (Some(at), Some(m)) => at + m.data.len(),
+        _ => return Ok(()),
+    };
+    let mut map = MmapOptions::new()
+        .len(total + HUGE_PAGE)
+        .map_anon()
+        .map_err(|e| CpuError::WeightMemory {
+            bytes: total,
+            source: e,
+        })?;
+    // The mapping's first 2 MiB boundary: huge pages cover aligned 2 MiB.
+    let start = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
+    // Best effort: a kernel without transparent huge pages refuses the
+    // advice, and the copy lives on 4 KiB pages (module doc).
+    if let Err(e) = map.advise_range(Advice::HugePage, start, total) {
+        tracing::info!(error = %e, "weights stay on 4 KiB pages: no transparent huge pages");
+    }
+    for (m, &at) in matrices.iter().zip(&offsets) {
+        map[start + at..start + at + m.data.len()].copy_from_slice(&m.data);
+    }
+    let map = Arc::new(map.make_read_only().map_err(|e| CpuError::WeightMemory {
+        bytes: total,
+        source: e,
+    })?);
+    for (m, &at) in matrices.iter_mut().zip(&offsets) {
+        m.data = Bytes::Mapped {
+            map: Arc::clone(&map),
+            offset: start + at,
+            len: m.data.len(),
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_model::DType;
+
+    fn matrix(rows: usize, fill: u8) -> Matrix {
+        let data: Vec<u8> = (0..rows * 34).map(|i| fill.wrapping_add(i as u8)).collect();
+        Matrix {
+            dtype: DType::Q8_0,
+            rows,
+            cols: 32,
+            data: data.into(),
+        }
+    }
+
+    #[test]
+    fn placed_matrices_keep_their_bytes_on_aligned_lines() {
+        let (mut a, mut b, mut c) = (matrix(3, 1), matrix(1000, 7), matrix(1, 200));
+        let before: Vec<Vec<u8>> = [&a, &b, &c].iter().map(|m| m.data.to_vec()).collect();
+        WeightPages::Huge
+            .place(&mut [&mut a, &mut b, &mut c])
+            .unwrap();
+        for (m, want) in [&a, &b, &c].into_iter().zip(&before) {
+            assert!(m.data.is_mapped());
+            assert_eq!(&m.data[..], &want[..]);
+            assert_eq!(m.data.as_ptr() as usize % ALIGN, 0);
+        }
+        // One mapping, from a huge-page boundary on.
+        assert_eq!(a.data.as_ptr() as usize % HUGE_PAGE, 0);
+    }
+}
