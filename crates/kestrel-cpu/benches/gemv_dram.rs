@@ -34,7 +34,7 @@ fn bench(c: &mut Criterion) {
     let mut rng = Rng(7);
     let in_cache = std::env::var_os("GEMV_IN_CACHE").is_some();
     let pages = match std::env::var("GEMV_PAGES").as_deref() {
-        Ok("mapped") => WeightPages::Mapped,
+        Ok("mapped") => WeightPages::InPlace,
         _ => WeightPages::Huge,
     };
     let mut g = c.benchmark_group("gemv_dram");

@@ -195,7 +195,7 @@ fn weights_on_huge_pages_give_the_same_logits_as_in_place() {
         p.grow(&mut pl, toks.len());
         prefill(&m, &mut kv, &mut s, &pl, 0, &toks, LogitsMode::All)
     };
-    let (huge, mapped) = (logits(WeightPages::Huge), logits(WeightPages::Mapped));
+    let (huge, mapped) = (logits(WeightPages::Huge), logits(WeightPages::InPlace));
     assert!(huge.iter().all(|x| x.is_finite()));
     assert_eq!(
         huge.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

@@ -88,7 +88,7 @@ pub struct EngineConfig {
     pub numerics: Numerics,
     /// Where the CPU runtime keeps the weights: copied onto huge pages
     /// ([`WeightPages::Huge`], the default; faster streaming) or read in
-    /// place from the file's mapping ([`WeightPages::Mapped`]; shared with
+    /// place from the file's mapping ([`WeightPages::InPlace`]; shared with
     /// other processes mapping the file). The CUDA runtime does not read it.
     pub weight_pages: WeightPages,
     /// Default speculative decoding for requests that do not choose:

@@ -204,7 +204,7 @@ impl Options {
             peer,
             numerics: a.numerics.map_or(Numerics::default(), Numerics::from),
             weight_pages: if a.mapped_weights {
-                WeightPages::Mapped
+                WeightPages::InPlace
             } else {
                 WeightPages::Huge
             },
@@ -289,8 +289,16 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         None => kestrel_model::default_model_path().context("fetching the default model")?,
     };
     eprintln!("loading {}", model_path.display());
-    let model = kestrel_model::load(&model_path)
+    let mut model = kestrel_model::load(&model_path)
         .with_context(|| format!("loading {}", model_path.display()))?;
+    // The CPU engines under test share one placement of the weights (each
+    // runtime copying them would hold one copy per engine); they read them
+    // in place.
+    if opts.backend == Backend::Cpu {
+        opts.weight_pages
+            .place_model(&mut model.weights)
+            .context("placing the weights")?;
+    }
     let ctx = SkillContext::new(SkillContextConfig {
         tokenizer: Arc::new(model.tokenizer.clone()),
         eos_token_ids: model.eos_token_ids.clone(),
@@ -356,7 +364,15 @@ impl Bench<'_> {
             .map(|&c| Ok((c, build_engine(make()?, c, max_streams, MAX_SEQ_LEN)?)))
             .collect::<anyhow::Result<Vec<(EngineConfig, BenchEngine<R>)>>>()?;
         let weight_bytes = engines[0].1.executor().inner.weight_bytes();
-        let backend = engines[0].1.executor().inner.describe();
+        let backend = match opts.backend {
+            // The runtimes read the weights where `main` placed them.
+            Backend::Cpu => format!(
+                "{}, weights {:?}",
+                engines[0].1.executor().inner.describe(),
+                opts.weight_pages
+            ),
+            Backend::Cuda => engines[0].1.executor().inner.describe(),
+        };
         // Not in the smoke run: it reads a GiB several times. The probe's
         // buffer stays for the one-stream runs, each read beside it.
         let (mut dram, probe) = match engines[0].1.executor().inner.bytes_per_token() {
@@ -559,7 +575,8 @@ fn cpu_runtime(
             page_size: PAGE_SIZE,
             max_seq_len,
             numerics: opts.numerics,
-            weight_pages: opts.weight_pages,
+            // Placed once at load (`main`).
+            weight_pages: WeightPages::InPlace,
             ..CpuRuntimeConfig::default()
         },
     )

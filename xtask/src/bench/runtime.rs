@@ -35,10 +35,9 @@ impl BenchRuntime for CpuRuntime {
 
     fn describe(&self) -> String {
         format!(
-            "cpu (isa={:?}, numerics={:?}, weights={:?})",
+            "cpu (isa={:?}, numerics={:?})",
             self.isa(),
-            self.config().numerics,
-            self.config().weight_pages
+            self.config().numerics
         )
     }
 }

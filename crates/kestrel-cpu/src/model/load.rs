@@ -46,29 +46,7 @@ impl CpuModel {
     /// ([`crate::WeightPages`]).
     pub fn new(mut weights: ModelWeights, opts: CpuModelOptions) -> Result<CpuModel, CpuError> {
         let c = weights.config.clone();
-        {
-            let ModelWeights {
-                token_embd,
-                lm_head,
-                layers,
-                ..
-            } = &mut weights;
-            // A tied head is the embedding (below): placed once.
-            let head = (!c.tie_word_embeddings).then_some(lm_head);
-            let mut all: Vec<&mut Matrix> = std::iter::once(token_embd).chain(head).collect();
-            for l in layers.iter_mut() {
-                all.extend([
-                    &mut l.wq,
-                    &mut l.wk,
-                    &mut l.wv,
-                    &mut l.wo,
-                    &mut l.w_gate,
-                    &mut l.w_up,
-                    &mut l.w_down,
-                ]);
-            }
-            opts.weight_pages.place(&mut all)?;
-        }
+        opts.weight_pages.place_model(&mut weights)?;
         let (h, f) = (c.hidden_size, c.intermediate_size);
         let qd = c.num_heads * c.head_dim;
         let kvd = c.num_kv_heads * c.head_dim;

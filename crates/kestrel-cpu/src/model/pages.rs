@@ -1,7 +1,9 @@
 //! Where the weights' bytes live: copied out of the file's mapping into one
 //! anonymous mapping advised for transparent huge pages
-//! ([`WeightPages::Huge`], the default), or left in the file's mapping
-//! ([`WeightPages::Mapped`]). Either way they stay in their file encoding,
+//! ([`WeightPages::Huge`], the default), or left where they are
+//! ([`WeightPages::InPlace`]: a loaded GGUF's file mapping, or memory the
+//! caller placed them in before, as the bench does once for the several
+//! runtimes it builds on one model). Either way they stay in their file encoding,
 //! byte for byte (`kernels::weight`).
 //!
 //! Why: a decode step streams every weight once, so the kernels walk the
@@ -15,13 +17,13 @@
 //!
 //! What it costs: the copy (a read of the file, as the first decode step
 //! would do anyway), and processes that load the same file no longer share
-//! its page cache: `Mapped` keeps that sharing. Where the kernel has no
+//! its page cache: `InPlace` keeps that sharing. Where the kernel has no
 //! transparent huge pages (or they are off) the copy still runs, on 4 KiB
 //! pages, and reads as fast as the mapping did.
 
 use std::sync::Arc;
 
-use kestrel_model::{Bytes, Matrix};
+use kestrel_model::{Bytes, Matrix, ModelWeights};
 use memmap2::{Advice, MmapOptions};
 
 use crate::CpuError;
@@ -33,9 +35,9 @@ pub enum WeightPages {
     /// streaming; one copy per process).
     #[default]
     Huge,
-    /// Read in place from the file's mapping (4 KiB pages, shared with every
-    /// process that maps the file).
-    Mapped,
+    /// Read where they are: for a loaded GGUF the file's mapping (4 KiB
+    /// pages, shared with every process that maps the file).
+    InPlace,
 }
 
 /// A transparent huge page (x86-64's and most Linux kernels' PMD size).
@@ -45,13 +47,47 @@ const HUGE_PAGE: usize = 2 << 20;
 const ALIGN: usize = 64;
 
 impl WeightPages {
-    /// Put `matrices`' bytes where `self` says (for [`WeightPages::Mapped`]
-    /// nothing moves). [`crate::CpuModel::new`] places its weights so; the
-    /// kernel benches place theirs the same way.
+    /// Put every matrix of `w` where `self` says (for
+    /// [`WeightPages::InPlace`] nothing moves; a tied head is the
+    /// embedding, placed once). [`crate::CpuModel::new`] places its
+    /// weights so.
+    pub fn place_model(self, w: &mut ModelWeights) -> Result<(), CpuError> {
+        let ModelWeights {
+            config,
+            token_embd,
+            lm_head,
+            layers,
+            ..
+        } = w;
+        let tied = config.tie_word_embeddings;
+        let mut all: Vec<&mut Matrix> = vec![token_embd];
+        for l in layers.iter_mut() {
+            all.extend([
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]);
+        }
+        if tied {
+            self.place(&mut all)?;
+            *lm_head = all[0].clone();
+            Ok(())
+        } else {
+            all.push(lm_head);
+            self.place(&mut all)
+        }
+    }
+
+    /// Put `matrices`' bytes where `self` says (module doc); the kernel
+    /// benches place theirs so.
     pub fn place(self, matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
         match self {
             WeightPages::Huge => place_on_huge_pages(matrices),
-            WeightPages::Mapped => Ok(()),
+            WeightPages::InPlace => Ok(()),
         }
     }
 }

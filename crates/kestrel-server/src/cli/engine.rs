@@ -153,7 +153,7 @@ impl EngineArgs {
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
             numerics: self.numerics.map_or(d.numerics, Numerics::from),
             weight_pages: if self.mapped_weights {
-                WeightPages::Mapped
+                WeightPages::InPlace
             } else {
                 d.weight_pages
             },
