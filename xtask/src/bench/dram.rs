@@ -108,10 +108,11 @@ pub fn file_bytes_per_token(path: &Path) -> Option<usize> {
 }
 
 /// A [`BUFFER_BYTES`] buffer, allocated once and placed as the engine
-/// places a model's weights (on huge pages, [`WeightPages::Huge`]: on 4 KiB
-/// pages a VM's reads ran a third slower, so a probe there would set the
-/// floor low), whose reads split over the bench's threads time the
-/// machine's read bandwidth.
+/// places a model's weights by default (on huge pages,
+/// [`WeightPages::Huge`], also under `--mapped-weights`: on 4 KiB pages a
+/// VM's reads ran a third slower, and the floor is the machine's best),
+/// whose reads split over the bench's threads time the machine's read
+/// bandwidth.
 pub struct Probe {
     buf: Matrix,
     threads: usize,

@@ -18,8 +18,9 @@
 //! 25 ns, so the products run a few blocks ahead of their float steps, and
 //! each block's sums are stored only after the next block's product is
 //! issued (a store straight after its own product waited for it, and the
-//! next product for the store: `perf` put half the sweep's samples there). Two-scale blocks (Q6_K) would take two
-//! half-depth products each and measured no faster than VNNI: not here.
+//! next product for the store: `perf` put half the sweep's samples there).
+//! Two-scale blocks (Q6_K) would take two half-depth products each and
+//! measured no faster than VNNI: not here.
 //!
 //! Tiles need the process's permission (Linux's `ARCH_REQ_XCOMP_PERM`,
 //! [`has_amx`]) and a tile configuration per thread ([`configure`]). Rust

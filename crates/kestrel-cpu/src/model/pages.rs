@@ -3,16 +3,16 @@
 //! ([`WeightPages::Huge`], the default), or left where they are
 //! ([`WeightPages::InPlace`]: a loaded GGUF's file mapping, or memory the
 //! caller placed them in before, as the bench does once for the several
-//! runtimes it builds on one model). Either way they stay in their file encoding,
-//! byte for byte (`kernels::weight`).
+//! runtimes it builds on one model). Either way they stay in their file
+//! encoding, byte for byte (`kernels::weight`).
 //!
 //! Why: a decode step streams every weight once, so the kernels walk the
 //! weights page after page. On 4 KiB pages every page costs a TLB miss, and
 //! under a hypervisor each miss a two-level page walk. On a 2-vCPU KVM Xeon
 //! (2026-12-02) a 1 GiB two-thread read ran at 18-20 GB/s on 4 KiB pages and
-//! 28 GB/s on 2 MiB ones, and the `gemv_dram` bench's one-row GEMVs at
-//! 15-16 GiB/s against 17.5-19 (`docs/bench/cpu-1b.md`, section "Weights on
-//! huge pages"). A file's mapping cannot take huge pages (the page cache is
+//! 28-30 GB/s on 2 MiB ones, and the `gemv_dram` bench's one-row GEMVs at
+//! 14-16.5 GiB/s against 16.6-19.7 (`docs/bench/cpu-1b.md`, section
+//! "Weights on huge pages"). A file's mapping cannot take huge pages (the page cache is
 //! in 4 KiB pages), so the bytes are copied once at load.
 //!
 //! What it costs: the copy (a read of the file, as the first decode step
@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use kestrel_model::{Bytes, Matrix, ModelWeights};
-use memmap2::{Advice, MmapOptions};
+use memmap2::MmapOptions;
 
 use crate::CpuError;
 
@@ -120,7 +120,8 @@ fn place_on_huge_pages(matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
     let start = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
     // Best effort: a kernel without transparent huge pages refuses the
     // advice, and the copy lives on 4 KiB pages (module doc).
-    if let Err(e) = map.advise_range(Advice::HugePage, start, total) {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = map.advise_range(memmap2::Advice::HugePage, start, total) {
         tracing::info!(error = %e, "weights stay on 4 KiB pages: no transparent huge pages");
     }
     for (m, &at) in matrices.iter().zip(&offsets) {
