@@ -17,6 +17,7 @@ use anyhow::{bail, Context as _};
 
 use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::WeightPages;
 use kestrel_pipeline::{
     EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, Request, SamplingParams, Tick,
 };
@@ -100,11 +101,17 @@ pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
     let mut configs: Vec<Option<NonZeroUsize>> = vec![None];
     configs.extend(args.chunks.iter().map(|&c| NonZeroUsize::new(c)));
     configs.dedup();
+    // Placed once for the engines below (each runtime placing them would
+    // hold a copy per engine); they read them in place.
+    let mut weights = model.weights.clone();
+    WeightPages::default()
+        .place_model(&mut weights)
+        .context("placing the weights")?;
     let mut engines = configs
         .iter()
         .map(|&chunk| {
             let rt = CpuRuntime::new(
-                model.weights.clone(),
+                weights.clone(),
                 CpuRuntimeConfig {
                     threads,
                     max_rows: args.streams + 1,
@@ -113,6 +120,7 @@ pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
                     max_seq_len,
                     // No prefix cache: every repetition prefills the whole prompt.
                     enable_prefix_cache: false,
+                    weight_pages: WeightPages::InPlace,
                     ..CpuRuntimeConfig::default()
                 },
             )

@@ -73,7 +73,7 @@ fn bench(c: &mut Criterion) {
             })
             .collect();
         pages
-            .place(&mut owned.iter_mut().collect::<Vec<_>>())
+            .place(&mut owned.iter_mut().map(|m| &mut m.data).collect::<Vec<_>>())
             .unwrap();
         let set: Vec<Weight> = owned
             .iter()

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use kestrel_cpu::WeightPages;
-use kestrel_model::{DType, GgufFile, Matrix};
+use kestrel_model::{Bytes, GgufFile};
 use serde::Serialize;
 
 /// Bytes read per pass: far past any last-level cache of the machines
@@ -114,20 +114,18 @@ pub fn file_bytes_per_token(path: &Path) -> Option<usize> {
 /// whose reads split over the bench's threads time the machine's read
 /// bandwidth.
 pub struct Probe {
-    buf: Matrix,
+    buf: Bytes,
     threads: usize,
 }
 
 impl Probe {
     pub fn new(threads: usize) -> anyhow::Result<Self> {
         // Non-zero contents, so every page is really allocated before timing.
-        let bytes: Vec<u8> = (0..BUFFER_BYTES).map(|i| (i as u8) | 1).collect();
-        let mut buf = Matrix {
-            dtype: DType::F32,
-            rows: 1,
-            cols: BUFFER_BYTES / 4,
-            data: bytes.into(),
-        };
+        let mut buf = Bytes::from(
+            (0..BUFFER_BYTES)
+                .map(|i| (i as u8) | 1)
+                .collect::<Vec<u8>>(),
+        );
         WeightPages::Huge
             .place(&mut [&mut buf])
             .context("placing the read probe's buffer")?;
@@ -144,7 +142,7 @@ impl Probe {
         for _ in 0..passes.max(1) {
             let start = Instant::now();
             std::thread::scope(|s| {
-                for part in self.buf.data.chunks(chunk) {
+                for part in self.buf.chunks(chunk) {
                     s.spawn(move || std::hint::black_box(sum(part)));
                 }
             });

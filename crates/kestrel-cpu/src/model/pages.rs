@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use kestrel_model::{Bytes, Matrix, ModelWeights};
+use kestrel_model::{Bytes, ModelWeights};
 use memmap2::MmapOptions;
 
 use crate::CpuError;
@@ -43,7 +43,7 @@ pub enum WeightPages {
 /// A transparent huge page (x86-64's and most Linux kernels' PMD size).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Each matrix starts on a cache line in the copy.
+/// Each buffer starts on a cache line in the copy.
 const ALIGN: usize = 64;
 
 impl WeightPages {
@@ -52,63 +52,59 @@ impl WeightPages {
     /// embedding, placed once). [`crate::CpuModel::new`] places its
     /// weights so.
     pub fn place_model(self, w: &mut ModelWeights) -> Result<(), CpuError> {
-        let ModelWeights {
-            config,
-            token_embd,
-            lm_head,
-            layers,
-            ..
-        } = w;
-        let tied = config.tie_word_embeddings;
-        let mut all: Vec<&mut Matrix> = vec![token_embd];
-        for l in layers.iter_mut() {
-            all.extend([
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ]);
+        let tied = w.config.tie_word_embeddings;
+        let mut all: Vec<&mut Bytes> = vec![&mut w.token_embd.data];
+        for l in &mut w.layers {
+            all.extend(
+                [
+                    &mut l.wq,
+                    &mut l.wk,
+                    &mut l.wv,
+                    &mut l.wo,
+                    &mut l.w_gate,
+                    &mut l.w_up,
+                    &mut l.w_down,
+                ]
+                .map(|m| &mut m.data),
+            );
         }
+        if !tied {
+            all.push(&mut w.lm_head.data);
+        }
+        self.place(&mut all)?;
         if tied {
-            self.place(&mut all)?;
-            *lm_head = all[0].clone();
-            Ok(())
-        } else {
-            all.push(lm_head);
-            self.place(&mut all)
+            w.lm_head.data = w.token_embd.data.clone();
         }
+        Ok(())
     }
 
-    /// Put `matrices`' bytes where `self` says (module doc); the kernel
-    /// benches place theirs so.
-    pub fn place(self, matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
+    /// Put `bytes` where `self` says (module doc); the kernel benches and
+    /// the bench's read probe place theirs so.
+    pub fn place(self, bytes: &mut [&mut Bytes]) -> Result<(), CpuError> {
         match self {
-            WeightPages::Huge => place_on_huge_pages(matrices),
+            WeightPages::Huge => place_on_huge_pages(bytes),
             WeightPages::InPlace => Ok(()),
         }
     }
 }
 
-/// Copy every matrix of `matrices` into one anonymous mapping advised for
-/// huge pages (from a 2 MiB boundary on), and point each at its copy. The
-/// bytes are unchanged; the matrices' old bytes (the file's mapping) are
-/// released as their last holders drop.
-fn place_on_huge_pages(matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
-    let offsets: Vec<usize> = matrices
+/// Copy every buffer of `bytes` into one anonymous mapping advised for
+/// huge pages (from a 2 MiB boundary on), each from a cache line on, and
+/// point each at its copy. The bytes are unchanged; the old ones (the
+/// file's mapping) are released as their last holders drop.
+fn place_on_huge_pages(bytes: &mut [&mut Bytes]) -> Result<(), CpuError> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let mut total = 0usize;
+    let offsets: Vec<usize> = bytes
         .iter()
-        .scan(0usize, |end, m| {
-            let at = (*end).next_multiple_of(ALIGN);
-            *end = at + m.data.len();
-            Some(at)
+        .map(|b| {
+            let at = total.next_multiple_of(ALIGN);
+            total = at + b.len();
+            at
         })
         .collect();
-    let total = match (offsets.last(), matrices.last()) {
-        (Some(at), Some(m)) => at + m.data.len(),
-        _ => return Ok(()),
-    };
     let mut map = MmapOptions::new()
         .len(total + HUGE_PAGE)
         .map_anon()
@@ -124,18 +120,18 @@ fn place_on_huge_pages(matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
     if let Err(e) = map.advise_range(memmap2::Advice::HugePage, start, total) {
         tracing::info!(error = %e, "weights stay on 4 KiB pages: no transparent huge pages");
     }
-    for (m, &at) in matrices.iter().zip(&offsets) {
-        map[start + at..start + at + m.data.len()].copy_from_slice(&m.data);
+    for (b, &at) in bytes.iter().zip(&offsets) {
+        map[start + at..start + at + b.len()].copy_from_slice(b);
     }
     let map = Arc::new(map.make_read_only().map_err(|e| CpuError::WeightMemory {
         bytes: total,
         source: e,
     })?);
-    for (m, &at) in matrices.iter_mut().zip(&offsets) {
-        m.data = Bytes::Mapped {
+    for (b, &at) in bytes.iter_mut().zip(&offsets) {
+        **b = Bytes::Mapped {
             map: Arc::clone(&map),
             offset: start + at,
-            len: m.data.len(),
+            len: b.len(),
         };
     }
     Ok(())
@@ -144,31 +140,25 @@ fn place_on_huge_pages(matrices: &mut [&mut Matrix]) -> Result<(), CpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kestrel_model::DType;
 
-    fn matrix(rows: usize, fill: u8) -> Matrix {
-        let data: Vec<u8> = (0..rows * 34).map(|i| fill.wrapping_add(i as u8)).collect();
-        Matrix {
-            dtype: DType::Q8_0,
-            rows,
-            cols: 32,
-            data: data.into(),
-        }
+    fn buffer(len: usize, fill: u8) -> Bytes {
+        let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+        data.into()
     }
 
     #[test]
     fn placed_matrices_keep_their_bytes_on_aligned_lines() {
-        let (mut a, mut b, mut c) = (matrix(3, 1), matrix(1000, 7), matrix(1, 200));
-        let before: Vec<Vec<u8>> = [&a, &b, &c].iter().map(|m| m.data.to_vec()).collect();
+        let (mut a, mut b, mut c) = (buffer(3 * 34, 1), buffer(1000 * 34, 7), buffer(34, 200));
+        let before: Vec<Vec<u8>> = [&a, &b, &c].iter().map(|b| b.to_vec()).collect();
         WeightPages::Huge
             .place(&mut [&mut a, &mut b, &mut c])
             .unwrap();
-        for (m, want) in [&a, &b, &c].into_iter().zip(&before) {
-            assert!(m.data.is_mapped());
-            assert_eq!(&m.data[..], &want[..]);
-            assert_eq!(m.data.as_ptr() as usize % ALIGN, 0);
+        for (b, want) in [&a, &b, &c].into_iter().zip(&before) {
+            assert!(b.is_mapped());
+            assert_eq!(&b[..], &want[..]);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
         }
         // One mapping, from a huge-page boundary on.
-        assert_eq!(a.data.as_ptr() as usize % HUGE_PAGE, 0);
+        assert_eq!(a.as_ptr() as usize % HUGE_PAGE, 0);
     }
 }
