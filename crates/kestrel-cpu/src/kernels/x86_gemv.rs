@@ -33,7 +33,7 @@
 use std::arch::x86_64::*;
 
 use super::int8::Q8Block;
-use super::x86::{gemv_prefetch_tiles, prefetch_l2};
+use super::x86::{gemv_next_block_l1, gemv_prefetch_tiles, prefetch_l1, prefetch_l2};
 use super::x86_blocks::{
     k_nibbles256, nibble_bytes256, q5_bytes256, q5k_bytes256, q6k_bytes256, u32_at, Q4KB, Q4_0B,
     Q4_1B, Q5KB, Q5_0B, Q5_1B, Q6KB, Q8_0B,
@@ -424,7 +424,8 @@ pub(crate) unsafe fn gemv8_256<B: Tile8>(a: Int8Args, tiles: usize, y: *mut f32)
 
 /// The GEMVs' walk: `tiles` 8-row tiles from `a.w`, and per stored block
 /// `s` of a tile, the same bytes of the tile [`gemv_prefetch_tiles`] ahead
-/// prefetched (rows are contiguous), the eight rows' block addresses `p`
+/// prefetched (rows are contiguous) and, where [`gemv_next_block_l1`], the
+/// rows' block `s + 1` hinted into L1, the eight rows' block addresses `p`
 /// and their scales decoded at once ([`Tile8::scales8`]) handed to
 /// `block(s, p, scales, acc, mins)`, which takes the definition's float
 /// steps into `acc` and `mins`; tile `t`'s outputs, `acc + mins`, go to
@@ -446,6 +447,7 @@ unsafe fn tiles8<B: Tile8>(
     let step = 8 * block_bytes;
     let mut sc = Scales8::zeros();
     let ahead_bytes = gemv_prefetch_tiles(B::SUB == 8) * 8 * a.row_bytes;
+    let next_l1 = gemv_next_block_l1();
     for t in 0..tiles {
         let w = a.w.wrapping_add(8 * t * a.row_bytes);
         let ahead = w.wrapping_add(ahead_bytes);
@@ -457,6 +459,17 @@ unsafe fn tiles8<B: Tile8>(
             }
             let p: [*const u8; 8] =
                 std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * block_bytes));
+            if next_l1 {
+                // Each row's next stored block (one line more than its
+                // length: it need not start on a line), L2 to L1. Past a
+                // row's end it is the next row's start: a hint, never a
+                // fault.
+                for q in p {
+                    for line in 0..=block_bytes.div_ceil(64) {
+                        prefetch_l1(q.wrapping_add(block_bytes + 64 * line));
+                    }
+                }
+            }
             // SAFETY: stored block `s` of each of the tile's rows is in
             // bounds (fn contract).
             unsafe { B::scales8(&p, &mut sc) };
