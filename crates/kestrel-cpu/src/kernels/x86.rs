@@ -101,18 +101,22 @@ pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
 
 /// Whether the single-stream GEMVs also hint each of a tile's eight rows'
 /// next stored block from L2 into L1 ([`prefetch_l1`]) as they start a
-/// block: on AMD's Zen 5 and later. The tile prefetch brings the lines to
-/// L2 well ahead, but a tile reads eight streams a row apart, more than
-/// the L1 prefetcher follows, so each block's loads otherwise wait on L2.
+/// block: for the K-quants (`k_quant`) on AMD's Zen 5 and later. The tile
+/// prefetch brings the lines to L2 well ahead, but a tile reads eight
+/// streams a row apart, more than the L1 prefetcher follows, so each
+/// block's loads otherwise wait on L2.
 /// On a Zen 5 EPYC (2026-12-02, `docs/bench/cpu-1b.md`, "Zen 5 at the
 /// code of 2026-12-02") the GEMVs from DRAM gained about 5% (Q4_K), 8%
-/// (Q6_K) and 11% (Q8_0) over seven alternated rounds, and the 1B
-/// Q4_K_M and Q8_0 streams about 5% each; in L2 the extra hints cost a
-/// little (Q8_0 the most). Not measured on Zen 4 (whose GEMVs were bound
-/// by their instruction mix), so it keeps the tile prefetch alone; nor on
-/// Intel's cores.
-pub(crate) fn gemv_next_block_l1() -> bool {
-    Core::this().next_block_l1()
+/// (Q6_K) and 11% (Q8_0) over seven alternated rounds, and the 1B Q4_K_M
+/// and Q8_0 streams about 5% each (8B Q4_K_M level); in L2 the extra hints
+/// cost a little, Q8_0's the most, and the default model (Q4_1 layers, a
+/// Q8_0 head) streamed about 6% slower with every type hinted, so the
+/// one-scale types, whose short blocks take two hints per row for a
+/// fraction of a line, keep the tile prefetch alone. Not measured on Zen
+/// 4 (whose GEMVs were bound by their instruction mix) nor on Intel's
+/// cores, which keep it alone too.
+pub(crate) fn gemv_next_block_l1(k_quant: bool) -> bool {
+    k_quant && Core::this().next_block_l1()
 }
 
 /// How many rows ahead the row dequantizers prefetch.
@@ -518,8 +522,9 @@ mod tests {
                     PREFETCH_TILES
                 }
             );
-            assert_eq!(gemv_next_block_l1(), this.next_block_l1());
+            assert_eq!(gemv_next_block_l1(true), this.next_block_l1());
         }
         assert_eq!(gemv_prefetch_tiles(false), PREFETCH_TILES);
+        assert!(!gemv_next_block_l1(false));
     }
 }

@@ -447,7 +447,7 @@ unsafe fn tiles8<B: Tile8>(
     let step = 8 * block_bytes;
     let mut sc = Scales8::zeros();
     let ahead_bytes = gemv_prefetch_tiles(B::SUB == 8) * 8 * a.row_bytes;
-    let next_l1 = gemv_next_block_l1();
+    let next_l1 = gemv_next_block_l1(B::SUB == 8);
     for t in 0..tiles {
         let w = a.w.wrapping_add(8 * t * a.row_bytes);
         let ahead = w.wrapping_add(ahead_bytes);
