@@ -140,7 +140,8 @@ pub(crate) fn prefetch_l2(p: *const u8) {
 /// Hint the line at `p` into L1 (`prefetcht0`): for operands a kernel
 /// bound by its multiplies reads a few steps on, where a load from L2
 /// would cost (AMX's operands, already in L2; the one-scale stored lane
-/// sweep's next tile). Never faults, whatever `p` is.
+/// sweep's next tile; on Zen 5 the K-quant GEMVs' next block of each row,
+/// [`gemv_next_block_l1`]). Never faults, whatever `p` is.
 #[inline(always)]
 pub(crate) fn prefetch_l1(p: *const u8) {
     // SAFETY: as `prefetch_l2`.
