@@ -35,7 +35,7 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 
 /// What the GEMVs' prefetch rules ask of the CPU, read once (CPUID traps
 /// to the hypervisor in a VM).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 struct Core {
     amd: bool,
     /// CPUID's family, the extended one added in (AMD's Zen 4 is 0x19,
