@@ -4,8 +4,8 @@
 # Kestrel's one-stream bench (pipelined, prefill riding along; its share of
 # the DRAM floor read just before and after the run) and then llama.cpp's
 # tg128 on the same GGUF and threads, the faster of its weight repacking on
-# and off (as `xtask bench --peer` takes). One line per round; judge the
-# spread, not one round.
+# and off (as `xtask bench --peer` takes). One line per round, then the
+# ratios' range and median; judge the spread, not one round.
 #
 #   scripts/bench/peer-rounds.sh MODEL ROUNDS LLAMA_BIN_DIR [VAR=VALUE ...]
 #
@@ -35,6 +35,7 @@ synth:*)
 esac
 
 echo "model $gguf, $rounds rounds, llama.cpp from $llama${*:+, Kestrel with $*}"
+ratios=()
 for i in $(seq 1 "$rounds"); do
     dir=$out/kestrel-$i
     env "$@" "$xtask" bench --model "$model" --streams 1 --threads 2 --reps 1 \
@@ -47,4 +48,11 @@ for i in $(seq 1 "$rounds"); do
         python3 -c 'import json, sys; print(round(max(json.loads(l)["avg_ts"] for l in sys.stdin if l.startswith("{")), 1))')
     ratio=$(python3 -c "print(round($tps / $peer, 2))")
     echo "round $i: Kestrel $tps tokens/s ($share of the floor at $gbs GB/s beside) | llama.cpp tg128 $peer | $ratio x"
+    ratios+=("$ratio")
 done
+# The spread, which is what to judge on such a machine.
+python3 -c '
+import statistics, sys
+r = sorted(float(v) for v in sys.argv[1:])
+print(f"ratios over {len(r)} rounds: {r[0]}-{r[-1]}, median {statistics.median(r):.2f}")
+' "${ratios[@]}"
