@@ -59,6 +59,9 @@ pub(crate) struct Q8Block {
     /// `d * sum(q)`: the block's sum, for weights with a minimum.
     pub s: f32,
     pub q: [i8; BLOCK],
+    /// `sum(q)`, exactly: the minimums' integer sums of the
+    /// [`super_scale`] types read it.
+    pub sum: i32,
 }
 
 impl Q8Block {
@@ -88,7 +91,8 @@ pub(crate) fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
             *q = (v * id).round_ties_even() as i8;
         }
         o.d = d;
-        o.s = d * o.q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+        o.sum = o.q.iter().map(|&q| i32::from(q)).sum();
+        o.s = d * o.sum as f32;
     }
 }
 
@@ -115,7 +119,8 @@ pub(crate) fn quantize_row_super(x: &[f32], out: &mut [Q8Block]) {
                 *q = (v * id).round_ties_even() as i8;
             }
             o.d = d;
-            o.s = d * o.q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+            o.sum = o.q.iter().map(|&q| i32::from(q)).sum();
+            o.s = d * o.sum as f32;
         }
     }
 }
@@ -220,9 +225,8 @@ fn dot_super(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
             let (w, _, _) = decode_block(enc, row, 8 * s + j);
             let (sc, m) = k_ints(head, j);
             let wx: i32 = w.iter().zip(&xb.q).map(|(&w, &q)| w * i32::from(q)).sum();
-            let xsum: i32 = xb.q.iter().map(|&q| i32::from(q)).sum();
             sum += i32::from(sc) * wx;
-            msum += i32::from(m) * xsum;
+            msum += i32::from(m) * xb.sum;
         }
         let (d, dmin) = k_d_dmin(head);
         let dx = xs[0].d;
@@ -318,8 +322,7 @@ impl LaneRows {
 /// A super-block's (eight blocks') integer sums paired as [`PAIRS`] says,
 /// each pair as [`i16_pair`].
 pub(crate) fn super_pairs(blocks: &[Q8Block]) -> [i32; 4] {
-    let sum = |b: &Q8Block| b.q.iter().map(|&q| i32::from(q)).sum::<i32>();
-    PAIRS.map(|[a, b]| i16_pair(sum(&blocks[a]), sum(&blocks[b])))
+    PAIRS.map(|[a, b]| i16_pair(blocks[a].sum, blocks[b].sum))
 }
 
 impl LaneRows {
@@ -363,12 +366,12 @@ mod tests {
                 assert!((v - f32::from(qi) * b.d).abs() <= b.d * 0.5 * (1.0 + 1e-6));
             }
             let sum: i32 = b.q.iter().map(|&v| i32::from(v)).sum();
-            assert_eq!(b.s, b.d * sum as f32);
+            assert_eq!((b.sum, b.s), (sum, b.d * sum as f32));
         }
         // A zero block quantizes to zeros with a zero scale.
         let mut z = [Q8Block::default()];
         quantize_row(&[0.0; 32], &mut z);
-        assert_eq!((z[0].d, z[0].s, z[0].q), (0.0, 0.0, [0; 32]));
+        assert_eq!((z[0].d, z[0].s, z[0].q, z[0].sum), (0.0, 0.0, [0; 32], 0));
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -395,8 +398,8 @@ mod tests {
         assert_eq!((a[0].q[3], a[0].q[4]), (2, -4), "ties go to even");
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
             assert_eq!(
-                (a.d.to_bits(), a.s.to_bits(), a.q),
-                (b.d.to_bits(), b.s.to_bits(), b.q),
+                (a.d.to_bits(), a.s.to_bits(), a.q, a.sum),
+                (b.d.to_bits(), b.s.to_bits(), b.q, b.sum),
                 "block {i}"
             );
         }
@@ -408,8 +411,8 @@ mod tests {
         unsafe { super::super::x86_int8::quantize_row256_super(x.as_ptr(), nb, b.as_mut_ptr()) };
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
             assert_eq!(
-                (a.d.to_bits(), a.s.to_bits(), a.q),
-                (b.d.to_bits(), b.s.to_bits(), b.q),
+                (a.d.to_bits(), a.s.to_bits(), a.q, a.sum),
+                (b.d.to_bits(), b.s.to_bits(), b.q, b.sum),
                 "super-block block {i}"
             );
         }

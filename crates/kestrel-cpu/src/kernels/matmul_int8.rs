@@ -5,8 +5,9 @@
 //! two or three through small tiles straight from the weight blocks, more
 //! through the lane sweeps: weight rows unpacked once and swept against
 //! every lane group (two 16-lane groups at a time with VNNI), or with one
-//! lane group (Q8_0, Q4_K), and with VNNI up to two 16-lane groups of
-//! Q4_K, swept straight from the stored blocks.
+//! lane group (Q8_0), swept straight from the stored blocks, as Q4_K rows
+//! always are (summed per super-block, `int8::super_scale`: its
+//! activations are quantized a second way when a group needs both).
 
 use super::int8::{self, LaneRows, Q8Block};
 #[cfg(target_arch = "x86_64")]
@@ -270,12 +271,13 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
     }
 }
 
-/// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
-/// are swept straight from their stored blocks
-/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
-/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
-/// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
-/// groups ([`x86_lanes::q4_k_vnni512`]) and Q4_0, Q4_1 and Q8_0 rows up to
+/// [`int8_rows_task`] with lanes. Q4_K rows are always swept straight from
+/// their stored blocks, every lane group in turn
+/// ([`x86_lanes::q4_k_vnni256`], [`x86_lanes::q4_k_lanes256`], with VNNI
+/// on 16 lanes two groups at a time, [`x86_lanes::q4_k_vnni512`]; never
+/// on AMX tiles); with one lane group so are Q8_0 rows
+/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q8_0_lanes256`]), and with
+/// VNNI sweeps (not AMX's) Q4_0, Q4_1 and Q8_0 rows up to
 /// 32 activation rows ([`x86_lanes::stored_vnni256`],
 /// [`x86_lanes::stored_vnni512`]; Q8_0's 8-lane group as above). Otherwise
 /// weight rows are unpacked a

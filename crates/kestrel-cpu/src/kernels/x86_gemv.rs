@@ -28,7 +28,10 @@
 //! Results are `int8.rs`'s definition bit for bit: per output, block by
 //! block in order, `acc = fma(float(isum), d_w * d_x, acc)` (Q6_K's halves
 //! first then second), minimums in a second sum. `d_w = d * sc` and
-//! `m_w = -(dmin * m)` are exact in f32 however they are formed.
+//! `m_w = -(dmin * m)` are exact in f32 however they are formed. Q4_K,
+//! summed per super-block (`int8::super_scale`), decodes its heads as
+//! integers ([`KInts8`]), scales each sub-block's folded sums by them in
+//! i32 and takes one float step per super-block ([`super_step`]).
 
 use std::arch::x86_64::*;
 
@@ -703,8 +706,6 @@ unsafe fn sub_block<B: Tile8>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q4k_pair256(a: Int8Args, tiles: usize, y: *mut f32) {
     let low4 = _mm256_set1_epi8(0x0F);
-    // SAFETY: the activation row holds `a.nblocks` blocks (fn contract).
-    let xp = unsafe { super_pairs(a) };
     let block = |s: usize, p: &[*const u8; 8], k: &KInts8, acc: &mut __m256, mins: &mut __m256| {
         let mut sum = _mm256_setzero_si256();
         for i in 0..4 {
@@ -749,9 +750,9 @@ pub(crate) unsafe fn gemv8_q4k_pair256(a: Int8Args, tiles: usize, y: *mut f32) {
                 sum = _mm256_add_epi32(sum, scaled);
             }
         }
-        // SAFETY: activation block `8s` is in bounds (fn contract).
-        let dx = unsafe { (*a.x.add(8 * s)).d };
-        super_step(k, sum, dx, &xp[s], acc, mins);
+        // SAFETY: activation blocks `8s..8s + 8` are in bounds (fn contract).
+        let xs = unsafe { std::slice::from_raw_parts(a.x.add(8 * s), 8) };
+        super_step(k, sum, xs, acc, mins);
     };
     // SAFETY: forwarded contract; `block` reads stored block `s` of the
     // tile's rows and activation blocks `8s..8s + 8`, in bounds.
@@ -778,33 +779,17 @@ unsafe fn tiles8_q4k(
     unsafe { tiles8_with::<Q4KB, _>(a, tiles, y, KInts8::zeros(), decode, block) }
 }
 
-/// The activation row's [`int8::PAIRS`] sums per super-block, as i16
-/// pairs (what [`super_step`] multiplies with the minimums).
-///
-/// # Safety
-/// `a.x` must be valid for `a.nblocks` blocks, a multiple of 8.
-unsafe fn super_pairs(a: Int8Args) -> Vec<[i32; 4]> {
-    // SAFETY: fn contract.
-    let x = unsafe { std::slice::from_raw_parts(a.x, a.nblocks) };
-    x.chunks_exact(8).map(int8::super_pairs).collect()
-}
-
 /// The definition's float steps for one Q4_K super-block of eight rows
-/// (row `r` in lane `r`) whose scaled integer sums are `sum`, against an
-/// activation super-block of scale `dx` and pair sums `xp`: `acc +=
+/// (row `r` in lane `r`) whose scaled integer sums are `sum`, against the
+/// activation super-block `xs` (eight blocks, one scale `dx`): `acc +=
 /// float(S) * (d * dx)`, and `M = sum_j m_j * sum(x_j)` by `vpmaddwd`
-/// on the minimums' i16 pairs, `mins += float(M) * (-dmin * dx)`.
+/// of the minimums' i16 pairs against the blocks' sums paired likewise,
+/// `mins += float(M) * (-dmin * dx)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn super_step(
-    k: &KInts8,
-    sum: __m256i,
-    dx: f32,
-    xp: &[i32; 4],
-    acc: &mut __m256,
-    mins: &mut __m256,
-) {
-    let dx = _mm256_set1_ps(dx);
+fn super_step(k: &KInts8, sum: __m256i, xs: &[Q8Block], acc: &mut __m256, mins: &mut __m256) {
+    let xp = int8::super_pairs(xs);
+    let dx = _mm256_set1_ps(xs[0].d);
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(k.d, dx), *acc);
     let m = (0..4).fold(_mm256_setzero_si256(), |m, p| {
         _mm256_add_epi32(m, _mm256_madd_epi16(k.m[p], _mm256_set1_epi32(xp[p])))
@@ -853,9 +838,9 @@ fn chunks(lo: __m512i, hi: __m512i, c: i32, d: i32) -> __m512i {
 /// for 64 weights, sums exact in i32 (at most `4 * 240 * 127` a lane).
 /// The eight rows' sums then fold to one lane per row and sub-block by
 /// shuffles and adds (no `vphaddd`, half the folds per weight of the
-/// 256-bit GEMV), the second sub-block's divided by 16 exactly (a
-/// multiple of 16), and each is multiplied by its 6-bit scales and added
-/// up over the super-block exactly, for its one float step
+/// 256-bit GEMV), both sub-blocks in one register, multiplied there by
+/// their 6-bit scales (the first's times 16) and added up over the
+/// super-block exactly, divided by 16 once, for its one float step
 /// ([`super_step`]): bit for bit the definition (Q4_K is an
 /// [`int8::super_scale`] type).
 ///
@@ -865,11 +850,16 @@ fn chunks(lo: __m512i, hi: __m512i, c: i32, d: i32) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
     let nibbles = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
-    // SAFETY: the activation row holds `a.nblocks` blocks (fn contract).
-    let xp = unsafe { super_pairs(a) };
     let block = |s: usize, p: &[*const u8; 8], k: &KInts8, acc: &mut __m256, mins: &mut __m256| {
-        let mut sum = _mm256_setzero_si256();
+        // Sixteen times each super-block's sum: sub-block 2i's in the low
+        // half (its scales times 16), 2i + 1's (read at sixteen times their
+        // value) in the high.
+        let mut sum = _mm512_setzero_si512();
         for i in 0..4 {
+            let sc = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_slli_epi32::<4>(k.sc[2 * i])),
+                k.sc[2 * i + 1],
+            );
             // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
             // bounds (fn contract); each `q` is 32 readable bytes.
             let [x0, x1] = [0, 1].map(|h| unsafe {
@@ -887,17 +877,18 @@ pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
             // eight rows.
             let (lo, hi) = fold8(prod);
             let sums = _mm512_add_epi32(chunks(lo, hi, 0, 2), chunks(lo, hi, 1, 3));
-            let sub = [
-                _mm512_castsi512_si256(sums),
-                _mm256_srai_epi32::<4>(_mm512_extracti64x4_epi64::<1>(sums)),
-            ];
-            for (h, v) in sub.into_iter().enumerate() {
-                sum = _mm256_add_epi32(sum, _mm256_mullo_epi32(v, k.sc[2 * i + h]));
-            }
+            sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(sums, sc));
         }
-        // SAFETY: activation block `8s` is in bounds (fn contract).
-        let dx = unsafe { (*a.x.add(8 * s)).d };
-        super_step(k, sum, dx, &xp[s], acc, mins);
+        let sum = _mm256_add_epi32(
+            _mm512_castsi512_si256(sum),
+            _mm512_extracti64x4_epi64::<1>(sum),
+        );
+        // Exact: every term is a multiple of 16 (below 2^31, as 16 times a
+        // super-block's `8 * 63 * 32 * 15 * 127`).
+        let sum = _mm256_srai_epi32::<4>(sum);
+        // SAFETY: activation blocks `8s..8s + 8` are in bounds (fn contract).
+        let xs = unsafe { std::slice::from_raw_parts(a.x.add(8 * s), 8) };
+        super_step(k, sum, xs, acc, mins);
     };
     // SAFETY: forwarded contract; `block` reads stored block `s` of the
     // tile's rows and activation blocks `8s..8s + 8`, in bounds.

@@ -237,10 +237,11 @@ unsafe fn quantize_blocks256<const PER: usize>(x: *const f32, nblocks: usize, ou
             let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
             let s = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)));
             // SAFETY: block `b` of `out` is in bounds (fn contract); `q` is
-            // at offset 8 of the `repr(C)` block and 32 bytes long.
+            // 32 bytes long.
             unsafe {
                 let o = out.add(b);
                 (*o).d = d;
+                (*o).sum = s;
                 (*o).s = d * s as f32;
                 _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q8);
             }
@@ -389,7 +390,7 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
 /// activations quantized per super-block): per sub-block each output's
 /// integer sums go to one lane as there, times the row's 6-bit scale, and
 /// add up over the super-block exactly; the minimums' sum `M` forms from
-/// the activation blocks' integer sums (once per call); then one float
+/// the activation blocks' integer sums ([`Q8Block::sum`]); then one float
 /// step each per super-block, lane by lane.
 ///
 /// # Safety
@@ -409,11 +410,6 @@ unsafe fn int8_sweep256_super<const R: usize, const NB: usize>(
     };
     // SAFETY: `NB` activation rows of `a.nblocks` blocks (fn contract).
     let x = unsafe { std::slice::from_raw_parts(a.x, NB * a.nblocks) };
-    // Each activation block's integer sum, row after row.
-    let xsum: Vec<i32> = x
-        .iter()
-        .map(|b| b.q.iter().map(|&q| i32::from(q)).sum())
-        .collect();
     for t in 0..tiles {
         // SAFETY: rows R t..R t + R are in bounds (fn contract).
         let w = unsafe { a.w.add(R * t * a.row_bytes) };
@@ -460,7 +456,7 @@ unsafe fn int8_sweep256_super<const R: usize, const NB: usize>(
                 );
                 sum = _mm_add_epi32(sum, _mm_mullo_epi32(all, sc));
                 for (l, m) in msum.iter_mut().enumerate() {
-                    *m += i32::from(ints(l).1) * xsum[rc(l).1 * a.nblocks + b];
+                    *m += i32::from(ints(l).1) * x[rc(l).1 * a.nblocks + b].sum;
                 }
             }
             let dx = lanes4(|l| x[rc(l).1 * a.nblocks + 8 * s].d);

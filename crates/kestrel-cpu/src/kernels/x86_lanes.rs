@@ -11,11 +11,13 @@
 //! all but Q8_0's on AVX2, swept signed: `|x|` against `w * sgn(x)`,
 //! [`lanes_sweep256_absx`], unless a weight is -128), their sums starting
 //! at `-offset * sum(x)`.
-//! With one lane group nothing reuses an unpacked row: Q8_0 and Q4_K are
-//! swept straight from their stored blocks ([`StoredRows`];
-//! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`],
-//! [`q4_k_lanes256`]); with VNNI so are up to 32 rows of Q4_K
-//! ([`q4_k_vnni512`]) and of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
+//! With one lane group nothing reuses an unpacked row: Q8_0 is swept
+//! straight from its stored blocks ([`StoredRows`]; [`q8_0_vnni256`],
+//! [`q8_0_lanes256`]), and Q4_K, summed per super-block (its integer
+//! sub-block scales, which an unpacked block does not carry), always is,
+//! every lane group in turn ([`q4_k_vnni256`], [`q4_k_lanes256`], with
+//! VNNI on 16 lanes two groups at a time [`q4_k_vnni512`]); with VNNI so
+//! are up to 32 rows of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
 //! [`stored_vnni512`]: the VNNI sweep's body reading stored blocks). On
 //! AVX2 CPUs with AVX-VNNI (`super::Isa::AvxVnni`) the 8-lane VNNI
 //! sweeps run as second instances compiled for it ([`lanes_avxvnni256`],
@@ -1249,14 +1251,15 @@ macro_rules! q4_k_vnni {
 q4_k_vnni!(
     /// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
     /// broadcast from the stored nibbles and masked in place: low nibbles as
-    /// they are, high nibbles sixteen times their value, their scale taking
-    /// the 1/16 (a power of two: the product with the activations' scale, and
-    /// every step after it, come out as the definition's). Sums of at most 32
-    /// x 240 x 127 stay exact in f32.
+    /// they are, high nibbles sixteen times their value, the even
+    /// sub-blocks' scales taking the 16 (a super-block's scaled sums stay
+    /// below `8 * 63 * 16 * 32 * 15 * 127 < 2^31`, and come back divided by
+    /// 16 exactly).
     ///
     /// # Safety
-    /// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
-    /// integer sums needed).
+    /// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks,
+    /// `x` quantized per super-block with its [`LaneRows::pairs`] (no
+    /// integer sums per half needed).
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     q4_k_vnni256,
     _mm256_dpbusd_epi32
@@ -1273,15 +1276,19 @@ q4_k_vnni!(
 );
 
 /// [`q4_k_vnni256`] on 16 lanes against `G` consecutive lane groups at
-/// once (as [`lanes_vnni512`]): up to 32 activation rows, where an unpack
-/// would be read by one sweep only. Each row's four-byte group is
-/// broadcast from the stored nibbles and masked once for the `G` groups.
+/// once (as [`lanes_vnni512`]). Each row's four-byte group is broadcast
+/// from the stored nibbles and masked once for the `G` groups; per
+/// sub-block each row and group's sums, times the row's scale, add up over
+/// the super-block (`vpmulld`), whose minimums' sum takes four
+/// `vpdpwssd` of the rows' minimum pairs against the group's
+/// [`LaneRows::pairs`], and whose float steps run once.
 /// Lanes `0..cn` of the groups are written, element `(r, c)` to
 /// `y[c * y_stride + r]`.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles` rows of `w.nblocks / 8` Q4_K
-/// super-blocks, each of `x` for `w.nblocks` blocks of a 16-lane group, `y`
+/// super-blocks, each of `x` for `w.nblocks` blocks of a 16-lane group
+/// quantized per super-block, with its pair sums, `y`
 /// for writing every element `(r, c < cn)`; `(G - 1) * 16 < cn <= 16 * G`,
 /// `R <= 8`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA
 /// and F16C.
