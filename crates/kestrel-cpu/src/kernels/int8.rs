@@ -19,20 +19,9 @@
 //! and one result serves every batch size, thread count and ISA: the SIMD
 //! kernels put one output (weight row, activation row) in each lane and run
 //! the definition's float steps lane by lane.
-//!
-//! Q4_K is summed per 256-element super-block instead (ggml's Q8_K): its
-//! activations are quantized with one scale per super-block
-//! ([`quantize_row_super`]: the eight blocks share `d = max|x| / 127`
-//! over all 256), and per super-block `S = sum_j sc_j * sum_i w[i] * q[i]`
-//! and `M = sum_j m_j * sum_i q[i]` are formed exactly in i32 from the
-//! stored 6-bit sub-block scales `sc_j` and minimums `m_j`, then
-//! `acc = fma(float(S), d * d_x, acc)` and `mins = fma(float(M), -dmin *
-//! d_x, mins)` (one float step per 256 elements where the blocks above take
-//! eight: the many-row sweeps' float work, and the one-row GEMV's fold of
-//! each row's lanes, come once per super-block; [`dot`] spells it out).
 
 use super::line_buf::LineBuf;
-use super::scalar::{decode_block, k_d_dmin, k_ints, BLOCK};
+use super::scalar::{decode_block, BLOCK};
 use super::weight::Encoding;
 
 /// How the matrix kernels compute: int8 activations for the encodings that
@@ -59,9 +48,6 @@ pub(crate) struct Q8Block {
     /// `d * sum(q)`: the block's sum, for weights with a minimum.
     pub s: f32,
     pub q: [i8; BLOCK],
-    /// `sum(q)`, exactly: the minimums' integer sums of the
-    /// [`super_scale`] types read it.
-    pub sum: i32,
 }
 
 impl Q8Block {
@@ -91,37 +77,7 @@ pub(crate) fn quantize_row(x: &[f32], out: &mut [Q8Block]) {
             *q = (v * id).round_ties_even() as i8;
         }
         o.d = d;
-        o.sum = o.q.iter().map(|&q| i32::from(q)).sum();
-        o.s = d * o.sum as f32;
-    }
-}
-
-/// Whether `enc` takes activations with one scale per 256 elements
-/// ([`quantize_row_super`]) and sums its super-blocks in integers (Q4_K;
-/// see the module docs).
-pub(crate) const fn super_scale(enc: Encoding) -> bool {
-    matches!(enc, Encoding::Q4K)
-}
-
-/// Quantize one activation row for the [`super_scale`] types
-/// (`x.len() == 256 * out.len() / 8`): as [`quantize_row`], but each
-/// 256-element super-block's eight blocks share the scale of its largest
-/// `|x|`.
-pub(crate) fn quantize_row_super(x: &[f32], out: &mut [Q8Block]) {
-    debug_assert_eq!(x.len(), BLOCK * out.len());
-    debug_assert!(out.len().is_multiple_of(8));
-    for (xs, os) in x.chunks_exact(8 * BLOCK).zip(out.chunks_exact_mut(8)) {
-        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-        for (xb, o) in xs.chunks_exact(BLOCK).zip(os.iter_mut()) {
-            for (q, &v) in o.q.iter_mut().zip(xb) {
-                *q = (v * id).round_ties_even() as i8;
-            }
-            o.d = d;
-            o.sum = o.q.iter().map(|&q| i32::from(q)).sum();
-            o.s = d * o.sum as f32;
-        }
+        o.s = d * o.q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
     }
 }
 
@@ -186,9 +142,6 @@ pub(crate) fn block_max_abs(enc: Encoding, row: &[u8], blk: usize) -> i32 {
 /// Canonical fast-mode dot product of one encoded row with a quantized
 /// activation row (one [`Q8Block`] per weight block).
 pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
-    if super_scale(enc) {
-        return dot_super(enc, row, xq);
-    }
     let two = two_scales(enc);
     let mut acc = 0f32;
     let mut mins = 0f32;
@@ -204,34 +157,6 @@ pub(crate) fn dot(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
             acc = sum(0..32).mul_add(dw[0] * xb.d, acc);
         }
         mins = mw.mul_add(xb.s, mins);
-    }
-    acc + mins
-}
-
-/// [`dot`] for the [`super_scale`] types (Q4_K), `xq` from
-/// [`quantize_row_super`]: per super-block the integer sums `S` and `M`,
-/// then one float step each (the module docs).
-fn dot_super(enc: Encoding, row: &[u8], xq: &[Q8Block]) -> f32 {
-    debug_assert_eq!(enc, Encoding::Q4K);
-    let sb_bytes = enc.block_bytes();
-    let mut acc = 0f32;
-    let mut mins = 0f32;
-    for (s, xs) in xq.chunks_exact(8).enumerate() {
-        let head: &[u8; 16] = row[s * sb_bytes..s * sb_bytes + 16]
-            .try_into()
-            .expect("a K-quant head");
-        let (mut sum, mut msum) = (0i32, 0i32);
-        for (j, xb) in xs.iter().enumerate() {
-            let (w, _, _) = decode_block(enc, row, 8 * s + j);
-            let (sc, m) = k_ints(head, j);
-            let wx: i32 = w.iter().zip(&xb.q).map(|(&w, &q)| w * i32::from(q)).sum();
-            sum += i32::from(sc) * wx;
-            msum += i32::from(m) * xb.sum;
-        }
-        let (d, dmin) = k_d_dmin(head);
-        let dx = xs[0].d;
-        acc = (sum as f32).mul_add(d * dx, acc);
-        mins = (msum as f32).mul_add(-dmin * dx, mins);
     }
     acc + mins
 }
@@ -256,25 +181,6 @@ pub(crate) struct LaneRows {
     pub d: LineBuf<f32>,
     pub s: LineBuf<f32>,
     pub sums: LineBuf<i32>,
-    /// For the [`super_scale`] types (filled by [`LaneRows::fill_pairs`]):
-    /// per group and 256-element super-block, four vectors of `lanes` i32,
-    /// vector `p` holding each row's integer sums of blocks
-    /// [`PAIRS`]`[p]` as an i16 pair (the first in the low half): what the
-    /// sweeps multiply with each weight row's minimums, two sub-blocks at a
-    /// time (`vpdpwssd`, `vpmaddwd`).
-    pub pairs: LineBuf<i32>,
-}
-
-/// The sub-blocks of a super-block whose activation sums
-/// [`LaneRows::pairs`] (and the GEMV's minimums) pair up, per i16 pair:
-/// bytes 0 and 2 of a 32-bit word of packed 6-bit minimums are one pair
-/// under a mask of `0x00ff00ff`, bytes 1 and 3 the next.
-pub(crate) const PAIRS: [[usize; 2]; 4] = [[0, 2], [1, 3], [4, 6], [5, 7]];
-
-/// The i32 whose low i16 is `a` and high i16 `b`.
-pub(crate) fn i16_pair(a: i32, b: i32) -> i32 {
-    debug_assert!(i16::try_from(a).is_ok() && i16::try_from(b).is_ok());
-    (a & 0xffff) | (b << 16)
 }
 
 impl LaneRows {
@@ -319,34 +225,6 @@ impl LaneRows {
     }
 }
 
-/// A super-block's (eight blocks') integer sums paired as [`PAIRS`] says,
-/// each pair as [`i16_pair`].
-pub(crate) fn super_pairs(blocks: &[Q8Block]) -> [i32; 4] {
-    PAIRS.map(|[a, b]| i16_pair(blocks[a].sum, blocks[b].sum))
-}
-
-impl LaneRows {
-    /// [`LaneRows::pairs`] for the `n` rows of `xq` ([`LaneRows::fill`]
-    /// having laid them out; `nblocks` a multiple of 8).
-    pub fn fill_pairs(&mut self, xq: &[Q8Block], n: usize) {
-        let (lanes, nblocks) = (self.lanes, self.nblocks);
-        assert!(nblocks.is_multiple_of(8) && xq.len() >= n * nblocks);
-        let (groups, supers) = (n.div_ceil(lanes), nblocks / 8);
-        self.pairs.resize(groups * supers * 4 * lanes);
-        let pairs = &mut self.pairs[..];
-        for g in 0..groups {
-            for lane in 0..lanes {
-                let row = &xq[(g * lanes + lane).min(n - 1) * nblocks..][..nblocks];
-                for (s, blocks) in row.chunks_exact(8).enumerate() {
-                    for (p, v) in super_pairs(blocks).into_iter().enumerate() {
-                        pairs[((g * supers + s) * 4 + p) * lanes + lane] = v;
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,12 +244,12 @@ mod tests {
                 assert!((v - f32::from(qi) * b.d).abs() <= b.d * 0.5 * (1.0 + 1e-6));
             }
             let sum: i32 = b.q.iter().map(|&v| i32::from(v)).sum();
-            assert_eq!((b.sum, b.s), (sum, b.d * sum as f32));
+            assert_eq!(b.s, b.d * sum as f32);
         }
         // A zero block quantizes to zeros with a zero scale.
         let mut z = [Q8Block::default()];
         quantize_row(&[0.0; 32], &mut z);
-        assert_eq!((z[0].d, z[0].s, z[0].q, z[0].sum), (0.0, 0.0, [0; 32], 0));
+        assert_eq!((z[0].d, z[0].s, z[0].q), (0.0, 0.0, [0; 32]));
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -398,49 +276,9 @@ mod tests {
         assert_eq!((a[0].q[3], a[0].q[4]), (2, -4), "ties go to even");
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
             assert_eq!(
-                (a.d.to_bits(), a.s.to_bits(), a.q, a.sum),
-                (b.d.to_bits(), b.s.to_bits(), b.q, b.sum),
+                (a.d.to_bits(), a.s.to_bits(), a.q),
+                (b.d.to_bits(), b.s.to_bits(), b.q),
                 "block {i}"
-            );
-        }
-        // One scale per super-block: 42 blocks make five whole ones.
-        let nb = nb / 8 * 8;
-        let (mut a, mut b) = (vec![Q8Block::default(); nb], vec![Q8Block::default(); nb]);
-        quantize_row_super(&x[..32 * nb], &mut a);
-        // SAFETY: as above, `nb` a multiple of 8.
-        unsafe { super::super::x86_int8::quantize_row256_super(x.as_ptr(), nb, b.as_mut_ptr()) };
-        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(
-                (a.d.to_bits(), a.s.to_bits(), a.q, a.sum),
-                (b.d.to_bits(), b.s.to_bits(), b.q, b.sum),
-                "super-block block {i}"
-            );
-        }
-    }
-
-    #[test]
-    fn super_blocks_share_the_scale_of_their_largest_element() {
-        let mut rng = crate::synth::Rng(5);
-        let mut x = rng.vec(512, 1.0);
-        x[300] = -9.0;
-        let mut q = vec![Q8Block::default(); 16];
-        quantize_row_super(&x, &mut q);
-        let amax = |xs: &[f32]| xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-        for (s, blocks) in q.chunks_exact(8).enumerate() {
-            let d = amax(&x[256 * s..256 * (s + 1)]) / 127.0;
-            assert!(blocks.iter().all(|b| b.d == d), "super-block {s}");
-        }
-        assert_eq!(
-            q[9].q[12], -127,
-            "x[300] is the second super-block's largest"
-        );
-        // The pairs: the blocks' sums two by two, low then high.
-        let sum = |b: &Q8Block| b.q.iter().map(|&v| i32::from(v)).sum::<i32>();
-        let p = super_pairs(&q[8..16]);
-        for (v, [a, b]) in p.into_iter().zip(PAIRS) {
-            assert_eq!(
-                (v as i16, (v >> 16) as i16),
-                (sum(&q[8 + a]) as i16, sum(&q[8 + b]) as i16)
             );
         }
     }

@@ -10,11 +10,8 @@
 
 use kestrel_model::Matrix;
 
-use super::int8::LaneRows;
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{
-    int8_rows_task, lane_sweep, quantize_rows, LaneSweep, Quantized, XLANES, XQ,
-};
+use super::matmul_int8::{int8_rows_task, lane_sweep, quantize_rows, Quantized, XLANES, XQ};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::{Isa, OutPtr};
@@ -139,10 +136,7 @@ pub fn matmul_group(
         }
         a
     };
-    // The activations quantized per 32-element block (`plain`) and per
-    // super-block (`sup`, for the `int8::super_scale` types), as the jobs
-    // need them.
-    let region = |plain: Option<Quantized<'_>>, sup: Option<Quantized<'_>>| {
+    let region = |xq: Option<Quantized<'_>>| {
         let run = |t: usize| {
             // Task `t` covers rows v0..v1 of all the jobs' rows laid end to end.
             let (v0, v1) = (split.start(t), split.start(t + 1));
@@ -150,7 +144,6 @@ pub fn matmul_group(
             for (w, y) in ptrs.iter().flatten() {
                 let (r0, r1) = (v0.max(off) - off, v1.min(off + w.rows).saturating_sub(off));
                 if r0 < r1 {
-                    let xq = if int8::super_scale(w.enc) { sup } else { plain };
                     // SAFETY: `y` is the `n x w.rows` buffer of this job, borrowed
                     // mutably for the whole call; task `t` alone writes rows r0..r1
                     // (tasks cover disjoint row ranges).
@@ -169,68 +162,35 @@ pub fn matmul_group(
             _ => (0..ntasks).for_each(run),
         }
     };
-    let wants = |sup: bool| {
-        numerics == Numerics::Fast
-            && cols.is_multiple_of(32)
-            && jobs
-                .iter()
-                .any(|j| int8::has_int8_dot(j.w.enc) && int8::super_scale(j.w.enc) == sup)
-    };
-    let (plain, sup) = (wants(false), wants(true));
-    if !plain && !sup {
-        return region(None, None);
+    let fast = numerics == Numerics::Fast
+        && cols.is_multiple_of(32)
+        && jobs.iter().any(|j| int8::has_int8_dot(j.w.enc));
+    if !fast {
+        return region(None);
     }
-    let sweep = lane_sweep(isa, n);
-    // Whether a lane sweep of the jobs of one kind reads the integer sums
-    // per half.
-    let sums = |sup: bool| {
-        sweep.is_some_and(|sweep| {
-            jobs.iter().any(|j| {
-                int8::super_scale(j.w.enc) == sup && int8::lane_offset(j.w.enc, sweep.vnni) != 0
-            })
-        })
-    };
-    let (sums_plain, sums_sup) = (sums(false), sums(true));
-    XQ.with_borrow_mut(|b| {
-        XLANES.with_borrow_mut(|l| {
-            let ([b0, b1], [l0, l1]) = (b, l);
-            let plain = plain.then(|| quantize(isa, x, n, cols, false, sweep, sums_plain, b0, l0));
-            let sup = sup.then(|| quantize(isa, x, n, cols, true, sweep, sums_sup, b1, l1));
-            region(plain, sup)
-        })
-    });
-}
-
-/// `x` (`n` rows of `cols`) quantized into `b` per 32-element block, or
-/// with `sup` per super-block (`int8::quantize_row_super`), and with a
-/// lane `sweep` laid out one row per lane into `l` (with the integer sums
-/// per half if `sums`, with `sup` the super-blocks' pair sums).
-#[allow(clippy::too_many_arguments)]
-fn quantize<'a>(
-    isa: Isa,
-    x: &[f32],
-    n: usize,
-    cols: usize,
-    sup: bool,
-    sweep: Option<LaneSweep>,
-    sums: bool,
-    b: &'a mut Vec<Q8Block>,
-    l: &'a mut LaneRows,
-) -> Quantized<'a> {
-    let nb = n * cols / 32;
-    if b.len() < nb {
-        b.resize(nb, Q8Block::default());
-    }
-    quantize_rows(isa, x, sup, &mut b[..nb]);
-    let rows = &b[..nb];
-    let lanes = sweep.map(|sweep| {
-        l.fill(rows, n, cols / 32, sweep.lanes, sums);
-        if sup {
-            l.fill_pairs(rows, n);
+    XQ.with(|b| {
+        let mut b = b.borrow_mut();
+        let nb = n * cols / 32;
+        if b.len() < nb {
+            b.resize(nb, Q8Block::default());
         }
-        (&*l, sweep)
+        quantize_rows(isa, x, &mut b[..nb]);
+        let rows = &b[..nb];
+        match lane_sweep(isa, n) {
+            Some(sweep) => XLANES.with(|l| {
+                let mut l = l.borrow_mut();
+                let sums = jobs
+                    .iter()
+                    .any(|j| int8::lane_offset(j.w.enc, sweep.vnni) != 0);
+                l.fill(rows, n, cols / 32, sweep.lanes, sums);
+                region(Some(Quantized {
+                    rows,
+                    lanes: Some((&l, sweep)),
+                }))
+            }),
+            None => region(Some(Quantized { rows, lanes: None })),
+        }
     });
-    Quantized { rows, lanes }
 }
 
 /// How a region's weight rows are cut into tasks: a head of large tasks

@@ -5,9 +5,8 @@
 //! two or three through small tiles straight from the weight blocks, more
 //! through the lane sweeps: weight rows unpacked once and swept against
 //! every lane group (two 16-lane groups at a time with VNNI), or with one
-//! lane group (Q8_0), swept straight from the stored blocks, as Q4_K rows
-//! always are (summed per super-block, `int8::super_scale`: its
-//! activations are quantized a second way when a group needs both).
+//! lane group (Q8_0, Q4_K), and with VNNI up to two 16-lane groups of
+//! Q4_K, swept straight from the stored blocks.
 
 use super::int8::{self, LaneRows, Q8Block};
 #[cfg(target_arch = "x86_64")]
@@ -73,40 +72,26 @@ fn uses_vnni(isa: Isa) -> bool {
 }
 
 thread_local! {
-    /// The calling thread's quantized activations, per 32-element block
-    /// and per super-block (each grows once to the largest `n * cols / 32`
-    /// blocks).
-    pub(super) static XQ: std::cell::RefCell<[Vec<Q8Block>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
-    /// The same rows one per lane (grow once likewise).
-    pub(super) static XLANES: std::cell::RefCell<[LaneRows; 2]> = std::cell::RefCell::new(Default::default());
+    /// The calling thread's quantized activations (grows once to the
+    /// largest `n * cols / 32` blocks).
+    pub(super) static XQ: std::cell::RefCell<Vec<Q8Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The same rows one per lane (grows once likewise).
+    pub(super) static XLANES: std::cell::RefCell<LaneRows> = std::cell::RefCell::new(LaneRows::default());
 }
 
-/// Quantize the rows `x` (whole 32-element blocks; with `sup` whole
-/// 256-element super-blocks, one scale each, `int8::quantize_row_super`)
-/// into `out`, one block each.
-pub(super) fn quantize_rows(isa: Isa, x: &[f32], sup: bool, out: &mut [Q8Block]) {
+/// Quantize the rows `x` (whole 32-element blocks) into `out`, one block each.
+pub(super) fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
     assert_eq!(x.len(), 32 * out.len());
-    assert!(!sup || out.len().is_multiple_of(8));
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
-        // SAFETY: `x` holds 32 floats per block of `out`, with `sup` whole
-        // super-blocks (asserted); `isa` was checked supported by
-        // `matmul_group`, and every SIMD ISA includes AVX2, FMA and F16C.
-        unsafe {
-            if sup {
-                x86_int8::quantize_row256_super(x.as_ptr(), out.len(), out.as_mut_ptr())
-            } else {
-                x86_int8::quantize_row256(x.as_ptr(), out.len(), out.as_mut_ptr())
-            }
-        };
+        // SAFETY: `x` holds 32 floats per block of `out` (asserted); `isa`
+        // was checked supported by `matmul_group`, and both SIMD ISAs
+        // include AVX2, FMA and F16C.
+        unsafe { x86_int8::quantize_row256(x.as_ptr(), out.len(), out.as_mut_ptr()) };
         return;
     }
     let _ = isa;
-    if sup {
-        int8::quantize_row_super(x, out);
-    } else {
-        int8::quantize_row(x, out);
-    }
+    int8::quantize_row(x, out);
 }
 
 /// [`super::int8::Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
@@ -271,13 +256,12 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
     }
 }
 
-/// [`int8_rows_task`] with lanes. Q4_K rows are always swept straight from
-/// their stored blocks, every lane group in turn
-/// ([`x86_lanes::q4_k_vnni256`], [`x86_lanes::q4_k_lanes256`], with VNNI
-/// on 16 lanes two groups at a time, [`x86_lanes::q4_k_vnni512`]; never
-/// on AMX tiles); with one lane group so are Q8_0 rows
-/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q8_0_lanes256`]), and with
-/// VNNI sweeps (not AMX's) Q4_0, Q4_1 and Q8_0 rows up to
+/// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
+/// are swept straight from their stored blocks
+/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
+/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
+/// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
+/// groups ([`x86_lanes::q4_k_vnni512`]) and Q4_0, Q4_1 and Q8_0 rows up to
 /// 32 activation rows ([`x86_lanes::stored_vnni256`],
 /// [`x86_lanes::stored_vnni512`]; Q8_0's 8-lane group as above). Otherwise
 /// weight rows are unpacked a
@@ -319,34 +303,27 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
     let nb = w.cols / 32;
     // Two-scale blocks measured no faster on tiles (`x86_amx.rs`), nor did
     // short rows.
-    let amx = amx && !B::TWO && !int8::super_scale(B::ENC) && nb >= x86_amx::AMX_MIN_BLOCKS;
+    let amx = amx && !B::TWO && nb >= x86_amx::AMX_MIN_BLOCKS;
     // One lane group of Q8_0 or Q4_K, or with VNNI sweeps (not AMX's) up
     // to two 16-lane groups of Q4_K, Q4_0, Q4_1 or Q8_0 (Q4_0 and Q4_1 on
     // 8 lanes too): straight from the stored blocks (nothing would reuse
     // an unpack).
-    // Q4_K (summed per super-block, `int8::super_scale`) always, every
-    // lane group in turn.
     let direct = match (x.lanes, B::ENC) {
-        (_, Encoding::Q4K) => true,
-        (8, Encoding::Q8_0) => n <= 8,
+        (8, Encoding::Q8_0 | Encoding::Q4K) => n <= 8,
         (8, Encoding::Q4_0 | Encoding::Q4_1) => VNNI && n <= 8,
-        (16, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0) => VNNI && !amx && n <= 2 * 16,
+        (16, Encoding::Q4K | Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0) => {
+            VNNI && !amx && n <= 2 * 16
+        }
         _ => false,
     };
-    debug_assert!(direct || !int8::super_scale(B::ENC));
     let mut stage = [0f32; STAGE_LANES * STAGE_ROWS];
-    // Lane groups per direct sweep: two of 16 lanes with VNNI.
-    let per = if VNNI && x.lanes == 16 { 2 } else { 1 };
-    let mut g = 0;
-    while direct && g * x.lanes < n {
+    if direct {
         let all = x86_lanes::StoredRows {
             w: w.data.as_ptr(),
             row_bytes: w.row_bytes,
             nblocks: nb,
         };
-        let args = x86_lanes::LaneArgs::group(x, g);
-        let n = (n - g * x.lanes).min(per * x.lanes);
-        let y = OutPtr(y.0.wrapping_add(g * x.lanes * w.rows));
+        let args = x86_lanes::LaneArgs::group(x, 0);
         let out = stage.as_mut_ptr();
         // STAGE_ROWS rows at a time, staged as below.
         let mut c0 = r0;
@@ -380,7 +357,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             let one_scale = matches!(B::ENC, Encoding::Q4_0 | Encoding::Q4_1 | Encoding::Q8_0);
             match (VNNI, x.lanes, B::ENC) {
                 (true, 16, _) if one_scale && n > 16 => {
-                    let pair = [args, x86_lanes::LaneArgs::group(x, g + 1)];
+                    let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
                     direct!(stored_vnni512::<B, 4, 2>, pair)
                 }
                 (true, 16, _) if one_scale => direct!(stored_vnni512::<B, 4, 1>, [args]),
@@ -391,7 +368,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     direct!(stored_vnni256::<B, 4, 1>, [args])
                 }
                 (true, 16, _) if n > 16 => {
-                    let pair = [args, x86_lanes::LaneArgs::group(x, g + 1)];
+                    let pair = [args, x86_lanes::LaneArgs::group(x, 1)];
                     direct!(q4_k_vnni512::<4, 2>, pair)
                 }
                 (true, 16, _) => direct!(q4_k_vnni512::<4, 1>, [args]),
@@ -407,9 +384,6 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
             unsafe { unstage(&stage, n, rows, y.0.wrapping_add(c0), w.rows) };
             c0 += rows;
         }
-        g += per;
-    }
-    if direct {
         return;
     }
     // Past CHUNK_BLOCKS, 16-lane VNNI sweeps (not AMX's) take the rows a

@@ -37,32 +37,19 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
 /// ggml's `get_scale_min_k4`), as the f32 products `d * sc` and `dmin * m`.
 #[inline(always)]
 pub(crate) fn k_scale_min(head: &[u8; 16], j: usize) -> (f32, f32) {
-    let (sc, m) = k_ints(head, j);
-    (
-        f16_at(head, 0) * f32::from(sc),
-        f16_at(head, 2) * f32::from(m),
-    )
-}
-
-/// The 6-bit integers behind [`k_scale_min`]: sub-block `j`'s scale and
-/// minimum as stored.
-#[inline(always)]
-pub(crate) fn k_ints(head: &[u8; 16], j: usize) -> (u8, u8) {
     let q = &head[4..16];
-    if j < 4 {
+    let (sc, m) = if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
         (
             (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
-    }
-}
-
-/// A Q4_K/Q5_K super-block head's f16 `d` and `dmin` as f32.
-#[inline(always)]
-pub(crate) fn k_d_dmin(head: &[u8; 16]) -> (f32, f32) {
-    (f16_at(head, 0), f16_at(head, 2))
+    };
+    (
+        f16_at(head, 0) * f32::from(sc),
+        f16_at(head, 2) * f32::from(m),
+    )
 }
 
 /// The 32 six-bit quants of sub-block `b` (0..8) of a Q6_K super-block

@@ -28,14 +28,11 @@
 //! Results are `int8.rs`'s definition bit for bit: per output, block by
 //! block in order, `acc = fma(float(isum), d_w * d_x, acc)` (Q6_K's halves
 //! first then second), minimums in a second sum. `d_w = d * sc` and
-//! `m_w = -(dmin * m)` are exact in f32 however they are formed. Q4_K,
-//! summed per super-block (`int8::super_scale`), decodes its heads as
-//! integers ([`KInts8`]), scales each sub-block's folded sums by them in
-//! i32 and takes one float step per super-block ([`super_step`]).
+//! `m_w = -(dmin * m)` are exact in f32 however they are formed.
 
 use std::arch::x86_64::*;
 
-use super::int8::{self, Q8Block};
+use super::int8::Q8Block;
 use super::x86::{gemv_next_block_l1, gemv_prefetch_tiles, prefetch_l1, prefetch_l2};
 use super::x86_blocks::{
     k_nibbles256, nibble_bytes256, q5_bytes256, q5k_bytes256, q6k_bytes256, u32_at, Q4KB, Q4_0B,
@@ -269,86 +266,6 @@ unsafe fn scale_min(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn k_scales8(p: &[*const u8; 8], out: &mut [Scales8; 8]) {
-    // SAFETY: forwarded contract.
-    let (d, dmin, [sc_lo, sc_hi, m_lo, m_hi]) = unsafe { k_head8(p) };
-    let neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
-    for (j, o) in out.iter_mut().enumerate() {
-        let (sc, m) = if j < 4 { (sc_lo, m_lo) } else { (sc_hi, m_hi) };
-        let k = (j % 4) as i32;
-        let dw = _mm256_mul_ps(d, byte_u(sc, k));
-        *o = Scales8 {
-            d0: dw,
-            d1: dw,
-            m: _mm256_mul_ps(neg_dmin, byte_u(m, k)),
-        };
-    }
-}
-
-/// Q4_K super-block heads of eight rows as integers, for the super-block
-/// sums of `int8.rs`'s [`int8::super_scale`] types: sub-block `j`'s 6-bit
-/// scale in `sc[j]` (row `r` in lane `r`), the minimums as i16 pairs in
-/// [`int8::PAIRS`] order, `d` and `-dmin`.
-#[derive(Clone, Copy)]
-pub(crate) struct KInts8 {
-    pub(super) sc: [__m256i; 8],
-    pub(super) m: [__m256i; 4],
-    pub(super) d: __m256,
-    pub(super) neg_dmin: __m256,
-}
-
-impl KInts8 {
-    /// The heads of the super-blocks at `p[0..8]`.
-    ///
-    /// # Safety
-    /// As [`Tile8::scales8`] for a K-quant super-block.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    pub(crate) unsafe fn of(p: &[*const u8; 8]) -> KInts8 {
-        // SAFETY: forwarded contract.
-        let (d, dmin, [sc_lo, sc_hi, m_lo, m_hi]) = unsafe { k_head8(p) };
-        let byte = _mm256_set1_epi32(0xff);
-        let pair = _mm256_set1_epi32(0x00ff_00ff);
-        KInts8 {
-            sc: std::array::from_fn(|j| {
-                let w = if j < 4 { sc_lo } else { sc_hi };
-                let k = _mm_cvtsi32_si128(8 * (j % 4) as i32);
-                _mm256_and_si256(_mm256_srl_epi32(w, k), byte)
-            }),
-            m: [
-                _mm256_and_si256(m_lo, pair),
-                _mm256_and_si256(_mm256_srli_epi32::<8>(m_lo), pair),
-                _mm256_and_si256(m_hi, pair),
-                _mm256_and_si256(_mm256_srli_epi32::<8>(m_hi), pair),
-            ],
-            d,
-            neg_dmin: _mm256_sub_ps(_mm256_setzero_ps(), dmin),
-        }
-    }
-
-    /// Eight zero heads (what [`KInts8::of`] overwrites).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    pub(crate) fn zeros() -> KInts8 {
-        let (zi, zf) = (_mm256_setzero_si256(), _mm256_setzero_ps());
-        KInts8 {
-            sc: [zi; 8],
-            m: [zi; 4],
-            d: zf,
-            neg_dmin: zf,
-        }
-    }
-}
-
-/// A K-quant super-block head of eight rows (row `r` in lane `r`): f16 `d`
-/// and `dmin` as f32, and the 6-bit scales and minimums unpacked by ggml's
-/// `kmask` steps into bytes: `[sc[0..4], sc[4..8], m[0..4], m[4..8]]`
-/// (`scalar::k_ints`'s bit layout), byte `k` of a lane's word the `k`th.
-///
-/// # Safety
-/// As [`Tile8::scales8`] for a K-quant super-block.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn k_head8(p: &[*const u8; 8]) -> (__m256, __m256, [__m256i; 4]) {
     // SAFETY: the head is the super-block's first 16 bytes (fn contract).
     let [dd, u0, u1, u2] = unsafe { words8(p, 0) };
     let (d, dmin) = f16_pairs(dd);
@@ -370,7 +287,17 @@ unsafe fn k_head8(p: &[*const u8; 8]) -> (__m256, __m256, [__m256i; 4]) {
         and(_mm256_srli_epi32::<4>(u2), k2),
         _mm256_slli_epi32::<4>(and(_mm256_srli_epi32::<6>(u1), k3)),
     );
-    (d, dmin, [sc_lo, sc_hi, m_lo, m_hi])
+    let neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), dmin);
+    for (j, o) in out.iter_mut().enumerate() {
+        let (sc, m) = if j < 4 { (sc_lo, m_lo) } else { (sc_hi, m_hi) };
+        let k = (j % 4) as i32;
+        let dw = _mm256_mul_ps(d, byte_u(sc, k));
+        *o = Scales8 {
+            d0: dw,
+            d1: dw,
+            m: _mm256_mul_ps(neg_dmin, byte_u(m, k)),
+        };
+    }
 }
 
 /// Q6_K's scales: 16 signed 8-bit scales at bytes 192..208 (two per
@@ -512,35 +439,13 @@ unsafe fn tiles8<B: Tile8>(
     a: Int8Args,
     tiles: usize,
     y: *mut f32,
-    block: impl FnMut(usize, &[*const u8; 8], &[Scales8; 8], &mut __m256, &mut __m256),
-) {
-    // SAFETY: one stored block at each `p[r]` (tiles8_with's contract);
-    // the CPU has AVX2, FMA and F16C (fn contract).
-    let decode = |p: &[*const u8; 8], sc: &mut [Scales8; 8]| unsafe { B::scales8(p, sc) };
-    // SAFETY: forwarded contract.
-    unsafe { tiles8_with::<B, _>(a, tiles, y, Scales8::zeros(), decode, block) }
-}
-
-/// [`tiles8`] with the rows' scales decoded by `decode(p, scales)` into
-/// `scales` (what `block` is handed): [`KInts8`] for the super-block sums.
-///
-/// # Safety
-/// As [`tiles8`]; `decode` must be safe to call on one stored block of
-/// each row.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tiles8_with<B: Tile8, D>(
-    a: Int8Args,
-    tiles: usize,
-    y: *mut f32,
-    mut sc: D,
-    decode: impl Fn(&[*const u8; 8], &mut D),
-    mut block: impl FnMut(usize, &[*const u8; 8], &D, &mut __m256, &mut __m256),
+    mut block: impl FnMut(usize, &[*const u8; 8], &[Scales8; 8], &mut __m256, &mut __m256),
 ) {
     let block_bytes = B::ENC.block_bytes();
     // Bytes of one stored block of all eight rows: what the prefetch
     // streams per stored block.
     let step = 8 * block_bytes;
+    let mut sc = Scales8::zeros();
     let ahead_bytes = gemv_prefetch_tiles(B::SUB == 8) * 8 * a.row_bytes;
     let next_l1 = gemv_next_block_l1(B::SUB == 8);
     for t in 0..tiles {
@@ -565,9 +470,9 @@ unsafe fn tiles8_with<B: Tile8, D>(
                     }
                 }
             }
-            // Stored block `s` of each of the tile's rows is in bounds (fn
-            // contract).
-            decode(&p, &mut sc);
+            // SAFETY: stored block `s` of each of the tile's rows is in
+            // bounds (fn contract).
+            unsafe { B::scales8(&p, &mut sc) };
             block(s, &p, &sc, &mut acc, &mut mins);
         }
         // Without a minimum the definition's sum stays +0.0.
@@ -693,108 +598,62 @@ unsafe fn sub_block<B: Tile8>(
 /// register holds two rows' whole-sub-block pair sums and the fold to one
 /// lane per row takes three `vphaddw` and one `vpmaddwd` for eight rows,
 /// where [`sub_block`] takes seven `vphaddw` and a widening of both halves
-/// (sums stay below `4 * 2 * 2 * 15 * 127 = 30480` in i16). That
-/// `vpmaddwd` multiplies by the sub-block's 6-bit scales (row `r`'s in
-/// both i16 of lane `r`): rows land in lane order (rows 0..4 in the low
-/// half, 4..8 in the high), and the scaled sums add up over the
-/// super-block exactly, for its one float step ([`super_step`]): bit for
-/// bit the definition (Q4_K is an [`int8::super_scale`] type).
+/// (sums stay below `4 * 2 * 2 * 15 * 127 = 30480` in i16). Rows land in
+/// lane order (rows 0..4 in the low half, 4..8 in the high), and each
+/// sub-block takes the definition's float steps in order, as
+/// [`sub_block`] does: bit for bit the same outputs.
 ///
 /// # Safety
-/// As [`gemv8_256`] for Q4_K rows, the activations quantized per
-/// super-block ([`int8::quantize_row_super`]).
+/// As [`gemv8_256`] for Q4_K rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q4k_pair256(a: Int8Args, tiles: usize, y: *mut f32) {
-    let low4 = _mm256_set1_epi8(0x0F);
-    let block = |s: usize, p: &[*const u8; 8], k: &KInts8, acc: &mut __m256, mins: &mut __m256| {
-        let mut sum = _mm256_setzero_si256();
-        for i in 0..4 {
-            // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
-            // bounds (fn contract).
-            let xb: [&Q8Block; 2] =
-                std::array::from_fn(|h| unsafe { &*a.x.add(8 * s + 2 * i + h) });
-            // Each block's elements 0..16 and 16..32, in both halves.
-            let xh = xb.map(|b| {
-                // SAFETY: each `q` is 32 readable bytes.
-                [0, 16].map(|e| unsafe {
-                    _mm256_broadcastsi128_si256(_mm_loadu_si128(b.q.as_ptr().add(e).cast()))
-                })
-            });
-            // Per row pair (r, r + 4): sub-block 2i's pair sums, then
-            // 2i + 1's.
-            let mut pairs = [[_mm256_setzero_si256(); 4]; 2];
-            for r in 0..4 {
-                // SAFETY: the nibbles are bytes 16..144 of the stored
-                // block at each `p[r]` (fn contract); group `i` is 32
-                // of them, read as two halves of sixteen.
-                let [v0, v1] = [0, 16].map(|e| unsafe {
-                    _mm256_loadu2_m128i(
-                        p[r + 4].add(16 + 32 * i + e).cast(),
-                        p[r].add(16 + 32 * i + e).cast(),
-                    )
+    let (low4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
+            for i in 0..4 {
+                // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
+                // bounds (fn contract).
+                let xb: [&Q8Block; 2] =
+                    std::array::from_fn(|h| unsafe { &*a.x.add(8 * s + 2 * i + h) });
+                // Each block's elements 0..16 and 16..32, in both halves.
+                let xh = xb.map(|b| {
+                    // SAFETY: each `q` is 32 readable bytes.
+                    [0, 16].map(|e| unsafe {
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(b.q.as_ptr().add(e).cast()))
+                    })
                 });
-                let lo = [v0, v1].map(|v| _mm256_and_si256(v, low4));
-                let hi = [v0, v1].map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
-                for (h, q) in [lo, hi].into_iter().enumerate() {
-                    pairs[h][r] = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(q[0], xh[h][0]),
-                        _mm256_maddubs_epi16(q[1], xh[h][1]),
-                    );
+                // Per row pair (r, r + 4): sub-block 2i's pair sums, then
+                // 2i + 1's.
+                let mut pairs = [[_mm256_setzero_si256(); 4]; 2];
+                for r in 0..4 {
+                    // SAFETY: the nibbles are bytes 16..144 of the stored
+                    // block at each `p[r]` (fn contract); group `i` is 32
+                    // of them, read as two halves of sixteen.
+                    let [v0, v1] = [0, 16].map(|e| unsafe {
+                        _mm256_loadu2_m128i(
+                            p[r + 4].add(16 + 32 * i + e).cast(),
+                            p[r].add(16 + 32 * i + e).cast(),
+                        )
+                    });
+                    let lo = [v0, v1].map(|v| _mm256_and_si256(v, low4));
+                    let hi = [v0, v1].map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4));
+                    for (h, q) in [lo, hi].into_iter().enumerate() {
+                        pairs[h][r] = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(q[0], xh[h][0]),
+                            _mm256_maddubs_epi16(q[1], xh[h][1]),
+                        );
+                    }
+                }
+                for (h, q) in pairs.into_iter().enumerate() {
+                    let h16 = |u, v| _mm256_hadd_epi16(u, v);
+                    let sum = _mm256_madd_epi16(h16(h16(q[0], q[1]), h16(q[2], q[3])), ones);
+                    sc[2 * i + h].step(sum, xb[h], true, acc, mins);
                 }
             }
-            for (h, q) in pairs.into_iter().enumerate() {
-                let h16 = |u, v| _mm256_hadd_epi16(u, v);
-                let sc = k.sc[2 * i + h];
-                let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
-                let scaled = _mm256_madd_epi16(h16(h16(q[0], q[1]), h16(q[2], q[3])), sc);
-                sum = _mm256_add_epi32(sum, scaled);
-            }
-        }
-        // SAFETY: activation blocks `8s..8s + 8` are in bounds (fn contract).
-        let xs = unsafe { std::slice::from_raw_parts(a.x.add(8 * s), 8) };
-        super_step(k, sum, xs, acc, mins);
-    };
+        };
     // SAFETY: forwarded contract; `block` reads stored block `s` of the
     // tile's rows and activation blocks `8s..8s + 8`, in bounds.
-    unsafe { tiles8_q4k(a, tiles, y, block) }
-}
-
-/// [`tiles8_with`] for Q4_K rows, each super-block's heads decoded as
-/// [`KInts8`].
-///
-/// # Safety
-/// As [`tiles8`] for Q4_K rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tiles8_q4k(
-    a: Int8Args,
-    tiles: usize,
-    y: *mut f32,
-    block: impl FnMut(usize, &[*const u8; 8], &KInts8, &mut __m256, &mut __m256),
-) {
-    // SAFETY: one stored Q4_K super-block at each `p[r]` (tiles8_with's
-    // contract); the CPU has AVX2, FMA and F16C (fn contract).
-    let decode = |p: &[*const u8; 8], k: &mut KInts8| *k = unsafe { KInts8::of(p) };
-    // SAFETY: forwarded contract.
-    unsafe { tiles8_with::<Q4KB, _>(a, tiles, y, KInts8::zeros(), decode, block) }
-}
-
-/// The definition's float steps for one Q4_K super-block of eight rows
-/// (row `r` in lane `r`) whose scaled integer sums are `sum`, against the
-/// activation super-block `xs` (eight blocks, one scale `dx`): `acc +=
-/// float(S) * (d * dx)`, and `M = sum_j m_j * sum(x_j)` by `vpmaddwd`
-/// of the minimums' i16 pairs against the blocks' sums paired likewise,
-/// `mins += float(M) * (-dmin * dx)`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn super_step(k: &KInts8, sum: __m256i, xs: &[Q8Block], acc: &mut __m256, mins: &mut __m256) {
-    let xp = int8::super_pairs(xs);
-    let dx = _mm256_set1_ps(xs[0].d);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(k.d, dx), *acc);
-    let m = (0..4).fold(_mm256_setzero_si256(), |m, p| {
-        _mm256_add_epi32(m, _mm256_madd_epi16(k.m[p], _mm256_set1_epi32(xp[p])))
-    });
-    *mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(k.neg_dmin, dx), *mins);
+    unsafe { tiles8::<Q4KB>(a, tiles, y, block) }
 }
 
 /// Eight rows' 512-bit `vpdpbusd` sums folded by shuffles and adds (no
@@ -838,61 +697,49 @@ fn chunks(lo: __m512i, hi: __m512i, c: i32, d: i32) -> __m512i {
 /// for 64 weights, sums exact in i32 (at most `4 * 240 * 127` a lane).
 /// The eight rows' sums then fold to one lane per row and sub-block by
 /// shuffles and adds (no `vphaddd`, half the folds per weight of the
-/// 256-bit GEMV), both sub-blocks in one register, multiplied there by
-/// their 6-bit scales (the first's times 16) and added up over the
-/// super-block exactly, divided by 16 once, for its one float step
-/// ([`super_step`]): bit for bit the definition (Q4_K is an
-/// [`int8::super_scale`] type).
+/// 256-bit GEMV), the second sub-block's divided by 16 exactly (a
+/// multiple of 16), and each sub-block takes the definition's float steps
+/// in order, as [`sub_block`] does: bit for bit the same outputs.
 ///
 /// # Safety
-/// As [`gemv8_q4k_pair256`]; the CPU must support AVX-512F/BW/VL and
+/// As [`gemv8_256`] for Q4_K rows; the CPU must support AVX-512F/BW/VL and
 /// AVX-512 VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn gemv8_q4k_vnni512(a: Int8Args, tiles: usize, y: *mut f32) {
     let nibbles = _mm512_inserti64x4::<1>(_mm512_set1_epi8(0x0F), _mm256_set1_epi8(0xF0u8 as i8));
-    let block = |s: usize, p: &[*const u8; 8], k: &KInts8, acc: &mut __m256, mins: &mut __m256| {
-        // Sixteen times each super-block's sum: sub-block 2i's in the low
-        // half (its scales times 16), 2i + 1's (read at sixteen times their
-        // value) in the high.
-        let mut sum = _mm512_setzero_si512();
-        for i in 0..4 {
-            let sc = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_slli_epi32::<4>(k.sc[2 * i])),
-                k.sc[2 * i + 1],
-            );
-            // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
-            // bounds (fn contract); each `q` is 32 readable bytes.
-            let [x0, x1] = [0, 1].map(|h| unsafe {
-                _mm256_loadu_si256((*a.x.add(8 * s + 2 * i + h)).q.as_ptr().cast())
-            });
-            let xx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x0), x1);
-            let prod: [__m512i; 8] = std::array::from_fn(|r| {
-                // SAFETY: the nibbles are bytes 16..144 of the stored
-                // block at `p[r]` (fn contract); group `i` is 32 of them.
-                let q = unsafe { _mm256_loadu_si256(p[r].add(16 + 32 * i).cast()) };
-                let q = _mm512_and_si512(_mm512_broadcast_i64x4(q), nibbles);
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xx)
-            });
-            // Chunks 0 + 1 (sub-block 2i) and 2 + 3 (2i + 1) of the
-            // eight rows.
-            let (lo, hi) = fold8(prod);
-            let sums = _mm512_add_epi32(chunks(lo, hi, 0, 2), chunks(lo, hi, 1, 3));
-            sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(sums, sc));
-        }
-        let sum = _mm256_add_epi32(
-            _mm512_castsi512_si256(sum),
-            _mm512_extracti64x4_epi64::<1>(sum),
-        );
-        // Exact: every term is a multiple of 16 (below 2^31, as 16 times a
-        // super-block's `8 * 63 * 32 * 15 * 127`).
-        let sum = _mm256_srai_epi32::<4>(sum);
-        // SAFETY: activation blocks `8s..8s + 8` are in bounds (fn contract).
-        let xs = unsafe { std::slice::from_raw_parts(a.x.add(8 * s), 8) };
-        super_step(k, sum, xs, acc, mins);
-    };
+    let block =
+        |s: usize, p: &[*const u8; 8], sc: &[Scales8; 8], acc: &mut __m256, mins: &mut __m256| {
+            for i in 0..4 {
+                // SAFETY: activation blocks `8s + 2i` and `+ 1` are in
+                // bounds (fn contract).
+                let xb: [&Q8Block; 2] =
+                    std::array::from_fn(|h| unsafe { &*a.x.add(8 * s + 2 * i + h) });
+                // SAFETY: each `q` is 32 readable bytes.
+                let [x0, x1] = xb.map(|b| unsafe { _mm256_loadu_si256(b.q.as_ptr().cast()) });
+                let xx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x0), x1);
+                let prod: [__m512i; 8] = std::array::from_fn(|r| {
+                    // SAFETY: the nibbles are bytes 16..144 of the stored
+                    // block at `p[r]` (fn contract); group `i` is 32 of them.
+                    let q = unsafe { _mm256_loadu_si256(p[r].add(16 + 32 * i).cast()) };
+                    let q = _mm512_and_si512(_mm512_broadcast_i64x4(q), nibbles);
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xx)
+                });
+                // Chunks 0 + 1 (sub-block 2i) and 2 + 3 (2i + 1) of the
+                // eight rows.
+                let (lo, hi) = fold8(prod);
+                let sums = _mm512_add_epi32(chunks(lo, hi, 0, 2), chunks(lo, hi, 1, 3));
+                let sub = [
+                    _mm512_castsi512_si256(sums),
+                    _mm256_srai_epi32::<4>(_mm512_extracti64x4_epi64::<1>(sums)),
+                ];
+                for (h, sum) in sub.into_iter().enumerate() {
+                    sc[2 * i + h].step(sum, xb[h], true, acc, mins);
+                }
+            }
+        };
     // SAFETY: forwarded contract; `block` reads stored block `s` of the
     // tile's rows and activation blocks `8s..8s + 8`, in bounds.
-    unsafe { tiles8_q4k(a, tiles, y, block) }
+    unsafe { tiles8::<Q4KB>(a, tiles, y, block) }
 }
 
 /// [`gemv8_256`] for Q6_K with AVX-512 VNNI: sub-blocks `b` and `b + 2`

@@ -12,8 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::int8::{self, Q8Block};
-use super::scalar::{k_d_dmin, k_ints, k_scale_min};
-use super::weight::Encoding;
+use super::scalar::k_scale_min;
 use super::x86::{prefetch_l2, PREFETCH_TILES};
 use super::x86_blocks::{
     bits_to_bytes256, k_head, k_nibbles256, locate, nibble_bytes256, q5k_bytes256, q6k_bytes256,
@@ -179,72 +178,38 @@ int8_blocks! {
 /// must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn quantize_row256(x: *const f32, nblocks: usize, out: *mut Q8Block) {
-    // SAFETY: forwarded contract.
-    unsafe { quantize_blocks256::<1>(x, nblocks, out) }
-}
-
-/// [`quantize_row256`] with one scale per 256-element super-block
-/// ([`int8::quantize_row_super`]'s values).
-///
-/// # Safety
-/// As [`quantize_row256`], `nblocks` a multiple of 8.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn quantize_row256_super(x: *const f32, nblocks: usize, out: *mut Q8Block) {
-    debug_assert!(nblocks.is_multiple_of(8));
-    // SAFETY: forwarded contract.
-    unsafe { quantize_blocks256::<8>(x, nblocks, out) }
-}
-
-/// [`quantize_row256`] with one scale per `PER` blocks (`nblocks` a
-/// multiple of `PER`).
-///
-/// # Safety
-/// As [`quantize_row256`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn quantize_blocks256<const PER: usize>(x: *const f32, nblocks: usize, out: *mut Q8Block) {
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     // vpackssdw / vpacksswb interleave 128-bit lanes; this undoes it.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for b0 in (0..nblocks).step_by(PER) {
-        let load = |b: usize| -> [__m256; 4] {
-            // SAFETY: floats 32 b..32 b + 32 of each block `b` of the group
-            // are in bounds (fn contract).
-            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.add(32 * b + 8 * i)) })
-        };
-        let m = (b0..b0 + PER).fold(_mm256_setzero_ps(), |m, b| {
-            let a = load(b).map(|v| _mm256_and_ps(v, abs_mask));
-            _mm256_max_ps(
-                m,
-                _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])),
-            )
-        });
+    for b in 0..nblocks {
+        // SAFETY: floats 32b..32b + 32 are in bounds (fn contract).
+        let v: [__m256; 4] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.add(32 * b + 8 * i)) });
+        let a = v.map(|v| _mm256_and_ps(v, abs_mask));
+        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
         let d = amax / 127.0;
         let id = _mm256_set1_ps(if d == 0.0 { 0.0 } else { 1.0 / d });
-        for b in b0..b0 + PER {
-            let q = load(b).map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
-            // |q| <= 127: the saturating packs are exact.
-            let q16 = (
-                _mm256_packs_epi32(q[0], q[1]),
-                _mm256_packs_epi32(q[2], q[3]),
-            );
-            let q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16.0, q16.1), order);
-            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-            let s = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)));
-            // SAFETY: block `b` of `out` is in bounds (fn contract); `q` is
-            // 32 bytes long.
-            unsafe {
-                let o = out.add(b);
-                (*o).d = d;
-                (*o).sum = s;
-                (*o).s = d * s as f32;
-                _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q8);
-            }
+        let q = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, id)));
+        // |q| <= 127: the saturating packs are exact.
+        let q16 = (
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16.0, q16.1), order);
+        let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)));
+        // SAFETY: block `b` of `out` is in bounds (fn contract); `q` is at
+        // offset 8 of the `repr(C)` block and 32 bytes long.
+        unsafe {
+            let o = out.add(b);
+            (*o).d = d;
+            (*o).s = d * s as f32;
+            _mm256_storeu_si256((*o).q.as_mut_ptr() as *mut __m256i, q8);
         }
     }
 }
@@ -300,10 +265,6 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
     y_stride: usize,
 ) {
     const { assert!(R * NB <= 4) };
-    if int8::super_scale(B::ENC) {
-        // SAFETY: forwarded contract, for Q4_K rows.
-        return unsafe { int8_sweep256_super::<R, NB>(a, tiles, y, y_stride) };
-    }
     let ones = _mm256_set1_epi16(1);
     let step = R * B::STRIDE;
     // The output of lane `l` (lanes past `R * NB` repeat the last one).
@@ -386,97 +347,6 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
     }
 }
 
-/// [`int8_sweep256`] for Q4_K (an [`int8::super_scale`] type; the
-/// activations quantized per super-block): per sub-block each output's
-/// integer sums go to one lane as there, times the row's 6-bit scale, and
-/// add up over the super-block exactly; the minimums' sum `M` forms from
-/// the activation blocks' integer sums ([`Q8Block::sum`]); then one float
-/// step each per super-block, lane by lane.
-///
-/// # Safety
-/// As [`int8_sweep256`] for Q4_K rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn int8_sweep256_super<const R: usize, const NB: usize>(
-    a: Int8Args,
-    tiles: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let ones = _mm256_set1_epi16(1);
-    let sb_bytes = Encoding::Q4K.block_bytes();
-    let rc = |l: usize| {
-        let o = l.min(R * NB - 1);
-        (o / NB, o % NB)
-    };
-    // SAFETY: `NB` activation rows of `a.nblocks` blocks (fn contract).
-    let x = unsafe { std::slice::from_raw_parts(a.x, NB * a.nblocks) };
-    for t in 0..tiles {
-        // SAFETY: rows R t..R t + R are in bounds (fn contract).
-        let w = unsafe { a.w.add(R * t * a.row_bytes) };
-        let ahead = w.wrapping_add(PREFETCH_TILES * R * a.row_bytes);
-        let mut acc = _mm_setzero_ps();
-        let mut mins = _mm_setzero_ps();
-        for s in 0..a.nblocks / 8 {
-            for r in 0..R {
-                for line in 0..sb_bytes.div_ceil(64) {
-                    prefetch_l2(ahead.wrapping_add(r * a.row_bytes + s * sb_bytes + 64 * line));
-                }
-            }
-            let sb: [*const u8; R] =
-                std::array::from_fn(|r| w.wrapping_add(r * a.row_bytes + s * sb_bytes));
-            // SAFETY: super-block `s` of each row is in bounds (fn contract).
-            let heads = sb.map(|p| unsafe { k_head(p) });
-            let mut sum = _mm_setzero_si128();
-            let mut msum = [0i32; 4];
-            for j in 0..8 {
-                let b = 8 * s + j;
-                // SAFETY: block `b` of activation rows 0..NB is in bounds;
-                // each `q` is 32 readable bytes.
-                let xq: [__m256i; NB] = std::array::from_fn(|c| unsafe {
-                    _mm256_loadu_si256(x[c * a.nblocks + b].q.as_ptr().cast())
-                });
-                let mut p = [_mm256_setzero_si256(); 4];
-                for r in 0..R {
-                    // SAFETY: the nibbles of super-block `s` of row `r`.
-                    let wq = unsafe { k_nibbles256(sb[r].add(16), j) };
-                    for c in 0..NB {
-                        p[r * NB + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq[c]), ones);
-                    }
-                }
-                let h =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                let all =
-                    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                let ints = |l: usize| k_ints(&heads[rc(l).0], j);
-                let sc = _mm_setr_epi32(
-                    ints(0).0.into(),
-                    ints(1).0.into(),
-                    ints(2).0.into(),
-                    ints(3).0.into(),
-                );
-                sum = _mm_add_epi32(sum, _mm_mullo_epi32(all, sc));
-                for (l, m) in msum.iter_mut().enumerate() {
-                    *m += i32::from(ints(l).1) * x[rc(l).1 * a.nblocks + b].sum;
-                }
-            }
-            let dx = lanes4(|l| x[rc(l).1 * a.nblocks + 8 * s].d);
-            let dd = lanes4(|l| k_d_dmin(&heads[rc(l).0]).0);
-            let neg_dmin = lanes4(|l| -k_d_dmin(&heads[rc(l).0]).1);
-            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum), _mm_mul_ps(dd, dx), acc);
-            let m = _mm_setr_epi32(msum[0], msum[1], msum[2], msum[3]);
-            mins = _mm_fmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(neg_dmin, dx), mins);
-        }
-        let mut out = [0f32; 4];
-        // SAFETY: `out` is 4 writable floats.
-        unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(acc, mins)) };
-        for (l, v) in out.into_iter().take(R * NB).enumerate() {
-            let (r, c) = rc(l);
-            // SAFETY: element (R t + r, c) is in bounds (fn contract).
-            unsafe { *y.add(c * y_stride + R * t + r) = v };
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use kestrel_model::DType;
@@ -530,17 +400,11 @@ mod tests {
             }
             expect(w, xq, &y, r * tiles, c, &format!("avx2 tile {r}x{c}"));
         }
-        // Q4_K, summed per super-block, takes neither the generic GEMV nor
-        // unpacked rows nor AMX tiles (`matmul_int8` routes it past them).
-        let sup = int8::super_scale(B::ENC);
-        if !sup {
-            let mut y = vec![f32::NAN; w.rows];
-            // SAFETY: `w` holds `w.rows >= 8 * (w.rows / 8)` rows of `B`,
-            // `xq` at least one row, `y` `w.rows` floats; AVX2 was checked
-            // by the caller.
-            unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
-            expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
-        }
+        let mut y = vec![f32::NAN; w.rows];
+        // SAFETY: `w` holds `w.rows >= 8 * (w.rows / 8)` rows of `B`, `xq`
+        // at least one row, `y` `w.rows` floats; AVX2 was checked by the caller.
+        unsafe { gemv8_256::<B>(args, w.rows / 8, y.as_mut_ptr()) };
+        expect(w, xq, &y, w.rows / 8 * 8, 1, "avx2 gemv 8x1");
         if B::ENC == Encoding::Q4K {
             let mut y = vec![f32::NAN; w.rows];
             // SAFETY: as for `gemv8_256` above, on Q4_K rows.
@@ -603,147 +467,128 @@ mod tests {
             for cn in (groups - 1) * lanes + 1..=n.min(groups * lanes) {
                 let mut x = LaneRows::default();
                 x.fill(xq, cn, nb, lanes, true);
-                if sup {
-                    x.fill_pairs(xq, cn);
-                }
                 for r in [1, 2, 4] {
                     let tiles = w.rows / r;
-                    let a = LaneArgs::group(&x, 0);
-                    if !sup {
+                    let mut y = vec![f32::NAN; cn * w.rows];
+                    let p = unpacked[usize::from(on_vnni)].0.as_ptr();
+                    let (a, out) = (LaneArgs::group(&x, 0), y.as_mut_ptr());
+                    macro_rules! run {
+                        ($sweep:ident) => {
+                            match r {
+                                1 => $sweep::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                                2 => $sweep::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                                _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            }
+                        };
+                        ($sweep:ident::<$G:literal>, $a:expr) => {
+                            run!($sweep::<$G>, $a, p, nb, out, None)
+                        };
+                        ($sweep:ident::<$G:literal>, $a:expr, $p:expr, $nb:expr, $out:expr, $carry:expr) => {
+                            match r {
+                                1 => {
+                                    $sweep::<B, 1, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
+                                2 => {
+                                    $sweep::<B, 2, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
+                                _ => {
+                                    $sweep::<B, 4, $G>($p, $nb, tiles, $a, cn, $out, w.rows, $carry)
+                                }
+                            }
+                        };
+                    }
+                    // SAFETY: `p` holds `w.rows >= r * tiles` rows unpacked
+                    // for this sweep, `x` `groups` groups of `nb` blocks,
+                    // `y` is `cn x w.rows`; the ISA was checked above.
+                    unsafe {
+                        match (lanes, on_vnni, groups) {
+                            (8, false, _) => run!(lanes_sweep256),
+                            (8, true, _) if avx => run!(lanes_avxvnni256::<1>, [a]),
+                            (8, true, _) => run!(lanes_vnni256::<1>, [a]),
+                            (_, _, 1) => run!(lanes_vnni512::<1>, [a]),
+                            _ => run!(lanes_vnni512::<2>, [a, LaneArgs::group(&x, 1)]),
+                        }
+                    }
+                    let what = format!(
+                        "{lanes}-lane x{groups} (vnni {on_vnni}, avx-vnni {avx}) tile {r}x{cn}"
+                    );
+                    expect(w, xq, &y, r * tiles, cn, &what);
+                    if on_vnni && nb >= 2 * B::SUB {
+                        // In two chunks of whole stored blocks, unpacked
+                        // apart, the sums carried from one to the next.
+                        let k1 = nb / B::SUB / 2 * B::SUB;
+                        let stride = 2 * groups * lanes;
+                        let mut kept = vec![f32::NAN; w.rows * stride];
                         let mut y = vec![f32::NAN; cn * w.rows];
-                        let p = unpacked[usize::from(on_vnni)].0.as_ptr();
                         let out = y.as_mut_ptr();
-                        macro_rules! run {
-                            ($sweep:ident) => {
-                                match r {
-                                    1 => $sweep::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
-                                    2 => $sweep::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
-                                    _ => $sweep::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
-                                }
-                            };
-                            ($sweep:ident::<$G:literal>, $a:expr) => {
-                                run!($sweep::<$G>, $a, p, nb, out, None)
-                            };
-                            ($sweep:ident::<$G:literal>, $a:expr, $p:expr, $nb:expr, $out:expr, $carry:expr) => {
-                                match r {
-                                    1 => $sweep::<B, 1, $G>(
-                                        $p, $nb, tiles, $a, cn, $out, w.rows, $carry,
-                                    ),
-                                    2 => $sweep::<B, 2, $G>(
-                                        $p, $nb, tiles, $a, cn, $out, w.rows, $carry,
-                                    ),
-                                    _ => $sweep::<B, 4, $G>(
-                                        $p, $nb, tiles, $a, cn, $out, w.rows, $carry,
-                                    ),
-                                }
-                            };
-                        }
-                        // SAFETY: `p` holds `w.rows >= r * tiles` rows unpacked
-                        // for this sweep, `x` `groups` groups of `nb` blocks,
-                        // `y` is `cn x w.rows`; the ISA was checked above.
-                        unsafe {
-                            match (lanes, on_vnni, groups) {
-                                (8, false, _) => run!(lanes_sweep256),
-                                (8, true, _) if avx => run!(lanes_avxvnni256::<1>, [a]),
-                                (8, true, _) => run!(lanes_vnni256::<1>, [a]),
-                                (_, _, 1) => run!(lanes_vnni512::<1>, [a]),
-                                _ => run!(lanes_vnni512::<2>, [a, LaneArgs::group(&x, 1)]),
-                            }
-                        }
-                        let what = format!(
-                            "{lanes}-lane x{groups} (vnni {on_vnni}, avx-vnni {avx}) tile {r}x{cn}"
-                        );
-                        expect(w, xq, &y, r * tiles, cn, &what);
-                        if on_vnni && nb >= 2 * B::SUB {
-                            // In two chunks of whole stored blocks, unpacked
-                            // apart, the sums carried from one to the next.
-                            let k1 = nb / B::SUB / 2 * B::SUB;
-                            let stride = 2 * groups * lanes;
-                            let mut kept = vec![f32::NAN; w.rows * stride];
-                            let mut y = vec![f32::NAN; cn * w.rows];
-                            let out = y.as_mut_ptr();
-                            for (k0, kn) in [(0, k1), (k1, nb - k1)] {
-                                let mut u = vec![I8Block::default(); w.rows * kn];
-                                let from = |g| LaneArgs::group(&x, g).skip_blocks(k0, lanes);
-                                let carry = Some(Carry {
-                                    p: kept.as_mut_ptr(),
-                                    stride,
-                                    first: k0 == 0,
-                                    last: k0 + kn == nb,
-                                });
-                                let p = u.as_ptr();
-                                // SAFETY: blocks k0..k0 + kn of each row are
-                                // whole stored blocks of `B` from that pointer
-                                // on, `u` holds `w.rows * kn` blocks; `kept` the
-                                // sums of `w.rows` rows for `groups` groups,
-                                // left by the first chunk for the second; as
-                                // above otherwise.
-                                unsafe {
-                                    let at = args.w.add(k0 / B::SUB * B::ENC.block_bytes());
-                                    unpack_rows256::<B, true>(
-                                        at,
-                                        w.row_bytes,
-                                        w.rows,
-                                        kn,
-                                        false,
-                                        u.as_mut_ptr(),
-                                    );
-                                    match (lanes, groups) {
-                                        (8, _) if avx => {
-                                            run!(
-                                                lanes_avxvnni256::<1>,
-                                                [from(0)],
-                                                p,
-                                                kn,
-                                                out,
-                                                carry
-                                            )
-                                        }
-                                        (8, _) => {
-                                            run!(lanes_vnni256::<1>, [from(0)], p, kn, out, carry)
-                                        }
-                                        (_, 1) => {
-                                            run!(lanes_vnni512::<1>, [from(0)], p, kn, out, carry)
-                                        }
-                                        _ => run!(
-                                            lanes_vnni512::<2>,
-                                            [from(0), from(1)],
-                                            p,
-                                            kn,
-                                            out,
-                                            carry
-                                        ),
-                                    }
-                                }
-                            }
-                            expect(w, xq, &y, r * tiles, cn, &format!("{what}, in two chunks"));
-                        }
-                        if !on_vnni && B::ENC == Encoding::Q8_0 && !has_lowest {
-                            let mut y = vec![f32::NAN; cn * w.rows];
-                            let out = y.as_mut_ptr();
-                            // SAFETY: as above; no weight is -128 (checked).
+                        for (k0, kn) in [(0, k1), (k1, nb - k1)] {
+                            let mut u = vec![I8Block::default(); w.rows * kn];
+                            let from = |g| LaneArgs::group(&x, g).skip_blocks(k0, lanes);
+                            let carry = Some(Carry {
+                                p: kept.as_mut_ptr(),
+                                stride,
+                                first: k0 == 0,
+                                last: k0 + kn == nb,
+                            });
+                            let p = u.as_ptr();
+                            // SAFETY: blocks k0..k0 + kn of each row are
+                            // whole stored blocks of `B` from that pointer
+                            // on, `u` holds `w.rows * kn` blocks; `kept` the
+                            // sums of `w.rows` rows for `groups` groups,
+                            // left by the first chunk for the second; as
+                            // above otherwise.
                             unsafe {
-                                match r {
-                                    1 => lanes_sweep256_absx::<B, 1>(
-                                        p, nb, tiles, a, cn, out, w.rows,
-                                    ),
-                                    2 => lanes_sweep256_absx::<B, 2>(
-                                        p, nb, tiles, a, cn, out, w.rows,
-                                    ),
-                                    _ => lanes_sweep256_absx::<B, 4>(
-                                        p, nb, tiles, a, cn, out, w.rows,
+                                let at = args.w.add(k0 / B::SUB * B::ENC.block_bytes());
+                                unpack_rows256::<B, true>(
+                                    at,
+                                    w.row_bytes,
+                                    w.rows,
+                                    kn,
+                                    false,
+                                    u.as_mut_ptr(),
+                                );
+                                match (lanes, groups) {
+                                    (8, _) if avx => {
+                                        run!(lanes_avxvnni256::<1>, [from(0)], p, kn, out, carry)
+                                    }
+                                    (8, _) => {
+                                        run!(lanes_vnni256::<1>, [from(0)], p, kn, out, carry)
+                                    }
+                                    (_, 1) => {
+                                        run!(lanes_vnni512::<1>, [from(0)], p, kn, out, carry)
+                                    }
+                                    _ => run!(
+                                        lanes_vnni512::<2>,
+                                        [from(0), from(1)],
+                                        p,
+                                        kn,
+                                        out,
+                                        carry
                                     ),
                                 }
-                            };
-                            expect(
-                                w,
-                                xq,
-                                &y,
-                                r * tiles,
-                                cn,
-                                &format!("8-lane |x| tile {r}x{cn}"),
-                            );
+                            }
                         }
+                        expect(w, xq, &y, r * tiles, cn, &format!("{what}, in two chunks"));
+                    }
+                    if !on_vnni && B::ENC == Encoding::Q8_0 && !has_lowest {
+                        let mut y = vec![f32::NAN; cn * w.rows];
+                        let out = y.as_mut_ptr();
+                        // SAFETY: as above; no weight is -128 (checked).
+                        unsafe {
+                            match r {
+                                1 => lanes_sweep256_absx::<B, 1>(p, nb, tiles, a, cn, out, w.rows),
+                                2 => lanes_sweep256_absx::<B, 2>(p, nb, tiles, a, cn, out, w.rows),
+                                _ => lanes_sweep256_absx::<B, 4>(p, nb, tiles, a, cn, out, w.rows),
+                            }
+                        };
+                        expect(
+                            w,
+                            xq,
+                            &y,
+                            r * tiles,
+                            cn,
+                            &format!("8-lane |x| tile {r}x{cn}"),
+                        );
                     }
                     // The one-scale sweeps straight from stored blocks:
                     // Q4_0 and Q4_1, and Q8_0 on 16 lanes.
@@ -803,7 +648,7 @@ mod tests {
                 }
             }
         }
-        if Isa::Amx.is_supported() && w.rows >= AMX_ROWS && !B::TWO && !sup {
+        if Isa::Amx.is_supported() && w.rows >= AMX_ROWS && !B::TWO {
             let mut tiled = vec![I8Block::default(); w.rows * nb];
             // SAFETY: `w` holds `w.rows` rows of `nb` blocks of `B`, `tiled`
             // as many; AVX2 was checked by the caller.
@@ -1006,11 +851,7 @@ mod tests {
         });
         x[32..64].fill(0.0);
         let mut xq = vec![Q8Block::default(); n * cols / 32];
-        if int8::super_scale(Encoding::of(dtype)) {
-            int8::quantize_row_super(&x, &mut xq);
-        } else {
-            int8::quantize_row(&x, &mut xq);
-        }
+        int8::quantize_row(&x, &mut xq);
         let m = random_matrix(rng, dtype, rows, cols, 1.0);
         let prepared = Weight::prepare("w", &m).unwrap();
         let w = prepared.mat();

@@ -11,13 +11,11 @@
 //! all but Q8_0's on AVX2, swept signed: `|x|` against `w * sgn(x)`,
 //! [`lanes_sweep256_absx`], unless a weight is -128), their sums starting
 //! at `-offset * sum(x)`.
-//! With one lane group nothing reuses an unpacked row: Q8_0 is swept
-//! straight from its stored blocks ([`StoredRows`]; [`q8_0_vnni256`],
-//! [`q8_0_lanes256`]), and Q4_K, summed per super-block (its integer
-//! sub-block scales, which an unpacked block does not carry), always is,
-//! every lane group in turn ([`q4_k_vnni256`], [`q4_k_lanes256`], with
-//! VNNI on 16 lanes two groups at a time [`q4_k_vnni512`]); with VNNI so
-//! are up to 32 rows of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
+//! With one lane group nothing reuses an unpacked row: Q8_0 and Q4_K are
+//! swept straight from their stored blocks ([`StoredRows`];
+//! [`q8_0_vnni256`], [`q4_k_vnni256`], [`q8_0_lanes256`],
+//! [`q4_k_lanes256`]); with VNNI so are up to 32 rows of Q4_K
+//! ([`q4_k_vnni512`]) and of Q4_0, Q4_1 and Q8_0 ([`stored_vnni256`],
 //! [`stored_vnni512`]: the VNNI sweep's body reading stored blocks). On
 //! AVX2 CPUs with AVX-VNNI (`super::Isa::AvxVnni`) the 8-lane VNNI
 //! sweeps run as second instances compiled for it ([`lanes_avxvnni256`],
@@ -33,7 +31,7 @@ use super::int8::LaneRows;
 use super::weight::Encoding;
 use super::x86::{prefetch_l1, prefetch_l2};
 use super::x86_blocks::{scales, Q4KB};
-use super::x86_gemv::{KInts8, Scales8, Tile8};
+use super::x86_gemv::{Scales8, Tile8};
 use super::x86_int8::Int8Block;
 
 /// A weight block unpacked once for the lane sweeps ([`unpack_rows256`]):
@@ -253,8 +251,6 @@ pub(crate) struct LaneArgs {
     pub s: *const f32,
     /// The group's first block of integer sums per half.
     pub sums: *const i32,
-    /// The group's first super-block's pair sums ([`LaneRows::pairs`]).
-    pub pairs: *const i32,
 }
 
 impl LaneArgs {
@@ -267,7 +263,6 @@ impl LaneArgs {
             d: x.d.as_ptr().wrapping_add(blocks * x.lanes),
             s: x.s.as_ptr().wrapping_add(blocks * x.lanes),
             sums: x.sums.as_ptr().wrapping_add(blocks * 2 * x.lanes),
-            pairs: x.pairs.as_ptr().wrapping_add(blocks / 8 * 4 * x.lanes),
         }
     }
 
@@ -278,7 +273,6 @@ impl LaneArgs {
             d: self.d.wrapping_add(b0 * lanes),
             s: self.s.wrapping_add(b0 * lanes),
             sums: self.sums.wrapping_add(b0 * 2 * lanes),
-            pairs: self.pairs.wrapping_add(b0 / 8 * 4 * lanes),
         }
     }
 }
@@ -1063,18 +1057,15 @@ pub(crate) unsafe fn q8_0_lanes256<const R: usize>(
 }
 
 /// `tiles` consecutive `R`-row tiles of Q4_K rows straight from their
-/// stored blocks against one 8-lane group of [`LaneRows`] (quantized per
-/// super-block: Q4_K is an `int8::super_scale` type): per super-block,
-/// the next tile's same bytes prefetched, the tile's rows' heads decoded
-/// at once ([`q4_k_tile`]) and `split(sb, state)` handed their
-/// super-blocks (lanes past the tile repeat its last row); per 32-element
+/// stored blocks against one 8-lane group of [`LaneRows`]: per
+/// super-block, the next tile's same bytes prefetched, the tile's rows'
+/// scales decoded at once ([`Tile8::scales8`], row `r` in lane `r`) and
+/// `split(sb, state)` handed their super-blocks (lanes past the tile
+/// repeat its last row); per 32-element
 /// sub-block `j`, the group's activations loaded once for the tile and
-/// `dot(state, r, j, sb[r], xk)` row `r`'s integer sums, times the row's
-/// 6-bit scale (and with `high16`, where `dot` reads the high nibbles in
-/// place, sixteen times their value, the even sub-blocks' scales times 16
-/// and the super-block's sum divided by 16 exactly), added up over the
-/// super-block; then per super-block the definition's float step, and the
-/// minimums' sum from the group's [`LaneRows::pairs`] by `vpmaddwd`.
+/// `dot(state, r, j, sb[r], xk)` row `r`'s integer sums, whose scale takes
+/// `unit[j % 2]` in the definition's float step (a power of two, which
+/// leaves the step's results as they were); the minimums' sum beside.
 ///
 /// # Safety
 /// As [`q4_k_vnni256`], the CPU supporting what `split` and `dot` use.
@@ -1086,14 +1077,14 @@ unsafe fn q4_k_stored<const R: usize, S>(
     tiles: usize,
     x: LaneArgs,
     out: (usize, *mut f32, usize),
-    high16: bool,
+    unit: [f32; 2],
     mut state: S,
     split: impl Fn(&[*const u8; 8], &mut S),
     dot: impl Fn(&S, usize, usize, *const u8, &[__m256i; 8]) -> __m256i,
 ) {
     let (cn, y, y_stride) = out;
     debug_assert!(cn <= 8 && R <= 8);
-    let mut kt = KTable::default();
+    let mut dm: SubScales = [[[0.0; 8]; 2]; 8];
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [_mm256_setzero_ps(); R];
@@ -1101,43 +1092,19 @@ unsafe fn q4_k_stored<const R: usize, S>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, high16, &mut kt) };
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
             split(&sbs, &mut state);
-            let mut sum = [_mm256_setzero_si256(); R];
-            for j in 0..8 {
-                // SAFETY: block `8s + j` of the group is in bounds (fn
-                // contract).
-                let (xk, _) = unsafe { group8(x, 8 * s + j) };
-                for (r, sum) in sum.iter_mut().enumerate() {
+            for (j, [d, m]) in dm.iter().enumerate() {
+                let b = 8 * s + j;
+                // SAFETY: block `b` of the group and its 8 sums are in
+                // bounds (fn contract).
+                let ((xk, dx), sx) = unsafe { (group8(x, b), _mm256_loadu_ps(x.s.add(8 * b))) };
+                for (r, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
                     let all = dot(&state, r, j, sbs[r], &xk);
-                    let sc = _mm256_set1_epi32(kt.sc[j][r]);
-                    *sum = _mm256_add_epi32(*sum, _mm256_mullo_epi32(all, sc));
+                    let dd = _mm256_mul_ps(_mm256_set1_ps(d[r]), dx);
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dd, *acc);
+                    *mins = _mm256_fmadd_ps(_mm256_set1_ps(m[r]), sx, *mins);
                 }
-            }
-            // SAFETY: block `8s`'s 8 scales and super-block `s`'s four
-            // vectors of 8 pair sums are in bounds (fn contract).
-            let (dx, xp) = unsafe {
-                (
-                    _mm256_loadu_ps(x.d.add(64 * s)),
-                    std::array::from_fn::<_, 4, _>(|p| {
-                        _mm256_loadu_si256(x.pairs.add(8 * (4 * s + p)).cast())
-                    }),
-                )
-            };
-            for r in 0..R {
-                let sum = if high16 {
-                    _mm256_srai_epi32::<4>(sum[r])
-                } else {
-                    sum[r]
-                };
-                let dd = _mm256_mul_ps(_mm256_set1_ps(kt.d[r]), dx);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc[r]);
-                let m = (0..4).fold(_mm256_setzero_si256(), |m, p| {
-                    let mr = _mm256_set1_epi32(kt.m[p][r]);
-                    _mm256_add_epi32(m, _mm256_madd_epi16(mr, xp[p]))
-                });
-                let dm = _mm256_mul_ps(_mm256_set1_ps(kt.neg_dmin[r]), dx);
-                mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, mins[r]);
             }
         }
         // SAFETY: rows R t..R t + R of `y` (fn contract).
@@ -1145,25 +1112,18 @@ unsafe fn q4_k_stored<const R: usize, S>(
     }
 }
 
-/// A Q4_K super-block's heads of eight rows as the stored sweeps read
-/// them ([`q4_k_tile`]), row `r` at index `r`: per sub-block the 6-bit
-/// scales (the even sub-blocks' times 16 for sweeps that read the high
-/// nibbles in place), the minimums as i16 pairs (`int8::PAIRS`), `d` and
-/// `-dmin`. The sweeps broadcast them from here, a load each, not a
-/// shuffle on the vector pipes the dot products need.
-#[repr(C, align(32))]
-#[derive(Default)]
-struct KTable {
-    sc: [[i32; 8]; 8],
-    m: [[i32; 8]; 4],
-    d: [f32; 8],
-    neg_dmin: [f32; 8],
-}
+/// A Q4_K super-block's eight sub-blocks of eight rows, as [`q4_k_tile`]
+/// sets them out: per sub-block the row scales (taking `unit`) and the
+/// minimums' factors, row `r` in lane `r`.
+type SubScales = [[[f32; 8]; 2]; 8];
 
 /// Super-block `s` of the `R` rows from `wt` (lanes past them repeat the
-/// last row), their heads decoded into `kt` (with `high16`, the even
-/// sub-blocks' scales times 16). The same super-blocks of the next `R`
-/// rows are asked for, to be in cache when that tile reads them.
+/// last row), their eight sub-blocks' scales decoded and set out in `dm`:
+/// sub-block `j`'s row scales times `unit[j % 2]` and its minimums'
+/// factors. The sweeps' float steps broadcast them from there, a load
+/// each, not a multiply and a shuffle on the vector pipes the dot products
+/// need (`gemm` Q4_K/32 +4% on Zen 5). The same super-blocks of the next
+/// `R` rows are asked for, to be in cache when that tile reads them.
 ///
 /// # Safety
 /// Super-block `s` of each of the `R` rows must be in bounds, `R <= 8`;
@@ -1173,8 +1133,8 @@ struct KTable {
 unsafe fn q4_k_tile<const R: usize>(
     wt: StoredRows,
     s: usize,
-    high16: bool,
-    kt: &mut KTable,
+    unit: [f32; 2],
+    dm: &mut SubScales,
 ) -> [*const u8; 8] {
     let block = Encoding::Q4K.block_bytes();
     let sb = |r: usize| wt.skip(r.min(R - 1)).w.wrapping_add(block * s);
@@ -1184,23 +1144,16 @@ unsafe fn q4_k_tile<const R: usize>(
         }
     }
     let sbs = std::array::from_fn(sb);
+    let mut sc = Scales8::zeros();
     // SAFETY: in bounds (fn contract).
-    let k = unsafe { KInts8::of(&sbs) };
-    // SAFETY: each row of `kt` is 8 writable lanes.
-    unsafe {
-        for (j, (sc, out)) in k.sc.iter().zip(&mut kt.sc).enumerate() {
-            let sc = if high16 && j % 2 == 0 {
-                _mm256_slli_epi32::<4>(*sc)
-            } else {
-                *sc
-            };
-            _mm256_storeu_si256(out.as_mut_ptr().cast(), sc);
+    unsafe { Q4KB::scales8(&sbs, &mut sc) };
+    for ((j, sc), dm) in sc.iter().enumerate().zip(dm) {
+        let d = _mm256_mul_ps(sc.d0, _mm256_set1_ps(unit[j % 2]));
+        // SAFETY: each `dm[j][i]` is 8 writable floats.
+        unsafe {
+            _mm256_storeu_ps(dm[0].as_mut_ptr(), d);
+            _mm256_storeu_ps(dm[1].as_mut_ptr(), sc.m);
         }
-        for (m, out) in k.m.iter().zip(&mut kt.m) {
-            _mm256_storeu_si256(out.as_mut_ptr().cast(), *m);
-        }
-        _mm256_storeu_ps(kt.d.as_mut_ptr(), k.d);
-        _mm256_storeu_ps(kt.neg_dmin.as_mut_ptr(), k.neg_dmin);
     }
     sbs
 }
@@ -1238,7 +1191,7 @@ macro_rules! q4_k_vnni {
                     tiles,
                     x,
                     (cn, y, y_stride),
-                    true,
+                    [1.0, 1.0 / 16.0],
                     (),
                     |_, _| {},
                     dot,
@@ -1251,15 +1204,14 @@ macro_rules! q4_k_vnni {
 q4_k_vnni!(
     /// [`q8_0_vnni256`] for Q4_K ([`q4_k_stored`]): each four-byte group
     /// broadcast from the stored nibbles and masked in place: low nibbles as
-    /// they are, high nibbles sixteen times their value, the even
-    /// sub-blocks' scales taking the 16 (a super-block's scaled sums stay
-    /// below `8 * 63 * 16 * 32 * 15 * 127 < 2^31`, and come back divided by
-    /// 16 exactly).
+    /// they are, high nibbles sixteen times their value, their scale taking
+    /// the 1/16 (a power of two: the product with the activations' scale, and
+    /// every step after it, come out as the definition's). Sums of at most 32
+    /// x 240 x 127 stay exact in f32.
     ///
     /// # Safety
-    /// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks,
-    /// `x` quantized per super-block with its [`LaneRows::pairs`] (no
-    /// integer sums per half needed).
+    /// As [`q8_0_vnni256`], for rows of `w.nblocks / 8` Q4_K super-blocks (no
+    /// integer sums needed).
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
     q4_k_vnni256,
     _mm256_dpbusd_epi32
@@ -1276,19 +1228,15 @@ q4_k_vnni!(
 );
 
 /// [`q4_k_vnni256`] on 16 lanes against `G` consecutive lane groups at
-/// once (as [`lanes_vnni512`]). Each row's four-byte group is broadcast
-/// from the stored nibbles and masked once for the `G` groups; per
-/// sub-block each row and group's sums, times the row's scale, add up over
-/// the super-block (`vpmulld`), whose minimums' sum takes four
-/// `vpdpwssd` of the rows' minimum pairs against the group's
-/// [`LaneRows::pairs`], and whose float steps run once.
+/// once (as [`lanes_vnni512`]): up to 32 activation rows, where an unpack
+/// would be read by one sweep only. Each row's four-byte group is
+/// broadcast from the stored nibbles and masked once for the `G` groups.
 /// Lanes `0..cn` of the groups are written, element `(r, c)` to
 /// `y[c * y_stride + r]`.
 ///
 /// # Safety
 /// `w` must be valid for `R * tiles` rows of `w.nblocks / 8` Q4_K
-/// super-blocks, each of `x` for `w.nblocks` blocks of a 16-lane group
-/// quantized per super-block, with its pair sums, `y`
+/// super-blocks, each of `x` for `w.nblocks` blocks of a 16-lane group, `y`
 /// for writing every element `(r, c < cn)`; `(G - 1) * 16 < cn <= 16 * G`,
 /// `R <= 8`; the CPU must support AVX-512F/BW/VL, AVX-512 VNNI, AVX2, FMA
 /// and F16C.
@@ -1303,7 +1251,9 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
 ) {
     debug_assert!((G - 1) * 16 < cn && cn <= 16 * G && R <= 8);
     let masks = [_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0xf0u8 as i8)];
-    let mut kt = KTable::default();
+    // High nibbles count sixteen times their value: their scale takes 1/16.
+    let unit = [1.0, 1.0 / 16.0];
+    let mut dm: SubScales = [[[0.0; 8]; 2]; 8];
     for t in 0..tiles {
         let wt = w.skip(R * t);
         let mut acc = [[_mm512_setzero_ps(); G]; R];
@@ -1311,11 +1261,10 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
         for s in 0..w.nblocks / 8 {
             // SAFETY: super-block `s` of each row of the tile is in bounds
             // (fn contract).
-            let sbs = unsafe { q4_k_tile::<R>(wt, s, true, &mut kt) };
-            let mut sum = [[_mm512_setzero_si512(); G]; R];
-            for j in 0..8 {
+            let sbs = unsafe { q4_k_tile::<R>(wt, s, unit, &mut dm) };
+            for (j, [d, m]) in dm.iter().enumerate() {
                 let b = 8 * s + j;
-                let mut part = [[_mm512_setzero_si512(); G]; R];
+                let mut sums = [[_mm512_setzero_si512(); G]; R];
                 for k in 0..8 {
                     let mut xk = [_mm512_setzero_si512(); G];
                     for (xk, x) in xk.iter_mut().zip(&x) {
@@ -1323,7 +1272,7 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                         // is in bounds (fn contract).
                         *xk = unsafe { _mm512_loadu_si512(x.q.add(512 * b + 64 * k).cast()) };
                     }
-                    for (r, pr) in part.iter_mut().enumerate() {
+                    for (r, sr) in sums.iter_mut().enumerate() {
                         // Sub-block j: nibble j % 2 of the stored bytes
                         // 32 (j / 2).., in the super-block at sbs[r].
                         // SAFETY: in bounds (fn contract).
@@ -1331,39 +1280,25 @@ pub(crate) unsafe fn q4_k_vnni512<const R: usize, const G: usize>(
                             (sbs[r].add(16 + 32 * (j / 2) + 4 * k) as *const i32).read_unaligned()
                         };
                         let wk = _mm512_and_si512(_mm512_set1_epi32(four), masks[j % 2]);
-                        for (p, xk) in pr.iter_mut().zip(xk) {
-                            *p = _mm512_dpbusd_epi32(*p, wk, xk);
+                        for (s, xk) in sr.iter_mut().zip(xk) {
+                            *s = _mm512_dpbusd_epi32(*s, wk, xk);
                         }
                     }
                 }
-                for r in 0..R {
-                    let sc = _mm512_set1_epi32(kt.sc[j][r]);
-                    for g in 0..G {
-                        sum[r][g] = _mm512_add_epi32(sum[r][g], _mm512_mullo_epi32(part[r][g], sc));
+                for (g, x) in x.iter().enumerate() {
+                    // SAFETY: block b's 16 scales and sums of the group are
+                    // in bounds (fn contract).
+                    let (dx, sx) = unsafe {
+                        (
+                            _mm512_loadu_ps(x.d.add(16 * b)),
+                            _mm512_loadu_ps(x.s.add(16 * b)),
+                        )
+                    };
+                    for r in 0..R {
+                        let dd = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx);
+                        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r][g]), dd, acc[r][g]);
+                        mins[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(m[r]), sx, mins[r][g]);
                     }
-                }
-            }
-            for (g, x) in x.iter().enumerate() {
-                // SAFETY: block 8s's 16 scales and super-block s's four
-                // vectors of 16 pair sums of the group are in bounds (fn
-                // contract).
-                let (dx, xp) = unsafe {
-                    (
-                        _mm512_loadu_ps(x.d.add(128 * s)),
-                        std::array::from_fn::<_, 4, _>(|p| {
-                            _mm512_loadu_si512(x.pairs.add(16 * (4 * s + p)).cast())
-                        }),
-                    )
-                };
-                for r in 0..R {
-                    let dd = _mm512_mul_ps(_mm512_set1_ps(kt.d[r]), dx);
-                    let sr = _mm512_srai_epi32::<4>(sum[r][g]);
-                    acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sr), dd, acc[r][g]);
-                    let m = (0..4).fold(_mm512_setzero_si512(), |m, p| {
-                        _mm512_dpwssd_epi32(m, _mm512_set1_epi32(kt.m[p][r]), xp[p])
-                    });
-                    let dm = _mm512_mul_ps(_mm512_set1_ps(kt.neg_dmin[r]), dx);
-                    mins[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, mins[r][g]);
                 }
             }
         }
@@ -1430,7 +1365,7 @@ pub(crate) unsafe fn q4_k_lanes256<const R: usize>(
         _mm256_madd_epi16(s16, ones)
     };
     // SAFETY: forwarded contract.
-    unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), false, nib, split, dot) }
+    unsafe { q4_k_stored::<R, _>(w, tiles, x, (cn, y, y_stride), [1.0; 2], nib, split, dot) }
 }
 
 /// Whether this CPU has AVX-VNNI (VEX `vpdpbusd` on 256-bit registers),
