@@ -21,6 +21,10 @@ if [ $# -lt 3 ]; then
 fi
 model=$1 rounds=$2 llama=$3
 shift 3
+if ! [ "$rounds" -ge 1 ] 2>/dev/null; then
+    echo "ROUNDS must be a whole number of at least 1, not '$rounds'" >&2
+    exit 2
+fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
 xtask=$root/target/release/xtask
 out=$root/results/rounds-$(date -u +%Y%m%dT%H%M%SZ)
