@@ -22,6 +22,20 @@
 //                bytes taken by `vpermd` (no memory broadcast), float step
 //   permuted-256 both: permuted weights, integer scale multiply
 //   no-float-permuted, registers-only: the ceilings without the float step
+//   split        each row's nibbles one to a byte in memory (as split once
+//                per super-block into L1), each step's four bytes broadcast
+//                by `vpbroadcastd` from there, no mask; float step
+//
+// Every variant holds its activations in registers and "today" takes its
+// broadcast and mask as the kernel's code does, one `vpandd` with a
+// broadcast memory operand (inline asm). Left to itself gcc folded the
+// activations into each `vpdpbusd` as memory operands (a load per row where
+// the kernel loads once per step) and broadcast the weights from a general
+// register; that replica (before 2026-12-03) ran "today" 20-25% slower
+// than this one and so overstated what the broadcasts cost (its "split"
+// read 20-35% over its "today"; here 3-5%, and in the kernel level:
+// docs/bench/cpu-1b.md, "The lane sweep's masks").
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,9 +43,9 @@
 
 #define R 4
 #define G 2
-enum { TODAY, NO_FLOAT, PER_256, PERMUTED, PERMUTED_256, NO_FLOAT_PERMUTED, REGISTERS_ONLY, VARIANTS };
+enum { TODAY, NO_FLOAT, PER_256, PERMUTED, PERMUTED_256, NO_FLOAT_PERMUTED, REGISTERS_ONLY, SPLIT, VARIANTS };
 static const char *names[VARIANTS] = {"today", "no-float", "per-256", "permuted", "permuted-256",
-                                      "no-float-permuted", "registers-only"};
+                                      "no-float-permuted", "registers-only", "split"};
 
 static double now(void) {
     struct timespec t;
@@ -61,20 +75,27 @@ static inline __attribute__((always_inline)) float sweep(const uint8_t *w, const
         for (int k = 0; k < 8; k++) {
             __m512i xk[G];
             for (int g = 0; g < G; g++) xk[g] = _mm512_loadu_si512(x + g * 32768 + 512 * bb + 64 * k);
+            // Activations stay in registers (gcc would fold them into each
+            // `vpdpbusd` as memory operands, a load per row; the kernel
+            // loads them once per step).
+            for (int g = 0; g < G; g++) __asm__("" : "+v"(xk[g]));
             for (int r = 0; r < R; r++) {
                 __m512i wk;
-                if (v == REGISTERS_ONLY)
+                if (v == SPLIT)
+                    wk = _mm512_set1_epi32(*(const int32_t *)(w + (size_t)r * 8192 + (size_t)(b & 255) * 32 + 4 * k));
+                else if (v == REGISTERS_ONLY)
                     wk = _mm512_add_epi32(mask, _mm512_set1_epi32(r + k));
                 else if (permuted)
                     wk = _mm512_and_si512(_mm512_permutexvar_epi32(kidx[k], wrow[r]), mask);
                 else
-                    wk = _mm512_and_si512(
-                        _mm512_set1_epi32(*(const int32_t *)(w + (size_t)r * 4096 + (size_t)(b & 255) * 16 + 4 * k)),
-                        mask);
+                    __asm__("vpandd %1%{1to16%}, %2, %0"
+                            : "=v"(wk)
+                            : "m"(*(const int32_t *)(w + (size_t)r * 4096 + (size_t)(b & 255) * 16 + 4 * k)),
+                              "v"(mask));
                 for (int g = 0; g < G; g++) s[r][g] = _mm512_dpbusd_epi32(s[r][g], wk, xk[g]);
             }
         }
-        if (v == TODAY || v == PERMUTED) {
+        if (v == TODAY || v == PERMUTED || v == SPLIT) {
             for (int g = 0; g < G; g++) {
                 const __m512 d = _mm512_loadu_ps(dx + 16 * bb + 1024 * g);
                 const __m512 sx = _mm512_loadu_ps(dx + 16 * bb + 1024 * g + 512);
@@ -109,9 +130,9 @@ static inline __attribute__((always_inline)) float sweep(const uint8_t *w, const
                                                      const float *dm, const float *dx, int n) { \
         return sweep(w, x, dm, dx, n, v);                                                       \
     }
-VARIANT(0) VARIANT(1) VARIANT(2) VARIANT(3) VARIANT(4) VARIANT(5) VARIANT(6)
+VARIANT(0) VARIANT(1) VARIANT(2) VARIANT(3) VARIANT(4) VARIANT(5) VARIANT(6) VARIANT(7)
 static float (*const sweeps[VARIANTS])(const uint8_t *, const int8_t *, const float *, const float *, int) = {
-    sweep_0, sweep_1, sweep_2, sweep_3, sweep_4, sweep_5, sweep_6};
+    sweep_0, sweep_1, sweep_2, sweep_3, sweep_4, sweep_5, sweep_6, sweep_7};
 
 // The core's clock, from a chain of dependent adds (one a cycle).
 static double clock_ghz(void) {
@@ -126,7 +147,7 @@ static double clock_ghz(void) {
 }
 
 int main(void) {
-    static uint8_t w[R * 4096 + 4096];
+    static uint8_t w[R * 8192 + 4096];
     static int8_t x[65536];
     static float dm[256], dx[4096];
     for (int i = 0; i < (int)sizeof w; i++) w[i] = (uint8_t)(i * 7);
