@@ -31,10 +31,10 @@
 // broadcast memory operand (inline asm). Left to itself gcc folded the
 // activations into each `vpdpbusd` as memory operands (a load per row where
 // the kernel loads once per step) and broadcast the weights from a general
-// register; that replica (before 2026-12-03) ran "today" 20-25% slower
-// than this one and so overstated what the broadcasts cost (its "split"
-// read 20-35% over its "today"; here 3-5%, and in the kernel level:
-// docs/bench/cpu-1b.md, "The lane sweep's masks").
+// register; that replica (before 2026-12-03) ran "today" 10-20% slower a
+// cycle than this one and so overstated what the broadcasts cost (a
+// "split" beside it read 20-30% over its "today"; here 3-5%, and in the
+// kernel level: docs/bench/cpu-1b.md, "The lane sweep's masks").
 
 #include <immintrin.h>
 #include <stdint.h>
