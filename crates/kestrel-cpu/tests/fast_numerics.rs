@@ -65,6 +65,9 @@ fn every_isa_gives_the_definition_and_stays_within_the_bound() {
             // stored ones (up to 32 rows).
             (1040, 512, 40),
             (1040, 512, 24),
+            // Five 16-lane groups, the last partial: two threads quantize
+            // and lay them out a group per task.
+            (64, 512, 70),
             // AMX tiles (64 blocks a row and up): whole 16-row tiles, a
             // tail, a partial second lane group.
             (70, 2048, 20),

@@ -188,36 +188,108 @@ impl LaneRows {
     /// group, with their integer sums if `sums` (a weight type with a
     /// nonzero [`lane_offset`] reads them; summed always, `fill` took 2.0%
     /// of `perf record`'s samples of a 135M Q4_1 model's 32-stream decode
-    /// instead of 1.0%).
+    /// instead of 1.0%): [`LaneRows::shape`], then every group in turn
+    /// ([`LaneWriter::fill_group`]). The matmuls lay rows out through
+    /// `matmul_int8::quantize_lanes`, a group per task.
+    #[cfg(test)]
     pub fn fill(&mut self, xq: &[Q8Block], n: usize, nblocks: usize, lanes: usize, sums: bool) {
         assert!(n >= 1 && xq.len() >= n * nblocks);
+        let w = self.shape(n, nblocks, lanes);
+        for g in 0..n.div_ceil(lanes) {
+            let rows = &xq[g * lanes * nblocks..((g + 1) * lanes).min(n) * nblocks];
+            // SAFETY: `self` is shaped for `n` rows and borrowed mutably
+            // here; one group at a time.
+            unsafe { w.fill_group(g, rows, sums) };
+        }
+    }
+
+    /// Size the buffers for `n` rows of `nblocks` blocks, `lanes` to a
+    /// group, and return the writer that fills them a group at a time.
+    pub fn shape(&mut self, n: usize, nblocks: usize, lanes: usize) -> LaneWriter {
+        assert!(n >= 1 && lanes >= 1);
         let groups = n.div_ceil(lanes);
         (self.lanes, self.nblocks) = (lanes, nblocks);
         self.q.resize(groups * nblocks * BLOCK * lanes);
         self.d.resize(groups * nblocks * lanes);
         self.s.resize(groups * nblocks * lanes);
         self.sums.resize(groups * nblocks * 2 * lanes);
-        let (all_q, d, s) = (&mut self.q[..], &mut self.d[..], &mut self.s[..]);
-        let all_sums = &mut self.sums[..];
-        for g in 0..groups {
-            for b in 0..nblocks {
-                let at = g * nblocks + b;
-                let q = &mut all_q[at * BLOCK * lanes..(at + 1) * BLOCK * lanes];
-                for lane in 0..lanes {
-                    let xb = &xq[(g * lanes + lane).min(n - 1) * nblocks + b];
-                    // Whole four-byte groups (this runs before every many-row
-                    // fast matmul: byte by byte it was 2-3% of a decode step).
-                    for (k, four) in xb.q.chunks_exact(4).enumerate() {
-                        let at = (k * lanes + lane) * 4;
-                        q[at..at + 4]
-                            .copy_from_slice(&std::array::from_fn::<u8, 4, _>(|e| four[e] as u8));
-                    }
-                    d[at * lanes + lane] = xb.d;
-                    s[at * lanes + lane] = xb.s;
-                    if sums {
-                        for (h, sum) in xb.half_sums().into_iter().enumerate() {
-                            all_sums[(2 * at + h) * lanes + lane] = sum;
-                        }
+        LaneWriter {
+            q: self.q.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+            sums: self.sums.as_mut_ptr(),
+            lanes,
+            nblocks,
+            groups,
+        }
+    }
+}
+
+/// Where [`LaneRows::shape`] left a [`LaneRows`]' buffers: each lane group
+/// is filled on its own ([`LaneWriter::fill_group`]), so the groups of a
+/// many-row matmul's activations can be laid out by the team's threads at
+/// once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneWriter {
+    q: *mut u8,
+    d: *mut f32,
+    s: *mut f32,
+    sums: *mut i32,
+    lanes: usize,
+    nblocks: usize,
+    groups: usize,
+}
+
+// SAFETY: a LaneWriter is only pointers into buffers the caller of
+// `LaneRows::shape` holds borrowed, and `fill_group`'s contract keeps any
+// two threads' writes to distinct groups.
+unsafe impl Send for LaneWriter {}
+// SAFETY: as above.
+unsafe impl Sync for LaneWriter {}
+
+impl LaneWriter {
+    /// Lay out group `g` from its rows `xq` (`lanes` rows of `nblocks`
+    /// blocks, fewer for the last group, whose last row fills the lanes
+    /// past them), with their integer sums if `sums`.
+    ///
+    /// # Safety
+    /// The [`LaneRows`] this writer came from must not have been reshaped
+    /// or dropped, and nothing else may read or write its group `g` during
+    /// the call (other threads may fill other groups).
+    pub(crate) unsafe fn fill_group(self, g: usize, xq: &[Q8Block], sums: bool) {
+        let (lanes, nblocks) = (self.lanes, self.nblocks);
+        let rows = xq.len() / nblocks;
+        assert!(g < self.groups && rows >= 1 && rows <= lanes && xq.len() == rows * nblocks);
+        // SAFETY: group g's blocks of each buffer lie within what `shape`
+        // sized (g < groups) and are this call's alone (fn contract).
+        let (q, d, s, all_sums) = unsafe {
+            let at = g * nblocks;
+            (
+                std::slice::from_raw_parts_mut(
+                    self.q.add(at * BLOCK * lanes),
+                    nblocks * BLOCK * lanes,
+                ),
+                std::slice::from_raw_parts_mut(self.d.add(at * lanes), nblocks * lanes),
+                std::slice::from_raw_parts_mut(self.s.add(at * lanes), nblocks * lanes),
+                std::slice::from_raw_parts_mut(self.sums.add(2 * at * lanes), nblocks * 2 * lanes),
+            )
+        };
+        for b in 0..nblocks {
+            let q = &mut q[b * BLOCK * lanes..(b + 1) * BLOCK * lanes];
+            for lane in 0..lanes {
+                let xb = &xq[lane.min(rows - 1) * nblocks + b];
+                // Whole four-byte groups (this runs before every many-row
+                // fast matmul: byte by byte it was 2-3% of a decode step).
+                for (k, four) in xb.q.chunks_exact(4).enumerate() {
+                    let at = (k * lanes + lane) * 4;
+                    q[at..at + 4]
+                        .copy_from_slice(&std::array::from_fn::<u8, 4, _>(|e| four[e] as u8));
+                }
+                d[b * lanes + lane] = xb.d;
+                s[b * lanes + lane] = xb.s;
+                if sums {
+                    for (h, sum) in xb.half_sums().into_iter().enumerate() {
+                        all_sums[(2 * b + h) * lanes + lane] = sum;
                     }
                 }
             }

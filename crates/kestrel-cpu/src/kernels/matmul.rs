@@ -11,7 +11,9 @@
 use kestrel_model::Matrix;
 
 use super::int8::{self, Numerics, Q8Block};
-use super::matmul_int8::{int8_rows_task, lane_sweep, quantize_rows, Quantized, XLANES, XQ};
+use super::matmul_int8::{
+    int8_rows_task, lane_sweep, quantize_lanes, quantize_rows, Quantized, XLANES, XQ,
+};
 use super::scalar::{self, LANES};
 use super::weight::Encoding;
 use super::{Isa, OutPtr};
@@ -174,21 +176,25 @@ pub fn matmul_group(
         if b.len() < nb {
             b.resize(nb, Q8Block::default());
         }
-        quantize_rows(isa, x, &mut b[..nb]);
-        let rows = &b[..nb];
         match lane_sweep(isa, n) {
             Some(sweep) => XLANES.with(|l| {
                 let mut l = l.borrow_mut();
                 let sums = jobs
                     .iter()
                     .any(|j| int8::lane_offset(j.w.enc, sweep.vnni) != 0);
-                l.fill(rows, n, cols / 32, sweep.lanes, sums);
+                quantize_lanes(team, isa, x, n, &mut b[..nb], &mut l, sweep.lanes, sums);
                 region(Some(Quantized {
-                    rows,
+                    rows: &b[..nb],
                     lanes: Some((&l, sweep)),
                 }))
             }),
-            None => region(Some(Quantized { rows, lanes: None })),
+            None => {
+                quantize_rows(isa, x, &mut b[..nb]);
+                region(Some(Quantized {
+                    rows: &b[..nb],
+                    lanes: None,
+                }))
+            }
         }
     });
 }
