@@ -98,8 +98,8 @@ pub(super) fn quantize_rows(isa: Isa, x: &[f32], out: &mut [Q8Block]) {
 /// Quantize the `n` rows of `x` into `xq` and lay them out one per lane,
 /// `lanes` to a group, in `l` (with their integer sums if `sums`): a group
 /// per task, each quantizing its own rows and then laying them out, on the
-/// team's threads when there are at least two groups per thread (a
-/// prefill's rows), on the caller's alone otherwise. Either way the bytes
+/// team's threads from [`SHARED_LAYOUT_ROWS`] rows on (a prefill's), on the
+/// caller's alone below (a decode step's). Either way the bytes
 /// are [`quantize_rows`]' and [`LaneRows::fill`]'s. Done by the caller
 /// alone, a pp512 of a 1B Q4_K_M model spent 2.7% of its samples here
 /// while the other threads waited.
@@ -132,11 +132,16 @@ pub(super) fn quantize_lanes(
         // the whole call; task g alone fills group g.
         unsafe { w.fill_group(g, xg, sums) };
     };
-    match team.filter(|t| groups >= 2 * t.threads()) {
+    match team.filter(|t| t.threads() > 1 && n >= SHARED_LAYOUT_ROWS) {
         Some(t) => t.for_each(groups, task),
         None => (0..groups).for_each(task),
     }
 }
+
+/// Activation rows from which [`quantize_lanes`] shares its work with the
+/// team: above the 32 rows of a full decode batch, so a decode step keeps
+/// its one region per matmul.
+const SHARED_LAYOUT_ROWS: usize = 64;
 
 /// [`quantize_lanes`]' activation blocks, shared by its tasks, each
 /// writing the blocks of its own rows.
