@@ -119,7 +119,7 @@ pub(super) fn quantize_lanes(
     assert!(n >= 1 && x.len() == n * cols && xq.len() == n * nb);
     let w = l.shape(n, nb, lanes);
     let groups = n.div_ceil(lanes);
-    let out = BlocksPtr(xq.as_mut_ptr());
+    let out = OutPtr(xq.as_mut_ptr());
     let task = |g: usize| {
         let rows = g * lanes..((g + 1) * lanes).min(n);
         // SAFETY: task g alone touches blocks `rows * nb` of `xq`, which is
@@ -142,24 +142,6 @@ pub(super) fn quantize_lanes(
 /// team: above the 32 rows of a full decode batch, so a decode step keeps
 /// its one region per matmul.
 const SHARED_LAYOUT_ROWS: usize = 64;
-
-/// [`quantize_lanes`]' activation blocks, shared by its tasks, each
-/// writing the blocks of its own rows.
-#[derive(Clone, Copy)]
-struct BlocksPtr(*mut Q8Block);
-
-// SAFETY: only `quantize_lanes` makes one, and its tasks write disjoint
-// blocks of the buffer it holds borrowed mutably.
-unsafe impl Send for BlocksPtr {}
-// SAFETY: as above.
-unsafe impl Sync for BlocksPtr {}
-
-impl BlocksPtr {
-    /// The pointer (a method, so closures capture the whole wrapper).
-    fn ptr(self) -> *mut Q8Block {
-        self.0
-    }
-}
 
 /// [`super::int8::Numerics::Fast`]: output rows `r0..r1` for all `n` activation rows,
 /// from `xq`. With lanes ([`LANES_MIN_ROWS`] rows or more, x86 SIMD):

@@ -96,19 +96,28 @@ pub(crate) const TO_L1: i32 = 0;
 pub(crate) const TO_L2: i32 = 0;
 
 /// A raw output pointer shared by the tasks of one parallel region (the
-/// matmuls' weight rows, attention's heads, `act_mul`'s ranges), each task
-/// writing elements that no other task reads or writes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OutPtr(pub(crate) *mut f32);
+/// matmuls' weight rows, attention's heads, `act_mul`'s ranges, a
+/// prefill's activation blocks), each task writing elements that no other
+/// task reads or writes.
+#[derive(Debug)]
+pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
 // SAFETY: every region that shares one hands its tasks disjoint elements of
 // a buffer that it borrows mutably for longer than the region runs.
-unsafe impl Send for OutPtr {}
+unsafe impl<T> Send for OutPtr<T> {}
 // SAFETY: as above; no element is accessed by two tasks.
-unsafe impl Sync for OutPtr {}
+unsafe impl<T> Sync for OutPtr<T> {}
 
-impl OutPtr {
+// By hand, not derived: a derive would ask `T: Copy` of the pointee.
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
     /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    pub(crate) fn ptr(self) -> *mut f32 {
+    pub(crate) fn ptr(self) -> *mut T {
         self.0
     }
 }
