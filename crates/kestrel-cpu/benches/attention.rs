@@ -8,7 +8,9 @@
 //! `cargo bench -p kestrel-cpu --bench attention`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kestrel_cpu::kernels::attention::{attend_group, scores_len, PagedSeq};
+use kestrel_cpu::kernels::attention::{
+    attend_group, keys_t_len, scores_len, transpose_keys, PagedSeq,
+};
 use kestrel_cpu::synth::Rng;
 use kestrel_cpu::Isa;
 
@@ -55,6 +57,7 @@ fn bench(c: &mut Criterion) {
                             kg,
                             ctx,
                             0.125,
+                            None,
                             &mut scores,
                             &mut out,
                         );
@@ -95,10 +98,55 @@ fn prefill(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTim
         g.bench_with_input(BenchmarkId::new("prefill_row_1b", ctx), &ctx, |b, &ctx| {
             b.iter(|| {
                 for (kg, qg) in q.chunks_exact(GROUP * HD).enumerate() {
-                    attend_group(isa, qg, &k, &v, seq, kg, ctx, 0.125, &mut scores, &mut out);
+                    attend_group(
+                        isa,
+                        qg,
+                        &k,
+                        &v,
+                        seq,
+                        kg,
+                        ctx,
+                        0.125,
+                        None,
+                        &mut scores,
+                        &mut out,
+                    );
                 }
             })
         });
+        // The same row against the keys transposed, as a prefill chunk's
+        // rows read them (built once per chunk, outside the timing).
+        let kts: Vec<Vec<f32>> = (0..NKV)
+            .map(|kg| {
+                let mut kt = vec![0f32; keys_t_len(ctx, HD)];
+                transpose_keys(&k, seq, kg, ctx, &mut kt);
+                kt
+            })
+            .collect();
+        g.bench_with_input(
+            BenchmarkId::new("prefill_row_1b_keys_t", ctx),
+            &ctx,
+            |b, &ctx| {
+                b.iter(|| {
+                    for (kg, qg) in q.chunks_exact(GROUP * HD).enumerate() {
+                        let kt = Some(&kts[kg][..]);
+                        attend_group(
+                            isa,
+                            qg,
+                            &k,
+                            &v,
+                            seq,
+                            kg,
+                            ctx,
+                            0.125,
+                            kt,
+                            &mut scores,
+                            &mut out,
+                        );
+                    }
+                })
+            },
+        );
     }
 }
 

@@ -33,6 +33,9 @@ pub struct Scratch {
     pub(crate) logit_rows: Vec<u32>,
     /// One score row of `max_context` per worker thread.
     pub(crate) scores: LineBuf<f32>,
+    /// A prefill chunk's keys transposed, every kv head's (grown on first
+    /// use; `CpuModel::attention`).
+    pub(crate) keys_t: LineBuf<f32>,
 }
 
 impl Scratch {
@@ -63,6 +66,7 @@ impl Scratch {
             row_pos: vec![0; r],
             logit_rows: vec![0; r],
             scores: LineBuf::zeroed(model.threads() * model.scores_per_worker(max_context)),
+            keys_t: LineBuf::new(),
         }
     }
 
@@ -91,6 +95,7 @@ impl Scratch {
             &self.rope,
             &self.head_tmp,
             &self.scores,
+            &self.keys_t,
         ]
         .iter()
         .map(|v| v.len())

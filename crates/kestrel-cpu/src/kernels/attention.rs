@@ -17,6 +17,13 @@
 //! lane for lane, half the instructions (`prefill_row_1b` in the attention
 //! bench).
 //!
+//! A prefill chunk's rows all score the same keys: for them the keys can be
+//! transposed once per kv head, a block of 16 keys at a time
+//! ([`transpose_keys`]), so that the AVX-512 score pass holds 16 keys' sums
+//! per register and needs no horizontal step per key ([`scores_t`]: the
+//! same `dot8` products, chains and tree, so the same scores; about a
+//! quarter off a 1B prompt row's attention, `prefill_row_1b_keys_t`).
+//!
 //! At many streams a decode step's KV is far larger than the caches, so the
 //! kernel is bound by memory: each page holds one kv head's rows as one
 //! contiguous block ([`crate::KvStore`]), the score pass hints the next K
@@ -95,7 +102,10 @@ pub fn scores_len(group: usize, len: usize) -> usize {
 ///
 /// `q`: the group's `group` query heads (`group * head_dim`, RoPE applied);
 /// attends keys `0..len`; writes `group * head_dim` floats to `out`.
-/// `scores` needs [`scores_len`]`(group, len)` floats.
+/// `scores` needs [`scores_len`]`(group, len)` floats. `keys_t`, when
+/// given, holds the same kv head's keys `0..len` (at least) as
+/// [`transpose_keys`] lays them out, which the AVX-512 score pass then
+/// reads in place of the pages ([`scores_t`]; the same scores bit for bit).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group(
     isa: Isa,
@@ -106,6 +116,7 @@ pub fn attend_group(
     g: usize,
     len: usize,
     scale: f32,
+    keys_t: Option<&[f32]>,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -118,13 +129,19 @@ pub fn attend_group(
     // 16-lane ones (`wide`) AVX-512F besides.
     let simd = hd.is_multiple_of(8) && isa != Isa::Scalar && isa.is_supported();
     // With AVX-512, two heads' 8-lane accumulators share a 512-bit register.
-    let wide = simd && matches!(isa, Isa::Avx512 | Isa::Amx) && hd <= MAX_WIDE_HD;
+    let wide = wide_route(isa, hd);
     let v_ahead = len * hd * 4 <= V_AHEAD_BYTES;
+    let keys_t = keys_t.filter(|_| wide);
     let mut h0 = 0;
     while h0 < group {
         let gn = (group - h0).min(4);
         let qs = &q[h0 * hd..(h0 + gn) * hd];
         let sc = &mut scores[h0 * len..(h0 + gn) * len];
+        if let Some(kt) = keys_t {
+            scores_t(qs, gn, kt, len, scale, sc);
+            h0 += gn;
+            continue;
+        }
         // The wide route's heads in pairs (built only for it).
         let qp = wide.then(|| pair_heads(qs, hd));
         seq.for_each_page(len, g, |j0, count, base, next| {
@@ -225,6 +242,162 @@ pub fn attend_group(
     for (oh, &inv_h) in out.chunks_exact_mut(hd).zip(inv.iter()) {
         for x in oh.iter_mut() {
             *x *= inv_h;
+        }
+    }
+}
+
+/// Whether [`attend_group`] on `isa` takes the 16-lane (AVX-512) route for
+/// heads of `head_dim` floats (the route that reads transposed keys when
+/// given them).
+pub fn wide_route(isa: Isa, head_dim: usize) -> bool {
+    head_dim.is_multiple_of(8)
+        && head_dim <= MAX_WIDE_HD
+        && matches!(isa, Isa::Avx512 | Isa::Amx)
+        && isa.is_supported()
+}
+
+/// Keys per block of [`transpose_keys`]' layout (one 512-bit register of
+/// scores).
+pub const KEYS_T_BLOCK: usize = 16;
+
+/// Floats [`transpose_keys`] writes for `len` keys of `head_dim` floats.
+pub fn keys_t_len(len: usize, head_dim: usize) -> usize {
+    len.div_ceil(KEYS_T_BLOCK) * KEYS_T_BLOCK * head_dim
+}
+
+/// `dot8`'s lanes in the order its tree sums them: ((0 + 4) + (2 + 6)) +
+/// ((1 + 5) + (3 + 7)).
+const DOT8_TREE: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
+
+/// Row of a [`transpose_keys`] block holding element `d` of its keys: the
+/// block's rows grouped by `dot8` lane (`d % 8`), lanes in [`DOT8_TREE`]
+/// order, so that [`scores_t`] reads a block front to back.
+#[inline]
+fn keys_t_row(d: usize, head_dim: usize) -> usize {
+    let lane = DOT8_TREE.iter().position(|&l| l == d % 8).unwrap_or(0);
+    lane * (head_dim / 8) + d / 8
+}
+
+/// Kv head `g`'s keys `0..len` of `seq` into `out`, transposed a block of
+/// [`KEYS_T_BLOCK`] keys at a time: block `j / KEYS_T_BLOCK` (`head_dim`
+/// rows of [`KEYS_T_BLOCK`] floats, from `out[(j / KEYS_T_BLOCK) *
+/// KEYS_T_BLOCK * head_dim]` on) holds element `d` of key `j` in lane `j %
+/// KEYS_T_BLOCK` of row `keys_t_row(d)`; the last block's keys past `len`
+/// are zero. Built once for a prefill chunk's rows, which all score the
+/// same keys ([`scores_t`]). `head_dim % 8 == 0`.
+///
+/// # Panics
+/// If `out` is shorter than [`keys_t_len`]`(len, head_dim)`.
+pub fn transpose_keys(k: &[f32], seq: PagedSeq<'_>, g: usize, len: usize, out: &mut [f32]) {
+    let (hd, kb) = (seq.head_dim, KEYS_T_BLOCK);
+    debug_assert!(hd.is_multiple_of(8));
+    let out = &mut out[..keys_t_len(len, hd)];
+    out[len / kb * kb * hd..].fill(0.0);
+    let rows: Vec<usize> = (0..hd).map(|d| keys_t_row(d, hd)).collect();
+    seq.for_each_page(len, g, |j0, count, base, _| {
+        for t in 0..count {
+            let j = j0 + t;
+            let block = &mut out[j / kb * kb * hd..][..kb * hd];
+            for (&row, &x) in rows.iter().zip(&k[base + t * hd..][..hd]) {
+                block[row * kb + j % kb] = x;
+            }
+        }
+    });
+}
+
+/// The score pass over transposed keys (`kt`, [`transpose_keys`]' layout,
+/// holding keys `0..len` at least): `sc[h * len + j] = dot8(q_h, k_j) *
+/// scale` for the `gn <= 4` heads of `qs` and keys `j < len`. Keys are the
+/// lanes: per [`KEYS_T_BLOCK`] keys and head, `dot8`'s eight lane sums are
+/// FMA chains of a broadcast query element against a row of the block (the
+/// same products in the same order), then `dot8`'s tree on whole
+/// registers, with no horizontal step; each row of the block is loaded
+/// once for the `gn` heads. Caller: `hd % 8 == 0`, `hd <= MAX_WIDE_HD`,
+/// AVX-512F.
+fn scores_t(qs: &[f32], gn: usize, kt: &[f32], len: usize, scale: f32, sc: &mut [f32]) {
+    let hd = qs.len() / gn;
+    assert!(hd.is_multiple_of(8) && hd <= MAX_WIDE_HD && (1..=4).contains(&gn));
+    assert!(kt.len() >= keys_t_len(len, hd) && sc.len() >= gn * len);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `qs` holds `gn` heads of `hd` floats, `kt` the blocks of keys
+    // `0..len` and `sc` `gn` rows of `len` scores (asserted above); the
+    // caller checked AVX-512F.
+    unsafe {
+        let (q, k, s) = (qs.as_ptr(), kt.as_ptr(), sc.as_mut_ptr());
+        match gn {
+            4 => scores_t_avx512::<4>(q, hd, k, len, scale, s),
+            3 => scores_t_avx512::<3>(q, hd, k, len, scale, s),
+            2 => scores_t_avx512::<2>(q, hd, k, len, scale, s),
+            _ => scores_t_avx512::<1>(q, hd, k, len, scale, s),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (qs, gn, kt, len, scale, sc);
+        unreachable!("no SIMD isa is supported off x86-64");
+    }
+}
+
+/// [`scores_t`] for `G` heads.
+///
+/// # Safety
+/// `q` must be valid for `G * hd` floats, `kt` for `len.div_ceil(16)`
+/// blocks of `16 * hd`, `sc` for writing floats `h * len..h * len + len`
+/// for `h < G`; `hd % 8 == 0`, and the CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scores_t_avx512<const G: usize>(
+    q: *const f32,
+    hd: usize,
+    kt: *const f32,
+    len: usize,
+    scale: f32,
+    sc: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    const KB: usize = KEYS_T_BLOCK;
+    let scale = _mm512_set1_ps(scale);
+    for b in 0..len.div_ceil(KB) {
+        // SAFETY: block b is in bounds (fn contract).
+        let kb = unsafe { kt.add(b * KB * hd) };
+        // `dot8`'s lane `l` for the G heads: the FMA chain over elements
+        // l, l + 8, ... in order (the block's consecutive rows from
+        // `keys_t_row(l)` on).
+        let lane = |l: usize| -> [__m512; G] {
+            let mut acc = [_mm512_setzero_ps(); G];
+            let rows = kb.wrapping_add(keys_t_row(l, hd) * KB);
+            for c in (0..hd).step_by(8) {
+                // SAFETY: element c + l < hd of the block's keys (row
+                // keys_t_row(c + l) = keys_t_row(l) + c / 8) and of each
+                // head (fn contract).
+                unsafe {
+                    let kv = _mm512_loadu_ps(rows.add(c / 8 * KB));
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * hd + c + l)), kv, *a);
+                    }
+                }
+            }
+            acc
+        };
+        let add = |a: [__m512; G], b: [__m512; G]| -> [__m512; G] {
+            std::array::from_fn(|h| _mm512_add_ps(a[h], b[h]))
+        };
+        // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), each pair
+        // summed as soon as both are made (fewer registers live).
+        let s04 = add(lane(0), lane(4));
+        let left = add(s04, add(lane(2), lane(6)));
+        let s15 = add(lane(1), lane(5));
+        let right = add(s15, add(lane(3), lane(7)));
+        let total = add(left, right);
+        let j = b * KB;
+        let mask: __mmask16 = if len - j >= KB {
+            !0
+        } else {
+            (1 << (len - j)) - 1
+        };
+        for (h, t) in total.into_iter().enumerate() {
+            // SAFETY: scores j.. below len of head h (fn contract; masked).
+            unsafe { _mm512_mask_storeu_ps(sc.add(h * len + j), mask, _mm512_mul_ps(t, scale)) };
         }
     }
 }
@@ -873,11 +1046,45 @@ mod tests {
                 let mut out = vec![f32::NAN; group * hd];
                 for isa in [Isa::Scalar, Isa::detect()] {
                     out.fill(f32::NAN);
-                    attend_group(isa, &q, &k, &v, seq, g, len, 0.125, &mut scores, &mut out);
+                    attend_group(
+                        isa,
+                        &q,
+                        &k,
+                        &v,
+                        seq,
+                        g,
+                        len,
+                        0.125,
+                        None,
+                        &mut scores,
+                        &mut out,
+                    );
                     let at =
                         format!("{isa:?} group {group} hd {hd} page {page_size} len {len} g {g}");
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&out), bits(&want), "{at}");
+                    // The keys transposed (a prefill chunk's path), built for
+                    // more keys than this row scores, as for a chunk's
+                    // earlier rows.
+                    let mut kt = vec![f32::NAN; keys_t_len(len + 5, hd)];
+                    let built = (len + 5).min(pages.len() * page_size);
+                    transpose_keys(&k, seq, g, built, &mut kt);
+                    out.fill(f32::NAN);
+                    let kt = Some(&kt[..]);
+                    attend_group(
+                        isa,
+                        &q,
+                        &k,
+                        &v,
+                        seq,
+                        g,
+                        len,
+                        0.125,
+                        kt,
+                        &mut scores,
+                        &mut out,
+                    );
+                    assert_eq!(bits(&out), bits(&want), "{at}, keys transposed");
                 }
             }
         }

@@ -15,7 +15,7 @@
 use kestrel_model::{Activation, DType, ModelConfig};
 
 use crate::block::{self, RopeSpec};
-use crate::kernels::attention::{attend_group, PagedSeq};
+use crate::kernels::attention::{attend_group, keys_t_len, transpose_keys, wide_route, PagedSeq};
 use crate::kernels::matmul::{dequant_row, matmul, matmul_group, MatmulJob};
 use crate::kernels::ops;
 use crate::kernels::Weight;
@@ -610,8 +610,10 @@ impl CpuModel {
         } else {
             self.threads().min(ntasks)
         };
+        let keys_t = self.transpose_chunk_keys(l, n, seqs, kv, s);
         let out = OutPtr(s.attn.as_mut_ptr());
         let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
+        let per_head = keys_t.map_or(0, |(_, len)| keys_t_len(len, hd));
         let mc = self.scores_per_worker(s.max_context);
         let scores_ptr = OutPtr(s.scores.as_mut_ptr());
         assert!(s.scores.len() >= workers * mc, "checked by check_rows");
@@ -649,7 +651,15 @@ impl CpuModel {
                         scores,
                         out_slice,
                     ),
-                    _ => attend_group(self.isa, qg, kl, vl, seq, g, len, scale, scores, out_slice),
+                    _ => {
+                        // The chunk's keys transposed, for its sequence's rows.
+                        let kt = keys_t
+                            .filter(|&(ks, kl)| ks == row_seq[i] && len <= kl)
+                            .map(|_| &s.keys_t[g * per_head..(g + 1) * per_head]);
+                        attend_group(
+                            self.isa, qg, kl, vl, seq, g, len, scale, kt, scores, out_slice,
+                        )
+                    }
                 }
                 t += workers;
             }
@@ -657,6 +667,78 @@ impl CpuModel {
         self.team.for_each(workers, work);
     }
 }
+
+impl CpuModel {
+    /// With AVX-512, a prefill chunk's rows (the longest run of one
+    /// sequence's rows this step, if [`KEYS_T_MIN_ROWS`] or more) all score
+    /// the same keys of layer `l`: those keys, transposed once per kv head
+    /// into `s.keys_t` ([`transpose_keys`], kv head `g` at `g *
+    /// keys_t_len(len)`), which the score pass then reads without a
+    /// horizontal step per key (`attention.rs`'s `scores_t`; the same
+    /// scores). Returns the sequence and how many keys were transposed.
+    fn transpose_chunk_keys(
+        &self,
+        l: usize,
+        n: usize,
+        seqs: &Seqs<'_>,
+        kv: &KvStore,
+        s: &mut Scratch,
+    ) -> Option<(u32, usize)> {
+        let c = &self.cfg;
+        let hd = c.head_dim;
+        if n < KEYS_T_MIN_ROWS || !wide_route(self.isa, hd) {
+            return None;
+        }
+        let (row_seq, row_pos) = (&s.row_seq[..n], &s.row_pos[..n]);
+        // The longest run of consecutive rows of one sequence, and its
+        // furthest key.
+        let (mut best, mut i) = (None::<(u32, usize, usize)>, 0);
+        while i < n {
+            let seq = row_seq[i];
+            let run = row_seq[i..].iter().take_while(|&&r| r == seq).count();
+            let len = row_pos[i..i + run].iter().map(|&p| p as usize + 1).max();
+            if best.is_none_or(|(_, r, _)| run > r) {
+                best = len.map(|len| (seq, run, len));
+            }
+            i += run;
+        }
+        let (seq, run, len) = best?;
+        if run < KEYS_T_MIN_ROWS {
+            return None;
+        }
+        let per_head = keys_t_len(len, hd);
+        let need = c.num_kv_heads * per_head;
+        if s.keys_t.len() < need {
+            // Grown by doubling (a chunked prompt's chunks ask for more
+            // keys each time), up to the whole context.
+            let most = c.num_kv_heads * keys_t_len(s.max_context, hd);
+            s.keys_t
+                .resize(need.max(2 * s.keys_t.len()).min(most).max(need));
+        }
+        let paged = PagedSeq {
+            pages: seqs.pages(seq as usize),
+            page_size: kv.page_size(),
+            num_kv_heads: c.num_kv_heads,
+            head_dim: hd,
+        };
+        let (kl, _) = kv.layer(l);
+        let out = OutPtr(s.keys_t.as_mut_ptr());
+        self.team.for_each(c.num_kv_heads, |g| {
+            // SAFETY: task `g` alone writes floats g*per_head..(g+1)*per_head
+            // of `s.keys_t` (at least num_kv_heads * per_head long, above),
+            // which is borrowed mutably for the whole region.
+            let kt =
+                unsafe { std::slice::from_raw_parts_mut(out.ptr().add(g * per_head), per_head) };
+            transpose_keys(kl, paged, g, len, kt);
+        });
+        Some((seq, len))
+    }
+}
+
+/// Rows of one sequence in a step from which [`CpuModel::attention`]
+/// transposes its keys for them (below it, building the copy costs about
+/// what the rows' score passes would save).
+const KEYS_T_MIN_ROWS: usize = 16;
 
 /// `x += o` for the `n` rows of `s.tmp`, through `post_norm` when the
 /// family norms a sublayer's output before its residual add (into `s.xn`,
