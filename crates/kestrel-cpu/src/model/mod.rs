@@ -654,7 +654,7 @@ impl CpuModel {
                     _ => {
                         // The chunk's keys transposed, for its sequence's rows.
                         let kt = keys_t
-                            .filter(|&(ks, kl)| ks == row_seq[i] && len <= kl)
+                            .filter(|&(kseq, klen)| kseq == row_seq[i] && len <= klen)
                             .map(|_| &s.keys_t[g * per_head..(g + 1) * per_head]);
                         attend_group(
                             self.isa, qg, kl, vl, seq, g, len, scale, kt, scores, out_slice,
