@@ -268,7 +268,8 @@ pub fn keys_t_len(len: usize, head_dim: usize) -> usize {
 }
 
 /// `dot8`'s lanes in the order its tree sums them: ((0 + 4) + (2 + 6)) +
-/// ((1 + 5) + (3 + 7)).
+/// ((1 + 5) + (3 + 7)), lane `l` at `DOT8_TREE[l]`: the order is the
+/// lanes' three bits reversed, its own inverse.
 const DOT8_TREE: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
 
 /// Row of a [`transpose_keys`] block holding element `d` of its keys: the
@@ -276,8 +277,7 @@ const DOT8_TREE: [usize; 8] = [0, 4, 2, 6, 1, 5, 3, 7];
 /// order, so that [`scores_t`] reads a block front to back.
 #[inline]
 fn keys_t_row(d: usize, head_dim: usize) -> usize {
-    let lane = DOT8_TREE.iter().position(|&l| l == d % 8).unwrap_or(0);
-    lane * (head_dim / 8) + d / 8
+    DOT8_TREE[d % 8] * (head_dim / 8) + d / 8
 }
 
 /// Kv head `g`'s keys `0..len` of `seq` into `out`, transposed a block of
@@ -295,13 +295,12 @@ pub fn transpose_keys(k: &[f32], seq: PagedSeq<'_>, g: usize, len: usize, out: &
     debug_assert!(hd.is_multiple_of(8));
     let out = &mut out[..keys_t_len(len, hd)];
     out[len / kb * kb * hd..].fill(0.0);
-    let rows: Vec<usize> = (0..hd).map(|d| keys_t_row(d, hd)).collect();
     seq.for_each_page(len, g, |j0, count, base, _| {
         for t in 0..count {
             let j = j0 + t;
             let block = &mut out[j / kb * kb * hd..][..kb * hd];
-            for (&row, &x) in rows.iter().zip(&k[base + t * hd..][..hd]) {
-                block[row * kb + j % kb] = x;
+            for (d, &x) in k[base + t * hd..][..hd].iter().enumerate() {
+                block[keys_t_row(d, hd) * kb + j % kb] = x;
             }
         }
     });

@@ -666,11 +666,10 @@ impl CpuModel {
         };
         self.team.for_each(workers, work);
     }
-}
 
-impl CpuModel {
     /// With AVX-512, a prefill chunk's rows (the longest run of one
-    /// sequence's rows this step, if [`KEYS_T_MIN_ROWS`] or more) all score
+    /// sequence's rows this step that layer `l`'s window, if any, leaves to
+    /// [`attend_group`], if [`KEYS_T_MIN_ROWS`] or more) all score
     /// the same keys of layer `l`: those keys, transposed once per kv head
     /// into `s.keys_t` ([`transpose_keys`], kv head `g` at `g *
     /// keys_t_len(len)`), which the score pass then reads without a
@@ -690,20 +689,25 @@ impl CpuModel {
             return None;
         }
         let (row_seq, row_pos) = (&s.row_seq[..n], &s.row_pos[..n]);
-        // The longest run of consecutive rows of one sequence, and its
-        // furthest key.
-        let (mut best, mut i) = (None::<(u32, usize, usize)>, 0);
+        // Past its window a row attends through `attend_window`, which does
+        // not read transposed keys.
+        let window = self.layers[l].window;
+        // The longest run of consecutive rows of one sequence (counting
+        // those within the window), and its furthest key.
+        let (mut best, mut i) = ((0u32, 0usize, 0usize), 0);
         while i < n {
             let seq = row_seq[i];
             let run = row_seq[i..].iter().take_while(|&&r| r == seq).count();
-            let len = row_pos[i..i + run].iter().map(|&p| p as usize + 1).max();
-            if best.is_none_or(|(_, r, _)| run > r) {
-                best = len.map(|len| (seq, run, len));
+            let lens = row_pos[i..i + run].iter().map(|&p| p as usize + 1);
+            let lens = lens.filter(|&len| window.is_none_or(|w| len <= w));
+            let (rows, len) = lens.fold((0, 0), |(r, m), len| (r + 1, m.max(len)));
+            if rows > best.1 {
+                best = (seq, rows, len);
             }
             i += run;
         }
-        let (seq, run, len) = best?;
-        if run < KEYS_T_MIN_ROWS {
+        let (seq, rows, len) = best;
+        if rows < KEYS_T_MIN_ROWS {
             return None;
         }
         let per_head = keys_t_len(len, hd);
@@ -712,8 +716,7 @@ impl CpuModel {
             // Grown by doubling (a chunked prompt's chunks ask for more
             // keys each time), up to the whole context.
             let most = c.num_kv_heads * keys_t_len(s.max_context, hd);
-            s.keys_t
-                .resize(need.max(2 * s.keys_t.len()).min(most).max(need));
+            s.keys_t.resize((2 * s.keys_t.len()).min(most).max(need));
         }
         let paged = PagedSeq {
             pages: seqs.pages(seq as usize),
