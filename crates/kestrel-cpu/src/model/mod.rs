@@ -125,6 +125,13 @@ struct Layer {
 }
 
 impl Layer {
+    /// The first key a row of `len` keys attends where this layer's window
+    /// cuts its prefix (`block::attend_window` then takes it), or `None`
+    /// where it attends them all.
+    fn window_start(&self, len: usize) -> Option<usize> {
+        self.window.filter(|&w| len > w).map(|w| len - w)
+    }
+
     fn matrices(&self) -> [&Weight; 7] {
         [
             &self.wq,
@@ -600,7 +607,7 @@ impl CpuModel {
         let group = c.num_heads / c.num_kv_heads;
         let nkv = c.num_kv_heads;
         let scale = c.attn_scale();
-        let window = self.layers[l].window;
+        let layer = &self.layers[l];
         let (kl, vl) = kv.layer(l);
         let ntasks = n * nkv;
         // Below ~1k key visits (a few microseconds) splitting gains nothing.
@@ -638,20 +645,11 @@ impl CpuModel {
                 let out_slice =
                     unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
                 let (qg, len) = (&q[o..o + group * hd], row_pos[i] as usize + 1);
-                match window {
-                    Some(w) if len > w => block::attend_window(
-                        qg,
-                        kl,
-                        vl,
-                        seq,
-                        g,
-                        len - w,
-                        len,
-                        scale,
-                        scores,
-                        out_slice,
+                match layer.window_start(len) {
+                    Some(first) => block::attend_window(
+                        qg, kl, vl, seq, g, first, len, scale, scores, out_slice,
                     ),
-                    _ => {
+                    None => {
                         // The chunk's keys transposed, for its sequence's rows.
                         let kt = keys_t
                             .filter(|&(kseq, klen)| kseq == row_seq[i] && len <= klen)
@@ -691,7 +689,7 @@ impl CpuModel {
         let (row_seq, row_pos) = (&s.row_seq[..n], &s.row_pos[..n]);
         // Past its window a row attends through `attend_window`, which does
         // not read transposed keys.
-        let window = self.layers[l].window;
+        let layer = &self.layers[l];
         // The longest run of consecutive rows of one sequence (counting
         // those within the window), and its furthest key.
         let (mut best, mut i) = ((0u32, 0usize, 0usize), 0);
@@ -699,7 +697,7 @@ impl CpuModel {
             let seq = row_seq[i];
             let run = row_seq[i..].iter().take_while(|&&r| r == seq).count();
             let lens = row_pos[i..i + run].iter().map(|&p| p as usize + 1);
-            let lens = lens.filter(|&len| window.is_none_or(|w| len <= w));
+            let lens = lens.filter(|&len| layer.window_start(len).is_none());
             let (rows, len) = lens.fold((0, 0), |(r, m), len| (r + 1, m.max(len)));
             if rows > best.1 {
                 best = (seq, rows, len);
