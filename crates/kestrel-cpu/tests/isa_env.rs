@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use kestrel_cpu::kernels::coverage::{isa_name, tested_isas};
 use kestrel_cpu::synth::{config, random_model};
 use kestrel_cpu::{CpuModel, CpuModelOptions, Isa};
 use kestrel_model::{DType, RopeStyle};
@@ -55,11 +56,8 @@ fn forced_scalar_is_used_everywhere() {
 
 #[test]
 fn forced_avx2_and_avx_vnni_are_used_where_the_cpu_has_them() {
-    for (value, isa) in [("avx2", Isa::Avx2), ("avxvnni", Isa::AvxVnni)] {
-        if !isa.is_supported() {
-            eprintln!("skipped {value}: this CPU lacks it");
-            continue;
-        }
+    for isa in tested_isas("forced ISAs", &[Isa::Avx2, Isa::AvxVnni]) {
+        let value = isa_name(isa);
         assert_eq!(
             run_probe(value),
             format!("PROBE detect={isa:?} try_detect=Ok({isa:?}) model=Ok({isa:?})")

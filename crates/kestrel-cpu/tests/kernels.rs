@@ -8,6 +8,7 @@
 
 mod common;
 
+use kestrel_cpu::kernels::coverage::tested_isas;
 use kestrel_cpu::kernels::{matmul, MatRef, Weight};
 use kestrel_cpu::synth::{random_matrix, Rng};
 use kestrel_cpu::{Isa, Numerics};
@@ -28,11 +29,13 @@ fn canonical_dot(w: &[f32], x: &[f32]) -> f32 {
     (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
 
-fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx]
-        .into_iter()
-        .filter(|i| i.is_supported())
-        .collect()
+/// Every ISA this CPU runs, the rest reported skipped (and failing where
+/// `KESTREL_REQUIRE_ISA` lists them).
+fn isas(test: &str) -> Vec<Isa> {
+    tested_isas(
+        test,
+        &[Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx],
+    )
 }
 
 fn pool(n: usize) -> kestrel_cpu::Team {
@@ -42,6 +45,7 @@ fn pool(n: usize) -> kestrel_cpu::Team {
 #[test]
 fn matmul_matches_f64_reference_and_all_isas_agree() {
     let p = pool(2);
+    let isas = isas("matmul_matches_f64_reference_and_all_isas_agree");
     for dtype in ALL {
         let be = dtype
             .block_elems()
@@ -85,7 +89,7 @@ fn matmul_matches_f64_reference_and_all_isas_agree() {
             }
             // The repacked encoding must give the stored one's bits.
             let mut first: Option<Vec<f32>> = None;
-            for (isa, w) in isas().into_iter().flat_map(|i| {
+            for (isa, w) in isas.iter().copied().flat_map(|i| {
                 stored
                     .map(|s| (i, s))
                     .into_iter()

@@ -327,8 +327,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_quantizer_gives_the_definition_ties_included() {
-        if !super::super::Isa::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        use super::super::coverage::tested_isas;
+        use super::super::Isa;
+        let test = "avx2_quantizer_gives_the_definition_ties_included";
+        if tested_isas(test, &[Isa::Avx2]).is_empty() {
             return;
         }
         // Block 0: amax 127, so d = 1 and every .5 is a tie (to even);

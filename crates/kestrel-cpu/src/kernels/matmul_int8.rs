@@ -14,7 +14,19 @@ use super::line_buf::LineBuf;
 use super::matmul::MatRef;
 use super::weight::Encoding;
 #[cfg(target_arch = "x86_64")]
-use super::{x86_amx, x86_blocks, x86_gemv, x86_int8, x86_lanes};
+use super::x86_lanes_avx2::{lanes_sweep256, lanes_sweep256_absx};
+#[cfg(target_arch = "x86_64")]
+use super::x86_lanes_stored::{
+    q4_k_avxvnni256, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_avxvnni256, q8_0_lanes256,
+    q8_0_vnni256,
+};
+#[cfg(target_arch = "x86_64")]
+use super::x86_lanes_vnni::{
+    lanes_avxvnni256, lanes_vnni256, lanes_vnni512, stored_avxvnni256, stored_vnni256,
+    stored_vnni512,
+};
+#[cfg(target_arch = "x86_64")]
+use super::{x86_amx, x86_blocks, x86_gemv, x86_gemv512, x86_int8, x86_lanes, x86_tile8};
 use super::{Isa, OutPtr};
 use crate::team::Team;
 
@@ -307,21 +319,21 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
 
 /// [`int8_rows_task`] with lanes. With one lane group, Q8_0 and Q4_K rows
 /// are swept straight from their stored blocks
-/// ([`x86_lanes::q8_0_vnni256`], [`x86_lanes::q4_k_vnni256`],
-/// [`x86_lanes::q8_0_lanes256`], [`x86_lanes::q4_k_lanes256`]), and with
+/// ([`q8_0_vnni256`], [`q4_k_vnni256`],
+/// [`q8_0_lanes256`], [`q4_k_lanes256`]), and with
 /// VNNI sweeps (not AMX's) so are Q4_K rows against up to two 16-lane
-/// groups ([`x86_lanes::q4_k_vnni512`]) and Q4_0, Q4_1 and Q8_0 rows up to
-/// 32 activation rows ([`x86_lanes::stored_vnni256`],
-/// [`x86_lanes::stored_vnni512`]; Q8_0's 8-lane group as above). Otherwise
+/// groups ([`q4_k_vnni512`]) and Q4_0, Q4_1 and Q8_0 rows up to
+/// 32 activation rows ([`stored_vnni256`],
+/// [`stored_vnni512`]; Q8_0's 8-lane group as above). Otherwise
 /// weight rows are unpacked a
 /// group at a time ([`x86_lanes::unpack_rows256`], at most [`STAGE_ROWS`] rows or
 /// [`UNPACKED_BYTES`]; rows past 1.5 [`CHUNK_BLOCKS`] a chunk of blocks at a
 /// time on 16-lane VNNI sweeps, the sums carried, [`x86_lanes::Carry`]),
 /// then swept against every lane group of `x` in 4-row tiles (with `VNNI`
-/// [`x86_lanes::lanes_vnni512`] for 16-lane groups, two at a time while
-/// two are left, and [`x86_lanes::lanes_vnni256`] for 8-lane ones;
-/// otherwise [`x86_lanes::lanes_sweep256`], or for Q8_0
-/// [`x86_lanes::lanes_sweep256_absx`] unless the unpack saw a -128, then
+/// [`lanes_vnni512`] for 16-lane groups, two at a time while
+/// two are left, and [`lanes_vnni256`] for 8-lane ones;
+/// otherwise [`lanes_sweep256`], or for Q8_0
+/// [`lanes_sweep256_absx`] unless the unpack saw a -128, then
 /// `lanes_sweep256` in 2-row tiles), the rest a row at a time.
 ///
 /// The sweeps write to a stage of [`STAGE_LANES`] x [`STAGE_ROWS`] floats,
@@ -339,7 +351,7 @@ fn prefetch_unstage(lanes: usize, rows: usize, y: *mut f32, y_stride: usize) {
 /// [`lane_sweep`]; the CPU must support AVX2, FMA and F16C, and if `VNNI`
 /// AVX-512 VNNI and VL, or AVX-VNNI where `sweep.avx_vnni`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
+unsafe fn lanes_rows_task<B: x86_tile8::Tile8, const VNNI: bool>(
     w: &MatRef<'_>,
     x: &LaneRows,
     n: usize,
@@ -387,8 +399,8 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                     // nonzero VNNI offset); `stage` is STAGE_ROWS >= rows by
                     // STAGE_LANES >= n; the tail starts at row `done <= rows`.
                     unsafe {
-                        x86_lanes::$sweep::<$($B,)? $R $(, $G)?>(stored, rows / $R, $x, n, out, STAGE_ROWS);
-                        x86_lanes::$sweep::<$($B,)? 1 $(, $G)?>(
+                        $sweep::<$($B,)? $R $(, $G)?>(stored, rows / $R, $x, n, out, STAGE_ROWS);
+                        $sweep::<$($B,)? 1 $(, $G)?>(
                             stored.skip(done),
                             rows - done,
                             $x,
@@ -542,10 +554,10 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
                         // rows for every group, left by chunk k0 - kc unless
                         // `first`.
                         unsafe {
-                            x86_lanes::$sweep::<B, $R $(, $G)?>(
+                            $sweep::<B, $R $(, $G)?>(
                                 buf, kn, rows / $R, $x, cn, out, STAGE_ROWS $(, $carry)?
                             );
-                            x86_lanes::$sweep::<B, 1 $(, $G)?>(
+                            $sweep::<B, 1 $(, $G)?>(
                                 buf.add(done * kn),
                                 kn,
                                 rows - done,
@@ -611,7 +623,7 @@ unsafe fn lanes_rows_task<B: x86_gemv::Tile8, const VNNI: bool>(
 /// As [`x86_int8::int8_sweep256`] for those rows and activation rows; with
 /// `vnni` the CPU must support AVX-512F/BW/VL and AVX-512 VNNI.
 #[cfg(target_arch = "x86_64")]
-unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
+unsafe fn int8_sweep256<B: x86_tile8::Tile8>(
     a: x86_int8::Int8Args,
     rows: usize,
     cn: usize,
@@ -647,12 +659,12 @@ unsafe fn int8_sweep256<B: x86_gemv::Tile8>(
         // features `vnni` vouches for (and `has_gfni` for GFNI's).
         unsafe {
             match B::ENC {
-                Encoding::Q4K if vnni => x86_gemv::gemv8_q4k_vnni512(a, rows / 8, y),
+                Encoding::Q4K if vnni => x86_gemv512::gemv8_q4k_vnni512(a, rows / 8, y),
                 Encoding::Q4K => x86_gemv::gemv8_q4k_pair256(a, rows / 8, y),
                 Encoding::Q6K if vnni && x86_lanes::has_gfni() => {
-                    x86_gemv::gemv8_q6k_gfni512(a, rows / 8, y)
+                    x86_gemv512::gemv8_q6k_gfni512(a, rows / 8, y)
                 }
-                Encoding::Q6K if vnni => x86_gemv::gemv8_q6k_vnni512(a, rows / 8, y),
+                Encoding::Q6K if vnni => x86_gemv512::gemv8_q6k_vnni512(a, rows / 8, y),
                 _ => x86_gemv::gemv8_256::<B>(a, rows / 8, y),
             }
         };

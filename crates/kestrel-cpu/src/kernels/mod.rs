@@ -44,6 +44,7 @@ macro_rules! for_block {
 }
 
 pub mod attention;
+pub mod coverage;
 pub(crate) mod int8;
 mod line_buf;
 pub(crate) use line_buf::LineBuf;
@@ -61,9 +62,19 @@ pub(crate) mod x86_blocks;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_gemv;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_gemv512;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_lanes;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_lanes_avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_lanes_stored;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_lanes_vnni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_tile8;
 
 use std::sync::OnceLock;
 

@@ -90,7 +90,7 @@ impl Core {
 /// (alternated); the one-scale types (Q8_0, Q4_0, Q4_1) measured level
 /// within the noise in the kernel and slower in the decode step (the
 /// default model's Q4_1 stream 96-110 -> 88-90 tokens/s), so they keep
-/// four (`docs/bench/cpu-1b.md`, "Zen 3 again").
+/// four (`docs/bench/notes/2026-12-01-zen3-one-tile-prefetch.md`).
 pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
     if k_quant && Core::this().prefetcht1_fills_l1() {
         1
@@ -105,8 +105,8 @@ pub(crate) fn gemv_prefetch_tiles(k_quant: bool) -> usize {
 /// prefetch brings the lines to L2 well ahead, but a tile reads eight
 /// streams a row apart, more than the L1 prefetcher follows, so each
 /// block's loads otherwise wait on L2.
-/// On a Zen 5 EPYC (2026-12-02, `docs/bench/cpu-1b.md`, "Zen 5 at the
-/// code of 2026-12-02") the GEMVs from DRAM gained about 5% (Q4_K), 8%
+/// On a Zen 5 EPYC (2026-12-02,
+/// `docs/bench/notes/2026-12-02-zen5-l1-hint.md`) the GEMVs from DRAM gained about 5% (Q4_K), 8%
 /// (Q6_K) and 11% (Q8_0) over seven alternated rounds, and the 1B Q4_K_M
 /// and Q8_0 streams about 5% each (8B Q4_K_M level); in L2 the extra hints
 /// cost a little, Q8_0's the most, and the default model (Q4_1 layers, a
@@ -126,7 +126,8 @@ const PREFETCH_ROWS: usize = 8;
 /// a prefetch into L1 holds one of the core's few L1 miss buffers until
 /// its line arrives from DRAM, so a stream prefetched that way has only
 /// those in flight (on a Zen 4 EPYC the 1B Q4_K GEMV streamed 16 GiB/s
-/// with `prefetcht0`, 27 GiB/s with `prefetcht1`: `docs/bench/cpu-1b.md`).
+/// with `prefetcht0`, 27 GiB/s with `prefetcht1`:
+/// `docs/bench/notes/2026-11-28-zen4-l2-prefetch.md`).
 /// L2 misses have more; the demand load then hits L2 (on AMD's cores
 /// before Zen 4 `prefetcht1` fills L1 as well: [`gemv_prefetch_tiles`]).
 /// Never faults, whatever `p` is.

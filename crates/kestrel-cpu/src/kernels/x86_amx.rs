@@ -1,7 +1,7 @@
 //! The 16-lane sweep on AMX-INT8 tiles ([`lanes_amx`]), for one-scale
 //! blocks (every int8 type but Q6_K): the same unpacked weights (unsigned
 //! `w + offset`) and 16-lane [`LaneRows`](super::int8::LaneRows) group as
-//! [`super::x86_lanes::lanes_vnni512`], with each block's integer sums for
+//! [`super::x86_lanes_vnni::lanes_vnni512`], with each block's integer sums for
 //! 16 weight rows x 16 activation rows from one `tdpbusd` instead of 128
 //! `vpdpbusd`.
 //!
@@ -13,7 +13,8 @@
 //! added to them before its float step, which follows row by row; so the
 //! results are `int8.rs`'s definition bit for bit (tests in `x86_int8.rs`).
 //!
-//! What it costs (the 2-vCPU Emerald Rapids VM of `docs/bench/cpu-1b.md`):
+//! What it costs (the 2-vCPU Emerald Rapids VM of
+//! `docs/bench/notes/2026-11-26-amx-tiles.md`):
 //! a block's tile work, zero + two loads + `tdpbusd` + store, runs about
 //! 25 ns, so the products run a few blocks ahead of their float steps, and
 //! each block's sums are stored only after the next block's product is
@@ -190,12 +191,12 @@ macro_rules! tile_store {
 /// unsigned weights times the lanes' signed activations, the tile stored
 /// to a ring slot (consecutive blocks on the two tile sets); [`LAG`] blocks
 /// later that block's float step, row by row: the start `-offset * sum(x)`
-/// added, then [`super::x86_lanes::lanes_vnni512`]'s step. The minimums'
+/// added, then [`super::x86_lanes_vnni::lanes_vnni512`]'s step. The minimums'
 /// sums run in a pass of their own.
 ///
 /// # Safety
 /// `w` must be valid for `tiles * nblocks` [`TileBlock`]s of `B` (one
-/// scale per block); otherwise as [`super::x86_lanes::lanes_vnni512`];
+/// scale per block); otherwise as [`super::x86_lanes_vnni::lanes_vnni512`];
 /// [`has_amx`] must have returned true.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn lanes_amx<B: Int8Block>(

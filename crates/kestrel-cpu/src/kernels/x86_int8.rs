@@ -4,8 +4,8 @@
 //! [`int8_sweep256`], tiles of up to four outputs (weight row, activation
 //! row) with `vpmaddubsw`/`vpmaddwd` integer dots, each block's sums
 //! gathered one output per lane, for two or three activation rows and the
-//! rows a GEMV tile leaves over. One row is `x86_gemv.rs`, four and more
-//! `x86_lanes.rs`. Every kernel runs the definition's float steps lane by
+//! rows a GEMV tile leaves over. One row is `x86_gemv*.rs`, four and more
+//! `x86_lanes*.rs`. Every kernel runs the definition's float steps lane by
 //! lane, so results are `int8::dot`'s bit for bit; the tests here check
 //! all three files' kernels against it.
 
@@ -34,16 +34,16 @@ pub(crate) trait Int8Block: Block {
     const TWO: bool = int8::two_scales(Self::ENC);
     /// The largest `|w|` of the block's integer weights.
     const MAX_W: i32 = int8::max_abs_weight(Self::ENC);
-    /// What [`super::x86_lanes::lanes_sweep256`] adds to the weights to read
+    /// What [`super::x86_lanes_avx2::lanes_sweep256`] adds to the weights to read
     /// them unsigned ([`int8::lane_offset`]): all but Q8_0's, which it
     /// reads signed (with sign steps).
     const LANE_OFFSET: i32 = int8::lane_offset(Self::ENC, false);
     /// [`Int8Block::LANE_OFFSET`] for the VNNI sweeps
-    /// ([`super::x86_lanes::lanes_vnni256`], [`super::x86_lanes::lanes_vnni512`]):
+    /// ([`super::x86_lanes_vnni::lanes_vnni256`], [`super::x86_lanes_vnni::lanes_vnni512`]):
     /// every type's weights unsigned.
     const VNNI_OFFSET: i32 = int8::lane_offset(Self::ENC, true);
     /// How many `vpmaddubsw` results (two products per i16) of
-    /// [`super::x86_lanes::lanes_sweep256`] add up in i16 without overflow
+    /// [`super::x86_lanes_avx2::lanes_sweep256`] add up in i16 without overflow
     /// ([`i16_steps`]; `|w| + LANE_OFFSET` bounds its weights).
     const LANE_STEPS: usize = i16_steps(Self::MAX_W + Self::LANE_OFFSET, Self::TWO);
     /// 32-element block `j` of the stored block at `p` (see [`Block::dq256`]).
@@ -351,22 +351,28 @@ pub(crate) unsafe fn int8_sweep256<B: Int8Block, const R: usize, const NB: usize
 mod tests {
     use kestrel_model::DType;
 
+    use super::super::coverage::{report, tested_isas};
     use super::super::int8::{LaneRows, Numerics};
     use super::super::matmul::{matmul, MatRef};
     use super::super::scalar::decode_block;
     use super::super::weight::{Encoding, Weight};
     use super::super::x86_amx::{lanes_amx, AMX_ROWS};
-    use super::super::x86_gemv::{
-        gemv8_256, gemv8_q4k_pair256, gemv8_q4k_vnni512, gemv8_q6k_gfni512, gemv8_q6k_vnni512,
-        Tile8,
-    };
+    use super::super::x86_gemv::{gemv8_256, gemv8_q4k_pair256};
+    use super::super::x86_gemv512::{gemv8_q4k_vnni512, gemv8_q6k_gfni512, gemv8_q6k_vnni512};
     use super::super::x86_lanes::{
-        after_tiles, has_avx512_vnni, has_avx_vnni, has_gfni, lanes_avxvnni256, lanes_sweep256,
-        lanes_sweep256_absx, lanes_vnni256, lanes_vnni512, q4_k_avxvnni256, q4_k_lanes256,
-        q4_k_vnni256, q4_k_vnni512, q8_0_avxvnni256, q8_0_lanes256, q8_0_vnni256,
-        stored_avxvnni256, stored_vnni256, stored_vnni512, unpack_rows256, Carry, I8Block,
+        after_tiles, has_avx512_vnni, has_avx_vnni, has_gfni, unpack_rows256, Carry, I8Block,
         LaneArgs, StoredRows,
     };
+    use super::super::x86_lanes_avx2::{lanes_sweep256, lanes_sweep256_absx};
+    use super::super::x86_lanes_stored::{
+        q4_k_avxvnni256, q4_k_lanes256, q4_k_vnni256, q4_k_vnni512, q8_0_avxvnni256, q8_0_lanes256,
+        q8_0_vnni256,
+    };
+    use super::super::x86_lanes_vnni::{
+        lanes_avxvnni256, lanes_vnni256, lanes_vnni512, stored_avxvnni256, stored_vnni256,
+        stored_vnni512,
+    };
+    use super::super::x86_tile8::Tile8;
     use super::super::Isa;
     use super::*;
     use crate::synth::{random_matrix, Rng};
@@ -716,8 +722,7 @@ mod tests {
     /// sweep reads `w + offset`, largest there).
     #[test]
     fn extreme_blocks_stay_within_i16() {
-        if !Isa::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        if tested_isas("extreme_blocks_stay_within_i16", &[Isa::Avx2]).is_empty() {
             return;
         }
         let (rows, cols, n) = (8, 256, 32);
@@ -776,8 +781,19 @@ mod tests {
 
     #[test]
     fn simd_int8_dot_gives_the_definition_for_every_type() {
+        // The kernels `check` runs, each where this CPU has its features.
+        let vnni = Isa::Avx512.is_supported() && has_avx512_vnni();
+        report(
+            "simd_int8_dot_gives_the_definition_for_every_type",
+            &[
+                ("avx2", Isa::Avx2.is_supported()),
+                ("avxvnni", Isa::Avx2.is_supported() && has_avx_vnni()),
+                ("avx512vnni", vnni),
+                ("gfni", vnni && has_gfni()),
+                ("amx", Isa::Amx.is_supported()),
+            ],
+        );
         if !Isa::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
             return;
         }
         let mut rng = Rng(21);
@@ -799,8 +815,7 @@ mod tests {
     /// it, held to AVX2, the definition bit for bit.
     #[test]
     fn q8_0_lowest_weight_keeps_the_definition() {
-        if !Isa::Avx2.is_supported() {
-            eprintln!("skipped: this CPU has no AVX2");
+        if tested_isas("q8_0_lowest_weight_keeps_the_definition", &[Isa::Avx2]).is_empty() {
             return;
         }
         let mut rng = Rng(23);
@@ -831,8 +846,12 @@ mod tests {
     /// 16-row tiles and a tail, where the CPU and OS grant AMX.
     #[test]
     fn amx_int8_sweep_gives_the_definition_for_every_type() {
-        if !Isa::Amx.is_supported() {
-            eprintln!("skipped: no AMX here");
+        if tested_isas(
+            "amx_int8_sweep_gives_the_definition_for_every_type",
+            &[Isa::Amx],
+        )
+        .is_empty()
+        {
             return;
         }
         let mut rng = Rng(22);
