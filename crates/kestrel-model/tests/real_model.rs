@@ -95,17 +95,22 @@ fn default_model_config_and_layout() {
     assert!(!m.chat_template.is_fallback);
 }
 
+/// A second load of the same file maps it again: every matrix a window of
+/// the mmap (no weight copies), the same configuration.
+/// (Its time is printed, not bounded: parsing 49k tokens + 49k merges and
+/// building the BPE dominates.)
 #[test]
-fn load_is_fast() {
+fn a_second_load_maps_the_file_again() {
     let path = default_model_path().unwrap();
-    let _ = model();
+    let first = model();
     let t = Instant::now();
     let m = load(&path).unwrap();
-    let elapsed = t.elapsed();
-    eprintln!("second load: {elapsed:?}");
+    eprintln!("second load: {:?}", t.elapsed());
+    assert_eq!(m.weights.config, first.weights.config);
     assert_eq!(m.weights.layers.len(), 30);
-    // Parsing 49k tokens + 49k merges and building the BPE dominates; no weight copies.
-    assert!(elapsed.as_secs_f32() < 5.0, "load took {elapsed:?}");
+    for l in &m.weights.layers {
+        assert!(l.wq.data.is_mapped() && l.w_down.data.is_mapped());
+    }
 }
 
 #[test]

@@ -314,19 +314,3 @@ impl<P> Scheduler<P> {
         }
     }
 }
-
-#[cfg(test)]
-impl<P> Scheduler<P> {
-    /// (id, inflight_refs, finalized, committed) of every admitted sequence.
-    pub fn snapshot(&self) -> Vec<(RequestId, u8, bool, u32)> {
-        self.seqs
-            .iter()
-            .flatten()
-            .filter(|s| s.phase() != Phase::Waiting)
-            .map(|s| {
-                let p = s.phase();
-                (s.id, s.inflight_refs(), p.is_finalized(), s.committed())
-            })
-            .collect()
-    }
-}
