@@ -32,6 +32,11 @@ pub struct Meta {
     pub command: String,
     pub commit: Option<String>,
     pub unix_time: u64,
+    /// The CPU's model name (`/proc/cpuinfo`), where the OS gives one.
+    pub cpu: Option<String>,
+    /// The kernels' ISA (`KESTREL_ISA` if forced, else the best this CPU
+    /// runs), as `KESTREL_ISA` spells it.
+    pub isa: String,
     pub cores: usize,
     pub threads: usize,
     pub backend: String,
@@ -68,6 +73,8 @@ impl Meta {
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            cpu: cpu_model(),
+            isa: kestrel_cpu::kernels::coverage::isa_name(kestrel_cpu::Isa::detect()).to_string(),
             cores: std::thread::available_parallelism().map_or(1, usize::from),
             threads: opts.threads,
             backend,
@@ -81,6 +88,14 @@ impl Meta {
             definitions: DEFINITIONS,
         }
     }
+}
+
+/// The first `model name` in `/proc/cpuinfo` (x86 Linux), if any.
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, name)| name.trim().to_string())
 }
 
 /// One our-vs-llama.cpp comparison.
@@ -172,11 +187,15 @@ pub fn markdown(doc: &Report, timeline_caption: Option<&str>) -> String {
     let _ = writeln!(s, "# Kestrel pipelining bench\n");
     let _ = writeln!(
         s,
-        "`{}` at {} on {} cores, {} matmul threads, {} backend; model `{}` ({:.1} MB of weights). \
+        "`{}` at {} on {} ({}, kernels {}), {} cores, {} matmul threads, {} backend; model `{}` \
+         ({:.1} MB of weights). \
          Outputs {}..={} tokens (greedy, EOS ignored for text), {}% JSON-constrained in the +JSON \
          workloads, {} repetition(s), configurations rotated within each.\n",
         m.command,
         m.commit.as_deref().unwrap_or("an unknown commit"),
+        m.cpu.as_deref().unwrap_or("an unnamed CPU"),
+        std::env::consts::ARCH,
+        m.isa,
         m.cores,
         m.threads,
         m.backend,
