@@ -3,7 +3,7 @@
 //! tiles both 32- and 256-element blocks (1536x768, the FFN-up shape of a
 //! SmolLM2/Gemma-3-size model), GEMV (batch 1) and batch-32 GEMM, on a
 //! compute [`kestrel_cpu::Team`] of `KESTREL_THREADS` (2). Figures:
-//! `docs/bench/weight-types.md`.
+//! `docs/bench/notes/2026-11-23-weight-types.md`.
 
 mod common;
 

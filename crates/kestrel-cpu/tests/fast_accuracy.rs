@@ -14,7 +14,7 @@
 //! Both numerics give the same bits on every ISA, batch and thread count,
 //! so these figures are the same on every machine; the thresholds' margins
 //! are for legitimate kernel changes, not noise. SmolLM2, measured (commit and
-//! machine in `docs/bench/avx2-numerics.md`), int8 as shipped (one f32 sum
+//! machine in `docs/bench/notes/2026-11-23-avx2-numerics.md`), int8 as shipped (one f32 sum
 //! per output, `7228496`): perplexity -1.35%, KL 0.0037, top-1 94.9%, 9/16
 //! identical, prefix 11.0 (the earlier 8-lane sums: -1.45%, 0.0036, 95.3%,
 //! 6/16, 8.5). With the earlier sums and activations quantized to 7 bits

@@ -11,8 +11,7 @@
 //! under a hypervisor each miss a two-level page walk. On a 2-vCPU KVM Xeon
 //! (2026-12-02) a 1 GiB two-thread read ran at 18-20 GB/s on 4 KiB pages and
 //! 28-30 GB/s on 2 MiB ones, and the `gemv_dram` bench's one-row GEMVs at
-//! 14-16.5 GiB/s against 16.6-19.7 (`docs/bench/cpu-1b.md`, section
-//! "Weights on huge pages"). A file's mapping cannot take huge pages (the page cache is
+//! 14-16.5 GiB/s against 16.6-19.7 (`docs/bench/notes/2026-12-02-huge-pages.md`). A file's mapping cannot take huge pages (the page cache is
 //! in 4 KiB pages), so the bytes are copied once at load.
 //!
 //! What it costs: the copy (a read of the file, as the first decode step
