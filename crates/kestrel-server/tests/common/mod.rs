@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod openai;
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
