@@ -18,6 +18,7 @@ pub mod sampler;
 pub mod scratch;
 pub mod synth;
 pub mod team;
+pub mod vision;
 
 pub use kv::{KvStore, KvStoreConfig};
 pub use model::{

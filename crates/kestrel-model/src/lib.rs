@@ -25,11 +25,13 @@ pub mod family;
 pub mod fetch;
 pub mod gguf;
 pub mod load;
+pub mod moondream;
 pub mod quant;
 mod safetensors_load;
 pub mod synth_gguf;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod vision;
 pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, ToolCall, ToolSyntax};

@@ -1,0 +1,418 @@
+//! The vision encoder and projector (Moondream's `vision_encoder` and
+//! `vision_projection`; docs/moondream.md), batched over every crop of an
+//! image: each linear layer is one GEMM over `crops x 729` rows through
+//! [`matmul`] (weights as stored: F32, F16, BF16 or quantized), and each
+//! (crop, head)'s attention is two more (`Q K^T`, then `softmax V`) with the
+//! keys and the transposed values as F32 operands. Pre-LN blocks with full
+//! (bidirectional) attention and GELU-tanh MLPs, then the tiles' features
+//! are stitched without their inner margins, average-pooled back to the
+//! crop grid, joined after the global crop's, and projected.
+//! Cost: `crops * (27 layers of 729-row GEMMs + 16 heads of 729x729x72
+//! attention)`; memory: a few `crops x 729 x max(3 * enc_dim, ff)` buffers.
+
+use kestrel_model::moondream::{LayerNorm, Linear, VisionConfig, VisionWeights};
+use kestrel_model::vision::{crops::normalize_pixel, OverlapCrops, Tiling};
+use kestrel_model::{DType, Matrix};
+
+use crate::kernels::matmul::{matmul, MatRef};
+use crate::kernels::weight::Encoding;
+use crate::kernels::{Isa, Numerics};
+use crate::team::Team;
+use crate::CpuError;
+
+/// LayerNorm's epsilon (PyTorch's default, which the reference uses).
+const LN_EPS: f32 = 1e-5;
+
+/// Where and how to run the encoder.
+#[derive(Debug, Clone, Copy)]
+pub struct VisionRun<'a> {
+    pub team: Option<&'a Team>,
+    pub isa: Isa,
+    pub numerics: Numerics,
+}
+
+/// An image's tokens for the text model: `[tokens][dim]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageTokens {
+    pub tokens: usize,
+    pub dim: usize,
+    pub data: Vec<f32>,
+}
+
+/// Encodes `crops` and projects them: the image's `patches` tokens of
+/// `proj_out_dim` values.
+pub fn encode_image(
+    run: VisionRun<'_>,
+    w: &VisionWeights,
+    cfg: &VisionConfig,
+    crops: &OverlapCrops,
+) -> Result<ImageTokens, CpuError> {
+    let features = encode_crops(run, w, cfg, crops)?;
+    project(run, w, cfg, &features, crops.tiling)
+}
+
+/// The encoder alone: post-LN features of every crop, `[crops][patches]
+/// [enc_dim]`, the global crop first.
+pub fn encode_crops(
+    run: VisionRun<'_>,
+    w: &VisionWeights,
+    cfg: &VisionConfig,
+    crops: &OverlapCrops,
+) -> Result<Vec<f32>, CpuError> {
+    if crops.crop_size != cfg.crop_size {
+        return Err(CpuError::Shape {
+            name: "vision crops".into(),
+            expected: format!("{} pixels a side", cfg.crop_size),
+            got: crops.crop_size.to_string(),
+        });
+    }
+    let (n, p, d) = (crops.count(), cfg.patches(), cfg.enc_dim);
+    let rows = n * p;
+    let mut x = vec![0f32; rows * d];
+    linear(
+        run,
+        "patch_emb",
+        &w.patch_emb,
+        &patchify(cfg, crops),
+        rows,
+        &mut x,
+    )?;
+    for crop in x.chunks_exact_mut(p * d) {
+        for (v, pe) in crop.iter_mut().zip(&w.pos_emb) {
+            *v += pe;
+        }
+    }
+    let mut h = vec![0f32; rows * d];
+    let mut qkv = vec![0f32; rows * 3 * d];
+    let mut att = vec![0f32; rows * d];
+    let mut ff = vec![0f32; rows * cfg.enc_ff_dim];
+    let mut delta = vec![0f32; rows * d];
+    for (i, b) in w.blocks.iter().enumerate() {
+        layer_norm(&x, &b.ln1, &mut h);
+        linear(
+            run,
+            &format!("vision block {i} qkv"),
+            &b.qkv,
+            &h,
+            rows,
+            &mut qkv,
+        )?;
+        attention(run, cfg, n, &qkv, &mut att)?;
+        linear(
+            run,
+            &format!("vision block {i} proj"),
+            &b.proj,
+            &att,
+            rows,
+            &mut delta,
+        )?;
+        add_assign(&mut x, &delta);
+        layer_norm(&x, &b.ln2, &mut h);
+        linear(
+            run,
+            &format!("vision block {i} fc1"),
+            &b.mlp.fc1,
+            &h,
+            rows,
+            &mut ff,
+        )?;
+        ff.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+        linear(
+            run,
+            &format!("vision block {i} fc2"),
+            &b.mlp.fc2,
+            &ff,
+            rows,
+            &mut delta,
+        )?;
+        add_assign(&mut x, &delta);
+    }
+    layer_norm(&x, &w.post_ln, &mut h);
+    Ok(h)
+}
+
+/// The projector over [`encode_crops`]' features: the tiles' maps stitched
+/// and pooled to the grid, after the global crop's features channel-wise,
+/// through `fc1`, GELU-tanh, `fc2`.
+pub fn project(
+    run: VisionRun<'_>,
+    w: &VisionWeights,
+    cfg: &VisionConfig,
+    features: &[f32],
+    tiling: Tiling,
+) -> Result<ImageTokens, CpuError> {
+    let (g, d, p) = (cfg.grid(), cfg.enc_dim, cfg.patches());
+    if features.len() != (tiling.tiles() + 1) * p * d {
+        return Err(CpuError::Shape {
+            name: "vision features".into(),
+            expected: format!("{} crops of {p}x{d}", tiling.tiles() + 1),
+            got: format!("{} values", features.len()),
+        });
+    }
+    let (stitched, sh, sw) = stitch(&features[p * d..], tiling, g, cfg.overlap_margin, d);
+    let pooled = adaptive_avg_pool(&stitched, sh, sw, g, d);
+    let mut joined = vec![0f32; p * 2 * d];
+    for (t, row) in joined.chunks_exact_mut(2 * d).enumerate() {
+        row[..d].copy_from_slice(&features[t * d..(t + 1) * d]);
+        row[d..].copy_from_slice(&pooled[t * d..(t + 1) * d]);
+    }
+    let mut hidden = vec![0f32; p * cfg.proj_inner_dim];
+    linear(run, "vision proj fc1", &w.proj.fc1, &joined, p, &mut hidden)?;
+    hidden.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+    let mut out = vec![0f32; p * cfg.proj_out_dim];
+    linear(run, "vision proj fc2", &w.proj.fc2, &hidden, p, &mut out)?;
+    Ok(ImageTokens {
+        tokens: p,
+        dim: cfg.proj_out_dim,
+        data: out,
+    })
+}
+
+/// Crops to patch rows `[crops * patches][3 * ps * ps]`, each patch
+/// channel-major (c, y, x) as the reference's rearrange, pixels in [-1, 1].
+fn patchify(cfg: &VisionConfig, crops: &OverlapCrops) -> Vec<f32> {
+    let (s, ps, g) = (cfg.crop_size, cfg.enc_patch_size, cfg.grid());
+    let dim = cfg.patch_dim();
+    let lut: [f32; 256] = std::array::from_fn(|v| normalize_pixel(v as u8));
+    let mut out = vec![0f32; crops.count() * g * g * dim];
+    for (c, patches) in out.chunks_exact_mut(g * g * dim).enumerate() {
+        let px = crops.crop(c);
+        for (t, row) in patches.chunks_exact_mut(dim).enumerate() {
+            let (py, pxl) = (t / g * ps, t % g * ps);
+            for ch in 0..3 {
+                for y in 0..ps {
+                    for x in 0..ps {
+                        row[(ch * ps + y) * ps + x] =
+                            lut[px[((py + y) * s + pxl + x) * 3 + ch] as usize];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `y = x W^T + b` over `n` rows.
+fn linear(
+    run: VisionRun<'_>,
+    name: &str,
+    l: &Linear,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), CpuError> {
+    let w = MatRef::new(name, &l.weight)?;
+    matmul(run.team, run.isa, run.numerics, w, x, n, y);
+    for row in y.chunks_exact_mut(l.bias.len()) {
+        for (v, b) in row.iter_mut().zip(&l.bias) {
+            *v += b;
+        }
+    }
+    Ok(())
+}
+
+/// Full attention within each crop, per head: `qkv` is `[crops * patches]
+/// [3 * enc_dim]` (Q, K, V stacked, heads contiguous in each), `out` is
+/// `[crops * patches][enc_dim]`.
+fn attention(
+    run: VisionRun<'_>,
+    cfg: &VisionConfig,
+    crops: usize,
+    qkv: &[f32],
+    out: &mut [f32],
+) -> Result<(), CpuError> {
+    let (p, d, hd) = (cfg.patches(), cfg.enc_dim, cfg.head_dim());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut q = vec![0f32; p * hd];
+    let mut k = vec![0f32; p * hd];
+    let mut vt = vec![0f32; hd * p];
+    let mut scores = vec![0f32; p * p];
+    let mut o = vec![0f32; p * hd];
+    for c in 0..crops {
+        let rows = &qkv[c * p * 3 * d..(c + 1) * p * 3 * d];
+        for h in 0..cfg.enc_n_heads {
+            for (t, row) in rows.chunks_exact(3 * d).enumerate() {
+                q[t * hd..(t + 1) * hd].copy_from_slice(&row[h * hd..(h + 1) * hd]);
+                k[t * hd..(t + 1) * hd].copy_from_slice(&row[d + h * hd..d + (h + 1) * hd]);
+                for (j, v) in row[2 * d + h * hd..2 * d + (h + 1) * hd].iter().enumerate() {
+                    vt[j * p + t] = *v;
+                }
+            }
+            let keys = f32_matrix(&k, p, hd);
+            matmul(
+                run.team,
+                run.isa,
+                run.numerics,
+                MatRef::new("vision attention keys", &keys)?,
+                &q,
+                p,
+                &mut scores,
+            );
+            for row in scores.chunks_exact_mut(p) {
+                softmax_scaled(row, scale);
+            }
+            let values = f32_matrix(&vt, hd, p);
+            matmul(
+                run.team,
+                run.isa,
+                run.numerics,
+                MatRef::new("vision attention values", &values)?,
+                &scores,
+                p,
+                &mut o,
+            );
+            for (t, orow) in o.chunks_exact(hd).enumerate() {
+                let dst = (c * p + t) * d + h * hd;
+                out[dst..dst + hd].copy_from_slice(orow);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An owned F32 matrix of `rows x cols` values (an activation used as the
+/// GEMM's weight operand).
+fn f32_matrix(v: &[f32], rows: usize, cols: usize) -> Matrix {
+    debug_assert_eq!(Encoding::of(DType::F32).row_bytes(cols), 4 * cols);
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Matrix {
+        dtype: DType::F32,
+        rows,
+        cols,
+        data: kestrel_model::Bytes::Owned(bytes.into()),
+    }
+}
+
+/// `row = softmax(row * scale)`.
+fn softmax_scaled(row: &mut [f32], scale: f32) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
+    let mut sum = 0f32;
+    for v in row.iter_mut() {
+        *v = (*v * scale - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// LayerNorm of each row of `x` into `out` (two-pass mean and variance).
+fn layer_norm(x: &[f32], ln: &LayerNorm, out: &mut [f32]) {
+    let d = ln.weight.len();
+    for (row, o) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean = row.iter().sum::<f32>() / d as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+        let inv = 1.0 / (var + LN_EPS).sqrt();
+        for (((o, v), w), b) in o.iter_mut().zip(row).zip(&ln.weight).zip(&ln.bias) {
+            *o = (v - mean) * inv * w + b;
+        }
+    }
+}
+
+fn add_assign(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// The tiles' `[tiles][g][g][d]` features as one map keeping each tile's
+/// window, plus the outer margins of the edge tiles (the reference's
+/// `reconstruct_from_crops` in patch units): `(map, height, width)`.
+fn stitch(
+    tiles: &[f32],
+    tiling: Tiling,
+    g: usize,
+    margin: usize,
+    d: usize,
+) -> (Vec<f32>, usize, usize) {
+    let win = g - 2 * margin;
+    let (h, w) = (
+        tiling.rows * win + 2 * margin,
+        tiling.cols * win + 2 * margin,
+    );
+    let mut out = vec![0f32; h * w * d];
+    for i in 0..tiling.rows {
+        let y0 = if i == 0 { 0 } else { margin };
+        let y1 = if i == tiling.rows - 1 { g } else { g - margin };
+        for j in 0..tiling.cols {
+            let x0 = if j == 0 { 0 } else { margin };
+            let x1 = if j == tiling.cols - 1 { g } else { g - margin };
+            let tile = &tiles[(i * tiling.cols + j) * g * g * d..][..g * g * d];
+            for y in y0..y1 {
+                let src = &tile[(y * g + x0) * d..(y * g + x1) * d];
+                let dst = ((i * win + y) * w + j * win + x0) * d;
+                out[dst..dst + src.len()].copy_from_slice(src);
+            }
+        }
+    }
+    (out, h, w)
+}
+
+/// PyTorch's `adaptive_avg_pool2d` of an `[h][w][d]` map to `[g][g][d]`:
+/// output bin `i` averages input rows `floor(i h / g) .. ceil((i + 1) h / g)`.
+fn adaptive_avg_pool(x: &[f32], h: usize, w: usize, g: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; g * g * d];
+    let bins = |i: usize, n: usize| (i * n / g, ((i + 1) * n).div_ceil(g));
+    for i in 0..g {
+        let (y0, y1) = bins(i, h);
+        for j in 0..g {
+            let (x0, x1) = bins(j, w);
+            let o = &mut out[(i * g + j) * d..][..d];
+            for y in y0..y1 {
+                for xx in x0..x1 {
+                    add_assign(o, &x[(y * w + xx) * d..][..d]);
+                }
+            }
+            let inv = 1.0 / ((y1 - y0) * (x1 - x0)) as f32;
+            o.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stitching_keeps_windows_and_outer_margins() {
+        // 2x3 tiles of a 5-patch grid with a 1-patch margin: window 3,
+        // stitched 2*3+2 = 8 by 3*3+2 = 11. Each patch carries its tile and
+        // position, so every stitched cell names the tile it came from.
+        let (g, m) = (5, 1);
+        let tiling = Tiling { rows: 2, cols: 3 };
+        let tiles: Vec<f32> = (0..6)
+            .flat_map(|t| (0..g * g).map(move |i| (t * 100 + i) as f32))
+            .collect();
+        let (map, h, w) = stitch(&tiles, tiling, g, m, 1);
+        assert_eq!((h, w), (8, 11));
+        let at = |y: usize, x: usize| map[y * w + x] as usize;
+        assert_eq!(at(0, 0), 0); // tile 0's own corner (outer margin kept)
+        assert_eq!(at(3, 3), 3 * g + 3); // tile 0, its last window row and column
+        assert_eq!(at(3, 4), 100 + 3 * g + 1); // tile 1 starts inside its margin
+        assert_eq!(at(4, 0), 300 + g); // tile 3, its first window row
+        assert_eq!(at(7, 10), 500 + g * g - 1); // tile 5's outer corner
+    }
+
+    #[test]
+    fn adaptive_pool_matches_pytorch_bins() {
+        // 5 -> 3: bins [0,2), [1,4), [3,5) (overlapping, as PyTorch's).
+        let x: Vec<f32> = (0..5).map(|v| v as f32).collect();
+        // As a 5x1 map pooled to 3x... use a 5x5 map constant along columns.
+        let map: Vec<f32> = (0..25).map(|i| x[i / 5]).collect();
+        let p = adaptive_avg_pool(&map, 5, 5, 3, 1);
+        assert_eq!(&p[..3], &[0.5, 0.5, 0.5]);
+        assert_eq!(p[3], 2.0);
+        assert_eq!(p[6], 3.5);
+    }
+
+    #[test]
+    fn gelu_tanh_matches_known_values() {
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_tanh(-2.0) - -0.045_402_3).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,17 @@
+//! Moondream 2, the vision-language model the seed system serves: its
+//! configuration ([`config`], the 2B 2025 revisions and the 0.5B preset,
+//! with the prompt templates' token ids) and its checkpoint ([`checkpoint`]:
+//! `model.safetensors` under either published tensor naming, stored
+//! F32/F16/BF16, shape-checked into typed weights). The facts and their
+//! sources are in docs/moondream.md; the compute is in `kestrel-cpu`.
+
+pub mod checkpoint;
+pub mod config;
+
+pub use checkpoint::{
+    load_checkpoint, LayerNorm, Linear, Mlp, MoondreamWeights, NameScheme, RegionWeights,
+    TextBlock, TextWeights, VisionBlock, VisionWeights,
+};
+pub use config::{
+    CaptionLength, MoondreamConfig, PromptTokens, RegionConfig, TextConfig, VisionConfig,
+};

@@ -1,0 +1,12 @@
+//! Images in: what a vision-language request's picture becomes before any
+//! compute. [`image`] decodes JPEG, PNG and WebP bytes into RGB (EXIF
+//! orientation applied, a pixel limit checked before the pixels are
+//! decoded); [`crops`] cuts Moondream's global crop and overlapping tiles
+//! from it, as its reference does. Both are pure and allocate only their
+//! outputs; the encoder that consumes the crops lives in `kestrel-cpu`.
+
+pub mod crops;
+pub mod image;
+
+pub use crops::{overlap_crops, select_tiling, CropGeometry, OverlapCrops, Tiling};
+pub use image::{decode_image, DecodeLimits, ImageError, ImageKind, RgbImage};
