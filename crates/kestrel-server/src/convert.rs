@@ -138,6 +138,20 @@ pub fn engine_status(e: &EngineError) -> Status {
                 error_chain(source)
             ));
         }
+        EngineError::ChatTemplate { field, source } => {
+            return Status::invalid_argument(format!(
+                "{} could not be rendered by the model's chat template: {}",
+                field_name(*field),
+                error_chain(source)
+            ));
+        }
+        EngineError::Tokenizer { field, source } => {
+            return Status::invalid_argument(format!(
+                "{} could not be tokenized: {}",
+                field_name(*field),
+                error_chain(source.as_ref())
+            ));
+        }
         // The request can never fit as sent: an argument error (see the proto).
         EngineError::ContextOverflow { .. } => Code::InvalidArgument,
         EngineError::QueueFull { .. } => Code::ResourceExhausted,

@@ -119,6 +119,21 @@ impl ApiError {
                 let param = names.param(*field);
                 Self::invalid(param.clone(), format!("{param} {}", error_chain(source)))
             }
+            EngineError::ChatTemplate { field, source } => {
+                let param = names.param(*field);
+                let why = error_chain(source);
+                let message =
+                    format!("{param} could not be rendered by the model's chat template: {why}");
+                Self::invalid(param, message)
+            }
+            EngineError::Tokenizer { field, source } => {
+                let param = names.param(*field);
+                let why = error_chain(source.as_ref());
+                Self::invalid(
+                    param.clone(),
+                    format!("{param} could not be tokenized: {why}"),
+                )
+            }
             EngineError::ContextOverflow { .. } => Self {
                 code: Some("context_length_exceeded"),
                 ..Self::invalid(names.overflow_param(), error_chain(e))
