@@ -434,6 +434,41 @@ mod tests {
         );
     }
 
+    /// A prompt the tokenizer or the chat template refused is the caller's
+    /// fault, and its cause reaches the message, chain and all.
+    #[test]
+    fn prompt_errors_keep_their_cause() {
+        let s = engine_status(&EngineError::Tokenizer {
+            field: Field::Text,
+            source: "no piece for byte 0xff".into(),
+        });
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(
+            s.message(),
+            "text could not be tokenized: no piece for byte 0xff"
+        );
+        let template = kestrel_model::ModelError::Io {
+            path: "template.jinja".into(),
+            source: std::io::Error::other("the reason underneath"),
+        };
+        let s = engine_status(&EngineError::ChatTemplate {
+            field: Field::Messages,
+            source: template,
+        });
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message()
+                .starts_with("chat.messages could not be rendered"),
+            "{}",
+            s.message()
+        );
+        assert!(
+            s.message().ends_with("the reason underneath"),
+            "{}",
+            s.message()
+        );
+    }
+
     #[test]
     fn responses_convert_every_field() {
         let resp = GenerateResponse {

@@ -293,6 +293,29 @@ mod tests {
         assert_eq!(e.message, "top_p must be in (0, 1], got 2");
     }
 
+    /// A template's or tokenizer's refusal is a 400 on the prompt's
+    /// parameter, its cause in the message.
+    #[test]
+    fn prompt_errors_keep_their_cause() {
+        let e = ApiError::engine(
+            &EngineError::ChatTemplate {
+                field: Field::Messages,
+                source: kestrel_model::ModelError::Io {
+                    path: "template.jinja".into(),
+                    source: std::io::Error::other("the reason underneath"),
+                },
+            },
+            &names(),
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message.ends_with("the reason underneath"),
+            "{}",
+            e.message
+        );
+    }
+
     #[test]
     fn engine_errors_take_http_statuses() {
         let n = names();
