@@ -55,7 +55,12 @@ pub enum CpuError {
         source: std::io::Error,
     },
 
-    /// Starting the compute team's helper threads failed.
-    #[error("starting the compute threads failed")]
-    ThreadSpawn(#[source] std::io::Error),
+    /// Starting one of the runtime's threads (the compute team's helpers,
+    /// the compute or copy stream) failed.
+    #[error("starting the {thread} thread failed")]
+    ThreadSpawn {
+        thread: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }

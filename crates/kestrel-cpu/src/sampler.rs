@@ -90,17 +90,9 @@ impl PenaltyState {
     }
 }
 
-/// Counter-based uniform in `[0, 1)` for `(seed, position)` (splitmix64).
-pub fn uniform(seed: u64, position: u32) -> f64 {
-    let mix = |mut z: u64| {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
-    let h = mix(seed ^ mix(position as u64 ^ 0xD1B5_4A32_D192_ED03));
-    (h >> 11) as f64 / (1u64 << 53) as f64
-}
+/// The counter-based uniform draw for `(seed, position)`: kestrel-numerics'
+/// definition, which every runtime's sampler shares.
+pub use kestrel_numerics::uniform;
 
 /// Set the logits of tokens `mask` forbids to -inf (tokens past the mask's
 /// words are forbidden too). Whole words of allowed tokens are skipped.

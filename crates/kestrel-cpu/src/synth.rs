@@ -91,7 +91,7 @@ pub fn config(
     rope_style: RopeStyle,
 ) -> ModelConfig {
     ModelConfig {
-        architecture: "llama".into(),
+        architecture: kestrel_model::Family::Llama,
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: ffn,

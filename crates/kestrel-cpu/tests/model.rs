@@ -123,7 +123,7 @@ fn matches_reference_for_every_weight_dtype() {
 fn qkv_bias_matches_reference() {
     let mut c = tiny(RopeStyle::HalfSplit, 4, 2);
     c.qkv_bias = true;
-    c.architecture = "qwen2".into();
+    c.architecture = kestrel_model::Family::Qwen2;
     let w = random_model(&c, DType::Q8_0, DType::Q8_0, 9);
     check_against_reference(&w, 2e-4);
 }

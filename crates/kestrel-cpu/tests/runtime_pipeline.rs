@@ -13,10 +13,11 @@ use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
 use kestrel_cpu::Numerics;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    CommittedToken, Drafts, EngineLoop, ExecError, Executor, LoopConfig, NgramSpec, Observed,
-    Outcome, PipelineMode, PipelineStats, PrefillInput, PrefillPolicy, PrefillStart, Request,
-    SamplingParams, SequenceSkill, StateError, Tick, TokenId, Verdict,
+    CommittedToken, Drafts, DraftsError, EngineLoop, ExecError, Executor, LoopConfig, NgramSpec,
+    Observed, Outcome, PipelineMode, PipelineStats, PrefillInput, PrefillPolicy, PrefillStart,
+    Request, SamplingParams, SequenceSkill, StateError, Tick, TokenId, Verdict,
 };
+use kestrel_step::StepError;
 
 /// Records tokens; stops at one of `eos`.
 struct Record {
@@ -554,12 +555,12 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
     };
     assert!(matches!(
         e,
-        RuntimeError::BadDrafts {
+        RuntimeError::Step(StepError::Drafts(DraftsError {
             rows: 1,
             offsets: 2,
             tokens: 2,
             ..
-        }
+        }))
     ));
     // KV is taken lazily: the decode's token needs its page first.
     assert!(rt.grow(7, prompt.len() + 1));
@@ -657,11 +658,11 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
     assert!(
         matches!(
             e,
-            RuntimeError::ChunkOutOfOrder {
+            RuntimeError::Step(StepError::ChunkOutOfOrder {
                 id: 2,
                 start: 20,
                 written: 16
-            }
+            })
         ),
         "{e}"
     );

@@ -6,8 +6,6 @@
 //! [`CudaError::Driver`] / [`CudaError::Cublas`] and the runtime classifies it
 //! as engine-fatal.
 
-use kestrel_pipeline::RequestId;
-
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -30,9 +28,18 @@ pub enum CudaError {
         source: libloading::Error,
     },
 
-    /// The driver loaded but reports no usable device.
-    #[error("no CUDA device: {0}")]
-    NoDevice(String),
+    /// The driver loaded but could not be initialized or asked for its
+    /// devices (`call` is the driver function that failed).
+    #[error("no CUDA device: {call} failed")]
+    DeviceQuery {
+        call: &'static str,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+
+    /// The device asked for is not among those the driver reports.
+    #[error("no CUDA device {ordinal}: {present} present")]
+    NoDevice { ordinal: usize, present: usize },
 
     /// A CUDA driver call failed.
     #[error("a CUDA driver call failed")]
@@ -48,19 +55,6 @@ pub enum CudaError {
         kernel: &'static str,
         arch: String,
         log: String,
-    },
-
-    /// A decode step's drafts that are malformed (offsets not one per row
-    /// plus one, not ascending, not ending at the token count) or more than
-    /// `CudaRuntimeConfig::max_draft_tokens`.
-    #[error(
-        "malformed drafts: {rows} rows, {offsets} offsets, {tokens} tokens (at most {limit} per step)"
-    )]
-    BadDrafts {
-        rows: usize,
-        offsets: usize,
-        tokens: usize,
-        limit: usize,
     },
 
     /// The model's shape or dtypes are outside what the kernels implement.
@@ -84,13 +78,11 @@ pub enum CudaError {
     #[error("KV cache")]
     Kv(#[from] kestrel_kv::KvError),
 
-    /// A request id the runtime does not hold KV for.
-    #[error("request {0} is not known to the runtime")]
-    UnknownRequest(RequestId),
-
-    /// A batch larger than the runtime was built for.
-    #[error("batch of {rows} rows exceeds the runtime's capacity of {capacity}")]
-    BatchTooLarge { rows: usize, capacity: usize },
+    /// The step's front end refused it before dispatch (kestrel-step: too
+    /// many rows, malformed drafts, an unknown request, a chunk out of
+    /// order, no room to admit).
+    #[error(transparent)]
+    Step(#[from] kestrel_step::StepError),
 
     /// Steps were launched, sampled or waited on out of pipeline order, or
     /// into a slot whose previous step was not committed (I6).

@@ -21,7 +21,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use kestrel_cpu::kernels::ops::exp as kexp;
+use kestrel_numerics::exp as kexp;
 
 use crate::hostdev::{disjoint, HostMemory};
 use crate::kernels::MMVQ_MAX_ROWS;

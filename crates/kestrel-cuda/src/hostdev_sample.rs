@@ -5,8 +5,8 @@
 //! one thread; `tests/sample_emulation.rs` holds it against kestrel-cpu's
 //! sampler.
 
-use kestrel_cpu::kernels::ops::exp as kexp;
-use kestrel_cpu::sampler::uniform;
+use kestrel_numerics::exp as kexp;
+use kestrel_numerics::uniform;
 
 use crate::ffi::SampleParams;
 use crate::hostdev::HostMemory;

@@ -27,9 +27,10 @@ use kestrel_cuda::runtime::backend::Device;
 use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
 use kestrel_model::{synthetic_weights, DType, Matrix, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
-    Drafts, ExecError, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams,
-    StepOutputs, TokenId,
+    Drafts, DraftsError, ExecError, Executor, PrefillInput, PrefillStart, RequestId,
+    SamplingParams, StepOutputs, TokenId,
 };
+use kestrel_step::StepError;
 
 #[test]
 fn new_without_a_driver_is_a_typed_error() {
@@ -541,10 +542,10 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     let many: Vec<_> = (10..19).map(input).collect();
     assert!(matches!(
         pre(host.launch_prefill(0, &many)),
-        CudaError::BatchTooLarge {
+        CudaError::Step(StepError::BatchTooLarge {
             rows: 9,
             capacity: 8
-        }
+        })
     ));
     assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
     // Serving goes on: a prefill, then the decode refusals, then a decode.
@@ -558,11 +559,11 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     };
     assert!(matches!(
         pre(host.launch_decode(1, &[3], drafts)),
-        CudaError::BadDrafts { tokens: 1, .. }
+        CudaError::Step(StepError::Drafts(DraftsError { tokens: 1, .. }))
     ));
     assert!(matches!(
         pre(host.launch_decode(1, &[3, 99], Drafts::NONE)),
-        CudaError::UnknownRequest(99)
+        CudaError::Step(StepError::UnknownRequest(99))
     ));
     assert!(host.grow(3, prompt.len() + 1));
     host.launch_decode(1, &[3], Drafts::NONE).unwrap();

@@ -152,8 +152,6 @@ impl<D: Device> Runtime for kestrel_cuda::Runtime<D> {
 }
 
 impl Runtime for CpuRuntime {
-    const PROMPT_LOGPROBS: bool = true;
-
     fn kv_stats(&self) -> KvStats {
         CpuRuntime::kv_stats(self)
     }
@@ -181,12 +179,17 @@ mod tests {
     fn configured_capabilities_are_the_runtimes() {
         let cpu = RuntimeConfig::new(&EngineConfig::default(), 512).capabilities();
         assert!(cpu.logit_bias && cpu.drafts() && cpu.chunked_prefill && cpu.readmission);
+        assert!(cpu.prompt_logprobs, "the CPU runtime scores prompts");
         let cuda_config = EngineConfig {
             backend: Backend::Cuda,
             ..EngineConfig::default()
         };
         let cuda = RuntimeConfig::new(&cuda_config, 512).capabilities();
         assert!(cuda.logit_bias && cuda.drafts() && cuda.chunked_prefill && cuda.readmission);
+        assert!(
+            !cuda.prompt_logprobs,
+            "the CUDA runtime does not score prompts"
+        );
         assert_eq!(cuda.max_rows, cuda_config.max_batch_size);
     }
 }

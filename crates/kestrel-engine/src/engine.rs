@@ -47,8 +47,6 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     loop_config: LoopConfig,
     backend: String,
-    /// The runtime's [`Runtime::PROMPT_LOGPROBS`].
-    prompt_logprobs: bool,
     /// The default speculation.
     speculate: Option<NgramSpec>,
 }
@@ -155,7 +153,6 @@ impl Engine {
             next_id: AtomicU64::new(1),
             loop_config,
             backend,
-            prompt_logprobs: R::PROMPT_LOGPROBS,
             speculate,
         });
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
@@ -268,7 +265,7 @@ impl Engine {
             model: &self.model,
             max_seq_len: self.shared.loop_config.max_seq_len,
             caps: self.caps,
-            prompt_logprobs: self.shared.prompt_logprobs,
+            prompt_logprobs: self.caps.prompt_logprobs,
             speculate: self.shared.speculate,
         };
         let mut valid: ValidRequest = validate::validate(req, &limits, pipeline_id)?;

@@ -3,8 +3,8 @@
 //! Every failure a caller can see, with structured fields so the serving
 //! layer maps each variant to a status code without parsing messages, and
 //! with typed `#[source]` causes so a caller can print the whole chain:
-//! `InvalidArgument` / `InvalidConstraint` / `ContextOverflow` are the
-//! caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
+//! `InvalidArgument` / `InvalidConstraint` / `ChatTemplate` / `Tokenizer` /
+//! `ContextOverflow` are the caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
 //! retryable elsewhere, `ModelLoad` / `SkillSetup` / `BackendUnavailable`
 //! happen at start, `RequestFailed` / `ConstraintFailed` end one request.
 
@@ -27,6 +27,23 @@ pub enum EngineError {
         field: Field,
         #[source]
         source: kestrel_skills::SkillError,
+    },
+
+    /// A chat prompt the model's chat template could not render (the
+    /// template's own error, e.g. minijinja's, is the source).
+    #[error("invalid argument `{field}`: the chat template could not render it")]
+    ChatTemplate {
+        field: Field,
+        #[source]
+        source: kestrel_model::ModelError,
+    },
+
+    /// Text (or token ids) the model's tokenizer refused.
+    #[error("invalid argument `{field}`: the tokenizer failed")]
+    Tokenizer {
+        field: Field,
+        #[source]
+        source: tokenizers::Error,
     },
 
     /// The waiting queue is full; the request was not queued.
@@ -104,7 +121,9 @@ impl EngineError {
     pub fn field(&self) -> Option<Field> {
         match self {
             EngineError::InvalidArgument { field, .. }
-            | EngineError::InvalidConstraint { field, .. } => Some(*field),
+            | EngineError::InvalidConstraint { field, .. }
+            | EngineError::ChatTemplate { field, .. }
+            | EngineError::Tokenizer { field, .. } => Some(*field),
             _ => None,
         }
     }

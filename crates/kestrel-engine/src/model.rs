@@ -23,16 +23,14 @@ pub use kestrel_kv::KvStats;
 /// (whose [`Executor::capabilities`] say what requests it can serve: logit
 /// bias, drafts, ...; the engine validates requests against them).
 pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
-    /// Whether [`Runtime::score_prompt`] is implemented; the engine refuses
-    /// `prompt_logprobs` on a runtime without it.
-    const PROMPT_LOGPROBS: bool = false;
-
     fn kv_stats(&self) -> KvStats;
 
     /// The log-probability of each of `tokens[1..]` given the tokens before
     /// it, with the `top` most likely tokens at each position. Called on
     /// the engine thread before the request is submitted; it must not touch
-    /// the KV of admitted sequences.
+    /// the KV of admitted sequences. A runtime that implements it says so in
+    /// its [`Capabilities::prompt_logprobs`](kestrel_pipeline::Capabilities::prompt_logprobs),
+    /// and the engine refuses `prompt_logprobs` on one that does not.
     fn score_prompt(&self, tokens: &[u32], top: usize) -> Result<Vec<PositionLogprobs>, Cause> {
         let _ = (tokens, top);
         Err(Cause::message("this runtime does not score prompts"))
@@ -64,8 +62,6 @@ impl Runtime for kestrel_pipeline::testing::SimExecutor {
 impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
     for kestrel_pipeline::Observed<E, O>
 {
-    const PROMPT_LOGPROBS: bool = E::PROMPT_LOGPROBS;
-
     fn kv_stats(&self) -> KvStats {
         self.inner.kv_stats()
     }
@@ -169,7 +165,7 @@ impl ModelContext {
         let cfg = &model.weights.config;
         Self::new(ModelContextConfig {
             name: model.name.clone(),
-            architecture: cfg.architecture.clone(),
+            architecture: cfg.architecture.name().to_string(),
             tokenizer: Arc::new(model.tokenizer.clone()),
             vocab_size: cfg.vocab_size.max(model.tokenizer.get_vocab_size(true)),
             context_length: cfg.max_position_embeddings,
@@ -235,7 +231,10 @@ impl ModelContext {
             .inner
             .tokenizer
             .encode(text, add_special_tokens)
-            .map_err(|e| EngineError::invalid(Field::Text, format!("tokenizer failed: {e}")))?;
+            .map_err(|source| EngineError::Tokenizer {
+                field: Field::Text,
+                source,
+            })?;
         let mut ids = enc.get_ids().to_vec();
         if add_special_tokens {
             if let (true, Some(bos)) = (self.inner.add_bos_token, self.inner.bos_token_id) {
@@ -255,7 +254,10 @@ impl ModelContext {
         self.inner
             .tokenizer
             .decode(ids, skip_special_tokens)
-            .map_err(|e| EngineError::invalid(Field::TokenId(0), format!("tokenizer failed: {e}")))
+            .map_err(|source| EngineError::Tokenizer {
+                field: Field::TokenId(0),
+                source,
+            })
     }
 
     /// Renders a conversation with the model's chat template, the
@@ -272,7 +274,10 @@ impl ModelContext {
         })?;
         template
             .render_with_tools(messages, tools, add_generation_prompt)
-            .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))
+            .map_err(|source| EngineError::ChatTemplate {
+                field: Field::Messages,
+                source,
+            })
     }
 
     /// Renders (chat) and tokenizes a prompt; token ids are checked against

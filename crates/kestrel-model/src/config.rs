@@ -4,6 +4,8 @@
 //! ways a family's block departs from Llama's (all off for Llama), so the
 //! runtimes branch on features, never on architecture names.
 
+use crate::Family;
+
 /// How rotary embeddings pair the dimensions of a head.
 ///
 /// llama.cpp's HF-to-GGUF converter permutes the Q/K rows of Llama models so
@@ -188,8 +190,9 @@ pub struct LayerRope<'a> {
 /// A Llama-family decoder configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// `general.architecture` (GGUF) or `model_type` (HF), e.g. `llama`, `qwen2`.
-    pub architecture: String,
+    /// The family, resolved once from `general.architecture` (GGUF) or
+    /// `model_type` (HF); its name is GGUF's spelling, e.g. `llama`, `qwen2`.
+    pub architecture: Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -213,7 +216,7 @@ impl ModelConfig {
     /// SmolLM2-135M(-Instruct) as shipped in the default GGUF.
     pub fn smollm2_135m() -> Self {
         ModelConfig {
-            architecture: "llama".into(),
+            architecture: Family::Llama,
             vocab_size: 49152,
             hidden_size: 576,
             intermediate_size: 1536,
@@ -234,7 +237,7 @@ impl ModelConfig {
     /// Llama 3.2 1B shapes.
     pub fn llama_1b() -> Self {
         ModelConfig {
-            architecture: "llama".into(),
+            architecture: Family::Llama,
             vocab_size: 128_256,
             hidden_size: 2048,
             intermediate_size: 8192,
@@ -255,7 +258,7 @@ impl ModelConfig {
     /// Llama 3.1 8B shapes.
     pub fn llama_8b() -> Self {
         ModelConfig {
-            architecture: "llama".into(),
+            architecture: Family::Llama,
             vocab_size: 128_256,
             hidden_size: 4096,
             intermediate_size: 14_336,
@@ -277,7 +280,7 @@ impl ModelConfig {
     /// of the head size, so all block layouts (including K-quants) tile.
     pub fn tiny() -> Self {
         ModelConfig {
-            architecture: "llama".into(),
+            architecture: Family::Llama,
             vocab_size: 512,
             hidden_size: 256,
             intermediate_size: 512,

@@ -55,6 +55,10 @@ pub enum ModelError {
     },
     #[error("invalid model config: {reason}")]
     InvalidConfig { reason: String },
+    /// A checkpoint's `config.json` without a key Kestrel needs and will
+    /// not guess (`model_type`, which names the family).
+    #[error("{path} has no `{key}`, which Kestrel needs and does not guess")]
+    MissingConfigKey { path: PathBuf, key: &'static str },
     /// A family Kestrel runs, asking for something its block does not
     /// compute (one policy for both formats; see [`crate::Family`]).
     #[error("this {family} model needs {feature}, which Kestrel does not compute")]

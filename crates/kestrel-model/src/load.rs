@@ -224,7 +224,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<ModelConfig, ModelError> {
         None => g.get_usize(&k("vocab_size"))?,
     };
     let config = ModelConfig {
-        architecture: family.name().into(),
+        architecture: family,
         vocab_size,
         hidden_size: hidden,
         intermediate_size: g.get_usize(&k("feed_forward_length"))?,

@@ -25,7 +25,8 @@ use crate::{Bytes, ChatTemplate, DType, Family, LayerWeights, Matrix, ModelError
 /// Gemma 3 families).
 #[derive(Debug, Deserialize)]
 struct HfConfig {
-    model_type: Option<String>,
+    /// Required: a checkpoint without it is refused, not guessed a Llama.
+    model_type: String,
     vocab_size: usize,
     hidden_size: usize,
     intermediate_size: usize,
@@ -102,6 +103,12 @@ fn read_hf_config(path: &Path) -> Result<HfConfig, ModelError> {
         }
         v = Value::Object(text);
     }
+    if v.get("model_type").and_then(Value::as_str).is_none() {
+        return Err(ModelError::MissingConfigKey {
+            path: path.into(),
+            key: "model_type",
+        });
+    }
     if let Value::Object(o) = &mut v {
         rope_parameters(o);
     }
@@ -158,7 +165,7 @@ fn rope_parameters(o: &mut serde_json::Map<String, Value>) {
 }
 
 fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
-    let family = Family::from_hf(hf.model_type.as_deref().unwrap_or("llama"))?;
+    let family = Family::from_hf(&hf.model_type)?;
     if hf.num_attention_heads == 0 {
         return Err(ModelError::invalid("num_attention_heads is 0"));
     }
@@ -204,7 +211,7 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         qkv_bias: family.qkv_bias(hf.attention_bias),
-        architecture: family.name().into(),
+        architecture: family,
         features,
     };
     config.validate()?;
@@ -438,7 +445,7 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
     // HF's Gemma RMSNorm computes `x * (1 + w)` (in f32) and stores `w`;
     // llama.cpp's converter stores `w + 1` and Kestrel's norms multiply by
     // the stored weight, so Gemma's norms get the `+ 1` here.
-    let shift = Family::from_name(&c.architecture).map_or(0.0, Family::hf_norm_shift);
+    let shift = c.architecture.hf_norm_shift();
     let norm = |name: &str, len| -> Result<Vec<f32>, ModelError> {
         let mut v = s.vector(name, len)?;
         v.iter_mut().for_each(|x| *x += shift);

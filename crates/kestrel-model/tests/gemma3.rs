@@ -32,7 +32,7 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 fn gemma3_config_from_metadata() {
     let c = config_from_gguf(&gguf()).unwrap();
-    assert_eq!(c.architecture, "gemma3");
+    assert_eq!(c.architecture, kestrel_model::Family::Gemma3);
     assert_eq!(
         (c.num_layers, c.hidden_size, c.intermediate_size),
         (18, 640, 2048)

@@ -45,7 +45,7 @@ fn ids(v: &Value) -> Vec<u32> {
 fn default_model_config_and_layout() {
     let m = model();
     let c = &m.weights.config;
-    assert_eq!(c.architecture, "llama");
+    assert_eq!(c.architecture, kestrel_model::Family::Llama);
     assert_eq!(
         (
             c.num_layers,

@@ -144,6 +144,52 @@ impl<'a> Drafts<'a> {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
+
+    /// Whether these drafts fit a step of `rows` rows that may verify
+    /// `limit` draft tokens in all: no offsets and no tokens, or `rows + 1`
+    /// offsets rising from 0 to the token count. A runtime checks this
+    /// before it plans the step, so a malformed step is refused before
+    /// dispatch.
+    ///
+    /// # Errors
+    /// [`DraftsError`], with the counts that did not fit.
+    pub fn check(&self, rows: usize, limit: usize) -> Result<(), DraftsError> {
+        let d = self.indptr;
+        let well_formed = if d.is_empty() {
+            self.tokens.is_empty()
+        } else {
+            d.len() == rows + 1
+                && d[0] == 0
+                && d.windows(2).all(|w| w[0] <= w[1])
+                && d[rows] as usize == self.tokens.len()
+        };
+        if well_formed && self.tokens.len() <= limit {
+            return Ok(());
+        }
+        Err(DraftsError {
+            rows,
+            offsets: d.len(),
+            tokens: self.tokens.len(),
+            limit,
+        })
+    }
+}
+
+/// A decode step's [`Drafts`] that do not fit it ([`Drafts::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a decode step's drafts do not fit: {tokens} tokens (at most {limit}) over {offsets} \
+     offsets for {rows} rows (0 or rows + 1, rising from 0 to the tokens)"
+)]
+pub struct DraftsError {
+    /// Rows of the step.
+    pub rows: usize,
+    /// Offsets given (`Drafts::indptr`'s length).
+    pub offsets: usize,
+    /// Draft tokens given.
+    pub tokens: usize,
+    /// Draft tokens the runtime verifies in one step at most.
+    pub limit: usize,
 }
 
 /// Masks for the rows of one step, in member order: one row per position a
@@ -231,6 +277,10 @@ pub struct Capabilities {
     /// must reserve each sequence's whole `max_len` at admission, so that
     /// [`Executor::grow`] never runs short and nothing is preempted.
     pub readmission: bool,
+    /// Whether the runtime scores a request's prompt (its prompt
+    /// logprobs); a request asking for them on a runtime without it is
+    /// refused.
+    pub prompt_logprobs: bool,
 }
 
 impl Capabilities {

@@ -66,8 +66,8 @@ pub type RequestId = u64;
 pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{
-    Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId,
-    StepOutputs,
+    Capabilities, Drafts, DraftsError, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart,
+    SlotId, StepOutputs,
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};

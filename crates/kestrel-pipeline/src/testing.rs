@@ -264,6 +264,7 @@ impl Executor for SimExecutor {
             logit_bias: true,
             chunked_prefill: true,
             readmission: true,
+            prompt_logprobs: false,
         }
     }
 
@@ -442,16 +443,8 @@ impl Executor for SimExecutor {
         if self.config.fail_decode_launch.contains(&n) {
             return Err(ExecError::PreDispatch(SimError::Injected("decode launch")));
         }
-        if drafts.tokens.len() > self.config.max_draft_tokens
-            || !(drafts.indptr.is_empty() || drafts.indptr.len() == rows.len() + 1)
-        {
-            self.violations.push(format!(
-                "{} drafts (limit {}) over {} offsets for {} rows",
-                drafts.tokens.len(),
-                self.config.max_draft_tokens,
-                drafts.indptr.len(),
-                rows.len()
-            ));
+        if let Err(e) = drafts.check(rows.len(), self.config.max_draft_tokens) {
+            self.violations.push(e.to_string());
         }
         self.begin_launch(slot).map_err(ExecError::Fatal)?;
         let s = &mut self.slots[slot];

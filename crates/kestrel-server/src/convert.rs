@@ -138,6 +138,20 @@ pub fn engine_status(e: &EngineError) -> Status {
                 error_chain(source)
             ));
         }
+        EngineError::ChatTemplate { field, source } => {
+            return Status::invalid_argument(format!(
+                "{} could not be rendered by the model's chat template: {}",
+                field_name(*field),
+                error_chain(source)
+            ));
+        }
+        EngineError::Tokenizer { field, source } => {
+            return Status::invalid_argument(format!(
+                "{} could not be tokenized: {}",
+                field_name(*field),
+                error_chain(source.as_ref())
+            ));
+        }
         // The request can never fit as sent: an argument error (see the proto).
         EngineError::ContextOverflow { .. } => Code::InvalidArgument,
         EngineError::QueueFull { .. } => Code::ResourceExhausted,
@@ -417,6 +431,41 @@ mod tests {
             )))
             .message(),
             "the engine stopped serving after a fault: device lost"
+        );
+    }
+
+    /// A prompt the tokenizer or the chat template refused is the caller's
+    /// fault, and its cause reaches the message, chain and all.
+    #[test]
+    fn prompt_errors_keep_their_cause() {
+        let s = engine_status(&EngineError::Tokenizer {
+            field: Field::Text,
+            source: "no piece for byte 0xff".into(),
+        });
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(
+            s.message(),
+            "text could not be tokenized: no piece for byte 0xff"
+        );
+        let template = kestrel_model::ModelError::Io {
+            path: "template.jinja".into(),
+            source: std::io::Error::other("the reason underneath"),
+        };
+        let s = engine_status(&EngineError::ChatTemplate {
+            field: Field::Messages,
+            source: template,
+        });
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(
+            s.message()
+                .starts_with("chat.messages could not be rendered"),
+            "{}",
+            s.message()
+        );
+        assert!(
+            s.message().ends_with("the reason underneath"),
+            "{}",
+            s.message()
         );
     }
 

@@ -1,5 +1,6 @@
 //! Elementwise and per-row kernels: RMSNorm, RoPE (both pairings), SiLU-mul,
-//! a vectorizable `exp`, and residual adds. All are per-row and run in a fixed
+//! a vectorizable `exp` (kestrel-numerics' definition, shared with
+//! kestrel-cuda), and residual adds. All are per-row and run in a fixed
 //! order, so they are batch-invariant by construction. Written as plain
 //! lane-array loops that LLVM vectorizes for the build's target CPU.
 
@@ -57,46 +58,10 @@ pub fn rope(x: &mut [f32], head_dim: usize, table: &[f32], style: RopeStyle) {
     }
 }
 
-/// The constants of [`exp`], shared with its SIMD versions.
-#[allow(clippy::excessive_precision)] // Cephes' constants, as published.
-pub(crate) mod exp_consts {
-    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
-    pub const LN2_HI: f32 = 0.693_359_4;
-    pub const LN2_LO: f32 = -2.121_944_4e-4;
-    /// Clamp range: `e^x` is 0 below `LO` and saturates at `HI`.
-    pub const LO: f32 = -87.3;
-    pub const HI: f32 = 88.7;
-    /// Polynomial coefficients, highest degree first (Horner order).
-    pub const P: [f32; 6] = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5.000_000_1e-1,
-    ];
-}
-
-/// `e^x` to ~2 ulp (Cephes `expf` polynomial), vectorizable; 0 below -87.3,
-/// saturating at 88.7.
-#[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    use exp_consts as k;
-    let xc = x.clamp(k::LO, k::HI);
-    let n = (xc * k::LOG2E).round_ties_even();
-    let r = n.mul_add(-k::LN2_LO, n.mul_add(-k::LN2_HI, xc));
-    let mut p = k::P[0];
-    for &c in &k::P[1..] {
-        p = p.mul_add(r, c);
-    }
-    let y = (p * r).mul_add(r, r) + 1.0;
-    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
-    if x < k::LO {
-        0.0
-    } else {
-        y * scale
-    }
-}
+pub use kestrel_numerics::exp;
+/// `e^x` and its constants, shared with the SIMD versions here and with
+/// kestrel-cuda: the definitions live in kestrel-numerics, below both runtimes.
+pub(crate) use kestrel_numerics::exp_consts;
 
 /// `out[i] = silu(gate[i]) * up[i]`, `silu(g) = g / (1 + e^-g)`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
@@ -142,21 +107,6 @@ pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_is_accurate() {
-        let mut x = -90.0f32;
-        while x < 88.0 {
-            let e = (x as f64).exp();
-            let g = exp(x) as f64;
-            if e > 1e-37 {
-                assert!(((g - e) / e).abs() < 3e-7, "exp({x}) = {g}, want {e}");
-            }
-            x += 0.0137;
-        }
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(0.0), 1.0);
-    }
 
     #[test]
     fn rope_styles_pair_the_documented_dimensions() {

@@ -150,7 +150,10 @@ impl CpuModel {
         } else {
             opts.threads
         };
-        let team = Team::new(threads, "kestrel-cpu").map_err(CpuError::ThreadSpawn)?;
+        let team = Team::new(threads, "kestrel-cpu").map_err(|source| CpuError::ThreadSpawn {
+            thread: "compute team's helper",
+            source,
+        })?;
         let isa = match opts.isa.filter(|i| i.is_supported()) {
             Some(isa) => isa,
             None => Isa::try_detect()?,

@@ -8,7 +8,8 @@
 //! enqueue work; the scheduler waits only inside [`Executor::wait_step`].
 //! Slot order (launch -> sample -> wait, FIFO) is kestrel-pipeline's
 //! [`PipelineState`], checked before any buffer moves; KV capacity answers
-//! and each step's KV plan and commit are [`SeqBook`]'s.
+//! and each step's KV plan and commit are kestrel-step's [`StepFront`]'s
+//! (admission, chunk planning with undo, the drafts check), as on CUDA.
 //! KV is taken lazily: a sequence is admitted with its prompt's pages and
 //! grows a page at a time ([`Executor::grow`]); a preempted sequence's
 //! written pages go to the prefix cache before its row is freed.
@@ -20,13 +21,14 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use kestrel_kv::KvError;
 pub use kestrel_kv::KvStats;
-use kestrel_kv::{Admission, KvError, PageTable, PageTableConfig, SeqBook, Span};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
-    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput,
-    PrefillStart, RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
+    Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput, RequestId,
+    SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
+use kestrel_step::{executor_kv_queries, FrontConfig, StepError, StepFront};
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
@@ -61,6 +63,21 @@ pub struct CpuRuntimeConfig {
     pub max_draft_tokens: usize,
 }
 
+impl CpuRuntimeConfig {
+    /// The step front end's part of this configuration.
+    pub fn front(&self) -> FrontConfig {
+        FrontConfig {
+            max_rows: self.max_rows,
+            num_pages: self.num_pages,
+            page_size: self.page_size,
+            max_seq_len: self.max_seq_len,
+            enable_prefix_cache: self.enable_prefix_cache,
+            max_draft_tokens: self.max_draft_tokens,
+            prompt_logprobs: true,
+        }
+    }
+}
+
 impl Default for CpuRuntimeConfig {
     fn default() -> Self {
         Self {
@@ -85,16 +102,9 @@ pub enum RuntimeError {
     Compute(#[from] CpuError),
     #[error("KV cache")]
     Kv(#[from] KvError),
-    #[error("request {0} is not known to the runtime")]
-    UnknownRequest(RequestId),
-    #[error(
-        "prefill chunk of request {id} starts at prompt token {start}, but its KV holds {written} tokens"
-    )]
-    ChunkOutOfOrder {
-        id: RequestId,
-        start: usize,
-        written: usize,
-    },
+    /// The step's front end refused it before dispatch (kestrel-step).
+    #[error(transparent)]
+    Step(#[from] StepError),
     /// The forward of a step failed on the compute stream (engine-fatal).
     #[error("compute fault at step {step}")]
     Fault {
@@ -109,46 +119,17 @@ pub enum RuntimeError {
     Slot(#[from] StateError),
     #[error("invalid runtime config: {0}")]
     Config(String),
-    #[error(
-        "a decode step's drafts do not fit: {tokens} tokens (at most {limit}) over {offsets} \
-         offsets for {rows} rows (0 or rows + 1, rising from 0 to the tokens)"
-    )]
-    BadDrafts {
-        rows: usize,
-        offsets: usize,
-        tokens: usize,
-        limit: usize,
-    },
 }
 
 const NUM_SLOTS: usize = 2;
-
-impl RuntimeError {
-    /// A refused [`SeqBook::plan_step`] of the step over `ids`, naming the
-    /// request it refused.
-    fn from_plan(e: KvError, ids: impl Fn(usize) -> RequestId) -> Self {
-        match e {
-            KvError::UnknownSequence { index } => RuntimeError::UnknownRequest(ids(index)),
-            KvError::ChunkOutOfOrder {
-                index,
-                start,
-                written,
-            } => RuntimeError::ChunkOutOfOrder {
-                id: ids(index),
-                start,
-                written,
-            },
-            e => RuntimeError::Kv(e),
-        }
-    }
-}
 
 /// The CPU runtime. See the module docs.
 pub struct CpuRuntime {
     cfg: CpuRuntimeConfig,
     vocab: usize,
-    /// Page table and admitted sequences (no per-sequence extras here).
-    book: SeqBook<RequestId, ()>,
+    /// Admitted sequences (no per-sequence extras here) and the step
+    /// front end over them.
+    front: StepFront<()>,
     work: Option<Sender<Work>>,
     done: Receiver<Done>,
     /// Per slot, when idle: the DecodeSlot metadata, mask buffer and RenderBuffer host buffer.
@@ -171,7 +152,7 @@ impl std::fmt::Debug for CpuRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuRuntime")
             .field("cfg", &self.cfg)
-            .field("seqs", &self.book.len())
+            .field("seqs", &self.front.len())
             .finish_non_exhaustive()
     }
 }
@@ -203,12 +184,7 @@ impl CpuRuntime {
         // A decode step verifying drafts runs its rows and drafts as one forward.
         let step_tokens = cfg.max_rows + cfg.max_draft_tokens;
         let scratch = Scratch::new(&model, step_tokens.max(cfg.forward_rows), max_context);
-        let table = PageTable::new(PageTableConfig {
-            max_rows: cfg.max_rows + 1,
-            num_pages: cfg.num_pages,
-            page_size: cfg.page_size,
-            enable_prefix_cache: cfg.enable_prefix_cache,
-        })?;
+        let front = StepFront::new(&cfg.front())?;
         let (work_tx, work_rx) = channel();
         let (copy_tx, copy_rx) = channel();
         let (back_tx, back_rx) = channel();
@@ -226,15 +202,21 @@ impl CpuRuntime {
         let threads = vec![
             spawn("kestrel-compute")
                 .spawn(move || compute.run(work_rx, copy_tx, back_rx))
-                .map_err(|e| RuntimeError::Config(format!("spawning the compute stream: {e}")))?,
+                .map_err(|source| CpuError::ThreadSpawn {
+                    thread: "kestrel-compute",
+                    source,
+                })?,
             spawn("kestrel-copy")
                 .spawn(move || run_copy_stream(copy_rx, back_tx, done_tx))
-                .map_err(|e| RuntimeError::Config(format!("spawning the copy stream: {e}")))?,
+                .map_err(|source| CpuError::ThreadSpawn {
+                    thread: "kestrel-copy",
+                    source,
+                })?,
         ];
         Ok(Self {
             cfg,
             vocab: model_cfg.vocab_size,
-            book: SeqBook::new(table).with_max_seq_len(cfg.max_seq_len),
+            front,
             work: Some(work_tx),
             done: done_rx,
             metas: (0..NUM_SLOTS)
@@ -257,16 +239,10 @@ impl CpuRuntime {
     }
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
-    /// known before it is built: everything the pipeline drives, with
-    /// drafts up to `cfg.max_draft_tokens`.
+    /// known before it is built: everything the pipeline drives, drafts up
+    /// to `cfg.max_draft_tokens`, and prompt scoring ([`Self::score_prompt`]).
     pub fn capabilities_of(cfg: &CpuRuntimeConfig) -> Capabilities {
-        Capabilities {
-            max_rows: cfg.max_rows,
-            max_draft_tokens: cfg.max_draft_tokens,
-            logit_bias: true,
-            chunked_prefill: true,
-            readmission: true,
-        }
+        cfg.front().capabilities()
     }
 
     /// Bytes of weights the forward reads per step.
@@ -293,7 +269,7 @@ impl CpuRuntime {
     }
 
     pub fn kv_stats(&self) -> KvStats {
-        self.book.kv_stats()
+        self.front.kv_stats()
     }
 
     fn send(&self, w: Work) -> Result<(), RuntimeError> {
@@ -370,25 +346,7 @@ impl Executor for CpuRuntime {
         self.vocab
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Self::capabilities_of(&self.cfg)
-    }
-
-    fn num_allocated(&self) -> usize {
-        self.book.num_allocated()
-    }
-
-    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
-        self.book.can_reserve(prompt, prompt.len())
-    }
-
-    fn grow(&mut self, id: RequestId, len: usize) -> bool {
-        self.book.grow(id, len)
-    }
-
-    fn could_ever_fit(&self, max_len: usize) -> bool {
-        self.book.could_ever_fit(max_len)
-    }
+    executor_kv_queries!(front);
 
     fn launch_prefill(
         &mut self,
@@ -398,44 +356,9 @@ impl Executor for CpuRuntime {
         let mut meta = self
             .take_meta(slot, StepKind::Prefill)
             .map_err(ExecError::PreDispatch)?;
-        let admissions = seqs
-            .iter()
-            .filter(|input| input.start.admits())
-            .map(|input| Admission {
-                id: input.id,
-                prompt: input.prompt,
-                reserve: input.prompt.len(),
-                meta: (),
-                fork_of: input.start.fork_of(),
-            });
-        if let Err(e) = self.book.admit_all(admissions) {
+        if let Err(e) = self.front.plan_prefill(seqs, |_| (), &mut meta.kv) {
             self.metas[slot] = Some(meta);
             return Err(ExecError::PreDispatch(e.into()));
-        }
-        // Each input's chunk: after its prefix-cache hit, or where its last
-        // chunk ended (the book refuses one that does not resume there).
-        let starts: Vec<usize> = seqs
-            .iter()
-            .map(|input| match input.start {
-                PrefillStart::Admit | PrefillStart::Fork { .. } => {
-                    self.book.cached_prompt_tokens(input.id)
-                }
-                PrefillStart::Resume(start) => start,
-            })
-            .collect();
-        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
-            let end = input.chunk_end(start);
-            let prompt = input.prompt;
-            (input.id, Span::Chunk { prompt, start, end })
-        });
-        if let Err(e) = self.book.plan_step(spans, &mut meta.kv) {
-            // Nothing was dispatched: give back what this call admitted.
-            for input in seqs.iter().filter(|i| i.start.admits()) {
-                self.release(input.id);
-            }
-            self.metas[slot] = Some(meta);
-            let e = RuntimeError::from_plan(e, |i| seqs[i].id);
-            return Err(ExecError::PreDispatch(e));
         }
         for input in seqs {
             meta.prefill.push(PrefillRow {
@@ -447,43 +370,20 @@ impl Executor for CpuRuntime {
         self.dispatch(slot, meta)
     }
 
-    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
-        self.book.cached_prompt_tokens(id)
-    }
-
     fn launch_decode(
         &mut self,
         slot: SlotId,
         rows: &[RequestId],
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<RuntimeError>> {
-        let d = drafts.indptr;
-        let well_formed = d.is_empty()
-            || (d.len() == rows.len() + 1
-                && d[0] == 0
-                && d.windows(2).all(|w| w[0] <= w[1])
-                && d[rows.len()] as usize == drafts.tokens.len());
-        if !well_formed || drafts.tokens.len() > self.cfg.max_draft_tokens {
-            return Err(ExecError::PreDispatch(RuntimeError::BadDrafts {
-                rows: rows.len(),
-                offsets: d.len(),
-                tokens: drafts.tokens.len(),
-                limit: self.cfg.max_draft_tokens,
-            }));
-        }
         let mut meta = self
             .take_meta(slot, StepKind::Decode)
             .map_err(ExecError::PreDispatch)?;
         // The input token and its drafts get their KV written; for a row
         // with drafts its wait rolls back the rejected.
-        let spans = rows.iter().enumerate().map(|(r, &id)| {
-            let drafts = drafts.row(r).len();
-            (id, Span::Decode { drafts })
-        });
-        if let Err(e) = self.book.plan_step(spans, &mut meta.kv) {
+        if let Err(e) = self.front.plan_decode(rows, drafts, &mut meta.kv) {
             self.metas[slot] = Some(meta);
-            let e = RuntimeError::from_plan(e, |i| rows[i]);
-            return Err(ExecError::PreDispatch(e));
+            return Err(ExecError::PreDispatch(e.into()));
         }
         meta.draft_indptr.extend_from_slice(drafts.indptr);
         meta.drafts.extend_from_slice(drafts.tokens);
@@ -544,7 +444,7 @@ impl Executor for CpuRuntime {
         // The step's KV is written: a prefill publishes its prompt pages,
         // a row that verified drafts keeps only the ones it accepted.
         let accepted = (!meta.draft_indptr.is_empty()).then_some(&host.row_indptr[..]);
-        self.book.commit_step(&meta.kv, accepted)?;
+        self.front.commit_step(&meta.kv, accepted)?;
         self.metas[slot] = Some(meta);
         self.masks[slot] = Some(mask);
         let host = self.render[slot].insert(host);
@@ -555,18 +455,6 @@ impl Executor for CpuRuntime {
             top_n: host.top_n,
             row_indptr: &host.row_indptr,
         })
-    }
-
-    fn release(&mut self, id: RequestId) {
-        if let Err(e) = self.book.release(id) {
-            tracing::error!(request = id, error = %e, "erasing a KV row failed");
-        }
-    }
-
-    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
-        if let Err(e) = self.book.preempt(id, tokens) {
-            tracing::error!(request = id, error = %e, "erasing a preempted KV row failed");
-        }
     }
 
     fn release_all(&mut self) {
@@ -591,7 +479,7 @@ impl Executor for CpuRuntime {
             self.masks[slot].get_or_insert_with(Box::default);
             self.render[slot].get_or_insert_with(Box::default);
         }
-        self.book.release_all();
+        self.front.release_all();
     }
 
     /// Timings come from the compute stream's clock around each step's

@@ -8,8 +8,9 @@
 //! each slot's [`slot::RenderBuffer`] after waiting on exactly that step's
 //! step-done event (I3); a slot's host buffers untouched until its commit
 //! (I6, enforced by the engine loop's [`PipelineState`] and checked here by
-//! the runtime's own, as on the CPU; the [`SeqBook`] answers the KV capacity
-//! queries and plans and commits each step's KV, as on the CPU). Launch and finalize
+//! the runtime's own, as on the CPU; kestrel-step's [`StepFront`] admits,
+//! plans and commits each step's KV and answers the KV capacity queries,
+//! as on the CPU). Launch and finalize
 //! only enqueue; the scheduler thread blocks only in `wait_step`. The next
 //! input token stays on the device (`pending`, written by sampling). Any
 //! CUDA error after dispatch is [`ExecError::Fatal`]. On request
@@ -31,12 +32,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, CudaContext};
-use kestrel_kv::{KvError, KvStats, PageTable, PageTableConfig, PagedIndices, SeqBook, Span};
+use kestrel_kv::{KvStats, PagedIndices};
 use kestrel_model::ModelWeights;
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
     RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
+use kestrel_step::{executor_kv_queries, FrontConfig, StepError, StepFront};
 
 use self::backend::{DevMem, Device, HostMem, Stream};
 use self::cuda::CudaDevice;
@@ -77,6 +79,21 @@ pub struct CudaRuntimeConfig {
     pub ptx_cache: Option<PathBuf>,
 }
 
+impl CudaRuntimeConfig {
+    /// The step front end's part of this configuration.
+    pub fn front(&self) -> FrontConfig {
+        FrontConfig {
+            max_rows: self.max_rows,
+            num_pages: self.num_pages,
+            page_size: self.page_size,
+            max_seq_len: self.max_seq_len,
+            enable_prefix_cache: self.enable_prefix_cache,
+            max_draft_tokens: self.max_draft_tokens,
+            prompt_logprobs: false,
+        }
+    }
+}
+
 impl Default for CudaRuntimeConfig {
     fn default() -> Self {
         Self {
@@ -104,8 +121,9 @@ pub struct Runtime<D: Device> {
     slots: Vec<DecodeSlot<D>>,
     render: Vec<RenderBuffer<D>>,
     dev: DeviceModel<D>,
-    /// Page table and admitted sequences, each with its sampling parameters.
-    book: SeqBook<RequestId, SamplingParams>,
+    /// Admitted sequences, each with its sampling parameters, and the step
+    /// front end over them.
+    front: StepFront<SamplingParams>,
     /// The slot protocol: slots in flight, the one launched and not
     /// sampled, the step counter.
     protocol: PipelineState,
@@ -131,7 +149,7 @@ impl<D: Device> std::fmt::Debug for Runtime<D> {
         f.debug_struct("Runtime")
             .field("device", &self.device_name)
             .field("cfg", &self.cfg)
-            .field("seqs", &self.book.len())
+            .field("seqs", &self.front.len())
             .finish_non_exhaustive()
     }
 }
@@ -139,28 +157,23 @@ impl<D: Device> std::fmt::Debug for Runtime<D> {
 /// Open the context of device `ordinal`, or say why not (never panics).
 fn open_device(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     libs::driver_available()?;
-    result::init().map_err(|e| CudaError::NoDevice(format!("cuInit failed: {e}")))?;
-    let count = CudaContext::device_count()
-        .map_err(|e| CudaError::NoDevice(format!("cuDeviceGetCount failed: {e}")))?;
-    if ordinal >= count.max(0) as usize {
-        return Err(CudaError::NoDevice(format!(
-            "device {ordinal} requested, {count} present"
-        )));
+    result::init().map_err(|source| CudaError::DeviceQuery {
+        call: "cuInit",
+        source,
+    })?;
+    let present = CudaContext::device_count().map_err(|source| CudaError::DeviceQuery {
+        call: "cuDeviceGetCount",
+        source,
+    })?;
+    let present = usize::try_from(present).unwrap_or(0);
+    if ordinal >= present {
+        return Err(CudaError::NoDevice { ordinal, present });
     }
     Ok(CudaContext::new(ordinal)?)
 }
 
 fn fatal<E: Into<CudaError>>(e: E) -> ExecError<CudaError> {
     ExecError::Fatal(e.into())
-}
-
-/// A refused [`SeqBook::plan_step`] of the step over `ids`, naming the
-/// request it refused; nothing was dispatched.
-fn refused_plan(e: KvError, ids: impl Fn(usize) -> RequestId) -> ExecError<CudaError> {
-    ExecError::PreDispatch(match e {
-        KvError::UnknownSequence { index } => CudaError::UnknownRequest(ids(index)),
-        e => CudaError::Kv(e),
-    })
 }
 
 impl CudaRuntime {
@@ -265,19 +278,13 @@ impl<D: Device> Runtime<D> {
         let render = (0..NUM_SLOTS)
             .map(|_| RenderBuffer::new(&dev.d, sampled_rows, cfg.max_rows))
             .collect::<Result<Vec<_>, _>>()?;
-        let table = PageTable::new(PageTableConfig {
-            max_rows: cfg.max_rows + 1,
-            num_pages: cfg.num_pages,
-            page_size: cfg.page_size,
-            enable_prefix_cache: cfg.enable_prefix_cache,
-        })?;
-        let book = SeqBook::new(table).with_max_seq_len(cfg.max_seq_len);
+        let front = StepFront::new(&cfg.front())?;
         let mut rt = Runtime {
             cfg,
             slots,
             render,
             dev,
-            book,
+            front,
             protocol: PipelineState::new(NUM_SLOTS)?,
             buckets,
             decode_rows: Vec::new(),
@@ -316,15 +323,9 @@ impl<D: Device> Runtime<D> {
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
     /// known before a device is opened: logit bias, chunked prefill,
     /// re-admission of preempted sequences (KV grows lazily) and draft
-    /// verification up to `cfg.max_draft_tokens`.
+    /// verification up to `cfg.max_draft_tokens`; no prompt scoring.
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
-        Capabilities {
-            max_rows: cfg.max_rows,
-            max_draft_tokens: cfg.max_draft_tokens,
-            logit_bias: true,
-            chunked_prefill: true,
-            readmission: true,
-        }
+        cfg.front().capabilities()
     }
 
     /// Convert a waited step's events into host instants (all four have
@@ -359,7 +360,7 @@ impl<D: Device> Runtime<D> {
     }
 
     pub fn kv_stats(&self) -> KvStats {
-        self.book.kv_stats()
+        self.front.kv_stats()
     }
 
     /// Block until both streams have executed everything enqueued.
@@ -530,28 +531,7 @@ impl<D: Device> Executor for Runtime<D> {
         self.dev.cfg.vocab_size
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Self::capabilities_of(&self.cfg)
-    }
-
-    fn num_allocated(&self) -> usize {
-        self.book.num_allocated()
-    }
-
-    /// A new sequence takes its prompt's pages and grows step by step
-    /// (`grow`), as on the CPU; when pages run short the pipeline preempts
-    /// and re-admits (re-prefilling over the prompt and generated tokens).
-    fn can_admit(&self, prompt: &[TokenId], _max_len: usize) -> bool {
-        self.book.can_reserve(prompt, prompt.len())
-    }
-
-    fn grow(&mut self, id: RequestId, len: usize) -> bool {
-        self.book.grow(id, len)
-    }
-
-    fn could_ever_fit(&self, max_len: usize) -> bool {
-        self.book.could_ever_fit(max_len)
-    }
+    executor_kv_queries!(front);
 
     fn launch_prefill(
         &mut self,
@@ -559,10 +539,6 @@ impl<D: Device> Executor for Runtime<D> {
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<CudaError>> {
         self.prefill(slot, seqs)
-    }
-
-    fn cached_prompt_tokens(&self, id: RequestId) -> usize {
-        self.book.cached_prompt_tokens(id)
     }
 
     /// A step with drafts verifies them (`launch_verify`, `verify.rs`);
@@ -580,17 +556,20 @@ impl<D: Device> Executor for Runtime<D> {
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         let n = rows.len();
-        let bucket = choose_bucket(&self.buckets, n).ok_or(ExecError::PreDispatch(
-            CudaError::BatchTooLarge {
+        self.front
+            .check_rows(n)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        // The largest bucket holds `max_rows` rows.
+        let bucket = choose_bucket(&self.buckets, n).ok_or_else(|| {
+            ExecError::PreDispatch(CudaError::from(StepError::BatchTooLarge {
                 rows: n,
                 capacity: self.cfg.max_rows,
-            },
-        ))?;
+            }))
+        })?;
         // Each row's input token at its KV length (the lengths advance here).
-        let spans = rows.iter().map(|&id| (id, Span::Decode { drafts: 0 }));
-        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
-            return Err(refused_plan(e, |i| rows[i]));
-        }
+        self.front
+            .plan_decode(rows, drafts, &mut self.slots[slot].kv)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
         // Per row: its sampling parameters (the slot's pinned buffer is
         // free: `check_launch`), its top-n width, its KV row and position.
         self.decode_rows.clear();
@@ -600,8 +579,8 @@ impl<D: Device> Executor for Runtime<D> {
         self.step_biases.clear();
         for (i, (&id, p)) in rows.iter().zip(params.iter_mut()).enumerate() {
             // Planned above, so admitted; were it not, the lengths moved: fatal.
-            let Some(meta) = self.book.get(id).map(|seq| &seq.meta) else {
-                return Err(fatal(CudaError::UnknownRequest(id)));
+            let Some(meta) = self.front.get(id).map(|seq| &seq.meta) else {
+                return Err(fatal(StepError::UnknownRequest(id)));
             };
             *p = SampleParams::from(meta);
             self.step_biases.push(meta.logit_bias.clone());
@@ -708,7 +687,7 @@ impl<D: Device> Executor for Runtime<D> {
         // The step's KV is written: a prefill publishes its prompt pages, a
         // verifying member keeps the positions of the tokens it accepted.
         let accepted = state.verify.map(|_| &self.row_indptr[..]);
-        self.book.commit_step(&self.slots[slot].kv, accepted)?;
+        self.front.commit_step(&self.slots[slot].kv, accepted)?;
         if state.timed && self.timings.is_some() {
             // A timing the driver cannot give is lost, not the step: a real
             // device fault surfaces at the next launch or wait anyway.
@@ -738,18 +717,6 @@ impl<D: Device> Executor for Runtime<D> {
         })
     }
 
-    fn release(&mut self, id: RequestId) {
-        if let Err(e) = self.book.release(id) {
-            tracing::error!(request = id, error = %e, "erasing a KV row failed");
-        }
-    }
-
-    fn preempt(&mut self, id: RequestId, tokens: &[TokenId]) {
-        if let Err(e) = self.book.preempt(id, tokens) {
-            tracing::error!(request = id, error = %e, "erasing a preempted KV row failed");
-        }
-    }
-
     fn release_all(&mut self) {
         // Synchronize first: no stream may still touch a slot or a page.
         if let Err(e) = self.dev.d.bind().and_then(|_| self.synchronize()) {
@@ -759,7 +726,7 @@ impl<D: Device> Executor for Runtime<D> {
             s.state = None;
         }
         self.protocol.clear();
-        self.book.release_all();
+        self.front.release_all();
     }
 
     /// After a drained pause (weights or buffers may have changed), the

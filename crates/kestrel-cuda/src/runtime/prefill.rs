@@ -6,15 +6,12 @@
 //! penalties, the forward in `forward_rows` chunks through the tiled
 //! prefill attention, logits only for the chunks that end their prompts.
 
-use kestrel_kv::{Admission, Span};
-use kestrel_pipeline::{
-    ExecError, Executor, PrefillInput, PrefillStart, SamplingParams, SlotId, StepKind,
-};
+use kestrel_pipeline::{ExecError, PrefillInput, SamplingParams, SlotId, StepKind};
 
 use super::backend::{DevMem, Device, HostMem};
 use super::device::FwdArgs;
 use super::slot::{StepState, MAX_TOP};
-use super::{fatal, refused_plan, Runtime};
+use super::{fatal, Runtime};
 use crate::ffi::SampleParams;
 use crate::host::{pack_prefill, PrefillSeq};
 use crate::CudaError;
@@ -28,49 +25,20 @@ impl<D: Device> Runtime<D> {
         self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        if seqs.len() > self.cfg.max_rows {
-            return Err(ExecError::PreDispatch(CudaError::BatchTooLarge {
-                rows: seqs.len(),
-                capacity: self.cfg.max_rows,
-            }));
-        }
         self.dev.d.bind().map_err(fatal)?;
         // New sequences take their prompt's pages (they grow lazily, as on
         // the CPU: `grow` before each decode step); a resumed chunk's
-        // sequence was admitted by its first.
-        let admit = |i: &&PrefillInput<'_, _>| i.start.admits();
-        let admissions = seqs.iter().filter(admit).map(|input| Admission {
-            id: input.id,
-            prompt: input.prompt,
-            reserve: input.prompt.len(),
-            meta: input.params.clone(),
-            fork_of: input.start.fork_of(),
-        });
-        self.book
-            .admit_all(admissions)
+        // sequence was admitted by its first. Each input's chunk starts at
+        // `kv.starts[i]`.
+        self.front
+            .plan_prefill(seqs, |input| input.params.clone(), &mut self.slots[slot].kv)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Each input's chunk: after its prefix-cache hit, or where its last
-        // chunk ended (the book refuses one that does not resume there).
-        let starts: Vec<usize> = seqs
+        let starts: Vec<usize> = self.slots[slot]
+            .kv
+            .starts
             .iter()
-            .map(|input| match input.start {
-                PrefillStart::Admit | PrefillStart::Fork { .. } => {
-                    self.book.cached_prompt_tokens(input.id)
-                }
-                PrefillStart::Resume(start) => start,
-            })
+            .map(|&start| start as usize)
             .collect();
-        let spans = seqs.iter().zip(&starts).map(|(input, &start)| {
-            let (prompt, end) = (input.prompt, input.chunk_end(start));
-            (input.id, Span::Chunk { prompt, start, end })
-        });
-        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
-            // Nothing was dispatched: give back what this call admitted.
-            for input in seqs.iter().filter(admit) {
-                self.release(input.id);
-            }
-            return Err(refused_plan(e, |i| seqs[i].id));
-        }
         // Which inputs' chunks end their prompts: only those are sampled.
         let samples: Vec<bool> = seqs
             .iter()

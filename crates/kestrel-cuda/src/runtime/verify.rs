@@ -5,13 +5,13 @@
 //! scratch penalty counts and accepts (`kernels/verify.cu`); `wait_step`
 //! compacts the accepted tokens and commits them.
 
-use kestrel_kv::Span;
 use kestrel_pipeline::{Drafts, ExecError, RequestId, SlotId, StepKind};
+use kestrel_step::StepError;
 
 use super::backend::{DevMem, Device, HostMem, VerifyInputs};
 use super::device::FwdArgs;
 use super::slot::{StepState, VerifyStep, MAX_TOP};
-use super::{fatal, refused_plan, Runtime};
+use super::{fatal, Runtime};
 use crate::ffi::SampleParams;
 use crate::host::{pack_verify, VerifyRow};
 use crate::CudaError;
@@ -27,36 +27,16 @@ impl<D: Device> Runtime<D> {
         rows: &[RequestId],
         drafts: Drafts<'_>,
     ) -> Result<(), ExecError<CudaError>> {
-        let d = drafts.indptr;
-        let well_formed = d.len() == rows.len() + 1
-            && d[0] == 0
-            && d.windows(2).all(|w| w[0] <= w[1])
-            && d[rows.len()] as usize == drafts.tokens.len();
-        if !well_formed
-            || drafts.tokens.len() > self.cfg.max_draft_tokens
-            || rows.len() > self.cfg.max_rows
-        {
-            return Err(ExecError::PreDispatch(CudaError::BadDrafts {
-                rows: rows.len(),
-                offsets: d.len(),
-                tokens: drafts.tokens.len(),
-                limit: self.cfg.max_draft_tokens,
-            }));
-        }
         self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
         // Each member's input token and drafts get their KV written; the
         // commit rolls back the rejected.
-        let spans = (0..rows.len()).map(|r| {
-            let drafts = drafts.row(r).len();
-            (rows[r], Span::Decode { drafts })
-        });
-        if let Err(e) = self.book.plan_step(spans, &mut self.slots[slot].kv) {
-            return Err(refused_plan(e, |i| rows[i]));
-        }
+        self.front
+            .plan_decode(rows, drafts, &mut self.slots[slot].kv)
+            .map_err(|e| ExecError::PreDispatch(e.into()))?;
         // Planned: from here a failure is a bug or a device fault (fatal).
-        let (book, s, biases) = (&self.book, &mut self.slots[slot], &mut self.step_biases);
+        let (front, s, biases) = (&self.front, &mut self.slots[slot], &mut self.step_biases);
         let kv = &s.kv;
         let members: Vec<VerifyRow<'_>> = (0..rows.len())
             .map(|i| VerifyRow {
@@ -72,8 +52,8 @@ impl<D: Device> Runtime<D> {
         let (params, mut top_n, mut q) = (s.params_host.as_mut_slice(), 0, 0);
         biases.clear();
         for (i, &id) in rows.iter().enumerate() {
-            let Some(meta) = book.get(id).map(|seq| &seq.meta) else {
-                return Err(fatal(CudaError::UnknownRequest(id)));
+            let Some(meta) = front.get(id).map(|seq| &seq.meta) else {
+                return Err(fatal(StepError::UnknownRequest(id)));
             };
             top_n = top_n.max(meta.top_logprobs as usize);
             for p in &mut params[q..q + 1 + drafts.row(i).len()] {

@@ -226,11 +226,31 @@ fn llama_single_file() {
     assert_eq!(out, "[user]hi<|im_end|>");
 }
 
+/// A checkpoint that does not say its `model_type` is refused, naming the
+/// key and the file, rather than loaded as a Llama.
+#[test]
+fn a_config_without_model_type_is_refused_by_name() {
+    let dir = TempDir::new("nomodeltype");
+    let c = tiny(23);
+    let mut cfg = llama_config_json(&c, "llama");
+    cfg.as_object_mut().unwrap().remove("model_type");
+    write_dir_with(&dir.0, cfg, &hf_tensors(&c), 1);
+    let err = load(&dir.0).unwrap_err();
+    match &err {
+        ModelError::MissingConfigKey { path, key } => {
+            assert_eq!(*key, "model_type");
+            assert_eq!(path, &dir.0.join("config.json"));
+        }
+        other => panic!("expected MissingConfigKey, got {other:?}"),
+    }
+    assert!(err.to_string().contains("`model_type`"), "{err}");
+}
+
 #[test]
 fn qwen2_sharded_tied_with_bias() {
     let dir = TempDir::new("qwen2");
     let mut c = tiny(23);
-    c.architecture = "qwen2".into();
+    c.architecture = crate::Family::Qwen2;
     c.qkv_bias = true;
     c.tie_word_embeddings = true;
     write_dir(&dir.0, &c, "qwen2", &hf_tensors(&c), 3);

@@ -119,6 +119,21 @@ impl ApiError {
                 let param = names.param(*field);
                 Self::invalid(param.clone(), format!("{param} {}", error_chain(source)))
             }
+            EngineError::ChatTemplate { field, source } => {
+                let param = names.param(*field);
+                let why = error_chain(source);
+                let message =
+                    format!("{param} could not be rendered by the model's chat template: {why}");
+                Self::invalid(param, message)
+            }
+            EngineError::Tokenizer { field, source } => {
+                let param = names.param(*field);
+                let why = error_chain(source.as_ref());
+                Self::invalid(
+                    param.clone(),
+                    format!("{param} could not be tokenized: {why}"),
+                )
+            }
             EngineError::ContextOverflow { .. } => Self {
                 code: Some("context_length_exceeded"),
                 ..Self::invalid(names.overflow_param(), error_chain(e))
@@ -276,6 +291,29 @@ mod tests {
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.param.as_deref(), Some("top_p"));
         assert_eq!(e.message, "top_p must be in (0, 1], got 2");
+    }
+
+    /// A template's or tokenizer's refusal is a 400 on the prompt's
+    /// parameter, its cause in the message.
+    #[test]
+    fn prompt_errors_keep_their_cause() {
+        let e = ApiError::engine(
+            &EngineError::ChatTemplate {
+                field: Field::Messages,
+                source: kestrel_model::ModelError::Io {
+                    path: "template.jinja".into(),
+                    source: std::io::Error::other("the reason underneath"),
+                },
+            },
+            &names(),
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(
+            e.message.ends_with("the reason underneath"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

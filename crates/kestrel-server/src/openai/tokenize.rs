@@ -109,6 +109,16 @@ fn tokenize_error(e: &EngineError, input: &Input) -> ApiError {
             field: Field::Text,
             message,
         } => ApiError::invalid(prompt, format!("{prompt} {message}")),
+        EngineError::Tokenizer {
+            field: Field::Text,
+            source,
+        } => ApiError::invalid(
+            prompt,
+            format!(
+                "{prompt} could not be tokenized: {}",
+                kestrel_engine::error_chain(source.as_ref())
+            ),
+        ),
         _ => ApiError::engine(e, &names),
     }
 }
@@ -171,7 +181,10 @@ pub(super) async fn detokenize(app: &App, body: &[u8]) -> Response {
             format!("tokens[{i}]"),
             format!("tokens[{i}] {message}"),
         )),
-        Err(e) => Err(ApiError::invalid("tokens", format!("tokens: {e}"))),
+        Err(e) => Err(ApiError::invalid(
+            "tokens",
+            format!("tokens: {}", kestrel_engine::error_chain(&e)),
+        )),
     };
     answer(tokio::task::spawn_blocking(run).await)
 }

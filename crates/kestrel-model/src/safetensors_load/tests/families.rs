@@ -72,7 +72,7 @@ fn gguf_name(hf: &str, gemma: bool) -> String {
 /// `head_dim` default stands in for it).
 fn converted_gguf(c: &ModelConfig, tensors: &[Entry]) -> crate::GgufFile {
     use crate::GgufValue;
-    let gemma = c.architecture == "gemma3";
+    let gemma = c.architecture == crate::Family::Gemma3;
     let st_dtype = |d: &Dtype| match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
@@ -112,7 +112,7 @@ fn converted_gguf(c: &ModelConfig, tensors: &[Entry]) -> crate::GgufFile {
             }
         })
         .collect();
-    let arch = c.architecture.as_str();
+    let arch = c.architecture.name();
     let u = |x: usize| GgufValue::U32(x as u32);
     let mut meta = vec![
         (
@@ -249,7 +249,7 @@ fn assert_same_model(hf: &crate::ModelWeights, gguf: &crate::ModelWeights) {
 /// Qwen3 at a tiny shape: head_dim 96 != hidden / heads, tied.
 fn qwen3_tiny() -> ModelConfig {
     ModelConfig {
-        architecture: "qwen3".into(),
+        architecture: crate::Family::Qwen3,
         head_dim: 96,
         rope_theta: 1_000_000.0,
         rms_norm_eps: 1e-6,
@@ -282,7 +282,7 @@ fn qwen3_json(c: &ModelConfig) -> serde_json::Value {
 /// head_dim 96 != hidden / heads, one kv head, softcap 30, tied.
 fn gemma3_tiny() -> ModelConfig {
     ModelConfig {
-        architecture: "gemma3".into(),
+        architecture: crate::Family::Gemma3,
         num_layers: 3,
         num_kv_heads: 1,
         head_dim: 96,
@@ -458,7 +458,7 @@ fn gemma3_multimodal_text_config_loads_as_its_gguf() {
 #[test]
 fn gemma3_270m_config_json_resolves_like_its_gguf() {
     let real = ModelConfig {
-        architecture: "gemma3".into(),
+        architecture: crate::Family::Gemma3,
         vocab_size: 262_144,
         hidden_size: 640,
         intermediate_size: 2048,
