@@ -1,6 +1,5 @@
-//! The own CUDA source of the kernels added for issues 31 and 32
-//! (`common.cuh`, `quant.cu`, `rmsnorm.cu`, `swiglu.cu`, `rope_kv.cu`,
-//! `gemma.cu`, as embedded for NVRTC), built for the host by
+//! The own CUDA source of every kernel file (`common.cuh` and all of
+//! `kestrel_cuda::kernels::SOURCES`, as embedded for NVRTC), built for the host by
 //! a C++20 compiler with `tests/host/shim.h` standing in for CUDA and run
 //! block by block with one host thread per CUDA thread (real barriers for
 //! `__syncthreads` and warp shuffles), against the Rust references of
@@ -12,7 +11,12 @@
 //! `prefill_attention` (ragged runs of query rows, cached prefixes, page and
 //! tile boundaries, GQA ratios, sliding windows) and `count_tokens` (a
 //! re-admitted sequence's penalty counts), and the draft verification
-//! kernels of `verify.cu`. The
+//! kernels of `verify.cu`; and (issue 75) decode attention split over key
+//! ranges (`attention.cu`'s `paged_attention` and its merge) against
+//! `reference::decode_attention`, `embed_gather` and `add_bias` bit for
+//! bit, and `sample.cu`'s `sample_rows` itself against kestrel-cpu's
+//! sampler (tokens and top-n ids exact, logprobs to 1e-4) and the host
+//! device's `sample_row`. The
 //! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
