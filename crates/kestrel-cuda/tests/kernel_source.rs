@@ -216,7 +216,7 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
     let (rows, cols) = (9, 1024);
     for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
-        for n in [1, 3, MMVQ_MAX_ROWS] {
+        for n in [1, 2, 3, 5, MMVQ_MAX_ROWS] {
             let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);
             let args = [
                 "mmvq",

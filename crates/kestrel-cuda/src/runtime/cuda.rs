@@ -379,14 +379,14 @@ impl Device for CudaDevice {
     }
 
     fn mmvq(&self, a: Mmvq) -> Result<(), CudaError> {
-        let name = mmvq_kernel(a.dtype)
-            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
         if a.n > MMVQ_MAX_ROWS {
             return Err(CudaError::Unsupported(format!(
                 "mmvq of {} rows (at most {MMVQ_MAX_ROWS} a launch)",
                 a.n
             )));
         }
+        let name = mmvq_kernel(a.dtype, a.n)
+            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
         let (rows, cols, ldy, n) = (i(a.rows), i(a.cols), i(a.ldy), i(a.n));
         let grid = a.rows.div_ceil(MMVQ_WARPS as usize) as u32;
         let mut b = self.stream.launch_builder(self.kernels.get(name));

@@ -60,16 +60,20 @@ static void spit(const char* path, const std::vector<T>& v) {
 
 typedef void (*Mmvq)(const u8*, const Q8*, float*, int, int, int, int);
 
-static Mmvq mmvq_of(int t) {
+// The entry point the runtime launches for n rows (quant::mmvq_kernel).
+#define MMVQ_PICK(name)                                                            \
+    (n <= 1 ? name##_r1 : n <= 2 ? name##_r2 : n <= 4 ? name##_r4 : n <= 8 ? name##_r8 \
+                                                                         : name##_r16)
+static Mmvq mmvq_of(int t, int n) {
     switch (t) {
-    case GT_Q4_0: return mmvq_q4_0;
-    case GT_Q4_1: return mmvq_q4_1;
-    case GT_Q5_0: return mmvq_q5_0;
-    case GT_Q5_1: return mmvq_q5_1;
-    case GT_Q8_0: return mmvq_q8_0;
-    case GT_Q4_K: return mmvq_q4_k;
-    case GT_Q5_K: return mmvq_q5_k;
-    case GT_Q6_K: return mmvq_q6_k;
+    case GT_Q4_0: return MMVQ_PICK(mmvq_q4_0);
+    case GT_Q4_1: return MMVQ_PICK(mmvq_q4_1);
+    case GT_Q5_0: return MMVQ_PICK(mmvq_q5_0);
+    case GT_Q5_1: return MMVQ_PICK(mmvq_q5_1);
+    case GT_Q8_0: return MMVQ_PICK(mmvq_q8_0);
+    case GT_Q4_K: return MMVQ_PICK(mmvq_q4_k);
+    case GT_Q5_K: return MMVQ_PICK(mmvq_q5_k);
+    case GT_Q6_K: return MMVQ_PICK(mmvq_q6_k);
     default: std::exit(5);
     }
 }
@@ -83,7 +87,7 @@ int main(int argc, char** argv) {
         std::vector<u8> w = read_as<u8>(argv[6]);
         std::vector<Q8> x = read_as<Q8>(argv[7]);
         std::vector<float> y((size_t)n * rows, -1.0f);
-        Mmvq k = mmvq_of(t);
+        Mmvq k = mmvq_of(t, n);
         launch({(rows + MMVQ_WARPS - 1) / MMVQ_WARPS, 1, 1}, MMVQ_WARPS * 32,
                [&] { k(w.data(), x.data(), y.data(), rows, cols, rows, n); });
         spit(argv[8], y);
