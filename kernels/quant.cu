@@ -4,7 +4,8 @@
 //   llama.cpp's MMVQ: activations quantized per 32-element block to int8 with
 //   their scale and block sum (`Q8`, kestrel-cpu's fast-numerics `Q8Block`),
 //   integer dot products (`dp4a`) with each weight block's integers, per-block
-//   f32 scales. One warp per weight row; lane L takes blocks L, L+32, ...; per
+//   f32 scales (entry points per row count, _r1 .. _r16: NR accumulators).
+//   One warp per weight row; lane L takes blocks L, L+32, ...; per
 //   output row it adds `fma(float(isum), d_w * d_x, acc)` block by block (Q6_K:
 //   its two 16-element halves, first then second) and `fma(m_w, s_x, mins)`
 //   for types with a minimum, then `acc + mins`, then a warp butterfly sum.
