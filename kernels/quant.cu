@@ -4,7 +4,8 @@
 //   llama.cpp's MMVQ: activations quantized per 32-element block to int8 with
 //   their scale and block sum (`Q8`, kestrel-cpu's fast-numerics `Q8Block`),
 //   integer dot products (`dp4a`) with each weight block's integers, per-block
-//   f32 scales. One warp per weight row; lane L takes blocks L, L+32, ...; per
+//   f32 scales (entry points per row count, _r1 .. _r16: NR accumulators).
+//   One warp per weight row; lane L takes blocks L, L+32, ...; per
 //   output row it adds `fma(float(isum), d_w * d_x, acc)` block by block (Q6_K:
 //   its two 16-element halves, first then second) and `fma(m_w, s_x, mins)`
 //   for types with a minimum, then `acc + mins`, then a warp butterfly sum.
@@ -163,8 +164,10 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
     return r;
 }
 
-// y[r * ldy + row] = sum over blocks of W[row] . x[r] for r < n (<= 16).
-template <int T>
+// y[r * ldy + row] = sum over blocks of W[row] . x[r] for r < n (<= NR,
+// the accumulators a launch keeps: one entry point per NR in 1, 2, 4, 8, 16,
+// so a one-row decode holds 2 accumulators, not 32).
+template <int T, int NR>
 __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restrict__ xq,
                                      float* __restrict__ y, int rows, int cols, int ldy, int n) {
     const bool has_min = T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K;
@@ -175,13 +178,13 @@ __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restr
     int nb = cols >> 5;
     size_t row_bytes = (size_t)(cols / type_block_elems(T)) * type_block_bytes(T);
     const u8* wr = w + (size_t)row * row_bytes;
-    float acc[MMVQ_MAX_ROWS], mins[MMVQ_MAX_ROWS];
+    float acc[NR], mins[NR];
 #pragma unroll
-    for (int r = 0; r < MMVQ_MAX_ROWS; r++) acc[r] = mins[r] = 0.0f;
+    for (int r = 0; r < NR; r++) acc[r] = mins[r] = 0.0f;
     for (int b = lane; b < nb; b += 32) {
         WBlock wb = load_block<T>(wr, b);
 #pragma unroll
-        for (int r = 0; r < MMVQ_MAX_ROWS; r++) {
+        for (int r = 0; r < NR; r++) {
             if (r < n) {
                 const Q8* xb = xq + (size_t)r * nb + b;
                 const int* xi = (const int*)xb->q;
@@ -206,7 +209,7 @@ __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restr
         }
     }
 #pragma unroll
-    for (int r = 0; r < MMVQ_MAX_ROWS; r++) {
+    for (int r = 0; r < NR; r++) {
         if (r < n) {
             float v = warp_sum(__fadd_rn(acc[r], mins[r]));
             if (lane == 0) y[(size_t)r * ldy + row] = v;
@@ -214,38 +217,207 @@ __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restr
     }
 }
 
-// Entry points: grid (ceil(rows / MMVQ_WARPS)), MMVQ_WARPS * 32 threads.
-extern "C" __global__ void mmvq_q4_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q4_0>(w, xq, y, rows, cols, ldy, n);
+// Entry points mmvq_<type>_r<NR>: grid (ceil(rows / MMVQ_WARPS)), MMVQ_WARPS
+// * 32 threads, n <= NR activation rows (the runtime takes the smallest NR).
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_0, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q4_1(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q4_1>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_0, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q5_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q5_0>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_0, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q5_1(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q5_1>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_0, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q8_0(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q8_0>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_0, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q4_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q4_K>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_1, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q5_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q5_K>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_1, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void mmvq_q6_k(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                   float* __restrict__ y, int rows, int cols, int ldy, int n) {
-    mmvq<GT_Q6_K>(w, xq, y, rows, cols, ldy, n);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_1, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_1, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_1, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_0, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_0, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_0, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_0, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_0, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_1, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_1, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_1, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_1, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_1, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q8_0, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q8_0, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q8_0, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q8_0, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q8_0, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_K, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_K, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_K, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_K, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q4_K, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_K, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_K, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_K, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_K, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q5_K, 16>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r1(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q6_K, 1>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r2(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q6_K, 2>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r4(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q6_K, 4>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r8(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q6_K, 8>(w, xq, y, rows, cols, ldy, n);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r16(
+    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+    int cols, int ldy, int n) {
+    mmvq<GT_Q6_K, 16>(w, xq, y, rows, cols, ldy, n);
 }
 
 // f16 rows (`cols` a multiple of 32) to Q8 blocks. One warp per block;

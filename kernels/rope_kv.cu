@@ -14,8 +14,11 @@
 // per distinct layer RoPE). Conventions (kestrel_model::RopeStyle):
 // interleaved = pairs (2i, 2i+1) (GGUF/llama.cpp), half-split = pairs
 // (i, i + d/2) (HF rotate_half). Products are rounded separately (no fma),
-// so the rotation is kestrel-cpu's `ops::rope` bit for bit. One block per
-// row, one warp per head (blockDim a multiple of 32).
+// so the rotation is kestrel-cpu's `ops::rope` bit for bit. Grid (rows,
+// head blocks): block (i, y) takes heads y * warps + warp, stepping by
+// gridDim.y * warps (one warp per head; blockDim a multiple of 32), and its
+// share of the row's V; the heads of a row run in parallel over blocks
+// (issue 75 item 3), each head's arithmetic unchanged.
 
 extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
                                           int num_q_heads, int num_k_heads, int head_dim,
@@ -30,11 +33,13 @@ extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
     int half = head_dim >> 1;
     int kv_dim = num_k_heads * head_dim;
     int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int step = (int)gridDim.y * nw;
     const float* t = table + (size_t)pos[i] * head_dim;
     float* row = qkv + (size_t)i * stride;
     size_t dst = (size_t)slot_mapping[i] * kv_dim;
     // Q heads first, then K heads right after them (column q_dim).
-    for (int head = threadIdx.x >> 5; head < num_q_heads + num_k_heads; head += nw) {
+    for (int head = (int)blockIdx.y * nw + (threadIdx.x >> 5); head < num_q_heads + num_k_heads;
+         head += step) {
         float* hp = row + (size_t)head * head_dim;
         const float* w = head < num_q_heads ? q_norm : k_norm;
         float inv = 1.0f;
@@ -67,5 +72,7 @@ extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
         }
     }
     const float* v = row + (size_t)(num_q_heads + num_k_heads) * head_dim;
-    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) v_cache[dst + j] = f2h(v[j]);
+    for (int j = (int)(blockIdx.y * blockDim.x + threadIdx.x); j < kv_dim;
+         j += (int)(gridDim.y * blockDim.x))
+        v_cache[dst + j] = f2h(v[j]);
 }

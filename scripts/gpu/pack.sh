@@ -26,18 +26,25 @@
 # target-gpu/llama/sdist.tar.gz.part.* for run.sh's `llama` step, which
 # builds llama.cpp's CUDA benchmarks there for the `accept` table.
 #
+# --quick: also write the family fixtures (scripts/reference/
+# synthetic_fixtures.py, with $KESTREL_PYTHON or python3, from the default
+# GGUF) into target-gpu/pack/families, so the one folder target-gpu/pack
+# (at most 60 MiB, checked) is all `run.sh quick` needs: one carry, one call.
+#
 # Builds go to $CARGO_TARGET_DIR (default: target/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 pack=$root/target-gpu/pack
 with_model=0
+quick=0
 llama_sdist=
 while [ $# -gt 0 ]; do
     a=$1
     shift
     case $a in
         --model) with_model=1 ;;
+        --quick) quick=1 ;;
         --llama)
             llama_sdist=${1:?--llama takes the sdist path}
             shift
@@ -113,7 +120,27 @@ install -m 0755 scripts/gpu/accept_table.py "$pack/accept_table.py"
 } >"$pack/MANIFEST.txt"
 rm -rf "$stage"
 
+default_model() {
+    python3 - <<'EOF'
+import os
+d = os.environ.get("KESTREL_CACHE_DIR") or (
+    os.path.join(os.environ["XDG_CACHE_HOME"], "kestrel") if os.environ.get("XDG_CACHE_HOME")
+    else os.path.join(os.environ["HOME"], ".cache", "kestrel"))
+print(os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf"))
+EOF
+}
+
 mib=$((1024 * 1024))
+if [ "$quick" = 1 ]; then
+    m=$(default_model)
+    [ -f "$m" ] || { echo "pack.sh: $m is missing (the fixtures start from it)" >&2; exit 1; }
+    "${KESTREL_PYTHON:-python3}" scripts/reference/synthetic_fixtures.py "$m" "$pack/families"
+    size=$(du -sb "$pack" | cut -f1)
+    echo "pack.sh: the quick folder target-gpu/pack: $((size / mib)) MiB" >&2
+    [ "$size" -le $((60 * mib)) ] || { echo "pack.sh: over 60 MiB" >&2; exit 1; }
+    echo "Carry plan: one call, carry [\"target-gpu/pack\"], command \"target-gpu/pack/run.sh quick\";" >&2
+    echo "then (same machine) \"target-gpu/pack/run.sh quick-sanitizers\"." >&2
+fi
 budget=$((${KESTREL_CARRY_MIB:-56} * mib))
 size=$(du -sb "$pack" | cut -f1)
 echo "pack.sh: $pack: $((size / mib)) MiB ($size bytes)" >&2
@@ -123,15 +150,7 @@ if [ "$size" -ge "$budget" ]; then
 fi
 
 if [ "$with_model" = 1 ]; then
-    model=$(
-        python3 - <<'EOF'
-import os
-d = os.environ.get("KESTREL_CACHE_DIR") or (
-    os.path.join(os.environ["XDG_CACHE_HOME"], "kestrel") if os.environ.get("XDG_CACHE_HOME")
-    else os.path.join(os.environ["HOME"], ".cache", "kestrel"))
-print(os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf"))
-EOF
-    )
+    model=$(default_model)
     [ -f "$model" ] || {
         echo "pack.sh: $model is missing: run the CPU tests (or kestrel serve) once to fetch it" >&2
         exit 1

@@ -5,6 +5,26 @@
 # Run from the repository root:
 #
 #   target-gpu/pack/run.sh [STEP...]     (default: env unit nvrtc runtime chunks engine generate bench)
+#   target-gpu/pack/run.sh quick         one device call (issue 75 item 7), then
+#   target-gpu/pack/run.sh quick-sanitizers   a second one
+#
+# quick = preflight nvrtc parity memcheck-parity generate-synth accept-rounds,
+# everything from the one folder pack.sh --quick makes (the binaries and the
+# family fixtures, <= 60 MiB; no Python and no model carried: the models are
+# made on the device by `xtask synth-model`). Each step runs under its own
+# time limit (LIMIT_<step> seconds overrides it; a step past it is killed
+# and reported "timed out"), and a failed preflight (no driver, a driver
+# older than the NVRTC's CUDA major, no libnvrtc.so.13) stops the run at
+# once. accept-rounds runs $ACCEPT_ROUNDS (2) rounds per model of
+# `xtask bench --backend cuda --streams 1,32 --peer llama.cpp DIR` (Kestrel,
+# then llama.cpp's CUDA llama-bench / llama-batched-bench: rounds alternate
+# the engines) on synth:llama-1b:q4_k_m and synth:llama-8b:q4_k_m
+# ($QUICK_MODELS), llama.cpp from $LLAMA_CPP_DIR or an earlier `llama` step
+# on the same machine (without it the step fails and says so); each round's
+# results.json goes into $OUT/accept.tar.gz, and the table is made where
+# Python is: `scripts/gpu/accept_table.py --gpu NAME DIR...` over the
+# unpacked rounds (docs/cuda.md). quick-sanitizers = racecheck, initcheck
+# and synccheck on the parity test.
 #
 # Steps: env (driver, toolkit, libraries), unit (kestrel-cuda host logic),
 # nvrtc (every kernel through the machine's NVRTC), runtime (CPU-vs-CUDA
@@ -93,9 +113,12 @@ export PATH=${cuda_lib:+$(dirname "$cuda_lib")/bin:}/usr/local/cuda/bin:$PATH
 
 # Family fixtures written here by scripts/reference/synthetic_fixtures.py
 # (the GPU machine has no Python packages), for gpu_greedy_parity_families.
-if [ -d "$root/target-gpu/families" ]; then
-    export KESTREL_FAMILY_FIXTURES=$root/target-gpu/families
-fi
+for d in "$pack/families" "$root/target-gpu/families"; do
+    if [ -d "$d" ]; then
+        export KESTREL_FAMILY_FIXTURES=$d
+        break
+    fi
+done
 
 model_name=SmolLM2-135M-Instruct.Q4_1.gguf
 model=$KESTREL_CACHE_DIR/$model_name
@@ -117,17 +140,55 @@ find_model() {
 }
 
 failed=0
-# step NAME DIR CMD...: run CMD in DIR, log to $OUT/logs/NAME.log, record the status.
+# Each step's time limit in seconds (LIMIT_<step> overrides; 0: none). The
+# quick steps' add up to 9 minutes of a 10-minute device call, the second
+# call's to under 8; none is a measured time (no GPU has run them yet).
+declare -A limit=(
+    [preflight]=20 [nvrtc]=45 [parity]=120 [memcheck-parity]=75 [generate-synth]=60
+    [accept-rounds]=220 [racecheck]=180 [initcheck]=150 [synccheck]=120
+)
+limit_of() {
+    local v="LIMIT_${1//-/_}"
+    echo "${!v:-${limit[$1]:-0}}"
+}
+
+# step NAME DIR CMD...: run CMD in DIR under the step's time limit, log to
+# $OUT/logs/NAME.log, record the status (124: timed out).
 step() {
     local name=$1 dir=$2
     shift 2
-    local log=$OUT/logs/$name.log start=$SECONDS
-    echo "== $name: $*" >"$log"
-    (cd "$dir" && "$@") >>"$log" 2>&1
-    local rc=$?
+    local log=$OUT/logs/$name.log start=$SECONDS t rc pid dog flag
+    t=$(limit_of "$name")
+    flag=$OUT/.timed-out-$name
+    rm -f "$flag"
+    echo "== $name (limit ${t} s): $*" >"$log"
+    # Job control: the step and its watchdog each get a process group, so
+    # the watchdog can end the step's whole tree.
+    set -m
+    (cd "$dir" && "$@") >>"$log" 2>&1 &
+    pid=$!
+    dog=
+    if [ "$t" -gt 0 ]; then
+        (sleep "$t" && : >"$flag" && kill -TERM -- -"$pid" 2>/dev/null && sleep 5 &&
+            kill -KILL -- -"$pid" 2>/dev/null) &
+        dog=$!
+    fi
+    set +m
+    wait "$pid"
+    rc=$?
+    if [ -n "$dog" ]; then
+        kill -- -"$dog" 2>/dev/null
+        wait "$dog" 2>/dev/null
+        if [ -e "$flag" ]; then
+            rc=124
+            echo "$name: timed out after $t s" | tee -a "$log"
+            rm -f "$flag"
+        fi
+    fi
     tail -n 25 "$log"
     echo "$name: rc=$rc ($((SECONDS - start)) s)" | tee -a "$summary"
     [ "$rc" = 0 ] || failed=1
+    return "$rc"
 }
 
 run_env() {
@@ -147,6 +208,80 @@ run_env() {
     ls -l "${cuda_lib:-/nonexistent}" 2>/dev/null | grep -E 'nvrtc|cublas' || true
     nproc
     free -g
+}
+
+# Fail fast on what would make every later step fail slowly: no driver, a
+# driver older than NVRTC's CUDA major (NVRTC 13's PTX needs a CUDA 13
+# driver, r580 or newer), no libnvrtc.so.13.
+step_preflight() {
+    local v drv ok=0
+    echo "date: $(date -u)"
+    echo "pack: $(head -n 4 "$pack/MANIFEST.txt" 2>/dev/null | tr '\n' ';')"
+    if ! nvidia-smi; then
+        echo "preflight: nvidia-smi fails: no usable driver"
+        return 1
+    fi
+    drv=$(nvidia-smi | grep -oE 'CUDA Version: [0-9]+' | grep -oE '[0-9]+$')
+    echo "driver supports CUDA ${drv:-?}; libnvrtc: ${cuda_lib:-none found}"
+    ldconfig -p | grep -q 'libcuda\.so\.1' || { echo "preflight: libcuda.so.1 not on the loader path"; ok=1; }
+    [ -n "$cuda_lib" ] || { echo "preflight: no libnvrtc.so.13 (set KESTREL_CUDA_LIB_DIR)"; ok=1; }
+    if [ -n "$drv" ] && [ "$drv" -lt 13 ]; then
+        echo "preflight: the driver's CUDA $drv is older than NVRTC 13: its PTX would not load"
+        ok=1
+    fi
+    v=$(compgen -G "$cuda_lib/libnvrtc.so.13.*" | head -n 1)
+    echo "NVRTC: ${v:-?}"
+    return $ok
+}
+
+# A synthetic model made here (the GGUF's path on stdout).
+synth_gguf() {
+    local shape type
+    IFS=: read -r _ shape type _ <<<"$1"
+    "$bin/xtask" synth-model --shape "$shape" --type "$type" | tail -n 1
+}
+
+# CPU vs CUDA greedy text on the synthetic 1B Q4_K_M model (no model carried).
+step_generate_synth() {
+    local m prompt="The capital of France is"
+    m=$(synth_gguf synth:llama-1b:q4_k_m) || return 1
+    local args=(generate --model "$m" --max-new-tokens 24 --temperature 0)
+    "$bin/kestrel" "${args[@]}" --backend cpu "$prompt" >"$OUT/logs/generate-cpu.txt" || return 1
+    "$bin/kestrel" "${args[@]}" --backend cuda "$prompt" >"$OUT/logs/generate-cuda.txt" || return 1
+    if cmp -s "$OUT/logs/generate-cpu.txt" "$OUT/logs/generate-cuda.txt"; then
+        echo "greedy text: identical"
+    else
+        echo "greedy text: DIFFERS (random weights have near-ties; see docs/cuda.md on precision)"
+        diff "$OUT/logs/generate-cpu.txt" "$OUT/logs/generate-cuda.txt"
+        return 1
+    fi
+}
+
+# $ACCEPT_ROUNDS rounds per model of Kestrel against llama.cpp's CUDA build
+# (xtask bench --peer runs Kestrel, then llama.cpp, so rounds alternate the
+# engines); every round's results.json into $OUT/accept.tar.gz, the peer
+# rows printed here (the table is made where Python is).
+step_accept_rounds() {
+    local dir=${LLAMA_CPP_DIR:-$llama_build/bin} spec r out rc=0
+    local results=$KESTREL_CACHE_DIR/accept-rounds
+    [ -x "$dir/llama-batched-bench" ] && [ -x "$dir/llama-bench" ] || {
+        echo "no llama-bench / llama-batched-bench in $dir: run the llama step on this machine first, or set LLAMA_CPP_DIR"
+        return 1
+    }
+    rm -rf "$results"
+    for spec in ${QUICK_MODELS:-synth:llama-1b:q4_k_m synth:llama-8b:q4_k_m}; do
+        synth_gguf "$spec" >/dev/null || { rc=1; continue; }
+        for r in $(seq 1 "${ACCEPT_ROUNDS:-2}"); do
+            out=$results/${spec//:/-}-round$r
+            echo "== $spec round $r"
+            "$bin/xtask" bench --backend cuda --model "$spec" --streams 1,32 --reps 1 \
+                --json-share 0 --requests-per-stream 1 --peer llama.cpp "$dir" --out "$out" || rc=1
+            grep -E 'decode tokens/s' "$out/results.md" 2>/dev/null || true
+        done
+    done
+    tar -C "$results" -czf "$OUT/accept.tar.gz" . || rc=1
+    echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+    return $rc
 }
 
 step_generate() {
@@ -267,7 +402,7 @@ our_kernels() {
 # memcheck, initcheck and synccheck fail on any error they report; racecheck
 # fails on a hazard reported in one of our kernels (cuBLAS's are not ours).
 step_sanitize() {
-    local tool=$1 rc=0 log=$OUT/logs/$1-detail.log
+    local tool=$1 only=${2:-} rc=0 log=$OUT/logs/$1-detail.log
     command -v compute-sanitizer >/dev/null || {
         echo "compute-sanitizer: not on PATH (it ships with the CUDA toolkit)"
         return 1
@@ -278,7 +413,9 @@ step_sanitize() {
     (cd "$root/crates/kestrel-cuda" && "${cs[@]}" "$bin/kestrel-cuda-runtime" \
         gpu_greedy_parity_tiny --include-ignored --test-threads=1) >>"$log" 2>&1 || rc=1
     local m
-    if m=$(find_model); then
+    if [ "$only" = parity-only ]; then
+        echo "$tool: the parity test only"
+    elif m=$(find_model); then
         "${cs[@]}" "$bin/kestrel" generate --model "$m" --max-new-tokens 8 --temperature 0 \
             --backend cuda "The capital of France is" >>"$log" 2>&1 || rc=1
     else
@@ -302,8 +439,34 @@ step_sanitize() {
 
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env unit nvrtc runtime chunks engine generate bench)
+expanded=()
 for s in "${steps[@]}"; do
     case $s in
+        quick) expanded+=(preflight nvrtc parity memcheck-parity generate-synth accept-rounds) ;;
+        quick-sanitizers) expanded+=(preflight racecheck-parity initcheck-parity synccheck-parity) ;;
+        *) expanded+=("$s") ;;
+    esac
+done
+for s in "${expanded[@]}"; do
+    case $s in
+        preflight)
+            step preflight "$root" step_preflight || {
+                echo "run.sh: preflight failed: nothing else runs (see $OUT/logs/preflight.log)" |
+                    tee -a "$summary"
+                break
+            }
+            ;;
+        parity)
+            step parity "$root/crates/kestrel-cuda" \
+                "$bin/kestrel-cuda-runtime" gpu_greedy_parity --include-ignored --nocapture \
+                --test-threads=1 --skip gemma3_270m
+            ;;
+        memcheck-parity | racecheck-parity | initcheck-parity | synccheck-parity)
+            [ -n "${limit[$s]:-}" ] || limit[$s]=$(limit_of "${s%-parity}")
+            step "$s" "$root" step_sanitize "${s%-parity}" parity-only
+            ;;
+        generate-synth) step generate-synth "$root" step_generate_synth ;;
+        accept-rounds) step accept-rounds "$root" step_accept_rounds ;;
         env) step env "$root" run_env ;;
         unit)
             # One unit test holds the default model's upload plan against its file.
@@ -355,6 +518,10 @@ for s in "${steps[@]}"; do
             ;;
     esac
 done
+# A device call returns at most 8 files: more than 6 logs travel as one tarball.
+if [ "$(find "$OUT/logs" -type f | wc -l)" -gt 6 ]; then
+    tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$OUT/logs"
+fi
 echo "== summary ($summary)"
 cat "$summary"
 exit "$failed"

@@ -131,6 +131,119 @@ pub fn compile_ptx(k: &KernelSource, arch: Arch) -> Result<String, CudaError> {
     }
 }
 
+/// What the device's assembler made of one entry point (`ptxas -v`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryResources {
+    pub name: String,
+    pub registers: u32,
+    /// Local memory per thread (`stack frame`): 0 unless the kernel indexes
+    /// a register array dynamically or spills.
+    pub stack_bytes: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    /// Static shared memory per block.
+    pub smem_bytes: u32,
+}
+
+/// One kernel file assembled for a real architecture (`sm_XY`).
+#[derive(Debug, Clone)]
+pub struct Cubin {
+    pub image: Vec<u8>,
+    /// The assembler's report, one per entry point.
+    pub entries: Vec<EntryResources>,
+    /// NVRTC's log (ptxas's `-v` report included).
+    pub log: String,
+}
+
+/// Compile one kernel file to a cubin for `arch` (what the driver would
+/// load on that GPU), with ptxas's resource report. CI runs this where no
+/// GPU is: the registers, spills and shared memory a device would see at
+/// module load are checked here (`tests/nvrtc.rs`).
+pub fn compile_cubin(k: &KernelSource, arch: Arch) -> Result<Cubin, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    libs::nvrtc_available()?;
+    let fail = |log: String| CudaError::Compile {
+        kernel: k.file,
+        arch: arch.name(),
+        log,
+    };
+    let mut opts = options(arch);
+    opts[0] = format!("--gpu-architecture={}", arch.name());
+    opts.push("--ptxas-options=-v".to_owned());
+    let src = std::ffi::CString::new(k.full_source()).map_err(|e| fail(e.to_string()))?;
+    let name = std::ffi::CString::new(k.file).map_err(|e| fail(e.to_string()))?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(format!("{e:?}")))?;
+    // SAFETY: `prog` was created above from `src` and `name`, which outlive
+    // it, and is destroyed once, at the end of this block.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &opts);
+        let log = result::get_program_log(prog)
+            .map(|l| {
+                std::ffi::CStr::from_ptr(l.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        let image = compiled
+            .map_err(|e| format!("{e:?}: {log}"))
+            .and_then(|()| {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))?;
+                let mut image = vec![0u8; size];
+                sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast())
+                    .result()
+                    .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+                Ok(image)
+            });
+        let _ = result::destroy_program(prog);
+        image.map(|image| (image, log))
+    };
+    let (image, log) = out.map_err(fail)?;
+    let entries = parse_ptxas_report(&log);
+    Ok(Cubin {
+        image,
+        entries,
+        log,
+    })
+}
+
+/// The per-entry figures of a `ptxas -v` report: for each `Compiling entry
+/// function 'NAME'`, its `N bytes stack frame, N bytes spill stores, N bytes
+/// spill loads` and `Used N registers, ..., N bytes smem` lines.
+pub fn parse_ptxas_report(log: &str) -> Vec<EntryResources> {
+    fn before(line: &str, unit: &str) -> Option<u32> {
+        let at = line.find(unit)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    }
+    let mut out: Vec<EntryResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_owned();
+            out.push(EntryResources {
+                name,
+                registers: 0,
+                stack_bytes: 0,
+                spill_store_bytes: 0,
+                spill_load_bytes: 0,
+                smem_bytes: 0,
+            });
+            continue;
+        }
+        let Some(e) = out.last_mut() else { continue };
+        if line.contains("stack frame") {
+            e.stack_bytes = before(line, " bytes stack frame").unwrap_or(0);
+            e.spill_store_bytes = before(line, " bytes spill stores").unwrap_or(0);
+            e.spill_load_bytes = before(line, " bytes spill loads").unwrap_or(0);
+        } else if line.contains("Used ") && line.contains(" registers") {
+            e.registers = before(line, " registers").unwrap_or(0);
+            e.smem_bytes = before(line, " bytes smem").unwrap_or(0);
+        }
+    }
+    out
+}
+
 fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -195,6 +308,42 @@ mod tests {
             cache_key("src", Arch::SM80, &["b".to_owned()], (13, 0))
         );
         assert_ne!(base, cache_key("src", Arch::SM80, &o, (13, 1)));
+    }
+
+    #[test]
+    fn the_ptxas_report_is_read_per_entry() {
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'reset_counts' for 'sm_90'
+ptxas info    : Function properties for reset_counts
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers
+ptxas info    : Compiling entry function 'sample_rows' for 'sm_90'
+ptxas info    : Function properties for sample_rows
+ptxas         .     24 bytes stack frame, 20 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 8704 bytes smem, 488 bytes cmem[0]
+";
+        let e = parse_ptxas_report(log);
+        assert_eq!(
+            e,
+            [
+                EntryResources {
+                    name: "reset_counts".into(),
+                    registers: 10,
+                    stack_bytes: 0,
+                    spill_store_bytes: 0,
+                    spill_load_bytes: 0,
+                    smem_bytes: 0,
+                },
+                EntryResources {
+                    name: "sample_rows".into(),
+                    registers: 64,
+                    stack_bytes: 24,
+                    spill_store_bytes: 20,
+                    spill_load_bytes: 16,
+                    smem_bytes: 8704,
+                },
+            ]
+        );
     }
 
     #[test]

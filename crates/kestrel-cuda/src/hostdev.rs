@@ -16,8 +16,13 @@
 //! copied rewritten: I3/I6 slips show up as wrong tokens. Host buffers are
 //! registered allocations too, so a queued copy into a freed buffer is an
 //! error, not a write into freed memory. Graph capture records the ops with
-//! their arguments; replay queues the record. Not modelled: kernel timing
-//! (events are stamped when the queue reaches them).
+//! their arguments; replay queues the record. Stream order is tracked where
+//! the runtime relies on it across streams: a zero fill (`alloc_zeroed`) is
+//! a compute-stream item, and a copy-stream copy that reads a filled
+//! buffer before the copy stream waited for an event recorded after the
+//! fill is an error (on a GPU it could read the bytes from before the
+//! fill). Not modelled: kernel timing (events are stamped when the queue
+//! reaches them).
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -54,8 +59,8 @@ impl HostRuntime {
     }
 }
 
-/// Live allocations: base address -> bytes.
-type Registry = Arc<Mutex<BTreeMap<u64, usize>>>;
+/// Live allocations: base address -> (bytes, allocation number).
+type Registry = Arc<Mutex<BTreeMap<u64, (usize, u64)>>>;
 
 /// A host allocation standing in for a device buffer.
 #[derive(Debug)]
@@ -112,9 +117,13 @@ impl<T: Plain> HostMem<T> for HostVec<T> {
     }
 }
 
-/// An event: stamped with the instant the queue reached it.
+/// An event: stamped with the instant the queue reached it, and the
+/// compute-stream position a stream that waits for it has reached.
 #[derive(Debug, Default)]
-pub struct HostEvent(Arc<Mutex<Option<Instant>>>);
+pub struct HostEvent {
+    stamp: Arc<Mutex<Option<Instant>>>,
+    compute_pos: std::cell::Cell<u64>,
+}
 
 /// One enqueued kernel op (a captured graph is a list of them).
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +170,55 @@ enum Queued {
         bytes: usize,
     },
     Stamp(Arc<Mutex<Option<Instant>>>),
+    /// A zero fill of `bytes` bytes (`cuMemsetD8Async` on the compute
+    /// stream) of allocation number `number`.
+    Fill {
+        dst: u64,
+        bytes: usize,
+        number: u64,
+    },
+}
+
+/// What the streams have waited for, as far as zero fills are concerned.
+#[derive(Debug, Default)]
+struct Order {
+    /// Items enqueued on the compute stream so far.
+    compute: u64,
+    /// The compute-stream position the copy stream has waited for.
+    copy_sees: u64,
+    /// Fills not known complete: (address, bytes, allocation number,
+    /// compute position).
+    fills: Vec<(u64, usize, u64, u64)>,
+}
+
+impl Order {
+    fn on_compute(&mut self) -> u64 {
+        self.compute += 1;
+        self.compute
+    }
+
+    /// Refuses a copy-stream access to `(addr, bytes)` that no event orders
+    /// after a fill of those bytes (of a buffer still live: `mem` tells).
+    fn copy_stream_reads(
+        &self,
+        mem: &HostMemory,
+        addr: u64,
+        bytes: usize,
+    ) -> Result<(), CudaError> {
+        match self.fills.iter().find(|&&(a, n, number, pos)| {
+            pos > self.copy_sees
+                && a < addr + bytes as u64
+                && addr < a + n as u64
+                && mem.number_at(a) == Some(number)
+        }) {
+            Some(_) => Err(CudaError::HostAccess {
+                what: "a copy-stream copy unordered with a zero fill on the compute stream",
+                addr,
+                bytes,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The host device. See the module docs.
@@ -171,12 +229,16 @@ pub struct HostDevice {
     capture: RefCell<Option<Vec<Op>>>,
     /// Enqueued, not yet run.
     queue: RefCell<Vec<Queued>>,
+    order: RefCell<Order>,
 }
 
 /// Bounds-checked access to the live allocations.
 #[derive(Debug, Default)]
 pub(crate) struct HostMemory {
     registry: Registry,
+    /// Allocations made so far (each one's number tells a freed buffer
+    /// from a later one at the same address).
+    allocations: std::sync::atomic::AtomicU64,
 }
 
 impl HostMemory {
@@ -195,15 +257,24 @@ impl HostMemory {
         // SAFETY: `ptr` owns `layout.size()` writable bytes.
         unsafe { ptr.write_bytes(fill, layout.size()) };
         let ptr = ptr as u64;
+        let number = self
+            .allocations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.registry
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(ptr, layout.size());
+            .insert(ptr, (layout.size(), number));
         Ok(HostDevBuf {
             ptr,
             layout,
             registry: Arc::clone(&self.registry),
         })
+    }
+
+    /// The number of the live allocation based at `addr`.
+    fn number_at(&self, addr: u64) -> Option<u64> {
+        let reg = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.get(&addr).map(|&(_, number)| number)
     }
 
     /// Checks that `len` values of `T` at `addr` lie inside one live allocation.
@@ -213,7 +284,7 @@ impl HostMemory {
         let inside = reg
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&base, &size)| addr + bytes as u64 <= base + size as u64);
+            .is_some_and(|(&base, &(size, _))| addr + bytes as u64 <= base + size as u64);
         if inside && addr.is_multiple_of(std::mem::align_of::<T>() as u64) {
             Ok(())
         } else {
@@ -279,6 +350,7 @@ impl HostDevice {
             return Ok(());
         }
         self.queue.borrow_mut().push(Queued::Op(op));
+        self.order.borrow_mut().on_compute();
         Ok(())
     }
 
@@ -287,6 +359,11 @@ impl HostDevice {
     /// device's work is gone.
     fn drain(&self) -> Result<(), CudaError> {
         let work = std::mem::take(&mut *self.queue.borrow_mut());
+        {
+            let mut o = self.order.borrow_mut();
+            o.fills.clear();
+            o.copy_sees = o.compute;
+        }
         for q in work {
             match q {
                 Queued::Op(op) => self.run(&op)?,
@@ -304,6 +381,17 @@ impl HostDevice {
                 }
                 Queued::Stamp(at) => {
                     *at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                }
+                Queued::Fill { dst, bytes, number } => {
+                    // A buffer freed before the queue reached its fill: on
+                    // a GPU `cuMemFree` waits for the device, so the fill
+                    // ran into the live buffer and nothing can see it now.
+                    if self.mem.number_at(dst) != Some(number) {
+                        continue;
+                    }
+                    // SAFETY: nothing else borrows device memory while the
+                    // queue runs; `slice_mut` checks the range is live.
+                    unsafe { self.mem.slice_mut::<u8>(dst, bytes)? }.fill(0);
                 }
             }
         }
@@ -352,8 +440,26 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    /// `0xFF` bytes until the queue reaches its fill (a compute-stream
+    /// item, as `cuMemsetD8Async` on the compute stream).
     fn alloc_zeroed(&self, bytes: usize) -> Result<HostDevBuf, CudaError> {
-        self.mem.alloc(bytes, 0)
+        if self.capture.borrow().is_some() {
+            return Err(CudaError::Config(
+                "a zero fill enqueued during a graph capture".to_owned(),
+            ));
+        }
+        let b = self.mem.alloc(bytes, 0xFF)?;
+        let n = b.layout.size();
+        let number = self.mem.number_at(b.ptr).unwrap_or(u64::MAX);
+        self.queue.borrow_mut().push(Queued::Fill {
+            dst: b.ptr,
+            bytes: n,
+            number,
+        });
+        let mut o = self.order.borrow_mut();
+        let pos = o.on_compute();
+        o.fills.push((b.ptr, n, number, pos));
+        Ok(b)
     }
 
     /// Filled with `0xFF` bytes: NaN as f32 and f16, `u32::MAX` as an index.
@@ -383,7 +489,9 @@ impl Device for HostDevice {
         Ok(v)
     }
 
+    /// After everything enqueued (on the compute stream, then waited for).
     fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        self.drain()?;
         // SAFETY: nothing else borrows device memory while no op runs.
         let d = unsafe { self.mem.slice_mut::<T>(dst, src.len()) }?;
         d.copy_from_slice(src);
@@ -401,6 +509,7 @@ impl Device for HostDevice {
             src: src.as_ptr() as u64,
             bytes,
         });
+        self.order.borrow_mut().on_compute();
         Ok(())
     }
 
@@ -410,6 +519,9 @@ impl Device for HostDevice {
         let bytes = std::mem::size_of_val(dst);
         self.mem.check::<u8>(dst.as_ptr() as u64, bytes)?;
         self.mem.check::<T>(src, dst.len())?;
+        self.order
+            .borrow()
+            .copy_stream_reads(&self.mem, src, bytes)?;
         self.queue.borrow_mut().push(Queued::Copy {
             dst: dst.as_mut_ptr() as u64,
             src,
@@ -422,15 +534,22 @@ impl Device for HostDevice {
         Ok(HostEvent::default())
     }
 
-    fn record(&self, ev: &HostEvent, _on: Stream) -> Result<(), CudaError> {
-        *ev.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    fn record(&self, ev: &HostEvent, on: Stream) -> Result<(), CudaError> {
+        *ev.stamp.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.queue
             .borrow_mut()
-            .push(Queued::Stamp(Arc::clone(&ev.0)));
+            .push(Queued::Stamp(Arc::clone(&ev.stamp)));
+        let o = self.order.borrow();
+        ev.compute_pos.set(match on {
+            Stream::Compute => o.compute,
+            Stream::Copy => o.copy_sees,
+        });
         Ok(())
     }
 
-    fn copy_waits(&self, _ev: &HostEvent) -> Result<(), CudaError> {
+    fn copy_waits(&self, ev: &HostEvent) -> Result<(), CudaError> {
+        let mut o = self.order.borrow_mut();
+        o.copy_sees = o.copy_sees.max(ev.compute_pos.get());
         Ok(())
     }
 
@@ -464,6 +583,7 @@ impl Device for HostDevice {
         self.queue
             .borrow_mut()
             .extend(g.0.iter().copied().map(Queued::Op));
+        self.order.borrow_mut().compute += g.0.len() as u64;
         Ok(())
     }
 
@@ -480,7 +600,8 @@ impl Device for HostDevice {
     }
 
     fn instant(&self, ev: &HostEvent) -> Result<Instant, CudaError> {
-        ev.0.lock()
+        ev.stamp
+            .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .ok_or(CudaError::Config(
                 "a timing event the queue has not reached".to_owned(),
@@ -697,6 +818,53 @@ mod tests {
         assert_eq!(read(&d, &mut out, x.ptr()), -2.0);
     }
 
+    /// Issue 75 item 4: a zero fill is a compute-stream item. A compute-stream
+    /// copy after it lands after it; a copy-stream copy of the filled bytes
+    /// needs an event recorded after the fill (or a host wait) first.
+    #[test]
+    fn a_zero_fill_is_ordered_on_the_compute_stream_only() {
+        let d = HostDevice::default();
+        let mut src = d.host::<u32>(4).unwrap();
+        let mut dst = d.host::<u32>(4).unwrap();
+        src.as_mut_slice().copy_from_slice(&[1, 2, 3, 4]);
+        let dev = d.alloc_zeroed(16).unwrap();
+        // SAFETY: both host buffers are this device's and outlive the queue.
+        unsafe { d.htod(dev.at::<u32>(2), &src.as_slice()[..2]) }.unwrap();
+        // Unordered: the copy stream has not waited for the fill.
+        // SAFETY: as above.
+        let r = unsafe { d.dtoh(dst.as_mut_slice(), dev.ptr()) };
+        assert!(caught(r).contains("unordered with a zero fill"));
+        let ev = d.event(false).unwrap();
+        d.record(&ev, Stream::Copy).unwrap();
+        d.copy_waits(&ev).unwrap();
+        // SAFETY: as above.
+        let r = unsafe { d.dtoh(dst.as_mut_slice(), dev.ptr()) };
+        assert!(
+            caught(r).contains("unordered"),
+            "a copy-stream event orders nothing"
+        );
+        d.record(&ev, Stream::Compute).unwrap();
+        d.copy_waits(&ev).unwrap();
+        // SAFETY: as above.
+        unsafe { d.dtoh(dst.as_mut_slice(), dev.ptr()) }.unwrap();
+        d.sync().unwrap();
+        // The fill ran before the copy queued after it.
+        assert_eq!(dst.as_slice(), [0, 0, 1, 2]);
+        // A fill another buffer's event does not cover; a host wait does.
+        let late = d.alloc_zeroed(16).unwrap();
+        // SAFETY: as above.
+        assert!(caught(unsafe { d.dtoh(dst.as_mut_slice(), late.ptr()) }).contains("unordered"));
+        d.sync_compute().unwrap();
+        // SAFETY: as above.
+        unsafe { d.dtoh(dst.as_mut_slice(), late.ptr()) }.unwrap();
+        d.sync().unwrap();
+        assert_eq!(dst.as_slice(), [0; 4]);
+        // And never inside a capture.
+        d.begin_capture().unwrap();
+        assert!(matches!(d.alloc_zeroed(4), Err(CudaError::Config(_))));
+        d.end_capture().unwrap();
+    }
+
     #[test]
     fn copies_run_when_the_host_waits_and_fail_cleanly_into_freed_buffers() {
         let d = HostDevice::default();
@@ -704,9 +872,14 @@ mod tests {
         let mut src = d.host::<u32>(1).unwrap();
         let mut dst = d.host::<u32>(1).unwrap();
         src.as_mut_slice()[0] = 7;
+        // The copy stream reads `dev` after the compute stream's fill and
+        // copy, as the runtime orders its render copies.
+        let filled = d.event(false).unwrap();
         // SAFETY: both host buffers are this device's and outlive the queue.
         unsafe {
             d.htod(dev.ptr(), src.as_slice()).unwrap();
+            d.record(&filled, Stream::Compute).unwrap();
+            d.copy_waits(&filled).unwrap();
             d.dtoh(dst.as_mut_slice(), dev.ptr()).unwrap();
         }
         // Rewritten before the queue ran: the copy reads the new value, as a

@@ -407,12 +407,20 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
 
 /// `paged_attention` (one query row per sequence) in the arithmetic of
 /// `prefill_attention`'s reference: the two kernels compute the same
-/// attention (up to the order of their sums on a GPU), and here a position
-/// comes out bit for bit alike whichever step computes it (decode, a
-/// prefill chunk, a re-prefill after preemption, a drafted row), as on the
-/// CPU runtime, so the engine's equivalence tests hold on the host device
-/// exactly.
+/// attention (up to the order of their sums on a GPU: the decode pair's is
+/// `reference::decode_attention`, held bit for bit against its source by
+/// `tests/kernel_source.rs`), and here a position comes out bit for bit
+/// alike whichever step computes it (decode, a prefill chunk, a re-prefill
+/// after preemption, a drafted row), as on the CPU runtime, so the engine's
+/// equivalence tests hold on the host device exactly. The ranges' scratch
+/// must be live and large enough for the rows, as the split pass writes it.
 pub(crate) fn paged_attention(m: &HostMemory, a: &PagedAttention) -> Result<(), CudaError> {
+    if a.max_splits == 0 {
+        return Err(CudaError::Unsupported(
+            "paged_attention with no key range".to_owned(),
+        ));
+    }
+    m.check::<f32>(a.part, a.n * a.num_heads * a.max_splits * (a.head_dim + 2))?;
     prefill_attention(m, &PrefillAttention { attn: *a })
 }
 

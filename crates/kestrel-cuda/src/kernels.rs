@@ -47,7 +47,7 @@ pub const SOURCES: &[KernelSource] = &[
     ),
     kernel!("rope.cu", ["add_bias"]),
     kernel!("rope_kv.cu", ["rope_kv_append"]),
-    kernel!("attention.cu", ["paged_attention"]),
+    kernel!("attention.cu", ["paged_attention", "paged_attention_merge"]),
     kernel!("prefill_attention.cu", ["prefill_attention"]),
     kernel!("penalty.cu", ["count_tokens"]),
     kernel!(
@@ -62,14 +62,46 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!(
         "quant.cu",
         [
-            "mmvq_q4_0",
-            "mmvq_q4_1",
-            "mmvq_q5_0",
-            "mmvq_q5_1",
-            "mmvq_q8_0",
-            "mmvq_q4_k",
-            "mmvq_q5_k",
-            "mmvq_q6_k",
+            "mmvq_q4_0_r1",
+            "mmvq_q4_0_r2",
+            "mmvq_q4_0_r4",
+            "mmvq_q4_0_r8",
+            "mmvq_q4_0_r16",
+            "mmvq_q4_1_r1",
+            "mmvq_q4_1_r2",
+            "mmvq_q4_1_r4",
+            "mmvq_q4_1_r8",
+            "mmvq_q4_1_r16",
+            "mmvq_q5_0_r1",
+            "mmvq_q5_0_r2",
+            "mmvq_q5_0_r4",
+            "mmvq_q5_0_r8",
+            "mmvq_q5_0_r16",
+            "mmvq_q5_1_r1",
+            "mmvq_q5_1_r2",
+            "mmvq_q5_1_r4",
+            "mmvq_q5_1_r8",
+            "mmvq_q5_1_r16",
+            "mmvq_q8_0_r1",
+            "mmvq_q8_0_r2",
+            "mmvq_q8_0_r4",
+            "mmvq_q8_0_r8",
+            "mmvq_q8_0_r16",
+            "mmvq_q4_k_r1",
+            "mmvq_q4_k_r2",
+            "mmvq_q4_k_r4",
+            "mmvq_q4_k_r8",
+            "mmvq_q4_k_r16",
+            "mmvq_q5_k_r1",
+            "mmvq_q5_k_r2",
+            "mmvq_q5_k_r4",
+            "mmvq_q5_k_r8",
+            "mmvq_q5_k_r16",
+            "mmvq_q6_k_r1",
+            "mmvq_q6_k_r2",
+            "mmvq_q6_k_r4",
+            "mmvq_q6_k_r8",
+            "mmvq_q6_k_r16",
             "quantize_q8_h",
             "dequant_f16",
             "embed_gather_q",
@@ -78,10 +110,90 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!("sample.cu", ["sample_rows", "reset_counts"]),
 ];
 
+/// The block size `CudaDevice` launches each entry point with (keep in
+/// step with `runtime/cuda.rs`): `tests/nvrtc.rs` holds each kernel's
+/// registers, as the device's assembler allocates them, within what such a
+/// block can have (65,536 per block, in units of 8 per thread).
+pub const BLOCK_THREADS: &[(&str, u32)] = &[
+    ("embed_gather", 256),
+    ("add_rms_norm", NORM_BLOCK),
+    ("add_rms_norm_q8", NORM_BLOCK),
+    ("rms_norm_f32", NORM_BLOCK),
+    ("add_bias", 256),
+    ("rope_kv_append", 128),
+    ("paged_attention", ATTENTION_THREADS),
+    ("paged_attention_merge", ATTENTION_THREADS),
+    ("prefill_attention", PREFILL_THREADS),
+    ("count_tokens", 128),
+    ("verify_inputs", 32),
+    ("draft_counts", 256),
+    ("accept_drafts", 64),
+    ("swiglu", 256),
+    ("swiglu_q8", 256),
+    ("gelu_mul", 256),
+    ("gelu_mul_q8", 256),
+    ("scale_f32", 256),
+    ("softcap", 256),
+    ("mmvq_q4_0_r1", MMVQ_WARPS * 32),
+    ("mmvq_q4_0_r2", MMVQ_WARPS * 32),
+    ("mmvq_q4_0_r4", MMVQ_WARPS * 32),
+    ("mmvq_q4_0_r8", MMVQ_WARPS * 32),
+    ("mmvq_q4_0_r16", MMVQ_WARPS * 32),
+    ("mmvq_q4_1_r1", MMVQ_WARPS * 32),
+    ("mmvq_q4_1_r2", MMVQ_WARPS * 32),
+    ("mmvq_q4_1_r4", MMVQ_WARPS * 32),
+    ("mmvq_q4_1_r8", MMVQ_WARPS * 32),
+    ("mmvq_q4_1_r16", MMVQ_WARPS * 32),
+    ("mmvq_q5_0_r1", MMVQ_WARPS * 32),
+    ("mmvq_q5_0_r2", MMVQ_WARPS * 32),
+    ("mmvq_q5_0_r4", MMVQ_WARPS * 32),
+    ("mmvq_q5_0_r8", MMVQ_WARPS * 32),
+    ("mmvq_q5_0_r16", MMVQ_WARPS * 32),
+    ("mmvq_q5_1_r1", MMVQ_WARPS * 32),
+    ("mmvq_q5_1_r2", MMVQ_WARPS * 32),
+    ("mmvq_q5_1_r4", MMVQ_WARPS * 32),
+    ("mmvq_q5_1_r8", MMVQ_WARPS * 32),
+    ("mmvq_q5_1_r16", MMVQ_WARPS * 32),
+    ("mmvq_q8_0_r1", MMVQ_WARPS * 32),
+    ("mmvq_q8_0_r2", MMVQ_WARPS * 32),
+    ("mmvq_q8_0_r4", MMVQ_WARPS * 32),
+    ("mmvq_q8_0_r8", MMVQ_WARPS * 32),
+    ("mmvq_q8_0_r16", MMVQ_WARPS * 32),
+    ("mmvq_q4_k_r1", MMVQ_WARPS * 32),
+    ("mmvq_q4_k_r2", MMVQ_WARPS * 32),
+    ("mmvq_q4_k_r4", MMVQ_WARPS * 32),
+    ("mmvq_q4_k_r8", MMVQ_WARPS * 32),
+    ("mmvq_q4_k_r16", MMVQ_WARPS * 32),
+    ("mmvq_q5_k_r1", MMVQ_WARPS * 32),
+    ("mmvq_q5_k_r2", MMVQ_WARPS * 32),
+    ("mmvq_q5_k_r4", MMVQ_WARPS * 32),
+    ("mmvq_q5_k_r8", MMVQ_WARPS * 32),
+    ("mmvq_q5_k_r16", MMVQ_WARPS * 32),
+    ("mmvq_q6_k_r1", MMVQ_WARPS * 32),
+    ("mmvq_q6_k_r2", MMVQ_WARPS * 32),
+    ("mmvq_q6_k_r4", MMVQ_WARPS * 32),
+    ("mmvq_q6_k_r8", MMVQ_WARPS * 32),
+    ("mmvq_q6_k_r16", MMVQ_WARPS * 32),
+    ("quantize_q8_h", 256),
+    ("dequant_f16", 256),
+    ("embed_gather_q", 256),
+    ("sample_rows", SAMPLE_THREADS),
+    ("reset_counts", 256),
+];
+
+const NORM_BLOCK: u32 = crate::reference::NORM_THREADS as u32;
+
 /// Threads per block of `sample_rows` (its scan buffer is sized for this).
 pub const SAMPLE_THREADS: u32 = 1024;
-/// Threads per block of `paged_attention` (at most 4 warps: shared-memory sizing).
-pub const ATTENTION_THREADS: u32 = 128;
+/// Threads per block of `paged_attention` (its shared arrays are sized
+/// for this) and `paged_attention_merge`.
+pub const ATTENTION_THREADS: u32 = crate::reference::ATT_THREADS as u32;
+/// Query heads of a GQA group one `paged_attention` block serves.
+pub const ATTENTION_HEADS_PER_BLOCK: usize = crate::reference::ATT_HB;
+/// Most key ranges one decode row's attention is split into (a block
+/// each): 32 blocks a KV head at long contexts, so 8 KV heads fill an
+/// H100's 132 SMs at one row. Chosen by SM count, not measured.
+pub const ATTENTION_MAX_SPLITS: usize = 32;
 /// Query rows per block of `prefill_attention` (its shared Q tile).
 pub const PREFILL_Q_ROWS: usize = 8;
 /// Threads per block of `prefill_attention` (two rows per warp).
@@ -131,15 +243,28 @@ mod tests {
     /// The launch sizes used here size shared arrays in the kernels: a drift
     /// would overflow them or fail the launch on a GPU only.
     #[test]
+    fn every_entry_point_has_one_launch_block_size() {
+        let mut entries: Vec<&str> = SOURCES
+            .iter()
+            .flat_map(|k| k.functions.iter().copied())
+            .collect();
+        let mut sized: Vec<&str> = BLOCK_THREADS.iter().map(|(n, _)| *n).collect();
+        entries.sort_unstable();
+        sized.sort_unstable();
+        assert_eq!(entries, sized);
+        assert!(BLOCK_THREADS.iter().all(|(_, t)| t % 32 == 0 && *t <= 1024));
+    }
+
+    #[test]
     fn launch_constants_match_the_kernels_defines() {
         let src = |file: &str| SOURCES.iter().find(|k| k.file == file).expect(file).source;
         assert!(src("sample.cu").contains(&format!("#define SAMPLE_THREADS {SAMPLE_THREADS}\n")));
         let att = src("attention.cu");
-        assert!(att.contains(&format!(
-            "#define ATT_MAX_WARPS {} ",
-            ATTENTION_THREADS / 32
-        )));
-        assert!(att.contains(&format!("#define ATT_MAX_E {} ", MAX_HEAD_DIM / 32)));
+        assert!(att.contains(&format!("#define ATT_THREADS {ATTENTION_THREADS}\n")));
+        assert!(att.contains(&format!("#define ATT_HB {ATTENTION_HEADS_PER_BLOCK} ")));
+        // 8 dimensions a lane, 32 lanes a key at most.
+        assert!(att.contains("#define ATT_VEC 8 "));
+        assert_eq!(MAX_HEAD_DIM, 8 * 32);
         let pf = src("prefill_attention.cu");
         assert!(pf.contains(&format!("#define PF_Q_ROWS {PREFILL_Q_ROWS}\n")));
         assert!(pf.contains(&format!("#define PF_WARPS {}\n", PREFILL_THREADS / 32)));

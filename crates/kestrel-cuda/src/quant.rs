@@ -61,19 +61,80 @@ pub fn matmul_path(dtype: DType, n: usize) -> MatmulPath {
     }
 }
 
-/// The `mmvq_*` entry point of a quantized dtype.
-pub fn mmvq_kernel(dtype: DType) -> Option<&'static str> {
-    Some(match dtype {
-        DType::Q4_0 => "mmvq_q4_0",
-        DType::Q4_1 => "mmvq_q4_1",
-        DType::Q5_0 => "mmvq_q5_0",
-        DType::Q5_1 => "mmvq_q5_1",
-        DType::Q8_0 => "mmvq_q8_0",
-        DType::Q4K => "mmvq_q4_k",
-        DType::Q5K => "mmvq_q5_k",
-        DType::Q6K => "mmvq_q6_k",
+/// The `mmvq_<type>_r<NR>` entry point of a quantized dtype for `n`
+/// activation rows: the smallest NR of 1, 2, 4, 8, 16 holding them (each
+/// keeps NR accumulators; the arithmetic per row is the same in all), None
+/// past `MMVQ_MAX_ROWS` or for an unquantized dtype.
+pub fn mmvq_kernel(dtype: DType, n: usize) -> Option<&'static str> {
+    let per_rows = match dtype {
+        DType::Q4_0 => [
+            "mmvq_q4_0_r1",
+            "mmvq_q4_0_r2",
+            "mmvq_q4_0_r4",
+            "mmvq_q4_0_r8",
+            "mmvq_q4_0_r16",
+        ],
+        DType::Q4_1 => [
+            "mmvq_q4_1_r1",
+            "mmvq_q4_1_r2",
+            "mmvq_q4_1_r4",
+            "mmvq_q4_1_r8",
+            "mmvq_q4_1_r16",
+        ],
+        DType::Q5_0 => [
+            "mmvq_q5_0_r1",
+            "mmvq_q5_0_r2",
+            "mmvq_q5_0_r4",
+            "mmvq_q5_0_r8",
+            "mmvq_q5_0_r16",
+        ],
+        DType::Q5_1 => [
+            "mmvq_q5_1_r1",
+            "mmvq_q5_1_r2",
+            "mmvq_q5_1_r4",
+            "mmvq_q5_1_r8",
+            "mmvq_q5_1_r16",
+        ],
+        DType::Q8_0 => [
+            "mmvq_q8_0_r1",
+            "mmvq_q8_0_r2",
+            "mmvq_q8_0_r4",
+            "mmvq_q8_0_r8",
+            "mmvq_q8_0_r16",
+        ],
+        DType::Q4K => [
+            "mmvq_q4_k_r1",
+            "mmvq_q4_k_r2",
+            "mmvq_q4_k_r4",
+            "mmvq_q4_k_r8",
+            "mmvq_q4_k_r16",
+        ],
+        DType::Q5K => [
+            "mmvq_q5_k_r1",
+            "mmvq_q5_k_r2",
+            "mmvq_q5_k_r4",
+            "mmvq_q5_k_r8",
+            "mmvq_q5_k_r16",
+        ],
+        DType::Q6K => [
+            "mmvq_q6_k_r1",
+            "mmvq_q6_k_r2",
+            "mmvq_q6_k_r4",
+            "mmvq_q6_k_r8",
+            "mmvq_q6_k_r16",
+        ],
         DType::F32 | DType::F16 | DType::BF16 => return None,
-    })
+    };
+    // The entry point with the fewest accumulators that hold n rows.
+    let at = match n {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        5..=8 => 3,
+        9..=MMVQ_MAX_ROWS => 4,
+        _ => return None,
+    };
+    Some(per_rows[at])
 }
 
 /// The type code the kernels take (ggml's type id).

@@ -571,6 +571,140 @@ pub fn prefill_attention(
     }
 }
 
+// ---- attention.cu (issue 75 item 2: decode attention split over keys) ----
+
+/// Threads of a `paged_attention` block (`ATT_THREADS`).
+pub const ATT_THREADS: usize = 128;
+/// Query heads of a GQA group per block (`ATT_HB`).
+pub const ATT_HB: usize = 4;
+/// Dimensions per lane (`ATT_VEC`).
+const ATT_VEC: usize = 8;
+/// Fewest keys of a range (`ATT_SPLIT_MIN`) and the multiple every range's
+/// keys are (`ATT_SPLIT_QUANTUM`).
+pub const ATT_SPLIT_MIN: usize = 64;
+const ATT_SPLIT_QUANTUM: usize = 32;
+
+/// `att_ranges`: a row's keys `first..len` in ranges of the returned
+/// `per` keys (the last shorter), at most `max_splits` of them; returns
+/// `(ranges, per)`.
+pub fn attention_ranges(first: usize, len: usize, max_splits: usize) -> (usize, usize) {
+    let keys = len - first;
+    let per = keys
+        .div_ceil(max_splits)
+        .div_ceil(ATT_SPLIT_QUANTUM)
+        .saturating_mul(ATT_SPLIT_QUANTUM)
+        .max(ATT_SPLIT_MIN);
+    (keys.div_ceil(per), per)
+}
+
+/// One key range's online softmax for one head, as `paged_attention`'s
+/// slots compute it and its block merges them: `(max, sum, unnormalized
+/// output)`.
+struct RangeSoftmax {
+    m: f32,
+    l: f32,
+    acc: Vec<f32>,
+}
+
+/// `paged_attention` then `paged_attention_merge` of `attention.cu`: each
+/// row's keys (window applied) in [`attention_ranges`]; within a range key
+/// `j` belongs to slot `(j - k0) % slots` (slots: `ATT_THREADS / 32 * 32 /
+/// seg`, `seg` the power of two of lanes covering `head_dim / 8`), each
+/// slot an online softmax over its keys in order (the dot product lane by
+/// lane with fused multiply-adds over 8 dimensions, then the lanes'
+/// butterfly); the range merges its slots in slot order, the row its
+/// ranges in order. `out` gets `row_seq.len() * num_heads * head_dim` f16.
+pub fn decode_attention(
+    s: &AttnShape,
+    rows: &AttnRows<'_>,
+    k_cache: &[f16],
+    v_cache: &[f16],
+    max_splits: usize,
+    out: &mut [f16],
+) {
+    let hd = s.head_dim;
+    let kv_dim = s.num_kv_heads * hd;
+    let group = s.num_heads / s.num_kv_heads;
+    let seg = hd.div_ceil(ATT_VEC).next_power_of_two();
+    let slots = ATT_THREADS / 32 * (32 / seg);
+    for (i, (&seq, &pos)) in rows.row_seq.iter().zip(rows.row_pos).enumerate() {
+        let pages = &rows.kv_indices[rows.kv_indptr[seq as usize] as usize..];
+        let (first, len) = (attention_lo(pos, s.window), pos as usize + 1);
+        let (ranges, per) = attention_ranges(first, len, max_splits);
+        for h in 0..s.num_heads {
+            let q = &rows.qkv[i * rows.stride + h * hd..][..hd];
+            let off = |key: usize| {
+                let page = pages[key / s.page_size] as usize;
+                (page * s.page_size + key % s.page_size) * kv_dim + h / group * hd
+            };
+            let parts: Vec<RangeSoftmax> = (0..ranges)
+                .map(|r| {
+                    let k0 = first + r * per;
+                    let k1 = len.min(k0 + per);
+                    let mut ms = vec![f32::NEG_INFINITY; slots];
+                    let mut ls = vec![0f32; slots];
+                    let mut accs = vec![vec![0f32; hd]; slots];
+                    for j in k0..k1 {
+                        let slot = (j - k0) % slots;
+                        let k = &k_cache[off(j)..][..hd];
+                        let v = &v_cache[off(j)..][..hd];
+                        let mut lanes = vec![0f32; seg];
+                        for (sub, lane) in lanes.iter_mut().enumerate() {
+                            for e in 0..ATT_VEC {
+                                let d = sub * ATT_VEC + e;
+                                if d < hd {
+                                    *lane = q[d].mul_add(k[d].to_f32(), *lane);
+                                }
+                            }
+                        }
+                        let mut o = seg / 2;
+                        while o > 0 {
+                            let prev = lanes.clone();
+                            for (x, lane) in lanes.iter_mut().enumerate() {
+                                *lane = prev[x] + prev[x ^ o];
+                            }
+                            o /= 2;
+                        }
+                        let sc = lanes[0] * s.scale;
+                        let mn = ms[slot].max(sc);
+                        let corr = kexp(ms[slot] - mn);
+                        let p = kexp(sc - mn);
+                        ls[slot] = ls[slot].mul_add(corr, p);
+                        for (a, vd) in accs[slot].iter_mut().zip(v) {
+                            *a = p.mul_add(vd.to_f32(), *a * corr);
+                        }
+                        ms[slot] = mn;
+                    }
+                    let live = || (0..slots).filter(|&x| ls[x] > 0.0);
+                    let m = live().fold(f32::NEG_INFINITY, |a, x| a.max(ms[x]));
+                    let mut l = 0f32;
+                    let mut acc = vec![0f32; hd];
+                    for x in live() {
+                        let c = kexp(ms[x] - m);
+                        l = ls[x].mul_add(c, l);
+                        for (a, &sa) in acc.iter_mut().zip(&accs[x]) {
+                            *a = c.mul_add(sa, *a);
+                        }
+                    }
+                    RangeSoftmax { m, l, acc }
+                })
+                .collect();
+            let m = parts.iter().fold(f32::NEG_INFINITY, |a, p| a.max(p.m));
+            let l = parts
+                .iter()
+                .fold(0f32, |l, p| p.l.mul_add(kexp(p.m - m), l));
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            let o = &mut out[(i * s.num_heads + h) * hd..][..hd];
+            for (d, ov) in o.iter_mut().enumerate() {
+                let v = parts
+                    .iter()
+                    .fold(0f32, |v, p| kexp(p.m - m).mul_add(p.acc[d], v));
+                *ov = f16::from_f32(v * inv);
+            }
+        }
+    }
+}
+
 // ---- penalty.cu ----
 
 /// `count_tokens` of `penalty.cu` for one row: `counts[t] += 1` for each
@@ -719,7 +853,34 @@ mod tests {
     /// window that cuts into a tile, pages of 4 in scattered order).
     #[test]
     fn prefill_attention_is_softmax_attention() {
-        let (nh, nkv, hd, ps) = (4usize, 2usize, 32usize, 4usize);
+        softmax_attention_case(32, |sh, rows, kc, vc, out| {
+            prefill_attention(sh, rows, kc, vc, out)
+        });
+    }
+
+    /// The split decode attention, the same way: one range and several
+    /// (keys past 64 at 4 splits), 8-dimension lanes and a head_dim that is
+    /// not a multiple of 8.
+    #[test]
+    fn decode_attention_is_softmax_attention() {
+        assert_eq!(attention_ranges(0, 64, 4), (1, 64));
+        assert_eq!(attention_ranges(0, 65, 4), (2, 64));
+        assert_eq!(attention_ranges(100, 4196, 16), (16, 256));
+        assert_eq!(attention_ranges(0, 4100, 16), (15, 288));
+        for hd in [32, 24] {
+            for splits in [1, 4] {
+                softmax_attention_case(hd, |sh, rows, kc, vc, out| {
+                    decode_attention(sh, rows, kc, vc, splits, out)
+                });
+            }
+        }
+    }
+
+    fn softmax_attention_case(
+        hd: usize,
+        run: impl Fn(&AttnShape, &AttnRows<'_>, &[f16], &[f16], &mut [f16]),
+    ) {
+        let (nh, nkv, ps) = (4usize, 2usize, 4usize);
         let kv_dim = nkv * hd;
         for window in [0usize, 23] {
             let shape = AttnShape {
@@ -749,7 +910,7 @@ mod tests {
                 kv_indices: &pages,
             };
             let mut out = vec![f16::ZERO; n * nh * hd];
-            prefill_attention(&shape, &rows, &kc, &vc, &mut out);
+            run(&shape, &rows, &kc, &vc, &mut out);
             for (i, &pos) in row_pos.iter().enumerate() {
                 let keys = attention_lo(pos, window)..pos as usize + 1;
                 if window > 0 {

@@ -1,6 +1,5 @@
-//! The own CUDA source of the kernels added for issues 31 and 32
-//! (`common.cuh`, `quant.cu`, `rmsnorm.cu`, `swiglu.cu`, `rope_kv.cu`,
-//! `gemma.cu`, as embedded for NVRTC), built for the host by
+//! The own CUDA source of every kernel file (`common.cuh` and all of
+//! `kestrel_cuda::kernels::SOURCES`, as embedded for NVRTC), built for the host by
 //! a C++20 compiler with `tests/host/shim.h` standing in for CUDA and run
 //! block by block with one host thread per CUDA thread (real barriers for
 //! `__syncthreads` and warp shuffles), against the Rust references of
@@ -12,7 +11,12 @@
 //! `prefill_attention` (ragged runs of query rows, cached prefixes, page and
 //! tile boundaries, GQA ratios, sliding windows) and `count_tokens` (a
 //! re-admitted sequence's penalty counts), and the draft verification
-//! kernels of `verify.cu`. The
+//! kernels of `verify.cu`; and (issue 75) decode attention split over key
+//! ranges (`attention.cu`'s `paged_attention` and its merge) against
+//! `reference::decode_attention`, `embed_gather` and `add_bias` bit for
+//! bit, and `sample.cu`'s `sample_rows` itself against kestrel-cpu's
+//! sampler (tokens and top-n ids exact, logprobs to 1e-4) and the host
+//! device's `sample_row`. The
 //! only text changed
 //! is the three inline-PTX statements (f16 conversions, `dp4a`), rewritten
 //! to their host definitions. This checks the CUDA code itself, not a
@@ -76,25 +80,8 @@ fn compiler() -> Option<String> {
 fn translation_unit() -> String {
     let mut text = String::from(include_str!("host/shim.h"));
     let mut rewritten = [0usize; 3];
-    for src in std::iter::once(COMMON).chain(
-        [
-            "rmsnorm.cu",
-            "swiglu.cu",
-            "quant.cu",
-            "rope_kv.cu",
-            "gemma.cu",
-            "prefill_attention.cu",
-            "penalty.cu",
-            "verify.cu",
-        ]
-        .map(|f| {
-            SOURCES
-                .iter()
-                .find(|k| k.file == f)
-                .unwrap_or_else(|| panic!("{f} is registered"))
-                .source
-        }),
-    ) {
+    // Every registered kernel file (issue 75 item 5), in registry order.
+    for src in std::iter::once(COMMON).chain(SOURCES.iter().map(|k| k.source)) {
         let mut s = src.to_owned();
         for (i, (from, to)) in PTX_REWRITES.iter().enumerate() {
             rewritten[i] += s.matches(from).count();
@@ -137,7 +124,14 @@ fn build() -> Option<PathBuf> {
     std::fs::write(dir.join("kernels.cpp"), translation_unit()).expect("write");
     let exe = dir.join("harness");
     let out = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w"])
+        .args([
+            "-std=c++20",
+            "-O1",
+            "-ffp-contract=off",
+            "-fno-strict-aliasing",
+            "-pthread",
+            "-w",
+        ])
         .arg(dir.join("kernels.cpp"))
         .arg("-o")
         .arg(&exe)
@@ -222,7 +216,7 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
     let (rows, cols) = (9, 1024);
     for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
-        for n in [1, 3, MMVQ_MAX_ROWS] {
+        for n in [1, 2, 3, 5, MMVQ_MAX_ROWS] {
             let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);
             let args = [
                 "mmvq",
@@ -526,11 +520,20 @@ struct PfSeq {
     rows: usize,
 }
 
-/// Runs `prefill_attention` on the host against its reference for `seqs`
-/// (their rows in order, so runs of a sequence straddle blocks of
-/// `PREFILL_Q_ROWS`), each sequence's pages scattered over the pool; cache
-/// slots no row may read hold NaN, so reading one would poison the output.
-fn prefill_case(exe: &Path, dir: &Path, shape: reference::AttnShape, seqs: &[PfSeq], seed: u64) {
+/// Runs `prefill_attention` (or, with `splits`, decode's `paged_attention`
+/// and its merge, the rows' keys in at most that many ranges) on the host
+/// against its reference for `seqs` (their rows in order, so runs of a
+/// sequence straddle blocks of `PREFILL_Q_ROWS`), each sequence's pages
+/// scattered over the pool; cache slots no row may read hold NaN, so
+/// reading one would poison the output.
+fn attention_case(
+    exe: &Path,
+    dir: &Path,
+    shape: reference::AttnShape,
+    seqs: &[PfSeq],
+    seed: u64,
+    splits: Option<usize>,
+) {
     let (nh, nkv, hd, ps) = (
         shape.num_heads,
         shape.num_kv_heads,
@@ -577,8 +580,13 @@ fn prefill_case(exe: &Path, dir: &Path, shape: reference::AttnShape, seqs: &[PfS
     let qkv = rng.vec(n * stride, 2.0);
     let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     let f16_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
-    let args = [
-        "prefill_attn".to_owned(),
+    let mut args = vec![
+        if splits.is_some() {
+            "decode_attn"
+        } else {
+            "prefill_attn"
+        }
+        .to_owned(),
         nh.to_string(),
         nkv.to_string(),
         hd.to_string(),
@@ -588,6 +596,7 @@ fn prefill_case(exe: &Path, dir: &Path, shape: reference::AttnShape, seqs: &[PfS
         stride.to_string(),
         n.to_string(),
     ];
+    args.extend(splits.map(|s| s.to_string()));
     let out = run(
         exe,
         dir,
@@ -612,10 +621,19 @@ fn prefill_case(exe: &Path, dir: &Path, shape: reference::AttnShape, seqs: &[PfS
         kv_indptr: &indptr,
         kv_indices: &indices,
     };
-    reference::prefill_attention(&shape, &rows, &kc, &vc, &mut want);
+    let kernel = match splits {
+        Some(s) => {
+            reference::decode_attention(&shape, &rows, &kc, &vc, s, &mut want);
+            format!("paged_attention in {s} ranges")
+        }
+        None => {
+            reference::prefill_attention(&shape, &rows, &kc, &vc, &mut want);
+            "prefill_attention".to_owned()
+        }
+    };
     assert!(want.iter().all(|h| h.is_finite()), "the reference read NaN");
     let what = format!(
-        "prefill_attention {nh}/{nkv} heads of {hd}, pages of {ps}, window {}",
+        "{kernel} {nh}/{nkv} heads of {hd}, pages of {ps}, window {}",
         shape.window
     );
     assert_same(&out[0], &f16_bytes(&want), 2, &what);
@@ -651,20 +669,80 @@ fn prefill_attention_is_its_reference_bit_for_bit() {
             rows: 1,
         },
     ];
-    prefill_case(&exe, &dir, shape(6, 2, 64, 16, 0), &mixed, 1);
+    attention_case(&exe, &dir, shape(6, 2, 64, 16, 0), &mixed, 1, None);
     // No grouping, 128 wide, pages of 4, a sliding window of 20 keys over a
     // chunk at 50 (the window's start moves through a tile).
     let windowed = [PfSeq {
         q_start: 50,
         rows: 13,
     }];
-    prefill_case(&exe, &dir, shape(4, 4, 128, 4, 20), &windowed, 2);
+    attention_case(&exe, &dir, shape(4, 4, 128, 4, 20), &windowed, 2, None);
     // GQA 8:1 at the widest head (the shared tiles' limit), 9 rows at 3.
     let wide = [PfSeq {
         q_start: 3,
         rows: 9,
     }];
-    prefill_case(&exe, &dir, shape(8, 1, 256, 16, 0), &wide, 3);
+    attention_case(&exe, &dir, shape(8, 1, 256, 16, 0), &wide, 3, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Decode attention split over keys (issue 75 items 2 and 5): the source of
+/// `paged_attention` and `paged_attention_merge` against
+/// `reference::decode_attention` bit for bit. Rows at 1 to 300 keys (one
+/// range up to 64 keys, up to four past it), GQA 3:1 at SmolLM2's head
+/// width (3 heads a block), 8:1 at 256 (two blocks of 4 per KV head, 32
+/// lanes a key), 1:1 at 128 with a window of 70 (the ranges start inside
+/// the window), 6:1 at 24 (not a multiple of 8: element loads, 3 of 4
+/// lanes a key; the second block of heads holds 2).
+#[test]
+fn decode_attention_is_its_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("decode_attn") else {
+        return;
+    };
+    let shape = |nh, nkv, hd: usize, ps, window| reference::AttnShape {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        page_size: ps,
+        scale: 1.0 / (hd as f32).sqrt(),
+        window,
+    };
+    let decode = |positions: &[usize]| -> Vec<PfSeq> {
+        positions
+            .iter()
+            .map(|&p| PfSeq {
+                q_start: p,
+                rows: 1,
+            })
+            .collect()
+    };
+    let rows = decode(&[0, 40, 64, 65, 299, 130]);
+    attention_case(&exe, &dir, shape(6, 2, 64, 16, 0), &rows, 11, Some(4));
+    attention_case(&exe, &dir, shape(6, 2, 64, 16, 0), &rows, 12, Some(1));
+    attention_case(
+        &exe,
+        &dir,
+        shape(8, 1, 256, 16, 0),
+        &decode(&[200, 3]),
+        13,
+        Some(4),
+    );
+    attention_case(
+        &exe,
+        &dir,
+        shape(4, 4, 128, 4, 70),
+        &decode(&[250, 69, 20]),
+        14,
+        Some(8),
+    );
+    attention_case(
+        &exe,
+        &dir,
+        shape(6, 1, 24, 8, 0),
+        &decode(&[150, 7]),
+        15,
+        Some(2),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -784,5 +862,297 @@ fn draft_verification_kernels_are_their_references() {
         "accept_drafts' pending",
     );
     assert_same(&out[4], &u32_bytes(&accepted), 4, "accept_drafts' accepted");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    u32s(bytes).into_iter().map(f32::from_bits).collect()
+}
+
+/// `embedding.cu` and `rope.cu` (issue 75 item 5): `embed_gather` converts
+/// each row's f16 table row to f32 (prompt tokens directly, decode tokens
+/// through `rows`; an id past the vocabulary reads row 0), `add_bias` adds
+/// the bias to the first `d` columns of each row and leaves the rest.
+#[test]
+fn embedding_and_bias_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("embed_bias") else {
+        return;
+    };
+    let (hidden, vocab) = (200, 7);
+    let table: Vec<f16> = Rng(3)
+        .vec(vocab * hidden, 70_000.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let table_bytes: Vec<u8> = table.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let tokens = [6u32, 0, 3, 9, 2];
+    let rows = [4u32, 2, 0];
+    for (indirect, ids) in [(0, vec![6usize, 0, 3, 0, 2]), (1, vec![2, 3, 6])] {
+        let n = ids.len();
+        let args = [
+            "embed_f16".to_owned(),
+            hidden.to_string(),
+            vocab.to_string(),
+            n.to_string(),
+            indirect.to_string(),
+        ];
+        let out = run(
+            &exe,
+            &dir,
+            &args,
+            &[
+                ("table.bin", table_bytes.clone()),
+                ("tokens.bin", u32_bytes(&tokens)),
+                ("rows.bin", u32_bytes(&rows)),
+            ],
+            &["x.bin"],
+        );
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&t| {
+                table[t * hidden..(t + 1) * hidden]
+                    .iter()
+                    .map(|h| h.to_f32())
+            })
+            .collect();
+        assert_same(
+            &out[0],
+            &f32_bytes(&want),
+            4,
+            &format!("embed_gather {indirect}"),
+        );
+    }
+    let (stride, d, n) = (100, 72, 3);
+    let y = Rng(4).vec(n * stride, 5.0);
+    let b = Rng(5).vec(d, 5.0);
+    let args = ["bias", &stride.to_string(), &d.to_string(), &n.to_string()].map(String::from);
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("y.bin", f32_bytes(&y)), ("b.bin", f32_bytes(&b))],
+        &["out.bin"],
+    );
+    let mut want = y.clone();
+    for row in want.chunks_exact_mut(stride) {
+        for (v, bias) in row.iter_mut().zip(&b) {
+            *v += bias;
+        }
+    }
+    assert_same(&out[0], &f32_bytes(&want), 4, "add_bias");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sample.cu` itself (issue 75 item 5: the kernel, not the host device's
+/// transcription of it) against kestrel-cpu's sampler, the reference, on
+/// rows that exercise every stage: greedy and seeded draws, top-k, top-p,
+/// min-p, penalties, masks (one allowing nothing), logit biases, top-n,
+/// 1024 threads over a vocabulary of 3000 (three tokens a thread in the
+/// draw's id-order walk). Tokens, top-n ids, the counts and `pending` must
+/// be equal; logprobs within 1e-4 (masses are f64 sums in another order).
+/// The host device's `sample_row` must pick the kernel's tokens too.
+#[test]
+fn sample_kernel_matches_the_cpu_sampler_and_the_host_device() {
+    use kestrel_cpu::sampler::{sample, PenaltyState, SamplingParams};
+    use kestrel_cuda::ffi::SampleParams;
+    use kestrel_cuda::hostdev::{sample_row, SampleRow};
+    use kestrel_pipeline::LogitBias;
+    let Some((dir, exe)) = harness("sample") else {
+        return;
+    };
+    let (vocab, n, top_n) = (3000usize, 20usize, 3usize);
+    let words = vocab.div_ceil(32);
+    let mut rng = Rng(77);
+    let mut pick = |m: usize| (rng.next_u64() % m as u64) as usize;
+    let mut logits = Vec::new();
+    let (mut mask_words, mut mask_flags) = (Vec::new(), Vec::new());
+    let (mut params, mut cpu_params) = (Vec::new(), Vec::new());
+    let (mut counts, mut positions) = (Vec::new(), Vec::new());
+    let (mut bias_indptr, mut bias) = (vec![0u32], Vec::new());
+    for case in 0..n {
+        // Coarse logits, so ties are common.
+        let row: Vec<f32> = Rng(100 + case as u64)
+            .vec(vocab, 8.0)
+            .into_iter()
+            .map(|x| (x * 2.0).round() / 2.0)
+            .collect();
+        logits.extend_from_slice(&row);
+        let p = SamplingParams {
+            temperature: [0.0, 0.7, 1.0, 1.3][case % 4],
+            top_k: [0, 1, 5, 40, 2999][case % 5],
+            top_p: [1.0, 0.9, 0.5][case % 3],
+            min_p: if case % 6 == 5 { 0.05 } else { 0.0 },
+            repetition_penalty: if case % 3 == 0 { 1.3 } else { 1.0 },
+            frequency_penalty: if case % 5 == 0 { 0.4 } else { 0.0 },
+            presence_penalty: if case % 7 == 0 { 0.25 } else { 0.0 },
+            seed: 1000 + case as u64,
+            top_logprobs: top_n as u32,
+            logprobs: true,
+            logit_bias: if case % 5 == 2 {
+                LogitBias::new([
+                    (pick(vocab) as u32, -100.0),
+                    (pick(vocab) as u32, 7.5),
+                    (pick(vocab) as u32, 0.5),
+                ])
+            } else {
+                LogitBias::default()
+            },
+        };
+        for &(t, v) in p.logit_bias.entries() {
+            bias.extend([t, v.to_bits()]);
+        }
+        bias_indptr.push((bias.len() / 2) as u32);
+        // Every fourth row masked; row 13 allows nothing.
+        let masked = case % 4 == 1 || case == 13;
+        mask_flags.push(u32::from(masked));
+        for _ in 0..words {
+            let w = if case == 13 {
+                0
+            } else {
+                (pick(1 << 16) as u32) << 16 | pick(1 << 16) as u32
+            };
+            mask_words.push(w);
+        }
+        let mut c = vec![0u32; vocab];
+        for _ in 0..20 {
+            c[pick(vocab)] += 1;
+        }
+        counts.extend_from_slice(&c);
+        positions.push(case as u32 * 3 + 1);
+        params.push(SampleParams::from(&p));
+        cpu_params.push(p);
+    }
+    // Rows sample into KV rows in reverse order.
+    let rows: Vec<u32> = (0..n as u32).rev().collect();
+    let mut kv_counts = vec![0u32; n * vocab];
+    for (i, &r) in rows.iter().enumerate() {
+        let r = r as usize;
+        kv_counts[r * vocab..(r + 1) * vocab].copy_from_slice(&counts[i * vocab..(i + 1) * vocab]);
+    }
+    let params_bytes: Vec<u8> = params
+        .iter()
+        .flat_map(|p| {
+            let mut b = Vec::with_capacity(40);
+            for w in [
+                p.temperature.to_bits(),
+                p.top_k,
+                p.top_p.to_bits(),
+                p.min_p.to_bits(),
+                p.repetition_penalty.to_bits(),
+                p.frequency_penalty.to_bits(),
+                p.presence_penalty.to_bits(),
+                0,
+            ] {
+                b.extend(w.to_le_bytes());
+            }
+            b.extend(p.seed.to_le_bytes());
+            b
+        })
+        .collect();
+    let args = [vocab, n, words, top_n].map(|x| x.to_string());
+    let out = run(
+        &exe,
+        &dir,
+        &[&["sample".to_owned()][..], &args].concat(),
+        &[
+            ("logits.bin", f32_bytes(&logits)),
+            ("mask_words.bin", u32_bytes(&mask_words)),
+            ("mask_flags.bin", u32_bytes(&mask_flags)),
+            ("params.bin", params_bytes),
+            ("rows.bin", u32_bytes(&rows)),
+            ("positions.bin", u32_bytes(&positions)),
+            ("counts.bin", u32_bytes(&kv_counts)),
+            ("bias_indptr.bin", u32_bytes(&bias_indptr)),
+            ("bias.bin", u32_bytes(&bias)),
+        ],
+        &[
+            "tokens.bin",
+            "lps.bin",
+            "top_ids.bin",
+            "top_lps.bin",
+            "counts_out.bin",
+            "pending.bin",
+        ],
+    );
+    let (tokens, lps) = (u32s(&out[0]), f32s(&out[1]));
+    let (top_ids, top_lps) = (u32s(&out[2]), f32s(&out[3]));
+    let (counts_out, pending) = (u32s(&out[4]), u32s(&out[5]));
+    let mut want_counts = kv_counts.clone();
+    let mut draws = 0;
+    for i in 0..n {
+        let row_logits = &logits[i * vocab..(i + 1) * vocab];
+        let row_counts = &counts[i * vocab..(i + 1) * vocab];
+        let mask = (mask_flags[i] == 1).then(|| &mask_words[i * words..(i + 1) * words]);
+        let p = &cpu_params[i];
+        let mut state = PenaltyState::new(vocab);
+        for (t, &c) in row_counts.iter().enumerate() {
+            for _ in 0..c {
+                state.record(t as u32);
+            }
+        }
+        let mut cpu_logits = row_logits.to_vec();
+        let cpu = sample(&mut cpu_logits, p, mask, &mut state, positions[i], top_n);
+        let (tok, lp) = (tokens[i], lps[i]);
+        let top: Vec<(u32, f32)> = (0..top_n)
+            .map(|j| (top_ids[i * top_n + j], top_lps[i * top_n + j]))
+            .collect();
+        match cpu {
+            None => {
+                assert_eq!(i, 13, "only row 13 allows nothing");
+                assert_eq!((tok, lp), (0, f32::NEG_INFINITY), "row {i}");
+                assert!(top.iter().all(|&t| t == (0, f32::NEG_INFINITY)));
+            }
+            Some(cpu) => {
+                draws += usize::from(p.temperature > 0.0);
+                assert_eq!(tok, cpu.token, "row {i}: {p:?}");
+                assert!(
+                    (lp - cpu.logprob).abs() < 1e-4,
+                    "row {i}: {lp} vs {}",
+                    cpu.logprob
+                );
+                for (j, &(id, l)) in top.iter().enumerate() {
+                    match cpu.top.as_slice().get(j) {
+                        Some(&(cid, cl)) => {
+                            assert_eq!(id, cid, "row {i} top {j}");
+                            assert!((l - cl).abs() < 1e-4, "row {i} top {j}: {l} vs {cl}");
+                        }
+                        None => assert_eq!((id, l), (0, f32::NEG_INFINITY), "row {i} top {j}"),
+                    }
+                }
+            }
+        }
+        let entries: Vec<(u32, f32)> = bias
+            [2 * bias_indptr[i] as usize..2 * bias_indptr[i + 1] as usize]
+            .chunks_exact(2)
+            .map(|w| (w[0], f32::from_bits(w[1])))
+            .collect();
+        let host_row = SampleRow {
+            mask,
+            bias: &entries,
+            counts: row_counts,
+            position: positions[i],
+        };
+        let (htok, _, htop) = sample_row(row_logits, &params[i], host_row, top_n);
+        assert_eq!(htok, tok, "row {i}: the host device's sample_row");
+        let hids: Vec<u32> = htop.iter().map(|&(id, _)| id).collect();
+        let ids: Vec<u32> = top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(hids, ids, "row {i}: the host device's top-n");
+        let r = rows[i] as usize;
+        want_counts[r * vocab + tok as usize] += 1;
+        assert_eq!(pending[r], tok, "row {i}: pending");
+    }
+    assert!(draws >= 10, "{draws} draws");
+    assert_eq!(counts_out, want_counts, "counts");
     let _ = std::fs::remove_dir_all(&dir);
 }

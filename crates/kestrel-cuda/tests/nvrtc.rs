@@ -1,13 +1,15 @@
 //! Every kernel source compiles to PTX with NVRTC for sm_80 and sm_90, on a
-//! machine without a GPU (NVRTC needs no driver).
+//! machine without a GPU (NVRTC needs no driver), and to sm_80 and sm_90
+//! cubins whose assembler report shows no local memory (no spills) and
+//! registers within each kernel's launch block.
 //!
 //! NVRTC comes from the pinned PyPI wheels in `scripts/ci/cuda-requirements.txt`;
 //! point `KESTREL_NVRTC_LIB` at `.../nvidia/cu13/lib` (or at libnvrtc.so.13).
 //! Without NVRTC the test prints why and passes, unless
 //! `KESTREL_REQUIRE_NVRTC=1` (as in `.ci/run`), where it fails.
 
-use kestrel_cuda::compile::{compile_all, compile_ptx, nvrtc_version};
-use kestrel_cuda::kernels::SOURCES;
+use kestrel_cuda::compile::{compile_all, compile_cubin, compile_ptx, nvrtc_version};
+use kestrel_cuda::kernels::{BLOCK_THREADS, SOURCES};
 use kestrel_cuda::{libs, Arch};
 
 fn nvrtc_or_skip(test: &str) -> bool {
@@ -64,4 +66,63 @@ fn ptx_cache_hits_on_the_second_compile() {
     let files = std::fs::read_dir(&dir).expect("cache dir").count();
     assert_eq!(files, SOURCES.len());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 75 item 6: what the device's assembler sees, without a device.
+/// Each file is assembled for sm_80 and sm_90 (as the driver would at module
+/// load); every entry point must use no local memory (stack frame, spill
+/// stores and loads all 0) and few enough registers that a block of the
+/// size `CudaDevice` launches it with fits the SM's 65,536 (registers are
+/// allocated in units of 8 per thread): a kernel over that would fail its
+/// launch with "too many resources requested", first seen on a GPU.
+#[test]
+fn every_kernel_assembles_without_spills_within_its_launch_block() {
+    if !nvrtc_or_skip("every_kernel_assembles_without_spills_within_its_launch_block") {
+        return;
+    }
+    let mut report = Vec::new();
+    for arch in [Arch::SM80, Arch::SM90] {
+        for k in SOURCES {
+            let cubin = compile_cubin(k, arch).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                &cubin.image[..4],
+                b"\x7fELF",
+                "{}: not an ELF image",
+                k.file
+            );
+            for f in k.functions {
+                let e = cubin
+                    .entries
+                    .iter()
+                    .find(|e| e.name == *f)
+                    .unwrap_or_else(|| {
+                        panic!("{}: no ptxas report for {f}:\n{}", k.file, cubin.log)
+                    });
+                let threads = BLOCK_THREADS
+                    .iter()
+                    .find(|(n, _)| n == f)
+                    .unwrap_or_else(|| panic!("{f} is not in kernels::BLOCK_THREADS"))
+                    .1;
+                report.push(format!(
+                    "{} {f}: {} registers x {threads} threads, {} B smem, {} B stack",
+                    arch.name(),
+                    e.registers,
+                    e.smem_bytes,
+                    e.stack_bytes
+                ));
+                assert!(
+                    e.stack_bytes == 0 && e.spill_store_bytes == 0 && e.spill_load_bytes == 0,
+                    "{f} on {}: local memory ({e:?})",
+                    arch.name()
+                );
+                assert!(
+                    e.registers > 0 && e.registers.div_ceil(8) * 8 * threads <= 65_536,
+                    "{f} on {}: {} registers x {threads} threads exceed a block's 65,536",
+                    arch.name(),
+                    e.registers
+                );
+            }
+        }
+    }
+    eprintln!("{}", report.join("\n"));
 }

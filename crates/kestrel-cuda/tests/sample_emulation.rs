@@ -5,8 +5,10 @@
 //! ties broken by id), min-p, the seeded draw, greedy, logprobs and top-n.
 //!
 //! One "thread" does every block reduction here, so this checks the
-//! algorithm (which the GPU has never run) but not the kernel's reduction
-//! order. Every case's token is compared exactly with the CPU's (a draw
+//! host device's stand-in, not the kernel: `sample.cu` itself runs on the
+//! host against the same sampler (and this emulation) in
+//! `tests/kernel_source.rs`
+//! (`sample_kernel_matches_the_cpu_sampler_and_the_host_device`). Every case's token is compared exactly with the CPU's (a draw
 //! within rounding of a candidate boundary would fail it; none does at these
 //! seeds). Keep it in step with the kernel when either changes.
 

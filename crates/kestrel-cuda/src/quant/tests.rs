@@ -271,13 +271,28 @@ fn the_crossover_sends_small_batches_to_mmvq() {
     assert_eq!(matmul_path(DType::F16, 1), MatmulPath::GemmF16);
     assert_eq!(matmul_path(DType::BF16, 1), MatmulPath::DequantTiles);
     for d in DType::ALL {
-        assert_eq!(mmvq_kernel(d).is_some(), d.is_quantized(), "{d}");
-        if let Some(k) = mmvq_kernel(d) {
-            let src = crate::kernels::SOURCES
-                .iter()
-                .find(|s| s.file == "quant.cu")
-                .expect("quant.cu");
-            assert!(src.functions.contains(&k), "{k}");
+        assert_eq!(mmvq_kernel(d, 1).is_some(), d.is_quantized(), "{d}");
+        let src = crate::kernels::SOURCES
+            .iter()
+            .find(|s| s.file == "quant.cu")
+            .expect("quant.cu");
+        for (n, nr) in [
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (4, 4),
+            (5, 8),
+            (8, 8),
+            (9, 16),
+            (16, 16),
+        ] {
+            if let Some(k) = mmvq_kernel(d, n) {
+                assert!(k.ends_with(&format!("_r{nr}")), "{k} for {n} rows");
+                assert!(src.functions.contains(&k), "{k}");
+            }
+        }
+        assert!(mmvq_kernel(d, crate::kernels::MMVQ_MAX_ROWS + 1).is_none());
+        if mmvq_kernel(d, 1).is_some() {
             // The kernel's type code for the dtype is its ggml id.
             assert!(src.source.contains(&format!(" {}\n", type_code(d))), "{d}");
         }

@@ -208,6 +208,12 @@ pub struct PagedAttention {
     /// Sliding window: keys of the last `window` positions only; 0: all.
     pub window: usize,
     pub n: usize,
+    /// Decode only (`paged_attention`, split over keys): a row's keys go in
+    /// at most `max_splits` ranges, each range's (max, sum, output) into
+    /// `part`, `n * num_heads * max_splits * (head_dim + 2)` f32, which the
+    /// merge pass reads. `prefill_attention` ignores both.
+    pub max_splits: usize,
+    pub part: u64,
 }
 
 /// `prefill_attention`: [`PagedAttention`]'s rows and arguments (its
@@ -387,7 +393,10 @@ pub trait Device: Send + Sized + 'static {
 
     /// Make this device current on the calling thread.
     fn bind(&self) -> Result<(), CudaError>;
-    /// `bytes` zero bytes (allocation time only: synchronous).
+    /// `bytes` zero bytes, the fill enqueued on the compute stream: every
+    /// later compute-stream op and copy sees zeros; the copy stream, after
+    /// an event recorded on the compute stream after this call. Not during
+    /// a capture (the fill would become part of the graph).
     fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buf, CudaError>;
     /// `bytes` bytes whose content nothing reads before a kernel writes it.
     fn alloc(&self, bytes: usize) -> Result<Self::Buf, CudaError>;
@@ -395,7 +404,8 @@ pub trait Device: Send + Sized + 'static {
     fn upload<T: Copy>(&self, data: &[T]) -> Result<Self::Buf, CudaError>;
     /// A host buffer of `len` default values the device copies from/into.
     fn host<T: Plain>(&self, len: usize) -> Result<Self::Host<T>, CudaError>;
-    /// A copy of `src` to `dst`, complete when this returns.
+    /// A copy of `src` to `dst` on the compute stream, ordered after all
+    /// work enqueued there and complete when this returns.
     fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError>;
     /// Enqueue a copy of `src` to `dst` on the compute stream.
     ///

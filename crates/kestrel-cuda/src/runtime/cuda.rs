@@ -24,7 +24,8 @@ use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
 use crate::compile::CompiledKernel;
 use crate::kernels::{
-    ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, PREFILL_Q_ROWS, PREFILL_THREADS, SAMPLE_THREADS,
+    ATTENTION_HEADS_PER_BLOCK, ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, PREFILL_Q_ROWS,
+    PREFILL_THREADS, SAMPLE_THREADS,
 };
 use crate::quant::{mmvq_kernel, type_code, BLOCK};
 use crate::reference::NORM_THREADS;
@@ -147,8 +148,9 @@ impl CudaDevice {
         }
     }
 
-    /// Launch `kernel`, `paged_attention` or `prefill_attention` (both
-    /// take [`PagedAttention`]'s arguments in the same order), with `cfg`.
+    /// Launch `kernel` (`prefill_attention`, which takes
+    /// [`PagedAttention`]'s arguments in this order but the decode pair's
+    /// `max_splits` and `part`), with `cfg`.
     ///
     /// # Safety
     /// `cfg` must be the launch shape `kernel` is written for, and `a`'s
@@ -231,7 +233,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<DevBuf, CudaError> {
-        Ok(DevBuf::zeroed(&self.ctx, bytes)?)
+        Ok(DevBuf::zeroed(&self.ctx, bytes, self.stream.cu_stream())?)
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
@@ -247,11 +249,14 @@ impl Device for CudaDevice {
     }
 
     fn htod_sync<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
+        // On the compute stream, then waited for: ordered after every fill
+        // and kernel enqueued before it (a synchronous `cuMemcpyHtoD` runs
+        // on the legacy stream, which the compute stream does not wait for).
         // SAFETY: callers pass a destination of at least size_of_val(src)
-        // bytes (a slot's metadata buffer); the copy is synchronous, so the
-        // source is free when it returns.
-        unsafe { result::memcpy_htod_sync(dst, src) }?;
-        Ok(())
+        // bytes (a slot's metadata buffer); the stream is synchronized
+        // before this returns, so `src` outlives the copy.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        Ok(self.stream.synchronize()?)
     }
 
     unsafe fn htod<T: Plain>(&self, dst: u64, src: &[T]) -> Result<(), CudaError> {
@@ -374,14 +379,14 @@ impl Device for CudaDevice {
     }
 
     fn mmvq(&self, a: Mmvq) -> Result<(), CudaError> {
-        let name = mmvq_kernel(a.dtype)
-            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
         if a.n > MMVQ_MAX_ROWS {
             return Err(CudaError::Unsupported(format!(
                 "mmvq of {} rows (at most {MMVQ_MAX_ROWS} a launch)",
                 a.n
             )));
         }
+        let name = mmvq_kernel(a.dtype, a.n)
+            .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
         let (rows, cols, ldy, n) = (i(a.rows), i(a.cols), i(a.ldy), i(a.n));
         let grid = a.rows.div_ceil(MMVQ_WARPS as usize) as u32;
         let mut b = self.stream.launch_builder(self.kernels.get(name));
@@ -508,20 +513,72 @@ impl Device for CudaDevice {
             .arg(&a.v_cache)
             .arg(&a.slot_mapping)
             .arg(&n);
+        let head_blocks = (a.num_q_heads + a.num_k_heads).div_ceil(4) as u32;
         // SAFETY: matches `rope_kv_append`; the table covers every position
         // the runtime admits (max_seq_len rows); slot_mapping entries are
         // below (num_pages + 1) * page_size, the layer's extent; qkv rows
         // hold Q | K | V (stride = q_dim + 2 kv_dim); q_norm / k_norm are
-        // 0 or head_dim floats; 128 threads are 4 whole warps (one per head).
-        unsafe { b.launch(launch_cfg((a.n as u32, 1), 128)) }?;
+        // 0 or head_dim floats; 128 threads are 4 whole warps (one per
+        // head), a block per 4 heads of a row.
+        unsafe { b.launch(launch_cfg((a.n as u32, head_blocks), 128)) }?;
         Ok(())
     }
 
     fn paged_attention(&self, a: PagedAttention) -> Result<(), CudaError> {
-        let cfg = launch_cfg((a.num_heads as u32, a.n as u32), ATTENTION_THREADS);
-        // SAFETY: `paged_attention`'s launch shape; head_dim <= 256 and 4
-        // warps fit its shared arrays; indices come from the page table.
-        unsafe { self.attention("paged_attention", &a, cfg) }
+        let (stride, window, n, splits) = (i(a.stride), i(a.window), i(a.n), i(a.max_splits));
+        let (nq, nk, hd, ps) = (
+            i(a.num_heads),
+            i(a.num_kv_heads),
+            i(a.head_dim),
+            i(a.page_size),
+        );
+        let group = a.num_heads / a.num_kv_heads;
+        let head_blocks = (a.num_kv_heads * group.div_ceil(ATTENTION_HEADS_PER_BLOCK)) as u32;
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("paged_attention"));
+        b.arg(&a.qkv)
+            .arg(&stride)
+            .arg(&a.k_cache)
+            .arg(&a.v_cache)
+            .arg(&a.row_seq)
+            .arg(&a.row_pos)
+            .arg(&a.kv_indptr)
+            .arg(&a.kv_indices);
+        b.arg(&nq).arg(&nk).arg(&hd).arg(&ps).arg(&a.scale);
+        b.arg(&window).arg(&n).arg(&splits).arg(&a.part);
+        let cfg = LaunchConfig {
+            grid_dim: (head_blocks, a.n as u32, a.max_splits as u32),
+            block_dim: (ATTENTION_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `paged_attention`'s launch shape (a block per KV head and
+        // head block, row and key range; head_dim <= 256, checked at load,
+        // fits its shared arrays); indices come from the page table; `part`
+        // holds n * num_heads * max_splits * (head_dim + 2) floats (the
+        // model's decode scratch).
+        unsafe { b.launch(cfg) }?;
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("paged_attention_merge"));
+        b.arg(&a.part)
+            .arg(&a.row_pos)
+            .arg(&a.out)
+            .arg(&nq)
+            .arg(&hd)
+            .arg(&window)
+            .arg(&n)
+            .arg(&splits);
+        // SAFETY: `paged_attention_merge` reads the ranges the launch above
+        // wrote (the same row_pos, window and max_splits pick them) and
+        // writes n rows of num_heads * head_dim f16 to `out`.
+        unsafe {
+            b.launch(launch_cfg(
+                (a.num_heads as u32, a.n as u32),
+                ATTENTION_THREADS,
+            ))
+        }?;
+        Ok(())
     }
 
     fn prefill_attention(&self, pa: PrefillAttention) -> Result<(), CudaError> {

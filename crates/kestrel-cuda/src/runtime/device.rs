@@ -29,7 +29,7 @@ use super::backend::{
     ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
 };
 use crate::host::{rope_table_of, stack_bias};
-use crate::kernels::{MAX_HEAD_DIM, MMVQ_MAX_ROWS};
+use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
     layer_projections, matmul_path, part_bytes, plan_parts, MatmulPath, Q8Block, BLOCK,
     MMVQ_CROSSOVER_ROWS, TILE_ELEMS,
@@ -169,6 +169,10 @@ pub(crate) struct DeviceModel<D: Device> {
     xq: D::Buf,
     /// The f16 tile non-f16 weights are dequantized into for the GEMM.
     tile: D::Buf,
+    /// Decode attention's key ranges (`PagedAttention::part`) for the
+    /// widest decode step, and how many ranges a row takes at most.
+    attn_part: D::Buf,
+    attn_splits: usize,
     output_norm: D::Buf,
     layers: Vec<Layer<D>>,
     /// One cos/sin table per distinct layer RoPE (global, local).
@@ -325,6 +329,14 @@ impl<D: Device> DeviceModel<D> {
             .any(|p| p.dtype != DType::F16);
         let tile = d.alloc(if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
         let output_norm = d.upload(&w.output_norm)?;
+        // Decode attention: every row's ranges at the longest context, for
+        // the widest decode step (a row per KV row but the reserved one).
+        // Written by the split pass before the merge reads it.
+        let attn_splits = max_pos
+            .div_ceil(crate::reference::ATT_SPLIT_MIN)
+            .clamp(1, ATTENTION_MAX_SPLITS);
+        let decode_rows = kv_rows.saturating_sub(1).max(1);
+        let attn_part = d.alloc(decode_rows * c.num_heads * attn_splits * (c.head_dim + 2) * 4)?;
         // The KV cache is not zeroed: attention reads only positions that
         // rope_kv_append wrote, which compute-sanitizer initcheck keeps
         // checking.
@@ -342,6 +354,8 @@ impl<D: Device> DeviceModel<D> {
             lm_head,
             xq,
             tile,
+            attn_part,
+            attn_splits,
             output_norm,
             layers,
             ropes,
@@ -552,6 +566,8 @@ impl<D: Device> DeviceModel<D> {
                 scale: c.attn_scale(),
                 window: lw.window,
                 n,
+                max_splits: self.attn_splits,
+                part: self.attn_part.ptr(),
             };
             if a.tiled_attention {
                 d.prefill_attention(PrefillAttention { attn })?;

@@ -33,16 +33,27 @@ impl DevBuf {
         })
     }
 
-    /// A buffer of `bytes` zero bytes (a synchronous memset: allocation
-    /// time only). Scratch and metadata that a kernel might read before the
-    /// step writes it (graph warm-up, padding rows) is allocated this way,
-    /// so no kernel ever reads memory nothing wrote (compute-sanitizer
-    /// initcheck), and a missed write shows up as zeros, not as garbage.
-    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, DriverError> {
+    /// A buffer of `bytes` zero bytes, the fill enqueued on `stream`
+    /// (`cuMemsetD8Async`), so every later operation on that stream sees
+    /// zeros. Never the synchronous `cuMemsetD8`: it runs on the legacy
+    /// default stream, which the runtime's non-blocking streams do not wait
+    /// for, so a copy queued on the compute stream right after it could land
+    /// first and be zeroed over (issue 75 item 4). Scratch and metadata that
+    /// a kernel might read before the step writes it (graph warm-up, padding
+    /// rows) is allocated this way, so no kernel ever reads memory nothing
+    /// wrote (compute-sanitizer initcheck), and a missed write shows up as
+    /// zeros, not as garbage.
+    pub fn zeroed(
+        ctx: &Arc<CudaContext>,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<Self, DriverError> {
         let b = Self::new(ctx, bytes)?;
-        // SAFETY: `b` owns at least `bytes.max(16)` bytes at `b.ptr` (its
-        // context is current: `new` bound it); the memset is synchronous.
-        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(16)) }?;
+        // SAFETY: `b` owns at least `bytes.max(16)` bytes at `b.ptr` and
+        // lives until its drop, which frees it with `cuMemFree` (that waits
+        // for the device); its context is current (`new` bound it) and
+        // `stream` is a live stream of that context.
+        unsafe { result::memset_d8_async(b.ptr, 0, bytes.max(16), stream) }?;
         Ok(b)
     }
 

@@ -22,6 +22,12 @@
 //          OUT_TOKENS OUT_SCRATCH OUT_COUNTS OUT_PENDING OUT_ACCEPTED
 //                                     verify_inputs, draft_counts, then
 //                                     accept_drafts of SAMPLED
+//   embed_f16 HIDDEN VOCAB N INDIRECT TABLE TOKENS ROWS OUT   f32 rows (embed_gather;
+//                                     INDIRECT 1: tokens[rows[i]], the decode path)
+//   bias STRIDE D N Y B OUT           add_bias on N rows of Y
+//   sample VOCAB N WORDS TOP_N LOGITS MASK_WORDS MASK_FLAGS PARAMS ROWS POSITIONS COUNTS
+//          BIAS_INDPTR BIAS OUT_TOKENS OUT_LPS OUT_TOP_IDS OUT_TOP_LPS OUT_COUNTS OUT_PENDING
+//                                     sample_rows (empty MASK_WORDS / BIAS_INDPTR: none)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -54,16 +60,20 @@ static void spit(const char* path, const std::vector<T>& v) {
 
 typedef void (*Mmvq)(const u8*, const Q8*, float*, int, int, int, int);
 
-static Mmvq mmvq_of(int t) {
+// The entry point the runtime launches for n rows (quant::mmvq_kernel).
+#define MMVQ_PICK(name)                                                            \
+    (n <= 1 ? name##_r1 : n <= 2 ? name##_r2 : n <= 4 ? name##_r4 : n <= 8 ? name##_r8 \
+                                                                         : name##_r16)
+static Mmvq mmvq_of(int t, int n) {
     switch (t) {
-    case GT_Q4_0: return mmvq_q4_0;
-    case GT_Q4_1: return mmvq_q4_1;
-    case GT_Q5_0: return mmvq_q5_0;
-    case GT_Q5_1: return mmvq_q5_1;
-    case GT_Q8_0: return mmvq_q8_0;
-    case GT_Q4_K: return mmvq_q4_k;
-    case GT_Q5_K: return mmvq_q5_k;
-    case GT_Q6_K: return mmvq_q6_k;
+    case GT_Q4_0: return MMVQ_PICK(mmvq_q4_0);
+    case GT_Q4_1: return MMVQ_PICK(mmvq_q4_1);
+    case GT_Q5_0: return MMVQ_PICK(mmvq_q5_0);
+    case GT_Q5_1: return MMVQ_PICK(mmvq_q5_1);
+    case GT_Q8_0: return MMVQ_PICK(mmvq_q8_0);
+    case GT_Q4_K: return MMVQ_PICK(mmvq_q4_k);
+    case GT_Q5_K: return MMVQ_PICK(mmvq_q5_k);
+    case GT_Q6_K: return MMVQ_PICK(mmvq_q6_k);
     default: std::exit(5);
     }
 }
@@ -77,7 +87,7 @@ int main(int argc, char** argv) {
         std::vector<u8> w = read_as<u8>(argv[6]);
         std::vector<Q8> x = read_as<Q8>(argv[7]);
         std::vector<float> y((size_t)n * rows, -1.0f);
-        Mmvq k = mmvq_of(t);
+        Mmvq k = mmvq_of(t, n);
         launch({(rows + MMVQ_WARPS - 1) / MMVQ_WARPS, 1, 1}, MMVQ_WARPS * 32,
                [&] { k(w.data(), x.data(), y.data(), rows, cols, rows, n); });
         spit(argv[8], y);
@@ -141,7 +151,8 @@ int main(int argc, char** argv) {
         size_t kv_dim = (size_t)nk * hd;
         std::vector<h16> kc(cache_slots * kv_dim), vc(cache_slots * kv_dim);
         int stride = (nq + 2 * nk) * hd;
-        launch({n, 1, 1}, 128, [&] {
+        // The device's shape: a block per 4 heads of a row.
+        launch({n, (nq + nk + 3) / 4, 1}, 128, [&] {
             rope_kv_append(qkv.data(), stride, nq, nk, hd, table.data(), pos.data(), interleaved,
                            norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps,
                            kc.data(), vc.data(), slots.data(), n);
@@ -197,6 +208,29 @@ int main(int argc, char** argv) {
         spit(argv[17], out);
         return 0;
     }
+    if (mode == "decode_attn" && argc == 19) {
+        int nh = I(2), nkv = I(3), hd = I(4), ps = I(5);
+        float scale = std::strtof(argv[6], nullptr);
+        int window = I(7), stride = I(8), n = I(9), splits = I(10);
+        std::vector<float> qkv = read_as<float>(argv[11]);
+        std::vector<u32> seq = read_as<u32>(argv[12]), pos = read_as<u32>(argv[13]);
+        std::vector<u32> indptr = read_as<u32>(argv[14]), indices = read_as<u32>(argv[15]);
+        std::vector<h16> kc = read_as<h16>(argv[16]), vc = read_as<h16>(argv[17]);
+        std::vector<h16> out((size_t)n * nh * hd);
+        // Unwritten ranges would read as NaN.
+        std::vector<float> part((size_t)n * nh * splits * (hd + 2), NAN);
+        int group = nh / nkv, hblocks = (group + ATT_HB - 1) / ATT_HB;
+        launch({nkv * hblocks, n, splits}, ATT_THREADS, [&] {
+            paged_attention(qkv.data(), stride, kc.data(), vc.data(), seq.data(), pos.data(),
+                            indptr.data(), indices.data(), nh, nkv, hd, ps, scale, window, n,
+                            splits, part.data());
+        });
+        launch({nh, n, 1}, ATT_THREADS, [&] {
+            paged_attention_merge(part.data(), pos.data(), out.data(), nh, hd, window, n, splits);
+        });
+        spit(argv[18], out);
+        return 0;
+    }
     if (mode == "count" && argc == 9) {
         int vocab = I(2), n = I(3);
         std::vector<u32> rows = read_as<u32>(argv[4]), indptr = read_as<u32>(argv[5]);
@@ -230,6 +264,57 @@ int main(int argc, char** argv) {
         spit(argv[13], counts);
         spit(argv[14], pending);
         spit(argv[15], accepted);
+        return 0;
+    }
+    if (mode == "embed_f16" && argc == 10) {
+        int hidden = I(2), vocab = I(3), n = I(4), indirect = I(5);
+        std::vector<h16> table = read_as<h16>(argv[6]);
+        std::vector<u32> tokens = read_as<u32>(argv[7]), rows = read_as<u32>(argv[8]);
+        std::vector<float> x((size_t)n * hidden, -1.0f);
+        launch({n, 1, 1}, 64, [&] {
+            embed_gather(table.data(), tokens.data(), indirect ? rows.data() : nullptr, x.data(),
+                         hidden, vocab, n);
+        });
+        spit(argv[9], x);
+        return 0;
+    }
+    if (mode == "bias" && argc == 8) {
+        int stride = I(2), d = I(3), n = I(4);
+        std::vector<float> y = read_as<float>(argv[5]), b = read_as<float>(argv[6]);
+        launch({n, 1, 1}, 64, [&] { add_bias(y.data(), b.data(), stride, d, n); });
+        spit(argv[7], y);
+        return 0;
+    }
+    if (mode == "sample" && argc == 21) {
+        int vocab = I(2), n = I(3), words = I(4), top_n = I(5);
+        std::vector<float> logits = read_as<float>(argv[6]);
+        std::vector<u32> mask_words = read_as<u32>(argv[7]), mask_flags = read_as<u32>(argv[8]);
+        std::vector<SampleParams> params = read_as<SampleParams>(argv[9]);
+        std::vector<u32> rows = read_as<u32>(argv[10]), positions = read_as<u32>(argv[11]);
+        std::vector<u32> counts = read_as<u32>(argv[12]);
+        std::vector<u32> bias_indptr = read_as<u32>(argv[13]), bias = read_as<u32>(argv[14]);
+        std::vector<u32> tokens(n), top_ids((size_t)n * top_n + 1);
+        std::vector<float> lps(n), top_lps((size_t)n * top_n + 1);
+        std::vector<u32> pending(counts.size() / vocab, 0xffffffffu);
+        // 128 threads, not the device's SAMPLE_THREADS: the kernel takes
+        // any multiple of 32 up to it (blockDim.x), and 1024 host threads
+        // meeting at every barrier of 64 bisection passes take minutes.
+        launch({n, 1, 1}, 128, [&] {
+            sample_rows(logits.data(), vocab, mask_words.empty() ? nullptr : mask_words.data(),
+                        mask_words.empty() ? nullptr : mask_flags.data(), words, params.data(),
+                        rows.data(), positions.data(), counts.data(), pending.data(),
+                        tokens.data(), lps.data(), top_ids.data(), top_lps.data(),
+                        bias_indptr.empty() ? nullptr : bias_indptr.data(), bias.data(), top_n,
+                        n);
+        });
+        top_ids.resize((size_t)n * top_n);
+        top_lps.resize((size_t)n * top_n);
+        spit(argv[15], tokens);
+        spit(argv[16], lps);
+        spit(argv[17], top_ids);
+        spit(argv[18], top_lps);
+        spit(argv[19], counts);
+        spit(argv[20], pending);
         return 0;
     }
     return 2;

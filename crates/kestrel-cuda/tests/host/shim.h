@@ -33,6 +33,9 @@
 struct Dim3 {
     int x, y, z;
 };
+struct uint4 {
+    unsigned x, y, z, w;
+};
 static Dim3 blockIdx, blockDim, gridDim;
 static thread_local Dim3 threadIdx;
 
@@ -88,6 +91,11 @@ static inline float __int_as_float(int i) {
     std::memcpy(&f, &i, 4);
     return f;
 }
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
 static inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
@@ -137,9 +145,10 @@ static inline T __shfl_sync(unsigned, T v, int src) {
 static inline void launch(Dim3 grid, int threads, const std::function<void()>& kernel) {
     gridDim = grid;
     blockDim = {threads, 1, 1};
+    for (int bz = 0; bz < (grid.z > 0 ? grid.z : 1); bz++) {
     for (int by = 0; by < grid.y; by++) {
         for (int bx = 0; bx < grid.x; bx++) {
-            blockIdx = {bx, by, 0};
+            blockIdx = {bx, by, bz};
             g_block = std::make_unique<std::barrier<>>(threads);
             g_warps.clear();
             for (int w = 0; w < threads / 32; w++) g_warps.push_back(std::make_unique<Warp>());
@@ -152,5 +161,6 @@ static inline void launch(Dim3 grid, int threads, const std::function<void()>& k
             }
             for (auto& t : ts) t.join();
         }
+    }
     }
 }
