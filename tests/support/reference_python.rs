@@ -44,6 +44,14 @@ pub fn python_with(test: &str, modules: &str, requirements: &str) -> Option<Stri
 /// directory named after `tag`, or `None` (skipped) when the Python side is
 /// missing and not required.
 pub fn synthetic_fixtures(test: &str, tag: &str, cases: &[&str]) -> Option<PathBuf> {
+    fixture_script("synthetic_fixtures.py", test, tag, cases)
+}
+
+/// Runs `scripts/reference/{script}` (`synthetic_fixtures.py`, or another
+/// that takes the same arguments: the default model's GGUF, an output
+/// directory and case names) into a fresh directory named after `tag`, or
+/// `None` (skipped) when the Python side is missing and not required.
+pub fn fixture_script(script: &str, test: &str, tag: &str, cases: &[&str]) -> Option<PathBuf> {
     let python = python_with(
         test,
         "gguf, numpy, regex",
@@ -52,15 +60,15 @@ pub fn synthetic_fixtures(test: &str, tag: &str, cases: &[&str]) -> Option<PathB
     let smol = kestrel_model::default_model_path().expect("default model (its vocabulary)");
     let dir = std::env::temp_dir().join(format!("kestrel-{tag}-{}", std::process::id()));
     let out = Command::new(&python)
-        .arg(repo().join("scripts/reference/synthetic_fixtures.py"))
+        .arg(repo().join("scripts/reference").join(script))
         .arg(&smol)
         .arg(&dir)
         .args(cases)
         .output()
-        .expect("run synthetic_fixtures.py");
+        .expect("run the fixture script");
     assert!(
         out.status.success(),
-        "synthetic_fixtures.py failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1,6 +1,7 @@
 //! The per-family pieces of the decoder block that plain Llama does not
-//! need: RoPE tables with frequency factors and linear scaling, GELU-tanh,
-//! logit softcapping, and attention restricted to a sliding window. All are
+//! need: RoPE tables with frequency factors and linear scaling, rotary on
+//! part of each head (Phi), GELU-tanh (gated and not), logit softcapping,
+//! and attention restricted to a sliding window. All are
 //! per-row and in a fixed order, so they keep the forward batch-invariant.
 //! The windowed attention is a plain loop (keys `first..len` of one kv
 //! group): it runs only for rows past the window, where the full-prefix
@@ -47,14 +48,46 @@ impl RopeSpec {
     }
 }
 
-/// `gate = gelu_tanh(gate) * up`, with
 /// `gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`.
-pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `gate = gelu_tanh(gate) * up`.
+pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// `x = gelu_tanh(x + bias)` (an ungated FFN's `fc1` output; no bias when
+/// `None`).
+pub(crate) fn bias_gelu_tanh(x: &mut [f32], bias: Option<&[f32]>) {
+    match bias {
+        Some(b) => x
+            .iter_mut()
+            .zip(b)
+            .for_each(|(v, &b)| *v = gelu_tanh(*v + b)),
+        None => x.iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+    }
+}
+
+/// Half-split RoPE on the first `rot` dimensions of each `head_dim` head
+/// of `x` (pairs `(i, i + rot/2)`), the rest untouched: Phi's partial
+/// rotary (HF `modeling_phi.py`). `table` is [`RopeSpec::table`] for
+/// `rot` dimensions.
+pub(crate) fn rope_partial(x: &mut [f32], head_dim: usize, rot: usize, table: &[f32]) {
+    let half = rot / 2;
+    let (cos, sin) = table[..rot].split_at(half);
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (x0, x1) = (head[i], head[i + half]);
+            head[i] = x0 * cos[i] - x1 * sin[i];
+            head[i + half] = x0 * sin[i] + x1 * cos[i];
+        }
     }
 }
 
@@ -132,6 +165,34 @@ mod tests {
         spec.table(8, 8, &mut t);
         // Pair 0: angle 8 / 4 * 1 / 2 = 1.
         assert!((t[0] - 1f32.cos()).abs() < 1e-7 && (t[4] - 1f32.sin()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn partial_rope_rotates_only_the_first_dims() {
+        let spec = RopeSpec {
+            theta: 10_000.0,
+            freq_factors: None,
+            linear_scale: 1.0,
+        };
+        let (hd, rot) = (8, 4);
+        let mut t = vec![0f32; rot];
+        spec.table(3, rot, &mut t);
+        let x: Vec<f32> = (0..2 * hd).map(|i| i as f32 + 1.0).collect();
+        let mut y = x.clone();
+        rope_partial(&mut y, hd, rot, &t);
+        for head in 0..2 {
+            let (a, b) = (&x[head * hd..], &y[head * hd..]);
+            assert_eq!(a[rot..hd], b[rot..hd], "pass-through dims");
+            // Pair (0, 2) turns by 3 rad, pair (1, 3) by 3 / 100 rad.
+            for (i, ang) in [(0usize, 3f32), (1, 0.03)] {
+                let (c, s) = (ang.cos(), ang.sin());
+                assert!((b[i] - (a[i] * c - a[i + 2] * s)).abs() < 1e-5);
+                assert!((b[i + 2] - (a[i] * s + a[i + 2] * c)).abs() < 1e-5);
+            }
+        }
+        let mut z = vec![1.0f32, -1.0];
+        bias_gelu_tanh(&mut z, Some(&[2.0, 1.0]));
+        assert!((z[0] - 2.996_363).abs() < 1e-5 && z[1] == 0.0);
     }
 
     #[test]

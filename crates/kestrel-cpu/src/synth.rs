@@ -116,7 +116,8 @@ pub fn smollm2_config() -> ModelConfig {
 
 /// Random weights for `cfg`: matrices as `dtype`, embeddings as `embd_dtype`
 /// (tied: `lm_head` shares the embedding bytes), norms near 1, biases when
-/// `cfg.qkv_bias`.
+/// `cfg.qkv_bias`, and what `cfg.features` asks for (LayerNorm biases,
+/// output/FFN/head biases, no gate or FFN norm in a Phi block).
 pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u64) -> ModelWeights {
     let mut rng = Rng(seed);
     let h = cfg.hidden_size;
@@ -129,6 +130,8 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
             .map(|_| 1.0 + 0.1 * rng.uniform())
             .collect::<Vec<f32>>()
     };
+    let fe = &cfg.features;
+    let layer_norm = fe.norm == kestrel_model::NormKind::Layer;
     let layers = (0..cfg.num_layers)
         .map(|_| LayerWeights {
             attn_norm: norm(&mut rng, h),
@@ -143,11 +146,21 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
             q_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
             k_norm: cfg.features.qk_norm.then(|| norm(&mut rng, cfg.head_dim)),
             post_attn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
-            ffn_norm: norm(&mut rng, h),
-            w_gate: random_matrix(&mut rng, dtype, f, h, ws),
+            ffn_norm: if fe.parallel_block {
+                Vec::new()
+            } else {
+                norm(&mut rng, h)
+            },
+            w_gate: fe
+                .gated_ffn
+                .then(|| random_matrix(&mut rng, dtype, f, h, ws)),
             w_up: random_matrix(&mut rng, dtype, f, h, ws),
             w_down: random_matrix(&mut rng, dtype, h, f, 1.0 / (f as f32).sqrt()),
             post_ffn_norm: cfg.features.post_norms.then(|| norm(&mut rng, h)),
+            attn_norm_bias: layer_norm.then(|| rng.vec(h, 0.1)),
+            bo: fe.linear_biases.then(|| rng.vec(h, 0.1)),
+            b_up: fe.linear_biases.then(|| rng.vec(f, 0.1)),
+            b_down: fe.linear_biases.then(|| rng.vec(h, 0.1)),
         })
         .collect();
     let token_embd = random_matrix(&mut rng, embd_dtype, cfg.vocab_size, h, 1.0);
@@ -157,6 +170,8 @@ pub fn random_model(cfg: &ModelConfig, dtype: DType, embd_dtype: DType, seed: u6
         token_embd,
         layers,
         output_norm: norm(&mut rng, h),
+        output_norm_bias: layer_norm.then(|| rng.vec(h, 0.1)),
+        lm_head_bias: fe.linear_biases.then(|| rng.vec(cfg.vocab_size, 0.1)),
     }
 }
 

@@ -2,7 +2,7 @@
 //! reference (both RoPE styles, GQA/MQA/MHA, biases, every weight dtype),
 //! chunked == one-shot prefill, decode == longer prefill, batch invariance
 //! (alone vs batches of 8 and 32, 1 vs 2 threads; exact and fast numerics,
-//! fast for Q4_1, Q5_0 and Q4_K/Q6_K),
+//! fast for Q4_1, Q5_0, Q4_K/Q6_K and the Phi block in Q8_0),
 //! batched prefill, and rejection of bad indices. Bit-identical where the
 //! design promises it.
 
@@ -14,7 +14,9 @@ use kestrel_cpu::{
     CpuModel, CpuModelOptions, DecodeBatch, KvStore, LogitsMode, Numerics, PrefillBatch, Scratch,
     WeightPages,
 };
-use kestrel_model::{DType, ModelConfig, ModelWeights, RopeStyle};
+use kestrel_model::{
+    Activation, ArchFeatures, DType, ModelConfig, ModelWeights, NormKind, RopeStyle,
+};
 
 fn tiny(style: RopeStyle, heads: usize, kv_heads: usize) -> ModelConfig {
     config(97, 64, 96, 2, heads, kv_heads, style)
@@ -276,11 +278,29 @@ fn decode_after_prefill_equals_longer_prefill(numerics: Numerics) {
 fn decode_is_batch_invariant() {
     let tiny = || tiny(RopeStyle::Interleaved, 4, 2);
     let k_wide = || config(97, 256, 512, 1, 4, 2, RopeStyle::Interleaved);
+    // The Phi block: LayerNorm with bias, parallel attention and FFN,
+    // ungated biased FFN, rotary on half of each head, head bias.
+    let phi = || {
+        let mut c = config(97, 64, 96, 2, 4, 4, RopeStyle::HalfSplit);
+        c.qkv_bias = true;
+        c.features = ArchFeatures {
+            activation: Activation::GeluTanh,
+            norm: NormKind::Layer,
+            parallel_block: true,
+            gated_ffn: false,
+            linear_biases: true,
+            rotary_dim: Some(c.head_dim / 2),
+            ..ArchFeatures::default()
+        };
+        c
+    };
     for (numerics, cfg, dtype, embd) in [
         (Numerics::Exact, tiny(), DType::Q4_1, DType::Q8_0),
         (Numerics::Fast, tiny(), DType::Q4_1, DType::Q8_0),
         (Numerics::Fast, tiny(), DType::Q5_0, DType::Q8_0),
         (Numerics::Fast, k_wide(), DType::Q4K, DType::Q6K),
+        (Numerics::Exact, phi(), DType::F16, DType::F16),
+        (Numerics::Fast, phi(), DType::Q8_0, DType::Q8_0),
     ] {
         let w = random_model(&cfg, dtype, embd, 31);
         decode_is_batch_invariant_in(&w, numerics);

@@ -18,13 +18,28 @@ const MAX_RATIO: f64 = 1.05;
 fn file_tensor_bytes(w: &ModelWeights) -> usize {
     let mat = |m: &Matrix| m.rows * m.row_bytes();
     let mut b = mat(&w.token_embd) + 4 * w.output_norm.len();
+    let head = [&w.output_norm_bias, &w.lm_head_bias];
+    b += 4 * head
+        .iter()
+        .filter_map(|v| v.as_ref())
+        .map(Vec::len)
+        .sum::<usize>();
     if !w.config.tie_word_embeddings {
         b += mat(&w.lm_head);
     }
     for l in &w.layers {
-        let mats = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
-        b += mats.into_iter().map(mat).sum::<usize>();
-        let norms = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm];
+        let mats = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_up, &l.w_down];
+        b += mats.into_iter().chain(&l.w_gate).map(mat).sum::<usize>();
+        let norms = [
+            &l.q_norm,
+            &l.k_norm,
+            &l.post_attn_norm,
+            &l.post_ffn_norm,
+            &l.attn_norm_bias,
+            &l.bo,
+            &l.b_up,
+            &l.b_down,
+        ];
         let norms: usize = norms.iter().filter_map(|v| v.as_ref()).map(Vec::len).sum();
         b += 4 * (l.attn_norm.len() + l.ffn_norm.len() + norms);
     }

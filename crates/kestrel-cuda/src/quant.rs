@@ -267,7 +267,7 @@ pub fn layer_projections(l: &LayerWeights) -> [Vec<&Matrix>; 4] {
     [
         vec![&l.wq, &l.wk, &l.wv],
         vec![&l.wo],
-        vec![&l.w_gate, &l.w_up],
+        l.w_gate.iter().chain([&l.w_up]).collect(),
         vec![&l.w_down],
     ]
 }

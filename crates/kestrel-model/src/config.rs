@@ -30,6 +30,16 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How a block normalizes its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / rms(x) * w` (Llama, Qwen, Gemma).
+    Rms,
+    /// `(x - mean) / sqrt(var + eps) * w + b`: LayerNorm with a bias
+    /// (Phi). Every norm of the model then carries a bias vector.
+    Layer,
+}
+
 /// Which keys a layer's attention sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlidingWindow {
@@ -88,6 +98,23 @@ pub struct ArchFeatures {
     /// Linear RoPE scaling of the global layers: positions are divided by
     /// this (1 = none).
     pub rope_linear_scale: f32,
+    /// RMSNorm, or LayerNorm with a bias (Phi; `rms_norm_eps` is then the
+    /// LayerNorm's epsilon).
+    pub norm: NormKind,
+    /// Attention and FFN both read the one input norm's output and both add
+    /// to the residual (`x + attn(ln(x)) + ffn(ln(x))`, Phi): no FFN norm.
+    pub parallel_block: bool,
+    /// `down(act(gate x) * up x)` (Llama, Qwen, Gemma); when off the FFN is
+    /// `down(act(up x + b_up)) + b_down` (Phi's `fc1`/`fc2`), no gate.
+    pub gated_ffn: bool,
+    /// The attention output projection, both FFN matrices and the LM head
+    /// carry biases (Phi).
+    pub linear_biases: bool,
+    /// Rotary embedding on the first `rotary_dim` dimensions of each head
+    /// only (half-split within them; Phi's `partial_rotary_factor`), the
+    /// rest passed through; `None` rotates all `head_dim`. Frequencies are
+    /// `theta^(-2i / rotary_dim)`.
+    pub rotary_dim: Option<usize>,
 }
 
 impl Default for ArchFeatures {
@@ -104,6 +131,11 @@ impl Default for ArchFeatures {
             rope_theta_local: None,
             rope_freq_factors: None,
             rope_linear_scale: 1.0,
+            norm: NormKind::Rms,
+            parallel_block: false,
+            gated_ffn: true,
+            linear_biases: false,
+            rotary_dim: None,
         }
     }
 }
@@ -135,6 +167,11 @@ impl ArchFeatures {
                 self.rope_linear_scale != base.rope_linear_scale,
                 "linear RoPE scaling",
             ),
+            (self.norm != base.norm, "LayerNorm"),
+            (self.parallel_block, "parallel attention and FFN"),
+            (!self.gated_ffn, "ungated FFN"),
+            (self.linear_biases, "output/FFN/LM-head biases"),
+            (self.rotary_dim.is_some(), "partial rotary"),
         ];
         for (differs, name) in checks {
             if differs {
@@ -276,6 +313,38 @@ impl ModelConfig {
         }
     }
 
+    /// Moondream 2's text decoder (`vikhyat/moondream` `TextConfig`): Phi
+    /// 1.5's shape, 24 layers of width 2048, 32 heads of 64 (rotary on 32),
+    /// FFN 8192, vocabulary 51 200, 2048 positions, LayerNorm eps 1e-5
+    /// (`F.layer_norm`'s default), RoPE base 10 000.
+    pub fn moondream2_text() -> Self {
+        let mut features = ArchFeatures::default();
+        let keys = crate::family::PhiKeys {
+            head_dim: 64,
+            partial_rotary_factor: 0.5,
+            activation: None,
+            qk_layernorm: false,
+        };
+        crate::family::phi_features(&keys, &mut features).expect("Moondream's own numbers");
+        ModelConfig {
+            architecture: crate::Family::Phi.name().into(),
+            vocab_size: 51_200,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 24,
+            num_heads: 32,
+            num_kv_heads: 32,
+            head_dim: 64,
+            rope_theta: 10_000.0,
+            rope_style: RopeStyle::HalfSplit,
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            features,
+        }
+    }
+
     /// A tiny GQA model for unit tests: every dimension a multiple of 256 or
     /// of the head size, so all block layouts (including K-quants) tile.
     pub fn tiny() -> Self {
@@ -408,6 +477,20 @@ impl ModelConfig {
             }
             _ => {}
         }
+        if let Some(rd) = f.rotary_dim {
+            if rd == 0 || !rd.is_multiple_of(2) || rd > self.head_dim {
+                return fail(format!(
+                    "rotary_dim {rd} (need an even count in 2..=head_dim {})",
+                    self.head_dim
+                ));
+            }
+            if f.rope_freq_factors.is_some() {
+                return fail("RoPE frequency factors with a partial rotary".into());
+            }
+        }
+        if f.parallel_block && f.post_norms {
+            return fail("post-norms in a parallel block".into());
+        }
         Ok(())
     }
 }
@@ -423,6 +506,7 @@ mod tests {
             ModelConfig::llama_1b(),
             ModelConfig::llama_8b(),
             ModelConfig::tiny(),
+            ModelConfig::moondream2_text(),
         ] {
             c.validate().unwrap();
             assert_eq!(c.q_dim() % c.kv_dim(), 0);

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::config::{Activation, ArchFeatures, RopeStyle, SlidingWindow};
+use crate::config::{Activation, ArchFeatures, NormKind, RopeStyle, SlidingWindow};
 use crate::ModelError;
 
 /// A decoder family Kestrel runs.
@@ -26,6 +26,9 @@ pub enum Family {
     Qwen3,
     /// Gemma 3 (text): see [`gemma3_features`].
     Gemma3,
+    /// Phi (Phi 1.5 / Phi 2 shape, and Moondream 2's text decoder): see
+    /// [`phi_features`].
+    Phi,
 }
 
 /// The GGUF `general.architecture` values Kestrel runs.
@@ -33,7 +36,7 @@ pub const GGUF_ARCHITECTURES: &str = "llama (incl. Llama 3.x, Mistral), qwen2, q
 
 /// The HF `model_type`s Kestrel loads from safetensors.
 pub const HF_ARCHITECTURES: &str =
-    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3 (its text_config)";
+    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3 (its text_config), phi";
 
 impl Family {
     /// The family of a GGUF `general.architecture`.
@@ -59,6 +62,7 @@ impl Family {
             "qwen2" => Ok(Family::Qwen2),
             "qwen3" => Ok(Family::Qwen3),
             "gemma3_text" => Ok(Family::Gemma3),
+            "phi" => Ok(Family::Phi),
             _ => Err(ModelError::UnsupportedArchitecture {
                 architecture: model_type.into(),
                 supported: HF_ARCHITECTURES,
@@ -75,6 +79,7 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Gemma3 => "gemma3",
+            Family::Phi => "phi",
         }
     }
 
@@ -85,14 +90,15 @@ impl Family {
     pub fn gguf_rope_style(self) -> RopeStyle {
         match self {
             Family::Llama | Family::Mistral => RopeStyle::Interleaved,
-            Family::Qwen2 | Family::Qwen3 | Family::Gemma3 => RopeStyle::HalfSplit,
+            Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Phi => RopeStyle::HalfSplit,
         }
     }
 
-    /// Whether the Q/K/V projections carry a bias: always for Qwen2, else
-    /// when the config says so (`attention_bias`; GGUF says nothing).
+    /// Whether the Q/K/V projections carry a bias: always for Qwen2 and
+    /// Phi, else when the config says so (`attention_bias`; GGUF says
+    /// nothing).
     pub fn qkv_bias(self, stated: Option<bool>) -> bool {
-        self == Family::Qwen2 || stated.unwrap_or(false)
+        matches!(self, Family::Qwen2 | Family::Phi) || stated.unwrap_or(false)
     }
 
     /// What the family's block always adds to Llama's, before the
@@ -202,6 +208,62 @@ pub(crate) fn gemma3_features(k: &Gemma3Keys<'_>, f: &mut ArchFeatures) -> Resul
     Ok(())
 }
 
+/// Phi's keys, read from an HF `config.json` (or stated by a Moondream
+/// loader for its text model).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PhiKeys<'a> {
+    pub head_dim: usize,
+    /// `partial_rotary_factor` (Phi 1.5/2: 0.5; Moondream 2: 32 of 64).
+    pub partial_rotary_factor: f32,
+    /// `hidden_act` (`gelu_new`, the tanh approximation).
+    pub activation: Option<&'a str>,
+    /// `qk_layernorm`: per-head LayerNorms of q and k, which Kestrel's
+    /// block does not compute.
+    pub qk_layernorm: bool,
+}
+
+/// Phi, as HF `modeling_phi.py` runs it: one LayerNorm (with bias) per
+/// block feeding attention and the FFN in parallel (`x + attn(ln(x)) +
+/// mlp(ln(x))`), Q/K/V, output, `fc1`/`fc2` and LM-head biases, an ungated
+/// GELU-tanh FFN, and rotary on the first `partial_rotary_factor * head_dim`
+/// dimensions of each head (half-split within them). Moondream 2's text
+/// model is this block (its RoPE writes the rotated pairs interleaved,
+/// the same permutation on q and k, so the same scores).
+pub(crate) fn phi_features(k: &PhiKeys<'_>, f: &mut ArchFeatures) -> Result<(), ModelError> {
+    let family = Family::Phi;
+    if k.qk_layernorm {
+        return Err(family.unsupported("qk_layernorm (per-head LayerNorms of q and k)"));
+    }
+    match k.activation {
+        None | Some("gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") => {
+            f.activation = Activation::GeluTanh
+        }
+        Some(other) => {
+            return Err(family.unsupported(format!(
+                "hidden_act `{other}` (Kestrel runs Phi with gelu_new, the tanh approximation)"
+            )))
+        }
+    }
+    let rot = k.head_dim as f32 * k.partial_rotary_factor;
+    let rotary_dim = rot as usize;
+    if !(rot > 0.0
+        && rot.fract() == 0.0
+        && rotary_dim <= k.head_dim
+        && rotary_dim.is_multiple_of(2))
+    {
+        return Err(family.unsupported(format!(
+            "partial_rotary_factor {} of head_dim {} (not an even count of dimensions)",
+            k.partial_rotary_factor, k.head_dim
+        )));
+    }
+    f.norm = NormKind::Layer;
+    f.parallel_block = true;
+    f.gated_ffn = false;
+    f.linear_biases = true;
+    f.rotary_dim = (rotary_dim < k.head_dim).then_some(rotary_dim);
+    Ok(())
+}
+
 /// Applies a declared RoPE scaling kind (GGUF `rope.scaling.type`, HF
 /// `rope_scaling.rope_type`): none/default, `linear` (a position divisor)
 /// and `llama3` (per-pair frequency factors; GGUF stores these as the
@@ -251,10 +313,14 @@ mod tests {
             Family::Qwen2,
             Family::Qwen3,
             Family::Gemma3,
+            Family::Phi,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|f| f.name()).collect();
         assert_eq!(names.len(), all.len());
-        for f in all.into_iter().filter(|&f| f != Family::Mistral) {
+        for f in all
+            .into_iter()
+            .filter(|&f| !matches!(f, Family::Mistral | Family::Phi))
+        {
             assert_eq!(Family::from_gguf(f.name()).unwrap(), f);
         }
         for arch in ["llama", "qwen2", "qwen3"] {
@@ -271,6 +337,58 @@ mod tests {
             Family::from_gguf("mistral"),
             Err(ModelError::UnsupportedArchitecture { .. })
         ));
+        assert_eq!(Family::from_hf("phi").unwrap(), Family::Phi);
+    }
+
+    #[test]
+    fn phi_features_are_the_phi_block() {
+        let keys = PhiKeys {
+            head_dim: 64,
+            partial_rotary_factor: 0.5,
+            activation: Some("gelu_new"),
+            qk_layernorm: false,
+        };
+        let mut f = ArchFeatures::default();
+        phi_features(&keys, &mut f).unwrap();
+        assert_eq!(f.rotary_dim, Some(32));
+        assert_eq!(
+            (f.norm, f.parallel_block, f.gated_ffn),
+            (NormKind::Layer, true, false)
+        );
+        assert_eq!(f.activation, Activation::GeluTanh);
+        let mut full = ArchFeatures::default();
+        let whole = PhiKeys {
+            partial_rotary_factor: 1.0,
+            ..keys.clone()
+        };
+        phi_features(&whole, &mut full).unwrap();
+        assert_eq!(full.rotary_dim, None);
+        for bad in [
+            PhiKeys {
+                qk_layernorm: true,
+                ..keys.clone()
+            },
+            PhiKeys {
+                activation: Some("relu"),
+                ..keys.clone()
+            },
+            PhiKeys {
+                partial_rotary_factor: 0.4,
+                ..keys.clone()
+            },
+        ] {
+            let err = phi_features(&bad, &mut ArchFeatures::default()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    ModelError::Unsupported {
+                        family: Family::Phi,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -36,8 +36,8 @@ pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, ToolCall, ToolSyntax};
 pub use config::{
-    llama3_rope_freq_factors, Activation, ArchFeatures, LayerRope, ModelConfig, RopeStyle,
-    SlidingWindow,
+    llama3_rope_freq_factors, Activation, ArchFeatures, LayerRope, ModelConfig, NormKind,
+    RopeStyle, SlidingWindow,
 };
 pub use error::ModelError;
 pub use family::Family;
@@ -47,6 +47,7 @@ pub use fetch::{
 };
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use load::{load, LoadedModel};
+pub use safetensors_load::moondream_text_weights;
 pub use synth_gguf::{
     synth_file_name, write_synth_gguf, SynthFileStats, SynthFormat, SynthShape, SynthSpec,
 };

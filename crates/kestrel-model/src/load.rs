@@ -330,10 +330,14 @@ pub fn weights_from_gguf(g: &GgufFile) -> Result<ModelWeights, ModelError> {
                 k_norm: norm(qk_norm, n("attn_k_norm.weight"), c.head_dim)?,
                 post_attn_norm: norm(post, n("post_attention_norm.weight"), h)?,
                 ffn_norm: vec(&n("ffn_norm.weight"), h)?,
-                w_gate: mat(&n("ffn_gate.weight"), ff, h)?,
+                w_gate: Some(mat(&n("ffn_gate.weight"), ff, h)?),
                 w_up: mat(&n("ffn_up.weight"), ff, h)?,
                 w_down: mat(&n("ffn_down.weight"), h, ff)?,
                 post_ffn_norm: norm(post, n("post_ffw_norm.weight"), h)?,
+                attn_norm_bias: None,
+                bo: None,
+                b_up: None,
+                b_down: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -349,6 +353,8 @@ pub fn weights_from_gguf(g: &GgufFile) -> Result<ModelWeights, ModelError> {
         layers,
         output_norm,
         lm_head,
+        output_norm_bias: None,
+        lm_head_bias: None,
     })
 }
 
@@ -444,7 +450,7 @@ mod tests {
                 ("attn_k", &l.wk),
                 ("attn_v", &l.wv),
                 ("attn_output", &l.wo),
-                ("ffn_gate", &l.w_gate),
+                ("ffn_gate", l.w_gate.as_ref().unwrap()),
                 ("ffn_up", &l.w_up),
                 ("ffn_down", &l.w_down),
             ] {

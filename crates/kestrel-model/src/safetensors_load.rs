@@ -6,6 +6,9 @@
 //! Gemma 3 (`gemma3_text`, or `gemma3` with a `text_config`) resolves to the
 //! same [`ModelConfig`] and effective weights as llama.cpp's GGUF of it: its
 //! norms, stored as `w` for HF's `x * (1 + w)`, get the `+ 1` at load.
+//! Phi (`phi`) has its own tensor names; [`PhiNames`] also maps Moondream
+//! 2's `text_model.*` names (fused QKV, split at load) onto the same
+//! decoder.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -17,12 +20,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::{ModelConfig, RopeStyle};
-use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
+use crate::family::{gemma3_features, phi_features, rope_scaling, Gemma3Keys, PhiKeys};
 use crate::load::{check_matrix, check_vector, LoadedModel};
 use crate::{Bytes, ChatTemplate, DType, Family, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3,
-/// Gemma 3 families).
+/// Gemma 3, Phi families).
 #[derive(Debug, Deserialize)]
 struct HfConfig {
     /// Required: a checkpoint without it is refused, not guessed a Llama.
@@ -58,6 +61,11 @@ struct HfConfig {
     layer_types: Option<Vec<String>>,
     /// EmbeddingGemma: an encoder, not a causal LM.
     use_bidirectional_attention: Option<bool>,
+    // Phi.
+    partial_rotary_factor: Option<f32>,
+    layer_norm_eps: Option<f32>,
+    hidden_act: Option<String>,
+    qk_layernorm: Option<bool>,
 }
 
 /// `Gemma3TextConfig`'s defaults, which `transformers` applies to keys a
@@ -193,6 +201,14 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
     }
     if family == Family::Gemma3 {
         gemma3_features(&gemma3_keys(hf, head_dim)?, &mut features)?;
+    } else if family == Family::Phi {
+        let keys = PhiKeys {
+            head_dim,
+            partial_rotary_factor: hf.partial_rotary_factor.unwrap_or(0.5),
+            activation: hf.hidden_act.as_deref(),
+            qk_layernorm: hf.qk_layernorm == Some(true),
+        };
+        phi_features(&keys, &mut features)?;
     } else {
         features.sliding_window =
             family.uniform_window(hf.sliding_window, hf.use_sliding_window == Some(true));
@@ -207,9 +223,14 @@ fn resolve_config(hf: &HfConfig) -> Result<ModelConfig, ModelError> {
         head_dim,
         rope_theta,
         rope_style: RopeStyle::HalfSplit,
-        rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
+        // Phi's LayerNorm epsilon (`layer_norm_eps`, 1e-5 by default).
+        rms_norm_eps: match family {
+            Family::Phi => hf.layer_norm_eps.unwrap_or(1e-5),
+            _ => hf.rms_norm_eps.unwrap_or(1e-6),
+        },
         max_position_embeddings: hf.max_position_embeddings.unwrap_or(4096),
-        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        // Phi's head is its own tensor, with its own bias.
+        tie_word_embeddings: family != Family::Phi && hf.tie_word_embeddings.unwrap_or(false),
         qkv_bias: family.qkv_bias(hf.attention_bias),
         architecture: family,
         features,
@@ -289,12 +310,12 @@ fn gemma3_period(hf: &HfConfig) -> Result<usize, ModelError> {
 }
 
 /// All tensors of a checkpoint, by name, as windows of their files' maps.
-struct TensorStore {
+pub(crate) struct TensorStore {
     tensors: HashMap<String, (Dtype, Vec<usize>, Bytes)>,
 }
 
 impl TensorStore {
-    fn open(dir: &Path) -> Result<Self, ModelError> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, ModelError> {
         let files = shard_files(dir)?;
         let mut tensors = HashMap::new();
         for path in files {
@@ -433,6 +454,9 @@ fn decoder_prefix(s: &TensorStore) -> (&'static str, &'static str) {
 }
 
 fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, ModelError> {
+    if c.architecture == Family::Phi.name() {
+        return phi_weights(c, s, PhiNames::Hf);
+    }
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let (prefix, lm_head_name) = decoder_prefix(s);
     let bias = |name: String, len| -> Result<Option<Vec<f32>>, ModelError> {
@@ -481,10 +505,14 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
                 k_norm: qk_norm(n("self_attn.k_norm.weight"))?,
                 post_attn_norm,
                 ffn_norm,
-                w_gate: s.matrix(&n("mlp.gate_proj.weight"), ff, h)?,
+                w_gate: Some(s.matrix(&n("mlp.gate_proj.weight"), ff, h)?),
                 w_up: s.matrix(&n("mlp.up_proj.weight"), ff, h)?,
                 w_down: s.matrix(&n("mlp.down_proj.weight"), h, ff)?,
                 post_ffn_norm,
+                attn_norm_bias: None,
+                bo: None,
+                b_up: None,
+                b_down: None,
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
@@ -500,6 +528,167 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
         layers,
         output_norm,
         lm_head,
+        output_norm_bias: None,
+        lm_head_bias: None,
+    })
+}
+
+/// Where a Phi-shaped decoder keeps its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PhiNames<'a> {
+    /// HF `modeling_phi.py`: `model.embed_tokens`, `model.layers.{i}.`
+    /// `input_layernorm`, `self_attn.{q,k,v}_proj`, `self_attn.dense`,
+    /// `mlp.fc1`/`mlp.fc2`, `model.final_layernorm`, `lm_head` (weights and
+    /// biases).
+    Hf,
+    /// Moondream 2's text model under `prefix` (`text_model.` in its
+    /// published `model.safetensors`): `{prefix}transformer.embd.wte`,
+    /// `{prefix}transformer.h.{i}.ln`, `mixer.Wqkv` (Q, K and V stacked by
+    /// rows, split here), `mixer.out_proj`, `mlp.fc1`/`mlp.fc2`,
+    /// `{prefix}lm_head.ln` (the final LayerNorm) and `{prefix}lm_head.linear`.
+    Moondream { prefix: &'a str },
+}
+
+/// One tensor of a Phi decoder, by role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PhiTensor {
+    Embed,
+    FinalNorm,
+    LmHead,
+    Norm(usize),
+    /// HF's separate `q_proj`/`k_proj`/`v_proj` (`0..3`), or Moondream's
+    /// fused `Wqkv` (the same name for all three).
+    Qkv(usize, usize),
+    Out(usize),
+    Fc1(usize),
+    Fc2(usize),
+}
+
+impl PhiNames<'_> {
+    /// The stem of `t` (append `.weight` / `.bias`).
+    pub(crate) fn stem(self, t: PhiTensor) -> String {
+        use PhiTensor as T;
+        match self {
+            PhiNames::Hf => match t {
+                T::Embed => "model.embed_tokens".into(),
+                T::FinalNorm => "model.final_layernorm".into(),
+                T::LmHead => "lm_head".into(),
+                T::Norm(i) => format!("model.layers.{i}.input_layernorm"),
+                T::Qkv(i, part) => {
+                    format!("model.layers.{i}.self_attn.{}_proj", ["q", "k", "v"][part])
+                }
+                T::Out(i) => format!("model.layers.{i}.self_attn.dense"),
+                T::Fc1(i) => format!("model.layers.{i}.mlp.fc1"),
+                T::Fc2(i) => format!("model.layers.{i}.mlp.fc2"),
+            },
+            PhiNames::Moondream { prefix: p } => match t {
+                T::Embed => format!("{p}transformer.embd.wte"),
+                T::FinalNorm => format!("{p}lm_head.ln"),
+                T::LmHead => format!("{p}lm_head.linear"),
+                T::Norm(i) => format!("{p}transformer.h.{i}.ln"),
+                T::Qkv(i, _) => format!("{p}transformer.h.{i}.mixer.Wqkv"),
+                T::Out(i) => format!("{p}transformer.h.{i}.mixer.out_proj"),
+                T::Fc1(i) => format!("{p}transformer.h.{i}.mlp.fc1"),
+                T::Fc2(i) => format!("{p}transformer.h.{i}.mlp.fc2"),
+            },
+        }
+    }
+
+    fn fused_qkv(self) -> bool {
+        matches!(self, PhiNames::Moondream { .. })
+    }
+}
+
+/// Moondream 2's text decoder from the checkpoint in `dir` (its
+/// `model.safetensors`, tensors under `prefix`, `text_model.` as
+/// published), for `config` (Phi features: [`ModelConfig::moondream2_text`]
+/// or its 0.5B counterpart). The vision side of the checkpoint is not read
+/// here.
+pub fn moondream_text_weights(
+    dir: &Path,
+    config: ModelConfig,
+    prefix: &str,
+) -> Result<ModelWeights, ModelError> {
+    config.validate()?;
+    let store = TensorStore::open(dir)?;
+    phi_weights(config, &store, PhiNames::Moondream { prefix })
+}
+
+/// A Phi decoder's weights (see [`PhiNames`]): every linear with its bias,
+/// LayerNorms with theirs, `fc1` as the ungated FFN's `w_up`. A fused QKV
+/// is split by rows (`q_dim`, `kv_dim`, `kv_dim`) into windows of the same
+/// bytes, its bias likewise.
+pub(crate) fn phi_weights(
+    c: ModelConfig,
+    s: &TensorStore,
+    names: PhiNames<'_>,
+) -> Result<ModelWeights, ModelError> {
+    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let w = |t: PhiTensor| format!("{}.weight", names.stem(t));
+    let b = |t: PhiTensor| format!("{}.bias", names.stem(t));
+    let token_embd = s.matrix(&w(PhiTensor::Embed), c.vocab_size, h)?;
+    let layers = (0..c.num_layers)
+        .map(|i| {
+            let (wq, wk, wv, bq, bk, bv) = if names.fused_qkv() {
+                let t = PhiTensor::Qkv(i, 0);
+                let fused = s.matrix(&w(t), q + 2 * kv, h)?;
+                let bias = s.vector(&b(t), q + 2 * kv)?;
+                let rows = |start: usize, n: usize| {
+                    let rb = fused.row_bytes();
+                    Matrix {
+                        rows: n,
+                        data: fused.data.slice(start * rb, n * rb),
+                        ..fused.clone()
+                    }
+                };
+                (
+                    rows(0, q),
+                    rows(q, kv),
+                    rows(q + kv, kv),
+                    bias[..q].to_vec(),
+                    bias[q..q + kv].to_vec(),
+                    bias[q + kv..].to_vec(),
+                )
+            } else {
+                let part = |p: usize, rows| -> Result<(Matrix, Vec<f32>), ModelError> {
+                    let t = PhiTensor::Qkv(i, p);
+                    Ok((s.matrix(&w(t), rows, h)?, s.vector(&b(t), rows)?))
+                };
+                let ((wq, bq), (wk, bk), (wv, bv)) = (part(0, q)?, part(1, kv)?, part(2, kv)?);
+                (wq, wk, wv, bq, bk, bv)
+            };
+            Ok(LayerWeights {
+                attn_norm: s.vector(&w(PhiTensor::Norm(i)), h)?,
+                attn_norm_bias: Some(s.vector(&b(PhiTensor::Norm(i)), h)?),
+                wq,
+                wk,
+                wv,
+                bq: Some(bq),
+                bk: Some(bk),
+                bv: Some(bv),
+                wo: s.matrix(&w(PhiTensor::Out(i)), h, q)?,
+                bo: Some(s.vector(&b(PhiTensor::Out(i)), h)?),
+                q_norm: None,
+                k_norm: None,
+                post_attn_norm: None,
+                ffn_norm: Vec::new(),
+                w_gate: None,
+                w_up: s.matrix(&w(PhiTensor::Fc1(i)), ff, h)?,
+                b_up: Some(s.vector(&b(PhiTensor::Fc1(i)), ff)?),
+                w_down: s.matrix(&w(PhiTensor::Fc2(i)), h, ff)?,
+                b_down: Some(s.vector(&b(PhiTensor::Fc2(i)), h)?),
+                post_ffn_norm: None,
+            })
+        })
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    Ok(ModelWeights {
+        token_embd,
+        layers,
+        output_norm: s.vector(&w(PhiTensor::FinalNorm), h)?,
+        output_norm_bias: Some(s.vector(&b(PhiTensor::FinalNorm), h)?),
+        lm_head: s.matrix(&w(PhiTensor::LmHead), c.vocab_size, h)?,
+        lm_head_bias: Some(s.vector(&b(PhiTensor::LmHead), c.vocab_size)?),
+        config: c,
     })
 }
 

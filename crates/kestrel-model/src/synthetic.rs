@@ -88,10 +88,14 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
                 k_norm: norm(qk, &mut next_rng, config.head_dim),
                 post_attn_norm: norm(post, &mut next_rng, h),
                 ffn_norm: vector(&mut next_rng(), h, 1.0, 0.1),
-                w_gate: matrix(&mut next_rng(), ff, h, std),
+                w_gate: Some(matrix(&mut next_rng(), ff, h, std)),
                 w_up: matrix(&mut next_rng(), ff, h, std),
                 w_down: matrix(&mut next_rng(), h, ff, out_std),
                 post_ffn_norm: norm(post, &mut next_rng, h),
+                attn_norm_bias: None,
+                bo: None,
+                b_up: None,
+                b_down: None,
             }
         })
         .collect();
@@ -107,6 +111,8 @@ pub fn synthetic_weights(config: &ModelConfig, dtype: DType, seed: u64) -> Model
         layers,
         output_norm,
         lm_head,
+        output_norm_bias: None,
+        lm_head_bias: None,
     }
 }
 
@@ -149,8 +155,9 @@ mod tests {
                 (l.w_down.rows, l.w_down.cols),
                 (c.hidden_size, c.intermediate_size)
             );
-            assert_eq!(l.w_gate.dtype, dtype);
-            assert_eq!(l.w_gate.data.len(), l.w_gate.rows * l.w_gate.row_bytes());
+            let gate = l.w_gate.as_ref().expect("a gated FFN");
+            assert_eq!(gate.dtype, dtype);
+            assert_eq!(gate.data.len(), gate.rows * gate.row_bytes());
             assert_eq!(l.bq.as_ref().map(Vec::len), Some(c.q_dim()));
             assert_eq!(w.lm_head.rows, c.vocab_size);
             let vals = l.wq.to_f32();

@@ -214,15 +214,25 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     /// `[hidden]` norm of the attention output (`features.post_norms`).
     pub post_attn_norm: Option<Vec<f32>>,
+    /// `[hidden]`; empty in a parallel block (`features.parallel_block`),
+    /// whose FFN reads `attn_norm`'s output.
     pub ffn_norm: Vec<f32>,
-    /// `[intermediate, hidden]`
-    pub w_gate: Matrix,
+    /// `[intermediate, hidden]`; `None` in an ungated FFN
+    /// (`features.gated_ffn` off: Phi's `fc1` is `w_up`).
+    pub w_gate: Option<Matrix>,
     /// `[intermediate, hidden]`
     pub w_up: Matrix,
     /// `[hidden, intermediate]`
     pub w_down: Matrix,
     /// `[hidden]` norm of the FFN output (`features.post_norms`).
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// `[hidden]` LayerNorm bias of `attn_norm` (`features.norm` Layer).
+    pub attn_norm_bias: Option<Vec<f32>>,
+    /// Biases of `wo` (`[hidden]`), `w_up` (`[intermediate]`) and `w_down`
+    /// (`[hidden]`) (`features.linear_biases`).
+    pub bo: Option<Vec<f32>>,
+    pub b_up: Option<Vec<f32>>,
+    pub b_down: Option<Vec<f32>>,
 }
 
 /// All weights of a Llama-family decoder, in the RoPE convention of
@@ -236,4 +246,8 @@ pub struct ModelWeights {
     pub output_norm: Vec<f32>,
     /// `[vocab, hidden]`; shares `token_embd`'s bytes when embeddings are tied.
     pub lm_head: Matrix,
+    /// `[hidden]` LayerNorm bias of `output_norm` (`features.norm` Layer).
+    pub output_norm_bias: Option<Vec<f32>>,
+    /// `[vocab]` (`features.linear_biases`).
+    pub lm_head_bias: Option<Vec<f32>>,
 }

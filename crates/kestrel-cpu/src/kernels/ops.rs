@@ -1,5 +1,5 @@
-//! Elementwise and per-row kernels: RMSNorm, RoPE (both pairings), SiLU-mul,
-//! a vectorizable `exp` (kestrel-numerics' definition, shared with
+//! Elementwise and per-row kernels: RMSNorm, LayerNorm, RoPE (both pairings),
+//! SiLU-mul, a vectorizable `exp` (kestrel-numerics' definition, shared with
 //! kestrel-cuda), and residual adds. All are per-row and run in a fixed
 //! order, so they are batch-invariant by construction. Written as plain
 //! lane-array loops that LLVM vectorizes for the build's target CPU.
@@ -25,6 +25,36 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let inv = 1.0 / (s / n as f32 + eps).sqrt();
     for i in 0..n {
         out[i] = x[i] * inv * w[i];
+    }
+}
+
+/// `x`'s 8-lane sum of `f(x_i)` with the fixed final tree of [`rms_norm`].
+#[inline(always)]
+fn sum8(x: &[f32], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = f(c[l], acc[l]);
+        }
+    }
+    for (l, v) in rem.iter().enumerate() {
+        acc[l] = f(*v, acc[l]);
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// `out = (x - mean) / sqrt(var + eps) * w + b` for one row: LayerNorm with
+/// PyTorch's biased variance, the mean and then the centred sum of squares
+/// each in 8 lanes with a fixed tree, independent of batch.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = sum8(x, |v, a| a + v) / n;
+    let var = sum8(x, |v, a| (v - mean).mul_add(v - mean, a)) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for i in 0..x.len() {
+        out[i] = (x[i] - mean) * inv * w[i] + b[i];
     }
 }
 

@@ -2,7 +2,7 @@
 //! matrix's shape, every norm and bias vector a family needs) and prepared
 //! for the kernels in place, then the compute team started.
 
-use kestrel_model::{LayerWeights, Matrix, ModelWeights};
+use kestrel_model::{LayerWeights, Matrix, ModelWeights, NormKind};
 
 use super::{CpuModel, CpuModelOptions, Layer};
 use crate::block::RopeSpec;
@@ -70,6 +70,16 @@ impl CpuModel {
             check_matrix("lm_head", &weights.lm_head, c.vocab_size, h)?
         };
         check_vec("output_norm", Some(&weights.output_norm), h, true)?;
+        let fe = &c.features;
+        let ln = fe.norm == NormKind::Layer;
+        let lb = fe.linear_biases;
+        check_vec("output_norm_bias", weights.output_norm_bias.as_ref(), h, ln)?;
+        check_vec(
+            "lm_head_bias",
+            weights.lm_head_bias.as_ref(),
+            c.vocab_size,
+            lb,
+        )?;
         if weights.layers.len() != c.num_layers {
             return Err(CpuError::Shape {
                 name: "layers".into(),
@@ -80,6 +90,8 @@ impl CpuModel {
         let ModelWeights {
             layers: stored,
             output_norm,
+            output_norm_bias,
+            lm_head_bias,
             ..
         } = weights;
         let mut layers = Vec::with_capacity(stored.len());
@@ -88,7 +100,13 @@ impl CpuModel {
         for (i, l) in stored.into_iter().enumerate() {
             let n = |s: &str| format!("layers.{i}.{s}");
             check_vec(&n("attn_norm"), Some(&l.attn_norm), h, true)?;
-            check_vec(&n("ffn_norm"), Some(&l.ffn_norm), h, true)?;
+            // A parallel block's FFN reads the attention norm's output.
+            let ffn_norm_len = if fe.parallel_block { 0 } else { h };
+            check_vec(&n("ffn_norm"), Some(&l.ffn_norm), ffn_norm_len, true)?;
+            check_vec(&n("attn_norm_bias"), l.attn_norm_bias.as_ref(), h, ln)?;
+            check_vec(&n("bo"), l.bo.as_ref(), h, lb)?;
+            check_vec(&n("b_up"), l.b_up.as_ref(), f, lb)?;
+            check_vec(&n("b_down"), l.b_down.as_ref(), h, lb)?;
             check_vec(&n("bq"), l.bq.as_ref(), qd, c.qkv_bias)?;
             check_vec(&n("bk"), l.bk.as_ref(), kvd, c.qkv_bias)?;
             check_vec(&n("bv"), l.bv.as_ref(), kvd, c.qkv_bias)?;
@@ -122,13 +140,28 @@ impl CpuModel {
                 w_up,
                 w_down,
                 post_ffn_norm,
+                attn_norm_bias,
+                bo,
+                b_up,
+                b_down,
             } = l;
+            let w_gate = match (w_gate, fe.gated_ffn) {
+                (Some(g), true) => Some(check_matrix(&n("w_gate"), &g, f, h)?),
+                (None, false) => None,
+                (g, _) => {
+                    return Err(CpuError::Shape {
+                        name: n("w_gate"),
+                        expected: format!("present iff the FFN is gated ({})", fe.gated_ffn),
+                        got: if g.is_some() { "a matrix" } else { "none" }.into(),
+                    })
+                }
+            };
             layers.push(Layer {
                 wq: check_matrix(&n("wq"), &wq, qd, h)?,
                 wk: check_matrix(&n("wk"), &wk, kvd, h)?,
                 wv: check_matrix(&n("wv"), &wv, kvd, h)?,
                 wo: check_matrix(&n("wo"), &wo, h, qd)?,
-                w_gate: check_matrix(&n("w_gate"), &w_gate, f, h)?,
+                w_gate,
                 w_up: check_matrix(&n("w_up"), &w_up, f, h)?,
                 w_down: check_matrix(&n("w_down"), &w_down, h, f)?,
                 attn_norm,
@@ -141,6 +174,10 @@ impl CpuModel {
                 k_norm: k_norm.filter(|_| qk),
                 post_attn_norm: post_attn_norm.filter(|_| post),
                 post_ffn_norm: post_ffn_norm.filter(|_| post),
+                attn_norm_bias: attn_norm_bias.filter(|_| ln),
+                bo: bo.filter(|_| lb),
+                b_up: b_up.filter(|_| lb),
+                b_down: b_down.filter(|_| lb),
                 rope,
                 window: lr.window,
             });
@@ -163,6 +200,8 @@ impl CpuModel {
             token_embd,
             lm_head,
             output_norm,
+            output_norm_bias: output_norm_bias.filter(|_| ln),
+            lm_head_bias: lm_head_bias.filter(|_| lb),
             layers,
             ropes,
             team,

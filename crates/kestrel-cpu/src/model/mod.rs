@@ -7,7 +7,9 @@
 //! -> SiLU-mul -> down, then the LM head on the rows whose logits are wanted.
 //! The family's [`kestrel_model::ArchFeatures`] add steps to that pass
 //! (embedding scale, q/k norms, post-norms, GELU, sliding windows, per-layer
-//! RoPE, softcapping; see [`crate::block`]); with none set it is plain Llama.
+//! RoPE, softcapping; Phi's LayerNorm with bias, parallel attention and FFN,
+//! ungated biased FFN, partial rotary and head bias; see [`crate::block`]);
+//! with none set it is plain Llama.
 //! Every step is per-row or a canonical-order matmul, so a row's logits do not
 //! depend on its batch (see `kernels::matmul`). Loading and validating
 //! the weights is `load.rs`.
@@ -90,6 +92,9 @@ pub struct CpuModel {
     /// A clone of `token_embd` (same bytes) when embeddings are tied.
     lm_head: Weight,
     output_norm: Vec<f32>,
+    /// LayerNorm bias of `output_norm` and the LM head's bias (Phi).
+    output_norm_bias: Option<Vec<f32>>,
+    lm_head_bias: Option<Vec<f32>>,
     layers: Vec<Layer>,
     /// The distinct RoPEs of the layers (one, or global + local); each
     /// row gets one table per spec (`Scratch::rope`).
@@ -113,11 +118,17 @@ struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
+    /// Empty in a parallel block.
     ffn_norm: Vec<f32>,
-    w_gate: Weight,
+    /// `None` in an ungated FFN (`w_up` is then Phi's `fc1`).
+    w_gate: Option<Weight>,
     w_up: Weight,
     w_down: Weight,
     post_ffn_norm: Option<Vec<f32>>,
+    attn_norm_bias: Option<Vec<f32>>,
+    bo: Option<Vec<f32>>,
+    b_up: Option<Vec<f32>>,
+    b_down: Option<Vec<f32>>,
     /// Index into `CpuModel::ropes`.
     rope: usize,
     /// Keys this layer attends: the last `window` positions, or all.
@@ -132,16 +143,27 @@ impl Layer {
         self.window.filter(|&w| len > w).map(|w| len - w)
     }
 
-    fn matrices(&self) -> [&Weight; 7] {
-        [
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
+    fn matrices(&self) -> impl Iterator<Item = &Weight> {
+        [&self.wq, &self.wk, &self.wv, &self.wo]
+            .into_iter()
+            .chain(&self.w_gate)
+            .chain([&self.w_up, &self.w_down])
+    }
+
+    /// Floats of the layer's norm and bias vectors.
+    fn vector_floats(&self) -> usize {
+        let extra = [
+            &self.q_norm,
+            &self.k_norm,
+            &self.post_attn_norm,
+            &self.post_ffn_norm,
+            &self.attn_norm_bias,
+            &self.bo,
+            &self.b_up,
+            &self.b_down,
+        ];
+        let extra: usize = extra.iter().filter_map(|v| v.as_ref()).map(Vec::len).sum();
+        self.attn_norm.len() + self.ffn_norm.len() + extra
     }
 }
 
@@ -193,13 +215,17 @@ impl CpuModel {
     /// tied embeddings counted once.
     pub fn weight_bytes(&self) -> usize {
         let mut b = self.token_embd.bytes() + 4 * self.output_norm.len();
+        let head_vectors = [&self.output_norm_bias, &self.lm_head_bias];
+        b += 4 * head_vectors
+            .iter()
+            .filter_map(|v| v.as_ref())
+            .map(Vec::len)
+            .sum::<usize>();
         if !self.cfg.tie_word_embeddings {
             b += self.lm_head.bytes();
         }
         for l in &self.layers {
-            let extra = [&l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm];
-            let extra: usize = extra.iter().filter_map(|v| v.as_ref()).map(Vec::len).sum();
-            b += 4 * (l.attn_norm.len() + l.ffn_norm.len() + extra);
+            b += 4 * l.vector_floats();
         }
         b + self.layer_matrix_bytes()
     }
@@ -425,6 +451,8 @@ impl CpuModel {
         let embd = self.token_embd.mat();
         let nr = self.rope_tables();
         let fe = &c.features;
+        // Rotated dimensions per head (Phi rotates the first `rot` only).
+        let rot = fe.rotary_dim.unwrap_or(hd);
         for (i, &t) in tokens.iter().enumerate() {
             let xr = &mut scratch.x[i * h..(i + 1) * h];
             dequant_row(&embd, t as usize, xr);
@@ -433,14 +461,14 @@ impl CpuModel {
             }
             for (r, spec) in self.ropes.iter().enumerate() {
                 let o = (i * nr + r) * hd;
-                spec.table(scratch.row_pos[i], hd, &mut scratch.rope[o..o + hd]);
+                spec.table(scratch.row_pos[i], rot, &mut scratch.rope[o..o + rot]);
             }
         }
         for (l, lw) in self.layers.iter().enumerate() {
             let s = &mut *scratch;
             let (x, xn) = (&mut s.x[..n * h], &mut s.xn[..n * h]);
             for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
-                ops::rms_norm(xr, &lw.attn_norm, c.rms_norm_eps, or);
+                self.norm(xr, &lw.attn_norm, lw.attn_norm_bias.as_deref(), or);
             }
             let (q, k, v) = (&mut s.q[..n * qd], &mut s.k[..n * kvd], &mut s.v[..n * kvd]);
             matmul_group(
@@ -488,8 +516,14 @@ impl CpuModel {
             for i in 0..n {
                 let o = (i * nr + lw.rope) * hd;
                 let t = &s.rope[o..o + hd];
-                ops::rope(&mut q[i * qd..(i + 1) * qd], hd, t, c.rope_style);
-                ops::rope(&mut k[i * kvd..(i + 1) * kvd], hd, t, c.rope_style);
+                let (qr, kr) = (&mut q[i * qd..(i + 1) * qd], &mut k[i * kvd..(i + 1) * kvd]);
+                if rot == hd {
+                    ops::rope(qr, hd, t, c.rope_style);
+                    ops::rope(kr, hd, t, c.rope_style);
+                } else {
+                    block::rope_partial(qr, hd, rot, t);
+                    block::rope_partial(kr, hd, rot, t);
+                }
                 let pos = s.row_pos[i] as usize;
                 let page = seqs.pages(s.row_seq[i] as usize)[pos / ps] as usize;
                 for g in 0..c.num_kv_heads {
@@ -509,30 +543,45 @@ impl CpuModel {
                 n,
                 &mut s.tmp[..n * h],
             );
+            add_rows(&mut s.tmp[..n * h], lw.bo.as_deref());
             residual_add(s, n, h, lw.post_attn_norm.as_deref(), c.rms_norm_eps);
-            let (x, xn) = (&s.x[..n * h], &mut s.xn[..n * h]);
-            for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
-                ops::rms_norm(xr, &lw.ffn_norm, c.rms_norm_eps, or);
+            // A parallel block's FFN reads the attention norm's output,
+            // still in `xn` (Phi: x + attn(ln(x)) + mlp(ln(x)), added in
+            // that order).
+            if !fe.parallel_block {
+                let (x, xn) = (&s.x[..n * h], &mut s.xn[..n * h]);
+                for (xr, or) in x.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
+                    ops::rms_norm(xr, &lw.ffn_norm, c.rms_norm_eps, or);
+                }
             }
-            let (gate, up) = (&mut s.gate[..n * f], &mut s.up[..n * f]);
-            matmul_group(
-                team,
-                isa,
-                numerics,
-                xn,
-                n,
-                &mut [
-                    MatmulJob {
-                        w: lw.w_gate.mat(),
-                        y: gate,
-                    },
-                    MatmulJob {
-                        w: lw.w_up.mat(),
-                        y: up,
-                    },
-                ],
-            );
-            self.act_mul(gate, up, f);
+            let (xn, gate, up) = (&s.xn[..n * h], &mut s.gate[..n * f], &mut s.up[..n * f]);
+            match &lw.w_gate {
+                Some(w_gate) => {
+                    matmul_group(
+                        team,
+                        isa,
+                        numerics,
+                        xn,
+                        n,
+                        &mut [
+                            MatmulJob {
+                                w: w_gate.mat(),
+                                y: gate,
+                            },
+                            MatmulJob {
+                                w: lw.w_up.mat(),
+                                y: up,
+                            },
+                        ],
+                    );
+                    self.act_mul(gate, up, f);
+                }
+                None => {
+                    // Ungated (Phi's fc1): `gate = gelu(up x + b_up)`.
+                    matmul(team, isa, numerics, lw.w_up.mat(), xn, n, gate);
+                    self.bias_act(gate, lw.b_up.as_deref(), f);
+                }
+            }
             matmul(
                 team,
                 isa,
@@ -542,13 +591,14 @@ impl CpuModel {
                 n,
                 &mut s.tmp[..n * h],
             );
+            add_rows(&mut s.tmp[..n * h], lw.b_down.as_deref());
             residual_add(s, n, h, lw.post_ffn_norm.as_deref(), c.rms_norm_eps);
         }
         let s = &mut *scratch;
         for j in 0..nlogits {
             let i = s.logit_rows[j] as usize;
             let (x, xn) = (&s.x[i * h..(i + 1) * h], &mut s.xn[j * h..(j + 1) * h]);
-            ops::rms_norm(x, &self.output_norm, c.rms_norm_eps, xn);
+            self.norm(x, &self.output_norm, self.output_norm_bias.as_deref(), xn);
         }
         matmul(
             team,
@@ -559,36 +609,62 @@ impl CpuModel {
             nlogits,
             out_logits,
         );
+        add_rows(out_logits, self.lm_head_bias.as_deref());
         if let Some(cap) = fe.final_logit_softcap {
             block::softcap(out_logits, cap);
         }
         Ok(())
     }
 
+    /// One row's norm: LayerNorm when the model's norms carry a bias
+    /// (kept at load only for [`kestrel_model::NormKind::Layer`]), else
+    /// RMSNorm.
+    fn norm(&self, x: &[f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+        let eps = self.cfg.rms_norm_eps;
+        match bias {
+            Some(b) => ops::layer_norm(x, w, b, eps, out),
+            None => ops::rms_norm(x, w, eps, out),
+        }
+    }
+
     /// `gate = act(gate) * up`, rows in parallel when there are several.
     fn act_mul(&self, gate: &mut [f32], up: &[f32], f: usize) {
-        let rows = gate.len() / f;
         let gelu = self.cfg.features.activation == Activation::GeluTanh;
-        let body = |g: &mut [f32], u: &[f32]| {
+        self.each_row(gate, f, |r, g| {
+            let u = &up[r * f..(r + 1) * f];
             if gelu {
                 return block::gelu_tanh_mul(g, u);
             }
             for (gv, uv) in g.iter_mut().zip(u) {
                 *gv = *gv / (1.0 + ops::exp(-*gv)) * uv;
             }
-        };
+        });
+    }
+
+    /// `x = gelu_tanh(x + bias)` per row (an ungated FFN; the only
+    /// activation a model with one resolves to).
+    fn bias_act(&self, x: &mut [f32], bias: Option<&[f32]>, f: usize) {
+        debug_assert_eq!(self.cfg.features.activation, Activation::GeluTanh);
+        self.each_row(x, f, |_, row| block::bias_gelu_tanh(row, bias));
+    }
+
+    /// `body(r, row)` for each `f`-float row of `buf`, rows in parallel
+    /// when there are several. Each row is computed alone, so the result
+    /// does not depend on the split.
+    fn each_row(&self, buf: &mut [f32], f: usize, body: impl Fn(usize, &mut [f32]) + Sync) {
+        let rows = buf.len() / f;
         if rows >= 4 {
-            let out = OutPtr(gate.as_mut_ptr());
+            let out = OutPtr(buf.as_mut_ptr());
             self.team.for_each(rows, |r| {
                 // SAFETY: task `r` alone touches floats r*f..(r+1)*f of
-                // `gate`, which is borrowed mutably for the whole region.
-                let g = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * f), f) };
-                body(g, &up[r * f..(r + 1) * f]);
+                // `buf`, which is borrowed mutably for the whole region.
+                let row = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * f), f) };
+                body(r, row);
             });
         } else {
-            gate.chunks_mut(f)
-                .zip(up.chunks(f))
-                .for_each(|(g, u)| body(g, u));
+            buf.chunks_mut(f)
+                .enumerate()
+                .for_each(|(r, row)| body(r, row));
         }
     }
 
@@ -754,6 +830,14 @@ fn residual_add(s: &mut Scratch, n: usize, h: usize, post_norm: Option<&[f32]>, 
             ops::add_assign(&mut s.x[..n * h], &s.xn[..n * h]);
         }
         None => ops::add_assign(&mut s.x[..n * h], &s.tmp[..n * h]),
+    }
+}
+
+/// `row += bias` for each row of `rows` (nothing without a bias).
+fn add_rows(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        rows.chunks_exact_mut(b.len())
+            .for_each(|r| ops::add_assign(r, b));
     }
 }
 

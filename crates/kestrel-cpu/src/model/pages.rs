@@ -60,12 +60,12 @@ impl WeightPages {
                     &mut l.wk,
                     &mut l.wv,
                     &mut l.wo,
-                    &mut l.w_gate,
                     &mut l.w_up,
                     &mut l.w_down,
                 ]
                 .map(|m| &mut m.data),
             );
+            all.extend(l.w_gate.as_mut().map(|m| &mut m.data));
         }
         if !tied {
             all.push(&mut w.lm_head.data);

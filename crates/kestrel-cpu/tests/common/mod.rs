@@ -181,7 +181,11 @@ pub fn reference_logits(w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&t| emb[t as usize].clone()).collect();
     for l in &w.layers {
         let (wq, wk, wv, wo) = (deq(&l.wq), deq(&l.wk), deq(&l.wv), deq(&l.wo));
-        let (wg, wu, wd) = (deq(&l.w_gate), deq(&l.w_up), deq(&l.w_down));
+        let gate = l
+            .w_gate
+            .as_ref()
+            .expect("the f64 reference is Llama's gated FFN");
+        let (wg, wu, wd) = (deq(gate), deq(&l.w_up), deq(&l.w_down));
         let mut ks = vec![];
         let mut vs = vec![];
         let mut qs = vec![];

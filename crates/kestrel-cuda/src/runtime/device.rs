@@ -219,6 +219,19 @@ impl<D: Device> DeviceModel<D> {
                 c.num_heads, c.num_kv_heads, c.head_dim
             )));
         }
+        let fe = &c.features;
+        if fe.norm != kestrel_model::NormKind::Rms
+            || fe.parallel_block
+            || !fe.gated_ffn
+            || fe.linear_biases
+            || fe.rotary_dim.is_some()
+        {
+            return Err(CudaError::Unsupported(format!(
+                "the {} block (LayerNorm, parallel attention and FFN, ungated FFN, \
+                 output biases, partial rotary); kestrel-cpu runs it",
+                c.architecture
+            )));
+        }
         if w.layers.len() != c.num_layers {
             return Err(CudaError::Unsupported(format!(
                 "{} layers in the weights, {} in the config",

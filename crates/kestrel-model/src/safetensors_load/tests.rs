@@ -110,7 +110,7 @@ fn hf_tensors_with(
             ("self_attn.k_proj", &l.wk),
             ("self_attn.v_proj", &l.wv),
             ("self_attn.o_proj", &l.wo),
-            ("mlp.gate_proj", &l.w_gate),
+            ("mlp.gate_proj", l.w_gate.as_ref().unwrap()),
             ("mlp.up_proj", &l.w_up),
             ("mlp.down_proj", &l.w_down),
         ];
@@ -314,3 +314,4 @@ fn missing_tensor_and_bad_arch() {
 }
 
 mod families;
+mod phi;

@@ -208,7 +208,11 @@ fn assert_same_model(hf: &crate::ModelWeights, gguf: &crate::ModelWeights) {
             ("wk", &a.wk, &b.wk),
             ("wv", &a.wv, &b.wv),
             ("wo", &a.wo, &b.wo),
-            ("w_gate", &a.w_gate, &b.w_gate),
+            (
+                "w_gate",
+                a.w_gate.as_ref().unwrap(),
+                b.w_gate.as_ref().unwrap(),
+            ),
             ("w_up", &a.w_up, &b.w_up),
             ("w_down", &a.w_down, &b.w_down),
         ] {
