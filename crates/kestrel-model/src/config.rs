@@ -327,7 +327,7 @@ impl ModelConfig {
         };
         crate::family::phi_features(&keys, &mut features).expect("Moondream's own numbers");
         ModelConfig {
-            architecture: crate::Family::Phi.name().into(),
+            architecture: crate::Family::Phi,
             vocab_size: 51_200,
             hidden_size: 2048,
             intermediate_size: 8192,

@@ -454,7 +454,7 @@ fn decoder_prefix(s: &TensorStore) -> (&'static str, &'static str) {
 }
 
 fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, ModelError> {
-    if c.architecture == Family::Phi.name() {
+    if c.architecture == Family::Phi {
         return phi_weights(c, s, PhiNames::Hf);
     }
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);

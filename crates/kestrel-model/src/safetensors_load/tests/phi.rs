@@ -164,7 +164,7 @@ fn phi_hf_and_moondream_names_load_the_same_decoder() {
     write_dir_with(&hf_dir.0, phi_config_json(&c), &hf, 1);
     let a = load(&hf_dir.0).unwrap().weights;
     assert_eq!(a.config, c, "config.json resolves to Moondream's features");
-    assert_eq!(Family::from_name(&a.config.architecture), Some(Family::Phi));
+    assert_eq!(a.config.architecture, Family::Phi);
     assert_eq!(a.config.features.norm, NormKind::Layer);
 
     let md_dir = TempDir::new("phi-md");
