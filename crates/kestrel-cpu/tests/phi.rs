@@ -37,7 +37,10 @@ fn check_case(dir: &Path, name: &str, threads: usize) -> f32 {
     )
     .expect("fixture json parses");
     let loaded = kestrel_model::load(&dir.join(name)).expect("load the HF directory");
-    assert_eq!(loaded.weights.config.architecture, kestrel_model::Family::Phi);
+    assert_eq!(
+        loaded.weights.config.architecture,
+        kestrel_model::Family::Phi
+    );
     let prompt = ids(&want["prompt_ids"]);
     assert_eq!(
         loaded.encode(want["prompt"].as_str().unwrap()).unwrap(),
