@@ -186,10 +186,14 @@ pub fn decode_sizes(
         .collect())
 }
 
-/// The first index of the largest value (NaN never wins).
+/// The first index of the largest value; a NaN counts as the largest, as in
+/// `torch.argmax`.
 fn argmax(v: &[f32]) -> usize {
     let mut best = 0;
     for (i, x) in v.iter().enumerate() {
+        if x.is_nan() {
+            return i;
+        }
         if *x > v[best] {
             best = i;
         }
@@ -235,7 +239,7 @@ mod tests {
     #[test]
     fn argmax_takes_the_first_maximum() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
-        assert_eq!(argmax(&[f32::NAN, 0.5, 0.25]), 1);
+        assert_eq!(argmax(&[0.5, 2.0, f32::NAN, f32::NAN]), 2);
     }
 
     #[test]
