@@ -18,6 +18,7 @@ mod detok;
 mod error;
 mod output;
 mod skill;
+mod spatial;
 mod spec;
 mod stop;
 pub mod testing;
@@ -32,5 +33,9 @@ pub use detok::Utf8Decoder;
 pub use error::{BoxedCause, SkillError};
 pub use output::{StreamDelta, TokenLogprob};
 pub use skill::{Skill, SkillPhase, SkillResult};
+pub use spatial::{
+    BoundingBox, Point, SpatialError, SpatialIds, SpatialKind, SpatialResult, SpatialSpec,
+    SpatialState, SpatialStepOutput, Stage,
+};
 pub use spec::{LexerBudget, SkillKind, SkillOptions, SkillSpec, LEXER_BUDGET};
 pub use stop::StopStrings;

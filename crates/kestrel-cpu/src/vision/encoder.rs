@@ -193,7 +193,7 @@ fn patchify(cfg: &VisionConfig, crops: &OverlapCrops) -> Vec<f32> {
 }
 
 /// `y = x W^T + b` over `n` rows.
-fn linear(
+pub(crate) fn linear(
     run: VisionRun<'_>,
     name: &str,
     l: &Linear,
