@@ -176,7 +176,7 @@ impl ModelContext {
             eos_token_ids: model.eos_token_ids.clone(),
             bos_token_id: model.bos_token_id,
             add_bos_token: model.add_bos_token,
-            chat_template: Some(model.chat_template.clone()),
+            chat_template: model.chat_template.clone(),
         })
     }
 
@@ -267,12 +267,16 @@ impl ModelContext {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        let template = self.inner.chat_template.as_ref().ok_or_else(|| {
-            EngineError::invalid(Field::Messages, "this model has no chat template")
-        })?;
+        let template = self
+            .inner
+            .chat_template
+            .as_ref()
+            .ok_or(EngineError::NoChatTemplate)?;
+        // The template's reason (minijinja's, the `source` of the model's
+        // error) is what the client needs: the whole chain, not the top line.
         template
             .render_with_tools(messages, tools, add_generation_prompt)
-            .map_err(|e| EngineError::invalid(Field::Messages, format!("chat template: {e}")))
+            .map_err(|e| EngineError::invalid(Field::Messages, crate::error::error_chain(&e)))
     }
 
     /// Renders (chat) and tokenizes a prompt; token ids are checked against

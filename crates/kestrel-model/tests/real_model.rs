@@ -92,7 +92,10 @@ fn default_model_config_and_layout() {
     assert_eq!(m.bos_token_id, Some(1));
     assert_eq!(m.eos_token_ids, vec![2]);
     assert!(!m.add_bos_token);
-    assert!(!m.chat_template.is_fallback);
+    assert_eq!(
+        m.chat_template.as_ref().map(|t| &t.origin),
+        Some(&kestrel_model::TemplateOrigin::Model)
+    );
 }
 
 #[test]

@@ -71,6 +71,13 @@ pub(crate) struct EngineArgs {
     /// repeats its context); `off` [default: off]. CPU backend only.
     #[arg(long, value_name = "ngram:K|off", value_parser = parse_speculate)]
     speculate: Option<Speculate>,
+    /// A Jinja chat template file (as Hugging Face models ship them) to
+    /// serve chat with instead of the model's own; needed for chat with a
+    /// model that ships none and whose family Kestrel does not know
+    /// [default: the model's; else its family's (Gemma 3) or ChatML when its
+    /// vocabulary has their turn markers].
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<std::path::PathBuf>,
 }
 
 /// `--speculate`'s value: `Some(k)` for `ngram:k`, `None` for `off`.
@@ -158,6 +165,7 @@ impl EngineArgs {
                 d.weight_pages
             },
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
+            chat_template: self.chat_template.clone().or(d.chat_template),
         }
     }
 }

@@ -119,6 +119,10 @@ impl ApiError {
                 let param = names.param(*field);
                 Self::invalid(param.clone(), format!("{param} {}", error_chain(source)))
             }
+            EngineError::NoChatTemplate => Self {
+                code: Some("no_chat_template"),
+                ..Self::invalid(names.param(Field::Messages), error_chain(e))
+            },
             EngineError::ContextOverflow { .. } => Self {
                 code: Some("context_length_exceeded"),
                 ..Self::invalid(names.overflow_param(), error_chain(e))
