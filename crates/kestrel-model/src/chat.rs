@@ -129,10 +129,9 @@ impl std::fmt::Display for TemplateOrigin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TemplateOrigin::Model => f.write_str("the model's own chat template"),
-            TemplateOrigin::Family(family) => write!(
-                f,
-                "Kestrel's {family} chat template (the model ships none)"
-            ),
+            TemplateOrigin::Family(family) => {
+                write!(f, "Kestrel's {family} chat template (the model ships none)")
+            }
             TemplateOrigin::ChatMl => f.write_str("ChatML (the model ships no chat template)"),
             TemplateOrigin::File(p) => write!(f, "the chat template in {}", p.display()),
         }
@@ -269,7 +268,10 @@ impl ChatTemplate {
     /// syntax Kestrel does not know).
     pub fn tool_syntax(&self) -> Option<ToolSyntax> {
         let s = self.source.as_str();
-        if self.origin == TemplateOrigin::ChatMl || !s.contains("tools") || !s.contains("tool_calls") {
+        if self.origin == TemplateOrigin::ChatMl
+            || !s.contains("tools")
+            || !s.contains("tool_calls")
+        {
             return None;
         }
         if s.contains("[TOOL_CALLS]") && s.contains("[AVAILABLE_TOOLS]") {
@@ -460,9 +462,15 @@ mod tests {
             );
         }
         // A shipped template wins, whatever the vocabulary.
-        let own = ChatTemplate::for_model(Some("{{ 'x' }}"), Some(Family::Gemma3), vocab(GEMMA), "", "")
-            .unwrap()
-            .unwrap();
+        let own = ChatTemplate::for_model(
+            Some("{{ 'x' }}"),
+            Some(Family::Gemma3),
+            vocab(GEMMA),
+            "",
+            "",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!((own.origin, own.turn_end), (TemplateOrigin::Model, None));
     }
 
@@ -474,7 +482,10 @@ mod tests {
         std::fs::write(&good, "{% for m in messages %}[{{ m.role }}]{% endfor %}").unwrap();
         let t = ChatTemplate::from_file(&good, "", "").unwrap();
         assert_eq!(t.origin, TemplateOrigin::File(good.clone()));
-        assert_eq!(t.render(&[ChatMessage::user("Hi")], false).unwrap(), "[user]");
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hi")], false).unwrap(),
+            "[user]"
+        );
         let broken = dir.join("broken.jinja");
         std::fs::write(&broken, "{% for m in messages %}{{ m.content }").unwrap();
         let e = ChatTemplate::from_file(&broken, "", "").unwrap_err();

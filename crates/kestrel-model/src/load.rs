@@ -7,9 +7,9 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
+use crate::chat::TemplateOrigin;
 use crate::config::ModelConfig;
 use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
-use crate::chat::TemplateOrigin;
 use crate::{ChatTemplate, Family, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// A model ready for a runtime: weights plus everything text-side.

@@ -33,7 +33,10 @@ async fn a_constraint_too_big_to_compile_is_a_400_up_front() {
             json!({"type": "object", "required": ["b"],
                 "properties": {"b": {"type": "string", "pattern": format!("^{rx}$")}}}),
         ),
-        ("guided_grammar", json!(format!("start: \"x\" X\nX: /{rx}/"))),
+        (
+            "guided_grammar",
+            json!(format!("start: \"x\" X\nX: /{rx}/")),
+        ),
     ];
     for (param, value) in cases {
         for stream in [false, true] {
@@ -90,7 +93,11 @@ async fn a_named_tool_call_holds_to_its_listed_properties_and_ends() {
             continue;
         };
         if let Some(calls) = choice["delta"].get("tool_calls") {
-            args.push_str(calls[0]["function"]["arguments"].as_str().unwrap_or_default());
+            args.push_str(
+                calls[0]["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_default(),
+            );
         }
         if let Some(f) = choice["finish_reason"].as_str() {
             finish = Some(f.to_string());
@@ -98,7 +105,12 @@ async fn a_named_tool_call_holds_to_its_listed_properties_and_ends() {
     }
     assert_eq!(finish.as_deref(), Some("tool_calls"), "{chunks:?}");
     let parsed: Value = serde_json::from_str(&args).expect("the arguments parse");
-    let mut keys: Vec<&str> = parsed.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = parsed
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
     assert_eq!(keys, ["city", "unit"], "{args}");
 }
@@ -156,10 +168,16 @@ async fn a_broken_chat_template_says_why() {
         chat_template: Some(path),
         ..Default::default()
     });
-    let ok = post(server.http_addr, "/v1/chat/completions", &chat_body("Hi", 2)).await;
+    let ok = post(
+        server.http_addr,
+        "/v1/chat/completions",
+        &chat_body("Hi", 2),
+    )
+    .await;
     assert_eq!(ok.status, 200, "{}", ok.text());
     let mut body = chat_body("Hi", 2);
-    body["messages"] = json!([{"role": "system", "content": "x"}, {"role": "user", "content": "Hi"}]);
+    body["messages"] =
+        json!([{"role": "system", "content": "x"}, {"role": "user", "content": "Hi"}]);
     let r = post(server.http_addr, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 400, "{}", r.text());
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();

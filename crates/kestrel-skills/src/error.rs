@@ -29,7 +29,11 @@ impl std::fmt::Display for ConstraintCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let text = self.0.to_string();
         let text = text.trim_end();
-        f.write_str(text.strip_suffix("<non-verbose/>").unwrap_or(text).trim_end())
+        f.write_str(
+            text.strip_suffix("<non-verbose/>")
+                .unwrap_or(text)
+                .trim_end(),
+        )
     }
 }
 
@@ -62,7 +66,9 @@ pub enum TooComplex {
     /// Building the lexer's first `states` states of each lexeme (breadth
     /// first from its initial state) needs more than `fuel` lexer
     /// expressions ([`crate::LEXER_BUDGET`]).
-    #[error("its lexer needs more than {fuel} expressions for the first {states} states of a lexeme")]
+    #[error(
+        "its lexer needs more than {fuel} expressions for the first {states} states of a lexeme"
+    )]
     LexerBudget {
         fuel: u64,
         states: usize,

@@ -230,9 +230,11 @@ fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), TooComplex
     use llguidance::earley::lexerspec::LexemeIdx;
     let spec = parser.parser.grammar().lexer_spec();
     let mut limits = crate::context::PARSER_LIMITS.clone();
-    let mut lexer = spec.to_regex_vec(&mut limits).map_err(|e| TooComplex::Engine {
-        source: ConstraintCause::new(e),
-    })?;
+    let mut lexer = spec
+        .to_regex_vec(&mut limits)
+        .map_err(|e| TooComplex::Engine {
+            source: ConstraintCause::new(e),
+        })?;
     lexer.set_fuel(LEXER_BUDGET.fuel);
     lexer.set_max_states(crate::context::PARSER_LIMITS.max_lexer_states);
     let out_of_fuel = |why: Option<String>| TooComplex::LexerBudget {

@@ -13,7 +13,12 @@
 use serde_json::Value;
 
 /// Keywords whose value is one subschema.
-const ONE: &[&str] = &["items", "additionalProperties", "contains", "additionalItems"];
+const ONE: &[&str] = &[
+    "items",
+    "additionalProperties",
+    "contains",
+    "additionalItems",
+];
 /// Keywords whose value is a list of subschemas.
 const LIST: &[&str] = &["anyOf", "oneOf", "prefixItems", "items"];
 /// Keywords whose value maps names to subschemas.
@@ -89,9 +94,18 @@ mod tests {
             "anyOf": [{"properties": {"y": {}}}],
         }));
         assert_eq!(s["additionalProperties"], json!(false));
-        assert_eq!(s["properties"]["where"]["additionalProperties"], json!(false));
-        assert_eq!(s["properties"]["tags"]["items"]["additionalProperties"], json!(false));
-        assert_eq!(s["properties"]["extra"]["additionalProperties"], json!(true));
+        assert_eq!(
+            s["properties"]["where"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            s["properties"]["tags"]["items"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            s["properties"]["extra"]["additionalProperties"],
+            json!(true)
+        );
         assert_eq!(
             s["properties"]["typed"]["additionalProperties"],
             json!({"type": "integer"})
@@ -123,7 +137,12 @@ mod tests {
 
     #[test]
     fn non_schemas_pass_through() {
-        for v in [json!(true), json!(false), json!({}), json!({"type": "string"})] {
+        for v in [
+            json!(true),
+            json!(false),
+            json!({}),
+            json!({"type": "string"}),
+        ] {
             assert_eq!(close_objects(v.clone()), v);
         }
     }
