@@ -95,6 +95,10 @@ pub struct EngineConfig {
     /// prompt lookup with up to this many draft tokens per step (1 to
     /// [`crate::MAX_DRAFT`]); `None`: off. CPU backend only.
     pub speculate: Option<u32>,
+    /// A Jinja chat template file that serves chat instead of the model's
+    /// own (or, for a model that ships none, its fallback); `None`: the
+    /// model's (`kestrel_model::ChatTemplate::for_model`).
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -121,6 +125,7 @@ impl Default for EngineConfig {
             numerics: Numerics::Fast,
             weight_pages: WeightPages::Huge,
             speculate: None,
+            chat_template: None,
         }
     }
 }

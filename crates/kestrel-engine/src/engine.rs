@@ -91,7 +91,12 @@ impl Engine {
         };
         progress(LoadEvent::Loading { path: path.clone() });
         let started = Instant::now();
-        let loaded = kestrel_model::load(&path).map_err(EngineError::ModelLoad)?;
+        let mut loaded = kestrel_model::load(&path).map_err(EngineError::ModelLoad)?;
+        if let Some(template) = &config.chat_template {
+            loaded
+                .use_chat_template_file(template)
+                .map_err(EngineError::ModelLoad)?;
+        }
         progress(LoadEvent::Loaded {
             name: loaded.name.clone(),
             seconds: started.elapsed().as_secs_f64(),

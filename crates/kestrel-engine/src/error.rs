@@ -46,6 +46,11 @@ pub enum EngineError {
         source: tokenizers::Error,
     },
 
+    /// A chat prompt for a model that ships no chat template, none of whose
+    /// fallbacks its vocabulary spells, and no `--chat-template` was named.
+    #[error("this model ships no chat template and its vocabulary spells no template Kestrel knows: start the server with --chat-template FILE (a Jinja chat template), or send a raw prompt")]
+    NoChatTemplate,
+
     /// The waiting queue is full; the request was not queued.
     #[error("the waiting queue is full ({limit} requests)")]
     QueueFull { limit: usize },
@@ -124,6 +129,7 @@ impl EngineError {
             | EngineError::InvalidConstraint { field, .. }
             | EngineError::ChatTemplate { field, .. }
             | EngineError::Tokenizer { field, .. } => Some(*field),
+            EngineError::NoChatTemplate => Some(Field::Messages),
             _ => None,
         }
     }

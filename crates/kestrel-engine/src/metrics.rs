@@ -125,6 +125,9 @@ pub(crate) struct Metrics {
     pub tokens_generated: AtomicU64,
     pub prompt_tokens: AtomicU64,
     finished: [AtomicU64; 5],
+    /// Requests cut by `max_tokens` while repeating one n-gram
+    /// (`kestrel_skills::looping_tail`): greedy loops an operator should see.
+    pub length_loops: AtomicU64,
     pub rejected: AtomicU64,
     /// Nanoseconds the engine thread spent blocked waiting for commands.
     pub idle_nanos: AtomicU64,
@@ -162,6 +165,7 @@ impl Metrics {
             tokens_generated: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             finished: Default::default(),
+            length_loops: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             idle_nanos: AtomicU64::new(0),
             waiting: Gauge::default(),
@@ -298,6 +302,12 @@ impl Metrics {
                 self.finished_count(r)
             );
         }
+        counter(
+            &mut out,
+            "kestrel_requests_length_loop_total",
+            "Requests finished by max_tokens while repeating one n-gram (at least 4 times, 16 tokens, n <= 16): greedy loops.",
+            self.length_loops.load(Relaxed),
+        );
         let _ = writeln!(
             out,
             "# HELP kestrel_engine_idle_seconds_total Time the engine thread waited for work.\n# TYPE kestrel_engine_idle_seconds_total counter\nkestrel_engine_idle_seconds_total {}",

@@ -172,7 +172,7 @@ impl ModelContext {
             eos_token_ids: model.eos_token_ids.clone(),
             bos_token_id: model.bos_token_id,
             add_bos_token: model.add_bos_token,
-            chat_template: Some(model.chat_template.clone()),
+            chat_template: model.chat_template.clone(),
         })
     }
 
@@ -269,9 +269,13 @@ impl ModelContext {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        let template = self.inner.chat_template.as_ref().ok_or_else(|| {
-            EngineError::invalid(Field::Messages, "this model has no chat template")
-        })?;
+        let template = self
+            .inner
+            .chat_template
+            .as_ref()
+            .ok_or(EngineError::NoChatTemplate)?;
+        // The template's reason (minijinja's) stays the typed `source`; the
+        // wire formats print the whole chain.
         template
             .render_with_tools(messages, tools, add_generation_prompt)
             .map_err(|source| EngineError::ChatTemplate {

@@ -253,8 +253,8 @@ impl SequenceSkill for StreamingSkill {
                 let reason = self
                     .inner
                     .constraint_error()
-                    .unwrap_or_default()
-                    .to_string();
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
                 self.metrics.request_finished(FinishReason::Error);
                 tracing::warn!(%reason, "constrained output failed mid-generation");
                 let partial = Box::new(self.respond(FinishReason::Error, now));
@@ -263,6 +263,14 @@ impl SequenceSkill for StreamingSkill {
             Outcome::Finished(r) => {
                 let reason = FinishReason::from_pipeline(r);
                 self.metrics.request_finished(reason);
+                if reason == FinishReason::Length {
+                    if let Some(period) = kestrel_skills::looping_tail(self.inner.token_ids()) {
+                        self.metrics
+                            .length_loops
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::info!(period, "output cut by max_tokens in a loop");
+                    }
+                }
                 let resp = self.respond(reason, now);
                 tracing::debug!(
                     reason = reason.as_str(),

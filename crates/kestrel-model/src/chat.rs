@@ -2,8 +2,12 @@
 //! `tokenizer.chat_template`, HF `tokenizer_config.json` `chat_template`),
 //! rendered with minijinja the way `transformers` renders it (trim_blocks,
 //! lstrip_blocks, `raise_exception`, Python string methods, `tojson` with
-//! Python's separators), with ChatML as the fallback for models that ship
-//! none. A conversation may carry tool calls and tool results and the
+//! Python's separators). A model that ships none gets its family's own
+//! template when the family is known and its turn markers are tokens of
+//! the vocabulary (Gemma 3), else ChatML when `<|im_start|>` and
+//! `<|im_end|>` are, else none: chat is refused until `--chat-template`
+//! names one ([`ChatTemplate::for_model`]); never markers the tokenizer
+//! would split into text. A conversation may carry tool calls and tool results and the
 //! request's `tools`, which templates that know them render themselves;
 //! [`ChatTemplate::tool_syntax`] says which call syntax such a template
 //! writes.
@@ -12,10 +16,16 @@ use minijinja::{context, Environment, Error as JinjaError, ErrorKind};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
 
-use crate::ModelError;
+use crate::{Family, ModelError};
 
-/// ChatML, used when a model has no template.
+/// Gemma 3's template as google/gemma-3-*-it publish it (the fixture the
+/// template tests compare with jinja2's rendering).
+pub const GEMMA3_TEMPLATE: &str = include_str!("../../../tests/chat_templates/gemma3.jinja");
+
+/// ChatML, used when a model has no template but ChatML's markers are
+/// tokens of its vocabulary.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// One turn of a conversation. Templates see `role`, `content`, and, only
@@ -100,13 +110,69 @@ impl ChatMessage {
     }
 }
 
+/// Where a chat template came from (the load logs it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateOrigin {
+    /// The model's own (GGUF `tokenizer.chat_template`, HF `chat_template`).
+    Model,
+    /// The model shipped none: its family's template, whose turn markers
+    /// are tokens of its vocabulary.
+    Family(Family),
+    /// The model shipped none: [`CHATML_TEMPLATE`], whose markers are
+    /// tokens of its vocabulary.
+    ChatMl,
+    /// A file the operator named (`--chat-template`).
+    File(PathBuf),
+}
+
+impl std::fmt::Display for TemplateOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateOrigin::Model => f.write_str("the model's own chat template"),
+            TemplateOrigin::Family(family) => {
+                write!(f, "Kestrel's {family} chat template (the model ships none)")
+            }
+            TemplateOrigin::ChatMl => f.write_str("ChatML (the model ships no chat template)"),
+            TemplateOrigin::File(p) => write!(f, "the chat template in {}", p.display()),
+        }
+    }
+}
+
+/// A family's chat template and the tokens that mark its turns.
+struct FamilyTemplate {
+    source: &'static str,
+    /// Every one must be a token of the vocabulary.
+    markers: [&'static str; 2],
+    /// Ends the model's turn: an end of sequence for chat.
+    turn_end: &'static str,
+}
+
+/// The template a model without one gets for its family, if Kestrel has it.
+fn family_template(family: Family) -> Option<FamilyTemplate> {
+    match family {
+        Family::Gemma3 => Some(FamilyTemplate {
+            source: GEMMA3_TEMPLATE,
+            markers: ["<start_of_turn>", "<end_of_turn>"],
+            turn_end: "<end_of_turn>",
+        }),
+        Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => None,
+    }
+}
+
+/// ChatML's markers; its turns end with the second.
+const CHATML_MARKERS: [&str; 2] = ["<|im_start|>", "<|im_end|>"];
+
 /// A model's chat template with the special-token strings it may reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatTemplate {
     /// Jinja source.
     pub source: String,
-    /// True when the model shipped no template and [`CHATML_TEMPLATE`] is used.
-    pub is_fallback: bool,
+    /// Where it came from.
+    pub origin: TemplateOrigin,
+    /// The marker that ends an assistant turn when the template is not the
+    /// model's own (`<end_of_turn>`, `<|im_end|>`): the model's loader adds
+    /// its id to the end-of-sequence ids.
+    pub turn_end: Option<&'static str>,
     /// Exposed to the template as `bos_token` (empty if the model has none).
     pub bos_token: String,
     /// Exposed to the template as `eos_token`.
@@ -122,7 +188,8 @@ impl ChatTemplate {
     ) -> Result<Self, ModelError> {
         let t = ChatTemplate {
             source: source.into(),
-            is_fallback: false,
+            origin: TemplateOrigin::Model,
+            turn_end: None,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         };
@@ -131,30 +198,69 @@ impl ChatTemplate {
         Ok(t)
     }
 
-    /// The ChatML fallback.
+    /// ChatML (for models and tests whose vocabulary has its markers).
     pub fn chatml() -> Self {
         ChatTemplate {
             source: CHATML_TEMPLATE.into(),
-            is_fallback: true,
+            origin: TemplateOrigin::ChatMl,
+            turn_end: Some(CHATML_MARKERS[1]),
             bos_token: String::new(),
-            eos_token: "<|im_end|>".into(),
+            eos_token: CHATML_MARKERS[1].into(),
         }
     }
 
-    /// `source` if present (and compiling), else ChatML.
-    pub fn from_optional(
+    /// The template a model's chat is rendered with: its own `source` if it
+    /// ships one (and it compiles); else its family's, when Kestrel has it
+    /// and `is_token` says its turn markers are single tokens; else ChatML
+    /// when its markers are; else `None` (chat requests are refused until
+    /// an operator names a template, [`ChatTemplate::from_file`]).
+    pub fn for_model(
         source: Option<&str>,
+        family: Option<Family>,
+        is_token: impl Fn(&str) -> bool,
         bos_token: &str,
         eos_token: &str,
-    ) -> Result<Self, ModelError> {
-        match source {
-            Some(s) if !s.trim().is_empty() => Self::new(s, bos_token, eos_token),
-            _ => Ok(ChatTemplate {
-                bos_token: bos_token.into(),
-                eos_token: eos_token.into(),
-                ..Self::chatml()
-            }),
+    ) -> Result<Option<Self>, ModelError> {
+        if let Some(s) = source.filter(|s| !s.trim().is_empty()) {
+            return Self::new(s, bos_token, eos_token).map(Some);
         }
+        let with = |source: &str, origin, turn_end| ChatTemplate {
+            source: source.into(),
+            origin,
+            turn_end: Some(turn_end),
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        };
+        if let Some(family) = family {
+            if let Some(t) = family_template(family) {
+                if t.markers.iter().all(|m| is_token(m)) {
+                    return Ok(Some(with(
+                        t.source,
+                        TemplateOrigin::Family(family),
+                        t.turn_end,
+                    )));
+                }
+            }
+        }
+        if CHATML_MARKERS.iter().all(|m| is_token(m)) {
+            return Ok(Some(with(
+                CHATML_TEMPLATE,
+                TemplateOrigin::ChatMl,
+                CHATML_MARKERS[1],
+            )));
+        }
+        Ok(None)
+    }
+
+    /// The template in the file at `path` (`--chat-template`): Jinja
+    /// source, as a model would ship it.
+    pub fn from_file(path: &Path, bos_token: &str, eos_token: &str) -> Result<Self, ModelError> {
+        let source = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let t = Self::new(source, bos_token, eos_token)?;
+        Ok(ChatTemplate {
+            origin: TemplateOrigin::File(path.to_path_buf()),
+            ..t
+        })
     }
 
     /// The tool-call syntax this template renders `tools` and `tool_calls`
@@ -162,7 +268,10 @@ impl ChatTemplate {
     /// syntax Kestrel does not know).
     pub fn tool_syntax(&self) -> Option<ToolSyntax> {
         let s = self.source.as_str();
-        if self.is_fallback || !s.contains("tools") || !s.contains("tool_calls") {
+        if self.origin == TemplateOrigin::ChatMl
+            || !s.contains("tools")
+            || !s.contains("tool_calls")
+        {
             return None;
         }
         if s.contains("[TOOL_CALLS]") && s.contains("[AVAILABLE_TOOLS]") {
@@ -316,14 +425,79 @@ mod tests {
         assert!(out.ends_with("<|im_start|>user\nHi<|im_end|>\n"));
     }
 
+    /// A vocabulary of these tokens.
+    fn vocab(tokens: &'static [&'static str]) -> impl Fn(&str) -> bool {
+        move |t| tokens.contains(&t)
+    }
+
     #[test]
-    fn chatml_fallback() {
-        let t = ChatTemplate::from_optional(None, "", "<|im_end|>").unwrap();
-        assert!(t.is_fallback);
+    fn a_model_without_a_template_gets_one_its_vocabulary_spells() {
+        const GEMMA: &[&str] = &["<start_of_turn>", "<end_of_turn>", "<bos>"];
+        const CHATML: &[&str] = &["<|im_start|>", "<|im_end|>"];
+        // Gemma 3 with its turn markers in the vocabulary: its own template.
+        let t = ChatTemplate::for_model(None, Some(Family::Gemma3), vocab(GEMMA), "<bos>", "<eos>")
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.origin, TemplateOrigin::Family(Family::Gemma3));
+        assert_eq!(t.turn_end, Some("<end_of_turn>"));
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hi")], true).unwrap(),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // ChatML only where its markers are tokens.
+        let t = ChatTemplate::for_model(Some(" "), None, vocab(CHATML), "", "<|im_end|>")
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.origin, TemplateOrigin::ChatMl);
         assert_eq!(
             t.render(&[ChatMessage::user("Hi")], true).unwrap(),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+        // Neither: no template (a Gemma vocabulary without its markers, a
+        // Llama one without ChatML's).
+        for family in [Some(Family::Gemma3), Some(Family::Llama), None] {
+            assert_eq!(
+                ChatTemplate::for_model(None, family, vocab(&["<bos>"]), "", "").unwrap(),
+                None
+            );
+        }
+        // A shipped template wins, whatever the vocabulary.
+        let own = ChatTemplate::for_model(
+            Some("{{ 'x' }}"),
+            Some(Family::Gemma3),
+            vocab(GEMMA),
+            "",
+            "",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((own.origin, own.turn_end), (TemplateOrigin::Model, None));
+    }
+
+    #[test]
+    fn a_template_file_is_read_and_a_broken_one_says_why() {
+        let dir = std::env::temp_dir().join(format!("kestrel-chat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.jinja");
+        std::fs::write(&good, "{% for m in messages %}[{{ m.role }}]{% endfor %}").unwrap();
+        let t = ChatTemplate::from_file(&good, "", "").unwrap();
+        assert_eq!(t.origin, TemplateOrigin::File(good.clone()));
+        assert_eq!(
+            t.render(&[ChatMessage::user("Hi")], false).unwrap(),
+            "[user]"
+        );
+        let broken = dir.join("broken.jinja");
+        std::fs::write(&broken, "{% for m in messages %}{{ m.content }").unwrap();
+        let e = ChatTemplate::from_file(&broken, "", "").unwrap_err();
+        // The cause is kept (typed) and its reason reaches whoever prints
+        // the error's chain.
+        let source = std::error::Error::source(&e).expect("minijinja's error is the source");
+        assert!(source.to_string().contains("syntax error"), "{source}");
+        assert!(matches!(
+            ChatTemplate::from_file(&dir.join("missing.jinja"), "", ""),
+            Err(ModelError::Io { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

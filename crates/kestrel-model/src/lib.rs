@@ -11,7 +11,8 @@
 //! // Fetches SmolLM2-135M-Instruct (Q4_1 GGUF) into the cache on first use.
 //! let model = load(&default_model_path()?)?;
 //! assert_eq!(model.weights.config.num_layers, 30);
-//! let prompt = model.chat_template.render(&[ChatMessage::user("Hi!")], true)?;
+//! let template = model.chat_template.as_ref().expect("SmolLM2 ships a chat template");
+//! let prompt = template.render(&[ChatMessage::user("Hi!")], true)?;
 //! let ids = model.encode(&prompt)?;
 //! let mut row = vec![0f32; model.weights.config.hidden_size];
 //! model.weights.token_embd.dequantize_row(ids[0] as usize, &mut row);
@@ -34,7 +35,7 @@ pub mod tokenizer;
 pub mod vision;
 pub mod weights;
 
-pub use chat::{ChatMessage, ChatTemplate, ToolCall, ToolSyntax};
+pub use chat::{ChatMessage, ChatTemplate, TemplateOrigin, ToolCall, ToolSyntax};
 pub use config::{
     llama3_rope_freq_factors, Activation, ArchFeatures, LayerRope, ModelConfig, NormKind,
     RopeStyle, SlidingWindow,

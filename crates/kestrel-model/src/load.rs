@@ -7,6 +7,7 @@ use std::path::Path;
 
 use tokenizers::Tokenizer;
 
+use crate::chat::TemplateOrigin;
 use crate::config::ModelConfig;
 use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
 use crate::{ChatTemplate, Family, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
@@ -16,7 +17,11 @@ use crate::{ChatTemplate, Family, GgufFile, LayerWeights, Matrix, ModelError, Mo
 pub struct LoadedModel {
     pub weights: ModelWeights,
     pub tokenizer: Tokenizer,
-    pub chat_template: ChatTemplate,
+    /// What chat is rendered with; `None`: the model ships no template and
+    /// none of its family's (nor ChatML) is spelled by its vocabulary, so
+    /// chat requests are refused until one is named
+    /// ([`LoadedModel::use_chat_template_file`]).
+    pub chat_template: Option<ChatTemplate>,
     /// The model's BOS token, if it has one.
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation (EOS, end-of-turn), deduplicated.
@@ -38,12 +43,32 @@ impl std::fmt::Debug for LoadedModel {
             .field("bos_token_id", &self.bos_token_id)
             .field("eos_token_ids", &self.eos_token_ids)
             .field("add_bos_token", &self.add_bos_token)
-            .field("chat_template_is_fallback", &self.chat_template.is_fallback)
+            .field(
+                "chat_template",
+                &self.chat_template.as_ref().map(|t| &t.origin),
+            )
             .finish_non_exhaustive()
     }
 }
 
 impl LoadedModel {
+    /// Serves chat with the Jinja template in `path` (`--chat-template`)
+    /// instead of the model's own or its fallback.
+    pub fn use_chat_template_file(&mut self, path: &Path) -> Result<(), ModelError> {
+        let text = |id: Option<u32>| {
+            id.and_then(|i| self.tokenizer.id_to_token(i))
+                .unwrap_or_default()
+        };
+        let t = ChatTemplate::from_file(
+            path,
+            &text(self.bos_token_id),
+            &text(self.eos_token_ids.first().copied()),
+        )?;
+        tracing::info!(template = %t.origin, "chat template");
+        self.chat_template = Some(t);
+        Ok(())
+    }
+
     /// Encodes `text` as-is (no BOS added); special tokens in the text are recognized.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         crate::tokenizer::encode(&self.tokenizer, text)
@@ -105,7 +130,49 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "model loaded"
     );
+    match &model.chat_template {
+        Some(t) if t.origin == TemplateOrigin::Model => {
+            tracing::info!(template = %t.origin, "chat template")
+        }
+        Some(t) => tracing::warn!(
+            template = %t.origin,
+            "chat is served with a template the model does not ship; --chat-template FILE names another"
+        ),
+        None => tracing::warn!(
+            "the model ships no chat template and its vocabulary spells no known one: chat requests are refused; --chat-template FILE names one"
+        ),
+    }
     Ok(model)
+}
+
+/// The template chat is rendered with ([`ChatTemplate::for_model`]), with
+/// the id of its turn end added to `eos_token_ids` when the template is
+/// Kestrel's (the model's own states its end ids itself).
+pub(crate) fn chat_template_for(
+    source: Option<&str>,
+    architecture: &str,
+    tokenizer: &Tokenizer,
+    eos_token_ids: &mut Vec<u32>,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<Option<ChatTemplate>, ModelError> {
+    let template = ChatTemplate::for_model(
+        source,
+        Family::from_name(architecture),
+        |t| tokenizer.token_to_id(t).is_some(),
+        bos_token,
+        eos_token,
+    )?;
+    if let Some(id) = template
+        .as_ref()
+        .and_then(|t| t.turn_end)
+        .and_then(|t| tokenizer.token_to_id(t))
+    {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+    Ok(template)
 }
 
 /// The cached GGUF for `path` when it is not a file or directory but a
@@ -384,10 +451,14 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             eos_token_ids.push(i);
         }
     }
-    let chat_template = ChatTemplate::from_optional(
+    let eos_text = token_text(eos_token_ids.first().copied());
+    let chat_template = chat_template_for(
         g.get("tokenizer.chat_template").and_then(|v| v.as_str()),
+        &weights.config.architecture,
+        &tokenizer,
+        &mut eos_token_ids,
         &token_text(bos_token_id),
-        &token_text(eos_token_ids.first().copied()),
+        &eos_text,
     )?;
     let name = match g.get("general.name").and_then(|v| v.as_str()) {
         Some(n) => n.to_string(),

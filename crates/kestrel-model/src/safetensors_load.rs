@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::family::{gemma3_features, phi_features, rope_scaling, Gemma3Keys, PhiKeys};
 use crate::load::{check_matrix, check_vector, LoadedModel};
-use crate::{Bytes, ChatTemplate, DType, Family, LayerWeights, Matrix, ModelError, ModelWeights};
+use crate::{Bytes, DType, Family, LayerWeights, Matrix, ModelError, ModelWeights};
 
 /// The `config.json` fields Kestrel reads (Llama, Mistral, Qwen2, Qwen3,
 /// Gemma 3, Phi families).
@@ -769,8 +769,11 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
     } else {
         template_source(tc.get("chat_template"))
     };
-    let chat_template = ChatTemplate::from_optional(
+    let chat_template = crate::load::chat_template_for(
         source.as_deref(),
+        &weights.config.architecture,
+        &tokenizer,
+        &mut eos_token_ids,
         bos_text.as_deref().unwrap_or(""),
         eos_text.as_deref().unwrap_or(""),
     )?;

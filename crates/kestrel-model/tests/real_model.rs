@@ -93,7 +93,10 @@ fn default_model_config_and_layout() {
     assert_eq!(m.bos_token_id, Some(1));
     assert_eq!(m.eos_token_ids, vec![2]);
     assert!(!m.add_bos_token);
-    assert!(!m.chat_template.is_fallback);
+    assert_eq!(
+        m.chat_template.as_ref().map(|t| &t.origin),
+        Some(&kestrel_model::TemplateOrigin::Model)
+    );
 }
 
 /// A second load of the same file maps it again: every matrix a window of
@@ -233,12 +236,12 @@ fn chat_template_matches_reference_render() {
             )
         })
         .collect();
+    let template = m.chat_template.as_ref().expect("SmolLM2 ships a template");
     assert_eq!(
-        m.chat_template.render(&messages, true).unwrap(),
+        template.render(&messages, true).unwrap(),
         p["text"].as_str().unwrap()
     );
-    let user_only = m
-        .chat_template
+    let user_only = template
         .render(&[ChatMessage::user("What is the capital of France?")], true)
         .unwrap();
     assert_eq!(

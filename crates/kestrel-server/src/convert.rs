@@ -153,7 +153,7 @@ pub fn engine_status(e: &EngineError) -> Status {
             ));
         }
         // The request can never fit as sent: an argument error (see the proto).
-        EngineError::ContextOverflow { .. } => Code::InvalidArgument,
+        EngineError::ContextOverflow { .. } | EngineError::NoChatTemplate => Code::InvalidArgument,
         EngineError::QueueFull { .. } => Code::ResourceExhausted,
         EngineError::Fatal(_)
         | EngineError::Stopped

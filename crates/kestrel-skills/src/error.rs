@@ -11,27 +11,119 @@ use kestrel_pipeline::TokenId;
 /// (`tokenizers::Error`).
 pub type BoxedCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// A failure of the constraint engine (llguidance), kept whole: it reads
+/// as llguidance's message without the `<non-verbose/>` marker llguidance
+/// ends it with, and [`source`](std::error::Error::source) is what
+/// llguidance's error wraps, if anything.
+#[derive(Debug)]
+pub struct ConstraintCause(BoxedCause);
+
+impl ConstraintCause {
+    /// llguidance's error (an `anyhow::Error`, or a message string).
+    pub(crate) fn new(e: impl Into<BoxedCause>) -> Self {
+        ConstraintCause(e.into())
+    }
+}
+
+impl std::fmt::Display for ConstraintCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.0.to_string();
+        let text = text.trim_end();
+        f.write_str(
+            text.strip_suffix("<non-verbose/>")
+                .unwrap_or(text)
+                .trim_end(),
+        )
+    }
+}
+
+impl std::error::Error for ConstraintCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Why a running constrained output stopped satisfying its constraint
+/// ([`crate::Skill::constraint_error`]); such an output is a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintFailure {
+    /// The model ended (EOS) before the output was a complete sentence.
+    #[error("end of sequence before the output was complete")]
+    EndedEarly,
+    /// The constraint engine failed at one `step` (`"consuming a token"`,
+    /// `"computing a mask"`, `"rolling back drafts"`).
+    #[error("the constraint engine failed {step}: {source}")]
+    Engine {
+        step: &'static str,
+        #[source]
+        source: ConstraintCause,
+    },
+}
+
+/// Why a constraint was refused as too complex.
+#[derive(Debug, thiserror::Error)]
+pub enum TooComplex {
+    /// Building the lexer's first `states` states of each lexeme (breadth
+    /// first from its initial state) needs more than `fuel` lexer
+    /// expressions ([`crate::LEXER_BUDGET`]).
+    #[error(
+        "its lexer needs more than {fuel} expressions for the first {states} states of a lexeme"
+    )]
+    LexerBudget {
+        fuel: u64,
+        states: usize,
+        #[source]
+        source: ConstraintCause,
+    },
+    /// From one of those states the lexer allows one byte only, again and
+    /// again, for longer than one mask step's `fuel` lets the parser walk
+    /// (`(a{1000}){1000}` forces a million bytes).
+    #[error("a run of bytes it forces needs more than one mask step's {fuel} lexer expressions (gave up after {bytes} bytes)")]
+    ForcedRun { fuel: u64, bytes: usize },
+    /// The constraint engine failed within its own limits
+    /// ([`crate::PARSER_LIMITS`]) building the lexer or the first mask.
+    #[error("{source}")]
+    Engine {
+        #[source]
+        source: ConstraintCause,
+    },
+}
+
 /// Why a skill context or a request's skill could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum SkillError {
     /// The JSON schema was rejected by the grammar compiler.
-    #[error("invalid JSON schema: {reason}")]
-    InvalidJsonSchema { reason: String },
+    #[error("invalid JSON schema: {source}")]
+    InvalidJsonSchema {
+        #[source]
+        source: ConstraintCause,
+    },
 
     /// The regular expression does not compile.
-    #[error("invalid regex {regex:?}: {reason}")]
-    InvalidRegex { regex: String, reason: String },
+    #[error("invalid regex {regex:?}: {source}")]
+    InvalidRegex {
+        regex: String,
+        #[source]
+        source: ConstraintCause,
+    },
 
     /// The Lark grammar does not compile.
-    #[error("invalid grammar: {reason}")]
-    InvalidGrammar { reason: String },
+    #[error("invalid grammar: {source}")]
+    InvalidGrammar {
+        #[source]
+        source: ConstraintCause,
+    },
 
-    /// The constraint compiles, but exploring its lexer exceeds
-    /// [`crate::LEXER_BUDGET`] or computing its first token mask exceeds
-    /// the constraint engine's limits ([`crate::PARSER_LIMITS`]): e.g.
-    /// nested counted repetitions such as `(a{1,50}){1,50}`.
-    #[error("the {kind} constraint is too complex for the constraint engine: {reason}")]
-    ConstraintTooComplex { kind: &'static str, reason: String },
+    /// The constraint compiles, but its first mask cannot be computed
+    /// within [`crate::LEXER_BUDGET`] or the constraint engine's limits
+    /// ([`crate::PARSER_LIMITS`]): e.g. nested counted repetitions such as
+    /// `(a{1000}){1000}`.
+    #[error("the {kind} constraint is too complex for the constraint engine: {source}")]
+    ConstraintTooComplex {
+        kind: &'static str,
+        #[source]
+        source: TooComplex,
+    },
 
     /// A choice skill was given no options.
     #[error("choice list is empty")]
@@ -85,6 +177,6 @@ pub enum SkillError {
     },
 
     /// A chat prompt was submitted but the context has no chat template.
-    #[error("this model has no chat template; submit a raw prompt")]
+    #[error("this model has no chat template: name one with --chat-template FILE, or submit a raw prompt")]
     NoChatTemplate,
 }

@@ -17,6 +17,7 @@ mod context;
 mod detok;
 mod error;
 mod output;
+mod repeat;
 mod skill;
 mod spatial;
 mod spec;
@@ -30,8 +31,9 @@ pub use context::{
     PARSER_LIMITS,
 };
 pub use detok::Utf8Decoder;
-pub use error::{BoxedCause, SkillError};
+pub use error::{BoxedCause, ConstraintCause, ConstraintFailure, SkillError, TooComplex};
 pub use output::{StreamDelta, TokenLogprob};
+pub use repeat::{looping_tail, LOOP_MAX_PERIOD, LOOP_MIN_REPEATS, LOOP_MIN_TOKENS};
 pub use skill::{Skill, SkillPhase, SkillResult};
 pub use spatial::{
     BoundingBox, Point, SpatialError, SpatialIds, SpatialKind, SpatialResult, SpatialSpec,

@@ -17,11 +17,9 @@ use kestrel_pipeline::{
 use llguidance::Matcher;
 
 use crate::context::SkillContext;
-use crate::error::SkillError;
+use crate::error::{ConstraintCause, ConstraintFailure, SkillError};
 use crate::output::{OutputBuffer, StreamDelta, TokenLogprob};
-use crate::spec::{
-    compile, engine_reason, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules,
-};
+use crate::spec::{compile, Compiled, SkillKind, SkillOptions, SkillSpec, TextRules};
 use crate::stop::StopStrings;
 
 /// Where a skill is in its lifecycle.
@@ -76,7 +74,7 @@ pub struct Skill {
     rules: Rules,
     out: OutputBuffer,
     phase: SkillPhase,
-    constraint_error: Option<String>,
+    constraint_error: Option<ConstraintFailure>,
 }
 
 impl std::fmt::Debug for Skill {
@@ -132,8 +130,8 @@ impl Skill {
     /// constraint engine failed on a token or a mask, or the model ended
     /// before the output was complete. Such an output must be reported as
     /// a failure, never as a normal stop.
-    pub fn constraint_error(&self) -> Option<&str> {
-        self.constraint_error.as_deref()
+    pub fn constraint_error(&self) -> Option<&ConstraintFailure> {
+        self.constraint_error.as_ref()
     }
 
     /// The text committed so far (including text still held back from streaming).
@@ -162,7 +160,7 @@ impl Skill {
             outcome: outcome.clone(),
             json: self.parse_json(),
             logprobs: self.options.logprobs.then(|| self.out.logprobs.clone()),
-            constraint_error: self.constraint_error.clone(),
+            constraint_error: self.constraint_error.as_ref().map(ToString::to_string),
         })
     }
 
@@ -179,7 +177,7 @@ impl Skill {
             outcome,
             json,
             logprobs: self.options.logprobs.then_some(self.out.logprobs),
-            constraint_error: self.constraint_error,
+            constraint_error: self.constraint_error.as_ref().map(ToString::to_string),
         })
     }
 
@@ -278,14 +276,16 @@ impl Skill {
         if is_eos {
             let accepting = matcher.is_stopped() || matcher.is_accepting().unwrap_or(false);
             if !accepting {
-                self.constraint_error =
-                    Some("end of sequence before the output was complete".into());
+                self.constraint_error = Some(ConstraintFailure::EndedEarly);
                 return self.stop(FinishReason::Eos);
             }
             return self.stop(FinishReason::Stop);
         }
         if let Err(e) = matcher.consume_token(token) {
-            self.constraint_error = Some(engine_reason(&e));
+            self.constraint_error = Some(ConstraintFailure::Engine {
+                step: "consuming a token",
+                source: ConstraintCause::new(e),
+            });
             return self.stop(FinishReason::Stop);
         }
         if matcher.is_stopped() {
@@ -359,7 +359,10 @@ impl SequenceSkill for Skill {
                 // Finish rather than panic: only EOS may follow, and the next
                 // consume ends the request with the error recorded.
                 tracing::warn!(error = %e, "constraint engine failed computing a mask");
-                self.constraint_error = Some(engine_reason(&e));
+                self.constraint_error = Some(ConstraintFailure::Engine {
+                    step: "computing a mask",
+                    source: ConstraintCause::new(e),
+                });
                 self.allow_only_eos(mask);
             }
         }
@@ -426,7 +429,10 @@ impl SequenceSkill for Skill {
                 // The committed state is lost: end with the error, as a
                 // failed mask would.
                 tracing::warn!(error = %e, "constraint engine failed rolling back drafts");
-                self.constraint_error = Some(engine_reason(&e));
+                self.constraint_error = Some(ConstraintFailure::Engine {
+                    step: "rolling back drafts",
+                    source: ConstraintCause::new(e),
+                });
             }
         }
     }

@@ -12,7 +12,7 @@ use llguidance::Matcher;
 use serde::{Deserialize, Serialize};
 
 use crate::context::SkillContext;
-use crate::error::SkillError;
+use crate::error::{ConstraintCause, SkillError, TooComplex};
 
 /// The kind of output a request wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,21 +132,18 @@ fn choice_grammar(choices: &[String]) -> Result<String, SkillError> {
     Ok(lark)
 }
 
-/// The constraint engine's error as one line: llguidance appends a
-/// `<non-verbose/>` marker (and, verbose, the grammar) after the reason.
-pub(crate) fn engine_reason(e: &impl std::fmt::Display) -> String {
-    let text = e.to_string();
-    text.lines().next().unwrap_or_default().trim().to_string()
-}
-
 pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, SkillError> {
-    let reject = |spec: &SkillSpec, reason: String| match spec {
-        SkillSpec::Json { .. } => SkillError::InvalidJsonSchema { reason },
+    let reject = |spec: &SkillSpec, source: ConstraintCause| match spec {
+        SkillSpec::Json { .. } => SkillError::InvalidJsonSchema { source },
         SkillSpec::Regex(regex) => SkillError::InvalidRegex {
             regex: regex.clone(),
-            reason,
+            source,
         },
-        _ => SkillError::InvalidGrammar { reason },
+        _ => SkillError::InvalidGrammar { source },
+    };
+    let too_complex = |source: TooComplex| SkillError::ConstraintTooComplex {
+        kind: spec.kind().name(),
+        source,
     };
     let grammar = match spec {
         SkillSpec::Text {
@@ -177,61 +174,74 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
     let parser = ctx
         .parser_factory()
         .create_parser(grammar)
-        .map_err(|e| reject(spec, e.to_string()))?;
+        .map_err(|e| reject(spec, ConstraintCause::new(e)))?;
     // The lexer builds its states lazily, one mask at a time: a lexeme
     // whose states grow expensive (nested counted repetitions) would pass
-    // the first mask and fail tokens later. Explore every lexeme's states
-    // now, within a stated budget, so such a constraint is refused here.
-    check_lexer_budget(&parser).map_err(|reason| SkillError::ConstraintTooComplex {
-        kind: spec.kind().name(),
-        reason,
-    })?;
+    // the first mask and fail tokens later. Explore every lexeme's first
+    // states now, within a stated budget, so such a constraint is refused here.
+    check_lexer_budget(&parser).map_err(too_complex)?;
     let mut matcher = Matcher::new(Ok(parser));
     if let Some(reason) = matcher.get_error() {
-        return Err(reject(spec, reason));
+        return Err(reject(spec, ConstraintCause::new(reason)));
     }
     // Some constraints compile lazily and only fail when a mask is first
     // computed (past the engine's limits). Compute it now, at submission,
     // so such a request is refused instead of ending with a wrong output.
     if let Err(e) = matcher.compute_mask() {
-        return Err(SkillError::ConstraintTooComplex {
-            kind: spec.kind().name(),
-            reason: engine_reason(&e),
-        });
+        return Err(too_complex(TooComplex::Engine {
+            source: ConstraintCause::new(e),
+        }));
     }
     Ok(Compiled::Constrained(Box::new(matcher)))
 }
 
 /// What validation spends exploring a constraint's lexer
-/// ([`check_lexer_budget`]): the first `states_per_lexeme` states of each
-/// lexeme, breadth first over every byte, within `fuel` in all (one fuel
-/// point is one lexer expression built, 10 to 50 ns: `(.{1,100}){1,100}`
-/// runs out in ~0.1 s; a JSON Schema of a few fields, an e-mail or a
-/// `[a-z]{1,1000}` regex takes 2 to 20 ms).
+/// ([`check_lexer_budget`]), for each lexeme: its first `states_per_lexeme`
+/// states, breadth first over every byte, and from each of them the run of
+/// bytes the lexer forces (the only byte it allows, again and again: what
+/// the parser walks on its own after a token), each run within
+/// `fuel_per_run`; `fuel` in all. One fuel point is one lexer expression
+/// built, 10 to 50 ns: `(.{1,100}){1,100}` runs out of `fuel` in ~0.1 s,
+/// `(a{1000}){1000}` (a forced run of a million bytes) out of
+/// `fuel_per_run` in ~5 ms; a JSON Schema of a few fields, an e-mail or a
+/// `[a-z]{1,1000}` regex takes 2 to 20 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LexerBudget {
     pub states_per_lexeme: usize,
     pub fuel: u64,
+    /// A forced run must fit in one mask step's lexer fuel
+    /// ([`crate::PARSER_LIMITS`]`.step_lexer_fuel`): the parser walks it
+    /// within one step.
+    pub fuel_per_run: u64,
 }
 
 /// The budget every constraint is checked against at validation.
 pub const LEXER_BUDGET: LexerBudget = LexerBudget {
     states_per_lexeme: 2_000,
     fuel: 2_000_000,
+    fuel_per_run: crate::context::PARSER_LIMITS.step_lexer_fuel,
 };
 
 /// Explores each lexeme of `parser`'s grammar in a lexer of its own (the
 /// request's lexer is left as the first mask needs it) within
 /// [`LEXER_BUDGET`]; the error says what ran out.
-fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), String> {
+fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), TooComplex> {
+    use llguidance::derivre::NextByte;
     use llguidance::earley::lexerspec::LexemeIdx;
     let spec = parser.parser.grammar().lexer_spec();
     let mut limits = crate::context::PARSER_LIMITS.clone();
     let mut lexer = spec
         .to_regex_vec(&mut limits)
-        .map_err(|e| engine_reason(&e))?;
+        .map_err(|e| TooComplex::Engine {
+            source: ConstraintCause::new(e),
+        })?;
     lexer.set_fuel(LEXER_BUDGET.fuel);
     lexer.set_max_states(crate::context::PARSER_LIMITS.max_lexer_states);
+    let out_of_fuel = |why: Option<String>| TooComplex::LexerBudget {
+        fuel: LEXER_BUDGET.fuel,
+        states: LEXER_BUDGET.states_per_lexeme,
+        source: ConstraintCause::new(why.unwrap_or_default()),
+    };
     let mut seen = llguidance::HashSet::default();
     let mut queue = std::collections::VecDeque::new();
     for i in 0..spec.lexemes.len() {
@@ -248,14 +258,29 @@ fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), String> {
             if explored > LEXER_BUDGET.states_per_lexeme {
                 break;
             }
+            // The forced run from here, as the parser would walk it.
+            let (mut at, run_start, mut bytes) = (state, lexer.total_fuel_spent(), 0);
+            while let NextByte::ForcedByte(b) = lexer.next_byte(at) {
+                at = lexer.transition(at, b);
+                bytes += 1;
+                if lexer.has_error() {
+                    return Err(out_of_fuel(lexer.get_error()));
+                }
+                if lexer.total_fuel_spent() - run_start > LEXER_BUDGET.fuel_per_run {
+                    return Err(TooComplex::ForcedRun {
+                        fuel: LEXER_BUDGET.fuel_per_run,
+                        bytes,
+                    });
+                }
+                if at.is_dead() || !seen.insert(at) {
+                    break;
+                }
+                queue.push_back(at);
+            }
             for b in 0..=255u8 {
                 let next = lexer.transition(state, b);
                 if lexer.has_error() {
-                    let why = lexer.get_error().unwrap_or_default();
-                    return Err(format!(
-                        "its lexer needs more than {} fuel for the first {} states of a lexeme ({why})",
-                        LEXER_BUDGET.fuel, LEXER_BUDGET.states_per_lexeme
-                    ));
+                    return Err(out_of_fuel(lexer.get_error()));
                 }
                 if !next.is_dead() && seen.insert(next) {
                     queue.push_back(next);
@@ -271,6 +296,7 @@ mod tests {
     use super::*;
     use crate::testing;
     use serde_json::json;
+    use std::sync::Arc;
 
     fn err(spec: SkillSpec) -> SkillError {
         match compile(&testing::small_context(), &spec) {
@@ -349,9 +375,10 @@ mod tests {
             },
         ] {
             match err(spec.clone()) {
-                SkillError::ConstraintTooComplex { reason, .. } => {
-                    assert!(reason.contains("2000000 fuel"), "{reason}")
-                }
+                SkillError::ConstraintTooComplex {
+                    source: TooComplex::LexerBudget { fuel, .. },
+                    ..
+                } => assert_eq!(fuel, LEXER_BUDGET.fuel),
                 e => panic!("{spec:?}: {e}"),
             }
         }
@@ -362,6 +389,149 @@ mod tests {
             "[a-z0-9.]{1,64}@[a-z0-9.-]{1,255}",
         ] {
             assert!(compile(&ctx, &SkillSpec::Regex(ok.into())).is_ok(), "{ok}");
+        }
+    }
+
+    /// `(a{1000}){1000}` forces a million bytes from its first state: in
+    /// each form it is refused at compile time, naming the forced run, where
+    /// it used to pass and fail after the first token.
+    #[test]
+    fn a_forced_run_past_one_step_is_refused() {
+        let rx = "(a{1000}){1000}";
+        for spec in [
+            SkillSpec::Regex(rx.into()),
+            SkillSpec::Regex(format!("b|{rx}")),
+            SkillSpec::Grammar(format!("start: \"x\" X\nX: /{rx}/")),
+            SkillSpec::Json {
+                schema: json!({"type": "object", "required": ["b"],
+                    "properties": {"b": {"type": "string", "pattern": format!("^{rx}$")}}}),
+            },
+        ] {
+            match err(spec.clone()) {
+                SkillError::ConstraintTooComplex {
+                    source: TooComplex::ForcedRun { fuel, bytes },
+                    ..
+                } => assert!(fuel == LEXER_BUDGET.fuel_per_run && bytes > 0),
+                e => panic!("{spec:?}: {e}"),
+            }
+        }
+    }
+
+    /// The constraint engine's messages read without llguidance's
+    /// `<non-verbose/>` marker, and the cause is kept as the source.
+    #[test]
+    fn engine_causes_are_kept_typed() {
+        let e = err(SkillSpec::Grammar("start: foo".into()));
+        let SkillError::InvalidGrammar { source } = &e else {
+            panic!("{e}")
+        };
+        let text = source.to_string();
+        assert!(!text.is_empty() && !text.contains("non-verbose"), "{text}");
+        assert!(e.to_string().ends_with(&text), "{e}");
+    }
+
+    /// A context over a vocabulary with multi-letter pieces ("aaaa"), as
+    /// real ones have: a token can take a lexer several states at once.
+    fn synthetic_context() -> Arc<SkillContext> {
+        static CTX: std::sync::OnceLock<Arc<SkillContext>> = std::sync::OnceLock::new();
+        CTX.get_or_init(|| {
+            SkillContext::new(crate::context::SkillContextConfig {
+                tokenizer: Arc::new(testing::synthetic_tokenizer(8192)),
+                eos_token_ids: vec![testing::IM_END],
+                vocab_size: None,
+                chat_template: None,
+            })
+            .expect("synthetic context builds")
+        })
+        .clone()
+    }
+
+    /// One nested counted repetition, in one of the forms a request can
+    /// carry it.
+    fn nested_spec(form: u8, atom: &str, counts: &[(u32, u32)]) -> SkillSpec {
+        let mut rx = atom.to_string();
+        for &(lo, hi) in counts {
+            rx = if lo == hi {
+                format!("({rx}){{{lo}}}")
+            } else {
+                format!("({rx}){{{lo},{hi}}}")
+            };
+        }
+        match form {
+            0 => SkillSpec::Regex(rx),
+            1 => SkillSpec::Regex(format!("z|{rx}")),
+            2 => SkillSpec::Grammar(format!("start: \"x\" X\nX: /{rx}/")),
+            _ => SkillSpec::Json {
+                schema: json!({"type": "object", "required": ["b"],
+                    "properties": {"b": {"type": "string", "pattern": format!("^{rx}$")}}}),
+            },
+        }
+    }
+
+    use proptest::prelude::*;
+
+    /// Whether `spec` is refused as too complex at compile time, or else
+    /// generates 24 tokens (the longest allowed token, a run such as
+    /// "aaaa", and the lowest id, alternately) or to its end without the
+    /// constraint engine failing; the failure, if it does.
+    fn refused_or_generates(ctx: &SkillContext, spec: &SkillSpec) -> Result<(), String> {
+        let mut matcher = match compile(ctx, spec) {
+            Err(SkillError::ConstraintTooComplex { .. }) => return Ok(()),
+            Err(e) => return Err(format!("{spec:?}: {e}")),
+            Ok(Compiled::Text(_)) => unreachable!("a constraint"),
+            Ok(Compiled::Constrained(m)) => m,
+        };
+        for step in 0..24 {
+            let mask = matcher
+                .compute_mask_or_eos()
+                .map_err(|e| format!("{spec:?} mask {step}: {e}"))?;
+            // Text tokens only: the output ends when EOS is all that is left.
+            let allowed: Vec<TokenId> = (0..ctx.vocab_size() as TokenId)
+                .filter(|&t| mask.is_allowed(t) && !ctx.is_eos(t))
+                .collect();
+            let pick = if step % 2 == 0 {
+                allowed.iter().max_by_key(|&&t| ctx.token_bytes(t).len())
+            } else {
+                allowed.first()
+            };
+            let Some(&token) = pick else { break };
+            matcher
+                .consume_token(token)
+                .map_err(|e| format!("{spec:?} token {step}: {e}"))?;
+            if matcher.is_stopped() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// Nested counted repetitions, as a regex, an alternative of one, a
+        /// Lark terminal and a JSON Schema pattern, with counts growing
+        /// from 1 to 1000 (each level's count that one, or a tenth of it;
+        /// exact, or a range from 1): each is refused as too complex up
+        /// front or generates without the constraint engine failing (the
+        /// request's INTERNAL).
+        #[test]
+        fn nested_repetitions_are_refused_up_front_or_generate(
+            form in 0u8..4,
+            atom in proptest::sample::select(vec!["a", "[ab]", "."]),
+            levels in proptest::collection::vec((proptest::bool::ANY, proptest::bool::ANY), 2..=3),
+        ) {
+            let ctx = synthetic_context();
+            for c in [1u32, 3, 10, 30, 100, 300, 1000] {
+                let counts: Vec<(u32, u32)> = levels
+                    .iter()
+                    .map(|&(tenth, range)| {
+                        let n = if tenth { (c / 10).max(1) } else { c };
+                        if range { (1, n) } else { (n, n) }
+                    })
+                    .collect();
+                let spec = nested_spec(form, atom, &counts);
+                refused_or_generates(&ctx, &spec).map_err(TestCaseError::fail)?;
+            }
         }
     }
 

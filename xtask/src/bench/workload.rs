@@ -182,6 +182,8 @@ impl PromptSet {
         let encode = |text: &str| -> anyhow::Result<Vec<TokenId>> {
             let rendered = model
                 .chat_template
+                .as_ref()
+                .context("the model has no chat template")?
                 .render(&[ChatMessage::user(text)], true)
                 .context("rendering the chat template")?;
             Ok(model.encode_prompt(&rendered)?)

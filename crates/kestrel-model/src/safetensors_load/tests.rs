@@ -221,6 +221,8 @@ fn llama_single_file() {
     assert_eq!(m.encode("<|im_start|>hello").unwrap(), vec![1, 16]);
     let out = m
         .chat_template
+        .as_ref()
+        .unwrap()
         .render(&[crate::ChatMessage::user("hi")], false)
         .unwrap();
     assert_eq!(out, "[user]hi<|im_end|>");

@@ -55,9 +55,11 @@ pub(crate) struct EngineArgs {
     /// Disable the prefix cache.
     #[arg(long)]
     no_prefix_cache: bool,
-    /// CPU matmul numerics: int8 activations for quantized weights (faster,
-    /// deterministic, batch-invariant, not exact), or exact f32 (the
-    /// reference's numbers) [default: fast].
+    /// CPU matmul numerics: exact f32 (the reference's numbers), or int8
+    /// activations for quantized weights (faster, deterministic,
+    /// batch-invariant, not exact: greedy answers part from exact's at
+    /// near-ties) [default: exact, so the first answers a person sees are
+    /// the reference's; the library's default is fast].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
     /// CPU: read the weights in place from the model file's mapping, shared
@@ -71,6 +73,13 @@ pub(crate) struct EngineArgs {
     /// repeats its context); `off` [default: off]. CPU backend only.
     #[arg(long, value_name = "ngram:K|off", value_parser = parse_speculate)]
     speculate: Option<Speculate>,
+    /// A Jinja chat template file (as Hugging Face models ship them) to
+    /// serve chat with instead of the model's own; needed for chat with a
+    /// model that ships none and whose family Kestrel does not know
+    /// [default: the model's; else its family's (Gemma 3) or ChatML when its
+    /// vocabulary has their turn markers].
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<std::path::PathBuf>,
 }
 
 /// `--speculate`'s value: `Some(k)` for `ngram:k`, `None` for `off`.
@@ -87,6 +96,16 @@ fn parse_speculate(s: &str) -> Result<Speculate, String> {
         .map(|k| Speculate(Some(k)))
         .ok_or_else(|| format!("expected ngram:K (K a number) or off, got {s:?}"))
 }
+
+/// The command line's numerics: exact. The default model's answer to the
+/// README's first question is a near-tie at its first token ("The" -1.883
+/// against "L" -1.965 nats in exact numerics); the fast numerics (as
+/// llama.cpp's int8 activations) tip it to "L'Étoile, la Cité, ..., la
+/// Femme, la Femme, ...", and so does every partly exact mix measured
+/// (issue 74), while exact answers "The capital of France is Paris.". A
+/// person's first answers get the reference's numbers; `--numerics fast`
+/// trades them for speed.
+const CLI_NUMERICS: Numerics = Numerics::Exact;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum NumericsArg {
@@ -151,13 +170,14 @@ impl EngineArgs {
             },
             prefill_chunk: self.prefill_chunk.or(d.prefill_chunk),
             enable_prefix_cache: d.enable_prefix_cache && !self.no_prefix_cache,
-            numerics: self.numerics.map_or(d.numerics, Numerics::from),
+            numerics: self.numerics.map_or(CLI_NUMERICS, Numerics::from),
             weight_pages: if self.mapped_weights {
                 WeightPages::InPlace
             } else {
                 d.weight_pages
             },
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
+            chat_template: self.chat_template.clone().or(d.chat_template),
         }
     }
 }

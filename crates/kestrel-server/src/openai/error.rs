@@ -134,6 +134,10 @@ impl ApiError {
                     format!("{param} could not be tokenized: {why}"),
                 )
             }
+            EngineError::NoChatTemplate => Self {
+                code: Some("no_chat_template"),
+                ..Self::invalid(names.param(Field::Messages), error_chain(e))
+            },
             EngineError::ContextOverflow { .. } => Self {
                 code: Some("context_length_exceeded"),
                 ..Self::invalid(names.overflow_param(), error_chain(e))

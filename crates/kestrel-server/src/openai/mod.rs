@@ -14,6 +14,7 @@ mod error;
 mod handlers;
 mod page;
 mod request;
+mod schema;
 mod tokenize;
 mod tools;
 

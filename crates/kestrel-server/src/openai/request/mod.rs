@@ -29,6 +29,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::error::{ApiError, ParamNames};
+use super::schema::close_objects;
 use super::tools::{self, ToolFormat, ToolSet};
 use constraint::constraint;
 use functions::chat_tools;
@@ -282,9 +283,21 @@ pub fn parse(
         sampling.prompt_logprobs = Some(top_logprobs);
     }
 
-    let constraint = constraint(&mut f)?;
+    // Kestrel's extension: JSON Schemas (response_format, guided_json,
+    // structured_outputs.json, tool parameters) allow unlisted keys only
+    // where they say so, unless the request asks for plain JSON Schema.
+    let plain_json_schema = f.take::<bool>("plain_json_schema")?.unwrap_or(false);
+    let constraint = constraint(&mut f)?.map(|(c, param)| match c {
+        Constraint::JsonSchema(s) if !plain_json_schema => {
+            (Constraint::JsonSchema(close_objects(s)), param)
+        }
+        c => (c, param),
+    });
     let tools = match endpoint {
-        Endpoint::Chat => chat_tools(&mut f, tool_format)?,
+        Endpoint::Chat => chat_tools(&mut f, tool_format)?.map(|t| ToolSet {
+            closed_objects: !plain_json_schema,
+            ..t
+        }),
         Endpoint::Completions => None,
     };
     let constraint = match (&tools, constraint) {

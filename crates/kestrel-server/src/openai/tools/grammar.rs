@@ -1,12 +1,15 @@
 //! What a [`ToolSet`] tells the model and holds it to: the Hermes system
 //! prompt for models whose template renders no tools, and the llguidance Lark
 //! grammar in the format's syntax, one compact `%json` per function, so every
-//! call parses and its arguments validate.
+//! call parses and its arguments validate (holding only the properties the
+//! schema lists, unless it allows more or the request asks for plain JSON
+//! Schema: [`ToolSet::closed_objects`]).
 
 use kestrel_model::ToolSyntax;
 use serde_json::{json, Value};
 
 use super::{Function, ToolChoice, ToolSet, MISTRAL_CALLS};
+use crate::openai::schema::close_objects;
 
 impl ToolSet {
     /// The system prompt describing the tools and the call format
@@ -68,12 +71,17 @@ impl ToolSet {
                 .join(" | ")
         ));
         for (i, f) in offered.iter().enumerate() {
+            let parameters = if self.closed_objects {
+                close_objects(f.parameters.clone())
+            } else {
+                f.parameters.clone()
+            };
             // Written by hand so that `name` comes before the arguments
             // (llguidance emits properties in schema order); compact, as
             // OpenAI writes arguments, so no tokens go to whitespace.
             let schema = json!({
                 "type": "object",
-                "properties": {"name": {"const": f.name}, (self.format.args_key()): f.parameters},
+                "properties": {"name": {"const": f.name}, (self.format.args_key()): parameters},
                 "required": ["name", self.format.args_key()],
                 "additionalProperties": false,
                 "x-guidance": {"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"},

@@ -147,6 +147,10 @@ pub struct ToolSet {
     /// format, whose template takes one call per turn).
     pub parallel: bool,
     pub format: ToolFormat,
+    /// Arguments hold only the properties a parameter schema lists, unless
+    /// it allows more explicitly ([`crate::openai::schema::close_objects`]);
+    /// `false` (the request's `plain_json_schema`): plain JSON Schema.
+    pub closed_objects: bool,
 }
 
 /// Parses `tools`, `tool_choice` and `parallel_tool_calls` for a model
@@ -227,6 +231,7 @@ pub fn parse(
         choice,
         parallel: parallel.unwrap_or(true) && format.syntax != ToolSyntax::Llama3Json,
         format: format.clone(),
+        closed_objects: true,
     }))
 }
 
