@@ -155,7 +155,7 @@ fn family_template(family: Family) -> Option<FamilyTemplate> {
             markers: ["<start_of_turn>", "<end_of_turn>"],
             turn_end: "<end_of_turn>",
         }),
-        Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => None,
+        Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 | Family::Phi => None,
     }
 }
 

@@ -150,7 +150,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
 /// Kestrel's (the model's own states its end ids itself).
 pub(crate) fn chat_template_for(
     source: Option<&str>,
-    architecture: &str,
+    family: Family,
     tokenizer: &Tokenizer,
     eos_token_ids: &mut Vec<u32>,
     bos_token: &str,
@@ -158,7 +158,7 @@ pub(crate) fn chat_template_for(
 ) -> Result<Option<ChatTemplate>, ModelError> {
     let template = ChatTemplate::for_model(
         source,
-        Family::from_name(architecture),
+        Some(family),
         |t| tokenizer.token_to_id(t).is_some(),
         bos_token,
         eos_token,
@@ -454,7 +454,7 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
     let eos_text = token_text(eos_token_ids.first().copied());
     let chat_template = chat_template_for(
         g.get("tokenizer.chat_template").and_then(|v| v.as_str()),
-        &weights.config.architecture,
+        weights.config.architecture,
         &tokenizer,
         &mut eos_token_ids,
         &token_text(bos_token_id),

@@ -771,7 +771,7 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
     };
     let chat_template = crate::load::chat_template_for(
         source.as_deref(),
-        &weights.config.architecture,
+        weights.config.architecture,
         &tokenizer,
         &mut eos_token_ids,
         bos_text.as_deref().unwrap_or(""),
