@@ -1,10 +1,11 @@
 //! The README's first command, run as written on the real binary with the
-//! default configuration (default model, fast numerics, this machine's best
-//! ISA; only the listeners moved to free ports): `kestrel serve
-//! --first-request "What is the capital of France?"` asks its own gRPC API
-//! and prints the answer, which must be right and must not loop. The same
-//! question through `kestrel chat`'s and the chat page's path (a chat request
-//! with default sampling) is checked by the same words.
+//! default configuration (default model, the command line's default
+//! numerics, this machine's best ISA; only the listeners moved to free
+//! ports): `kestrel serve --first-request "What is the capital of France?"`
+//! asks its own gRPC API and prints the answer, which must be right and must
+//! not loop. The same question as a chat turn with the command line's default
+//! sampling (`kestrel generate --chat`, the in-process path `kestrel chat`
+//! takes) is held to the same words.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -81,6 +82,19 @@ fn the_readme_first_command_answers_right() {
     let answer = answer.join().expect("stdout reader");
     let log = log.join().expect("stderr reader");
     assert!(status.success(), "{status}\n{log}\n{answer}");
+    assert!(answer.contains("Paris"), "answer: {answer:?}\n{log}");
+    assert!(!loops(&answer), "answer loops: {answer:?}");
+}
+
+#[test]
+fn a_chat_turn_with_the_cli_defaults_answers_right() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["generate", "--chat", "--max-new-tokens", "32", QUESTION])
+        .output()
+        .expect("run kestrel generate");
+    let answer = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{log}", out.status);
     assert!(answer.contains("Paris"), "answer: {answer:?}\n{log}");
     assert!(!loops(&answer), "answer loops: {answer:?}");
 }
