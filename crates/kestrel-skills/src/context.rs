@@ -233,7 +233,11 @@ impl SkillContext {
 pub const PARSER_LIMITS: llguidance::api::ParserLimits = llguidance::api::ParserLimits {
     max_items_in_row: 2_000,
     initial_lexer_fuel: 1_000_000,
-    step_lexer_fuel: 200_000,
+    // One mask step may spend what validation spent exploring the lexer
+    // (`spec::LEXER_BUDGET.fuel`): a constraint validation accepted then
+    // never runs out mid-generation (at worst 20-100 ms for one step of a
+    // pathological constraint; typical steps spend a few hundred).
+    step_lexer_fuel: 2_000_000,
     step_max_items: 50_000,
     max_lexer_states: 250_000,
     max_grammar_size: 500_000,

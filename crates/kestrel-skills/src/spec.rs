@@ -209,9 +209,11 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
 pub struct LexerBudget {
     pub states_per_lexeme: usize,
     pub fuel: u64,
-    /// A forced run must fit in one mask step's lexer fuel
-    /// ([`crate::PARSER_LIMITS`]`.step_lexer_fuel`): the parser walks it
-    /// within one step.
+    /// A forced run is walked by the parser on its own after a token, so
+    /// it must be cheap: a tenth of one mask step's lexer fuel
+    /// ([`crate::PARSER_LIMITS`]`.step_lexer_fuel`, which equals `fuel`:
+    /// a step may spend what validation spent, so a constraint accepted
+    /// here does not run out of fuel mid-generation).
     pub fuel_per_run: u64,
 }
 
@@ -219,7 +221,7 @@ pub struct LexerBudget {
 pub const LEXER_BUDGET: LexerBudget = LexerBudget {
     states_per_lexeme: 2_000,
     fuel: 2_000_000,
-    fuel_per_run: crate::context::PARSER_LIMITS.step_lexer_fuel,
+    fuel_per_run: 200_000,
 };
 
 /// Explores each lexeme of `parser`'s grammar in a lexer of its own (the
