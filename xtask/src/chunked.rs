@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 use kestrel_cpu::WeightPages;
 use kestrel_pipeline::{
     EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, Request, SamplingParams, Tick,
@@ -114,12 +114,15 @@ pub fn main(mut args: ChunkedArgs) -> anyhow::Result<()> {
                 weights.clone(),
                 CpuRuntimeConfig {
                     threads,
-                    max_rows: args.streams + 1,
-                    num_pages: (args.streams + 1) * max_seq_len.div_ceil(16) + 8,
-                    page_size: 16,
-                    max_seq_len,
-                    // No prefix cache: every repetition prefills the whole prompt.
-                    enable_prefix_cache: false,
+                    step: StepConfig {
+                        max_rows: args.streams + 1,
+                        num_pages: (args.streams + 1) * max_seq_len.div_ceil(16) + 8,
+                        page_size: 16,
+                        max_seq_len,
+                        // No prefix cache: every repetition prefills the whole prompt.
+                        enable_prefix_cache: false,
+                        ..StepConfig::default()
+                    },
                     weight_pages: WeightPages::InPlace,
                     ..CpuRuntimeConfig::default()
                 },

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 
 use crate::engine_core::{default_model, iterate, threads, Clock, Mode};
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 
 use crate::bench::NumericsArg;
 use kestrel_pipeline::{
@@ -120,13 +120,16 @@ pub fn main(mut args: SpeculateArgs) -> anyhow::Result<()> {
         model.weights.clone(),
         CpuRuntimeConfig {
             threads,
-            max_rows: max_streams,
-            num_pages: max_streams * max_seq_len / 16 + 8,
-            page_size: 16,
-            max_seq_len,
-            // The streams share their prompt: prefilled once, decoding
-            // starts together.
-            enable_prefix_cache: true,
+            step: StepConfig {
+                max_rows: max_streams,
+                num_pages: max_streams * max_seq_len / 16 + 8,
+                page_size: 16,
+                max_seq_len,
+                // The streams share their prompt: prefilled once, decoding
+                // starts together.
+                enable_prefix_cache: true,
+                ..StepConfig::default()
+            },
             numerics: args.numerics.into(),
             ..CpuRuntimeConfig::default()
         },

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, RuntimeError, StepConfig};
 use kestrel_cpu::Numerics;
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
@@ -61,11 +61,14 @@ fn run(
 fn runtime_config((num_pages, page_size): (usize, usize)) -> CpuRuntimeConfig {
     CpuRuntimeConfig {
         threads: 2,
-        max_rows: 16,
-        num_pages,
-        page_size,
-        max_seq_len: 1024,
-        forward_rows: 7,
+        step: StepConfig {
+            max_rows: 16,
+            num_pages,
+            page_size,
+            max_seq_len: 1024,
+            forward_rows: 7,
+            ..StepConfig::default()
+        },
         ..Default::default()
     }
 }
@@ -152,10 +155,13 @@ fn small_runtime(weights: ModelWeights, threads: usize) -> CpuRuntime {
         weights,
         CpuRuntimeConfig {
             threads,
-            max_rows: 4,
-            num_pages: 64,
-            page_size: 16,
-            max_seq_len: 256,
+            step: StepConfig {
+                max_rows: 4,
+                num_pages: 64,
+                page_size: 16,
+                max_seq_len: 256,
+                ..StepConfig::default()
+            },
             ..Default::default()
         },
     )

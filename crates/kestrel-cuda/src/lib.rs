@@ -29,4 +29,4 @@ pub use compile::Arch;
 pub use error::CudaError;
 pub use hostdev::HostRuntime;
 pub use runtime::timing::StepTiming;
-pub use runtime::{CudaRuntime, CudaRuntimeConfig, Runtime};
+pub use runtime::{CudaRuntime, CudaRuntimeConfig, Runtime, StepConfig};

@@ -13,7 +13,7 @@
 //! `#[ignore]`d without one.
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
-use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig, HostRuntime};
+use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig, HostRuntime, StepConfig};
 use kestrel_model::{synthetic_weights, DType, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     Drafts, Executor, PrefillInput, PrefillStart, RequestId, SamplingParams, TokenId,
@@ -234,10 +234,18 @@ fn weights() -> ModelWeights {
 
 fn cuda_config() -> CudaRuntimeConfig {
     CudaRuntimeConfig {
+        step: step_config(),
+        ..CudaRuntimeConfig::default()
+    }
+}
+
+/// The KV and step shape of both runtimes here.
+fn step_config() -> StepConfig {
+    StepConfig {
         max_rows: 8,
         num_pages: 256,
         max_seq_len: 512,
-        ..CudaRuntimeConfig::default()
+        ..StepConfig::default()
     }
 }
 
@@ -295,9 +303,7 @@ fn cpu_runtime_chunks_and_readmits_exactly() {
     let mut cpu = CpuRuntime::new(
         weights(),
         CpuRuntimeConfig {
-            max_rows: 8,
-            num_pages: 256,
-            max_seq_len: 512,
+            step: step_config(),
             ..CpuRuntimeConfig::default()
         },
     )

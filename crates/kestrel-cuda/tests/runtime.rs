@@ -24,7 +24,9 @@ use std::sync::OnceLock;
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
 use kestrel_cuda::runtime::backend::Device;
-use kestrel_cuda::{libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime};
+use kestrel_cuda::{
+    libs, CudaError, CudaRuntime, CudaRuntimeConfig, HostRuntime, Runtime, StepConfig,
+};
 use kestrel_model::{synthetic_weights, DType, Matrix, ModelConfig, ModelWeights};
 use kestrel_pipeline::{
     Drafts, DraftsError, ExecError, Executor, PrefillInput, PrefillStart, RequestId,
@@ -52,7 +54,10 @@ fn new_without_a_driver_is_a_typed_error() {
 fn zero_sized_config_is_rejected_before_touching_cuda() {
     let w = synthetic_weights(&ModelConfig::tiny(), DType::F32, 1);
     let cfg = CudaRuntimeConfig {
-        max_rows: 0,
+        step: StepConfig {
+            max_rows: 0,
+            ..StepConfig::default()
+        },
         ..CudaRuntimeConfig::default()
     };
     assert!(matches!(
@@ -208,9 +213,7 @@ fn cpu_runtime(w: ModelWeights) -> CpuRuntime {
     CpuRuntime::new(
         w,
         CpuRuntimeConfig {
-            max_rows: 8,
-            num_pages: 256,
-            max_seq_len: 512,
+            step: parity_step(),
             ..CpuRuntimeConfig::default()
         },
     )
@@ -247,11 +250,19 @@ fn parity_harness_runs_on_the_cpu_runtime() {
 /// or the host device), as `cpu_runtime` the CPU's.
 fn cuda_config(graphs: bool) -> CudaRuntimeConfig {
     CudaRuntimeConfig {
+        step: parity_step(),
+        cuda_graphs: graphs,
+        ..CudaRuntimeConfig::default()
+    }
+}
+
+/// The KV and step shape of every parity run, on either runtime.
+fn parity_step() -> StepConfig {
+    StepConfig {
         max_rows: 8,
         num_pages: 256,
         max_seq_len: 512,
-        cuda_graphs: graphs,
-        ..CudaRuntimeConfig::default()
+        ..StepConfig::default()
     }
 }
 

@@ -11,7 +11,7 @@
 //! kestrel-cuda's message. `cuda-host` runs the same CUDA runtime on
 //! kestrel-cuda's host device (no GPU needed).
 
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 use kestrel_cuda::runtime::backend::Device;
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig, HostRuntime};
 use kestrel_pipeline::{Capabilities, Executor, LoopConfig, NgramSpec};
@@ -33,25 +33,24 @@ pub(crate) enum RuntimeConfig {
 impl RuntimeConfig {
     /// The runtime `config` asks for, serving sequences of `max_seq_len` tokens.
     pub fn new(config: &EngineConfig, max_seq_len: usize) -> Self {
+        let step = StepConfig {
+            max_rows: config.max_batch_size,
+            num_pages: config.kv_pages,
+            page_size: config.page_size,
+            max_seq_len,
+            enable_prefix_cache: config.enable_prefix_cache,
+            ..StepConfig::default()
+        };
         match config.backend {
             Backend::Cpu => RuntimeConfig::Cpu(CpuRuntimeConfig {
                 threads: config.threads,
-                max_rows: config.max_batch_size,
-                num_pages: config.kv_pages,
-                page_size: config.page_size,
-                max_seq_len,
-                enable_prefix_cache: config.enable_prefix_cache,
+                step,
                 numerics: config.numerics,
                 weight_pages: config.weight_pages,
-                ..CpuRuntimeConfig::default()
             }),
             Backend::Cuda | Backend::CudaHost => {
                 let cfg = CudaRuntimeConfig {
-                    max_rows: config.max_batch_size,
-                    num_pages: config.kv_pages,
-                    page_size: config.page_size,
-                    max_seq_len,
-                    enable_prefix_cache: config.enable_prefix_cache,
+                    step,
                     ..CudaRuntimeConfig::default()
                 };
                 if config.backend == Backend::Cuda {

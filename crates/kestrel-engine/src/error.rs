@@ -103,9 +103,10 @@ pub enum EngineError {
     /// (the constraint engine failed mid-generation, or the model ended
     /// before the output was complete). `partial` is what was generated,
     /// with `FinishReason::Error`; it does not satisfy the constraint.
-    #[error("the output stopped satisfying its constraint: {reason}")]
+    #[error("the output stopped satisfying its constraint")]
     ConstraintFailed {
-        reason: String,
+        #[source]
+        source: kestrel_skills::ConstraintFailure,
         partial: Box<GenerateResponse>,
     },
 

@@ -248,19 +248,14 @@ impl SequenceSkill for StreamingSkill {
             self.metrics.queue_time.observe(a - self.submitted);
         }
         let _enter = self.span.clone().entered();
-        let terminal = match outcome {
-            Outcome::Finished(_) if self.inner.constraint_error().is_some() => {
-                let reason = self
-                    .inner
-                    .constraint_error()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
+        let terminal = match (outcome, self.inner.constraint_error().cloned()) {
+            (Outcome::Finished(_), Some(source)) => {
                 self.metrics.request_finished(FinishReason::Error);
-                tracing::warn!(%reason, "constrained output failed mid-generation");
+                tracing::warn!(reason = %source, "constrained output failed mid-generation");
                 let partial = Box::new(self.respond(FinishReason::Error, now));
-                Err(EngineError::ConstraintFailed { reason, partial })
+                Err(EngineError::ConstraintFailed { source, partial })
             }
-            Outcome::Finished(r) => {
+            (Outcome::Finished(r), None) => {
                 let reason = FinishReason::from_pipeline(r);
                 self.metrics.request_finished(reason);
                 if reason == FinishReason::Length {
@@ -280,7 +275,7 @@ impl SequenceSkill for StreamingSkill {
                 );
                 Ok(StreamEvent::Done(resp))
             }
-            Outcome::Failed(kind, why) => {
+            (Outcome::Failed(kind, why), _) => {
                 self.metrics.request_finished(FinishReason::Error);
                 tracing::warn!(?kind, why = %crate::error::error_chain(&why), "request failed");
                 Err(match kind {

@@ -17,10 +17,10 @@ use common::{kv_released, rt};
 use std::time::Duration;
 
 use kestrel_engine::{
-    Backend, Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
-    Prompt,
+    error_chain, Backend, Constraint, Engine, EngineConfig, EngineError, Field, GenerateRequest,
+    ModelSource, Prompt,
 };
-use kestrel_skills::SkillError;
+use kestrel_skills::{ConstraintFailure, SkillError};
 
 fn engine(max_batch_size: usize, queue_limit: usize) -> Engine {
     engine_on(Backend::Cpu, max_batch_size, queue_limit)
@@ -122,13 +122,23 @@ fn a_constraint_failing_mid_generation_ends_with_an_error() {
                 constraint: Some(c.clone()),
                 ..GenerateRequest::text("Say something", 600)
             };
-            match engine.generate(req.clone()).await {
-                Err(EngineError::ConstraintFailed { reason, partial }) => {
-                    assert!(reason.contains("too many expressions"), "{reason}");
-                    assert_eq!(partial.finish_reason, kestrel_engine::FinishReason::Error);
-                }
-                other => panic!("{c:?}: expected ConstraintFailed, got {other:?}"),
-            }
+            let e = engine
+                .generate(req.clone())
+                .await
+                .expect_err("a failed output");
+            let EngineError::ConstraintFailed { partial, .. } = &e else {
+                panic!("{c:?}: expected ConstraintFailed, got {e:?}");
+            };
+            assert_eq!(partial.finish_reason, kestrel_engine::FinishReason::Error);
+            // The skills' typed failure is the source, and its reason
+            // reaches the caller's one-line message.
+            let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref());
+            assert!(
+                matches!(source, Some(ConstraintFailure::Engine { .. })),
+                "{e:?}"
+            );
+            let chain = error_chain(&e);
+            assert!(chain.contains("too many expressions"), "{chain}");
             let mut s = engine.stream(req).expect("accepted");
             let end = loop {
                 match s.next_event().await.expect("a terminal item") {

@@ -5,6 +5,8 @@
 //! submission, before the engine reserves any KV. Running skills never fail:
 //! a constraint that breaks mid-generation ends the request instead.
 
+use std::sync::Arc;
+
 use kestrel_pipeline::TokenId;
 
 /// Boxed cause from a dependency whose own error type is already boxed
@@ -14,14 +16,16 @@ pub type BoxedCause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// A failure of the constraint engine (llguidance), kept whole: it reads
 /// as llguidance's message without the `<non-verbose/>` marker llguidance
 /// ends it with, and [`source`](std::error::Error::source) is what
-/// llguidance's error wraps, if anything.
-#[derive(Debug)]
-pub struct ConstraintCause(BoxedCause);
+/// llguidance's error wraps, if anything. Shared, not copied, on clone, so
+/// a failed output's [`ConstraintFailure`] can be reported as the source
+/// of the caller's error while the skill keeps it.
+#[derive(Debug, Clone)]
+pub struct ConstraintCause(Arc<dyn std::error::Error + Send + Sync + 'static>);
 
 impl ConstraintCause {
     /// llguidance's error (an `anyhow::Error`, or a message string).
     pub(crate) fn new(e: impl Into<BoxedCause>) -> Self {
-        ConstraintCause(e.into())
+        ConstraintCause(Arc::from(e.into()))
     }
 }
 
@@ -45,7 +49,7 @@ impl std::error::Error for ConstraintCause {
 
 /// Why a running constrained output stopped satisfying its constraint
 /// ([`crate::Skill::constraint_error`]); such an output is a failure.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ConstraintFailure {
     /// The model ended (EOS) before the output was a complete sentence.
     #[error("end of sequence before the output was complete")]

@@ -8,7 +8,7 @@
 //! name the request a refusal is about ([`StepError`]). [`StepFront`] does
 //! all of it over kestrel-kv's [`SeqBook`], answers the pipeline
 //! `Executor`'s KV queries ([`executor_kv_queries!`]) and the runtime's
-//! [`Capabilities`] ([`FrontConfig::capabilities`]). The runtimes keep only
+//! [`Capabilities`] ([`StepConfig::capabilities`]). The runtimes keep only
 //! what touches their device: packing the planned [`KvStep`] into their
 //! buffers and running it.
 //!
@@ -25,10 +25,12 @@ use kestrel_pipeline::{
     Capabilities, Drafts, DraftsError, PrefillInput, PrefillStart, RequestId, TokenId,
 };
 
-/// What a runtime is built with that its front end needs: the KV table's
-/// shape and what one step may hold.
+/// The shape of a runtime's KV and of its steps: the part of its
+/// configuration every runtime has and reads alike (each runtime's config
+/// embeds it as its `step` field). The front end is built from it
+/// ([`StepFront::new`]); `forward_rows` is read by the runtime alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrontConfig {
+pub struct StepConfig {
     /// Sequences holding KV at once (the largest batch); the table has one
     /// more row, row 0 being reserved.
     pub max_rows: usize,
@@ -40,27 +42,61 @@ pub struct FrontConfig {
     pub max_seq_len: usize,
     /// Whether full prompt pages are kept for reuse.
     pub enable_prefix_cache: bool,
-    /// Draft tokens one decode step may verify in all (0: none).
+    /// Prompt tokens per forward call (the runtime's workspace is sized for
+    /// it): a prefill step runs its chunk in calls of at most this many
+    /// rows. The pipeline's chunk budget (`LoopConfig::prefill_chunk`)
+    /// decides how many prompt tokens a step takes; this only bounds one
+    /// call's memory.
+    pub forward_rows: usize,
+    /// Draft tokens one decode step may verify in all (speculative
+    /// decoding; 0: none). A decode step's rows and drafts run as one
+    /// forward, so the runtime sizes its sampled rows `max_rows` plus this.
     pub max_draft_tokens: usize,
-    /// Whether the runtime scores prompts (`Capabilities::prompt_logprobs`).
-    pub prompt_logprobs: bool,
 }
 
-impl FrontConfig {
-    /// What a runtime built with this front end can do: everything the
+impl Default for StepConfig {
+    fn default() -> Self {
+        Self {
+            max_rows: 32,
+            num_pages: 2048,
+            page_size: 16,
+            max_seq_len: 8192,
+            enable_prefix_cache: true,
+            forward_rows: 256,
+            max_draft_tokens: 32,
+        }
+    }
+}
+
+impl StepConfig {
+    /// Whether a dimension a runtime sizes its buffers by is zero (rows,
+    /// pages, page size, forward rows): such a configuration is refused.
+    pub fn has_zero_dimension(&self) -> bool {
+        self.max_rows == 0 || self.page_size == 0 || self.num_pages == 0 || self.forward_rows == 0
+    }
+
+    /// The longest context one sequence can hold: `max_seq_len`, or the
+    /// whole pool when that is smaller.
+    pub fn max_context(&self) -> usize {
+        self.max_seq_len.min(self.num_pages * self.page_size)
+    }
+
+    /// What a runtime built with this configuration can do: everything the
     /// pipeline drives (logit bias, chunked prefill, re-admission of a
     /// preempted sequence: KV grows lazily), drafts up to
-    /// `max_draft_tokens`, and prompt scoring when the runtime has it.
-    /// Known before the runtime is built, so the engine checks its
-    /// configuration against the value `Executor::capabilities` answers.
-    pub fn capabilities(&self) -> Capabilities {
+    /// `max_draft_tokens`, and prompt scoring when the runtime has it
+    /// (`prompt_logprobs`, a property of the runtime, not of its
+    /// configuration). Known before the runtime is built, so the engine
+    /// checks its configuration against the value `Executor::capabilities`
+    /// answers.
+    pub fn capabilities(&self, prompt_logprobs: bool) -> Capabilities {
         Capabilities {
             max_rows: self.max_rows,
             max_draft_tokens: self.max_draft_tokens,
             logit_bias: true,
             chunked_prefill: true,
             readmission: true,
-            prompt_logprobs: self.prompt_logprobs,
+            prompt_logprobs,
         }
     }
 }
@@ -75,7 +111,7 @@ pub enum StepError {
     BatchTooLarge {
         /// Rows of the step.
         rows: usize,
-        /// `FrontConfig::max_rows`.
+        /// `StepConfig::max_rows`.
         capacity: usize,
     },
     /// The decode step's drafts do not fit it.
@@ -137,11 +173,12 @@ pub struct StepFront<M> {
 }
 
 impl<M> StepFront<M> {
-    /// An empty front end over a page table shaped by `cfg`.
+    /// An empty front end over a page table shaped by `cfg`, of a runtime
+    /// that scores prompts or not (`prompt_logprobs`).
     ///
     /// # Errors
     /// The page table's refusal of `cfg`'s shape.
-    pub fn new(cfg: &FrontConfig) -> Result<Self, KvError> {
+    pub fn new(cfg: &StepConfig, prompt_logprobs: bool) -> Result<Self, KvError> {
         let table = PageTable::new(PageTableConfig {
             max_rows: cfg.max_rows + 1,
             num_pages: cfg.num_pages,
@@ -150,12 +187,12 @@ impl<M> StepFront<M> {
         })?;
         Ok(StepFront {
             book: SeqBook::new(table).with_max_seq_len(cfg.max_seq_len),
-            caps: cfg.capabilities(),
+            caps: cfg.capabilities(prompt_logprobs),
             starts: Vec::new(),
         })
     }
 
-    /// The runtime's capabilities ([`FrontConfig::capabilities`]).
+    /// The runtime's capabilities ([`StepConfig::capabilities`]).
     pub fn capabilities(&self) -> Capabilities {
         self.caps
     }
@@ -393,15 +430,18 @@ mod tests {
     use kestrel_pipeline::SamplingParams;
 
     fn front() -> StepFront<u8> {
-        StepFront::new(&FrontConfig {
-            max_rows: 2,
-            num_pages: 8,
-            page_size: 4,
-            max_seq_len: 32,
-            enable_prefix_cache: true,
-            max_draft_tokens: 3,
-            prompt_logprobs: false,
-        })
+        StepFront::new(
+            &StepConfig {
+                max_rows: 2,
+                num_pages: 8,
+                page_size: 4,
+                max_seq_len: 32,
+                enable_prefix_cache: true,
+                forward_rows: 8,
+                max_draft_tokens: 3,
+            },
+            false,
+        )
         .unwrap()
     }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
-use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 use kestrel_cpu::{Numerics, WeightPages};
 use kestrel_cuda::{CudaRuntime, CudaRuntimeConfig};
 use kestrel_model::LoadedModel;
@@ -570,14 +570,10 @@ fn cpu_runtime(
         model.weights.clone(),
         CpuRuntimeConfig {
             threads: opts.threads,
-            max_rows: max_streams,
-            num_pages: num_pages(max_streams, max_seq_len),
-            page_size: PAGE_SIZE,
-            max_seq_len,
+            step: step_config(max_streams, max_seq_len),
             numerics: opts.numerics,
             // Placed once at load (`main`).
             weight_pages: WeightPages::InPlace,
-            ..CpuRuntimeConfig::default()
         },
     )
     .context("starting the CPU runtime")
@@ -593,14 +589,23 @@ fn cuda_runtime(
     CudaRuntime::new(
         model.weights.clone(),
         CudaRuntimeConfig {
-            max_rows: max_streams,
-            num_pages: num_pages(max_streams, max_seq_len),
-            page_size: PAGE_SIZE,
-            max_seq_len,
+            step: step_config(max_streams, max_seq_len),
             ..CudaRuntimeConfig::default()
         },
     )
     .context("starting the CUDA runtime")
+}
+
+/// The KV geometry both runtimes are given: `max_streams` rows of up to
+/// `max_seq_len` tokens, pages of [`PAGE_SIZE`].
+fn step_config(max_streams: usize, max_seq_len: usize) -> StepConfig {
+    StepConfig {
+        max_rows: max_streams,
+        num_pages: num_pages(max_streams, max_seq_len),
+        page_size: PAGE_SIZE,
+        max_seq_len,
+        ..StepConfig::default()
+    }
 }
 
 const MAX_SEQ_LEN: usize = 1024;

@@ -28,7 +28,8 @@ use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput, RequestId,
     SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
-use kestrel_step::{executor_kv_queries, FrontConfig, StepError, StepFront};
+pub use kestrel_step::StepConfig;
+use kestrel_step::{executor_kv_queries, StepError, StepFront};
 
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
@@ -38,62 +39,20 @@ use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
 
 /// Configuration of a [`CpuRuntime`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CpuRuntimeConfig {
     /// Matmul worker threads (0 = available parallelism).
     pub threads: usize,
-    /// Sequences holding KV at once.
-    pub max_rows: usize,
-    pub num_pages: usize,
-    pub page_size: usize,
-    /// Longest sequence (prompt + generated).
-    pub max_seq_len: usize,
-    pub enable_prefix_cache: bool,
-    /// Prompt tokens per forward call (the workspace is sized for it): a
-    /// prefill step runs its chunk in calls of at most this many rows. The
-    /// pipeline's chunk budget (`LoopConfig::prefill_chunk`) decides how many
-    /// prompt tokens a step takes; this only bounds one call's memory.
-    pub forward_rows: usize,
+    /// The KV and step shape, as every runtime has it (kestrel-step).
+    pub step: StepConfig,
     /// The matmuls' numerics ([`Numerics::Fast`] by default).
     pub numerics: Numerics,
     /// Where the weights' bytes live ([`WeightPages::Huge`] by default).
     pub weight_pages: WeightPages,
-    /// Draft tokens one decode step may verify in all (speculative
-    /// decoding; 0: none). The step's rows and drafts run as one forward.
-    pub max_draft_tokens: usize,
 }
 
-impl CpuRuntimeConfig {
-    /// The step front end's part of this configuration.
-    pub fn front(&self) -> FrontConfig {
-        FrontConfig {
-            max_rows: self.max_rows,
-            num_pages: self.num_pages,
-            page_size: self.page_size,
-            max_seq_len: self.max_seq_len,
-            enable_prefix_cache: self.enable_prefix_cache,
-            max_draft_tokens: self.max_draft_tokens,
-            prompt_logprobs: true,
-        }
-    }
-}
-
-impl Default for CpuRuntimeConfig {
-    fn default() -> Self {
-        Self {
-            threads: 0,
-            max_rows: 32,
-            num_pages: 2048,
-            page_size: 16,
-            max_seq_len: 8192,
-            enable_prefix_cache: true,
-            forward_rows: 256,
-            numerics: Numerics::Fast,
-            weight_pages: WeightPages::Huge,
-            max_draft_tokens: 32,
-        }
-    }
-}
+/// The CPU runtime scores prompts ([`CpuRuntime::score_prompt`]).
+const PROMPT_LOGPROBS: bool = true;
 
 /// Errors of the CPU runtime.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +119,7 @@ impl std::fmt::Debug for CpuRuntime {
 impl CpuRuntime {
     /// Build the model, the KV store and start the compute and copy streams.
     pub fn new(weights: ModelWeights, cfg: CpuRuntimeConfig) -> Result<Self, RuntimeError> {
-        if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
+        if cfg.step.has_zero_dimension() {
             return Err(RuntimeError::Config(format!(
                 "zero-sized dimension in {cfg:?}"
             )));
@@ -179,12 +138,12 @@ impl CpuRuntime {
         let bytes_per_token = model.bytes_per_token();
         let compute_threads = model.threads();
         let isa = model.isa();
-        let kv = KvStore::for_model(&model_cfg, cfg.num_pages, cfg.page_size)?;
-        let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        let kv = KvStore::for_model(&model_cfg, cfg.step.num_pages, cfg.step.page_size)?;
+        let max_context = cfg.step.max_context();
         // A decode step verifying drafts runs its rows and drafts as one forward.
-        let step_tokens = cfg.max_rows + cfg.max_draft_tokens;
-        let scratch = Scratch::new(&model, step_tokens.max(cfg.forward_rows), max_context);
-        let front = StepFront::new(&cfg.front())?;
+        let step_tokens = cfg.step.max_rows + cfg.step.max_draft_tokens;
+        let scratch = Scratch::new(&model, step_tokens.max(cfg.step.forward_rows), max_context);
+        let front = StepFront::new(&cfg.step, PROMPT_LOGPROBS)?;
         let (work_tx, work_rx) = channel();
         let (copy_tx, copy_rx) = channel();
         let (back_tx, back_rx) = channel();
@@ -193,9 +152,9 @@ impl CpuRuntime {
             model,
             kv,
             scratch,
-            cfg.forward_rows,
-            cfg.max_rows,
-            cfg.max_draft_tokens,
+            cfg.step.forward_rows,
+            cfg.step.max_rows,
+            cfg.step.max_draft_tokens,
             NUM_SLOTS,
         );
         let spawn = |name: &str| std::thread::Builder::new().name(name.to_string());
@@ -240,9 +199,9 @@ impl CpuRuntime {
 
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
     /// known before it is built: everything the pipeline drives, drafts up
-    /// to `cfg.max_draft_tokens`, and prompt scoring ([`Self::score_prompt`]).
+    /// to `cfg.step.max_draft_tokens`, and prompt scoring ([`Self::score_prompt`]).
     pub fn capabilities_of(cfg: &CpuRuntimeConfig) -> Capabilities {
-        cfg.front().capabilities()
+        cfg.step.capabilities(PROMPT_LOGPROBS)
     }
 
     /// Bytes of weights the forward reads per step.

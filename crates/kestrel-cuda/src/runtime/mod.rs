@@ -38,7 +38,8 @@ use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
     RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
 };
-use kestrel_step::{executor_kv_queries, FrontConfig, StepError, StepFront};
+pub use kestrel_step::StepConfig;
+use kestrel_step::{executor_kv_queries, StepError, StepFront};
 
 use self::backend::{DevMem, Device, HostMem, Stream};
 use self::cuda::CudaDevice;
@@ -57,59 +58,27 @@ const NUM_SLOTS: usize = 2;
 pub struct CudaRuntimeConfig {
     /// CUDA device ordinal.
     pub device: usize,
-    /// Sequences holding KV at once (and the largest decode batch).
-    pub max_rows: usize,
-    pub num_pages: usize,
-    pub page_size: usize,
-    /// Longest sequence (prompt + generated).
-    pub max_seq_len: usize,
-    pub enable_prefix_cache: bool,
-    /// Prompt tokens per forward call (the workspace is sized for it): a
-    /// prefill step runs its chunk in calls of at most this many rows. The
-    /// pipeline's chunk budget (`LoopConfig::prefill_chunk`) decides how many
-    /// prompt tokens a step takes; this only bounds one call's memory.
-    pub forward_rows: usize,
+    /// The KV and step shape, as every runtime has it (kestrel-step).
+    pub step: StepConfig,
     /// Capture the decode forward in CUDA graphs (per slot, per bucket).
     pub cuda_graphs: bool,
-    /// Draft tokens one decode step may verify in all (speculative
-    /// decoding; 0: none). Sizes each slot's sampled rows (`max_rows` plus
-    /// this) and the draft scratch.
-    pub max_draft_tokens: usize,
     /// PTX cache directory (`None`: `<kestrel cache>/ptx`).
     pub ptx_cache: Option<PathBuf>,
-}
-
-impl CudaRuntimeConfig {
-    /// The step front end's part of this configuration.
-    pub fn front(&self) -> FrontConfig {
-        FrontConfig {
-            max_rows: self.max_rows,
-            num_pages: self.num_pages,
-            page_size: self.page_size,
-            max_seq_len: self.max_seq_len,
-            enable_prefix_cache: self.enable_prefix_cache,
-            max_draft_tokens: self.max_draft_tokens,
-            prompt_logprobs: false,
-        }
-    }
 }
 
 impl Default for CudaRuntimeConfig {
     fn default() -> Self {
         Self {
             device: 0,
-            max_rows: 32,
-            num_pages: 2048,
-            page_size: 16,
-            max_seq_len: 8192,
-            enable_prefix_cache: true,
-            forward_rows: 256,
+            step: StepConfig::default(),
             cuda_graphs: true,
-            max_draft_tokens: 32,
             ptx_cache: None,
         }
     }
 }
+
+/// The CUDA runtime does not score prompts.
+const PROMPT_LOGPROBS: bool = false;
 
 /// The runtime over a [`Device`]: every line of bookkeeping (slots, KV,
 /// metadata, buckets, dispatch, sampling, commit) is shared by the GPU
@@ -213,7 +182,7 @@ impl CudaRuntime {
 
 /// Refuses a config with a zero-sized dimension, before touching a device.
 fn check_config(cfg: &CudaRuntimeConfig) -> Result<(), CudaError> {
-    if cfg.max_rows == 0 || cfg.page_size == 0 || cfg.num_pages == 0 || cfg.forward_rows == 0 {
+    if cfg.step.has_zero_dimension() {
         return Err(CudaError::Config(format!(
             "zero-sized dimension in {cfg:?}"
         )));
@@ -233,18 +202,18 @@ impl<D: Device> Runtime<D> {
         check_config(&cfg)?;
         d.bind()?;
         let mc = &weights.config;
-        let max_context = cfg.max_seq_len.min(cfg.num_pages * cfg.page_size);
+        let max_context = cfg.step.max_context();
         // Rows one step samples: the decode batch and its drafts.
-        let sampled_rows = cfg.max_rows + cfg.max_draft_tokens;
+        let sampled_rows = cfg.step.max_rows + cfg.step.max_draft_tokens;
         let dev = DeviceModel::new(
             d,
             &weights,
             KvGeometry {
-                num_pages: cfg.num_pages,
-                page_size: cfg.page_size,
-                kv_rows: cfg.max_rows + 1,
+                num_pages: cfg.step.num_pages,
+                page_size: cfg.step.page_size,
+                kv_rows: cfg.step.max_rows + 1,
                 max_pos: max_context,
-                draft_rows: if cfg.max_draft_tokens > 0 {
+                draft_rows: if cfg.step.max_draft_tokens > 0 {
                     sampled_rows
                 } else {
                     0
@@ -255,30 +224,30 @@ impl<D: Device> Runtime<D> {
         // they are copies from pageable memory on the legacy stream): wait
         // for all of it before any kernel reads them.
         dev.d.sync()?;
-        let buckets = graph_buckets(cfg.max_rows);
-        let max_pages_per_seq = max_context.div_ceil(cfg.page_size);
+        let buckets = graph_buckets(cfg.step.max_rows);
+        let max_pages_per_seq = max_context.div_ceil(cfg.step.page_size);
         let dims = SlotDims {
-            fwd_rows: sampled_rows.max(cfg.forward_rows),
+            fwd_rows: sampled_rows.max(cfg.step.forward_rows),
             max_batch: sampled_rows,
-            max_members: cfg.max_rows,
+            max_members: cfg.step.max_rows,
             hidden: mc.hidden_size,
             qkv: mc.q_dim() + 2 * mc.kv_dim(),
             q_dim: mc.q_dim(),
             ffn: mc.intermediate_size,
             vocab: mc.vocab_size,
             layout: DecodeLayout {
-                cap_rows: cfg.max_rows,
+                cap_rows: cfg.step.max_rows,
                 // Shared prefix pages appear once per row that lists them.
-                cap_pages: cfg.max_rows * max_pages_per_seq + cfg.max_rows,
+                cap_pages: cfg.step.max_rows * max_pages_per_seq + cfg.step.max_rows,
             },
         };
         let slots = (0..NUM_SLOTS)
             .map(|_| DecodeSlot::new(&dev.d, &dims))
             .collect::<Result<Vec<_>, _>>()?;
         let render = (0..NUM_SLOTS)
-            .map(|_| RenderBuffer::new(&dev.d, sampled_rows, cfg.max_rows))
+            .map(|_| RenderBuffer::new(&dev.d, sampled_rows, cfg.step.max_rows))
             .collect::<Result<Vec<_>, _>>()?;
-        let front = StepFront::new(&cfg.front())?;
+        let front = StepFront::new(&cfg.step, PROMPT_LOGPROBS)?;
         let mut rt = Runtime {
             cfg,
             slots,
@@ -323,9 +292,9 @@ impl<D: Device> Runtime<D> {
     /// What a runtime built with `cfg` can do (its [`Executor::capabilities`]),
     /// known before a device is opened: logit bias, chunked prefill,
     /// re-admission of preempted sequences (KV grows lazily) and draft
-    /// verification up to `cfg.max_draft_tokens`; no prompt scoring.
+    /// verification up to `cfg.step.max_draft_tokens`; no prompt scoring.
     pub fn capabilities_of(cfg: &CudaRuntimeConfig) -> Capabilities {
-        cfg.front().capabilities()
+        cfg.step.capabilities(PROMPT_LOGPROBS)
     }
 
     /// Convert a waited step's events into host instants (all four have
@@ -563,7 +532,7 @@ impl<D: Device> Executor for Runtime<D> {
         let bucket = choose_bucket(&self.buckets, n).ok_or_else(|| {
             ExecError::PreDispatch(CudaError::from(StepError::BatchTooLarge {
                 rows: n,
-                capacity: self.cfg.max_rows,
+                capacity: self.cfg.step.max_rows,
             }))
         })?;
         // Each row's input token at its KV length (the lengths advance here).

@@ -60,7 +60,7 @@ impl<D: Device> Runtime<D> {
                 generated: &input.prompt[input.prompt.len().saturating_sub(input.generated)..],
             })
             .collect();
-        let layout = pack_prefill(&plan, &kv.indices, self.cfg.page_size, &mut words)
+        let layout = pack_prefill(&plan, &kv.indices, self.cfg.step.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         let s = &mut self.slots[slot];
         s.ensure_prefill_capacity(&self.dev.d, words.len())
@@ -97,7 +97,7 @@ impl<D: Device> Runtime<D> {
                 .map_err(fatal)?;
         }
         let base = self.fwd_args(slot, 0);
-        let chunk = self.cfg.forward_rows;
+        let chunk = self.cfg.step.forward_rows;
         let mut a = 0;
         while a < layout.tokens_n {
             let n = chunk.min(layout.tokens_n - a);

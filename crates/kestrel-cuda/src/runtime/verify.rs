@@ -46,7 +46,7 @@ impl<D: Device> Runtime<D> {
             })
             .collect();
         let mut words = std::mem::take(&mut s.prefill_words);
-        let layout = pack_verify(&members, &kv.indices, self.cfg.page_size, &mut words)
+        let layout = pack_verify(&members, &kv.indices, self.cfg.step.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
         // Every row samples with its member's parameters and logit bias.
         let (params, mut top_n, mut q) = (s.params_host.as_mut_slice(), 0, 0);
