@@ -5,11 +5,10 @@
 //   their scale and block sum (`Q8`, kestrel-cpu's fast-numerics `Q8Block`),
 //   integer dot products (`dp4a`) with each weight block's integers, per-block
 //   f32 scales (entry points per row count, _r1 .. _r16: NR accumulators).
-//   One warp per weight row; lane L takes blocks L, L+32, ...; per
-//   output row it adds `fma(float(isum), d_w * d_x, acc)` block by block (Q6_K:
-//   its two 16-element halves, first then second) and `fma(m_w, s_x, mins)`
-//   for types with a minimum, then `acc + mins`, then a warp butterfly sum.
-//   `kestrel_cuda::quant::mmvq` does this arithmetic in this order on the host.
+//   One block of MMVQ_WARPS warps per weight row, four threads per weight
+//   block reading its consecutive 32-bit words (see `mmvq` below for the
+//   float steps); `kestrel_cuda::reference::mmvq` does this arithmetic in
+//   this order on the host.
 // * `quantize_q8_h`: f16 rows -> Q8 blocks (the attention output, the final
 //   norm's rows) for `mmvq_*`; the norm and SwiGLU kernels quantize fused.
 // * `dequant_f16`: rows `row0..row0+nrows` of a weight to f16 (the tile that
@@ -92,44 +91,43 @@ __host__ __device__ constexpr int type_block_elems(int t) {
          : (t == GT_F32 || t == GT_F16 || t == GT_BF16) ? 1 : 32;
 }
 
-// The integers of 32-element block `b` of a row, in activation order (w[k]
-// holds elements 4k..4k+3 as signed bytes), its scales for elements 0..16
-// and 16..32 (equal but for Q6_K) and its minimum (0 when none).
-struct WBlock {
-    int w[8];
+// Lane `k` (0..3) of the four threads that share 32-element block `b` of a
+// row: its integers for elements 4k..4k+3 (`lo`) and 16+4k..16+4k+3 (`hi`),
+// as signed bytes, the block's scales for elements 0..16 and 16..32 (equal
+// but for Q6_K) and its minimum (0 when none). The four lanes of a block
+// read its consecutive 32-bit words; for the legacy 4-bit and 5-bit types
+// one word feeds both nibble halves (lo from its low nibbles, hi from its
+// high ones), as llama.cpp's vecdotq does.
+struct WPart {
+    int lo, hi;
     float d0, d1, m;
 };
 
 template <int T>
-__device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) {
-    WBlock r;
+__device__ __forceinline__ WPart load_part(const u8* __restrict__ row, int b, int k) {
+    WPart r;
     r.m = 0.0f;
     if (T == GT_Q4_0 || T == GT_Q4_1 || T == GT_Q5_0 || T == GT_Q5_1) {
         const u8* blk = row + (size_t)b * type_block_bytes(T);
         r.d0 = ld_h(blk);
         int qs_at = T == GT_Q4_0 ? 2 : T == GT_Q4_1 ? 4 : T == GT_Q5_0 ? 6 : 8;
-        u32 qh = 0;
-        if (T == GT_Q5_0) qh = ld_word<T>(blk + 2);
-        if (T == GT_Q5_1) qh = ld_word<T>(blk + 4);
-        if (T == GT_Q4_1 || T == GT_Q5_1) r.m = ld_h(blk + 2);
         u32 off = T == GT_Q4_0 ? 8u : T == GT_Q5_0 ? 16u : 0u;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 v = ld_word<T>(blk + qs_at + 4 * k);
-            u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
-            if (T == GT_Q5_0 || T == GT_Q5_1) {
-                lo |= spread4((qh >> (4 * k)) & 15u);
-                hi |= spread4((qh >> (16 + 4 * k)) & 15u);
-            }
-            r.w[k] = bytes_minus(lo, off);
-            r.w[4 + k] = bytes_minus(hi, off);
+        if (T == GT_Q4_1 || T == GT_Q5_1) r.m = ld_h(blk + 2);
+        u32 v = ld_word<T>(blk + qs_at + 4 * k);
+        u32 lo = v & 0x0F0F0F0Fu, hi = (v >> 4) & 0x0F0F0F0Fu;
+        if (T == GT_Q5_0 || T == GT_Q5_1) {
+            u32 qh = ld_word<T>(blk + (T == GT_Q5_0 ? 2 : 4));
+            lo |= spread4((qh >> (4 * k)) & 15u);
+            hi |= spread4((qh >> (16 + 4 * k)) & 15u);
         }
+        r.lo = bytes_minus(lo, off);
+        r.hi = bytes_minus(hi, off);
         r.d1 = r.d0;
     } else if (T == GT_Q8_0) {
         const u8* blk = row + (size_t)b * 34;
         r.d0 = r.d1 = ld_h(blk);
-#pragma unroll
-        for (int k = 0; k < 8; k++) r.w[k] = (int)ld_word<T>(blk + 2 + 4 * k);
+        r.lo = (int)ld_word<T>(blk + 2 + 4 * k);
+        r.hi = (int)ld_word<T>(blk + 18 + 4 * k);
     } else if (T == GT_Q4_K || T == GT_Q5_K) {
         const u8* sb = row + (size_t)(b >> 3) * type_block_bytes(T);
         int j = b & 7, sc, mn;
@@ -138,12 +136,14 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         r.m = -__fmul_rn(ld_h(sb + 2), (float)mn);
         const u8* qs = sb + (T == GT_Q4_K ? 16 : 48) + 32 * (j >> 1);
         int shift = 4 * (j & 1);
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            u32 v = (ld_word<T>(qs + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            if (T == GT_Q5_K) v |= ((ld_word<T>(sb + 16 + 4 * k) >> j) & 0x01010101u) << 4;
-            r.w[k] = (int)v;
+        u32 lo = (ld_word<T>(qs + 4 * k) >> shift) & 0x0F0F0F0Fu;
+        u32 hi = (ld_word<T>(qs + 16 + 4 * k) >> shift) & 0x0F0F0F0Fu;
+        if (T == GT_Q5_K) {
+            lo |= ((ld_word<T>(sb + 16 + 4 * k) >> j) & 0x01010101u) << 4;
+            hi |= ((ld_word<T>(sb + 32 + 4 * k) >> j) & 0x01010101u) << 4;
         }
+        r.lo = (int)lo;
+        r.hi = (int)hi;
     } else {  // GT_Q6_K
         const u8* sb = row + (size_t)(b >> 3) * 210;
         int t = b & 7, n = t >> 2, tt = t & 3;
@@ -154,35 +154,45 @@ __device__ __forceinline__ WBlock load_block(const u8* __restrict__ row, int b) 
         r.d0 = __fmul_rn(d, (float)sc[0]);
         r.d1 = __fmul_rn(d, (float)sc[1]);
         int shift = 4 * (tt >> 1), hs = 2 * tt;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            u32 v = (ld_word<T>(ql + 4 * k) >> shift) & 0x0F0F0F0Fu;
-            v |= ((ld_word<T>(qh + 4 * k) >> hs) & 0x03030303u) << 4;
-            r.w[k] = bytes_minus(v, 32u);
-        }
+        u32 lo = (ld_word<T>(ql + 4 * k) >> shift) & 0x0F0F0F0Fu;
+        u32 hi = (ld_word<T>(ql + 16 + 4 * k) >> shift) & 0x0F0F0F0Fu;
+        lo |= ((ld_word<T>(qh + 4 * k) >> hs) & 0x03030303u) << 4;
+        hi |= ((ld_word<T>(qh + 16 + 4 * k) >> hs) & 0x03030303u) << 4;
+        r.lo = bytes_minus(lo, 32u);
+        r.hi = bytes_minus(hi, 32u);
     }
     return r;
 }
 
-// y[r * ldy + row] = sum over blocks of W[row] . x[r] for r < n (<= NR,
-// the accumulators a launch keeps: one entry point per NR in 1, 2, 4, 8, 16,
-// so a one-row decode holds 2 accumulators, not 32).
+// y[r * ldy + row] = W[row] . x[r] for r < n (<= NR, the accumulators a
+// thread keeps: one entry point per NR in 1, 2, 4, 8, 16). One block of
+// MMVQ_WARPS warps per weight row: thread t takes lane k = t % 4 of blocks
+// t / 4, t / 4 + 32, ... (the loop unrolled by 2 below 16 rows: at 16 the
+// unrolled loop spills on sm_90), so a warp reads 8
+// neighbouring blocks' words at once and the block's threads 32. Per
+// output row a thread adds `fma(float(isum), d_w * d_x, acc)` block by
+// block (Q6_K: its lo then its hi sum, each with its half's scale) and,
+// lane 0 only, `fma(m_w, s_x, mins)`; then `acc + mins` is summed by a warp
+// butterfly and the warps' sums in warp order through shared memory.
+// `kestrel_cuda::reference::mmvq` does this arithmetic in this order.
 template <int T, int NR>
 __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restrict__ xq,
                                      float* __restrict__ y, int rows, int cols, int ldy, int n) {
     const bool has_min = T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K;
     const bool two = T == GT_Q6_K;
-    int row = blockIdx.x * MMVQ_WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
+    __shared__ float part[NR][MMVQ_WARPS];
+    int row = blockIdx.x;
+    if (row >= rows) return;  // block-uniform
+    int tid = threadIdx.x, k = tid & 3;
     int nb = cols >> 5;
     size_t row_bytes = (size_t)(cols / type_block_elems(T)) * type_block_bytes(T);
     const u8* wr = w + (size_t)row * row_bytes;
     float acc[NR], mins[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = mins[r] = 0.0f;
-    for (int b = lane; b < nb; b += 32) {
-        WBlock wb = load_block<T>(wr, b);
+#pragma unroll (NR < 16 ? 2 : 1)
+    for (int b = tid >> 2; b < nb; b += MMVQ_WARPS * 8) {
+        WPart wp = load_part<T>(wr, b, k);
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             if (r < n) {
@@ -190,35 +200,35 @@ __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restr
                 const int* xi = (const int*)xb->q;
                 float dx = xb->d;
                 if (two) {
-                    int s0 = 0, s1 = 0;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        s0 = dp4a(wb.w[k], xi[k], s0);
-                        s1 = dp4a(wb.w[4 + k], xi[4 + k], s1);
-                    }
-                    acc[r] = __fmaf_rn((float)s0, __fmul_rn(wb.d0, dx), acc[r]);
-                    acc[r] = __fmaf_rn((float)s1, __fmul_rn(wb.d1, dx), acc[r]);
+                    int s0 = dp4a(wp.lo, xi[k], 0);
+                    int s1 = dp4a(wp.hi, xi[4 + k], 0);
+                    acc[r] = __fmaf_rn((float)s0, __fmul_rn(wp.d0, dx), acc[r]);
+                    acc[r] = __fmaf_rn((float)s1, __fmul_rn(wp.d1, dx), acc[r]);
                 } else {
-                    int s = 0;
-#pragma unroll
-                    for (int k = 0; k < 8; k++) s = dp4a(wb.w[k], xi[k], s);
-                    acc[r] = __fmaf_rn((float)s, __fmul_rn(wb.d0, dx), acc[r]);
+                    int s = dp4a(wp.hi, xi[4 + k], dp4a(wp.lo, xi[k], 0));
+                    acc[r] = __fmaf_rn((float)s, __fmul_rn(wp.d0, dx), acc[r]);
                 }
-                if (has_min) mins[r] = __fmaf_rn(wb.m, xb->s, mins[r]);
+                if (has_min && k == 0) mins[r] = __fmaf_rn(wp.m, xb->s, mins[r]);
             }
         }
     }
+    int lane = tid & 31, wi = tid >> 5;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
-        if (r < n) {
-            float v = warp_sum(__fadd_rn(acc[r], mins[r]));
-            if (lane == 0) y[(size_t)r * ldy + row] = v;
-        }
+        float v = warp_sum(__fadd_rn(acc[r], mins[r]));
+        if (lane == 0) part[r][wi] = v;
+    }
+    __syncthreads();
+    if (tid < NR && tid < n) {
+        float v = part[tid][0];
+#pragma unroll
+        for (int i = 1; i < MMVQ_WARPS; i++) v = __fadd_rn(v, part[tid][i]);
+        y[(size_t)tid * ldy + row] = v;
     }
 }
 
-// Entry points mmvq_<type>_r<NR>: grid (ceil(rows / MMVQ_WARPS)), MMVQ_WARPS
-// * 32 threads, n <= NR activation rows (the runtime takes the smallest NR).
+// Entry points mmvq_<type>_r<NR>: grid (rows), MMVQ_WARPS * 32 threads, n <=
+// NR activation rows (the runtime takes the smallest NR).
 extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r1(
     const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {

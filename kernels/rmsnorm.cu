@@ -4,8 +4,13 @@
 // int8 for the next matmul's `mmvq_*` kernel (`add_rms_norm_q8`, fused: the
 // normalized row never leaves registers). `out_row[i]` redirects or (when
 // negative) skips the output of row i (the final norm keeps only the rows
-// whose logits are wanted). One block per row; the sum of squares is a block
-// reduction (`kestrel_cuda::quant::add_rms_norm_q8` emulates both on the host).
+// whose logits are wanted). One block of NORM_THREADS threads per row (as
+// llama.cpp's rms_norm for rows of 1024 and more: a decode row's elements
+// are read by 1024 threads at once, not 256 looping; issue 75 item 3); the
+// sum of squares is a block reduction (`kestrel_cuda::reference::
+// add_rms_norm_q8` emulates both on the host).
+
+#define NORM_THREADS 1024
 
 // Adds delta into row i of x and returns 1 / rms of the result (every thread).
 __device__ float add_and_inv_rms(float* __restrict__ xr, const float* __restrict__ dr,
@@ -23,7 +28,7 @@ __device__ float add_and_inv_rms(float* __restrict__ xr, const float* __restrict
     return 1.0f / sqrtf(ss / (float)hidden + eps);
 }
 
-extern "C" __global__ void add_rms_norm(float* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm(float* __restrict__ x,
                                         const float* __restrict__ delta,
                                         const float* __restrict__ w,
                                         h16* __restrict__ out,
@@ -43,7 +48,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x,
 
 // As `add_rms_norm`, the output quantized: row o of `xq` holds hidden / 32
 // blocks. `hidden` is a multiple of 32 and the block a multiple of 32 threads.
-extern "C" __global__ void add_rms_norm_q8(float* __restrict__ x,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm_q8(float* __restrict__ x,
                                            const float* __restrict__ delta,
                                            const float* __restrict__ w,
                                            Q8* __restrict__ xq,
@@ -68,7 +73,7 @@ extern "C" __global__ void add_rms_norm_q8(float* __restrict__ x,
 // to a sublayer's output (`delta`) before `add_rms_norm` adds it to the
 // residual stream, as kestrel-cpu's `residual_add` with a post-norm. Each
 // thread rewrites only the elements it read, after the block sum.
-extern "C" __global__ void rms_norm_f32(float* __restrict__ x, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(float* __restrict__ x, const float* __restrict__ w,
                                         int hidden, float eps, int n) {
     __shared__ float sh[32];
     int i = blockIdx.x;

@@ -200,7 +200,8 @@ pub const PREFILL_Q_ROWS: usize = 8;
 pub const PREFILL_THREADS: u32 = 128;
 /// Most activation rows one `mmvq_*` launch takes (its accumulators).
 pub const MMVQ_MAX_ROWS: usize = 16;
-/// Warps (weight rows) per block of `mmvq_*`.
+/// Warps per block of `mmvq_*` (one block per weight row; the warps split
+/// its weight blocks and meet in shared memory).
 pub const MMVQ_WARPS: u32 = 4;
 /// Largest head dimension `paged_attention` handles (8 values per lane).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -276,5 +277,10 @@ mod tests {
         let q = src("quant.cu");
         assert!(q.contains(&format!("#define MMVQ_MAX_ROWS {MMVQ_MAX_ROWS}\n")));
         assert!(q.contains(&format!("#define MMVQ_WARPS {MMVQ_WARPS}\n")));
+        let norm = src("rmsnorm.cu");
+        assert!(norm.contains(&format!(
+            "#define NORM_THREADS {}\n",
+            crate::reference::NORM_THREADS
+        )));
     }
 }

@@ -12,6 +12,7 @@ use half::f16;
 use kestrel_model::quant::{f16_at, scale_min_k4};
 use kestrel_model::DType;
 
+use crate::kernels::MMVQ_WARPS;
 use crate::quant::{encoded_bytes, Q8Block, BLOCK};
 
 /// A warp's butterfly sum (`warp_sum` in `common.cuh`): every lane ends with
@@ -155,9 +156,13 @@ pub fn load_block(dtype: DType, row: &[u8], b: usize) -> WeightBlock {
 
 /// `mmvq_*` of `quant.cu`: `y[r * rows + o] = W[o] . x[r]` for `n` rows of
 /// quantized activations `xq` (`cols / 32` blocks each), `w` the stored
-/// rows of a quantized `dtype`. Lane `L` of the warp of row `o` takes blocks
-/// `L, L + 32, ...`; see the kernel for the float steps.
+/// rows of a quantized `dtype`. Row `o` is one block of `MMVQ_WARPS` warps;
+/// thread `t` takes lane `k = t % 4` of blocks `t / 4, t / 4 + 32, ...`:
+/// elements `4k..4k + 4` and `16 + 4k..16 + 4k + 4` of each. See the kernel
+/// for the float steps; the sum is a warp butterfly per warp, then the
+/// warps' sums in warp order.
 pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y: &mut [f32]) {
+    const THREADS: usize = MMVQ_WARPS as usize * 32;
     let nb = cols / BLOCK;
     let n = xq.len() / nb;
     assert_eq!(
@@ -169,38 +174,47 @@ pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y:
     let rb = encoded_bytes(dtype, 1, cols);
     let has_min = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
     let two = dtype == DType::Q6K;
-    // Per activation row, each lane's running sums; each weight block is
+    // Per activation row, each thread's running sums; each weight block is
     // decoded once for all n rows (the kernel's float steps per row and
-    // lane are unchanged).
-    let mut acc = vec![[0f32; 32]; n];
-    let mut mins = vec![[0f32; 32]; n];
+    // thread are unchanged).
+    let mut acc = vec![[0f32; THREADS]; n];
+    let mut mins = vec![[0f32; THREADS]; n];
     for o in 0..rows {
         let row = &w[o * rb..(o + 1) * rb];
-        acc.iter_mut().for_each(|a| *a = [0.0; 32]);
-        mins.iter_mut().for_each(|m| *m = [0.0; 32]);
+        acc.iter_mut().for_each(|a| *a = [0.0; THREADS]);
+        mins.iter_mut().for_each(|m| *m = [0.0; THREADS]);
         for b in 0..nb {
-            let lane = b % 32;
             let wb = load_block(dtype, row, b);
-            for r in 0..n {
-                let xb = &xq[r * nb + b];
-                let isum = |range: std::ops::Range<usize>| -> f32 {
-                    range.map(|i| wb.w[i] * i32::from(xb.q[i])).sum::<i32>() as f32
-                };
-                let a = &mut acc[r][lane];
-                if two {
-                    *a = isum(0..16).mul_add(wb.d[0] * xb.d, *a);
-                    *a = isum(16..32).mul_add(wb.d[1] * xb.d, *a);
-                } else {
-                    *a = isum(0..32).mul_add(wb.d[0] * xb.d, *a);
-                }
-                if has_min {
-                    let m = &mut mins[r][lane];
-                    *m = wb.m.mul_add(xb.s, *m);
+            for k in 0..4 {
+                let t = 4 * (b % (THREADS / 4)) + k;
+                let (lo, hi) = (4 * k..4 * k + 4, 16 + 4 * k..20 + 4 * k);
+                for r in 0..n {
+                    let xb = &xq[r * nb + b];
+                    let isum = |range: std::ops::Range<usize>| -> i32 {
+                        range.map(|i| wb.w[i] * i32::from(xb.q[i])).sum::<i32>()
+                    };
+                    let a = &mut acc[r][t];
+                    if two {
+                        *a = (isum(lo.clone()) as f32).mul_add(wb.d[0] * xb.d, *a);
+                        *a = (isum(hi.clone()) as f32).mul_add(wb.d[1] * xb.d, *a);
+                    } else {
+                        let s = isum(lo.clone()) + isum(hi.clone());
+                        *a = (s as f32).mul_add(wb.d[0] * xb.d, *a);
+                    }
+                    if has_min && k == 0 {
+                        let m = &mut mins[r][t];
+                        *m = wb.m.mul_add(xb.s, *m);
+                    }
                 }
             }
         }
         for r in 0..n {
-            y[r * rows + o] = warp_sum(std::array::from_fn(|l| acc[r][l] + mins[r][l]));
+            let warps = (0..MMVQ_WARPS as usize).map(|wi| {
+                warp_sum(std::array::from_fn(|l| {
+                    acc[r][32 * wi + l] + mins[r][32 * wi + l]
+                }))
+            });
+            y[r * rows + o] = warps.reduce(|s, v| s + v).unwrap_or(0.0);
         }
     }
 }
@@ -307,8 +321,9 @@ pub fn kexp(x: f32) -> f32 {
     }
 }
 
-/// Threads per block the runtime launches the norm kernels with.
-pub const NORM_THREADS: usize = 256;
+/// Threads per block the runtime launches the norm kernels with (one block
+/// per row; `NORM_THREADS` of `rmsnorm.cu`).
+pub const NORM_THREADS: usize = 1024;
 
 /// `add_and_inv_rms` of `rmsnorm.cu` for one row: `x += delta` and
 /// `1 / sqrt(mean(x^2) + eps)` summed as `NORM_THREADS` threads do.

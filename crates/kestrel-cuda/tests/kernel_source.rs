@@ -212,8 +212,9 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
     let Some((dir, exe)) = harness("mmvq") else {
         return;
     };
-    // 9 rows: the last block of 4 warps has one idle warp.
-    let (rows, cols) = (9, 1024);
+    // 72 blocks a row: the block's 32 four-thread groups take 3 or 2 weight
+    // blocks each (the unrolled loop's pair and its odd tail).
+    let (rows, cols) = (9, 2304);
     for (t, dtype) in quantized().enumerate() {
         let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
         for n in [1, 2, 3, 5, MMVQ_MAX_ROWS] {

@@ -388,7 +388,9 @@ impl Device for CudaDevice {
         let name = mmvq_kernel(a.dtype, a.n)
             .ok_or_else(|| CudaError::Unsupported(format!("no mmvq kernel for {}", a.dtype)))?;
         let (rows, cols, ldy, n) = (i(a.rows), i(a.cols), i(a.ldy), i(a.n));
-        let grid = a.rows.div_ceil(MMVQ_WARPS as usize) as u32;
+        // One block per weight row.
+        let grid = u32::try_from(a.rows)
+            .map_err(|_| CudaError::Unsupported(format!("mmvq of {} weight rows", a.rows)))?;
         let mut b = self.stream.launch_builder(self.kernels.get(name));
         b.arg(&a.w).arg(&a.xq).arg(&a.y);
         b.arg(&rows).arg(&cols).arg(&ldy).arg(&n);

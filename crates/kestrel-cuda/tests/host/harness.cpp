@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
         std::vector<Q8> x = read_as<Q8>(argv[7]);
         std::vector<float> y((size_t)n * rows, -1.0f);
         Mmvq k = mmvq_of(t, n);
-        launch({(rows + MMVQ_WARPS - 1) / MMVQ_WARPS, 1, 1}, MMVQ_WARPS * 32,
+        launch({rows, 1, 1}, MMVQ_WARPS * 32,
                [&] { k(w.data(), x.data(), y.data(), rows, cols, rows, n); });
         spit(argv[8], y);
         return 0;
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
         std::vector<float> x = read_as<float>(argv[5]), delta = read_as<float>(argv[6]);
         std::vector<float> w = read_as<float>(argv[7]);
         std::vector<Q8> out((size_t)n * hidden / 32);
-        launch({n, 1, 1}, 256, [&] {
+        launch({n, 1, 1}, NORM_THREADS, [&] {
             add_rms_norm_q8(x.data(), delta.data(), w.data(), out.data(), nullptr, hidden, eps, n);
         });
         spit(argv[8], x);
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
         int hidden = I(2), n = I(3);
         float eps = std::strtof(argv[4], nullptr);
         std::vector<float> x = read_as<float>(argv[5]), w = read_as<float>(argv[6]);
-        launch({n, 1, 1}, 256, [&] { rms_norm_f32(x.data(), w.data(), hidden, eps, n); });
+        launch({n, 1, 1}, NORM_THREADS, [&] { rms_norm_f32(x.data(), w.data(), hidden, eps, n); });
         spit(argv[7], x);
         return 0;
     }
