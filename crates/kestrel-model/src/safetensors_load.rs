@@ -356,17 +356,7 @@ impl TensorStore {
                 .ok_or_else(|| ModelError::MissingTensor {
                     tensor: name.into(),
                 })?;
-        let dtype = match dtype {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
-                return Err(ModelError::UnsupportedSafetensorsDtype {
-                    tensor: name.into(),
-                    dtype: format!("{other:?}"),
-                })
-            }
-        };
+        let dtype = float_dtype(name, *dtype)?;
         let (rows, cols) = match shape.as_slice() {
             [n] => (1, *n),
             [r, c] => (*r, *c),
@@ -798,6 +788,20 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
         add_bos_token,
         name,
     })
+}
+
+/// The weight type of a stored safetensors tensor: the float types Kestrel
+/// keeps as stored; anything else is refused naming the tensor.
+pub(crate) fn float_dtype(name: &str, dtype: Dtype) -> Result<DType, ModelError> {
+    match dtype {
+        Dtype::F32 => Ok(DType::F32),
+        Dtype::F16 => Ok(DType::F16),
+        Dtype::BF16 => Ok(DType::BF16),
+        other => Err(ModelError::UnsupportedSafetensorsDtype {
+            tensor: name.into(),
+            dtype: format!("{other:?}"),
+        }),
+    }
 }
 
 #[cfg(test)]

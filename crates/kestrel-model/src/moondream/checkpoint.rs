@@ -18,7 +18,7 @@ use std::sync::Arc;
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::MoondreamConfig;
-use crate::{Bytes, DType, Matrix, ModelError};
+use crate::{Bytes, Matrix, ModelError};
 
 /// Which published tensor naming a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -400,17 +400,7 @@ impl Store {
                 found: found.clone(),
             });
         }
-        let dtype = match dtype {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
-                return Err(ModelError::UnsupportedSafetensorsDtype {
-                    tensor: name.into(),
-                    dtype: format!("{other:?}"),
-                })
-            }
-        };
+        let dtype = crate::safetensors_load::float_dtype(name, *dtype)?;
         let cols = *shape.last().unwrap_or(&1);
         Ok(Matrix {
             dtype,
