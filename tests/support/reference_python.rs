@@ -74,3 +74,20 @@ pub fn fixture_script(script: &str, test: &str, tag: &str, cases: &[&str]) -> Op
     );
     Some(dir)
 }
+
+/// Runs `scripts/reference/<script>` under `python` with `args`, failing the
+/// test with the script's stderr if it fails.
+#[allow(dead_code)] // not every including test runs a script itself
+pub fn run_script(python: &str, script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let mut cmd = Command::new(python);
+    cmd.arg(repo().join("scripts/reference").join(script));
+    for a in args {
+        cmd.arg(a);
+    }
+    let out = cmd.output().expect("run the reference");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -18,7 +18,6 @@
 //! without numpy unless `KESTREL_REQUIRE_PYTHON` is set (CI).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use kestrel_cpu::vision::region::{
     coord_from_logits, coord_logits, encode_coords, encode_sizes, size_from_logits, size_logits,
@@ -33,24 +32,6 @@ mod reference_python;
 
 const TOL: f32 = 2e-5;
 const ROWS: usize = 48;
-
-fn run_py(python: &str, script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let mut cmd = Command::new(python);
-    cmd.arg(
-        reference_python::repo()
-            .join("scripts/reference")
-            .join(script),
-    );
-    for a in args {
-        cmd.arg(a);
-    }
-    let out = cmd.output().expect("run the reference");
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn read<T, const N: usize>(path: &Path, from: fn([u8; N]) -> T) -> Vec<T> {
     std::fs::read(path)
@@ -88,10 +69,10 @@ fn check(python: &str, tag: &str, synth_args: &[&str]) {
         std::env::temp_dir().join(format!("kestrel-md-region-{tag}-{}", std::process::id()));
     let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&dir];
     args.extend(synth_args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
-    run_py(python, "moondream_synth.py", &args);
+    reference_python::run_script(python, "moondream_synth.py", &args);
     let out = dir.join("out");
     let rows = ROWS.to_string();
-    run_py(
+    reference_python::run_script(
         python,
         "moondream_region.py",
         &[&dir, &out, &"--rows", &rows],

@@ -10,7 +10,6 @@
 //! `KESTREL_REQUIRE_PYTHON` is set (CI).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use kestrel_cpu::vision::{encode_crops, project, VisionRun};
 use kestrel_cpu::{Isa, Numerics, Team};
@@ -22,24 +21,6 @@ use kestrel_model::vision::{overlap_crops, RgbImage};
 mod reference_python;
 
 const TOL: f32 = 5e-5;
-
-fn run_py(python: &str, script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let mut cmd = Command::new(python);
-    cmd.arg(
-        reference_python::repo()
-            .join("scripts/reference")
-            .join(script),
-    );
-    for a in args {
-        cmd.arg(a);
-    }
-    let out = cmd.output().expect("run the reference");
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn read_f32(path: &Path) -> Vec<f32> {
     std::fs::read(path)
@@ -72,7 +53,7 @@ fn check(python: &str, tag: &str, synth_args: &[&str], image: RgbImage) {
         std::env::temp_dir().join(format!("kestrel-md-vision-{tag}-{}", std::process::id()));
     let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&dir];
     args.extend(synth_args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
-    run_py(python, "moondream_synth.py", &args);
+    reference_python::run_script(python, "moondream_synth.py", &args);
 
     let config = MoondreamConfig::from_file(&dir.join("config.json")).unwrap();
     let weights = load_checkpoint(&dir, config.clone()).unwrap();
@@ -80,7 +61,7 @@ fn check(python: &str, tag: &str, synth_args: &[&str], image: RgbImage) {
     std::fs::write(dir.join("crops.u8"), &crops.pixels).unwrap();
     let (rows, cols) = (crops.tiling.rows.to_string(), crops.tiling.cols.to_string());
     let out = dir.join("out");
-    run_py(
+    reference_python::run_script(
         python,
         "moondream_vision.py",
         &[&dir, &dir.join("crops.u8"), &rows, &cols, &out],
