@@ -10,8 +10,9 @@
 //! for it. Pure functions, no I/O: unit-tested without a server.
 
 use kestrel_engine::{
-    error_chain, ChatMessage, Constraint, EngineError, Field, FinishReason, GenerateRequest,
-    GenerateResponse, ModelInfo, Prompt, SamplingOptions, Speculation, StreamEvent, TokenLogprob,
+    error_chain, CaptionLength, ChatMessage, Constraint, EngineError, Field, FinishReason,
+    GenerateRequest, GenerateResponse, ModelInfo, Prompt, SamplingOptions, Speculation,
+    StreamEvent, TokenLogprob, VisionTask,
 };
 use tonic::{Code, Status};
 
@@ -41,9 +42,10 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
         None => {
             return Err(ShapeError {
                 field: "input",
-                message: "must be set (prompt, chat or prompt_tokens)",
+                message: "must be set (prompt, chat, prompt_tokens or vision)",
             })
         }
+        Some(Input::Vision(v)) => vision(v)?,
         Some(Input::Prompt(text)) => Prompt::Text(text),
         Some(Input::PromptTokens(tokens)) => Prompt::Tokens(tokens.ids),
         Some(Input::Chat(chat)) => Prompt::chat(
@@ -86,6 +88,40 @@ pub fn generate_request(req: pb::GenerateRequest) -> Result<GenerateRequest, Sha
     })
 }
 
+fn vision(v: pb::VisionInput) -> Result<Prompt, ShapeError> {
+    use pb::vision_input::Skill;
+    let task = match v.skill {
+        None => {
+            return Err(ShapeError {
+                field: "vision.skill",
+                message: "must be set (query or caption)",
+            })
+        }
+        Some(Skill::Query(q)) => VisionTask::Query {
+            question: q.question,
+        },
+        Some(Skill::Caption(c)) => VisionTask::Caption {
+            length: match pb::CaptionLength::try_from(c.length) {
+                Ok(pb::CaptionLength::Unspecified | pb::CaptionLength::Normal) => {
+                    CaptionLength::Normal
+                }
+                Ok(pb::CaptionLength::Short) => CaptionLength::Short,
+                Ok(pb::CaptionLength::Long) => CaptionLength::Long,
+                Err(_) => {
+                    return Err(ShapeError {
+                        field: "vision.caption.length",
+                        message: "must be CAPTION_LENGTH_SHORT, _NORMAL or _LONG",
+                    })
+                }
+            },
+        },
+    };
+    Ok(Prompt::Vision {
+        image: v.image,
+        task,
+    })
+}
+
 fn constraint(c: pb::generate_request::Constraint) -> Result<Constraint, ShapeError> {
     use pb::generate_request::Constraint as C;
     Ok(match c {
@@ -119,6 +155,8 @@ pub fn field_name(field: Field) -> String {
         Field::MessageRole(i) => format!("chat.messages[{i}].role"),
         Field::Choices => "choice.choices".into(),
         Field::Choice(i) => format!("choice.choices[{i}]"),
+        Field::Image => "vision.image".into(),
+        Field::Question => "vision.query.question".into(),
         other => other.to_string(),
     }
 }
@@ -362,7 +400,7 @@ mod tests {
         let e = generate_request(pb::GenerateRequest::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "input must be set (prompt, chat or prompt_tokens)"
+            "input must be set (prompt, chat, prompt_tokens or vision)"
         );
         let e = generate_request(pb::GenerateRequest {
             constraint: Some(PbConstraint::JsonSchema("{not json".into())),
@@ -371,6 +409,55 @@ mod tests {
         .unwrap_err();
         assert_eq!(Status::from(e).code(), Code::InvalidArgument);
         assert!(abort_request(pb::AbortRequest::default()).is_err());
+    }
+
+    /// A vision input maps its image and skill; an unset skill and an
+    /// unknown caption length are shape errors naming their fields.
+    #[test]
+    fn vision_maps() {
+        use pb::vision_input::Skill;
+        let with = |skill| pb::GenerateRequest {
+            input: Some(Input::Vision(pb::VisionInput {
+                image: b"jpeg bytes".to_vec(),
+                skill,
+            })),
+            ..base()
+        };
+        let r = generate_request(with(Some(Skill::Query(pb::VisionQuery {
+            question: "What?".into(),
+        }))))
+        .unwrap();
+        assert_eq!(
+            r.input,
+            Prompt::Vision {
+                image: b"jpeg bytes".to_vec(),
+                task: VisionTask::Query {
+                    question: "What?".into()
+                }
+            }
+        );
+        for (wire, length) in [
+            (pb::CaptionLength::Unspecified, CaptionLength::Normal),
+            (pb::CaptionLength::Short, CaptionLength::Short),
+            (pb::CaptionLength::Normal, CaptionLength::Normal),
+            (pb::CaptionLength::Long, CaptionLength::Long),
+        ] {
+            let r = generate_request(with(Some(Skill::Caption(pb::VisionCaption {
+                length: wire.into(),
+            }))))
+            .unwrap();
+            let Prompt::Vision { task, .. } = r.input else {
+                panic!("a vision prompt");
+            };
+            assert_eq!(task, VisionTask::Caption { length });
+        }
+        let e = generate_request(with(Some(Skill::Caption(pb::VisionCaption { length: 9 }))))
+            .unwrap_err();
+        assert_eq!(e.field, "vision.caption.length");
+        let e = generate_request(with(None)).unwrap_err();
+        assert_eq!(e.field, "vision.skill");
+        assert_eq!(field_name(Field::Image), "vision.image");
+        assert_eq!(field_name(Field::Question), "vision.query.question");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod convert;
+pub mod image_url;
 pub mod metrics_http;
 pub mod openai;
 pub mod service;

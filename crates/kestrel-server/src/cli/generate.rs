@@ -1,6 +1,12 @@
-//! `kestrel generate`: one completion, streamed to the terminal.
+//! `kestrel generate`: one completion, streamed to the terminal; with
+//! `--image FILE`, a question about the image (or `--caption LENGTH`, its
+//! caption) to a vision model.
 
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::Args;
+use kestrel_engine::CaptionLength;
 use kestrel_server::pb;
 use kestrel_server::pb::generate_request::Input;
 
@@ -10,14 +16,29 @@ use crate::cli::sampling::SamplingArgs;
 
 #[derive(Debug, Args)]
 pub(crate) struct GenerateArgs {
-    /// The prompt (raw text, or the user turn with --chat).
-    prompt: String,
+    /// The prompt (raw text, the user turn with --chat, or the question
+    /// about the image with --image).
+    #[arg(required_unless_present = "caption")]
+    prompt: Option<String>,
     /// Send the prompt as a chat user turn (rendered with the chat template).
     #[arg(long)]
     chat: bool,
     /// System prompt (implies --chat).
     #[arg(long)]
     system: Option<String>,
+    /// An image (JPEG, PNG or WebP) for a vision model (Moondream): the
+    /// prompt is a question about it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["chat", "system"])]
+    image: Option<PathBuf>,
+    /// Caption the --image instead of asking about it: short, normal or long.
+    #[arg(
+        long,
+        value_name = "LENGTH",
+        requires = "image",
+        conflicts_with = "prompt",
+        value_parser = parse_caption
+    )]
+    caption: Option<CaptionLength>,
     /// Print finish reason, token counts and speed to stderr.
     #[arg(long)]
     stats: bool,
@@ -29,16 +50,25 @@ pub(crate) struct GenerateArgs {
     engine: EngineArgs,
 }
 
+fn parse_caption(s: &str) -> Result<CaptionLength, kestrel_engine::UnknownCaptionLength> {
+    s.parse()
+}
+
 pub(crate) async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let input = if args.chat || args.system.is_some() {
+    let prompt = args.prompt.clone().unwrap_or_default();
+    let input = if let Some(path) = &args.image {
+        let image = std::fs::read(path)
+            .with_context(|| format!("cannot read the image {}", path.display()))?;
+        Input::Vision(vision_input(image, &prompt, args.caption))
+    } else if args.chat || args.system.is_some() {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(chat_message("system", system));
         }
-        messages.push(chat_message("user", &args.prompt));
+        messages.push(chat_message("user", &prompt));
         Input::Chat(pb::ChatMessages { messages })
     } else {
-        Input::Prompt(args.prompt.clone())
+        Input::Prompt(prompt)
     };
     let req = args.sampling.request(input);
     let mut target = Target::open(&args.client, &args.engine).await?;
@@ -53,4 +83,26 @@ pub(crate) async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The proto's vision input: a caption of `length`, or `question`.
+fn vision_input(image: Vec<u8>, question: &str, caption: Option<CaptionLength>) -> pb::VisionInput {
+    use pb::vision_input::Skill;
+    let skill = match caption {
+        None => Skill::Query(pb::VisionQuery {
+            question: question.to_string(),
+        }),
+        Some(length) => Skill::Caption(pb::VisionCaption {
+            length: match length {
+                CaptionLength::Short => pb::CaptionLength::Short,
+                CaptionLength::Normal => pb::CaptionLength::Normal,
+                CaptionLength::Long => pb::CaptionLength::Long,
+            }
+            .into(),
+        }),
+    };
+    pb::VisionInput {
+        image,
+        skill: Some(skill),
+    }
 }

@@ -108,8 +108,9 @@ impl ApiError {
     }
 
     /// Maps an engine error. Argument errors name the parameter as the
-    /// request spelled it (see [`ParamNames`]).
-    pub fn engine(e: &EngineError, names: &ParamNames) -> Self {
+    /// request spelled it (see [`ParamNames`], and the Moondream API's
+    /// names).
+    pub fn engine(e: &EngineError, names: &impl FieldNames) -> Self {
         match e {
             EngineError::InvalidArgument { field, message } => {
                 let param = names.param(*field);
@@ -210,6 +211,16 @@ pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Res
         .into_response()
 }
 
+/// How one HTTP API spells the engine's fields in a request: OpenAI's
+/// ([`ParamNames`]) or the Moondream API's.
+pub trait FieldNames {
+    /// The request's name of an engine field.
+    fn param(&self, field: Field) -> String;
+
+    /// The parameter blamed for a context overflow.
+    fn overflow_param(&self) -> String;
+}
+
 /// How a request spelled the fields the engine may complain about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamNames {
@@ -227,13 +238,19 @@ pub struct ParamNames {
     /// Messages the server put in front of the client's (a tools system
     /// prompt): engine message indices are this much larger.
     pub message_offset: usize,
+    /// The image's parameter (`messages[i].content[j].image_url`), when the
+    /// chat has one; its text is the question.
+    pub image: Option<String>,
 }
 
-impl ParamNames {
+impl FieldNames for ParamNames {
     /// OpenAI's name of an engine field for this request.
-    pub fn param(&self, field: Field) -> String {
+    fn param(&self, field: Field) -> String {
         match field {
             Field::Prompt | Field::Messages => self.prompt.clone(),
+            Field::Image => self.image.clone().unwrap_or_else(|| "image_url".into()),
+            // An image chat's question is its last user message's text.
+            Field::Question => self.prompt.clone(),
             Field::MessageRole(i) => {
                 format!("messages[{}].role", i.saturating_sub(self.message_offset))
             }
@@ -257,8 +274,7 @@ impl ParamNames {
         }
     }
 
-    /// The parameter blamed for a context overflow: the output budget if
-    /// the client set one, else the prompt.
+    /// The output budget if the client set one, else the prompt.
     fn overflow_param(&self) -> String {
         self.max_tokens
             .map_or_else(|| self.prompt.clone(), str::to_string)
@@ -277,6 +293,7 @@ mod tests {
             constraint: "response_format",
             prompt: "messages".into(),
             message_offset: 1,
+            image: Some("messages[1].content[0].image_url".into()),
         }
     }
 
@@ -289,6 +306,8 @@ mod tests {
         assert_eq!(n.param(Field::JsonSchema), "response_format");
         assert_eq!(n.param(Field::Temperature), "temperature");
         assert_eq!(n.param(Field::Messages), "messages");
+        assert_eq!(n.param(Field::Image), "messages[1].content[0].image_url");
+        assert_eq!(n.param(Field::Question), "messages");
         let e = ApiError::engine(
             &EngineError::InvalidArgument {
                 field: Field::TopP,

@@ -2,7 +2,9 @@
 //! `POST /v1/completions` (unary and SSE streaming), `GET /v1/models`,
 //! vLLM's `POST /tokenize` and `POST /detokenize`, `/health`, `/version`
 //! and `/metrics`, on one engine beside gRPC; and a chat page for people at
-//! `GET /` ([`page`]).
+//! `GET /` ([`page`]). Beside it, the Moondream API's text skills
+//! (`POST /v1/query`, `POST /v1/caption`, [`moondream`]) for vision models,
+//! and OpenAI chats with an `image_url` part are answered as a query.
 //!
 //! **Invariant:** OpenAI JSON stops here, like protobuf stops at
 //! [`crate::convert`]: [`request`] maps it onto the engine's one
@@ -12,6 +14,7 @@
 
 mod error;
 mod handlers;
+pub mod moondream;
 mod page;
 mod request;
 mod schema;
@@ -33,7 +36,7 @@ use kestrel_engine::{Engine, Health};
 use serde_json::json;
 
 use error::json_response;
-pub use error::{ApiError, ParamNames};
+pub use error::{ApiError, FieldNames, ParamNames};
 pub use request::{MAX_N, MAX_PROMPTS};
 
 use crate::{RunningServer, ServeError};
@@ -92,6 +95,8 @@ pub fn router(engine: Engine, options: &HttpOptions) -> Router {
         .route("/", get(page::chat_page))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/query", post(moondream_query))
+        .route("/v1/caption", post(moondream_caption))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -157,6 +162,35 @@ async fn chat_completions(
 
 async fn completions(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {
     generate(&app, Endpoint::Completions, raw).await
+}
+
+async fn moondream_skill(
+    app: &App,
+    skill: moondream::Skill,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let bytes = match body(raw, app.max_body_bytes) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    match moondream::parse(skill, &bytes, &app.model_id) {
+        Ok(req) => moondream::run(app, req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn moondream_query(
+    State(app): State<Arc<App>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    moondream_skill(&app, moondream::Skill::Query, raw).await
+}
+
+async fn moondream_caption(
+    State(app): State<Arc<App>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    moondream_skill(&app, moondream::Skill::Caption, raw).await
 }
 
 async fn tokenize(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {

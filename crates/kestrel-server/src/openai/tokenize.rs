@@ -39,6 +39,20 @@ struct TokenizeRequest {
     return_token_strs: bool,
 }
 
+/// A tokenize call's messages, which must be text: an image's tokens are
+/// the model's, not the tokenizer's.
+fn text_only(
+    chat: super::request::ChatInput,
+) -> Result<Vec<kestrel_engine::ChatMessage>, ApiError> {
+    match chat.images.first() {
+        None => Ok(chat.messages),
+        Some(image) => Err(ApiError::unsupported(
+            &image.param,
+            "tokenizing an image content part",
+        )),
+    }
+}
+
 fn check_model(f: &mut Fields, served: &str) -> Result<(), ApiError> {
     match f.take::<String>("model")? {
         Some(model) if model != served => Err(ApiError::model_not_found(&model, served)),
@@ -76,7 +90,7 @@ fn parse_tokenize(
             return_token_strs,
         },
         (None, Some(messages)) => TokenizeRequest {
-            input: match tools::prepare(format, chat_messages(messages)?, None).0 {
+            input: match tools::prepare(format, text_only(chat_messages(messages)?)?, None).0 {
                 kestrel_engine::Prompt::Chat { messages, tools } => Input::Chat { messages, tools },
                 _ => unreachable!("tools::prepare always makes a chat prompt"),
             },
@@ -103,6 +117,7 @@ fn tokenize_error(e: &EngineError, input: &Input) -> ApiError {
         constraint: "",
         prompt: prompt.into(),
         message_offset: 0,
+        image: None,
     };
     match e {
         EngineError::InvalidArgument {

@@ -1,6 +1,10 @@
 //! OpenAI request JSON -> [`Plan`]: the engine requests to submit and how
 //! to shape their answers.
 //!
+//! A chat with an `image_url` content part (a data URL; one per request)
+//! is a vision query: the image, with the text of the last user message as
+//! its question (`Prompt::Vision`).
+//!
 //! Shapes only: every range rule lives in `kestrel_engine::validate`, which
 //! names a `Field` that [`ParamNames`] spells back the OpenAI way. The
 //! rules here are the ones no engine type can express: JSON types, unknown
@@ -24,7 +28,9 @@ mod prompt;
 #[cfg(test)]
 mod tests;
 
-use kestrel_engine::{Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation};
+use kestrel_engine::{
+    Constraint, GenerateRequest, Prompt, SamplingOptions, Speculation, VisionTask,
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -33,8 +39,8 @@ use super::schema::close_objects;
 use super::tools::{self, ToolFormat, ToolSet};
 use constraint::constraint;
 use functions::chat_tools;
-pub(super) use prompt::chat_messages;
 use prompt::prompts;
+pub(super) use prompt::{chat_messages, ChatInput};
 
 /// Most choices per prompt (`n`): the engine's rule.
 pub use kestrel_engine::validate::MAX_N;
@@ -141,6 +147,7 @@ pub fn parse(
         constraint: "response_format",
         prompt: String::new(),
         message_offset: 0,
+        image: None,
     };
 
     // Output budget: OpenAI's two spellings.
@@ -323,10 +330,22 @@ pub fn parse(
             let messages = f
                 .raw("messages")
                 .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
-            let (prompt, offset) =
-                tools::prepare(tool_format, chat_messages(messages)?, tools.as_ref());
-            names.message_offset = offset;
-            vec![(prompt, "messages".into())]
+            let chat = chat_messages(messages)?;
+            if chat.images.is_empty() {
+                let (prompt, offset) = tools::prepare(tool_format, chat.messages, tools.as_ref());
+                names.message_offset = offset;
+                vec![(prompt, "messages".into())]
+            } else {
+                if tools.is_some() {
+                    return Err(ApiError::unsupported(
+                        "tools",
+                        "tools with an image (an image chat is answered as a Moondream query)",
+                    ));
+                }
+                let (prompt, question, image) = image_query(chat)?;
+                names.image = Some(image);
+                vec![(prompt, question)]
+            }
         }
         Endpoint::Completions => prompts(
             f.raw("prompt")
@@ -368,6 +387,48 @@ pub fn parse(
         echo,
         tools,
     })
+}
+
+/// An image chat as the engine's vision query: the one image, and the
+/// text parts of the last user message as the question (earlier turns are
+/// not part of a Moondream prompt). Returns the prompt with the parameters
+/// that name its question and its image.
+fn image_query(chat: prompt::ChatInput) -> Result<(Prompt, String, String), ApiError> {
+    if let Some(second) = chat.images.get(1) {
+        return Err(ApiError::invalid(
+            second.param.clone(),
+            format!(
+                "{}: at most one image per request, got {}",
+                second.param,
+                chat.images.len()
+            ),
+        ));
+    }
+    let Some(image) = chat.images.into_iter().next() else {
+        unreachable!("image_query is called with an image");
+    };
+    let role = &chat.messages[image.message].role;
+    if role != "user" {
+        let param = format!("messages[{}].role", image.message);
+        return Err(ApiError::invalid(
+            param.clone(),
+            format!("{param}: an image must come in a user message, not {role:?}"),
+        ));
+    }
+    // The image's own message is a user message, so there is a last one.
+    let (last, question) = chat
+        .messages
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, m)| m.role == "user")
+        .map(|(i, m)| (i, m.content.clone()))
+        .unwrap_or((image.message, String::new()));
+    let prompt = Prompt::Vision {
+        image: image.bytes,
+        task: VisionTask::Query { question },
+    };
+    Ok((prompt, format!("messages[{last}].content"), image.param))
 }
 
 /// `reasoning_effort` values OpenAI defines; every Kestrel model answers

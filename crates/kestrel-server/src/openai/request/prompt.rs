@@ -1,13 +1,34 @@
 //! What is generated from: the completions `prompt` (strings, token ids, or
-//! lists of either) and the chat `messages` (roles, text content parts, tool
-//! calls and results), shapes only.
+//! lists of either) and the chat `messages` (roles, text and image content
+//! parts, tool calls and results), shapes only. An `image_url` part's data
+//! URL is decoded here ([`crate::image_url`]); the image itself is the
+//! engine's to decode.
 
 use kestrel_engine::{ChatMessage, Prompt, ToolCall};
 use serde_json::Value;
 
 use super::MAX_PROMPTS;
+use crate::image_url::decode_image_url;
 use crate::openai::error::ApiError;
 use crate::openai::tools;
+
+/// An `image_url` content part of a chat message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::openai) struct ChatImage {
+    /// The message it came in.
+    pub message: usize,
+    /// Its parameter, `messages[i].content[j].image_url`.
+    pub param: String,
+    /// The bytes its data URL carried.
+    pub bytes: Vec<u8>,
+}
+
+/// The chat `messages`: their text (with calls and results) and any images.
+#[derive(Debug, Clone)]
+pub(in crate::openai) struct ChatInput {
+    pub messages: Vec<ChatMessage>,
+    pub images: Vec<ChatImage>,
+}
 
 /// The completions `prompt`: a string, a list of token ids, or a list of
 /// either (one prompt each), each with the parameter name engine errors
@@ -96,19 +117,28 @@ struct WireFunctionCall {
 }
 
 /// Maps `messages` onto chat messages, calls and results kept structured
-/// ([`tools::prepare`] writes them in the model's format).
-pub(in crate::openai) fn chat_messages(v: Value) -> Result<Vec<ChatMessage>, ApiError> {
+/// ([`tools::prepare`] writes them in the model's format), and their
+/// images' bytes.
+pub(in crate::openai) fn chat_messages(v: Value) -> Result<ChatInput, ApiError> {
     let Value::Array(list) = v else {
         return Err(ApiError::invalid("messages", "messages must be an array"));
     };
     let mut out = Vec::with_capacity(list.len() + 1);
+    let mut images = Vec::new();
     for (i, m) in list.into_iter().enumerate() {
         let param = format!("messages[{i}]");
         let m: WireMessage = serde_json::from_value(m)
             .map_err(|e| ApiError::invalid(param.clone(), format!("{param}: {e}")))?;
         let content = match m.content {
             None => String::new(),
-            Some(c) => content_text(c, &param)?,
+            Some(c) => content_text(c, &param, |p, part| {
+                images.push(ChatImage {
+                    message: i,
+                    bytes: image_part(part, &p)?,
+                    param: p,
+                });
+                Ok(())
+            })?,
         };
         // OpenAI's newer name for the system role, and the legacy name of
         // a tool's answer.
@@ -138,11 +168,44 @@ pub(in crate::openai) fn chat_messages(v: Value) -> Result<Vec<ChatMessage>, Api
             ..ChatMessage::new(role, content)
         });
     }
-    Ok(out)
+    Ok(ChatInput {
+        messages: out,
+        images,
+    })
 }
 
-/// Message content: a string, or text content parts joined.
-fn content_text(c: Value, param: &str) -> Result<String, ApiError> {
+/// The bytes of an `image_url` part, `{"type": "image_url", "image_url":
+/// {"url": "data:...", "detail"?}}` (or the URL as a plain string, as some
+/// clients send it); `param` is the part's `.image_url`.
+fn image_part(part: &Value, param: &str) -> Result<Vec<u8>, ApiError> {
+    let url = match part.get("image_url") {
+        Some(Value::String(url)) => url,
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(url)) => url,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("{param}.url"),
+                    format!("{param}.url must be a string (a data URL)"),
+                ))
+            }
+        },
+        _ => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be {{\"url\": \"data:image/...;base64,...\"}}"),
+            ))
+        }
+    };
+    decode_image_url(url).map_err(|e| ApiError::invalid(param, format!("{param} {e}")))
+}
+
+/// Message content: a string, or text content parts joined; each
+/// `image_url` part goes to `image(its parameter, the part)`.
+fn content_text(
+    c: Value,
+    param: &str,
+    mut image: impl FnMut(String, &Value) -> Result<(), ApiError>,
+) -> Result<String, ApiError> {
     match c {
         Value::String(s) => Ok(s),
         Value::Array(parts) => {
@@ -159,6 +222,7 @@ fn content_text(c: Value, param: &str) -> Result<String, ApiError> {
                             ))
                         }
                     },
+                    Some("image_url") => image(format!("{p}.image_url"), part)?,
                     Some(other) => {
                         return Err(ApiError::unsupported(
                             &format!("{p}.type"),

@@ -122,9 +122,15 @@ fn shape_errors_name_the_parameter() {
         Some("messages[0].content")
     );
     assert_eq!(
-        param(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
+        param(json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}))
             .as_deref(),
         Some("messages[0].content[0].type")
+    );
+    // An image part without its URL object names the part's image_url.
+    assert_eq!(
+        param(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}))
+            .as_deref(),
+        Some("messages[0].content[0].image_url")
     );
     assert_eq!(
         param(json!({"messages": [{"content": "x"}]})).as_deref(),
@@ -394,4 +400,37 @@ fn completions_prompts() {
     )
     .unwrap_err();
     assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+}
+
+/// A chat with an image part is one vision query: the image's bytes, the
+/// last user message's text as the question, the image's part named for
+/// engine errors about it.
+#[test]
+fn an_image_chat_is_a_vision_query() {
+    use crate::openai::FieldNames as _;
+    use kestrel_engine::{Field, VisionTask};
+    let png = "data:image/png;base64,iVBORw0KGgo=";
+    let p = chat(json!({"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": png}}]},
+        {"role": "assistant", "content": "Looks like a picture."},
+        {"role": "user", "content": [{"type": "text", "text": "What "},
+                                     {"type": "text", "text": "colour?"}]},
+    ]}))
+    .unwrap();
+    assert_eq!(
+        p.prompts[0].input,
+        Prompt::Vision {
+            image: b"\x89PNG\r\n\x1a\n".to_vec(),
+            task: VisionTask::Query {
+                question: "What colour?".into()
+            }
+        }
+    );
+    let names = &p.names[0];
+    assert_eq!(
+        names.param(Field::Image),
+        "messages[1].content[0].image_url"
+    );
+    assert_eq!(names.param(Field::Question), "messages[3].content");
 }
