@@ -1,7 +1,8 @@
 //! Images at every edge, against the real default text model served on
 //! `127.0.0.1:0` (gRPC and HTTP, real clients): the Moondream API
 //! (`/v1/query`, `/v1/caption`, unary and streamed), an OpenAI chat with an
-//! `image_url` part, and gRPC's `vision` input each refuse what they must
+//! `image_url` part, gRPC's `vision` input and `kestrel generate --image`
+//! each refuse what they must
 //! with a 400 / INVALID_ARGUMENT naming the field (an image to a model that
 //! takes none, a remote URL, an empty question, an unknown caption length,
 //! a second image), before any work: nothing is queued or held, and the
@@ -297,4 +298,43 @@ async fn grpc_vision_refusals_name_the_field() {
         assert!(e.message().starts_with(&format!("{field} ")), "{e:?}");
     }
     still_serving().await;
+}
+
+/// `kestrel generate --image FILE "question"` sends the image (the default
+/// text model refuses it, naming the proto field and the model), and
+/// `--caption` takes exactly Moondream's lengths.
+#[test]
+fn the_cli_sends_an_image() {
+    let dir = std::env::temp_dir().join(format!("kestrel-cli-image-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("pixel.png");
+    std::fs::write(&png, PNG_1X1).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .args(["generate", "--threads", "2", "--image"])
+            .arg(&png)
+            .args(args)
+            .output()
+            .expect("run kestrel")
+    };
+    let out = run(&["What is in the picture?"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("vision.image"), "{stderr}");
+    assert!(stderr.contains("no vision encoder"), "{stderr}");
+    let out = run(&["--caption", "medium"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("short, normal, long"), "{stderr}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["generate", "--caption", "short"])
+        .output()
+        .expect("run kestrel");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--image"),
+        "--caption needs an image: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
