@@ -3,7 +3,10 @@
 //! people use: `tests/python/kestrel_client_test.py` (a grpcio client
 //! generated from the proto), `openai_client_test.py` (the official `openai`
 //! package), `langchain_client_test.py` (LangChain's `ChatOpenAI`),
-//! `litellm_client_test.py` (LiteLLM's `completion`), and
+//! `litellm_client_test.py` (LiteLLM's `completion`),
+//! `moondream_client_test.py` (the `moondream` package's `md.vl` client,
+//! and an OpenAI chat with an image, against `kestrel serve --model DIR` on
+//! a synthetic served Moondream checkpoint), and
 //! `chat_page_test.py` (the chat page at `GET /` in headless Chromium driven
 //! by Playwright; screenshots in `target/tmp/browser-artifacts/`). Uses
 //! `$KESTREL_PYTHON` (default `python3`) and, for the page, Debian's
@@ -17,8 +20,9 @@ mod common;
 #[allow(dead_code)]
 mod reference_python;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 /// The interpreter, if it can import `modules`; otherwise a skip (or, with
 /// `KESTREL_REQUIRE_PYTHON`, a failure).
@@ -127,4 +131,78 @@ fn chat_page_in_a_browser() {
         ],
     );
     eprintln!("chat page screenshots in {}", artifacts.display());
+}
+
+/// A `kestrel serve` child, killed when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kestrel serve --model dir` on free loopback ports and returns
+/// it with its HTTP address, read from the line it prints once it serves.
+fn serve_model(dir: &Path) -> (Served, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .arg("serve")
+        .arg("--model")
+        .arg(dir)
+        .args(["--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--no-metrics", "--threads", "2", "--kv-pages", "512"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kestrel serve");
+    let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let served = Served(child);
+    const PREFIX: &str = "serving the OpenAI-compatible API on http://";
+    let mut seen = Vec::new();
+    let mut lines = stderr.lines();
+    while let Some(line) = lines.next() {
+        let line = line.expect("read kestrel serve's stderr");
+        if let Some(rest) = line.strip_prefix(PREFIX) {
+            let addr = rest.trim_end_matches("/v1").to_string();
+            // Keep draining stderr so the server never blocks writing it.
+            std::thread::spawn(move || lines.for_each(drop));
+            return (served, addr);
+        }
+        seen.push(line);
+    }
+    panic!(
+        "kestrel serve --model {} exited before serving:\n{}",
+        dir.display(),
+        seen.join("\n")
+    );
+}
+
+/// The official `moondream` client (`md.vl(endpoint=...)`: `query` and
+/// `caption`, unary and streamed) and an OpenAI chat with an `image_url`
+/// part, against `kestrel serve --model DIR` on a synthetic Moondream
+/// checkpoint (`scripts/reference/moondream_synth.py --served`: the real
+/// tensor names, vocabulary and prompt templates, tiny widths).
+#[test]
+fn python_moondream_client() {
+    let Some(python) = python_with("python_moondream_client", "moondream, openai, PIL, numpy")
+    else {
+        return;
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moondream-served");
+    let _ = std::fs::remove_dir_all(&dir);
+    let synth = reference_python::repo().join("scripts/reference/moondream_synth.py");
+    let out = Command::new(&python)
+        .arg(&synth)
+        .arg(&dir)
+        .arg("--served")
+        .output()
+        .expect("run moondream_synth.py");
+    assert!(
+        out.status.success(),
+        "moondream_synth.py --served failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_server, addr) = serve_model(&dir);
+    run_script(&python, "moondream_client_test.py", &[&addr]);
 }
