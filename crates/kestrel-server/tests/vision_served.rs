@@ -227,3 +227,45 @@ async fn bad_images_are_refused_naming_the_image() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// `kestrel generate --model DIR --image FILE "question"` (and
+/// `--caption`) answers with the engine in-process.
+#[test]
+fn the_cli_answers_about_an_image() {
+    let Some(dir) = checkpoint("the_cli_answers_about_an_image") else {
+        return;
+    };
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("vision-served-picture.png");
+    std::fs::write(&file, picture(image::ImageFormat::Png)).unwrap();
+    for args in [
+        &["What is in the picture?"][..],
+        &["--caption", "short"][..],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .arg("generate")
+            .arg("--model")
+            .arg(&dir)
+            .args([
+                "--threads",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--stats",
+                "--image",
+            ])
+            .arg(&file)
+            .args(args)
+            .output()
+            .expect("run kestrel generate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        // The stats line counts BOS, the image's 729 rows and the template.
+        let prompt_tokens: u32 = stderr
+            .split(" prompt + ")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no stats line: {stderr}"));
+        assert!(prompt_tokens > 730, "{args:?}: {stderr}");
+    }
+}
