@@ -521,6 +521,7 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
         max_len: 16,
         start: PrefillStart::Admit,
         max_tokens: usize::MAX,
+        embeds: None,
     };
     rt.launch_prefill(0, &[input]).unwrap();
     // Waiting before sampling used to block forever on this runtime.
@@ -596,6 +597,7 @@ fn a_compute_fault_keeps_its_typed_cause() {
         max_len: 16,
         start: PrefillStart::Admit,
         max_tokens: usize::MAX,
+        embeds: None,
     };
     rt.launch_prefill(0, &[input]).unwrap();
     rt.finalize_sampling(0, None).unwrap();
@@ -632,6 +634,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
         max_len: 64,
         start,
         max_tokens,
+        embeds: None,
     };
     let first_two = |rt: &mut CpuRuntime, id| -> Vec<TokenId> {
         let mut out = vec![rt.wait_step(0).unwrap().tokens[0]];
