@@ -116,6 +116,7 @@ fn run_on(
             };
             engine
                 .submit(Request {
+                    embeds: None,
                     id: i as u64,
                     prompt: j.prompt.clone(),
                     max_new_tokens: j.max_new,
@@ -354,6 +355,7 @@ fn prefix_cache_hit_gives_same_tokens() {
         let j = job();
         engine
             .submit(Request {
+                embeds: None,
                 id,
                 prompt: j.prompt,
                 max_new_tokens: j.max_new,
@@ -457,6 +459,7 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
             let out = Arc::new(Mutex::new((Vec::new(), None)));
             engine
                 .submit(Request {
+                    embeds: None,
                     id,
                     prompt: (1..20).collect(),
                     max_new_tokens: 6,
