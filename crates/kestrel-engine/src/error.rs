@@ -3,8 +3,8 @@
 //! Every failure a caller can see, with structured fields so the serving
 //! layer maps each variant to a status code without parsing messages, and
 //! with typed `#[source]` causes so a caller can print the whole chain:
-//! `InvalidArgument` / `InvalidConstraint` / `ChatTemplate` / `Tokenizer` /
-//! `ContextOverflow` are the caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
+//! `InvalidArgument` / `InvalidConstraint` / `InvalidImage` / `ChatTemplate` /
+//! `Tokenizer` / `ContextOverflow` are the caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
 //! retryable elsewhere, `ModelLoad` / `SkillSetup` / `BackendUnavailable`
 //! happen at start, `RequestFailed` / `ConstraintFailed` end one request.
 
@@ -36,6 +36,15 @@ pub enum EngineError {
         field: Field,
         #[source]
         source: kestrel_model::ModelError,
+    },
+
+    /// The image of a vision request is not one the engine decodes (not an
+    /// image, truncated, an unsupported format, more pixels than the limit);
+    /// the field is always [`Field::Image`].
+    #[error("invalid argument `image`")]
+    InvalidImage {
+        #[source]
+        source: kestrel_model::vision::ImageError,
     },
 
     /// Text (or token ids) the model's tokenizer refused.
@@ -131,6 +140,7 @@ impl EngineError {
             | EngineError::ChatTemplate { field, .. }
             | EngineError::Tokenizer { field, .. } => Some(*field),
             EngineError::NoChatTemplate => Some(Field::Messages),
+            EngineError::InvalidImage { .. } => Some(Field::Image),
             _ => None,
         }
     }

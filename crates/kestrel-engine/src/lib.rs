@@ -37,8 +37,9 @@ pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::{error_causes, error_chain, EngineError};
 pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
 pub use request::{
-    ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse, Prompt,
-    SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall, Usage, MAX_DRAFT,
+    CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
+    Prompt, SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall,
+    UnknownCaptionLength, Usage, VisionTask, MAX_DRAFT,
 };
 pub use validate::{seed_for_request_id, Field};
 

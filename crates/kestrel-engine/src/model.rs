@@ -303,6 +303,9 @@ impl ModelContext {
                     )),
                 }
             }
+            // An image's prompt is the model's own (BOS, image rows,
+            // template), not text to tokenize.
+            Prompt::Vision { .. } => Err(crate::validate::no_vision(self)),
         }
     }
 }

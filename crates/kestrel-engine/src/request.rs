@@ -24,6 +24,83 @@ pub enum Prompt {
     /// Token ids, used as given (no BOS is added); each must be inside the
     /// vocabulary.
     Tokens(Vec<u32>),
+    /// A vision-language request (a Moondream skill) on one image. The
+    /// model writes the prompt itself (BOS, the image's rows, the skill's
+    /// template); a model without a vision encoder refuses it
+    /// ([`crate::Field::Image`]).
+    Vision {
+        /// The image as sent: encoded JPEG, PNG or WebP bytes (decoded by
+        /// the engine's validation, which refuses anything else with
+        /// [`crate::EngineError::InvalidImage`]).
+        image: Vec<u8>,
+        task: VisionTask,
+    },
+}
+
+/// What a vision request asks of its image (Moondream's text skills).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VisionTask {
+    /// Answer a question about the image (must not be empty:
+    /// [`crate::Field::Question`]).
+    Query { question: String },
+    /// Describe the image at this length.
+    Caption { length: CaptionLength },
+}
+
+/// How long a caption is: each is its own prompt template of the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum CaptionLength {
+    Short,
+    #[default]
+    Normal,
+    Long,
+}
+
+impl CaptionLength {
+    /// Every length, in the order the wire formats list them.
+    pub const ALL: [CaptionLength; 3] = [
+        CaptionLength::Short,
+        CaptionLength::Normal,
+        CaptionLength::Long,
+    ];
+
+    /// The wire name (`"short"`, `"normal"`, `"long"`), as the Moondream
+    /// API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptionLength::Short => "short",
+            CaptionLength::Normal => "normal",
+            CaptionLength::Long => "long",
+        }
+    }
+}
+
+impl std::fmt::Display for CaptionLength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A caption length that is none of `short`, `normal`, `long`; each edge
+/// refuses it naming its own field (`length`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown caption length {given:?}: expected one of short, normal, long")]
+pub struct UnknownCaptionLength {
+    pub given: String,
+}
+
+impl std::str::FromStr for CaptionLength {
+    type Err = UnknownCaptionLength;
+
+    /// Exactly the wire names, lower case (the Moondream API's).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CaptionLength::ALL
+            .into_iter()
+            .find(|l| l.as_str() == s)
+            .ok_or_else(|| UnknownCaptionLength {
+                given: s.to_string(),
+            })
+    }
 }
 
 impl Prompt {
@@ -96,7 +173,8 @@ pub struct GenerateRequest {
     /// At least 1 (0 with `sampling.prompt_logprobs`: the prompt is scored,
     /// nothing generated, the finish reason is `Length`);
     /// `prompt + max_new_tokens` must fit the context (rejected
-    /// with `ContextOverflow` otherwise, never clamped). `None`: 256, or the
+    /// with `ContextOverflow` otherwise, never clamped). `None`: 256 (768
+    /// for a [`Prompt::Vision`], the Moondream skills' default), or the
     /// room the prompt leaves in the context if that is less.
     pub max_new_tokens: Option<u32>,
     pub sampling: SamplingOptions,

@@ -152,6 +152,13 @@ pub fn engine_status(e: &EngineError) -> Status {
                 error_chain(source.as_ref())
             ));
         }
+        EngineError::InvalidImage { source } => {
+            return Status::invalid_argument(format!(
+                "{} {}",
+                field_name(Field::Image),
+                error_chain(source)
+            ));
+        }
         // The request can never fit as sent: an argument error (see the proto).
         EngineError::ContextOverflow { .. } | EngineError::NoChatTemplate => Code::InvalidArgument,
         EngineError::QueueFull { .. } => Code::ResourceExhausted,

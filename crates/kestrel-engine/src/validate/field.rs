@@ -54,6 +54,10 @@ pub enum Field {
     Speculate,
     /// Samples per request (`n`).
     N,
+    /// The image of a vision request (the Moondream API's `image_url`).
+    Image,
+    /// The question of a vision query.
+    Question,
     /// An engine setting (not a request field).
     Config(&'static str),
 }
@@ -91,6 +95,8 @@ impl fmt::Display for Field {
             Field::Text => f.write_str("text"),
             Field::Speculate => f.write_str("speculate"),
             Field::N => f.write_str("n"),
+            Field::Image => f.write_str("image"),
+            Field::Question => f.write_str("question"),
             Field::Config(name) => f.write_str(name),
         }
     }

@@ -11,13 +11,15 @@
 //! This file holds the limits, the validated request and `validate` itself;
 //! `field.rs` the [`Field`] a refusal names, `sampling.rs` the sampling,
 //! logit-bias and speculation rules, `prompt.rs` the prompt, stop and
-//! constraint rules.
+//! constraint rules, `vision.rs` a vision request's question and whether
+//! the model takes images.
 
 mod field;
 mod prompt;
 mod sampling;
 #[cfg(test)]
 mod tests;
+mod vision;
 
 use kestrel_pipeline::{Capabilities, NgramSpec, SamplingParams};
 use kestrel_skills::{Skill, SkillOptions, SkillSpec};
@@ -34,10 +36,14 @@ use prompt::{
 pub(crate) use sampling::ngram_spec;
 pub use sampling::seed_for_request_id;
 use sampling::{logit_bias, prompt_logprobs, sampling, speculation};
+pub(crate) use vision::no_vision;
 
 /// `max_new_tokens` when a request leaves it unset (capped by the room the
 /// prompt leaves in the context).
 pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+/// `max_new_tokens` of a vision request that leaves it unset (the
+/// Moondream skills' default, also capped by the room in the context).
+pub const DEFAULT_VISION_MAX_NEW_TOKENS: u32 = 768;
 /// Most stop sequences per request.
 pub const MAX_STOP_SEQUENCES: usize = 16;
 /// Longest stop sequence, in bytes.
@@ -164,6 +170,10 @@ pub(crate) fn validate(
     let speculate = speculation(req.speculate, limits)?;
     check_prompt_shape(&req.input)?;
     check_prompt_size(&req.input, limits)?;
+    if let Prompt::Vision { task, .. } = &req.input {
+        vision::check_task(task)?;
+        vision::check_model(limits.model)?;
+    }
     let vocab = limits.model.vocab_size();
     let stop = stop_sequences(req.stop)?;
     let stop_token_ids = stop_token_ids(req.stop_token_ids, vocab)?;
@@ -194,13 +204,20 @@ pub(crate) fn validate(
         let field = match req.input {
             Prompt::Text(_) | Prompt::Tokens(_) => Field::Prompt,
             Prompt::Chat { .. } => Field::Messages,
+            Prompt::Vision { .. } => Field::Image,
         };
         return bad(field, "renders to no tokens");
     }
     let room = limits.max_seq_len.saturating_sub(prompt.len());
     let max_new_tokens = match req.max_new_tokens {
         Some(n) => n,
-        None => DEFAULT_MAX_NEW_TOKENS.min(u32::try_from(room).unwrap_or(u32::MAX)),
+        None => {
+            let default = match req.input {
+                Prompt::Vision { .. } => DEFAULT_VISION_MAX_NEW_TOKENS,
+                _ => DEFAULT_MAX_NEW_TOKENS,
+            };
+            default.min(u32::try_from(room).unwrap_or(u32::MAX))
+        }
     };
     if (max_new_tokens == 0 && !score_only)
         || prompt.len() + max_new_tokens as usize > limits.max_seq_len

@@ -7,7 +7,7 @@ use super::{
     CHAT_ROLES, MAX_CHAT_MESSAGES, MAX_CHOICES, MAX_PROMPT_BYTES, MAX_STOP_BYTES,
     MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS,
 };
-use crate::request::{Constraint, Prompt};
+use crate::request::{Constraint, Prompt, VisionTask};
 
 pub(super) fn check_prompt_shape(input: &Prompt) -> Result<()> {
     match input {
@@ -15,6 +15,8 @@ pub(super) fn check_prompt_shape(input: &Prompt) -> Result<()> {
         Prompt::Text(_) => Ok(()),
         Prompt::Tokens(ids) if ids.is_empty() => bad(Field::Prompt, "must not be empty"),
         Prompt::Tokens(_) => Ok(()),
+        // The question and the model's vision: `vision.rs`.
+        Prompt::Vision { .. } => Ok(()),
         Prompt::Chat { messages, .. } => {
             if messages.is_empty() {
                 return bad(Field::Messages, "must not be empty");
@@ -50,6 +52,12 @@ pub(super) fn check_prompt_size(input: &Prompt, limits: &Limits<'_>) -> Result<(
     let (field, bytes) = match input {
         Prompt::Text(text) => (Field::Prompt, text.len()),
         Prompt::Tokens(_) => return Ok(()),
+        // The image's rows are a fixed count; the question is text.
+        Prompt::Vision {
+            task: VisionTask::Query { question },
+            ..
+        } => (Field::Question, question.len()),
+        Prompt::Vision { .. } => return Ok(()),
         // Calls and tools are rendered too; their JSON length bounds
         // their share of the prompt.
         Prompt::Chat { messages, tools } => (

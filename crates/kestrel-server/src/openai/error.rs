@@ -134,6 +134,10 @@ impl ApiError {
                     format!("{param} could not be tokenized: {why}"),
                 )
             }
+            EngineError::InvalidImage { source } => {
+                let param = names.param(Field::Image);
+                Self::invalid(param.clone(), format!("{param}: {}", error_chain(source)))
+            }
             EngineError::NoChatTemplate => Self {
                 code: Some("no_chat_template"),
                 ..Self::invalid(names.param(Field::Messages), error_chain(e))

@@ -108,8 +108,9 @@ fn echoes(app: &App, plan: &Plan) -> Result<Vec<String>, ApiError> {
                 .engine
                 .detokenize(ids, false)
                 .map_err(|e| ApiError::engine(&e, names)),
-            // `echo` is a completions field; chat prompts never echo.
-            Prompt::Chat { .. } => Ok(String::new()),
+            // `echo` is a completions field; chat prompts (an image's
+            // question included) never echo.
+            Prompt::Chat { .. } | Prompt::Vision { .. } => Ok(String::new()),
         })
         .collect()
 }
