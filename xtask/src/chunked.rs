@@ -200,6 +200,7 @@ fn run_once(
     // Running streams never run out of tokens first; the long prompt needs one.
     let request =
         |id: u64, prompt: &[u32], max_new_tokens, clock: &Arc<Mutex<Vec<Instant>>>| Request {
+            embeds: None,
             id,
             prompt: prompt.to_vec(),
             max_new_tokens,

@@ -233,6 +233,7 @@ fn run_once(
     let clocks: Vec<Arc<Mutex<Vec<Instant>>>> = (0..streams).map(|_| Arc::default()).collect();
     for clock in &clocks {
         let req = Request {
+            embeds: None,
             id: *next_id,
             prompt: prompt.to_vec(),
             max_new_tokens: tokens,

@@ -30,6 +30,9 @@ pub struct Scratch {
     pub(crate) head_tmp: LineBuf<f32>,
     pub(crate) row_seq: Vec<u32>,
     pub(crate) row_pos: Vec<u32>,
+    /// Keys each row attends: `row_pos + 1` (causal), or the end of a
+    /// bidirectional prefix the row lies in.
+    pub(crate) row_len: Vec<u32>,
     pub(crate) logit_rows: Vec<u32>,
     /// One score row of `max_context` per worker thread.
     pub(crate) scores: LineBuf<f32>,
@@ -64,6 +67,7 @@ impl Scratch {
             head_tmp: LineBuf::zeroed(hd),
             row_seq: vec![0; r],
             row_pos: vec![0; r],
+            row_len: vec![0; r],
             logit_rows: vec![0; r],
             scores: LineBuf::zeroed(model.threads() * model.scores_per_worker(max_context)),
             keys_t: LineBuf::new(),
@@ -100,6 +104,10 @@ impl Scratch {
         .iter()
         .map(|v| v.len())
         .sum::<usize>();
-        4 * (f + self.row_seq.len() + self.row_pos.len() + self.logit_rows.len())
+        4 * (f
+            + self.row_seq.len()
+            + self.row_pos.len()
+            + self.row_len.len()
+            + self.logit_rows.len())
     }
 }

@@ -116,6 +116,7 @@ fn run_on(
             };
             engine
                 .submit(Request {
+                    embeds: None,
                     id: i as u64,
                     prompt: j.prompt.clone(),
                     max_new_tokens: j.max_new,
@@ -354,6 +355,7 @@ fn prefix_cache_hit_gives_same_tokens() {
         let j = job();
         engine
             .submit(Request {
+                embeds: None,
                 id,
                 prompt: j.prompt,
                 max_new_tokens: j.max_new,
@@ -457,6 +459,7 @@ fn step_timings_cover_every_step_in_order_through_a_wrapper() {
             let out = Arc::new(Mutex::new((Vec::new(), None)));
             engine
                 .submit(Request {
+                    embeds: None,
                     id,
                     prompt: (1..20).collect(),
                     max_new_tokens: 6,
@@ -521,6 +524,7 @@ fn slot_protocol_violations_are_typed_and_leave_the_step_intact() {
         max_len: 16,
         start: PrefillStart::Admit,
         max_tokens: usize::MAX,
+        embeds: None,
     };
     rt.launch_prefill(0, &[input]).unwrap();
     // Waiting before sampling used to block forever on this runtime.
@@ -596,6 +600,7 @@ fn a_compute_fault_keeps_its_typed_cause() {
         max_len: 16,
         start: PrefillStart::Admit,
         max_tokens: usize::MAX,
+        embeds: None,
     };
     rt.launch_prefill(0, &[input]).unwrap();
     rt.finalize_sampling(0, None).unwrap();
@@ -632,6 +637,7 @@ fn prefill_chunks_resume_in_order_and_match_a_whole_prefill() {
         max_len: 64,
         start,
         max_tokens,
+        embeds: None,
     };
     let first_two = |rt: &mut CpuRuntime, id| -> Vec<TokenId> {
         let mut out = vec![rt.wait_step(0).unwrap().tokens[0]];

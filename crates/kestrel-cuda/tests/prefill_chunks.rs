@@ -69,6 +69,7 @@ fn prefill<E: Executor<Params = SamplingParams>>(
                 max_len: seqs[i].1.len() + 64,
                 start: next[i].expect("live"),
                 max_tokens: chunk,
+                embeds: None,
             })
             .collect();
         e.launch_prefill(*slot, &inputs).unwrap();

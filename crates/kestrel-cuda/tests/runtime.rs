@@ -149,6 +149,7 @@ where
             max_len: p.len() + steps + 1,
             start: PrefillStart::Admit,
             max_tokens: usize::MAX,
+            embeds: None,
         })
         .collect();
     let mut out = vec![Vec::new(); prompts.len()];
@@ -545,6 +546,7 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
         max_len: 64,
         start: PrefillStart::Admit,
         max_tokens: usize::MAX,
+        embeds: None,
     };
     let pre = |r: Result<(), ExecError<CudaError>>| match r {
         Err(ExecError::PreDispatch(e)) => e,

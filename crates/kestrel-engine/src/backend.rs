@@ -47,6 +47,7 @@ impl RuntimeConfig {
                 step,
                 numerics: config.numerics,
                 weight_pages: config.weight_pages,
+                ..CpuRuntimeConfig::default()
             }),
             Backend::Cuda | Backend::CudaHost => {
                 let cfg = CudaRuntimeConfig {

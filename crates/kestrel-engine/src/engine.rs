@@ -327,6 +327,7 @@ impl Engine {
             speculate: valid.speculate,
             prompt_logprobs: valid.prompt_logprobs,
             samples,
+            embeds: None,
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
             self.shared.in_transit.fetch_sub(places, SeqCst);

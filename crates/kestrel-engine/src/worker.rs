@@ -35,6 +35,8 @@ pub(crate) struct Submission {
     pub prompt_logprobs: Option<u32>,
     /// One per sample, in sample order (at least one).
     pub samples: Vec<SampleSubmission>,
+    /// Prompt rows embedded from an image, if any (every sample's).
+    pub embeds: Option<kestrel_pipeline::PromptEmbeds>,
 }
 
 /// One sample of a [`Submission`]: a pipeline sequence of its own.
@@ -265,6 +267,7 @@ impl<R: Runtime> Worker<R> {
             speculate,
             prompt_logprobs,
             mut samples,
+            embeds,
         } = sub;
         let places = samples.len();
         let prompt_tokens = prompt.len();
@@ -317,6 +320,7 @@ impl<R: Runtime> Worker<R> {
                     params: s.params,
                     speculate,
                     skill: Box::new(s.skill),
+                    embeds: embeds.clone(),
                 })
                 .collect();
             let submitted = match requests.len() {
@@ -496,6 +500,11 @@ fn submit_error(
         // The engine gives every sample the request's one prompt.
         SubmitError::SamplePromptDiffers { id } => {
             EngineError::invalid(Field::N, format!("sample {id}'s prompt differs"))
+        }
+        // The engine's validation builds the embedded rows inside the
+        // prompt it builds with them.
+        e @ SubmitError::EmbedsOutsidePrompt { .. } => {
+            EngineError::invalid(Field::Prompt, e.to_string())
         }
     }
 }

@@ -48,6 +48,7 @@ pub use fetch::{
 };
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
 pub use load::{load, LoadedModel};
+pub use moondream::VisionModel;
 pub use safetensors_load::moondream_text_weights;
 pub use synth_gguf::{
     synth_file_name, write_synth_gguf, SynthFileStats, SynthFormat, SynthShape, SynthSpec,

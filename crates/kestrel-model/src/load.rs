@@ -31,6 +31,9 @@ pub struct LoadedModel {
     pub add_bos_token: bool,
     /// Human-readable name (`general.name`, or the file/directory name).
     pub name: String,
+    /// The vision side of a vision-language model (Moondream), `None` for
+    /// a text-only one.
+    pub vision: Option<crate::moondream::VisionModel>,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -43,6 +46,7 @@ impl std::fmt::Debug for LoadedModel {
             .field("bos_token_id", &self.bos_token_id)
             .field("eos_token_ids", &self.eos_token_ids)
             .field("add_bos_token", &self.add_bos_token)
+            .field("vision", &self.vision.as_ref().map(|v| &v.config))
             .field(
                 "chat_template",
                 &self.chat_template.as_ref().map(|t| &t.origin),
@@ -98,7 +102,9 @@ impl LoadedModel {
 }
 
 /// Loads a `.gguf` file or an HF model directory (`config.json`,
-/// `*.safetensors`, `tokenizer.json`, optional `tokenizer_config.json`).
+/// `*.safetensors`, `tokenizer.json`, optional `tokenizer_config.json`);
+/// a Moondream 2 directory (`model_type: "moondream1"`) loads with its
+/// [`LoadedModel::vision`].
 /// A path that does not exist but names a pinned model (`gemma3-270m`,
 /// `smollm2-135m`; see [`crate::fetch`]) is fetched into the cache first.
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
@@ -478,6 +484,7 @@ fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
         name,
+        vision: None,
     })
 }
 

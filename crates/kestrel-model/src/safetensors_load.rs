@@ -339,6 +339,9 @@ impl TensorStore {
                     offset: base + start,
                     len: end - start,
                 };
+                // `torch.compile`d exports (Moondream's) add `._orig_mod`;
+                // the reference's loader strips it, as here.
+                let name = name.replace("._orig_mod", "");
                 tensors.insert(name, (info.dtype, info.shape.clone(), bytes));
             }
         }
@@ -525,18 +528,33 @@ fn weights_from_store(c: ModelConfig, s: &TensorStore) -> Result<ModelWeights, M
 
 /// Where a Phi-shaped decoder keeps its tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PhiNames<'a> {
+pub(crate) enum PhiNames {
     /// HF `modeling_phi.py`: `model.embed_tokens`, `model.layers.{i}.`
     /// `input_layernorm`, `self_attn.{q,k,v}_proj`, `self_attn.dense`,
     /// `mlp.fc1`/`mlp.fc2`, `model.final_layernorm`, `lm_head` (weights and
     /// biases).
     Hf,
-    /// Moondream 2's text model under `prefix` (`text_model.` in its
-    /// published `model.safetensors`): `{prefix}transformer.embd.wte`,
-    /// `{prefix}transformer.h.{i}.ln`, `mixer.Wqkv` (Q, K and V stacked by
-    /// rows, split here), `mixer.out_proj`, `mlp.fc1`/`mlp.fc2`,
-    /// `{prefix}lm_head.ln` (the final LayerNorm) and `{prefix}lm_head.linear`.
-    Moondream { prefix: &'a str },
+    /// Moondream 2's text model as exported (`NameScheme::Exported`):
+    /// `text_model.transformer.embd.wte`, `text_model.transformer.h.{i}.ln`,
+    /// `mixer.Wqkv` (Q, K and V stacked by rows, split here),
+    /// `mixer.out_proj`, `mlp.fc1`/`mlp.fc2`, `text_model.lm_head.ln` (the
+    /// final LayerNorm) and `text_model.lm_head.linear`.
+    Moondream,
+    /// Moondream 2's text model as its HF state dict names it
+    /// (`NameScheme::Hf`): `model.text.wte` (a bare parameter, no
+    /// `.weight`), `model.text.blocks.{i}.ln`, `attn.qkv` (stacked),
+    /// `attn.proj`, `mlp.fc1`/`mlp.fc2`, `model.text.post_ln`,
+    /// `model.text.lm_head`.
+    MoondreamHf,
+}
+
+impl From<crate::moondream::NameScheme> for PhiNames {
+    fn from(n: crate::moondream::NameScheme) -> PhiNames {
+        match n {
+            crate::moondream::NameScheme::Hf => PhiNames::MoondreamHf,
+            crate::moondream::NameScheme::Exported => PhiNames::Moondream,
+        }
+    }
 }
 
 /// One tensor of a Phi decoder, by role.
@@ -554,7 +572,20 @@ pub(crate) enum PhiTensor {
     Fc2(usize),
 }
 
-impl PhiNames<'_> {
+impl PhiNames {
+    /// The name of `t`'s weight.
+    pub(crate) fn weight(self, t: PhiTensor) -> String {
+        match (self, t) {
+            (PhiNames::MoondreamHf, PhiTensor::Embed) => "model.text.wte".into(),
+            _ => format!("{}.weight", self.stem(t)),
+        }
+    }
+
+    /// The name of `t`'s bias.
+    pub(crate) fn bias(self, t: PhiTensor) -> String {
+        format!("{}.bias", self.stem(t))
+    }
+
     /// The stem of `t` (append `.weight` / `.bias`).
     pub(crate) fn stem(self, t: PhiTensor) -> String {
         use PhiTensor as T;
@@ -571,37 +602,47 @@ impl PhiNames<'_> {
                 T::Fc1(i) => format!("model.layers.{i}.mlp.fc1"),
                 T::Fc2(i) => format!("model.layers.{i}.mlp.fc2"),
             },
-            PhiNames::Moondream { prefix: p } => match t {
-                T::Embed => format!("{p}transformer.embd.wte"),
-                T::FinalNorm => format!("{p}lm_head.ln"),
-                T::LmHead => format!("{p}lm_head.linear"),
-                T::Norm(i) => format!("{p}transformer.h.{i}.ln"),
-                T::Qkv(i, _) => format!("{p}transformer.h.{i}.mixer.Wqkv"),
-                T::Out(i) => format!("{p}transformer.h.{i}.mixer.out_proj"),
-                T::Fc1(i) => format!("{p}transformer.h.{i}.mlp.fc1"),
-                T::Fc2(i) => format!("{p}transformer.h.{i}.mlp.fc2"),
+            PhiNames::Moondream => match t {
+                T::Embed => "text_model.transformer.embd.wte".into(),
+                T::FinalNorm => "text_model.lm_head.ln".into(),
+                T::LmHead => "text_model.lm_head.linear".into(),
+                T::Norm(i) => format!("text_model.transformer.h.{i}.ln"),
+                T::Qkv(i, _) => format!("text_model.transformer.h.{i}.mixer.Wqkv"),
+                T::Out(i) => format!("text_model.transformer.h.{i}.mixer.out_proj"),
+                T::Fc1(i) => format!("text_model.transformer.h.{i}.mlp.fc1"),
+                T::Fc2(i) => format!("text_model.transformer.h.{i}.mlp.fc2"),
+            },
+            PhiNames::MoondreamHf => match t {
+                T::Embed => "model.text.wte".into(),
+                T::FinalNorm => "model.text.post_ln".into(),
+                T::LmHead => "model.text.lm_head".into(),
+                T::Norm(i) => format!("model.text.blocks.{i}.ln"),
+                T::Qkv(i, _) => format!("model.text.blocks.{i}.attn.qkv"),
+                T::Out(i) => format!("model.text.blocks.{i}.attn.proj"),
+                T::Fc1(i) => format!("model.text.blocks.{i}.mlp.fc1"),
+                T::Fc2(i) => format!("model.text.blocks.{i}.mlp.fc2"),
             },
         }
     }
 
-    fn fused_qkv(self) -> bool {
-        matches!(self, PhiNames::Moondream { .. })
+    pub(crate) fn fused_qkv(self) -> bool {
+        matches!(self, PhiNames::Moondream | PhiNames::MoondreamHf)
     }
 }
 
 /// Moondream 2's text decoder from the checkpoint in `dir` (its
-/// `model.safetensors`, tensors under `prefix`, `text_model.` as
-/// published), for `config` (Phi features: [`ModelConfig::moondream2_text`]
-/// or its 0.5B counterpart). The vision side of the checkpoint is not read
-/// here.
+/// `model.safetensors`) under either published naming, for `config` (Phi
+/// features: [`crate::moondream::TextConfig::model_config`]). The one
+/// reader of Moondream's text weights: [`crate::moondream::load_checkpoint`]
+/// calls it. The vision side of the checkpoint is not read here.
 pub fn moondream_text_weights(
     dir: &Path,
     config: ModelConfig,
-    prefix: &str,
+    names: crate::moondream::NameScheme,
 ) -> Result<ModelWeights, ModelError> {
     config.validate()?;
     let store = TensorStore::open(dir)?;
-    phi_weights(config, &store, PhiNames::Moondream { prefix })
+    phi_weights(config, &store, names.into())
 }
 
 /// A Phi decoder's weights (see [`PhiNames`]): every linear with its bias,
@@ -611,11 +652,11 @@ pub fn moondream_text_weights(
 pub(crate) fn phi_weights(
     c: ModelConfig,
     s: &TensorStore,
-    names: PhiNames<'_>,
+    names: PhiNames,
 ) -> Result<ModelWeights, ModelError> {
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-    let w = |t: PhiTensor| format!("{}.weight", names.stem(t));
-    let b = |t: PhiTensor| format!("{}.bias", names.stem(t));
+    let w = |t: PhiTensor| names.weight(t);
+    let b = |t: PhiTensor| names.bias(t);
     let token_embd = s.matrix(&w(PhiTensor::Embed), c.vocab_size, h)?;
     let layers = (0..c.num_layers)
         .map(|i| {
@@ -717,6 +758,10 @@ fn template_source(v: Option<&Value>) -> Option<String> {
 }
 
 pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
+    let raw: Value = read_json(&dir.join("config.json"))?;
+    if crate::moondream::served::is_moondream_dir(&raw) {
+        return crate::moondream::served::load_dir(dir);
+    }
     let hf = read_hf_config(&dir.join("config.json"))?;
     let config = resolve_config(&hf)?;
     let store = TensorStore::open(dir)?;
@@ -787,6 +832,7 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
         eos_token_ids,
         add_bos_token,
         name,
+        vision: None,
     })
 }
 

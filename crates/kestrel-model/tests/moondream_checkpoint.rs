@@ -62,14 +62,32 @@ fn flatten(w: &MoondreamWeights) -> Vec<f32> {
     }
     lin(&mut v, &w.vision.proj.fc1);
     lin(&mut v, &w.vision.proj.fc2);
-    v.extend(w.text.wte.to_f32());
-    for b in &w.text.blocks {
-        for l in [&b.qkv, &b.proj, &b.mlp.fc1, &b.mlp.fc2] {
-            lin(&mut v, l);
+    let t = &w.text;
+    v.extend(t.token_embd.to_f32());
+    for b in &t.layers {
+        for m in [&b.wq, &b.wk, &b.wv, &b.wo, &b.w_up, &b.w_down] {
+            v.extend(m.to_f32());
         }
-        v.extend(b.ln.weight.iter().chain(&b.ln.bias));
+        for x in [
+            &b.attn_norm_bias,
+            &b.bq,
+            &b.bk,
+            &b.bv,
+            &b.bo,
+            &b.b_up,
+            &b.b_down,
+        ] {
+            v.extend(x.as_ref().expect("Phi biases"));
+        }
+        v.extend(&b.attn_norm);
     }
-    lin(&mut v, &w.text.lm_head);
+    v.extend(t.lm_head.to_f32());
+    v.extend(t.lm_head_bias.as_ref().expect("lm_head bias"));
+    v.extend(
+        t.output_norm
+            .iter()
+            .chain(t.output_norm_bias.as_ref().unwrap()),
+    );
     let r = w.region.as_ref().expect("region weights");
     v.extend(&r.coord_features);
     v.extend(&r.size_features);
@@ -120,7 +138,7 @@ fn both_namings_and_all_dtypes_load_the_same_weights() {
     let c = load(&bf16).unwrap();
     assert_eq!(c.vision.blocks[0].qkv.weight.dtype, DType::BF16);
     let d = load(&f16).unwrap();
-    assert_eq!(d.text.wte.dtype, DType::F16);
+    assert_eq!(d.text.token_embd.dtype, DType::F16);
     for (other, tol) in [(flatten(&c), 1.0 / 128.0), (flatten(&d), 1.0 / 1024.0)] {
         for (x, y) in fa.iter().zip(&other) {
             assert!(
@@ -204,4 +222,45 @@ fn broken_checkpoints_name_the_tensor() {
     for d in [dir, dir2, dir3] {
         std::fs::remove_dir_all(d).ok();
     }
+}
+
+/// `kestrel_model::load` of a served synthetic checkpoint (`--served`: the
+/// real vocabulary size and a generated `tokenizer.json` whose id 0 is
+/// `<|endoftext|>`): the Phi text weights, the vision model with the
+/// Starmie templates (id 50256 is no `<|endoftext|>`), BOS = EOS = 0, and
+/// the same text weights `load_checkpoint` gives.
+#[test]
+fn served_directory_loads_text_vision_and_templates() {
+    let Some(dir) = synth("served", &["--seed", "5", "--served"]) else {
+        return;
+    };
+    let model = kestrel_model::load(&dir).unwrap();
+    let vision = model
+        .vision
+        .as_ref()
+        .expect("a Moondream directory has vision");
+    assert_eq!(
+        vision.prompts,
+        kestrel_model::moondream::PromptTokens::starmie()
+    );
+    assert_eq!(vision.config.tokens, vision.prompts);
+    assert!(vision.region.is_some());
+    assert_eq!(
+        (model.bos_token_id, model.eos_token_ids.clone()),
+        (Some(0), vec![0])
+    );
+    let c = &model.weights.config;
+    assert_eq!(c.architecture, kestrel_model::Family::Phi);
+    assert_eq!((c.vocab_size, c.hidden_size, c.num_layers), (51200, 32, 2));
+    assert_eq!(c.features.rotary_dim, Some(4));
+    assert!(model.chat_template.is_none());
+    // The question is plain ids inside the vocabulary.
+    let ids = model.encode("What is in the image?").unwrap();
+    assert!(!ids.is_empty() && ids.iter().all(|&t| (t as usize) < c.vocab_size));
+    let direct = load(&dir).unwrap();
+    assert_eq!(
+        direct.text.token_embd.to_f32(),
+        model.weights.token_embd.to_f32()
+    );
+    std::fs::remove_dir_all(dir).ok();
 }

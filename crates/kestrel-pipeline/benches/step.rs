@@ -48,6 +48,7 @@ fn bench_steps(c: &mut Criterion) {
                         ..Default::default()
                     },
                     speculate: None,
+                    embeds: None,
                     skill: Box::new(Endless),
                 };
                 engine.submit(req).unwrap();

@@ -100,6 +100,16 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("max_new_tokens must be at least 1")]
     ZeroMaxTokens,
+    #[error(
+        "embedded rows {start}..{start}+{len} or bidirectional prefix ..{bidirectional_end} \
+         outside a prompt of {prompt_len} tokens"
+    )]
+    EmbedsOutsidePrompt {
+        start: usize,
+        len: usize,
+        bidirectional_end: usize,
+        prompt_len: usize,
+    },
     #[error("prompt of {prompt_len} tokens leaves no room in a context of {max_seq_len} tokens")]
     PromptTooLong {
         prompt_len: usize,
@@ -293,6 +303,14 @@ impl<E: Executor> EngineLoop<E> {
         }
         if req.max_new_tokens == 0 {
             return Err(SubmitError::ZeroMaxTokens);
+        }
+        if let Some(e) = req.embeds.as_ref().filter(|e| !e.fits(req.prompt.len())) {
+            return Err(SubmitError::EmbedsOutsidePrompt {
+                start: e.start,
+                len: e.len,
+                bidirectional_end: e.bidirectional_end,
+                prompt_len: req.prompt.len(),
+            });
         }
         if req.prompt.len() >= self.config.max_seq_len {
             return Err(SubmitError::PromptTooLong {

@@ -8,7 +8,7 @@
 //! [`Capabilities`] value ([`Executor::capabilities`]) that the loop, the
 //! engine's request validation and the bench all read.
 
-use crate::{RequestId, StepTiming, TokenId};
+use crate::{PromptEmbeds, RequestId, StepTiming, TokenId};
 
 /// Index of a ping-pong slot (`0..num_slots`).
 pub type SlotId = usize;
@@ -43,8 +43,12 @@ pub struct PrefillInput<'a, P> {
     pub max_len: usize,
     /// Admission or the next chunk.
     pub start: PrefillStart,
-    /// Prompt tokens this step computes at most (`usize::MAX`: the rest).
+    /// Prompt tokens this step computes at most (`usize::MAX`: the rest),
+    /// except that a chunk starting inside a bidirectional prefix computes
+    /// the prefix's rest whatever the budget ([`PrefillInput::chunk_end`]).
     pub max_tokens: usize,
+    /// Prompt rows the runtime embeds from another input (an image), if any.
+    pub embeds: Option<&'a PromptEmbeds>,
 }
 
 /// Where a prefill step starts in its sequence's prompt.
@@ -91,9 +95,14 @@ impl PrefillStart {
 
 impl<P> PrefillInput<'_, P> {
     /// The end of the chunk that starts at `start`: the one rule both the
-    /// pipeline and the runtimes use to agree on a step's tokens.
+    /// pipeline and the runtimes use to agree on a step's tokens. A chunk
+    /// never ends strictly inside a bidirectional prefix
+    /// ([`PromptEmbeds::bidirectional_end`]): one that would is extended to
+    /// the prefix's end, past `max_tokens` if need be.
     pub fn chunk_end(&self, start: usize) -> usize {
-        start.saturating_add(self.max_tokens).min(self.prompt.len())
+        let end = start.saturating_add(self.max_tokens);
+        let end = self.embeds.map_or(end, |e| e.chunk_end(start, end));
+        end.min(self.prompt.len())
     }
 
     /// Whether the chunk starting at `start` reaches the prompt's end, so
@@ -416,5 +425,72 @@ pub trait Executor {
     /// call, in commit order (nothing when not recording).
     fn drain_timings(&mut self, out: &mut Vec<StepTiming>) {
         let _ = out;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn input<'a>(
+        prompt: &'a [TokenId],
+        max_tokens: usize,
+        embeds: Option<&'a PromptEmbeds>,
+    ) -> PrefillInput<'a, ()> {
+        PrefillInput {
+            id: 1,
+            prompt,
+            generated: 0,
+            params: &(),
+            max_len: prompt.len() + 4,
+            start: PrefillStart::Admit,
+            max_tokens,
+            embeds,
+        }
+    }
+
+    /// A chunk starting inside a bidirectional prefix reaches its end, even
+    /// past the budget; elsewhere the budget holds, and no chunk passes
+    /// the prompt.
+    #[test]
+    fn chunk_end_never_ends_inside_the_bidirectional_prefix() {
+        let prompt = [1; 40];
+        let e = PromptEmbeds {
+            start: 1,
+            len: 29,
+            bidirectional_end: 30,
+            input: Arc::new(()),
+        };
+        for max_tokens in 1..45 {
+            let plain = input(&prompt, max_tokens, None);
+            let with = input(&prompt, max_tokens, Some(&e));
+            for start in 0..prompt.len() {
+                let end = with.chunk_end(start);
+                assert_eq!(plain.chunk_end(start), (start + max_tokens).min(40));
+                if start < 30 {
+                    assert_eq!(
+                        end,
+                        (start + max_tokens).clamp(30, 40),
+                        "{start}+{max_tokens}"
+                    );
+                } else {
+                    assert_eq!(end, plain.chunk_end(start));
+                }
+            }
+        }
+        // Each chunk of a whole run at any budget starts outside the prefix
+        // or ends at or past its end.
+        for max_tokens in 1..45 {
+            let with = input(&prompt, max_tokens, Some(&e));
+            let mut start = 0;
+            while start < prompt.len() {
+                let end = with.chunk_end(start);
+                assert!(end > start && (start >= 30 || end >= 30));
+                start = end;
+            }
+        }
+        assert_eq!(input(&prompt, usize::MAX, Some(&e)).chunk_end(3), 40);
     }
 }

@@ -36,7 +36,7 @@
 //! let mut engine = EngineLoop::new(exec, LoopConfig::default()).unwrap();
 //! let (skill, log) = SimSkill::new(None, None);
 //! engine
-//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SamplingParams { seed: 7, ..Default::default() }, speculate: None, skill: Box::new(skill) })
+//!     .submit(Request { id: 1, prompt: vec![1, 2, 3], max_new_tokens: 8, params: SamplingParams { seed: 7, ..Default::default() }, speculate: None, skill: Box::new(skill), embeds: None })
 //!     .unwrap();
 //! assert_eq!(engine.run_until_idle(), Tick::Idle);
 //! assert_eq!(log.lock().unwrap().tokens.len(), 8);
@@ -74,7 +74,7 @@ pub use observed::{Observed, WaitObserver};
 pub use phase::{Lifecycle, Phase, PhaseError, Transition, MAX_INFLIGHT_REFS};
 pub use sampling::{LogitBias, SamplingParams};
 pub use scheduler::{InvariantError, PipelineStats, SchedulerFault, StepPlan};
-pub use sequence::Request;
+pub use sequence::{PromptEmbeds, Request};
 pub use skill::{
     CommittedToken, FailureKind, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict,
 };

@@ -6,9 +6,66 @@
 //! [`crate::phase`]), which only transitions change. The budget checks of
 //! `can_dispatch` read both.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::phase::{Lifecycle, Phase, MAX_INFLIGHT_REFS};
 use crate::speculate::{DraftControl, NgramSpec};
 use crate::{RequestId, SequenceSkill, TokenId};
+
+/// Prompt rows a runtime embeds from an input other than token ids (an
+/// image's tokens), opaque to the pipeline.
+///
+/// The prompt ids at `start..start + len` stand for the rows (for an image:
+/// ids past the vocabulary derived from its content, so a prefix cache keyed
+/// by ids keys the rows by content); a runtime embeds those rows from
+/// `input` instead of looking the ids up.
+#[derive(Clone)]
+pub struct PromptEmbeds {
+    /// The prompt positions the rows cover: `start..start + len`.
+    pub start: usize,
+    pub len: usize,
+    /// Prompt positions `..bidirectional_end` attend each other both ways
+    /// (a prefix-LM mask: Moondream's BOS + 729 image rows, 730); a prefill
+    /// chunk never ends strictly inside `1..bidirectional_end` (the planner
+    /// extends such a chunk to `bidirectional_end`), and later rows are causal.
+    pub bidirectional_end: usize,
+    /// The runtime's input (for Moondream: `Arc<kestrel_model::vision::PreparedImage>`).
+    pub input: Arc<dyn Any + Send + Sync>,
+}
+
+impl PromptEmbeds {
+    /// Whether these rows fit a prompt of `prompt_len` tokens: the rows and
+    /// the bidirectional prefix lie within it.
+    pub fn fits(&self, prompt_len: usize) -> bool {
+        self.start
+            .checked_add(self.len)
+            .is_some_and(|end| end <= prompt_len)
+            && self.bidirectional_end <= prompt_len
+    }
+
+    /// The end of a prefill chunk that starts at `start` and would end at
+    /// `end`, moved to `bidirectional_end` when it would end strictly inside
+    /// the bidirectional prefix (an earlier chunk's rows cannot attend a
+    /// later chunk's keys, so the prefix's rest is computed in one chunk).
+    pub fn chunk_end(&self, start: usize, end: usize) -> usize {
+        if start < self.bidirectional_end && end < self.bidirectional_end {
+            self.bidirectional_end
+        } else {
+            end
+        }
+    }
+}
+
+impl std::fmt::Debug for PromptEmbeds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptEmbeds")
+            .field("start", &self.start)
+            .field("len", &self.len)
+            .field("bidirectional_end", &self.bidirectional_end)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A request as the pipeline receives it (already validated by the caller).
 pub struct Request<P> {
@@ -22,6 +79,8 @@ pub struct Request<P> {
     /// only if its skill can look ahead ([`SequenceSkill::fill_masks_ahead`]).
     pub speculate: Option<NgramSpec>,
     pub skill: Box<dyn SequenceSkill>,
+    /// Prompt rows embedded from another input (an image), if any.
+    pub embeds: Option<PromptEmbeds>,
 }
 
 impl<P> Request<P> {
@@ -37,6 +96,7 @@ impl<P> std::fmt::Debug for Request<P> {
             .field("id", &self.id)
             .field("prompt_len", &self.prompt.len())
             .field("max_new_tokens", &self.max_new_tokens)
+            .field("embeds", &self.embeds)
             .finish_non_exhaustive()
     }
 }
@@ -67,6 +127,8 @@ pub(crate) struct Sequence<P> {
     /// Another sample of the same request (`n > 1`) whose prompt pages this
     /// one shares at its first admission ([`crate::PrefillStart::Fork`]).
     pub fork_of: Option<RequestId>,
+    /// Prompt rows embedded from another input (the request's).
+    pub embeds: Option<PromptEmbeds>,
 }
 
 impl<P> Sequence<P> {
@@ -94,6 +156,7 @@ impl<P> Sequence<P> {
             draft: DraftControl::default(),
             skill: req.skill,
             fork_of,
+            embeds: req.embeds,
         }
     }
 

@@ -11,7 +11,9 @@
 //! or repeated). Pages are refcounted: a fork ([`PrefillStart::Fork`])
 //! shares its parent's full prompt pages, which must hold the fork's
 //! prompt, and [`SimExecutor::used_pages`] counts each page once, so a leak
-//! of any reference shows. Faults can be injected per call.
+//! of any reference shows. A prompt with a bidirectional prefix
+//! ([`crate::PromptEmbeds`]) must have the prefix's rest computed in the
+//! chunk that starts inside it. Faults can be injected per call.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -145,6 +147,8 @@ pub struct SimExecutor {
     pub violations: Vec<String>,
     /// Order of device operations, for timeline tests: (kind, slot).
     pub trace: Vec<(&'static str, SlotId)>,
+    /// Every prefill chunk computed, when tracing: (request, start, end).
+    pub chunks: Vec<(RequestId, usize, usize)>,
 }
 
 impl SimExecutor {
@@ -163,6 +167,7 @@ impl SimExecutor {
             resumes: 0,
             violations: Vec::new(),
             trace: Vec::new(),
+            chunks: Vec::new(),
         }
     }
 
@@ -194,6 +199,23 @@ impl SimExecutor {
     fn record(&mut self, what: &'static str, slot: SlotId) {
         if self.config.trace {
             self.trace.push((what, slot));
+        }
+    }
+
+    /// Check (and, when tracing, record) the prefill chunk `start..end` of
+    /// `input`: one that starts inside a bidirectional prefix must reach
+    /// its end, since a row of the prefix attends all of it.
+    fn check_chunk(&mut self, input: &PrefillInput<'_, SimParams>, start: usize, end: usize) {
+        if let Some(e) = input.embeds {
+            if start < e.bidirectional_end && end < e.bidirectional_end {
+                self.violations.push(format!(
+                    "request {}: chunk {start}..{end} ends inside its bidirectional prefix ..{}",
+                    input.id, e.bidirectional_end
+                ));
+            }
+        }
+        if self.config.trace {
+            self.chunks.push((input.id, start, end));
         }
     }
 
@@ -394,6 +416,7 @@ impl Executor for SimExecutor {
                             .push(format!("request {} prefilled twice", input.id));
                     }
                     self.take_pages(input.id, input.prompt.len().div_ceil(page_size) - shared);
+                    self.check_chunk(input, from, end);
                     end
                 }
                 PrefillStart::Resume(start) => {
@@ -413,6 +436,7 @@ impl Executor for SimExecutor {
                     let end = input.chunk_end(start);
                     seq.kv.truncate(start);
                     seq.kv.extend_from_slice(&input.prompt[seq.kv.len()..end]);
+                    self.check_chunk(input, start, end);
                     end
                 }
             };

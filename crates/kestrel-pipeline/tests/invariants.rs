@@ -51,6 +51,7 @@ fn submit(
             ..Default::default()
         },
         speculate: None,
+        embeds: None,
         skill: Box::new(skill),
     };
     e.submit(req).unwrap();
@@ -330,6 +331,7 @@ fn submit_validation() {
             max_new_tokens: max_new,
             params: SimParams::default(),
             speculate: None,
+            embeds: None,
             skill: Box::new(skill),
         }
     };
@@ -455,6 +457,7 @@ fn prefill_chunks_take_turns_with_decode() {
                 ..Default::default()
             },
             speculate: None,
+            embeds: None,
             skill: Box::new(skill),
         })
         .unwrap();
@@ -476,6 +479,104 @@ fn prefill_chunks_take_turns_with_decode() {
             .collect();
         assert_eq!(long.lock().unwrap().tokens, expected, "{mode:?}/{policy:?}");
     }
+}
+
+/// A prompt with a bidirectional prefix (an image's: BOS and embedded
+/// rows that attend each other both ways) under a 2-token chunk budget:
+/// the first chunk computes the whole prefix (12 rows, past the budget),
+/// later chunks keep the budget; a fork sharing the parent's one full page
+/// of 8 starts inside the prefix and computes its rest in one chunk (past
+/// the budget too); a broken rule would also be a device violation. Tokens
+/// are those of a whole-prompt prefill.
+#[test]
+fn bidirectional_prefix_is_one_chunk() {
+    for (mode, policy) in [
+        (PipelineMode::Blocking, PrefillPolicy::Drain),
+        (PipelineMode::Pipelined, PrefillPolicy::RideAlong),
+    ] {
+        let sim = SimConfig {
+            page_size: 8,
+            ..SimConfig::default()
+        };
+        let mut e = engine_with(sim, mode, policy, |c| {
+            c.prefill_chunk = NonZeroUsize::new(2)
+        });
+        let embeds = kestrel_pipeline::PromptEmbeds {
+            start: 1,
+            len: 11,
+            bidirectional_end: 12,
+            input: Arc::new(()),
+        };
+        let prompt: Vec<u32> = (0..16).map(|t| t % 60 + 1).collect();
+        let mut logs = Vec::new();
+        let samples: Vec<_> = (0..2u64)
+            .map(|k| {
+                let (skill, log) = SimSkill::new(Some(3), None);
+                logs.push(log);
+                Request {
+                    id: 10 + k,
+                    prompt: prompt.clone(),
+                    max_new_tokens: 3,
+                    params: SimParams {
+                        seed: 5 + k,
+                        ..Default::default()
+                    },
+                    speculate: None,
+                    embeds: Some(embeds.clone()),
+                    skill: Box::new(skill),
+                }
+            })
+            .collect();
+        e.submit_samples(samples).unwrap();
+        assert_eq!(e.run_until_idle(), Tick::Idle);
+        let sim = e.executor();
+        assert!(sim.violations.is_empty(), "{:?}", sim.violations);
+        let chunks = |id| -> Vec<(usize, usize)> {
+            let of = sim.chunks.iter().filter(|c| c.0 == id);
+            of.map(|&(_, a, b)| (a, b)).collect()
+        };
+        assert_eq!(chunks(10), [(0, 12), (12, 14), (14, 16)], "{mode:?}");
+        // Of the parent's 15 tokens before its last, the fork shares the one
+        // full page (8 tokens).
+        assert_eq!(chunks(11), [(8, 12), (12, 14), (14, 16)], "{mode:?}");
+        for (k, log) in logs.iter().enumerate() {
+            let expected: Vec<u32> = (0..3)
+                .map(|i| sim_sample(5 + k as u64, prompt.len() + i, 64, None))
+                .collect();
+            assert_eq!(log.lock().unwrap().tokens, expected, "{mode:?}");
+        }
+    }
+}
+
+/// An embedded range or bidirectional prefix past the prompt is refused at
+/// submission.
+#[test]
+fn embeds_outside_the_prompt_are_refused() {
+    let mut e = engine(PipelineMode::Blocking, PrefillPolicy::Drain);
+    let (skill, _log) = SimSkill::new(None, None);
+    let err = e
+        .submit(Request {
+            id: 1,
+            prompt: vec![1; 8],
+            max_new_tokens: 3,
+            params: SimParams::default(),
+            speculate: None,
+            embeds: Some(kestrel_pipeline::PromptEmbeds {
+                start: 1,
+                len: 8,
+                bidirectional_end: 9,
+                input: Arc::new(()),
+            }),
+            skill: Box::new(skill),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            kestrel_pipeline::SubmitError::EmbedsOutsidePrompt { prompt_len: 8, .. }
+        ),
+        "{err:?}"
+    );
 }
 
 /// Runs four 40-token requests (two constrained) through a cache of
@@ -651,6 +752,7 @@ fn forked_samples_share_prompt_pages_and_free_them() {
                         ..Default::default()
                     },
                     speculate: None,
+                    embeds: None,
                     skill: Box::new(skill),
                 }
             })

@@ -5,7 +5,9 @@
 //! Pipelined modes, with and without chunked prefill, emit the token streams
 //! of a cache large enough that nothing is ever preempted, and each sample
 //! of an `n > 1` request (forked from the first, sharing its prompt pages)
-//! the stream it gets as a request of its own. The scenarios'
+//! the stream it gets as a request of its own; a prompt with a bidirectional
+//! prefix (an image's) never has a chunk end inside it (the simulated device
+//! records a violation). The scenarios'
 //! small caches (6 to 80 pages of 4 tokens, taken as sequences grow) make
 //! about one case in ten preempt (some 300 of the 3,000, 700 preemptions).
 
@@ -30,6 +32,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
         prop::option::weighted(0.15, 0usize..60),
         prop::option::weighted(0.4, (1usize..8, 1usize..3)),
         prop_oneof![4 => Just(1usize), 1 => 2usize..4],
+        prop::option::weighted(0.3, 0usize..24),
     )
         .prop_map(
             |(
@@ -42,6 +45,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
                 abort_at,
                 speculate,
                 samples,
+                bidirectional,
             )| {
                 ReqSpec {
                     arrive_at,
@@ -53,6 +57,7 @@ fn req_spec() -> impl Strategy<Value = ReqSpec> {
                     abort_at,
                     speculate,
                     samples,
+                    bidirectional,
                 }
             },
         )

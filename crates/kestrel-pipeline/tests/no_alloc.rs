@@ -75,6 +75,7 @@ fn steady_state_steps_do_not_allocate() {
                         ..Default::default()
                     },
                     speculate: None,
+                    embeds: None,
                     skill: Box::new(skill),
                 };
                 e.submit(req).unwrap();

@@ -460,6 +460,7 @@ mod tests {
             max_len: 32,
             start,
             max_tokens,
+            embeds: None,
         }
     }
 

@@ -179,6 +179,7 @@ pub fn run_workload<R: BenchRuntime>(
             };
             engine
                 .submit(Request {
+                    embeds: None,
                     id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                     prompt: req.prompt,
                     max_new_tokens: req.max_new_tokens,

@@ -574,6 +574,7 @@ fn cpu_runtime(
             numerics: opts.numerics,
             // Placed once at load (`main`).
             weight_pages: WeightPages::InPlace,
+            ..CpuRuntimeConfig::default()
         },
     )
     .context("starting the CPU runtime")
@@ -670,6 +671,7 @@ fn one_token<R: BenchRuntime>(
     what: &str,
 ) -> anyhow::Result<()> {
     engine.submit(Request {
+        embeds: None,
         id,
         prompt,
         max_new_tokens: 1,

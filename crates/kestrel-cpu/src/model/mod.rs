@@ -75,6 +75,23 @@ pub struct PrefillBatch<'a> {
     pub kv_last_page_len: &'a [u32],
 }
 
+/// What a prefill takes besides token ids (Moondream's image rows and
+/// prefix-LM mask). The default is none: every row looked up, causal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrefillRows<'a> {
+    /// Per sequence of the batch (empty: all causal): its rows at positions
+    /// below this attend keys `0..bidirectional_end` (a bidirectional
+    /// prefix, whose keys this call must write or have written); later rows
+    /// are causal. 0: causal.
+    pub bidirectional_end: &'a [u32],
+    /// Batch rows (indices into the batch's tokens, ascending) that take
+    /// their input from `embeds` instead of the embedding table (row
+    /// `embedded[j]` takes `embeds[j * hidden..][..hidden]`, as given: no
+    /// embedding scale); their token ids are never read.
+    pub embedded: &'a [u32],
+    pub embeds: &'a [f32],
+}
+
 /// Which rows of a prefill get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsMode {
@@ -197,6 +214,11 @@ impl CpuModel {
     }
 
     /// Compute threads (the calling thread included).
+    /// The compute team (the vision encoder runs its GEMMs on it too).
+    pub(crate) fn team(&self) -> &Team {
+        &self.team
+    }
+
     pub fn threads(&self) -> usize {
         self.team.threads()
     }
@@ -273,15 +295,33 @@ impl CpuModel {
             }
             scratch.row_seq[i] = i as u32;
             scratch.row_pos[i] = p;
+            scratch.row_len[i] = p + 1;
             scratch.logit_rows[i] = i as u32;
         }
-        self.forward_rows(batch.tokens, &seqs, n, kv, out_logits, scratch)
+        let rows = PrefillRows::default();
+        self.forward_rows(batch.tokens, rows, &seqs, n, kv, out_logits, scratch)
     }
 
     /// Prefill chunks (see [`PrefillBatch`]); writes logits per `mode`.
     pub fn forward_prefill(
         &self,
         batch: PrefillBatch<'_>,
+        kv: &mut KvStore,
+        out_logits: &mut [f32],
+        mode: LogitsMode,
+        scratch: &mut Scratch,
+    ) -> Result<(), CpuError> {
+        let rows = PrefillRows::default();
+        self.forward_prefill_rows(batch, rows, kv, out_logits, mode, scratch)
+    }
+
+    /// [`CpuModel::forward_prefill`] with rows given as embeddings and
+    /// bidirectional prefixes ([`PrefillRows`]). Every step after the
+    /// embedding is per row as before, so batch invariance holds.
+    pub fn forward_prefill_rows(
+        &self,
+        batch: PrefillBatch<'_>,
+        rows: PrefillRows<'_>,
         kv: &mut KvStore,
         out_logits: &mut [f32],
         mode: LogitsMode,
@@ -306,6 +346,19 @@ impl CpuModel {
             kv,
         )?;
         self.check_rows(n, scratch)?;
+        let h = self.cfg.hidden_size;
+        if !(rows.bidirectional_end.is_empty() || rows.bidirectional_end.len() == ns)
+            || rows.embeds.len() != rows.embedded.len() * h
+            || rows.embedded.windows(2).any(|w| w[0] >= w[1])
+            || rows.embedded.last().is_some_and(|&r| r as usize >= n)
+        {
+            return Err(bad(format!(
+                "{} prefix ends for {ns} sequences, {} embedded rows ({} floats) of {n}",
+                rows.bidirectional_end.len(),
+                rows.embedded.len(),
+                rows.embeds.len()
+            )));
+        }
         let mut nlogits = 0;
         for s in 0..ns {
             let (a, b) = (batch.qo_indptr[s] as usize, batch.qo_indptr[s + 1] as usize);
@@ -320,9 +373,17 @@ impl CpuModel {
                     b - a
                 )));
             }
+            let prefix = rows.bidirectional_end.get(s).copied().unwrap_or(0);
+            if prefix as usize > ext && batch.start_pos[s] < prefix {
+                return Err(bad(format!(
+                    "sequence {s}: rows before {prefix} attend keys its pages do not hold ({ext})"
+                )));
+            }
             for i in a..b {
+                let pos = batch.start_pos[s] + (i - a) as u32;
                 scratch.row_seq[i] = s as u32;
-                scratch.row_pos[i] = batch.start_pos[s] + (i - a) as u32;
+                scratch.row_pos[i] = pos;
+                scratch.row_len[i] = if pos < prefix { prefix } else { pos + 1 };
                 if mode == LogitsMode::All {
                     scratch.logit_rows[nlogits] = i as u32;
                     nlogits += 1;
@@ -333,7 +394,7 @@ impl CpuModel {
                 nlogits += 1;
             }
         }
-        self.forward_rows(batch.tokens, &seqs, nlogits, kv, out_logits, scratch)
+        self.forward_rows(batch.tokens, rows, &seqs, nlogits, kv, out_logits, scratch)
     }
 
     fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {
@@ -411,9 +472,11 @@ impl CpuModel {
 
     /// The shared pass over `tokens.len()` rows whose sequence/position are in
     /// `scratch.row_seq/row_pos`; logits for rows `scratch.logit_rows[..nlogits]`.
+    #[allow(clippy::too_many_arguments)]
     fn forward_rows(
         &self,
         tokens: &[u32],
+        given: PrefillRows<'_>,
         seqs: &Seqs<'_>,
         nlogits: usize,
         kv: &mut KvStore,
@@ -431,7 +494,20 @@ impl CpuModel {
                 got: out_logits.len(),
             });
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        // Embedded rows' ids are never looked up (an image's are past the
+        // vocabulary); `given.embedded` is ascending.
+        let mut embedded = given.embedded.iter().peekable();
+        let looked_up = tokens.iter().enumerate().filter(move |&(i, _)| {
+            let skip = embedded.peek().is_some_and(|&&r| r as usize == i);
+            if skip {
+                embedded.next();
+            }
+            !skip
+        });
+        if let Some((_, &t)) = looked_up
+            .clone()
+            .find(|&(_, &t)| t as usize >= c.vocab_size)
+        {
             return Err(CpuError::TokenOutOfRange {
                 token: t,
                 vocab: c.vocab_size,
@@ -453,12 +529,18 @@ impl CpuModel {
         let fe = &c.features;
         // Rotated dimensions per head (Phi rotates the first `rot` only).
         let rot = fe.rotary_dim.unwrap_or(hd);
-        for (i, &t) in tokens.iter().enumerate() {
+        for (i, &t) in looked_up {
             let xr = &mut scratch.x[i * h..(i + 1) * h];
             dequant_row(&embd, t as usize, xr);
             if fe.embedding_scale != 1.0 {
                 xr.iter_mut().for_each(|v| *v *= fe.embedding_scale);
             }
+        }
+        for (j, &i) in given.embedded.iter().enumerate() {
+            let i = i as usize;
+            scratch.x[i * h..(i + 1) * h].copy_from_slice(&given.embeds[j * h..(j + 1) * h]);
+        }
+        for i in 0..n {
             for (r, spec) in self.ropes.iter().enumerate() {
                 let o = (i * nr + r) * hd;
                 spec.table(scratch.row_pos[i], rot, &mut scratch.rope[o..o + rot]);
@@ -687,7 +769,7 @@ impl CpuModel {
         let (kl, vl) = kv.layer(l);
         let ntasks = n * nkv;
         // Below ~1k key visits (a few microseconds) splitting gains nothing.
-        let visits: usize = row_pos_sum(&s.row_pos[..n]) * group * nkv;
+        let visits: usize = keys_sum(&s.row_len[..n]) * group * nkv;
         let workers = if visits < 1024 {
             1
         } else {
@@ -695,7 +777,7 @@ impl CpuModel {
         };
         let keys_t = self.transpose_chunk_keys(l, n, seqs, kv, s);
         let out = OutPtr(s.attn.as_mut_ptr());
-        let (q, row_seq, row_pos) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_pos[..n]);
+        let (q, row_seq, row_len) = (&s.q[..n * qd], &s.row_seq[..n], &s.row_len[..n]);
         let per_head = keys_t.map_or(0, |(_, len)| keys_t_len(len, hd));
         let mc = self.scores_per_worker(s.max_context);
         let scores_ptr = OutPtr(s.scores.as_mut_ptr());
@@ -720,7 +802,7 @@ impl CpuModel {
                 // n*qd long and is not otherwise borrowed during this region.
                 let out_slice =
                     unsafe { std::slice::from_raw_parts_mut(out.ptr().add(o), group * hd) };
-                let (qg, len) = (&q[o..o + group * hd], row_pos[i] as usize + 1);
+                let (qg, len) = (&q[o..o + group * hd], row_len[i] as usize);
                 match layer.window_start(len) {
                     Some(first) => block::attend_window(
                         qg, kl, vl, seq, g, first, len, scale, scores, out_slice,
@@ -762,7 +844,7 @@ impl CpuModel {
         if n < KEYS_T_MIN_ROWS || !wide_route(self.isa, hd) {
             return None;
         }
-        let (row_seq, row_pos) = (&s.row_seq[..n], &s.row_pos[..n]);
+        let (row_seq, row_len) = (&s.row_seq[..n], &s.row_len[..n]);
         // Past its window a row attends through `attend_window`, which does
         // not read transposed keys.
         let layer = &self.layers[l];
@@ -772,7 +854,7 @@ impl CpuModel {
         while i < n {
             let seq = row_seq[i];
             let run = row_seq[i..].iter().take_while(|&&r| r == seq).count();
-            let lens = row_pos[i..i + run].iter().map(|&p| p as usize + 1);
+            let lens = row_len[i..i + run].iter().map(|&len| len as usize);
             let lens = lens.filter(|&len| layer.window_start(len).is_none());
             let (rows, len) = lens.fold((0, 0), |(r, m), len| (r + 1, m.max(len)));
             if rows > best.1 {
@@ -841,8 +923,9 @@ fn add_rows(rows: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
-fn row_pos_sum(pos: &[u32]) -> usize {
-    pos.iter().map(|&p| p as usize + 1).sum()
+/// Keys attended by rows of these lengths, in all.
+fn keys_sum(lens: &[u32]) -> usize {
+    lens.iter().map(|&len| len as usize).sum()
 }
 
 fn bad(reason: String) -> CpuError {

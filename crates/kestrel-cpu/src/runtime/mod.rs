@@ -12,8 +12,12 @@
 //! (admission, chunk planning with undo, the drafts check), as on CUDA.
 //! KV is taken lazily: a sequence is admitted with its prompt's pages and
 //! grows a page at a time ([`Executor::grow`]); a preempted sequence's
-//! written pages go to the prefix cache before its row is freed.
+//! written pages go to the prefix cache before its row is freed. With a
+//! vision model ([`CpuRuntime::with_vision`]) a prefill row may carry an
+//! image's rows ([`kestrel_pipeline::PromptEmbeds`]): encoded on the
+//! compute stream inside that step, cached by content (`images`).
 
+mod images;
 mod slot;
 mod stream;
 
@@ -23,7 +27,8 @@ use std::thread::JoinHandle;
 
 use kestrel_kv::KvError;
 pub use kestrel_kv::KvStats;
-use kestrel_model::ModelWeights;
+use kestrel_model::vision::PreparedImage;
+use kestrel_model::{ModelWeights, VisionModel};
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, MaskBatch, PipelineState, PrefillInput, RequestId,
     SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
@@ -31,6 +36,8 @@ use kestrel_pipeline::{
 pub use kestrel_step::StepConfig;
 use kestrel_step::{executor_kv_queries, StepError, StepFront};
 
+pub use self::images::VisionStats;
+use self::images::{ImageCounters, ImageRows};
 use self::slot::{Outputs, PrefillRow, SlotMeta};
 use self::stream::{run_copy_stream, ComputeStream, Done, MaskBuf, Work};
 use crate::kernels::{Isa, Numerics};
@@ -39,7 +46,7 @@ use crate::{CpuError, CpuModel, KvStore, Scratch};
 pub use kestrel_pipeline::StepTiming;
 
 /// Configuration of a [`CpuRuntime`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuRuntimeConfig {
     /// Matmul worker threads (0 = available parallelism).
     pub threads: usize,
@@ -49,6 +56,22 @@ pub struct CpuRuntimeConfig {
     pub numerics: Numerics,
     /// Where the weights' bytes live ([`WeightPages::Huge`] by default).
     pub weight_pages: WeightPages,
+    /// Encoded images (projector outputs) kept for the next request on the
+    /// same image, least recently used dropped first (8 by default; 0
+    /// encodes every time). Only a runtime with a vision model uses it.
+    pub image_cache: usize,
+}
+
+impl Default for CpuRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            step: StepConfig::default(),
+            numerics: Numerics::default(),
+            weight_pages: WeightPages::default(),
+            image_cache: 8,
+        }
+    }
 }
 
 /// The CPU runtime scores prompts ([`CpuRuntime::score_prompt`]).
@@ -78,6 +101,10 @@ pub enum RuntimeError {
     Slot(#[from] StateError),
     #[error("invalid runtime config: {0}")]
     Config(String),
+    /// A prefill row's image rows the runtime cannot embed (no vision
+    /// model, not a prepared image, or rows the projector does not give).
+    #[error("request {id}: {reason}")]
+    ImageRows { id: RequestId, reason: String },
 }
 
 const NUM_SLOTS: usize = 2;
@@ -86,6 +113,7 @@ const NUM_SLOTS: usize = 2;
 pub struct CpuRuntime {
     cfg: CpuRuntimeConfig,
     vocab: usize,
+    hidden: usize,
     /// Admitted sequences (no per-sequence extras here) and the step
     /// front end over them.
     front: StepFront<()>,
@@ -105,6 +133,17 @@ pub struct CpuRuntime {
     isa: Isa,
     /// Device-side timings of committed steps, when recording is on.
     timings: Option<Vec<StepTiming>>,
+    /// The vision model's shape, once it has one ([`Self::with_vision`]).
+    vision: Option<VisionShape>,
+    images: Arc<ImageCounters>,
+}
+
+/// What a prefill's image rows are checked against at launch.
+#[derive(Debug, Clone, Copy)]
+struct VisionShape {
+    /// Rows an image gives (the projector's, 729).
+    rows: usize,
+    crop_size: usize,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -175,6 +214,7 @@ impl CpuRuntime {
         Ok(Self {
             cfg,
             vocab: model_cfg.vocab_size,
+            hidden: model_cfg.hidden_size,
             front,
             work: Some(work_tx),
             done: done_rx,
@@ -190,7 +230,67 @@ impl CpuRuntime {
             compute_threads,
             isa,
             timings: None,
+            vision: None,
+            images: Arc::default(),
         })
+    }
+
+    /// Gives the runtime Moondream's vision side: prefill rows with image
+    /// rows ([`kestrel_pipeline::PromptEmbeds`] whose `input` is a
+    /// `kestrel_model::vision::PreparedImage`) are then embedded from the
+    /// image's projector output, encoded on the compute stream inside that
+    /// prefill step (the last [`CpuRuntimeConfig::image_cache`] kept).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Config`] when the projector's width is not the text
+    /// model's.
+    pub fn with_vision(mut self, vision: VisionModel) -> Result<Self, RuntimeError> {
+        let (v, hidden) = (&vision.config.vision, self.hidden);
+        if v.proj_out_dim != hidden {
+            return Err(RuntimeError::Config(format!(
+                "the vision projector gives {} values per row, the text model takes {hidden}",
+                v.proj_out_dim
+            )));
+        }
+        let shape = VisionShape {
+            rows: v.patches(),
+            crop_size: v.crop_size,
+        };
+        let rows = ImageRows::new(vision, self.cfg.image_cache, Arc::clone(&self.images));
+        self.send(Work::Vision(Box::new(rows)))?;
+        self.vision = Some(shape);
+        Ok(self)
+    }
+
+    /// Encoder runs and image-cache hits so far.
+    pub fn vision_stats(&self) -> VisionStats {
+        self.images.stats()
+    }
+
+    /// Refuses (before dispatch) image rows this runtime cannot embed.
+    fn check_embeds(&self, input: &PrefillInput<'_, SamplingParams>) -> Result<(), RuntimeError> {
+        let Some(e) = input.embeds else {
+            return Ok(());
+        };
+        let refuse = |reason: String| {
+            Err(RuntimeError::ImageRows {
+                id: input.id,
+                reason,
+            })
+        };
+        let Some(shape) = self.vision else {
+            return refuse("image rows for a model without vision".into());
+        };
+        let Some(image) = e.input.downcast_ref::<PreparedImage>() else {
+            return refuse("image rows whose input is not a prepared image".into());
+        };
+        if e.len != shape.rows || image.crops.crop_size != shape.crop_size {
+            return refuse(format!(
+                "{} image rows of {}-pixel crops; the vision model gives {} of {}",
+                e.len, image.crops.crop_size, shape.rows, shape.crop_size
+            ));
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &CpuRuntimeConfig {
@@ -312,6 +412,9 @@ impl Executor for CpuRuntime {
         slot: SlotId,
         seqs: &[PrefillInput<'_, SamplingParams>],
     ) -> Result<(), ExecError<RuntimeError>> {
+        for input in seqs {
+            self.check_embeds(input).map_err(ExecError::PreDispatch)?;
+        }
         let mut meta = self
             .take_meta(slot, StepKind::Prefill)
             .map_err(ExecError::PreDispatch)?;
@@ -324,6 +427,7 @@ impl Executor for CpuRuntime {
                 params: input.params.clone(),
                 prompt_len: input.prompt.len() as u32,
                 generated: input.generated as u32,
+                embeds: input.embeds.cloned(),
             });
         }
         self.dispatch(slot, meta)

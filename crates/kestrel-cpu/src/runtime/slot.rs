@@ -8,6 +8,7 @@
 //! is kept across steps: a steady-state step allocates nothing.
 
 use kestrel_kv::KvStep;
+use kestrel_pipeline::PromptEmbeds;
 use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
 
 /// One sequence's chunk in a prefill step (its prompt and span ride in
@@ -20,6 +21,9 @@ pub(crate) struct PrefillRow {
     /// The prompt's last tokens that the sequence generated before a
     /// preemption: penalties count them as sampled tokens.
     pub generated: u32,
+    /// Prompt rows embedded from an image (its input checked at launch to
+    /// be a `PreparedImage` the runtime's vision model takes).
+    pub embeds: Option<PromptEmbeds>,
 }
 
 /// The `DecodeSlot`'s metadata for one step, planned on the scheduler thread.

@@ -13,11 +13,14 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kestrel_model::vision::PreparedImage;
 use kestrel_pipeline::{SamplingParams, StepKind, StepTiming, TokenId};
 
+use super::images::ImageRows;
 use super::slot::{Outputs, SlotMeta};
-use crate::model::{DecodeBatch, LogitsMode, PrefillBatch};
+use crate::model::{DecodeBatch, LogitsMode, PrefillBatch, PrefillRows};
 use crate::sampler::{sample, PenaltyState};
+use crate::vision::VisionRun;
 use crate::{CpuError, CpuModel, KvStore, PositionLogprobs, Scratch};
 
 /// Work for the compute stream, executed in order.
@@ -32,6 +35,8 @@ pub(crate) enum Work {
     },
     /// Reply once everything before it has executed (stream synchronize).
     Sync(Sender<()>),
+    /// Take the vision model (image rows of later prefills).
+    Vision(Box<ImageRows>),
     /// Score every position of a prompt on a private cache
     /// ([`crate::prompt_logprobs`]); the runtime's KV is not touched.
     Score {
@@ -100,6 +105,10 @@ pub(crate) struct ComputeStream {
     start_pos: Vec<u32>,
     chunk_indptr: Vec<u32>,
     chunk_last: Vec<u32>,
+    /// Image rows (Moondream), once the runtime has a vision model.
+    vision: Option<Box<ImageRows>>,
+    /// A chunk's embedded rows (indices into the chunk).
+    embedded: Vec<u32>,
 }
 
 impl ComputeStream {
@@ -139,6 +148,8 @@ impl ComputeStream {
             start_pos: Vec::with_capacity(max_rows),
             chunk_indptr: Vec::with_capacity(2),
             chunk_last: Vec::with_capacity(1),
+            vision: None,
+            embedded: Vec::new(),
         }
     }
 
@@ -210,6 +221,7 @@ impl ComputeStream {
                 Work::Sync(reply) => {
                     let _ = reply.send(());
                 }
+                Work::Vision(v) => self.vision = Some(v),
                 Work::Score { tokens, top, reply } => {
                     let _ = reply.send(crate::prompt_logprobs(&self.model, &tokens, top));
                 }
@@ -287,8 +299,46 @@ impl ComputeStream {
                         ..meta.kv.indices.kv_indptr[r + 1] as usize];
                     let mut start = meta.kv.starts[r] as usize;
                     let len = prompt.len();
+                    // An image's rows: its projector output (encoded now
+                    // unless cached) for positions `e.start..e.start + e.len`.
+                    let image = match &p.embeds {
+                        Some(e) if start < e.start + e.len => {
+                            let (Some(v), Some(img)) = (
+                                self.vision.as_mut(),
+                                e.input.downcast_ref::<PreparedImage>(),
+                            ) else {
+                                return Err(bad_rows("image rows without a vision model"));
+                            };
+                            let run = VisionRun {
+                                team: Some(self.model.team()),
+                                isa: self.model.isa(),
+                                numerics: self.model.numerics(),
+                            };
+                            Some((e, v.tokens(run, img)?))
+                        }
+                        _ => None,
+                    };
+                    let prefix = p.embeds.as_ref().map_or(0, |e| e.bidirectional_end);
                     while start < len {
-                        let end = (start + self.chunk).min(len);
+                        let mut end = (start + self.chunk).min(len);
+                        // The bidirectional prefix's rows attend all of its
+                        // keys: its rest is one forward call.
+                        if start < prefix && end < prefix {
+                            end = prefix.min(len);
+                        }
+                        if end - start > self.scratch.max_rows() {
+                            let context = self.scratch.max_context();
+                            self.scratch = Scratch::new(&self.model, end - start, context);
+                        }
+                        self.embedded.clear();
+                        let embeds = match &image {
+                            Some((e, t)) if start.max(e.start) < end.min(e.start + e.len) => {
+                                let (a, b) = (start.max(e.start), end.min(e.start + e.len));
+                                self.embedded.extend((a..b).map(|pos| (pos - start) as u32));
+                                &t.data[(a - e.start) * t.dim..(b - e.start) * t.dim]
+                            }
+                            _ => &[][..],
+                        };
                         let npages = end.div_ceil(page_size);
                         self.chunk_indptr.clear();
                         self.chunk_indptr.extend([0, npages as u32]);
@@ -305,9 +355,16 @@ impl ComputeStream {
                             kv_indices: &pages[..npages],
                             kv_last_page_len: &self.chunk_last,
                         };
+                        let prefix_end = [prefix as u32];
+                        let rows = PrefillRows {
+                            bidirectional_end: if prefix > 0 { &prefix_end } else { &[] },
+                            embedded: &self.embedded,
+                            embeds,
+                        };
                         let out = &mut self.logits[slot][r * vocab..(r + 1) * vocab];
-                        self.model.forward_prefill(
+                        self.model.forward_prefill_rows(
                             batch,
+                            rows,
                             &mut self.kv,
                             out,
                             LogitsMode::LastPerSequence,
@@ -397,6 +454,12 @@ impl ComputeStream {
                 dev.row_indptr.push(dev.tokens.len() as u32);
             }
         }
+    }
+}
+
+fn bad_rows(reason: &str) -> CpuError {
+    CpuError::BadIndices {
+        reason: reason.into(),
     }
 }
 

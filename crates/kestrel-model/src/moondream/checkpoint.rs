@@ -18,7 +18,7 @@ use std::sync::Arc;
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::MoondreamConfig;
-use crate::{Bytes, Matrix, ModelError};
+use crate::{Bytes, Matrix, ModelError, ModelWeights};
 
 /// Which published tensor naming a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,27 +74,6 @@ pub struct VisionWeights {
     pub proj: Mlp,
 }
 
-/// One Phi block: attention and MLP in parallel off one LayerNorm.
-#[derive(Debug, Clone)]
-pub struct TextBlock {
-    pub ln: LayerNorm,
-    /// `[(n_heads + 2 n_kv_heads) * head_dim, dim]`: Q, K, V stacked.
-    pub qkv: Linear,
-    pub proj: Linear,
-    pub mlp: Mlp,
-}
-
-/// The text decoder.
-#[derive(Debug, Clone)]
-pub struct TextWeights {
-    /// `[vocab, dim]`.
-    pub wte: Matrix,
-    pub blocks: Vec<TextBlock>,
-    pub post_ln: LayerNorm,
-    /// Untied: `[vocab, dim]` with a bias.
-    pub lm_head: Linear,
-}
-
 /// The region model (coordinates and sizes).
 #[derive(Debug, Clone)]
 pub struct RegionWeights {
@@ -114,7 +93,9 @@ pub struct MoondreamWeights {
     pub config: MoondreamConfig,
     pub names: NameScheme,
     pub vision: VisionWeights,
-    pub text: TextWeights,
+    /// The text decoder as `Family::Phi` weights
+    /// ([`super::TextConfig::model_config`]).
+    pub text: ModelWeights,
     /// `None` when the checkpoint has no region model (text skills only).
     pub region: Option<RegionWeights>,
 }
@@ -148,8 +129,9 @@ pub fn load_checkpoint(
         c: &config,
     };
     let vision = l.vision()?;
-    let text = l.text()?;
     let region = l.region()?;
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let text = crate::moondream_text_weights(dir, config.text.model_config(), names)?;
     Ok(MoondreamWeights {
         config,
         names,
@@ -238,46 +220,6 @@ impl Loader<'_> {
                 &format!("{proj}.fc1"),
                 &format!("{proj}.fc2"),
                 [2 * d, v.proj_inner_dim, v.proj_out_dim],
-            )?,
-        })
-    }
-
-    fn text(&self) -> Result<TextWeights, ModelError> {
-        let t = &self.c.text;
-        let d = t.dim;
-        let blocks = (0..t.n_layers)
-            .map(|i| {
-                let hf = format!("model.text.blocks.{i}");
-                let ex = format!("text_model.transformer.h.{i}");
-                let fc = |k: &str| self.n(&format!("{hf}.mlp.{k}"), &format!("{ex}.mlp.{k}"));
-                Ok(TextBlock {
-                    ln: self.norm(&self.n(&format!("{hf}.ln"), &format!("{ex}.ln")), d)?,
-                    qkv: self.linear(
-                        &self.n(&format!("{hf}.attn.qkv"), &format!("{ex}.mixer.Wqkv")),
-                        t.qkv_dim(),
-                        d,
-                    )?,
-                    proj: self.linear(
-                        &self.n(&format!("{hf}.attn.proj"), &format!("{ex}.mixer.out_proj")),
-                        d,
-                        d,
-                    )?,
-                    mlp: self.mlp(&fc("fc1"), &fc("fc2"), [d, t.ff_dim, d])?,
-                })
-            })
-            .collect::<Result<_, ModelError>>()?;
-        Ok(TextWeights {
-            wte: self.s.matrix(
-                &self.n("model.text.wte", "text_model.transformer.embd.wte.weight"),
-                t.vocab_size,
-                d,
-            )?,
-            blocks,
-            post_ln: self.norm(&self.n("model.text.post_ln", "text_model.lm_head.ln"), d)?,
-            lm_head: self.linear(
-                &self.n("model.text.lm_head", "text_model.lm_head.linear"),
-                t.vocab_size,
-                d,
             )?,
         })
     }

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::vision::CropGeometry;
-use crate::ModelError;
+use crate::{ModelConfig, ModelError};
 
 /// The SigLIP-style vision encoder and its projector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -138,6 +138,25 @@ impl TextConfig {
     /// Output rows of the fused QKV projection.
     pub fn qkv_dim(&self) -> usize {
         (self.n_heads + 2 * self.n_kv_heads) * self.head_dim()
+    }
+
+    /// The decoder as the runtimes run it: `Family::Phi` with these
+    /// widths ([`ModelConfig::moondream2_text`]'s features, the rotary part
+    /// [`TextConfig::rotary_dim`]).
+    pub fn model_config(&self) -> ModelConfig {
+        let mut c = ModelConfig::moondream2_text();
+        c.vocab_size = self.vocab_size;
+        c.hidden_size = self.dim;
+        c.intermediate_size = self.ff_dim;
+        c.num_layers = self.n_layers;
+        c.num_heads = self.n_heads;
+        c.num_kv_heads = self.n_kv_heads;
+        c.head_dim = self.head_dim();
+        c.rope_theta = self.rope_theta;
+        c.max_position_embeddings = self.max_context;
+        let rotary = self.rotary_dim();
+        c.features.rotary_dim = (rotary < c.head_dim).then_some(rotary);
+        c
     }
 }
 
@@ -420,6 +439,7 @@ mod tests {
             (c.text.head_dim(), c.text.rotary_dim(), c.text.qkv_dim()),
             (64, 32, 6144)
         );
+        assert_eq!(c.text.model_config(), ModelConfig::moondream2_text());
         let small = MoondreamConfig::moondream2_0_5b().validate().unwrap();
         assert_eq!((small.vision.head_dim(), small.text.head_dim()), (72, 64));
         assert_eq!(small.tokens.caption(CaptionLength::Long), None);

@@ -2,11 +2,14 @@
 //! compute. [`image`] decodes JPEG, PNG and WebP bytes into RGB (EXIF
 //! orientation applied, a pixel limit checked before the pixels are
 //! decoded); [`crops`] cuts Moondream's global crop and overlapping tiles
-//! from it, as its reference does. Both are pure and allocate only their
-//! outputs; the encoder that consumes the crops lives in `kestrel-cpu`.
+//! from it, as its reference does; [`prepared`] holds both with the
+//! image's content hash ([`PreparedImage`]). All are pure and allocate only
+//! their outputs; the encoder that consumes the crops lives in `kestrel-cpu`.
 
 pub mod crops;
 pub mod image;
+pub mod prepared;
 
 pub use crops::{overlap_crops, select_tiling, CropGeometry, OverlapCrops, Tiling};
 pub use image::{decode_image, DecodeLimits, ImageError, ImageKind, RgbImage};
+pub use prepared::PreparedImage;

@@ -154,6 +154,7 @@ impl<P> Scheduler<P> {
                 _ => PrefillStart::Admit,
             },
             max_tokens,
+            embeds: seq.embeds.as_ref(),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use kestrel_pipeline::testing::{SimConfig, SimExecutor, SimLog, SimParams, SimSkill};
 use kestrel_pipeline::{
     EngineLoop, Executor, LoopConfig, MaskFiller, MaskRow, NgramSpec, PipelineMode, PrefillPolicy,
-    Request, Tick,
+    PromptEmbeds, Request, Tick,
 };
 
 #[derive(Debug, Clone)]
@@ -30,6 +30,24 @@ pub struct ReqSpec {
     /// (`EngineLoop::submit_samples`: the others fork from sample 0). An
     /// abort cancels sample `abort_at % samples` only.
     pub samples: usize,
+    /// A bidirectional prefix (as an image's): embedded rows `1..b` and
+    /// `PromptEmbeds::bidirectional_end` `b = 1 + x % prompt_len` for
+    /// `Some(x)`.
+    pub bidirectional: Option<usize>,
+}
+
+/// The embedded rows of a request with a bidirectional prefix
+/// ([`ReqSpec::bidirectional`]).
+pub fn embeds_of(spec: &ReqSpec) -> Option<PromptEmbeds> {
+    spec.bidirectional.map(|x| {
+        let end = 1 + x % spec.prompt_len;
+        PromptEmbeds {
+            start: 1.min(end),
+            len: end - 1.min(end),
+            bidirectional_end: end,
+            input: Arc::new(x),
+        }
+    })
 }
 
 /// The pipeline id of sample `k` of request `i`.
@@ -143,6 +161,7 @@ pub fn run(sc: &Scenario, mode: PipelineMode, policy: PrefillPolicy) -> RunResul
                         ..NgramSpec::new(k)
                     }),
                     skill: Box::new(skill),
+                    embeds: embeds_of(spec),
                 };
                 samples.push((req, log));
             }

@@ -1,7 +1,8 @@
 //! Phi from an HF directory (`model_type: phi`, `modeling_phi.py`'s names)
-//! and the same decoder under Moondream 2's `text_model.*` names (fused
-//! `Wqkv`, split at load): both give the same config features and
-//! bit-equal weights; what the block cannot compute is refused.
+//! and the same decoder under Moondream 2's `text_model.*` and `model.text.*`
+//! names (fused `Wqkv` / `attn.qkv`, split at load): all give the same
+//! config features and bit-equal weights; what the block cannot compute is
+//! refused.
 
 use super::*;
 use crate::safetensors_load::{PhiNames, PhiTensor};
@@ -16,7 +17,7 @@ fn values(seed: usize, rows: usize, cols: usize) -> Matrix {
 }
 
 /// Phi's tensors in one of the two namings, F16 matrices, F32 vectors.
-fn phi_tensors(c: &ModelConfig, names: PhiNames<'_>) -> Vec<Entry> {
+fn phi_tensors(c: &ModelConfig, names: PhiNames) -> Vec<Entry> {
     let (h, q, kv, ff, vocab) = (
         c.hidden_size,
         c.q_dim(),
@@ -26,34 +27,31 @@ fn phi_tensors(c: &ModelConfig, names: PhiNames<'_>) -> Vec<Entry> {
     );
     let mut t = Vec::new();
     let mut seed = 0;
-    let mut add = |stem: String, rows: usize, cols: usize, bias: bool| {
+    let mut add = |tensor: PhiTensor, rows: usize, cols: usize, bias: bool| {
         seed += 1;
         let m = values(seed, rows, cols);
-        t.push(entry(format!("{stem}.weight"), &m, DType::F16, rows == 1));
+        t.push(entry(names.weight(tensor), &m, DType::F16, rows == 1));
         if bias {
             let b = values(seed + 1000, 1, if rows == 1 { cols } else { rows });
-            t.push(entry(format!("{stem}.bias"), &b, DType::F32, true));
+            t.push(entry(names.bias(tensor), &b, DType::F32, true));
         }
     };
-    add(names.stem(PhiTensor::Embed), vocab, h, false);
+    add(PhiTensor::Embed, vocab, h, false);
     for i in 0..c.num_layers {
-        add(names.stem(PhiTensor::Norm(i)), 1, h, true);
-        match names {
-            PhiNames::Hf => {
-                for (p, rows) in [(0, q), (1, kv), (2, kv)] {
-                    add(names.stem(PhiTensor::Qkv(i, p)), rows, h, true);
-                }
-            }
-            PhiNames::Moondream { .. } => {
-                add(names.stem(PhiTensor::Qkv(i, 0)), q + 2 * kv, h, true)
+        add(PhiTensor::Norm(i), 1, h, true);
+        if names.fused_qkv() {
+            add(PhiTensor::Qkv(i, 0), q + 2 * kv, h, true)
+        } else {
+            for (p, rows) in [(0, q), (1, kv), (2, kv)] {
+                add(PhiTensor::Qkv(i, p), rows, h, true);
             }
         }
-        add(names.stem(PhiTensor::Out(i)), h, q, true);
-        add(names.stem(PhiTensor::Fc1(i)), ff, h, true);
-        add(names.stem(PhiTensor::Fc2(i)), h, ff, true);
+        add(PhiTensor::Out(i), h, q, true);
+        add(PhiTensor::Fc1(i), ff, h, true);
+        add(PhiTensor::Fc2(i), h, ff, true);
     }
-    add(names.stem(PhiTensor::FinalNorm), 1, h, true);
-    add(names.stem(PhiTensor::LmHead), vocab, h, true);
+    add(PhiTensor::FinalNorm, 1, h, true);
+    add(PhiTensor::LmHead, vocab, h, true);
     t
 }
 
@@ -143,12 +141,7 @@ fn phi_config_json(c: &ModelConfig) -> serde_json::Value {
 #[test]
 fn phi_hf_and_moondream_names_load_the_same_decoder() {
     let c = phi_config();
-    let md = phi_tensors(
-        &c,
-        PhiNames::Moondream {
-            prefix: "text_model.",
-        },
-    );
+    let md = phi_tensors(&c, PhiNames::Moondream);
     let hf = as_hf(&c, &md);
     // The HF naming [`PhiNames::Hf`] gives is what `as_hf` wrote.
     let mut want: Vec<String> = phi_tensors(&c, PhiNames::Hf)
@@ -169,7 +162,16 @@ fn phi_hf_and_moondream_names_load_the_same_decoder() {
 
     let md_dir = TempDir::new("phi-md");
     write_st(&md_dir.0.join("model.safetensors"), &md);
-    let b = crate::moondream_text_weights(&md_dir.0, c.clone(), "text_model.").unwrap();
+    let exported = crate::moondream::NameScheme::Exported;
+    let b = crate::moondream_text_weights(&md_dir.0, c.clone(), exported).unwrap();
+    // Moondream's HF state-dict names (`model.text.*`), same values.
+    let md_hf_dir = TempDir::new("phi-md-hf");
+    write_st(
+        &md_hf_dir.0.join("model.safetensors"),
+        &phi_tensors(&c, PhiNames::MoondreamHf),
+    );
+    let hf_names = crate::moondream::NameScheme::Hf;
+    let b_hf = crate::moondream_text_weights(&md_hf_dir.0, c.clone(), hf_names).unwrap();
 
     let mat = |x: &Matrix, y: &Matrix, what: String| {
         assert_eq!(
@@ -196,7 +198,19 @@ fn phi_hf_and_moondream_names_load_the_same_decoder() {
         "output_norm_bias".into(),
     );
     vec(&a.lm_head_bias, &b.lm_head_bias, "lm_head_bias".into());
-    for (i, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
+    mat(&b.token_embd, &b_hf.token_embd, "md hf token_embd".into());
+    mat(&b.lm_head, &b_hf.lm_head, "md hf lm_head".into());
+    vec(
+        &b.lm_head_bias,
+        &b_hf.lm_head_bias,
+        "md hf lm_head_bias".into(),
+    );
+    let pairs = a
+        .layers
+        .iter()
+        .zip(&b.layers)
+        .chain(b.layers.iter().zip(&b_hf.layers));
+    for (i, (x, y)) in pairs.enumerate() {
         let w = |s: &str| format!("layer {i} {s}");
         for (n, p, q) in [
             ("wq", &x.wq, &y.wq),
@@ -231,15 +245,7 @@ fn phi_hf_and_moondream_names_load_the_same_decoder() {
 #[test]
 fn phi_refusals_name_what_is_missing() {
     let c = phi_config();
-    let hf = as_hf(
-        &c,
-        &phi_tensors(
-            &c,
-            PhiNames::Moondream {
-                prefix: "text_model.",
-            },
-        ),
-    );
+    let hf = as_hf(&c, &phi_tensors(&c, PhiNames::Moondream));
     let dir = TempDir::new("phi-refuse");
     let mut cfg = phi_config_json(&c);
     cfg["qk_layernorm"] = json!(true);
