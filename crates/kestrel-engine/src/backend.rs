@@ -47,7 +47,7 @@ impl RuntimeConfig {
                 step,
                 numerics: config.numerics,
                 weight_pages: config.weight_pages,
-                ..CpuRuntimeConfig::default()
+                image_cache: config.images.cache,
             }),
             Backend::Cuda | Backend::CudaHost => {
                 let cfg = CudaRuntimeConfig {
@@ -74,19 +74,28 @@ impl RuntimeConfig {
         }
     }
 
-    /// Starts an engine on the runtime (built on the engine thread).
+    /// Starts an engine on the runtime (built on the engine thread), with
+    /// the model's vision side if it has one (the CPU runtime's image rows;
+    /// the CUDA runtime has none yet and refuses a vision model).
     pub fn start(
         self,
         model: ModelContext,
         loop_config: LoopConfig,
         speculate: Option<NgramSpec>,
         weights: kestrel_model::ModelWeights,
+        vision: Option<kestrel_model::VisionModel>,
     ) -> Result<Engine, EngineError> {
+        if vision.is_some() && !matches!(self, RuntimeConfig::Cpu(_)) {
+            return Err(unavailable("CUDA", NoVision));
+        }
         match self {
             RuntimeConfig::Cpu(cfg) => {
                 Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
                     let mut rt =
                         CpuRuntime::new(weights, cfg).map_err(|e| unavailable("CPU", e))?;
+                    if let Some(v) = vision {
+                        rt = rt.with_vision(v).map_err(|e| unavailable("CPU", e))?;
+                    }
                     rt.record_timings(true).map_err(|e| unavailable("CPU", e))?;
                     Ok(rt)
                 })
@@ -133,6 +142,11 @@ fn spawn_cuda<D: Device>(
         Ok(rt)
     })
 }
+
+/// A vision model on a runtime without image rows.
+#[derive(Debug, thiserror::Error)]
+#[error("this runtime has no vision encoder yet: serve a Moondream checkpoint on the CPU backend")]
+struct NoVision;
 
 /// The runtime's own typed error, kept as the source.
 fn unavailable(

@@ -55,6 +55,32 @@ impl std::fmt::Display for Backend {
 /// long-prompt TTFT (`docs/bench/chunked-prefill.md`).
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 
+/// How a vision model's images are taken: decoding limits, crops and the
+/// encoded-image cache. A text-only model ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageSettings {
+    /// Width x height above which an image is refused before its pixels
+    /// are decoded (decompression bombs): 50 MP by default.
+    pub max_pixels: u64,
+    /// Tiles an image is cut into at most, besides its global crop
+    /// (`None`: the model's own, 12 for Moondream 2); fewer is cheaper to
+    /// encode (each tile is 729 rows through the whole encoder).
+    pub max_crops: Option<usize>,
+    /// Encoded images (projector outputs) the CPU runtime keeps for the
+    /// next question on the same image (0: none).
+    pub cache: usize,
+}
+
+impl Default for ImageSettings {
+    fn default() -> Self {
+        Self {
+            max_pixels: kestrel_model::vision::DecodeLimits::default().max_pixels,
+            max_crops: None,
+            cache: 8,
+        }
+    }
+}
+
 /// Engine configuration. See [`EngineConfig::default`] for the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -99,6 +125,8 @@ pub struct EngineConfig {
     /// own (or, for a model that ships none, its fallback); `None`: the
     /// model's (`kestrel_model::ChatTemplate::for_model`).
     pub chat_template: Option<std::path::PathBuf>,
+    /// Image limits of a vision model ([`ImageSettings::default`]).
+    pub images: ImageSettings,
 }
 
 impl Default for EngineConfig {
@@ -126,6 +154,7 @@ impl Default for EngineConfig {
             weight_pages: WeightPages::Huge,
             speculate: None,
             chat_template: None,
+            images: ImageSettings::default(),
         }
     }
 }

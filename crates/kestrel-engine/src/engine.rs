@@ -102,7 +102,7 @@ impl Engine {
             seconds: started.elapsed().as_secs_f64(),
         });
         progress(LoadEvent::PreparingSkills);
-        let model = ModelContext::from_loaded(&loaded)?;
+        let model = ModelContext::from_loaded_with(&loaded, &config.images)?;
         let max_seq_len = config.max_seq_len.unwrap_or(model.context_length());
         let runtime = RuntimeConfig::new(&config, max_seq_len);
         let caps = runtime.capabilities();
@@ -120,7 +120,7 @@ impl Engine {
         progress(LoadEvent::StartingRuntime {
             backend: config.backend,
         });
-        let engine = runtime.start(model, loop_config, speculate, loaded.weights)?;
+        let engine = runtime.start(model, loop_config, speculate, loaded.weights, loaded.vision)?;
         progress(LoadEvent::Ready);
         Ok(engine)
     }
@@ -327,7 +327,7 @@ impl Engine {
             speculate: valid.speculate,
             prompt_logprobs: valid.prompt_logprobs,
             samples,
-            embeds: None,
+            embeds: valid.embeds,
         };
         if self.commands.send(Command::Submit(Box::new(sub))).is_err() {
             self.shared.in_transit.fetch_sub(places, SeqCst);

@@ -32,10 +32,14 @@ mod skill;
 pub mod validate;
 mod worker;
 
-pub use config::{Backend, EngineConfig, LoadEvent, ModelSource, DEFAULT_PREFILL_CHUNK};
+pub use config::{
+    Backend, EngineConfig, ImageSettings, LoadEvent, ModelSource, DEFAULT_PREFILL_CHUNK,
+};
 pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::{error_causes, error_chain, EngineError};
-pub use model::{Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime};
+pub use model::{
+    Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime, VisionContext,
+};
 pub use request::{
     CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
     Prompt, SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall,

@@ -105,6 +105,41 @@ impl std::fmt::Debug for ModelContextConfig {
     }
 }
 
+/// What the engine's validation needs of a vision model to build a
+/// request's prompt: its templates, the crop geometry (with the engine's
+/// crop limit), the decoding limits, the rows an image becomes and where
+/// its bidirectional prefix ends.
+#[derive(Debug, Clone)]
+pub struct VisionContext {
+    pub prompts: kestrel_model::moondream::PromptTokens,
+    pub geometry: kestrel_model::vision::CropGeometry,
+    pub limits: kestrel_model::vision::DecodeLimits,
+    /// Prompt rows per image (729).
+    pub image_rows: usize,
+    /// BOS + the image's rows (730): attended both ways.
+    pub bidirectional_end: usize,
+}
+
+impl VisionContext {
+    /// The vision context of `model` under the engine's image settings.
+    pub fn new(model: &kestrel_model::VisionModel, images: &crate::ImageSettings) -> Self {
+        let v = &model.config.vision;
+        let mut geometry = v.crop_geometry();
+        if let Some(max) = images.max_crops {
+            geometry.max_crops = max;
+        }
+        Self {
+            prompts: model.prompts.clone(),
+            geometry,
+            limits: kestrel_model::vision::DecodeLimits {
+                max_pixels: images.max_pixels,
+            },
+            image_rows: v.patches(),
+            bidirectional_end: model.config.text.prefix_attn,
+        }
+    }
+}
+
 struct Inner {
     name: String,
     architecture: String,
@@ -116,6 +151,8 @@ struct Inner {
     add_bos_token: bool,
     chat_template: Option<kestrel_model::ChatTemplate>,
     skills: Arc<SkillContext>,
+    /// A vision model's prompt facts (`None`: text only).
+    vision: Option<VisionContext>,
 }
 
 /// Shared read-only model state. Clone is an `Arc` bump.
@@ -156,12 +193,33 @@ impl ModelContext {
                 add_bos_token: config.add_bos_token,
                 chat_template: config.chat_template,
                 skills,
+                vision: None,
             }),
         })
     }
 
-    /// The text side of a loaded model.
+    /// A loaded model's context; a vision model's images are taken with
+    /// the default [`crate::ImageSettings`].
     pub fn from_loaded(model: &kestrel_model::LoadedModel) -> Result<Self, EngineError> {
+        Self::from_loaded_with(model, &crate::ImageSettings::default())
+    }
+
+    /// A loaded model's context, a vision model's images taken with
+    /// `images` (its limits and crops).
+    pub fn from_loaded_with(
+        model: &kestrel_model::LoadedModel,
+        images: &crate::ImageSettings,
+    ) -> Result<Self, EngineError> {
+        let mut ctx = Self::text_of(model)?;
+        if let Some(v) = &model.vision {
+            let inner = Arc::get_mut(&mut ctx.inner).expect("a context just built is not shared");
+            inner.vision = Some(VisionContext::new(v, images));
+        }
+        Ok(ctx)
+    }
+
+    /// The text side of a loaded model.
+    fn text_of(model: &kestrel_model::LoadedModel) -> Result<Self, EngineError> {
         let cfg = &model.weights.config;
         Self::new(ModelContextConfig {
             name: model.name.clone(),
@@ -178,6 +236,12 @@ impl ModelContext {
 
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// A vision model's prompt facts; `None` for a text-only model, which
+    /// refuses images.
+    pub fn vision(&self) -> Option<&VisionContext> {
+        self.inner.vision.as_ref()
     }
 
     pub fn architecture(&self) -> &str {

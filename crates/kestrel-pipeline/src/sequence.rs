@@ -76,7 +76,8 @@ pub struct Request<P> {
     /// Sampling parameters for the executor.
     pub params: P,
     /// Prompt-lookup speculation (`None`: off). A constrained request drafts
-    /// only if its skill can look ahead ([`SequenceSkill::fill_masks_ahead`]).
+    /// only if its skill can look ahead ([`SequenceSkill::fill_masks_ahead`]),
+    /// a request with `embeds` never.
     pub speculate: Option<NgramSpec>,
     pub skill: Box<dyn SequenceSkill>,
     /// Prompt rows embedded from another input (an image), if any.
@@ -149,10 +150,11 @@ impl<P> Sequence<P> {
             max_len,
             params: req.params,
             // A constrained sequence drafts only if its skill can mask the
-            // positions after a draft.
-            speculate: req
-                .speculate
-                .filter(|_| !req.skill.is_constrained() || req.skill.looks_ahead()),
+            // positions after a draft; one with embedded rows never (prompt
+            // lookup would propose their ids, which are no tokens).
+            speculate: req.speculate.filter(|_| {
+                req.embeds.is_none() && (!req.skill.is_constrained() || req.skill.looks_ahead())
+            }),
             draft: DraftControl::default(),
             skill: req.skill,
             fork_of,

@@ -92,6 +92,8 @@ pub(crate) struct ValidRequest {
     pub speculate: Option<NgramSpec>,
     /// One per sample (`n` of them), each with its own constraint state.
     pub skills: Vec<Skill>,
+    /// A vision request's image rows (`None` for text).
+    pub embeds: Option<kestrel_pipeline::PromptEmbeds>,
 }
 
 impl ValidRequest {
@@ -198,8 +200,21 @@ pub(crate) fn validate(
         );
     }
 
-    // The expensive part: render and tokenize, then the context check.
-    let prompt = limits.model.encode_prompt(&req.input)?;
+    // The expensive part: render and tokenize (or decode the image), then
+    // the context check.
+    let (prompt, embeds) = match &req.input {
+        Prompt::Vision { image, task } => {
+            let v = vision::prepare(limits.model, image, task)?;
+            (v.prompt, Some(v.embeds))
+        }
+        _ => (limits.model.encode_prompt(&req.input)?, None),
+    };
+    if embeds.is_some() && prompt_logprobs.is_some() {
+        // An image's rows are no tokens to score.
+        return bad(Field::PromptLogprobs, "cannot be asked of a vision request");
+    }
+    // Prompt lookup would draft an image's ids (past the vocabulary).
+    let speculate = speculate.filter(|_| embeds.is_none());
     if prompt.is_empty() {
         let field = match req.input {
             Prompt::Text(_) | Prompt::Tokens(_) => Field::Prompt,
@@ -277,6 +292,7 @@ pub(crate) fn validate(
         prompt_logprobs,
         speculate,
         skills,
+        embeds,
     })
 }
 

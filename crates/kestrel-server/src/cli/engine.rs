@@ -178,6 +178,7 @@ impl EngineArgs {
             },
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
             chat_template: self.chat_template.clone().or(d.chat_template),
+            images: d.images,
         }
     }
 }

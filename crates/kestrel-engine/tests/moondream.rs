@@ -1,0 +1,172 @@
+//! Moondream served end to end on the CPU backend: `Engine::start` on a
+//! served synthetic checkpoint (`scripts/reference/moondream_synth.py
+//! --served`: real tensor names, crop geometry, vocabulary and Starmie
+//! templates, tiny widths), a PNG image sent as a `Prompt::Vision`.
+//! A query's greedy tokens equal the float64 NumPy Moondream's
+//! (`moondream_greedy.py`, exact numerics; the image is 378 x 378, one
+//! tile, so the reference's crops are the engine's); the query and a
+//! caption give the same tokens alone, batched with a text request and
+//! each other, and asked again (the image's prefix then comes from the
+//! prefix cache); an image that is no image is refused naming the field.
+//! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
+//! set (CI).
+
+mod common;
+#[path = "../../../tests/support/reference_python.rs"]
+#[allow(dead_code)]
+mod reference_python;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{rt, stream_all};
+use kestrel_engine::{
+    CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
+    Numerics, Prompt, VisionTask,
+};
+use kestrel_model::vision::{PreparedImage, RgbImage};
+
+const STEPS: u32 = 8;
+const QUESTION: &str = "What is in this picture?";
+
+fn picture(seed: u32) -> RgbImage {
+    let (w, h) = (378u32, 378u32);
+    let px = (0..w * h * 3)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
+        .collect();
+    RgbImage::from_raw(w, h, px).unwrap()
+}
+
+fn vision(image: &[u8], task: VisionTask) -> GenerateRequest {
+    GenerateRequest {
+        input: Prompt::Vision {
+            image: image.to_vec(),
+            task,
+        },
+        // Every step compared, EOS or not.
+        ignore_eos: true,
+        ..GenerateRequest::text("unused", STEPS)
+    }
+}
+
+#[test]
+fn moondream_query_and_caption_served_on_the_cpu() {
+    let Some(python) = reference_python::python_with(
+        "engine moondream",
+        "numpy",
+        "scripts/reference/requirements.txt",
+    ) else {
+        return;
+    };
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("kestrel-engine-md-{}", std::process::id()));
+    let ckpt = dir.join("ckpt");
+    reference_python::run_script(
+        &python,
+        "moondream_synth.py",
+        &[
+            &ckpt as &dyn AsRef<std::ffi::OsStr>,
+            &"--served",
+            &"--seed",
+            &"11",
+        ],
+    );
+    let engine = Engine::start(
+        EngineConfig {
+            model: ModelSource::Path(ckpt.clone()),
+            threads: 2,
+            numerics: Numerics::Exact,
+            kv_pages: 512,
+            page_size: 16,
+            max_seq_len: Some(1024),
+            ..EngineConfig::default()
+        },
+        |_| {},
+    )
+    .expect("the Moondream engine starts");
+    let img = picture(5);
+    let png = img.to_png();
+
+    // The reference on the same crops and template.
+    let loaded = kestrel_model::load(&ckpt).unwrap();
+    let v = loaded.vision.as_ref().unwrap();
+    let prepared = PreparedImage::new(&img, &v.config.vision.crop_geometry());
+    let p = &v.prompts;
+    let question = engine.tokenize(QUESTION, false).unwrap();
+    let template: Vec<u32> = [&p.query_prefix[..], &question, &p.query_suffix].concat();
+    std::fs::write(dir.join("crops.u8"), &prepared.crops.pixels).unwrap();
+    let spec = serde_json::json!({"before": [p.bos_id], "after": template, "steps": STEPS});
+    std::fs::write(dir.join("prompt.json"), spec.to_string()).unwrap();
+    let (tr, tc) = (
+        prepared.crops.tiling.rows.to_string(),
+        prepared.crops.tiling.cols.to_string(),
+    );
+    let (crops, prompt, out) = (
+        dir.join("crops.u8"),
+        dir.join("prompt.json"),
+        dir.join("out"),
+    );
+    reference_python::run_script(
+        &python,
+        "moondream_greedy.py",
+        &[
+            &ckpt as &dyn AsRef<std::ffi::OsStr>,
+            &crops,
+            &tr,
+            &tc,
+            &prompt,
+            &out,
+        ],
+    );
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("greedy.json")).unwrap()).unwrap();
+    let want: Vec<u32> = want["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+
+    let query = vision(
+        &png,
+        VisionTask::Query {
+            question: QUESTION.into(),
+        },
+    );
+    let caption = vision(
+        &png,
+        VisionTask::Caption {
+            length: CaptionLength::Short,
+        },
+    );
+    let text = GenerateRequest::text("the quick brown fox", STEPS);
+    rt().block_on(async {
+        let q = engine.generate(query.clone()).await.expect("query");
+        assert_eq!(q.token_ids, want, "query vs the NumPy reference");
+        // 1 + 729 image rows + the template.
+        assert_eq!(q.usage.prompt_tokens as usize, 730 + template.len());
+        let c = engine.generate(caption.clone()).await.expect("caption");
+        assert_eq!(c.token_ids.len(), STEPS as usize);
+        let t = engine.generate(text.clone()).await.expect("text");
+        let batched = stream_all(&engine, &[text, query.clone(), caption]).await;
+        assert_eq!(batched[0].token_ids, t.token_ids, "text, batched");
+        assert_eq!(batched[1].token_ids, want, "query, batched");
+        assert_eq!(batched[2].token_ids, c.token_ids, "caption, batched");
+        let again = engine.generate(query).await.expect("query again");
+        assert_eq!(again.token_ids, want, "query again");
+
+        let err = engine
+            .generate(vision(
+                b"not an image at all",
+                VisionTask::Query {
+                    question: QUESTION.into(),
+                },
+            ))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EngineError::InvalidImage { .. }), "{err:?}");
+        assert_eq!(err.field(), Some(Field::Image));
+        engine.shutdown(Duration::from_secs(1)).await;
+    });
+    std::fs::remove_dir_all(&dir).ok();
+}
