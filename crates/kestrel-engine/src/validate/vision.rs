@@ -36,7 +36,7 @@ pub(crate) fn no_vision(model: &ModelContext) -> EngineError {
     EngineError::invalid(
         Field::Image,
         format!(
-            "model `{}` ({}) has no vision encoder and takes text only: serve a Moondream checkpoint to send images",
+            "is refused: model `{}` ({}) has no vision encoder and takes text only; serve a Moondream checkpoint to send images",
             model.name(),
             model.architecture()
         ),
