@@ -261,9 +261,15 @@ async fn every_invalid_field_is_a_typed_4xx_and_the_server_keeps_serving() {
         ),
         (
             "chat/completions",
-            chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})),
             400,
             Some("messages[0].content[0].type"),
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            400,
+            Some("messages[0].content[0].image_url"),
         ),
         (
             "chat/completions",
