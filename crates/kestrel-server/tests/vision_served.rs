@@ -229,7 +229,8 @@ async fn bad_images_are_refused_naming_the_image() {
 }
 
 /// `kestrel generate --model DIR --image FILE "question"` (and
-/// `--caption`) answers with the engine in-process.
+/// `--caption`) answers with the engine in-process, under the image
+/// settings `--max-image-pixels`, `--max-crops` and `--image-cache`.
 #[test]
 fn the_cli_answers_about_an_image() {
     let Some(dir) = checkpoint("the_cli_answers_about_an_image") else {
@@ -268,4 +269,37 @@ fn the_cli_answers_about_an_image() {
             .unwrap_or_else(|| panic!("no stats line: {stderr}"));
         assert!(prompt_tokens > 730, "{args:?}: {stderr}");
     }
+    // The server's image settings: a pixel limit below the picture's
+    // refuses it naming the image; no crop limit below one is taken.
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .arg("generate")
+            .arg("--model")
+            .arg(&dir)
+            .args(["--threads", "2", "--max-new-tokens", "2"])
+            .args(extra)
+            .arg("--image")
+            .arg(&file)
+            .arg("What is it?")
+            .output()
+            .expect("run kestrel generate")
+    };
+    let out = run(&["--max-image-pixels", "1000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("vision.image"), "{stderr}");
+    assert!(stderr.contains("500x380"), "{stderr}");
+    let out = run(&["--max-crops", "1", "--image-cache", "0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["--max-crops", "0"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--max-crops"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -9,8 +9,8 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_engine::{
-    Backend, Engine, EngineConfig, LoadEvent, ModelSource, Numerics, PipelineMode, PrefillPolicy,
-    WeightPages,
+    Backend, Engine, EngineConfig, ImageSettings, LoadEvent, ModelSource, Numerics, PipelineMode,
+    PrefillPolicy, WeightPages,
 };
 use kestrel_model::FetchStage;
 
@@ -80,6 +80,23 @@ pub(crate) struct EngineArgs {
     /// vocabulary has their turn markers].
     #[arg(long, value_name = "FILE")]
     chat_template: Option<std::path::PathBuf>,
+    /// Vision models: an image with more pixels (width x height) is refused
+    /// from its header, before its pixels are decoded [default: 50000000].
+    #[arg(long, value_name = "PIXELS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_image_pixels: Option<u64>,
+    /// Vision models: tiles an image is cut into at most besides its global
+    /// crop (each costs 729 rows through the encoder) [default: the model's,
+    /// 12 for Moondream 2].
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    max_crops: Option<usize>,
+    /// Vision models: encoded images kept for the next question on the same
+    /// image (0: none) [default: 8].
+    #[arg(long, value_name = "N")]
+    image_cache: Option<usize>,
 }
 
 /// `--speculate`'s value: `Some(k)` for `ngram:k`, `None` for `off`.
@@ -178,7 +195,11 @@ impl EngineArgs {
             },
             speculate: self.speculate.map_or(d.speculate, |s| s.0),
             chat_template: self.chat_template.clone().or(d.chat_template),
-            images: d.images,
+            images: ImageSettings {
+                max_pixels: self.max_image_pixels.unwrap_or(d.images.max_pixels),
+                max_crops: self.max_crops.or(d.images.max_crops),
+                cache: self.image_cache.unwrap_or(d.images.cache),
+            },
         }
     }
 }
