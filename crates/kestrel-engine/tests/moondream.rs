@@ -20,7 +20,7 @@ mod reference_python;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{rt, stream_all};
+use common::{counter, rt, stream_all};
 use kestrel_engine::{
     CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
     Numerics, Prompt, VisionTask,
@@ -158,6 +158,9 @@ fn moondream_query_and_caption_served_on_the_cpu() {
         // The image's prefix is keyed by its content: its full pages (720
         // of BOS + 729 rows, in pages of 16) come from the prefix cache.
         assert!(again.usage.cached_prompt_tokens >= 720, "{:?}", again.usage);
+        // One image, encoded once: every later request found its rows in
+        // the encoded-image cache (or all of them in the prefix cache).
+        assert_eq!(counter(&engine, "kestrel_image_encodes_total"), 1);
 
         let err = engine
             .generate(vision(
