@@ -13,7 +13,9 @@
 //! step's logits (from `CpuModel` directly, with the image rows embedded)
 //! are within `LOGIT_TOL x (|reference| + 1)`. A second request on the
 //! same image gives the same tokens without running the encoder again
-//! (`vision_stats`), unless the image cache is off.
+//! (`vision_stats`), unless the image cache is off. Image rows sent to a
+//! runtime without a vision model fail that request alone, before
+//! dispatch (no Python needed for that one).
 //!
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
@@ -60,8 +62,12 @@ fn picture(seed: u32) -> RgbImage {
     RgbImage::from_raw(w, h, px).unwrap()
 }
 
-/// Records every token; never stops before `max_new_tokens`.
-struct Record(Arc<Mutex<Vec<TokenId>>>);
+/// Records every token (and, if given, the outcome); never stops before
+/// `max_new_tokens`. Without an outcome slot it must finish normally.
+struct Record(
+    Arc<Mutex<Vec<TokenId>>>,
+    Option<Arc<Mutex<Option<Outcome>>>>,
+);
 
 impl SequenceSkill for Record {
     fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
@@ -69,7 +75,10 @@ impl SequenceSkill for Record {
         Verdict::Continue
     }
     fn finish(&mut self, outcome: Outcome) {
-        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
+        match &self.1 {
+            Some(slot) => *slot.lock().unwrap() = Some(outcome),
+            None => assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}"),
+        }
     }
 }
 
@@ -139,7 +148,7 @@ fn run(
                 max_new_tokens: STEPS as u32,
                 params: SamplingParams::greedy(),
                 speculate: None,
-                skill: Box::new(Record(out.clone())),
+                skill: Box::new(Record(out.clone(), None)),
                 embeds: Some(case.embeds()),
             })
             .unwrap();
@@ -333,4 +342,71 @@ fn greedy_query_matches_the_numpy_reference_and_reuses_the_encoded_image() {
     assert_eq!(outs[1], want_tokens, "chunked, second request");
     assert_eq!(runs, 1);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A request with image rows on a runtime that has no vision model is
+/// refused before dispatch: it fails alone, and a text request after it
+/// is served.
+#[test]
+fn image_rows_without_a_vision_model_fail_alone() {
+    use kestrel_model::{synthetic_weights, DType, ModelConfig};
+    use kestrel_pipeline::FailureKind;
+    let weights = synthetic_weights(&ModelConfig::tiny(), DType::F32, 3);
+    let rt = CpuRuntime::new(weights, CpuRuntimeConfig::default()).unwrap();
+    let mut engine = EngineLoop::new(rt, LoopConfig::default()).unwrap();
+    let image = PreparedImage::new(&picture(1), &kestrel_model::vision::CropGeometry::MOONDREAM);
+    let mut prompt = vec![1];
+    prompt.extend(image_token_ids(&image, 512, 729));
+    prompt.push(2);
+    let (out, outcome) = (Arc::default(), Arc::new(Mutex::new(None)));
+    engine
+        .submit(Request {
+            id: 1,
+            prompt,
+            max_new_tokens: 2,
+            params: SamplingParams::greedy(),
+            speculate: None,
+            skill: Box::new(Record(Arc::clone(&out), Some(outcome.clone()))),
+            embeds: Some(PromptEmbeds {
+                start: 1,
+                len: 729,
+                bidirectional_end: 730,
+                input: Arc::new(image),
+            }),
+        })
+        .unwrap();
+    let text = Arc::new(Mutex::new(Vec::new()));
+    engine
+        .submit(Request {
+            id: 2,
+            prompt: vec![1, 2, 3],
+            max_new_tokens: 2,
+            params: SamplingParams::greedy(),
+            speculate: None,
+            skill: Box::new(Record(text.clone(), None)),
+            embeds: None,
+        })
+        .unwrap();
+    assert_eq!(engine.run_until_idle(), Tick::Idle);
+    let outcome = outcome.lock().unwrap().take();
+    let Some(Outcome::Failed(FailureKind::StepFailed, cause)) = outcome else {
+        panic!("{outcome:?}");
+    };
+    // The runtime's typed refusal, somewhere in the chain.
+    let mut chain: Option<&(dyn std::error::Error + 'static)> = Some(cause.get());
+    let mut refused = false;
+    while let Some(e) = chain {
+        refused |= e
+            .downcast_ref::<kestrel_cpu::runtime::RuntimeError>()
+            .is_some_and(|e| {
+                matches!(
+                    e,
+                    kestrel_cpu::runtime::RuntimeError::ImageRows { id: 1, .. }
+                )
+            });
+        chain = e.source();
+    }
+    assert!(refused, "{cause}");
+    assert!(out.lock().unwrap().is_empty());
+    assert_eq!(text.lock().unwrap().len(), 2, "the text request is served");
 }

@@ -181,6 +181,14 @@ impl Runtime for CpuRuntime {
     fn host_compute_threads(&self) -> usize {
         self.compute_threads()
     }
+
+    fn image_stats(&self) -> crate::model::ImageStats {
+        let v = self.vision_stats();
+        crate::model::ImageStats {
+            encodes: v.encoder_runs,
+            cache_hits: v.cache_hits,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ pub use config::{
 pub use engine::{mode_name, Engine, GenerationStream};
 pub use error::{error_causes, error_chain, EngineError};
 pub use model::{
-    Health, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime, VisionContext,
+    Health, ImageStats, KvStats, ModelContext, ModelContextConfig, ModelInfo, Runtime,
+    VisionContext,
 };
 pub use request::{
     CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,

@@ -150,6 +150,10 @@ pub(crate) struct Metrics {
     pub accepted_drafts: Gauge,
     /// Preempted sequences waiting to be prefilled again.
     pub preempted: Gauge,
+    /// Images run through the vision encoder, and image rows served from
+    /// the runtime's encoded-image cache instead (a vision model's).
+    pub image_encodes: Gauge,
+    pub image_cache_hits: Gauge,
     pub healthy: Gauge,
 }
 
@@ -184,6 +188,8 @@ impl Metrics {
             draft_tokens: Gauge::default(),
             accepted_drafts: Gauge::default(),
             preempted: Gauge::default(),
+            image_encodes: Gauge::default(),
+            image_cache_hits: Gauge::default(),
             healthy: Gauge(AtomicU64::new(1)),
         }
     }
@@ -271,6 +277,18 @@ impl Metrics {
             "kestrel_preemptions_total",
             "Sequences preempted because KV pages ran out (each is prefilled again later).",
             self.preemptions.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_image_encodes_total",
+            "Images run through the vision encoder and projector.",
+            self.image_encodes.get(),
+        );
+        counter(
+            &mut out,
+            "kestrel_image_cache_hits_total",
+            "Images whose encoded rows came from the encoded-image cache instead of the encoder.",
+            self.image_cache_hits.get(),
         );
         counter(
             &mut out,

@@ -42,6 +42,19 @@ pub trait Runtime: Executor<Params = SamplingParams> + Send + 'static {
     fn host_compute_threads(&self) -> usize {
         0
     }
+
+    /// A vision runtime's image counters (none for a text-only one).
+    fn image_stats(&self) -> ImageStats {
+        ImageStats::default()
+    }
+}
+
+/// What a runtime's image rows have cost: encoder runs, and images served
+/// from its encoded-image cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageStats {
+    pub encodes: u64,
+    pub cache_hits: u64,
 }
 
 /// The pipeline's simulated device, for tests and demos of the engine.
@@ -72,6 +85,10 @@ impl<E: Runtime, O: kestrel_pipeline::WaitObserver + Send + 'static> Runtime
 
     fn host_compute_threads(&self) -> usize {
         self.inner.host_compute_threads()
+    }
+
+    fn image_stats(&self) -> ImageStats {
+        self.inner.image_stats()
     }
 }
 

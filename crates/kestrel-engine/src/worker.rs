@@ -466,6 +466,9 @@ impl<R: Runtime> Worker<R> {
         m.draft_tokens.set(steps.draft_tokens);
         m.accepted_drafts.set(steps.accepted_drafts);
         m.preempted.set(self.lp.num_preempted() as u64);
+        let images = self.lp.executor().image_stats();
+        m.image_encodes.set(images.encodes);
+        m.image_cache_hits.set(images.cache_hits);
     }
 }
 

@@ -7,7 +7,8 @@
 //! tile, so the reference's crops are the engine's); the query and a
 //! caption give the same tokens alone, batched with a text request and
 //! each other, and asked again (the image's prefix then comes from the
-//! prefix cache); an image that is no image is refused naming the field.
+//! prefix cache, keyed by the image's content); an image that is no image
+//! is refused naming the field.
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
 
@@ -19,7 +20,7 @@ mod reference_python;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{rt, stream_all};
+use common::{counter, rt, stream_all};
 use kestrel_engine::{
     CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
     Numerics, Prompt, VisionTask,
@@ -154,6 +155,12 @@ fn moondream_query_and_caption_served_on_the_cpu() {
         assert_eq!(batched[2].token_ids, c.token_ids, "caption, batched");
         let again = engine.generate(query).await.expect("query again");
         assert_eq!(again.token_ids, want, "query again");
+        // The image's prefix is keyed by its content: its full pages (720
+        // of BOS + 729 rows, in pages of 16) come from the prefix cache.
+        assert!(again.usage.cached_prompt_tokens >= 720, "{:?}", again.usage);
+        // One image, encoded once: every later request found its rows in
+        // the encoded-image cache (or all of them in the prefix cache).
+        assert_eq!(counter(&engine, "kestrel_image_encodes_total"), 1);
 
         let err = engine
             .generate(vision(

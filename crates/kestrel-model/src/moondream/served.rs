@@ -134,4 +134,36 @@ mod tests {
         let distinct: std::collections::HashSet<_> = ids.iter().collect();
         assert!(distinct.len() > 700);
     }
+
+    /// A BPE tokenizer of `n` tokens, `<|endoftext|>` at `eot`.
+    fn tokenizer(n: usize, eot: usize) -> Tokenizer {
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..n)
+            .map(|i| match i == eot {
+                true => ("<|endoftext|>".to_string(), i.into()),
+                false => (format!("t{i}"), i.into()),
+            })
+            .collect();
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                      "vocab": vocab, "merges": []}
+        });
+        json.to_string().parse().unwrap()
+    }
+
+    #[test]
+    fn the_tokenizer_decides_the_templates() {
+        let gpt2 = tokenizer(50257, 50256);
+        let (md2, md05) = (
+            MoondreamConfig::moondream2(),
+            MoondreamConfig::moondream2_0_5b(),
+        );
+        assert_eq!(prompt_tokens_for(&gpt2, &md2), PromptTokens::gpt2(true));
+        assert_eq!(prompt_tokens_for(&gpt2, &md05), PromptTokens::gpt2(false));
+        let starmie = tokenizer(51200, 0);
+        assert_eq!(prompt_tokens_for(&starmie, &md2), PromptTokens::starmie());
+    }
 }
