@@ -9,7 +9,7 @@ settings), the same question as an OpenAI chat with an `image_url` part
 (the `openai` package; the same answer, from the same image bytes), and
 the 400s naming their field: not an image, a remote URL, an empty
 question, an unknown caption length, an image in an OpenAI chat with a
-remote URL.
+remote URL; an API key is ignored and an unknown `model` is a 404.
 
     pip install -r tests/python/requirements.txt
     pip install --no-deps -r tests/python/requirements-no-deps.txt
@@ -135,6 +135,17 @@ def run(address: str, timeout: float) -> str:
     except openai.BadRequestError as e:
         param = e.body.get("param") if isinstance(e.body, dict) else None
         check(param == "messages[0].content[1].image_url", f"param {param}: {e}")
+
+    # An API key (X-Moondream-Auth) is not read; `model` must be the
+    # served id when the client names one.
+    keyed = md.vl(endpoint=f"http://{address}/v1", api_key="any-key", model=model)
+    check(keyed.query(image, question, settings=GREEDY)["answer"] == answer, "keyed client")
+    other = md.vl(endpoint=f"http://{address}/v1", model="moondream3-preview")
+    try:
+        other.caption(image)
+        raise AssertionError("an unknown model was accepted")
+    except urllib.error.HTTPError as e:
+        check(e.code == 404, f"unknown model: {e.code}")
 
     # Still serving after the refusals.
     again = vl.query(image, question, settings=GREEDY)["answer"]
