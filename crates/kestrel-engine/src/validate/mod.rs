@@ -86,6 +86,9 @@ pub(crate) struct ValidRequest {
     pub speculate: Option<NgramSpec>,
     /// One per sample (`n` of them), each with its own constraint state.
     pub skills: Vec<Skill>,
+    /// The field the skills' constraint came from ([`Field::Constraint`]
+    /// for plain text): a constraint failing mid-generation names it.
+    pub constraint_field: Field,
 }
 
 impl ValidRequest {
@@ -260,6 +263,7 @@ pub(crate) fn validate(
         prompt_logprobs,
         speculate,
         skills,
+        constraint_field,
     })
 }
 
