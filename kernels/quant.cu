@@ -243,6 +243,9 @@ __device__ __forceinline__ void x_pair(const u8* __restrict__ q16, const u8* __r
     }
 }
 
+// This thread's share of one weight row (`wr`) against n activation rows:
+// its block pairs in order, then the unpaired last block if it is its, into
+// acc[r] and mins[r] (see `mmvq`).
 template <int T, int NR, bool V16>
 __device__ __forceinline__ void mmvq_rows(const u8* __restrict__ wr, const u8* __restrict__ xq,
                                           int nb, int n, float* acc, float* mins) {
