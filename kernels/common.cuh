@@ -139,19 +139,32 @@ __device__ u32 block_min_u32(u32 v, u32* sh) {
     return r;
 }
 
-// One int8-quantized 32-element activation block (40 bytes; kestrel-cpu's
-// fast-numerics `Q8Block`, `kestrel_cuda::quant::Q8Block`): element i is
-// q[i] * d, and s = d * sum(q).
-struct Q8 {
-    float d;
-    float s;
-    signed char q[32];
-};
+typedef unsigned char u8;
 
-// Quantize this lane's value v (element `lane` of a 32-block; the whole warp
-// calls it) into `out`: d = max|v| / 127, q = rint(v * (1 / d)),
-// s = d * sum(q): kestrel-cpu's `int8::quantize_row`, step by step.
-__device__ __forceinline__ void warp_quantize(float v, Q8* out) {
+// Int8-quantized activation rows, the input of `mmvq_*` (issue 75 item 1;
+// `kestrel_cuda::quant::pack_q8_rows` on the host): a row of `nb`
+// 32-element blocks takes 40 * nb bytes: its quants (32 * nb bytes), then
+// its blocks' scales d (f32, at 32 * nb + 4 * b), then their sums s (f32,
+// at 36 * nb + 4 * b): element i of block b is q * d, and s = d * sum(q)
+// (kestrel-cpu's fast-numerics `Q8Block`, whose values these are). The
+// quants are in `mmvq`'s load order: blocks in pairs (2p, 2p + 1), 64
+// bytes at 64 * p, where the block's thread k (0..3) finds its 16 bytes at
+// 16 * k: block 2p's elements 4k..4k+3 and 16+4k..16+4k+3, then block
+// 2p+1's, so the thread reads both blocks' integers in one 16-byte load
+// (a warp's lanes consecutive 16 bytes) and both scales in one 8-byte
+// load. A last unpaired block (odd nb) takes 32 bytes at 32 * b, thread
+// k's 8 bytes at 8 * k.
+__host__ __device__ __forceinline__ int q8_pos(int nb, int b, int e) {
+    int k = (e & 15) >> 2, in = ((e >> 4) << 2) | (e & 3);  // thread, byte of its 8
+    bool paired = (b | 1) < nb;
+    return (b >> 1) * 64 + (paired ? 16 * k + 8 * (b & 1) : 8 * k) + in;
+}
+
+// Quantize this lane's value v (element `lane` of block b; the whole warp
+// calls it) into the row `row` of nb blocks: d = max|v| / 127,
+// q = rint(v * (1 / d)), s = d * sum(q): kestrel-cpu's
+// `int8::quantize_row`, step by step.
+__device__ __forceinline__ void warp_quantize(float v, u8* row, int nb, int b) {
     int lane = threadIdx.x & 31;
     float amax = warp_max(fabsf(v));
     float d = __fdiv_rn(amax, 127.0f);
@@ -159,9 +172,9 @@ __device__ __forceinline__ void warp_quantize(float v, Q8* out) {
     int q = __float2int_rn(__fmul_rn(v, id));
     int sum = q;
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    out->q[lane] = (signed char)q;
+    row[q8_pos(nb, b, lane)] = (u8)(signed char)q;
     if (lane == 0) {
-        out->d = d;
-        out->s = __fmul_rn(d, (float)sum);
+        ((float*)(row + 32 * (size_t)nb))[b] = d;
+        ((float*)(row + 36 * (size_t)nb))[b] = __fmul_rn(d, (float)sum);
     }
 }

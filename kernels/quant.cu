@@ -1,16 +1,19 @@
 // quant.cu: weights read in their GGUF encoding (no f16 copy on the device).
 //
 // * `mmvq_<type>`: decode matmul for 1..MMVQ_MAX_ROWS activation rows, as
-//   llama.cpp's MMVQ: activations quantized per 32-element block to int8 with
-//   their scale and block sum (`Q8`, kestrel-cpu's fast-numerics `Q8Block`),
-//   integer dot products (`dp4a`) with each weight block's integers, per-block
-//   f32 scales (entry points per row count, _r1 .. _r16: NR accumulators).
-//   One block of MMVQ_WARPS warps per weight row, four threads per weight
-//   block reading its consecutive 32-bit words (see `mmvq` below for the
-//   float steps); `kestrel_cuda::reference::mmvq` does this arithmetic in
-//   this order on the host.
-// * `quantize_q8_h`: f16 rows -> Q8 blocks (the attention output, the final
-//   norm's rows) for `mmvq_*`; the norm and SwiGLU kernels quantize fused.
+//   llama.cpp's MMVQ: activations quantized once per 32-element block to
+//   int8 with their scale and block sum (the values of kestrel-cpu's
+//   fast-numerics `Q8Block`, laid out as common.cuh's activation rows:
+//   quants in load order, then the scales), integer dot products (`dp4a`)
+//   with each weight block's integers, per-block f32 scales (entry points
+//   per row count, _r1 .. _r16: NR accumulators). One block of MMVQ_WARPS
+//   warps per weight row, four threads per weight block reading its
+//   consecutive 32-bit words, two blocks at a time (see `mmvq` below for
+//   the loads and the float steps); `kestrel_cuda::reference::mmvq` does
+//   this arithmetic in this order on the host.
+// * `quantize_q8_h`: f16 rows -> activation rows (the attention output, the
+//   final norm's rows) for `mmvq_*`; the norm and SwiGLU kernels quantize
+//   fused.
 // * `dequant_f16`: rows `row0..row0+nrows` of a weight to f16 (the tile that
 //   cuBLAS multiplies for larger batches and prefill), and `embed_gather_q`:
 //   embedding rows to the f32 residual stream. Both decode each element
@@ -34,8 +37,6 @@
 #define GT_Q5_K 13
 #define GT_Q6_K 14
 #define GT_BF16 30
-
-typedef unsigned char u8;
 
 __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     const unsigned short* h = (const unsigned short*)p;
@@ -164,54 +165,165 @@ __device__ __forceinline__ WPart load_part(const u8* __restrict__ row, int b, in
     return r;
 }
 
-// y[r * ldy + row] = W[row] . x[r] for r < n (<= NR, the accumulators a
-// thread keeps: one entry point per NR in 1, 2, 4, 8, 16). One block of
-// MMVQ_WARPS warps per weight row: thread t takes lane k = t % 4 of blocks
-// t / 4, t / 4 + 32, ... (the loop unrolled by 2 below 16 rows: at 16 the
-// unrolled loop spills on sm_90), so a warp reads 8
-// neighbouring blocks' words at once and the block's threads 32. Per
-// output row a thread adds `fma(float(isum), d_w * d_x, acc)` block by
-// block (Q6_K: its lo then its hi sum, each with its half's scale) and,
-// lane 0 only, `fma(m_w, s_x, mins)`; then `acc + mins` is summed by a warp
-// butterfly and the warps' sums in warp order through shared memory.
-// `kestrel_cuda::reference::mmvq` does this arithmetic in this order.
-template <int T, int NR>
-__device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restrict__ xq,
-                                     float* __restrict__ y, int rows, int cols, int ldy, int n) {
+// Lane k's parts of blocks 2p and 2p + 1 of a row (`load_part` of each).
+// For Q4_K and Q5_K the pair is one 64-element sub-block pair of a
+// super-block, whose quant bytes hold block 2p in their low nibbles and
+// 2p + 1 in their high ones (and whose Q5_K high-bit bytes hold both):
+// each word is loaded once and feeds both blocks.
+template <int T>
+__device__ __forceinline__ void load_pair(const u8* __restrict__ row, int p, WPart& a, WPart& b,
+                                          int k) {
+    if (T == GT_Q4_K || T == GT_Q5_K) {
+        const u8* sb = row + (size_t)(p >> 2) * type_block_bytes(T);
+        int j = (2 * p) & 7, sc, mn;
+        float d = ld_h(sb), dmin = ld_h(sb + 2);
+        scale_min_k4(j, sb + 4, &sc, &mn);
+        a.d0 = a.d1 = __fmul_rn(d, (float)sc);
+        a.m = -__fmul_rn(dmin, (float)mn);
+        scale_min_k4(j + 1, sb + 4, &sc, &mn);
+        b.d0 = b.d1 = __fmul_rn(d, (float)sc);
+        b.m = -__fmul_rn(dmin, (float)mn);
+        const u8* qs = sb + (T == GT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        u32 lo = ld_word<T>(qs + 4 * k), hi = ld_word<T>(qs + 16 + 4 * k);
+        u32 alo = lo & 0x0F0F0F0Fu, ahi = hi & 0x0F0F0F0Fu;
+        u32 blo = (lo >> 4) & 0x0F0F0F0Fu, bhi = (hi >> 4) & 0x0F0F0F0Fu;
+        if (T == GT_Q5_K) {
+            u32 hlo = ld_word<T>(sb + 16 + 4 * k), hhi = ld_word<T>(sb + 32 + 4 * k);
+            alo |= ((hlo >> j) & 0x01010101u) << 4;
+            ahi |= ((hhi >> j) & 0x01010101u) << 4;
+            blo |= ((hlo >> (j + 1)) & 0x01010101u) << 4;
+            bhi |= ((hhi >> (j + 1)) & 0x01010101u) << 4;
+        }
+        a.lo = (int)alo, a.hi = (int)ahi, b.lo = (int)blo, b.hi = (int)bhi;
+    } else {
+        a = load_part<T>(row, 2 * p, k);
+        b = load_part<T>(row, 2 * p + 1, k);
+    }
+}
+
+// One weight block's share of thread k against activation integers xlo,
+// xhi (elements 4k..4k+3, 16+4k..16+4k+3) with the activation block's
+// scale dx and sum sx, into the thread's running sums (Q6_K: its lo then
+// its hi sum, each with its half's scale; mins on lane 0 of a block only).
+template <int T>
+__device__ __forceinline__ void mmvq_dot(const WPart& wp, int xlo, int xhi, float dx, float sx,
+                                         int k, float& acc, float& mins) {
     const bool has_min = T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K;
-    const bool two = T == GT_Q6_K;
+    if (T == GT_Q6_K) {
+        int s0 = dp4a(wp.lo, xlo, 0);
+        int s1 = dp4a(wp.hi, xhi, 0);
+        acc = __fmaf_rn((float)s0, __fmul_rn(wp.d0, dx), acc);
+        acc = __fmaf_rn((float)s1, __fmul_rn(wp.d1, dx), acc);
+    } else {
+        int s = dp4a(wp.hi, xhi, dp4a(wp.lo, xlo, 0));
+        acc = __fmaf_rn((float)s, __fmul_rn(wp.d0, dx), acc);
+    }
+    if (has_min && k == 0) mins = __fmaf_rn(wp.m, sx, mins);
+}
+
+// One activation row's share of pair p for thread k: the integers (x, y:
+// block 2p's lo and hi words; z, w: block 2p + 1's) from `q16`, both
+// blocks' scales from `d8` and, where the type has minimums, their sums
+// from `s8`: 16- and 8-byte loads (V16: the row's pairs 16-byte aligned),
+// else 8- and 4-byte ones.
+template <int T, bool V16>
+__device__ __forceinline__ void x_pair(const u8* __restrict__ q16, const u8* __restrict__ d8,
+                                       const u8* __restrict__ s8, uint4& q, float2& d,
+                                       float2& s) {
+    const bool has_min = T == GT_Q4_1 || T == GT_Q5_1 || T == GT_Q4_K || T == GT_Q5_K;
+    if (V16) {
+        q = *(const uint4*)q16;
+        d = *(const float2*)d8;
+        if (has_min) s = *(const float2*)s8;
+    } else {
+        uint2 a = *(const uint2*)q16, b = *(const uint2*)(q16 + 8);
+        q.x = a.x, q.y = a.y, q.z = b.x, q.w = b.y;
+        d.x = ((const float*)d8)[0], d.y = ((const float*)d8)[1];
+        if (has_min) s.x = ((const float*)s8)[0], s.y = ((const float*)s8)[1];
+    }
+}
+
+// This thread's share of one weight row (`wr`) against n activation rows:
+// its block pairs in order, then the unpaired last block if it is its, into
+// acc[r] and mins[r] (see `mmvq`).
+template <int T, int NR, bool V16>
+__device__ __forceinline__ void mmvq_rows(const u8* __restrict__ wr, const u8* __restrict__ xq,
+                                          int nb, int n, float* acc, float* mins) {
+    int tid = threadIdx.x, k = tid & 3, np = nb >> 1;
+    size_t x_bytes = (size_t)nb * 40;
+#pragma unroll 1
+    for (int p = tid >> 2; p < np; p += MMVQ_WARPS * 8) {
+        WPart w0, w1;
+        load_pair<T>(wr, p, w0, w1, k);
+        const u8* xp = xq + 64 * p + 16 * k;  // row r's integers of the pair,
+        const u8* dp = xq + 32 * nb + 8 * p;   // their scales
+        const u8* sp = xq + 36 * nb + 8 * p;   // and sums
+#pragma unroll
+        for (int r = 0; r < NR; r++, xp += x_bytes, dp += x_bytes, sp += x_bytes) {
+            if (r < n) {
+                uint4 q;
+                float2 d, sx = {0.0f, 0.0f};
+                x_pair<T, V16>(xp, dp, sp, q, d, sx);
+                mmvq_dot<T>(w0, (int)q.x, (int)q.y, d.x, sx.x, k, acc[r], mins[r]);
+                mmvq_dot<T>(w1, (int)q.z, (int)q.w, d.y, sx.y, k, acc[r], mins[r]);
+            }
+        }
+    }
+    if ((nb & 1) && (tid >> 2) == np % (MMVQ_WARPS * 8)) {  // the unpaired last block
+        int b = nb - 1;
+        WPart wb = load_part<T>(wr, b, k);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r < n) {
+                const u8* xr = xq + r * x_bytes;
+                uint2 q = *(const uint2*)(xr + 32 * b + 8 * k);
+                float d = ((const float*)(xr + 32 * nb))[b];
+                float sx = ((const float*)(xr + 36 * nb))[b];
+                mmvq_dot<T>(wb, (int)q.x, (int)q.y, d, sx, k, acc[r], mins[r]);
+            }
+        }
+    }
+}
+
+// y[r * ldy + row] = W[row] . x[r] for r < n (<= NR, the accumulators a
+// thread keeps: one entry point per NR in 1, 2, 4, 8, 16). `xq` holds n
+// activation rows of nb = cols / 32 blocks, 40 * nb bytes each, in
+// common.cuh's layout (quants in load order, then the scales, then the
+// sums), 8-byte aligned. One block of MMVQ_WARPS warps per weight row:
+// thread t takes lane k = t % 4 of the block pairs (2p, 2p + 1) for
+// p = t / 4, t / 4 + 32, ... (the block loop unrolled by 2: both blocks'
+// weight words are loaded, then per activation row the pair's 16 bytes of
+// integers in one load, both scales in one 8-byte load and, for the types
+// with minimums, both sums in another, when every row's pairs are 16-byte
+// aligned: nb even and xq 16-byte aligned; 8- and 4-byte loads
+// otherwise), and a last unpaired block (odd nb) after its thread's
+// pairs. A warp reads 16 neighbouring weight blocks' words and 512
+// consecutive activation bytes of a row at once; a K-type pair is one
+// 64-element sub-block pair, whose two halves' nibbles share their words.
+// Per output row a thread adds `fma(float(isum), d_w * d_x, acc)` block by
+// block in block order (`mmvq_dot`) and, lane 0 only,
+// `fma(m_w, s_x, mins)`; then `acc + mins` is summed by a warp butterfly
+// and the warps' sums in warp order through shared memory.
+// `kestrel_cuda::reference::mmvq` does this arithmetic in this order.
+// `__launch_bounds__(.., 1)`: without a minimum of blocks NVRTC 13's ptxas
+// spilled 4-20 bytes in two of the 40 entry points at 40-56 registers.
+template <int T, int NR>
+__device__ __forceinline__ void mmvq(const u8* __restrict__ w, const u8* __restrict__ xq,
+                                     float* __restrict__ y, int rows, int cols, int ldy, int n) {
     __shared__ float part[NR][MMVQ_WARPS];
     int row = blockIdx.x;
     if (row >= rows) return;  // block-uniform
-    int tid = threadIdx.x, k = tid & 3;
-    int nb = cols >> 5;
+    int tid = threadIdx.x, nb = cols >> 5;
     size_t row_bytes = (size_t)(cols / type_block_elems(T)) * type_block_bytes(T);
     const u8* wr = w + (size_t)row * row_bytes;
     float acc[NR], mins[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = mins[r] = 0.0f;
-#pragma unroll (NR < 16 ? 2 : 1)
-    for (int b = tid >> 2; b < nb; b += MMVQ_WARPS * 8) {
-        WPart wp = load_part<T>(wr, b, k);
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r < n) {
-                const Q8* xb = xq + (size_t)r * nb + b;
-                const int* xi = (const int*)xb->q;
-                float dx = xb->d;
-                if (two) {
-                    int s0 = dp4a(wp.lo, xi[k], 0);
-                    int s1 = dp4a(wp.hi, xi[4 + k], 0);
-                    acc[r] = __fmaf_rn((float)s0, __fmul_rn(wp.d0, dx), acc[r]);
-                    acc[r] = __fmaf_rn((float)s1, __fmul_rn(wp.d1, dx), acc[r]);
-                } else {
-                    int s = dp4a(wp.hi, xi[4 + k], dp4a(wp.lo, xi[k], 0));
-                    acc[r] = __fmaf_rn((float)s, __fmul_rn(wp.d0, dx), acc[r]);
-                }
-                if (has_min && k == 0) mins[r] = __fmaf_rn(wp.m, xb->s, mins[r]);
-            }
-        }
-    }
+    // Grid-uniform: 16-byte activation loads where every row allows them.
+    if ((nb & 1) == 0 && ((size_t)xq & 15) == 0)
+        mmvq_rows<T, NR, true>(wr, xq, nb, n, acc, mins);
+    else
+        mmvq_rows<T, NR, false>(wr, xq, nb, n, acc, mins);
     int lane = tid & 31, wi = tid >> 5;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -229,217 +341,217 @@ __device__ __forceinline__ void mmvq(const u8* __restrict__ w, const Q8* __restr
 
 // Entry points mmvq_<type>_r<NR>: grid (rows), MMVQ_WARPS * 32 threads, n <=
 // NR activation rows (the runtime takes the smallest NR).
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_0_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_0, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_0_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_0, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_0_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_0, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_0_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_0, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_0_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_0_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_0, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_1_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_1, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_1_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_1, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_1_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_1, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_1_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_1, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_1_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_1_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_1, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_0_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_0, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_0_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_0, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_0_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_0, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_0_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_0, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_0_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_0_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_0, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_1_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_1, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_1_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_1, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_1_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_1, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_1_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_1, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_1_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_1_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_1, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q8_0_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q8_0, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q8_0_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q8_0, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q8_0_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q8_0, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q8_0_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q8_0, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q8_0_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q8_0_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q8_0, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_k_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_K, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_k_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_K, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_k_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_K, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_k_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_K, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q4_k_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q4_k_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q4_K, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_k_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_K, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_k_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_K, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_k_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_K, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_k_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_K, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q5_k_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q5_k_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q5_K, 16>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r1(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q6_k_r1(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q6_K, 1>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r2(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q6_k_r2(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q6_K, 2>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r4(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q6_k_r4(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q6_K, 4>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r8(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q6_k_r8(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q6_K, 8>(w, xq, y, rows, cols, ldy, n);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) mmvq_q6_k_r16(
-    const u8* __restrict__ w, const Q8* __restrict__ xq, float* __restrict__ y, int rows,
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32, 1) mmvq_q6_k_r16(
+    const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ y, int rows,
     int cols, int ldy, int n) {
     mmvq<GT_Q6_K, 16>(w, xq, y, rows, cols, ldy, n);
 }
 
-// f16 rows (`cols` a multiple of 32) to Q8 blocks. One warp per block;
+// f16 rows (`cols` a multiple of 32) to activation rows (common.cuh). One warp per block;
 // grid (ceil(blocks / 8), n), 256 threads.
-extern "C" __global__ void quantize_q8_h(const h16* __restrict__ x, Q8* __restrict__ xq,
+extern "C" __global__ void quantize_q8_h(const h16* __restrict__ x, u8* __restrict__ xq,
                                          int cols, int n) {
     int i = blockIdx.y;
     int nb = cols >> 5;
     int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (i >= n || b >= nb) return;
     float v = h2f(x[(size_t)i * cols + b * 32 + (threadIdx.x & 31)]);
-    warp_quantize(v, xq + (size_t)i * nb + b);
+    warp_quantize(v, xq + (size_t)i * nb * 40, nb, b);
 }
 
 // Element `e` of a row in type `t`, exactly as ggml decodes it.

@@ -46,12 +46,13 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm(float* _
         orow[j] = f2h(__fmul_rn(__fmul_rn(xr[j], inv), w[j]));
 }
 
-// As `add_rms_norm`, the output quantized: row o of `xq` holds hidden / 32
-// blocks. `hidden` is a multiple of 32 and the block a multiple of 32 threads.
+// As `add_rms_norm`, the output quantized: row o of `xq` is an activation
+// row of hidden / 32 blocks (common.cuh's layout). `hidden` is a multiple
+// of 32 and the block a multiple of 32 threads.
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm_q8(float* __restrict__ x,
                                            const float* __restrict__ delta,
                                            const float* __restrict__ w,
-                                           Q8* __restrict__ xq,
+                                           u8* __restrict__ xq,
                                            const int* __restrict__ out_row,
                                            int hidden, float eps, int n) {
     __shared__ float sh[32];
@@ -64,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_rms_norm_q8(float
     int nb = hidden >> 5, lane = threadIdx.x & 31;
     for (int b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
         int j = b * 32 + lane;
-        warp_quantize(__fmul_rn(__fmul_rn(xr[j], inv), w[j]), xq + (size_t)o * nb + b);
+        warp_quantize(__fmul_rn(__fmul_rn(xr[j], inv), w[j]), xq + (size_t)o * nb * 40, nb, b);
     }
 }
 

@@ -35,9 +35,9 @@ __device__ __forceinline__ void gated_f16(const float* __restrict__ gate_up,
 
 // The same quantized per 32-element block: one warp per block, grid
 // (ceil(f / 32 / 8), n), 256 threads; `f` a multiple of 32. Row i of `xq`
-// holds f / 32 blocks.
+// is an activation row of f / 32 blocks (common.cuh's layout).
 template <float (*act)(float, float)>
-__device__ __forceinline__ void gated_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+__device__ __forceinline__ void gated_q8(const float* __restrict__ gate_up, u8* __restrict__ xq,
                                          int f, int n) {
     int i = blockIdx.y;
     int nb = f >> 5;
@@ -45,7 +45,7 @@ __device__ __forceinline__ void gated_q8(const float* __restrict__ gate_up, Q8* 
     if (i >= n || b >= nb) return;
     size_t j = (size_t)b * 32 + (threadIdx.x & 31);
     const float* row = gate_up + (size_t)i * 2 * f;
-    warp_quantize(act(row[j], row[f + j]), xq + (size_t)i * nb + b);
+    warp_quantize(act(row[j], row[f + j]), xq + (size_t)i * nb * 40, nb, b);
 }
 
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __restrict__ out,
@@ -53,7 +53,7 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, h16* __rest
     gated_f16<silu_mul>(gate_up, out, f, n);
 }
 
-extern "C" __global__ void swiglu_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+extern "C" __global__ void swiglu_q8(const float* __restrict__ gate_up, u8* __restrict__ xq,
                                      int f, int n) {
     gated_q8<silu_mul>(gate_up, xq, f, n);
 }
@@ -63,7 +63,7 @@ extern "C" __global__ void gelu_mul(const float* __restrict__ gate_up, h16* __re
     gated_f16<gelu_tanh_mul>(gate_up, out, f, n);
 }
 
-extern "C" __global__ void gelu_mul_q8(const float* __restrict__ gate_up, Q8* __restrict__ xq,
+extern "C" __global__ void gelu_mul_q8(const float* __restrict__ gate_up, u8* __restrict__ xq,
                                        int f, int n) {
     gated_q8<gelu_tanh_mul>(gate_up, xq, f, n);
 }

@@ -21,15 +21,21 @@
 # `cat` there. The plan is printed at the end; see docs/cuda.md, "Running on
 # a GPU machine".
 #
-# --llama SDIST: also split a llama-cpp-python sdist (e.g. from `pip download
-# --no-deps --no-binary :all: llama-cpp-python==0.3.36`) into
-# target-gpu/llama/sdist.tar.gz.part.* for run.sh's `llama` step, which
-# builds llama.cpp's CUDA benchmarks there for the `accept` table.
+# --llama SDIST: also write target-gpu/llama/llama-src.tar.xz from a
+# llama-cpp-python sdist (e.g. from `pip download --no-deps --no-binary
+# :all: llama-cpp-python==0.3.36`, 77 MB, over a call's 64 MiB): its
+# vendor/llama.cpp without the models, docs, tests, examples, git history
+# and web UI the benchmark build does not read (about 6 MB), for run.sh's
+# `llama-prep` call (carry ["target-gpu/llama"], command
+# "scripts/gpu/run.sh llama-prep"), which builds llama.cpp's CUDA
+# benchmarks there and returns them as $OUT/llama-cuda.*.
 #
 # --quick: also write the family fixtures (scripts/reference/
 # synthetic_fixtures.py, with $KESTREL_PYTHON or python3, from the default
-# GGUF) into target-gpu/pack/families, so the one folder target-gpu/pack
-# (at most 60 MiB, checked) is all `run.sh quick` needs: one carry, one call.
+# GGUF) into target-gpu/pack/families, and copy llama-prep's returned files
+# from target-gpu/llama-cuda (when there) into target-gpu/pack/llama-cuda,
+# so the one folder target-gpu/pack (at most 60 MiB, checked) is all
+# `run.sh quick` needs: one carry, one call.
 #
 # Builds go to $CARGO_TARGET_DIR (default: target/).
 set -euo pipefail
@@ -135,6 +141,12 @@ if [ "$quick" = 1 ]; then
     m=$(default_model)
     [ -f "$m" ] || { echo "pack.sh: $m is missing (the fixtures start from it)" >&2; exit 1; }
     "${KESTREL_PYTHON:-python3}" scripts/reference/synthetic_fixtures.py "$m" "$pack/families"
+    if compgen -G "$root/target-gpu/llama-cuda/llama-cuda.tar.xz.part.*" >/dev/null; then
+        mkdir -p "$pack/llama-cuda"
+        cp "$root"/target-gpu/llama-cuda/llama-cuda.* "$pack/llama-cuda/"
+    else
+        echo "pack.sh: no target-gpu/llama-cuda (llama-prep's files): accept-rounds will fail" >&2
+    fi
     size=$(du -sb "$pack" | cut -f1)
     echo "pack.sh: the quick folder target-gpu/pack: $((size / mib)) MiB" >&2
     [ "$size" -le $((60 * mib)) ] || { echo "pack.sh: over 60 MiB" >&2; exit 1; }
@@ -144,7 +156,10 @@ fi
 budget=$((${KESTREL_CARRY_MIB:-56} * mib))
 size=$(du -sb "$pack" | cut -f1)
 echo "pack.sh: $pack: $((size / mib)) MiB ($size bytes)" >&2
-if [ "$size" -ge "$budget" ]; then
+# A quick pack is carried alone (its own 60 MiB check above, with the
+# working tree's few MiB under a call's 64); the 56 MiB budget leaves room
+# for the model's parts beside a pack.
+if [ "$quick" = 0 ] && [ "$size" -ge "$budget" ]; then
     echo "pack.sh: over the ${KESTREL_CARRY_MIB:-56} MiB a device call can carry" >&2
     exit 1
 fi
@@ -192,13 +207,20 @@ fi
 
 if [ -n "$llama_sdist" ]; then
     ldir=$root/target-gpu/llama
-    rm -rf "$ldir"
-    mkdir -p "$ldir"
-    split -b "$budget" -a 1 --numeric-suffixes=1 "$llama_sdist" "$ldir/sdist.tar.gz.part."
+    lstage=$root/target-gpu/llama-stage
+    rm -rf "$ldir" "$lstage"
+    mkdir -p "$ldir" "$lstage"
+    tar -C "$lstage" -xzf "$llama_sdist"
+    src=$(cd "$lstage" && compgen -G "*/vendor/llama.cpp" | head -n 1 || true)
+    [ -n "$src" ] || { echo "pack.sh: no */vendor/llama.cpp in $llama_sdist" >&2; exit 1; }
+    # What a CUDA build of the two benchmarks does not read (run.sh's llama
+    # step turns tests, examples, the server and the app off).
+    (cd "$lstage/$src" && rm -rf models docs .github .devops media gguf-py conversion benches \
+        tests examples pocs app tools/ui)
+    tar -C "$lstage" -cf - "$src" | xz -T0 -6 >"$ldir/llama-src.tar.xz"
+    rm -rf "$lstage"
     echo >&2
-    echo "pack.sh: llama.cpp sdist split under $ldir; carry each part in its own call" >&2
-    echo "(machine kept warm), then run the llama step:" >&2
-    for p in "$ldir"/sdist.tar.gz.part.*; do
-        echo "  carry [\"${p#"$root"/}\"]" >&2
-    done
+    echo "pack.sh: $ldir/llama-src.tar.xz: $(($(stat -c %s "$ldir/llama-src.tar.xz") / mib)) MiB." >&2
+    echo "Build call: carry [\"target-gpu/llama\"], command \"scripts/gpu/run.sh llama-prep\"," >&2
+    echo "then copy the returned llama-cuda.* files into target-gpu/llama-cuda/ and pack --quick." >&2
 fi

@@ -5,8 +5,25 @@
 # Run from the repository root:
 #
 #   target-gpu/pack/run.sh [STEP...]     (default: env unit nvrtc runtime chunks engine generate bench)
+#   scripts/gpu/run.sh llama-prep        an earlier call of its own: llama.cpp's
+#                                        CUDA benchmarks built, returned via $OUT
 #   target-gpu/pack/run.sh quick         one device call (issue 75 item 7), then
 #   target-gpu/pack/run.sh quick-sanitizers   a second one
+#
+# llama-prep = llama llama-export (no pack needed: carry target-gpu/llama,
+# which `pack.sh --llama SDIST` fills with llama-src.tar.xz, the sdist's
+# vendor/llama.cpp without its models, docs and tests: 5.4 MiB for
+# llama-cpp-python 0.3.36). `llama`
+# builds llama-bench and llama-batched-bench (shared libraries, rpath
+# $ORIGIN, this GPU's architecture only) under its own limit; `llama-export`
+# packs them with their libraries into $OUT/llama-cuda.tar.xz.part.N (15 MiB
+# each, at most 4: a call returns 8 files of 16 MiB) and
+# $OUT/llama-cuda.txt (the tarball's SHA-256, the GPU, nvcc). Copy those
+# files into target-gpu/llama-cuda/ here; `pack.sh --quick` puts them in the
+# pack (or carry target-gpu/llama-cuda beside it), and every step that
+# drives llama.cpp (accept-rounds, accept, prompt) joins, checks and unpacks
+# them when neither $LLAMA_CPP_DIR nor a `llama` build on the same machine
+# is there, and fails fast when they do not load (ldd) there.
 #
 # quick = preflight nvrtc parity memcheck-parity generate-synth accept-rounds,
 # everything from the one folder pack.sh --quick makes (the binaries and the
@@ -43,8 +60,9 @@
 # on `kestrel generate --backend cuda` with the real model; racecheck fails
 # only on hazards in the project's own kernels, since cuBLAS's GEMM kernels
 # report hazards of their own), llama (build llama.cpp's CUDA llama-bench and
-# llama-batched-bench from the sdist parts pack.sh --llama made, into
-# $KESTREL_CACHE_DIR/llama.cpp), accept (issue 31's acceptance table: Kestrel
+# llama-batched-bench from target-gpu/llama/llama-src.tar.xz, or an older
+# pack's sdist parts, into $KESTREL_CACHE_DIR/llama.cpp), llama-export
+# (see llama-prep above), accept (issue 31's acceptance table: Kestrel
 # against llama.cpp -ngl 99 on SmolLM2 Q4_1 and synth:llama-1b q4_k_m and f16,
 # 1 and 32 streams, % of the HBM floor; models from $ACCEPT_MODELS, space-
 # separated, to split the step across calls; llama.cpp from $LLAMA_CPP_DIR or
@@ -62,6 +80,9 @@
 # $OUT/summary.txt lists every step's exit status. The script exits non-zero
 # if any step failed, after running them all. Without a driver every GPU step
 # fails fast with the runtime's "CUDA driver library is not available" error.
+# Steps are functions called by name through `step`, which shellcheck
+# cannot follow:
+# shellcheck disable=SC2329
 set -uo pipefail
 
 root=$PWD
@@ -76,17 +97,32 @@ mkdir -p "$OUT/logs"
 summary=$OUT/summary.txt
 : >"$summary"
 
-# Unpack the binaries (xz, or Python's lzma where xz is missing).
-rm -rf "$bin"
-if command -v xz >/dev/null; then
-    xz -dc "$pack/bin.tar.xz" | tar -C "$pack" -xf -
-else
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
-        "$pack/bin.tar.xz" "$pack"
-fi || {
-    echo "run.sh: could not unpack $pack/bin.tar.xz" >&2
-    exit 2
+# unxz_tar FILE DIR: unpack a .tar.xz (xz, or Python's lzma where xz is missing).
+unxz_tar() {
+    if command -v xz >/dev/null; then
+        xz -dc "$1" | tar -C "$2" -xf -
+    else
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+            "$1" "$2"
+    fi
 }
+
+# Unpack the binaries, unless every step asked for runs without them
+# (llama-prep runs from scripts/gpu/ with no pack).
+needs_bin=0
+for s in "${@:-default}"; do
+    case $s in
+        env | preflight | llama | llama-export | llama-prep) ;;
+        *) needs_bin=1 ;;
+    esac
+done
+if [ "$needs_bin" = 1 ]; then
+    rm -rf "$bin"
+    unxz_tar "$pack/bin.tar.xz" "$pack" || {
+        echo "run.sh: could not unpack $pack/bin.tar.xz" >&2
+        exit 2
+    }
+fi
 
 # The CUDA runtime's environment. libcuda comes with the driver (on the loader
 # path); NVRTC and cuBLAS come from the toolkit, whose lib directory is added
@@ -143,9 +179,12 @@ failed=0
 # Each step's time limit in seconds (LIMIT_<step> overrides; 0: none). The
 # quick steps' add up to 9 minutes of a 10-minute device call, the second
 # call's to under 8; none is a measured time (no GPU has run them yet).
+# llama-prep's two steps fit one 10-minute call the same way (the build's
+# time on 16 cores is not measured either).
 declare -A limit=(
     [preflight]=20 [nvrtc]=45 [parity]=120 [memcheck-parity]=75 [generate-synth]=60
     [accept-rounds]=220 [racecheck]=180 [initcheck]=150 [synccheck]=120
+    [llama]=500 [llama-export]=60
 )
 limit_of() {
     local v="LIMIT_${1//-/_}"
@@ -205,7 +244,9 @@ run_env() {
     nvidia-smi || echo "nvidia-smi: not available"
     nvcc --version || echo "nvcc: not available"
     ldconfig -p | grep -E 'libcuda\.|libnvrtc|libcublas' || echo "ldconfig: no CUDA libraries"
-    ls -l "${cuda_lib:-/nonexistent}" 2>/dev/null | grep -E 'nvrtc|cublas' || true
+    for f in "${cuda_lib:-/nonexistent}"/*nvrtc* "${cuda_lib:-/nonexistent}"/*cublas*; do
+        [ -e "$f" ] && ls -l "$f"
+    done
     nproc
     free -g
 }
@@ -231,7 +272,7 @@ step_preflight() {
     fi
     v=$(compgen -G "$cuda_lib/libnvrtc.so.13.*" | head -n 1)
     echo "NVRTC: ${v:-?}"
-    return $ok
+    return "$ok"
 }
 
 # A synthetic model made here (the GGUF's path on stdout).
@@ -262,12 +303,9 @@ step_generate_synth() {
 # engines); every round's results.json into $OUT/accept.tar.gz, the peer
 # rows printed here (the table is made where Python is).
 step_accept_rounds() {
-    local dir=${LLAMA_CPP_DIR:-$llama_build/bin} spec r out rc=0
+    local dir spec r out rc=0
     local results=$KESTREL_CACHE_DIR/accept-rounds
-    [ -x "$dir/llama-batched-bench" ] && [ -x "$dir/llama-bench" ] || {
-        echo "no llama-bench / llama-batched-bench in $dir: run the llama step on this machine first, or set LLAMA_CPP_DIR"
-        return 1
-    }
+    dir=$(llama_dir) || return 1
     rm -rf "$results"
     for spec in ${QUICK_MODELS:-synth:llama-1b:q4_k_m synth:llama-8b:q4_k_m}; do
         synth_gguf "$spec" >/dev/null || { rc=1; continue; }
@@ -281,7 +319,7 @@ step_accept_rounds() {
     done
     tar -C "$results" -czf "$OUT/accept.tar.gz" . || rc=1
     echo "GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
-    return $rc
+    return "$rc"
 }
 
 step_generate() {
@@ -331,42 +369,150 @@ step_gemma() {
 }
 
 llama_build=$KESTREL_CACHE_DIR/llama.cpp
+llama_bins=(llama-bench llama-batched-bench)
 
-step_llama() {
+# The llama.cpp source into $llama_build: target-gpu/llama/llama-src.tar.xz
+# (pack.sh --llama: one call carries it), else the whole sdist joined from
+# its parts (older packs: one call per part).
+llama_unpack() {
     local parts=$root/target-gpu/llama sdist=$KESTREL_CACHE_DIR/llama-sdist.tar.gz
-    compgen -G "$parts/sdist.tar.gz.part.*" >/dev/null || {
-        echo "no $parts/sdist.tar.gz.part.*: pack.sh --llama SDIST, and carry every part"
-        return 1
-    }
-    cat "$parts"/sdist.tar.gz.part.* >"$sdist" || return 1
     rm -rf "$llama_build"
     mkdir -p "$llama_build"
-    tar -C "$llama_build" -xzf "$sdist" || {
-        echo "the joined sdist does not unpack: a part is missing?"
+    if [ -f "$parts/llama-src.tar.xz" ]; then
+        unxz_tar "$parts/llama-src.tar.xz" "$llama_build" || {
+            echo "$parts/llama-src.tar.xz does not unpack"
+            return 1
+        }
+    elif compgen -G "$parts/sdist.tar.gz.part.*" >/dev/null; then
+        cat "$parts"/sdist.tar.gz.part.* >"$sdist" || return 1
+        tar -C "$llama_build" -xzf "$sdist" || {
+            echo "the joined sdist does not unpack: a part is missing?"
+            return 1
+        }
+    else
+        echo "no $parts/llama-src.tar.xz (pack.sh --llama SDIST) and no sdist parts: carry target-gpu/llama"
         return 1
-    }
-    local src arch
+    fi
+}
+
+# llama.cpp's CUDA llama-bench and llama-batched-bench, built here for this
+# GPU's architecture: shared libraries beside the binaries in
+# $llama_build/bin (rpath $ORIGIN, so the folder can move), no CPU-native
+# code (a later machine's CPU may differ), only the two targets.
+step_llama() {
+    local src arch gen=()
+    if ! command -v cmake >/dev/null || ! command -v nvcc >/dev/null; then
+        echo "llama: needs cmake and nvcc (the CUDA toolkit) on this machine"
+        return 1
+    fi
+    llama_unpack || return 1
     src=$(compgen -G "$llama_build/*/vendor/llama.cpp" | head -n 1)
-    [ -n "$src" ] || { echo "no vendor/llama.cpp in the sdist"; return 1; }
+    [ -n "$src" ] || { echo "no vendor/llama.cpp in the source"; return 1; }
+    echo "source: $src ($(cd "$src" && git describe --tags 2>/dev/null || echo "no git"))"
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '. ')
-    cmake -S "$src" -B "$src/build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" \
-        -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF || return 1
-    cmake --build "$src/build" --target llama-bench llama-batched-bench -j "$(nproc)" || return 1
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    # shellcheck disable=SC2016 # $ORIGIN is the loader's, not the shell's
+    cmake "${gen[@]}" -S "$src" -B "$src/build" -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+        '-DCMAKE_BUILD_RPATH=$ORIGIN' || return 1
+    cmake --build "$src/build" --target "${llama_bins[@]}" -j "$(nproc)" || return 1
     ln -sfn "$src/build/bin" "$llama_build/bin"
     ls -l "$llama_build/bin/"
 }
 
+# The llama step's binaries and the shared libraries they load from the
+# build, as $OUT/llama-cuda.tar.xz.part.N (15 MiB each, at most 4) and
+# $OUT/llama-cuda.txt (SHA-256 of the joined tarball, GPU, nvcc, source).
+step_llama_export() {
+    local bin_dir=$llama_build/bin stage=$KESTREL_CACHE_DIR/llama-cuda-stage f n
+    local files=("${llama_bins[@]}")
+    [ -x "$bin_dir/llama-bench" ] && [ -x "$bin_dir/llama-batched-bench" ] || {
+        echo "no llama-bench / llama-batched-bench in $bin_dir: the llama step failed?"
+        return 1
+    }
+    rm -rf "$stage" "$OUT"/llama-cuda.*
+    mkdir -p "$stage/llama-cuda"
+    for f in "$bin_dir"/*.so*; do
+        [ -e "$f" ] && files+=("${f##*/}")
+    done
+    for f in "${files[@]}"; do
+        cp -L "$bin_dir/$f" "$stage/llama-cuda/" || return 1
+    done
+    strip --strip-unneeded "$stage"/llama-cuda/* 2>/dev/null
+    tar -C "$stage" -cf - llama-cuda | xz -T0 -6 >"$stage/llama-cuda.tar.xz" || return 1
+    split -b 15M -a 1 --numeric-suffixes=1 "$stage/llama-cuda.tar.xz" \
+        "$OUT/llama-cuda.tar.xz.part." || return 1
+    {
+        echo "sha256: $(sha256sum <"$stage/llama-cuda.tar.xz" | cut -d' ' -f1)"
+        echo "gpu: $(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -n 1)"
+        echo "nvcc: $(nvcc --version | tail -n 1)"
+        echo "source: $(compgen -G "$llama_build/*/vendor/llama.cpp" | head -n 1)"
+        echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        (cd "$stage/llama-cuda" && sha256sum -- *)
+    } >"$OUT/llama-cuda.txt"
+    ls -l "$stage/llama-cuda" "$OUT"/llama-cuda.*
+    n=$(compgen -G "$OUT/llama-cuda.tar.xz.part.*" | wc -l)
+    rm -rf "$stage"
+    [ "$n" -le 4 ] || {
+        echo "llama-export: $n parts of 15 MiB: more than a call returns beside the logs"
+        return 1
+    }
+    echo "copy $OUT/llama-cuda.* into target-gpu/llama-cuda/ on the build machine"
+}
+
+# The folder holding llama.cpp's CUDA llama-bench and llama-batched-bench,
+# on stdout: $LLAMA_CPP_DIR, a llama step's build on this machine, or the
+# llama-export files carried in the pack or target-gpu/llama-cuda (joined,
+# checked against their SHA-256, unpacked into $KESTREL_CACHE_DIR). Fails,
+# saying why, when none is there or the binaries do not load here.
+llama_dir() {
+    local dir='' carried want got f
+    if [ -n "${LLAMA_CPP_DIR:-}" ]; then
+        dir=$LLAMA_CPP_DIR
+    elif [ -x "$llama_build/bin/llama-bench" ]; then
+        dir=$llama_build/bin
+    else
+        for carried in "$pack/llama-cuda" "$root/target-gpu/llama-cuda"; do
+            compgen -G "$carried/llama-cuda.tar.xz.part.*" >/dev/null && break
+            carried=
+        done
+        [ -n "$carried" ] || {
+            echo "no llama.cpp: set LLAMA_CPP_DIR, run the llama step on this machine, or carry llama-prep's files (target-gpu/llama-cuda)" >&2
+            return 1
+        }
+        cat "$carried"/llama-cuda.tar.xz.part.* >"$KESTREL_CACHE_DIR/llama-cuda.tar.xz" || return 1
+        want=$(sed -n 's/^sha256: //p' "$carried/llama-cuda.txt" 2>/dev/null)
+        got=$(sha256sum <"$KESTREL_CACHE_DIR/llama-cuda.tar.xz" | cut -d' ' -f1)
+        [ -n "$want" ] && [ "$want" = "$got" ] || {
+            echo "the joined llama-cuda.tar.xz ($got) does not match $carried/llama-cuda.txt (${want:-none}): a part is missing?" >&2
+            return 1
+        }
+        rm -rf "$KESTREL_CACHE_DIR/llama-cuda"
+        unxz_tar "$KESTREL_CACHE_DIR/llama-cuda.tar.xz" "$KESTREL_CACHE_DIR" || return 1
+        dir=$KESTREL_CACHE_DIR/llama-cuda
+        echo "llama.cpp from $carried: $(sed -n 's/^gpu: //p; s/^nvcc: //p' "$carried/llama-cuda.txt" | paste -sd';')" >&2
+    fi
+    for f in "${llama_bins[@]}"; do
+        [ -x "$dir/$f" ] || { echo "no $f in $dir" >&2; return 1; }
+        # As the benchmarks will run: their rpath ($ORIGIN) finds the libraries.
+        if ldd "$dir/$f" 2>/dev/null | grep 'not found' >&2; then
+            echo "$dir/$f does not load here (libraries above not found): rebuild with llama-prep on this image" >&2
+            return 1
+        fi
+    done
+    echo "$dir"
+}
+
 step_accept() {
-    local m dir=${LLAMA_CPP_DIR:-$llama_build/bin} rc=0 spec out
+    local m dir rc=0 spec out
     local results=$KESTREL_CACHE_DIR/accept
     m=$(find_model) || {
         echo "no model (see the generate step)"
         return 1
     }
-    [ -x "$dir/llama-batched-bench" ] || {
-        echo "no llama-batched-bench in $dir: run the llama step or set LLAMA_CPP_DIR"
-        return 1
-    }
+    dir=$(llama_dir) || return 1
     for spec in ${ACCEPT_MODELS:-"$m" synth:llama-1b:q4_k_m synth:llama-1b:f16}; do
         out=$results/$(basename "${spec//:/-}")
         rm -rf "$out"
@@ -377,15 +523,15 @@ step_accept() {
     python3 "$pack/accept_table.py" \
         --gpu "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" \
         "$results"/* | tee "$OUT/accept.md" || rc=1
-    return $rc
+    return "$rc"
 }
 
 step_prompt() {
-    local dir=${LLAMA_CPP_DIR:-$llama_build/bin} peer=()
-    if [ -x "$dir/llama-bench" ]; then
+    local dir peer=()
+    if dir=$(llama_dir); then
         peer=(--peer llama.cpp "$dir")
     else
-        echo "no llama-bench in $dir (run the llama step or set LLAMA_CPP_DIR): Kestrel's column only"
+        echo "no llama.cpp (above): Kestrel's column only"
     fi
     "$bin/xtask" bench --backend cuda --prompt-table --model "${PROMPT_MODEL:-synth:llama-1b:f16}" \
         "${peer[@]}" --out "$OUT/prompt"
@@ -444,6 +590,7 @@ for s in "${steps[@]}"; do
     case $s in
         quick) expanded+=(preflight nvrtc parity memcheck-parity generate-synth accept-rounds) ;;
         quick-sanitizers) expanded+=(preflight racecheck-parity initcheck-parity synccheck-parity) ;;
+        llama-prep) expanded+=(llama llama-export) ;;
         *) expanded+=("$s") ;;
     esac
 done
@@ -504,6 +651,7 @@ for s in "${expanded[@]}"; do
         bench) step bench "$root" step_bench bench-quick --quick ;;
         bench-full) step bench-full "$root" step_bench bench-full ;;
         llama) step llama "$root" step_llama ;;
+        llama-export) step llama-export "$root" step_llama_export ;;
         accept) step accept "$root" step_accept ;;
         prompt) step prompt "$root" step_prompt ;;
         memcheck | initcheck | racecheck | synccheck) step "$s" "$root" step_sanitize "$s" ;;
@@ -518,8 +666,11 @@ for s in "${expanded[@]}"; do
             ;;
     esac
 done
-# A device call returns at most 8 files: more than 6 logs travel as one tarball.
-if [ "$(find "$OUT/logs" -type f | wc -l)" -gt 6 ]; then
+# A device call returns at most 8 files: the logs travel as one tarball
+# when they and the other files (the summary's included) would be more.
+logs=$(find "$OUT/logs" -type f | wc -l)
+others=$(find "$OUT" -path "$OUT/logs" -prune -o -type f -print | wc -l)
+if [ $((logs + others)) -gt 8 ]; then
     tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$OUT/logs"
 fi
 echo "== summary ($summary)"

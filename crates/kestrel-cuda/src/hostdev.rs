@@ -732,12 +732,13 @@ mod tests {
     }
 
     /// An `mmvq` launch of more rows than the kernel's accumulators hold is
-    /// refused (as `CudaDevice` refuses it) and one within them writes only
-    /// its columns of rows `ldy` apart (a projection's part).
+    /// refused (as `CudaDevice` refuses it), and so are misaligned
+    /// activations; one within them writes only its columns of rows `ldy`
+    /// apart (a projection's part).
     #[test]
     fn mmvq_takes_at_most_its_rows_and_writes_only_its_columns() {
         use crate::kernels::MMVQ_MAX_ROWS;
-        use crate::quant::Q8Block;
+        use crate::quant::{pack_q8_rows, Q8Block, Q8_BLOCK_BYTES};
         use kestrel_model::DType;
         let d = HostDevice::default();
         // One Q8_0 row of 32: scale 1.0, every weight 1.
@@ -745,16 +746,17 @@ mod tests {
         w.extend([1u8; 32]);
         let w = d.upload(&w).unwrap();
         let n = MMVQ_MAX_ROWS + 1;
-        let xq = d
-            .upload(&vec![
-                Q8Block {
-                    d: 0.5,
-                    s: 16.0,
-                    q: [1; 32],
-                };
-                n
-            ])
-            .unwrap();
+        let blocks = vec![
+            Q8Block {
+                d: 0.5,
+                s: 16.0,
+                q: [1; 32],
+            };
+            n
+        ];
+        let mut rows = vec![0u8; n * Q8_BLOCK_BYTES];
+        pack_q8_rows(&blocks, 1, &mut rows);
+        let xq = d.upload(&rows).unwrap();
         let y = d.upload(&vec![7f32; 2 * n]).unwrap();
         let a = Mmvq {
             dtype: DType::Q8_0,
@@ -767,6 +769,15 @@ mod tests {
             n,
         };
         d.mmvq(a).unwrap();
+        assert!(matches!(d.sync(), Err(CudaError::Unsupported(_))));
+        // Rows that are not 8-byte aligned (the kernel's 8- and 16-byte
+        // loads would fault) are refused too.
+        d.mmvq(Mmvq {
+            xq: xq.ptr() + 4,
+            n: 1,
+            ..a
+        })
+        .unwrap();
         assert!(matches!(d.sync(), Err(CudaError::Unsupported(_))));
         d.mmvq(Mmvq {
             n: MMVQ_MAX_ROWS,

@@ -25,7 +25,7 @@ use kestrel_numerics::exp as kexp;
 
 use crate::hostdev::{disjoint, HostMemory};
 use crate::kernels::MMVQ_MAX_ROWS;
-use crate::quant::{encoded_bytes, Q8Block, BLOCK};
+use crate::quant::{encoded_bytes, pack_q8_rows, unpack_q8_rows, Q8Block, BLOCK, Q8_BLOCK_BYTES};
 use crate::reference;
 use crate::runtime::backend::{
     AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DraftCounts,
@@ -101,21 +101,26 @@ pub(crate) fn mmvq(m: &HostMemory, a: &Mmvq) -> Result<(), CudaError> {
     }
     let (wb, nb) = (encoded_bytes(a.dtype, rows, cols), cols / BLOCK);
     let y_len = strided(n, rows, ldy, 4) / 4;
-    disjoint(&[
-        (a.y, y_len * 4),
-        (a.w, wb),
-        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
-    ])?;
+    // The kernel reads the activations in 8- and 16-byte loads: 8-byte
+    // aligned rows or a misaligned-address fault on the GPU.
+    if !a.xq.is_multiple_of(8) {
+        return Err(CudaError::Unsupported(format!(
+            "mmvq activations at {:#x}: not 8-byte aligned",
+            a.xq
+        )));
+    }
+    disjoint(&[(a.y, y_len * 4), (a.w, wb), (a.xq, n * nb * Q8_BLOCK_BYTES)])?;
     // SAFETY: the output is disjoint from both inputs (checked above).
     let (w, xq, y) = unsafe {
         (
             m.slice::<u8>(a.w, wb)?,
-            m.slice::<Q8Block>(a.xq, n * nb)?,
+            m.slice::<u8>(a.xq, n * nb * Q8_BLOCK_BYTES)?,
             m.slice_mut::<f32>(a.y, y_len)?,
         )
     };
+    let xq = unpack_q8_rows(xq, nb);
     let mut dense = vec![0f32; n * rows];
-    reference::mmvq(a.dtype, w, rows, cols, xq, &mut dense);
+    reference::mmvq(a.dtype, w, rows, cols, &xq, &mut dense);
     for (yr, dr) in y.chunks_mut(ldy).zip(dense.chunks_exact(rows)) {
         yr[..rows].copy_from_slice(dr);
     }
@@ -125,18 +130,17 @@ pub(crate) fn mmvq(m: &HostMemory, a: &Mmvq) -> Result<(), CudaError> {
 pub(crate) fn quantize_q8_h(m: &HostMemory, a: &QuantizeQ8H) -> Result<(), CudaError> {
     let (n, cols) = (a.n, a.cols);
     let nb = cols / BLOCK;
-    disjoint(&[
-        (a.x, n * cols * 2),
-        (a.xq, n * nb * std::mem::size_of::<Q8Block>()),
-    ])?;
+    disjoint(&[(a.x, n * cols * 2), (a.xq, n * nb * Q8_BLOCK_BYTES)])?;
     // SAFETY: the output is disjoint from the input (checked above).
     let (x, xq) = unsafe {
         (
             m.slice::<f16>(a.x, n * cols)?,
-            m.slice_mut::<Q8Block>(a.xq, n * nb)?,
+            m.slice_mut::<u8>(a.xq, n * nb * Q8_BLOCK_BYTES)?,
         )
     };
-    reference::quantize_q8_h(x, xq);
+    let mut blocks = vec![Q8Block::default(); n * nb];
+    reference::quantize_q8_h(x, &mut blocks);
+    pack_q8_rows(&blocks, nb, xq);
     Ok(())
 }
 
@@ -292,7 +296,7 @@ pub(crate) fn add_rms_norm(m: &HostMemory, a: &AddRmsNorm) -> Result<(), CudaErr
 pub(crate) fn add_rms_norm_q8(m: &HostMemory, a: &AddRmsNormQ8) -> Result<(), CudaError> {
     let h = a.hidden;
     let nb = h / BLOCK;
-    let row_bytes = nb * std::mem::size_of::<Q8Block>();
+    let row_bytes = nb * Q8_BLOCK_BYTES;
     let NormRows {
         x,
         w,
@@ -307,18 +311,15 @@ pub(crate) fn add_rms_norm_q8(m: &HostMemory, a: &AddRmsNormQ8) -> Result<(), Cu
         (a.n, h),
     )?;
     // SAFETY: xq is disjoint from x, w and delta (checked by norm_rows).
-    let xq = unsafe { m.slice_mut::<Q8Block>(a.xq, out_len * nb)? };
-    let mut skipped = vec![Q8Block::default(); nb];
+    let xq = unsafe { m.slice_mut::<u8>(a.xq, out_len * row_bytes)? };
+    let mut blocks = vec![Q8Block::default(); nb];
     for (i, xr) in x.chunks_exact_mut(h).enumerate() {
         let d = delta.map(|d| &d[i * h..(i + 1) * h]);
         // A skipped row still takes its residual add (as the kernel does).
-        let o = out_rows[i];
-        let dst = if o < 0 {
-            &mut skipped[..]
-        } else {
-            &mut xq[o as usize * nb..(o as usize + 1) * nb]
-        };
-        reference::add_rms_norm_q8(xr, d, w, a.eps, dst);
+        reference::add_rms_norm_q8(xr, d, w, a.eps, &mut blocks);
+        if let Ok(o) = usize::try_from(out_rows[i]) {
+            pack_q8_rows(&blocks, nb, &mut xq[o * row_bytes..(o + 1) * row_bytes]);
+        }
     }
     Ok(())
 }
@@ -518,19 +519,21 @@ fn gated_q8(
     row_q8: impl Fn(&[f32], &mut [Q8Block]),
 ) -> Result<(), CudaError> {
     let nb = f / BLOCK;
-    disjoint(&[
-        (gate_up, n * 2 * f * 4),
-        (xq, n * nb * std::mem::size_of::<Q8Block>()),
-    ])?;
+    disjoint(&[(gate_up, n * 2 * f * 4), (xq, n * nb * Q8_BLOCK_BYTES)])?;
     // SAFETY: the output is disjoint from the input (checked above).
     let (gu, xq) = unsafe {
         (
             m.slice::<f32>(gate_up, n * 2 * f)?,
-            m.slice_mut::<Q8Block>(xq, n * nb)?,
+            m.slice_mut::<u8>(xq, n * nb * Q8_BLOCK_BYTES)?,
         )
     };
-    for (row, o) in gu.chunks_exact(2 * f).zip(xq.chunks_exact_mut(nb)) {
-        row_q8(row, o);
+    let mut blocks = vec![Q8Block::default(); nb];
+    for (row, o) in gu
+        .chunks_exact(2 * f)
+        .zip(xq.chunks_exact_mut(nb * Q8_BLOCK_BYTES))
+    {
+        row_q8(row, &mut blocks);
+        pack_q8_rows(&blocks, nb, o);
     }
     Ok(())
 }

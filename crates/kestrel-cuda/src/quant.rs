@@ -31,14 +31,80 @@ pub const MMVQ_CROSSOVER_ROWS: usize = 4 * MMVQ_MAX_ROWS;
 /// cuBLAS path (32 MiB): whole rows, `TILE_ELEMS / cols` of them.
 pub const TILE_ELEMS: usize = 16 << 20;
 
-/// One int8-quantized 32-element activation block, `Q8` in `common.cuh`
-/// (40 bytes): element `i` is `q[i] * d`, and `s = d * sum(q)`.
+/// One int8-quantized 32-element activation block (40 bytes): element `i`
+/// is `q[i] * d`, and `s = d * sum(q)`. The host references compute these;
+/// on the device a row of them is laid out as `common.cuh` says (quants in
+/// `mmvq`'s load order, then the scales, then the sums: [`pack_q8_rows`]),
+/// in the same 40 bytes a block.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Q8Block {
     pub d: f32,
     pub s: f32,
     pub q: [i8; BLOCK],
+}
+
+/// Bytes of one activation block on the device, as of one [`Q8Block`]:
+/// an activation row of `nb` blocks takes `nb * Q8_BLOCK_BYTES`.
+pub const Q8_BLOCK_BYTES: usize = std::mem::size_of::<Q8Block>();
+
+/// `q8_pos` of `common.cuh`: the byte, in the quants of an activation row
+/// of `nb` blocks, of element `e` of block `b`. Blocks go in pairs
+/// `(2p, 2p + 1)` of 64 bytes, in which `mmvq`'s thread `k` of a block
+/// finds its 16 bytes at `16 k` (block `2p`'s elements `4k..4k+4` and
+/// `16+4k..20+4k`, then block `2p + 1`'s); a last unpaired block keeps
+/// thread `k`'s 8 bytes at `8 k` of its 32.
+pub fn q8_pos(nb: usize, b: usize, e: usize) -> usize {
+    let (k, within) = ((e & 15) >> 2, ((e >> 4) << 2) | (e & 3));
+    let paired = (b | 1) < nb;
+    (b >> 1) * 64 + if paired { 16 * k + 8 * (b & 1) } else { 8 * k } + within
+}
+
+/// Activation rows of `nb` blocks each (`blocks.len()` a multiple of `nb`)
+/// in the device's layout (`common.cuh`), written into `out` (as many
+/// bytes as the blocks take): each row's quants in `mmvq`'s load order
+/// ([`q8_pos`]), then its blocks' scales `d`, then their sums `s`
+/// (little-endian f32).
+pub fn pack_q8_rows(blocks: &[Q8Block], nb: usize, out: &mut [u8]) {
+    assert_eq!(blocks.len() % nb, 0, "whole rows of {nb} blocks");
+    assert_eq!(
+        out.len(),
+        blocks.len() * Q8_BLOCK_BYTES,
+        "bytes of the blocks"
+    );
+    for (row, o) in blocks
+        .chunks_exact(nb)
+        .zip(out.chunks_exact_mut(nb * Q8_BLOCK_BYTES))
+    {
+        let (q, scales) = o.split_at_mut(nb * BLOCK);
+        let (d, s) = scales.split_at_mut(nb * 4);
+        for (b, blk) in row.iter().enumerate() {
+            for (e, &v) in blk.q.iter().enumerate() {
+                q[q8_pos(nb, b, e)] = v as u8;
+            }
+            d[4 * b..4 * b + 4].copy_from_slice(&blk.d.to_le_bytes());
+            s[4 * b..4 * b + 4].copy_from_slice(&blk.s.to_le_bytes());
+        }
+    }
+}
+
+/// The blocks of activation rows of `nb` blocks in the device's layout
+/// (inverse of [`pack_q8_rows`]).
+pub fn unpack_q8_rows(bytes: &[u8], nb: usize) -> Vec<Q8Block> {
+    let row_bytes = nb * Q8_BLOCK_BYTES;
+    assert_eq!(bytes.len() % row_bytes, 0, "whole rows of {nb} blocks");
+    let f32_at = |b: &[u8], at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    bytes
+        .chunks_exact(row_bytes)
+        .flat_map(|o| {
+            let (q, scales) = o.split_at(nb * BLOCK);
+            (0..nb).map(move |b| Q8Block {
+                d: f32_at(scales, 4 * b),
+                s: f32_at(scales, 4 * (nb + b)),
+                q: std::array::from_fn(|e| q[q8_pos(nb, b, e)] as i8),
+            })
+        })
+        .collect()
 }
 
 /// How one matrix product runs on the device.

@@ -157,10 +157,11 @@ pub fn load_block(dtype: DType, row: &[u8], b: usize) -> WeightBlock {
 /// `mmvq_*` of `quant.cu`: `y[r * rows + o] = W[o] . x[r]` for `n` rows of
 /// quantized activations `xq` (`cols / 32` blocks each), `w` the stored
 /// rows of a quantized `dtype`. Row `o` is one block of `MMVQ_WARPS` warps;
-/// thread `t` takes lane `k = t % 4` of blocks `t / 4, t / 4 + 32, ...`:
-/// elements `4k..4k + 4` and `16 + 4k..16 + 4k + 4` of each. See the kernel
-/// for the float steps; the sum is a warp butterfly per warp, then the
-/// warps' sums in warp order.
+/// thread `t` takes lane `k = t % 4` of the block pairs `(2p, 2p + 1)` for
+/// `p = t / 4, t / 4 + 32, ...` (and of a last unpaired block after its
+/// pairs): elements `4k..4k + 4` and `16 + 4k..16 + 4k + 4` of each, its
+/// blocks in order. See the kernel for the float steps; the sum is a warp
+/// butterfly per warp, then the warps' sums in warp order.
 pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y: &mut [f32]) {
     const THREADS: usize = MMVQ_WARPS as usize * 32;
     let nb = cols / BLOCK;
@@ -186,7 +187,7 @@ pub fn mmvq(dtype: DType, w: &[u8], rows: usize, cols: usize, xq: &[Q8Block], y:
         for b in 0..nb {
             let wb = load_block(dtype, row, b);
             for k in 0..4 {
-                let t = 4 * (b % (THREADS / 4)) + k;
+                let t = 4 * ((b / 2) % (THREADS / 4)) + k;
                 let (lo, hi) = (4 * k..4 * k + 4, 16 + 4 * k..20 + 4 * k);
                 for r in 0..n {
                     let xb = &xq[r * nb + b];

@@ -189,13 +189,10 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn q8_bytes(blocks: &[Q8Block]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(40 * blocks.len());
-    for b in blocks {
-        out.extend(b.d.to_le_bytes());
-        out.extend(b.s.to_le_bytes());
-        out.extend(b.q.iter().map(|&q| q as u8));
-    }
+/// Activation rows of `nb` blocks in the device's layout (`common.cuh`).
+fn q8_bytes(blocks: &[Q8Block], nb: usize) -> Vec<u8> {
+    let mut out = vec![0u8; blocks.len() * quant::Q8_BLOCK_BYTES];
+    quant::pack_q8_rows(blocks, nb, &mut out);
     out
 }
 
@@ -212,39 +209,66 @@ fn mmvq_kernels_are_their_reference_bit_for_bit() {
     let Some((dir, exe)) = harness("mmvq") else {
         return;
     };
-    // 72 blocks a row: the block's 32 four-thread groups take 3 or 2 weight
-    // blocks each (the unrolled loop's pair and its odd tail).
-    let (rows, cols) = (9, 2304);
+    // (cols, activation offset): 72 blocks a row, 36 pairs over the
+    // block's 32 four-thread groups (2 or 1 pairs each), read with 16-byte
+    // loads (offset 0) and with 8-byte loads (offset 8: rows not 16-byte
+    // aligned); 73 blocks (36 pairs and the unpaired last block, 8-byte
+    // loads) and 1 block (only the unpaired one) for the 32-block types.
+    let shapes = [(2304, 0), (2304, 8), (2336, 0), (32, 0)];
+    let rows = 9;
     for (t, dtype) in quantized().enumerate() {
-        let m = Matrix::quantize(dtype, rows, cols, &Rng(60 + t as u64).vec(rows * cols, 1.0));
-        for n in [1, 2, 3, 5, MMVQ_MAX_ROWS] {
-            let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);
-            let args = [
-                "mmvq",
-                &quant::type_code(dtype).to_string(),
-                &rows.to_string(),
-                &cols.to_string(),
-                &n.to_string(),
-            ]
-            .map(String::from);
-            let out = run(
-                &exe,
-                &dir,
-                &args,
-                &[("w.bin", m.data.to_vec()), ("x.bin", q8_bytes(&xq))],
-                &["y.bin"],
-            );
-            let mut want = vec![0f32; n * rows];
-            reference::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
-            assert_same(
-                &out[0],
-                &f32_bytes(&want),
-                4,
-                &format!("{dtype} mmvq, n={n}"),
-            );
+        for (cols, off) in shapes {
+            if cols % dtype.block_elems() != 0 {
+                continue;
+            }
+            let nb = cols / 32;
+            let data = Rng(60 + t as u64).vec(rows * cols, 1.0);
+            let m = Matrix::quantize(dtype, rows, cols, &data);
+            for n in [1, 2, 3, 5, MMVQ_MAX_ROWS] {
+                let xq = quantized_rows(&Rng(80 + n as u64).vec(n * cols, 2.0), cols);
+                let args = [
+                    "mmvq",
+                    &quant::type_code(dtype).to_string(),
+                    &rows.to_string(),
+                    &cols.to_string(),
+                    &n.to_string(),
+                    &off.to_string(),
+                ]
+                .map(String::from);
+                let out = run(
+                    &exe,
+                    &dir,
+                    &args,
+                    &[("w.bin", m.data.to_vec()), ("x.bin", q8_bytes(&xq, nb))],
+                    &["y.bin"],
+                );
+                let mut want = vec![0f32; n * rows];
+                reference::mmvq(dtype, &m.data, rows, cols, &xq, &mut want);
+                let what = format!("{dtype} mmvq, n={n}, {nb} blocks, offset {off}");
+                assert_same(&out[0], &f32_bytes(&want), 4, &what);
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The device's activation layout round-trips, and every byte of a row is
+/// one block's element or scale (no two elements share a byte).
+#[test]
+fn activation_rows_pack_every_element_once() {
+    for nb in [1, 2, 3, 8, 73] {
+        let x = Rng(nb as u64).vec(nb * 32 * 2, 3.0);
+        let blocks = quantized_rows(&x, nb * 32);
+        let bytes = q8_bytes(&blocks, nb);
+        assert_eq!(quant::unpack_q8_rows(&bytes, nb), blocks, "{nb} blocks");
+        let mut seen = vec![false; nb * 32];
+        for b in 0..nb {
+            for e in 0..32 {
+                let at = quant::q8_pos(nb, b, e);
+                assert!(!std::mem::replace(&mut seen[at], true), "{nb}: {b}.{e}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -303,21 +327,24 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
         return;
     };
     let n = 3;
-    // quantize_q8_h: 72 blocks a row (a partial last block of 8 warps).
-    let cols = 2304;
-    let x: Vec<f16> = Rng(5)
-        .vec(n * cols, 4.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
-    let args = ["quant_h", &cols.to_string(), &n.to_string()].map(String::from);
-    let xb: Vec<u8> = x.iter().flat_map(|h| h.to_le_bytes()).collect();
-    let out = run(&exe, &dir, &args, &[("x.bin", xb)], &["q.bin"]);
-    let mut want = vec![Q8Block::default(); n * cols / 32];
-    for (xr, qr) in x.chunks_exact(cols).zip(want.chunks_exact_mut(cols / 32)) {
-        reference::quantize_q8_h(xr, qr);
+    // quantize_q8_h: 72 blocks a row (a partial last block of 8 warps) and
+    // 73 (an unpaired last block in the activation layout).
+    for cols in [2304, 2336] {
+        let x: Vec<f16> = Rng(5)
+            .vec(n * cols, 4.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let args = ["quant_h", &cols.to_string(), &n.to_string()].map(String::from);
+        let xb: Vec<u8> = x.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let out = run(&exe, &dir, &args, &[("x.bin", xb)], &["q.bin"]);
+        let mut want = vec![Q8Block::default(); n * cols / 32];
+        for (xr, qr) in x.chunks_exact(cols).zip(want.chunks_exact_mut(cols / 32)) {
+            reference::quantize_q8_h(xr, qr);
+        }
+        let what = format!("quantize_q8_h, {cols} wide");
+        assert_same(&out[0], &q8_bytes(&want, cols / 32), 40, &what);
     }
-    assert_same(&out[0], &q8_bytes(&want), 40, "quantize_q8_h");
 
     // add_rms_norm_q8: SmolLM2's hidden size (576: not a multiple of 256).
     let hidden = 576;
@@ -353,7 +380,12 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
         reference::add_rms_norm_q8(xr, Some(dr), &w, eps, qr);
     }
     assert_same(&out[0], &f32_bytes(&x), 4, "add_rms_norm_q8's residual");
-    assert_same(&out[1], &q8_bytes(&want), 40, "add_rms_norm_q8");
+    assert_same(
+        &out[1],
+        &q8_bytes(&want, hidden / 32),
+        40,
+        "add_rms_norm_q8",
+    );
 
     // swiglu_q8: an FFN of 1536 (48 blocks).
     let f = 1536;
@@ -364,7 +396,7 @@ fn fused_quantizing_kernels_are_their_reference_bit_for_bit() {
     for (g, qr) in gu.chunks_exact(2 * f).zip(want.chunks_exact_mut(f / 32)) {
         reference::swiglu_q8(g, qr);
     }
-    assert_same(&out[0], &q8_bytes(&want), 40, "swiglu_q8");
+    assert_same(&out[0], &q8_bytes(&want, f / 32), 40, "swiglu_q8");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -488,7 +520,7 @@ fn family_kernels_are_their_reference_bit_for_bit() {
         reference::gelu_mul_q8(row, qr);
     }
     assert_same(&out[0], &want_h, 2, "gelu_mul");
-    assert_same(&out[1], &q8_bytes(&want_q), 40, "gelu_mul_q8");
+    assert_same(&out[1], &q8_bytes(&want_q, f / 32), 40, "gelu_mul_q8");
 
     // scale_f32 (embedding scale) and softcap (final logits), past one
     // grid-stride round (2 blocks of 64 threads, 300 floats).

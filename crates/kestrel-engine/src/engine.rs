@@ -303,6 +303,7 @@ impl Engine {
                     metrics: Arc::clone(&self.shared.metrics),
                     prompt_tokens: valid.prompt.len() as u32,
                     submitted,
+                    constraint_field: valid.constraint_field,
                 },
             );
             samples.push(SampleSubmission {

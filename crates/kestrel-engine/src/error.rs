@@ -6,7 +6,8 @@
 //! `InvalidArgument` / `InvalidConstraint` / `InvalidImage` / `ChatTemplate` /
 //! `Tokenizer` / `ContextOverflow` are the caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
 //! retryable elsewhere, `ModelLoad` / `SkillSetup` / `BackendUnavailable`
-//! happen at start, `RequestFailed` / `ConstraintFailed` end one request.
+//! happen at start, `RequestFailed` / `ConstraintFailed` end one request
+//! (`ConstraintFailed` by the caller's constraint).
 
 use kestrel_pipeline::Cause;
 
@@ -109,11 +110,16 @@ pub enum EngineError {
     RequestFailed(#[source] Cause),
 
     /// A constrained output could not continue within its constraint
-    /// (the constraint engine failed mid-generation, or the model ended
-    /// before the output was complete). `partial` is what was generated,
-    /// with `FinishReason::Error`; it does not satisfy the constraint.
-    #[error("the output stopped satisfying its constraint")]
+    /// (the constraint engine ran past its limits mid-generation, or the
+    /// vocabulary could not complete the output before EOS). `partial` is
+    /// what was generated, with `FinishReason::Error`; it does not satisfy
+    /// the constraint. The request's constraint (`field`) is the cause: the
+    /// edges answer it as an argument error (INVALID_ARGUMENT / 400), not
+    /// as the server's fault, since only tokens the constraint's own mask
+    /// allowed were ever sampled.
+    #[error("the output stopped satisfying its constraint `{field}`")]
     ConstraintFailed {
+        field: Field,
         #[source]
         source: kestrel_skills::ConstraintFailure,
         partial: Box<GenerateResponse>,

@@ -567,6 +567,28 @@ mod tests {
         assert!(text.contains("# TYPE kestrel_kv_pages_used gauge"));
     }
 
+    /// docs/deploy.md's table names every `kestrel_*` series `/metrics`
+    /// renders, so an operator finds each one there.
+    #[test]
+    fn every_series_is_documented() {
+        let text = Metrics::new().render("m");
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy.md"),
+        )
+        .expect("docs/deploy.md");
+        let mut missing = Vec::new();
+        for line in text.lines() {
+            let Some(name) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let name = name.split(' ').next().unwrap_or_default();
+            if name.starts_with("kestrel_") && !doc.contains(&format!("`{name}")) {
+                missing.push(name.to_string());
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/deploy.md: {missing:?}");
+    }
+
     #[test]
     fn vllm_names_carry_the_same_values() {
         let m = Metrics::new();

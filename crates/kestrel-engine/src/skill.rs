@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::model::ModelContext;
 use crate::model::PositionLogprobs;
 use crate::request::{FinishReason, GenerateResponse, StreamEvent, Timings, TokenLogprob, Usage};
+use crate::validate::Field;
 
 /// The client's end of a request: events flow here until the terminal one.
 pub(crate) type EventSender = UnboundedSender<Result<StreamEvent, EngineError>>;
@@ -37,6 +38,7 @@ pub(crate) struct StreamingSkill {
     metrics: Arc<Metrics>,
     prompt_tokens: u32,
     submitted: Instant,
+    constraint_field: Field,
     /// When the pipeline admitted the sequence (`on_admitted`: prefill launched).
     admitted: Option<Instant>,
     /// Prompt tokens served from the prefix cache.
@@ -69,6 +71,8 @@ pub(crate) struct StreamingSkillParts {
     pub metrics: Arc<Metrics>,
     pub prompt_tokens: u32,
     pub submitted: Instant,
+    /// The request's constraint field, named when it fails mid-generation.
+    pub constraint_field: Field,
 }
 
 impl StreamingSkill {
@@ -90,6 +94,7 @@ impl StreamingSkill {
             metrics: p.metrics,
             prompt_tokens: p.prompt_tokens,
             submitted: p.submitted,
+            constraint_field: p.constraint_field,
             admitted: None,
             cached_prompt_tokens: 0,
             first_token: None,
@@ -253,7 +258,11 @@ impl SequenceSkill for StreamingSkill {
                 self.metrics.request_finished(FinishReason::Error);
                 tracing::warn!(reason = %source, "constrained output failed mid-generation");
                 let partial = Box::new(self.respond(FinishReason::Error, now));
-                Err(EngineError::ConstraintFailed { source, partial })
+                Err(EngineError::ConstraintFailed {
+                    field: self.constraint_field,
+                    source,
+                    partial,
+                })
             }
             (Outcome::Finished(r), None) => {
                 let reason = FinishReason::from_pipeline(r);

@@ -176,6 +176,13 @@ pub fn engine_status(e: &EngineError) -> Status {
                 error_chain(source)
             ));
         }
+        EngineError::ConstraintFailed { field, source, .. } => {
+            return Status::invalid_argument(format!(
+                "{} stopped being satisfiable mid-generation: {}",
+                field_name(*field),
+                error_chain(source)
+            ));
+        }
         EngineError::ChatTemplate { field, source } => {
             return Status::invalid_argument(format!(
                 "{} could not be rendered by the model's chat template: {}",
@@ -204,8 +211,7 @@ pub fn engine_status(e: &EngineError) -> Status {
         | EngineError::Stopped
         | EngineError::ShuttingDown
         | EngineError::BackendUnavailable { .. } => Code::Unavailable,
-        EngineError::ConstraintFailed { .. }
-        | EngineError::RequestFailed(_)
+        EngineError::RequestFailed(_)
         | EngineError::Spawn(_)
         | EngineError::ModelLoad(_)
         | EngineError::SkillSetup(_) => Code::Internal,

@@ -124,17 +124,29 @@ async fn min_tokens_holds_end_of_sequence_back() {
     assert!(e.message().starts_with("min_tokens "), "{e:?}");
 }
 
-/// A regex whose nested repetition lies past the lexer budget's horizon:
-/// behind 2,100 `=`, a chain of more states than the 2,000 a lexeme is
-/// explored for. It passes validation and fails once the model is inside
-/// the repetition.
+/// A regex whose forced run of a million bytes (`(a{1000}){1000}`) lies
+/// past the lexer budget's horizon:
+/// behind 200 branches, each a tag of its own, 40 free `x`/`y` bytes and
+/// the tag again, so every depth holds 200 distinct branching states and
+/// the 2,000 a lexeme is explored for end some 30 bytes short of the
+/// run (a forced prefix such as `={2100}` would not hide it: its states
+/// are not counted). It passes validation and fails once the model reaches
+/// the run, a few dozen tokens in.
 fn past_the_budget_horizon() -> String {
-    format!("={{2100}}{NESTED}")
+    let branches: Vec<String> = (0..200u8)
+        .map(|i| {
+            let tag = format!("{}{}", (b'a' + i / 10) as char, i % 10);
+            format!("{tag}[xy]{{40}}{tag}")
+        })
+        .collect();
+    format!("({})(a{{1000}}){{1000}}", branches.join("|"))
 }
 
 /// Past the limits only after the budget's horizon: Generate answers
-/// INTERNAL; StreamGenerate sends a final `done` with FINISH_REASON_ERROR,
-/// then INTERNAL. Never a normal stop.
+/// INVALID_ARGUMENT naming the constraint (it is the request's constraint,
+/// not a server fault); StreamGenerate sends a final `done` with
+/// FINISH_REASON_ERROR, then INVALID_ARGUMENT. Never a normal stop, never
+/// INTERNAL.
 #[tokio::test]
 async fn a_constraint_failing_mid_generation_is_an_error_on_both_rpcs() {
     use pb::stream_generate_response::Event;
@@ -144,11 +156,13 @@ async fn a_constraint_failing_mid_generation_is_an_error_on_both_rpcs() {
         let mut req = text_request("Say something", 600);
         req.constraint = Some(constraint);
         let e = c.generate(req.clone()).await.expect_err("constraint fails");
-        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         assert!(
-            e.message().contains("stopped satisfying its constraint"),
+            e.message()
+                .starts_with("regex stopped being satisfiable mid-generation: "),
             "{e:?}"
         );
+        assert!(e.message().contains("lexer error: too many"), "{e:?}");
         let mut s = c.stream_generate(req).await.expect("stream").into_inner();
         let mut done = None;
         let status = loop {
@@ -162,7 +176,7 @@ async fn a_constraint_failing_mid_generation_is_an_error_on_both_rpcs() {
                 Err(status) => break status,
             }
         };
-        assert_eq!(status.code(), Code::Internal, "{status:?}");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
         let done = done.expect("a final done before the error");
         assert_eq!(done.finish_reason(), pb::FinishReason::Error);
     }

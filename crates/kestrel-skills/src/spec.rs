@@ -197,7 +197,10 @@ pub(crate) fn compile(ctx: &SkillContext, spec: &SkillSpec) -> Result<Compiled, 
 
 /// What validation spends exploring a constraint's lexer
 /// ([`check_lexer_budget`]), for each lexeme: its first `states_per_lexeme`
-/// states, breadth first over every byte, and from each of them the run of
+/// states, breadth first over every byte (states a forced run reaches are
+/// explored too but not counted: a long literal does not use up the
+/// horizon before the part of the constraint that follows it), and from
+/// each of them the run of
 /// bytes the lexer forces (the only byte it allows, again and again: what
 /// the parser walks on its own after a token), each run within
 /// `fuel_per_run`; `fuel` in all. One fuel point is one lexer expression
@@ -254,11 +257,18 @@ fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), TooComplex
         queue.clear();
         seen.insert(start);
         queue.push_back(start);
+        // States a forced run reaches are walked by the parser without a
+        // choice, so they do not count against the horizon: a constraint
+        // whose expensive part sits behind a long literal (`={2100}...`) is
+        // explored past it, as its first branching state is.
+        let mut forced = llguidance::HashSet::default();
         let mut explored = 0;
         while let Some(state) = queue.pop_front() {
-            explored += 1;
-            if explored > LEXER_BUDGET.states_per_lexeme {
-                break;
+            if !forced.contains(&state) {
+                explored += 1;
+                if explored > LEXER_BUDGET.states_per_lexeme {
+                    break;
+                }
             }
             // The forced run from here, as the parser would walk it.
             let (mut at, run_start, mut bytes) = (state, lexer.total_fuel_spent(), 0);
@@ -277,6 +287,7 @@ fn check_lexer_budget(parser: &llguidance::TokenParser) -> Result<(), TooComplex
                 if at.is_dead() || !seen.insert(at) {
                     break;
                 }
+                forced.insert(at);
                 queue.push_back(at);
             }
             for b in 0..=255u8 {
@@ -392,6 +403,24 @@ mod tests {
         ] {
             assert!(compile(&ctx, &SkillSpec::Regex(ok.into())).is_ok(), "{ok}");
         }
+    }
+
+    /// A long literal before the expensive part does not hide it: the
+    /// states of a forced run are explored without counting against the
+    /// horizon. Branching states still do, so `[=-]{2100}` before it does
+    /// hide it (the engine tests build that on purpose).
+    #[test]
+    fn a_long_literal_does_not_hide_what_follows_it() {
+        let nested = "(.{1,100}){1,100}";
+        match err(SkillSpec::Regex(format!("={{2100}}{nested}"))) {
+            SkillError::ConstraintTooComplex {
+                source: TooComplex::LexerBudget { .. },
+                ..
+            } => {}
+            e => panic!("{e}"),
+        }
+        let ctx = testing::small_context();
+        assert!(compile(&ctx, &SkillSpec::Regex(format!("[=-]{{2100}}{nested}"))).is_ok());
     }
 
     /// `(a{1000}){1000}` forces a million bytes from its first state: in

@@ -61,8 +61,9 @@ pub struct Gemm {
 
 /// `mmvq_*` (the entry point of `dtype`, see `quant::mmvq_kernel`):
 /// `y[r * ldy + o] = W[o] . xq[r]` for `o < rows`, `r < n <= MMVQ_MAX_ROWS`;
-/// `w` holds `rows` encoded rows of `cols`, `xq` n rows of `cols / 32`
-/// [`crate::quant::Q8Block`]s.
+/// `w` holds `rows` encoded rows of `cols`, `xq` (8-byte aligned) n
+/// activation rows of `cols / 32` blocks in the device's layout
+/// ([`crate::quant::pack_q8_rows`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Mmvq {
     pub dtype: DType,

@@ -31,8 +31,8 @@ use super::backend::{
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
-    layer_projections, matmul_path, part_bytes, plan_parts, MatmulPath, Q8Block, BLOCK,
-    MMVQ_CROSSOVER_ROWS, TILE_ELEMS,
+    layer_projections, matmul_path, part_bytes, plan_parts, MatmulPath, BLOCK, MMVQ_CROSSOVER_ROWS,
+    Q8_BLOCK_BYTES, TILE_ELEMS,
 };
 use crate::CudaError;
 
@@ -331,8 +331,7 @@ impl<D: Device> DeviceModel<D> {
         // them first, and the host device's poisoned `alloc` makes CI fail
         // if a change breaks that.
         let widest = c.hidden_size.max(qd).max(c.intermediate_size);
-        let xq =
-            d.alloc(MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * std::mem::size_of::<Q8Block>())?;
+        let xq = d.alloc(MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * Q8_BLOCK_BYTES)?;
         let any_tiled = layers
             .iter()
             .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
@@ -435,7 +434,7 @@ impl<D: Device> DeviceModel<D> {
 
     /// `mmvq_*` over `n` rows of `self.xq`, `MMVQ_MAX_ROWS` rows a launch.
     fn mmvq(&self, y: u64, ldy: usize, part: &Part<D>, n: usize) -> Result<(), CudaError> {
-        let row_bytes = part.cols / BLOCK * std::mem::size_of::<Q8Block>();
+        let row_bytes = part.cols / BLOCK * Q8_BLOCK_BYTES;
         for r0 in (0..n).step_by(MMVQ_MAX_ROWS) {
             self.d.mmvq(Mmvq {
                 dtype: part.dtype,

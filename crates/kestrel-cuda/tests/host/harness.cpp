@@ -3,17 +3,18 @@
 // rewritten), and appends this file. Every argument is a number or a file
 // of raw little-endian values; OUT files are written whole.
 //
-//   mmvq T ROWS COLS N W X OUT        y[N][ROWS] f32 = mmvq_<T>(W, X: Q8 blocks)
+//   mmvq T ROWS COLS N XOFF W X OUT   y[N][ROWS] f32 = mmvq_<T>(W, X: activation
+//                                     rows placed XOFF bytes into a 16-aligned buffer)
 //   dequant T ROW0 NROWS COLS W OUT   f16 tile of rows ROW0.. (dequant_f16)
 //   embed T HIDDEN VOCAB N TABLE TOKENS OUT   f32 rows (embed_gather_q)
-//   quant_h COLS N X OUT              Q8 blocks of f16 rows (quantize_q8_h)
+//   quant_h COLS N X OUT              activation rows of f16 rows (quantize_q8_h)
 //   norm HIDDEN N EPS X DELTA W OUT_X OUT_Q  add_rms_norm_q8 (x updated)
-//   swiglu F N GATE_UP OUT            Q8 blocks (swiglu_q8)
+//   swiglu F N GATE_UP OUT            activation rows (swiglu_q8)
 //   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS NORM EPS QKV TABLE POS SLOTS QN KN OUT_QKV OUT_K OUT_V
 //                                     rope_kv_append into zeroed f16 caches
 //                                     (NORM 1: per-head q/k norms QN, KN)
 //   post_norm HIDDEN N EPS X W OUT_X  rms_norm_f32 in place
-//   gelu F N GATE_UP OUT_H OUT_Q      f16 rows (gelu_mul) and Q8 blocks (gelu_mul_q8)
+//   gelu F N GATE_UP OUT_H OUT_Q      f16 rows (gelu_mul) and activation rows (gelu_mul_q8)
 //   elementwise S CAP LEN X OUT_SCALED OUT_CAPPED  scale_f32 and softcap
 //   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
 //                                     f16 rows of prefill_attention
@@ -58,7 +59,7 @@ static void spit(const char* path, const std::vector<T>& v) {
     std::fclose(f);
 }
 
-typedef void (*Mmvq)(const u8*, const Q8*, float*, int, int, int, int);
+typedef void (*Mmvq)(const u8*, const u8*, float*, int, int, int, int);
 
 // The entry point the runtime launches for n rows (quant::mmvq_kernel).
 #define MMVQ_PICK(name)                                                            \
@@ -82,15 +83,20 @@ int main(int argc, char** argv) {
     if (argc < 2) return 2;
     std::string mode = argv[1];
     auto I = [&](int i) { return std::atoi(argv[i]); };
-    if (mode == "mmvq" && argc == 9) {
-        int t = I(2), rows = I(3), cols = I(4), n = I(5);
-        std::vector<u8> w = read_as<u8>(argv[6]);
-        std::vector<Q8> x = read_as<Q8>(argv[7]);
+    if (mode == "mmvq" && argc == 10) {
+        int t = I(2), rows = I(3), cols = I(4), n = I(5), xoff = I(6);
+        std::vector<u8> w = read_as<u8>(argv[7]);
+        std::vector<u8> x = read_as<u8>(argv[8]);
+        // The rows at xoff bytes into a 16-byte aligned buffer (uint4 holds
+        // 16-byte alignment), as the device sees an offset pointer.
+        std::vector<uint4> buf((x.size() + xoff + 15) / 16);
+        u8* xp = (u8*)buf.data() + xoff;
+        std::memcpy(xp, x.data(), x.size());
         std::vector<float> y((size_t)n * rows, -1.0f);
         Mmvq k = mmvq_of(t, n);
         launch({rows, 1, 1}, MMVQ_WARPS * 32,
-               [&] { k(w.data(), x.data(), y.data(), rows, cols, rows, n); });
-        spit(argv[8], y);
+               [&] { k(w.data(), xp, y.data(), rows, cols, rows, n); });
+        spit(argv[9], y);
         return 0;
     }
     if (mode == "dequant" && argc == 8) {
@@ -115,7 +121,7 @@ int main(int argc, char** argv) {
     if (mode == "quant_h" && argc == 6) {
         int cols = I(2), n = I(3);
         std::vector<h16> x = read_as<h16>(argv[4]);
-        std::vector<Q8> out((size_t)n * cols / 32);
+        std::vector<u8> out((size_t)n * cols / 32 * 40);
         launch({(cols / 32 + 7) / 8, n, 1}, 256, [&] { quantize_q8_h(x.data(), out.data(), cols, n); });
         spit(argv[5], out);
         return 0;
@@ -125,7 +131,7 @@ int main(int argc, char** argv) {
         float eps = std::strtof(argv[4], nullptr);
         std::vector<float> x = read_as<float>(argv[5]), delta = read_as<float>(argv[6]);
         std::vector<float> w = read_as<float>(argv[7]);
-        std::vector<Q8> out((size_t)n * hidden / 32);
+        std::vector<u8> out((size_t)n * hidden / 32 * 40);
         launch({n, 1, 1}, NORM_THREADS, [&] {
             add_rms_norm_q8(x.data(), delta.data(), w.data(), out.data(), nullptr, hidden, eps, n);
         });
@@ -136,7 +142,7 @@ int main(int argc, char** argv) {
     if (mode == "swiglu" && argc == 6) {
         int f = I(2), n = I(3);
         std::vector<float> gu = read_as<float>(argv[4]);
-        std::vector<Q8> out((size_t)n * f / 32);
+        std::vector<u8> out((size_t)n * f / 32 * 40);
         launch({(f / 32 + 7) / 8, n, 1}, 256, [&] { swiglu_q8(gu.data(), out.data(), f, n); });
         spit(argv[5], out);
         return 0;
@@ -174,7 +180,7 @@ int main(int argc, char** argv) {
         int f = I(2), n = I(3);
         std::vector<float> gu = read_as<float>(argv[4]);
         std::vector<h16> out_h((size_t)n * f);
-        std::vector<Q8> out_q((size_t)n * f / 32);
+        std::vector<u8> out_q((size_t)n * f / 32 * 40);
         launch({3, 1, 1}, 256, [&] { gelu_mul(gu.data(), out_h.data(), f, n); });
         launch({(f / 32 + 7) / 8, n, 1}, 256, [&] { gelu_mul_q8(gu.data(), out_q.data(), f, n); });
         spit(argv[5], out_h);

@@ -33,8 +33,14 @@
 struct Dim3 {
     int x, y, z;
 };
-struct uint4 {
+struct alignas(16) uint4 {
     unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
 };
 static Dim3 blockIdx, blockDim, gridDim;
 static thread_local Dim3 threadIdx;

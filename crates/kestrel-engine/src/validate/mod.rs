@@ -94,6 +94,9 @@ pub(crate) struct ValidRequest {
     pub skills: Vec<Skill>,
     /// A vision request's image rows (`None` for text).
     pub embeds: Option<kestrel_pipeline::PromptEmbeds>,
+    /// The field the skills' constraint came from ([`Field::Constraint`]
+    /// for plain text): a constraint failing mid-generation names it.
+    pub constraint_field: Field,
 }
 
 impl ValidRequest {
@@ -293,6 +296,7 @@ pub(crate) fn validate(
         speculate,
         skills,
         embeds,
+        constraint_field,
     })
 }
 

@@ -158,10 +158,17 @@ impl ApiError {
             | EngineError::Stopped
             | EngineError::ShuttingDown
             | EngineError::BackendUnavailable { .. } => Self::unavailable(error_chain(e)),
-            EngineError::ConstraintFailed { .. } => Self {
-                code: Some("constraint_failed"),
-                ..Self::internal(error_chain(e))
-            },
+            EngineError::ConstraintFailed { field, source, .. } => {
+                let param = names.param(*field);
+                let why = error_chain(source);
+                Self {
+                    code: Some("constraint_failed"),
+                    ..Self::invalid(
+                        param.clone(),
+                        format!("{param} stopped being satisfiable mid-generation: {why}"),
+                    )
+                }
+            }
             EngineError::RequestFailed(_)
             | EngineError::Spawn(_)
             | EngineError::ModelLoad(_)
