@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
 use kestrel_engine::{
     CaptionLength, EngineError, Field, FinishReason, GenerateRequest, GenerateResponse,
-    GenerationStream, Prompt, SamplingOptions, StreamEvent, VisionTask,
+    GenerationStream, Prompt, SamplingOptions, Speculation, StreamEvent, VisionTask,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -166,8 +166,16 @@ pub fn parse(skill: Skill, body: &[u8], served: &str) -> Result<MoondreamRequest
             top_p: Some(settings.top_p.unwrap_or(DEFAULT_TOP_P)),
             ..SamplingOptions::default()
         },
+        // The Moondream API has no stop conditions, constraints or samples:
+        // the skill's own end (EOS) and the engine's defaults.
         request_id: None,
-        ..GenerateRequest::text("", 1)
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+        min_tokens: 0,
+        constraint: None,
+        speculate: Speculation::Default,
+        n: None,
     };
     Ok(MoondreamRequest {
         skill,
