@@ -517,6 +517,7 @@ impl Executor for CpuRuntime {
             top_logprobs: &host.top,
             top_n: host.top_n,
             row_indptr: &host.row_indptr,
+            values: &[],
         })
     }
 
