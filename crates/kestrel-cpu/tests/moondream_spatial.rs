@@ -9,7 +9,10 @@
 //! hands it to the skill through the step's outputs, and embeds it as the
 //! next input. Every request's tokens, points and boxes are the
 //! reference's, in exact numerics, blocking and pipelined, all four
-//! requests in one batch.
+//! requests in one batch beside a text request that speculates (they join
+//! it once it drafts, so steps that verify drafts carry the spatial rows'
+//! encoded inputs too), whose tokens are those it gets alone, without
+//! drafts.
 //!
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
@@ -23,8 +26,8 @@ use kestrel_model::moondream::image_token_ids;
 use kestrel_model::vision::{PreparedImage, RgbImage};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, LoopConfig, Outcome, PipelineMode, PrefillPolicy, PromptEmbeds,
-    Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
+    CommittedToken, EngineLoop, LoopConfig, NgramSpec, Outcome, PipelineMode, PrefillPolicy,
+    PromptEmbeds, Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
 };
 use kestrel_skills::{
     BoundingBox, Point, SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill,
@@ -40,6 +43,8 @@ mod reference_python;
 /// order alone, so the seed's margins must exceed it.
 const MARGIN: f64 = 4e-4;
 const MAX_OBJECTS: u32 = 3;
+/// The text request's tokens (enough to keep drafting past the spatial ones).
+const TEXT_TOKENS: u32 = 64;
 
 fn picture(seed: u32) -> RgbImage {
     let (w, h) = (378u32, 378u32);
@@ -67,6 +72,28 @@ impl SequenceSkill for Reporting {
         let out = self.0.result().expect("finished");
         *self.1.lock().unwrap() = Some(out.expect("no step refused under the skill's mask"));
     }
+}
+
+/// Records a text request's tokens.
+struct Record(Arc<Mutex<Vec<TokenId>>>);
+
+impl SequenceSkill for Record {
+    fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
+        self.0.lock().unwrap().push(t.token);
+        Verdict::Continue
+    }
+    fn finish(&mut self, outcome: Outcome) {
+        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
+    }
+}
+
+/// A text prompt that repeats itself, so prompt lookup drafts at once.
+fn text_prompt() -> Vec<TokenId> {
+    let mut p = vec![0];
+    for _ in 0..5 {
+        p.extend([100, 2000, 30_000]);
+    }
+    p
 }
 
 struct Case {
@@ -112,13 +139,23 @@ fn objects(kind: SpatialKind, coords: &[u32], sizes: &[Vec<u32>]) -> SpatialResu
     }
 }
 
-/// Every case's output through one runtime, all submitted together.
+/// What a run gave: each case's output, the text request's tokens, and
+/// the draft tokens the loop verified.
+struct Run {
+    spatial: Vec<SpatialOutput>,
+    text: Vec<TokenId>,
+    drafts: u64,
+}
+
+/// Every case's output through one runtime, all submitted together with a
+/// text request (speculating when `speculate`).
 fn run(
     model: &LoadedModel,
     image: &Arc<PreparedImage>,
     cases: &[Case],
     mode: PipelineMode,
-) -> Vec<SpatialOutput> {
+    speculate: bool,
+) -> Run {
     let cfg = CpuRuntimeConfig {
         threads: 2,
         numerics: Numerics::Exact,
@@ -127,6 +164,7 @@ fn run(
             num_pages: 512,
             page_size: 16,
             max_seq_len: 1024,
+            max_draft_tokens: 16,
             ..StepConfig::default()
         },
         ..CpuRuntimeConfig::default()
@@ -151,6 +189,33 @@ fn run(
         ..LoopConfig::default()
     };
     let mut engine = EngineLoop::new(rt, config).unwrap();
+    let text = Arc::new(Mutex::new(Vec::new()));
+    engine
+        .submit(Request {
+            id: 99,
+            prompt: text_prompt(),
+            max_new_tokens: TEXT_TOKENS,
+            params: SamplingParams::greedy(),
+            speculate: speculate.then(|| NgramSpec {
+                min_ngram: 1,
+                ..NgramSpec::new(4)
+            }),
+            skill: Box::new(Record(text.clone())),
+            embeds: None,
+        })
+        .unwrap();
+    // A speculating text request runs until it verifies drafts (its
+    // greedy output loops, so it keeps drafting), then the spatial
+    // requests join its steps.
+    if speculate {
+        while engine.stats().draft_tokens == 0 {
+            assert_eq!(
+                engine.run_once(),
+                Tick::Progress,
+                "no drafts before the end"
+            );
+        }
+    }
     let mut outs = Vec::new();
     for (id, case) in cases.iter().enumerate() {
         let out = Arc::new(Mutex::new(None));
@@ -174,9 +239,17 @@ fn run(
         outs.push(out);
     }
     assert_eq!(engine.run_until_idle(), Tick::Idle);
-    outs.iter()
+    let drafts = engine.stats().draft_tokens;
+    let spatial = outs
+        .iter()
         .map(|o| o.lock().unwrap().take().expect("resolved"))
-        .collect()
+        .collect();
+    let text = text.lock().unwrap().clone();
+    Run {
+        spatial,
+        text,
+        drafts,
+    }
 }
 
 #[test]
@@ -298,12 +371,17 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_and_blocking() {
     let found: usize = cases.iter().map(|c| c.want.len()).sum();
     assert!(found >= 2, "the seed must give objects to compare: {found}");
 
+    // The text request alone (no spatial case, no drafts): its reference.
+    let alone = run(&model, &image, &[], PipelineMode::Blocking, false);
+    assert_eq!(alone.text.len(), TEXT_TOKENS as usize);
     for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
-        let outs = run(&model, &image, &cases, mode);
-        for (i, (case, out)) in cases.iter().zip(&outs).enumerate() {
+        let r = run(&model, &image, &cases, mode, true);
+        for (i, (case, out)) in cases.iter().zip(&r.spatial).enumerate() {
             assert_eq!(out.token_ids, case.want_tokens, "case {i} tokens, {mode:?}");
             assert_eq!(out.objects, case.want, "case {i} objects, {mode:?}");
         }
+        assert_eq!(r.text, alone.text, "the text request beside them, {mode:?}");
+        assert!(r.drafts > 0, "{mode:?}: no drafts for {:?}", r.text);
     }
     std::fs::remove_dir_all(&dir).ok();
 }
