@@ -119,9 +119,10 @@ pub(crate) struct ComputeStream {
     embedded: Vec<u32>,
     /// The region model's stage, once a vision model with one arrived.
     spatial: Option<SpatialStage>,
-    /// Per token sampled this step: its logits row and its KV row.
-    sampled_at: Vec<(u32, u32)>,
+    /// Per token sampled this step: its logits row, and its sequence's
+    /// KV row.
     sampled_rows: Vec<u32>,
+    sampled_seqs: Vec<u32>,
 }
 
 impl ComputeStream {
@@ -165,8 +166,8 @@ impl ComputeStream {
             vision: None,
             embedded: Vec::new(),
             spatial: None,
-            sampled_at: Vec::with_capacity(max_batch),
             sampled_rows: Vec::with_capacity(max_batch),
+            sampled_seqs: Vec::with_capacity(max_batch),
         }
     }
 
@@ -469,7 +470,8 @@ impl ComputeStream {
         dev.top.clear();
         dev.top_n = top_n;
         dev.row_indptr.clear();
-        self.sampled_at.clear();
+        self.sampled_rows.clear();
+        self.sampled_seqs.clear();
         let verifying = !meta.draft_indptr.is_empty();
         if verifying {
             dev.row_indptr.push(0);
@@ -514,7 +516,8 @@ impl ComputeStream {
                 dev,
                 (meta.step, i),
             );
-            self.sampled_at.push((at as u32, row));
+            self.sampled_rows.push(at as u32);
+            self.sampled_seqs.push(row);
             // Verification: the draft computed after `token` was right, so
             // the next logits are that position's: sample it as decoding
             // would (penalties have counted `token`).
@@ -526,7 +529,8 @@ impl ComputeStream {
                 let position = position + accepted as u32;
                 let words = words(first + accepted);
                 token = sample_into(logits, dr, words, position, top_n, dev, (meta.step, i));
-                self.sampled_at.push(((first + accepted) as u32, row));
+                self.sampled_rows.push((first + accepted) as u32);
+                self.sampled_seqs.push(row);
             }
             dr.pending = token;
             if verifying {
@@ -559,17 +563,12 @@ impl ComputeStream {
             isa: self.model.isa(),
             numerics: self.model.numerics(),
         };
-        let rows: &[u32] = {
-            // Logits rows of the sampled tokens, in order.
-            self.sampled_rows.clear();
-            self.sampled_rows
-                .extend(self.sampled_at.iter().map(|&(at, _)| at));
-            &self.sampled_rows
-        };
-        sp.decode(run, region_of(v)?, slot, &dev.tokens, rows, &mut dev.values)?;
-        for (k, &(_, row)) in self.sampled_at.iter().enumerate() {
-            // The last token of a row is its pending input.
-            self.rows[row as usize].pending_values = dev.values.get(k).copied().unwrap_or_default();
+        let (tokens, rows) = (&dev.tokens, &self.sampled_rows);
+        sp.decode(run, region_of(v)?, slot, tokens, rows, &mut dev.values)?;
+        for (k, &seq) in self.sampled_seqs.iter().enumerate() {
+            // A sequence's last token is its pending input.
+            let values = dev.values.get(k).copied().unwrap_or_default();
+            self.rows[seq as usize].pending_values = values;
         }
         Ok(())
     }
