@@ -57,6 +57,18 @@ def rope(x, pos, rot, theta):
 
 def text_logits(w, t, x):
     """Logits of the last row of the sequence whose inputs are `x` [T, dim]."""
+    return lm_head(w, text_hidden(w, t, x))
+
+
+def lm_head(w, last):
+    """`post_ln` then `lm_head` of one hidden state."""
+    last = w.norm(last, "model.text.post_ln", "text_model.lm_head.ln")
+    return w.linear(last, "model.text.lm_head", "text_model.lm_head.linear")
+
+
+def text_hidden(w, t, x):
+    """The last row's hidden state (the residual stream after the last
+    block, before `post_ln`: what the region decoders read)."""
     T, dim, H = x.shape[0], t["dim"], t["n_heads"]
     hd = dim // H
     pos = np.arange(T)
@@ -78,8 +90,7 @@ def text_logits(w, t, x):
         mlp = w.linear(gelu_tanh(w.linear(h, f"{hb}.mlp.fc1", f"{eb}.mlp.fc1")),
                        f"{hb}.mlp.fc2", f"{eb}.mlp.fc2")
         x = x + attn + mlp
-    last = w.norm(x[-1], "model.text.post_ln", "text_model.lm_head.ln")
-    return w.linear(last, "model.text.lm_head", "text_model.lm_head.linear")
+    return x[-1]
 
 
 def main():

@@ -236,9 +236,30 @@ pub struct StepOutputs<'a> {
     /// Member `i`'s tokens are `tokens[row_indptr[i]..row_indptr[i + 1]]`;
     /// empty when every member has exactly one (token `i`).
     pub row_indptr: &'a [u32],
+    /// The spatial values decoded beside each sampled token (one per
+    /// token, same order), or empty when the runtime decoded none (no
+    /// spatial stage, or none ran this step).
+    pub values: &'a [TokenValues],
+}
+
+/// What a runtime's spatial stage decoded from the hidden state a token was
+/// sampled from (the seeds' `coord_values` `[B, 1]` and `size_values`
+/// `[B, 2]`): a coordinate and a (width, height) size, both meant in
+/// `[0, 1]`. The sampled id says which one the sequence means; the pipeline
+/// carries both to the skill and reads neither.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenValues {
+    pub coord: f32,
+    pub size: [f32; 2],
 }
 
 impl<'a> StepOutputs<'a> {
+    /// The values decoded beside sampled token `i` (zeros when the runtime
+    /// decoded none).
+    pub fn values_of(&self, i: usize) -> TokenValues {
+        self.values.get(i).copied().unwrap_or_default()
+    }
+
     /// The alternatives of sampled token `i` (an index into `tokens`).
     pub fn top(&self, i: usize) -> &'a [(TokenId, f32)] {
         if self.top_n == 0 {

@@ -67,7 +67,7 @@ pub use cause::Cause;
 pub use engine_loop::{EngineLoop, LoopConfig, PipelineMode, PrefillPolicy, SubmitError, Tick};
 pub use executor::{
     Capabilities, Drafts, DraftsError, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart,
-    SlotId, StepOutputs,
+    SlotId, StepOutputs, TokenValues,
 };
 pub use masks::{MaskFiller, MaskRow, SequentialMasks};
 pub use observed::{Observed, WaitObserver};

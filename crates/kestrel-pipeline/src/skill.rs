@@ -15,6 +15,11 @@ pub struct CommittedToken<'a> {
     pub logprob: Option<f32>,
     /// The top alternatives `(token, logprob)`, best first (empty unless requested).
     pub top_logprobs: &'a [(TokenId, f32)],
+    /// The coordinate the runtime's spatial stage decoded beside `token`
+    /// ([`crate::TokenValues`]; 0 when it decoded none).
+    pub coord: f32,
+    /// The (width, height) size decoded beside `token` (zeros when none).
+    pub size: [f32; 2],
 }
 
 /// What a skill decides after consuming a token.

@@ -2,7 +2,10 @@
 //!
 //! [`SimExecutor`] behaves like a runtime with two slots: a sampled token is
 //! a pure function of (request seed, position, mask), so blocking and
-//! pipelined runs must emit identical streams. It checks the runtime-side
+//! pipelined runs must emit identical streams; beside each it decodes
+//! spatial values, a pure function of (seed, position, token)
+//! ([`sim_values`]), so a skill can be checked to receive exactly its
+//! token's. It checks the runtime-side
 //! invariants itself (I6: a slot's host buffer is never overwritten before
 //! commit; decode inputs come from the previous step's sampling) and records
 //! violations instead of trusting the loop. Its KV grows lazily, a page at a
@@ -20,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::executor::{
     Capabilities, Drafts, ExecError, Executor, MaskBatch, PrefillInput, PrefillStart, SlotId,
-    StepOutputs,
+    StepOutputs, TokenValues,
 };
 use crate::skill::{CommittedToken, FinishReason, Outcome, SequenceSkill, TokenMask, Verdict};
 use crate::{RequestId, TokenId};
@@ -126,6 +129,7 @@ struct SimSlot {
     host_tokens: Vec<TokenId>,
     host_logprobs: Vec<f32>,
     host_indptr: Vec<u32>,
+    host_values: Vec<TokenValues>,
 }
 
 /// The simulated device. See the module docs.
@@ -258,6 +262,20 @@ pub fn sim_sample(seed: u64, position: usize, vocab: usize, mask: Option<&[u32]>
                 .nth(k as usize)
                 .unwrap_or(0) as TokenId
         }
+    }
+}
+
+/// The simulated spatial stage: the values decoded beside `token` sampled
+/// at `position` by the request with `seed`, a pure function of the three
+/// (so values handed to the wrong token, row or position show), coordinate
+/// coordinate in `[0, 1)` and sizes in `(0, 1]` (the ranges a spatial
+/// skill accepts), multiples of 2^-16.
+pub fn sim_values(seed: u64, position: usize, token: TokenId) -> TokenValues {
+    let h = mix(seed ^ mix(position as u64 ^ (u64::from(token) << 32)));
+    let bits = |shift: u32| ((h >> shift) & 0xffff) as f32;
+    TokenValues {
+        coord: bits(0) / 65536.0,
+        size: [(bits(16) + 1.0) / 65536.0, (bits(32) + 1.0) / 65536.0],
     }
 }
 
@@ -536,6 +554,7 @@ impl Executor for SimExecutor {
         s.host_tokens.clear();
         s.host_logprobs.clear();
         s.host_indptr.clear();
+        s.host_values.clear();
         let drafts = Drafts {
             indptr: &s.draft_indptr,
             tokens: &s.draft_tokens,
@@ -559,6 +578,7 @@ impl Executor for SimExecutor {
             loop {
                 s.host_tokens.push(t);
                 s.host_logprobs.push(-(t as f32) / 64.0);
+                s.host_values.push(sim_values(seed, pos + accepted, t));
                 if let Some(h) = self.history.get_mut(&id) {
                     h.sampled.push(t);
                 }
@@ -616,6 +636,7 @@ impl Executor for SimExecutor {
             top_logprobs: &[],
             top_n: 0,
             row_indptr: &s.host_indptr,
+            values: &s.host_values,
         })
     }
 
@@ -681,6 +702,8 @@ impl SimExecutor {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct SimLog {
     pub tokens: Vec<TokenId>,
+    /// The values committed with each token ([`sim_values`] of it).
+    pub values: Vec<TokenValues>,
     pub outcome: Option<Outcome>,
     pub finish_calls: u32,
     pub violations: Vec<String>,
@@ -737,6 +760,10 @@ impl SequenceSkill for SimSkill {
             ));
         }
         log.tokens.push(token.token);
+        log.values.push(TokenValues {
+            coord: token.coord,
+            size: token.size,
+        });
         self.state = mix(self.state ^ u64::from(token.token));
         if token.token == SIM_EOS {
             return Verdict::Stop(FinishReason::Eos);

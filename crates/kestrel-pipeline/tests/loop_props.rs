@@ -7,7 +7,9 @@
 //! of an `n > 1` request (forked from the first, sharing its prompt pages)
 //! the stream it gets as a request of its own; a prompt with a bidirectional
 //! prefix (an image's) never has a chunk end inside it (the simulated device
-//! records a violation). The scenarios'
+//! records a violation); every committed token reaches its skill with the
+//! spatial values the device decoded beside it (`sim_values` of its seed,
+//! position and id), in every mode, preempted or drafted. The scenarios'
 //! small caches (6 to 80 pages of 4 tokens, taken as sequences grow) make
 //! about one case in ten preempt (some 300 of the 3,000, 700 preemptions).
 
@@ -17,7 +19,7 @@ use std::collections::HashSet;
 use std::num::NonZeroUsize;
 
 use common::{check_requests, run, sample_id, spec_of, ReqSpec, Scenario};
-use kestrel_pipeline::testing::SIM_EOS;
+use kestrel_pipeline::testing::{sim_values, SIM_EOS};
 use kestrel_pipeline::{FailureKind, FinishReason, Outcome, PipelineMode, PrefillPolicy};
 use proptest::prelude::*;
 
@@ -139,6 +141,11 @@ proptest! {
             prop_assert!(!r.unhealthy);
             for (id, log) in &r.logs {
                 let spec = spec_of(&sc, *id);
+                let seed = spec.seed.wrapping_add(*id & 7);
+                let expected: Vec<_> = log.tokens.iter().enumerate()
+                    .map(|(i, &t)| sim_values(seed, spec.prompt_len + i, t))
+                    .collect();
+                prop_assert_eq!(&log.values, &expected, "request {} got values not its tokens'", id);
                 match &log.outcome {
                     Some(Outcome::Finished(FinishReason::Eos)) => prop_assert_eq!(log.tokens.last(), Some(&SIM_EOS)),
                     Some(Outcome::Finished(FinishReason::Length)) => prop_assert!(

@@ -64,7 +64,11 @@ fn steady_state_steps_do_not_allocate() {
             for id in 0..16u64 {
                 // SimSkill logs every token into a Vec: reserve so logging is not counted.
                 let (skill, log) = SimSkill::new(Some(400), constrained.then_some(id));
-                log.lock().unwrap().tokens.reserve(1000);
+                {
+                    let mut log = log.lock().unwrap();
+                    log.tokens.reserve(1000);
+                    log.values.reserve(1000);
+                }
                 logs.push(log);
                 let req = Request {
                     id,

@@ -83,6 +83,8 @@ fn commit(s: &mut Skill, token: TokenId) {
         token,
         logprob: None,
         top_logprobs: &[],
+        coord: 0.0,
+        size: [0.0; 2],
     });
 }
 

@@ -4,7 +4,9 @@
 //! done, may restrict the next token with a bitmask, streams text deltas and
 //! builds the final [`SkillResult`]. Kinds ([`SkillSpec`]): free text with
 //! stop strings / stop ids / EOS, and JSON-schema, regex, choice and Lark
-//! grammar outputs constrained with llguidance. Per-model state lives in a
+//! grammar outputs constrained with llguidance; [`SpatialSkill`] is
+//! Moondream's `point` / `detect` (points or boxes from the coordinate and
+//! size values committed with each token). Per-model state lives in a
 //! shared [`SkillContext`]. [`ParallelMasks`] is the pipeline's
 //! `MaskFiller` that computes a step's masks on rayon's pool, and
 //! [`fill_batch_masks`] does the same for callers without the pipeline.
@@ -20,6 +22,7 @@ mod output;
 mod repeat;
 mod skill;
 mod spatial;
+mod spatial_skill;
 mod spec;
 mod stop;
 pub mod testing;
@@ -39,5 +42,6 @@ pub use spatial::{
     BoundingBox, Point, SpatialError, SpatialIds, SpatialKind, SpatialResult, SpatialSpec,
     SpatialState, SpatialStepOutput, Stage,
 };
+pub use spatial_skill::{SpatialFailure, SpatialOutput, SpatialSkill};
 pub use spec::{LexerBudget, SkillKind, SkillOptions, SkillSpec, LEXER_BUDGET};
 pub use stop::StopStrings;

@@ -240,6 +240,8 @@ fn logprobs_are_carried_to_deltas_and_result() {
         token: b'a' as TokenId,
         logprob: Some(-0.1),
         top_logprobs: &top,
+        coord: 0.0,
+        size: [0.0; 2],
     });
     let d = s.take_delta().unwrap();
     assert_eq!(d.logprobs.len(), 1);
@@ -248,6 +250,8 @@ fn logprobs_are_carried_to_deltas_and_result() {
         token: IM_END,
         logprob: Some(-0.5),
         top_logprobs: &[],
+        coord: 0.0,
+        size: [0.0; 2],
     });
     s.finish(Outcome::Finished(FinishReason::Eos));
     let r = s.into_result().unwrap();
@@ -264,6 +268,8 @@ fn logprobs_off_by_default() {
         token: 1,
         logprob: Some(-1.0),
         top_logprobs: &[],
+        coord: 0.0,
+        size: [0.0; 2],
     });
     s.finish(Outcome::Finished(FinishReason::Length));
     assert!(s.result().unwrap().logprobs.is_none());

@@ -271,7 +271,36 @@ impl CpuModel {
         out_logits: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<(), CpuError> {
+        let rows = PrefillRows::default();
+        self.forward_decode_rows(batch, rows, kv, out_logits, scratch)
+    }
+
+    /// [`CpuModel::forward_decode`] with some rows' inputs given as
+    /// embeddings (`rows.embedded` / `rows.embeds`: Moondream's encoded
+    /// coordinates and sizes); a decode row is never in a bidirectional
+    /// prefix, so `rows.bidirectional_end` must be empty.
+    pub fn forward_decode_rows(
+        &self,
+        batch: DecodeBatch<'_>,
+        rows: PrefillRows<'_>,
+        kv: &mut KvStore,
+        out_logits: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), CpuError> {
         let n = batch.tokens.len();
+        let h = self.cfg.hidden_size;
+        if !rows.bidirectional_end.is_empty()
+            || rows.embeds.len() != rows.embedded.len() * h
+            || rows.embedded.windows(2).any(|w| w[0] >= w[1])
+            || rows.embedded.last().is_some_and(|&r| r as usize >= n)
+        {
+            return Err(bad(format!(
+                "decode of {n} rows with {} prefix ends, {} embedded rows ({} floats)",
+                rows.bidirectional_end.len(),
+                rows.embedded.len(),
+                rows.embeds.len()
+            )));
+        }
         if batch.positions.len() != n {
             return Err(bad(format!(
                 "{} positions for {n} tokens",
@@ -298,7 +327,6 @@ impl CpuModel {
             scratch.row_len[i] = p + 1;
             scratch.logit_rows[i] = i as u32;
         }
-        let rows = PrefillRows::default();
         self.forward_rows(batch.tokens, rows, &seqs, n, kv, out_logits, scratch)
     }
 
@@ -395,6 +423,15 @@ impl CpuModel {
             }
         }
         self.forward_rows(batch.tokens, rows, &seqs, nlogits, kv, out_logits, scratch)
+    }
+
+    /// The hidden state (the residual stream after the last block, before
+    /// the output norm) of the `j`-th logits row of the last forward that
+    /// used `scratch`: what Moondream's region decoders read.
+    pub fn last_hidden<'s>(&self, scratch: &'s Scratch, j: usize) -> &'s [f32] {
+        let h = self.cfg.hidden_size;
+        let i = scratch.logit_rows[j] as usize;
+        &scratch.x[i * h..(i + 1) * h]
     }
 
     fn check_rows(&self, n: usize, scratch: &Scratch) -> Result<(), CpuError> {

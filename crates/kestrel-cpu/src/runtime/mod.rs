@@ -19,6 +19,7 @@
 
 mod images;
 mod slot;
+mod spatial;
 mod stream;
 
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -517,6 +518,7 @@ impl Executor for CpuRuntime {
             top_logprobs: &host.top,
             top_n: host.top_n,
             row_indptr: &host.row_indptr,
+            values: &host.values,
         })
     }
 

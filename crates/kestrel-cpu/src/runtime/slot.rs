@@ -1,6 +1,7 @@
 //! Per-slot buffers: the `DecodeSlot`'s metadata (the step's KV plan:
 //! rows, positions, paged-attention indices; sampling parameters, drafts,
-//! the mask copied in before sampling) and the `RenderBuffer`'s host outputs.
+//! the mask copied in before sampling) and the `RenderBuffer`'s host outputs
+//! (sampled ids and the spatial stage's values).
 //!
 //! Buffers move between threads by ownership (scheduler -> compute stream ->
 //! copy stream -> scheduler), so a slot's host buffer cannot be written while
@@ -9,7 +10,7 @@
 
 use kestrel_kv::KvStep;
 use kestrel_pipeline::PromptEmbeds;
-use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId};
+use kestrel_pipeline::{RequestId, SamplingParams, StepKind, TokenId, TokenValues};
 
 /// One sequence's chunk in a prefill step (its prompt and span ride in
 /// `SlotMeta::kv`: the chunk is `kv.tokens(i)[kv.starts[i]..]`); it samples
@@ -83,6 +84,10 @@ pub(crate) struct Outputs {
     /// Row `i`'s tokens are `tokens[row_indptr[i]..row_indptr[i + 1]]`
     /// when the step verified drafts; empty when each row has one.
     pub row_indptr: Vec<u32>,
+    /// The spatial stage's values, one per token (`coord_id`'s coordinate,
+    /// `size_id`'s size, zeros for other ids); empty when no token of the
+    /// step is a spatial id (or the runtime has no region model).
+    pub values: Vec<TokenValues>,
 }
 
 impl Outputs {
@@ -97,5 +102,7 @@ impl Outputs {
         self.top_n = src.top_n;
         self.row_indptr.clear();
         self.row_indptr.extend_from_slice(&src.row_indptr);
+        self.values.clear();
+        self.values.extend_from_slice(&src.values);
     }
 }

@@ -7,21 +7,26 @@
 //! After sampling step t it hands the step's device outputs to the copy
 //! stream; that hand-off is the step-done event, anchored to exactly step t
 //! (I3). The copy stream copies them into the slot's `RenderBuffer` host
-//! buffer and signals the scheduler.
+//! buffer and signals the scheduler. With a region model, the spatial stage
+//! ([`super::spatial`]) runs between sampling and the hand-off, so a
+//! step's values travel with its ids and the next input (an encoded
+//! coordinate or size) stays on this side.
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
 use kestrel_model::vision::PreparedImage;
-use kestrel_pipeline::{SamplingParams, StepKind, StepTiming, TokenId};
+use kestrel_pipeline::{SamplingParams, StepKind, StepTiming, TokenId, TokenValues};
 
 use super::images::ImageRows;
 use super::slot::{Outputs, SlotMeta};
+use super::spatial::SpatialStage;
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch, PrefillRows};
 use crate::sampler::{sample, PenaltyState};
 use crate::vision::VisionRun;
 use crate::{CpuError, CpuModel, KvStore, PositionLogprobs, Scratch};
+use kestrel_model::moondream::{RegionConfig, RegionWeights};
 
 /// Work for the compute stream, executed in order.
 pub(crate) enum Work {
@@ -78,6 +83,9 @@ struct DeviceRow {
     params: SamplingParams,
     /// The last sampled token: the next decode step's input.
     pending: TokenId,
+    /// The values decoded beside `pending` (its input embedding when it is
+    /// a spatial id).
+    pending_values: TokenValues,
     penalties: PenaltyState,
 }
 
@@ -109,6 +117,12 @@ pub(crate) struct ComputeStream {
     vision: Option<Box<ImageRows>>,
     /// A chunk's embedded rows (indices into the chunk).
     embedded: Vec<u32>,
+    /// The region model's stage, once a vision model with one arrived.
+    spatial: Option<SpatialStage>,
+    /// Per token sampled this step: its logits row, and its sequence's
+    /// KV row.
+    sampled_rows: Vec<u32>,
+    sampled_seqs: Vec<u32>,
 }
 
 impl ComputeStream {
@@ -140,6 +154,7 @@ impl ComputeStream {
                 .map(|_| DeviceRow {
                     params: SamplingParams::default(),
                     pending: 0,
+                    pending_values: TokenValues::default(),
                     penalties: PenaltyState::new(vocab),
                 })
                 .collect(),
@@ -150,6 +165,9 @@ impl ComputeStream {
             chunk_last: Vec::with_capacity(1),
             vision: None,
             embedded: Vec::new(),
+            spatial: None,
+            sampled_rows: Vec::with_capacity(max_batch),
+            sampled_seqs: Vec::with_capacity(max_batch),
         }
     }
 
@@ -192,7 +210,7 @@ impl ComputeStream {
                         Some(e) => Some(e),
                         None => {
                             self.sample(slot, &meta, &mask, &mut dev);
-                            None
+                            self.spatial_stage(slot, &mut dev).err()
                         }
                     };
                     let (forward_start, forward_end) = self.forward_times[slot];
@@ -221,7 +239,10 @@ impl ComputeStream {
                 Work::Sync(reply) => {
                     let _ = reply.send(());
                 }
-                Work::Vision(v) => self.vision = Some(v),
+                Work::Vision(v) => {
+                    self.spatial = SpatialStage::new(&v.model, self.logits.len());
+                    self.vision = Some(v);
+                }
                 Work::Score { tokens, top, reply } => {
                     let _ = reply.send(crate::prompt_logprobs(&self.model, &tokens, top));
                 }
@@ -254,14 +275,39 @@ impl ComputeStream {
                     kv_indices: &meta.kv.indices.kv_indices,
                     kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
-                let out = &mut self.logits[slot][..self.tokens.len() * vocab];
-                self.model.forward_prefill(
+                let run = VisionRun {
+                    team: Some(self.model.team()),
+                    isa: self.model.isa(),
+                    numerics: self.model.numerics(),
+                };
+                let embeds = match (&mut self.spatial, &self.vision) {
+                    (Some(sp), Some(v)) => {
+                        let rows = &self.rows;
+                        let pending = meta.kv.rows.iter().zip(&self.qo_indptr).map(|(&r, &b)| {
+                            let dr = &rows[r as usize];
+                            (b, dr.pending, dr.pending_values)
+                        });
+                        sp.inputs(run, region_of(v)?, pending, &mut self.embedded)?
+                    }
+                    _ => &[][..],
+                };
+                let given = PrefillRows {
+                    bidirectional_end: &[],
+                    embedded: &self.embedded,
+                    embeds,
+                };
+                let n = self.tokens.len();
+                let out = &mut self.logits[slot][..n * vocab];
+                self.model.forward_prefill_rows(
                     batch,
+                    given,
                     &mut self.kv,
                     out,
                     LogitsMode::All,
                     &mut self.scratch,
-                )
+                )?;
+                self.keep_hidden(slot, 0, n);
+                Ok(())
             }
             StepKind::Decode => {
                 let n = meta.kv.rows.len();
@@ -275,9 +321,38 @@ impl ComputeStream {
                     kv_indices: &meta.kv.indices.kv_indices,
                     kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
+                let run = VisionRun {
+                    team: Some(self.model.team()),
+                    isa: self.model.isa(),
+                    numerics: self.model.numerics(),
+                };
+                // A row whose input is a spatial id takes its encoded value.
+                let embeds = match (&mut self.spatial, &self.vision) {
+                    (Some(sp), Some(v)) => {
+                        let rows = &self.rows;
+                        let pending = meta.kv.rows.iter().enumerate().map(|(i, &r)| {
+                            let dr = &rows[r as usize];
+                            (i as u32, dr.pending, dr.pending_values)
+                        });
+                        sp.inputs(run, region_of(v)?, pending, &mut self.embedded)?
+                    }
+                    _ => &[][..],
+                };
+                let given = PrefillRows {
+                    bidirectional_end: &[],
+                    embedded: &self.embedded,
+                    embeds,
+                };
                 let out = &mut self.logits[slot][..n * vocab];
-                self.model
-                    .forward_decode(batch, &mut self.kv, out, &mut self.scratch)
+                self.model.forward_decode_rows(
+                    batch,
+                    given,
+                    &mut self.kv,
+                    out,
+                    &mut self.scratch,
+                )?;
+                self.keep_hidden(slot, 0, n);
+                Ok(())
             }
             StepKind::Prefill => {
                 let page_size = self.kv.page_size();
@@ -370,6 +445,8 @@ impl ComputeStream {
                             LogitsMode::LastPerSequence,
                             &mut self.scratch,
                         )?;
+                        // The chunk that ends the prompt writes it last.
+                        self.keep_hidden(slot, r, 1);
                         start = end;
                     }
                 }
@@ -393,6 +470,8 @@ impl ComputeStream {
         dev.top.clear();
         dev.top_n = top_n;
         dev.row_indptr.clear();
+        self.sampled_rows.clear();
+        self.sampled_seqs.clear();
         let verifying = !meta.draft_indptr.is_empty();
         if verifying {
             dev.row_indptr.push(0);
@@ -437,6 +516,8 @@ impl ComputeStream {
                 dev,
                 (meta.step, i),
             );
+            self.sampled_rows.push(at as u32);
+            self.sampled_seqs.push(row);
             // Verification: the draft computed after `token` was right, so
             // the next logits are that position's: sample it as decoding
             // would (penalties have counted `token`).
@@ -448,12 +529,56 @@ impl ComputeStream {
                 let position = position + accepted as u32;
                 let words = words(first + accepted);
                 token = sample_into(logits, dr, words, position, top_n, dev, (meta.step, i));
+                self.sampled_rows.push((first + accepted) as u32);
+                self.sampled_seqs.push(row);
             }
             dr.pending = token;
             if verifying {
                 dev.row_indptr.push(dev.tokens.len() as u32);
             }
         }
+    }
+}
+
+impl ComputeStream {
+    /// Keeps the hidden states of logits rows `0..n` of the last forward
+    /// as `slot`'s rows `first..first + n`, when a spatial stage runs.
+    fn keep_hidden(&mut self, slot: usize, first: usize, n: usize) {
+        if let Some(sp) = &mut self.spatial {
+            for j in 0..n {
+                sp.keep(slot, first + j, self.model.last_hidden(&self.scratch, j));
+            }
+        }
+    }
+
+    /// The spatial stage: the values of the step's sampled spatial ids
+    /// into `dev` and into each sequence's pending input.
+    fn spatial_stage(&mut self, slot: usize, dev: &mut Outputs) -> Result<(), CpuError> {
+        dev.values.clear();
+        let (Some(sp), Some(v)) = (&mut self.spatial, &self.vision) else {
+            return Ok(());
+        };
+        let run = VisionRun {
+            team: Some(self.model.team()),
+            isa: self.model.isa(),
+            numerics: self.model.numerics(),
+        };
+        let (tokens, rows) = (&dev.tokens, &self.sampled_rows);
+        sp.decode(run, region_of(v)?, slot, tokens, rows, &mut dev.values)?;
+        for (k, &seq) in self.sampled_seqs.iter().enumerate() {
+            // A sequence's last token is its pending input.
+            let values = dev.values.get(k).copied().unwrap_or_default();
+            self.rows[seq as usize].pending_values = values;
+        }
+        Ok(())
+    }
+}
+
+/// The region weights and shape of a vision model the stage exists for.
+fn region_of(v: &ImageRows) -> Result<(&RegionWeights, &RegionConfig), CpuError> {
+    match &v.model.region {
+        Some(w) => Ok((w, &v.model.config.region)),
+        None => Err(bad_rows("a spatial stage without a region model")),
     }
 }
 

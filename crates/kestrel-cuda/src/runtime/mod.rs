@@ -683,6 +683,8 @@ impl<D: Device> Executor for Runtime<D> {
             top_logprobs: &self.out_top,
             top_n,
             row_indptr: &self.row_indptr,
+            // No spatial stage on CUDA yet (no region module runs here).
+            values: &[],
         })
     }
 

@@ -52,12 +52,14 @@ impl<P> Scheduler<P> {
             && (outs.row_indptr.is_empty()
                 || (outs.row_indptr[0] == 0
                     && outs.row_indptr.windows(2).all(|w| w[0] < w[1])
-                    && outs.row_indptr[expected] as usize == outs.tokens.len()));
+                    && outs.row_indptr[expected] as usize == outs.tokens.len()))
+            && (outs.values.is_empty() || outs.values.len() == outs.tokens.len());
         if !well_formed {
             return Err(SchedulerFault::MalformedOutputs {
                 step: pending.step,
                 rows: outs.num_rows(),
                 tokens: outs.tokens.len(),
+                values: outs.values.len(),
                 expected,
             }
             .into());
@@ -78,10 +80,13 @@ impl<P> Scheduler<P> {
                 let accepted = range.len() - 1;
                 let mut reason = None;
                 for j in range {
+                    let values = outs.values_of(j);
                     let token = CommittedToken {
                         token: outs.tokens[j],
                         logprob: outs.logprobs.map(|l| l[j]),
                         top_logprobs: outs.top(j),
+                        coord: values.coord,
+                        size: values.size,
                     };
                     seq.tokens.push(token.token);
                     self.stats.committed_tokens += 1;

@@ -13,12 +13,17 @@ pub enum SchedulerFault {
     /// (the request fails alone; `could_ever_fit` should have refused it).
     #[error("the KV cache cannot hold request {id} at {tokens} tokens even alone")]
     CannotFitAlone { id: RequestId, tokens: usize },
-    /// The executor returned outputs that do not match the step (fatal).
-    #[error("step {step} returned {rows} rows ({tokens} tokens) for {expected} sampled sequences")]
+    /// The executor returned outputs that do not match the step (fatal):
+    /// rows other than its sampled sequences, or values neither absent nor
+    /// one per token.
+    #[error(
+        "step {step} returned {rows} rows ({tokens} tokens, {values} values) for {expected} sampled sequences"
+    )]
     MalformedOutputs {
         step: u64,
         rows: usize,
         tokens: usize,
+        values: usize,
         expected: usize,
     },
     /// A sequence refused a phase transition (a scheduler bug, fatal).

@@ -22,6 +22,8 @@ pub fn commit(skill: &mut Skill, token: TokenId) -> Verdict {
         token,
         logprob: None,
         top_logprobs: &[],
+        coord: 0.0,
+        size: [0.0; 2],
     })
 }
 
