@@ -192,7 +192,8 @@ fn patchify(cfg: &VisionConfig, crops: &OverlapCrops) -> Vec<f32> {
     out
 }
 
-/// `y = x W^T + b` over `n` rows.
+/// `y = x W^T + b` over `n` rows. A weight wider than `x` (zero columns
+/// padding K to whole Q8_0 blocks at load) meets zero activations there.
 pub(crate) fn linear(
     run: VisionRun<'_>,
     name: &str,
@@ -202,7 +203,19 @@ pub(crate) fn linear(
     y: &mut [f32],
 ) -> Result<(), CpuError> {
     let w = MatRef::new(name, &l.weight)?;
-    matmul(run.team, run.isa, run.numerics, w, x, n, y);
+    let k = x.len() / n.max(1);
+    if w.cols > k {
+        // Quantized at load with zero columns padding K to whole blocks
+        // (`kestrel_model::load_quant`): zero activations meet them, so
+        // the product is the unpadded one's.
+        let mut padded = vec![0f32; n * w.cols];
+        for (p, r) in padded.chunks_exact_mut(w.cols).zip(x.chunks_exact(k)) {
+            p[..k].copy_from_slice(r);
+        }
+        matmul(run.team, run.isa, run.numerics, w, &padded, n, y);
+    } else {
+        matmul(run.team, run.isa, run.numerics, w, x, n, y);
+    }
     for row in y.chunks_exact_mut(l.bias.len()) {
         for (v, b) in row.iter_mut().zip(&l.bias) {
             *v += b;
