@@ -9,7 +9,7 @@
 //! mapped original (about 53% of F16's bytes).
 
 use crate::moondream::{Linear, VisionModel};
-use crate::{DType, LoadedModel, Matrix, ModelError};
+use crate::{DType, LoadedModel, Matrix, ModelError, ModelWeights};
 
 /// How [`crate::load_with`] changes a model as it loads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,32 +48,7 @@ pub fn quantize_loaded(
         return Err(ModelError::UnsupportedQuantize { dtype });
     }
     let mut report = QuantizeReport::default();
-    let w = &mut model.weights;
-    let tied = w.lm_head.data.as_ptr() == w.token_embd.data.as_ptr()
-        && w.lm_head.rows == w.token_embd.rows
-        && w.lm_head.cols == w.token_embd.cols;
-    text(&mut w.token_embd, "token_embd", dtype, &mut report);
-    if tied {
-        w.lm_head = w.token_embd.clone();
-    } else {
-        text(&mut w.lm_head, "output", dtype, &mut report);
-    }
-    for (i, l) in w.layers.iter_mut().enumerate() {
-        let mats = [
-            (&mut l.wq, "attn_q"),
-            (&mut l.wk, "attn_k"),
-            (&mut l.wv, "attn_v"),
-            (&mut l.wo, "attn_output"),
-            (&mut l.w_up, "ffn_up"),
-            (&mut l.w_down, "ffn_down"),
-        ];
-        for (m, name) in mats {
-            text(m, &format!("blk.{i}.{name}"), dtype, &mut report);
-        }
-        if let Some(m) = &mut l.w_gate {
-            text(m, &format!("blk.{i}.ffn_gate"), dtype, &mut report);
-        }
-    }
+    text_weights(&mut model.weights, dtype, &mut report);
     if let Some(v) = &mut model.vision {
         vision(v, dtype, &mut report);
     }
@@ -94,6 +69,36 @@ pub fn quantize_loaded(
         tracing::info!(padded = ?report.padded, "vision linears padded with zero columns to whole blocks");
     }
     Ok(report)
+}
+
+/// The text decoder's matrices; a tied LM head stays the embedding's twin
+/// (quantized once, the bytes shared).
+fn text_weights(w: &mut ModelWeights, dtype: DType, report: &mut QuantizeReport) {
+    let tied = w.lm_head.data.as_ptr() == w.token_embd.data.as_ptr()
+        && w.lm_head.rows == w.token_embd.rows
+        && w.lm_head.cols == w.token_embd.cols;
+    text(&mut w.token_embd, "token_embd", dtype, report);
+    if tied {
+        w.lm_head = w.token_embd.clone();
+    } else {
+        text(&mut w.lm_head, "output", dtype, report);
+    }
+    for (i, l) in w.layers.iter_mut().enumerate() {
+        let mats = [
+            (&mut l.wq, "attn_q"),
+            (&mut l.wk, "attn_k"),
+            (&mut l.wv, "attn_v"),
+            (&mut l.wo, "attn_output"),
+            (&mut l.w_up, "ffn_up"),
+            (&mut l.w_down, "ffn_down"),
+        ];
+        for (m, name) in mats {
+            text(m, &format!("blk.{i}.{name}"), dtype, report);
+        }
+        if let Some(m) = &mut l.w_gate {
+            text(m, &format!("blk.{i}.ffn_gate"), dtype, report);
+        }
+    }
 }
 
 /// The vision encoder's and projector's linears; the region model (point,
@@ -192,6 +197,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_tied_head_stays_the_embeddings_twin() {
+        let mut config = crate::ModelConfig::tiny();
+        config.tie_word_embeddings = true;
+        let mut w = crate::synthetic_weights(&config, DType::F16, 7);
+        let mut report = QuantizeReport::default();
+        text_weights(&mut w, DType::Q8_0, &mut report);
+        assert_eq!(w.token_embd.dtype, DType::Q8_0);
+        assert_eq!(w.lm_head.data.as_ptr(), w.token_embd.data.as_ptr());
+        let per_layer = 6 + usize::from(w.layers[0].w_gate.is_some());
+        assert_eq!(report.quantized, 1 + per_layer * w.layers.len());
+        assert!(report.kept.is_empty());
     }
 
     #[test]
