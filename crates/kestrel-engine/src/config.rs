@@ -127,6 +127,10 @@ pub struct EngineConfig {
     pub chat_template: Option<std::path::PathBuf>,
     /// Image limits of a vision model ([`ImageSettings::default`]).
     pub images: ImageSettings,
+    /// Re-encode an HF directory's 16/32-bit weights at load
+    /// (`kestrel_model::LoadOptions::quantize`; `--quantize q8_0`); a GGUF
+    /// model refuses it. `None`: weights as stored.
+    pub quantize: Option<kestrel_model::DType>,
 }
 
 impl Default for EngineConfig {
@@ -155,6 +159,7 @@ impl Default for EngineConfig {
             speculate: None,
             chat_template: None,
             images: ImageSettings::default(),
+            quantize: None,
         }
     }
 }

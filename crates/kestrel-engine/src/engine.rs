@@ -91,7 +91,11 @@ impl Engine {
         };
         progress(LoadEvent::Loading { path: path.clone() });
         let started = Instant::now();
-        let mut loaded = kestrel_model::load(&path).map_err(EngineError::ModelLoad)?;
+        let options = kestrel_model::LoadOptions {
+            quantize: config.quantize,
+        };
+        let mut loaded =
+            kestrel_model::load_with(&path, &options).map_err(EngineError::ModelLoad)?;
         if let Some(template) = &config.chat_template {
             loaded
                 .use_chat_template_file(template)

@@ -145,6 +145,15 @@ pub enum ModelError {
     },
     #[error("no cache directory: set KESTREL_CACHE_DIR, XDG_CACHE_HOME or HOME")]
     NoCacheDir,
+
+    // ----- quantizing at load -----
+    /// `--quantize` on a GGUF file: its weights are served in the encoding
+    /// the file stores (re-quantizing an already-quantized tensor would
+    /// only lose accuracy).
+    #[error("--quantize {} applies to safetensors (HF directory) models; {path} is a GGUF file, served in the encodings it stores (re-quantize it with llama.cpp's llama-quantize)", dtype.name())]
+    QuantizeStored { path: PathBuf, dtype: DType },
+    #[error("--quantize {} is not offered (offered: q8_0)", dtype.name())]
+    UnsupportedQuantize { dtype: DType },
 }
 
 impl ModelError {

@@ -26,6 +26,7 @@ pub mod family;
 pub mod fetch;
 pub mod gguf;
 pub mod load;
+pub mod load_quant;
 pub mod moondream;
 pub mod quant;
 mod safetensors_load;
@@ -47,7 +48,8 @@ pub use fetch::{
     FetchStage, PinnedModel,
 };
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue};
-pub use load::{load, LoadedModel};
+pub use load::{load, load_with, LoadedModel};
+pub use load_quant::{quantize_loaded, LoadOptions, QuantizeReport};
 pub use moondream::VisionModel;
 pub use safetensors_load::moondream_text_weights;
 pub use synth_gguf::{

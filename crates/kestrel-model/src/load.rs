@@ -10,7 +10,9 @@ use tokenizers::Tokenizer;
 use crate::chat::TemplateOrigin;
 use crate::config::ModelConfig;
 use crate::family::{gemma3_features, rope_scaling, Gemma3Keys};
-use crate::{ChatTemplate, Family, GgufFile, LayerWeights, Matrix, ModelError, ModelWeights};
+use crate::{
+    ChatTemplate, Family, GgufFile, LayerWeights, LoadOptions, Matrix, ModelError, ModelWeights,
+};
 
 /// A model ready for a runtime: weights plus everything text-side.
 #[derive(Clone)]
@@ -108,6 +110,13 @@ impl LoadedModel {
 /// A path that does not exist but names a pinned model (`gemma3-270m`,
 /// `smollm2-135m`; see [`crate::fetch`]) is fetched into the cache first.
 pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
+    load_with(path, &LoadOptions::default())
+}
+
+/// [`load`], then what `options` asks: `quantize` re-encodes an HF
+/// directory's 16/32-bit matrices ([`crate::quantize_loaded`]) and is
+/// refused for a GGUF file ([`ModelError::QuantizeStored`]) before it is read.
+pub fn load_with(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let started = std::time::Instant::now();
     let fetched;
     let path = match resolve_alias(path)? {
@@ -121,8 +130,18 @@ pub fn load(path: &Path) -> Result<LoadedModel, ModelError> {
         if !path.join("config.json").is_file() {
             return Err(ModelError::UnknownModelFormat { path: path.into() });
         }
-        crate::safetensors_load::load_hf_dir(path)?
+        let mut model = crate::safetensors_load::load_hf_dir(path)?;
+        if let Some(dtype) = options.quantize {
+            crate::quantize_loaded(&mut model, dtype)?;
+        }
+        model
     } else if path.is_file() {
+        if let Some(dtype) = options.quantize {
+            return Err(ModelError::QuantizeStored {
+                path: path.into(),
+                dtype,
+            });
+        }
         load_gguf(path)?
     } else {
         return Err(ModelError::io(

@@ -252,3 +252,30 @@ fn the_cli_prints_the_whole_cause_chain() {
         "the chain names what failed:\n{stderr}"
     );
 }
+
+/// `--quantize q8_0` re-encodes an HF directory's weights; a GGUF file's
+/// are served as stored, so the flag is refused with the typed error
+/// (`ModelError::QuantizeStored`) naming it, before the file is read.
+#[test]
+fn the_cli_refuses_quantize_for_a_gguf() {
+    let dir = std::env::temp_dir().join(format!("kestrel-cli-quantize-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gguf = dir.join("model.gguf");
+    std::fs::write(&gguf, b"never read").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["generate", "--quantize", "q8_0", "--model"])
+        .arg(&gguf)
+        .arg("hi")
+        .output()
+        .expect("run kestrel");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--quantize Q8_0 applies to safetensors (HF directory) models; {} is a GGUF file",
+            gguf.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -192,7 +192,8 @@ fn patchify(cfg: &VisionConfig, crops: &OverlapCrops) -> Vec<f32> {
     out
 }
 
-/// `y = x W^T + b` over `n` rows.
+/// `y = x W^T + b` over `n` rows. A weight wider than `x` (zero columns
+/// padding K to whole Q8_0 blocks at load) meets zero activations there.
 pub(crate) fn linear(
     run: VisionRun<'_>,
     name: &str,
@@ -202,7 +203,19 @@ pub(crate) fn linear(
     y: &mut [f32],
 ) -> Result<(), CpuError> {
     let w = MatRef::new(name, &l.weight)?;
-    matmul(run.team, run.isa, run.numerics, w, x, n, y);
+    let k = x.len() / n.max(1);
+    if w.cols > k {
+        // Quantized at load with zero columns padding K to whole blocks
+        // (`kestrel_model::load_quant`): zero activations meet them, so
+        // the product is the unpadded one's.
+        let mut padded = vec![0f32; n * w.cols];
+        for (p, r) in padded.chunks_exact_mut(w.cols).zip(x.chunks_exact(k)) {
+            p[..k].copy_from_slice(r);
+        }
+        matmul(run.team, run.isa, run.numerics, w, &padded, n, y);
+    } else {
+        matmul(run.team, run.isa, run.numerics, w, x, n, y);
+    }
     for row in y.chunks_exact_mut(l.bias.len()) {
         for (v, b) in row.iter_mut().zip(&l.bias) {
             *v += b;
@@ -376,6 +389,54 @@ fn adaptive_avg_pool(x: &[f32], h: usize, w: usize, g: usize, d: usize) -> Vec<f
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A linear whose weight was zero-padded to whole Q8_0 blocks at load
+    /// (40 -> 64 columns) gives the product of the unpadded weight it
+    /// encodes: its zero columns meet zero activations.
+    #[test]
+    fn a_padded_q8_0_linear_is_the_unpadded_product() {
+        let (rows, k, n) = (5, 40, 3);
+        let w: Vec<f32> = (0..rows * 64)
+            .map(|i| {
+                if i % 64 < k {
+                    ((i * 7919) % 113) as f32 / 56.0 - 1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let padded = Matrix::quantize(DType::Q8_0, rows, 64, &w);
+        let values: Vec<f32> = padded
+            .to_f32()
+            .chunks_exact(64)
+            .flat_map(|r| r[..k].to_vec())
+            .collect();
+        let plain = Matrix::quantize(DType::F32, rows, k, &values);
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0)
+            .collect();
+        let bias = vec![0.25; rows];
+        for isa in [Isa::Scalar, Isa::detect()] {
+            let run = VisionRun {
+                team: None,
+                isa,
+                numerics: Numerics::Exact,
+            };
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            let l = |weight: &Matrix| Linear {
+                weight: weight.clone(),
+                bias: bias.clone(),
+            };
+            linear(run, "padded", &l(&padded), &x, n, &mut a).unwrap();
+            linear(run, "plain", &l(&plain), &x, n, &mut b).unwrap();
+            for (u, v) in a.iter().zip(&b) {
+                assert!(
+                    (u - v).abs() <= 1e-5 * (v.abs() + 1.0),
+                    "{isa:?}: {u} vs {v}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn stitching_keeps_windows_and_outer_margins() {

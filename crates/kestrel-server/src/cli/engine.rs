@@ -67,6 +67,12 @@ pub(crate) struct EngineArgs {
     /// pages (the default: one copy per process, read faster).
     #[arg(long)]
     mapped_weights: bool,
+    /// Re-encode an HF directory's F32/F16/BF16 weights as Q8_0 at load
+    /// (text decoder, and a Moondream's vision encoder and projector), so
+    /// the CPU's int8 kernels serve them; a GGUF model refuses it (its
+    /// weights are served as the file stores them) [default: as stored].
+    #[arg(long, value_enum, value_name = "TYPE")]
+    quantize: Option<QuantizeArg>,
     /// Default speculative decoding for requests that do not choose:
     /// `ngram:K` drafts up to K (1 to 16) tokens per step by prompt lookup
     /// and verifies them in one forward (same outputs, faster on text that
@@ -151,6 +157,13 @@ enum ModeArg {
     Pipelined,
 }
 
+/// The block types `--quantize` offers (`kestrel_model::load_quant::QUANTIZE_TYPES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum QuantizeArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PrefillArg {
     Drain,
@@ -200,6 +213,9 @@ impl EngineArgs {
                 max_crops: self.max_crops.or(d.images.max_crops),
                 cache: self.image_cache.unwrap_or(d.images.cache),
             },
+            quantize: self.quantize.map_or(d.quantize, |q| match q {
+                QuantizeArg::Q8_0 => Some(kestrel_model::DType::Q8_0),
+            }),
         }
     }
 }
