@@ -91,3 +91,28 @@ pub fn run_script(python: &str, script: &str, args: &[&dyn AsRef<std::ffi::OsStr
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A synthetic served Moondream checkpoint (`moondream_synth.py OUT
+/// --served --seed SEED`: the published names, vocabulary 51200 with its
+/// tokenizer, small widths) made in `<temp>/kestrel-<tag>-<pid>/ckpt`:
+/// the python that made it (for the reference scripts), the directory
+/// (the caller removes it) and the checkpoint; `None` where the references
+/// cannot run ([`python_with`]).
+#[allow(dead_code)] // not every including test serves Moondream
+pub fn served_moondream(test: &str, tag: &str, seed: u32) -> Option<(String, PathBuf, PathBuf)> {
+    let python = python_with(test, "numpy", "scripts/reference/requirements.txt")?;
+    let dir = std::env::temp_dir().join(format!("kestrel-{tag}-{}", std::process::id()));
+    let ckpt = dir.join("ckpt");
+    let seed = seed.to_string();
+    run_script(
+        &python,
+        "moondream_synth.py",
+        &[
+            &ckpt as &dyn AsRef<std::ffi::OsStr>,
+            &"--served",
+            &"--seed",
+            &seed,
+        ],
+    );
+    Some((python, dir, ckpt))
+}

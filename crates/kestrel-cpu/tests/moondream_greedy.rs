@@ -21,7 +21,7 @@
 //! set (CI).
 
 use std::num::NonZeroUsize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kestrel_cpu::model::{LogitsMode, PrefillBatch, PrefillRows};
@@ -219,26 +219,11 @@ fn first_logits(case: &Case) -> Vec<f32> {
 
 #[test]
 fn greedy_query_matches_the_numpy_reference_and_reuses_the_encoded_image() {
-    let Some(python) = reference_python::python_with(
-        "moondream_greedy",
-        "numpy",
-        "scripts/reference/requirements.txt",
-    ) else {
+    let Some((python, dir, ckpt)) =
+        reference_python::served_moondream("moondream_greedy", "md-greedy", 11)
+    else {
         return;
     };
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("kestrel-md-greedy-{}", std::process::id()));
-    let ckpt = dir.join("ckpt");
-    reference_python::run_script(
-        &python,
-        "moondream_synth.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &"--served",
-            &"--seed",
-            &"11",
-        ],
-    );
     let model = kestrel_model::load(&ckpt).unwrap();
     let vision = model.vision.clone().expect("vision");
     let image = Arc::new(PreparedImage::new(

@@ -17,7 +17,7 @@
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
@@ -254,28 +254,13 @@ fn run(
 
 #[test]
 fn points_and_boxes_match_the_numpy_reference_pipelined_and_blocking() {
-    let Some(python) = reference_python::python_with(
-        "moondream_spatial",
-        "numpy",
-        "scripts/reference/requirements.txt",
-    ) else {
+    // A seed whose x stages do not all choose EOS at once (11,
+    // A's query seed, stops every case before its first object).
+    let Some((python, dir, ckpt)) =
+        reference_python::served_moondream("moondream_spatial", "md-spatial", 17)
+    else {
         return;
     };
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("kestrel-md-spatial-{}", std::process::id()));
-    let ckpt = dir.join("ckpt");
-    reference_python::run_script(
-        &python,
-        "moondream_synth.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &"--served",
-            // A seed whose x stages do not all choose EOS at once (11,
-            // A's query seed, stops every case before its first object).
-            &"--seed",
-            &"17",
-        ],
-    );
     let model = kestrel_model::load(&ckpt).unwrap();
     let vision = model.vision.clone().expect("vision");
     assert!(

@@ -17,7 +17,6 @@ mod common;
 #[allow(dead_code)]
 mod reference_python;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{counter, rt, stream_all};
@@ -52,26 +51,11 @@ fn vision(image: &[u8], task: VisionTask) -> GenerateRequest {
 
 #[test]
 fn moondream_query_and_caption_served_on_the_cpu() {
-    let Some(python) = reference_python::python_with(
-        "engine moondream",
-        "numpy",
-        "scripts/reference/requirements.txt",
-    ) else {
+    let Some((python, dir, ckpt)) =
+        reference_python::served_moondream("engine moondream", "engine-md", 11)
+    else {
         return;
     };
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("kestrel-engine-md-{}", std::process::id()));
-    let ckpt = dir.join("ckpt");
-    reference_python::run_script(
-        &python,
-        "moondream_synth.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &"--served",
-            &"--seed",
-            &"11",
-        ],
-    );
     let engine = Engine::start(
         EngineConfig {
             model: ModelSource::Path(ckpt.clone()),

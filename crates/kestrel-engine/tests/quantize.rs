@@ -20,7 +20,7 @@ mod common;
 #[allow(dead_code)]
 mod reference_python;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::rt;
 use kestrel_engine::{
@@ -130,26 +130,11 @@ fn picture() -> RgbImage {
 
 #[test]
 fn moondream_quantized_at_load_answers_a_query() {
-    let Some(python) = reference_python::python_with(
-        "engine quantize moondream",
-        "numpy",
-        "scripts/reference/requirements.txt",
-    ) else {
+    let Some((_, dir, ckpt)) =
+        reference_python::served_moondream("engine quantize moondream", "engine-md-q8", 11)
+    else {
         return;
     };
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("kestrel-engine-md-q8-{}", std::process::id()));
-    let ckpt = dir.join("ckpt");
-    reference_python::run_script(
-        &python,
-        "moondream_synth.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &"--served",
-            &"--seed",
-            &"11",
-        ],
-    );
     let plain = kestrel_model::load(&ckpt).unwrap();
     let q = kestrel_model::load_with(&ckpt, &Q8).unwrap();
     for (a, b) in text_matrices(&plain.weights)
