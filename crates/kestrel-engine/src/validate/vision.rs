@@ -17,7 +17,7 @@ use kestrel_pipeline::PromptEmbeds;
 use super::{bad, Field, Result};
 use crate::error::EngineError;
 use crate::model::{ModelContext, VisionContext};
-use crate::request::{CaptionLength, VisionTask};
+use crate::request::VisionTask;
 
 /// A query's question must say something (a caption's length is an enum:
 /// the edges refuse an unknown one, naming their own field).
@@ -111,11 +111,7 @@ fn template(model: &ModelContext, v: &VisionContext, task: &VisionTask) -> Resul
             Ok(out)
         }
         VisionTask::Caption { length } => {
-            let length = match length {
-                CaptionLength::Short => kestrel_model::moondream::CaptionLength::Short,
-                CaptionLength::Normal => kestrel_model::moondream::CaptionLength::Normal,
-                CaptionLength::Long => kestrel_model::moondream::CaptionLength::Long,
-            };
+            let length = *length;
             match p.caption(length) {
                 Some(ids) => Ok(ids.to_vec()),
                 None => bad(
@@ -123,11 +119,7 @@ fn template(model: &ModelContext, v: &VisionContext, task: &VisionTask) -> Resul
                     format!(
                         "model `{}` has no {} caption (its revision's templates lack one)",
                         model.name(),
-                        match length {
-                            kestrel_model::moondream::CaptionLength::Long => "long",
-                            kestrel_model::moondream::CaptionLength::Normal => "normal",
-                            kestrel_model::moondream::CaptionLength::Short => "short",
-                        }
+                        length.as_str()
                     ),
                 ),
             }

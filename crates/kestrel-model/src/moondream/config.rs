@@ -189,12 +189,62 @@ impl Default for RegionConfig {
     }
 }
 
-/// `caption`'s `length`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `caption`'s `length`: each is its own prompt template of the model
+/// ([`PromptTokens::caption`]), and the one type the engine's requests and
+/// every edge use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum CaptionLength {
     Short,
+    #[default]
     Normal,
     Long,
+}
+
+impl CaptionLength {
+    /// Every length, in the order the wire formats list them.
+    pub const ALL: [CaptionLength; 3] = [
+        CaptionLength::Short,
+        CaptionLength::Normal,
+        CaptionLength::Long,
+    ];
+
+    /// The wire name (`"short"`, `"normal"`, `"long"`), as the Moondream
+    /// API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptionLength::Short => "short",
+            CaptionLength::Normal => "normal",
+            CaptionLength::Long => "long",
+        }
+    }
+}
+
+impl std::fmt::Display for CaptionLength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A caption length that is none of `short`, `normal`, `long`; each edge
+/// refuses it naming its own field (`length`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown caption length {given:?}: expected one of short, normal, long")]
+pub struct UnknownCaptionLength {
+    pub given: String,
+}
+
+impl std::str::FromStr for CaptionLength {
+    type Err = UnknownCaptionLength;
+
+    /// Exactly the wire names, lower case (the Moondream API's).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CaptionLength::ALL
+            .into_iter()
+            .find(|l| l.as_str() == s)
+            .ok_or_else(|| UnknownCaptionLength {
+                given: s.to_string(),
+            })
+    }
 }
 
 /// Token ids of the prompt templates (the reference's `TokenizerConfig`).

@@ -16,6 +16,7 @@ pub use checkpoint::{
     VisionBlock, VisionWeights,
 };
 pub use config::{
-    CaptionLength, MoondreamConfig, PromptTokens, RegionConfig, TextConfig, VisionConfig,
+    CaptionLength, MoondreamConfig, PromptTokens, RegionConfig, TextConfig, UnknownCaptionLength,
+    VisionConfig,
 };
 pub use served::{image_token_ids, prompt_tokens_for, VisionModel};
