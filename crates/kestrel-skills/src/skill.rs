@@ -33,6 +33,25 @@ pub enum SkillPhase {
     Finished(Outcome),
 }
 
+impl SkillPhase {
+    /// The verdict a `consume` after `Stop` or `finish` returns (a caller's
+    /// bug, asserted in debug builds), `None` while running: the one guard
+    /// every skill's `consume` starts with.
+    pub fn refuse_after_stop(&self) -> Option<Verdict> {
+        match self {
+            SkillPhase::Running => None,
+            SkillPhase::Stopped(reason) => {
+                debug_assert!(false, "consume after Stop");
+                Some(Verdict::Stop(*reason))
+            }
+            SkillPhase::Finished(_) => {
+                debug_assert!(false, "consume after finish");
+                Some(Verdict::Stop(FinishReason::Abort))
+            }
+        }
+    }
+}
+
 /// The final output of a request, available once [`SequenceSkill::finish`] ran.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SkillResult {
@@ -305,16 +324,8 @@ impl Skill {
 
 impl SequenceSkill for Skill {
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        match self.phase {
-            SkillPhase::Running => {}
-            SkillPhase::Stopped(reason) => {
-                debug_assert!(false, "consume after Stop");
-                return Verdict::Stop(reason);
-            }
-            SkillPhase::Finished(_) => {
-                debug_assert!(false, "consume after finish");
-                return Verdict::Stop(FinishReason::Abort);
-            }
+        if let Some(v) = self.phase.refuse_after_stop() {
+            return v;
         }
         let lp = self.logprob_entry(token);
         self.out.record_token(token.token, lp);

@@ -99,16 +99,8 @@ impl SpatialSkill {
 
 impl SequenceSkill for SpatialSkill {
     fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        match self.phase {
-            SkillPhase::Running => {}
-            SkillPhase::Stopped(reason) => {
-                debug_assert!(false, "consume after Stop");
-                return Verdict::Stop(reason);
-            }
-            SkillPhase::Finished(_) => {
-                debug_assert!(false, "consume after finish");
-                return Verdict::Stop(FinishReason::Abort);
-            }
+        if let Some(v) = self.phase.refuse_after_stop() {
+            return v;
         }
         self.tokens.push(token.token);
         let out = SpatialStepOutput {

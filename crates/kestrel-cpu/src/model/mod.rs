@@ -215,6 +215,16 @@ impl CpuModel {
 
     /// Compute threads (the calling thread included).
     /// The compute team (the vision encoder runs its GEMMs on it too).
+    /// How the vision side (encoder, projector, region model) runs beside
+    /// this model: on its compute team, with its ISA and numerics.
+    pub(crate) fn vision_run(&self) -> crate::vision::VisionRun<'_> {
+        crate::vision::VisionRun {
+            team: Some(self.team()),
+            isa: self.isa(),
+            numerics: self.numerics(),
+        }
+    }
+
     pub(crate) fn team(&self) -> &Team {
         &self.team
     }

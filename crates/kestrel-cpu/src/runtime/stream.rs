@@ -24,7 +24,6 @@ use super::slot::{Outputs, SlotMeta};
 use super::spatial::SpatialStage;
 use crate::model::{DecodeBatch, LogitsMode, PrefillBatch, PrefillRows};
 use crate::sampler::{sample, PenaltyState};
-use crate::vision::VisionRun;
 use crate::{CpuError, CpuModel, KvStore, PositionLogprobs, Scratch};
 use kestrel_model::moondream::{RegionConfig, RegionWeights};
 
@@ -275,11 +274,7 @@ impl ComputeStream {
                     kv_indices: &meta.kv.indices.kv_indices,
                     kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
-                let run = VisionRun {
-                    team: Some(self.model.team()),
-                    isa: self.model.isa(),
-                    numerics: self.model.numerics(),
-                };
+                let run = self.model.vision_run();
                 let embeds = match (&mut self.spatial, &self.vision) {
                     (Some(sp), Some(v)) => {
                         let rows = &self.rows;
@@ -321,11 +316,7 @@ impl ComputeStream {
                     kv_indices: &meta.kv.indices.kv_indices,
                     kv_last_page_len: &meta.kv.indices.kv_last_page_len,
                 };
-                let run = VisionRun {
-                    team: Some(self.model.team()),
-                    isa: self.model.isa(),
-                    numerics: self.model.numerics(),
-                };
+                let run = self.model.vision_run();
                 // A row whose input is a spatial id takes its encoded value.
                 let embeds = match (&mut self.spatial, &self.vision) {
                     (Some(sp), Some(v)) => {
@@ -384,11 +375,7 @@ impl ComputeStream {
                             ) else {
                                 return Err(bad_rows("image rows without a vision model"));
                             };
-                            let run = VisionRun {
-                                team: Some(self.model.team()),
-                                isa: self.model.isa(),
-                                numerics: self.model.numerics(),
-                            };
+                            let run = self.model.vision_run();
                             Some((e, v.tokens(run, img)?))
                         }
                         _ => None,
@@ -558,11 +545,7 @@ impl ComputeStream {
         let (Some(sp), Some(v)) = (&mut self.spatial, &self.vision) else {
             return Ok(());
         };
-        let run = VisionRun {
-            team: Some(self.model.team()),
-            isa: self.model.isa(),
-            numerics: self.model.numerics(),
-        };
+        let run = self.model.vision_run();
         let (tokens, rows) = (&dev.tokens, &self.sampled_rows);
         sp.decode(run, region_of(v)?, slot, tokens, rows, &mut dev.values)?;
         for (k, &seq) in self.sampled_seqs.iter().enumerate() {
