@@ -36,6 +36,9 @@ use kestrel_pipeline::{
     SequenceSkill, Tick, TokenId, Verdict,
 };
 
+#[path = "../../../tests/support/moondream_reference.rs"]
+#[allow(dead_code)] // not every including test reads every field
+mod moondream_reference;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
@@ -247,42 +250,15 @@ fn greedy_query_matches_the_numpy_reference_and_reuses_the_encoded_image() {
         .collect();
     prompt.extend(&template);
 
-    let crops_path = dir.join("crops.u8");
-    std::fs::write(&crops_path, &image.crops.pixels).unwrap();
-    let prompt_path = dir.join("prompt.json");
-    let spec = serde_json::json!({"before": [p.bos_id], "after": template, "steps": STEPS});
-    std::fs::write(&prompt_path, spec.to_string()).unwrap();
-    let out = dir.join("out");
-    let (tr, tc) = (
-        image.crops.tiling.rows.to_string(),
-        image.crops.tiling.cols.to_string(),
-    );
-    reference_python::run_script(
+    let reference = moondream_reference::greedy(
         &python,
-        "moondream_greedy.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &crops_path,
-            &tr,
-            &tc,
-            &prompt_path,
-            &out,
-        ],
+        &ckpt,
+        &dir,
+        &image,
+        (&[p.bos_id], &template),
+        STEPS as u32,
     );
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("greedy.json")).unwrap()).unwrap();
-    let want_tokens: Vec<TokenId> = want["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as TokenId)
-        .collect();
-    let margins: Vec<f64> = want["margins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m.as_f64().unwrap())
-        .collect();
+    let (want_tokens, margins, out) = (reference.tokens, reference.margins, reference.out);
 
     let case = Case {
         model,

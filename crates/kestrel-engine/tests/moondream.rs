@@ -13,6 +13,9 @@
 //! set (CI).
 
 mod common;
+#[path = "../../../tests/support/moondream_reference.rs"]
+#[allow(dead_code)] // not every including test reads every field
+mod moondream_reference;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
@@ -79,38 +82,15 @@ fn moondream_query_and_caption_served_on_the_cpu() {
     let p = &v.prompts;
     let question = engine.tokenize(QUESTION, false).unwrap();
     let template: Vec<u32> = [&p.query_prefix[..], &question, &p.query_suffix].concat();
-    std::fs::write(dir.join("crops.u8"), &prepared.crops.pixels).unwrap();
-    let spec = serde_json::json!({"before": [p.bos_id], "after": template, "steps": STEPS});
-    std::fs::write(dir.join("prompt.json"), spec.to_string()).unwrap();
-    let (tr, tc) = (
-        prepared.crops.tiling.rows.to_string(),
-        prepared.crops.tiling.cols.to_string(),
-    );
-    let (crops, prompt, out) = (
-        dir.join("crops.u8"),
-        dir.join("prompt.json"),
-        dir.join("out"),
-    );
-    reference_python::run_script(
+    let want = moondream_reference::greedy(
         &python,
-        "moondream_greedy.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &crops,
-            &tr,
-            &tc,
-            &prompt,
-            &out,
-        ],
-    );
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("greedy.json")).unwrap()).unwrap();
-    let want: Vec<u32> = want["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+        &ckpt,
+        &dir,
+        &prepared,
+        (&[p.bos_id], &template),
+        STEPS,
+    )
+    .tokens;
 
     let query = vision(
         &png,
