@@ -42,9 +42,10 @@ pub use model::{
     VisionContext,
 };
 pub use request::{
-    CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
-    Prompt, SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall,
-    UnknownCaptionLength, Usage, VisionTask, MAX_DRAFT,
+    BoundingBox, CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest,
+    GenerateResponse, Point, Prompt, SamplingOptions, SpatialObject, SpatialResult, Speculation,
+    StreamEvent, Timings, TokenLogprob, ToolCall, UnknownCaptionLength, Usage, VisionTask,
+    MAX_DRAFT,
 };
 pub use validate::{seed_for_request_id, Field};
 
