@@ -51,3 +51,5 @@ pub use validate::{seed_for_request_id, Field};
 
 pub use kestrel_cpu::{Numerics, WeightPages};
 pub use kestrel_pipeline::{Cause, LoopConfig, PipelineMode, PrefillPolicy};
+/// The cause of [`EngineError::SpatialFailed`].
+pub use kestrel_skills::{SpatialError, SpatialFailure};

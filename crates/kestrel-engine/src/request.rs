@@ -343,6 +343,9 @@ pub struct GenerateResponse {
 }
 
 /// One item of a [`crate::GenerationStream`].
+// `Done` is larger than the other items, and sent once per request: boxing
+// it would cost every caller a deref for nothing measurable.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     /// Newly committed output; the concatenated `text`s equal the final text.
