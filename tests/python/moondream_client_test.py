@@ -5,15 +5,19 @@ Runs `md.vl(endpoint="http://ADDRESS/v1")` (moondream 2.6.1, installed
 `--no-deps`: its HTTP client needs only Pillow) against a server on a
 Moondream checkpoint: `query` and `caption` (short, normal, long), unary
 and `stream=True` (the chunks concatenate to the unary answer: greedy
-settings), the same question as an OpenAI chat with an `image_url` part
-(the `openai` package; the same answer, from the same image bytes), and
-the 400s naming their field: not an image, a remote URL, an empty
-question, an unknown caption length, an image in an OpenAI chat with a
-remote URL; an API key is ignored and an unknown `model` is a 404.
+settings), `point` and `detect` (normalized points and boxes inside the
+image, at most `settings.max_objects`, a smaller limit giving a prefix of
+the larger's objects, the same objects when asked again),
+the same question as an OpenAI chat with an `image_url` part (the
+`openai` package; the same answer, from the same image bytes), and the
+400s naming their field: not an image, a remote URL, an empty question,
+an unknown caption length, an empty object, `max_objects` 0 or past 256,
+an image in an OpenAI chat with a remote URL; an API key is ignored and an
+unknown `model` is a 404.
 
     pip install -r tests/python/requirements.txt
     pip install --no-deps -r tests/python/requirements-no-deps.txt
-    python3 scripts/reference/moondream_synth.py /tmp/md --served
+    python3 scripts/reference/moondream_synth.py /tmp/md --served --seed 17
     kestrel serve --model /tmp/md --http-addr 127.0.0.1:8000 &
     python3 tests/python/moondream_client_test.py 127.0.0.1:8000
 
@@ -76,6 +80,28 @@ def run(address: str, timeout: float) -> str:
         check("".join(parts) == cap, f"streamed {length} caption {parts!r} != {cap!r}")
         captions[length] = cap
 
+    # point and detect: the client's own shapes, greedy.
+    spatial = {}
+    for skill, key in (("point", "points"), ("detect", "objects")):
+        call = getattr(vl, skill)
+        three = call(image, "cat", settings={"temperature": 0, "max_objects": 3})[key]
+        check(isinstance(three, list) and len(three) <= 3, f"{skill}: {three!r}")
+        fields = ("x", "y") if skill == "point" else ("x_min", "y_min", "x_max", "y_max")
+        for o in three:
+            check(set(o) == set(fields), f"{skill} object keys: {o!r}")
+            check(all(0.0 <= o[f] <= 1.0 for f in fields), f"{skill} outside the image: {o!r}")
+            if skill == "detect":
+                check(o["x_min"] <= o["x_max"] and o["y_min"] <= o["y_max"], f"box {o!r}")
+        one = call(image, "cat", settings={"temperature": 0, "max_objects": 1})[key]
+        check(one == three[:1], f"{skill}: max_objects 1 gave {one!r}, 3 gave {three!r}")
+        again = call(image, "cat", settings={"temperature": 0, "max_objects": 3})[key]
+        check(again == three, f"{skill} again: {again!r} != {three!r}")
+        # The default settings (max_objects 50, sampled) answer too.
+        check(isinstance(call(image, "cat")[key], list), f"{skill} with default settings")
+        spatial[skill] = three
+    check(spatial["point"], "the synthetic checkpoint (seed 17) finds points to compare")
+    check(len(spatial["detect"]) >= 1, f"detect found nothing: {spatial}")
+
     # The same question as an OpenAI chat, with the very bytes the
     # moondream client sent (its own JPEG encoding of the picture).
     data_url = vl.encode_image(image).image_url
@@ -121,6 +147,15 @@ def run(address: str, timeout: float) -> str:
     check("fetches nothing" in msg, msg)
     bad_request(lambda: vl.query(image, ""), "question")
     bad_request(lambda: vl.caption(image, length="medium"), "length")
+    for skill in ("point", "detect"):
+        call = getattr(vl, skill)
+        msg = bad_request(lambda: call(image, ""), "object")
+        check("must not be empty" in msg, msg)
+        for n in (0, 257):
+            msg = bad_request(lambda: call(image, "cat", settings={"max_objects": n}),
+                              "settings.max_objects")
+            check("[1, 256]" in msg, msg)
+        bad_request(lambda: call(not_image, "cat"), "image_url")
     bad_request(lambda: vl.query(image, question, settings={"temperature": -1}),
                 "settings.temperature")
     try:
@@ -152,6 +187,7 @@ def run(address: str, timeout: float) -> str:
     check(again == answer, f"after the refusals {again!r} != {answer!r}")
     return (
         f"query {answer!r}, captions {json.dumps(captions)}, "
+        f"points {json.dumps(spatial['point'])}, boxes {json.dumps(spatial['detect'])}, "
         "streams equal, OpenAI image chat equal, 400s named"
     )
 

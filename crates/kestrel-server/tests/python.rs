@@ -179,10 +179,12 @@ fn serve_model(dir: &Path) -> (Served, String) {
 }
 
 /// The official `moondream` client (`md.vl(endpoint=...)`: `query` and
-/// `caption`, unary and streamed) and an OpenAI chat with an `image_url`
-/// part, against `kestrel serve --model DIR` on a synthetic Moondream
-/// checkpoint (`scripts/reference/moondream_synth.py --served`: the real
-/// tensor names, vocabulary and prompt templates, tiny widths).
+/// `caption`, unary and streamed, `point` and `detect`) and an OpenAI chat
+/// with an `image_url` part, against `kestrel serve --model DIR` on a
+/// synthetic Moondream checkpoint (`scripts/reference/moondream_synth.py
+/// --served --seed 17`: the real tensor names, vocabulary and prompt
+/// templates, tiny widths, a region model; seed 17's point and detect find
+/// objects).
 #[test]
 fn python_moondream_client() {
     let Some(python) = python_with("python_moondream_client", "moondream, openai, PIL, numpy")
@@ -195,7 +197,7 @@ fn python_moondream_client() {
     let out = Command::new(&python)
         .arg(&synth)
         .arg(&dir)
-        .arg("--served")
+        .args(["--served", "--seed", "17"])
         .output()
         .expect("run moondream_synth.py");
     assert!(

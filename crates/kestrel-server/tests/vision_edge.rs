@@ -5,7 +5,8 @@
 //! each refuse what they must
 //! with a 400 / INVALID_ARGUMENT naming the field (an image to a model that
 //! takes none, a remote URL, an empty question, an unknown caption length,
-//! a second image), before any work: nothing is queued or held, and the
+//! a second image; for `/v1/point`, `/v1/detect` and gRPC's point and
+//! detect, a blank object and `max_objects` 0 or past 256), before any work: nothing is queued or held, and the
 //! engine keeps serving text. The happy path, on a served Moondream
 //! checkpoint, is `python.rs`'s `python_moondream_client`.
 
@@ -140,17 +141,48 @@ async fn moondream_api_refusals_name_the_field() {
         "settings.top_k",
     )
     .await;
-    // point and detect are not served (issue 73): an unknown URL.
-    let server = shared_server();
+    // point and detect: the object and max_objects are the engine's rules,
+    // checked before the model's vision; then the model refuses the image.
     for path in ["/v1/point", "/v1/detect"] {
-        let r = post(
-            server.http_addr,
+        let msg = refused(
             path,
-            &json!({"image_url": png, "object": "cat"}),
+            json!({"image_url": png, "object": "cat"}),
+            "image_url",
         )
         .await;
-        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert!(msg.contains("no vision encoder"), "{msg}");
+        let msg = refused(path, json!({"image_url": png, "object": " "}), "object").await;
+        assert!(msg.contains("must not be empty"), "{msg}");
+        refused(path, json!({"image_url": png}), "object").await;
+        for n in [0, 257] {
+            let msg = refused(
+                path,
+                json!({"image_url": png, "object": "cat", "settings": {"max_objects": n}}),
+                "settings.max_objects",
+            )
+            .await;
+            assert!(msg.contains("must be in [1, 256]"), "{msg}");
+        }
+        refused(
+            path,
+            json!({"image_url": png, "object": "cat", "settings": {"max_objects": -1}}),
+            "settings",
+        )
+        .await;
+        refused(
+            path,
+            json!({"image_url": png, "object": "cat", "stream": true}),
+            "stream",
+        )
+        .await;
+        refused(path, json!({"object": "cat"}), "image_url").await;
     }
+    refused(
+        "/v1/point",
+        json!({"image_url": png, "object": "cat", "spatial_refs": [[0.5, 0.5]]}),
+        "spatial_refs",
+    )
+    .await;
     still_serving().await;
 }
 
@@ -259,7 +291,35 @@ async fn grpc_vision_refusals_name_the_field() {
     let mut c = client(server).await;
     let query = |q: &str| Skill::Query(pb::VisionQuery { question: q.into() });
     let caption = |length: i32| Skill::Caption(pb::VisionCaption { length });
+    let spatial = |object: &str, max_objects| pb::VisionSpatial {
+        object: object.into(),
+        max_objects,
+    };
     let cases = [
+        (
+            vision_request(PNG_1X1, Skill::Point(spatial("cat", None))),
+            "vision.image",
+        ),
+        (
+            vision_request(PNG_1X1, Skill::Detect(spatial("cat", Some(3)))),
+            "vision.image",
+        ),
+        (
+            vision_request(PNG_1X1, Skill::Point(spatial("", None))),
+            "vision.point.object",
+        ),
+        (
+            vision_request(PNG_1X1, Skill::Detect(spatial(" \n", None))),
+            "vision.detect.object",
+        ),
+        (
+            vision_request(PNG_1X1, Skill::Point(spatial("cat", Some(0)))),
+            "vision.point.max_objects",
+        ),
+        (
+            vision_request(PNG_1X1, Skill::Detect(spatial("cat", Some(257)))),
+            "vision.detect.max_objects",
+        ),
         (vision_request(PNG_1X1, query("What?")), "vision.image"),
         (
             vision_request(b"not an image", query("What?")),
@@ -301,8 +361,9 @@ async fn grpc_vision_refusals_name_the_field() {
 }
 
 /// `kestrel generate --image FILE "question"` sends the image (the default
-/// text model refuses it, naming the proto field and the model), and
-/// `--caption` takes exactly Moondream's lengths.
+/// text model refuses it, naming the proto field and the model), as do
+/// `--point` and `--detect` (a blank object named first), and `--caption`
+/// takes exactly Moondream's lengths.
 #[test]
 fn the_cli_sends_an_image() {
     let dir = std::env::temp_dir().join(format!("kestrel-cli-image-{}", std::process::id()));
@@ -326,15 +387,30 @@ fn the_cli_sends_an_image() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("short, normal, long"), "{stderr}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(["generate", "--caption", "short"])
-        .output()
-        .expect("run kestrel");
+    let out = run(&["--point", "cat"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("--image"),
-        "--caption needs an image: {stderr}"
-    );
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("vision.image"), "{stderr}");
+    let out = run(&["--detect", " ", "--max-objects", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("vision.detect.object"), "{stderr}");
+    for flags in [
+        &["--caption", "short"][..],
+        &["--point", "cat"],
+        &["--detect", "cat"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .arg("generate")
+            .args(flags)
+            .output()
+            .expect("run kestrel");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("--image"),
+            "{flags:?} needs an image: {stderr}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

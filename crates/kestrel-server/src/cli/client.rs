@@ -89,6 +89,8 @@ pub(crate) enum Outcome {
 pub(crate) async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outcome> {
     use pb::stream_generate_response::Event;
     let mut stdout = std::io::stdout();
+    // Whether text was printed (a point/detect stream prints whole lines).
+    let mut text = false;
     loop {
         let item = tokio::select! {
             item = stream.next() => item,
@@ -103,6 +105,7 @@ pub(crate) async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outc
             Some(Err(status)) => bail!("{}: {}", status.code(), status.message()),
             Some(Ok(msg)) => match msg.event {
                 Some(Event::Delta(d)) => {
+                    text |= !d.text.is_empty();
                     print!("{}", d.text);
                     stdout.flush()?;
                 }
@@ -110,8 +113,7 @@ pub(crate) async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outc
                     println!("{}", object_line(o.object));
                 }
                 Some(Event::Done(done)) => {
-                    // A point/detect stream printed whole lines.
-                    if done.points.is_empty() && done.boxes.is_empty() {
+                    if text {
                         println!();
                     }
                     return Ok(Outcome::Done(Box::new(done)));
