@@ -80,21 +80,25 @@ pub struct MoondreamRequest {
     pub stream: bool,
 }
 
-/// The Moondream API's names of the engine's fields.
+/// The Moondream API's names of the engine's fields, for a request to
+/// this skill.
 #[derive(Debug, Clone, Copy)]
-struct Names;
+struct Names(Skill);
 
 impl FieldNames for Names {
     fn param(&self, field: Field) -> String {
         match field {
+            // A skill the model lacks: a caption's length (a revision
+            // without the long template), else the skill itself (point or
+            // detect without a region module).
+            Field::Skill if self.0 == Skill::Caption => "length".into(),
             Field::Image => "image_url".into(),
             Field::Question | Field::Prompt => "question".into(),
             Field::Temperature => "settings.temperature".into(),
             Field::TopP => "settings.top_p".into(),
             Field::MaxNewTokens => "settings.max_tokens".into(),
             Field::MaxObjects => "settings.max_objects".into(),
-            // `object` and `skill` (a model without a region module) keep
-            // the engine's names.
+            // `object` and `skill` keep the engine's names.
             other => other.to_string(),
         }
     }
@@ -228,29 +232,29 @@ pub fn parse(skill: Skill, body: &[u8], served: &str) -> Result<MoondreamRequest
 pub(super) async fn run(app: &App, req: MoondreamRequest) -> Response {
     let mut streams = match crate::service::submit_samples(&app.engine, req.request).await {
         Ok(s) => s,
-        Err(e) => return ApiError::engine(&e, &Names).into_response(),
+        Err(e) => return ApiError::engine(&e, &Names(req.skill)).into_response(),
     };
     let stream = streams.remove(0);
     if req.stream {
         let (tx, rx) = mpsc::channel(32);
-        tokio::spawn(pump(stream, tx));
+        tokio::spawn(pump(stream, tx, Names(req.skill)));
         let events = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
         return Sse::new(events).into_response();
     }
-    match finish(stream).await {
+    match finish(stream, Names(req.skill)).await {
         Ok(resp) => json_response(StatusCode::OK, &answer(req.skill, &resp)),
         Err(e) => e.into_response(),
     }
 }
 
 /// Runs a request to its end.
-async fn finish(mut s: GenerationStream) -> Result<GenerateResponse, ApiError> {
+async fn finish(mut s: GenerationStream, names: Names) -> Result<GenerateResponse, ApiError> {
     loop {
         match s.next().await {
             Some(Ok(StreamEvent::Delta { .. } | StreamEvent::Object(_))) => {}
             Some(Ok(StreamEvent::Done(resp))) => return done(resp),
-            Some(Err(e)) => return Err(ApiError::engine(&e, &Names)),
-            None => return Err(ApiError::engine(&EngineError::Stopped, &Names)),
+            Some(Err(e)) => return Err(ApiError::engine(&e, &names)),
+            None => return Err(ApiError::engine(&EngineError::Stopped, &names)),
         }
     }
 }
@@ -309,7 +313,7 @@ fn usage(resp: &GenerateResponse) -> Value {
 /// Feeds a stream's text to `tx` as `chunk` events, then the `completed`
 /// one. Returns (dropping the engine stream, which aborts the request) as
 /// soon as the client is gone.
-async fn pump(mut s: GenerationStream, tx: mpsc::Sender<Event>) {
+async fn pump(mut s: GenerationStream, tx: mpsc::Sender<Event>, names: Names) {
     loop {
         let item = tokio::select! {
             item = s.next() => item,
@@ -334,8 +338,8 @@ async fn pump(mut s: GenerationStream, tx: mpsc::Sender<Event>) {
                 }),
                 Err(e) => failed(&e),
             },
-            Some(Err(e)) => failed(&ApiError::engine(&e, &Names)),
-            None => failed(&ApiError::engine(&EngineError::Stopped, &Names)),
+            Some(Err(e)) => failed(&ApiError::engine(&e, &names)),
+            None => failed(&ApiError::engine(&EngineError::Stopped, &names)),
         };
         let last = event["completed"] == true;
         if tx
@@ -402,6 +406,54 @@ mod tests {
         );
     }
 
+    #[test]
+    fn point_and_detect_map_object_and_max_objects() {
+        for (skill, want) in [
+            (
+                Skill::Point,
+                VisionTask::Point {
+                    object: "cat".into(),
+                    max_objects: Some(4),
+                },
+            ),
+            (
+                Skill::Detect,
+                VisionTask::Detect {
+                    object: "cat".into(),
+                    max_objects: Some(4),
+                },
+            ),
+        ] {
+            let r = parse_json(
+                skill,
+                json!({"object": "cat", "image_url": PNG_B64,
+                       "settings": {"max_objects": 4, "temperature": 0}}),
+            )
+            .unwrap();
+            assert!(!r.stream);
+            assert_eq!(r.request.sampling.temperature, Some(0.0));
+            let Prompt::Vision { task, .. } = r.request.input else {
+                panic!("a vision prompt")
+            };
+            assert_eq!(task, want);
+            // Without settings: the engine's default max_objects.
+            let r = parse_json(skill, json!({"object": "cat", "image_url": PNG_B64})).unwrap();
+            let Prompt::Vision { task, .. } = r.request.input else {
+                panic!("a vision prompt")
+            };
+            assert!(matches!(
+                task,
+                VisionTask::Point {
+                    max_objects: None,
+                    ..
+                } | VisionTask::Detect {
+                    max_objects: None,
+                    ..
+                }
+            ));
+        }
+    }
+
     /// Each refusal names its field.
     #[test]
     fn refusals_name_the_field() {
@@ -445,6 +497,28 @@ mod tests {
                 json!({"question": "q", "image_url": img, "extra": 1}),
                 "extra",
             ),
+            (Skill::Point, json!({"image_url": img}), "object"),
+            (
+                Skill::Detect,
+                json!({"image_url": img, "object": 3}),
+                "object",
+            ),
+            (
+                Skill::Detect,
+                json!({"image_url": img, "object": "cat", "stream": true}),
+                "stream",
+            ),
+            (
+                Skill::Point,
+                json!({"image_url": img, "object": "cat", "spatial_refs": []}),
+                "spatial_refs",
+            ),
+            (
+                Skill::Point,
+                json!({"image_url": img, "object": "cat", "settings": {"max_objects": "many"}}),
+                "settings",
+            ),
+            (Skill::Detect, json!({"object": "cat"}), "image_url"),
         ];
         for (skill, body, param) in cases {
             let e = parse_json(skill, body.clone()).unwrap_err();
@@ -466,11 +540,19 @@ mod tests {
                 field: Field::TopP,
                 message: "must be in (0, 1], got 2".into(),
             },
-            &Names,
+            &Names(Skill::Query),
         );
         assert_eq!(e.param.as_deref(), Some("settings.top_p"));
-        assert_eq!(Names.param(Field::Image), "image_url");
-        assert_eq!(Names.param(Field::Question), "question");
-        assert_eq!(Names.param(Field::MaxNewTokens), "settings.max_tokens");
+        let names = Names(Skill::Query);
+        assert_eq!(names.param(Field::Image), "image_url");
+        assert_eq!(names.param(Field::Question), "question");
+        assert_eq!(names.param(Field::MaxNewTokens), "settings.max_tokens");
+        assert_eq!(Names(Skill::Point).param(Field::Object), "object");
+        assert_eq!(
+            Names(Skill::Detect).param(Field::MaxObjects),
+            "settings.max_objects"
+        );
+        assert_eq!(Names(Skill::Detect).param(Field::Skill), "skill");
+        assert_eq!(Names(Skill::Caption).param(Field::Skill), "length");
     }
 }
