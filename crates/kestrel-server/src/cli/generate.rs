@@ -17,6 +17,7 @@ use crate::cli::engine::EngineArgs;
 use crate::cli::sampling::SamplingArgs;
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("spatial").args(["point", "detect"])))]
 pub(crate) struct GenerateArgs {
     /// The prompt (raw text, the user turn with --chat, or the question
     /// about the image with --image).
@@ -61,7 +62,7 @@ pub(crate) struct GenerateArgs {
     )]
     detect: Option<String>,
     /// The most points or boxes (1 to 256) [default: 50].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", requires = "spatial")]
     max_objects: Option<u32>,
     /// Print finish reason, token counts and speed to stderr.
     #[arg(long)]
