@@ -5,7 +5,9 @@
 //! the float64 NumPy loop's (`moondream_spatial.py`, exact numerics),
 //! unary and streamed (one `StreamEvent::Object` per object, in order,
 //! the final `objects` the same), alone and all four batched beside a
-//! text request whose tokens are those it gets alone. Bad input is refused
+//! text request whose tokens are those it gets alone; two samples (`n`)
+//! each give the reference's boxes, and a stream aborted after its first
+//! object ends with only complete objects and holds no KV page. Bad input is refused
 //! before any work, naming its field: a blank object, `max_objects` 0 or
 //! past `MAX_OBJECTS`, a text-only option; and a checkpoint without a
 //! region model refuses both skills naming `skill` and the model, while
@@ -27,7 +29,7 @@ use common::{kv_released, rt, until_objects};
 use kestrel_engine::validate::{DEFAULT_MAX_OBJECTS, MAX_OBJECTS};
 use kestrel_engine::{
     Constraint, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
-    ModelSource, Numerics, Prompt, VisionTask,
+    ModelSource, Numerics, Prompt, SpatialResult, StreamEvent, VisionTask,
 };
 use kestrel_model::vision::{PreparedImage, RgbImage};
 use kestrel_skills::{SpatialIds, SpatialKind};
@@ -186,6 +188,55 @@ fn points_and_boxes_served_match_the_numpy_reference() {
                 "case {i}, batched"
             );
         }
+        // Two samples (n = 2) of a greedy detect: each the reference's.
+        let detect = &cases[1];
+        let mut two = engine
+            .stream_samples(GenerateRequest {
+                n: Some(2),
+                ..detect.0.clone()
+            })
+            .expect("n = 2 accepted");
+        for (i, s) in two.iter_mut().enumerate() {
+            let r = until_objects(s).await;
+            assert_eq!(
+                (r.index, r.objects.as_ref()),
+                (i as u32, Some(&detect.1.objects))
+            );
+        }
+        // Aborted after its first object: the stream ends with `Abort` and
+        // the complete objects so far (a prefix of the reference's, never a
+        // half-decoded one), and every KV page comes back.
+        let mut s = engine.stream(detect.0.clone()).expect("accepted");
+        let mut streamed = Vec::new();
+        let end = loop {
+            match s.next_event().await.expect("terminal").expect("no error") {
+                StreamEvent::Object(o) => {
+                    streamed.push(o);
+                    s.abort();
+                }
+                StreamEvent::Delta { .. } => panic!("a detect request streamed text"),
+                StreamEvent::Done(r) => break r,
+            }
+        };
+        let SpatialResult::Boxes(want) = &detect.1.objects else {
+            unreachable!("a detect case")
+        };
+        let Some(SpatialResult::Boxes(got)) = &end.objects else {
+            panic!("boxes: {end:?}")
+        };
+        assert!(
+            !got.is_empty() && want.starts_with(got),
+            "{got:?} vs {want:?}"
+        );
+        assert_eq!(
+            streamed.len(),
+            got.len(),
+            "the objects streamed are the final ones"
+        );
+        if got.len() < want.len() {
+            assert_eq!(end.finish_reason, FinishReason::Abort);
+        }
+        kv_released(&engine).await;
         // The default max_objects (the seed system's 50) leaves room for
         // what the reference found under 3 (a prefix of it, or all).
         let r = engine
