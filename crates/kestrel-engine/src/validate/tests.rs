@@ -273,3 +273,77 @@ fn constraint_shapes() {
         Field::Choice(1)
     );
 }
+
+/// A point/detect request's object and `max_objects`, and what it may not
+/// combine with, each refused naming its field (no model needed).
+#[test]
+fn point_and_detect_rules() {
+    use crate::request::{Constraint, GenerateRequest, Prompt, VisionTask};
+    let point = |object: &str, max_objects| VisionTask::Point {
+        object: object.into(),
+        max_objects,
+    };
+    let detect = |object: &str, max_objects| VisionTask::Detect {
+        object: object.into(),
+        max_objects,
+    };
+    for ok in [
+        point("cat", None),
+        detect("red ball", Some(1)),
+        point("x", Some(MAX_OBJECTS)),
+    ] {
+        vision::check_task(&ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+    }
+    for (bad, field, message) in [
+        (
+            point("", None),
+            Field::Object,
+            "must not be empty".to_string(),
+        ),
+        (
+            detect(" \t\n", Some(3)),
+            Field::Object,
+            "must not be empty".into(),
+        ),
+        (
+            point("cat", Some(0)),
+            Field::MaxObjects,
+            "must be in [1, 256], got 0".into(),
+        ),
+        (
+            detect("cat", Some(MAX_OBJECTS + 1)),
+            Field::MaxObjects,
+            format!("must be in [1, 256], got {}", MAX_OBJECTS + 1),
+        ),
+    ] {
+        assert_eq!(
+            field_of(vision::check_task(&bad)),
+            (field, message),
+            "{bad:?}"
+        );
+    }
+    let spatial = GenerateRequest {
+        input: Prompt::Vision {
+            image: Vec::new(),
+            task: point("cat", None),
+        },
+        ..GenerateRequest::text("", 8)
+    };
+    vision::check_spatial_request(&spatial).unwrap();
+    let cases: [(fn(&mut GenerateRequest), Field); 6] = [
+        (|r| r.stop = vec!["a".into()], Field::Stop),
+        (|r| r.stop_token_ids = vec![1], Field::StopTokenIds),
+        (|r| r.ignore_eos = true, Field::Stop),
+        (|r| r.min_tokens = 1, Field::MinTokens),
+        (
+            |r| r.constraint = Some(Constraint::Regex("a".into())),
+            Field::Constraint,
+        ),
+        (|r| r.sampling.logprobs = true, Field::TopLogprobs),
+    ];
+    for (set, field) in cases {
+        let mut r = spatial.clone();
+        set(&mut r);
+        assert_eq!(field_of(vision::check_spatial_request(&r)).0, field);
+    }
+}
