@@ -330,7 +330,8 @@ fn point_and_detect_rules() {
         ..GenerateRequest::text("", 8)
     };
     vision::check_spatial_request(&spatial).unwrap();
-    let cases: [(fn(&mut GenerateRequest), Field); 6] = [
+    type Set = fn(&mut GenerateRequest);
+    let cases: [(Set, Field); 6] = [
         (|r| r.stop = vec!["a".into()], Field::Stop),
         (|r| r.stop_token_ids = vec![1], Field::StopTokenIds),
         (|r| r.ignore_eos = true, Field::Stop),
