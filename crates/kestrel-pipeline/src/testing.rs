@@ -291,12 +291,21 @@ pub fn sim_sample(seed: u64, position: usize, vocab: usize, mask: Option<&[u32]>
     }
 }
 
+/// The tokens the simulated spatial stage decodes values for: those below
+/// this (as a real stage decodes them only for its spatial ids); every
+/// other token's are zeros, so a sequence of such tokens keeps none.
+pub const SIM_VALUED: TokenId = 32;
+
 /// The simulated spatial stage: the values decoded beside `token` sampled
 /// at `position` by the request with `seed`, a pure function of the three
-/// (so values handed to the wrong token, row or position show), coordinate
-/// coordinate in `[0, 1)` and sizes in `(0, 1]` (the ranges a spatial
-/// skill accepts), multiples of 2^-16.
+/// (so values handed to the wrong token, row or position show): for a
+/// token below [`SIM_VALUED`], a coordinate in `[0, 1)` and sizes in
+/// `(0, 1]` (the ranges a spatial skill accepts), multiples of 2^-16;
+/// zeros for any other token.
 pub fn sim_values(seed: u64, position: usize, token: TokenId) -> TokenValues {
+    if token >= SIM_VALUED {
+        return TokenValues::default();
+    }
     let h = mix(seed ^ mix(position as u64 ^ (u64::from(token) << 32)));
     let bits = |shift: u32| ((h >> shift) & 0xffff) as f32;
     TokenValues {
