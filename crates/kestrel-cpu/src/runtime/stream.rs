@@ -412,7 +412,7 @@ impl ComputeStream {
                         // ids take their committed values' encodings, as
                         // the decode steps after them did; after any image
                         // rows, which come before them.
-                        let generated_from = (p.prompt_len - p.generated) as usize;
+                        let generated_from = p.prompt_len.saturating_sub(p.generated) as usize;
                         if let (Some(sp), Some(v), true) =
                             (&mut self.spatial, &self.vision, end > generated_from)
                         {
