@@ -12,7 +12,11 @@
 //! requests in one batch beside a text request that speculates (they join
 //! it once it drafts, so steps that verify drafts carry the spatial rows'
 //! encoded inputs too), whose tokens are those it gets alone, without
-//! drafts.
+//! drafts. Then the same again in caches small enough that point and
+//! detect sequences are preempted part-way through their objects and
+//! prefilled again with the coordinate and size ids they generated, which
+//! the runtime embeds from the values committed with them
+//! (`PrefillInput::generated_values`): the same tokens, points and boxes.
 //!
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
@@ -139,13 +143,43 @@ fn objects(kind: SpatialKind, coords: &[u32], sizes: &[Vec<u32>]) -> SpatialResu
     }
 }
 
-/// What a run gave: each case's output, the text request's tokens, and
-/// the draft tokens the loop verified.
+/// What a run gave: each case's output, the text request's tokens, the
+/// draft tokens the loop verified and its preemptions.
 struct Run {
     spatial: Vec<SpatialOutput>,
     text: Vec<TokenId>,
     drafts: u64,
+    preemptions: u64,
 }
+
+/// The KV cache of a run: pages and tokens a page.
+#[derive(Debug, Clone, Copy)]
+struct Kv {
+    num_pages: usize,
+    page_size: usize,
+}
+
+/// Caches of 4-token pages a few pages above what the longest request
+/// needs alone (768 tokens), so that growing sequences run out and the
+/// youngest are preempted mid-object (2 to 3 preemptions in each mode).
+/// Embedding a re-prefill's generated coordinate and size ids from the
+/// token table instead of their values fails every run at these sizes.
+const TIGHT: [Kv; 2] = [
+    Kv {
+        num_pages: 196,
+        page_size: 4,
+    },
+    Kv {
+        num_pages: 198,
+        page_size: 4,
+    },
+];
+
+/// A cache that never runs short for these requests.
+const ROOMY: Kv = Kv {
+    num_pages: 512,
+    page_size: 16,
+};
 
 /// Every case's output through one runtime, all submitted together with a
 /// text request (speculating when `speculate`).
@@ -155,14 +189,15 @@ fn run(
     cases: &[Case],
     mode: PipelineMode,
     speculate: bool,
+    kv: Kv,
 ) -> Run {
     let cfg = CpuRuntimeConfig {
         threads: 2,
         numerics: Numerics::Exact,
         step: StepConfig {
             max_rows: 4,
-            num_pages: 512,
-            page_size: 16,
+            num_pages: kv.num_pages,
+            page_size: kv.page_size,
             max_seq_len: 1024,
             max_draft_tokens: 16,
             ..StepConfig::default()
@@ -239,7 +274,7 @@ fn run(
         outs.push(out);
     }
     assert_eq!(engine.run_until_idle(), Tick::Idle);
-    let drafts = engine.stats().draft_tokens;
+    let (drafts, preemptions) = (engine.stats().draft_tokens, engine.stats().preemptions);
     let spatial = outs
         .iter()
         .map(|o| o.lock().unwrap().take().expect("resolved"))
@@ -249,11 +284,12 @@ fn run(
         spatial,
         text,
         drafts,
+        preemptions,
     }
 }
 
 #[test]
-fn points_and_boxes_match_the_numpy_reference_pipelined_and_blocking() {
+fn points_and_boxes_match_the_numpy_reference_pipelined_blocking_and_preempted() {
     // A seed whose x stages do not all choose EOS at once (11,
     // A's query seed, stops every case before its first object).
     let Some((python, dir, ckpt)) =
@@ -357,16 +393,32 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_and_blocking() {
     assert!(found >= 2, "the seed must give objects to compare: {found}");
 
     // The text request alone (no spatial case, no drafts): its reference.
-    let alone = run(&model, &image, &[], PipelineMode::Blocking, false);
+    let alone = run(&model, &image, &[], PipelineMode::Blocking, false, ROOMY);
     assert_eq!(alone.text.len(), TEXT_TOKENS as usize);
     for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
-        let r = run(&model, &image, &cases, mode, true);
+        let r = run(&model, &image, &cases, mode, true, ROOMY);
         for (i, (case, out)) in cases.iter().zip(&r.spatial).enumerate() {
             assert_eq!(out.token_ids, case.want_tokens, "case {i} tokens, {mode:?}");
             assert_eq!(out.objects, case.want, "case {i} objects, {mode:?}");
         }
         assert_eq!(r.text, alone.text, "the text request beside them, {mode:?}");
         assert!(r.drafts > 0, "{mode:?}: no drafts for {:?}", r.text);
+        assert_eq!(r.preemptions, 0, "{mode:?}: the roomy cache preempted");
+    }
+    // A cache so small that the youngest sequences, point and detect ones
+    // part-way through their objects, are preempted and prefilled again
+    // with the coordinates and sizes they generated: the same results.
+    for kv in TIGHT {
+        for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
+            let r = run(&model, &image, &cases, mode, true, kv);
+            assert!(r.preemptions > 0, "{kv:?}, {mode:?}: nothing was preempted");
+            for (i, (case, out)) in cases.iter().zip(&r.spatial).enumerate() {
+                let at = format!("case {i}, {kv:?}, {mode:?}");
+                assert_eq!(out.token_ids, case.want_tokens, "{at}: tokens");
+                assert_eq!(out.objects, case.want, "{at}: objects");
+            }
+            assert_eq!(r.text, alone.text, "the text request, {kv:?}, {mode:?}");
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -65,6 +65,7 @@ fn prefill<E: Executor<Params = SamplingParams>>(
                 id: seqs[i].0,
                 prompt: seqs[i].1,
                 generated: seqs[i].2,
+                generated_values: &[],
                 params: &params,
                 max_len: seqs[i].1.len() + 64,
                 start: next[i].expect("live"),

@@ -24,8 +24,8 @@ pub type SlotId = usize;
 ///
 /// A sequence re-admitted after a preemption is prefilled again with its
 /// prompt and the tokens it had generated (`generated` of them, at the end
-/// of `prompt`): the step samples the token its next decode step would
-/// have, at the same position.
+/// of `prompt`, with their `generated_values`): the step samples the token
+/// its next decode step would have, at the same position.
 #[derive(Debug)]
 pub struct PrefillInput<'a, P> {
     pub id: RequestId,
@@ -35,6 +35,15 @@ pub struct PrefillInput<'a, P> {
     /// preemption (0 for a new request): the sampler's penalties count them
     /// as tokens it sampled.
     pub generated: usize,
+    /// The [`TokenValues`] committed with each of the `generated` tokens
+    /// (the spatial stage's, decoded when they were sampled), in order, or
+    /// empty when every one was the default (zeros; always for a new
+    /// request). A runtime with a spatial stage embeds a generated
+    /// coordinate or size id from its value, as the decode step after it
+    /// did, not from the token table: a value is decoded from the hidden
+    /// state before its token, so a forward over the tokens cannot
+    /// recompute it.
+    pub generated_values: &'a [TokenValues],
     /// Sampling parameters, opaque to the pipeline.
     pub params: &'a P,
     /// Tokens the sequence may hold in total (prompt + generated): a runtime
@@ -103,6 +112,25 @@ impl<P> PrefillInput<'_, P> {
         let end = start.saturating_add(self.max_tokens);
         let end = self.embeds.map_or(end, |e| e.chunk_end(start, end));
         end.min(self.prompt.len())
+    }
+
+    /// Whether `generated_values` fits the input: empty, or one per
+    /// generated token (a runtime refuses anything else before dispatch).
+    pub fn values_fit(&self) -> bool {
+        self.generated_values.is_empty()
+            || (self.generated_values.len() == self.generated
+                && self.generated <= self.prompt.len())
+    }
+
+    /// The values committed with the token at position `pos` of `prompt`:
+    /// a generated token's from `generated_values`, the default (zeros) for
+    /// a prompt token or when none were kept.
+    pub fn values_at(&self, pos: usize) -> TokenValues {
+        let first = self.prompt.len() - self.generated.min(self.prompt.len());
+        pos.checked_sub(first)
+            .and_then(|i| self.generated_values.get(i))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Whether the chunk starting at `start` reaches the prompt's end, so
@@ -464,6 +492,7 @@ mod tests {
             id: 1,
             prompt,
             generated: 0,
+            generated_values: &[],
             params: &(),
             max_len: prompt.len() + 4,
             start: PrefillStart::Admit,

@@ -1,8 +1,9 @@
 //! Requests and the scheduler's per-sequence data.
 //!
 //! A [`Request`] becomes a `Sequence` when it is accepted: its tokens
-//! (prompt, then committed), caps, sampling parameters, speculation state
-//! and skill, and its [`Lifecycle`] (phase and `inflight_refs`, see
+//! (prompt, then committed) and the spatial values committed with them (a
+//! re-admission embeds its coordinates and sizes from them), caps, sampling
+//! parameters, speculation state and skill, and its [`Lifecycle`] (phase and `inflight_refs`, see
 //! [`crate::phase`]), which only transitions change. The budget checks of
 //! `can_dispatch` read both.
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 
 use crate::phase::{Lifecycle, Phase, MAX_INFLIGHT_REFS};
 use crate::speculate::{DraftControl, NgramSpec};
-use crate::{RequestId, SequenceSkill, TokenId};
+use crate::{RequestId, SequenceSkill, TokenId, TokenValues};
 
 /// Prompt rows a runtime embeds from an input other than token ids (an
 /// image's tokens), opaque to the pipeline.
@@ -113,6 +114,13 @@ pub(crate) struct Sequence<P> {
     /// The prompt, then every committed token (a preempted sequence's
     /// re-admission prefills all of them).
     pub tokens: Vec<TokenId>,
+    /// The [`TokenValues`] committed with each generated token (one per
+    /// token past the prompt), or empty while every one was the default
+    /// (zeros): nothing for a text sequence. A re-admission passes them
+    /// ([`crate::PrefillInput::generated_values`]), since the runtime embeds
+    /// a generated spatial id from its value and cannot recompute it inside
+    /// one forward (a value is decoded from the hidden state before it).
+    pub values: Vec<TokenValues>,
     /// Its phase and in-flight steps, changed only by transitions.
     pub life: Lifecycle,
     pub max_new_tokens: u32,
@@ -145,6 +153,7 @@ impl<P> Sequence<P> {
             arrival,
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
+            values: Vec::new(),
             life: Lifecycle::new(),
             max_new_tokens: req.max_new_tokens,
             max_len,
@@ -173,6 +182,30 @@ impl<P> Sequence<P> {
     /// Tokens committed on the CPU (consumed by the skill).
     pub fn committed(&self) -> u32 {
         (self.tokens.len() - self.prompt_len) as u32
+    }
+
+    /// Appends a committed token and the values decoded beside it. The
+    /// values are kept from the first non-default one on (the earlier
+    /// generated tokens' filled in as the zeros they were), so `values`
+    /// stays empty for a sequence whose every value was zeros and an empty
+    /// list always means that.
+    pub fn push_committed(&mut self, token: TokenId, values: TokenValues) {
+        self.tokens.push(token);
+        if self.values.is_empty() && values != TokenValues::default() {
+            let earlier = self.committed() as usize - 1;
+            self.values
+                .reserve_exact(self.max_len.saturating_sub(self.prompt_len));
+            self.values.resize(earlier, TokenValues::default());
+            self.values.push(values);
+        } else if !self.values.is_empty() {
+            self.values.push(values);
+        }
+    }
+
+    /// The values of its generated tokens: one per generated token, or
+    /// empty when all were zeros (see [`Sequence::push_committed`]).
+    pub fn generated_values(&self) -> &[TokenValues] {
+        &self.values
     }
 
     /// Tokens that will exist once every in-flight step commits.
@@ -208,5 +241,54 @@ impl<P> Sequence<P> {
             .max_new_tokens
             .saturating_sub(self.committed() + u32::from(self.inflight_refs()) + 1);
         by_len.min(by_new as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::SimSkill;
+
+    fn seq(prompt_len: usize) -> Sequence<()> {
+        let (skill, _) = SimSkill::new(None, None);
+        let req = Request {
+            id: 1,
+            prompt: vec![1; prompt_len],
+            max_new_tokens: 8,
+            params: (),
+            speculate: None,
+            skill: Box::new(skill),
+            embeds: None,
+        };
+        Sequence::waiting(req, 0, prompt_len + 8, None)
+    }
+
+    fn v(coord: f32) -> TokenValues {
+        TokenValues {
+            coord,
+            size: [0.0; 2],
+        }
+    }
+
+    /// A text sequence keeps no values; the first non-default one makes
+    /// the list one per generated token, the earlier ones zeros (as they
+    /// were), and every later one is kept, zeros included.
+    #[test]
+    fn values_are_kept_from_the_first_non_default_one() {
+        let mut s = seq(3);
+        for t in [7, 8, 9] {
+            s.push_committed(t, TokenValues::default());
+        }
+        assert!(s.generated_values().is_empty());
+        assert_eq!(s.tokens, [1, 1, 1, 7, 8, 9]);
+        s.push_committed(5, v(0.5));
+        s.push_committed(5, v(0.0));
+        s.push_committed(6, v(0.25));
+        let zero = TokenValues::default();
+        assert_eq!(
+            s.generated_values(),
+            [zero, zero, zero, v(0.5), v(0.0), v(0.25)]
+        );
+        assert_eq!(s.generated_values().len(), s.committed() as usize);
     }
 }

@@ -11,7 +11,9 @@
 //! violations instead of trusting the loop. Its KV grows lazily, a page at a
 //! time, so a small cache makes the loop preempt; a re-admitted sequence
 //! must bring back exactly the tokens the device sampled for it (none lost
-//! or repeated). Pages are refcounted: a fork ([`PrefillStart::Fork`])
+//! or repeated), and each chunk of a re-prefill must bring the values it
+//! decoded beside those tokens ([`PrefillInput::generated_values`], which a
+//! runtime embeds a spatial id from). Pages are refcounted: a fork ([`PrefillStart::Fork`])
 //! shares its parent's full prompt pages, which must hold the fork's
 //! prompt, and [`SimExecutor::used_pages`] counts each page once, so a leak
 //! of any reference shows. A prompt with a bidirectional prefix
@@ -99,11 +101,13 @@ struct SimSeq {
     shared: usize,
 }
 
-/// Every token sampled for a request so far, across preemptions.
+/// Every token sampled for a request so far, across preemptions, and the
+/// values decoded beside each.
 #[derive(Debug, Default)]
 struct SimHistory {
     prompt_len: usize,
     sampled: Vec<TokenId>,
+    values: Vec<TokenValues>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -223,6 +227,28 @@ impl SimExecutor {
         }
     }
 
+    /// Check that the chunk `start..end` of `input` brings, for each
+    /// generated token it computes, the values decoded beside that token
+    /// when it was sampled (what a runtime embeds a spatial id from), and
+    /// that its values fit (none, or one per generated token).
+    fn check_values(&mut self, input: &PrefillInput<'_, SimParams>, start: usize, end: usize) {
+        let Some(h) = self.history.get(&input.id) else {
+            return;
+        };
+        let mut wrong = !input.values_fit();
+        for pos in start.max(h.prompt_len)..end {
+            let want = h.values.get(pos - h.prompt_len).copied();
+            wrong |= want != Some(input.values_at(pos));
+        }
+        if wrong {
+            self.violations.push(format!(
+                "request {}: chunk {start}..{end} re-prefilled with values {:?} for {} \
+                 generated tokens, but the device decoded {:?}",
+                input.id, input.generated_values, input.generated, h.values
+            ));
+        }
+    }
+
     fn pages_for(&self, len: usize) -> usize {
         len.div_ceil(self.config.page_size)
     }
@@ -265,12 +291,21 @@ pub fn sim_sample(seed: u64, position: usize, vocab: usize, mask: Option<&[u32]>
     }
 }
 
+/// The tokens the simulated spatial stage decodes values for: those below
+/// this (as a real stage decodes them only for its spatial ids); every
+/// other token's are zeros, so a sequence of such tokens keeps none.
+pub const SIM_VALUED: TokenId = 32;
+
 /// The simulated spatial stage: the values decoded beside `token` sampled
 /// at `position` by the request with `seed`, a pure function of the three
-/// (so values handed to the wrong token, row or position show), coordinate
-/// coordinate in `[0, 1)` and sizes in `(0, 1]` (the ranges a spatial
-/// skill accepts), multiples of 2^-16.
+/// (so values handed to the wrong token, row or position show): for a
+/// token below [`SIM_VALUED`], a coordinate in `[0, 1)` and sizes in
+/// `(0, 1]` (the ranges a spatial skill accepts), multiples of 2^-16;
+/// zeros for any other token.
 pub fn sim_values(seed: u64, position: usize, token: TokenId) -> TokenValues {
+    if token >= SIM_VALUED {
+        return TokenValues::default();
+    }
     let h = mix(seed ^ mix(position as u64 ^ (u64::from(token) << 32)));
     let bits = |shift: u32| ((h >> shift) & 0xffff) as f32;
     TokenValues {
@@ -398,6 +433,7 @@ impl Executor for SimExecutor {
                         h.prompt_len = input.prompt.len();
                         // Sampling then records without allocating.
                         h.sampled.reserve(input.max_len - input.prompt.len());
+                        h.values.reserve(input.max_len - input.prompt.len());
                     } else {
                         let tail = input.prompt.len().checked_sub(input.generated);
                         if tail != Some(h.prompt_len)
@@ -435,6 +471,7 @@ impl Executor for SimExecutor {
                     }
                     self.take_pages(input.id, input.prompt.len().div_ceil(page_size) - shared);
                     self.check_chunk(input, from, end);
+                    self.check_values(input, from, end);
                     end
                 }
                 PrefillStart::Resume(start) => {
@@ -455,6 +492,7 @@ impl Executor for SimExecutor {
                     seq.kv.truncate(start);
                     seq.kv.extend_from_slice(&input.prompt[seq.kv.len()..end]);
                     self.check_chunk(input, start, end);
+                    self.check_values(input, start, end);
                     end
                 }
             };
@@ -578,9 +616,11 @@ impl Executor for SimExecutor {
             loop {
                 s.host_tokens.push(t);
                 s.host_logprobs.push(-(t as f32) / 64.0);
-                s.host_values.push(sim_values(seed, pos + accepted, t));
+                let values = sim_values(seed, pos + accepted, t);
+                s.host_values.push(values);
                 if let Some(h) = self.history.get_mut(&id) {
                     h.sampled.push(t);
+                    h.values.push(values);
                 }
                 if accepted == d.len() || d[accepted] != t {
                     break;

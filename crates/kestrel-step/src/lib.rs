@@ -456,6 +456,7 @@ mod tests {
             id,
             prompt,
             generated: 0,
+            generated_values: &[],
             params,
             max_len: 32,
             start,

@@ -12,7 +12,9 @@
 //! (admission, chunk planning with undo, the drafts check), as on CUDA.
 //! KV is taken lazily: a sequence is admitted with its prompt's pages and
 //! grows a page at a time ([`Executor::grow`]); a preempted sequence's
-//! written pages go to the prefix cache before its row is freed. With a
+//! written pages go to the prefix cache before its row is freed (its
+//! re-prefill embeds the coordinate and size ids it generated from the
+//! values committed with them, `PrefillInput::generated_values`). With a
 //! vision model ([`CpuRuntime::with_vision`]) a prefill row may carry an
 //! image's rows ([`kestrel_pipeline::PromptEmbeds`]): encoded on the
 //! compute stream inside that step, cached by content (`images`).
@@ -106,6 +108,14 @@ pub enum RuntimeError {
     /// model, not a prepared image, or rows the projector does not give).
     #[error("request {id}: {reason}")]
     ImageRows { id: RequestId, reason: String },
+    /// A re-admission whose generated values are neither none nor one per
+    /// generated token ([`PrefillInput::values_fit`]).
+    #[error("request {id}: {values} values for {generated} generated tokens (none, or one each)")]
+    GeneratedValues {
+        id: RequestId,
+        values: usize,
+        generated: usize,
+    },
 }
 
 const NUM_SLOTS: usize = 2;
@@ -415,6 +425,13 @@ impl Executor for CpuRuntime {
     ) -> Result<(), ExecError<RuntimeError>> {
         for input in seqs {
             self.check_embeds(input).map_err(ExecError::PreDispatch)?;
+            if !input.values_fit() {
+                return Err(ExecError::PreDispatch(RuntimeError::GeneratedValues {
+                    id: input.id,
+                    values: input.generated_values.len(),
+                    generated: input.generated,
+                }));
+            }
         }
         let mut meta = self
             .take_meta(slot, StepKind::Prefill)
@@ -428,6 +445,7 @@ impl Executor for CpuRuntime {
                 params: input.params.clone(),
                 prompt_len: input.prompt.len() as u32,
                 generated: input.generated as u32,
+                generated_values: input.generated_values.to_vec(),
                 embeds: input.embeds.cloned(),
             });
         }

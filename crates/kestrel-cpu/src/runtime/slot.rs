@@ -22,6 +22,10 @@ pub(crate) struct PrefillRow {
     /// The prompt's last tokens that the sequence generated before a
     /// preemption: penalties count them as sampled tokens.
     pub generated: u32,
+    /// The values committed with those generated tokens (one each), or
+    /// empty when all were zeros: a generated `coord_id` / `size_id` is
+    /// embedded from its value ([`kestrel_pipeline::PrefillInput::generated_values`]).
+    pub generated_values: Vec<TokenValues>,
     /// Prompt rows embedded from an image (its input checked at launch to
     /// be a `PreparedImage` the runtime's vision model takes).
     pub embeds: Option<PromptEmbeds>,

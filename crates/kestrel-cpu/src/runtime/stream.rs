@@ -116,6 +116,11 @@ pub(crate) struct ComputeStream {
     vision: Option<Box<ImageRows>>,
     /// A chunk's embedded rows (indices into the chunk).
     embedded: Vec<u32>,
+    /// A re-prefill chunk's generated spatial rows (indices into the
+    /// chunk), and its embedded rows' inputs when it has both those and
+    /// image rows.
+    spatial_rows: Vec<u32>,
+    merged: Vec<f32>,
     /// The region model's stage, once a vision model with one arrived.
     spatial: Option<SpatialStage>,
     /// Per token sampled this step: its logits row, and its sequence's
@@ -164,6 +169,8 @@ impl ComputeStream {
             chunk_last: Vec::with_capacity(1),
             vision: None,
             embedded: Vec::new(),
+            spatial_rows: Vec::new(),
+            merged: Vec::new(),
             spatial: None,
             sampled_rows: Vec::with_capacity(max_batch),
             sampled_seqs: Vec::with_capacity(max_batch),
@@ -393,7 +400,7 @@ impl ComputeStream {
                             self.scratch = Scratch::new(&self.model, end - start, context);
                         }
                         self.embedded.clear();
-                        let embeds = match &image {
+                        let mut embeds = match &image {
                             Some((e, t)) if start.max(e.start) < end.min(e.start + e.len) => {
                                 let (a, b) = (start.max(e.start), end.min(e.start + e.len));
                                 self.embedded.extend((a..b).map(|pos| (pos - start) as u32));
@@ -401,6 +408,33 @@ impl ComputeStream {
                             }
                             _ => &[][..],
                         };
+                        // A re-admission's generated coordinate and size
+                        // ids take their committed values' encodings, as
+                        // the decode steps after them did; after any image
+                        // rows, which come before them.
+                        let generated_from = p.prompt_len.saturating_sub(p.generated) as usize;
+                        if let (Some(sp), Some(v), true) =
+                            (&mut self.spatial, &self.vision, end > generated_from)
+                        {
+                            let pending = (start.max(generated_from)..end).map(|pos| {
+                                let values = p.generated_values.get(pos - generated_from);
+                                (
+                                    (pos - start) as u32,
+                                    prompt[pos],
+                                    values.copied().unwrap_or_default(),
+                                )
+                            });
+                            let run = self.model.vision_run();
+                            let coded =
+                                sp.inputs(run, region_of(v)?, pending, &mut self.spatial_rows)?;
+                            if !coded.is_empty() {
+                                self.merged.clear();
+                                self.merged.extend_from_slice(embeds);
+                                self.merged.extend_from_slice(coded);
+                                self.embedded.extend_from_slice(&self.spatial_rows);
+                                embeds = &self.merged;
+                            }
+                        }
                         let npages = end.div_ceil(page_size);
                         self.chunk_indptr.clear();
                         self.chunk_indptr.extend([0, npages as u32]);

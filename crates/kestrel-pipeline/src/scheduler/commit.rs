@@ -1,7 +1,7 @@
 //! Completing a launched step: sampling (with the masks its constrained
 //! members need, built by [`crate::masks::MaskBuilder`]) and the commit,
-//! which owns the only wait on the device, consumes tokens into skills,
-//! finalizes, and releases or evicts what no step references any more.
+//! which owns the only wait on the device, consumes tokens (and the
+//! values decoded beside them) into skills and the sequence, finalizes, and releases or evicts what no step references any more.
 
 use super::{Fatal, Scheduler, SchedulerFault};
 use crate::executor::{Executor, SlotId};
@@ -88,7 +88,7 @@ impl<P> Scheduler<P> {
                         coord: values.coord,
                         size: values.size,
                     };
-                    seq.tokens.push(token.token);
+                    seq.push_committed(token.token, values);
                     self.stats.committed_tokens += 1;
                     reason = match seq.skill.consume(&token) {
                         Verdict::Stop(reason) => Some(reason),

@@ -137,13 +137,15 @@ impl<P> Scheduler<P> {
     }
 
     /// The prefill input of sequence `idx`: its tokens so far (the generated
-    /// ones counted for penalties), from where its phase says.
+    /// ones counted for penalties, with the values committed beside them),
+    /// from where its phase says.
     fn prefill_input(&self, idx: SeqIdx, max_tokens: usize) -> PrefillInput<'_, P> {
         let seq = self.seq(idx);
         PrefillInput {
             id: seq.id,
             prompt: &seq.tokens,
             generated: seq.committed() as usize,
+            generated_values: seq.generated_values(),
             params: &seq.params,
             max_len: seq.max_len,
             start: match (seq.phase(), seq.fork_of) {
