@@ -33,6 +33,9 @@ use crate::runtime::backend::{
     QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
     VerifyInputs,
 };
+use crate::runtime::backend::{
+    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, SpatialEmbed, SpatialValues,
+};
 use crate::CudaError;
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -361,7 +364,8 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
             m.slice::<u32>(a.slot_mapping, n)?.to_vec(),
         )
     };
-    let table_len = (max_u32(&pos) + 1) * hd;
+    let rot = a.rotary_dim;
+    let table_len = (max_u32(&pos) + 1) * rot;
     let cache_len = (max_u32(&slots) + 1) * kvd;
     let mut ranges = vec![
         (a.qkv, n * a.stride * 4),
@@ -396,8 +400,8 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
         reference::rope_kv_append(
             &mut row[..width],
             (a.num_q_heads, a.num_k_heads),
-            hd,
-            &table[p as usize * hd..(p as usize + 1) * hd],
+            (hd, rot),
+            &table[p as usize * rot..(p as usize + 1) * rot],
             a.interleaved,
             norm,
             (&mut kc[dst.clone()], &mut vc[dst]),
@@ -579,6 +583,211 @@ pub(crate) fn softcap(m: &HostMemory, a: &Softcap) -> Result<(), CudaError> {
     let x = unsafe { m.slice_mut::<f32>(a.x, a.len)? };
     x.iter_mut()
         .for_each(|v| *v = reference::softcap(*v, a.cap));
+    Ok(())
+}
+
+pub(crate) fn add_layer_norm(m: &HostMemory, a: &AddLayerNorm) -> Result<(), CudaError> {
+    let (h, n) = (a.hidden, a.n);
+    let out_row = out_rows(m, a.out_row, n)?;
+    let out_rows_n = out_row.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+    let mut ranges = vec![
+        (a.x, n * h * 4),
+        (a.w, h * 4),
+        (a.b, h * 4),
+        (a.out, out_rows_n * h * 2),
+    ];
+    if a.delta != 0 {
+        ranges.push((a.delta, n * h * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: x and out are disjoint from each other and the read-only
+    // inputs (checked above).
+    let (x, w, b, out) = unsafe {
+        (
+            m.slice_mut::<f32>(a.x, n * h)?,
+            m.slice::<f32>(a.w, h)?,
+            m.slice::<f32>(a.b, h)?,
+            m.slice_mut::<f16>(a.out, out_rows_n * h)?,
+        )
+    };
+    let delta = if a.delta != 0 {
+        // SAFETY: read-only, disjoint from the outputs (checked above).
+        Some(unsafe { m.slice::<f32>(a.delta, n * h)? })
+    } else {
+        None
+    };
+    let mut row = vec![0f32; h];
+    for (i, xr) in x.chunks_exact_mut(h).enumerate() {
+        let d = delta.map(|d| &d[i * h..(i + 1) * h]);
+        reference::add_layer_norm(xr, d, (w, b), a.eps, &mut row);
+        if let Ok(o) = usize::try_from(out_row[i]) {
+            out[o * h..(o + 1) * h].convert_from_f32_slice(&row);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn add_f32(m: &HostMemory, a: &AddF32) -> Result<(), CudaError> {
+    disjoint(&[(a.x, a.len * 4), (a.y, a.len * 4)])?;
+    // SAFETY: x is disjoint from y (checked above).
+    let (x, y) = unsafe { (m.slice_mut::<f32>(a.x, a.len)?, m.slice::<f32>(a.y, a.len)?) };
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+    Ok(())
+}
+
+pub(crate) fn bias_gelu(m: &HostMemory, a: &BiasGelu) -> Result<(), CudaError> {
+    let (f, n) = (a.f, a.n);
+    let mut ranges = vec![(a.y, n * f * 4), (a.out, n * f * 2)];
+    if a.b != 0 {
+        ranges.push((a.b, f * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: the output is disjoint from the inputs (checked above).
+    let (y, out) = unsafe {
+        (
+            m.slice::<f32>(a.y, n * f)?,
+            m.slice_mut::<f16>(a.out, n * f)?,
+        )
+    };
+    let b = if a.b != 0 {
+        // SAFETY: read-only, disjoint from the output (checked above).
+        Some(unsafe { m.slice::<f32>(a.b, f)? })
+    } else {
+        None
+    };
+    for (yr, or) in y.chunks_exact(f).zip(out.chunks_exact_mut(f)) {
+        for (j, (&v, o)) in yr.iter().zip(or).enumerate() {
+            let v = b.map_or(v, |b| v + b[j]);
+            *o = f16::from_f32(reference::gelu_tanh(v));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn spatial_values(m: &HostMemory, a: &SpatialValues) -> Result<(), CudaError> {
+    let n = a.n;
+    let (cb, sb) = (a.coord_bins, a.size_bins);
+    // SAFETY: read-only, copied out before any write.
+    let tokens = unsafe { m.slice::<u32>(a.tokens, n) }?.to_vec();
+    let rows = if a.rows != 0 {
+        // SAFETY: as above.
+        Some(unsafe { m.slice::<u32>(a.rows, n) }?.to_vec())
+    } else {
+        None
+    };
+    let pending_len = rows.as_deref().map_or(0, |r| (max_u32(r) + 1) * 3);
+    disjoint(&[
+        (a.coord_logits, n * cb * 4),
+        (a.size_logits, n * 2 * sb * 4),
+        (a.size_table, sb * 4),
+        (a.values, n * 3 * 4),
+        (a.pending, pending_len * 4),
+    ])?;
+    // SAFETY: the outputs are disjoint from each other and the inputs
+    // (checked above).
+    let (cl, sl, table, values) = unsafe {
+        (
+            m.slice::<f32>(a.coord_logits, n * cb)?,
+            m.slice::<f32>(a.size_logits, n * 2 * sb)?,
+            m.slice::<f32>(a.size_table, sb)?,
+            m.slice_mut::<f32>(a.values, n * 3)?,
+        )
+    };
+    let mut pending = match rows {
+        // SAFETY: as above.
+        Some(_) => Some(unsafe { m.slice_mut::<f32>(a.pending, pending_len)? }),
+        None => None,
+    };
+    for i in 0..n {
+        let v = reference::spatial_values(
+            tokens[i],
+            (&cl[i * cb..(i + 1) * cb], &sl[i * 2 * sb..(i + 1) * 2 * sb]),
+            table,
+            (a.coord_id, a.size_id),
+        );
+        values[i * 3..i * 3 + 3].copy_from_slice(&v);
+        if let (Some(p), Some(r)) = (pending.as_deref_mut(), rows.as_deref()) {
+            let r = r[i] as usize;
+            p[r * 3..r * 3 + 3].copy_from_slice(&v);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn fourier_features(m: &HostMemory, a: &FourierFeatures) -> Result<(), CudaError> {
+    let n = a.n;
+    let (ch, sh) = (a.coord_half, a.size_half);
+    let rows: Vec<usize> = if a.rows != 0 {
+        // SAFETY: read-only, copied out before any write.
+        let r = unsafe { m.slice::<u32>(a.rows, n) }?;
+        r.iter().map(|&r| r as usize).collect()
+    } else {
+        (0..n).collect()
+    };
+    let values_len = rows.iter().map(|r| (r + 1) * 3).max().unwrap_or(0);
+    disjoint(&[
+        (a.values, values_len * 4),
+        (a.coord_w, ch * 4),
+        (a.size_w, 2 * sh * 4),
+        (a.coord_feats, n * 2 * ch * 2),
+        (a.size_feats, n * 2 * sh * 2),
+    ])?;
+    // SAFETY: the outputs are disjoint from each other and the inputs
+    // (checked above).
+    let (values, cw, sw, cf, sf) = unsafe {
+        (
+            m.slice::<f32>(a.values, values_len)?,
+            m.slice::<f32>(a.coord_w, ch)?,
+            m.slice::<f32>(a.size_w, 2 * sh)?,
+            m.slice_mut::<f16>(a.coord_feats, n * 2 * ch)?,
+            m.slice_mut::<f16>(a.size_feats, n * 2 * sh)?,
+        )
+    };
+    for (i, &r) in rows.iter().enumerate() {
+        let v = [values[r * 3], values[r * 3 + 1], values[r * 3 + 2]];
+        let (c, s) = reference::fourier_features(v, cw, sw);
+        cf[i * 2 * ch..(i + 1) * 2 * ch].convert_from_f32_slice(&c);
+        sf[i * 2 * sh..(i + 1) * 2 * sh].convert_from_f32_slice(&s);
+    }
+    Ok(())
+}
+
+pub(crate) fn spatial_embed(m: &HostMemory, a: &SpatialEmbed) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let tokens: Vec<u32> = if a.rows != 0 {
+        // SAFETY: read-only, copied out before any write.
+        let rows = unsafe { m.slice::<u32>(a.rows, n) }?.to_vec();
+        let len = max_u32(&rows) + 1;
+        // SAFETY: as above.
+        let t = unsafe { m.slice::<u32>(a.tokens, len) }?;
+        rows.iter().map(|&r| t[r as usize]).collect()
+    } else {
+        // SAFETY: as above.
+        unsafe { m.slice::<u32>(a.tokens, n) }?.to_vec()
+    };
+    disjoint(&[
+        (a.x, n * h * 4),
+        (a.coord_emb, n * h * 4),
+        (a.size_emb, n * h * 4),
+    ])?;
+    // SAFETY: x is disjoint from both sources (checked above).
+    let (x, ce, se) = unsafe {
+        (
+            m.slice_mut::<f32>(a.x, n * h)?,
+            m.slice::<f32>(a.coord_emb, n * h)?,
+            m.slice::<f32>(a.size_emb, n * h)?,
+        )
+    };
+    for (i, &t) in tokens.iter().enumerate() {
+        let src = if t == a.coord_id {
+            ce
+        } else if t == a.size_id {
+            se
+        } else {
+            continue;
+        };
+        x[i * h..(i + 1) * h].copy_from_slice(&src[i * h..(i + 1) * h]);
+    }
     Ok(())
 }
 

@@ -9,7 +9,12 @@
 //! RoPE table per distinct layer RoPE (frequency factors, linear scaling,
 //! local base), sliding windows and the attention scale (attention's
 //! arguments), post-attention / post-FFN norms of the sublayer outputs,
-//! GELU-tanh (`gelu_mul*`), and the final logit softcap. A matmul of up to
+//! GELU-tanh (`gelu_mul*`), and the final logit softcap; Phi's block
+//! (`Family::Phi`, Moondream's text model): LayerNorm with bias
+//! (`add_layer_norm`), the FFN reading the attention norm's output
+//! (parallel block: `x += attn` by `add_f32`, then `x += mlp` at the next
+//! norm, the CPU's order), partial rotary (`rotary_dim`), the projections'
+//! and LM head's biases (`add_bias`), an ungated FFN (`bias_gelu`). A matmul of up to
 //! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
 //! activations (quantized fused into the norm / SwiGLU that produces them);
 //! larger ones dequantize the weight tile by tile to f16 for the GEMM.
@@ -24,9 +29,10 @@ use half::f16;
 use kestrel_model::{Activation, DType, LayerRope, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
-    EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H,
-    ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
+    AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu, CountTokens, DequantF16,
+    DevMem, Device, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap,
+    Swiglu, SwigluQ8,
 };
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
@@ -100,7 +106,10 @@ struct Needs {
 
 struct Layer<D: Device> {
     attn_norm: D::Buf,
-    ffn_norm: D::Buf,
+    /// LayerNorm's bias (Phi); `None`: RMSNorm.
+    attn_norm_bias: Option<D::Buf>,
+    /// `None` for a parallel block (its FFN reads the attention norm's output).
+    ffn_norm: Option<D::Buf>,
     /// Per-head q/k RMSNorm weights (Qwen3, Gemma 3).
     qk_norm: Option<(D::Buf, D::Buf)>,
     /// Norms of the attention / FFN outputs before their residual adds (Gemma).
@@ -113,6 +122,10 @@ struct Layer<D: Device> {
     qkv: Proj<D>,
     bqkv: Option<D::Buf>,
     wo: Proj<D>,
+    /// The O projection's bias, the ungated FFN's `fc1` and `fc2` biases (Phi).
+    bo: Option<D::Buf>,
+    b_up: Option<D::Buf>,
+    b_down: Option<D::Buf>,
     gate_up: Proj<D>,
     down: Proj<D>,
 }
@@ -174,6 +187,11 @@ pub(crate) struct DeviceModel<D: Device> {
     attn_part: D::Buf,
     attn_splits: usize,
     output_norm: D::Buf,
+    /// The final LayerNorm's bias and the LM head's bias (Phi).
+    output_norm_bias: Option<D::Buf>,
+    lm_head_bias: Option<D::Buf>,
+    /// Dimensions RoPE rotates per head (`head_dim` but for partial rotary).
+    rotary_dim: usize,
     layers: Vec<Layer<D>>,
     /// One cos/sin table per distinct layer RoPE (global, local).
     ropes: Vec<D::Buf>,
@@ -220,16 +238,19 @@ impl<D: Device> DeviceModel<D> {
             )));
         }
         let fe = &c.features;
-        if fe.norm != kestrel_model::NormKind::Rms
-            || fe.parallel_block
-            || !fe.gated_ffn
-            || fe.linear_biases
-            || fe.rotary_dim.is_some()
+        let layer_norm = fe.norm == kestrel_model::NormKind::Layer;
+        let rotary_dim = fe.rotary_dim.unwrap_or(c.head_dim);
+        // kestrel-cpu's block: a LayerNorm model is a parallel one (its
+        // FFN norm is RMS otherwise), an ungated FFN is GELU-tanh.
+        if (layer_norm && !fe.parallel_block)
+            || (!fe.gated_ffn && fe.activation != Activation::GeluTanh)
+            || rotary_dim > c.head_dim
+            || !rotary_dim.is_multiple_of(2)
         {
             return Err(CudaError::Unsupported(format!(
-                "the {} block (LayerNorm, parallel attention and FFN, ungated FFN, \
-                 output biases, partial rotary); kestrel-cpu runs it",
-                c.architecture
+                "the {} block (LayerNorm without a parallel block, an ungated FFN \
+                 without GELU-tanh, or rotary_dim {rotary_dim} of head_dim {})",
+                c.architecture, c.head_dim
             )));
         }
         if w.layers.len() != c.num_layers {
@@ -269,7 +290,7 @@ impl<D: Device> DeviceModel<D> {
             let rope = match rope_specs.iter().position(same) {
                 Some(r) => r,
                 None => {
-                    ropes.push(d.upload(&rope_table_of(&lr, max_pos, c.head_dim))?);
+                    ropes.push(d.upload(&rope_table_of(&lr, max_pos, rotary_dim))?);
                     rope_specs.push(lr);
                     rope_specs.len() - 1
                 }
@@ -309,12 +330,39 @@ impl<D: Device> DeviceModel<D> {
             } else {
                 None
             };
+            let vector = |v: &Option<Vec<f32>>, what: &str, len: usize| match v {
+                Some(v) if v.len() == len => d.upload(v).map(Some),
+                Some(_) => Err(CudaError::Unsupported(format!(
+                    "layer {i}: {what} not {len} floats"
+                ))),
+                None => Ok(None),
+            };
+            let attn_norm_bias = vector(&l.attn_norm_bias, "attn_norm_bias", c.hidden_size)?;
+            if layer_norm != attn_norm_bias.is_some() {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {i}: a LayerNorm needs its bias (and an RMSNorm has none)"
+                )));
+            }
+            let bo = vector(&l.bo, "bo", c.hidden_size)?;
+            let b_up = vector(&l.b_up, "b_up", c.intermediate_size)?;
+            let b_down = vector(&l.b_down, "b_down", c.hidden_size)?;
+            if b_up.is_some() && l.w_gate.is_some() {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {i}: an FFN bias on a gated FFN"
+                )));
+            }
+            let ffn_norm = if fe.parallel_block {
+                None
+            } else {
+                Some(d.upload(&l.ffn_norm)?)
+            };
             let [qkv, wo, gate_up, down] = layer_projections(l);
             let what = format!("layer {}", layers.len());
             let mut up = |mats: &[&Matrix]| Proj::upload(&d, &what, mats, &mut weight_bytes);
             layers.push(Layer {
                 attn_norm: d.upload(&l.attn_norm)?,
-                ffn_norm: d.upload(&l.ffn_norm)?,
+                attn_norm_bias,
+                ffn_norm,
                 qk_norm,
                 post_attn_norm,
                 post_ffn_norm,
@@ -323,6 +371,9 @@ impl<D: Device> DeviceModel<D> {
                 qkv: up(&qkv)?,
                 bqkv,
                 wo: up(&wo)?,
+                bo,
+                b_up,
+                b_down,
                 gate_up: up(&gate_up)?,
                 down: up(&down)?,
             });
@@ -341,6 +392,18 @@ impl<D: Device> DeviceModel<D> {
             .any(|p| p.dtype != DType::F16);
         let tile = d.alloc(if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
         let output_norm = d.upload(&w.output_norm)?;
+        let head_vector = |v: &Option<Vec<f32>>, what: &str, len: usize| match v {
+            Some(v) if v.len() == len => d.upload(v).map(Some),
+            Some(_) => Err(CudaError::Unsupported(format!("{what} not {len} floats"))),
+            None => Ok(None),
+        };
+        let output_norm_bias = head_vector(&w.output_norm_bias, "output_norm_bias", c.hidden_size)?;
+        if layer_norm != output_norm_bias.is_some() {
+            return Err(CudaError::Unsupported(
+                "the final LayerNorm needs its bias (and an RMSNorm has none)".into(),
+            ));
+        }
+        let lm_head_bias = head_vector(&w.lm_head_bias, "lm_head_bias", c.vocab_size)?;
         // Decode attention: every row's ranges at the longest context, for
         // the widest decode step (a row per KV row but the reserved one).
         // Written by the split pass before the merge reads it.
@@ -369,6 +432,9 @@ impl<D: Device> DeviceModel<D> {
             attn_part,
             attn_splits,
             output_norm,
+            output_norm_bias,
+            lm_head_bias,
+            rotary_dim,
             layers,
             ropes,
             k_cache,
@@ -460,17 +526,35 @@ impl<D: Device> DeviceModel<D> {
         })
     }
 
-    /// add + RMSNorm of `n` rows into what `need` asks for: f16 rows in
-    /// `out`, int8 blocks in `self.xq` (fused when only they are needed).
+    /// add + RMSNorm (LayerNorm when `w` comes with a bias) of `n` rows
+    /// into what `need` asks for: f16 rows in `out`, int8 blocks in
+    /// `self.xq` (fused when only they are needed, RMSNorm only).
     fn norm_into(
         &self,
         x: u64,
         delta: u64,
-        w: u64,
+        (w, bias): (u64, Option<&D::Buf>),
         out: u64,
         n: usize,
         need: Needs,
     ) -> Result<(), CudaError> {
+        if let Some(b) = bias {
+            self.d.add_layer_norm(AddLayerNorm {
+                x,
+                delta,
+                w,
+                b: b.ptr(),
+                out,
+                out_row: 0,
+                hidden: self.cfg.hidden_size,
+                eps: self.cfg.rms_norm_eps,
+                n,
+            })?;
+            if need.q8 {
+                self.quantize_q8(out, self.cfg.hidden_size, n)?;
+            }
+            return Ok(());
+        }
         if need.f16 || !need.q8 {
             self.add_rms_norm(x, delta, w, out, 0, n)?;
             if need.q8 {
@@ -528,10 +612,15 @@ impl<D: Device> DeviceModel<D> {
             })?;
         }
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
+        let h = c.hidden_size;
+        let parallel = c.features.parallel_block;
         for (l, lw) in self.layers.iter().enumerate() {
             let delta = if l == 0 { 0 } else { a.delta };
-            let need = lw.qkv.needs(n);
-            self.norm_into(a.x, delta, lw.attn_norm.ptr(), a.xn, n, need)?;
+            let mut need = lw.qkv.needs(n);
+            // A parallel block's FFN reads the norm's f16 rows too.
+            need.f16 |= parallel;
+            let norm = (lw.attn_norm.ptr(), lw.attn_norm_bias.as_ref());
+            self.norm_into(a.x, delta, norm, a.xn, n, need)?;
             self.matmul(a.qkv, &lw.qkv.parts, lw.qkv.out, a.xn, n)?;
             if let Some(bias) = &lw.bqkv {
                 d.add_bias(AddBias {
@@ -550,9 +639,11 @@ impl<D: Device> DeviceModel<D> {
                 num_q_heads: c.num_heads,
                 num_k_heads: c.num_kv_heads,
                 head_dim: hd,
+                rotary_dim: self.rotary_dim,
                 table: self.ropes[lw.rope].ptr(),
                 pos: a.positions,
-                interleaved: c.rope_style == RopeStyle::Interleaved,
+                // Partial rotary is half-split (kestrel-cpu's `rope_partial`).
+                interleaved: c.rope_style == RopeStyle::Interleaved && self.rotary_dim == hd,
                 q_norm: lw.qk_norm.as_ref().map_or(0, |(q, _)| q.ptr()),
                 k_norm: lw.qk_norm.as_ref().map_or(0, |(_, k)| k.ptr()),
                 eps: c.rms_norm_eps,
@@ -590,22 +681,79 @@ impl<D: Device> DeviceModel<D> {
                 self.quantize_q8(a.attn, lw.wo.inp, n)?;
             }
             self.matmul(a.delta, &lw.wo.parts, lw.wo.out, a.attn, n)?;
+            self.bias(a.delta, lw.bo.as_ref(), h, n)?;
             self.post_norm(a.delta, lw.post_attn_norm.as_ref(), n)?;
             let need = lw.gate_up.needs(n);
-            self.norm_into(a.x, a.delta, lw.ffn_norm.ptr(), a.xn, n, need)?;
+            match &lw.ffn_norm {
+                Some(ffn_norm) => {
+                    self.norm_into(a.x, a.delta, (ffn_norm.ptr(), None), a.xn, n, need)?
+                }
+                None => {
+                    // Parallel: x += attn now; the FFN reads the attention
+                    // norm's rows, still in `xn`.
+                    d.add_f32(AddF32 {
+                        x: a.x,
+                        y: a.delta,
+                        len: n * h,
+                    })?;
+                    if need.q8 {
+                        self.quantize_q8(a.xn, h, n)?;
+                    }
+                }
+            }
             self.matmul(a.gate_up, &lw.gate_up.parts, lw.gate_up.out, a.xn, n)?;
-            self.act_mul(a.gate_up, a.act, lw.down.needs(n), n)?;
+            if lw.gate_up.parts.len() == 1 && lw.gate_up.out == c.intermediate_size {
+                // Ungated (Phi's fc1): gelu_tanh(up x + b_up).
+                d.bias_gelu(BiasGelu {
+                    y: a.gate_up,
+                    b: lw.b_up.as_ref().map_or(0, |b| b.ptr()),
+                    out: a.act,
+                    f: c.intermediate_size,
+                    n,
+                })?;
+                if lw.down.needs(n).q8 {
+                    self.quantize_q8(a.act, c.intermediate_size, n)?;
+                }
+            } else {
+                self.act_mul(a.gate_up, a.act, lw.down.needs(n), n)?;
+            }
             self.matmul(a.delta, &lw.down.parts, lw.down.out, a.act, n)?;
+            self.bias(a.delta, lw.b_down.as_ref(), h, n)?;
             self.post_norm(a.delta, lw.post_ffn_norm.as_ref(), n)?;
         }
-        self.add_rms_norm(
-            a.x,
-            a.delta,
-            self.output_norm.ptr(),
-            a.hidden_last,
-            a.out_row,
+        match &self.output_norm_bias {
+            Some(b) => d.add_layer_norm(AddLayerNorm {
+                x: a.x,
+                delta: a.delta,
+                w: self.output_norm.ptr(),
+                b: b.ptr(),
+                out: a.hidden_last,
+                out_row: a.out_row,
+                hidden: h,
+                eps: c.rms_norm_eps,
+                n,
+            }),
+            None => self.add_rms_norm(
+                a.x,
+                a.delta,
+                self.output_norm.ptr(),
+                a.hidden_last,
+                a.out_row,
+                n,
+            ),
+        }
+    }
+
+    /// `y[i] += b` for `n` rows of `d` (a projection's bias), if any.
+    fn bias(&self, y: u64, b: Option<&D::Buf>, d: usize, n: usize) -> Result<(), CudaError> {
+        let Some(b) = b else { return Ok(()) };
+        self.d.add_bias(AddBias {
+            y,
+            b: b.ptr(),
+            stride: d,
+            d,
             n,
-        )
+        })
     }
 
     /// `act(gate) * up` of `n` rows into what `need` asks for: f16 rows in
@@ -687,6 +835,7 @@ impl<D: Device> DeviceModel<D> {
             self.quantize_q8(hidden_last, self.cfg.hidden_size, n)?;
         }
         self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)?;
+        self.bias(logits, self.lm_head_bias.as_ref(), self.cfg.vocab_size, n)?;
         if let Some(cap) = self.cfg.features.final_logit_softcap {
             self.d.softcap(Softcap {
                 x: logits,
