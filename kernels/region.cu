@@ -16,6 +16,7 @@
 //   sampled token; `spatial_embed` picks).
 // - `spatial_embed`: the rows whose input token is `coord_id` / `size_id`
 //   take their encoder's output row instead of the token embedding.
+// - `hidden_f16`: the decoders' input rows (the f32 residual stream to f16).
 
 // Whether (bv, bi) comes before (av, ai) in argmax order: a NaN first, then
 // the larger value, then the lower index; index -1 is "none" (last).
@@ -136,4 +137,18 @@ extern "C" __global__ void spatial_embed(float* __restrict__ x, const float* __r
     if (!src) return;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
         x[(size_t)i * hidden + j] = src[(size_t)i * hidden + j];
+}
+
+// The hidden state the region decoders read (the residual stream after
+// the last block, before the final norm) as f16 GEMM rows: row i of `x` to
+// row `out_row[i]` of `out` (negative: none; null: identity), as the final
+// norm routes a prefill's sampled rows.
+extern "C" __global__ void hidden_f16(const float* __restrict__ x, const int* __restrict__ out_row,
+                                      h16* __restrict__ out, int hidden, int n) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    int o = out_row ? out_row[i] : i;
+    if (o < 0) return;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        out[(size_t)o * hidden + j] = f2h(x[(size_t)i * hidden + j]);
 }

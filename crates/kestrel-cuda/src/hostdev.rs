@@ -37,9 +37,9 @@ pub use crate::hostdev_sample::{sample_row, SampleRow};
 use crate::runtime::backend::{
     AcceptDrafts, AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu, CountTokens,
     DequantF16, DevMem, Device, DraftCounts, EmbedGather, EmbedGatherQ, FourierFeatures, GeluMul,
-    GeluMulQ8, Gemm, HostMem, Mmvq, PagedAttention, Plain, PrefillAttention, QuantizeQ8H,
-    ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap, SpatialEmbed,
-    SpatialValues, Stream, Swiglu, SwigluQ8, VerifyInputs,
+    GeluMulQ8, Gemm, HiddenF16, HostMem, Mmvq, PagedAttention, Plain, PrefillAttention,
+    QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap,
+    SpatialEmbed, SpatialValues, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -154,6 +154,7 @@ enum Op {
     SpatialValues(SpatialValues),
     FourierFeatures(FourierFeatures),
     SpatialEmbed(SpatialEmbed),
+    HiddenF16(HiddenF16),
     ResetCounts(ResetCounts),
     CountTokens(CountTokens),
     VerifyInputs(VerifyInputs),
@@ -433,6 +434,7 @@ impl HostDevice {
             Op::SpatialValues(a) => k::spatial_values(m, a),
             Op::FourierFeatures(a) => k::fourier_features(m, a),
             Op::SpatialEmbed(a) => k::spatial_embed(m, a),
+            Op::HiddenF16(a) => k::hidden_f16(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
             Op::CountTokens(a) => k::count_tokens(m, a),
             Op::VerifyInputs(a) => k::verify_inputs(m, a),
@@ -695,6 +697,9 @@ impl Device for HostDevice {
     }
     fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError> {
         self.submit(Op::SpatialEmbed(a))
+    }
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError> {
+        self.submit(Op::HiddenF16(a))
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))

@@ -34,7 +34,7 @@ use crate::runtime::backend::{
     VerifyInputs,
 };
 use crate::runtime::backend::{
-    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, SpatialEmbed, SpatialValues,
+    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed, SpatialValues,
 };
 use crate::CudaError;
 
@@ -787,6 +787,26 @@ pub(crate) fn spatial_embed(m: &HostMemory, a: &SpatialEmbed) -> Result<(), Cuda
             continue;
         };
         x[i * h..(i + 1) * h].copy_from_slice(&src[i * h..(i + 1) * h]);
+    }
+    Ok(())
+}
+
+pub(crate) fn hidden_f16(m: &HostMemory, a: &HiddenF16) -> Result<(), CudaError> {
+    let (n, h) = (a.n, a.hidden);
+    let out_row = out_rows(m, a.out_row, n)?;
+    let out_n = out_row.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+    disjoint(&[(a.x, n * h * 4), (a.out, out_n * h * 2)])?;
+    // SAFETY: out is disjoint from x (checked above).
+    let (x, out) = unsafe {
+        (
+            m.slice::<f32>(a.x, n * h)?,
+            m.slice_mut::<f16>(a.out, out_n * h)?,
+        )
+    };
+    for (i, &o) in out_row.iter().enumerate() {
+        if let Ok(o) = usize::try_from(o) {
+            out[o * h..(o + 1) * h].convert_from_f32_slice(&x[i * h..(i + 1) * h]);
+        }
     }
     Ok(())
 }

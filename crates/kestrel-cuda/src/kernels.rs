@@ -72,7 +72,12 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!("gemma.cu", ["scale_f32", "softcap"]),
     kernel!(
         "region.cu",
-        ["spatial_values", "fourier_features", "spatial_embed"]
+        [
+            "spatial_values",
+            "fourier_features",
+            "spatial_embed",
+            "hidden_f16"
+        ]
     ),
     kernel!(
         "quant.cu",
@@ -153,6 +158,7 @@ pub const BLOCK_THREADS: &[(&str, u32)] = &[
     ("spatial_values", SPATIAL_THREADS),
     ("fourier_features", 256),
     ("spatial_embed", 256),
+    ("hidden_f16", 256),
     ("scale_f32", 256),
     ("softcap", 256),
     ("mmvq_q4_0_r1", MMVQ_WARPS * 32),

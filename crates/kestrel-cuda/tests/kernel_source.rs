@@ -708,6 +708,29 @@ fn spatial_stage_kernels_are_their_reference_bit_for_bit() {
     assert_same(&out[2], &cf, 2, "coordinate features");
     assert_same(&out[3], &sf, 2, "size features");
     assert_same(&out[4], &f32_bytes(&want_x), 4, "spatial_embed");
+
+    // hidden_f16: rows 0 and 2 of 3 to rows 1 and 0, row 1 dropped.
+    let xs = Rng(58).vec(3 * hidden, 4.0);
+    let out_row: Vec<u8> = [1i32, -1, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let args = ["hidden_f16".to_owned(), hidden.to_string(), "3".to_owned()];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("xs.bin", f32_bytes(&xs)), ("out_row.bin", out_row)],
+        &["h.bin"],
+    );
+    let row = |i: usize| {
+        xs[i * hidden..(i + 1) * hidden]
+            .iter()
+            .map(|v| f16::from_f32(*v))
+    };
+    let want: Vec<u8> = row(2)
+        .chain(row(0))
+        .chain(std::iter::repeat_n(f16::ZERO, hidden))
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    assert_same(&out[0], &want, 2, "hidden_f16");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

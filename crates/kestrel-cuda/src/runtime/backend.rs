@@ -382,6 +382,17 @@ pub struct SpatialEmbed {
     pub n: usize,
 }
 
+/// `hidden_f16`: row i of the f32 rows `x` to row `out_row[i]` of `out`
+/// (f16; -1: none; `out_row` 0: identity).
+#[derive(Debug, Clone, Copy)]
+pub struct HiddenF16 {
+    pub x: u64,
+    pub out_row: u64,
+    pub out: u64,
+    pub hidden: usize,
+    pub n: usize,
+}
+
 /// `reset_counts`: zero the penalty counts of the KV rows `rows[..n]`.
 #[derive(Debug, Clone, Copy)]
 pub struct ResetCounts {
@@ -561,6 +572,7 @@ pub trait Device: Send + Sized + 'static {
     fn spatial_values(&self, a: SpatialValues) -> Result<(), CudaError>;
     fn fourier_features(&self, a: FourierFeatures) -> Result<(), CudaError>;
     fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError>;
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
     fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
     fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError>;

@@ -21,7 +21,7 @@ use super::backend::{
     Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use super::backend::{
-    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, SpatialEmbed, SpatialValues,
+    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed, SpatialValues,
 };
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
@@ -740,6 +740,16 @@ impl Device for CudaDevice {
         b.arg(&h).arg(&n);
         // SAFETY: matches `spatial_embed`; x and both embeddings hold n rows
         // of hidden floats, tokens cover every row's (indirect) index.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("hidden_f16"));
+        b.arg(&a.x).arg(&a.out_row).arg(&a.out).arg(&h).arg(&n);
+        // SAFETY: matches `hidden_f16`; x holds n rows of hidden floats,
+        // out every row out_row names (or n), out_row 0 or n entries.
         unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
         Ok(())
     }

@@ -14,7 +14,8 @@
 //! (`add_layer_norm`), the FFN reading the attention norm's output
 //! (parallel block: `x += attn` by `add_f32`, then `x += mlp` at the next
 //! norm, the CPU's order), partial rotary (`rotary_dim`), the projections'
-//! and LM head's biases (`add_bias`), an ungated FFN (`bias_gelu`). A matmul of up to
+//! and LM head's biases (`add_bias`), an ungated FFN (`bias_gelu`);
+//! Moondream's region model and spatial stage live in `region.rs`. A matmul of up to
 //! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
 //! activations (quantized fused into the norm / SwiGLU that produces them);
 //! larger ones dequantize the weight tile by tile to f16 for the GEMM.
@@ -34,6 +35,7 @@ use super::backend::{
     PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap,
     Swiglu, SwigluQ8,
 };
+use super::region::DeviceRegion;
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
@@ -44,7 +46,7 @@ use crate::CudaError;
 
 /// One device matrix of a projection, in its file's encoding: `rows`
 /// output columns from `out_offset` (see `quant::PartPlan`).
-struct Part<D: Device> {
+pub(super) struct Part<D: Device> {
     dtype: DType,
     rows: usize,
     cols: usize,
@@ -53,14 +55,19 @@ struct Part<D: Device> {
 }
 
 /// Matrices sharing one input and writing one output row of `out` values.
-struct Proj<D: Device> {
-    parts: Vec<Part<D>>,
-    out: usize,
-    inp: usize,
+pub(super) struct Proj<D: Device> {
+    pub(super) parts: Vec<Part<D>>,
+    pub(super) out: usize,
+    pub(super) inp: usize,
 }
 
 impl<D: Device> Proj<D> {
-    fn upload(d: &D, what: &str, mats: &[&Matrix], bytes: &mut usize) -> Result<Self, CudaError> {
+    pub(super) fn upload(
+        d: &D,
+        what: &str,
+        mats: &[&Matrix],
+        bytes: &mut usize,
+    ) -> Result<Self, CudaError> {
         let mut parts = Vec::new();
         for p in plan_parts(what, mats)? {
             let data = part_bytes(&p, mats);
@@ -80,7 +87,7 @@ impl<D: Device> Proj<D> {
         })
     }
 
-    fn needs(&self, n: usize) -> Needs {
+    pub(super) fn needs(&self, n: usize) -> Needs {
         needs(&self.parts, n)
     }
 }
@@ -99,9 +106,9 @@ fn needs<D: Device>(parts: &[Part<D>], n: usize) -> Needs {
 
 /// Which forms of its input a projection reads.
 #[derive(Debug, Clone, Copy, Default)]
-struct Needs {
+pub(super) struct Needs {
     f16: bool,
-    q8: bool,
+    pub(super) q8: bool,
 }
 
 struct Layer<D: Device> {
@@ -180,8 +187,10 @@ pub(crate) struct DeviceModel<D: Device> {
     lm_head: Option<Proj<D>>,
     /// Int8 activations of up to `MMVQ_CROSSOVER_ROWS` rows (the widest input).
     xq: D::Buf,
+    xq_bytes: usize,
     /// The f16 tile non-f16 weights are dequantized into for the GEMM.
     tile: D::Buf,
+    tile_bytes: usize,
     /// Decode attention's key ranges (`PagedAttention::part`) for the
     /// widest decode step, and how many ranges a row takes at most.
     attn_part: D::Buf,
@@ -210,6 +219,9 @@ pub(crate) struct DeviceModel<D: Device> {
     /// The page past the pool that padding rows write to.
     pub trash_page: u32,
     pub weight_bytes: usize,
+    /// Moondream's region model and the spatial stage's state
+    /// (`runtime/region.rs`), once attached.
+    pub(super) region: Option<DeviceRegion<D>>,
     // Last: every buffer above is freed before the device goes.
     pub d: D,
 }
@@ -382,7 +394,8 @@ impl<D: Device> DeviceModel<D> {
         // them first, and the host device's poisoned `alloc` makes CI fail
         // if a change breaks that.
         let widest = c.hidden_size.max(qd).max(c.intermediate_size);
-        let xq = d.alloc(MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * Q8_BLOCK_BYTES)?;
+        let xq_bytes = MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * Q8_BLOCK_BYTES;
+        let xq = d.alloc(xq_bytes)?;
         let any_tiled = layers
             .iter()
             .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
@@ -390,7 +403,8 @@ impl<D: Device> DeviceModel<D> {
             .flat_map(|p| &p.parts)
             .chain([&embd].into_iter().filter(|_| c.tie_word_embeddings))
             .any(|p| p.dtype != DType::F16);
-        let tile = d.alloc(if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
+        let tile_bytes = if any_tiled { TILE_ELEMS * 2 } else { 0 };
+        let tile = d.alloc(tile_bytes)?;
         let output_norm = d.upload(&w.output_norm)?;
         let head_vector = |v: &Option<Vec<f32>>, what: &str, len: usize| match v {
             Some(v) if v.len() == len => d.upload(v).map(Some),
@@ -428,7 +442,9 @@ impl<D: Device> DeviceModel<D> {
             embd,
             lm_head,
             xq,
+            xq_bytes,
             tile,
+            tile_bytes,
             attn_part,
             attn_splits,
             output_norm,
@@ -446,6 +462,7 @@ impl<D: Device> DeviceModel<D> {
             page_size,
             trash_page: num_pages as u32,
             weight_bytes,
+            region: None,
             d,
         })
     }
@@ -454,7 +471,7 @@ impl<D: Device> DeviceModel<D> {
     /// columns of rows `out` apart), each on its `matmul_path`: `mmvq_*` on
     /// `self.xq` (written by the caller when `needs(..).q8`), the GEMM on
     /// the f16 rows `x16` and the f16 weight or its dequantized tiles.
-    fn matmul(
+    pub(super) fn matmul(
         &self,
         y: u64,
         parts: &[Part<D>],
@@ -516,8 +533,27 @@ impl<D: Device> DeviceModel<D> {
         Ok(())
     }
 
+    /// Grow the int8 activation scratch to `xq_bytes` and, when `tile` is
+    /// given, the dequantization tile to `tile` bytes (at load: nothing
+    /// captured reads them yet).
+    pub(super) fn grow_scratch(
+        &mut self,
+        xq_bytes: usize,
+        tile: Option<usize>,
+    ) -> Result<(), CudaError> {
+        if xq_bytes > self.xq_bytes {
+            self.xq = self.d.alloc(xq_bytes)?;
+            self.xq_bytes = xq_bytes;
+        }
+        if let Some(t) = tile.filter(|&t| t > self.tile_bytes) {
+            self.tile = self.d.alloc(t)?;
+            self.tile_bytes = t;
+        }
+        Ok(())
+    }
+
     /// f16 rows `x` (`cols` wide) to int8 blocks in `self.xq`.
-    fn quantize_q8(&self, x: u64, cols: usize, n: usize) -> Result<(), CudaError> {
+    pub(super) fn quantize_q8(&self, x: u64, cols: usize, n: usize) -> Result<(), CudaError> {
         self.d.quantize_q8_h(QuantizeQ8H {
             x,
             xq: self.xq.ptr(),
@@ -611,6 +647,8 @@ impl<D: Device> DeviceModel<D> {
                 len: n * c.hidden_size,
             })?;
         }
+        // Decode rows whose input is a coordinate or a size (Moondream).
+        self.spatial_inputs(a)?;
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
         let h = c.hidden_size;
         let parallel = c.features.parallel_block;

@@ -112,6 +112,14 @@ impl<D: Device> Runtime<D> {
         if n > 0 {
             self.dev.d.sample_rows(a).map_err(fatal)?;
         }
+        // The spatial stage (Moondream): each row's value for its sampled
+        // id, before step-done (not for a verifying step, docs/cuda.md).
+        let spatial = n > 0 && verify.is_none() && self.dev.spatial_ids().is_some();
+        if spatial {
+            self.dev
+                .spatial_values(s.out_tokens.ptr(), state.rows_ptr, s.out_values.ptr(), n)
+                .map_err(fatal)?;
+        }
         if let Some(v) = verify {
             self.dev
                 .d
@@ -152,6 +160,10 @@ impl<D: Device> Runtime<D> {
                     d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
                         .map_err(ExecError::Fatal)?;
                     d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
+                if spatial {
+                    d.dtoh(&mut r.values.as_mut_slice()[..n * 3], s.out_values.ptr())
                         .map_err(ExecError::Fatal)?;
                 }
                 if let Some(v) = verify {

@@ -23,6 +23,7 @@
 //           OUT_VALUES OUT_PENDING OUT_CF OUT_SF OUT_X
 //                                     spatial_values, fourier_features of the
 //                                     pending values, spatial_embed into X
+//   hidden_f16 HIDDEN N X OUT_ROW OUT  f16 rows of X routed by OUT_ROW (-1: none)
 //   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
 //                                     f16 rows of prefill_attention
 //   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
@@ -257,6 +258,15 @@ int main(int argc, char** argv) {
         spit(argv[23], cf);
         spit(argv[24], sf);
         spit(argv[25], x);
+        return 0;
+    }
+    if (mode == "hidden_f16" && argc == 7) {
+        int hidden = I(2), n = I(3);
+        std::vector<float> x = read_as<float>(argv[4]);
+        std::vector<int> out_row = read_as<int>(argv[5]);
+        std::vector<h16> out((size_t)n * hidden, 0);
+        launch({n, 1, 1}, 64, [&] { hidden_f16(x.data(), out_row.data(), out.data(), hidden, n); });
+        spit(argv[6], out);
         return 0;
     }
     if (mode == "prefill_attn" && argc == 18) {
