@@ -561,6 +561,22 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
         })
     ));
     assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
+    // Rows given as embeddings (an image): no vision encoder here.
+    let image = kestrel_pipeline::PromptEmbeds {
+        start: 1,
+        len: 8,
+        bidirectional_end: 9,
+        input: std::sync::Arc::new(()),
+    };
+    let with_image = PrefillInput {
+        embeds: Some(&image),
+        ..input(4)
+    };
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(5), with_image])),
+        CudaError::Unsupported(_)
+    ));
+    assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
     // Serving goes on: a prefill, then the decode refusals, then a decode.
     host.launch_prefill(0, &[input(3)]).unwrap();
     host.finalize_sampling(0, None).unwrap();
