@@ -17,6 +17,8 @@
 // - `spatial_embed`: the rows whose input token is `coord_id` / `size_id`
 //   take their encoder's output row instead of the token embedding.
 // - `hidden_f16`: the decoders' input rows (the f32 residual stream to f16).
+// - `accept_values`: a verifying step's members' pending values, from the
+//   row whose token `accept_drafts` made their pending token.
 
 // Whether (bv, bi) comes before (av, ai) in argmax order: a NaN first, then
 // the larger value, then the lower index; index -1 is "none" (last).
@@ -151,4 +153,19 @@ extern "C" __global__ void hidden_f16(const float* __restrict__ x, const int* __
     if (o < 0) return;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
         out[(size_t)o * hidden + j] = f2h(x[(size_t)i * hidden + j]);
+}
+
+// After `accept_drafts` of a verifying step: member i's pending values are
+// those of its last accepted row (`values[qo[i] + accepted[i] - 1]`), as
+// its pending token is that row's sampled token.
+extern "C" __global__ void accept_values(const u32* __restrict__ qo,
+                                         const u32* __restrict__ accepted,
+                                         const u32* __restrict__ kv_rows,
+                                         const float* __restrict__ values,
+                                         float* __restrict__ pending, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float* v = values + (size_t)(qo[i] + accepted[i] - 1) * 3;
+    float* p = pending + (size_t)kv_rows[i] * 3;
+    for (int k = 0; k < 3; k++) p[k] = v[k];
 }

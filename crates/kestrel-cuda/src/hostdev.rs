@@ -35,11 +35,11 @@ use kestrel_model::ModelWeights;
 use crate::hostdev_kernels as k;
 pub use crate::hostdev_sample::{sample_row, SampleRow};
 use crate::runtime::backend::{
-    AcceptDrafts, AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu, CountTokens,
-    DequantF16, DevMem, Device, DraftCounts, EmbedGather, EmbedGatherQ, FourierFeatures, GeluMul,
-    GeluMulQ8, Gemm, HiddenF16, HostMem, Mmvq, PagedAttention, Plain, PrefillAttention,
-    QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32, Softcap,
-    SpatialEmbed, SpatialValues, Stream, Swiglu, SwigluQ8, VerifyInputs,
+    AcceptDrafts, AcceptValues, AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu,
+    CountTokens, DequantF16, DevMem, Device, DraftCounts, EmbedGather, EmbedGatherQ,
+    FourierFeatures, GeluMul, GeluMulQ8, Gemm, HiddenF16, HostMem, Mmvq, PagedAttention, Plain,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32,
+    Softcap, SpatialEmbed, SpatialValues, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -155,6 +155,7 @@ enum Op {
     FourierFeatures(FourierFeatures),
     SpatialEmbed(SpatialEmbed),
     HiddenF16(HiddenF16),
+    AcceptValues(AcceptValues),
     ResetCounts(ResetCounts),
     CountTokens(CountTokens),
     VerifyInputs(VerifyInputs),
@@ -435,6 +436,7 @@ impl HostDevice {
             Op::FourierFeatures(a) => k::fourier_features(m, a),
             Op::SpatialEmbed(a) => k::spatial_embed(m, a),
             Op::HiddenF16(a) => k::hidden_f16(m, a),
+            Op::AcceptValues(a) => k::accept_values(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
             Op::CountTokens(a) => k::count_tokens(m, a),
             Op::VerifyInputs(a) => k::verify_inputs(m, a),
@@ -700,6 +702,9 @@ impl Device for HostDevice {
     }
     fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError> {
         self.submit(Op::HiddenF16(a))
+    }
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError> {
+        self.submit(Op::AcceptValues(a))
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))

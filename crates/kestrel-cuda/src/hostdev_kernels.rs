@@ -34,7 +34,8 @@ use crate::runtime::backend::{
     VerifyInputs,
 };
 use crate::runtime::backend::{
-    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed, SpatialValues,
+    AcceptValues, AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed,
+    SpatialValues,
 };
 use crate::CudaError;
 
@@ -807,6 +808,34 @@ pub(crate) fn hidden_f16(m: &HostMemory, a: &HiddenF16) -> Result<(), CudaError>
         if let Ok(o) = usize::try_from(o) {
             out[o * h..(o + 1) * h].convert_from_f32_slice(&x[i * h..(i + 1) * h]);
         }
+    }
+    Ok(())
+}
+
+pub(crate) fn accept_values(m: &HostMemory, a: &AcceptValues) -> Result<(), CudaError> {
+    let n = a.n;
+    // SAFETY: read-only, copied out before any write.
+    let (qo, acc, kv) = unsafe {
+        (
+            m.slice::<u32>(a.qo, n + 1)?.to_vec(),
+            m.slice::<u32>(a.accepted, n)?.to_vec(),
+            m.slice::<u32>(a.kv_rows, n)?.to_vec(),
+        )
+    };
+    let rows = qo[n] as usize;
+    let pending_len = (max_u32(&kv) + 1) * 3;
+    disjoint(&[(a.values, rows * 3 * 4), (a.pending, pending_len * 4)])?;
+    // SAFETY: pending is disjoint from values (checked above).
+    let (values, pending) = unsafe {
+        (
+            m.slice::<f32>(a.values, rows * 3)?,
+            m.slice_mut::<f32>(a.pending, pending_len)?,
+        )
+    };
+    for i in 0..n {
+        let r = (qo[i] + acc[i]) as usize - 1;
+        let k = kv[i] as usize;
+        pending[k * 3..k * 3 + 3].copy_from_slice(&values[r * 3..r * 3 + 3]);
     }
     Ok(())
 }

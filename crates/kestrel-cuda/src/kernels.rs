@@ -76,7 +76,8 @@ pub const SOURCES: &[KernelSource] = &[
             "spatial_values",
             "fourier_features",
             "spatial_embed",
-            "hidden_f16"
+            "hidden_f16",
+            "accept_values"
         ]
     ),
     kernel!(
@@ -159,6 +160,7 @@ pub const BLOCK_THREADS: &[(&str, u32)] = &[
     ("fourier_features", 256),
     ("spatial_embed", 256),
     ("hidden_f16", 256),
+    ("accept_values", 64),
     ("scale_f32", 256),
     ("softcap", 256),
     ("mmvq_q4_0_r1", MMVQ_WARPS * 32),

@@ -731,6 +731,32 @@ fn spatial_stage_kernels_are_their_reference_bit_for_bit() {
         .flat_map(|h| h.to_le_bytes())
         .collect();
     assert_same(&out[0], &want, 2, "hidden_f16");
+
+    // accept_values: members of 3, 1 and 2 rows accepting 2, 1 and 2, at
+    // KV rows 4, 1, 2 of 5.
+    let (qo, acc, kv) = ([0u32, 3, 4, 6], [2u32, 1, 2], [4u32, 1, 2]);
+    let vals = Rng(59).vec(6 * 3, 1.0);
+    let pend = Rng(60).vec(5 * 3, 1.0);
+    let args = ["accept_values".to_owned(), "3".to_owned()];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("qo.bin", u32_bytes(&qo)),
+            ("acc.bin", u32_bytes(&acc)),
+            ("kv.bin", u32_bytes(&kv)),
+            ("vals.bin", f32_bytes(&vals)),
+            ("pend.bin", f32_bytes(&pend)),
+        ],
+        &["pend_out.bin"],
+    );
+    let mut want = pend.clone();
+    for i in 0..3 {
+        let (r, k) = ((qo[i] + acc[i] - 1) as usize, kv[i] as usize);
+        want[k * 3..k * 3 + 3].copy_from_slice(&vals[r * 3..r * 3 + 3]);
+    }
+    assert_same(&out[0], &f32_bytes(&want), 4, "accept_values");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -11,11 +11,15 @@
 //! inside the decode graph (`fourier_features`, the encoders,
 //! `spatial_embed`).
 //!
+//! Run twice: alone, and beside a text request that speculates (the
+//! spatial requests join it once it drafts, so steps that verify its
+//! drafts carry their encoded inputs and decode their values too:
+//! `accept_values`), whose tokens are the CPU runtime's as well.
+//!
 //! What it does not cover: the prompts carry no image (the CUDA runtime
 //! has no vision encoder; Moondream's prompts put 729 image rows after
 //! BOS), so the CPU's `moondream_spatial` test, whose prompts do, has no
-//! CUDA twin yet; nor speculation beside spatial requests (a verifying
-//! step runs no spatial stage on CUDA).
+//! CUDA twin yet.
 //!
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
@@ -27,8 +31,8 @@ use kestrel_cpu::Numerics;
 use kestrel_cuda::{CudaRuntimeConfig, HostRuntime, StepConfig};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, Executor, LoopConfig, Outcome, PipelineMode, PrefillPolicy,
-    Request, SamplingParams, SequenceSkill, Tick, TokenMask, Verdict,
+    CommittedToken, EngineLoop, Executor, LoopConfig, NgramSpec, Outcome, PipelineMode,
+    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
 };
 use kestrel_skills::{
     SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill, SpatialSpec,
@@ -60,24 +64,56 @@ impl SequenceSkill for Reporting {
     }
 }
 
+/// Records a text request's tokens.
+struct Record(Arc<Mutex<Vec<TokenId>>>);
+
+impl SequenceSkill for Record {
+    fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
+        self.0.lock().unwrap().push(t.token);
+        Verdict::Continue
+    }
+    fn finish(&mut self, outcome: Outcome) {
+        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
+    }
+}
+
+/// A text prompt that repeats itself, so prompt lookup drafts at once.
+fn text_prompt() -> Vec<TokenId> {
+    let mut p = vec![0];
+    for _ in 0..5 {
+        p.extend([100, 2000, 30_000]);
+    }
+    p
+}
+
 fn step() -> StepConfig {
     StepConfig {
-        max_rows: 4,
+        max_rows: 5,
         num_pages: 256,
         page_size: 16,
         max_seq_len: 256,
-        max_draft_tokens: 0,
+        max_draft_tokens: 16,
         ..StepConfig::default()
     }
 }
 
-/// Every case through one runtime, submitted together.
+/// What a run gave: each case's output, the text request's tokens (when
+/// one speculated beside them) and the draft tokens the loop verified.
+struct Run {
+    spatial: Vec<SpatialOutput>,
+    text: Vec<TokenId>,
+    drafts: u64,
+}
+
+/// Every case through one runtime, submitted together (after a text
+/// request has started verifying drafts, when `speculate`).
 fn run<E: Executor<Params = SamplingParams>>(
     rt: E,
     ids: SpatialIds,
     cases: &[(SpatialKind, Vec<u32>)],
     mode: PipelineMode,
-) -> Vec<SpatialOutput> {
+    speculate: bool,
+) -> Run {
     let config = LoopConfig {
         mode,
         prefill_policy: PrefillPolicy::Drain,
@@ -86,6 +122,30 @@ fn run<E: Executor<Params = SamplingParams>>(
         ..LoopConfig::default()
     };
     let mut engine = EngineLoop::new(rt, config).unwrap();
+    let text = Arc::new(Mutex::new(Vec::new()));
+    if speculate {
+        engine
+            .submit(Request {
+                id: 99,
+                prompt: text_prompt(),
+                max_new_tokens: 64,
+                params: SamplingParams::greedy(),
+                speculate: Some(NgramSpec {
+                    min_ngram: 1,
+                    ..NgramSpec::new(4)
+                }),
+                skill: Box::new(Record(text.clone())),
+                embeds: None,
+            })
+            .unwrap();
+        while engine.stats().draft_tokens == 0 {
+            assert_eq!(
+                engine.run_once(),
+                Tick::Progress,
+                "no drafts before the end"
+            );
+        }
+    }
     let mut outs = Vec::new();
     for (id, (kind, prompt)) in cases.iter().enumerate() {
         let out = Arc::new(Mutex::new(None));
@@ -104,9 +164,17 @@ fn run<E: Executor<Params = SamplingParams>>(
         outs.push(out);
     }
     assert_eq!(engine.run_until_idle(), Tick::Idle);
-    outs.iter()
+    let drafts = engine.stats().draft_tokens;
+    let spatial = outs
+        .iter()
         .map(|o| o.lock().unwrap().take().expect("resolved"))
-        .collect()
+        .collect();
+    let text = text.lock().unwrap().clone();
+    Run {
+        spatial,
+        text,
+        drafts,
+    }
 }
 
 fn objects(r: &SpatialResult) -> usize {
@@ -177,22 +245,32 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
             .with_region(&vision)
             .unwrap()
     };
-    let want = run(cpu(), ids, &cases, PipelineMode::Blocking);
-    let found: usize = want.iter().map(|o| objects(&o.objects)).sum();
-    eprintln!(
-        "CPU: {found} objects; {:?}",
-        want.iter().map(|o| &o.token_ids).collect::<Vec<_>>()
-    );
-    assert!(
-        found > 0,
-        "the seed's prompts find objects (else the test checks nothing)"
-    );
-    for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
-        let got = run(host(), ids, &cases, mode);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.token_ids, w.token_ids, "case {i} {mode:?}: tokens");
-            assert_eq!(g.objects, w.objects, "case {i} {mode:?}: objects");
-            assert!(matches!(g.outcome, Outcome::Finished(_)), "{:?}", g.outcome);
+    for speculate in [false, true] {
+        let want = run(cpu(), ids, &cases, PipelineMode::Blocking, speculate);
+        let found: usize = want.spatial.iter().map(|o| objects(&o.objects)).sum();
+        eprintln!(
+            "CPU (speculate {speculate}): {found} objects, {} drafts; {:?}",
+            want.drafts,
+            want.spatial
+                .iter()
+                .map(|o| &o.token_ids)
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            found > 0,
+            "the seed's prompts find objects (else the test checks nothing)"
+        );
+        assert_eq!(speculate, want.drafts > 0);
+        for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
+            let got = run(host(), ids, &cases, mode, speculate);
+            let what = format!("{mode:?}, speculate {speculate}");
+            for (i, (g, w)) in got.spatial.iter().zip(&want.spatial).enumerate() {
+                assert_eq!(g.token_ids, w.token_ids, "case {i} {what}: tokens");
+                assert_eq!(g.objects, w.objects, "case {i} {what}: objects");
+                assert!(matches!(g.outcome, Outcome::Finished(_)), "{:?}", g.outcome);
+            }
+            assert_eq!(got.text, want.text, "{what}: the text request");
+            assert_eq!(speculate, got.drafts > 0, "{what}: drafts verified");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

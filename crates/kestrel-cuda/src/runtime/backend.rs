@@ -393,6 +393,18 @@ pub struct HiddenF16 {
     pub n: usize,
 }
 
+/// `accept_values` (`kernels/region.cu`): member i's pending values
+/// (`pending[kv_rows[i]]`, 3 f32) = `values[qo[i] + accepted[i] - 1]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptValues {
+    pub qo: u64,
+    pub accepted: u64,
+    pub kv_rows: u64,
+    pub values: u64,
+    pub pending: u64,
+    pub n: usize,
+}
+
 /// `reset_counts`: zero the penalty counts of the KV rows `rows[..n]`.
 #[derive(Debug, Clone, Copy)]
 pub struct ResetCounts {
@@ -573,6 +585,7 @@ pub trait Device: Send + Sized + 'static {
     fn fourier_features(&self, a: FourierFeatures) -> Result<(), CudaError>;
     fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError>;
     fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError>;
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
     fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
     fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError>;

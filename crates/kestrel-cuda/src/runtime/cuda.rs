@@ -21,7 +21,8 @@ use super::backend::{
     Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use super::backend::{
-    AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed, SpatialValues,
+    AcceptValues, AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed,
+    SpatialValues,
 };
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
@@ -751,6 +752,20 @@ impl Device for CudaDevice {
         // SAFETY: matches `hidden_f16`; x holds n rows of hidden floats,
         // out every row out_row names (or n), out_row 0 or n entries.
         unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError> {
+        let n = i(a.n);
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("accept_values"));
+        b.arg(&a.qo).arg(&a.accepted).arg(&a.kv_rows);
+        b.arg(&a.values).arg(&a.pending).arg(&n);
+        // SAFETY: matches `accept_values`; qo holds n + 1 offsets, accepted
+        // (>= 1 each, from accept_drafts) and kv_rows n entries, values 3
+        // floats per row, pending 3 per KV row.
+        unsafe { b.launch(launch_cfg((a.n.div_ceil(64) as u32, 1), 64)) }?;
         Ok(())
     }
 

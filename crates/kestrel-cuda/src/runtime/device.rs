@@ -151,6 +151,12 @@ pub(crate) struct FwdArgs {
     pub kv_indices: u64,
     /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
     pub out_row: u64,
+    /// The KV row whose pending values (and pending token) are each input
+    /// row's, when a region model embeds spatial inputs (`region.rs`):
+    /// `rows` in decode, the member's for its first row of a verifying
+    /// step (reserved KV row 0, never sampled into, for its drafts); 0 in
+    /// a prefill (prompt tokens only).
+    pub spatial_rows: u64,
     /// The rows come in runs of one sequence's consecutive positions
     /// (prefill chunks): attention runs `prefill_attention`, which reads
     /// each K/V tile once per run. Otherwise (decode: one row per

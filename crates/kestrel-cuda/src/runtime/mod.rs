@@ -389,6 +389,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
+            spatial_rows: m.at::<u32>(l.rows()),
             tiled_attention: false,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),
@@ -674,6 +675,7 @@ impl<D: Device> Executor for Runtime<D> {
                 top_ids,
                 top_lps,
                 accepted,
+                values,
                 ..
             } = &mut self.render[slot];
             let t = state.top_n;
@@ -683,6 +685,7 @@ impl<D: Device> Executor for Runtime<D> {
                 let (a, k) = (qo[i] as usize, k as usize);
                 tokens.as_mut_slice().copy_within(a..a + k, w);
                 logprobs.as_mut_slice().copy_within(a..a + k, w);
+                values.as_mut_slice().copy_within(a * 3..(a + k) * 3, w * 3);
                 top_ids
                     .as_mut_slice()
                     .copy_within(a * t..(a + k) * t, w * t);
@@ -713,12 +716,11 @@ impl<D: Device> Executor for Runtime<D> {
         }
         let r = &self.render[slot];
         let (n, top_n) = (n_out, state.top_n);
-        // The spatial stage's values, when the step sampled a spatial id
-        // (a verifying step runs no spatial stage: see docs/cuda.md).
+        // The spatial stage's values, when the step sampled a spatial id.
         self.out_values.clear();
         if let Some((coord, size)) = self.dev.spatial_ids() {
             let tokens = &r.tokens.as_slice()[..n];
-            if state.verify.is_none() && tokens.iter().any(|&t| t == coord || t == size) {
+            if tokens.iter().any(|&t| t == coord || t == size) {
                 let v = &r.values.as_slice()[..n * 3];
                 self.out_values
                     .extend(v.chunks_exact(3).map(|v| TokenValues {

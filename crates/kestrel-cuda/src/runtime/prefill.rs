@@ -120,6 +120,7 @@ impl<D: Device> Runtime<D> {
                 kv_indptr: m.at::<u32>(layout.kv_indptr()),
                 kv_indices: m.at::<u32>(layout.kv_indices()),
                 out_row: m.at::<u32>(layout.out_row() + a),
+                spatial_rows: 0,
                 tiled_attention: true,
                 ..base
             };

@@ -15,6 +15,11 @@
 //!   sampled token into the slot's values (copied to the RenderBuffer with
 //!   the tokens, after the same step-done event) and its KV row's pending
 //!   values, so the next forward never waits for the host.
+//!   A step that verifies drafts embeds each member's input row from its
+//!   KV row's pending values (`FwdArgs::spatial_rows`; its drafts read the
+//!   reserved KV row 0, whose pending token is 0: token embeddings),
+//!   decodes every row's values and, after `accept_drafts`,
+//!   `accept_values` gives each member its last accepted row's.
 //!
 //! Cost per step of a model with a region module: both decoder MLPs and
 //! both encoders on every row (a captured graph cannot branch on a sampled
@@ -26,9 +31,11 @@ use kestrel_model::moondream::{Mlp, RegionConfig, RegionWeights};
 use kestrel_model::{DType, Matrix};
 
 use super::backend::{
-    AddBias, BiasGelu, DevMem, Device, FourierFeatures, HiddenF16, SpatialEmbed, SpatialValues,
+    AcceptValues, AddBias, BiasGelu, DevMem, Device, FourierFeatures, HiddenF16, SpatialEmbed,
+    SpatialValues,
 };
 use super::device::{DeviceModel, FwdArgs, Proj};
+use super::slot::VerifyStep;
 use crate::quant::{BLOCK, MMVQ_CROSSOVER_ROWS, Q8_BLOCK_BYTES, TILE_ELEMS};
 use crate::reference::size_table;
 use crate::CudaError;
@@ -111,6 +118,13 @@ impl<D: Device> DeviceModel<D> {
     pub fn attach_region(&mut self, s: RegionSpec<'_>) -> Result<(), CudaError> {
         let (w, c) = (s.weights, s.config);
         let hidden = self.cfg.hidden_size;
+        // A draft row reads reserved KV row 0's pending token (0, never
+        // sampled into) and must not be taken for a spatial input.
+        if s.coord_id == 0 || s.size_id == 0 {
+            return Err(CudaError::Unsupported(
+                "spatial ids 0 (the reserved KV row's pending token)".into(),
+            ));
+        }
         if c.dim != hidden || c.size_out_dim % 2 != 0 || c.size_out_dim < 4 {
             return Err(CudaError::Unsupported(format!(
                 "a region model of dim {} ({} size outputs) on a text model of {hidden}",
@@ -238,13 +252,13 @@ impl<D: Device> DeviceModel<D> {
         let Some(r) = &self.region else {
             return Ok(());
         };
-        if a.rows == 0 {
+        if a.spatial_rows == 0 {
             return Ok(());
         }
         let d = &self.d;
         d.fourier_features(FourierFeatures {
             values: r.pending.ptr(),
-            rows: a.rows,
+            rows: a.spatial_rows,
             coord_w: r.coord_w.ptr(),
             coord_half: r.coord_half,
             size_w: r.size_w.ptr(),
@@ -264,8 +278,8 @@ impl<D: Device> DeviceModel<D> {
             x: a.x,
             coord_emb: r.coord_emb.ptr(),
             size_emb: r.size_emb.ptr(),
-            tokens: a.tokens,
-            rows: a.rows,
+            tokens: self.pending.ptr(),
+            rows: a.spatial_rows,
             coord_id: r.coord_id,
             size_id: r.size_id,
             hidden: self.cfg.hidden_size,
@@ -336,6 +350,27 @@ impl<D: Device> DeviceModel<D> {
             values,
             pending: r.pending.ptr(),
             n,
+        })
+    }
+
+    /// After `accept_drafts` of the verifying step `v`: each member's
+    /// pending values from its last accepted row of `values`.
+    pub fn accept_values(
+        &self,
+        v: VerifyStep,
+        accepted: u64,
+        values: u64,
+    ) -> Result<(), CudaError> {
+        let Some(r) = &self.region else {
+            return Ok(());
+        };
+        self.d.accept_values(AcceptValues {
+            qo: v.qo,
+            accepted,
+            kv_rows: v.kv_rows,
+            values,
+            pending: r.pending.ptr(),
+            n: v.members,
         })
     }
 

@@ -113,11 +113,13 @@ impl<D: Device> Runtime<D> {
             self.dev.d.sample_rows(a).map_err(fatal)?;
         }
         // The spatial stage (Moondream): each row's value for its sampled
-        // id, before step-done (not for a verifying step, docs/cuda.md).
-        let spatial = n > 0 && verify.is_none() && self.dev.spatial_ids().is_some();
+        // id, before step-done; a verifying step's pending values follow
+        // its accepted rows (below).
+        let spatial = n > 0 && self.dev.spatial_ids().is_some();
         if spatial {
+            let rows = if verify.is_some() { 0 } else { state.rows_ptr };
             self.dev
-                .spatial_values(s.out_tokens.ptr(), state.rows_ptr, s.out_values.ptr(), n)
+                .spatial_values(s.out_tokens.ptr(), rows, s.out_values.ptr(), n)
                 .map_err(fatal)?;
         }
         if let Some(v) = verify {
@@ -135,6 +137,11 @@ impl<D: Device> Runtime<D> {
                     n: v.members,
                 })
                 .map_err(fatal)?;
+            if spatial {
+                self.dev
+                    .accept_values(v, s.out_accepted.ptr(), s.out_values.ptr())
+                    .map_err(fatal)?;
+            }
         }
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {

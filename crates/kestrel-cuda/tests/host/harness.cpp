@@ -24,6 +24,7 @@
 //                                     spatial_values, fourier_features of the
 //                                     pending values, spatial_embed into X
 //   hidden_f16 HIDDEN N X OUT_ROW OUT  f16 rows of X routed by OUT_ROW (-1: none)
+//   accept_values N QO ACCEPTED KV_ROWS VALUES PENDING OUT  pending values after accept_drafts
 //   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
 //                                     f16 rows of prefill_attention
 //   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
@@ -267,6 +268,17 @@ int main(int argc, char** argv) {
         std::vector<h16> out((size_t)n * hidden, 0);
         launch({n, 1, 1}, 64, [&] { hidden_f16(x.data(), out_row.data(), out.data(), hidden, n); });
         spit(argv[6], out);
+        return 0;
+    }
+    if (mode == "accept_values" && argc == 9) {
+        int n = I(2);
+        std::vector<u32> qo = read_as<u32>(argv[3]), acc = read_as<u32>(argv[4]);
+        std::vector<u32> kv = read_as<u32>(argv[5]);
+        std::vector<float> values = read_as<float>(argv[6]), pending = read_as<float>(argv[7]);
+        launch({1, 1, 1}, 64, [&] {
+            accept_values(qo.data(), acc.data(), kv.data(), values.data(), pending.data(), n);
+        });
+        spit(argv[8], pending);
         return 0;
     }
     if (mode == "prefill_attn" && argc == 18) {
