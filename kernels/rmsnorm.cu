@@ -84,3 +84,45 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(float* _
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
         xr[j] = __fmul_rn(__fmul_rn(xr[j], inv), w[j]);
 }
+
+// LayerNorm with bias (Phi / Moondream): `x += delta` (when delta is not
+// null), then `out[o] = (x - mean) / sqrt(var + eps) * w + b` as f16 rows,
+// kestrel-cpu's `ops::layer_norm` formula (the mean first, then the sum of
+// squared deviations: two block sums; its sums run in 8 lanes, these in
+// NORM_THREADS threads, so values agree to rounding). Every float step is
+// explicit, so `kestrel_cuda::reference::add_layer_norm` is this bit for bit.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) add_layer_norm(float* __restrict__ x,
+                                          const float* __restrict__ delta,
+                                          const float* __restrict__ w,
+                                          const float* __restrict__ b,
+                                          h16* __restrict__ out,
+                                          const int* __restrict__ out_row,
+                                          int hidden, float eps, int n) {
+    __shared__ float sh[32];
+    int i = blockIdx.x;
+    if (i >= n) return;
+    float* xr = x + (size_t)i * hidden;
+    const float* dr = delta ? delta + (size_t)i * hidden : nullptr;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float v = xr[j];
+        if (dr) {
+            v = __fadd_rn(v, dr[j]);
+            xr[j] = v;
+        }
+        s = __fadd_rn(s, v);
+    }
+    float mean = __fdiv_rn(block_sum(s, sh), (float)hidden);
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float d = __fsub_rn(xr[j], mean);
+        ss = __fmaf_rn(d, d, ss);
+    }
+    ss = block_sum(ss, sh);
+    float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+    int o = out_row ? out_row[i] : i;
+    if (o < 0) return;
+    h16* orow = out + (size_t)o * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        orow[j] = f2h(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xr[j], mean), inv), w[j]), b[j]));
+}

@@ -18,11 +18,15 @@
 // head blocks): block (i, y) takes heads y * warps + warp, stepping by
 // gridDim.y * warps (one warp per head; blockDim a multiple of 32), and its
 // share of the row's V; the heads of a row run in parallel over blocks
-// (issue 75 item 3), each head's arithmetic unchanged.
+// (issue 75 item 3), each head's arithmetic unchanged. `rotary_dim` <
+// `head_dim` (Phi's partial rotary) rotates the first `rotary_dim`
+// dimensions of each head only (its table rows are `rotary_dim` wide,
+// pairs within them) and passes the rest through (normed when the head is),
+// as kestrel-cpu's `block::rope_partial`.
 
 extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
                                           int num_q_heads, int num_k_heads, int head_dim,
-                                          const float* __restrict__ table,
+                                          int rotary_dim, const float* __restrict__ table,
                                           const u32* __restrict__ pos, int interleaved,
                                           const float* __restrict__ q_norm,
                                           const float* __restrict__ k_norm, float eps,
@@ -30,11 +34,11 @@ extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
                                           const u32* __restrict__ slot_mapping, int n) {
     int i = blockIdx.x;
     if (i >= n) return;
-    int half = head_dim >> 1;
+    int half = rotary_dim >> 1;
     int kv_dim = num_k_heads * head_dim;
     int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int step = (int)gridDim.y * nw;
-    const float* t = table + (size_t)pos[i] * head_dim;
+    const float* t = table + (size_t)pos[i] * rotary_dim;
     float* row = qkv + (size_t)i * stride;
     size_t dst = (size_t)slot_mapping[i] * kv_dim;
     // Q heads first, then K heads right after them (column q_dim).
@@ -69,6 +73,15 @@ extern "C" __global__ void rope_kv_append(float* __restrict__ qkv, int stride,
                 kc[a] = f2h(y0);
                 kc[b] = f2h(y1);
             }
+        }
+        // The dimensions past the rotated ones (partial rotary only).
+        for (int j = rotary_dim + lane; j < head_dim; j += 32) {
+            float v = hp[j];
+            if (w) v = __fmul_rn(__fmul_rn(v, inv), w[j]);
+            if (head < num_q_heads)
+                hp[j] = v;
+            else
+                k_cache[dst + (size_t)(head - num_q_heads) * head_dim + j] = f2h(v);
         }
     }
     const float* v = row + (size_t)(num_q_heads + num_k_heads) * head_dim;

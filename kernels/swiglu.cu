@@ -4,7 +4,9 @@
 // int8 for the down projection's `mmvq_*` kernel (`swiglu_q8`, fused). Same
 // formula and exp as kestrel-cpu: g / (1 + e^-g) * u. `gelu_mul` /
 // `gelu_mul_q8` are the same with Gemma's GELU-tanh (one body each,
-// `gated_f16` / `gated_q8`, templated on the activation).
+// `gated_f16` / `gated_q8`, templated on the activation). `bias_gelu` is
+// an ungated FFN's activation (Phi's `fc1`, Moondream's region decoders):
+// `out = gelu_tanh(y + b)` as f16, kestrel-cpu's `block::bias_gelu_tanh`.
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, kexp(-g))), u);
@@ -14,10 +16,14 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 // `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u`, the float steps of
 // kestrel-cpu's `block::gelu_tanh_mul` in its order (tanhf is the device's,
 // within 2 ulp of the CPU's libm tanh).
-__device__ __forceinline__ float gelu_tanh_mul(float g, float u) {
+__device__ __forceinline__ float gelu_tanh(float g) {
     float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
     float inner = __fmul_rn(0.7978846f, __fadd_rn(g, cube));
-    return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner))), u);
+    return __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+__device__ __forceinline__ float gelu_tanh_mul(float g, float u) {
+    return __fmul_rn(gelu_tanh(g), u);
 }
 
 // The gated activation `act(gate, up)` of every row, written as f16: a
@@ -66,4 +72,17 @@ extern "C" __global__ void gelu_mul(const float* __restrict__ gate_up, h16* __re
 extern "C" __global__ void gelu_mul_q8(const float* __restrict__ gate_up, u8* __restrict__ xq,
                                        int f, int n) {
     gated_q8<gelu_tanh_mul>(gate_up, xq, f, n);
+}
+
+// `out[i, j] = gelu_tanh(y[i, j] + b[j])` (f16; b null: no bias) for rows of
+// `f` floats, grid-stride over n*f.
+extern "C" __global__ void bias_gelu(const float* __restrict__ y, const float* __restrict__ b,
+                                     h16* __restrict__ out, int f, int n) {
+    size_t total = (size_t)n * f;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        float v = y[idx];
+        if (b) v = __fadd_rn(v, b[idx % f]);
+        out[idx] = f2h(gelu_tanh(v));
+    }
 }

@@ -35,10 +35,11 @@ use kestrel_model::ModelWeights;
 use crate::hostdev_kernels as k;
 pub use crate::hostdev_sample::{sample_row, SampleRow};
 use crate::runtime::backend::{
-    AcceptDrafts, AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device,
-    DraftCounts, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, HostMem, Mmvq,
-    PagedAttention, Plain, PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend,
-    SampleRows, ScaleF32, Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
+    AcceptDrafts, AcceptValues, AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu,
+    CountTokens, DequantF16, DevMem, Device, DraftCounts, EmbedGather, EmbedGatherQ,
+    FourierFeatures, GeluMul, GeluMulQ8, Gemm, HiddenF16, HostMem, Mmvq, PagedAttention, Plain,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32,
+    Softcap, SpatialEmbed, SpatialValues, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
 use crate::runtime::{CudaRuntimeConfig, Runtime};
 use crate::CudaError;
@@ -147,6 +148,14 @@ enum Op {
     RmsNormF32(RmsNormF32),
     ScaleF32(ScaleF32),
     Softcap(Softcap),
+    AddLayerNorm(AddLayerNorm),
+    AddF32(AddF32),
+    BiasGelu(BiasGelu),
+    SpatialValues(SpatialValues),
+    FourierFeatures(FourierFeatures),
+    SpatialEmbed(SpatialEmbed),
+    HiddenF16(HiddenF16),
+    AcceptValues(AcceptValues),
     ResetCounts(ResetCounts),
     CountTokens(CountTokens),
     VerifyInputs(VerifyInputs),
@@ -420,6 +429,14 @@ impl HostDevice {
             Op::RmsNormF32(a) => k::rms_norm_f32(m, a),
             Op::ScaleF32(a) => k::scale_f32(m, a),
             Op::Softcap(a) => k::softcap(m, a),
+            Op::AddLayerNorm(a) => k::add_layer_norm(m, a),
+            Op::AddF32(a) => k::add_f32(m, a),
+            Op::BiasGelu(a) => k::bias_gelu(m, a),
+            Op::SpatialValues(a) => crate::hostdev_region::spatial_values(m, a),
+            Op::FourierFeatures(a) => crate::hostdev_region::fourier_features(m, a),
+            Op::SpatialEmbed(a) => crate::hostdev_region::spatial_embed(m, a),
+            Op::HiddenF16(a) => crate::hostdev_region::hidden_f16(m, a),
+            Op::AcceptValues(a) => crate::hostdev_region::accept_values(m, a),
             Op::ResetCounts(a) => k::reset_counts(m, a),
             Op::CountTokens(a) => k::count_tokens(m, a),
             Op::VerifyInputs(a) => k::verify_inputs(m, a),
@@ -664,6 +681,30 @@ impl Device for HostDevice {
     }
     fn softcap(&self, a: Softcap) -> Result<(), CudaError> {
         self.submit(Op::Softcap(a))
+    }
+    fn add_layer_norm(&self, a: AddLayerNorm) -> Result<(), CudaError> {
+        self.submit(Op::AddLayerNorm(a))
+    }
+    fn add_f32(&self, a: AddF32) -> Result<(), CudaError> {
+        self.submit(Op::AddF32(a))
+    }
+    fn bias_gelu(&self, a: BiasGelu) -> Result<(), CudaError> {
+        self.submit(Op::BiasGelu(a))
+    }
+    fn spatial_values(&self, a: SpatialValues) -> Result<(), CudaError> {
+        self.submit(Op::SpatialValues(a))
+    }
+    fn fourier_features(&self, a: FourierFeatures) -> Result<(), CudaError> {
+        self.submit(Op::FourierFeatures(a))
+    }
+    fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError> {
+        self.submit(Op::SpatialEmbed(a))
+    }
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError> {
+        self.submit(Op::HiddenF16(a))
+    }
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError> {
+        self.submit(Op::AcceptValues(a))
     }
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError> {
         self.submit(Op::ResetCounts(a))

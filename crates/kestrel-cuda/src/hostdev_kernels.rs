@@ -13,6 +13,8 @@
 //! values agree with the GPU's to rounding; greedy tokens are what parity
 //! checks.
 //!
+//! The spatial stage's ops (`kernels/region.cu`) are in `hostdev_region.rs`.
+//!
 //! Every op slices its buffers through [`HostMemory`] (bounds-checked) after
 //! checking its output disjoint from its inputs ([`disjoint`]). Cost: the
 //! GEMM converts each weight row to f32 once per call and takes n dot
@@ -33,6 +35,7 @@ use crate::runtime::backend::{
     QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
     VerifyInputs,
 };
+use crate::runtime::backend::{AddF32, AddLayerNorm, BiasGelu};
 use crate::CudaError;
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -54,7 +57,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-fn max_u32(v: &[u32]) -> usize {
+pub(crate) fn max_u32(v: &[u32]) -> usize {
     v.iter().copied().max().unwrap_or(0) as usize
 }
 
@@ -325,7 +328,7 @@ pub(crate) fn add_rms_norm_q8(m: &HostMemory, a: &AddRmsNormQ8) -> Result<(), Cu
 }
 
 /// Each row's output row: `out_row[i]` (`i32`, -1: none), or `i` when 0.
-fn out_rows(m: &HostMemory, out_row: u64, n: usize) -> Result<Vec<i32>, CudaError> {
+pub(crate) fn out_rows(m: &HostMemory, out_row: u64, n: usize) -> Result<Vec<i32>, CudaError> {
     Ok(if out_row != 0 {
         // SAFETY: read-only; copied out before any write.
         unsafe { m.slice::<i32>(out_row, n) }?.to_vec()
@@ -361,7 +364,8 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
             m.slice::<u32>(a.slot_mapping, n)?.to_vec(),
         )
     };
-    let table_len = (max_u32(&pos) + 1) * hd;
+    let rot = a.rotary_dim;
+    let table_len = (max_u32(&pos) + 1) * rot;
     let cache_len = (max_u32(&slots) + 1) * kvd;
     let mut ranges = vec![
         (a.qkv, n * a.stride * 4),
@@ -396,8 +400,8 @@ pub(crate) fn rope_kv_append(m: &HostMemory, a: &RopeKvAppend) -> Result<(), Cud
         reference::rope_kv_append(
             &mut row[..width],
             (a.num_q_heads, a.num_k_heads),
-            hd,
-            &table[p as usize * hd..(p as usize + 1) * hd],
+            (hd, rot),
+            &table[p as usize * rot..(p as usize + 1) * rot],
             a.interleaved,
             norm,
             (&mut kc[dst.clone()], &mut vc[dst]),
@@ -579,6 +583,84 @@ pub(crate) fn softcap(m: &HostMemory, a: &Softcap) -> Result<(), CudaError> {
     let x = unsafe { m.slice_mut::<f32>(a.x, a.len)? };
     x.iter_mut()
         .for_each(|v| *v = reference::softcap(*v, a.cap));
+    Ok(())
+}
+
+pub(crate) fn add_layer_norm(m: &HostMemory, a: &AddLayerNorm) -> Result<(), CudaError> {
+    let (h, n) = (a.hidden, a.n);
+    let out_row = out_rows(m, a.out_row, n)?;
+    let out_rows_n = out_row.iter().map(|&o| o + 1).max().unwrap_or(0).max(0) as usize;
+    let mut ranges = vec![
+        (a.x, n * h * 4),
+        (a.w, h * 4),
+        (a.b, h * 4),
+        (a.out, out_rows_n * h * 2),
+    ];
+    if a.delta != 0 {
+        ranges.push((a.delta, n * h * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: x and out are disjoint from each other and the read-only
+    // inputs (checked above).
+    let (x, w, b, out) = unsafe {
+        (
+            m.slice_mut::<f32>(a.x, n * h)?,
+            m.slice::<f32>(a.w, h)?,
+            m.slice::<f32>(a.b, h)?,
+            m.slice_mut::<f16>(a.out, out_rows_n * h)?,
+        )
+    };
+    let delta = if a.delta != 0 {
+        // SAFETY: read-only, disjoint from the outputs (checked above).
+        Some(unsafe { m.slice::<f32>(a.delta, n * h)? })
+    } else {
+        None
+    };
+    let mut row = vec![0f32; h];
+    for (i, xr) in x.chunks_exact_mut(h).enumerate() {
+        let d = delta.map(|d| &d[i * h..(i + 1) * h]);
+        reference::add_layer_norm(xr, d, (w, b), a.eps, &mut row);
+        if let Ok(o) = usize::try_from(out_row[i]) {
+            out[o * h..(o + 1) * h].convert_from_f32_slice(&row);
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn add_f32(m: &HostMemory, a: &AddF32) -> Result<(), CudaError> {
+    disjoint(&[(a.x, a.len * 4), (a.y, a.len * 4)])?;
+    // SAFETY: x is disjoint from y (checked above).
+    let (x, y) = unsafe { (m.slice_mut::<f32>(a.x, a.len)?, m.slice::<f32>(a.y, a.len)?) };
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+    Ok(())
+}
+
+pub(crate) fn bias_gelu(m: &HostMemory, a: &BiasGelu) -> Result<(), CudaError> {
+    let (f, n) = (a.f, a.n);
+    let mut ranges = vec![(a.y, n * f * 4), (a.out, n * f * 2)];
+    if a.b != 0 {
+        ranges.push((a.b, f * 4));
+    }
+    disjoint(&ranges)?;
+    // SAFETY: the output is disjoint from the inputs (checked above).
+    let (y, out) = unsafe {
+        (
+            m.slice::<f32>(a.y, n * f)?,
+            m.slice_mut::<f16>(a.out, n * f)?,
+        )
+    };
+    let b = if a.b != 0 {
+        // SAFETY: read-only, disjoint from the output (checked above).
+        Some(unsafe { m.slice::<f32>(a.b, f)? })
+    } else {
+        None
+    };
+    for (yr, or) in y.chunks_exact(f).zip(out.chunks_exact_mut(f)) {
+        for (j, (&v, o)) in yr.iter().zip(or).enumerate() {
+            let v = b.map_or(v, |b| v + b[j]);
+            *o = f16::from_f32(reference::gelu_tanh(v));
+        }
+    }
     Ok(())
 }
 

@@ -43,9 +43,14 @@ pub const SOURCES: &[KernelSource] = &[
     kernel!("embedding.cu", ["embed_gather"]),
     kernel!(
         "rmsnorm.cu",
-        ["add_rms_norm", "add_rms_norm_q8", "rms_norm_f32"]
+        [
+            "add_rms_norm",
+            "add_rms_norm_q8",
+            "rms_norm_f32",
+            "add_layer_norm"
+        ]
     ),
-    kernel!("rope.cu", ["add_bias"]),
+    kernel!("rope.cu", ["add_bias", "add_f32"]),
     kernel!("rope_kv.cu", ["rope_kv_append"]),
     kernel!("attention.cu", ["paged_attention", "paged_attention_merge"]),
     kernel!("prefill_attention.cu", ["prefill_attention"]),
@@ -56,9 +61,25 @@ pub const SOURCES: &[KernelSource] = &[
     ),
     kernel!(
         "swiglu.cu",
-        ["swiglu", "swiglu_q8", "gelu_mul", "gelu_mul_q8"]
+        [
+            "swiglu",
+            "swiglu_q8",
+            "gelu_mul",
+            "gelu_mul_q8",
+            "bias_gelu"
+        ]
     ),
     kernel!("gemma.cu", ["scale_f32", "softcap"]),
+    kernel!(
+        "region.cu",
+        [
+            "spatial_values",
+            "fourier_features",
+            "spatial_embed",
+            "hidden_f16",
+            "accept_values"
+        ]
+    ),
     kernel!(
         "quant.cu",
         [
@@ -119,7 +140,9 @@ pub const BLOCK_THREADS: &[(&str, u32)] = &[
     ("add_rms_norm", NORM_BLOCK),
     ("add_rms_norm_q8", NORM_BLOCK),
     ("rms_norm_f32", NORM_BLOCK),
+    ("add_layer_norm", NORM_BLOCK),
     ("add_bias", 256),
+    ("add_f32", 256),
     ("rope_kv_append", 128),
     ("paged_attention", ATTENTION_THREADS),
     ("paged_attention_merge", ATTENTION_THREADS),
@@ -132,6 +155,12 @@ pub const BLOCK_THREADS: &[(&str, u32)] = &[
     ("swiglu_q8", 256),
     ("gelu_mul", 256),
     ("gelu_mul_q8", 256),
+    ("bias_gelu", 256),
+    ("spatial_values", SPATIAL_THREADS),
+    ("fourier_features", 256),
+    ("spatial_embed", 256),
+    ("hidden_f16", 256),
+    ("accept_values", 64),
     ("scale_f32", 256),
     ("softcap", 256),
     ("mmvq_q4_0_r1", MMVQ_WARPS * 32),
@@ -203,6 +232,9 @@ pub const MMVQ_MAX_ROWS: usize = 16;
 /// Warps per block of `mmvq_*` (one block per weight row; the warps split
 /// its weight blocks and meet in shared memory).
 pub const MMVQ_WARPS: u32 = 4;
+/// Threads per block of `spatial_values` (one block per row; its shared
+/// argmax arrays are this long).
+pub const SPATIAL_THREADS: u32 = 256;
 /// Largest head dimension `paged_attention` handles (8 values per lane).
 pub const MAX_HEAD_DIM: usize = 256;
 
@@ -277,6 +309,7 @@ mod tests {
         let q = src("quant.cu");
         assert!(q.contains(&format!("#define MMVQ_MAX_ROWS {MMVQ_MAX_ROWS}\n")));
         assert!(q.contains(&format!("#define MMVQ_WARPS {MMVQ_WARPS}\n")));
+        assert!(src("region.cu").contains(&format!("#define SPATIAL_THREADS {SPATIAL_THREADS}\n")));
         let norm = src("rmsnorm.cu");
         assert!(norm.contains(&format!(
             "#define NORM_THREADS {}\n",

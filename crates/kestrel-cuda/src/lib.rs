@@ -18,6 +18,7 @@ pub mod ffi;
 pub mod host;
 pub mod hostdev;
 mod hostdev_kernels;
+mod hostdev_region;
 mod hostdev_sample;
 pub mod kernels;
 pub mod libs;

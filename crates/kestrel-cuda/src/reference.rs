@@ -398,19 +398,21 @@ pub fn head_inv_rms(head: &[f32], eps: f32) -> f32 {
 /// `qkv` (Q | K | V, `(num_q_heads + 2 num_k_heads) * head_dim` values) in
 /// place and writes the rotated K heads and V as f16 to `k_out` and `v_out`
 /// (`num_k_heads * head_dim` each, the row's cache slot), each Q and K head
-/// RMS-normed first when `norm` is given. `table_row` is the position's row
-/// of its layer's RoPE table (`host::rope_table_of`).
+/// RMS-normed first when `norm` is given. Only the first `rot` dimensions
+/// of a head rotate (`rot` = `head_dim` but for Phi's partial rotary).
+/// `table_row` is the position's row of its layer's RoPE table
+/// (`host::rope_table_of` over `rot` dimensions).
 pub fn rope_kv_append(
     qkv: &mut [f32],
     heads: (usize, usize),
-    head_dim: usize,
+    (head_dim, rot): (usize, usize),
     table_row: &[f32],
     interleaved: bool,
     norm: Option<QkNorm<'_>>,
     (k_out, v_out): (&mut [f16], &mut [f16]),
 ) {
     let (nq, nk) = heads;
-    let half = head_dim / 2;
+    let half = rot / 2;
     let (cos, sin) = table_row.split_at(half);
     let kv_dim = nk * head_dim;
     for head in 0..nq + nk {
@@ -441,6 +443,18 @@ pub fn rope_kv_append(
                 k_out[o + b] = f16::from_f32(y1);
             }
         }
+        // Partial rotary: the dimensions past `rot` pass through.
+        for j in rot..head_dim {
+            let mut x = qkv[hp + j];
+            if let Some((w, inv)) = w {
+                x = x * inv * w[j];
+            }
+            if head < nq {
+                qkv[hp + j] = x;
+            } else {
+                k_out[(head - nq) * head_dim + j] = f16::from_f32(x);
+            }
+        }
     }
     let v = &qkv[(nq + nk) * head_dim..(nq + nk) * head_dim + kv_dim];
     for (o, x) in v_out.iter_mut().zip(v) {
@@ -456,11 +470,115 @@ pub fn rms_norm_f32(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `gelu_tanh_mul` of `swiglu.cu` (kestrel-cpu's `block::gelu_tanh_mul`,
-/// step by step, with the host's tanh).
-pub fn gelu_tanh_mul(g: f32, u: f32) -> f32 {
+/// `gelu_tanh` of `swiglu.cu` (kestrel-cpu's `block::gelu_tanh`, step by
+/// step, with the host's tanh).
+pub fn gelu_tanh(g: f32) -> f32 {
     let inner = 0.797_884_6f32 * (g + 0.044_715 * g * g * g);
-    0.5 * g * (1.0 + inner.tanh()) * u
+    0.5 * g * (1.0 + inner.tanh())
+}
+
+/// `gelu_tanh_mul` of `swiglu.cu` (kestrel-cpu's `block::gelu_tanh_mul`).
+pub fn gelu_tanh_mul(g: f32, u: f32) -> f32 {
+    gelu_tanh(g) * u
+}
+
+/// `add_layer_norm` of `rmsnorm.cu` for one row: `x += delta`, then the
+/// normalized values (before their f16 rounding) into `out`, each sum as
+/// `NORM_THREADS` threads and their block sum take it.
+pub fn add_layer_norm(
+    x: &mut [f32],
+    delta: Option<&[f32]>,
+    (w, b): (&[f32], &[f32]),
+    eps: f32,
+    out: &mut [f32],
+) {
+    if let Some(d) = delta {
+        for (a, b) in x.iter_mut().zip(d) {
+            *a += b;
+        }
+    }
+    let per_thread = |f: &dyn Fn(f32, f32) -> f32| -> Vec<f32> {
+        (0..NORM_THREADS)
+            .map(|t| {
+                x.iter()
+                    .skip(t)
+                    .step_by(NORM_THREADS)
+                    .fold(0f32, |s, v| f(*v, s))
+            })
+            .collect()
+    };
+    let h = x.len() as f32;
+    let mean = block_sum(&per_thread(&|v, s| s + v)) / h;
+    let ss = block_sum(&per_thread(&|v, s| (v - mean).mul_add(v - mean, s)));
+    let inv = 1.0 / (ss / h + eps).sqrt();
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = (x[i] - mean) * inv * w[i] + b[i];
+    }
+}
+
+// ---- region.cu (Moondream's spatial stage) ----
+
+/// The first index of the largest value, a NaN counting as the largest
+/// (`torch.argmax`; `block_argmax` of `region.cu`).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if x.is_nan() {
+            return i;
+        }
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The size of each of `bins` size bins, `2^((bin / (bins - 1)) * 10 -
+/// 10)` in f32 (kestrel-cpu's `region::size_from_logits` formula): the
+/// table `spatial_values` indexes.
+pub fn size_table(bins: usize) -> Vec<f32> {
+    (0..bins)
+        .map(|b| 2f32.powf(b as f32 / (bins - 1) as f32 * 10.0 - 10.0))
+        .collect()
+}
+
+/// `spatial_values` of `region.cu` for one row: `[coord, w, h]` for its
+/// sampled `token` from its coordinate logits and size logits (`2 *
+/// size_table.len()`), `(coord_id, size_id)` saying which is meant.
+pub fn spatial_values(
+    token: u32,
+    (coord_logits, size_logits): (&[f32], &[f32]),
+    size_table: &[f32],
+    (coord_id, size_id): (u32, u32),
+) -> [f32; 3] {
+    if token == coord_id {
+        let bin = argmax(coord_logits);
+        [bin as f32 / coord_logits.len() as f32, 0.0, 0.0]
+    } else if token == size_id {
+        let (w, h) = size_logits.split_at(size_table.len());
+        [0.0, size_table[argmax(w)], size_table[argmax(h)]]
+    } else {
+        [0.0; 3]
+    }
+}
+
+/// `fourier_features` of `region.cu` for one row's `[coord, w, h]` (before
+/// the f16 rounding): the coordinate encoder's input (`2 coord_w.len()`)
+/// and the size encoder's (`size_w` is `[2][half]`; `2 half`).
+pub fn fourier_features(v: [f32; 3], coord_w: &[f32], size_w: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let two_pi = 2.0 * std::f32::consts::PI;
+    let ca: Vec<f32> = coord_w.iter().map(|w| two_pi * v[0] * w).collect();
+    let half = size_w.len() / 2;
+    let sa: Vec<f32> = (0..half)
+        .map(|k| two_pi * v[1] * size_w[k] + two_pi * v[2] * size_w[half + k])
+        .collect();
+    let feats = |a: &[f32]| -> Vec<f32> {
+        a.iter()
+            .map(|a| a.cos())
+            .chain(a.iter().map(|a| a.sin()))
+            .collect()
+    };
+    (feats(&ca), feats(&sa))
 }
 
 /// `gelu_mul_q8` of `swiglu.cu` for one row, as [`swiglu_q8`].
@@ -793,7 +911,7 @@ mod tests {
             rope_kv_append(
                 &mut got,
                 (nq, nk),
-                hd,
+                (hd, hd),
                 t,
                 interleaved,
                 None,
@@ -840,7 +958,7 @@ mod tests {
         rope_kv_append(
             &mut got,
             (nq, nk),
-            hd,
+            (hd, hd),
             t,
             false,
             Some(norm),
@@ -963,6 +1081,90 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// LayerNorm: kestrel-cpu's `ops::layer_norm` to the rounding of the
+    /// sums' order (1024 threads against 8 lanes).
+    #[test]
+    fn add_layer_norm_follows_the_cpu_runtime() {
+        let h = 2048;
+        let (w, b) = (Rng(31).vec(h, 1.0), Rng(32).vec(h, 0.5));
+        let (x0, d) = (Rng(33).vec(h, 4.0), Rng(34).vec(h, 1.0));
+        let mut x = x0.clone();
+        let mut got = vec![0f32; h];
+        add_layer_norm(&mut x, Some(&d), (&w, &b), 1e-5, &mut got);
+        let sum: Vec<f32> = x0.iter().zip(&d).map(|(a, b)| a + b).collect();
+        assert_eq!(x, sum, "x += delta in place");
+        let mut cpu = vec![0f32; h];
+        ops::layer_norm(&sum, &w, &b, 1e-5, &mut cpu);
+        for (g, c) in got.iter().zip(&cpu) {
+            assert!((g - c).abs() <= 1e-5 * (1.0 + c.abs()), "{g} vs {c}");
+        }
+    }
+
+    /// Partial rotary (Phi: the first 32 of 64 dimensions): kestrel-cpu's
+    /// `block::rope_partial` is `ops::rope` (half-split) on each head's
+    /// first `rot` dimensions with a `rot`-wide table; the rest pass through.
+    #[test]
+    fn partial_rotary_rotates_the_first_dimensions_only() {
+        let (nq, nk, hd, rot) = (4, 4, 64, 32);
+        let table = crate::host::rope_table(40, rot, 10_000.0);
+        let t = &table[29 * rot..30 * rot];
+        let row = Rng(35).vec((nq + 2 * nk) * hd, 2.0);
+        let mut got = row.clone();
+        let (mut k, mut v) = (vec![f16::ZERO; nk * hd], vec![f16::ZERO; nk * hd]);
+        rope_kv_append(
+            &mut got,
+            (nq, nk),
+            (hd, rot),
+            t,
+            false,
+            None,
+            (&mut k, &mut v),
+        );
+        let mut cpu = row.clone();
+        for head in cpu[..(nq + nk) * hd].chunks_exact_mut(hd) {
+            ops::rope(&mut head[..rot], rot, t, RopeStyle::HalfSplit);
+        }
+        assert_eq!(&got[..nq * hd], &cpu[..nq * hd], "Q in place");
+        let want_k: Vec<f16> = cpu[nq * hd..(nq + nk) * hd]
+            .iter()
+            .map(|&x| f16::from_f32(x))
+            .collect();
+        assert_eq!(k, want_k, "K to the cache, its unrotated half included");
+        assert_ne!(&got[..rot], &row[..rot], "the rotated part moved");
+    }
+
+    /// The spatial stage's pieces against kestrel-cpu's region model:
+    /// argmax (first maximum, NaN first), the size of every bin, and the
+    /// Fourier features, bit for bit.
+    #[test]
+    fn spatial_pieces_are_the_cpu_region_model() {
+        use kestrel_cpu::vision::region;
+        let table = size_table(1024);
+        for bin in 0..1024 {
+            let mut logits = vec![0f32; 2048];
+            logits[bin] = 1.0;
+            logits[1024 + (bin * 7) % 1024] = 1.0;
+            let cpu = region::size_from_logits(&logits);
+            let got = spatial_values(6, (&[0.0; 4], &logits), &table, (5, 6));
+            assert_eq!([got[1], got[2]], cpu.value, "bin {bin}");
+        }
+        let mut v = Rng(36).vec(1024, 3.0);
+        v[700] = 50.0;
+        v[900] = 50.0;
+        assert_eq!(argmax(&v), region::coord_from_logits(&v).bin);
+        let got = spatial_values(5, (&v, &[]), &table, (5, 6));
+        assert_eq!(got, [700.0 / 1024.0, 0.0, 0.0]);
+        v[800] = f32::NAN;
+        assert_eq!(argmax(&v), 800);
+        assert_eq!(spatial_values(7, (&v, &[]), &table, (5, 6)), [0.0; 3]);
+        let (cw, sw) = (Rng(37).vec(128, 8.0), Rng(38).vec(2 * 256, 8.0));
+        for vals in [[0.3125f32, 0.0, 0.0], [0.0, 0.125, 0.75]] {
+            let (c, s) = fourier_features(vals, &cw, &sw);
+            assert_eq!(c, region::fourier_features(&vals[..1], 1, &cw));
+            assert_eq!(s, region::fourier_features(&vals[1..], 2, &sw));
         }
     }
 }

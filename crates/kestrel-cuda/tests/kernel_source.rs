@@ -413,13 +413,25 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
     let (pos, slots) = ([5u32, 0, 31], [7u32, 2, 4]);
     let u32_bytes = |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     let (qn, kn, eps) = (Rng(12).vec(hd, 1.0), Rng(13).vec(hd, 1.0), 1e-6f32);
-    for (interleaved, norm) in [(true, false), (false, false), (true, true), (false, true)] {
+    // Rotary over every dimension, and Phi's partial rotary (the first 32
+    // of 64; its table 32 wide).
+    let partial = kestrel_cuda::host::rope_table(32, 32, 10_000.0);
+    for (interleaved, norm, rot) in [
+        (true, false, hd),
+        (false, false, hd),
+        (true, true, hd),
+        (false, true, hd),
+        (false, false, 32),
+        (false, true, 32),
+    ] {
+        let table = if rot == hd { &table } else { &partial };
         let qkv = Rng(11).vec(n * stride, 2.0);
         let args = [
             "rope_kv".to_owned(),
             nq.to_string(),
             nk.to_string(),
             hd.to_string(),
+            rot.to_string(),
             i32::from(interleaved).to_string(),
             n.to_string(),
             "8".to_owned(),
@@ -432,7 +444,7 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
             &args,
             &[
                 ("qkv.bin", f32_bytes(&qkv)),
-                ("table.bin", f32_bytes(&table)),
+                ("table.bin", f32_bytes(table)),
                 ("pos.bin", u32_bytes(&pos)),
                 ("slots.bin", u32_bytes(&slots)),
                 ("qn.bin", f32_bytes(&qn)),
@@ -447,8 +459,8 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
             reference::rope_kv_append(
                 &mut want_qkv[i * stride..(i + 1) * stride],
                 (nq, nk),
-                hd,
-                &table[p * hd..(p + 1) * hd],
+                (hd, rot),
+                &table[p * rot..(p + 1) * rot],
                 interleaved,
                 norm.then_some(reference::QkNorm {
                     q: &qn,
@@ -462,7 +474,9 @@ fn fused_rope_and_kv_append_is_its_reference_bit_for_bit() {
             );
         }
         let f16_bytes = |v: &[f16]| -> Vec<u8> { v.iter().flat_map(|h| h.to_le_bytes()).collect() };
-        let what = |x: &str| format!("rope_kv_append {x}, interleaved={interleaved}, norm={norm}");
+        let what = |x: &str| {
+            format!("rope_kv_append {x}, interleaved={interleaved}, norm={norm}, rot={rot}")
+        };
         assert_same(&out[0], &f32_bytes(&want_qkv), 4, &what("qkv"));
         assert_same(&out[1], &f16_bytes(&kc), 2, &what("K cache"));
         assert_same(&out[2], &f16_bytes(&vc), 2, &what("V cache"));
@@ -543,6 +557,206 @@ fn family_kernels_are_their_reference_bit_for_bit() {
     let capped: Vec<f32> = x.iter().map(|&v| reference::softcap(v, cap)).collect();
     assert_same(&out[0], &f32_bytes(&scaled), 4, "scale_f32");
     assert_same(&out[1], &f32_bytes(&capped), 4, "softcap");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Phi's kernels: `add_layer_norm` (Moondream 2's hidden size, 2048; a
+/// delta added), `bias_gelu` (an ungated `fc1` output with its bias, past
+/// one grid-stride round) and `add_f32` against their references.
+#[test]
+fn phi_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("phi") else {
+        return;
+    };
+    let (hidden, f, n, eps) = (2048, 1000, 3, 1e-5f32);
+    let (x, delta) = (Rng(41).vec(n * hidden, 4.0), Rng(42).vec(n * hidden, 1.0));
+    let (w, b) = (Rng(43).vec(hidden, 1.0), Rng(44).vec(hidden, 0.5));
+    let (y, fb) = (Rng(45).vec(n * f, 5.0), Rng(46).vec(f, 1.0));
+    let args = [
+        "phi".to_owned(),
+        hidden.to_string(),
+        f.to_string(),
+        n.to_string(),
+        format!("{eps:e}"),
+    ];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("x.bin", f32_bytes(&x)),
+            ("delta.bin", f32_bytes(&delta)),
+            ("w.bin", f32_bytes(&w)),
+            ("b.bin", f32_bytes(&b)),
+            ("y.bin", f32_bytes(&y)),
+            ("fb.bin", f32_bytes(&fb)),
+        ],
+        &["x_out.bin", "h.bin", "g.bin", "xy.bin"],
+    );
+    let (mut want_x, mut want_h) = (x.clone(), Vec::new());
+    let mut row = vec![0f32; hidden];
+    for (xr, dr) in want_x
+        .chunks_exact_mut(hidden)
+        .zip(delta.chunks_exact(hidden))
+    {
+        reference::add_layer_norm(xr, Some(dr), (&w, &b), eps, &mut row);
+        want_h.extend(row.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()));
+    }
+    assert_same(&out[0], &f32_bytes(&want_x), 4, "add_layer_norm x");
+    assert_same(&out[1], &want_h, 2, "add_layer_norm");
+    let want_g: Vec<u8> = y
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &v)| f16::from_f32(reference::gelu_tanh(v + fb[i % f])).to_le_bytes())
+        .collect();
+    assert_same(&out[2], &want_g, 2, "bias_gelu");
+    let want_xy: Vec<f32> = want_x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+    assert_same(&out[3], &f32_bytes(&want_xy), 4, "add_f32");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The spatial stage (`region.cu`) against its references: four rows (a
+/// coordinate with tied maxima, a size, a text token, a coordinate whose
+/// logits hold a NaN) at scattered KV rows; their values, the pending
+/// values by KV row, the Fourier features of the pending values and the
+/// rows `spatial_embed` replaces.
+#[test]
+fn spatial_stage_kernels_are_their_reference_bit_for_bit() {
+    let Some((dir, exe)) = harness("spatial") else {
+        return;
+    };
+    let (cb, sb, n, ch, sh, hidden) = (1024usize, 1024usize, 4usize, 128usize, 256usize, 96);
+    let (coord_id, size_id) = (5u32, 6u32);
+    let mut cl = Rng(51).vec(n * cb, 3.0);
+    cl[300] = 9.0;
+    cl[301] = 9.0;
+    cl[3 * cb + 17] = f32::NAN;
+    let sl = Rng(52).vec(n * 2 * sb, 3.0);
+    let table = reference::size_table(sb);
+    let tokens = [coord_id, size_id, 42, coord_id];
+    let rows = [3u32, 0, 6, 2];
+    let pending = vec![7.0f32; 8 * 3];
+    let (cw, sw) = (Rng(53).vec(ch, 8.0), Rng(54).vec(2 * sh, 8.0));
+    let x = Rng(55).vec(n * hidden, 1.0);
+    let (ce, se) = (Rng(56).vec(n * hidden, 1.0), Rng(57).vec(n * hidden, 1.0));
+    let args = [
+        "spatial".to_owned(),
+        cb.to_string(),
+        sb.to_string(),
+        n.to_string(),
+        coord_id.to_string(),
+        size_id.to_string(),
+        ch.to_string(),
+        sh.to_string(),
+        hidden.to_string(),
+    ];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("cl.bin", f32_bytes(&cl)),
+            ("sl.bin", f32_bytes(&sl)),
+            ("table.bin", f32_bytes(&table)),
+            ("tokens.bin", u32_bytes(&tokens)),
+            ("rows.bin", u32_bytes(&rows)),
+            ("pending.bin", f32_bytes(&pending)),
+            ("cw.bin", f32_bytes(&cw)),
+            ("sw.bin", f32_bytes(&sw)),
+            ("x.bin", f32_bytes(&x)),
+            ("ce.bin", f32_bytes(&ce)),
+            ("se.bin", f32_bytes(&se)),
+        ],
+        &[
+            "values.bin",
+            "pending_out.bin",
+            "cf.bin",
+            "sf.bin",
+            "x_out.bin",
+        ],
+    );
+    let (mut values, mut want_pending) = (Vec::new(), pending.clone());
+    let (mut cf, mut sf, mut want_x) = (Vec::new(), Vec::new(), x.clone());
+    for i in 0..n {
+        let v = reference::spatial_values(
+            tokens[i],
+            (&cl[i * cb..(i + 1) * cb], &sl[i * 2 * sb..(i + 1) * 2 * sb]),
+            &table,
+            (coord_id, size_id),
+        );
+        values.extend(v);
+        let r = rows[i] as usize;
+        want_pending[r * 3..r * 3 + 3].copy_from_slice(&v);
+        let (c, s) = reference::fourier_features(v, &cw, &sw);
+        cf.extend(c.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()));
+        sf.extend(s.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()));
+        let src = match tokens[i] {
+            t if t == coord_id => Some(&ce),
+            t if t == size_id => Some(&se),
+            _ => None,
+        };
+        if let Some(src) = src {
+            want_x[i * hidden..(i + 1) * hidden]
+                .copy_from_slice(&src[i * hidden..(i + 1) * hidden]);
+        }
+    }
+    assert_eq!(values[0], 300.0 / 1024.0, "the first of tied maxima");
+    assert_eq!(values[9], 17.0 / 1024.0, "a NaN counts as the largest");
+    assert_eq!(&values[6..9], &[0.0; 3], "a text token decodes nothing");
+    assert_same(&out[0], &f32_bytes(&values), 4, "spatial_values");
+    assert_same(&out[1], &f32_bytes(&want_pending), 4, "pending values");
+    assert_same(&out[2], &cf, 2, "coordinate features");
+    assert_same(&out[3], &sf, 2, "size features");
+    assert_same(&out[4], &f32_bytes(&want_x), 4, "spatial_embed");
+
+    // hidden_f16: rows 0 and 2 of 3 to rows 1 and 0, row 1 dropped.
+    let xs = Rng(58).vec(3 * hidden, 4.0);
+    let out_row: Vec<u8> = [1i32, -1, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let args = ["hidden_f16".to_owned(), hidden.to_string(), "3".to_owned()];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[("xs.bin", f32_bytes(&xs)), ("out_row.bin", out_row)],
+        &["h.bin"],
+    );
+    let row = |i: usize| {
+        xs[i * hidden..(i + 1) * hidden]
+            .iter()
+            .map(|v| f16::from_f32(*v))
+    };
+    let want: Vec<u8> = row(2)
+        .chain(row(0))
+        .chain(std::iter::repeat_n(f16::ZERO, hidden))
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    assert_same(&out[0], &want, 2, "hidden_f16");
+
+    // accept_values: members of 3, 1 and 2 rows accepting 2, 1 and 2, at
+    // KV rows 4, 1, 2 of 5.
+    let (qo, acc, kv) = ([0u32, 3, 4, 6], [2u32, 1, 2], [4u32, 1, 2]);
+    let vals = Rng(59).vec(6 * 3, 1.0);
+    let pend = Rng(60).vec(5 * 3, 1.0);
+    let args = ["accept_values".to_owned(), "3".to_owned()];
+    let out = run(
+        &exe,
+        &dir,
+        &args,
+        &[
+            ("qo.bin", u32_bytes(&qo)),
+            ("acc.bin", u32_bytes(&acc)),
+            ("kv.bin", u32_bytes(&kv)),
+            ("vals.bin", f32_bytes(&vals)),
+            ("pend.bin", f32_bytes(&pend)),
+        ],
+        &["pend_out.bin"],
+    );
+    let mut want = pend.clone();
+    for i in 0..3 {
+        let (r, k) = ((qo[i] + acc[i] - 1) as usize, kv[i] as usize);
+        want[k * 3..k * 3 + 3].copy_from_slice(&vals[r * 3..r * 3 + 3]);
+    }
+    assert_same(&out[0], &f32_bytes(&want), 4, "accept_values");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

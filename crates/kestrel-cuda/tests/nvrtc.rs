@@ -110,8 +110,15 @@ fn every_kernel_assembles_without_spills_within_its_launch_block() {
                     e.smem_bytes,
                     e.stack_bytes
                 ));
+                // `fourier_features` calls cosf/sinf, whose large-argument
+                // reduction (Payne-Hanek, |angle| > 105615 only: never for
+                // Moondream's frequencies) keeps its words in a stack frame;
+                // the fast path, and every other kernel, uses none. No spills.
+                let stack_allowed = if *f == "fourier_features" { 32 } else { 0 };
                 assert!(
-                    e.stack_bytes == 0 && e.spill_store_bytes == 0 && e.spill_load_bytes == 0,
+                    e.stack_bytes <= stack_allowed
+                        && e.spill_store_bytes == 0
+                        && e.spill_load_bytes == 0,
                     "{f} on {}: local memory ({e:?})",
                     arch.name()
                 );

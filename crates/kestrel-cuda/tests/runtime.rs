@@ -563,6 +563,22 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
         })
     ));
     assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
+    // Rows given as embeddings (an image): no vision encoder here.
+    let image = kestrel_pipeline::PromptEmbeds {
+        start: 1,
+        len: 8,
+        bidirectional_end: 9,
+        input: std::sync::Arc::new(()),
+    };
+    let with_image = PrefillInput {
+        embeds: Some(&image),
+        ..input(4)
+    };
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(5), with_image])),
+        CudaError::Unsupported(_)
+    ));
+    assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
     // Serving goes on: a prefill, then the decode refusals, then a decode.
     host.launch_prefill(0, &[input(3)]).unwrap();
     host.finalize_sampling(0, None).unwrap();
@@ -643,6 +659,62 @@ fn host_device_greedy_parity_families() {
     for (name, w) in models {
         eprintln!("{name}: {:?}", w.config.features.non_llama());
         host_parity(w, true);
+    }
+}
+
+/// The synthetic Phi models of `scripts/reference/phi_fixtures.py` (the
+/// ones kestrel-cpu's `phi` test holds against NumPy): `phi` (F32, rotary
+/// on half of each head), `phi_bf16` (BF16 matrices, rotary on a quarter,
+/// three layers), and `phi` under `--quantize q8_0` (its matrices Q8_0,
+/// so decode takes `mmvq_*` on int8 rows quantized from the LayerNorm's
+/// and `bias_gelu`'s f16 outputs). `None` (skipped, said so) without the
+/// Python side unless required.
+fn phi_models() -> Option<Vec<(&'static str, ModelWeights)>> {
+    let dir = reference_python::fixture_script("phi_fixtures.py", "cuda phi", "cuda-phi", &[])?;
+    let out = [("phi", false), ("phi_bf16", false), ("phi q8_0", true)]
+        .into_iter()
+        .map(|(name, q8)| {
+            let path = dir.join(name.split(' ').next().expect("a name"));
+            let mut loaded = kestrel_model::load(&path).expect("load the Phi directory");
+            assert_eq!(
+                loaded.weights.config.architecture,
+                kestrel_model::Family::Phi
+            );
+            if q8 {
+                let report = kestrel_model::quantize_loaded(&mut loaded, DType::Q8_0).unwrap();
+                assert!(report.quantized > 0, "{report:?}");
+            }
+            (name, loaded.weights)
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(out)
+}
+
+/// CI, no GPU: `Family::Phi` (Moondream 2's text decoder: LayerNorm with
+/// bias, parallel attention and FFN off one norm, partial rotary, biases on
+/// every projection, an ungated GELU-tanh FFN, an untied LM head with a
+/// bias) through the CUDA runtime on the host device, graphs on, greedy
+/// tokens equal to the CPU runtime's; and the LM head's bias left out
+/// diverges (the check can fail).
+#[test]
+fn host_device_greedy_parity_phi() {
+    let Some(models) = phi_models() else {
+        return;
+    };
+    for (name, w) in models {
+        eprintln!("{name}: {:?}", w.config.features.non_llama());
+        host_parity(w.clone(), true);
+        let mut no_bias = w.clone();
+        no_bias.lm_head_bias = None;
+        let ps = prompts(w.config.vocab_size as u32);
+        let mut host = HostRuntime::new(no_bias, cuda_config(true)).unwrap();
+        let mut cpu = cpu_runtime(w);
+        assert_ne!(
+            tokens(&run(&mut host, &ps, 8, true)),
+            tokens(&run(&mut cpu, &ps, 8, false)),
+            "{name}: the LM head's bias changes nothing"
+        );
     }
 }
 

@@ -174,7 +174,10 @@ pub struct RopeKvAppend {
     pub num_q_heads: usize,
     pub num_k_heads: usize,
     pub head_dim: usize,
-    /// `[max_pos][cos.. | sin..]`, f32.
+    /// Dimensions rotated per head (the first ones; `head_dim` but for
+    /// Phi's partial rotary); the rest pass through.
+    pub rotary_dim: usize,
+    /// `[max_pos][cos.. | sin..]` (`rotary_dim` floats a row), f32.
     pub table: u64,
     pub pos: u64,
     pub interleaved: bool,
@@ -288,6 +291,118 @@ pub struct Softcap {
     pub x: u64,
     pub cap: f32,
     pub len: usize,
+}
+
+/// `add_layer_norm`: `x += delta` (delta 0: none), `out[out_row[i]] =
+/// layernorm(x) * w + b` (f16): Phi's norms.
+#[derive(Debug, Clone, Copy)]
+pub struct AddLayerNorm {
+    pub x: u64,
+    pub delta: u64,
+    pub w: u64,
+    pub b: u64,
+    pub out: u64,
+    /// `i32` per row (-1: skip), 0: identity.
+    pub out_row: u64,
+    pub hidden: usize,
+    pub eps: f32,
+    pub n: usize,
+}
+
+/// `add_f32`: `x[j] += y[j]` for `j < len` (a residual add without a norm).
+#[derive(Debug, Clone, Copy)]
+pub struct AddF32 {
+    pub x: u64,
+    pub y: u64,
+    pub len: usize,
+}
+
+/// `bias_gelu`: `out[i, j] = gelu_tanh(y[i, j] + b[j])` (f16), rows of `f`
+/// (an ungated FFN's `fc1`; `b` 0: no bias).
+#[derive(Debug, Clone, Copy)]
+pub struct BiasGelu {
+    pub y: u64,
+    pub b: u64,
+    pub out: u64,
+    pub f: usize,
+    pub n: usize,
+}
+
+/// `spatial_values` (`kernels/region.cu`): row i's value for its sampled
+/// token `tokens[i]` from its decoder logits, into `values[i]` and (with
+/// `rows`) `pending[rows[i]]` (3 f32 each: coord, w, h).
+#[derive(Debug, Clone, Copy)]
+pub struct SpatialValues {
+    pub coord_logits: u64,
+    pub coord_bins: usize,
+    /// Rows of `2 * size_bins` (width bins, then height bins).
+    pub size_logits: u64,
+    pub size_bins: usize,
+    /// `size_bins` f32: the size of each bin.
+    pub size_table: u64,
+    pub tokens: u64,
+    /// 0: no pending values written.
+    pub rows: u64,
+    pub coord_id: u32,
+    pub size_id: u32,
+    pub values: u64,
+    pub pending: u64,
+    pub n: usize,
+}
+
+/// `fourier_features`: the region encoders' f16 inputs from each row's
+/// values (`values[rows ? rows[i] : i]`).
+#[derive(Debug, Clone, Copy)]
+pub struct FourierFeatures {
+    pub values: u64,
+    /// 0: rows read directly.
+    pub rows: u64,
+    pub coord_w: u64,
+    pub coord_half: usize,
+    pub size_w: u64,
+    pub size_half: usize,
+    pub coord_feats: u64,
+    pub size_feats: u64,
+    pub n: usize,
+}
+
+/// `spatial_embed`: rows of `x` whose input token is `coord_id` /
+/// `size_id` take the coordinate / size encoder's output row.
+#[derive(Debug, Clone, Copy)]
+pub struct SpatialEmbed {
+    pub x: u64,
+    pub coord_emb: u64,
+    pub size_emb: u64,
+    pub tokens: u64,
+    /// 0: tokens read directly.
+    pub rows: u64,
+    pub coord_id: u32,
+    pub size_id: u32,
+    pub hidden: usize,
+    pub n: usize,
+}
+
+/// `hidden_f16`: row i of the f32 rows `x` to row `out_row[i]` of `out`
+/// (f16; -1: none; `out_row` 0: identity).
+#[derive(Debug, Clone, Copy)]
+pub struct HiddenF16 {
+    pub x: u64,
+    pub out_row: u64,
+    pub out: u64,
+    pub hidden: usize,
+    pub n: usize,
+}
+
+/// `accept_values` (`kernels/region.cu`): member i's pending values
+/// (`pending[kv_rows[i]]`, 3 f32) = `values[qo[i] + accepted[i] - 1]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptValues {
+    pub qo: u64,
+    pub accepted: u64,
+    pub kv_rows: u64,
+    pub values: u64,
+    pub pending: u64,
+    pub n: usize,
 }
 
 /// `reset_counts`: zero the penalty counts of the KV rows `rows[..n]`.
@@ -463,6 +578,14 @@ pub trait Device: Send + Sized + 'static {
     fn rms_norm_f32(&self, a: RmsNormF32) -> Result<(), CudaError>;
     fn scale_f32(&self, a: ScaleF32) -> Result<(), CudaError>;
     fn softcap(&self, a: Softcap) -> Result<(), CudaError>;
+    fn add_layer_norm(&self, a: AddLayerNorm) -> Result<(), CudaError>;
+    fn add_f32(&self, a: AddF32) -> Result<(), CudaError>;
+    fn bias_gelu(&self, a: BiasGelu) -> Result<(), CudaError>;
+    fn spatial_values(&self, a: SpatialValues) -> Result<(), CudaError>;
+    fn fourier_features(&self, a: FourierFeatures) -> Result<(), CudaError>;
+    fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError>;
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError>;
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError>;
     fn reset_counts(&self, a: ResetCounts) -> Result<(), CudaError>;
     fn count_tokens(&self, a: CountTokens) -> Result<(), CudaError>;
     fn verify_inputs(&self, a: VerifyInputs) -> Result<(), CudaError>;

@@ -20,12 +20,16 @@ use super::backend::{
     PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, SampleRows, ScaleF32,
     Softcap, Stream, Swiglu, SwigluQ8, VerifyInputs,
 };
+use super::backend::{
+    AcceptValues, AddF32, AddLayerNorm, BiasGelu, FourierFeatures, HiddenF16, SpatialEmbed,
+    SpatialValues,
+};
 use super::mem::{DevBuf, HostBuf};
 use super::timing::DeviceClock;
 use crate::compile::CompiledKernel;
 use crate::kernels::{
     ATTENTION_HEADS_PER_BLOCK, ATTENTION_THREADS, MMVQ_MAX_ROWS, MMVQ_WARPS, PREFILL_Q_ROWS,
-    PREFILL_THREADS, SAMPLE_THREADS,
+    PREFILL_THREADS, SAMPLE_THREADS, SPATIAL_THREADS,
 };
 use crate::quant::{mmvq_kernel, type_code, BLOCK};
 use crate::reference::NORM_THREADS;
@@ -508,7 +512,13 @@ impl Device for CudaDevice {
         let mut b = self
             .stream
             .launch_builder(self.kernels.get("rope_kv_append"));
-        b.arg(&a.qkv).arg(&stride).arg(&nq).arg(&nk).arg(&hd);
+        let rot = i(a.rotary_dim);
+        b.arg(&a.qkv)
+            .arg(&stride)
+            .arg(&nq)
+            .arg(&nk)
+            .arg(&hd)
+            .arg(&rot);
         b.arg(&a.table).arg(&a.pos).arg(&interleaved);
         b.arg(&a.q_norm).arg(&a.k_norm).arg(&a.eps);
         b.arg(&a.k_cache)
@@ -517,7 +527,7 @@ impl Device for CudaDevice {
             .arg(&n);
         let head_blocks = (a.num_q_heads + a.num_k_heads).div_ceil(4) as u32;
         // SAFETY: matches `rope_kv_append`; the table covers every position
-        // the runtime admits (max_seq_len rows); slot_mapping entries are
+        // the runtime admits (max_seq_len rows of rotary_dim <= head_dim); slot_mapping entries are
         // below (num_pages + 1) * page_size, the layer's extent; qkv rows
         // hold Q | K | V (stride = q_dim + 2 kv_dim); q_norm / k_norm are
         // 0 or head_dim floats; 128 threads are 4 whole warps (one per
@@ -637,6 +647,125 @@ impl Device for CudaDevice {
         let blocks = a.len.div_ceil(256).clamp(1, 65535) as u32;
         // SAFETY: matches `softcap` (grid-stride); x holds len floats.
         unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn add_layer_norm(&self, a: AddLayerNorm) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("add_layer_norm"));
+        b.arg(&a.x)
+            .arg(&a.delta)
+            .arg(&a.w)
+            .arg(&a.b)
+            .arg(&a.out)
+            .arg(&a.out_row);
+        b.arg(&h).arg(&a.eps).arg(&n);
+        // SAFETY: matches `add_layer_norm`; x/delta/out hold n rows of
+        // hidden, w and b hidden floats; NORM_THREADS is a multiple of 32
+        // (its block sums' warps).
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), NORM_THREADS as u32)) }?;
+        Ok(())
+    }
+
+    fn add_f32(&self, a: AddF32) -> Result<(), CudaError> {
+        let len = a.len as u64;
+        let mut b = self.stream.launch_builder(self.kernels.get("add_f32"));
+        b.arg(&a.x).arg(&a.y).arg(&len);
+        let blocks = a.len.div_ceil(256).clamp(1, 65535) as u32;
+        // SAFETY: matches `add_f32` (grid-stride); x and y hold len floats.
+        unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn bias_gelu(&self, a: BiasGelu) -> Result<(), CudaError> {
+        let (f, n) = (i(a.f), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("bias_gelu"));
+        b.arg(&a.y).arg(&a.b).arg(&a.out).arg(&f).arg(&n);
+        let blocks = (a.n * a.f).div_ceil(256).clamp(1, 65535) as u32;
+        // SAFETY: matches `bias_gelu` (grid-stride); y holds n rows of f
+        // floats, out n rows of f halves, b 0 or f floats.
+        unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn spatial_values(&self, a: SpatialValues) -> Result<(), CudaError> {
+        let (cb, sb, n) = (i(a.coord_bins), i(a.size_bins), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("spatial_values"));
+        b.arg(&a.coord_logits).arg(&cb).arg(&a.size_logits).arg(&sb);
+        b.arg(&a.size_table).arg(&a.tokens).arg(&a.rows);
+        b.arg(&a.coord_id).arg(&a.size_id);
+        b.arg(&a.values).arg(&a.pending).arg(&n);
+        // SAFETY: matches `spatial_values`; the logits hold n rows of
+        // coord_bins / 2 size_bins floats, the table size_bins, tokens and
+        // rows n entries, values n * 3 floats and pending 3 floats per KV
+        // row; SPATIAL_THREADS sizes its shared arrays.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), SPATIAL_THREADS)) }?;
+        Ok(())
+    }
+
+    fn fourier_features(&self, a: FourierFeatures) -> Result<(), CudaError> {
+        let (ch, sh, n) = (i(a.coord_half), i(a.size_half), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("fourier_features"));
+        b.arg(&a.values).arg(&a.rows).arg(&a.coord_w).arg(&ch);
+        b.arg(&a.size_w)
+            .arg(&sh)
+            .arg(&a.coord_feats)
+            .arg(&a.size_feats);
+        b.arg(&n);
+        let blocks = (a.n * (a.coord_half + a.size_half))
+            .div_ceil(256)
+            .clamp(1, 65535) as u32;
+        // SAFETY: matches `fourier_features` (grid-stride); values hold 3
+        // floats per row (through rows when given), the frequencies
+        // coord_half and 2 size_half floats, the features n rows each.
+        unsafe { b.launch(launch_cfg((blocks, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn spatial_embed(&self, a: SpatialEmbed) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("spatial_embed"));
+        b.arg(&a.x).arg(&a.coord_emb).arg(&a.size_emb);
+        b.arg(&a.tokens)
+            .arg(&a.rows)
+            .arg(&a.coord_id)
+            .arg(&a.size_id);
+        b.arg(&h).arg(&n);
+        // SAFETY: matches `spatial_embed`; x and both embeddings hold n rows
+        // of hidden floats, tokens cover every row's (indirect) index.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn hidden_f16(&self, a: HiddenF16) -> Result<(), CudaError> {
+        let (h, n) = (i(a.hidden), i(a.n));
+        let mut b = self.stream.launch_builder(self.kernels.get("hidden_f16"));
+        b.arg(&a.x).arg(&a.out_row).arg(&a.out).arg(&h).arg(&n);
+        // SAFETY: matches `hidden_f16`; x holds n rows of hidden floats,
+        // out every row out_row names (or n), out_row 0 or n entries.
+        unsafe { b.launch(launch_cfg((a.n as u32, 1), 256)) }?;
+        Ok(())
+    }
+
+    fn accept_values(&self, a: AcceptValues) -> Result<(), CudaError> {
+        let n = i(a.n);
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("accept_values"));
+        b.arg(&a.qo).arg(&a.accepted).arg(&a.kv_rows);
+        b.arg(&a.values).arg(&a.pending).arg(&n);
+        // SAFETY: matches `accept_values`; qo holds n + 1 offsets, accepted
+        // (>= 1 each, from accept_drafts) and kv_rows n entries, values 3
+        // floats per row, pending 3 per KV row.
+        unsafe { b.launch(launch_cfg((a.n.div_ceil(64) as u32, 1), 64)) }?;
         Ok(())
     }
 

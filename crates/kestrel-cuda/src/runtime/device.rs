@@ -9,7 +9,13 @@
 //! RoPE table per distinct layer RoPE (frequency factors, linear scaling,
 //! local base), sliding windows and the attention scale (attention's
 //! arguments), post-attention / post-FFN norms of the sublayer outputs,
-//! GELU-tanh (`gelu_mul*`), and the final logit softcap. A matmul of up to
+//! GELU-tanh (`gelu_mul*`), and the final logit softcap; Phi's block
+//! (`Family::Phi`, Moondream's text model): LayerNorm with bias
+//! (`add_layer_norm`), the FFN reading the attention norm's output
+//! (parallel block: `x += attn` by `add_f32`, then `x += mlp` at the next
+//! norm, the CPU's order), partial rotary (`rotary_dim`), the projections'
+//! and LM head's biases (`add_bias`), an ungated FFN (`bias_gelu`);
+//! Moondream's region model and spatial stage live in `region.rs`. A matmul of up to
 //! `MMVQ_CROSSOVER_ROWS` rows on a quantized weight runs `mmvq_*` on int8
 //! activations (quantized fused into the norm / SwiGLU that produces them);
 //! larger ones dequantize the weight tile by tile to f16 for the GEMM.
@@ -24,10 +30,12 @@ use half::f16;
 use kestrel_model::{Activation, DType, LayerRope, Matrix, ModelConfig, ModelWeights, RopeStyle};
 
 use super::backend::{
-    AddBias, AddRmsNorm, AddRmsNormQ8, CountTokens, DequantF16, DevMem, Device, EmbedGather,
-    EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention, PrefillAttention, QuantizeQ8H,
-    ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap, Swiglu, SwigluQ8,
+    AddBias, AddF32, AddLayerNorm, AddRmsNorm, AddRmsNormQ8, BiasGelu, CountTokens, DequantF16,
+    DevMem, Device, EmbedGather, EmbedGatherQ, GeluMul, GeluMulQ8, Gemm, Mmvq, PagedAttention,
+    PrefillAttention, QuantizeQ8H, ResetCounts, RmsNormF32, RopeKvAppend, ScaleF32, Softcap,
+    Swiglu, SwigluQ8,
 };
+use super::region::DeviceRegion;
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
@@ -38,7 +46,7 @@ use crate::CudaError;
 
 /// One device matrix of a projection, in its file's encoding: `rows`
 /// output columns from `out_offset` (see `quant::PartPlan`).
-struct Part<D: Device> {
+pub(super) struct Part<D: Device> {
     dtype: DType,
     rows: usize,
     cols: usize,
@@ -47,14 +55,19 @@ struct Part<D: Device> {
 }
 
 /// Matrices sharing one input and writing one output row of `out` values.
-struct Proj<D: Device> {
-    parts: Vec<Part<D>>,
-    out: usize,
-    inp: usize,
+pub(super) struct Proj<D: Device> {
+    pub(super) parts: Vec<Part<D>>,
+    pub(super) out: usize,
+    pub(super) inp: usize,
 }
 
 impl<D: Device> Proj<D> {
-    fn upload(d: &D, what: &str, mats: &[&Matrix], bytes: &mut usize) -> Result<Self, CudaError> {
+    pub(super) fn upload(
+        d: &D,
+        what: &str,
+        mats: &[&Matrix],
+        bytes: &mut usize,
+    ) -> Result<Self, CudaError> {
         let mut parts = Vec::new();
         for p in plan_parts(what, mats)? {
             let data = part_bytes(&p, mats);
@@ -74,7 +87,7 @@ impl<D: Device> Proj<D> {
         })
     }
 
-    fn needs(&self, n: usize) -> Needs {
+    pub(super) fn needs(&self, n: usize) -> Needs {
         needs(&self.parts, n)
     }
 }
@@ -93,14 +106,17 @@ fn needs<D: Device>(parts: &[Part<D>], n: usize) -> Needs {
 
 /// Which forms of its input a projection reads.
 #[derive(Debug, Clone, Copy, Default)]
-struct Needs {
+pub(super) struct Needs {
     f16: bool,
-    q8: bool,
+    pub(super) q8: bool,
 }
 
 struct Layer<D: Device> {
     attn_norm: D::Buf,
-    ffn_norm: D::Buf,
+    /// LayerNorm's bias (Phi); `None`: RMSNorm.
+    attn_norm_bias: Option<D::Buf>,
+    /// `None` for a parallel block (its FFN reads the attention norm's output).
+    ffn_norm: Option<D::Buf>,
     /// Per-head q/k RMSNorm weights (Qwen3, Gemma 3).
     qk_norm: Option<(D::Buf, D::Buf)>,
     /// Norms of the attention / FFN outputs before their residual adds (Gemma).
@@ -113,6 +129,10 @@ struct Layer<D: Device> {
     qkv: Proj<D>,
     bqkv: Option<D::Buf>,
     wo: Proj<D>,
+    /// The O projection's bias, the ungated FFN's `fc1` and `fc2` biases (Phi).
+    bo: Option<D::Buf>,
+    b_up: Option<D::Buf>,
+    b_down: Option<D::Buf>,
     gate_up: Proj<D>,
     down: Proj<D>,
 }
@@ -131,6 +151,12 @@ pub(crate) struct FwdArgs {
     pub kv_indices: u64,
     /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
     pub out_row: u64,
+    /// The KV row whose pending values (and pending token) are each input
+    /// row's, when a region model embeds spatial inputs (`region.rs`):
+    /// `rows` in decode, the member's for its first row of a verifying
+    /// step (reserved KV row 0, never sampled into, for its drafts); 0 in
+    /// a prefill (prompt tokens only).
+    pub spatial_rows: u64,
     /// The rows come in runs of one sequence's consecutive positions
     /// (prefill chunks): attention runs `prefill_attention`, which reads
     /// each K/V tile once per run. Otherwise (decode: one row per
@@ -167,13 +193,20 @@ pub(crate) struct DeviceModel<D: Device> {
     lm_head: Option<Proj<D>>,
     /// Int8 activations of up to `MMVQ_CROSSOVER_ROWS` rows (the widest input).
     xq: D::Buf,
+    xq_bytes: usize,
     /// The f16 tile non-f16 weights are dequantized into for the GEMM.
     tile: D::Buf,
+    tile_bytes: usize,
     /// Decode attention's key ranges (`PagedAttention::part`) for the
     /// widest decode step, and how many ranges a row takes at most.
     attn_part: D::Buf,
     attn_splits: usize,
     output_norm: D::Buf,
+    /// The final LayerNorm's bias and the LM head's bias (Phi).
+    output_norm_bias: Option<D::Buf>,
+    lm_head_bias: Option<D::Buf>,
+    /// Dimensions RoPE rotates per head (`head_dim` but for partial rotary).
+    rotary_dim: usize,
     layers: Vec<Layer<D>>,
     /// One cos/sin table per distinct layer RoPE (global, local).
     ropes: Vec<D::Buf>,
@@ -192,6 +225,9 @@ pub(crate) struct DeviceModel<D: Device> {
     /// The page past the pool that padding rows write to.
     pub trash_page: u32,
     pub weight_bytes: usize,
+    /// Moondream's region model and the spatial stage's state
+    /// (`runtime/region.rs`), once attached.
+    pub(super) region: Option<DeviceRegion<D>>,
     // Last: every buffer above is freed before the device goes.
     pub d: D,
 }
@@ -220,16 +256,19 @@ impl<D: Device> DeviceModel<D> {
             )));
         }
         let fe = &c.features;
-        if fe.norm != kestrel_model::NormKind::Rms
-            || fe.parallel_block
-            || !fe.gated_ffn
-            || fe.linear_biases
-            || fe.rotary_dim.is_some()
+        let layer_norm = fe.norm == kestrel_model::NormKind::Layer;
+        let rotary_dim = fe.rotary_dim.unwrap_or(c.head_dim);
+        // kestrel-cpu's block: a LayerNorm model is a parallel one (its
+        // FFN norm is RMS otherwise), an ungated FFN is GELU-tanh.
+        if (layer_norm && !fe.parallel_block)
+            || (!fe.gated_ffn && fe.activation != Activation::GeluTanh)
+            || rotary_dim > c.head_dim
+            || !rotary_dim.is_multiple_of(2)
         {
             return Err(CudaError::Unsupported(format!(
-                "the {} block (LayerNorm, parallel attention and FFN, ungated FFN, \
-                 output biases, partial rotary); kestrel-cpu runs it",
-                c.architecture
+                "the {} block (LayerNorm without a parallel block, an ungated FFN \
+                 without GELU-tanh, or rotary_dim {rotary_dim} of head_dim {})",
+                c.architecture, c.head_dim
             )));
         }
         if w.layers.len() != c.num_layers {
@@ -269,7 +308,7 @@ impl<D: Device> DeviceModel<D> {
             let rope = match rope_specs.iter().position(same) {
                 Some(r) => r,
                 None => {
-                    ropes.push(d.upload(&rope_table_of(&lr, max_pos, c.head_dim))?);
+                    ropes.push(d.upload(&rope_table_of(&lr, max_pos, rotary_dim))?);
                     rope_specs.push(lr);
                     rope_specs.len() - 1
                 }
@@ -309,12 +348,39 @@ impl<D: Device> DeviceModel<D> {
             } else {
                 None
             };
+            let vector = |v: &Option<Vec<f32>>, what: &str, len: usize| match v {
+                Some(v) if v.len() == len => d.upload(v).map(Some),
+                Some(_) => Err(CudaError::Unsupported(format!(
+                    "layer {i}: {what} not {len} floats"
+                ))),
+                None => Ok(None),
+            };
+            let attn_norm_bias = vector(&l.attn_norm_bias, "attn_norm_bias", c.hidden_size)?;
+            if layer_norm != attn_norm_bias.is_some() {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {i}: a LayerNorm needs its bias (and an RMSNorm has none)"
+                )));
+            }
+            let bo = vector(&l.bo, "bo", c.hidden_size)?;
+            let b_up = vector(&l.b_up, "b_up", c.intermediate_size)?;
+            let b_down = vector(&l.b_down, "b_down", c.hidden_size)?;
+            if b_up.is_some() && l.w_gate.is_some() {
+                return Err(CudaError::Unsupported(format!(
+                    "layer {i}: an FFN bias on a gated FFN"
+                )));
+            }
+            let ffn_norm = if fe.parallel_block {
+                None
+            } else {
+                Some(d.upload(&l.ffn_norm)?)
+            };
             let [qkv, wo, gate_up, down] = layer_projections(l);
             let what = format!("layer {}", layers.len());
             let mut up = |mats: &[&Matrix]| Proj::upload(&d, &what, mats, &mut weight_bytes);
             layers.push(Layer {
                 attn_norm: d.upload(&l.attn_norm)?,
-                ffn_norm: d.upload(&l.ffn_norm)?,
+                attn_norm_bias,
+                ffn_norm,
                 qk_norm,
                 post_attn_norm,
                 post_ffn_norm,
@@ -323,6 +389,9 @@ impl<D: Device> DeviceModel<D> {
                 qkv: up(&qkv)?,
                 bqkv,
                 wo: up(&wo)?,
+                bo,
+                b_up,
+                b_down,
                 gate_up: up(&gate_up)?,
                 down: up(&down)?,
             });
@@ -331,7 +400,8 @@ impl<D: Device> DeviceModel<D> {
         // them first, and the host device's poisoned `alloc` makes CI fail
         // if a change breaks that.
         let widest = c.hidden_size.max(qd).max(c.intermediate_size);
-        let xq = d.alloc(MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * Q8_BLOCK_BYTES)?;
+        let xq_bytes = MMVQ_CROSSOVER_ROWS * widest.div_ceil(BLOCK) * Q8_BLOCK_BYTES;
+        let xq = d.alloc(xq_bytes)?;
         let any_tiled = layers
             .iter()
             .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
@@ -339,8 +409,21 @@ impl<D: Device> DeviceModel<D> {
             .flat_map(|p| &p.parts)
             .chain([&embd].into_iter().filter(|_| c.tie_word_embeddings))
             .any(|p| p.dtype != DType::F16);
-        let tile = d.alloc(if any_tiled { TILE_ELEMS * 2 } else { 0 })?;
+        let tile_bytes = if any_tiled { TILE_ELEMS * 2 } else { 0 };
+        let tile = d.alloc(tile_bytes)?;
         let output_norm = d.upload(&w.output_norm)?;
+        let head_vector = |v: &Option<Vec<f32>>, what: &str, len: usize| match v {
+            Some(v) if v.len() == len => d.upload(v).map(Some),
+            Some(_) => Err(CudaError::Unsupported(format!("{what} not {len} floats"))),
+            None => Ok(None),
+        };
+        let output_norm_bias = head_vector(&w.output_norm_bias, "output_norm_bias", c.hidden_size)?;
+        if layer_norm != output_norm_bias.is_some() {
+            return Err(CudaError::Unsupported(
+                "the final LayerNorm needs its bias (and an RMSNorm has none)".into(),
+            ));
+        }
+        let lm_head_bias = head_vector(&w.lm_head_bias, "lm_head_bias", c.vocab_size)?;
         // Decode attention: every row's ranges at the longest context, for
         // the widest decode step (a row per KV row but the reserved one).
         // Written by the split pass before the merge reads it.
@@ -365,10 +448,15 @@ impl<D: Device> DeviceModel<D> {
             embd,
             lm_head,
             xq,
+            xq_bytes,
             tile,
+            tile_bytes,
             attn_part,
             attn_splits,
             output_norm,
+            output_norm_bias,
+            lm_head_bias,
+            rotary_dim,
             layers,
             ropes,
             k_cache,
@@ -380,6 +468,7 @@ impl<D: Device> DeviceModel<D> {
             page_size,
             trash_page: num_pages as u32,
             weight_bytes,
+            region: None,
             d,
         })
     }
@@ -388,7 +477,7 @@ impl<D: Device> DeviceModel<D> {
     /// columns of rows `out` apart), each on its `matmul_path`: `mmvq_*` on
     /// `self.xq` (written by the caller when `needs(..).q8`), the GEMM on
     /// the f16 rows `x16` and the f16 weight or its dequantized tiles.
-    fn matmul(
+    pub(super) fn matmul(
         &self,
         y: u64,
         parts: &[Part<D>],
@@ -450,8 +539,27 @@ impl<D: Device> DeviceModel<D> {
         Ok(())
     }
 
+    /// Grow the int8 activation scratch to `xq_bytes` and, when `tile` is
+    /// given, the dequantization tile to `tile` bytes (at load: nothing
+    /// captured reads them yet).
+    pub(super) fn grow_scratch(
+        &mut self,
+        xq_bytes: usize,
+        tile: Option<usize>,
+    ) -> Result<(), CudaError> {
+        if xq_bytes > self.xq_bytes {
+            self.xq = self.d.alloc(xq_bytes)?;
+            self.xq_bytes = xq_bytes;
+        }
+        if let Some(t) = tile.filter(|&t| t > self.tile_bytes) {
+            self.tile = self.d.alloc(t)?;
+            self.tile_bytes = t;
+        }
+        Ok(())
+    }
+
     /// f16 rows `x` (`cols` wide) to int8 blocks in `self.xq`.
-    fn quantize_q8(&self, x: u64, cols: usize, n: usize) -> Result<(), CudaError> {
+    pub(super) fn quantize_q8(&self, x: u64, cols: usize, n: usize) -> Result<(), CudaError> {
         self.d.quantize_q8_h(QuantizeQ8H {
             x,
             xq: self.xq.ptr(),
@@ -460,17 +568,35 @@ impl<D: Device> DeviceModel<D> {
         })
     }
 
-    /// add + RMSNorm of `n` rows into what `need` asks for: f16 rows in
-    /// `out`, int8 blocks in `self.xq` (fused when only they are needed).
+    /// add + RMSNorm (LayerNorm when `w` comes with a bias) of `n` rows
+    /// into what `need` asks for: f16 rows in `out`, int8 blocks in
+    /// `self.xq` (fused when only they are needed, RMSNorm only).
     fn norm_into(
         &self,
         x: u64,
         delta: u64,
-        w: u64,
+        (w, bias): (u64, Option<&D::Buf>),
         out: u64,
         n: usize,
         need: Needs,
     ) -> Result<(), CudaError> {
+        if let Some(b) = bias {
+            self.d.add_layer_norm(AddLayerNorm {
+                x,
+                delta,
+                w,
+                b: b.ptr(),
+                out,
+                out_row: 0,
+                hidden: self.cfg.hidden_size,
+                eps: self.cfg.rms_norm_eps,
+                n,
+            })?;
+            if need.q8 {
+                self.quantize_q8(out, self.cfg.hidden_size, n)?;
+            }
+            return Ok(());
+        }
         if need.f16 || !need.q8 {
             self.add_rms_norm(x, delta, w, out, 0, n)?;
             if need.q8 {
@@ -527,11 +653,18 @@ impl<D: Device> DeviceModel<D> {
                 len: n * c.hidden_size,
             })?;
         }
+        // Decode rows whose input is a coordinate or a size (Moondream).
+        self.spatial_inputs(a)?;
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
+        let h = c.hidden_size;
+        let parallel = c.features.parallel_block;
         for (l, lw) in self.layers.iter().enumerate() {
             let delta = if l == 0 { 0 } else { a.delta };
-            let need = lw.qkv.needs(n);
-            self.norm_into(a.x, delta, lw.attn_norm.ptr(), a.xn, n, need)?;
+            let mut need = lw.qkv.needs(n);
+            // A parallel block's FFN reads the norm's f16 rows too.
+            need.f16 |= parallel;
+            let norm = (lw.attn_norm.ptr(), lw.attn_norm_bias.as_ref());
+            self.norm_into(a.x, delta, norm, a.xn, n, need)?;
             self.matmul(a.qkv, &lw.qkv.parts, lw.qkv.out, a.xn, n)?;
             if let Some(bias) = &lw.bqkv {
                 d.add_bias(AddBias {
@@ -550,9 +683,11 @@ impl<D: Device> DeviceModel<D> {
                 num_q_heads: c.num_heads,
                 num_k_heads: c.num_kv_heads,
                 head_dim: hd,
+                rotary_dim: self.rotary_dim,
                 table: self.ropes[lw.rope].ptr(),
                 pos: a.positions,
-                interleaved: c.rope_style == RopeStyle::Interleaved,
+                // Partial rotary is half-split (kestrel-cpu's `rope_partial`).
+                interleaved: c.rope_style == RopeStyle::Interleaved && self.rotary_dim == hd,
                 q_norm: lw.qk_norm.as_ref().map_or(0, |(q, _)| q.ptr()),
                 k_norm: lw.qk_norm.as_ref().map_or(0, |(_, k)| k.ptr()),
                 eps: c.rms_norm_eps,
@@ -590,22 +725,79 @@ impl<D: Device> DeviceModel<D> {
                 self.quantize_q8(a.attn, lw.wo.inp, n)?;
             }
             self.matmul(a.delta, &lw.wo.parts, lw.wo.out, a.attn, n)?;
+            self.bias(a.delta, lw.bo.as_ref(), h, n)?;
             self.post_norm(a.delta, lw.post_attn_norm.as_ref(), n)?;
             let need = lw.gate_up.needs(n);
-            self.norm_into(a.x, a.delta, lw.ffn_norm.ptr(), a.xn, n, need)?;
+            match &lw.ffn_norm {
+                Some(ffn_norm) => {
+                    self.norm_into(a.x, a.delta, (ffn_norm.ptr(), None), a.xn, n, need)?
+                }
+                None => {
+                    // Parallel: x += attn now; the FFN reads the attention
+                    // norm's rows, still in `xn`.
+                    d.add_f32(AddF32 {
+                        x: a.x,
+                        y: a.delta,
+                        len: n * h,
+                    })?;
+                    if need.q8 {
+                        self.quantize_q8(a.xn, h, n)?;
+                    }
+                }
+            }
             self.matmul(a.gate_up, &lw.gate_up.parts, lw.gate_up.out, a.xn, n)?;
-            self.act_mul(a.gate_up, a.act, lw.down.needs(n), n)?;
+            if lw.gate_up.parts.len() == 1 && lw.gate_up.out == c.intermediate_size {
+                // Ungated (Phi's fc1): gelu_tanh(up x + b_up).
+                d.bias_gelu(BiasGelu {
+                    y: a.gate_up,
+                    b: lw.b_up.as_ref().map_or(0, |b| b.ptr()),
+                    out: a.act,
+                    f: c.intermediate_size,
+                    n,
+                })?;
+                if lw.down.needs(n).q8 {
+                    self.quantize_q8(a.act, c.intermediate_size, n)?;
+                }
+            } else {
+                self.act_mul(a.gate_up, a.act, lw.down.needs(n), n)?;
+            }
             self.matmul(a.delta, &lw.down.parts, lw.down.out, a.act, n)?;
+            self.bias(a.delta, lw.b_down.as_ref(), h, n)?;
             self.post_norm(a.delta, lw.post_ffn_norm.as_ref(), n)?;
         }
-        self.add_rms_norm(
-            a.x,
-            a.delta,
-            self.output_norm.ptr(),
-            a.hidden_last,
-            a.out_row,
+        match &self.output_norm_bias {
+            Some(b) => d.add_layer_norm(AddLayerNorm {
+                x: a.x,
+                delta: a.delta,
+                w: self.output_norm.ptr(),
+                b: b.ptr(),
+                out: a.hidden_last,
+                out_row: a.out_row,
+                hidden: h,
+                eps: c.rms_norm_eps,
+                n,
+            }),
+            None => self.add_rms_norm(
+                a.x,
+                a.delta,
+                self.output_norm.ptr(),
+                a.hidden_last,
+                a.out_row,
+                n,
+            ),
+        }
+    }
+
+    /// `y[i] += b` for `n` rows of `d` (a projection's bias), if any.
+    fn bias(&self, y: u64, b: Option<&D::Buf>, d: usize, n: usize) -> Result<(), CudaError> {
+        let Some(b) = b else { return Ok(()) };
+        self.d.add_bias(AddBias {
+            y,
+            b: b.ptr(),
+            stride: d,
+            d,
             n,
-        )
+        })
     }
 
     /// `act(gate) * up` of `n` rows into what `need` asks for: f16 rows in
@@ -687,6 +879,7 @@ impl<D: Device> DeviceModel<D> {
             self.quantize_q8(hidden_last, self.cfg.hidden_size, n)?;
         }
         self.matmul(logits, parts, self.cfg.vocab_size, hidden_last, n)?;
+        self.bias(logits, self.lm_head_bias.as_ref(), self.cfg.vocab_size, n)?;
         if let Some(cap) = self.cfg.features.final_logit_softcap {
             self.d.softcap(Softcap {
                 x: logits,

@@ -22,6 +22,7 @@ pub mod cuda;
 mod device;
 mod mem;
 mod prefill;
+mod region;
 mod sampling;
 mod slot;
 pub mod timing;
@@ -33,10 +34,10 @@ use std::time::Instant;
 
 use cudarc::driver::{result, CudaContext};
 use kestrel_kv::{KvStats, PagedIndices};
-use kestrel_model::ModelWeights;
+use kestrel_model::{ModelWeights, VisionModel};
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
-    RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId,
+    RequestId, SamplingParams, SlotId, StateError, StepKind, StepOutputs, TokenId, TokenValues,
 };
 pub use kestrel_step::StepConfig;
 use kestrel_step::{executor_kv_queries, StepError, StepFront};
@@ -104,6 +105,8 @@ pub struct Runtime<D: Device> {
     out_top: Vec<(TokenId, f32)>,
     /// A verifying step's members' token offsets into its outputs.
     row_indptr: Vec<u32>,
+    /// A waited step's values (empty when it sampled no spatial id).
+    out_values: Vec<TokenValues>,
     graph_bytes: usize,
     device_name: String,
     /// Completed steps' timings while recording (`record_timings`).
@@ -260,6 +263,7 @@ impl<D: Device> Runtime<D> {
             step_biases: Vec::new(),
             out_top: Vec::new(),
             row_indptr: Vec::new(),
+            out_values: Vec::new(),
             graph_bytes: 0,
             device_name,
             timings: None,
@@ -268,6 +272,40 @@ impl<D: Device> Runtime<D> {
             rt.rebuild_graphs()?;
         }
         Ok(rt)
+    }
+
+    /// Gives the runtime Moondream's region model (`point` / `detect`): the
+    /// step's spatial stage decodes a value for every sampled `coord_id` /
+    /// `size_id` into `StepOutputs::values` and embeds it as the row's next
+    /// input, device-side (`runtime/region.rs`). Recaptures the decode
+    /// graphs. A vision model without a region module or spatial ids is a
+    /// `CudaError::Unsupported`; its encoder and projector are not run here.
+    pub fn with_region(mut self, vision: &VisionModel) -> Result<Self, CudaError> {
+        let (Some(weights), Some(coord_id), Some(size_id)) = (
+            vision.region.as_ref(),
+            vision.prompts.coord_id,
+            vision.prompts.size_id,
+        ) else {
+            return Err(CudaError::Unsupported(
+                "a vision model without a region module or spatial ids".into(),
+            ));
+        };
+        self.dev.d.bind()?;
+        self.synchronize()?;
+        let rows = self.cfg.step.max_rows + self.cfg.step.max_draft_tokens;
+        self.dev.attach_region(region::RegionSpec {
+            weights,
+            config: &vision.config.region,
+            coord_id,
+            size_id,
+            rows: rows.max(self.cfg.step.forward_rows),
+            kv_rows: self.cfg.step.max_rows + 1,
+        })?;
+        self.dev.d.sync()?;
+        if self.cfg.cuda_graphs {
+            self.rebuild_graphs()?;
+        }
+        Ok(self)
     }
 
     /// The device's name, as the driver reports it.
@@ -351,6 +389,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
+            spatial_rows: m.at::<u32>(l.rows()),
             tiled_attention: false,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),
@@ -369,7 +408,10 @@ impl<D: Device> Runtime<D> {
         self.dev.forward_layers(&a)?;
         let s = &self.slots[slot];
         self.dev
-            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), bucket)
+            .lm_head(s.hidden_last.ptr(), s.logits.ptr(), bucket)?;
+        // The region decoders' logits, inside the graph (Moondream).
+        self.dev.keep_hidden(a.x, 0, bucket)?;
+        self.dev.region_logits(bucket)
     }
 
     /// (Re)capture the decode forward of both slots for every bucket (at
@@ -633,6 +675,7 @@ impl<D: Device> Executor for Runtime<D> {
                 top_ids,
                 top_lps,
                 accepted,
+                values,
                 ..
             } = &mut self.render[slot];
             let t = state.top_n;
@@ -642,6 +685,7 @@ impl<D: Device> Executor for Runtime<D> {
                 let (a, k) = (qo[i] as usize, k as usize);
                 tokens.as_mut_slice().copy_within(a..a + k, w);
                 logprobs.as_mut_slice().copy_within(a..a + k, w);
+                values.as_mut_slice().copy_within(a * 3..(a + k) * 3, w * 3);
                 top_ids
                     .as_mut_slice()
                     .copy_within(a * t..(a + k) * t, w * t);
@@ -672,6 +716,19 @@ impl<D: Device> Executor for Runtime<D> {
         }
         let r = &self.render[slot];
         let (n, top_n) = (n_out, state.top_n);
+        // The spatial stage's values, when the step sampled a spatial id.
+        self.out_values.clear();
+        if let Some((coord, size)) = self.dev.spatial_ids() {
+            let tokens = &r.tokens.as_slice()[..n];
+            if tokens.iter().any(|&t| t == coord || t == size) {
+                let v = &r.values.as_slice()[..n * 3];
+                self.out_values
+                    .extend(v.chunks_exact(3).map(|v| TokenValues {
+                        coord: v[0],
+                        size: [v[1], v[2]],
+                    }));
+            }
+        }
         self.out_top.clear();
         let ids = &r.top_ids.as_slice()[..n * top_n];
         let lps = &r.top_lps.as_slice()[..n * top_n];
@@ -683,8 +740,7 @@ impl<D: Device> Executor for Runtime<D> {
             top_logprobs: &self.out_top,
             top_n,
             row_indptr: &self.row_indptr,
-            // No spatial stage on CUDA yet (no region module runs here).
-            values: &[],
+            values: &self.out_values,
         })
     }
 

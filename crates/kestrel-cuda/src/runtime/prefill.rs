@@ -25,6 +25,15 @@ impl<D: Device> Runtime<D> {
         self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
+        // Image rows need the vision encoder, which this runtime lacks:
+        // refused before any work rather than embedded as token ids.
+        if seqs.iter().any(|s| s.embeds.is_some()) {
+            return Err(ExecError::PreDispatch(CudaError::Unsupported(
+                "prompt rows given as embeddings (an image): the CUDA runtime has no vision \
+                 encoder"
+                    .into(),
+            )));
+        }
         self.dev.d.bind().map_err(fatal)?;
         // New sequences take their prompt's pages (they grow lazily, as on
         // the CPU: `grow` before each decode step); a resumed chunk's
@@ -111,16 +120,21 @@ impl<D: Device> Runtime<D> {
                 kv_indptr: m.at::<u32>(layout.kv_indptr()),
                 kv_indices: m.at::<u32>(layout.kv_indices()),
                 out_row: m.at::<u32>(layout.out_row() + a),
+                spatial_rows: 0,
                 tiled_attention: true,
                 ..base
             };
             self.dev.forward_layers(&args).map_err(fatal)?;
+            self.dev
+                .keep_hidden(args.x, args.out_row, n)
+                .map_err(fatal)?;
             a += n;
         }
         if layout.sampled > 0 {
             self.dev
                 .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.sampled)
                 .map_err(fatal)?;
+            self.dev.region_logits(layout.sampled).map_err(fatal)?;
         }
         if timed {
             self.mark(slot, |e| &e.forward_end)

@@ -112,6 +112,16 @@ impl<D: Device> Runtime<D> {
         if n > 0 {
             self.dev.d.sample_rows(a).map_err(fatal)?;
         }
+        // The spatial stage (Moondream): each row's value for its sampled
+        // id, before step-done; a verifying step's pending values follow
+        // its accepted rows (below).
+        let spatial = n > 0 && self.dev.spatial_ids().is_some();
+        if spatial {
+            let rows = if verify.is_some() { 0 } else { state.rows_ptr };
+            self.dev
+                .spatial_values(s.out_tokens.ptr(), rows, s.out_values.ptr(), n)
+                .map_err(fatal)?;
+        }
         if let Some(v) = verify {
             self.dev
                 .d
@@ -127,6 +137,11 @@ impl<D: Device> Runtime<D> {
                     n: v.members,
                 })
                 .map_err(fatal)?;
+            if spatial {
+                self.dev
+                    .accept_values(v, s.out_accepted.ptr(), s.out_values.ptr())
+                    .map_err(fatal)?;
+            }
         }
         let (s, d) = (&self.slots[slot], &self.dev.d);
         if timed {
@@ -152,6 +167,10 @@ impl<D: Device> Runtime<D> {
                     d.dtoh(&mut r.top_ids.as_mut_slice()[..k], s.out_top_ids.ptr())
                         .map_err(ExecError::Fatal)?;
                     d.dtoh(&mut r.top_lps.as_mut_slice()[..k], s.out_top_lps.ptr())
+                        .map_err(ExecError::Fatal)?;
+                }
+                if spatial {
+                    d.dtoh(&mut r.values.as_mut_slice()[..n * 3], s.out_values.ptr())
                         .map_err(ExecError::Fatal)?;
                 }
                 if let Some(v) = verify {

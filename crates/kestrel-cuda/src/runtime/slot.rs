@@ -105,6 +105,8 @@ pub(crate) struct DecodeSlot<D: Device> {
     pub out_top_lps: D::Buf,
     /// Each member's accepted tokens of a verifying step.
     pub out_accepted: D::Buf,
+    /// Each sampled row's spatial values (coord, w, h; Moondream).
+    pub out_values: D::Buf,
     /// The launched verifying step's member row offsets (host copy).
     pub verify_qo: Vec<u32>,
     pub graphs: HashMap<usize, D::Graph>,
@@ -156,6 +158,7 @@ impl<D: Device> DecodeSlot<D> {
             out_top_ids: u32s(dims.max_batch * MAX_TOP)?,
             out_top_lps: f32s(dims.max_batch * MAX_TOP)?,
             out_accepted: u32s(dims.max_members)?,
+            out_values: f32s(dims.max_batch * 3)?,
             verify_qo: Vec::new(),
             graphs: HashMap::new(),
             kv: KvStep::default(),
@@ -218,6 +221,8 @@ pub(crate) struct RenderBuffer<D: Device> {
     pub top_lps: D::Host<f32>,
     /// Each member's accepted tokens of a verifying step.
     pub accepted: D::Host<u32>,
+    /// Each row's spatial values (coord, w, h), with a region model.
+    pub values: D::Host<f32>,
     pub copy_done: D::Event,
 }
 
@@ -229,6 +234,7 @@ impl<D: Device> RenderBuffer<D> {
             top_ids: d.host(max_batch * MAX_TOP)?,
             top_lps: d.host(max_batch * MAX_TOP)?,
             accepted: d.host(max_members)?,
+            values: d.host(max_batch * 3)?,
             copy_done: d.event(false)?,
         })
     }

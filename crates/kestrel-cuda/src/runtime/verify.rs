@@ -48,6 +48,13 @@ impl<D: Device> Runtime<D> {
         let mut words = std::mem::take(&mut s.prefill_words);
         let layout = pack_verify(&members, &kv.indices, self.cfg.step.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
+        // After the layout: each forward row's spatial KV row (the member's
+        // for its input row, reserved row 0 for its drafts; `region.rs`).
+        let spatial_rows = words.len();
+        for m in &members {
+            words.push(m.kv_row);
+            words.extend(std::iter::repeat_n(0, m.drafts.len()));
+        }
         // Every row samples with its member's parameters and logit bias.
         let (params, mut top_n, mut q) = (s.params_host.as_mut_slice(), 0, 0);
         biases.clear();
@@ -68,13 +75,14 @@ impl<D: Device> Runtime<D> {
         s.ensure_prefill_capacity(&self.dev.d, words.len())
             .map_err(ExecError::Fatal)?;
         s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
+        let total_words = words.len();
         s.prefill_words = words;
         self.dev.d.bind().map_err(fatal)?;
         let timed = self
             .mark(slot, |e| &e.forward_start)
             .map_err(ExecError::Fatal)?;
         let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
-        self.upload_prefill(slot, layout.total_words(), layout.rows)
+        self.upload_prefill(slot, total_words, layout.rows)
             .map_err(ExecError::Fatal)?;
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
@@ -111,6 +119,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(layout.kv_indptr()),
             kv_indices: m.at::<u32>(layout.kv_indices()),
             out_row: 0,
+            spatial_rows: m.at::<u32>(spatial_rows),
             tiled_attention: true,
             ..self.fwd_args(slot, 0)
         };
@@ -118,6 +127,10 @@ impl<D: Device> Runtime<D> {
         self.dev
             .lm_head(s.hidden_last.ptr(), s.logits.ptr(), layout.rows)
             .map_err(fatal)?;
+        self.dev
+            .keep_hidden(args.x, 0, layout.rows)
+            .map_err(fatal)?;
+        self.dev.region_logits(layout.rows).map_err(fatal)?;
         if timed {
             self.mark(slot, |e| &e.forward_end)
                 .map_err(ExecError::Fatal)?;

@@ -10,12 +10,21 @@
 //   quant_h COLS N X OUT              activation rows of f16 rows (quantize_q8_h)
 //   norm HIDDEN N EPS X DELTA W OUT_X OUT_Q  add_rms_norm_q8 (x updated)
 //   swiglu F N GATE_UP OUT            activation rows (swiglu_q8)
-//   rope_kv NQ NK HD INTERLEAVED N CACHE_SLOTS NORM EPS QKV TABLE POS SLOTS QN KN OUT_QKV OUT_K OUT_V
+//   rope_kv NQ NK HD ROT INTERLEAVED N CACHE_SLOTS NORM EPS QKV TABLE POS SLOTS QN KN OUT_QKV OUT_K OUT_V
 //                                     rope_kv_append into zeroed f16 caches
 //                                     (NORM 1: per-head q/k norms QN, KN)
 //   post_norm HIDDEN N EPS X W OUT_X  rms_norm_f32 in place
 //   gelu F N GATE_UP OUT_H OUT_Q      f16 rows (gelu_mul) and activation rows (gelu_mul_q8)
 //   elementwise S CAP LEN X OUT_SCALED OUT_CAPPED  scale_f32 and softcap
+//   phi HIDDEN F N EPS X DELTA W B Y FB OUT_X OUT_H OUT_G OUT_XY
+//                                     add_layer_norm (x updated, f16 rows),
+//                                     bias_gelu of Y (N x F, bias FB), add_f32 x += y
+//   spatial CB SB N COORD_ID SIZE_ID CH SH HIDDEN CL SL TABLE TOKENS ROWS PENDING CW SW X CE SE
+//           OUT_VALUES OUT_PENDING OUT_CF OUT_SF OUT_X
+//                                     spatial_values, fourier_features of the
+//                                     pending values, spatial_embed into X
+//   hidden_f16 HIDDEN N X OUT_ROW OUT  f16 rows of X routed by OUT_ROW (-1: none)
+//   accept_values N QO ACCEPTED KV_ROWS VALUES PENDING OUT  pending values after accept_drafts
 //   prefill_attn NH NKV HD PS SCALE WINDOW STRIDE N QKV ROW_SEQ ROW_POS KV_INDPTR KV_INDICES K V OUT
 //                                     f16 rows of prefill_attention
 //   count VOCAB N ROWS INDPTR TOKENS COUNTS OUT   count_tokens onto COUNTS ([rows][vocab] u32)
@@ -147,25 +156,25 @@ int main(int argc, char** argv) {
         spit(argv[5], out);
         return 0;
     }
-    if (mode == "rope_kv" && argc == 19) {
-        int nq = I(2), nk = I(3), hd = I(4), interleaved = I(5), n = I(6), cache_slots = I(7);
-        int norm = I(8);
-        float eps = std::strtof(argv[9], nullptr);
-        std::vector<float> qkv = read_as<float>(argv[10]), table = read_as<float>(argv[11]);
-        std::vector<u32> pos = read_as<u32>(argv[12]), slots = read_as<u32>(argv[13]);
-        std::vector<float> qn = read_as<float>(argv[14]), kn = read_as<float>(argv[15]);
+    if (mode == "rope_kv" && argc == 20) {
+        int nq = I(2), nk = I(3), hd = I(4), rot = I(5), interleaved = I(6), n = I(7);
+        int cache_slots = I(8), norm = I(9);
+        float eps = std::strtof(argv[10], nullptr);
+        std::vector<float> qkv = read_as<float>(argv[11]), table = read_as<float>(argv[12]);
+        std::vector<u32> pos = read_as<u32>(argv[13]), slots = read_as<u32>(argv[14]);
+        std::vector<float> qn = read_as<float>(argv[15]), kn = read_as<float>(argv[16]);
         size_t kv_dim = (size_t)nk * hd;
         std::vector<h16> kc(cache_slots * kv_dim), vc(cache_slots * kv_dim);
         int stride = (nq + 2 * nk) * hd;
         // The device's shape: a block per 4 heads of a row.
         launch({n, (nq + nk + 3) / 4, 1}, 128, [&] {
-            rope_kv_append(qkv.data(), stride, nq, nk, hd, table.data(), pos.data(), interleaved,
-                           norm ? qn.data() : nullptr, norm ? kn.data() : nullptr, eps,
-                           kc.data(), vc.data(), slots.data(), n);
+            rope_kv_append(qkv.data(), stride, nq, nk, hd, rot, table.data(), pos.data(),
+                           interleaved, norm ? qn.data() : nullptr, norm ? kn.data() : nullptr,
+                           eps, kc.data(), vc.data(), slots.data(), n);
         });
-        spit(argv[16], qkv);
-        spit(argv[17], kc);
-        spit(argv[18], vc);
+        spit(argv[17], qkv);
+        spit(argv[18], kc);
+        spit(argv[19], vc);
         return 0;
     }
     if (mode == "post_norm" && argc == 8) {
@@ -195,6 +204,81 @@ int main(int argc, char** argv) {
         launch({2, 1, 1}, 64, [&] { softcap(y.data(), cap, len); });
         spit(argv[6], x);
         spit(argv[7], y);
+        return 0;
+    }
+    if (mode == "phi" && argc == 16) {
+        int hidden = I(2), f = I(3), n = I(4);
+        float eps = std::strtof(argv[5], nullptr);
+        std::vector<float> x = read_as<float>(argv[6]), delta = read_as<float>(argv[7]);
+        std::vector<float> w = read_as<float>(argv[8]), b = read_as<float>(argv[9]);
+        std::vector<float> y = read_as<float>(argv[10]), fb = read_as<float>(argv[11]);
+        std::vector<h16> out((size_t)n * hidden), g((size_t)n * f);
+        launch({n, 1, 1}, NORM_THREADS, [&] {
+            add_layer_norm(x.data(), delta.data(), w.data(), b.data(), out.data(), nullptr,
+                           hidden, eps, n);
+        });
+        launch({3, 1, 1}, 64, [&] { bias_gelu(y.data(), fb.data(), g.data(), f, n); });
+        std::vector<float> xy = x;
+        launch({2, 1, 1}, 64, [&] { add_f32(xy.data(), delta.data(), (u64)n * hidden); });
+        spit(argv[12], x);
+        spit(argv[13], out);
+        spit(argv[14], g);
+        spit(argv[15], xy);
+        return 0;
+    }
+    if (mode == "spatial" && argc == 26) {
+        int cb = I(2), sb = I(3), n = I(4);
+        u32 coord_id = (u32)I(5), size_id = (u32)I(6);
+        int ch = I(7), sh = I(8), hidden = I(9);
+        std::vector<float> cl = read_as<float>(argv[10]), sl = read_as<float>(argv[11]);
+        std::vector<float> table = read_as<float>(argv[12]);
+        std::vector<u32> tokens = read_as<u32>(argv[13]), rows = read_as<u32>(argv[14]);
+        std::vector<float> pending = read_as<float>(argv[15]);
+        std::vector<float> cw = read_as<float>(argv[16]), sw = read_as<float>(argv[17]);
+        std::vector<float> x = read_as<float>(argv[18]);
+        std::vector<float> ce = read_as<float>(argv[19]), se = read_as<float>(argv[20]);
+        std::vector<float> values((size_t)n * 3, -1.0f);
+        std::vector<h16> cf((size_t)n * 2 * ch), sf((size_t)n * 2 * sh);
+        launch({n, 1, 1}, SPATIAL_THREADS, [&] {
+            spatial_values(cl.data(), cb, sl.data(), sb, table.data(), tokens.data(), rows.data(),
+                           coord_id, size_id, values.data(), pending.data(), n);
+        });
+        launch({2, 1, 1}, 64, [&] {
+            fourier_features(pending.data(), rows.data(), cw.data(), ch, sw.data(), sh, cf.data(),
+                             sf.data(), n);
+        });
+        // The next step's inputs: the sampled tokens by KV row.
+        std::vector<u32> by_row(pending.size() / 3, 0);
+        for (int i = 0; i < n; i++) by_row[rows[i]] = tokens[i];
+        launch({n, 1, 1}, 64, [&] {
+            spatial_embed(x.data(), ce.data(), se.data(), by_row.data(), rows.data(), coord_id,
+                          size_id, hidden, n);
+        });
+        spit(argv[21], values);
+        spit(argv[22], pending);
+        spit(argv[23], cf);
+        spit(argv[24], sf);
+        spit(argv[25], x);
+        return 0;
+    }
+    if (mode == "hidden_f16" && argc == 7) {
+        int hidden = I(2), n = I(3);
+        std::vector<float> x = read_as<float>(argv[4]);
+        std::vector<int> out_row = read_as<int>(argv[5]);
+        std::vector<h16> out((size_t)n * hidden, 0);
+        launch({n, 1, 1}, 64, [&] { hidden_f16(x.data(), out_row.data(), out.data(), hidden, n); });
+        spit(argv[6], out);
+        return 0;
+    }
+    if (mode == "accept_values" && argc == 9) {
+        int n = I(2);
+        std::vector<u32> qo = read_as<u32>(argv[3]), acc = read_as<u32>(argv[4]);
+        std::vector<u32> kv = read_as<u32>(argv[5]);
+        std::vector<float> values = read_as<float>(argv[6]), pending = read_as<float>(argv[7]);
+        launch({1, 1, 1}, 64, [&] {
+            accept_values(qo.data(), acc.data(), kv.data(), values.data(), pending.data(), n);
+        });
+        spit(argv[8], pending);
         return 0;
     }
     if (mode == "prefill_attn" && argc == 18) {

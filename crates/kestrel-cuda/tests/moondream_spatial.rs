@@ -1,0 +1,277 @@
+//! Moondream's spatial stage on the CUDA runtime, run on the host device:
+//! a served synthetic checkpoint with a region model
+//! (`moondream_synth.py --served`), the Starmie point and detect templates
+//! around an object, batched through the real pipeline loop with
+//! `kestrel_skills::SpatialSkill` (its mask every step), blocking and
+//! pipelined, over `HostRuntime::with_region` and over the CPU runtime's
+//! `CpuRuntime::with_vision`: every request's tokens, points and boxes
+//! equal. The CUDA runtime decodes each sampled `coord_id` / `size_id`'s
+//! value on the device (`spatial_values`, after sampling), hands it out
+//! through `StepOutputs::values` and embeds it as the row's next input
+//! inside the decode graph (`fourier_features`, the encoders,
+//! `spatial_embed`).
+//!
+//! Run twice: alone, and beside a text request that speculates (the
+//! spatial requests join it once it drafts, so steps that verify its
+//! drafts carry their encoded inputs and decode their values too:
+//! `accept_values`), whose tokens are the CPU runtime's as well.
+//!
+//! What it does not cover: the prompts carry no image (the CUDA runtime
+//! has no vision encoder; Moondream's prompts put 729 image rows after
+//! BOS), so the CPU's `moondream_spatial` test, whose prompts do, has no
+//! CUDA twin yet.
+//!
+//! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
+//! set (CI).
+
+use std::sync::{Arc, Mutex};
+
+use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig};
+use kestrel_cpu::Numerics;
+use kestrel_cuda::{CudaRuntimeConfig, HostRuntime, StepConfig};
+use kestrel_model::LoadedModel;
+use kestrel_pipeline::{
+    CommittedToken, EngineLoop, Executor, LoopConfig, NgramSpec, Outcome, PipelineMode,
+    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
+};
+use kestrel_skills::{
+    SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill, SpatialSpec,
+};
+
+#[path = "../../../tests/support/reference_python.rs"]
+#[allow(dead_code)]
+mod reference_python;
+
+const MAX_OBJECTS: u32 = 3;
+
+/// Hands the skill's output out when the pipeline finishes it.
+struct Reporting(SpatialSkill, Arc<Mutex<Option<SpatialOutput>>>);
+
+impl SequenceSkill for Reporting {
+    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
+        self.0.consume(token)
+    }
+    fn is_constrained(&self) -> bool {
+        self.0.is_constrained()
+    }
+    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
+        self.0.fill_mask(mask)
+    }
+    fn finish(&mut self, outcome: Outcome) {
+        self.0.finish(outcome);
+        let out = self.0.result().expect("finished");
+        *self.1.lock().unwrap() = Some(out.expect("no step refused under the skill's mask"));
+    }
+}
+
+/// Records a text request's tokens.
+struct Record(Arc<Mutex<Vec<TokenId>>>);
+
+impl SequenceSkill for Record {
+    fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
+        self.0.lock().unwrap().push(t.token);
+        Verdict::Continue
+    }
+    fn finish(&mut self, outcome: Outcome) {
+        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
+    }
+}
+
+/// A text prompt that repeats itself, so prompt lookup drafts at once.
+fn text_prompt() -> Vec<TokenId> {
+    let mut p = vec![0];
+    for _ in 0..5 {
+        p.extend([100, 2000, 30_000]);
+    }
+    p
+}
+
+fn step() -> StepConfig {
+    StepConfig {
+        max_rows: 5,
+        num_pages: 256,
+        page_size: 16,
+        max_seq_len: 256,
+        max_draft_tokens: 16,
+        ..StepConfig::default()
+    }
+}
+
+/// What a run gave: each case's output, the text request's tokens (when
+/// one speculated beside them) and the draft tokens the loop verified.
+struct Run {
+    spatial: Vec<SpatialOutput>,
+    text: Vec<TokenId>,
+    drafts: u64,
+}
+
+/// Every case through one runtime, submitted together (after a text
+/// request has started verifying drafts, when `speculate`).
+fn run<E: Executor<Params = SamplingParams>>(
+    rt: E,
+    ids: SpatialIds,
+    cases: &[(SpatialKind, Vec<u32>)],
+    mode: PipelineMode,
+    speculate: bool,
+) -> Run {
+    let config = LoopConfig {
+        mode,
+        prefill_policy: PrefillPolicy::Drain,
+        max_seq_len: 256,
+        debug_checks: true,
+        ..LoopConfig::default()
+    };
+    let mut engine = EngineLoop::new(rt, config).unwrap();
+    let text = Arc::new(Mutex::new(Vec::new()));
+    if speculate {
+        engine
+            .submit(Request {
+                id: 99,
+                prompt: text_prompt(),
+                max_new_tokens: 64,
+                params: SamplingParams::greedy(),
+                speculate: Some(NgramSpec {
+                    min_ngram: 1,
+                    ..NgramSpec::new(4)
+                }),
+                skill: Box::new(Record(text.clone())),
+                embeds: None,
+            })
+            .unwrap();
+        while engine.stats().draft_tokens == 0 {
+            assert_eq!(
+                engine.run_once(),
+                Tick::Progress,
+                "no drafts before the end"
+            );
+        }
+    }
+    let mut outs = Vec::new();
+    for (id, (kind, prompt)) in cases.iter().enumerate() {
+        let out = Arc::new(Mutex::new(None));
+        let spec = SpatialSpec::new(*kind, ids, MAX_OBJECTS).unwrap();
+        engine
+            .submit(Request {
+                id: id as u64,
+                prompt: prompt.clone(),
+                max_new_tokens: 32,
+                params: SamplingParams::greedy(),
+                speculate: None,
+                skill: Box::new(Reporting(SpatialSkill::new(spec), out.clone())),
+                embeds: None,
+            })
+            .unwrap();
+        outs.push(out);
+    }
+    assert_eq!(engine.run_until_idle(), Tick::Idle);
+    let drafts = engine.stats().draft_tokens;
+    let spatial = outs
+        .iter()
+        .map(|o| o.lock().unwrap().take().expect("resolved"))
+        .collect();
+    let text = text.lock().unwrap().clone();
+    Run {
+        spatial,
+        text,
+        drafts,
+    }
+}
+
+fn objects(r: &SpatialResult) -> usize {
+    match r {
+        SpatialResult::Points(p) => p.len(),
+        SpatialResult::Boxes(b) => b.len(),
+    }
+}
+
+fn prompts(model: &LoadedModel) -> Vec<(SpatialKind, Vec<u32>)> {
+    let p = &model.vision.as_ref().unwrap().prompts;
+    let mut cases = Vec::new();
+    for (kind, object) in [
+        (SpatialKind::Point, "cat"),
+        (SpatialKind::Detect, "cat"),
+        (SpatialKind::Point, "red ball"),
+        (SpatialKind::Detect, "red ball"),
+    ] {
+        let words = model.encode(&format!(" {object}")).unwrap();
+        let (prefix, suffix) = match kind {
+            SpatialKind::Point => (&p.point_prefix, &p.point_suffix),
+            SpatialKind::Detect => (&p.detect_prefix, &p.detect_suffix),
+        };
+        let mut prompt = vec![p.bos_id];
+        prompt.extend(prefix.iter().chain(&words).chain(suffix));
+        cases.push((kind, prompt));
+    }
+    cases
+}
+
+#[test]
+fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
+    let Some((_python, dir, ckpt)) =
+        reference_python::served_moondream("cuda moondream_spatial", "cuda-md-spatial", 17)
+    else {
+        return;
+    };
+    let model = kestrel_model::load(&ckpt).unwrap();
+    let vision = model.vision.clone().expect("vision");
+    assert!(vision.region.is_some(), "a region model");
+    let p = &vision.prompts;
+    let ids = SpatialIds {
+        coord: p.coord_id.unwrap(),
+        size: p.size_id.unwrap(),
+        eos: p.eos_id,
+    };
+    let cases = prompts(&model);
+    let cpu = || {
+        let cfg = CpuRuntimeConfig {
+            threads: 1,
+            numerics: Numerics::Exact,
+            step: step(),
+            ..CpuRuntimeConfig::default()
+        };
+        CpuRuntime::new(model.weights.clone(), cfg)
+            .unwrap()
+            .with_vision(vision.clone())
+            .unwrap()
+    };
+    let host = || {
+        let cfg = CudaRuntimeConfig {
+            step: step(),
+            cuda_graphs: true,
+            ..CudaRuntimeConfig::default()
+        };
+        HostRuntime::new(model.weights.clone(), cfg)
+            .unwrap()
+            .with_region(&vision)
+            .unwrap()
+    };
+    for speculate in [false, true] {
+        let want = run(cpu(), ids, &cases, PipelineMode::Blocking, speculate);
+        let found: usize = want.spatial.iter().map(|o| objects(&o.objects)).sum();
+        eprintln!(
+            "CPU (speculate {speculate}): {found} objects, {} drafts; {:?}",
+            want.drafts,
+            want.spatial
+                .iter()
+                .map(|o| &o.token_ids)
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            found > 0,
+            "the seed's prompts find objects (else the test checks nothing)"
+        );
+        assert_eq!(speculate, want.drafts > 0);
+        for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
+            let got = run(host(), ids, &cases, mode, speculate);
+            let what = format!("{mode:?}, speculate {speculate}");
+            for (i, (g, w)) in got.spatial.iter().zip(&want.spatial).enumerate() {
+                assert_eq!(g.token_ids, w.token_ids, "case {i} {what}: tokens");
+                assert_eq!(g.objects, w.objects, "case {i} {what}: objects");
+                assert!(matches!(g.outcome, Outcome::Finished(_)), "{:?}", g.outcome);
+            }
+            assert_eq!(got.text, want.text, "{what}: the text request");
+            assert_eq!(speculate, got.drafts > 0, "{what}: drafts verified");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
