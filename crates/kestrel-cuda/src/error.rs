@@ -89,6 +89,16 @@ pub enum CudaError {
     #[error("the slot protocol refused the call")]
     Slot(#[from] kestrel_pipeline::StateError),
 
+    /// A re-admission whose generated values are neither none nor one per
+    /// generated token (`kestrel_pipeline::PrefillInput::values_fit`):
+    /// refused before dispatch.
+    #[error("request {id}: {values} values for {generated} generated tokens (none, or one each)")]
+    GeneratedValues {
+        id: kestrel_pipeline::RequestId,
+        values: usize,
+        generated: usize,
+    },
+
     /// The host device (CI's stand-in for a GPU, `hostdev`) caught an access
     /// a GPU would fault on or silently corrupt: outside every live
     /// allocation, or an output overlapping an input of the same op.

@@ -14,7 +14,12 @@
 //! Run twice: alone, and beside a text request that speculates (the
 //! spatial requests join it once it drafts, so steps that verify its
 //! drafts carry their encoded inputs and decode their values too:
-//! `accept_values`), whose tokens are the CPU runtime's as well.
+//! `accept_values`), whose tokens are the CPU runtime's as well. Then
+//! again in caches small enough that point and detect sequences are
+//! preempted part-way through their objects and prefilled again with the
+//! coordinate and size ids they generated, which the CUDA runtime embeds
+//! from the values committed with them (`PrefillInput::generated_values`):
+//! the CPU runtime's results all the same.
 //!
 //! What it does not cover: the prompts carry no image (the CUDA runtime
 //! has no vision encoder; Moondream's prompts put 729 image rows after
@@ -86,11 +91,49 @@ fn text_prompt() -> Vec<TokenId> {
     p
 }
 
-fn step() -> StepConfig {
+/// The KV cache of a run: pages and tokens a page.
+#[derive(Debug, Clone, Copy)]
+struct Kv {
+    num_pages: usize,
+    page_size: usize,
+}
+
+/// A cache that never runs short for these requests.
+const ROOMY: Kv = Kv {
+    num_pages: 256,
+    page_size: 16,
+};
+
+/// Caches of 2-token pages so small that growing sequences run out and the
+/// youngest, point and detect ones part-way through their objects, are
+/// preempted and prefilled again with the coordinate and size ids they
+/// generated (2 to 3 preemptions a run), alone and beside the speculating
+/// text request. Embedding those ids from the token table instead of their
+/// committed values (the prefill's `SpatialIn::None`) fails all four runs;
+/// at the other sizes from 21 to 45 pages it changed no result (nothing
+/// was preempted, or no result depended on a preempted spatial id).
+const TIGHT: [(Kv, bool); 2] = [
+    (
+        Kv {
+            num_pages: 21,
+            page_size: 2,
+        },
+        false,
+    ),
+    (
+        Kv {
+            num_pages: 40,
+            page_size: 2,
+        },
+        true,
+    ),
+];
+
+fn step(kv: Kv) -> StepConfig {
     StepConfig {
         max_rows: 5,
-        num_pages: 256,
-        page_size: 16,
+        num_pages: kv.num_pages,
+        page_size: kv.page_size,
         max_seq_len: 256,
         max_draft_tokens: 16,
         ..StepConfig::default()
@@ -98,11 +141,13 @@ fn step() -> StepConfig {
 }
 
 /// What a run gave: each case's output, the text request's tokens (when
-/// one speculated beside them) and the draft tokens the loop verified.
+/// one speculated beside them), the draft tokens the loop verified and its
+/// preemptions.
 struct Run {
     spatial: Vec<SpatialOutput>,
     text: Vec<TokenId>,
     drafts: u64,
+    preemptions: u64,
 }
 
 /// Every case through one runtime, submitted together (after a text
@@ -164,7 +209,7 @@ fn run<E: Executor<Params = SamplingParams>>(
         outs.push(out);
     }
     assert_eq!(engine.run_until_idle(), Tick::Idle);
-    let drafts = engine.stats().draft_tokens;
+    let (drafts, preemptions) = (engine.stats().draft_tokens, engine.stats().preemptions);
     let spatial = outs
         .iter()
         .map(|o| o.lock().unwrap().take().expect("resolved"))
@@ -174,6 +219,7 @@ fn run<E: Executor<Params = SamplingParams>>(
         spatial,
         text,
         drafts,
+        preemptions,
     }
 }
 
@@ -222,11 +268,11 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
         eos: p.eos_id,
     };
     let cases = prompts(&model);
-    let cpu = || {
+    let cpu = |kv| {
         let cfg = CpuRuntimeConfig {
             threads: 1,
             numerics: Numerics::Exact,
-            step: step(),
+            step: step(kv),
             ..CpuRuntimeConfig::default()
         };
         CpuRuntime::new(model.weights.clone(), cfg)
@@ -234,9 +280,9 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
             .with_vision(vision.clone())
             .unwrap()
     };
-    let host = || {
+    let host = |kv| {
         let cfg = CudaRuntimeConfig {
-            step: step(),
+            step: step(kv),
             cuda_graphs: true,
             ..CudaRuntimeConfig::default()
         };
@@ -245,8 +291,9 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
             .with_region(&vision)
             .unwrap()
     };
+    let mut wants = Vec::new();
     for speculate in [false, true] {
-        let want = run(cpu(), ids, &cases, PipelineMode::Blocking, speculate);
+        let want = run(cpu(ROOMY), ids, &cases, PipelineMode::Blocking, speculate);
         let found: usize = want.spatial.iter().map(|o| objects(&o.objects)).sum();
         eprintln!(
             "CPU (speculate {speculate}): {found} objects, {} drafts; {:?}",
@@ -262,7 +309,7 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
         );
         assert_eq!(speculate, want.drafts > 0);
         for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
-            let got = run(host(), ids, &cases, mode, speculate);
+            let got = run(host(ROOMY), ids, &cases, mode, speculate);
             let what = format!("{mode:?}, speculate {speculate}");
             for (i, (g, w)) in got.spatial.iter().zip(&want.spatial).enumerate() {
                 assert_eq!(g.token_ids, w.token_ids, "case {i} {what}: tokens");
@@ -271,6 +318,25 @@ fn points_and_boxes_on_the_host_device_equal_the_cpu_runtimes() {
             }
             assert_eq!(got.text, want.text, "{what}: the text request");
             assert_eq!(speculate, got.drafts > 0, "{what}: drafts verified");
+            assert_eq!(got.preemptions, 0, "{what}: the roomy cache preempted");
+        }
+        wants.push(want);
+    }
+    // Preempted mid-object and prefilled again with the values committed
+    // with the generated coordinate and size ids (`generated_values`): the
+    // CPU runtime's results in the roomy cache all the same.
+    for (kv, speculate) in TIGHT {
+        let want = &wants[usize::from(speculate)];
+        for mode in [PipelineMode::Blocking, PipelineMode::Pipelined] {
+            let got = run(host(kv), ids, &cases, mode, speculate);
+            let what = format!("{kv:?}, {mode:?}, speculate {speculate}");
+            assert!(got.preemptions > 0, "{what}: nothing was preempted");
+            for (i, (g, w)) in got.spatial.iter().zip(&want.spatial).enumerate() {
+                assert_eq!(g.token_ids, w.token_ids, "case {i} {what}: tokens");
+                assert_eq!(g.objects, w.objects, "case {i} {what}: objects");
+                assert!(matches!(g.outcome, Outcome::Finished(_)), "{:?}", g.outcome);
+            }
+            assert_eq!(got.text, want.text, "{what}: the text request");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -530,7 +530,8 @@ fn step_timings_are_ordered_host_instants<D: Device>(mut gpu: Runtime<D>) {
 
 /// What the CUDA runtime cannot run is refused before dispatch, by name,
 /// and leaves the runtime serving: malformed drafts, a batch past
-/// `max_rows`, an unknown request. On the host device, so in every CI run.
+/// `max_rows`, an unknown request, image rows, a re-admission's misfit
+/// generated values. On the host device, so in every CI run.
 /// (Chunks, re-admissions and drafts run: `tests/prefill_chunks.rs`.)
 #[test]
 fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
@@ -577,6 +578,23 @@ fn host_device_refusals_are_pre_dispatch_and_leave_the_runtime_serving() {
     assert!(matches!(
         pre(host.launch_prefill(0, &[input(5), with_image])),
         CudaError::Unsupported(_)
+    ));
+    assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
+    // A re-admission whose values are neither none nor one per generated
+    // token (two generated, one value).
+    let values = [kestrel_pipeline::TokenValues::default()];
+    let misfit = PrefillInput {
+        generated: 2,
+        generated_values: &values,
+        ..input(6)
+    };
+    assert!(matches!(
+        pre(host.launch_prefill(0, &[input(5), misfit])),
+        CudaError::GeneratedValues {
+            id: 6,
+            values: 1,
+            generated: 2
+        }
     ));
     assert_eq!(host.num_allocated(), 0, "a refused prefill admits nothing");
     // Serving goes on: a prefill, then the decode refusals, then a decode.

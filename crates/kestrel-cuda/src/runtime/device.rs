@@ -151,12 +151,9 @@ pub(crate) struct FwdArgs {
     pub kv_indices: u64,
     /// Final-norm output row per input row (`i32`, -1 = none), 0 = identity.
     pub out_row: u64,
-    /// The KV row whose pending values (and pending token) are each input
-    /// row's, when a region model embeds spatial inputs (`region.rs`):
-    /// `rows` in decode, the member's for its first row of a verifying
-    /// step (reserved KV row 0, never sampled into, for its drafts); 0 in
-    /// a prefill (prompt tokens only).
-    pub spatial_rows: u64,
+    /// Where each input row reads its spatial input, when a region model
+    /// embeds coordinates and sizes (`region.rs`).
+    pub spatial: SpatialIn,
     /// The rows come in runs of one sequence's consecutive positions
     /// (prefill chunks): attention runs `prefill_attention`, which reads
     /// each K/V tile once per run. Otherwise (decode: one row per
@@ -170,6 +167,23 @@ pub(crate) struct FwdArgs {
     pub gate_up: u64,
     pub act: u64,
     pub hidden_last: u64,
+}
+
+/// Where a forward's rows read the token and values a region model embeds
+/// a coordinate or size input from (`region.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpatialIn {
+    /// No row is a spatial input: every row is its token's embedding.
+    None,
+    /// Row `i`'s are its KV row `rows[i]`'s pending token and values:
+    /// `rows` in decode; in a verifying step, the member's for its input
+    /// row, reserved KV row 0 (never sampled into) for its drafts.
+    KvRows(u64),
+    /// A re-prefill's rows (`prefill.rs`): row `i`'s token is `tokens[i]`
+    /// (a generated coordinate or size id; 0, no spatial id, for the other
+    /// rows) and its values `values[3 i..3 i + 3]` (f32: coord, w, h), the
+    /// ones committed with it.
+    Rows { tokens: u64, values: u64 },
 }
 
 /// Sizes of the device-side state [`DeviceModel::new`] allocates.

@@ -44,7 +44,7 @@ use kestrel_step::{executor_kv_queries, StepError, StepFront};
 
 use self::backend::{DevMem, Device, HostMem, Stream};
 use self::cuda::CudaDevice;
-use self::device::{DeviceModel, FwdArgs, KvGeometry};
+use self::device::{DeviceModel, FwdArgs, KvGeometry, SpatialIn};
 use self::slot::{DecodeSlot, RenderBuffer, SlotDims, StepState, MAX_TOP};
 use self::timing::{StepEvents, StepTiming};
 use crate::compile::{compile_all, default_cache_dir, Arch};
@@ -389,7 +389,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(l.kv_indptr()),
             kv_indices: m.at::<u32>(l.kv_indices()),
             out_row: 0,
-            spatial_rows: m.at::<u32>(l.rows()),
+            spatial: SpatialIn::KvRows(m.at::<u32>(l.rows())),
             tiled_attention: false,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),

@@ -3,13 +3,17 @@
 //! parent's full prompt pages), each input's chunk planned after its
 //! prefix-cache hit or where its last chunk ended, the metadata packed and
 //! copied, re-admitted sequences' generated tokens counted back into their
-//! penalties, the forward in `forward_rows` chunks through the tiled
-//! prefill attention, logits only for the chunks that end their prompts.
+//! penalties (and, with a region model, their generated coordinate and
+//! size ids embedded from the values committed with them:
+//! `PrefillInput::generated_values`, refused before dispatch unless none
+//! or one per generated token), the forward in `forward_rows` chunks
+//! through the tiled prefill attention, logits only for the chunks that
+//! end their prompts.
 
-use kestrel_pipeline::{ExecError, PrefillInput, SamplingParams, SlotId, StepKind};
+use kestrel_pipeline::{ExecError, PrefillInput, SamplingParams, SlotId, StepKind, TokenValues};
 
 use super::backend::{DevMem, Device, HostMem};
-use super::device::FwdArgs;
+use super::device::{FwdArgs, SpatialIn};
 use super::slot::{StepState, MAX_TOP};
 use super::{fatal, Runtime};
 use crate::ffi::SampleParams;
@@ -33,6 +37,14 @@ impl<D: Device> Runtime<D> {
                  encoder"
                     .into(),
             )));
+        }
+        // A re-admission's values are none or one per generated token.
+        if let Some(input) = seqs.iter().find(|s| !s.values_fit()) {
+            return Err(ExecError::PreDispatch(CudaError::GeneratedValues {
+                id: input.id,
+                values: input.generated_values.len(),
+                generated: input.generated,
+            }));
         }
         self.dev.d.bind().map_err(fatal)?;
         // New sequences take their prompt's pages (they grow lazily, as on
@@ -71,10 +83,25 @@ impl<D: Device> Runtime<D> {
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.step.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
+        // After the layout, with a region model and a re-admission's
+        // generated coordinate or size id among the rows: each row's
+        // spatial token and values (`SpatialIn::Rows`).
+        let spatial = self.dev.spatial_ids().and_then(|ids| {
+            let rows = seqs
+                .iter()
+                .zip(&starts)
+                .enumerate()
+                .flat_map(|(i, (input, &start))| {
+                    let generated_from = input.prompt.len().saturating_sub(input.generated);
+                    (start..kv.tokens(i).len()).map(move |pos| (input, generated_from, pos))
+                });
+            pack_spatial_rows(rows, ids, layout.tokens_n, &mut words)
+        });
         let s = &mut self.slots[slot];
-        s.ensure_prefill_capacity(&self.dev.d, words.len())
+        let total_words = words.len();
+        s.ensure_prefill_capacity(&self.dev.d, total_words)
             .map_err(ExecError::Fatal)?;
-        s.prefill_host.as_mut_slice()[..words.len()].copy_from_slice(&words);
+        s.prefill_host.as_mut_slice()[..total_words].copy_from_slice(&words);
         // Sampling parameters of the sampled sequences, in step order.
         let sampled = seqs.iter().zip(&samples).filter(|(_, &x)| x);
         for (p, (input, _)) in s.params_host.as_mut_slice().iter_mut().zip(sampled) {
@@ -91,7 +118,7 @@ impl<D: Device> Runtime<D> {
         self.step_biases
             .extend(biases.map(|(i, _)| i.params.logit_bias.clone()));
         let bias = self.upload_bias(slot).map_err(ExecError::Fatal)?;
-        self.upload_prefill(slot, layout.total_words(), layout.sampled)
+        self.upload_prefill(slot, total_words, layout.sampled)
             .map_err(ExecError::Fatal)?;
         let s = &self.slots[slot];
         let m = &s.prefill_dev;
@@ -110,6 +137,14 @@ impl<D: Device> Runtime<D> {
         let mut a = 0;
         while a < layout.tokens_n {
             let n = chunk.min(layout.tokens_n - a);
+            // The chunk's spatial inputs, when it has any.
+            let spatial = match &spatial {
+                Some(sp) if sp.any_in(a, n) => SpatialIn::Rows {
+                    tokens: m.at::<u32>(sp.at + a),
+                    values: m.at::<u32>(sp.at + layout.tokens_n + 3 * a),
+                },
+                _ => SpatialIn::None,
+            };
             let args = FwdArgs {
                 n,
                 tokens: m.at::<u32>(layout.tokens() + a),
@@ -120,7 +155,7 @@ impl<D: Device> Runtime<D> {
                 kv_indptr: m.at::<u32>(layout.kv_indptr()),
                 kv_indices: m.at::<u32>(layout.kv_indices()),
                 out_row: m.at::<u32>(layout.out_row() + a),
-                spatial_rows: 0,
+                spatial,
                 tiled_attention: true,
                 ..base
             };
@@ -160,4 +195,64 @@ impl<D: Device> Runtime<D> {
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
     }
+}
+
+/// Where a prefill step's spatial rows lie in its words, after the layout:
+/// `tokens_n` tokens (a generated coordinate or size id, 0 for any other
+/// row), then 3 f32 a row (as bits: coord, w, h), the values committed with
+/// the token.
+struct SpatialRows {
+    /// The first word of the tokens.
+    at: usize,
+    /// The step rows that are spatial inputs, in order.
+    rows: Vec<usize>,
+}
+
+impl SpatialRows {
+    /// Whether rows `a..a + n` hold a spatial input.
+    fn any_in(&self, a: usize, n: usize) -> bool {
+        let i = self.rows.partition_point(|&r| r < a);
+        self.rows.get(i).is_some_and(|&r| r < a + n)
+    }
+}
+
+/// Append the spatial section for the step's rows (`rows`, in step order:
+/// each one's input, the position its generated tokens start at, and its
+/// position) to `words`, when any row is a generated coordinate or size id
+/// (`ids`); `None`, and nothing appended, otherwise. A generated id takes
+/// the values committed with it ([`PrefillInput::values_at`]; zeros when
+/// none were kept), as the decode step after it embedded it; a prompt's
+/// own spatial id is a token embedding (kestrel-cpu's prefill alike).
+fn pack_spatial_rows<'a, 'b: 'a>(
+    rows: impl Iterator<Item = (&'a PrefillInput<'b, SamplingParams>, usize, usize)>,
+    (coord_id, size_id): (u32, u32),
+    tokens_n: usize,
+    words: &mut Vec<u32>,
+) -> Option<SpatialRows> {
+    let inputs: Vec<(usize, u32, TokenValues)> = rows
+        .enumerate()
+        .filter_map(|(row, (input, generated_from, pos))| {
+            let token = input.prompt[pos];
+            (pos >= generated_from && (token == coord_id || token == size_id))
+                .then(|| (row, token, input.values_at(pos)))
+        })
+        .collect();
+    if inputs.is_empty() {
+        return None;
+    }
+    let at = words.len();
+    words.resize(at + 4 * tokens_n, 0);
+    for &(row, token, v) in &inputs {
+        words[at + row] = token;
+        let o = at + tokens_n + 3 * row;
+        words[o..o + 3].copy_from_slice(&[
+            v.coord.to_bits(),
+            v.size[0].to_bits(),
+            v.size[1].to_bits(),
+        ]);
+    }
+    Some(SpatialRows {
+        at,
+        rows: inputs.iter().map(|&(row, ..)| row).collect(),
+    })
 }

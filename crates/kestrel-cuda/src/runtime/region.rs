@@ -16,10 +16,15 @@
 //!   the tokens, after the same step-done event) and its KV row's pending
 //!   values, so the next forward never waits for the host.
 //!   A step that verifies drafts embeds each member's input row from its
-//!   KV row's pending values (`FwdArgs::spatial_rows`; its drafts read the
+//!   KV row's pending values (`FwdArgs::spatial`; its drafts read the
 //!   reserved KV row 0, whose pending token is 0: token embeddings),
 //!   decodes every row's values and, after `accept_drafts`,
 //!   `accept_values` gives each member its last accepted row's.
+//! - in a re-prefill after a preemption (`prefill.rs`): the chunk's rows
+//!   that are generated `coord_id` / `size_id` tokens take the encoding of
+//!   the values committed with them (`PrefillInput::generated_values`,
+//!   copied with the step's metadata; `SpatialIn::Rows`), as the decode
+//!   step after each did; a chunk without one runs no encoder.
 //!
 //! Cost per step of a model with a region module: both decoder MLPs and
 //! both encoders on every row (a captured graph cannot branch on a sampled
@@ -35,7 +40,7 @@ use super::backend::{
     AcceptValues, AddBias, BiasGelu, DevMem, Device, FourierFeatures, HiddenF16, SpatialEmbed,
     SpatialValues,
 };
-use super::device::{DeviceModel, FwdArgs, Proj};
+use super::device::{DeviceModel, FwdArgs, Proj, SpatialIn};
 use super::slot::VerifyStep;
 use crate::quant::{BLOCK, MMVQ_CROSSOVER_ROWS, Q8_BLOCK_BYTES, TILE_ELEMS};
 use crate::reference::size_table;
@@ -245,21 +250,25 @@ impl<D: Device> DeviceModel<D> {
         })
     }
 
-    /// In the forward, after the token embedding of `a.n` decode rows:
-    /// rows whose pending token is `coord_id` / `size_id` take the encoding
-    /// of their KV row's pending values. Nothing without a region model or
-    /// for a prefill (its rows are prompt tokens).
+    /// In the forward, after the token embedding of `a.n` rows: rows whose
+    /// input token (`a.spatial`: a decode row's KV row's pending token, a
+    /// re-prefill's generated token) is `coord_id` / `size_id` take the
+    /// encoding of their values (the KV row's pending values, the values
+    /// committed with the generated token). Nothing without a region model
+    /// or for [`SpatialIn::None`] (rows of prompt tokens only).
     pub fn spatial_inputs(&self, a: &FwdArgs) -> Result<(), CudaError> {
         let Some(r) = &self.region else {
             return Ok(());
         };
-        if a.spatial_rows == 0 {
-            return Ok(());
-        }
+        let (values, tokens, rows) = match a.spatial {
+            SpatialIn::None => return Ok(()),
+            SpatialIn::KvRows(rows) => (r.pending.ptr(), self.pending.ptr(), rows),
+            SpatialIn::Rows { tokens, values } => (values, tokens, 0),
+        };
         let d = &self.d;
         d.fourier_features(FourierFeatures {
-            values: r.pending.ptr(),
-            rows: a.spatial_rows,
+            values,
+            rows,
             coord_w: r.coord_w.ptr(),
             coord_half: r.coord_half,
             size_w: r.size_w.ptr(),
@@ -279,8 +288,8 @@ impl<D: Device> DeviceModel<D> {
             x: a.x,
             coord_emb: r.coord_emb.ptr(),
             size_emb: r.size_emb.ptr(),
-            tokens: self.pending.ptr(),
-            rows: a.spatial_rows,
+            tokens,
+            rows,
             coord_id: r.coord_id,
             size_id: r.size_id,
             hidden: self.cfg.hidden_size,

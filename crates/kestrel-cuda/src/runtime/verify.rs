@@ -9,7 +9,7 @@ use kestrel_pipeline::{Drafts, ExecError, RequestId, SlotId, StepKind};
 use kestrel_step::StepError;
 
 use super::backend::{DevMem, Device, HostMem, VerifyInputs};
-use super::device::FwdArgs;
+use super::device::{FwdArgs, SpatialIn};
 use super::slot::{StepState, VerifyStep, MAX_TOP};
 use super::{fatal, Runtime};
 use crate::ffi::SampleParams;
@@ -119,7 +119,7 @@ impl<D: Device> Runtime<D> {
             kv_indptr: m.at::<u32>(layout.kv_indptr()),
             kv_indices: m.at::<u32>(layout.kv_indices()),
             out_row: 0,
-            spatial_rows: m.at::<u32>(spatial_rows),
+            spatial: SpatialIn::KvRows(m.at::<u32>(spatial_rows)),
             tiled_attention: true,
             ..self.fwd_args(slot, 0)
         };
