@@ -94,25 +94,30 @@ pub fn run_script(python: &str, script: &str, args: &[&dyn AsRef<std::ffi::OsStr
 
 /// A synthetic served Moondream checkpoint (`moondream_synth.py OUT
 /// --served --seed SEED`: the published names, vocabulary 51200 with its
-/// tokenizer, small widths) made in `<temp>/kestrel-<tag>-<pid>/ckpt`:
-/// the python that made it (for the reference scripts), the directory
-/// (the caller removes it) and the checkpoint; `None` where the references
-/// cannot run ([`python_with`]).
+/// tokenizer, small widths, a region model) made in
+/// `<temp>/kestrel-<tag>-<pid>/ckpt`: the python that made it (for the
+/// reference scripts), the directory (the caller removes it) and the
+/// checkpoint; `None` where the references cannot run ([`python_with`]).
 #[allow(dead_code)] // not every including test serves Moondream
 pub fn served_moondream(test: &str, tag: &str, seed: u32) -> Option<(String, PathBuf, PathBuf)> {
+    served_moondream_with(test, tag, seed, &[])
+}
+
+/// [`served_moondream`] with more of `moondream_synth.py`'s flags (e.g.
+/// `--no-region`: a checkpoint without a region model).
+#[allow(dead_code)] // not every including test serves Moondream
+pub fn served_moondream_with(
+    test: &str,
+    tag: &str,
+    seed: u32,
+    flags: &[&str],
+) -> Option<(String, PathBuf, PathBuf)> {
     let python = python_with(test, "numpy", "scripts/reference/requirements.txt")?;
     let dir = std::env::temp_dir().join(format!("kestrel-{tag}-{}", std::process::id()));
     let ckpt = dir.join("ckpt");
     let seed = seed.to_string();
-    run_script(
-        &python,
-        "moondream_synth.py",
-        &[
-            &ckpt as &dyn AsRef<std::ffi::OsStr>,
-            &"--served",
-            &"--seed",
-            &seed,
-        ],
-    );
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&ckpt, &"--served", &"--seed", &seed];
+    args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+    run_script(&python, "moondream_synth.py", &args);
     Some((python, dir, ckpt))
 }

@@ -565,7 +565,7 @@ impl GenerationStream {
         loop {
             match self.next_event().await {
                 Some(Ok(StreamEvent::Done(resp))) => return Ok(resp),
-                Some(Ok(StreamEvent::Delta { .. })) => {}
+                Some(Ok(StreamEvent::Delta { .. } | StreamEvent::Object(_))) => {}
                 Some(Err(e)) => return Err(e),
                 None => return Err(EngineError::Stopped),
             }

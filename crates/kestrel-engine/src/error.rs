@@ -6,8 +6,9 @@
 //! `InvalidArgument` / `InvalidConstraint` / `InvalidImage` / `ChatTemplate` /
 //! `Tokenizer` / `ContextOverflow` are the caller's fault, `QueueFull` / `Fatal` / `Stopped` / `ShuttingDown` are
 //! retryable elsewhere, `ModelLoad` / `SkillSetup` / `BackendUnavailable`
-//! happen at start, `RequestFailed` / `ConstraintFailed` end one request
-//! (`ConstraintFailed` by the caller's constraint).
+//! happen at start, `RequestFailed` / `ConstraintFailed` / `SpatialFailed`
+//! end one request (`ConstraintFailed` by the caller's constraint,
+//! `SpatialFailed` by a fault of the runtime).
 
 use kestrel_pipeline::Cause;
 
@@ -122,6 +123,20 @@ pub enum EngineError {
         field: Field,
         #[source]
         source: kestrel_skills::ConstraintFailure,
+        partial: Box<GenerateResponse>,
+    },
+
+    /// A point/detect request's output broke the skill's cycle (a token
+    /// its own mask did not allow, or a value out of range). Only tokens
+    /// that mask allowed are sampled and the runtime's decoders give
+    /// values in range, so this is a fault of the runtime, not of the
+    /// request: the edges answer it as the server's (INTERNAL / 500).
+    /// `partial` holds the objects completed before it, with
+    /// `FinishReason::Error`.
+    #[error("the point/detect output was refused")]
+    SpatialFailed {
+        #[source]
+        source: kestrel_skills::SpatialFailure,
         partial: Box<GenerateResponse>,
     },
 

@@ -42,11 +42,14 @@ pub use model::{
     VisionContext,
 };
 pub use request::{
-    CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest, GenerateResponse,
-    Prompt, SamplingOptions, Speculation, StreamEvent, Timings, TokenLogprob, ToolCall,
-    UnknownCaptionLength, Usage, VisionTask, MAX_DRAFT,
+    BoundingBox, CaptionLength, ChatMessage, Constraint, FinishReason, GenerateRequest,
+    GenerateResponse, Point, Prompt, SamplingOptions, SpatialObject, SpatialResult, Speculation,
+    StreamEvent, Timings, TokenLogprob, ToolCall, UnknownCaptionLength, Usage, VisionTask,
+    MAX_DRAFT,
 };
 pub use validate::{seed_for_request_id, Field};
 
 pub use kestrel_cpu::{Numerics, WeightPages};
 pub use kestrel_pipeline::{Cause, LoopConfig, PipelineMode, PrefillPolicy};
+/// The cause of [`EngineError::SpatialFailed`].
+pub use kestrel_skills::{SpatialError, SpatialFailure};

@@ -124,8 +124,9 @@ impl std::fmt::Debug for ModelContextConfig {
 
 /// What the engine's validation needs of a vision model to build a
 /// request's prompt: its templates, the crop geometry (with the engine's
-/// crop limit), the decoding limits, the rows an image becomes and where
-/// its bidirectional prefix ends.
+/// crop limit), the decoding limits, the rows an image becomes, where
+/// its bidirectional prefix ends and, when it points and detects, its
+/// spatial ids.
 #[derive(Debug, Clone)]
 pub struct VisionContext {
     pub prompts: kestrel_model::moondream::PromptTokens,
@@ -135,6 +136,10 @@ pub struct VisionContext {
     pub image_rows: usize,
     /// BOS + the image's rows (730): attended both ways.
     pub bidirectional_end: usize,
+    /// The coord, size and EOS ids of a model with a region module (whose
+    /// runtime decodes coordinates and sizes); `None`: no `point` or
+    /// `detect` (no region module, or a vocabulary without those ids).
+    pub spatial: Option<kestrel_skills::SpatialIds>,
 }
 
 impl VisionContext {
@@ -153,8 +158,21 @@ impl VisionContext {
             },
             image_rows: v.patches(),
             bidirectional_end: model.config.text.prefix_attn,
+            spatial: spatial_ids(model),
         }
     }
+}
+
+/// A vision model's spatial ids, when it has a region module and its
+/// vocabulary has coord and size ids.
+fn spatial_ids(model: &kestrel_model::VisionModel) -> Option<kestrel_skills::SpatialIds> {
+    model.region.as_ref()?;
+    let p = &model.prompts;
+    Some(kestrel_skills::SpatialIds {
+        coord: p.coord_id?,
+        size: p.size_id?,
+        eos: p.eos_id,
+    })
 }
 
 struct Inner {

@@ -37,7 +37,7 @@ pub enum Prompt {
     },
 }
 
-/// What a vision request asks of its image (Moondream's text skills).
+/// What a vision request asks of its image (Moondream's skills).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VisionTask {
     /// Answer a question about the image (must not be empty:
@@ -45,6 +45,49 @@ pub enum VisionTask {
     Query { question: String },
     /// Describe the image at this length.
     Caption { length: CaptionLength },
+    /// One point per instance of `object` (Moondream's `point`); the
+    /// response's [`GenerateResponse::objects`] holds the points. `object`
+    /// must not be blank ([`crate::Field::Object`]); `max_objects` is 1 to
+    /// [`MAX_OBJECTS`](crate::validate::MAX_OBJECTS), `None`:
+    /// [`DEFAULT_MAX_OBJECTS`](crate::validate::DEFAULT_MAX_OBJECTS)
+    /// ([`crate::Field::MaxObjects`]). Only a model with a region module
+    /// takes it ([`crate::Field::Skill`]).
+    Point {
+        object: String,
+        max_objects: Option<u32>,
+    },
+    /// One box per instance of `object` (Moondream's `detect`); the same
+    /// rules as [`VisionTask::Point`].
+    Detect {
+        object: String,
+        max_objects: Option<u32>,
+    },
+}
+
+impl VisionTask {
+    /// The Moondream skill's name (`query`, `caption`, `point`, `detect`).
+    pub fn skill_name(&self) -> &'static str {
+        match self {
+            VisionTask::Query { .. } => "query",
+            VisionTask::Caption { .. } => "caption",
+            VisionTask::Point { .. } => "point",
+            VisionTask::Detect { .. } => "detect",
+        }
+    }
+
+    /// Whether the task answers with points or boxes rather than text.
+    pub fn is_spatial(&self) -> bool {
+        matches!(self, VisionTask::Point { .. } | VisionTask::Detect { .. })
+    }
+}
+
+pub use kestrel_skills::{BoundingBox, Point, SpatialResult};
+
+/// One finished object of a point/detect request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SpatialObject {
+    Point(Point),
+    Box(BoundingBox),
 }
 
 pub use kestrel_model::moondream::{CaptionLength, UnknownCaptionLength};
@@ -293,9 +336,16 @@ pub struct GenerateResponse {
     /// empty (nothing precedes it); each later one is the token's
     /// log-probability given the prompt before it.
     pub prompt_logprobs: Vec<TokenLogprob>,
+    /// A point/detect request's points or boxes, the objects completed
+    /// before it ended (`None` for every other request; `text` is then
+    /// empty and `token_ids` the coordinate, size and EOS ids).
+    pub objects: Option<SpatialResult>,
 }
 
 /// One item of a [`crate::GenerationStream`].
+// `Done` is larger than the other items, and sent once per request: boxing
+// it would cost every caller a deref for nothing measurable.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     /// Newly committed output; the concatenated `text`s equal the final text.
@@ -304,6 +354,10 @@ pub enum StreamEvent {
         token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
     },
+    /// One point or box of a point/detect request, as soon as its last
+    /// value is committed (a point/detect request streams these, never a
+    /// `Delta`); in order, the same objects as the final `objects`.
+    Object(SpatialObject),
     /// The request finished; always the last item.
     Done(GenerateResponse),
 }

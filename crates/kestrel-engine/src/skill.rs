@@ -1,7 +1,9 @@
 //! [`StreamingSkill`]: the `SequenceSkill` the engine hands the pipeline. It
-//! wraps a `kestrel_skills::Skill` (all request semantics: EOS, stop
-//! strings, constraints, UTF-8-safe deltas) and forwards its output to the
-//! client's channel.
+//! wraps a [`RequestSkill`]: a `kestrel_skills::Skill` (all text request
+//! semantics: EOS, stop strings, constraints, UTF-8-safe deltas) or a
+//! `kestrel_skills::SpatialSkill` (Moondream's `point` / `detect`), and
+//! forwards its output to the client's channel: text deltas, or one
+//! `StreamEvent::Object` per completed point or box.
 //!
 //! Runs on the engine thread inside `run_once`: per token it is the inner
 //! skill's work plus one unbounded, never-blocking channel send and a few
@@ -11,22 +13,64 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kestrel_pipeline::{CommittedToken, FailureKind, Outcome, SequenceSkill, TokenMask, Verdict};
-use kestrel_skills::Skill;
+use kestrel_skills::{Skill, SpatialFailure, SpatialResult, SpatialSkill};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::model::ModelContext;
 use crate::model::PositionLogprobs;
-use crate::request::{FinishReason, GenerateResponse, StreamEvent, Timings, TokenLogprob, Usage};
+use crate::request::{
+    FinishReason, GenerateResponse, SpatialObject, StreamEvent, Timings, TokenLogprob, Usage,
+};
 use crate::validate::Field;
+
+/// A sample's request semantics: text (free or constrained) or a
+/// point/detect request's objects. Built by the validation, one per sample.
+#[derive(Debug)]
+pub(crate) enum RequestSkill {
+    Text(Skill),
+    Spatial(SpatialSkill),
+}
+
+impl RequestSkill {
+    fn as_sequence(&mut self) -> &mut dyn SequenceSkill {
+        match self {
+            RequestSkill::Text(s) => s,
+            RequestSkill::Spatial(s) => s,
+        }
+    }
+
+    fn token_ids(&self) -> &[u32] {
+        match self {
+            RequestSkill::Text(s) => s.token_ids(),
+            RequestSkill::Spatial(s) => s.token_ids(),
+        }
+    }
+}
+
+/// What a finished skill ended with, for the terminal item.
+enum Failure {
+    Constraint(kestrel_skills::ConstraintFailure),
+    Spatial(SpatialFailure),
+}
+
+/// The `i`-th object of `objects`, as a stream event carries it.
+fn object_at(objects: &SpatialResult, i: usize) -> Option<SpatialObject> {
+    match objects {
+        SpatialResult::Points(p) => p.get(i).copied().map(SpatialObject::Point),
+        SpatialResult::Boxes(b) => b.get(i).copied().map(SpatialObject::Box),
+    }
+}
 
 /// The client's end of a request: events flow here until the terminal one.
 pub(crate) type EventSender = UnboundedSender<Result<StreamEvent, EngineError>>;
 
 /// The wrapper skill; see the module docs.
 pub(crate) struct StreamingSkill {
-    inner: Skill,
+    inner: RequestSkill,
+    /// Objects already sent as `StreamEvent::Object` (point/detect).
+    objects_sent: usize,
     request_id: String,
     pipeline_id: u64,
     /// Which sample of its request (`0..n`).
@@ -76,7 +120,7 @@ pub(crate) struct StreamingSkillParts {
 }
 
 impl StreamingSkill {
-    pub fn new(inner: Skill, p: StreamingSkillParts) -> Self {
+    pub fn new(inner: RequestSkill, p: StreamingSkillParts) -> Self {
         let span = tracing::info_span!(
             "request",
             id = %p.request_id,
@@ -85,6 +129,7 @@ impl StreamingSkill {
         );
         Self {
             inner,
+            objects_sent: 0,
             request_id: p.request_id,
             pipeline_id: p.pipeline_id,
             index: p.index,
@@ -146,29 +191,62 @@ impl StreamingSkill {
             .collect()
     }
 
+    /// Sends what the last commit completed: a text delta, or each newly
+    /// completed object. A closed channel means the client went away (its
+    /// drop sent an abort), so send errors are ignored.
     fn send_delta(&mut self) {
-        if let Some(d) = self.inner.take_delta() {
-            let logprobs = self.convert_logprobs(d.logprobs);
-            // A closed channel means the client went away; its drop sent an abort.
-            let _ = self.events.send(Ok(StreamEvent::Delta {
-                text: d.text,
-                token_ids: d.token_ids,
-                logprobs,
-            }));
+        match &mut self.inner {
+            RequestSkill::Text(skill) => {
+                if let Some(d) = skill.take_delta() {
+                    let logprobs = self.convert_logprobs(d.logprobs);
+                    let _ = self.events.send(Ok(StreamEvent::Delta {
+                        text: d.text,
+                        token_ids: d.token_ids,
+                        logprobs,
+                    }));
+                }
+            }
+            RequestSkill::Spatial(skill) => {
+                while let Some(o) = object_at(skill.objects(), self.objects_sent) {
+                    self.objects_sent += 1;
+                    let _ = self.events.send(Ok(StreamEvent::Object(o)));
+                }
+            }
+        }
+    }
+
+    /// The failure a finished skill ended with, if any.
+    fn failure(&self) -> Option<Failure> {
+        match &self.inner {
+            RequestSkill::Text(s) => s.constraint_error().cloned().map(Failure::Constraint),
+            RequestSkill::Spatial(s) => match s.result() {
+                Some(Err(f)) => Some(Failure::Spatial(f)),
+                _ => None,
+            },
         }
     }
 
     fn respond(&mut self, reason: FinishReason, now: Instant) -> GenerateResponse {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        let result = self.inner.result();
-        let (text, token_ids, json, logprobs) = match result {
-            Some(r) => (
-                r.text,
-                r.token_ids,
-                r.json,
-                self.convert_logprobs(r.logprobs.unwrap_or_default()),
+        let (text, token_ids, json, logprobs, objects) = match &self.inner {
+            RequestSkill::Text(skill) => match skill.result() {
+                Some(r) => (
+                    r.text,
+                    r.token_ids,
+                    r.json,
+                    self.convert_logprobs(r.logprobs.unwrap_or_default()),
+                    None,
+                ),
+                None => (String::new(), Vec::new(), None, Vec::new(), None),
+            },
+            // A refused step keeps the objects completed before it.
+            RequestSkill::Spatial(skill) => (
+                String::new(),
+                skill.token_ids().to_vec(),
+                None,
+                Vec::new(),
+                Some(skill.objects().clone()),
             ),
-            None => (String::new(), Vec::new(), None, Vec::new()),
         };
         let admitted = self.admitted.unwrap_or(now);
         let completion = token_ids.len() as u32;
@@ -200,6 +278,7 @@ impl StreamingSkill {
             logprobs,
             json,
             prompt_logprobs: std::mem::take(&mut self.prompt_logprobs),
+            objects,
         }
     }
 }
@@ -223,38 +302,46 @@ impl SequenceSkill for StreamingSkill {
         self.metrics
             .tokens_generated
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let verdict = self.inner.consume(token);
+        let verdict = self.inner.as_sequence().consume(token);
         self.send_delta();
         verdict
     }
 
     fn is_constrained(&self) -> bool {
-        self.inner.is_constrained()
+        match &self.inner {
+            RequestSkill::Text(s) => s.is_constrained(),
+            RequestSkill::Spatial(s) => s.is_constrained(),
+        }
     }
 
     fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
-        self.inner.fill_mask(mask);
+        self.inner.as_sequence().fill_mask(mask);
     }
 
     fn looks_ahead(&self) -> bool {
-        self.inner.looks_ahead()
+        match &self.inner {
+            RequestSkill::Text(s) => s.looks_ahead(),
+            RequestSkill::Spatial(s) => s.looks_ahead(),
+        }
     }
 
     fn fill_masks_ahead(&mut self, drafts: &[u32], words: &mut [u32], vocab_size: usize) {
-        self.inner.fill_masks_ahead(drafts, words, vocab_size);
+        self.inner
+            .as_sequence()
+            .fill_masks_ahead(drafts, words, vocab_size);
     }
 
     fn finish(&mut self, outcome: Outcome) {
         let now = Instant::now();
-        self.inner.finish(outcome.clone());
+        self.inner.as_sequence().finish(outcome.clone());
         self.send_delta();
         self.metrics.e2e.observe(now - self.submitted);
         if let Some(a) = self.admitted {
             self.metrics.queue_time.observe(a - self.submitted);
         }
         let _enter = self.span.clone().entered();
-        let terminal = match (outcome, self.inner.constraint_error().cloned()) {
-            (Outcome::Finished(_), Some(source)) => {
+        let terminal = match (outcome, self.failure()) {
+            (Outcome::Finished(_), Some(Failure::Constraint(source))) => {
                 self.metrics.request_finished(FinishReason::Error);
                 tracing::warn!(reason = %source, "constrained output failed mid-generation");
                 let partial = Box::new(self.respond(FinishReason::Error, now));
@@ -263,6 +350,15 @@ impl SequenceSkill for StreamingSkill {
                     source,
                     partial,
                 })
+            }
+            (Outcome::Finished(_), Some(Failure::Spatial(source))) => {
+                self.metrics.request_finished(FinishReason::Error);
+                tracing::error!(
+                    why = %crate::error::error_chain(&source),
+                    "point/detect output refused: a runtime fault"
+                );
+                let partial = Box::new(self.respond(FinishReason::Error, now));
+                Err(EngineError::SpatialFailed { source, partial })
             }
             (Outcome::Finished(r), None) => {
                 let reason = FinishReason::from_pipeline(r);

@@ -207,6 +207,9 @@ fn stream_deltas_concatenate_to_final_text() {
                         lps += logprobs.len();
                     }
                     Ok(StreamEvent::Done(resp)) => break resp,
+                    Ok(StreamEvent::Object(o)) => {
+                        panic!("a text request streamed an object: {o:?}")
+                    }
                     Err(e) => panic!("stream failed: {e}"),
                 }
             };
@@ -235,6 +238,9 @@ fn thirty_two_concurrent_streams_complete() {
                 loop {
                     match s.next_event().await.unwrap().unwrap() {
                         StreamEvent::Delta { text: t, .. } => text.push_str(&t),
+                        StreamEvent::Object(o) => {
+                            panic!("a text request streamed an object: {o:?}")
+                        }
                         StreamEvent::Done(r) => {
                             assert_eq!(r.text, text);
                             return (r.request_id, r.token_ids.len());
@@ -507,6 +513,9 @@ fn engine_fatal_fails_everything_and_stops_serving() {
                 match timed(s.next_event()).await.expect("a terminal item") {
                     Ok(StreamEvent::Delta { .. }) => {}
                     Ok(StreamEvent::Done(r)) => panic!("request finished despite the fault: {r:?}"),
+                    Ok(StreamEvent::Object(o)) => {
+                        panic!("a text request streamed an object: {o:?}")
+                    }
                     Err(e) => break e,
                 }
             };
@@ -632,6 +641,7 @@ fn real_model_on_cpu_runtime() {
             match timed(stream.next_event()).await.unwrap().unwrap() {
                 StreamEvent::Delta { text: t, .. } => text.push_str(&t),
                 StreamEvent::Done(r) => break r,
+                StreamEvent::Object(o) => panic!("a text request streamed an object: {o:?}"),
             }
         };
         assert_eq!(text, resp.text);
@@ -683,6 +693,9 @@ fn abort_races_leave_no_kv_behind() {
                     match s.next_event().await.unwrap().unwrap() {
                         StreamEvent::Delta { .. } => seen += 1,
                         StreamEvent::Done(r) => return Some(r.finish_reason),
+                        StreamEvent::Object(o) => {
+                            panic!("a text request streamed an object: {o:?}")
+                        }
                     }
                 }
             }));
@@ -769,6 +782,7 @@ fn soak_mixed_requests_leave_nothing_behind() {
                     }
                     match s.next_event().await {
                         Some(Ok(StreamEvent::Delta { .. })) => seen += 1,
+                        Some(Ok(StreamEvent::Object(o))) => panic!("request {i}: an object {o:?}"),
                         Some(Ok(StreamEvent::Done(r))) => {
                             return if r.finish_reason == FinishReason::Abort {
                                 "aborted"

@@ -1,7 +1,8 @@
 //! Vision requests against a model that takes no images (the real default
 //! text model): an image is refused at submission with an argument error
 //! naming `image` and the model, whatever its bytes; an empty question is
-//! refused naming `question` first; nothing is queued or held, and the
+//! refused naming `question` first; point and detect are refused as every
+//! vision request is (naming `image`, not `skill`); nothing is queued or held, and the
 //! engine keeps serving text. Also the wire names of the request types.
 
 mod common;
@@ -55,6 +56,20 @@ fn a_text_model_refuses_images_and_keeps_serving() {
                 PNG_1X1,
                 VisionTask::Caption {
                     length: CaptionLength::Long,
+                },
+            ),
+            (
+                PNG_1X1,
+                VisionTask::Point {
+                    object: "cat".into(),
+                    max_objects: None,
+                },
+            ),
+            (
+                PNG_1X1,
+                VisionTask::Detect {
+                    object: "cat".into(),
+                    max_objects: Some(3),
                 },
             ),
         ];

@@ -307,6 +307,9 @@ fn a_request_id_is_free_again_the_moment_its_request_ends() {
                 match s.next_event().await.expect("terminal").expect("no error") {
                     kestrel_engine::StreamEvent::Done(r) => break r,
                     kestrel_engine::StreamEvent::Delta { .. } => {}
+                    kestrel_engine::StreamEvent::Object(o) => {
+                        panic!("a text request's object {o:?}")
+                    }
                 }
             };
             assert!(matches!(

@@ -7,12 +7,14 @@
 //! raised here are the ones a shape can have and an engine type cannot
 //! (an unset `input` oneof, a JSON schema that is not JSON text). An engine
 //! error names an engine [`Field`]; [`field_name`] gives the proto's name
-//! for it. Pure functions, no I/O: unit-tested without a server.
+//! for it, in the [`FieldScope`] of the request (a point/detect request's
+//! `object` is `vision.point.object` or `vision.detect.object`). Pure
+//! functions, no I/O: unit-tested without a server.
 
 use kestrel_engine::{
-    error_chain, CaptionLength, ChatMessage, Constraint, EngineError, Field, FinishReason,
-    GenerateRequest, GenerateResponse, ModelInfo, Prompt, SamplingOptions, Speculation,
-    StreamEvent, TokenLogprob, VisionTask,
+    error_chain, BoundingBox, CaptionLength, ChatMessage, Constraint, EngineError, Field,
+    FinishReason, GenerateRequest, GenerateResponse, ModelInfo, Point, Prompt, SamplingOptions,
+    SpatialObject, SpatialResult, Speculation, StreamEvent, TokenLogprob, VisionTask,
 };
 use tonic::{Code, Status};
 
@@ -94,9 +96,17 @@ fn vision(v: pb::VisionInput) -> Result<Prompt, ShapeError> {
         None => {
             return Err(ShapeError {
                 field: "vision.skill",
-                message: "must be set (query or caption)",
+                message: "must be set (query, caption, point or detect)",
             })
         }
+        Some(Skill::Point(p)) => VisionTask::Point {
+            object: p.object,
+            max_objects: p.max_objects,
+        },
+        Some(Skill::Detect(d)) => VisionTask::Detect {
+            object: d.object,
+            max_objects: d.max_objects,
+        },
         Some(Skill::Query(q)) => VisionTask::Query {
             question: q.question,
         },
@@ -148,8 +158,28 @@ pub fn abort_request(req: pb::AbortRequest) -> Result<String, ShapeError> {
     Ok(req.request_id)
 }
 
-/// The proto's name of an engine field.
-pub fn field_name(field: Field) -> String {
+/// Where a request's skill-specific fields sit in the proto: under
+/// `vision.point` or `vision.detect` for a point/detect request (its
+/// `object` and `max_objects`), nowhere in particular otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FieldScope {
+    spatial: Option<&'static str>,
+}
+
+impl FieldScope {
+    /// The scope of `req`'s fields (cheap: looks at the skill only).
+    pub fn of(req: &GenerateRequest) -> Self {
+        let spatial = match &req.input {
+            Prompt::Vision { task, .. } if task.is_spatial() => Some(task.skill_name()),
+            _ => None,
+        };
+        FieldScope { spatial }
+    }
+}
+
+/// The proto's name of an engine field, in a request's `scope`.
+pub fn field_name(field: Field, scope: FieldScope) -> String {
+    let skill = scope.spatial.unwrap_or("point");
     match field {
         Field::Messages => "chat.messages".into(),
         Field::MessageRole(i) => format!("chat.messages[{i}].role"),
@@ -157,14 +187,19 @@ pub fn field_name(field: Field) -> String {
         Field::Choice(i) => format!("choice.choices[{i}]"),
         Field::Image => "vision.image".into(),
         Field::Question => "vision.query.question".into(),
+        Field::Skill => "vision.skill".into(),
+        Field::Object => format!("vision.{skill}.object"),
+        Field::MaxObjects => format!("vision.{skill}.max_objects"),
         other => other.to_string(),
     }
 }
 
-/// Maps an engine error to the status code documented in the proto. An
-/// argument error reads `"<proto field> <what is allowed, what was given>"`;
-/// every other message is the error's whole cause chain.
-pub fn engine_status(e: &EngineError) -> Status {
+/// Maps an engine error to the status code documented in the proto, the
+/// fields named in the request's `scope`. An argument error reads
+/// `"<proto field> <what is allowed, what was given>"`; every other message
+/// is the error's whole cause chain.
+pub fn engine_status(e: &EngineError, scope: FieldScope) -> Status {
+    let field_name = |f: Field| field_name(f, scope);
     let code = match e {
         EngineError::InvalidArgument { field, message } => {
             return Status::invalid_argument(format!("{} {message}", field_name(*field)));
@@ -211,7 +246,9 @@ pub fn engine_status(e: &EngineError) -> Status {
         | EngineError::Stopped
         | EngineError::ShuttingDown
         | EngineError::BackendUnavailable { .. } => Code::Unavailable,
+        // The runtime's fault, not the request's (see the engine's docs).
         EngineError::RequestFailed(_)
+        | EngineError::SpatialFailed { .. }
         | EngineError::Spawn(_)
         | EngineError::ModelLoad(_)
         | EngineError::SkillSetup(_) => Code::Internal,
@@ -281,6 +318,27 @@ pub fn generate_response(r: GenerateResponse) -> pb::GenerateResponse {
         logprobs: logprobs(r.logprobs),
         json: r.json.map(|v| v.to_string()),
         prompt_logprobs: logprobs(r.prompt_logprobs),
+        points: match &r.objects {
+            Some(SpatialResult::Points(p)) => p.iter().copied().map(point).collect(),
+            _ => Vec::new(),
+        },
+        boxes: match &r.objects {
+            Some(SpatialResult::Boxes(b)) => b.iter().copied().map(bounding_box).collect(),
+            _ => Vec::new(),
+        },
+    }
+}
+
+fn point(p: Point) -> pb::Point {
+    pb::Point { x: p.x, y: p.y }
+}
+
+fn bounding_box(b: BoundingBox) -> pb::BoundingBox {
+    pb::BoundingBox {
+        x_min: b.x_min,
+        y_min: b.y_min,
+        x_max: b.x_max,
+        y_max: b.y_max,
     }
 }
 
@@ -296,6 +354,13 @@ pub fn stream_event(ev: StreamEvent, index: u32) -> pb::StreamGenerateResponse {
             text,
             token_ids,
             logprobs: logprobs(lps),
+            index,
+        }),
+        StreamEvent::Object(o) => Event::Object(pb::StreamObject {
+            object: Some(match o {
+                SpatialObject::Point(p) => pb::stream_object::Object::Point(point(p)),
+                SpatialObject::Box(b) => pb::stream_object::Object::Box(bounding_box(b)),
+            }),
             index,
         }),
         StreamEvent::Done(resp) => Event::Done(generate_response(resp)),
@@ -462,8 +527,61 @@ mod tests {
         assert_eq!(e.field, "vision.caption.length");
         let e = generate_request(with(None)).unwrap_err();
         assert_eq!(e.field, "vision.skill");
-        assert_eq!(field_name(Field::Image), "vision.image");
-        assert_eq!(field_name(Field::Question), "vision.query.question");
+        let none = FieldScope::default();
+        assert_eq!(field_name(Field::Image, none), "vision.image");
+        assert_eq!(field_name(Field::Question, none), "vision.query.question");
+        assert_eq!(field_name(Field::Skill, none), "vision.skill");
+        // Point and detect: the same message under each skill, their
+        // fields named under it.
+        for (skill, name) in [
+            (
+                Skill::Point(pb::VisionSpatial {
+                    object: "cat".into(),
+                    max_objects: Some(3),
+                }),
+                "point",
+            ),
+            (
+                Skill::Detect(pb::VisionSpatial {
+                    object: "cat".into(),
+                    max_objects: Some(3),
+                }),
+                "detect",
+            ),
+        ] {
+            let r = generate_request(with(Some(skill))).unwrap();
+            let scope = FieldScope::of(&r);
+            let Prompt::Vision { task, .. } = r.input else {
+                panic!("a vision prompt");
+            };
+            let want = match name {
+                "point" => VisionTask::Point {
+                    object: "cat".into(),
+                    max_objects: Some(3),
+                },
+                _ => VisionTask::Detect {
+                    object: "cat".into(),
+                    max_objects: Some(3),
+                },
+            };
+            assert_eq!(task, want);
+            assert_eq!(
+                field_name(Field::Object, scope),
+                format!("vision.{name}.object")
+            );
+            let s = engine_status(
+                &EngineError::InvalidArgument {
+                    field: Field::MaxObjects,
+                    message: "must be in [1, 256], got 0".into(),
+                },
+                scope,
+            );
+            assert_eq!(s.code(), Code::InvalidArgument);
+            assert_eq!(
+                s.message(),
+                format!("vision.{name}.max_objects must be in [1, 256], got 0")
+            );
+        }
     }
 
     #[test]
@@ -490,10 +608,13 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_documented_codes_and_proto_names() {
-        let s = engine_status(&EngineError::InvalidArgument {
-            field: Field::MessageRole(2),
-            message: "must be one of system, user".into(),
-        });
+        let s = engine_status(
+            &EngineError::InvalidArgument {
+                field: Field::MessageRole(2),
+                message: "must be one of system, user".into(),
+            },
+            FieldScope::default(),
+        );
         assert_eq!(s.code(), Code::InvalidArgument);
         assert_eq!(
             s.message(),
@@ -521,14 +642,15 @@ mod tests {
             ),
         ];
         for (e, code) in cases {
-            let s = engine_status(&e);
+            let s = engine_status(&e, FieldScope::default());
             assert_eq!(s.code(), code, "{e}");
             assert_eq!(s.message(), error_chain(&e));
         }
         assert_eq!(
-            engine_status(&EngineError::Fatal(kestrel_engine::Cause::message(
-                "device lost"
-            )))
+            engine_status(
+                &EngineError::Fatal(kestrel_engine::Cause::message("device lost")),
+                FieldScope::default()
+            )
             .message(),
             "the engine stopped serving after a fault: device lost"
         );
@@ -538,10 +660,13 @@ mod tests {
     /// fault, and its cause reaches the message, chain and all.
     #[test]
     fn prompt_errors_keep_their_cause() {
-        let s = engine_status(&EngineError::Tokenizer {
-            field: Field::Text,
-            source: "no piece for byte 0xff".into(),
-        });
+        let s = engine_status(
+            &EngineError::Tokenizer {
+                field: Field::Text,
+                source: "no piece for byte 0xff".into(),
+            },
+            FieldScope::default(),
+        );
         assert_eq!(s.code(), Code::InvalidArgument);
         assert_eq!(
             s.message(),
@@ -551,10 +676,13 @@ mod tests {
             path: "template.jinja".into(),
             source: std::io::Error::other("the reason underneath"),
         };
-        let s = engine_status(&EngineError::ChatTemplate {
-            field: Field::Messages,
-            source: template,
-        });
+        let s = engine_status(
+            &EngineError::ChatTemplate {
+                field: Field::Messages,
+                source: template,
+            },
+            FieldScope::default(),
+        );
         assert_eq!(s.code(), Code::InvalidArgument);
         assert!(
             s.message()
@@ -601,8 +729,10 @@ mod tests {
                 logprob: -1.5,
                 top: vec![],
             }],
+            objects: None,
         };
         let p = generate_response(resp.clone());
+        assert!(p.points.is_empty() && p.boxes.is_empty());
         assert_eq!(p.prompt_logprobs[0].token_id, 9);
         assert_eq!(p.prompt_logprobs[0].logprob, -1.5);
         assert_eq!(p.request_id, "r1");
@@ -650,5 +780,80 @@ mod tests {
         assert_eq!((all.index, all.samples.len()), (0, 1));
         assert_eq!(all.samples[0].index, 1);
         assert!(all.samples[0].samples.is_empty());
+    }
+
+    /// Points and boxes reach the unary response's `points` / `boxes`, and
+    /// one object per stream event.
+    #[test]
+    fn spatial_results_convert() {
+        use pb::stream_generate_response::Event;
+        use pb::stream_object::Object;
+        let p = Point { x: 0.25, y: 0.5 };
+        let b = BoundingBox {
+            x_min: 0.0,
+            y_min: 0.125,
+            x_max: 0.5,
+            y_max: 1.0,
+        };
+        let resp = |objects| GenerateResponse {
+            request_id: "r".into(),
+            index: 0,
+            text: String::new(),
+            token_ids: vec![5, 5, 0],
+            finish_reason: FinishReason::Eos,
+            usage: Default::default(),
+            timings: Default::default(),
+            logprobs: vec![],
+            json: None,
+            prompt_logprobs: vec![],
+            objects: Some(objects),
+        };
+        let points = generate_response(resp(SpatialResult::Points(vec![p, p])));
+        assert_eq!(points.points, vec![pb::Point { x: 0.25, y: 0.5 }; 2]);
+        assert!(points.boxes.is_empty());
+        let boxes = generate_response(resp(SpatialResult::Boxes(vec![b])));
+        assert_eq!(
+            boxes.boxes,
+            vec![pb::BoundingBox {
+                x_min: 0.0,
+                y_min: 0.125,
+                x_max: 0.5,
+                y_max: 1.0
+            }]
+        );
+        assert!(boxes.points.is_empty());
+        match stream_event(StreamEvent::Object(SpatialObject::Box(b)), 1).event {
+            Some(Event::Object(o)) => {
+                assert_eq!(o.index, 1);
+                assert_eq!(o.object, Some(Object::Box(boxes.boxes[0])));
+            }
+            other => panic!("{other:?}"),
+        }
+        match stream_event(StreamEvent::Object(SpatialObject::Point(p)), 0).event {
+            Some(Event::Object(o)) => {
+                assert_eq!(o.object, Some(Object::Point(points.points[0])))
+            }
+            other => panic!("{other:?}"),
+        }
+        let s = engine_status(
+            &EngineError::SpatialFailed {
+                source: kestrel_engine::SpatialFailure {
+                    objects: SpatialResult::Points(vec![]),
+                    cause: kestrel_engine::SpatialError::CoordOutOfRange { value: 2.0 },
+                },
+                partial: Box::new(resp(SpatialResult::Points(vec![]))),
+            },
+            FieldScope::default(),
+        );
+        assert_eq!(
+            s.code(),
+            Code::Internal,
+            "a runtime fault, not the request's"
+        );
+        assert!(
+            s.message().contains("coordinate 2 is outside [0, 1]"),
+            "{}",
+            s.message()
+        );
     }
 }

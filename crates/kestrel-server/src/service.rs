@@ -100,9 +100,11 @@ fn parse_grpc_timeout(v: &str) -> Option<Duration> {
 /// The engine's event streams of a request's samples as proto messages,
 /// interleaved as they come (each message names its sample), ending once
 /// every sample's stream has. Dropping it drops the engine streams and so
-/// aborts the samples. A constrained output that fails mid-generation ends
-/// the call with a `Done` carrying `FINISH_REASON_ERROR` and then the error
-/// status; any other error ends it at once (the other samples are aborted).
+/// aborts the samples. A constrained (or point/detect) output that fails
+/// mid-generation ends the call with a `Done` carrying
+/// `FINISH_REASON_ERROR` (and the objects completed before it) and then the
+/// error status; any other error ends it at once (the other samples are
+/// aborted).
 #[derive(Debug)]
 pub struct ProtoStream {
     /// The samples whose streams have not ended.
@@ -111,15 +113,19 @@ pub struct ProtoStream {
     next: usize,
     /// The status to end with after a failed output's final `Done`.
     pending_error: Option<Status>,
+    /// Where the request's fields sit, for the names in its errors.
+    scope: convert::FieldScope,
 }
 
 impl ProtoStream {
-    /// Wraps a request's engine streams (one per sample).
-    pub fn new(inner: Vec<GenerationStream>) -> Self {
+    /// Wraps a request's engine streams (one per sample); errors name the
+    /// fields in `scope`.
+    pub fn new(inner: Vec<GenerationStream>, scope: convert::FieldScope) -> Self {
         Self {
             inner,
             next: 0,
             pending_error: None,
+            scope,
         }
     }
 }
@@ -155,9 +161,10 @@ impl Stream for ProtoStream {
             return Poll::Ready(Some(match item {
                 Ok(ev) => Ok(convert::stream_event(ev, index)),
                 Err(e) => {
-                    let status = convert::engine_status(&e);
+                    let status = convert::engine_status(&e, this.scope);
                     match e {
-                        EngineError::ConstraintFailed { partial, .. } => {
+                        EngineError::ConstraintFailed { partial, .. }
+                        | EngineError::SpatialFailed { partial, .. } => {
                             this.pending_error = Some(status);
                             let done = kestrel_engine::StreamEvent::Done(*partial);
                             Ok(convert::stream_event(done, index))
@@ -186,14 +193,17 @@ impl pb::kestrel_server::Kestrel for KestrelService {
     ) -> Result<Response<pb::GenerateResponse>, Status> {
         let deadline = deadline(&request);
         let req = convert::generate_request(request.into_inner())?;
+        let scope = convert::FieldScope::of(&req);
         let run = async {
             let streams = submit_samples(&self.engine, req)
                 .await
-                .map_err(|e| convert::engine_status(&e))?;
+                .map_err(|e| convert::engine_status(&e, scope))?;
             // The first failure ends the call; dropping the other streams
             // aborts their samples.
             let runs = streams.into_iter().map(|mut s| async move {
-                s.finish().await.map_err(|e| convert::engine_status(&e))
+                s.finish()
+                    .await
+                    .map_err(|e| convert::engine_status(&e, scope))
             });
             futures_util::future::try_join_all(runs).await
         };
@@ -214,10 +224,11 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::StreamGenerateStream>, Status> {
         let req = convert::generate_request(request.into_inner())?;
+        let scope = convert::FieldScope::of(&req);
         let streams = submit_samples(&self.engine, req)
             .await
-            .map_err(|e| convert::engine_status(&e))?;
-        Ok(Response::new(ProtoStream::new(streams)))
+            .map_err(|e| convert::engine_status(&e, scope))?;
+        Ok(Response::new(ProtoStream::new(streams, scope)))
     }
 
     async fn abort(
@@ -238,8 +249,8 @@ impl pb::kestrel_server::Kestrel for KestrelService {
         let token_ids =
             tokio::task::spawn_blocking(move || engine.tokenize(&req.text, req.add_special_tokens))
                 .await
-                .map_err(|_| convert::engine_status(&EngineError::Stopped))?
-                .map_err(|e| convert::engine_status(&e))?;
+                .map_err(|_| convert::engine_status(&EngineError::Stopped, Default::default()))?
+                .map_err(|e| convert::engine_status(&e, Default::default()))?;
         Ok(Response::new(pb::TokenizeResponse { token_ids }))
     }
 
@@ -253,8 +264,8 @@ impl pb::kestrel_server::Kestrel for KestrelService {
             engine.detokenize(&req.token_ids, req.skip_special_tokens)
         })
         .await
-        .map_err(|_| convert::engine_status(&EngineError::Stopped))?
-        .map_err(|e| convert::engine_status(&e))?;
+        .map_err(|_| convert::engine_status(&EngineError::Stopped, Default::default()))?
+        .map_err(|e| convert::engine_status(&e, Default::default()))?;
         Ok(Response::new(pb::DetokenizeResponse { text }))
     }
 

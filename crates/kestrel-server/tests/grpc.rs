@@ -201,6 +201,7 @@ async fn n_samples_over_generate_and_stream_generate() {
                 let i = d.index as usize;
                 assert!(done[i].replace(d).is_none(), "two dones for sample {i}");
             }
+            Event::Object(o) => panic!("a text request streamed an object: {o:?}"),
         }
     }
     for (i, (text, d)) in texts.iter().zip(&done).enumerate() {

@@ -58,6 +58,13 @@ pub enum Field {
     Image,
     /// The question of a vision query.
     Question,
+    /// The object a point/detect request looks for.
+    Object,
+    /// The most objects a point/detect request returns.
+    MaxObjects,
+    /// The vision skill asked for (`point`, `detect`, a caption length),
+    /// when the model has no such skill (no region module, no template).
+    Skill,
     /// An engine setting (not a request field).
     Config(&'static str),
 }
@@ -97,6 +104,9 @@ impl fmt::Display for Field {
             Field::N => f.write_str("n"),
             Field::Image => f.write_str("image"),
             Field::Question => f.write_str("question"),
+            Field::Object => f.write_str("object"),
+            Field::MaxObjects => f.write_str("max_objects"),
+            Field::Skill => f.write_str("skill"),
             Field::Config(name) => f.write_str(name),
         }
     }

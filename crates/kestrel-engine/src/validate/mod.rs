@@ -11,8 +11,8 @@
 //! This file holds the limits, the validated request and `validate` itself;
 //! `field.rs` the [`Field`] a refusal names, `sampling.rs` the sampling,
 //! logit-bias and speculation rules, `prompt.rs` the prompt, stop and
-//! constraint rules, `vision.rs` a vision request's question and whether
-//! the model takes images.
+//! constraint rules, `vision.rs` a vision request's question or object,
+//! `max_objects`, and whether the model takes images and has the skill.
 
 mod field;
 mod prompt;
@@ -22,11 +22,12 @@ mod tests;
 mod vision;
 
 use kestrel_pipeline::{Capabilities, NgramSpec, SamplingParams};
-use kestrel_skills::{Skill, SkillOptions, SkillSpec};
+use kestrel_skills::{Skill, SkillOptions, SkillSpec, SpatialSkill};
 
 use crate::error::EngineError;
 use crate::model::ModelContext;
 use crate::request::{Constraint, GenerateRequest, Prompt};
+use crate::skill::RequestSkill;
 
 pub use field::Field;
 pub(crate) use prompt::token_ids_in_vocab;
@@ -75,6 +76,13 @@ pub const CHAT_ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 pub const MAX_PROMPT_BYTES: usize = 8 << 20;
 /// Most samples per request (`n`).
 pub const MAX_N: u32 = 16;
+/// `max_objects` of a point/detect request that leaves it unset (the seed
+/// system's default).
+pub const DEFAULT_MAX_OBJECTS: u32 = 50;
+/// Most objects a point/detect request may ask for: the objects a detect
+/// request's default budget of [`DEFAULT_VISION_MAX_NEW_TOKENS`] tokens
+/// holds (x, y and size: three tokens each).
+pub const MAX_OBJECTS: u32 = DEFAULT_VISION_MAX_NEW_TOKENS / 3;
 
 /// A request after [`validate`]: every rule checked, defaults resolved, the
 /// prompt tokenized and a skill (with its compiled constraint) built per
@@ -90,8 +98,9 @@ pub(crate) struct ValidRequest {
     /// Alternatives per prompt position when the prompt is scored.
     pub prompt_logprobs: Option<u32>,
     pub speculate: Option<NgramSpec>,
-    /// One per sample (`n` of them), each with its own constraint state.
-    pub skills: Vec<Skill>,
+    /// One per sample (`n` of them), each with its own constraint (or
+    /// point/detect) state.
+    pub skills: Vec<RequestSkill>,
     /// A vision request's image rows (`None` for text).
     pub embeds: Option<kestrel_pipeline::PromptEmbeds>,
     /// The field the skills' constraint came from ([`Field::Constraint`]
@@ -142,13 +151,13 @@ fn bad<T>(field: Field, message: impl Into<String>) -> Result<T> {
 /// request's first sample inside the engine (and its `req-<n>` id when none
 /// was given), the others take the ids after it.
 pub(crate) fn validate(
-    req: GenerateRequest,
+    mut req: GenerateRequest,
     limits: &Limits<'_>,
     pipeline_id: u64,
 ) -> Result<ValidRequest> {
     // Cheap checks first: nothing is tokenized or compiled for a request
     // that fails one of them.
-    let request_id = match req.request_id {
+    let request_id = match req.request_id.take() {
         None => format!("req-{pipeline_id}"),
         Some(id) => request_id(id)?,
     };
@@ -175,9 +184,14 @@ pub(crate) fn validate(
     let speculate = speculation(req.speculate, limits)?;
     check_prompt_shape(&req.input)?;
     check_prompt_size(&req.input, limits)?;
+    let mut spatial = None;
     if let Prompt::Vision { task, .. } = &req.input {
         vision::check_task(task)?;
-        vision::check_model(limits.model)?;
+        vision::check_model(limits.model, task)?;
+        if task.is_spatial() {
+            vision::check_spatial_request(&req)?;
+            spatial = vision::spatial_spec(limits.model, task)?;
+        }
     }
     let vocab = limits.model.vocab_size();
     let stop = stop_sequences(req.stop)?;
@@ -274,16 +288,18 @@ pub(crate) fn validate(
         top_logprobs: sampling.top_logprobs as usize,
     };
     let constraint_field = constraint_field(&spec);
-    // A skill holds its sample's constraint state: one each, compiled from
-    // the same spec (a constraint that fails, fails on the first).
+    // A skill holds its sample's constraint (or point/detect) state: one
+    // each, compiled from the same spec (a constraint that fails, fails on
+    // the first).
     let skills = (0..n)
-        .map(|_| {
-            Skill::new(limits.model.skills(), &spec, options).map_err(|source| {
-                EngineError::InvalidConstraint {
+        .map(|_| match spatial {
+            Some(spec) => Ok(RequestSkill::Spatial(SpatialSkill::new(spec))),
+            None => Skill::new(limits.model.skills(), &spec, options)
+                .map(RequestSkill::Text)
+                .map_err(|source| EngineError::InvalidConstraint {
                     field: constraint_field,
                     source,
-                }
-            })
+                }),
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(ValidRequest {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kestrel_engine::{
     Engine, EngineConfig, GenerateRequest, GenerateResponse, GenerationStream, ModelSource,
-    StreamEvent,
+    SpatialObject, SpatialResult, StreamEvent,
 };
 
 /// A two-worker tokio runtime with timers and I/O, for driving the async API.
@@ -69,6 +69,35 @@ pub async fn until_done(s: &mut GenerationStream) -> (GenerateResponse, String, 
                 ids.extend(token_ids);
             }
             StreamEvent::Done(r) => return (r, text, ids),
+            StreamEvent::Object(o) => panic!("a text request streamed an object: {o:?}"),
+        }
+    }
+}
+
+/// Reads a point/detect request's stream to its `Done` (each event within
+/// 120 s, none an error, no text delta), checks that its objects, in
+/// order, are the final response's, and returns the response.
+pub async fn until_objects(s: &mut GenerationStream) -> GenerateResponse {
+    let mut objects = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(120), s.next_event())
+            .await
+            .expect("no hang")
+            .expect("a terminal event")
+            .expect("no error");
+        match event {
+            StreamEvent::Object(o) => objects.push(o),
+            StreamEvent::Delta { .. } => panic!("a point/detect request streamed text"),
+            StreamEvent::Done(r) => {
+                let want: Vec<SpatialObject> = match r.objects.as_ref().expect("objects") {
+                    SpatialResult::Points(p) => {
+                        p.iter().map(|&p| SpatialObject::Point(p)).collect()
+                    }
+                    SpatialResult::Boxes(b) => b.iter().map(|&b| SpatialObject::Box(b)).collect(),
+                };
+                assert_eq!(objects, want, "streamed objects vs the final ones");
+                return r;
+            }
         }
     }
 }

@@ -61,10 +61,11 @@ impl Target {
         match self {
             Target::Local { engine } => {
                 let req = convert::generate_request(req)?;
+                let scope = convert::FieldScope::of(&req);
                 let streams = submit_samples(engine, req)
                     .await
-                    .map_err(|e| convert::engine_status(&e))?;
-                Ok(Box::pin(ProtoStream::new(streams)))
+                    .map_err(|e| convert::engine_status(&e, scope))?;
+                Ok(Box::pin(ProtoStream::new(streams, scope)))
             }
             Target::Remote(client) => Ok(Box::pin(client.stream_generate(req).await?.into_inner())),
         }
@@ -105,13 +106,33 @@ pub(crate) async fn print_stream(mut stream: EventStream) -> anyhow::Result<Outc
                     print!("{}", d.text);
                     stdout.flush()?;
                 }
+                Some(Event::Object(o)) => {
+                    println!("{}", object_line(o.object));
+                }
                 Some(Event::Done(done)) => {
-                    println!();
+                    // A point/detect stream printed whole lines.
+                    if done.points.is_empty() && done.boxes.is_empty() {
+                        println!();
+                    }
                     return Ok(Outcome::Done(Box::new(done)));
                 }
                 None => {}
             },
         }
+    }
+}
+
+/// One streamed point or box as a JSON line, normalized to the image:
+/// `{"x", "y"}` or `{"x_min", "y_min", "x_max", "y_max"}` (the Moondream
+/// API's shapes).
+fn object_line(o: Option<pb::stream_object::Object>) -> serde_json::Value {
+    use pb::stream_object::Object;
+    match o {
+        Some(Object::Point(p)) => serde_json::json!({"x": p.x, "y": p.y}),
+        Some(Object::Box(b)) => serde_json::json!({
+            "x_min": b.x_min, "y_min": b.y_min, "x_max": b.x_max, "y_max": b.y_max
+        }),
+        None => serde_json::Value::Null,
     }
 }
 

@@ -1,6 +1,8 @@
 //! `kestrel generate`: one completion, streamed to the terminal; with
 //! `--image FILE`, a question about the image (or `--caption LENGTH`, its
-//! caption) to a vision model.
+//! caption; `--point OBJECT` / `--detect OBJECT`, one JSON line per point
+//! `{"x", "y"}` or box `{"x_min", "y_min", "x_max", "y_max"}` as each is
+//! found) to a vision model.
 
 use std::path::PathBuf;
 
@@ -18,7 +20,7 @@ use crate::cli::sampling::SamplingArgs;
 pub(crate) struct GenerateArgs {
     /// The prompt (raw text, the user turn with --chat, or the question
     /// about the image with --image).
-    #[arg(required_unless_present = "caption")]
+    #[arg(required_unless_present_any = ["caption", "point", "detect"])]
     prompt: Option<String>,
     /// Send the prompt as a chat user turn (rendered with the chat template).
     #[arg(long)]
@@ -39,6 +41,28 @@ pub(crate) struct GenerateArgs {
         value_parser = parse_caption
     )]
     caption: Option<CaptionLength>,
+    /// Point at each OBJECT in the --image (Moondream's point; needs a
+    /// region module): one JSON line `{"x", "y"}` per point, normalized to
+    /// the image.
+    #[arg(
+        long,
+        value_name = "OBJECT",
+        requires = "image",
+        conflicts_with_all = ["prompt", "caption", "detect"]
+    )]
+    point: Option<String>,
+    /// Find each OBJECT in the --image (Moondream's detect): one JSON line
+    /// `{"x_min", "y_min", "x_max", "y_max"}` per box, normalized.
+    #[arg(
+        long,
+        value_name = "OBJECT",
+        requires = "image",
+        conflicts_with_all = ["prompt", "caption"]
+    )]
+    detect: Option<String>,
+    /// The most points or boxes (1 to 256) [default: 50].
+    #[arg(long, value_name = "N")]
+    max_objects: Option<u32>,
     /// Print finish reason, token counts and speed to stderr.
     #[arg(long)]
     stats: bool,
@@ -59,7 +83,7 @@ pub(crate) async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let input = if let Some(path) = &args.image {
         let image = std::fs::read(path)
             .with_context(|| format!("cannot read the image {}", path.display()))?;
-        Input::Vision(vision_input(image, &prompt, args.caption))
+        Input::Vision(vision_input(image, &prompt, &args))
     } else if args.chat || args.system.is_some() {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
@@ -85,14 +109,21 @@ pub(crate) async fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The proto's vision input: a caption of `length`, or `question`.
-fn vision_input(image: Vec<u8>, question: &str, caption: Option<CaptionLength>) -> pb::VisionInput {
+/// The proto's vision input: a point or detect request, a caption of
+/// `--caption`'s length, or `question`.
+fn vision_input(image: Vec<u8>, question: &str, args: &GenerateArgs) -> pb::VisionInput {
     use pb::vision_input::Skill;
-    let skill = match caption {
-        None => Skill::Query(pb::VisionQuery {
+    let spatial = |object: &String| pb::VisionSpatial {
+        object: object.clone(),
+        max_objects: args.max_objects,
+    };
+    let skill = match (args.caption, &args.point, &args.detect) {
+        (_, Some(object), _) => Skill::Point(spatial(object)),
+        (_, _, Some(object)) => Skill::Detect(spatial(object)),
+        (None, None, None) => Skill::Query(pb::VisionQuery {
             question: question.to_string(),
         }),
-        Some(length) => Skill::Caption(pb::VisionCaption {
+        (Some(length), None, None) => Skill::Caption(pb::VisionCaption {
             length: match length {
                 CaptionLength::Short => pb::CaptionLength::Short,
                 CaptionLength::Normal => pb::CaptionLength::Normal,

@@ -169,7 +169,9 @@ impl ApiError {
                     )
                 }
             }
+            // The runtime's fault, not the request's (see the engine's docs).
             EngineError::RequestFailed(_)
+            | EngineError::SpatialFailed { .. }
             | EngineError::Spawn(_)
             | EngineError::ModelLoad(_)
             | EngineError::SkillSetup(_) => Self::internal(error_chain(e)),

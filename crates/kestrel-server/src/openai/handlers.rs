@@ -142,7 +142,8 @@ async fn unary(plan: &Plan, streams: Vec<Events>) -> Result<Vec<GenerateResponse
             let names = &plan.names[i / n];
             loop {
                 match s.next().await {
-                    Some(Ok(StreamEvent::Delta { .. })) => {}
+                    // The OpenAI API asks no point/detect: no objects come.
+                    Some(Ok(StreamEvent::Delta { .. } | StreamEvent::Object(_))) => {}
                     Some(Ok(StreamEvent::Done(resp))) => {
                         return match resp.finish_reason {
                             FinishReason::Abort => Err(ApiError::aborted()),
@@ -376,6 +377,8 @@ async fn pump(
             Ok(StreamEvent::Delta { text, logprobs, .. }) => {
                 chunker.delta(i, &mut states[i], &text, logprobs)
             }
+            // The OpenAI API asks no point/detect: no objects come.
+            Ok(StreamEvent::Object(_)) => Vec::new(),
             Ok(StreamEvent::Done(resp)) if resp.finish_reason == FinishReason::Abort => {
                 fail(&tx, ApiError::aborted()).await;
                 return;

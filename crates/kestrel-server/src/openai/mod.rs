@@ -2,9 +2,10 @@
 //! `POST /v1/completions` (unary and SSE streaming), `GET /v1/models`,
 //! vLLM's `POST /tokenize` and `POST /detokenize`, `/health`, `/version`
 //! and `/metrics`, on one engine beside gRPC; and a chat page for people at
-//! `GET /` ([`page`]). Beside it, the Moondream API's text skills
-//! (`POST /v1/query`, `POST /v1/caption`, [`moondream`]) for vision models,
-//! and OpenAI chats with an `image_url` part are answered as a query.
+//! `GET /` ([`page`]). Beside it, the Moondream API's skills
+//! (`POST /v1/query`, `/v1/caption`, `/v1/point`, `/v1/detect`,
+//! [`moondream`]) for vision models, and OpenAI chats with an `image_url`
+//! part are answered as a query.
 //!
 //! **Invariant:** OpenAI JSON stops here, like protobuf stops at
 //! [`crate::convert`]: [`request`] maps it onto the engine's one
@@ -97,6 +98,8 @@ pub fn router(engine: Engine, options: &HttpOptions) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/query", post(moondream_query))
         .route("/v1/caption", post(moondream_caption))
+        .route("/v1/point", post(moondream_point))
+        .route("/v1/detect", post(moondream_detect))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -191,6 +194,20 @@ async fn moondream_caption(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     moondream_skill(&app, moondream::Skill::Caption, raw).await
+}
+
+async fn moondream_point(
+    State(app): State<Arc<App>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    moondream_skill(&app, moondream::Skill::Point, raw).await
+}
+
+async fn moondream_detect(
+    State(app): State<Arc<App>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    moondream_skill(&app, moondream::Skill::Detect, raw).await
 }
 
 async fn tokenize(State(app): State<Arc<App>>, raw: Result<Bytes, BytesRejection>) -> Response {

@@ -1,22 +1,30 @@
-//! The Moondream API's text skills, as the `moondream` Python client
+//! The Moondream API's skills, as the `moondream` Python client
 //! (`md.vl(endpoint="http://HOST:PORT/v1")`, version 2.6.1) calls them:
 //! `POST /v1/query` (`{"question", "image_url", "stream"?, "settings"?,
-//! "model"?}` -> `{"answer"}`) and `POST /v1/caption` (`{"image_url",
-//! "length"?: "short" | "normal" | "long", ...}` -> `{"caption"}`); facts in
-//! `docs/moondream.md`.
+//! "model"?}` -> `{"answer"}`), `POST /v1/caption` (`{"image_url",
+//! "length"?: "short" | "normal" | "long", ...}` -> `{"caption"}`), `POST
+//! /v1/point` (`{"image_url", "object", "settings"?, "model"?}` ->
+//! `{"points": [{"x", "y"}]}`) and `POST /v1/detect` (the same in ->
+//! `{"objects": [{"x_min", "y_min", "x_max", "y_max"}]}`), coordinates
+//! normalized to the image; facts in `docs/moondream.md`.
 //!
-//! `settings` maps `temperature`, `top_p` and `max_tokens` onto the engine's
-//! sampling (`max_objects` belongs to `point`/`detect` and is type-checked
-//! only); left out, they take the Moondream skills' defaults (temperature
-//! 0.2, top_p 0.9; `max_tokens` the engine's default for an image, 768 or
-//! the room the context leaves). Streaming answers server-sent events
+//! `settings` maps `temperature`, `top_p`, `max_tokens` and (point and
+//! detect) `max_objects` onto the engine's request (`max_objects` is
+//! type-checked only for query and caption); left out, they take the
+//! Moondream skills' defaults (temperature 0.2, top_p 0.9; `max_tokens` the
+//! engine's default for an image, 768 or the room the context leaves;
+//! `max_objects` 50). Point and detect answer unary only (the client
+//! never streams them: `stream: true` is refused by name, as is point's
+//! `spatial_refs`). Query and caption stream server-sent events
 //! `data: {"chunk": "...", "completed": false}`, then one `data: {"chunk":
 //! "", "completed": true, ...}` (the client stops at `completed`); a failure
 //! after the stream began is one `data: {"error": {...}, "completed": true}`.
 //! Errors are OpenAI-shaped (`{"error": {"message", "type", "param",
 //! "code"}}`), 400 naming the field (`image_url`, `question`, `length`,
-//! `settings.temperature`, ...). `X-Moondream-Auth` is not read: Kestrel's
-//! HTTP API has no API keys.
+//! `object`, `settings.max_objects`, `settings.temperature`, ...; `skill`
+//! for point or detect on a model without a region module), 500 for a
+//! point/detect output the runtime broke. `X-Moondream-Auth` is not read:
+//! Kestrel's HTTP API has no API keys.
 
 use std::convert::Infallible;
 
@@ -26,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
 use kestrel_engine::{
     CaptionLength, EngineError, Field, FinishReason, GenerateRequest, GenerateResponse,
-    GenerationStream, Prompt, SamplingOptions, Speculation, StreamEvent, VisionTask,
+    GenerationStream, Prompt, SamplingOptions, SpatialResult, Speculation, StreamEvent, VisionTask,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -48,14 +56,18 @@ pub const DEFAULT_TOP_P: f32 = 0.9;
 pub enum Skill {
     Query,
     Caption,
+    Point,
+    Detect,
 }
 
 impl Skill {
-    /// The answer's key (`answer` or `caption`).
+    /// The answer's key (`answer`, `caption`, `points` or `objects`).
     fn key(self) -> &'static str {
         match self {
             Skill::Query => "answer",
             Skill::Caption => "caption",
+            Skill::Point => "points",
+            Skill::Detect => "objects",
         }
     }
 }
@@ -80,6 +92,9 @@ impl FieldNames for Names {
             Field::Temperature => "settings.temperature".into(),
             Field::TopP => "settings.top_p".into(),
             Field::MaxNewTokens => "settings.max_tokens".into(),
+            Field::MaxObjects => "settings.max_objects".into(),
+            // `object` and `skill` (a model without a region module) keep
+            // the engine's names.
             other => other.to_string(),
         }
     }
@@ -97,9 +112,9 @@ struct Settings {
     temperature: Option<f32>,
     top_p: Option<f32>,
     max_tokens: Option<u32>,
-    /// `point`/`detect`'s; accepted (and type-checked) so one settings
-    /// object serves every skill, as the client's `SamplingSettings` does.
-    #[allow(dead_code)]
+    /// `point`/`detect`'s; accepted (and type-checked) by every skill so
+    /// one settings object serves them all, as the client's
+    /// `SamplingSettings` does.
     max_objects: Option<u32>,
 }
 
@@ -145,6 +160,31 @@ pub fn parse(skill: Skill, body: &[u8], served: &str) -> Result<MoondreamRequest
                     .map_err(|e| ApiError::invalid("length", format!("length: {e}")))?,
             };
             VisionTask::Caption { length }
+        }
+        Skill::Point | Skill::Detect => {
+            if stream {
+                return Err(ApiError::unsupported(
+                    "stream",
+                    "streaming point or detect (the moondream client never asks it)",
+                ));
+            }
+            if f.raw("spatial_refs").is_some() {
+                return Err(ApiError::unsupported("spatial_refs", "spatial_refs"));
+            }
+            let object = f
+                .take::<String>("object")?
+                .ok_or_else(|| ApiError::invalid("object", "object is required"))?;
+            let max_objects = settings.max_objects;
+            match skill {
+                Skill::Point => VisionTask::Point {
+                    object,
+                    max_objects,
+                },
+                _ => VisionTask::Detect {
+                    object,
+                    max_objects,
+                },
+            }
         }
     };
     let image = match f.take::<String>("image_url")? {
@@ -207,7 +247,7 @@ pub(super) async fn run(app: &App, req: MoondreamRequest) -> Response {
 async fn finish(mut s: GenerationStream) -> Result<GenerateResponse, ApiError> {
     loop {
         match s.next().await {
-            Some(Ok(StreamEvent::Delta { .. })) => {}
+            Some(Ok(StreamEvent::Delta { .. } | StreamEvent::Object(_))) => {}
             Some(Ok(StreamEvent::Done(resp))) => return done(resp),
             Some(Err(e)) => return Err(ApiError::engine(&e, &Names)),
             None => return Err(ApiError::engine(&EngineError::Stopped, &Names)),
@@ -232,12 +272,24 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// The unary answer: `{"answer"}` or `{"caption"}`, with the request id,
-/// finish reason and token counts beside it.
+/// The unary answer: `{"answer"}`, `{"caption"}`, `{"points"}` or
+/// `{"objects"}`, with the request id, finish reason and token counts
+/// beside it.
 fn answer(skill: Skill, resp: &GenerateResponse) -> Value {
     let mut body = Map::new();
     body.insert("request_id".into(), json!(resp.request_id));
-    body.insert(skill.key().into(), json!(resp.text));
+    let value = match &resp.objects {
+        None => json!(resp.text),
+        Some(SpatialResult::Points(p)) => {
+            Value::Array(p.iter().map(|p| json!({"x": p.x, "y": p.y})).collect())
+        }
+        Some(SpatialResult::Boxes(b)) => Value::Array(
+            b.iter()
+                .map(|b| json!({"x_min": b.x_min, "y_min": b.y_min, "x_max": b.x_max, "y_max": b.y_max}))
+                .collect(),
+        ),
+    };
+    body.insert(skill.key().into(), value);
     body.insert(
         "finish_reason".into(),
         json!(finish_reason(resp.finish_reason)),
@@ -264,6 +316,8 @@ async fn pump(mut s: GenerationStream, tx: mpsc::Sender<Event>) {
             _ = tx.closed() => return,
         };
         let event = match item {
+            // Point and detect are never streamed here (see `parse`).
+            Some(Ok(StreamEvent::Object(_))) => continue,
             Some(Ok(StreamEvent::Delta { text, .. })) => {
                 if text.is_empty() {
                     continue;

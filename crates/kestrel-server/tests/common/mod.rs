@@ -151,6 +151,8 @@ pub struct Collected {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub deltas: usize,
+    /// A point/detect request's streamed objects, in order.
+    pub objects: Vec<pb::StreamObject>,
     pub done: pb::GenerateResponse,
 }
 
@@ -164,8 +166,10 @@ pub async fn collect_stream(
     let mut text = String::new();
     let mut token_ids = Vec::new();
     let mut deltas = 0;
+    let mut objects = Vec::new();
     while let Some(msg) = stream.message().await? {
         match msg.event.expect("event set") {
+            Event::Object(o) => objects.push(o),
             Event::Delta(d) => {
                 text.push_str(&d.text);
                 token_ids.extend(d.token_ids);
@@ -180,6 +184,7 @@ pub async fn collect_stream(
                     text,
                     token_ids,
                     deltas,
+                    objects,
                     done,
                 });
             }
