@@ -30,7 +30,10 @@ pub struct QueryPrompts {
 pub struct KestrelBench<'a> {
     opts: &'a Options,
     loaded: &'a LoadedModel,
+    /// Pipelined (the engine's default): every figure but the blocking rows.
     engine: Engine,
+    /// The same configuration, blocking (point/detect table only).
+    blocking: Option<Engine>,
     rt: tokio::runtime::Runtime,
     team: Team,
     pub prompts: QueryPrompts,
@@ -42,23 +45,38 @@ impl<'a> KestrelBench<'a> {
         let page_size = 16;
         // BOS + 729 image rows + a template, then the tokens.
         let seq = 760 + opts.max_tokens.max(opts.decode_tokens) as usize;
-        let engine = Engine::start(
-            EngineConfig {
-                model: ModelSource::Path(ckpt.to_owned()),
-                threads: opts.threads,
-                numerics: opts.numerics,
-                max_batch_size: max_streams,
-                max_seq_len: Some(seq.next_multiple_of(page_size)),
-                page_size,
-                // Every row at full length at once, and room for the
-                // prefix cache's pages besides.
-                kv_pages: (max_streams + 4) * seq.div_ceil(page_size) + 64,
-                max_waiting: 4 * max_streams + 16,
-                ..EngineConfig::default()
+        let config = EngineConfig {
+            model: ModelSource::Path(ckpt.to_owned()),
+            threads: opts.threads,
+            numerics: opts.numerics,
+            max_batch_size: max_streams,
+            max_seq_len: Some(seq.next_multiple_of(page_size)),
+            page_size,
+            // Every row at full length at once, and as many image prefixes
+            // again kept in the prefix cache (the point/detect table's).
+            kv_pages: (2 * max_streams + 4) * seq.div_ceil(page_size) + 64,
+            max_waiting: 4 * max_streams + 16,
+            images: kestrel_engine::ImageSettings {
+                cache: 2 * max_streams + 8,
+                ..kestrel_engine::ImageSettings::default()
             },
-            |_| {},
-        )
-        .context("starting the Moondream engine")?;
+            ..EngineConfig::default()
+        };
+        let blocking = if opts.spatial {
+            Some(
+                Engine::start(
+                    EngineConfig {
+                        mode: kestrel_engine::PipelineMode::Blocking,
+                        ..config.clone()
+                    },
+                    |_| {},
+                )
+                .context("starting the blocking Moondream engine")?,
+            )
+        } else {
+            None
+        };
+        let engine = Engine::start(config, |_| {}).context("starting the Moondream engine")?;
         let v = loaded.vision.as_ref().context("a vision model")?;
         let p = &v.prompts;
         let template = |q: &str| -> anyhow::Result<Vec<u32>> {
@@ -85,6 +103,7 @@ impl<'a> KestrelBench<'a> {
             opts,
             loaded,
             engine,
+            blocking,
             rt,
             team,
             prompts,
@@ -236,9 +255,48 @@ impl<'a> KestrelBench<'a> {
         })
     }
 
+    /// The point/detect table's runs of one round: every slot count and
+    /// kind on both engines, the engine that goes first rotating.
+    pub fn spatial(
+        &self,
+        images: &RoundImages,
+        rep: usize,
+    ) -> anyhow::Result<Vec<super::spatial::SpatialRun>> {
+        use super::spatial::{run, Kind, Mode, Workload};
+        let blocking = self.blocking.as_ref().context("no blocking engine")?;
+        let engines = [(Mode::Blocking, blocking), (Mode::Pipelined, &self.engine)];
+        let mut out = Vec::new();
+        for (si, (&streams, imgs)) in self.opts.streams.iter().zip(&images.spatial).enumerate() {
+            for (ki, kind) in Kind::ALL.into_iter().enumerate() {
+                let w = Workload {
+                    kind,
+                    streams,
+                    requests_per_stream: self.opts.requests_per_stream,
+                    max_tokens: self.opts.max_tokens,
+                    max_objects: self.opts.max_objects,
+                };
+                for k in 0..2 {
+                    let (mode, engine) = engines[(k + rep + si + ki) % 2];
+                    out.push(run(&self.rt, engine, mode, rep, &w, imgs)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     pub fn shutdown(self) {
-        let Self { engine, rt, .. } = self;
-        rt.block_on(engine.shutdown(Duration::from_secs(10)));
+        let Self {
+            engine,
+            blocking,
+            rt,
+            ..
+        } = self;
+        rt.block_on(async {
+            engine.shutdown(Duration::from_secs(10)).await;
+            if let Some(b) = blocking {
+                b.shutdown(Duration::from_secs(10)).await;
+            }
+        });
     }
 }
 

@@ -12,12 +12,16 @@
 //! requests in flight, each on an image of its own. The checkpoint is a
 //! Hugging Face Moondream directory (`--model DIR`) or a synthetic one
 //! (`--model synth:SHAPE[:SEED]`, `moondream_synth.py --served --shape
-//! SHAPE`, cached). Cost: minutes on 2 cores at the `bench` shape
+//! SHAPE`, cached). Then issue 73's table (`spatial.rs`): point, detect
+//! and a text-only query with the same slots in flight, blocking against
+//! pipelined, objects/s, step time and device idle, and the text bench's
+//! cost-model prediction beside the observation. Cost: minutes on 2 cores at the `bench` shape
 //! (`--quick`: the tiny shape, no floor, well under a minute).
 
 mod floor;
 mod kestrel;
 mod report;
+mod spatial;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -74,6 +78,12 @@ pub struct MoondreamArgs {
     /// and 13 occur; default 2,9,10,13; quick 2,10).
     #[arg(long, value_delimiter = ',')]
     crops: Option<Vec<usize>>,
+    /// Skip the point/detect table (blocking against pipelined).
+    #[arg(long)]
+    no_spatial: bool,
+    /// Objects a point/detect request may return (default 8; quick 2).
+    #[arg(long)]
+    max_objects: Option<u32>,
     /// Kestrel's CPU matmul numerics [default: fast, the engine's default].
     #[arg(long, value_enum)]
     numerics: Option<NumericsArg>,
@@ -98,6 +108,8 @@ pub struct Options {
     pub decode_tokens: u32,
     pub reps: usize,
     pub crops: Vec<usize>,
+    pub spatial: bool,
+    pub max_objects: u32,
     #[serde(skip)]
     pub numerics: kestrel_engine::Numerics,
     pub out: PathBuf,
@@ -145,6 +157,8 @@ impl Options {
             decode_tokens,
             reps: a.reps.unwrap_or(if q { 1 } else { 2 }).max(1),
             crops,
+            spatial: !a.no_spatial,
+            max_objects: a.max_objects.unwrap_or(if q { 2 } else { 8 }).clamp(1, 256),
             numerics: a
                 .numerics
                 .map_or(kestrel_engine::Numerics::default(), Into::into),
@@ -282,6 +296,10 @@ pub(crate) struct RoundImages {
     pub decode: BenchImage,
     /// Per concurrency row, per stream, per request.
     pub concurrency: Vec<Vec<Vec<BenchImage>>>,
+    /// Per concurrency row, one per slot: the point/detect table's images
+    /// (each slot asks about its own image; every kind and mode of the
+    /// round asks about the same ones).
+    pub spatial: Vec<Vec<BenchImage>>,
 }
 
 /// Query probes per round (the median is reported).
@@ -315,6 +333,14 @@ fn round_images(
                     .collect()
             })
             .collect(),
+        spatial: if opts.spatial {
+            opts.streams
+                .iter()
+                .map(|&c| (0..c).map(|_| next(s, s)).collect())
+                .collect()
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -348,6 +374,7 @@ pub fn main(args: MoondreamArgs) -> anyhow::Result<()> {
     };
     let mut seed = 0u32;
     let mut rounds = Vec::new();
+    let mut spatial_runs = Vec::new();
     let mut floor_error = None;
     for rep in 0..opts.reps {
         let images = round_images(&opts, &sizes, &geometry, &mut seed);
@@ -375,6 +402,10 @@ pub fn main(args: MoondreamArgs) -> anyhow::Result<()> {
             }
         }
         rounds.push(round);
+        if opts.spatial {
+            eprintln!("round {}: point / detect, blocking and pipelined", rep + 1);
+            spatial_runs.extend(kestrel.spatial(&images, rep)?);
+        }
     }
     kestrel.shutdown();
 
@@ -385,6 +416,7 @@ pub fn main(args: MoondreamArgs) -> anyhow::Result<()> {
         &loaded,
         &sizes,
         rounds,
+        spatial_runs,
         &floor_error,
     );
     let md = report::markdown(&doc);

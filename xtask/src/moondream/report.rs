@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::kestrel::median;
+use super::spatial::{Kind, Mode, SpatialRun};
 use super::Options;
 
 /// Encode time of one image of `crops` crops (median of the round's encodes).
@@ -71,6 +72,8 @@ pub struct Report {
     /// Image side(s) of each crop count's encode image.
     pub encode_images: Vec<(usize, u32, u32)>,
     pub rounds: Vec<Round>,
+    /// The point/detect table's runs (blocking and pipelined).
+    pub spatial: Vec<SpatialRun>,
     /// Why the floor gave no figures, if it failed.
     pub floor_error: Option<String>,
 }
@@ -119,6 +122,7 @@ impl Report {
         loaded: &kestrel_model::LoadedModel,
         sizes: &[(usize, u32, u32)],
         rounds: Vec<Round>,
+        spatial: Vec<SpatialRun>,
         floor_error: &Option<anyhow::Error>,
     ) -> Self {
         let commit = std::process::Command::new("git")
@@ -156,6 +160,7 @@ impl Report {
             weight_bytes: std::fs::metadata(ckpt.join("model.safetensors")).map_or(0, |m| m.len()),
             encode_images: sizes.to_vec(),
             rounds,
+            spatial,
             floor_error: floor_error.as_ref().map(|e| format!("{e:#}")),
         }
     }
@@ -358,5 +363,78 @@ pub fn markdown(doc: &Report) -> String {
          The floor batches statically (a wave of `in flight` requests encoded, \
          prefilled and decoded together); Kestrel admits continuously."
     );
+    if !doc.spatial.is_empty() {
+        spatial_markdown(doc, &mut s);
+    }
     s
+}
+
+/// Median of `f` over the runs of one kind, slot count and mode.
+fn spatial_median(
+    doc: &Report,
+    kind: Kind,
+    streams: usize,
+    mode: Mode,
+    f: impl Fn(&SpatialRun) -> f64,
+) -> f64 {
+    let mut v: Vec<f64> = doc
+        .spatial
+        .iter()
+        .filter(|r| r.kind == kind && r.streams == streams && r.mode == mode)
+        .map(f)
+        .collect();
+    median(&mut v)
+}
+
+fn spatial_markdown(doc: &Report, s: &mut String) {
+    use std::fmt::Write as _;
+    let o = &doc.options;
+    let _ = writeln!(
+        s,
+        "\n## Point and detect: blocking against pipelined\n\n\
+         Each slot asks about its own image, whose rows and prefix KV were \
+         cached before the clock started; point/detect ask for `{}` with at \
+         most {} objects, the query row generates {} tokens; {} requests per \
+         slot. Rate: objects/s (point, detect) or tokens/s (query). Step and \
+         device idle: means over the run's steps (the engine's own metrics). \
+         Predicted: the cost model `T_block / T_pipe x (1 - z) - 1` with z = 0 \
+         (the engine's metrics do not count zombie rows); observed: pipelined \
+         rate over blocking - 1. Medians over rounds.\n",
+        super::spatial::OBJECT,
+        o.max_objects,
+        o.max_tokens,
+        o.requests_per_stream
+    );
+    let _ = writeln!(
+        s,
+        "| kind | in flight | rate, blocking | rate, pipelined | objects per run | tokens per run | step ms, blocking | step ms, pipelined | idle ms, blocking | idle ms, pipelined | predicted | observed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for &streams in &o.streams {
+        for kind in Kind::ALL {
+            let m =
+                |mode: Mode, f: fn(&SpatialRun) -> f64| spatial_median(doc, kind, streams, mode, f);
+            let (rb, rp) = (
+                m(Mode::Blocking, SpatialRun::rate),
+                m(Mode::Pipelined, SpatialRun::rate),
+            );
+            let (tb, tp) = (
+                m(Mode::Blocking, |r| r.step_ms),
+                m(Mode::Pipelined, |r| r.step_ms),
+            );
+            let (ib, ip) = (
+                m(Mode::Blocking, |r| r.idle_ms),
+                m(Mode::Pipelined, |r| r.idle_ms),
+            );
+            let objects = m(Mode::Pipelined, |r| r.objects as f64);
+            let tokens = m(Mode::Pipelined, |r| r.tokens as f64);
+            let unit = if kind == Kind::Query { " tok/s" } else { "" };
+            let _ = writeln!(
+                s,
+                "| {} | {streams} | {rb:.2}{unit} | {rp:.2}{unit} | {objects:.0} | {tokens:.0} | {tb:.2} | {tp:.2} | {ib:.3} | {ip:.3} | {:+.1}% | {:+.1}% |",
+                kind.name(),
+                (tb / tp - 1.0) * 100.0,
+                (rp / rb - 1.0) * 100.0
+            );
+        }
+    }
 }
