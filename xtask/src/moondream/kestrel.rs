@@ -121,6 +121,7 @@ impl<'a> KestrelBench<'a> {
 
     /// One round: every figure on this round's images.
     pub fn run(&mut self, images: &RoundImages) -> anyhow::Result<Figures> {
+        let encodes0 = self.encodes();
         let encode = self.encode_table(&images.encode)?;
         let (mut cold, mut cached) = (Vec::new(), Vec::new());
         for img in &images.query {
@@ -135,6 +136,14 @@ impl<'a> KestrelBench<'a> {
             .zip(&images.concurrency)
             .map(|(&c, imgs)| self.concurrency(c, imgs))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        // Every image of the round is new to the engine: had one hit the
+        // encoded-image or prefix cache, its figures would time the cache.
+        let new_images =
+            images.query.len() + 1 + images.concurrency.iter().flatten().flatten().count();
+        let encodes = self.encodes() - encodes0;
+        if encodes != new_images as u64 {
+            bail!("{encodes} images encoded for {new_images} new ones: the bench's images repeat");
+        }
         Ok(Figures {
             engine: self.describe(),
             encode,
@@ -143,6 +152,20 @@ impl<'a> KestrelBench<'a> {
             decode_tokens_per_s: decode,
             concurrency,
         })
+    }
+
+    /// Images the engine has encoded (`kestrel_image_encodes_total`).
+    fn encodes(&self) -> u64 {
+        self.engine
+            .metrics_text()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("kestrel_image_encodes_total ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
     }
 
     fn encode_table(&self, images: &[BenchImage]) -> anyhow::Result<Vec<EncodeRow>> {

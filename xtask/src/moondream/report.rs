@@ -395,9 +395,11 @@ fn spatial_markdown(doc: &Report, s: &mut String) {
          Each slot asks about its own image, whose rows and prefix KV were \
          cached before the clock started; point/detect ask for `{}` with at \
          most {} objects, the query row generates {} tokens; {} requests per \
-         slot. Rate: objects/s (point, detect) or tokens/s (query). Step and \
-         device idle: means over the run's steps (the engine's own metrics). \
-         Predicted: the cost model `T_block / T_pipe x (1 - z) - 1` with z = 0 \
+         slot. Rate: objects/s (point, detect) or tokens/s (query). Step: the \
+         run's wall over the steps the engine launched; device idle: the mean \
+         gap between forwards (the CPU runtime's timestamps, the engine's \
+         metric). Predicted: the cost model from the bubble, \
+         `T_block / (T_block - idle_block + idle_pipe) x (1 - z) - 1` with z = 0 \
          (the engine's metrics do not count zombie rows); observed: pipelined \
          rate over blocking - 1. Medians over rounds.\n",
         super::spatial::OBJECT,
@@ -432,7 +434,7 @@ fn spatial_markdown(doc: &Report, s: &mut String) {
                 s,
                 "| {} | {streams} | {rb:.2}{unit} | {rp:.2}{unit} | {objects:.0} | {tokens:.0} | {tb:.2} | {tp:.2} | {ib:.3} | {ip:.3} | {:+.1}% | {:+.1}% |",
                 kind.name(),
-                (tb / tp - 1.0) * 100.0,
+                (tb / (tb - ib + ip) - 1.0) * 100.0,
                 (rp / rb - 1.0) * 100.0
             );
         }

@@ -7,11 +7,16 @@
 //! clock starts (a one-token query), so the timed requests find the image's
 //! rows and prefix KV cached and spend their time in decode steps, where
 //! the spatial stage runs and where pipelining can hide the host's commit
-//! and plan. Step time and device idle are the engine's own
-//! (`kestrel_step_period_seconds`, `kestrel_device_idle_between_steps_seconds`:
-//! the CPU runtime's timestamps), averaged over the run's steps. The cost
-//! model is the text bench's (`speedup = T_block / T_pipe x (1 - z)`), with
-//! z = 0: the engine's metrics do not count zombie rows.
+//! and plan. Step time is the run's wall over the steps the engine
+//! launched (`kestrel_prefill_steps_total` + `kestrel_decode_steps_total`);
+//! device idle is the engine's own `kestrel_device_idle_between_steps_seconds`
+//! (the CPU runtime's timestamps), averaged over the run's gaps. The
+//! prediction is the text bench's cost model from the bubble alone: with
+//! the forward unchanged, a pipelined step lasts `T_block - idle_block +
+//! idle_pipe`, so `speedup = T_block / (T_block - idle_block + idle_pipe) x
+//! (1 - z)`, with z = 0 (the engine's metrics do not count zombie rows).
+//! (`kestrel_step_period_seconds` times `run_once` calls, which in pipelined
+//! mode are not step periods, so it is not used.)
 
 use std::time::Instant;
 
@@ -61,10 +66,10 @@ pub struct SpatialRun {
     pub tokens: usize,
     /// Points or boxes (0 for the query row).
     pub objects: usize,
-    /// Steps the engine ran during the run (prefill and decode).
+    /// Steps the engine launched during the run (prefill and decode).
     pub steps: u64,
     pub decode_steps: u64,
-    /// Mean wall time of a step (`run_once` with progress), ms.
+    /// The run's wall over its steps, ms.
     pub step_ms: f64,
     /// Mean device idle between consecutive forwards, ms.
     pub idle_ms: f64,
@@ -84,8 +89,7 @@ impl SpatialRun {
 /// The counters and histogram sums a run reads before and after.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
-    period_sum: f64,
-    period_count: f64,
+    prefill_steps: f64,
     idle_sum: f64,
     idle_count: f64,
     decode_steps: f64,
@@ -100,8 +104,7 @@ fn counters(engine: &Engine) -> Counters {
             .unwrap_or(0.0)
     };
     Counters {
-        period_sum: get("kestrel_step_period_seconds_sum"),
-        period_count: get("kestrel_step_period_seconds_count"),
+        prefill_steps: get("kestrel_prefill_steps_total"),
         idle_sum: get("kestrel_device_idle_between_steps_seconds_sum"),
         idle_count: get("kestrel_device_idle_between_steps_seconds_count"),
         decode_steps: get("kestrel_decode_steps_total"),
@@ -226,7 +229,8 @@ pub fn run(
     })?;
     let wall_s = t0.elapsed().as_secs_f64();
     let after = counters(engine);
-    let steps = after.period_count - before.period_count;
+    let decode_steps = after.decode_steps - before.decode_steps;
+    let steps = decode_steps + after.prefill_steps - before.prefill_steps;
     let gaps = after.idle_count - before.idle_count;
     Ok(SpatialRun {
         kind: w.kind,
@@ -238,9 +242,9 @@ pub fn run(
         tokens,
         objects,
         steps: steps as u64,
-        decode_steps: (after.decode_steps - before.decode_steps) as u64,
+        decode_steps: decode_steps as u64,
         step_ms: if steps > 0.0 {
-            (after.period_sum - before.period_sum) / steps * 1e3
+            wall_s / steps * 1e3
         } else {
             f64::NAN
         },
