@@ -61,13 +61,33 @@ class Weights:
         return F.layer_norm(x, w.shape, w, self(f"{hf}.bias", f"{exported}.bias"), 1e-5)
 
 
+# config.py's 2025 defaults (docs/moondream.md, "Configuration", 2B): a
+# published config.json holds only overrides of these (usually none).
+DEFAULTS = {
+    "text": {"dim": 2048, "ff_dim": 8192, "n_layers": 24, "vocab_size": 51200,
+             "max_context": 2048, "n_heads": 32, "n_kv_heads": 32, "prefix_attn": 730,
+             "rope_theta": 10000.0},
+    "vision": {"enc_dim": 1152, "enc_patch_size": 14, "enc_n_layers": 27, "enc_ff_dim": 4304,
+               "enc_n_heads": 16, "proj_inner_dim": 8192, "proj_out_dim": 2048,
+               "crop_size": 378, "in_channels": 3, "max_crops": 12, "overlap_margin": 4},
+}
+
+
+def config(ckpt):
+    """The checkpoint's text and vision settings: the defaults, overridden
+    by config.json's `config` object."""
+    raw = json.loads((Path(ckpt) / "config.json").read_text())
+    over = raw.get("config", raw) if isinstance(raw.get("config", raw), dict) else {}
+    return {part: {**DEFAULTS[part], **over.get(part, {})} for part in DEFAULTS}
+
+
 def gelu(x):
     return F.gelu(x, approximate="tanh")
 
 
 class Moondream:
     def __init__(self, ckpt):
-        cfg = json.loads((Path(ckpt) / "config.json").read_text())["config"]
+        cfg = config(ckpt)
         self.v, self.t = cfg["vision"], cfg["text"]
         self.w = Weights(Path(ckpt) / "model.safetensors")
         t = self.t
