@@ -4,6 +4,7 @@ tensor names and layout (docs/moondream.md), random weights, tiny widths.
 
     moondream_synth.py OUT_DIR [--names hf|exported] [--dtype F32|F16|BF16]
                        [--seed N] [--no-region] [--served]
+                       [--shape tiny|bench|moondream2]
 
 Writes OUT_DIR/model.safetensors and OUT_DIR/config.json (the HF layout:
 the model's settings under "config"). `--served` makes a checkpoint Kestrel
@@ -17,10 +18,20 @@ widths and depths are small. `hf` names are the Hugging Face repository's
 state dict (model.vision.*, model.text.*, model.region.*); `exported` are
 the names the reference's weights.py maps (vision_encoder.*, text_model.*,
 region_model.*; Fourier features stored transposed).
+
+`--shape` picks the widths: `tiny` (the default, above: the tests'),
+`bench` (a few hundred wide, four layers deep: what `cargo xtask
+moondream-bench` times on a small machine) or `moondream2` (every width and
+depth of the published Moondream 2, about 1.9 G parameters: 3.8 GB in BF16).
+Shapes other than `tiny` are written streaming, one tensor at a time, each
+from its own generator seeded by the seed and the tensor's name (float32
+draws), so memory stays near the largest tensor; `tiny` keeps its values
+(one generator in definition order), which the tests' seeds were chosen on.
 """
 import argparse
 import json
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,26 +46,94 @@ CONFIG = {
                "size_out_dim": 2048, "inner_dim": 64},
 }
 
+# Widths for `--shape` (CONFIG is `tiny`); `--served` sets the vocabulary.
+SHAPES = {
+    "tiny": CONFIG,
+    "bench": {
+        "text": {"dim": 256, "ff_dim": 1024, "n_layers": 4, "vocab_size": 64, "max_context": 2048,
+                 "n_heads": 4, "n_kv_heads": 4, "prefix_attn": 730, "rope_theta": 10000.0},
+        "vision": {"enc_dim": 192, "enc_patch_size": 14, "enc_n_layers": 4, "enc_ff_dim": 768,
+                   "enc_n_heads": 3, "proj_inner_dim": 768, "proj_out_dim": 256, "crop_size": 378,
+                   "in_channels": 3, "max_crops": 12, "overlap_margin": 4},
+        "region": {"dim": 256, "coord_feat_dim": 256, "coord_out_dim": 1024,
+                   "size_feat_dim": 512, "size_out_dim": 2048, "inner_dim": 1024},
+    },
+    # config.py's 2025 defaults (docs/moondream.md, "Configuration", 2B).
+    "moondream2": {
+        "text": {"dim": 2048, "ff_dim": 8192, "n_layers": 24, "vocab_size": 51200,
+                 "max_context": 2048, "n_heads": 32, "n_kv_heads": 32, "prefix_attn": 730,
+                 "rope_theta": 10000.0},
+        "vision": {"enc_dim": 1152, "enc_patch_size": 14, "enc_n_layers": 27, "enc_ff_dim": 4304,
+                   "enc_n_heads": 16, "proj_inner_dim": 8192, "proj_out_dim": 2048,
+                   "crop_size": 378, "in_channels": 3, "max_crops": 12, "overlap_margin": 4},
+        "region": {"dim": 2048, "coord_feat_dim": 256, "coord_out_dim": 1024,
+                   "size_feat_dim": 512, "size_out_dim": 2048, "inner_dim": 8192},
+    },
+}
 
-def tensors(cfg, rng, names, region=True):
-    """{name: float32 array} with the published names and shapes."""
+
+class Eager:
+    """`put` draws each tensor at once from one generator, in definition
+    order (the `tiny` checkpoints' values)."""
+
+    def __init__(self, rng):
+        self.rng, self.out = rng, {}
+
+    def put(self, name, shape, make):
+        self.out[name] = np.asarray(make(self.rng, tuple(shape), np.float64), dtype=np.float32)
+
+
+class Lazy:
+    """`put` records each tensor's shape and maker; `draw` makes one from
+    a generator of its own (the seed and the name), in float32."""
+
+    def __init__(self, seed):
+        self.seed, self.specs = seed, {}
+
+    def put(self, name, shape, make):
+        self.specs[name] = (tuple(shape), make)
+
+    def draw(self, name):
+        shape, make = self.specs[name]
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        return np.asarray(make(rng, shape, np.float32), dtype=np.float32)
+
+
+def normal(scale, shift=0.0, transpose=False):
+    """A maker: `shift + N(0, 1) * scale` of a shape (drawn transposed and
+    stored transposed when `transpose`, as the exported Fourier features)."""
+    def make(rng, shape, dtype):
+        s = shape[::-1] if transpose else shape
+        a = shift + rng.standard_normal(s, dtype=dtype) * scale
+        return a.T.copy() if transpose else a
+    return make
+
+
+def tensors(cfg, rng, names, region=True, sink=None):
+    """{name: float32 array} with the published names and shapes (or, with
+    a `Lazy` sink, their specs recorded in it)."""
     v, t, r = cfg["vision"], cfg["text"], cfg["region"]
-    out = {}
+    sink = sink if sink is not None else Eager(rng)
+
+    class Out:
+        def __setitem__(self, name, spec):
+            sink.put(name, spec[0], spec[1])
+    out = Out()
 
     def lin(name, o, i, scale=1.0):
-        out[f"{name}.weight"] = rng.standard_normal((o, i)) * scale / np.sqrt(i)
-        out[f"{name}.bias"] = rng.standard_normal(o) * 0.1
+        out[f"{name}.weight"] = ((o, i), normal(scale / np.sqrt(i)))
+        out[f"{name}.bias"] = ((o,), normal(0.1))
 
     def ln(name, d):
-        out[f"{name}.weight"] = 1.0 + rng.standard_normal(d) * 0.1
-        out[f"{name}.bias"] = rng.standard_normal(d) * 0.1
+        out[f"{name}.weight"] = ((d,), normal(0.1, 1.0))
+        out[f"{name}.bias"] = ((d,), normal(0.1))
 
     hf = names == "hf"
     d, patches = v["enc_dim"], (v["crop_size"] // v["enc_patch_size"]) ** 2
     root = "model.vision" if hf else "vision_encoder.encoder.model.visual"
     lin(f"{root}.patch_emb" if hf else f"{root}.patch_embed.linear", d,
         v["in_channels"] * v["enc_patch_size"] ** 2)
-    out[f"{root}.pos_emb" if hf else f"{root}.pos_embed"] = rng.standard_normal((1, patches, d)) * 0.5
+    out[f"{root}.pos_emb" if hf else f"{root}.pos_embed"] = ((1, patches, d), normal(0.5))
     for i in range(v["enc_n_layers"]):
         b = f"{root}.blocks.{i}"
         ln(f"{b}.ln1" if hf else f"{b}.norm1", d)
@@ -71,7 +150,7 @@ def tensors(cfg, rng, names, region=True):
     td, hd = t["dim"], t["dim"] // t["n_heads"]
     qkv = (t["n_heads"] + 2 * t["n_kv_heads"]) * hd
     out["model.text.wte" if hf else "text_model.transformer.embd.wte.weight"] = \
-        rng.standard_normal((t["vocab_size"], td))
+        ((t["vocab_size"], td), normal(1.0))
     for i in range(t["n_layers"]):
         b = f"model.text.blocks.{i}" if hf else f"text_model.transformer.h.{i}"
         ln(f"{b}.ln", td)
@@ -84,14 +163,13 @@ def tensors(cfg, rng, names, region=True):
 
     if region:
         rd = r["dim"]
-        cf = rng.standard_normal((1, r["coord_feat_dim"] // 2)) * 4.0
-        sf = rng.standard_normal((2, r["size_feat_dim"] // 2)) * 4.0
+        cf, sf = (1, r["coord_feat_dim"] // 2), (2, r["size_feat_dim"] // 2)
         if hf:
-            out["model.region.coord_features"] = cf
-            out["model.region.size_features"] = sf
+            out["model.region.coord_features"] = (cf, normal(4.0))
+            out["model.region.size_features"] = (sf, normal(4.0))
         else:
-            out["region_model.coordinate_features.weight"] = cf.T.copy()
-            out["region_model.size_features.weight"] = sf.T.copy()
+            out["region_model.coordinate_features.weight"] = (cf[::-1], normal(4.0, transpose=True))
+            out["region_model.size_features.weight"] = (sf[::-1], normal(4.0, transpose=True))
         root = "model.region" if hf else "region_model"
         lin(f"{root}.coord_encoder" if hf else "region_model.coordinate_encoder", rd,
             r["coord_feat_dim"])
@@ -101,7 +179,7 @@ def tensors(cfg, rng, names, region=True):
         lin(f"{root}.size_encoder", rd, r["size_feat_dim"])
         lin(f"{root}.size_decoder.fc1", r["inner_dim"], rd)
         lin(f"{root}.size_decoder.fc2", r["size_out_dim"], r["inner_dim"])
-    return {k: np.asarray(a, dtype=np.float32) for k, a in out.items()}
+    return sink.out if isinstance(sink, Eager) else sink
 
 
 def to_bf16_bits(a):
@@ -144,6 +222,27 @@ def write_safetensors(path, named, dtype):
         for b in blobs:
             f.write(b)
     return values
+
+
+def write_safetensors_lazy(path, lazy, dtype):
+    """Writes a `Lazy` sink's tensors in `dtype`, one drawn at a time."""
+    width = {"F32": 4, "F16": 2, "BF16": 2}[dtype]
+    header, offset = {}, 0
+    names = sorted(lazy.specs)
+    for name in names:
+        shape = lazy.specs[name][0]
+        n = int(np.prod(shape)) * width
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for name in names:
+            data, _ = stored(lazy.draw(name), dtype)
+            assert len(data) == header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+            f.write(data)
 
 
 def read_safetensors(path):
@@ -242,16 +341,21 @@ def main():
     p.add_argument("--no-region", action="store_true")
     p.add_argument("--served", action="store_true",
                    help="vocabulary 51200 and a generated tokenizer.json")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(a.seed)
-    cfg = json.loads(json.dumps(CONFIG))
+    cfg = json.loads(json.dumps(SHAPES[a.shape]))
     if a.served:
         cfg["text"]["vocab_size"] = SERVED_VOCAB
         (out / "tokenizer.json").write_text(json.dumps(served_tokenizer()))
-    write_safetensors(out / "model.safetensors",
-                      tensors(cfg, rng, a.names, region=not a.no_region), a.dtype)
+    if a.shape == "tiny":
+        write_safetensors(out / "model.safetensors",
+                          tensors(cfg, rng, a.names, region=not a.no_region), a.dtype)
+    else:
+        lazy = tensors(cfg, rng, a.names, region=not a.no_region, sink=Lazy(a.seed))
+        write_safetensors_lazy(out / "model.safetensors", lazy, a.dtype)
     (out / "config.json").write_text(json.dumps(
         {"architectures": ["HfMoondream"], "model_type": "moondream1", "config": cfg},
         indent=1))

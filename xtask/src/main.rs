@@ -11,12 +11,16 @@
 //!   8B shapes; F16, Q8_0, Q4_0, Q4_K_M), cached; `bench --model
 //!   synth:llama-1b:q4_k_m` makes and uses the same files
 //!   (`synth_model.rs`).
+//! - `cargo xtask moondream-bench`: Moondream (image encode per crop count,
+//!   time to first token with and without the image cached, decode, requests
+//!   in flight) against a PyTorch floor, alternated (`moondream/mod.rs`).
 //! - `cargo xtask soak`: thousands of mixed requests through the gRPC
 //!   server on the real model, then a check that nothing was left behind.
 
 mod bench;
 mod chunked;
 mod engine_core;
+mod moondream;
 mod soak;
 mod speculate;
 mod synth_model;
@@ -38,6 +42,10 @@ enum Task {
     /// Chunked prefill: the running streams' token gaps and the long
     /// prompt's TTFT when a long prompt arrives, whole vs chunked.
     ChunkedPrefill(chunked::ChunkedArgs),
+    /// Moondream on the engine against a PyTorch float32 floor: encode time
+    /// per crop count, TTFT with and without the cached image, decode,
+    /// requests/s in flight; alternated rounds, JSON/Markdown results.
+    MoondreamBench(moondream::MoondreamArgs),
     /// A long soak of the gRPC server (the `soak` test with 10,000 requests).
     Soak(soak::SoakArgs),
     /// Speculative decoding: decode tokens/s with and without prompt-lookup
@@ -52,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Bench(args) => bench::main(args),
         Task::ChunkedPrefill(args) => chunked::main(args),
+        Task::MoondreamBench(args) => moondream::main(args),
         Task::Soak(args) => soak::main(args),
         Task::Speculate(args) => speculate::main(args),
         Task::SynthModel(args) => synth_model::main(args),

@@ -14,7 +14,7 @@ mod harness;
 mod peer;
 mod plots;
 mod prompt;
-mod report;
+pub(crate) mod report;
 mod runtime;
 mod stats;
 mod workload;
@@ -220,7 +220,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// `bench-YYYYMMDD-HHMMSS` (UTC).
-fn bench_dir_name() -> String {
+pub(crate) fn bench_dir_name() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

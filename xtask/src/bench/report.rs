@@ -91,7 +91,7 @@ impl Meta {
 }
 
 /// The first `model name` in `/proc/cpuinfo` (x86 Linux), if any.
-fn cpu_model() -> Option<String> {
+pub(crate) fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     info.lines()
         .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
