@@ -36,6 +36,7 @@ use super::backend::{
     Swiglu, SwigluQ8,
 };
 use super::region::DeviceRegion;
+use super::vision::DeviceVision;
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
@@ -242,6 +243,9 @@ pub(crate) struct DeviceModel<D: Device> {
     /// Moondream's region model and the spatial stage's state
     /// (`runtime/region.rs`), once attached.
     pub(super) region: Option<DeviceRegion<D>>,
+    /// Moondream's vision encoder and projector (`runtime/vision.rs`), once
+    /// attached.
+    pub(super) vision: Option<DeviceVision<D>>,
     // Last: every buffer above is freed before the device goes.
     pub d: D,
 }
@@ -483,6 +487,7 @@ impl<D: Device> DeviceModel<D> {
             trash_page: num_pages as u32,
             weight_bytes,
             region: None,
+            vision: None,
             d,
         })
     }
