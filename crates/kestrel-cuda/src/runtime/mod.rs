@@ -114,7 +114,18 @@ pub struct Runtime<D: Device> {
     device_name: String,
     /// Completed steps' timings while recording (`record_timings`).
     timings: Option<Vec<StepTiming>>,
+    /// The last [`IMAGE_CACHE`] images' projector outputs on the device
+    /// (`[tokens][hidden]` f32), keyed by content hash, most recently used
+    /// last (`prefill.rs`).
+    images: Vec<([u8; 32], Arc<D::Buf>)>,
+    /// Images run through the encoder and projector so far.
+    encoder_runs: u64,
 }
+
+/// Encoded images the runtime keeps on the device (a second question on
+/// the same image skips the encoder). Memory: `729 x hidden x 4` bytes each
+/// (6 MB at Moondream 2's size).
+pub const IMAGE_CACHE: usize = 4;
 
 /// The CUDA runtime: [`Runtime`] on a GPU.
 pub type CudaRuntime = Runtime<CudaDevice>;
@@ -267,6 +278,8 @@ impl<D: Device> Runtime<D> {
             out_top: Vec::new(),
             row_indptr: Vec::new(),
             out_values: Vec::new(),
+            images: Vec::new(),
+            encoder_runs: 0,
             graph_bytes: 0,
             device_name,
             timings: None,
@@ -282,7 +295,8 @@ impl<D: Device> Runtime<D> {
     /// `size_id` into `StepOutputs::values` and embeds it as the row's next
     /// input, device-side (`runtime/region.rs`). Recaptures the decode
     /// graphs. A vision model without a region module or spatial ids is a
-    /// `CudaError::Unsupported`; its encoder and projector are not run here.
+    /// `CudaError::Unsupported`; its encoder and projector are
+    /// [`Runtime::with_vision`]'s.
     pub fn with_region(mut self, vision: &VisionModel) -> Result<Self, CudaError> {
         let (Some(weights), Some(coord_id), Some(size_id)) = (
             vision.region.as_ref(),
@@ -337,6 +351,12 @@ impl<D: Device> Runtime<D> {
     pub fn encode_image(&mut self, crops: &OverlapCrops) -> Result<DeviceImageTokens, CudaError> {
         let features = self.encode_crops(crops)?;
         self.dev.project(&features, crops.tiling)
+    }
+
+    /// Images the prefills have run through the encoder and projector
+    /// (an image served from the cache of encoded images is not counted).
+    pub fn encoder_runs(&self) -> u64 {
+        self.encoder_runs
     }
 
     /// The device's name, as the driver reports it.
@@ -422,6 +442,7 @@ impl<D: Device> Runtime<D> {
             out_row: 0,
             spatial: SpatialIn::KvRows(m.at::<u32>(l.rows())),
             tiled_attention: false,
+            mask_pos: 0,
             x: s.ws.x.ptr(),
             xn: s.ws.xn.ptr(),
             qkv: s.ws.qkv.ptr(),

@@ -118,6 +118,12 @@ impl<D: Device> DeviceModel<D> {
                 c.enc_n_layers
             )));
         }
+        if c.proj_out_dim != self.cfg.hidden_size {
+            return Err(CudaError::Unsupported(format!(
+                "a projector of {} outputs for a text model of {}",
+                c.proj_out_dim, self.cfg.hidden_size
+            )));
+        }
         let d = &self.d;
         let mut bytes = 0usize;
         let mut lin = |what: &str, l| Linear::upload(d, what, l, &mut bytes);
@@ -365,6 +371,12 @@ impl<D: Device> DeviceModel<D> {
             dim: out,
             data: host.as_slice().to_vec(),
         })
+    }
+
+    /// The image tokens an encoded image gives (the crop grid's patches),
+    /// with a vision encoder attached.
+    pub fn image_tokens(&self) -> Option<usize> {
+        self.vision.as_ref().map(|v| v.cfg.patches())
     }
 
     fn vision(&self) -> Result<&DeviceVision<D>, CudaError> {
