@@ -117,9 +117,11 @@ pub struct Runtime<D: Device> {
     /// The last [`IMAGE_CACHE`] images' projector outputs on the device
     /// (`[tokens][hidden]` f32), keyed by content hash, most recently used
     /// last (`prefill.rs`).
-    images: Vec<([u8; 32], Arc<D::Buf>)>,
+    images: Vec<([u8; 32], D::Buf)>,
     /// Images run through the encoder and projector so far.
     encoder_runs: u64,
+    /// Image rows served from the cache of encoded images instead.
+    image_cache_hits: u64,
 }
 
 /// Encoded images the runtime keeps on the device (a second question on
@@ -280,6 +282,7 @@ impl<D: Device> Runtime<D> {
             out_values: Vec::new(),
             images: Vec::new(),
             encoder_runs: 0,
+            image_cache_hits: 0,
             graph_bytes: 0,
             device_name,
             timings: None,
@@ -357,6 +360,11 @@ impl<D: Device> Runtime<D> {
     /// (an image served from the cache of encoded images is not counted).
     pub fn encoder_runs(&self) -> u64 {
         self.encoder_runs
+    }
+
+    /// Image rows the prefills served from the cache of encoded images.
+    pub fn image_cache_hits(&self) -> u64 {
+        self.image_cache_hits
     }
 
     /// The device's name, as the driver reports it.

@@ -23,8 +23,6 @@
 //! prefix longer than `StepConfig::forward_rows` is refused before
 //! dispatch).
 
-use std::sync::Arc;
-
 use kestrel_model::vision::PreparedImage;
 use kestrel_pipeline::{ExecError, PrefillInput, SamplingParams, SlotId, StepKind, TokenValues};
 
@@ -154,7 +152,7 @@ impl<D: Device> Runtime<D> {
         // (the encoder runs and syncs on the compute stream here), and
         // where: (step row, rows, image, first image row).
         let mut spans = Vec::new();
-        let mut images = Vec::new();
+        let mut retired = Vec::new();
         for (i, input) in seqs.iter().enumerate() {
             let Some(e) = input.embeds else { continue };
             let (start, end) = (starts[i], self.slots[slot].kv.tokens(i).len());
@@ -166,11 +164,12 @@ impl<D: Device> Runtime<D> {
                 .input
                 .downcast_ref::<PreparedImage>()
                 .expect("checked before dispatch");
-            let buf = self.image_rows(img).map_err(ExecError::Fatal)?;
-            spans.push((row0[i] + a - start, b - a, buf.ptr(), a - e.start));
-            images.push(buf);
+            let ptr = self
+                .image_rows(img, &mut retired)
+                .map_err(ExecError::Fatal)?;
+            spans.push((row0[i] + a - start, b - a, ptr, a - e.start));
         }
-        self.slots[slot].images = images;
+        self.slots[slot].images = retired;
         // Past this point device work is enqueued: every error is fatal.
         let timed = self
             .mark(slot, |e| &e.forward_start)
@@ -315,25 +314,33 @@ impl<D: Device> Runtime<D> {
         })
     }
 
-    /// `image`'s projector output on the device (`[tokens][hidden]` f32):
-    /// from the cache of encoded images, or encoded now and kept (the least
-    /// recently used dropped; a step still reading it holds its own `Arc`).
-    fn image_rows(&mut self, image: &PreparedImage) -> Result<Arc<D::Buf>, CudaError> {
+    /// `image`'s projector output on the device (`[tokens][hidden]` f32,
+    /// its address): from the cache of encoded images, or encoded now and
+    /// kept. The least recently used image it drops goes to `retired`
+    /// (this step's earlier rows may read it; nothing in flight before
+    /// does: encoding synchronized both streams).
+    fn image_rows(
+        &mut self,
+        image: &PreparedImage,
+        retired: &mut Vec<D::Buf>,
+    ) -> Result<u64, CudaError> {
         if let Some(i) = self.images.iter().position(|(h, _)| *h == image.hash) {
             let hit = self.images.remove(i);
-            let buf = Arc::clone(&hit.1);
+            let ptr = hit.1.ptr();
             self.images.push(hit);
-            return Ok(buf);
+            self.image_cache_hits += 1;
+            return Ok(ptr);
         }
         let features = self.dev.encode_crops(&image.crops)?;
         let tokens = self.dev.project(&features, image.crops.tiling)?;
-        let buf = Arc::new(self.dev.d.upload(&tokens.data)?);
+        let buf = self.dev.d.upload(&tokens.data)?;
         self.encoder_runs += 1;
         if self.images.len() == IMAGE_CACHE {
-            self.images.remove(0);
+            retired.push(self.images.remove(0).1);
         }
-        self.images.push((image.hash, Arc::clone(&buf)));
-        Ok(buf)
+        let ptr = buf.ptr();
+        self.images.push((image.hash, buf));
+        Ok(ptr)
     }
 }
 

@@ -92,9 +92,10 @@ pub(crate) struct DecodeSlot<D: Device> {
     pub prefill_host: D::Host<u32>,
     pub prefill_dev: D::Buf,
     pub prefill_words: Vec<u32>,
-    /// The encoded images the slot's step in flight reads (kept alive
-    /// until the slot launches again, after its commit: I6).
-    pub images: Vec<std::sync::Arc<D::Buf>>,
+    /// Encoded images dropped from the runtime's cache while launching the
+    /// slot's step, which may read them: freed when the slot launches its
+    /// next prefill, after its commit (I6).
+    pub images: Vec<D::Buf>,
     pub params_host: D::Host<SampleParams>,
     pub params_dev: D::Buf,
     pub mask_host: D::Host<u32>,
