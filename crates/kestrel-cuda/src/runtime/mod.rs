@@ -35,7 +35,6 @@ use std::time::Instant;
 
 use cudarc::driver::{result, CudaContext};
 use kestrel_kv::{KvStats, PagedIndices};
-use kestrel_model::vision::OverlapCrops;
 use kestrel_model::{ModelWeights, VisionModel};
 use kestrel_pipeline::{
     Capabilities, Drafts, ExecError, Executor, LogitBias, MaskBatch, PipelineState, PrefillInput,
@@ -326,45 +325,6 @@ impl<D: Device> Runtime<D> {
             self.rebuild_graphs()?;
         }
         Ok(self)
-    }
-
-    /// Gives the runtime Moondream's vision encoder and projector
-    /// (`runtime/vision.rs`): uploaded in their file's encoding, run by
-    /// [`Runtime::encode_crops`] and [`Runtime::encode_image`].
-    pub fn with_vision(mut self, vision: &VisionModel) -> Result<Self, CudaError> {
-        self.dev.d.bind()?;
-        self.synchronize()?;
-        self.dev
-            .attach_vision(&vision.weights, &vision.config.vision)?;
-        self.dev.d.sync()?;
-        Ok(self)
-    }
-
-    /// The vision encoder's post-LN features of every crop (`[crops]
-    /// [patches][enc_dim]`, the global crop first), run on the device now,
-    /// between steps (the compute stream is drained first).
-    pub fn encode_crops(&mut self, crops: &OverlapCrops) -> Result<Vec<f32>, CudaError> {
-        self.dev.d.bind()?;
-        self.synchronize()?;
-        self.dev.encode_crops(crops)
-    }
-
-    /// An image's tokens for the text model: the encoder, then the
-    /// projector over its stitched and pooled features.
-    pub fn encode_image(&mut self, crops: &OverlapCrops) -> Result<DeviceImageTokens, CudaError> {
-        let features = self.encode_crops(crops)?;
-        self.dev.project(&features, crops.tiling)
-    }
-
-    /// Images the prefills have run through the encoder and projector
-    /// (an image served from the cache of encoded images is not counted).
-    pub fn encoder_runs(&self) -> u64 {
-        self.encoder_runs
-    }
-
-    /// Image rows the prefills served from the cache of encoded images.
-    pub fn image_cache_hits(&self) -> u64 {
-        self.image_cache_hits
     }
 
     /// The device's name, as the driver reports it.

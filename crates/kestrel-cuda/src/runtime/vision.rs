@@ -1,6 +1,7 @@
 //! Moondream's vision encoder and projector on the device (docs/moondream.md,
 //! "Vision encoder and projector"; the CPU's `kestrel-cpu/src/vision/encoder.rs`),
-//! built from the text model's kernels, no new one:
+//! attached by `Runtime::with_vision` and built from the text model's
+//! kernels, no new one:
 //!
 //! - the patches (each crop's 14x14x3 pixels, channel-major, in [-1, 1]) are
 //!   cut on the host and uploaded as f16 rows; `patch_emb` is a GEMM with
@@ -34,7 +35,7 @@
 use half::f16;
 use kestrel_model::moondream::{LayerNorm, VisionConfig, VisionWeights};
 use kestrel_model::vision::{crops::normalize_pixel, OverlapCrops, Tiling};
-use kestrel_model::DType;
+use kestrel_model::{DType, VisionModel};
 
 use super::backend::{
     AddBias, AddLayerNorm, BiasGelu, DevMem, Device, HostMem, PagedAttention, PrefillAttention,
@@ -42,6 +43,7 @@ use super::backend::{
 };
 use super::device::DeviceModel;
 use super::region::Linear;
+use super::Runtime;
 use crate::quant::{BLOCK, MMVQ_CROSSOVER_ROWS, Q8_BLOCK_BYTES, TILE_ELEMS};
 use crate::CudaError;
 
@@ -383,6 +385,47 @@ impl<D: Device> DeviceModel<D> {
         self.vision
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("no vision encoder attached".into()))
+    }
+}
+
+impl<D: Device> Runtime<D> {
+    /// Gives the runtime Moondream's vision encoder and projector
+    /// (`runtime/vision.rs`): uploaded in their file's encoding, run by
+    /// [`Runtime::encode_crops`] and [`Runtime::encode_image`].
+    pub fn with_vision(mut self, vision: &VisionModel) -> Result<Self, CudaError> {
+        self.dev.d.bind()?;
+        self.synchronize()?;
+        self.dev
+            .attach_vision(&vision.weights, &vision.config.vision)?;
+        self.dev.d.sync()?;
+        Ok(self)
+    }
+
+    /// The vision encoder's post-LN features of every crop (`[crops]
+    /// [patches][enc_dim]`, the global crop first), run on the device now,
+    /// between steps (the compute stream is drained first).
+    pub fn encode_crops(&mut self, crops: &OverlapCrops) -> Result<Vec<f32>, CudaError> {
+        self.dev.d.bind()?;
+        self.synchronize()?;
+        self.dev.encode_crops(crops)
+    }
+
+    /// An image's tokens for the text model: the encoder, then the
+    /// projector over its stitched and pooled features.
+    pub fn encode_image(&mut self, crops: &OverlapCrops) -> Result<DeviceImageTokens, CudaError> {
+        let features = self.encode_crops(crops)?;
+        self.dev.project(&features, crops.tiling)
+    }
+
+    /// Images the prefills have run through the encoder and projector
+    /// (an image served from the cache of encoded images is not counted).
+    pub fn encoder_runs(&self) -> u64 {
+        self.encoder_runs
+    }
+
+    /// Image rows the prefills served from the cache of encoded images.
+    pub fn image_cache_hits(&self) -> u64 {
+        self.image_cache_hits
     }
 }
 
