@@ -21,10 +21,9 @@
 //! from the values committed with them (`PrefillInput::generated_values`):
 //! the CPU runtime's results all the same.
 //!
-//! What it does not cover: the prompts carry no image (the CUDA runtime
-//! has no vision encoder; Moondream's prompts put 729 image rows after
-//! BOS), so the CPU's `moondream_spatial` test, whose prompts do, has no
-//! CUDA twin yet.
+//! The prompts here carry no image (BOS, then the template); point and
+//! detect with their image (729 image rows after BOS, as the CPU's
+//! `moondream_spatial` test's prompts) are `moondream_image.rs`'s.
 //!
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).

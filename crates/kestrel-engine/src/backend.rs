@@ -75,8 +75,8 @@ impl RuntimeConfig {
     }
 
     /// Starts an engine on the runtime (built on the engine thread), with
-    /// the model's vision side if it has one (the CPU runtime's image rows;
-    /// the CUDA runtime has none yet and refuses a vision model).
+    /// the model's vision side if it has one (image rows, and the region
+    /// model's point / detect where it has one, on either runtime).
     pub fn start(
         self,
         model: ModelContext,
@@ -85,9 +85,6 @@ impl RuntimeConfig {
         weights: kestrel_model::ModelWeights,
         vision: Option<kestrel_model::VisionModel>,
     ) -> Result<Engine, EngineError> {
-        if vision.is_some() && !matches!(self, RuntimeConfig::Cpu(_)) {
-            return Err(unavailable("CUDA", NoVision));
-        }
         match self {
             RuntimeConfig::Cpu(cfg) => {
                 Engine::spawn(model, loop_config, "cpu".into(), speculate, move || {
@@ -105,6 +102,7 @@ impl RuntimeConfig {
                 loop_config,
                 speculate,
                 weights,
+                vision,
                 cfg,
                 "cuda",
                 CudaRuntime::new,
@@ -114,6 +112,7 @@ impl RuntimeConfig {
                 loop_config,
                 speculate,
                 weights,
+                vision,
                 cfg,
                 "cuda-host",
                 HostRuntime::new,
@@ -122,13 +121,18 @@ impl RuntimeConfig {
     }
 }
 
-/// Starts an engine on the CUDA runtime over the device `new` opens.
+/// Starts an engine on the CUDA runtime over the device `new` opens, with
+/// the vision encoder and projector (and the region model, if any) of a
+/// vision model; its forward calls then hold the image's bidirectional
+/// prefix whole (`forward_rows` at least the prefix's rows).
+#[allow(clippy::too_many_arguments)]
 fn spawn_cuda<D: Device>(
     model: ModelContext,
     loop_config: LoopConfig,
     speculate: Option<NgramSpec>,
     weights: kestrel_model::ModelWeights,
-    cfg: CudaRuntimeConfig,
+    vision: Option<kestrel_model::VisionModel>,
+    mut cfg: CudaRuntimeConfig,
     name: &'static str,
     new: fn(
         kestrel_model::ModelWeights,
@@ -136,17 +140,22 @@ fn spawn_cuda<D: Device>(
     ) -> Result<kestrel_cuda::Runtime<D>, kestrel_cuda::CudaError>,
 ) -> Result<Engine, EngineError> {
     Engine::spawn(model, loop_config, name.into(), speculate, move || {
+        if let Some(v) = &vision {
+            let prefix = v.config.text.prefix_attn;
+            cfg.step.forward_rows = cfg.step.forward_rows.max(prefix);
+        }
         let mut rt = new(weights, cfg).map_err(|e| unavailable("CUDA", e))?;
+        if let Some(v) = &vision {
+            rt = rt.with_vision(v).map_err(|e| unavailable("CUDA", e))?;
+            if v.region.is_some() {
+                rt = rt.with_region(v).map_err(|e| unavailable("CUDA", e))?;
+            }
+        }
         rt.record_timings(true)
             .map_err(|e| unavailable("CUDA", e))?;
         Ok(rt)
     })
 }
-
-/// A vision model on a runtime without image rows.
-#[derive(Debug, thiserror::Error)]
-#[error("this runtime has no vision encoder yet: serve a Moondream checkpoint on the CPU backend")]
-struct NoVision;
 
 /// The runtime's own typed error, kept as the source.
 fn unavailable(
@@ -162,6 +171,13 @@ fn unavailable(
 impl<D: Device> Runtime for kestrel_cuda::Runtime<D> {
     fn kv_stats(&self) -> KvStats {
         kestrel_cuda::Runtime::kv_stats(self)
+    }
+
+    fn image_stats(&self) -> crate::model::ImageStats {
+        crate::model::ImageStats {
+            encodes: self.encoder_runs(),
+            cache_hits: self.image_cache_hits(),
+        }
     }
 }
 

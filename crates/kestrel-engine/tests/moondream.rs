@@ -1,4 +1,5 @@
-//! Moondream served end to end on the CPU backend: `Engine::start` on a
+//! Moondream served end to end on the CPU backend, and on the CUDA runtime
+//! over kestrel-cuda's host device (`Backend::CudaHost`): `Engine::start` on a
 //! served synthetic checkpoint (`scripts/reference/moondream_synth.py
 //! --served`: real tensor names, crop geometry, vocabulary and Starmie
 //! templates, tiny widths), a PNG image sent as a `Prompt::Vision`.
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use common::{counter, rt, stream_all};
 use kestrel_engine::{
-    CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
+    Backend, CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
     Numerics, Prompt, VisionTask,
 };
 use kestrel_model::vision::{PreparedImage, RgbImage};
@@ -54,13 +55,26 @@ fn vision(image: &[u8], task: VisionTask) -> GenerateRequest {
 
 #[test]
 fn moondream_query_and_caption_served_on_the_cpu() {
-    let Some((python, dir, ckpt)) =
-        reference_python::served_moondream("engine moondream", "engine-md", 11)
+    served(Backend::Cpu, "engine-md");
+}
+
+/// The same on the CUDA runtime over kestrel-cuda's host device: the vision
+/// encoder and projector on the device model, the image rows and the
+/// bidirectional prefix in its prefill (its image rows are f16-computed,
+/// yet the greedy tokens are the reference's on this seed).
+#[test]
+fn moondream_query_and_caption_served_on_the_cuda_host_device() {
+    served(Backend::CudaHost, "engine-md-cuda-host");
+}
+
+fn served(backend: Backend, tag: &str) {
+    let Some((python, dir, ckpt)) = reference_python::served_moondream("engine moondream", tag, 11)
     else {
         return;
     };
     let engine = Engine::start(
         EngineConfig {
+            backend,
             model: ModelSource::Path(ckpt.clone()),
             threads: 2,
             numerics: Numerics::Exact,

@@ -1,4 +1,6 @@
-//! Moondream's `point` and `detect` served end to end on the CPU backend:
+//! Moondream's `point` and `detect` served end to end on the CPU backend
+//! (and the first test again on the CUDA runtime over kestrel-cuda's host
+//! device, `Backend::CudaHost`):
 //! `Engine::start` on a served synthetic checkpoint with a region model
 //! (`moondream_synth.py --served`), a PNG sent as a `Prompt::Vision` with
 //! `VisionTask::Point` / `Detect`. Each request's tokens and objects equal
@@ -28,7 +30,7 @@ use std::time::Duration;
 use common::{kv_released, rt, until_objects};
 use kestrel_engine::validate::{DEFAULT_MAX_OBJECTS, MAX_OBJECTS};
 use kestrel_engine::{
-    Constraint, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
+    Backend, Constraint, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
     ModelSource, Numerics, Prompt, SpatialResult, StreamEvent, VisionTask,
 };
 use kestrel_model::vision::{PreparedImage, RgbImage};
@@ -49,8 +51,13 @@ fn picture(seed: u32) -> RgbImage {
 }
 
 fn engine_on(ckpt: &Path) -> Engine {
+    engine_with(ckpt, Backend::Cpu)
+}
+
+fn engine_with(ckpt: &Path, backend: Backend) -> Engine {
     Engine::start(
         EngineConfig {
+            backend,
             model: ModelSource::Path(ckpt.to_path_buf()),
             threads: 2,
             numerics: Numerics::Exact,
@@ -92,14 +99,25 @@ fn request(image: &[u8], task: VisionTask) -> GenerateRequest {
 
 #[test]
 fn points_and_boxes_served_match_the_numpy_reference() {
+    served(Backend::Cpu, "engine-md-spatial");
+}
+
+/// The same on the CUDA runtime over kestrel-cuda's host device: image
+/// rows, the spatial stage and its values in the CUDA step.
+#[test]
+fn points_and_boxes_served_on_the_cuda_host_device_match_the_numpy_reference() {
+    served(Backend::CudaHost, "engine-md-spatial-cuda-host");
+}
+
+fn served(backend: Backend, tag: &str) {
     // The seed and picture of kestrel-cpu's moondream_spatial test, whose
     // x stages do not all choose EOS at once.
     let Some((python, dir, ckpt)) =
-        reference_python::served_moondream("engine moondream_spatial", "engine-md-spatial", 17)
+        reference_python::served_moondream("engine moondream_spatial", tag, 17)
     else {
         return;
     };
-    let engine = engine_on(&ckpt);
+    let engine = engine_with(&ckpt, backend);
     let img = picture(3);
     let png = img.to_png();
     let loaded = kestrel_model::load(&ckpt).unwrap();

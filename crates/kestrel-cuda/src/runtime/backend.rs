@@ -21,6 +21,8 @@ use crate::CudaError;
 pub trait Plain: Copy + Default + Send + 'static {}
 impl Plain for u32 {}
 impl Plain for f32 {}
+/// f16 bits (the vision encoder's features come back as f16).
+impl Plain for u16 {}
 impl Plain for crate::ffi::SampleParams {}
 
 /// A device allocation with a stable address.

@@ -36,6 +36,7 @@ use super::backend::{
     Swiglu, SwigluQ8,
 };
 use super::region::DeviceRegion;
+use super::vision::DeviceVision;
 use crate::host::{rope_table_of, stack_bias};
 use crate::kernels::{ATTENTION_MAX_SPLITS, MAX_HEAD_DIM, MMVQ_MAX_ROWS};
 use crate::quant::{
@@ -159,6 +160,11 @@ pub(crate) struct FwdArgs {
     /// each K/V tile once per run. Otherwise (decode: one row per
     /// sequence) `paged_attention`.
     pub tiled_attention: bool,
+    /// Attention's position per row when it differs from the RoPE
+    /// position (`positions`): a bidirectional prefix's rows are masked at
+    /// the prefix's last position, so they attend all of it (a prefill
+    /// with image rows, `prefill.rs`); 0: `positions`.
+    pub mask_pos: u64,
     pub x: u64,
     pub xn: u64,
     pub qkv: u64,
@@ -242,6 +248,9 @@ pub(crate) struct DeviceModel<D: Device> {
     /// Moondream's region model and the spatial stage's state
     /// (`runtime/region.rs`), once attached.
     pub(super) region: Option<DeviceRegion<D>>,
+    /// Moondream's vision encoder and projector (`runtime/vision.rs`), once
+    /// attached.
+    pub(super) vision: Option<DeviceVision<D>>,
     // Last: every buffer above is freed before the device goes.
     pub d: D,
 }
@@ -483,6 +492,7 @@ impl<D: Device> DeviceModel<D> {
             trash_page: num_pages as u32,
             weight_bytes,
             region: None,
+            vision: None,
             d,
         })
     }
@@ -632,11 +642,33 @@ impl<D: Device> DeviceModel<D> {
 
     /// Embedding through the final norm for `a.n` rows (no LM head).
     pub fn forward_layers(&self, a: &FwdArgs) -> Result<(), CudaError> {
+        self.forward_embed(a)?;
+        self.forward_blocks(a)
+    }
+
+    /// Rows `row..row + len` of `x` (f32, `hidden` wide) become `len` rows
+    /// of `src` (f32): an image's rows in place of their token embeddings
+    /// (`scale_f32` by 0, then `add_f32`; no kernel of their own).
+    pub fn put_rows(&self, x: u64, row: usize, src: u64, len: usize) -> Result<(), CudaError> {
+        let h = self.cfg.hidden_size;
+        let x = x + (row * h * 4) as u64;
+        self.d.scale_f32(ScaleF32 {
+            x,
+            s: 0.0,
+            len: len * h,
+        })?;
+        self.d.add_f32(AddF32 {
+            x,
+            y: src,
+            len: len * h,
+        })
+    }
+
+    /// The token embedding of `a.n` rows (scaled, and spatial inputs
+    /// embedded), into `a.x`.
+    pub fn forward_embed(&self, a: &FwdArgs) -> Result<(), CudaError> {
         let c = &self.cfg;
         let d = &self.d;
-        let hd = c.head_dim;
-        let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        let stride = qd + 2 * kvd;
         let n = a.n;
         if self.embd.dtype == DType::F16 {
             d.embed_gather(EmbedGather {
@@ -669,6 +701,17 @@ impl<D: Device> DeviceModel<D> {
         }
         // Decode rows whose input is a coordinate or a size (Moondream).
         self.spatial_inputs(a)?;
+        Ok(())
+    }
+
+    /// The blocks and the final norm over `a.x` ([`DeviceModel::forward_embed`]'s rows).
+    pub fn forward_blocks(&self, a: &FwdArgs) -> Result<(), CudaError> {
+        let c = &self.cfg;
+        let d = &self.d;
+        let hd = c.head_dim;
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let stride = qd + 2 * kvd;
+        let n = a.n;
         let layer_elems = (self.trash_page as usize + 1) * self.page_size * kvd;
         let h = c.hidden_size;
         let parallel = c.features.parallel_block;
@@ -717,7 +760,11 @@ impl<D: Device> DeviceModel<D> {
                 k_cache,
                 v_cache,
                 row_seq: a.row_seq,
-                row_pos: a.positions,
+                row_pos: if a.mask_pos != 0 {
+                    a.mask_pos
+                } else {
+                    a.positions
+                },
                 kv_indptr: a.kv_indptr,
                 kv_indices: a.kv_indices,
                 num_heads: c.num_heads,

@@ -9,13 +9,27 @@
 //! or one per generated token), the forward in `forward_rows` chunks
 //! through the tiled prefill attention, logits only for the chunks that
 //! end their prompts.
+//!
+//! Image rows (`PrefillInput::embeds`, Moondream; with `Runtime::with_vision`):
+//! the image's projector output, from the runtime's cache of the last
+//! `IMAGE_CACHE` encoded images (by content hash) or encoded now on the
+//! compute stream (`runtime/vision.rs`, synchronous: the prefill waits for
+//! it), replaces the placeholder tokens' embeddings of the chunk's image
+//! rows (`put_rows`, between the embedding and the blocks), and rows before
+//! the bidirectional prefix's end are masked at its last position
+//! (`FwdArgs::mask_pos`, a section of the step's words), so they attend all
+//! of it. The prefix's rest is in one chunk (`PrefillInput::chunk_end`) and
+//! one forward call (a forward call ends before a prefix it would split; a
+//! prefix longer than `StepConfig::forward_rows` is refused before
+//! dispatch).
 
+use kestrel_model::vision::PreparedImage;
 use kestrel_pipeline::{ExecError, PrefillInput, SamplingParams, SlotId, StepKind, TokenValues};
 
 use super::backend::{DevMem, Device, HostMem};
 use super::device::{FwdArgs, SpatialIn};
 use super::slot::{StepState, MAX_TOP};
-use super::{fatal, Runtime};
+use super::{fatal, Runtime, IMAGE_CACHE};
 use crate::ffi::SampleParams;
 use crate::host::{pack_prefill, PrefillSeq};
 use crate::CudaError;
@@ -29,14 +43,10 @@ impl<D: Device> Runtime<D> {
         self.protocol
             .check_launch(slot)
             .map_err(|e| ExecError::PreDispatch(e.into()))?;
-        // Image rows need the vision encoder, which this runtime lacks:
-        // refused before any work rather than embedded as token ids.
-        if seqs.iter().any(|s| s.embeds.is_some()) {
-            return Err(ExecError::PreDispatch(CudaError::Unsupported(
-                "prompt rows given as embeddings (an image): the CUDA runtime has no vision \
-                 encoder"
-                    .into(),
-            )));
+        // Image rows: a vision encoder, a prepared image, rows within the
+        // prompt and the encoder's output, a prefix one forward call holds.
+        if let Some(e) = self.check_image_rows(seqs) {
+            return Err(ExecError::PreDispatch(e));
         }
         // A re-admission's values are none or one per generated token.
         if let Some(input) = seqs.iter().find(|s| !s.values_fit()) {
@@ -83,6 +93,15 @@ impl<D: Device> Runtime<D> {
             .collect();
         let layout = pack_prefill(&plan, &kv.indices, self.cfg.step.page_size, &mut words)
             .map_err(|e| ExecError::Fatal(e.into()))?;
+        // Each input's first step row (its chunk's rows are consecutive).
+        let row0: Vec<usize> = plan
+            .iter()
+            .scan(0, |r, p| {
+                let at = *r;
+                *r += p.prompt.len() - p.start;
+                Some(at)
+            })
+            .collect();
         // After the layout, with a region model and a re-admission's
         // generated coordinate or size id among the rows: each row's
         // spatial token and values (`SpatialIn::Rows`).
@@ -97,6 +116,27 @@ impl<D: Device> Runtime<D> {
                 });
             pack_spatial_rows(rows, ids, layout.tokens_n, &mut words)
         });
+        // Bidirectional prefixes in this step: each row's attention
+        // position after the layout (and spatial section), the prefix's
+        // last position for its rows.
+        let prefixes: Vec<(usize, usize)> = seqs
+            .iter()
+            .zip(&starts)
+            .zip(&row0)
+            .filter_map(|((input, &start), &r0)| {
+                let end = input.embeds.map_or(0, |e| e.bidirectional_end);
+                (start < end).then(|| (r0, r0 + end - start))
+            })
+            .collect();
+        let mask_at = (!prefixes.is_empty()).then(|| {
+            let at = words.len();
+            for (i, (input, &start)) in seqs.iter().zip(&starts).enumerate() {
+                let last = input.embeds.map_or(0, |e| e.bidirectional_end).max(1) - 1;
+                let end = kv.tokens(i).len();
+                words.extend((start..end).map(|pos| pos.max(last) as u32));
+            }
+            at
+        });
         let s = &mut self.slots[slot];
         let total_words = words.len();
         s.ensure_prefill_capacity(&self.dev.d, total_words)
@@ -108,6 +148,28 @@ impl<D: Device> Runtime<D> {
             *p = SampleParams::from(input.params);
         }
         s.prefill_words = words;
+        // The images whose rows this step embeds, encoded now unless cached
+        // (the encoder runs and syncs on the compute stream here), and
+        // where: (step row, rows, image, first image row).
+        let mut spans = Vec::new();
+        let mut retired = Vec::new();
+        for (i, input) in seqs.iter().enumerate() {
+            let Some(e) = input.embeds else { continue };
+            let (start, end) = (starts[i], self.slots[slot].kv.tokens(i).len());
+            let (a, b) = (start.max(e.start), end.min(e.start + e.len));
+            if a >= b {
+                continue;
+            }
+            let img = e
+                .input
+                .downcast_ref::<PreparedImage>()
+                .expect("checked before dispatch");
+            let ptr = self
+                .image_rows(img, &mut retired)
+                .map_err(ExecError::Fatal)?;
+            spans.push((row0[i] + a - start, b - a, ptr, a - e.start));
+        }
+        self.slots[slot].images = retired;
         // Past this point device work is enqueued: every error is fatal.
         let timed = self
             .mark(slot, |e| &e.forward_start)
@@ -134,9 +196,20 @@ impl<D: Device> Runtime<D> {
         }
         let base = self.fwd_args(slot, 0);
         let chunk = self.cfg.step.forward_rows;
+        let hidden = self.dev.cfg.hidden_size;
         let mut a = 0;
         while a < layout.tokens_n {
-            let n = chunk.min(layout.tokens_n - a);
+            let mut n = chunk.min(layout.tokens_n - a);
+            // A forward call never ends inside a bidirectional prefix (its
+            // rows attend all of its keys, written in the same call): it
+            // ends before one that would not fit (one fits a call:
+            // `check_image_rows`).
+            if let Some(&(b, _)) = prefixes
+                .iter()
+                .find(|&&(b, e)| b > a && b < a + n && a + n < e)
+            {
+                n = b - a;
+            }
             // The chunk's spatial inputs, when it has any.
             let spatial = match &spatial {
                 Some(sp) if sp.any_in(a, n) => SpatialIn::Rows {
@@ -157,9 +230,20 @@ impl<D: Device> Runtime<D> {
                 out_row: m.at::<u32>(layout.out_row() + a),
                 spatial,
                 tiled_attention: true,
+                mask_pos: mask_at.map_or(0, |at| m.at::<u32>(at + a)),
                 ..base
             };
-            self.dev.forward_layers(&args).map_err(fatal)?;
+            self.dev.forward_embed(&args).map_err(fatal)?;
+            for &(row, len, src, first) in &spans {
+                let (lo, hi) = (row.max(a), (row + len).min(a + n));
+                if lo < hi {
+                    let src = src + ((first + lo - row) * hidden * 4) as u64;
+                    self.dev
+                        .put_rows(args.x, lo - a, src, hi - lo)
+                        .map_err(fatal)?;
+                }
+            }
+            self.dev.forward_blocks(&args).map_err(fatal)?;
             self.dev
                 .keep_hidden(args.x, args.out_row, n)
                 .map_err(fatal)?;
@@ -194,6 +278,69 @@ impl<D: Device> Runtime<D> {
             verify: None,
         };
         self.record_launch(slot, state).map_err(ExecError::Fatal)
+    }
+
+    /// Why the step's image rows cannot be served, if they cannot: no
+    /// vision encoder, an input that is not a `PreparedImage`, rows outside
+    /// the prompt or past the encoder's output, or a bidirectional prefix
+    /// longer than one forward call (`StepConfig::forward_rows`).
+    fn check_image_rows(&self, seqs: &[PrefillInput<'_, SamplingParams>]) -> Option<CudaError> {
+        let forward_rows = self.cfg.step.forward_rows;
+        seqs.iter().find_map(|input| {
+            let e = input.embeds?;
+            let bad = |why: String| Some(CudaError::Unsupported(why));
+            let Some(tokens) = self.dev.image_tokens() else {
+                return bad("image rows without a vision encoder (Runtime::with_vision)".into());
+            };
+            if e.input.downcast_ref::<PreparedImage>().is_none() {
+                return bad("image rows whose input is not a prepared image".into());
+            }
+            if !e.fits(input.prompt.len()) || e.len > tokens {
+                return bad(format!(
+                    "image rows {}..{}+{} (prefix ..{}) in a prompt of {} with {tokens} image tokens",
+                    e.start,
+                    e.start,
+                    e.len,
+                    e.bidirectional_end,
+                    input.prompt.len()
+                ));
+            }
+            (e.bidirectional_end > forward_rows).then(|| {
+                CudaError::Unsupported(format!(
+                    "a bidirectional prefix of {} rows with forward_rows {forward_rows}",
+                    e.bidirectional_end
+                ))
+            })
+        })
+    }
+
+    /// `image`'s projector output on the device (`[tokens][hidden]` f32,
+    /// its address): from the cache of encoded images, or encoded now and
+    /// kept. The least recently used image it drops goes to `retired`
+    /// (this step's earlier rows may read it; nothing in flight before
+    /// does: encoding synchronized both streams).
+    fn image_rows(
+        &mut self,
+        image: &PreparedImage,
+        retired: &mut Vec<D::Buf>,
+    ) -> Result<u64, CudaError> {
+        if let Some(i) = self.images.iter().position(|(h, _)| *h == image.hash) {
+            let hit = self.images.remove(i);
+            let ptr = hit.1.ptr();
+            self.images.push(hit);
+            self.image_cache_hits += 1;
+            return Ok(ptr);
+        }
+        let features = self.dev.encode_crops(&image.crops)?;
+        let tokens = self.dev.project(&features, image.crops.tiling)?;
+        let buf = self.dev.d.upload(&tokens.data)?;
+        self.encoder_runs += 1;
+        if self.images.len() == IMAGE_CACHE {
+            retired.push(self.images.remove(0).1);
+        }
+        let ptr = buf.ptr();
+        self.images.push((image.hash, buf));
+        Ok(ptr)
     }
 }
 

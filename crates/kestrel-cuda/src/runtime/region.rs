@@ -48,13 +48,13 @@ use crate::CudaError;
 
 /// One linear layer: its weight as the text model's projections hold it,
 /// and its bias.
-struct Linear<D: Device> {
-    w: Proj<D>,
+pub(super) struct Linear<D: Device> {
+    pub w: Proj<D>,
     b: D::Buf,
 }
 
 impl<D: Device> Linear<D> {
-    fn upload(
+    pub(super) fn upload(
         d: &D,
         what: &str,
         l: &kestrel_model::moondream::Linear,
@@ -236,7 +236,13 @@ impl<D: Device> DeviceModel<D> {
 
     /// `y[n, out] = x16 * W^T + b` (the int8 rows quantized from `x16`
     /// first when the weight takes `mmvq_*`).
-    fn linear(&self, l: &Linear<D>, x16: u64, y: u64, n: usize) -> Result<(), CudaError> {
+    pub(super) fn linear(
+        &self,
+        l: &Linear<D>,
+        x16: u64,
+        y: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
         if l.w.needs(n).q8 {
             self.quantize_q8(x16, l.w.inp, n)?;
         }

@@ -92,6 +92,10 @@ pub(crate) struct DecodeSlot<D: Device> {
     pub prefill_host: D::Host<u32>,
     pub prefill_dev: D::Buf,
     pub prefill_words: Vec<u32>,
+    /// Encoded images dropped from the runtime's cache while launching the
+    /// slot's step, which may read them: freed when the slot launches its
+    /// next prefill, after its commit (I6).
+    pub images: Vec<D::Buf>,
     pub params_host: D::Host<SampleParams>,
     pub params_dev: D::Buf,
     pub mask_host: D::Host<u32>,
@@ -147,6 +151,7 @@ impl<D: Device> DecodeSlot<D> {
             prefill_host: d.host(0)?,
             prefill_dev: u32s(0)?,
             prefill_words: Vec::new(),
+            images: Vec::new(),
             params_host: d.host(dims.max_batch)?,
             params_dev: d.alloc_zeroed(dims.max_batch * std::mem::size_of::<SampleParams>())?,
             mask_host: d.host(mw)?,
