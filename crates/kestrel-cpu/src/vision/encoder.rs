@@ -409,10 +409,15 @@ fn add_assign(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
-/// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
+/// GELU, tanh approximation (PyTorch's `approximate="tanh"`), as the
+/// equal `x * sigmoid(2 z)` for `0.5 x (1 + tanh(z))`: one `expf` instead
+/// of libm's `tanhf` (through `expm1f`; a quarter of the encoder's CPU time
+/// on the bench shape when it was used), and no cancellation in `1 + tanh`
+/// for negative `z`. Saturates to `x` and to `-0`, never NaN, for finite `x`.
 pub fn gelu_tanh(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+    let z = C * (x + 0.044_715 * x * x * x);
+    x / (1.0 + (-2.0 * z).exp())
 }
 
 /// The tiles' `[tiles][g][g][d]` features as one map keeping each tile's
@@ -561,5 +566,24 @@ mod tests {
         assert_eq!(gelu_tanh(0.0), 0.0);
         assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
         assert!((gelu_tanh(-2.0) - -0.045_402_3).abs() < 1e-5);
+        // Saturated tails: x itself, and zero (not NaN) far below.
+        assert_eq!(gelu_tanh(60.0), 60.0);
+        assert_eq!(gelu_tanh(-60.0), 0.0);
+    }
+
+    /// The sigmoid form against the tanh form in float64, over [-12, 12].
+    #[test]
+    fn gelu_tanh_is_the_tanh_form() {
+        for i in -12_000..=12_000 {
+            let x = i as f32 / 1000.0;
+            let xd = x as f64;
+            let want =
+                0.5 * xd * (1.0 + (0.797_884_560_802_865_4 * (xd + 0.044_715 * xd.powi(3))).tanh());
+            let got = gelu_tanh(x) as f64;
+            assert!(
+                (got - want).abs() <= 1e-6 * (want.abs() + 1e-3),
+                "x {x}: {got} vs {want}"
+            );
+        }
     }
 }
