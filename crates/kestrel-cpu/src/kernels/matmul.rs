@@ -341,6 +341,14 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                     let swept = unsafe { sweep(isa, &w, src, x, r, rn, cb..ce, y) };
                     run(src, cb + swept);
                 });
+            } else if w.enc == Encoding::F32 && w.cols.is_multiple_of(32) {
+                // Dense f32 rows in whole blocks are the sweep's operand as
+                // stored (the vision encoder's F32 weights and attention
+                // operands): one kernel call per weight tile, not per 4x4.
+                // SAFETY: `direct` holds the rn rows r.. of `w`; the rest
+                // is this fn's contract.
+                let swept = unsafe { sweep(isa, &w, direct, x, r, rn, cb..ce, y) };
+                run(direct, cb + swept);
             } else {
                 run(direct, cb);
             }
