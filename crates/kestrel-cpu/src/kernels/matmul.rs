@@ -63,6 +63,36 @@ impl<'a> MatRef<'a> {
         })
     }
 
+    /// A borrowed `rows x cols` F32 matrix (an activation used as the
+    /// weight operand, e.g. attention's keys), without copying it.
+    ///
+    /// # Panics
+    /// If `v` holds fewer than `rows * cols` floats, or on a big-endian
+    /// target (the F32 encoding is little-endian; these bytes are native).
+    #[allow(clippy::assertions_on_constants)] // the endianness check below
+    pub fn from_f32(v: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert!(
+            v.len() >= rows * cols,
+            "an F32 MatRef needs rows x cols floats"
+        );
+        // Constant per target, on purpose: a big-endian build compiles
+        // and fails here, not with wrong bytes.
+        assert!(
+            cfg!(target_endian = "little"),
+            "native floats are the F32 encoding's bytes only on little-endian targets"
+        );
+        // SAFETY: the bytes of `v`'s floats, borrowed for as long as `v`;
+        // `u8` has no alignment or validity requirement.
+        let data = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), 4 * v.len()) };
+        MatRef {
+            enc: Encoding::F32,
+            rows,
+            cols,
+            row_bytes: Encoding::F32.row_bytes(cols),
+            data,
+        }
+    }
+
     /// Encoded bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
@@ -311,6 +341,14 @@ unsafe fn rows_task(isa: Isa, w: MatRef<'_>, x: &[f32], n: usize, r0: usize, r1:
                     let swept = unsafe { sweep(isa, &w, src, x, r, rn, cb..ce, y) };
                     run(src, cb + swept);
                 });
+            } else if w.enc == Encoding::F32 && w.cols.is_multiple_of(32) {
+                // Dense f32 rows in whole blocks are the sweep's operand as
+                // stored (the vision encoder's F32 weights and attention
+                // operands): one kernel call per weight tile, not per 4x4.
+                // SAFETY: `direct` holds the rn rows r.. of `w`; the rest
+                // is this fn's contract.
+                let swept = unsafe { sweep(isa, &w, direct, x, r, rn, cb..ce, y) };
+                run(direct, cb + swept);
             } else {
                 run(direct, cb);
             }
