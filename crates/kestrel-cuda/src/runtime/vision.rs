@@ -19,7 +19,7 @@
 //!   bidirectional attention per crop);
 //! - the features come back to the host, where the tiles are stitched
 //!   without their inner margins and average-pooled back to the crop grid
-//!   (kestrel-cpu's `stitch` and `adaptive_avg_pool`, here in f32 over the
+//!   (`kestrel_model::vision::pool_tiles`, as kestrel-cpu, here in f32 over the
 //!   f16 features) and joined after the global crop's, channel-wise; the
 //!   joined rows go up again as f16 for the projector (`fc1` + bias,
 //!   `bias_gelu`, `fc2` + bias; f32 out).
@@ -34,7 +34,7 @@
 
 use half::f16;
 use kestrel_model::moondream::{LayerNorm, VisionConfig, VisionWeights};
-use kestrel_model::vision::{crops::normalize_pixel, OverlapCrops, Tiling};
+use kestrel_model::vision::{crops::normalize_pixel, pool_tiles, OverlapCrops, Tiling};
 use kestrel_model::{DType, VisionModel};
 
 use super::backend::{
@@ -334,8 +334,7 @@ impl<D: Device> DeviceModel<D> {
                 tiling.tiles() + 1
             )));
         }
-        let (stitched, sh, sw) = stitch(&features[p * dm..], tiling, g, c.overlap_margin, dm);
-        let pooled = adaptive_avg_pool(&stitched, sh, sw, g, dm);
+        let pooled = pool_tiles(&features[p * dm..], tiling, g, c.overlap_margin, dm);
         let mut joined = vec![f16::ZERO; p * 2 * dm];
         for (t, row) in joined.chunks_exact_mut(2 * dm).enumerate() {
             let (global, tiles) = row.split_at_mut(dm);
@@ -448,63 +447,6 @@ fn patchify(cfg: &VisionConfig, crops: &OverlapCrops, cols: usize) -> Vec<f16> {
                     }
                 }
             }
-        }
-    }
-    out
-}
-
-/// The tiles' `[tiles][g][g][d]` features as one map keeping each tile's
-/// window, plus the outer margins of the edge tiles (kestrel-cpu's `stitch`):
-/// `(map, height, width)`.
-fn stitch(
-    tiles: &[f32],
-    tiling: Tiling,
-    g: usize,
-    margin: usize,
-    d: usize,
-) -> (Vec<f32>, usize, usize) {
-    let win = g - 2 * margin;
-    let (h, w) = (
-        tiling.rows * win + 2 * margin,
-        tiling.cols * win + 2 * margin,
-    );
-    let mut out = vec![0f32; h * w * d];
-    for i in 0..tiling.rows {
-        let y0 = if i == 0 { 0 } else { margin };
-        let y1 = if i == tiling.rows - 1 { g } else { g - margin };
-        for j in 0..tiling.cols {
-            let x0 = if j == 0 { 0 } else { margin };
-            let x1 = if j == tiling.cols - 1 { g } else { g - margin };
-            let tile = &tiles[(i * tiling.cols + j) * g * g * d..][..g * g * d];
-            for y in y0..y1 {
-                let src = &tile[(y * g + x0) * d..(y * g + x1) * d];
-                let dst = ((i * win + y) * w + j * win + x0) * d;
-                out[dst..dst + src.len()].copy_from_slice(src);
-            }
-        }
-    }
-    (out, h, w)
-}
-
-/// PyTorch's `adaptive_avg_pool2d` of an `[h][w][d]` map to `[g][g][d]`
-/// (kestrel-cpu's, same order of sums).
-fn adaptive_avg_pool(x: &[f32], h: usize, w: usize, g: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; g * g * d];
-    let bins = |i: usize, n: usize| (i * n / g, ((i + 1) * n).div_ceil(g));
-    for i in 0..g {
-        let (y0, y1) = bins(i, h);
-        for j in 0..g {
-            let (x0, x1) = bins(j, w);
-            let o = &mut out[(i * g + j) * d..][..d];
-            for y in y0..y1 {
-                for xx in x0..x1 {
-                    for (a, b) in o.iter_mut().zip(&x[(y * w + xx) * d..][..d]) {
-                        *a += b;
-                    }
-                }
-            }
-            let inv = 1.0 / ((y1 - y0) * (x1 - x0)) as f32;
-            o.iter_mut().for_each(|v| *v *= inv);
         }
     }
     out
