@@ -21,7 +21,6 @@
 //! Skipped, saying so, without numpy unless `KESTREL_REQUIRE_PYTHON` is
 //! set (CI).
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
@@ -30,22 +29,25 @@ use kestrel_model::moondream::image_token_ids;
 use kestrel_model::vision::{PreparedImage, RgbImage};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, LoopConfig, NgramSpec, Outcome, PipelineMode, PrefillPolicy,
-    PromptEmbeds, Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
+    EngineLoop, LoopConfig, NgramSpec, PipelineMode, PrefillPolicy, PromptEmbeds, Request,
+    SamplingParams, Tick, TokenId,
 };
 use kestrel_skills::{
-    BoundingBox, Point, SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill,
-    SpatialSpec,
+    SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill, SpatialSpec,
 };
 
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+#[path = "../../../tests/support/spatial_skills.rs"]
+mod spatial_skills;
 
-/// Region logits from f32 hidden states against float64: a bin (or the x
-/// stage's coord-vs-EOS choice) closer than this could flip by summation
-/// order alone, so the seed's margins must exceed it.
-const MARGIN: f64 = 4e-4;
+use spatial_skills::{text_prompt, Record, Reporting};
+#[path = "../../../tests/support/moondream_spatial_reference.rs"]
+mod spatial_reference;
+
+use spatial_reference::SpatialCase;
+
 const MAX_OBJECTS: u32 = 3;
 /// The text request's tokens (enough to keep drafting past the spatial ones).
 const TEXT_TOKENS: u32 = 64;
@@ -58,89 +60,11 @@ fn picture(seed: u32) -> RgbImage {
     RgbImage::from_raw(w, h, px).unwrap()
 }
 
-/// Hands the skill's output out when the pipeline finishes it.
-struct Reporting(SpatialSkill, Arc<Mutex<Option<SpatialOutput>>>);
-
-impl SequenceSkill for Reporting {
-    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        self.0.consume(token)
-    }
-    fn is_constrained(&self) -> bool {
-        self.0.is_constrained()
-    }
-    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
-        self.0.fill_mask(mask)
-    }
-    fn finish(&mut self, outcome: Outcome) {
-        self.0.finish(outcome);
-        let out = self.0.result().expect("finished");
-        *self.1.lock().unwrap() = Some(out.expect("no step refused under the skill's mask"));
-    }
-}
-
-/// Records a text request's tokens.
-struct Record(Arc<Mutex<Vec<TokenId>>>);
-
-impl SequenceSkill for Record {
-    fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
-        self.0.lock().unwrap().push(t.token);
-        Verdict::Continue
-    }
-    fn finish(&mut self, outcome: Outcome) {
-        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
-    }
-}
-
-/// A text prompt that repeats itself, so prompt lookup drafts at once.
-fn text_prompt() -> Vec<TokenId> {
-    let mut p = vec![0];
-    for _ in 0..5 {
-        p.extend([100, 2000, 30_000]);
-    }
-    p
-}
-
 struct Case {
     kind: SpatialKind,
     prompt: Vec<TokenId>,
     want: SpatialResult,
     want_tokens: Vec<TokenId>,
-}
-
-fn read_json(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn ints(v: &serde_json::Value) -> Vec<u32> {
-    let a = v.as_array().unwrap();
-    a.iter().map(|t| t.as_u64().unwrap() as u32).collect()
-}
-
-/// The reference's objects, their values computed as the runtime's
-/// decoders compute them from the bins (`bin / 1024`, `2^(bin / 1023 * 10
-/// - 10)` in f32).
-fn objects(kind: SpatialKind, coords: &[u32], sizes: &[Vec<u32>]) -> SpatialResult {
-    let c = |i: usize| coords[i] as f32 / 1024.0;
-    let s = |b: u32| 2f32.powf(b as f32 / 1023.0 * 10.0 - 10.0);
-    let n = coords.len() / 2;
-    match kind {
-        SpatialKind::Point => SpatialResult::Points(
-            (0..n)
-                .map(|o| Point {
-                    x: c(2 * o),
-                    y: c(2 * o + 1),
-                })
-                .collect(),
-        ),
-        SpatialKind::Detect => SpatialResult::Boxes(
-            (0..n.min(sizes.len()))
-                .map(|o| {
-                    let wh = [s(sizes[o][0]), s(sizes[o][1])];
-                    BoundingBox::from_centre(c(2 * o), c(2 * o + 1), wh)
-                })
-                .collect(),
-        ),
-    }
 }
 
 /// What a run gave: each case's output, the text request's tokens, the
@@ -316,13 +240,6 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_blocking_and_preempted()
         vocab,
         vision.config.vision.patches(),
     ));
-    let crops_path = dir.join("crops.u8");
-    std::fs::write(&crops_path, &image.crops.pixels).unwrap();
-    let (tr, tc) = (
-        image.crops.tiling.rows.to_string(),
-        image.crops.tiling.cols.to_string(),
-    );
-
     let mut cases = Vec::new();
     for (i, (kind, object)) in [
         (SpatialKind::Point, "cat"),
@@ -340,45 +257,25 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_blocking_and_preempted()
             SpatialKind::Detect => (&p.detect_prefix, &p.detect_suffix),
         };
         let template: Vec<u32> = prefix.iter().chain(&words).chain(suffix).copied().collect();
-        let spec = serde_json::json!({
-            "before": [p.bos_id], "after": template,
-            "kind": if kind == SpatialKind::Point { "point" } else { "detect" },
-            "max_objects": MAX_OBJECTS, "coord_id": coord_id, "size_id": size_id,
-            "eos_id": p.eos_id,
-        });
-        let prompt_path = dir.join(format!("prompt{i}.json"));
-        std::fs::write(&prompt_path, spec.to_string()).unwrap();
-        let out = dir.join(format!("out{i}"));
-        reference_python::run_script(
+        let r = spatial_reference::spatial(
             &python,
-            "moondream_spatial.py",
-            &[
-                &ckpt as &dyn AsRef<std::ffi::OsStr>,
-                &crops_path,
-                &tr,
-                &tc,
-                &prompt_path,
-                &out,
-            ],
+            &ckpt,
+            &dir,
+            &image,
+            &SpatialCase {
+                kind,
+                max_objects: MAX_OBJECTS,
+                ids: SpatialIds {
+                    coord: coord_id,
+                    size: size_id,
+                    eos: p.eos_id,
+                },
+                before: &[p.bos_id],
+                after: &template,
+            },
+            &format!("case{i}"),
         );
-        let r = read_json(&out.join("spatial.json"));
-        let margins: Vec<f64> = r["margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap())
-            .collect();
-        assert!(
-            margins.iter().all(|&m| m > MARGIN),
-            "case {i}: a reference margin is too thin to decide: {margins:?}"
-        );
-        let sizes: Vec<Vec<u32>> = r["size_bins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(ints)
-            .collect();
-        let want = objects(kind, &ints(&r["coord_bins"]), &sizes);
+        let want = r.objects;
         eprintln!("case {i} ({kind:?} {object:?}): {want:?}");
         let mut prompt = before.clone();
         prompt.extend(&template);
@@ -386,7 +283,7 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_blocking_and_preempted()
             kind,
             prompt,
             want,
-            want_tokens: ints(&r["tokens"]),
+            want_tokens: r.tokens,
         });
     }
     let found: usize = cases.iter().map(|c| c.want.len()).sum();

@@ -44,13 +44,18 @@ use kestrel_model::vision::{PreparedImage, RgbImage};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
     CommittedToken, EngineLoop, Executor, LoopConfig, Outcome, PipelineMode, PromptEmbeds, Request,
-    SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
+    SamplingParams, SequenceSkill, Tick, TokenId, Verdict,
 };
 use kestrel_skills::{SpatialIds, SpatialKind, SpatialOutput, SpatialSkill, SpatialSpec};
 
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+#[path = "../../../tests/support/spatial_skills.rs"]
+#[allow(dead_code)]
+mod spatial_skills;
+
+use spatial_skills::Reporting;
 
 const STEPS: u32 = 8;
 /// Alternatives compared per step.
@@ -266,26 +271,6 @@ fn image_queries_on_the_host_device_equal_the_cpu_runtimes() {
         assert_eq!(encoded, runs, "{what}: encoder runs");
     }
     std::fs::remove_dir_all(&dir).ok();
-}
-
-/// Hands the skill's output out when the pipeline finishes it.
-struct Reporting(SpatialSkill, Arc<Mutex<Option<SpatialOutput>>>);
-
-impl SequenceSkill for Reporting {
-    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        self.0.consume(token)
-    }
-    fn is_constrained(&self) -> bool {
-        self.0.is_constrained()
-    }
-    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
-        self.0.fill_mask(mask)
-    }
-    fn finish(&mut self, outcome: Outcome) {
-        self.0.finish(outcome);
-        let out = self.0.result().expect("finished");
-        *self.1.lock().unwrap() = Some(out.expect("no step refused under the skill's mask"));
-    }
 }
 
 /// Point and detect on an image: every case submitted together, through

@@ -35,8 +35,8 @@ use kestrel_cpu::Numerics;
 use kestrel_cuda::{CudaRuntimeConfig, HostRuntime, StepConfig};
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
-    CommittedToken, EngineLoop, Executor, LoopConfig, NgramSpec, Outcome, PipelineMode,
-    PrefillPolicy, Request, SamplingParams, SequenceSkill, Tick, TokenId, TokenMask, Verdict,
+    EngineLoop, Executor, LoopConfig, NgramSpec, Outcome, PipelineMode, PrefillPolicy, Request,
+    SamplingParams, Tick, TokenId,
 };
 use kestrel_skills::{
     SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill, SpatialSpec,
@@ -45,50 +45,12 @@ use kestrel_skills::{
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+#[path = "../../../tests/support/spatial_skills.rs"]
+mod spatial_skills;
+
+use spatial_skills::{text_prompt, Record, Reporting};
 
 const MAX_OBJECTS: u32 = 3;
-
-/// Hands the skill's output out when the pipeline finishes it.
-struct Reporting(SpatialSkill, Arc<Mutex<Option<SpatialOutput>>>);
-
-impl SequenceSkill for Reporting {
-    fn consume(&mut self, token: &CommittedToken<'_>) -> Verdict {
-        self.0.consume(token)
-    }
-    fn is_constrained(&self) -> bool {
-        self.0.is_constrained()
-    }
-    fn fill_mask(&mut self, mask: &mut TokenMask<'_>) {
-        self.0.fill_mask(mask)
-    }
-    fn finish(&mut self, outcome: Outcome) {
-        self.0.finish(outcome);
-        let out = self.0.result().expect("finished");
-        *self.1.lock().unwrap() = Some(out.expect("no step refused under the skill's mask"));
-    }
-}
-
-/// Records a text request's tokens.
-struct Record(Arc<Mutex<Vec<TokenId>>>);
-
-impl SequenceSkill for Record {
-    fn consume(&mut self, t: &CommittedToken<'_>) -> Verdict {
-        self.0.lock().unwrap().push(t.token);
-        Verdict::Continue
-    }
-    fn finish(&mut self, outcome: Outcome) {
-        assert!(matches!(outcome, Outcome::Finished(_)), "{outcome:?}");
-    }
-}
-
-/// A text prompt that repeats itself, so prompt lookup drafts at once.
-fn text_prompt() -> Vec<TokenId> {
-    let mut p = vec![0];
-    for _ in 0..5 {
-        p.extend([100, 2000, 30_000]);
-    }
-    p
-}
 
 /// The KV cache of a run: pages and tokens a page.
 #[derive(Debug, Clone, Copy)]
