@@ -92,15 +92,37 @@ def http_get(url: str, timeout: float = 5.0):
 
 
 class Proc:
-    """A child process with its log file; stopped (killed if need be) by `stop`."""
+    """A child process with its log file; stopped (killed if need be) by `stop`.
 
-    def __init__(self, name: str, argv: list, work: str):
+    Its ports are picked free (`free_port`) and bound by the child a moment
+    later, so another process on a busy machine can take one in between: a
+    child that exits saying its address is in use is started again on fresh
+    ports (`spawn` picks them), a few times, instead of failing the test.
+    """
+
+    START_TRIES = 3
+
+    def __init__(self, name: str, work: str):
         self.name = name
         self.log_path = os.path.join(work, f"{name}.log")
+        self.retries = 0
+        self.start()
+
+    def argv(self) -> list:
+        """The command line, on freshly picked ports."""
+        raise NotImplementedError
+
+    def start(self):
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv(), stdout=self.log, stderr=subprocess.STDOUT)
 
     def alive(self) -> bool:
+        if self.proc.poll() is not None and self.retries < self.START_TRIES:
+            self.log.close()
+            if "Address already in use" in self.tail():
+                self.retries += 1
+                self.start()
+                return True
         return self.proc.poll() is None
 
     def stop(self):
@@ -116,16 +138,19 @@ class Proc:
 
 class Replica(Proc):
     def __init__(self, name: str, kestrel: str, work: str):
+        self.kestrel = kestrel
+        super().__init__(name, work)
+
+    def argv(self) -> list:
         self.port = free_port()
-        argv = [
-            kestrel, "serve",
+        self.url = f"http://127.0.0.1:{self.port}"
+        return [
+            self.kestrel, "serve",
             "--addr", f"127.0.0.1:{free_port()}",
             "--http-addr", f"127.0.0.1:{self.port}",
             "--no-metrics",
             "--served-model-name", MODEL,
         ] + REPLICA_ARGS  # fmt: skip
-        super().__init__(name, argv, work)
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, deadline: float):
         while time.monotonic() < deadline:
@@ -151,13 +176,18 @@ class Replica(Proc):
 
 class Router(Proc):
     def __init__(self, smg: str, policy: str, replicas: list, work: str):
+        self.smg, self.policy, self.replicas = smg, policy, replicas
+        super().__init__(f"smg-{policy}", work)
+
+    def argv(self) -> list:
         self.port = free_port()
-        argv = [
-            smg, "launch",
+        self.url = f"http://127.0.0.1:{self.port}"
+        return [
+            self.smg, "launch",
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--worker-urls", *[r.url for r in replicas],
-            "--policy", policy,
+            "--worker-urls", *[r.url for r in self.replicas],
+            "--policy", self.policy,
             "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(free_port()),
             "--health-check-interval-secs", "1",
@@ -165,8 +195,6 @@ class Router(Proc):
             "--health-success-threshold", "1",
             "--log-level", "info",
         ]  # fmt: skip
-        super().__init__(f"smg-{policy}", argv, work)
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, deadline: float, workers: int):
         while time.monotonic() < deadline:
