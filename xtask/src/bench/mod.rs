@@ -543,20 +543,7 @@ impl Bench<'_> {
         let timeline = plots::timeline(opts, &runs, &opts.out.join("timeline.svg"))?;
         plots::throughput(&doc.results, &opts.out.join("throughput.svg"))?;
         let md = report::markdown(&doc, timeline.as_deref());
-        std::fs::write(opts.out.join("results.md"), &md)?;
-        std::fs::write(
-            opts.out.join("results.json"),
-            serde_json::to_string_pretty(&doc)?,
-        )?;
-        println!("{md}");
-        println!("wrote {}", opts.out.display());
-        match peer_error {
-            Some(e) => Err(e.context(format!(
-                "the peer failed; Kestrel's results are in {}",
-                opts.out.display()
-            ))),
-            None => Ok(()),
-        }
+        report::write_results(&opts.out, &md, &doc, "the peer", peer_error)
     }
 }
 

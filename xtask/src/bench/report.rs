@@ -90,6 +90,29 @@ impl Meta {
     }
 }
 
+/// Writes a bench's `results.md` and `results.json` into `out`, prints the
+/// markdown, and fails with `other_error` (what the compared engine, the
+/// peer or the floor, gave instead of figures) once Kestrel's are written.
+pub(crate) fn write_results(
+    out: &Path,
+    md: &str,
+    doc: &impl Serialize,
+    other: &str,
+    other_error: Option<anyhow::Error>,
+) -> anyhow::Result<()> {
+    std::fs::write(out.join("results.md"), md)?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(doc)?)?;
+    println!("{md}");
+    println!("wrote {}", out.display());
+    match other_error {
+        Some(e) => Err(e.context(format!(
+            "{other} failed; Kestrel's results are in {}",
+            out.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The first `model name` in `/proc/cpuinfo` (x86 Linux), if any.
 pub(crate) fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;

@@ -425,20 +425,7 @@ pub fn main(args: MoondreamArgs) -> anyhow::Result<()> {
         &floor_error,
     );
     let md = report::markdown(&doc);
-    std::fs::write(opts.out.join("results.md"), &md)?;
-    std::fs::write(
-        opts.out.join("results.json"),
-        serde_json::to_string_pretty(&doc)?,
-    )?;
-    println!("{md}");
-    println!("wrote {}", opts.out.display());
-    match floor_error {
-        Some(e) => Err(e.context(format!(
-            "the PyTorch floor failed; Kestrel's results are in {}",
-            opts.out.display()
-        ))),
-        None => Ok(()),
-    }
+    crate::bench::report::write_results(&opts.out, &md, &doc, "the PyTorch floor", floor_error)
 }
 
 /// Where the floor's files of round `rep` go.
