@@ -29,7 +29,7 @@ use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 use kestrel_cpu::vision::{encode_image, VisionRun};
 use kestrel_cpu::{CpuModel, CpuModelOptions, KvStore, Numerics, Scratch};
 use kestrel_model::moondream::image_token_ids;
-use kestrel_model::vision::{PreparedImage, RgbImage};
+use kestrel_model::vision::PreparedImage;
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
     CommittedToken, EngineLoop, LoopConfig, Outcome, PromptEmbeds, Request, SamplingParams,
@@ -39,9 +39,14 @@ use kestrel_pipeline::{
 #[path = "../../../tests/support/moondream_reference.rs"]
 #[allow(dead_code)] // not every including test reads every field
 mod moondream_reference;
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 
 /// f32 against float64 through a 2-layer encoder, the projector and a
 /// 2-layer decoder over ~740 positions: summation order only (measured
@@ -55,14 +60,6 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect()
-}
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
 }
 
 /// Records every token (and, if given, the outcome); never stops before
@@ -230,7 +227,7 @@ fn greedy_query_matches_the_numpy_reference_and_reuses_the_encoded_image() {
     let model = kestrel_model::load(&ckpt).unwrap();
     let vision = model.vision.clone().expect("vision");
     let image = Arc::new(PreparedImage::new(
-        &picture(3),
+        &picture_378(3),
         &vision.config.vision.crop_geometry(),
     ));
     assert_eq!(image.crops.count(), 2, "one tile and the global crop");
@@ -315,7 +312,10 @@ fn image_rows_without_a_vision_model_fail_alone() {
     let weights = synthetic_weights(&ModelConfig::tiny(), DType::F32, 3);
     let rt = CpuRuntime::new(weights, CpuRuntimeConfig::default()).unwrap();
     let mut engine = EngineLoop::new(rt, LoopConfig::default()).unwrap();
-    let image = PreparedImage::new(&picture(1), &kestrel_model::vision::CropGeometry::MOONDREAM);
+    let image = PreparedImage::new(
+        &picture_378(1),
+        &kestrel_model::vision::CropGeometry::MOONDREAM,
+    );
     let mut prompt = vec![1];
     prompt.extend(image_token_ids(&image, 512, 729));
     prompt.push(2);

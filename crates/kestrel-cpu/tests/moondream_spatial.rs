@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use kestrel_cpu::runtime::{CpuRuntime, CpuRuntimeConfig, StepConfig};
 use kestrel_cpu::Numerics;
 use kestrel_model::moondream::image_token_ids;
-use kestrel_model::vision::{PreparedImage, RgbImage};
+use kestrel_model::vision::PreparedImage;
 use kestrel_model::LoadedModel;
 use kestrel_pipeline::{
     EngineLoop, LoopConfig, NgramSpec, PipelineMode, PrefillPolicy, PromptEmbeds, Request,
@@ -36,9 +36,14 @@ use kestrel_skills::{
     SpatialIds, SpatialKind, SpatialOutput, SpatialResult, SpatialSkill, SpatialSpec,
 };
 
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 #[path = "../../../tests/support/spatial_skills.rs"]
 mod spatial_skills;
 
@@ -51,14 +56,6 @@ use spatial_reference::SpatialCase;
 const MAX_OBJECTS: u32 = 3;
 /// The text request's tokens (enough to keep drafting past the spatial ones).
 const TEXT_TOKENS: u32 = 64;
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 struct Case {
     kind: SpatialKind,
@@ -228,7 +225,7 @@ fn points_and_boxes_match_the_numpy_reference_pipelined_blocking_and_preempted()
         "the synthetic checkpoint has a region model"
     );
     let image = Arc::new(PreparedImage::new(
-        &picture(3),
+        &picture_378(3),
         &vision.config.vision.crop_geometry(),
     ));
     let p = &vision.prompts;

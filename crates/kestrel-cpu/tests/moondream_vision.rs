@@ -16,9 +16,14 @@ use kestrel_cpu::{Isa, Numerics, Team};
 use kestrel_model::moondream::{load_checkpoint, MoondreamConfig};
 use kestrel_model::vision::{overlap_crops, RgbImage};
 
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture;
 
 const TOL: f32 = 5e-5;
 
@@ -28,13 +33,6 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect()
-}
-
-fn picture(w: u32, h: u32, seed: u32) -> RgbImage {
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
 }
 
 fn close(what: &str, ours: &[f32], theirs: &[f32]) -> f32 {

@@ -48,9 +48,14 @@ use kestrel_pipeline::{
 };
 use kestrel_skills::{SpatialIds, SpatialKind, SpatialOutput, SpatialSkill, SpatialSpec};
 
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 #[path = "../../../tests/support/spatial_skills.rs"]
 #[allow(dead_code)]
 mod spatial_skills;
@@ -63,14 +68,6 @@ const TOP: u32 = 5;
 /// The device's image rows (f16 activations) against the CPU's f32: the
 /// top logprobs' gap (measured below; see the module docs).
 const LP_TOL: f32 = 5e-3;
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 /// A step's token and its top alternatives' logprobs.
 type Step = (TokenId, Vec<(TokenId, f32)>);
@@ -189,9 +186,9 @@ fn image_queries_on_the_host_device_equal_the_cpu_runtimes() {
     let model = kestrel_model::load(&ckpt).unwrap();
     let vision = model.vision.clone().expect("vision");
     let geometry = vision.config.vision.crop_geometry();
-    let a = query(&model, PreparedImage::new(&picture(3), &geometry));
+    let a = query(&model, PreparedImage::new(&picture_378(3), &geometry));
     // The same picture in negative: another image (another hash).
-    let negative = picture(3);
+    let negative = picture_378(3);
     let negative = RgbImage::from_raw(
         negative.width(),
         negative.height(),
@@ -332,7 +329,7 @@ fn points_and_boxes_on_an_image_equal_the_cpu_runtimes() {
     };
     let image = query(
         &model,
-        PreparedImage::new(&picture(5), &vision.config.vision.crop_geometry()),
+        PreparedImage::new(&picture_378(5), &vision.config.vision.crop_geometry()),
     );
     let image_end = image.embeds.bidirectional_end;
     let mut cases = Vec::new();

@@ -21,21 +21,19 @@
 use kestrel_cpu::vision::{encode_crops, project, VisionRun};
 use kestrel_cpu::{Isa, Numerics};
 use kestrel_cuda::{CudaRuntimeConfig, HostRuntime};
-use kestrel_model::vision::{overlap_crops, RgbImage};
+use kestrel_model::vision::overlap_crops;
 
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
 
+use pictures::picture;
+
 /// f16 activations and K/V against kestrel-cpu's f32 (see the module docs).
 const TOL: f32 = 2.5e-2;
-
-fn picture(w: u32, h: u32, seed: u32) -> RgbImage {
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 /// The worst relative error of `ours` against `theirs`, asserting `TOL`.
 fn close(what: &str, ours: &[f32], theirs: &[f32]) -> f32 {

@@ -17,9 +17,14 @@ mod common;
 #[path = "../../../tests/support/moondream_reference.rs"]
 #[allow(dead_code)] // not every including test reads every field
 mod moondream_reference;
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 
 use std::time::Duration;
 
@@ -28,18 +33,10 @@ use kestrel_engine::{
     Backend, CaptionLength, Engine, EngineConfig, EngineError, Field, GenerateRequest, ModelSource,
     Numerics, Prompt, VisionTask,
 };
-use kestrel_model::vision::{PreparedImage, RgbImage};
+use kestrel_model::vision::PreparedImage;
 
 const STEPS: u32 = 8;
 const QUESTION: &str = "What is in this picture?";
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 fn vision(image: &[u8], task: VisionTask) -> GenerateRequest {
     GenerateRequest {
@@ -86,7 +83,7 @@ fn served(backend: Backend, tag: &str) {
         |_| {},
     )
     .expect("the Moondream engine starts");
-    let img = picture(5);
+    let img = picture_378(5);
     let png = img.to_png();
 
     // The reference on the same crops and template.

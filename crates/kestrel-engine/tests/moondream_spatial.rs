@@ -20,9 +20,14 @@
 mod common;
 #[path = "../../../tests/support/moondream_spatial_reference.rs"]
 mod moondream_spatial_reference;
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 
 use std::path::Path;
 use std::time::Duration;
@@ -33,7 +38,7 @@ use kestrel_engine::{
     Backend, Constraint, Engine, EngineConfig, EngineError, Field, FinishReason, GenerateRequest,
     ModelSource, Numerics, Prompt, SpatialResult, StreamEvent, VisionTask,
 };
-use kestrel_model::vision::{PreparedImage, RgbImage};
+use kestrel_model::vision::PreparedImage;
 use kestrel_skills::{SpatialIds, SpatialKind};
 use moondream_spatial_reference::{spatial, SpatialCase};
 
@@ -41,14 +46,6 @@ use moondream_spatial_reference::{spatial, SpatialCase};
 /// token budget.
 const MAX: u32 = 3;
 const TEXT_TOKENS: u32 = 12;
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 fn engine_on(ckpt: &Path) -> Engine {
     engine_with(ckpt, Backend::Cpu)
@@ -118,7 +115,7 @@ fn served(backend: Backend, tag: &str) {
         return;
     };
     let engine = engine_with(&ckpt, backend);
-    let img = picture(3);
+    let img = picture_378(3);
     let png = img.to_png();
     let loaded = kestrel_model::load(&ckpt).unwrap();
     let v = loaded.vision.as_ref().unwrap();
@@ -287,7 +284,7 @@ fn bad_point_and_detect_requests_are_refused_naming_the_field() {
         return;
     };
     let engine = engine_on(&ckpt);
-    let png = picture(3).to_png();
+    let png = picture_378(3).to_png();
     rt().block_on(async {
         for kind in [SpatialKind::Point, SpatialKind::Detect] {
             let cases: Vec<(GenerateRequest, Field)> = vec![
@@ -370,7 +367,7 @@ fn a_checkpoint_without_a_region_model_refuses_point_and_detect() {
     };
     let engine = engine_on(&ckpt);
     let name = engine.model().name().to_string();
-    let png = picture(3).to_png();
+    let png = picture_378(3).to_png();
     rt().block_on(async {
         for kind in [SpatialKind::Point, SpatialKind::Detect] {
             let err = engine

@@ -16,9 +16,14 @@
 //! set (CI).
 
 mod common;
+#[path = "../../../tests/support/pictures.rs"]
+#[allow(dead_code)]
+mod pictures;
 #[path = "../../../tests/support/reference_python.rs"]
 #[allow(dead_code)]
 mod reference_python;
+
+use pictures::picture_378;
 
 use std::path::Path;
 use std::time::Duration;
@@ -28,7 +33,6 @@ use kestrel_engine::{
     Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, GenerateResponse, ModelSource,
     PipelineMode, PrefillPolicy, Prompt, SamplingOptions, SpatialResult, StreamEvent, VisionTask,
 };
-use kestrel_model::vision::RgbImage;
 
 /// Tokens a KV page holds: small, so sequences grow page by page.
 const PAGE: usize = 4;
@@ -41,14 +45,6 @@ const ROOMY: usize = 4096;
 const TIGHT: usize = 203;
 /// Objects a point/detect request finds at most.
 const MAX: u32 = 3;
-
-fn picture(seed: u32) -> RgbImage {
-    let (w, h) = (378u32, 378u32);
-    let px = (0..w * h * 3)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed).rotate_left(13) as u8 / 2 + (i % 97) as u8)
-        .collect();
-    RgbImage::from_raw(w, h, px).unwrap()
-}
 
 fn engine(
     ckpt: &Path,
@@ -212,7 +208,7 @@ fn point_and_detect_agree_blocking_pipelined_chunked_and_preempted() {
     else {
         return;
     };
-    let png = picture(3).to_png();
+    let png = picture_378(3).to_png();
     let reqs = batch(&png);
     let configs = [
         (PipelineMode::Blocking, PrefillPolicy::Drain, 0, ROOMY),
@@ -311,7 +307,7 @@ fn a_detect_request_cancelled_mid_object_leaves_whole_boxes_and_no_page() {
     else {
         return;
     };
-    let png = picture(3).to_png();
+    let png = picture_378(3).to_png();
     let reqs = batch(&png);
     let mut cancelled = detect(&png, "red ball", None);
     cancelled.request_id = Some("cancelled".into());
